@@ -1,0 +1,184 @@
+"""Command line: one parser for the agent (TUI, plain, headless) and the debugging subcommands.
+
+Every subcommand's implementation lives in the room that owns it and is imported lazily, so
+`ds4agent --help` and the subcommands that need no model start fast and never import MLX or
+Textual when they do not need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+DEFAULT_MODEL_FILE = "ds4flash.gguf"
+
+# subcommand -> (module, function); the function takes the parsed namespace and returns an exit code.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "tokens": ("ds4agent.engine.tokens_cmd", "main"),
+    "dump-logits": ("ds4agent.engine.dump_logits", "main"),
+    "make-test-model": ("ds4agent.engine.testmodel", "main"),
+    "kv": ("ds4agent.sessions.kv_cmd", "main"),
+    "info": ("ds4agent.engine.info", "main"),
+    "convert": ("ds4agent.engine.convert", "main"),
+}
+
+
+class UsageError(Exception):
+    """A problem with what the user asked for; printed as one line, exit status 2."""
+
+
+def _add_kv_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kv-dir",
+        metavar="DIR",
+        default=None,
+        help="session/KV cache directory (default: $DS4AGENT_KV_DIR, else ~/.ds4/kvcache)",
+    )
+
+
+def _add_model(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        "-m",
+        metavar="PATH",
+        default=None,
+        help=f"model weights: a ds4 GGUF file or a converted MLX directory "
+        f"(default: $DS4AGENT_MODEL, else ./{DEFAULT_MODEL_FILE})",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ds4agent",
+        description="A coding agent for DeepSeek V4 Flash with an in-process MLX engine and "
+        "exact KV-cache sessions. Without a subcommand it starts the terminal app in the "
+        "current directory.",
+    )
+    _add_model(parser)
+    _add_kv_dir(parser)
+    parser.add_argument("--ctx", type=int, default=100_000, metavar="N",
+                        help="context size in tokens (default: 100000)")
+    parser.add_argument("--tokens", type=int, default=32_768, metavar="N", dest="round_tokens",
+                        help="most tokens the model may generate in one round (default: 32768)")
+    think = parser.add_mutually_exclusive_group()
+    think.add_argument("--think", dest="think_mode", action="store_const", const="think",
+                       help="reasoning on (default)")
+    think.add_argument("--nothink", dest="think_mode", action="store_const", const="nothink",
+                       help="reasoning off")
+    think.add_argument("--think-max", dest="think_mode", action="store_const", const="think-max",
+                       help="maximum reasoning effort (needs a context of at least 393216 tokens; "
+                       "falls back to --think below that)")
+    parser.set_defaults(think_mode="think")
+    parser.add_argument("--temp", type=float, default=1.0, help="sampling temperature (default: 1.0)")
+    parser.add_argument("--top-p", type=float, default=1.0, dest="top_p", help="top-p (default: 1.0)")
+    parser.add_argument("--min-p", type=float, default=0.05, dest="min_p", help="min-p (default: 0.05)")
+    parser.add_argument("--seed", type=int, default=None, help="sampler seed (default: random)")
+    parser.add_argument("--permission", choices=("ask", "auto", "read-only"), default="ask",
+                        help="ask before bash and file changes (default), run everything "
+                        "without asking (auto), or refuse bash and writes (read-only)")
+    parser.add_argument("--system", metavar="TEXT", default=None,
+                        help="extra system text appended to the built-in instructions")
+    parser.add_argument("--trace", metavar="FILE", default=None,
+                        help="write a timestamped token-level trace of the session to FILE")
+    parser.add_argument("-p", "--prompt", metavar="TEXT", default=None,
+                        help="run one task headless: the answer goes to stdout, tool activity to "
+                        "stderr; the exit status tells whether it succeeded")
+    parser.add_argument("--json", action="store_true", dest="json_events",
+                        help="with -p: write every agent event as one JSON line to stdout")
+    parser.add_argument("--plain", action="store_true",
+                        help="line-mode interface (prompt_toolkit) instead of the full-screen app; "
+                        "the default when stdout is not a terminal")
+
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("tokens", help="print the token ids and texts of a text (like ds4 --dump-tokens)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="text to tokenise")
+    src.add_argument("--file", help="file whose contents to tokenise")
+    p.add_argument("--plain-text", action="store_true",
+                   help="tokenise as untrusted text (no special tokens at all); the default applies the "
+                   "rendered-chat rules, recognising the seven protocol specials")
+
+    p = sub.add_parser("dump-logits", help="write float32 logits [n_tokens, vocab] for a token list")
+    _add_model(p)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--tokens", dest="token_list", help="comma-separated token ids")
+    src.add_argument("--prompt-file", help="a file tokenised with the rendered-chat rules")
+    p.add_argument("--chunk", type=int, default=None, help="prefill chunk size (default: one chunk)")
+    p.add_argument("--ctx", type=int, default=None, help="context size (default: enough for the tokens)")
+    p.add_argument("--out", required=True, help="output .npy file")
+
+    p = sub.add_parser("make-test-model", help="write a tiny DS4-architecture GGUF with random weights")
+    p.add_argument("out", help="output .gguf path")
+    p.add_argument("--config", default="tiny", help="named test config (default: tiny)")
+    p.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
+
+    p = sub.add_parser("kv", help="inspect the session/KV cache directory")
+    _add_kv_dir(p)
+    kv = p.add_subparsers(dest="kv_command", metavar="ACTION", required=True)
+    kv.add_parser("ls", help="list sessions and caches, newest first")
+    q = kv.add_parser("show", help="show one file's header, title, text preview and payload")
+    q.add_argument("target", metavar="FILE|PREFIX")
+    kv.add_parser("verify", help="validate every .kv file; non-zero exit when any is invalid")
+    q = kv.add_parser("rm", help="delete a session by id prefix")
+    q.add_argument("prefix", metavar="PREFIX")
+
+    p = sub.add_parser("info", help="print a model's shape, quant types, sizes and memory estimate")
+    p.add_argument("model_path", metavar="MODEL")
+    p.add_argument("--ctx", type=int, default=100_000, help="context for the KV estimate (default: 100000)")
+
+    p = sub.add_parser("convert", help="convert the official DeepSeek-V4-Flash safetensors to an MLX directory")
+    p.add_argument("source", help="directory of the official checkpoint (safetensors)")
+    p.add_argument("out", help="output directory")
+
+    return parser
+
+
+def resolve_model_path(explicit: str | None) -> Path:
+    """The model the agent runs: --model, else $DS4AGENT_MODEL, else ./ds4flash.gguf.
+
+    Raises UsageError with a message that says how to get weights when none is found.
+    """
+    candidate = explicit or os.environ.get("DS4AGENT_MODEL") or DEFAULT_MODEL_FILE
+    path = Path(candidate).expanduser()
+    if path.exists():
+        return path
+    where = "--model" if explicit else ("$DS4AGENT_MODEL" if os.environ.get("DS4AGENT_MODEL") else "default")
+    raise UsageError(
+        f"no model found at {path} ({where}).\n"
+        "  Point ds4agent at ds4's DeepSeek V4 Flash weights: ds4agent --model /path/to/ds4flash.gguf\n"
+        "  (or set DS4AGENT_MODEL). To try the app without real weights, make a tiny random model:\n"
+        "    ds4agent make-test-model tiny.gguf && ds4agent --model tiny.gguf"
+    )
+
+
+def _call(module: str, function: str, args: argparse.Namespace) -> int:
+    return int(getattr(importlib.import_module(module), function)(args) or 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command is not None:
+            module, function = SUBCOMMANDS[args.command]
+            return _call(module, function, args)
+        args.model_path = resolve_model_path(args.model)
+        if args.prompt is not None:
+            return _call("ds4agent.agent.headless", "main", args)
+        if args.plain or not sys.stdout.isatty():
+            return _call("ds4agent.ui.plain", "main", args)
+        return _call("ds4agent.ui.app", "main", args)
+    except UsageError as err:
+        print(f"ds4agent: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
