@@ -1,0 +1,389 @@
+"""Agent: the facade every UI drives. Commands in (plain method calls, any thread), events out.
+
+    agent = Agent(engine, store, tools, settings)   # or Agent.from_args(args) for the CLI
+    agent.start()                                    # worker thread: loads the model, system prefix
+    agent.submit("fix the failing test")             # queued when busy (prompt-and-dsml.md §9.1)
+    for ev in agent.poll_events(): ...               # never blocks; or agent.events.get(timeout=...)
+
+Threading (architecture.md): the engine, the loop, tool execution, compaction and saves all run
+on ONE worker thread owned by this object; the UI thread only puts commands on a queue, flips
+the interrupt flag, and answers questions. Nothing here ever blocks the calling thread on the
+model. Methods return at once; results arrive as events.
+
+While a turn runs ("busy"), only submit (queues), interrupt, pull_queued, answer_permission,
+save (deferred to the end of the turn), list_sessions, history, set_think_mode and shutdown act;
+load / new / compact answer `Error("command requires the model to be idle: /load")`, as the
+reference does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ds4agent.agent import events as ev
+from ds4agent.agent.settings import THINK_MODES, AgentSettings
+from ds4agent.agent.text import trim
+
+
+class _Pending:
+    """One question the worker is waiting on (permission or save/resume)."""
+
+    __slots__ = ("event", "done", "answer", "message")
+
+    def __init__(self, event: ev.Event) -> None:
+        self.event = event
+        self.done = threading.Event()
+        self.answer = ""
+        self.message = ""
+
+
+class Agent:
+    """The agent facade. See the module docstring.
+
+    engine: an Engine (ds4agent.engine.session API), or a callable `loader(progress) -> Engine`
+            run on the worker thread (so the UI paints while the model loads; progress(0..1)
+            becomes Status(state=LOADING, progress=...)).
+    store:  the session store (ds4agent.sessions.store), or None (no sessions: /save etc. answer
+            an error; the system prefix is prefilled instead of cached).
+    tools:  a list of Tool objects (ds4agent.tools.base), or None for ds4agent.tools.default_tools().
+    policy: a PermissionPolicy, or None to build one from settings.permission.
+    """
+
+    def __init__(
+        self,
+        engine: Any,
+        store: Any = None,
+        tools: list[Any] | None = None,
+        settings: AgentSettings | None = None,
+        *,
+        policy: Any = None,
+    ) -> None:
+        self.settings = settings or AgentSettings()
+        self.events: queue.Queue[ev.Event] = queue.Queue()
+        self._commands: queue.Queue[tuple[str, tuple]] = queue.Queue()
+        self._lock = threading.Lock()
+        self._queued: list[str] = []  # messages typed while busy, in order
+        self._busy = False  # a command (turn, load, ...) is running or scheduled on the worker
+        self._interrupt = threading.Event()
+        self._stopping = threading.Event()
+        self._pending: dict[str, _Pending] = {}
+        self._ids = itertools.count(1)
+        self._save_deferred = False
+        self._thread: threading.Thread | None = None
+        # Deferred import keeps `import ds4agent.agent.facade` cheap (no numpy/mlx until start()).
+        from ds4agent.agent.loop import Worker
+
+        self._worker = Worker(engine, store, tools, self.settings, io=self, policy=policy)
+
+    # ------------------------------------------------------------------ construction from the CLI
+
+    @classmethod
+    def from_args(cls, args: Any) -> Agent:
+        """The agent the CLI runs: model from args.model_path (loaded on the worker thread),
+        store from --kv-dir, default tools, settings from the other flags."""
+        from ds4agent.agent.wiring import build_from_args
+
+        engine_loader, store, tools, settings = build_from_args(args)
+        return cls(engine_loader, store, tools, settings)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start the worker thread (loads the model if a loader was given, then the system prefix)."""
+        if self._thread is not None:
+            return
+        with self._lock:
+            self._busy = True  # startup counts as busy: submits queue until Ready
+        self._thread = threading.Thread(target=self._run, name="ds4agent-worker", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float | None = 5.0) -> None:
+        """Stop now: interrupt the current turn, end the worker (no save question; see quit())."""
+        self._stopping.set()
+        self._interrupt.set()
+        for pending in list(self._pending.values()):
+            pending.done.set()
+        self._commands.put(("_stop", ()))
+        if self._thread is not None and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    def quit(self) -> None:
+        """Leave: asks "Save current session?" (a Question event) when there are unsaved turns,
+        then stops the worker and publishes Exited. Requires idle, like the reference's /quit."""
+        self._command("quit", ())
+
+    @property
+    def busy(self) -> bool:
+        return self._busy
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # ------------------------------------------------------------------ commands
+
+    def submit(self, text: str) -> bool:
+        """Send a message. Busy: it is queued (QueueChanged) and reaches the model at the next tool
+        boundary or as the next turn. Returns False when the text is empty after trimming."""
+        text = trim(text)
+        if not text:
+            return False
+        with self._lock:
+            if self._busy:
+                self._queued.append(text)
+                items = tuple(self._queued)
+            else:
+                self._busy = True
+                self._interrupt.clear()
+                self._commands.put(("turn", (text,)))
+                return True
+        self.emit(ev.QueueChanged(items))
+        return True
+
+    def pull_queued(self) -> str | None:
+        """Take back the most recently queued message (Ctrl+X); None when the queue is empty."""
+        with self._lock:
+            if not self._queued:
+                return None
+            text = self._queued.pop()
+            items = tuple(self._queued)
+        self.emit(ev.QueueChanged(items))
+        return text
+
+    def queued(self) -> tuple[str, ...]:
+        with self._lock:
+            return tuple(self._queued)
+
+    def interrupt(self) -> None:
+        """Esc / Ctrl+C while busy: stop generation or prefill now (prompt-and-dsml.md §7, §9.1).
+        A pending permission question is answered "deny"."""
+        if not self._busy:
+            return
+        self._interrupt.set()
+        for pending in list(self._pending.values()):
+            if isinstance(pending.event, ev.PermissionRequest):
+                pending.answer = "n"
+                pending.done.set()
+
+    def answer_permission(self, id: str, answer: str, message: str = "") -> bool:
+        """Answer a PermissionRequest or Question by its id with one of its option keys.
+        Returns False when no such question is pending (already answered, or stale)."""
+        pending = self._pending.get(id)
+        if pending is None or pending.done.is_set():
+            return False
+        pending.answer = answer
+        pending.message = message
+        pending.done.set()
+        return True
+
+    answer = answer_permission
+
+    def save(self) -> None:
+        """/save: idle -> save now; busy -> "save scheduled at next safe point" and save when the
+        turn ends. Result: SessionSaved + Notice, or Error("save failed: ...")."""
+        with self._lock:
+            if self._busy:
+                self._save_deferred = True
+                deferred = True
+            else:
+                deferred = False
+                self._busy = True
+                self._commands.put(("save", ()))
+        if deferred:
+            self.emit(ev.Notice("save scheduled at next safe point"))
+
+    def load(self, prefix: str) -> None:
+        """/load PREFIX (alias /switch): save question if unsaved, then restore the session with no
+        prefill; SessionLoaded carries the last turns for display."""
+        self._command("load", (prefix,))
+
+    def new(self) -> None:
+        """/new: save question if unsaved, then reset to the system prefix (SessionNew)."""
+        self._command("new", ())
+
+    def compact(self) -> None:
+        """/compact: summarise the conversation now (CompactionStarted ... CompactionDone)."""
+        self._command("compact", ())
+
+    def list_sessions(self) -> None:
+        """/list: publishes SessionList (runs at once, busy or not: it only reads file headers)."""
+        self.emit(self._worker.list_sessions_event())
+
+    def history(self, n: int = 3) -> None:
+        """/history [N]: publishes History with the last N (1..200) human turns."""
+        n = max(1, min(200, int(n)))
+        self.emit(self._worker.history_event(n))
+
+    def set_think_mode(self, mode: str) -> None:
+        """think | nothink | think-max: changes the THINK token of later turns (think-max's system
+        prefix cannot change inside a session: it takes effect at /new)."""
+        if mode not in THINK_MODES:
+            self.emit(ev.Error(f"unknown think mode: {mode} (think, nothink, think-max)"))
+            return
+        self._worker.set_think_mode(mode)
+
+    def run_command(self, line: str) -> bool:
+        """Run a slash command typed by the user; returns False when `line` is not a command (then
+        the caller submits it). Unknown commands answer Error("unknown command: /x")."""
+        from ds4agent.agent.commands import dispatch
+
+        return dispatch(self, line)
+
+    # ------------------------------------------------------------------ events
+
+    def poll_events(self, max_events: int | None = None) -> list[ev.Event]:
+        """Everything published so far (up to max_events), without blocking."""
+        out: list[ev.Event] = []
+        while max_events is None or len(out) < max_events:
+            try:
+                out.append(self.events.get_nowait())
+            except queue.Empty:
+                break
+        return out
+
+    def emit(self, event: ev.Event) -> None:
+        self.events.put(event)
+
+    # ------------------------------------------------------------------ the worker's side (io)
+
+    def should_stop(self) -> bool:
+        return self._interrupt.is_set()
+
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def has_queued(self) -> bool:
+        with self._lock:
+            return bool(self._queued)
+
+    def take_queued(self) -> str:
+        """All queued messages joined with blank lines (§9.1); empties the queue."""
+        with self._lock:
+            if not self._queued:
+                return ""
+            text = "\n\n".join(self._queued)
+            self._queued.clear()
+        self.emit(ev.QueueChanged(()))
+        return text
+
+    def new_id(self, prefix: str) -> str:
+        return f"{prefix}-{next(self._ids)}"
+
+    def ask(self, event: ev.PermissionRequest | ev.Question) -> tuple[str, str]:
+        """Publish a question and wait for its answer (worker thread only). A permission question
+        is answered "n" by an interrupt; every question is answered "n" by shutdown."""
+        pending = _Pending(event)
+        self._pending[event.id] = pending
+        try:
+            if isinstance(event, ev.PermissionRequest) and self._interrupt.is_set():
+                return "n", ""
+            self.emit(event)
+            while not pending.done.wait(0.1):
+                if self._stopping.is_set():
+                    return "n", ""
+            if self._stopping.is_set() and not pending.answer:
+                return "n", ""
+            return pending.answer, pending.message
+        finally:
+            self._pending.pop(event.id, None)
+
+    # ------------------------------------------------------------------ internals
+
+    def _command(self, name: str, args: tuple) -> None:
+        with self._lock:
+            if self._busy:
+                busy = True
+            else:
+                busy = False
+                self._busy = True
+                self._interrupt.clear()
+                self._commands.put((name, args))
+        if busy:
+            self.emit(ev.Error(f"command requires the model to be idle: /{name}"))
+
+    def _run(self) -> None:
+        worker = self._worker
+        try:
+            ok = worker.startup()
+        except BaseException as err:  # a crash here must reach the UI as text, not a traceback
+            self.emit(ev.Error(f"startup failed: {err}", fatal=True))
+            ok = False
+        if not ok:
+            self.emit(ev.Exited(1))
+            return
+        self._after_command()
+        while True:
+            name, args = self._commands.get()
+            if name == "_stop" or self._stopping.is_set():
+                break
+            try:
+                if name == "quit":
+                    if worker.confirm_leave():
+                        self._stopping.set()
+                        break
+                else:
+                    getattr(worker, "cmd_" + name)(*args)
+            except Exception as err:  # noqa: BLE001 - every failure becomes a readable event
+                self.emit(ev.Error(f"{name} failed: {err}"))
+            self._after_command()
+        try:
+            worker.close()
+        finally:
+            self.emit(ev.Exited(0))
+
+    def _after_command(self) -> None:
+        """End of a command on the worker: run a deferred save, then either start the next turn
+        with the queued text or go idle."""
+        while True:
+            with self._lock:
+                save = self._save_deferred
+                self._save_deferred = False
+            if save:
+                try:
+                    self._worker.cmd_save()
+                except Exception as err:  # noqa: BLE001
+                    self.emit(ev.Error(f"save failed: {err}"))
+            with self._lock:
+                if self._stopping.is_set():
+                    self._busy = False
+                    return
+                if self._queued:
+                    text = "\n\n".join(self._queued)
+                    self._queued.clear()
+                    start_turn = True
+                else:
+                    self._busy = False
+                    start_turn = False
+            if not start_turn:
+                self._worker.emit_status()
+                return
+            self.emit(ev.QueueChanged(()))
+            self._interrupt.clear()
+            try:
+                self._worker.cmd_turn(text, queued=True)
+            except Exception as err:  # noqa: BLE001
+                self.emit(ev.Error(f"turn failed: {err}"))
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Tests / headless: block until the worker is idle with nothing queued (True) or timeout."""
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                idle = not self._busy and self._commands.empty()
+            if idle or not self.running:
+                return True
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+
+    def drain(self) -> Iterable[ev.Event]:
+        return self.poll_events()
+
+
+EngineLoader = Callable[[Callable[[float], None]], Any]

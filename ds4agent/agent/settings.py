@@ -1,0 +1,62 @@
+"""AgentSettings: the knobs the command line gives the agent (shared by TUI, plain and headless)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+THINK_MODES = ("think", "nothink", "think-max")
+PERMISSION_MODES = ("ask", "auto", "read-only")
+# Think-Max is effective only at a session context of at least 384K (prompt-and-dsml.md §4).
+THINK_MAX_MIN_CTX = 393_216
+
+
+@dataclass
+class AgentSettings:
+    ctx: int = 100_000
+    round_tokens: int = 32_768  # --tokens: most tokens sampled in one round (further capped by room)
+    think_mode: str = "think"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    min_p: float = 0.05
+    seed: int | None = None  # re-seeded at every user turn when set (agent-reference.md §2)
+    permission: str = "ask"
+    system: str | None = None  # extra system text (--system), untrusted, trimmed
+    trace: Path | None = None  # --trace FILE
+    cwd: Path = field(default_factory=Path.cwd)
+    kv_dir: Path | None = None  # None: the store's default resolution
+    journal_dir: Path | None = None  # None: platformdirs user state dir
+    use_sysprompt_cache: bool = True
+    journal: bool = True
+
+    def effective_think_mode(self) -> str:
+        """think-max silently becomes think below 384K of context."""
+        if self.think_mode == "think-max" and self.ctx < THINK_MAX_MIN_CTX:
+            return "think"
+        return self.think_mode
+
+    @classmethod
+    def from_args(cls, args: Any) -> AgentSettings:
+        """Build from the CLI namespace (ds4agent/cli.py); missing attributes keep defaults."""
+        def get(name: str, default: Any) -> Any:
+            value = getattr(args, name, None)
+            return default if value is None else value
+
+        trace = get("trace", None)
+        kv_dir = get("kv_dir", None)
+        return cls(
+            ctx=int(get("ctx", 100_000)),
+            round_tokens=int(get("round_tokens", 32_768)),
+            think_mode=get("think_mode", "think"),
+            temperature=float(get("temp", 1.0)),
+            top_p=float(get("top_p", 1.0)),
+            min_p=float(get("min_p", 0.05)),
+            seed=getattr(args, "seed", None),
+            permission=get("permission", "ask"),
+            system=getattr(args, "system", None),
+            trace=Path(trace) if trace else None,
+            cwd=Path(os.getcwd()),
+            kv_dir=Path(kv_dir).expanduser() if kv_dir else None,
+        )
