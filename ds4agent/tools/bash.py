@@ -1,0 +1,415 @@
+"""bash, bash_status, bash_stop: shell commands as background jobs (agent-reference.md §5.1-5.3).
+
+Each call is a fresh `/bin/sh -c` in its own session/process group (so a stop or timeout kills the
+whole pipeline, grandchildren included), stdin from /dev/null (never the terminal: a command that
+reads stdin sees EOF instead of stealing the user's keystrokes), stdout+stderr merged into a kept
+temp file the model may read later. A watcher thread per job reaps the child and enforces the
+timeout even while nobody is waiting on the job.
+
+Observation format (exact, every line ends with "\\n"): a status line (+ exit_status when done),
+one body (no output / full output / head / tail), and, while running, a note on bash_status and
+bash_stop. The first observation that has output is head-biased (first 100 lines, at most 8 KiB);
+later ones are tail-biased (the last 4 lines while running, 20 when done, of the last 32 KiB).
+A job is dropped from the table once an observation reported it done.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ds4agent.tools.base import (
+    BashDisplay,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    arg_float,
+    arg_int,
+    arg_str,
+    temp_dir,
+)
+
+POLL_SEC = 0.1
+HEAD_LINES = 100
+HEAD_BYTES = 8 * 1024
+TAIL_WINDOW = 32 * 1024
+TAIL_LINES_RUNNING = 4
+TAIL_LINES_DONE = 20
+DEFAULT_TIMEOUT = 3600.0
+DEFAULT_REFRESH = 60.0
+STOP_GRACE_SEC = 1.0
+STOP_STEP_SEC = 0.02
+
+# Pagers and credential prompts would wait forever on a stdin that is /dev/null; make them not ask.
+_QUIET_ENV = {"PAGER": "cat", "GIT_PAGER": "cat", "GIT_TERMINAL_PROMPT": "0"}
+
+
+@dataclass
+class Job:
+    id: int
+    command: str
+    proc: subprocess.Popen
+    output_path: str
+    timeout: float
+    started: float = field(default_factory=time.monotonic)
+    ended: float | None = None
+    exit_status: int | None = None
+    timed_out: bool = False
+    head_shown: bool = False
+    done_event: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return not self.done_event.is_set()
+
+    def elapsed(self) -> float:
+        end = self.ended if self.ended is not None else time.monotonic()
+        return max(0.0, end - self.started)
+
+    def kill_group(self, sig: int) -> None:
+        # The child is a session leader: its pgid is its pid. Killing the group reaches the whole
+        # pipeline; the pid itself is signalled too in case it left the group.
+        for target in (lambda: os.killpg(self.pid, sig), lambda: os.kill(self.pid, sig)):
+            try:
+                target()
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _watch(self) -> None:
+        try:
+            code = self.proc.wait(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            self.timed_out = True
+            self.kill_group(signal.SIGKILL)
+            code = self.proc.wait()
+        # Shell convention: a child killed by signal N reports 128+N.
+        self.exit_status = 128 - code if code < 0 else code
+        self.ended = time.monotonic()
+        self.done_event.set()
+
+
+class JobTable:
+    """The agent's bash jobs by id (ids increase and are never reused within one agent)."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[int, Job] = {}
+        self._next = 1
+        self._lock = threading.Lock()
+
+    def start(self, command: str, cwd: str, timeout: float, out_dir: str) -> Job:
+        fd, path = tempfile.mkstemp(prefix="ds4agent-bash-", suffix=".log", dir=out_dir)
+        try:
+            env = {**os.environ, **_QUIET_ENV}
+            proc = subprocess.Popen(
+                ["/bin/sh", "-c", command],
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError:
+            os.unlink(path)
+            raise
+        finally:
+            os.close(fd)
+        with self._lock:
+            job = Job(id=self._next, command=command, proc=proc, output_path=path, timeout=timeout)
+            self._next += 1
+            self._jobs[job.id] = job
+        threading.Thread(target=job._watch, name=f"bash-job-{job.id}", daemon=True).start()
+        return job
+
+    def find(self, job_id: int | None, pid: int | None) -> Job | None:
+        with self._lock:
+            if job_id is not None and job_id > 0:
+                return self._jobs.get(job_id)
+            if pid is not None and pid > 0:
+                return next((j for j in self._jobs.values() if j.pid == pid), None)
+        return None
+
+    def drop(self, job: Job) -> None:
+        with self._lock:
+            self._jobs.pop(job.id, None)
+
+    def running_jobs(self) -> list[Job]:
+        with self._lock:
+            return [j for j in self._jobs.values() if j.running]
+
+    def all_jobs(self) -> list[Job]:
+        with self._lock:
+            return list(self._jobs.values())
+
+    def stop_all(self) -> None:
+        for job in self.all_jobs():
+            if job.running:
+                stop_job(job, refresh=2.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Observation text
+
+
+def _clip_utf8(data: bytes) -> bytes:
+    """Drop an incomplete UTF-8 sequence at the end of a byte cut (at most 3 bytes)."""
+    for back in range(1, min(4, len(data)) + 1):
+        b = data[-back]
+        if b < 0x80:
+            return data
+        if b >= 0xC0:  # a lead byte: is its sequence complete?
+            need = 2 if b < 0xE0 else 3 if b < 0xF0 else 4
+            return data if back >= need else data[:-back]
+    return data
+
+
+def _count_lines(data: bytes) -> int:
+    return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+
+
+def _head(path: str) -> tuple[bytes, bool]:
+    """First 100 lines, at most 8 KiB; returns (bytes, cut)."""
+    with open(path, "rb") as f:
+        data = f.read(HEAD_BYTES + 1)
+    lines = data.split(b"\n")
+    if len(lines) > HEAD_LINES + 1 or (len(lines) == HEAD_LINES + 1 and lines[-1] != b""):
+        picked = b"\n".join(lines[:HEAD_LINES]) + b"\n"
+        return (_clip_utf8(picked[:HEAD_BYTES]) if len(picked) > HEAD_BYTES else picked), True
+    if len(data) > HEAD_BYTES:
+        return _clip_utf8(data[:HEAD_BYTES]), True
+    return data, False
+
+
+def _tail(path: str, size: int, n: int) -> bytes:
+    with open(path, "rb") as f:
+        start = max(0, size - TAIL_WINDOW)
+        f.seek(start)
+        data = f.read(TAIL_WINDOW)
+    if start > 0:
+        # The window's first line is partial; drop it (there is a whole line after it, or nothing).
+        nl = data.find(b"\n")
+        if nl >= 0 and nl + 1 < len(data):
+            data = data[nl + 1 :]
+    lines = data.split(b"\n")
+    trailing_nl = data.endswith(b"\n")
+    if trailing_nl:
+        lines = lines[:-1]
+    picked = lines[-n:]
+    out = b"\n".join(picked)
+    return out + b"\n" if trailing_nl and picked else out
+
+
+def _out(data: bytes) -> str:
+    text = data.decode("utf-8", errors="replace")
+    return text if text.endswith("\n") or not text else text + "\n"
+
+
+def observe(job: Job, table: JobTable) -> ToolResult:
+    """The next observation of a job; drops it from the table when it reports the job done."""
+    running = job.running
+    elapsed = job.elapsed()
+    if running:
+        status = (
+            f"bash job={job.id} pid={job.pid} status=running elapsed_sec={elapsed:.1f} "
+            f"timeout_sec={job.timeout:.0f}\n"
+        )
+    else:
+        status = (
+            f"bash job={job.id} pid={job.pid} status=done elapsed_sec={elapsed:.1f} "
+            f"timed_out={1 if job.timed_out else 0}\nexit_status={job.exit_status}\n"
+        )
+    try:
+        size = os.path.getsize(job.output_path)
+    except OSError:
+        size = 0
+    total_lines = 0
+    if size == 0:
+        body, shown, kind = "<output>\n</output>\n", "", "none"
+    else:
+        with open(job.output_path, "rb") as f:
+            total_lines = _count_lines(f.read()) if size <= 64 * 1024 * 1024 else -1
+        if total_lines < 0:  # huge output: count without holding it all
+            total_lines = _count_lines_streaming(job.output_path)
+        where = f"output_path={job.output_path} ({size} bytes, {total_lines} lines)\n"
+        if not job.head_shown:
+            job.head_shown = True
+            data, cut = _head(job.output_path)
+            shown = _out(data)
+            if not running and not cut:
+                body, kind = "<output>\n" + shown + "</output>\n", "full"
+            else:
+                body, kind = where + f"<head -{HEAD_LINES} {job.output_path}>\n" + shown + "</head>\n", "head"
+        else:
+            n = TAIL_LINES_RUNNING if running else TAIL_LINES_DONE
+            shown = _out(_tail(job.output_path, size, n))
+            body, kind = where + f"<tail -{n} {job.output_path}>\n" + shown + "</tail>\n", "tail"
+    note = ""
+    if running:
+        note = (
+            f"\nUse bash_status job={job.id} to get info before refresh time; "
+            f"use bash_stop job={job.id} to stop execution\n"
+        )
+    else:
+        table.drop(job)
+    display = BashDisplay(
+        command=job.command,
+        job=job.id,
+        pid=job.pid,
+        running=running,
+        exit_status=job.exit_status,
+        timed_out=job.timed_out,
+        output=shown,
+        output_kind=kind,
+        output_path=job.output_path,
+        total_bytes=size,
+        total_lines=total_lines,
+        duration=elapsed,
+    )
+    ok = running or (job.exit_status == 0 and not job.timed_out)
+    return ToolResult(status + body + note, ok=ok, display=display)
+
+
+def _count_lines_streaming(path: str) -> int:
+    count, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            count += chunk.count(b"\n")
+            last = chunk[-1:]
+    return count + (0 if last == b"\n" else 1)
+
+
+def wait_job(job: Job, seconds: float, should_stop) -> None:
+    """Wait up to `seconds` for the job, polling every 100 ms so an interrupt ends the wait promptly."""
+    deadline = time.monotonic() + seconds
+    while job.running and not should_stop():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        job.done_event.wait(min(POLL_SEC, left))
+
+
+def stop_job(job: Job, refresh: float) -> None:
+    """SIGTERM the group, up to 1 s of grace in 20 ms steps, then SIGKILL; wait up to `refresh` to reap."""
+    if not job.running:
+        return
+    job.kill_group(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_SEC
+    while job.running and time.monotonic() < deadline:
+        job.done_event.wait(STOP_STEP_SEC)
+    if job.running:
+        job.kill_group(signal.SIGKILL)
+        job.done_event.wait(refresh)
+
+
+# --------------------------------------------------------------------------------------------------
+# Tools
+
+
+def _job_args(args: Mapping[str, Any]) -> tuple[int, int]:
+    return arg_int(args, "job", 0) or 0, arg_int(args, "pid", 0) or 0
+
+
+def _find(args: Mapping[str, Any], ctx: ToolContext) -> Job:
+    job_id, pid = _job_args(args)
+    job = ctx.jobs.find(job_id if job_id > 0 else None, pid if job_id <= 0 else None)
+    if job is None:
+        raise ToolError(f"bash job not found: job={job_id} pid={pid}")
+    return job
+
+
+class BashTool:
+    name = "bash"
+    description = (
+        "Run a shell command with /bin/sh in the working directory (stdin is empty, stdout and stderr "
+        "are merged). Waits up to refresh_sec; a command still running then keeps going in the "
+        "background as a job you can check with bash_status or end with bash_stop. Long output is "
+        "shown as head or tail lines; the full output stays in the file named by output_path."
+    )
+    schema = {
+        "type": "object",
+        "properties": {
+            "command": {"type": "string", "description": "shell command line"},
+            "timeout_sec": {"type": "number", "description": "kill the command after this many seconds (default 3600)"},
+            "refresh_sec": {"type": "number", "description": "seconds to wait before returning (default 60)"},
+        },
+        "required": ["command"],
+    }
+    mutates = True
+
+    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        command = arg_str(args, "command", required=True)
+        if not command.strip():
+            raise ToolError("empty command")
+        timeout = arg_float(args, "timeout_sec", DEFAULT_TIMEOUT, 1.0, 86400.0)
+        refresh = arg_float(args, "refresh_sec", DEFAULT_REFRESH, 1.0, 3600.0)
+        job = ctx.jobs.start(command, str(ctx.cwd), timeout, temp_dir(ctx))
+        wait_job(job, refresh, ctx.should_stop)
+        return observe(job, ctx.jobs)
+
+
+class BashStatusTool:
+    name = "bash_status"
+    description = (
+        "Report on a background bash job right away (no waiting): status, exit status when done, and "
+        "the latest output lines."
+    )
+    schema = {
+        "type": "object",
+        "properties": {
+            "job": {"type": "integer", "description": "job number from the bash result"},
+            "pid": {"type": "integer", "description": "process id, used only when job is 0"},
+        },
+        "required": ["job"],
+    }
+    mutates = False
+
+    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        return observe(_find(args, ctx), ctx.jobs)
+
+
+class BashStopTool:
+    name = "bash_stop"
+    description = (
+        "Stop a background bash job and everything it started (SIGTERM, then SIGKILL after 1 s) "
+        "and return its final output."
+    )
+    schema = {
+        "type": "object",
+        "properties": {
+            "job": {"type": "integer", "description": "job number from the bash result"},
+            "pid": {"type": "integer", "description": "process id, used only when job is 0"},
+        },
+        "required": ["job"],
+    }
+    mutates = False
+
+    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        job = _find(args, ctx)
+        refresh = arg_float(args, "refresh_sec", DEFAULT_REFRESH, 1.0, 3600.0)
+        stop_job(job, refresh)
+        result = observe(job, ctx.jobs)
+        ctx.jobs.drop(job)
+        return result
+
+
+def running_jobs_update(ctx: ToolContext) -> str | None:
+    """After compaction: one text re-announcing every running job (None when there is none)."""
+    jobs = ctx.jobs.running_jobs()
+    if not jobs:
+        return None
+    parts = ["Bash job update after context compaction. These jobs are still running:\n"]
+    for job in jobs:
+        parts.append("\n" + observe(job, ctx.jobs).text)
+    return "".join(parts)
