@@ -1,0 +1,177 @@
+"""Routed experts behind one interface: `ExpertWeights.gather_matmul(x, expert_ids)`.
+
+Backends:
+  * `dense_experts(w)`      float weights [n_experts, d_out, d_in] (test models, dequantised refs);
+  * `QuantExperts`          raw GGUF blocks [n_experts, d_out, row_bytes] (Q2_K, Q4_K, IQ2_XXS,
+                            Q8_0) kept quantised; only the experts a call selects are dequantised,
+                            with MLX ops (CPU and GPU), a bounded group of experts at a time;
+  * Metal kernels (`ds4agent.engine.metal_experts`), chosen by `quant_experts()` only where
+    `mx.metal.is_available()`.
+
+Exactness contract (chunk invariance, model.md §9): every (row, slot) product is computed as its
+own 1-row matrix product (`mx.gather_mm` with M = 1 per batch element), so a row's result does
+not depend on which other rows share the call (chunk size, token-by-token decode) nor on how
+experts are grouped. The portable quantised backend dequantises bit-exactly (quant.py), so it
+gives the same bits as `dense_experts` over the dequantised float32 weights.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import mlx.core as mx
+import numpy as np
+
+from ds4agent.engine import quant
+from ds4agent.engine.errors import EngineError
+
+
+@runtime_checkable
+class ExpertWeights(Protocol):
+    n_experts: int
+    d_in: int
+    d_out: int
+
+    def gather_matmul(self, x: mx.array, expert_ids: mx.array) -> mx.array:
+        """x [N, d_in] (or [N, k, d_in]: one input per slot) float32, expert_ids [N, k] int
+        -> [N, k, d_out] float32 (row n, slot j = W[expert_ids[n, j]] @ x[n] (or x[n, j]))."""
+        ...
+
+
+def _check_call(ex: ExpertWeights, x: mx.array, ids: mx.array) -> tuple[int, int]:
+    if ids.ndim != 2:
+        raise EngineError(f"expert_ids must be [N, k], got shape {list(ids.shape)}")
+    n, k = ids.shape
+    ok = (x.ndim == 2 and tuple(x.shape) == (n, ex.d_in)) or (
+        x.ndim == 3 and tuple(x.shape) == (n, k, ex.d_in)
+    )
+    if not ok:
+        raise EngineError(
+            f"expert input must be [{n}, {ex.d_in}] or [{n}, {k}, {ex.d_in}], got {list(x.shape)}"
+        )
+    return n, k
+
+
+def _slot_inputs(x: mx.array, n: int, k: int) -> mx.array:
+    """x as [N, 1 or k, 1, d_in] for gather_mm (batch dims broadcast against ids [N, k])."""
+    x = x.astype(mx.float32)
+    return x[:, None, None, :] if x.ndim == 2 else x[:, :, None, :]
+
+
+class DenseExperts:
+    """Float expert weights [n_experts, d_out, d_in], multiplied in float32."""
+
+    def __init__(self, w: mx.array):
+        if w.ndim != 3:
+            raise EngineError(f"dense expert weights must be [n_experts, d_out, d_in], got {list(w.shape)}")
+        # f16 weights are widened once here: the product must be f32 (and identical to a dequantised
+        # reference); widening per call would copy the whole tensor every step.
+        self.w = w.astype(mx.float32)
+        self.n_experts, self.d_out, self.d_in = (int(s) for s in w.shape)
+        self._wt = mx.swapaxes(self.w, -1, -2)  # [E, d_in, d_out], a view
+
+    def gather_matmul(self, x: mx.array, expert_ids: mx.array) -> mx.array:
+        n, k = _check_call(self, x, expert_ids)
+        out = mx.gather_mm(_slot_inputs(x, n, k), self._wt, rhs_indices=expert_ids.astype(mx.uint32))
+        return out.reshape(n, k, self.d_out)
+
+
+def dense_experts(w: mx.array) -> ExpertWeights:
+    """w [n_experts, d_out, d_in] (f32/f16) -> the dense backend."""
+    return DenseExperts(w)
+
+
+# Dequantised float32 bytes one call may hold at a time (a prefill chunk can select every expert:
+# 256 Flash experts of 2048 x 4096 would be 8 GiB as f32). Decode (6 experts, 32 MiB each) fits
+# in one group.
+DEFAULT_GROUP_BYTES = 256 << 20
+
+
+class QuantExperts:
+    """Portable backend over raw GGUF blocks: dequantise only the selected experts, then multiply.
+
+    `raw` is [n_experts, d_out, row_bytes] uint8 (a numpy array / memmap, or an mx.array). A numpy
+    memmap stays on disk: a call reads only the selected experts' bytes (an expert's rows are
+    contiguous in the GGUF tensor, ne2 being the outermost dimension).
+    """
+
+    def __init__(self, raw, qtype: int, shape, *, group_bytes: int = DEFAULT_GROUP_BYTES):
+        if qtype not in quant.EXPERT_TYPES:
+            raise EngineError(f"routed experts of type {quant.type_name(qtype)} are not supported")
+        self.qtype = int(qtype)
+        self.n_experts, self.d_out, self.d_in = (int(s) for s in shape)
+        rb = quant.row_bytes(self.qtype, self.d_in)
+        want = (self.n_experts, self.d_out, rb)
+        if int(np.prod(raw.shape)) != int(np.prod(want)):
+            raise EngineError(
+                f"{quant.type_name(qtype)} expert data of shape {list(raw.shape)} does not hold "
+                f"{self.n_experts} experts of [{self.d_out}, {self.d_in}]"
+            )
+        self.raw = raw.reshape(want)
+        self.expert_bytes = self.d_out * rb
+        self.group = max(1, group_bytes // (self.d_out * self.d_in * 4))
+
+    @property
+    def nbytes(self) -> int:
+        return self.n_experts * self.expert_bytes
+
+    def _raw_of(self, experts: np.ndarray) -> mx.array:
+        if isinstance(self.raw, mx.array):
+            return self.raw[mx.array(experts.astype(np.uint32))]
+        return mx.array(np.take(self.raw, experts, axis=0))
+
+    def dequantize(self, experts) -> mx.array:
+        """float32 [len(experts), d_out, d_in] of the given experts (bit-exact, quant.py)."""
+        experts = np.asarray(experts, dtype=np.int64).reshape(-1)
+        return quant.dequantize(self._raw_of(experts), self.qtype, (len(experts), self.d_out, self.d_in))
+
+    def gather_matmul(self, x: mx.array, expert_ids: mx.array) -> mx.array:
+        n, k = _check_call(self, x, expert_ids)
+        ids = np.array(expert_ids).astype(np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.n_experts):
+            raise EngineError(f"expert id out of range 0..{self.n_experts - 1}")
+        a = _slot_inputs(x, n, k)
+        used = np.unique(ids)
+        if len(used) <= self.group:  # decode and small chunks: one dequantisation, one product
+            local = np.searchsorted(used, ids).astype(np.uint32)
+            wt = mx.swapaxes(self.dequantize(used), -1, -2)
+            return mx.gather_mm(a, wt, rhs_indices=mx.array(local)).reshape(n, k, self.d_out)
+        # Large chunks: flatten to (row, slot) pairs and serve them a group of experts at a time.
+        a = mx.broadcast_to(a, (n, k, 1, self.d_in)).reshape(n * k, 1, self.d_in)
+        flat = ids.reshape(-1)
+        outs, order = [], []
+        for start in range(0, len(used), self.group):
+            grp = used[start : start + self.group]
+            pairs = np.nonzero((flat >= grp[0]) & (flat <= grp[-1]))[0]
+            local = np.searchsorted(grp, flat[pairs]).astype(np.uint32)
+            wt = mx.swapaxes(self.dequantize(grp), -1, -2)
+            rows = mx.take(a, mx.array(pairs.astype(np.uint32)), axis=0)
+            out = mx.gather_mm(rows, wt, rhs_indices=mx.array(local))
+            mx.eval(out)  # free this group's dequantised weights before the next group
+            outs.append(out)
+            order.append(pairs)
+        inverse = np.empty(n * k, dtype=np.uint32)
+        inverse[np.concatenate(order)] = np.arange(n * k, dtype=np.uint32)
+        return mx.take(mx.concatenate(outs, axis=0), mx.array(inverse), axis=0).reshape(n, k, self.d_out)
+
+
+def quant_experts(raw, qtype: int, shape, *, backend: str = "auto") -> ExpertWeights:
+    """The backend for raw expert blocks: Metal kernels where a Metal device exists (IQ2_XXS,
+    Q2_K, Q4_K), else the portable MLX backend. backend: "auto" | "portable" | "metal"."""
+    if backend not in ("auto", "portable", "metal"):
+        raise EngineError(f"unknown expert backend {backend!r}")
+    want_metal = backend == "metal" or (
+        backend == "auto" and qtype in (quant.Q2_K, quant.Q4_K, quant.IQ2_XXS) and _metal_available()
+    )
+    if want_metal:
+        from ds4agent.engine.metal_experts import MetalExperts
+
+        return MetalExperts(raw, qtype, shape)
+    return QuantExperts(raw, qtype, shape)
+
+
+def _metal_available() -> bool:
+    try:
+        return bool(mx.metal.is_available())
+    except Exception:  # an MLX build without the metal module
+        return False

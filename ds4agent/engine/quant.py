@@ -1,0 +1,220 @@
+"""GGUF quant blocks -> MLX: Q8_0 as MLX affine 8-bit, and MLX dequantisers for the expert types.
+
+Block layouts (model.md §7; ne0 = the contiguous input dimension, blocks run along it):
+
+    Q8_0     32 weights / 34 bytes : f16 d, i8 q[32]                        w = d*q
+    Q2_K    256 weights / 84 bytes : u8 scales[16], u8 qs[64], f16 d, f16 dmin
+             sub-block j (16 weights): w = (d*(scales[j]&15))*q - dmin*(scales[j]>>4), q 2-bit
+    Q4_K    256 weights / 144 bytes: f16 d, f16 dmin, u8 scales[12] (8 x 6-bit scale + 6-bit min),
+             u8 qs[128]; sub-block j (32 weights): w = (d*sc[j])*q - dmin*mn[j], q 4-bit
+    IQ2_XXS 256 weights / 66 bytes : f16 d, then 8 groups of 32 weights, each two u32 (a, b):
+             bytes of a = four indices into a 256 x 8 grid of magnitudes {8, 25, 43};
+             b = four 7-bit sign codes (bit 7 = parity) + a 4-bit scale in bits 28..31;
+             w = d*(0.5 + scale)*0.25 * grid * sign
+
+Why the MLX dequantisers are bit-identical to `gguf.quants` (numpy, float32) even on Metal or
+with fused multiply-add: every product above is exact in float32 (an f16 mantissa of 11 bits
+times a small integer of at most 8 bits needs at most 19 bits < 24), so the only rounding step is
+the final subtraction in the K-quants (one rounding whatever the evaluation order), and IQ2_XXS
+and Q8_0 round nowhere at all. Products of exact values also cannot overflow f32 (f16 max 65504).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import mlx.core as mx
+import numpy as np
+
+from ds4agent.engine.errors import EngineError
+
+# GGML type ids (model.md §7)
+Q8_0 = 8
+Q2_K = 10
+Q4_K = 12
+IQ2_XXS = 16
+
+# type id -> (weights per block, bytes per block, name)
+BLOCK_INFO: dict[int, tuple[int, int, str]] = {
+    Q8_0: (32, 34, "Q8_0"),
+    Q2_K: (256, 84, "Q2_K"),
+    Q4_K: (256, 144, "Q4_K"),
+    IQ2_XXS: (256, 66, "IQ2_XXS"),
+}
+EXPERT_TYPES = (Q2_K, Q4_K, IQ2_XXS, Q8_0)
+
+
+class QuantError(EngineError):
+    """Raw quantised bytes do not fit the declared type/shape."""
+
+
+def type_name(qtype: int) -> str:
+    return BLOCK_INFO[qtype][2] if qtype in BLOCK_INFO else f"GGML type {qtype}"
+
+
+def row_bytes(qtype: int, n: int) -> int:
+    """Bytes of one row of `n` weights (n along ne0) stored as `qtype` blocks."""
+    block, size, name = BLOCK_INFO[qtype]
+    if n % block:
+        raise QuantError(f"a {name} row needs a multiple of {block} weights, got {n}")
+    return n // block * size
+
+
+# ---------------------------------------------------------------------------------------------
+# Q8_0 -> MLX affine 8-bit
+
+
+def q8_0_to_affine(raw: np.ndarray, shape) -> tuple[mx.array, mx.array, mx.array]:
+    """Q8_0 bytes of an array-order `shape` (..., out, in) -> (wq, scales, biases) for
+    `mx.quantized_matmul(x, wq, scales, biases, transpose=True, group_size=32, bits=8)`.
+
+    MLX affine: w = scale*u + bias with u an unsigned 8-bit code. Q8_0: w = d*q, q signed.
+    With u = q + 128 (= the byte XOR 0x80), scale = d, bias = -128*d: scale*u + bias =
+    d*u - 128*d = d*q exactly (both terms exact in f32 and so is their difference, which is the
+    representable d*q; only the sign of a zero may differ: -0 becomes +0, the same value in every
+    product). Scales/biases are f32: -128*d overflows f16 for |d| > 511.75, and the
+    engine's activations are f32 anyway.
+    """
+    shape = tuple(int(s) for s in shape)
+    if len(shape) < 2:
+        raise QuantError(f"Q8_0 tensor needs at least 2 dimensions, got {shape}")
+    n_in = shape[-1]
+    rb = row_bytes(Q8_0, n_in)
+    n_rows = int(np.prod(shape[:-1]))
+    buf = np.asarray(raw)
+    if buf.dtype != np.uint8 or buf.size != n_rows * rb:
+        raise QuantError(
+            f"Q8_0 data for shape {list(shape)} must be {n_rows * rb} bytes, got {buf.size} ({buf.dtype})"
+        )
+    blocks = buf.reshape(-1, 34)
+    d = blocks[:, :2].copy().view(np.float16).astype(np.float32).reshape(*shape[:-1], n_in // 32)
+    codes = np.ascontiguousarray(blocks[:, 2:]) ^ np.uint8(0x80)
+    # MLX packs 8-bit codes four to a uint32, element i of a word in bits 8i..8i+7 (little endian),
+    # so the byte sequence viewed as little-endian uint32 is exactly its packing.
+    wq = codes.reshape(*shape[:-1], n_in).view("<u4")
+    return mx.array(wq), mx.array(d), mx.array(d * np.float32(-128.0))
+
+
+# ---------------------------------------------------------------------------------------------
+# MLX dequantisers: blocks [M, bytes_per_block] uint8 -> float32 [M, block]
+
+
+def _f16_at(blocks: mx.array, offset: int) -> mx.array:
+    """The f16 stored at byte `offset` of every block, as f32 [M]."""
+    return mx.view(blocks[:, offset : offset + 2], mx.float16).reshape(-1).astype(mx.float32)
+
+
+def _dq_q8_0(b: mx.array) -> mx.array:
+    d = _f16_at(b, 0)
+    q = mx.view(b[:, 2:], mx.int8).astype(mx.float32)
+    return q * d[:, None]
+
+
+_Q2_SHIFTS = mx.array(np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1))
+
+
+def _dq_q2_k(b: mx.array) -> mx.array:
+    m = b.shape[0]
+    scales = b[:, :16]
+    d = _f16_at(b, 80)[:, None]
+    dmin = _f16_at(b, 82)[:, None]
+    dl = (d * (scales & 0xF).astype(mx.float32)).reshape(m, 16, 1)
+    ml = (dmin * (scales >> 4).astype(mx.float32)).reshape(m, 16, 1)
+    # qs[64]: two halves of 32 bytes; in each, the 2-bit fields at shift 0,2,4,6 give 4 x 32
+    # consecutive weights. Sub-block j of 16 = (half*4 + shift)*2 + (byte >= 16).
+    qs = (b[:, 16:80].reshape(m, 2, 1, 32) >> _Q2_SHIFTS) & 3
+    q = qs.reshape(m, 16, 16).astype(mx.float32)
+    return (dl * q - ml).reshape(m, 256)
+
+
+_Q4_SHIFTS = mx.array(np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1))
+
+
+def _q4_k_scale_min(sc12: mx.array) -> tuple[mx.array, mx.array]:
+    """12 packed bytes -> 8 six-bit scales and 8 six-bit mins (both [M, 8] uint8).
+
+    bytes 0..3: low 6 bits = scale 0..3, top 2 bits = high bits of scale 4..7;
+    bytes 4..7: low 6 bits = min 0..3, top 2 bits = high bits of min 4..7;
+    bytes 8..11: low nibble = low 4 bits of scale 4..7, high nibble = low 4 bits of min 4..7.
+    """
+    m = sc12.shape[0]
+    s = sc12.reshape(m, 3, 4)
+    a, b, c = s[:, 0], s[:, 1], s[:, 2]
+    sc = mx.concatenate([a & 63, (c & 15) | ((a >> 2) & 48)], axis=1)
+    mn = mx.concatenate([b & 63, (c >> 4) | ((b >> 2) & 48)], axis=1)
+    return sc, mn
+
+
+def _dq_q4_k(b: mx.array) -> mx.array:
+    m = b.shape[0]
+    d = _f16_at(b, 0)[:, None]
+    dmin = _f16_at(b, 2)[:, None]
+    sc, mn = _q4_k_scale_min(b[:, 4:16])
+    dl = (d * sc.astype(mx.float32)).reshape(m, 8, 1)
+    ml = (dmin * mn.astype(mx.float32)).reshape(m, 8, 1)
+    # qs[128]: four chunks of 32 bytes; low nibbles are sub-block 2c, high nibbles 2c+1.
+    q = ((b[:, 16:144].reshape(m, 4, 1, 32) >> _Q4_SHIFTS) & 15).reshape(m, 8, 32).astype(mx.float32)
+    return (dl * q - ml).reshape(m, 256)
+
+
+@lru_cache(maxsize=1)
+def iq2xxs_tables() -> tuple[np.ndarray, np.ndarray]:
+    """(grid [256, 8] f32 magnitudes, ksigns [128] u8) of IQ2_XXS.
+
+    The grid is the format's codebook (data, not code): it is taken from the `gguf` package,
+    a runtime dependency, which is also our reference for correctness. ksigns maps a 7-bit sign
+    code to 8 sign bits: the eighth bit makes the number of negative signs even (parity).
+    """
+    from gguf.quants import IQ2_XXS as _ref
+
+    _ref.init_grid()
+    grid = np.asarray(_ref.grid, dtype=np.float32).reshape(256, 8)
+    codes = np.arange(128, dtype=np.uint32)
+    parity = np.array([bin(int(c)).count("1") & 1 for c in codes], dtype=np.uint32)
+    ksigns = (codes | (parity << 7)).astype(np.uint8)
+    return grid, ksigns
+
+
+@lru_cache(maxsize=1)
+def _iq2xxs_mx_tables() -> tuple[mx.array, mx.array]:
+    grid, ksigns = iq2xxs_tables()
+    # sign table per 7-bit code: [128, 8] of +1/-1 (bit i of ksigns[code] set -> weight i negative)
+    bits = (ksigns[:, None] >> np.arange(8, dtype=np.uint8)[None, :]) & 1
+    signs = np.where(bits == 0, np.float32(1.0), np.float32(-1.0)).astype(np.float32)
+    return mx.array(grid), mx.array(signs)
+
+
+_IQ2_SIGN_SHIFTS = mx.array(np.array([0, 7, 14, 21], dtype=np.uint32).reshape(1, 1, 4))
+
+
+def _dq_iq2_xxs(b: mx.array) -> mx.array:
+    m = b.shape[0]
+    grid, sign_table = _iq2xxs_mx_tables()
+    d = _f16_at(b, 0).reshape(m, 1)
+    pairs = b[:, 2:66].reshape(m, 8, 8)                      # 8 groups x (u32 a, u32 b)
+    hi = mx.view(pairs[:, :, 4:8], mx.uint32).reshape(m, 8)  # sign codes + scale
+    db = d * (0.5 + (hi >> 28).astype(mx.float32)) * 0.25     # [m, 8], exact
+    idx = pairs[:, :, 0:4].astype(mx.uint32)                  # [m, 8, 4] grid rows
+    mags = grid[idx]                                          # [m, 8, 4, 8]
+    sign_codes = (hi[:, :, None] >> _IQ2_SIGN_SHIFTS) & 127   # [m, 8, 4]
+    signs = sign_table[sign_codes]                            # [m, 8, 4, 8]
+    return (db[:, :, None, None] * mags * signs).reshape(m, 256)
+
+
+_DEQUANT = {Q8_0: _dq_q8_0, Q2_K: _dq_q2_k, Q4_K: _dq_q4_k, IQ2_XXS: _dq_iq2_xxs}
+
+
+def dequantize(raw: mx.array | np.ndarray, qtype: int, shape) -> mx.array:
+    """Raw blocks of a tensor with array-order `shape` (last dim = ne0) -> float32 `shape`.
+
+    `raw` may have any shape whose byte count matches (e.g. [experts, out, row_bytes]).
+    """
+    if qtype not in _DEQUANT:
+        raise QuantError(f"no dequantiser for {type_name(qtype)}")
+    shape = tuple(int(s) for s in shape)
+    block, size, name = BLOCK_INFO[qtype]
+    n = int(np.prod(shape))
+    raw = raw if isinstance(raw, mx.array) else mx.array(np.asarray(raw))
+    if raw.dtype != mx.uint8 or raw.size * block != n * size or shape[-1] % block:
+        raise QuantError(f"{name} data of {raw.size} bytes ({raw.dtype}) does not hold shape {list(shape)}")
+    return _DEQUANT[qtype](raw.reshape(-1, size)).reshape(shape)

@@ -1,0 +1,122 @@
+"""Expert backends: dense reference, portable quantised backend, grouping, chunk invariance."""
+
+from __future__ import annotations
+
+import gguf
+import mlx.core as mx
+import numpy as np
+import pytest
+from gguf.quants import dequantize as gguf_dequantize
+
+from ds4agent.engine import quant
+from ds4agent.engine.errors import EngineError
+from ds4agent.engine.experts import ExpertWeights, QuantExperts, dense_experts, quant_experts
+from tests.weights.conftest import random_blocks
+
+GGML = {
+    quant.Q8_0: gguf.GGMLQuantizationType.Q8_0,
+    quant.Q2_K: gguf.GGMLQuantizationType.Q2_K,
+    quant.Q4_K: gguf.GGMLQuantizationType.Q4_K,
+    quant.IQ2_XXS: gguf.GGMLQuantizationType.IQ2_XXS,
+}
+E, D_OUT, D_IN = 5, 24, 512
+
+
+def _expert_raw(rng, qtype, e=E, d_out=D_OUT, d_in=D_IN):
+    block, size, _ = quant.BLOCK_INFO[qtype]
+    raw = random_blocks(rng, qtype, e * d_out * d_in // block, scale=0.02)
+    ref = gguf_dequantize(raw, GGML[qtype]).reshape(e, d_out, d_in)
+    return raw.reshape(e, d_out, d_in // block * size), ref
+
+
+def _loop_reference(w: np.ndarray, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    n, k = ids.shape
+    out = np.zeros((n, k, w.shape[1]), np.float64)
+    for i in range(n):
+        for j in range(k):
+            xi = x[i] if x.ndim == 2 else x[i, j]
+            out[i, j] = w[ids[i, j]].astype(np.float64) @ xi.astype(np.float64)
+    return out
+
+
+def test_dense_matches_loop_and_accepts_per_slot_inputs(rng):
+    w = rng.standard_normal((E, D_OUT, 64)).astype(np.float32)
+    ex = dense_experts(mx.array(w.astype(np.float16)))
+    assert isinstance(ex, ExpertWeights) and (ex.n_experts, ex.d_out, ex.d_in) == (E, D_OUT, 64)
+    w = w.astype(np.float16).astype(np.float32)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    ids = np.array([[0, 4], [2, 2], [1, 3]])
+    got = np.array(ex.gather_matmul(mx.array(x), mx.array(ids)))
+    assert got.shape == (3, 2, D_OUT) and got.dtype == np.float32
+    np.testing.assert_allclose(got, _loop_reference(w, x, ids), rtol=1e-5, atol=1e-5)
+    xs = rng.standard_normal((3, 2, 64)).astype(np.float32)
+    got = np.array(ex.gather_matmul(mx.array(xs), mx.array(ids)))
+    np.testing.assert_allclose(got, _loop_reference(w, xs, ids), rtol=1e-5, atol=1e-5)
+
+
+def test_dense_rows_do_not_depend_on_the_chunk(rng):
+    """Chunk invariance: a row's product is the same bits alone or inside a larger call."""
+    w = mx.array(rng.standard_normal((E, D_OUT, 128)).astype(np.float32))
+    ex = dense_experts(w)
+    x = mx.array(rng.standard_normal((9, 128)).astype(np.float32))
+    ids = mx.array(rng.integers(0, E, size=(9, 3)))
+    whole = np.array(ex.gather_matmul(x, ids))
+    rows = np.concatenate([np.array(ex.gather_matmul(x[i : i + 1], ids[i : i + 1])) for i in range(9)])
+    assert np.array_equal(whole, rows)
+
+
+def test_bad_calls_raise_engine_errors():
+    ex = dense_experts(mx.zeros((2, 3, 4)))
+    with pytest.raises(EngineError, match=r"expert input must be \[1, 4\]"):
+        ex.gather_matmul(mx.zeros((1, 5)), mx.zeros((1, 2), dtype=mx.int32))
+    with pytest.raises(EngineError, match="expert_ids must be"):
+        ex.gather_matmul(mx.zeros((1, 4)), mx.zeros((2,), dtype=mx.int32))
+    with pytest.raises(EngineError, match="not supported"):
+        QuantExperts(np.zeros((1, 1, 18), np.uint8), 3, (1, 1, 32))
+    with pytest.raises(EngineError, match="does not hold"):
+        QuantExperts(np.zeros((2, 3, 10), np.uint8), quant.Q8_0, (2, 3, 32))
+
+
+@pytest.mark.parametrize("qtype", [quant.IQ2_XXS, quant.Q2_K, quant.Q4_K, quant.Q8_0],
+                         ids=lambda t: quant.type_name(t))
+def test_portable_backend_equals_dense_over_dequantised(rng, qtype):
+    raw, ref = _expert_raw(rng, qtype)
+    q = quant_experts(raw, qtype, (E, D_OUT, D_IN), backend="portable")
+    dense = dense_experts(mx.array(ref))
+    x = mx.array(rng.standard_normal((4, D_IN)).astype(np.float32))
+    ids = mx.array(np.array([[0, 3], [3, 1], [4, 4], [2, 0]]))
+    got = np.array(q.gather_matmul(x, ids))
+    # same dequantised bits, same per-row products -> identical to the dense f32 reference
+    assert np.array_equal(got, np.array(dense.gather_matmul(x, ids)))
+    want = _loop_reference(ref, np.array(x), np.array(ids))
+    assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+    # decode shape: one row
+    one = np.array(q.gather_matmul(x[:1], ids[:1]))
+    assert np.array_equal(one, got[:1])
+
+
+def test_grouped_path_equals_single_group_and_reads_memmap(rng, tmp_path):
+    qtype = quant.Q4_K
+    raw, ref = _expert_raw(rng, qtype, e=7)
+    path = tmp_path / "experts.bin"
+    raw.tofile(path)
+    mm = np.memmap(path, dtype=np.uint8, mode="r", shape=raw.shape)
+    one_expert = D_OUT * D_IN * 4
+    grouped = QuantExperts(mm, qtype, (7, D_OUT, D_IN), group_bytes=2 * one_expert)
+    single = QuantExperts(mx.array(raw), qtype, (7, D_OUT, D_IN))
+    assert grouped.group == 2 and single.group >= 7
+    x = mx.array(rng.standard_normal((6, 3, D_IN)).astype(np.float32))  # per-slot inputs
+    ids = mx.array(rng.integers(0, 7, size=(6, 3)))
+    a = np.array(grouped.gather_matmul(x, ids))
+    b = np.array(single.gather_matmul(x, ids))
+    assert np.array_equal(a, b)
+    want = _loop_reference(ref, np.array(x), np.array(ids))
+    assert np.abs(a - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+    assert np.array_equal(np.array(grouped.dequantize([5, 1])), ref[[5, 1]])
+
+
+def test_out_of_range_expert_id(rng):
+    raw, _ = _expert_raw(rng, quant.Q2_K, e=2)
+    q = QuantExperts(raw, quant.Q2_K, (2, D_OUT, D_IN))
+    with pytest.raises(EngineError, match="out of range"):
+        q.gather_matmul(mx.zeros((1, D_IN)), mx.array([[2]]))
