@@ -31,6 +31,9 @@ from .config import METADATA_KINDS, ModelConfig, test_config
 from .errors import EngineError
 
 ARCH = "deepseek4"
+# Marks a file as a test model: the engine then validates its metadata in the permissive "test"
+# mode; every file without it (ds4's real weights) must pass the strict Flash checks.
+TEST_MODEL_KEY = "ds4agent.test_model"
 
 
 @dataclass(frozen=True)
@@ -207,6 +210,7 @@ def make_test_model(path: str | os.PathLike[str], config: str | ModelConfig = "t
     try:
         writer = GGUFWriter(tmp, ARCH)
         writer.add_name(f"ds4agent test model ({cfg.name or 'custom'}, seed {seed})")
+        writer.add_bool(TEST_MODEL_KEY, True)
         _add_metadata(writer, cfg)
         for spec in tensor_table(cfg):
             data = _encode(spec, _values(spec, cfg, rng))
