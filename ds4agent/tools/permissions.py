@@ -1,0 +1,279 @@
+"""Who may do what: the permission policy the agent consults before every tool call.
+
+Pure policy: it never prompts and never runs a tool. The agent calls
+
+    decision = policy.check(tool_name, args, ctx)
+    allow -> run the tool
+    deny  -> give the model decision.result()            ("Tool error: ...")
+    ask   -> send decision.question to the UI as an event, wait for an Answer, then
+             policy.remember(question, answer); once/session -> run the tool,
+             deny -> give the model denied_result(answer)
+
+Modes (the command line's --permission):
+* ask (default): bash, write and edit ask; the user answers allow once / allow for this session /
+  deny (with an optional message for the model). A session answer covers the tool (write, edit) or,
+  for bash, the programs the command runs ("allow `pytest …` commands"). Writes outside the working
+  directory always ask, even when the tool was allowed for the session, and offer no session scope.
+* auto: no questions (the reference agent's behaviour).
+* read-only: write, edit and bash are refused with a tool error the model can act on.
+
+Reading tools (read, more, search, list, bash_status, bash_stop) never ask: stopping a job the
+model started or looking at files changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Literal
+
+from ds4agent.tools.base import (
+    DiffDisplay,
+    TextDisplay,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    arg_str,
+    error_text,
+)
+
+MODES = ("ask", "auto", "read-only")
+FILE_TOOLS = frozenset({"write", "edit"})
+ASKING_TOOLS = FILE_TOOLS | {"bash"}
+
+# Programs that run other programs given as arguments: allowing them "for the session" would allow
+# anything, so a command using one of them is never covered by a session answer.
+_RUNNERS = frozenset({
+    "sh", "bash", "zsh", "dash", "fish", "ksh", "eval", "exec", "source", ".", "sudo", "doas", "su",
+    "env", "xargs", "nohup", "timeout", "nice", "ionice", "command", "builtin", "time", "watch",
+    "setsid", "stdbuf", "chroot", "unshare", "nsenter", "busybox", "parallel", "ssh",
+})
+# Shell words that start a compound command: the program is the word after them.
+_PREFIX_WORDS = frozenset({"if", "then", "else", "elif", "do", "while", "until", "!", "{"})
+# Words that end a compound command or open a header that runs no program by itself.
+_SKIP_SEGMENT = frozenset({"fi", "done", "esac", "}", "for", "case", "select", "in", "function"})
+_SEPARATORS = frozenset({";", "&", "|", "&&", "||", "(", ")", "\n", ";;", "|&", ";&", ";;&"})
+
+
+class Choice(StrEnum):
+    ONCE = "once"
+    SESSION = "session"
+    DENY = "deny"
+
+
+@dataclass(frozen=True)
+class Answer:
+    choice: Choice
+    message: str = ""  # deny only: passed on to the model
+
+    @classmethod
+    def once(cls) -> Answer:
+        return cls(Choice.ONCE)
+
+    @classmethod
+    def session(cls) -> Answer:
+        return cls(Choice.SESSION)
+
+    @classmethod
+    def deny(cls, message: str = "") -> Answer:
+        return cls(Choice.DENY, message)
+
+    @property
+    def allowed(self) -> bool:
+        return self.choice is not Choice.DENY
+
+
+@dataclass(frozen=True)
+class Question:
+    """What the UI shows: a title, the command or diff, and the session choice's label (None: no
+    session choice is offered, only allow once / deny)."""
+
+    tool: str
+    title: str
+    preview: str
+    preview_kind: Literal["command", "diff"]
+    session_label: str | None
+    scope: tuple[str, ...] = ()
+    outside_workspace: bool = False
+    path: str | None = None  # absolute target of a write/edit
+    diff: DiffDisplay | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: Literal["allow", "deny", "ask"]
+    reason: str = ""
+    question: Question | None = None
+
+    @property
+    def allowed(self) -> bool:
+        return self.kind == "allow"
+
+    def result(self) -> ToolResult:
+        """The tool result for a denied call."""
+        return ToolResult(error_text(self.reason), ok=False, display=TextDisplay(summary=self.reason, body=""))
+
+
+ALLOW = Decision("allow")
+
+
+def denied_result(answer: Answer) -> ToolResult:
+    """What the model reads when the user said no (with the user's message, if any)."""
+    msg = "permission denied by the user"
+    if answer.message.strip():
+        msg += f"; the user says: {answer.message.strip()}"
+    return ToolResult(error_text(msg), ok=False, display=TextDisplay(summary=msg, body=""))
+
+
+def command_programs(command: str) -> tuple[str, ...] | None:
+    """The programs a shell command line runs, in order, without duplicates.
+
+    None when that cannot be known from the text (command substitution, a program named by a
+    variable, unbalanced quotes, a runner such as sudo/xargs/sh), so no session scope is offered.
+    """
+    if "$(" in command or "`" in command or "<(" in command or ">(" in command:
+        return None
+    lexer = shlex.shlex(command, posix=True, punctuation_chars="();<>|&\n")
+    lexer.whitespace = " \t\r"
+    lexer.whitespace_split = True
+    lexer.commenters = "#"
+    try:
+        tokens = list(lexer)
+    except ValueError:
+        return None
+    programs: list[str] = []
+    at_start = True
+    skip_segment = False
+    redirect = False
+    for tok in tokens:
+        if tok in _SEPARATORS:
+            at_start, skip_segment, redirect = True, False, False
+            continue
+        if redirect:
+            redirect = False
+            continue
+        if tok and set(tok) <= set("<>&"):
+            redirect = True  # the next word is a redirection target, not a program
+            continue
+        if not at_start or skip_segment:
+            continue
+        if tok in _PREFIX_WORDS:
+            continue
+        if tok in _SKIP_SEGMENT:
+            skip_segment = True
+            continue
+        name, eq, _ = tok.partition("=")
+        if eq and name.isidentifier():
+            continue  # an environment assignment before the program
+        if tok.isdigit():
+            continue  # an fd number before a redirection (2>file)
+        if "$" in tok or tok in _RUNNERS or os.path.basename(tok) in _RUNNERS:
+            return None
+        if tok not in programs:
+            programs.append(tok)
+        at_start = False
+    return tuple(programs) if programs else None
+
+
+def _program_label(programs: tuple[str, ...]) -> str:
+    names = [f"`{p} …`" for p in programs]
+    joined = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return f"allow {joined} commands for this session"
+
+
+def _inside(path: str, root: str) -> bool:
+    try:
+        return os.path.commonpath([path, root]) == root
+    except ValueError:
+        return False
+
+
+@dataclass
+class PermissionPolicy:
+    mode: str = "ask"
+    allowed_tools: set[str] = field(default_factory=set)
+    allowed_programs: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"unknown permission mode {self.mode!r}; use one of: {', '.join(MODES)}")
+
+    def check(self, tool_name: str, args: Mapping[str, Any], ctx: ToolContext) -> Decision:
+        if tool_name not in ASKING_TOOLS or self.mode == "auto":
+            return ALLOW
+        if self.mode == "read-only":
+            if tool_name == "bash":
+                return Decision("deny", "bash is not allowed in read-only mode: no commands can be run in "
+                                        "this session; use read, search and list instead")
+            return Decision("deny", f"{tool_name} is not allowed in read-only mode: files cannot be "
+                                    "changed in this session")
+        if tool_name == "bash":
+            return self._check_bash(args)
+        return self._check_file(tool_name, args, ctx)
+
+    def _check_bash(self, args: Mapping[str, Any]) -> Decision:
+        command = arg_str(args, "command") or ""
+        programs = command_programs(command)
+        if "bash" in self.allowed_tools:
+            return ALLOW
+        if programs and all(p in self.allowed_programs for p in programs):
+            return ALLOW
+        q = Question(
+            tool="bash",
+            title="Run this shell command?",
+            preview=command,
+            preview_kind="command",
+            session_label=_program_label(programs) if programs else None,
+            scope=("bash", *programs) if programs else (),
+        )
+        return Decision("ask", question=q)
+
+    def _check_file(self, tool_name: str, args: Mapping[str, Any], ctx: ToolContext) -> Decision:
+        from ds4agent.tools.files import plan_change
+
+        path = arg_str(args, "path")
+        if path is None or not path.strip():
+            return ALLOW  # the tool itself reports the missing path; nothing can be written
+        target = os.path.realpath(ctx.resolve(path))
+        outside = not _inside(target, os.path.realpath(ctx.cwd))
+        if tool_name in self.allowed_tools and not outside:
+            return ALLOW
+        try:
+            change = plan_change(tool_name, args, ctx)
+        except ToolError:
+            # The call would fail without touching the file (guard refusal, no match, ...): let it
+            # run so the model gets the specific error; there is nothing for the user to approve.
+            return ALLOW
+        diff = change.diff()
+        verb = "Create" if change.before is None else ("Overwrite" if tool_name == "write" else "Edit")
+        where = " (outside the working directory)" if outside else ""
+        q = Question(
+            tool=tool_name,
+            title=f"{verb} {path}{where}?",
+            preview=diff.unified,
+            preview_kind="diff",
+            session_label=None if outside else f"allow all {tool_name} calls in the working directory for this session",
+            scope=() if outside else ("tool", tool_name),
+            outside_workspace=outside,
+            path=target,
+            diff=diff,
+        )
+        return Decision("ask", question=q)
+
+    def remember(self, question: Question, answer: Answer) -> None:
+        """Record a session answer; once and deny leave nothing behind."""
+        if answer.choice is not Choice.SESSION or not question.scope:
+            return
+        kind, *names = question.scope
+        if kind == "bash":
+            self.allowed_programs.update(names)
+        elif kind == "tool":
+            self.allowed_tools.update(names)
+
+    def reset(self) -> None:
+        """Forget every session answer."""
+        self.allowed_tools.clear()
+        self.allowed_programs.clear()
