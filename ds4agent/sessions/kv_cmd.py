@@ -1,0 +1,234 @@
+"""`ds4agent kv ls|show|verify|rm`: inspect the KV directory without loading a model.
+
+Plain text only (no colour, no terminal control), so the output is the same in a pipe. Errors are
+one line on stderr and exit status 1; `verify` exits 1 when any file is invalid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TextIO
+
+from .errors import KVCError
+from .kvc import (
+    EXT_KTM,
+    EXT_RESERVED,
+    EXT_RESPONSES_VISIBLE,
+    EXT_THINKING_VISIBLE,
+    EXT_TITLE,
+    REASON_SESSION,
+    KVCHeader,
+    VerifyResult,
+    classify_name,
+    verify_kvc,
+)
+from .payload import FLASH_SHAPE
+from .store import (
+    SessionStore,
+    clip_title,
+    default_kv_dir,
+    derive_title,
+    display_text,
+    format_age,
+)
+
+PREVIEW_BYTES = 400
+
+
+def _when(ts: int) -> str:
+    if ts == 0:
+        return "0"
+    try:
+        return f"{ts} ({datetime.fromtimestamp(ts, UTC):%Y-%m-%d %H:%M:%S} UTC)"
+    except (OverflowError, OSError, ValueError):
+        return str(ts)
+
+
+def _ext_names(ext: int) -> str:
+    names = [n for bit, n in ((EXT_KTM, "ktm"), (EXT_RESPONSES_VISIBLE, "responses-visible"),
+                              (EXT_THINKING_VISIBLE, "thinking-visible"), (EXT_TITLE, "title")) if ext & bit]
+    if ext & EXT_RESERVED:
+        names.append(f"reserved 0x{ext & EXT_RESERVED:02x}")
+    return f"0x{ext:02x}" + (f" ({', '.join(names)})" if names else "")
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1024 * 1024):.1f} MiB"
+
+
+def _escape(data: bytes) -> str:
+    """Text for one line: printable characters as they are, the rest (newlines, controls, invalid
+    UTF-8 as U+FFFD) escaped, so a preview never spans lines or moves the cursor."""
+    text = data.decode("utf-8", errors="replace")
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _kv_files(directory: Path) -> list[Path]:
+    """Every regular `*.kv` file (temp files end in `.tmp.XXXX`, so they are not listed)."""
+    out = []
+    for name in sorted(os.listdir(directory)):
+        path = directory / name
+        if name.endswith(".kv") and path.is_file():
+            out.append(path)
+    return out
+
+
+def cmd_ls(store: SessionStore, out: TextIO) -> int:
+    now = time.time()
+    rows = []
+    for entry in store.entries():
+        h = entry.header
+        if h.reason == REASON_SESSION:
+            title = display_text(clip_title(store.session_title(entry)[0]))
+        else:
+            title = ""
+        rows.append((entry.short_id, h, entry.file_size, title))
+    for path in _kv_files(store.directory):
+        if classify_name(path.name)[0] in ("sysprompt-hex", "sysprompt"):
+            try:
+                with open(path, "rb") as f:
+                    h = KVCHeader.unpack(f.read(48))
+                rows.append((path.name, h, path.stat().st_size, ""))
+            except (OSError, KVCError):
+                continue
+    rows.sort(key=lambda r: -r[1].last_used)
+    print(f"KV files in {store.directory}:", file=out)
+    if not rows:
+        print("  (none)", file=out)
+    for ident, h, size, title in rows:
+        line = (f"  {ident:<8} {h.reason_name:<13} {format_age(now - h.last_used):>9} "
+                f"{h.tokens:>8} tokens {_mib(size):>11}")
+        print(line + (f"  {title}" if title else ""), file=out)
+    return 0
+
+
+def _resolve_target(store: SessionStore, target: str) -> Path:
+    path = Path(target)
+    if path.exists():
+        return path
+    if (store.directory / target).exists():
+        return store.directory / target
+    return store.resolve(target, sessions_only=False).path
+
+
+def cmd_show(store: SessionStore, target: str, out: TextIO) -> int:
+    path = _resolve_target(store, target)
+    result = verify_kvc(path)
+    env = result.envelope
+    print(f"file:           {path}", file=out)
+    try:
+        print(f"size:           {path.stat().st_size} bytes", file=out)
+    except OSError:
+        pass
+    if env is None:
+        print(f"status:         INVALID: {result.error}", file=out)
+        return 1
+    h = env.header
+    print(f"kind:           {result.kind}", file=out)
+    print(f"reason:         {h.reason} ({h.reason_name})", file=out)
+    print(f"quant bits:     {h.quant_bits}", file=out)
+    print(f"model id:       {h.model_id}{' (DeepSeek V4 Flash)' if h.model_id == 0 else ''}", file=out)
+    print(f"ext flags:      {_ext_names(h.ext_flags)}", file=out)
+    print(f"key kind:       {h.key_kind}", file=out)
+    print(f"tokens:         {h.tokens}", file=out)
+    print(f"hits:           {h.hits}", file=out)
+    print(f"ctx size:       {h.ctx_size}", file=out)
+    print(f"reserved:       {h.reserved.hex(' ')}", file=out)
+    print(f"created at:     {_when(h.created_at)}", file=out)
+    print(f"last used:      {_when(h.last_used)}", file=out)
+    print(f"text:           {len(env.text)} bytes", file=out)
+    print(f"payload:        {h.payload_bytes} bytes{' (stripped session)' if h.payload_bytes == 0 else ''}",
+          file=out)
+    trailers = []
+    if env.ktm_entries is not None:
+        trailers.append(f"KTM tool map ({env.ktm_entries} entries)")
+    if env.title is not None:
+        trailers.append(f"title ({len(env.title)} bytes)")
+    print(f"trailers:       {', '.join(trailers) or 'none'}", file=out)
+    if env.title is not None:
+        print(f"title:          {display_text(env.title)}", file=out)
+    elif h.reason == REASON_SESSION:
+        print(f"title:          {display_text(derive_title(env.text))} (derived: legacy session)", file=out)
+    preview = env.text[:PREVIEW_BYTES]
+    more = f" ... ({len(env.text) - len(preview)} more bytes)" if len(env.text) > len(preview) else ""
+    print(f"text preview:   {_escape(preview)}{more}", file=out)
+    info = result.payload
+    if info is not None:
+        p = info.header
+        print("payload header: "
+              f"ctx {p.ctx}, chunk {p.chunk}, raw capacity {p.raw_capacity}, window {p.window}, "
+              f"compressed capacity {p.comp_capacity}, tokens {p.n_tokens}, layers {p.n_layers}, "
+              f"D {p.head_dim}, Di {p.indexer_dim}, vocab {p.vocab}, raw rows {p.raw_rows}", file=out)
+        flash = p.layout_key == FLASH_SHAPE.layout_key
+        print("layers:         layer ratio  compressed  indexer", file=out)
+        for layer in range(p.n_layers):
+            ratio = str(FLASH_SHAPE.ratios[layer]) if flash else "?"
+            print(f"                {layer:>5} {ratio:>5} {int(info.n_comp[layer]):>11} "
+                  f"{int(info.n_index_comp[layer]):>8}", file=out)
+        if not info.layers_checked:
+            print("                (per-layer ratios are not stored in the file and this is not the Flash "
+                  "layout: layer arrays were size-checked only)", file=out)
+    print(f"status:         {'ok' if result.ok else f'INVALID: {result.error}'}", file=out)
+    return 0 if result.ok else 1
+
+
+def _verify_line(result: VerifyResult) -> str:
+    name = result.path.name
+    if not result.ok:
+        return f"INVALID  {name}  {result.error}"
+    h = result.envelope.header
+    note = ""
+    if result.payload is not None and not result.payload.layers_checked:
+        note = "  (non-Flash layout: layer arrays size-checked only)"
+    return f"ok       {name}  {h.reason_name}, {h.tokens} tokens{note}"
+
+
+def cmd_verify(store: SessionStore, out: TextIO) -> int:
+    files = _kv_files(store.directory)
+    bad = 0
+    for path in files:
+        result = verify_kvc(path)
+        bad += not result.ok
+        print(_verify_line(result), file=out)
+    print(f"{len(files)} file(s) checked, {bad} invalid", file=out)
+    return 1 if bad else 0
+
+
+def cmd_rm(store: SessionStore, prefix: str, out: TextIO) -> int:
+    entry = store.resolve(prefix)
+    title = display_text(clip_title(store.session_title(entry)[0]))
+    path = store.delete(prefix)
+    print(f"deleted session {entry.short_id} ({entry.header.tokens} tokens) {title}: {path}", file=out)
+    return 0
+
+
+def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    directory = default_kv_dir(getattr(args, "kv_dir", None))
+    try:
+        if not directory.is_dir():
+            raise KVCError(f"no KV directory at {directory}")
+        store = SessionStore(directory, create=False)
+        action = args.kv_command
+        if action == "ls":
+            return cmd_ls(store, out)
+        if action == "show":
+            return cmd_show(store, args.target, out)
+        if action == "verify":
+            return cmd_verify(store, out)
+        if action == "rm":
+            return cmd_rm(store, args.prefix, out)
+        raise KVCError(f"unknown kv action: {action}")
+    except KVCError as err:
+        print(f"ds4agent kv: {err.with_path()}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `ds4agent kv ls | head`: not an error
+        return 0
+    except OSError as err:
+        print(f"ds4agent kv: {directory}: {err.strerror or err}", file=sys.stderr)
+        return 1

@@ -1,0 +1,561 @@
+"""The KVC file envelope: 48-byte header, rendered text, payload region, trailers (kvc-format.md).
+
+Layout (all little-endian):
+    0      48-byte header (KVCHeader)
+    48     u32 text_bytes
+    52     rendered text (bytes, never decoded)
+    52+t   DSV4 payload, exactly header.payload_bytes bytes (payload.py)
+    ...    trailers in ascending ext-bit order: KTM tool map (bit0, server only), title (bit3)
+
+Public API:
+    KVCHeader                       pack()/unpack(); reason_code/reason_name/key_kind
+    Envelope                        what steps 1-6 of chain 8.3 learnt about a file (text, title, ...)
+    read_envelope(path, kind)       chain 8.3 steps 1-6 (open, header, kind, text, size, trailers)
+    load_kvc(path, kind, ...)       the whole chain 8.3 (steps 1-12) -> LoadedKVC
+    verify_kvc(path, quant_bits)    stand-alone validation (kv verify / kv show) -> VerifyResult
+    write_kvc(path, header, text, state, shape, title)   atomic write (§6.1)
+    classify_name / is_scan_name / session_identity / text_sha1 / expected_identity
+
+Every failure is a KVCError subclass whose message is the spec's text; a refused file is never
+modified or deleted here.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import struct
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import BinaryIO
+
+from . import errors as E
+from .errors import (
+    KVCError,
+    KVCHeaderError,
+    KVCIdentityError,
+    KVCIOError,
+    KVCKindError,
+    KVCMismatchError,
+    KVCPayloadError,
+    KVCSizeError,
+    KVCTextError,
+    KVCTrailerError,
+    KVCWriteError,
+)
+from .payload import (
+    FLASH_SHAPE,
+    PayloadInfo,
+    PayloadShape,
+    PayloadState,
+    payload_size,
+    read_payload,
+    validate_state,
+    write_payload,
+)
+
+MAGIC = b"KVC"
+FILE_VERSION = 1
+PAYLOAD_ABI = 2
+HEADER_BYTES = 48
+PREFIX_BYTES = 52  # header + u32 text_bytes: the text starts here
+_HEADER = struct.Struct("<3sBBBBBIIIB3sQQQ")  # 3+1+1+1+1+1+4+4+4+1+3+8+8+8 = 48
+_U32 = struct.Struct("<I")
+U32_MAX = 0xFFFFFFFF
+
+REASON_NAMES = ("unknown", "cold", "continued", "evict", "shutdown", "agent-system", "agent-session")
+REASON_UNKNOWN, REASON_COLD, REASON_CONTINUED, REASON_EVICT, REASON_SHUTDOWN = 0, 1, 2, 3, 4
+REASON_SYSTEM, REASON_SESSION = 5, 6
+
+EXT_KTM = 0x01  # KTM tool-id map trailer (server only)
+EXT_RESPONSES_VISIBLE = 0x02  # marker: text is the client-visible transcript
+EXT_THINKING_VISIBLE = 0x04  # marker
+EXT_TITLE = 0x08  # session-title trailer
+EXT_RESERVED = 0xF0  # unknown sections follow the known ones; end-of-file not checked
+
+# The kinds chain 8.3 distinguishes.
+KIND_SESSION = "session"
+KIND_SYSPROMPT = "sysprompt"
+KIND_CHECKPOINT = "checkpoint"  # stand-alone validation of server files: no reason check
+
+_HEX40_NAME = re.compile(r"[0-9a-fA-F]{40}\.kv")
+_SYSPROMPT_HEX_NAME = re.compile(r"sysprompt-([0-9a-fA-F]{16})\.kv")
+
+
+def reason_name(code: int) -> str:
+    """Name of a reason byte (§11); any byte > 6 reads as `unknown`."""
+    return REASON_NAMES[code] if 0 <= code < len(REASON_NAMES) else REASON_NAMES[0]
+
+
+@dataclass(frozen=True)
+class KVCHeader:
+    """The 48-byte fixed header (§2). `reason` and `reserved` keep the raw bytes as read, so a
+    rewriter writes back what it did not understand (§7); reason_code maps bytes > 6 to 0."""
+
+    quant_bits: int
+    reason: int
+    ext_flags: int
+    model_id: int
+    tokens: int
+    hits: int
+    ctx_size: int
+    created_at: int
+    last_used: int
+    payload_bytes: int
+    reserved: bytes = b"\0\0\0"
+
+    def pack(self) -> bytes:
+        return _HEADER.pack(MAGIC, FILE_VERSION, self.quant_bits, self.reason, self.ext_flags, self.model_id,
+                            self.tokens, self.hits, self.ctx_size, PAYLOAD_ABI, self.reserved,
+                            self.created_at, self.last_used, self.payload_bytes)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> KVCHeader:
+        """Parse 48 bytes, applying the acceptance predicate (§2 items 2-3)."""
+        if len(data) < HEADER_BYTES:
+            raise KVCHeaderError(E.INVALID_HEADER)
+        (magic, version, quant, reason, ext, model, tokens, hits, ctx, abi, reserved,
+         created, last_used, payload) = _HEADER.unpack(data[:HEADER_BYTES])
+        if magic != MAGIC or version != FILE_VERSION or abi != PAYLOAD_ABI or tokens == 0 or quant not in (2, 4):
+            raise KVCHeaderError(E.INVALID_HEADER)
+        return cls(quant, reason, ext, model, tokens, hits, ctx, created, last_used, payload, reserved)
+
+    @property
+    def reason_code(self) -> int:
+        return self.reason if self.reason <= REASON_SESSION else REASON_UNKNOWN
+
+    @property
+    def reason_name(self) -> str:
+        return reason_name(self.reason)
+
+    @property
+    def key_kind(self) -> str:
+        if self.ext_flags & EXT_RESPONSES_VISIBLE:
+            return "responses-visible"
+        if self.ext_flags & EXT_THINKING_VISIBLE:
+            return "thinking-visible"
+        return "token-text"
+
+
+# ------------------------------------------------------------------------------------------------
+# names and identities (§4, §12.3)
+
+
+def is_scan_name(name: str) -> bool:
+    """The directory-scan name rule: exactly 40 hex digits (either case) + `.kv`."""
+    return _HEX40_NAME.fullmatch(name) is not None
+
+
+def classify_name(name: str) -> tuple[str, str | None]:
+    """('hex40', lowercase hex) | ('sysprompt-hex', lowercase 16 hex) | ('sysprompt', None) |
+    ('other', None)."""
+    if is_scan_name(name):
+        return "hex40", name[:40].lower()
+    m = _SYSPROMPT_HEX_NAME.fullmatch(name)
+    if m:
+        return "sysprompt-hex", m.group(1).lower()
+    if name == "sysprompt.kv":
+        return "sysprompt", None
+    return "other", None
+
+
+def text_sha1(text: bytes) -> str:
+    return hashlib.sha1(text).hexdigest()
+
+
+def session_identity(title: bytes, created_at: int) -> str:
+    """SHA-1 over the stored title bytes followed by u64le(created_at), lowercase hex (§12.3)."""
+    return hashlib.sha1(bytes(title) + struct.pack("<Q", created_at)).hexdigest()
+
+
+def sysprompt_name(text: bytes) -> str:
+    """ds4agent's system-prompt cache name: sysprompt-<first 16 hex of SHA1(text)>.kv (§12.2)."""
+    return f"sysprompt-{text_sha1(text)[:16]}.kv"
+
+
+# ------------------------------------------------------------------------------------------------
+# reading: chain 8.3 steps 1-6
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """Everything outside the payload, as validated by chain 8.3 steps 1-6."""
+
+    path: Path
+    file_size: int
+    header: KVCHeader
+    text: bytes
+    title: bytes | None  # bit3 trailer, as stored (maybe not UTF-8)
+    ktm_entries: int | None  # entry count of a skipped KTM trailer (bit0), else None
+
+    @property
+    def payload_offset(self) -> int:
+        return PREFIX_BYTES + len(self.text)
+
+
+def _strerror(err: OSError, path: Path | str) -> KVCIOError:
+    return KVCIOError(err.strerror or str(err), path=path)
+
+
+def _read_exact(f: BinaryIO, nbytes: int) -> bytes | None:
+    data = f.read(nbytes)
+    return data if len(data) == nbytes else None
+
+
+def read_prefix(f: BinaryIO, file_size: int) -> tuple[KVCHeader, int]:
+    """Header + text_bytes (the §2 predicate, item 1 included)."""
+    if file_size < PREFIX_BYTES:
+        raise KVCHeaderError(E.INVALID_HEADER)
+    data = _read_exact(f, PREFIX_BYTES)
+    if data is None:
+        raise KVCHeaderError(E.INVALID_HEADER)
+    return KVCHeader.unpack(data), _U32.unpack_from(data, HEADER_BYTES)[0]
+
+
+def _skip_ktm(f: BinaryIO, pos: int, file_size: int) -> tuple[int, int]:
+    """Skip a KTM section at `pos` by its self-described length (§5.1 "Skipping").
+
+    Returns (end offset, entry count). Every length is checked against the bytes left before
+    it is used; the server's value limits do not apply here.
+    """
+    left = file_size - pos
+    head = _read_exact(f, 8) if left >= 8 else None
+    if head is None or head[:3] != b"KTM" or head[3] != 1:
+        raise KVCTrailerError(E.INVALID_KTM)
+    count = _U32.unpack_from(head, 4)[0]
+    left -= 8
+    if 8 * count > left:
+        raise KVCTrailerError(E.INVALID_KTM)
+    for _ in range(count):
+        lens = _read_exact(f, 8) if left >= 8 else None
+        if lens is None:
+            raise KVCTrailerError(E.INVALID_KTM)
+        id_len, dsml_len = struct.unpack("<II", lens)
+        left -= 8
+        if id_len + dsml_len > left:
+            raise KVCTrailerError(E.INVALID_KTM)
+        f.seek(id_len + dsml_len, 1)
+        left -= id_len + dsml_len
+    return file_size - left, count
+
+
+def _read_envelope(f: BinaryIO, path: Path, file_size: int, kind: str) -> Envelope:
+    header, text_bytes = read_prefix(f, file_size)  # step 2
+    if kind == KIND_SESSION and header.reason != REASON_SESSION:  # step 3
+        raise KVCKindError(E.NOT_A_SESSION)
+    if kind == KIND_SYSPROMPT and header.reason != REASON_SYSTEM:
+        raise KVCKindError(E.NOT_A_SYSPROMPT)
+    if text_bytes > file_size - PREFIX_BYTES:  # step 4: checked before allocating the text
+        raise KVCTextError(E.TRUNCATED_TEXT)
+    text = _read_exact(f, text_bytes)
+    if text is None:
+        raise KVCTextError(E.TRUNCATED_TEXT)
+    payload_end = PREFIX_BYTES + text_bytes + header.payload_bytes
+    if header.payload_bytes > file_size - PREFIX_BYTES - text_bytes:  # step 5, before any trailer
+        raise KVCSizeError(E.SHORTER_THAN_HEADER)
+    pos, title, ktm_entries = payload_end, None, None  # step 6: trailers in bit order
+    if header.ext_flags & (EXT_KTM | EXT_TITLE):
+        f.seek(payload_end)
+    if header.ext_flags & EXT_KTM:
+        pos, ktm_entries = _skip_ktm(f, pos, file_size)
+    if header.ext_flags & EXT_TITLE:
+        raw_len = _read_exact(f, 4) if file_size - pos >= 4 else None
+        if raw_len is None:
+            raise KVCTrailerError(E.MISSING_TITLE)
+        title_len = _U32.unpack(raw_len)[0]
+        if title_len > file_size - pos - 4:  # before allocating the title
+            raise KVCTrailerError(E.TRUNCATED_TITLE)
+        if title_len == 0:
+            raise KVCTrailerError(E.EMPTY_TITLE)
+        title = _read_exact(f, title_len)
+        if title is None:
+            raise KVCTrailerError(E.TRUNCATED_TITLE)
+        pos += 4 + title_len
+    # A reserved ext bit announces an unknown section after the known ones: do not check the end.
+    if not header.ext_flags & EXT_RESERVED and pos != file_size:
+        raise KVCTrailerError(E.TRAILING_BYTES)
+    f.seek(PREFIX_BYTES + text_bytes)  # back to the payload start
+    return Envelope(path, file_size, header, text, title, ktm_entries)
+
+
+def _open(path: Path) -> tuple[BinaryIO, int]:
+    try:
+        f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by the caller
+    except OSError as err:
+        raise _strerror(err, path) from None
+    try:
+        size = os.fstat(f.fileno()).st_size
+    except OSError as err:
+        f.close()
+        raise _strerror(err, path) from None
+    return f, size
+
+
+def read_envelope(path: str | Path, kind: str = KIND_CHECKPOINT) -> Envelope:
+    """Chain 8.3 steps 1-6 on `path` for the given kind (payload not read)."""
+    path = Path(path)
+    f, size = _open(path)
+    with f:
+        try:
+            return _read_envelope(f, path, size, kind)
+        except KVCError as err:
+            err.path = path
+            raise
+        except OSError as err:
+            raise _strerror(err, path) from None
+
+
+def expected_identity(name: str, env: Envelope) -> str | None:
+    """The hex the file name must carry (§12.3), or None when the name carries none."""
+    form, _ = classify_name(name)
+    if form == "hex40":
+        if env.header.ext_flags & EXT_TITLE and env.title is not None:
+            return session_identity(env.title, env.header.created_at)
+        return text_sha1(env.text)
+    if form == "sysprompt-hex":
+        return text_sha1(env.text)[:16]
+    return None
+
+
+def check_identity(path: Path, env: Envelope) -> None:
+    """Chain 8.3 step 10: identity == name (hex compared case-insensitively)."""
+    want = expected_identity(path.name, env)
+    _, have = classify_name(path.name)
+    if want is not None and want != have:
+        raise KVCIdentityError(E.IDENTITY_MISMATCH, path=path)
+
+
+# ------------------------------------------------------------------------------------------------
+# the whole agent chain (8.3)
+
+
+@dataclass(frozen=True)
+class LoadedKVC:
+    envelope: Envelope
+    payload: PayloadState | None  # None for a stripped session (payload_bytes == 0, §12.6)
+
+
+def load_kvc(
+    path: str | Path,
+    kind: str,
+    *,
+    shape: PayloadShape,
+    ctx: int,
+    model_id: int,
+    quant_bits: int,
+    expected_text: bytes | None = None,
+) -> LoadedKVC:
+    """Run chain 8.3 for `kind` (KIND_SESSION or KIND_SYSPROMPT) against the running model.
+
+    expected_text: the freshly rendered system text (step 9, system-prompt caches only).
+    Steps 11-12 only produce a PayloadState; committing it to a live session is the caller's job,
+    so any failure here leaves live state untouched by construction.
+    """
+    path = Path(path)
+    f, size = _open(path)  # step 1
+    with f:
+        try:
+            env = _read_envelope(f, path, size, kind)  # steps 2-6
+            hdr = env.header
+            if hdr.payload_bytes and hdr.model_id != model_id:  # step 7
+                raise KVCMismatchError(E.DIFFERENT_MODEL)
+            if hdr.payload_bytes and hdr.quant_bits != quant_bits:  # step 8
+                raise KVCMismatchError(E.DIFFERENT_QUANT)
+            if kind == KIND_SYSPROMPT and expected_text is not None and env.text != expected_text:  # step 9
+                raise KVCTextError(E.SYSPROMPT_MISMATCH)
+            check_identity(path, env)  # step 10
+            if hdr.payload_bytes == 0 and kind == KIND_SESSION:  # stripped: the caller rebuilds (§12.6)
+                return LoadedKVC(env, None)
+            state = read_payload(f, hdr.payload_bytes, shape, ctx)  # step 11
+            assert isinstance(state, PayloadState)
+            if len(state.tokens) != hdr.tokens:  # step 12
+                raise KVCPayloadError(E.TOKEN_COUNT_MISMATCH)
+            return LoadedKVC(env, state)
+        except KVCError as err:
+            err.path = path
+            raise
+        except MemoryError:
+            raise KVCPayloadError(E.LOAD_FAILED, path=path) from None
+        except OSError as err:
+            raise _strerror(err, path) from None
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Outcome of a stand-alone validation: envelope (if steps 1-6 passed), payload info, error."""
+
+    path: Path
+    kind: str
+    envelope: Envelope | None
+    payload: PayloadInfo | None
+    error: KVCError | None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def standalone_kind(name: str, reason: int | None) -> str:
+    """§8.3 stand-alone rule: sysprompt names -> cache; hex40 with reason 6 -> session; else checkpoint."""
+    form, _ = classify_name(name)
+    if form in ("sysprompt-hex", "sysprompt"):
+        return KIND_SYSPROMPT
+    if form == "hex40" and reason == REASON_SESSION:
+        return KIND_SESSION
+    return KIND_CHECKPOINT
+
+
+def verify_kvc(path: str | Path, *, quant_bits: int | None = None, shape: PayloadShape | None = None) -> VerifyResult:
+    """Stand-alone validation (kv verify / kv show): chain 8.3 without a live session.
+
+    Skips step 9 (no current system text), step 8 unless quant_bits is given, step 10 for names
+    without a hash. Step 7 compares with model_id 0. Step 11 runs §9.5 with ctx := header
+    ctx_size, reading tokens/logits/counts and size-checking (not reading) the array data.
+
+    Layout choice when no model is loaded (`shape` None): a file records (layers, D, Di, V) but
+    not the per-layer ratios, so the Flash ratios are used when the file's layout is Flash's;
+    for any other layout (tiny test models) the ratio-free checks run and the result says
+    `layers_checked=False`, rather than calling a valid test-model file invalid or guessing
+    ratios from counts (a layer with 0 rows could be dense or have a ratio larger than T).
+    """
+    path = Path(path)
+    kind = KIND_CHECKPOINT
+    env = info = None
+    try:
+        f, size = _open(path)
+        with f:
+            try:
+                hdr, _ = read_prefix(f, size)
+                kind = standalone_kind(path.name, hdr.reason)
+                f.seek(0)
+            except KVCError:
+                kind = standalone_kind(path.name, None)
+                raise
+            env = _read_envelope(f, path, size, kind)
+            hdr = env.header
+            if hdr.payload_bytes and hdr.model_id != 0:
+                raise KVCMismatchError(E.DIFFERENT_MODEL)
+            if hdr.payload_bytes and quant_bits is not None and hdr.quant_bits != quant_bits:
+                raise KVCMismatchError(E.DIFFERENT_QUANT)
+            check_identity(path, env)
+            if hdr.payload_bytes == 0 and kind == KIND_SESSION:
+                return VerifyResult(path, kind, env, None, None)  # stripped session: not rebuilt
+            use_shape = shape
+            if use_shape is None:
+                head = f.read(52)
+                f.seek(env.payload_offset)
+                key = struct.unpack_from("<4I", head, 32) if len(head) == 52 else None
+                use_shape = FLASH_SHAPE if key == FLASH_SHAPE.layout_key else None
+            info = read_payload(f, hdr.payload_bytes, use_shape, hdr.ctx_size, keep_arrays=False)
+            assert isinstance(info, PayloadInfo)
+            if info.header.n_tokens != hdr.tokens:
+                raise KVCPayloadError(E.TOKEN_COUNT_MISMATCH)
+            return VerifyResult(path, kind, env, info, None)
+    except KVCError as err:
+        err.path = path
+        return VerifyResult(path, kind, env, info, err)
+    except OSError as err:
+        return VerifyResult(path, kind, env, info, _strerror(err, path))
+
+
+# ------------------------------------------------------------------------------------------------
+# writing (§6.1)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename durable. Some filesystems refuse to fsync a directory: that is not an error
+    worth losing a save over, the file itself was already fsynced."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_kvc(
+    path: str | Path,
+    header: KVCHeader,
+    text: bytes,
+    state: PayloadState | None,
+    shape: PayloadShape | None,
+    title: bytes | None = None,
+) -> KVCHeader:
+    """Write a complete KVC file atomically; returns the header actually written.
+
+    header.payload_bytes and the EXT_TITLE bit are filled in here from `state` and `title`.
+    state None writes a stripped session (payload_bytes 0, §12.6). Every input is checked before
+    the temp file exists; the temp file lives in the target directory (so rename is atomic), is
+    fsynced before the rename, and is unlinked on any failure (the old file stays untouched).
+    """
+    path = Path(path)
+    text = bytes(text)
+    if len(text) > U32_MAX:
+        raise KVCTextError(E.TEXT_TOO_LARGE, path=path)
+    if title is not None:
+        title = bytes(title)
+        if len(title) > U32_MAX:
+            raise KVCTrailerError(E.TITLE_TOO_LARGE, path=path)
+        if not title:
+            raise KVCTrailerError(E.EMPTY_TITLE, path=path)
+    if header.quant_bits not in (2, 4):
+        raise KVCWriteError(f"quantization bits must be 2 or 4, not {header.quant_bits}", path=path)
+    if state is not None:
+        assert shape is not None, "a payload needs its shape"
+        n_tokens = int(len(state.tokens))
+        ctx = int(state.ctx)
+        validate_state(state, shape)
+        header = replace(header, tokens=n_tokens, ctx_size=ctx, payload_bytes=payload_size(shape, n_tokens, ctx))
+    else:
+        header = replace(header, payload_bytes=0)
+    if header.tokens == 0 or header.tokens > U32_MAX:
+        raise KVCWriteError("cannot save an empty KV state (0 tokens)", path=path)
+    ext = header.ext_flags & ~EXT_TITLE | (EXT_TITLE if title is not None else 0)
+    header = replace(header, ext_flags=ext & ~EXT_KTM)  # ds4agent never writes a KTM map
+
+    directory = path.parent
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=path.name + ".tmp.", dir=directory)  # mode 0600
+    except OSError as err:
+        raise KVCWriteError(err.strerror or str(err), path=path) from None
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb", buffering=1 << 20) as f:
+            f.write(header.pack())
+            f.write(_U32.pack(len(text)))
+            f.write(text)
+            if state is not None:
+                written = write_payload(f, state, shape)
+                if written != header.payload_bytes:  # the size formula and the writer must agree
+                    raise KVCWriteError(f"payload size {written} differs from the expected "
+                                        f"{header.payload_bytes}", path=path)
+            if title is not None:
+                f.write(_U32.pack(len(title)))
+                f.write(title)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        # BaseException: a KeyboardInterrupt mid-write must not leave the temp file behind either.
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        if isinstance(err, KVCError):
+            err.path = path
+            raise
+        if isinstance(err, OSError):
+            msg = err.strerror or str(err)
+            if err.errno == errno.ENOSPC:
+                msg = "No space left on device"
+            raise KVCWriteError(msg, path=path) from None
+        raise
+    fsync_dir(directory)
+    return header

@@ -1,0 +1,571 @@
+"""The session directory (~/.ds4/kvcache): naming, listing, prefix resolution, titles, caches.
+
+Shared with ds4 (ds4-server checkpoints, ds4-agent sessions): everything here follows
+kvc-format.md §4, §8 and §12, so either program reads the other's files and neither deletes what
+it does not own.
+
+Public API (what the agent uses):
+
+    default_kv_dir(explicit: str | PathLike | None = None) -> Path
+        --kv-dir > $DS4AGENT_KV_DIR > $HOME/.ds4/kvcache (./.ds4/kvcache when HOME is unset/empty).
+
+    store = SessionStore(directory)          # mkdir -p with mode 0700; removes stale temp files;
+                                             # raises KVCIOError when the directory is unusable
+    store.save_session(text, payload, *, shape, quant_bits, title=None, created_at=None,
+                       loaded_from=None, model_id=0, n_tokens=None, now=None) -> SavedSession
+        reason 6, ext 0x08 (title trailer), name = SHA1(title || u64le(created_at)).kv, atomic.
+        title None -> derived from `text` (§12.7); created_at None -> now. Keep the returned
+        .title/.created_at for re-saves (the name stays stable). After the rename it deletes
+        `loaded_from` (a legacy source file with another name) and every other reason-6 file whose
+        text is a strict byte prefix of `text`. payload None writes a stripped session (n_tokens, ctx
+        required). SavedSession.message == "saved session <8 hex> (<N> tokens)".
+    store.load_session(target, *, shape, ctx, model_id, quant_bits) -> LoadedSession
+        target: a 1-40 hex id prefix or a path to a .kv file. Runs chain 8.3 (session kind).
+        LoadedSession: text, payload (None for a stripped session: re-tokenise `text` and prefill),
+        title, created_at, legacy (True: pass .path as loaded_from at the next save), id, path.
+    store.list_sessions() -> list[SessionInfo]      reason-6 files, newest first (last_used, then id)
+    store.resolve(prefix, *, sessions_only=True) -> StoreEntry     §12.5 errors as KVCStoreError
+    store.delete(prefix) -> Path                   deletes one session by id prefix
+    store.save_sysprompt(text, payload, *, shape, quant_bits, model_id=0, now=None) -> Path
+        sysprompt-<16 hex of SHA1(text)>.kv, reason 5; keeps the 8 most recently used caches.
+    store.load_sysprompt(text, *, shape, ctx, model_id, quant_bits) -> PayloadState
+        chain 8.3 as a system-prompt cache with the freshly rendered text; touches the file
+        (hits/last_used) so recently used caches survive pruning. Any failure -> KVCError: the
+        caller prefills the system prefix and calls save_sysprompt.
+    format_session_line(info, now) -> str          the /list line of agent-reference.md §3
+
+Helpers: derive_title(text) -> bytes, clip_title(title, n=70) -> bytes, display_text(b) -> str,
+touch(path, now), store_len(T), eviction_score(...), SessionStore.evict(target_bytes, ...).
+
+All errors are KVCError subclasses (sessions/errors.py); str(err) is the spec's message.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import errors as E
+from .errors import KVCError, KVCIOError, KVCStoreError, KVCWriteError
+from .kvc import (
+    EXT_TITLE,
+    HEADER_BYTES,
+    KIND_SESSION,
+    KIND_SYSPROMPT,
+    PREFIX_BYTES,
+    REASON_COLD,
+    REASON_CONTINUED,
+    REASON_EVICT,
+    REASON_SESSION,
+    REASON_SHUTDOWN,
+    REASON_SYSTEM,
+    KVCHeader,
+    classify_name,
+    fsync_dir,
+    load_kvc,
+    read_envelope,
+    read_prefix,
+    session_identity,
+    sysprompt_name,
+    text_sha1,
+    write_kvc,
+)
+from .payload import PayloadShape, PayloadState
+
+ENV_KV_DIR = "DS4AGENT_KV_DIR"
+SYSPROMPT_KEEP = 8  # §12.2: keep the 8 most recently used system-prompt caches
+STALE_TEMP_SECONDS = 24 * 3600  # §6.2: another process may be mid-write on a younger temp file
+LIST_TITLE_BYTES = 70
+
+USER_MARK = "<｜User｜>".encode()
+ASSISTANT_MARK = "<｜Assistant｜>".encode()
+NO_USER_PROMPT = b"(no user prompt)"
+EMPTY_USER_PROMPT = b"(empty user prompt)"
+UNREADABLE_SESSION = b"(unreadable session)"
+
+_STALE_TEMP = re.compile(r"(?:[0-9a-fA-F]{40}|sysprompt|sysprompt-[0-9a-fA-F]{16})\.kv\.tmp\..*")
+_HEX_PREFIX = re.compile(r"[0-9a-fA-F]{1,40}")
+_C_SPACE = b" \t\n\v\f\r"  # C-locale isspace: exactly these six bytes (§12.7)
+_C_SPACE_RUN = re.compile(rb"[ \t\n\v\f\r]+")
+
+
+def default_kv_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """--kv-dir > $DS4AGENT_KV_DIR > $HOME/.ds4/kvcache (./.ds4/kvcache without a HOME)."""
+    if explicit:
+        return Path(explicit).expanduser()
+    env = os.environ.get(ENV_KV_DIR)
+    if env:
+        return Path(env).expanduser()
+    home = os.environ.get("HOME")
+    return (Path(home) if home else Path(".")) / ".ds4" / "kvcache"
+
+
+# ------------------------------------------------------------------------------------------------
+# titles (§12.7)
+
+
+def derive_title(text: bytes) -> bytes:
+    """The session title from rendered text: the first user message, C-whitespace normalised."""
+    start = text.find(USER_MARK)
+    if start < 0:
+        return NO_USER_PROMPT
+    start += len(USER_MARK)
+    ends = [i for i in (text.find(ASSISTANT_MARK, start), text.find(USER_MARK, start)) if i >= 0]
+    body = text[start:min(ends)] if ends else text[start:]
+    title = _C_SPACE_RUN.sub(b" ", body.strip(_C_SPACE))
+    return title or EMPTY_USER_PROMPT
+
+
+def clip_title(title: bytes, limit: int = LIST_TITLE_BYTES) -> bytes:
+    """Cut a title after `limit` bytes without splitting a UTF-8 character, appending `...`."""
+    if len(title) <= limit:
+        return title
+    cut = limit
+    # Move back (at most 3 bytes) while the first byte cut off is a continuation byte.
+    while cut > limit - 3 and cut > 0 and 0x80 <= title[cut] <= 0xBF:
+        cut -= 1
+    return title[:cut] + b"..."
+
+
+def display_text(data: bytes) -> str:
+    """Bytes for display: invalid UTF-8, C0 controls and DEL become U+FFFD; never fails (§5.2)."""
+    text = data.decode("utf-8", errors="replace")
+    return "".join("\ufffd" if (ord(c) < 0x20 or ord(c) == 0x7F) else c for c in text)
+
+
+# ------------------------------------------------------------------------------------------------
+# entries
+
+
+@dataclass(frozen=True)
+class StoreEntry:
+    """A scan-valid file (§8.1): 40-hex name, valid header, long enough for text + payload."""
+
+    path: Path
+    id: str  # 40 lowercase hex
+    header: KVCHeader
+    file_size: int
+    text_bytes: int
+
+    @property
+    def short_id(self) -> str:
+        return self.id[:8]
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """One /list line's worth of a reason-6 file."""
+
+    entry: StoreEntry
+    title: bytes  # trailer title, else derived from the text, else `(unreadable session)`
+    legacy: bool  # no title trailer: re-saved under a new identity
+
+    @property
+    def id(self) -> str:
+        return self.entry.id
+
+    @property
+    def tokens(self) -> int:
+        return self.entry.header.tokens
+
+    @property
+    def last_used(self) -> int:
+        return self.entry.header.last_used
+
+    @property
+    def display_title(self) -> str:
+        return display_text(clip_title(self.title))
+
+
+@dataclass(frozen=True)
+class SavedSession:
+    id: str
+    path: Path
+    title: bytes
+    created_at: int
+    n_tokens: int
+    deleted: tuple[Path, ...]  # ancestors and the legacy source removed after the save
+
+    @property
+    def message(self) -> str:
+        return f"saved session {self.id[:8]} ({self.n_tokens} tokens)"
+
+
+@dataclass(frozen=True)
+class LoadedSession:
+    id: str
+    path: Path
+    text: bytes
+    payload: PayloadState | None  # None: stripped session, rebuild from text (§12.6)
+    title: bytes
+    created_at: int
+    header: KVCHeader
+    legacy: bool  # loaded from a file without a title trailer (delete it at the next save)
+
+
+def format_age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
+
+
+def format_session_line(info: SessionInfo, now: float) -> str:
+    """`  <8 hex> (<age>) <title>  [N tokens, X.X MiB]` (agent-reference.md §3, /list)."""
+    mib = info.entry.file_size / (1024 * 1024)
+    return (f"  {info.entry.short_id} ({format_age(now - info.last_used)}) {info.display_title}"
+            f"  [{info.tokens} tokens, {mib:.1f} MiB]")
+
+
+def touch(path: str | Path, now: int | None = None) -> None:
+    """In-place hit accounting (§7): rewrite only hits (12..15) and last_used (32..39).
+
+    Every other byte is written back as read (reason > 6, reserved bytes and ext bits included);
+    like ds4 this is neither atomic nor fsynced: losing a hit count is harmless.
+    """
+    now = int(time.time()) if now is None else int(now)
+    try:
+        with open(path, "r+b", buffering=0) as f:
+            raw = bytearray(f.read(HEADER_BYTES))
+            KVCHeader.unpack(bytes(raw))  # refuse to rewrite something that is not a valid header
+            hits = struct.unpack_from("<I", raw, 12)[0]
+            struct.pack_into("<I", raw, 12, min(hits + 1, 0xFFFFFFFF))
+            struct.pack_into("<Q", raw, 32, now)
+            f.seek(0)
+            f.write(raw)
+    except OSError as err:
+        raise KVCIOError(err.strerror or str(err), path=path) from None
+
+
+# ------------------------------------------------------------------------------------------------
+# server cache policy (§10): not run by the agent, provided for tools and parity tests
+
+
+def store_len(n_tokens: int, *, min_tokens: int = 512, trim: int = 32, align: int = 2048) -> int:
+    """Checkpoint length ds4-server stores for a prompt of n_tokens."""
+    if n_tokens > min_tokens + trim:
+        s = n_tokens - trim
+        if align > 0:
+            s -= s % align
+        if s >= min_tokens:
+            return s
+    return n_tokens
+
+
+def eviction_score(header: KVCHeader, file_size: int, now: float, *, supersedes: bool = False,
+                   half_life: float = 21600.0, min_hits: float = 0.01) -> float:
+    """The §10 eviction score: lower scores are removed first."""
+    used_at = header.last_used if header.last_used != 0 else header.created_at
+    if used_at == 0:
+        eh = 0.0
+    elif now > used_at:
+        eh = header.hits * 2.0 ** (-(now - used_at) / half_life)
+        if eh < min_hits:
+            eh = 0.0
+    else:
+        eh = float(header.hits)
+    score = (eh + 1.0) * header.tokens / file_size
+    if header.reason_code in (REASON_COLD, REASON_EVICT, REASON_SHUTDOWN):
+        score *= 2.0
+    if supersedes:
+        score *= 0.05 + 0.45 * eh / (eh + 1.0)
+    return score
+
+
+# ------------------------------------------------------------------------------------------------
+# the store
+
+
+class SessionStore:
+    """One KV directory. Cheap to construct; every method re-reads the directory (other processes,
+    e.g. ds4-server, write into it concurrently)."""
+
+    def __init__(self, directory: str | os.PathLike[str], *, create: bool = True,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.directory = Path(directory)
+        self._clock = clock
+        if create:
+            try:
+                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as err:
+                raise KVCIOError(f"cannot create KV directory: {err.strerror or err}",
+                                 path=self.directory) from None
+            if not self.directory.is_dir():
+                raise KVCIOError("KV directory path is not a directory", path=self.directory)
+            self.clean_stale_temps()
+
+    def _now(self) -> int:
+        return int(self._clock())
+
+    # --- scanning -------------------------------------------------------------------------------
+
+    def _names(self) -> list[str]:
+        try:
+            return sorted(os.listdir(self.directory))
+        except OSError as err:
+            raise KVCIOError(err.strerror or str(err), path=self.directory) from None
+
+    def _scan_one(self, name: str) -> StoreEntry | None:
+        form, hexid = classify_name(name)
+        if form != "hex40":
+            return None
+        path = self.directory / name
+        try:
+            with open(path, "rb", buffering=0) as f:
+                st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode):
+                    return None
+                header, text_bytes = read_prefix(f, st.st_size)
+        except (OSError, KVCError):
+            return None  # §8.1: skipped silently, kept on disk
+        if st.st_size < PREFIX_BYTES + text_bytes + header.payload_bytes:
+            return None
+        return StoreEntry(path, hexid, header, st.st_size, text_bytes)
+
+    def entries(self) -> list[StoreEntry]:
+        """Every scan-valid 40-hex file of any reason, newest first (last_used, then id)."""
+        found = [e for e in (self._scan_one(n) for n in self._names()) if e is not None]
+        found.sort(key=lambda e: (-e.header.last_used, e.id))
+        return found
+
+    def session_title(self, entry: StoreEntry) -> tuple[bytes, bool]:
+        """(title, legacy) of an entry: trailer title, else derived from its text."""
+        try:
+            env = read_envelope(entry.path)
+        except KVCError:
+            return UNREADABLE_SESSION, not entry.header.ext_flags & EXT_TITLE
+        if env.title is not None:
+            return env.title, False
+        return derive_title(env.text), True
+
+    def list_sessions(self) -> list[SessionInfo]:
+        """Reason-6 sessions, newest first. Unreadable directory -> KVCIOError."""
+        out = []
+        for entry in self.entries():
+            if entry.header.reason == REASON_SESSION:
+                title, legacy = self.session_title(entry)
+                out.append(SessionInfo(entry, title, legacy))
+        return out
+
+    def resolve(self, prefix: str, *, sessions_only: bool = True) -> StoreEntry:
+        """A unique scan-valid entry whose id starts with `prefix` (1-40 hex, any case), §12.5."""
+        if not _HEX_PREFIX.fullmatch(prefix or ""):
+            raise KVCStoreError(E.INVALID_PREFIX)
+        p = prefix.lower()
+        matches = [e for e in self.entries() if e.id.startswith(p)
+                   and (not sessions_only or e.header.reason == REASON_SESSION)]
+        if not matches:
+            raise KVCStoreError(f"no saved session matches {prefix}")
+        if len(matches) > 1:
+            raise KVCStoreError(f"session prefix {prefix} is ambiguous")
+        return matches[0]
+
+    def _target_path(self, target: str | os.PathLike[str]) -> Path:
+        """A path when `target` names an existing file (or looks like one), else a prefix."""
+        text = os.fspath(target)
+        if isinstance(target, os.PathLike) or os.sep in text or text.endswith(".kv"):
+            path = Path(text)
+            return path if path.is_absolute() or path.exists() else self.directory / path
+        return self.resolve(text).path
+
+    # --- sessions -------------------------------------------------------------------------------
+
+    def load_session(self, target: str | os.PathLike[str], *, shape: PayloadShape, ctx: int,
+                     model_id: int, quant_bits: int) -> LoadedSession:
+        """Resolve and load a session through chain 8.3; nothing is deleted or modified."""
+        path = self._target_path(target)
+        loaded = load_kvc(path, KIND_SESSION, shape=shape, ctx=ctx, model_id=model_id, quant_bits=quant_bits)
+        env = loaded.envelope
+        legacy = env.title is None
+        title = derive_title(env.text) if legacy else env.title
+        created_at = env.header.created_at or self._now()
+        form, hexid = classify_name(path.name)
+        return LoadedSession(hexid or path.stem, path, env.text, loaded.payload, title, created_at,
+                             env.header, legacy)
+
+    def save_session(self, text: bytes, payload: PayloadState | None, *, shape: PayloadShape | None,
+                     quant_bits: int, title: bytes | str | None = None, created_at: int | None = None,
+                     loaded_from: str | os.PathLike[str] | None = None, model_id: int = 0,
+                     n_tokens: int | None = None, ctx: int | None = None,
+                     now: int | None = None) -> SavedSession:
+        """Write `dir/<identity>.kv` (§12.4 steps 3-5); see the module docstring."""
+        now = self._now() if now is None else int(now)
+        text = bytes(text)
+        if isinstance(title, str):
+            title = title.encode()
+        title = title or derive_title(text)
+        created_at = now if not created_at else int(created_at)
+        ident = session_identity(title, created_at)
+        path = self.directory / f"{ident}.kv"
+        if payload is None:
+            if not n_tokens:
+                raise KVCWriteError("a stripped session needs its token count", path=path)
+            tokens, ctx = int(n_tokens), int(ctx or 0)
+        else:
+            tokens, ctx = len(payload.tokens), int(payload.ctx)
+        header = KVCHeader(quant_bits=quant_bits, reason=REASON_SESSION, ext_flags=EXT_TITLE, model_id=model_id,
+                           tokens=tokens, hits=0, ctx_size=ctx, created_at=created_at, last_used=now,
+                           payload_bytes=0)
+        write_kvc(path, header, text, payload, shape, title)
+        deleted = self._delete_ancestors(path, text, loaded_from)
+        return SavedSession(ident, path, title, created_at, tokens, tuple(deleted))
+
+    def _delete_ancestors(self, written: Path, text: bytes, loaded_from) -> list[Path]:
+        """§12.4 step 5: the legacy source file, then reason-6 files whose text is a strict byte
+        prefix of `text`. Never the file just written (samefile: case-insensitive filesystems
+        see `ABC…kv` and `abc…kv` as one file), never other reasons or sysprompt caches."""
+        deleted: list[Path] = []
+
+        def same(a: Path) -> bool:
+            try:
+                return os.path.samefile(a, written)
+            except OSError:
+                return False
+
+        if loaded_from is not None:
+            src = Path(loaded_from)
+            if src.exists() and not same(src) and self._unlink(src):
+                deleted.append(src)
+        for entry in self.entries():
+            if (entry.header.reason != REASON_SESSION or entry.text_bytes >= len(text)
+                    or same(entry.path)):
+                continue
+            try:
+                with open(entry.path, "rb") as f:
+                    f.seek(PREFIX_BYTES)
+                    stored = f.read(entry.text_bytes)
+            except OSError:
+                continue
+            if len(stored) == entry.text_bytes and text.startswith(stored) and self._unlink(entry.path):
+                deleted.append(entry.path)
+        if deleted:
+            fsync_dir(self.directory)
+        return deleted
+
+    @staticmethod
+    def _unlink(path: Path) -> bool:
+        try:
+            path.unlink()
+            return True
+        except OSError:
+            return False  # deletion is housekeeping: the save itself succeeded
+
+    def delete(self, prefix: str) -> Path:
+        """Delete the session whose id starts with `prefix`; returns its path."""
+        entry = self.resolve(prefix)
+        try:
+            entry.path.unlink()
+        except OSError as err:
+            raise KVCIOError(err.strerror or str(err), path=entry.path) from None
+        return entry.path
+
+    # --- system-prompt caches (§12.2) -----------------------------------------------------------
+
+    def sysprompt_path(self, text: bytes) -> Path:
+        return self.directory / sysprompt_name(bytes(text))
+
+    def save_sysprompt(self, text: bytes, payload: PayloadState, *, shape: PayloadShape, quant_bits: int,
+                       model_id: int = 0, now: int | None = None) -> Path:
+        now = self._now() if now is None else int(now)
+        path = self.sysprompt_path(text)
+        header = KVCHeader(quant_bits=quant_bits, reason=REASON_SYSTEM, ext_flags=0, model_id=model_id,
+                           tokens=len(payload.tokens), hits=0, ctx_size=int(payload.ctx), created_at=now,
+                           last_used=now, payload_bytes=0)
+        write_kvc(path, header, text, payload, shape)
+        self._prune_sysprompts(keep=path)
+        return path
+
+    def load_sysprompt(self, text: bytes, *, shape: PayloadShape, ctx: int, model_id: int,
+                       quant_bits: int) -> PayloadState:
+        path = self.sysprompt_path(text)
+        loaded = load_kvc(path, KIND_SYSPROMPT, shape=shape, ctx=ctx, model_id=model_id,
+                          quant_bits=quant_bits, expected_text=bytes(text))
+        try:
+            touch(path, self._now())
+        except KVCError:
+            pass  # a cache that cannot be touched still loaded fine
+        assert loaded.payload is not None
+        return loaded.payload
+
+    def _prune_sysprompts(self, keep: Path) -> list[Path]:
+        """Keep the SYSPROMPT_KEEP most recently used `sysprompt-<hex>.kv` (never ds4-agent's
+        `sysprompt.kv`). Recency = header last_used (touched on every load), mtime if unreadable."""
+        ranked = []
+        for name in self._names():
+            if classify_name(name)[0] != "sysprompt-hex":
+                continue
+            path = self.directory / name
+            try:
+                with open(path, "rb") as f:
+                    used = KVCHeader.unpack(f.read(HEADER_BYTES)).last_used
+            except (OSError, KVCError):
+                try:
+                    used = int(path.stat().st_mtime)
+                except OSError:
+                    continue
+            ranked.append((path.name == keep.name, used, name, path))
+        ranked.sort(reverse=True)
+        removed = [p for *_, p in ranked[SYSPROMPT_KEEP:] if self._unlink(p)]
+        return removed
+
+    # --- housekeeping -------------------------------------------------------------------------
+
+    def clean_stale_temps(self, max_age: float = STALE_TEMP_SECONDS) -> list[Path]:
+        """Delete our temp-file pattern older than max_age (§6.2). Younger ones may belong to a
+        save in progress in another process, so they are left alone."""
+        removed = []
+        now = self._clock()
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return removed
+        for name in names:
+            if not _STALE_TEMP.fullmatch(name):
+                continue
+            path = self.directory / name
+            try:
+                if now - path.stat().st_mtime > max_age and path.is_file():
+                    path.unlink()
+                    removed.append(path)
+            except OSError:
+                continue
+        return removed
+
+    def evict(self, target_bytes: int, *, include_sessions: bool = False, now: float | None = None,
+              incoming_text: bytes | None = None, incoming_ctx: int | None = None,
+              model_id: int = 0) -> list[Path]:
+        """§10 eviction down to `target_bytes` over scan-valid files (lowest score first, ties by
+        last_used). Explicit user saves (reason 6) are exempt unless include_sessions.
+        incoming_text/ctx mark continued checkpoints the incoming store supersedes."""
+        now = self._clock() if now is None else now
+        entries = [e for e in self.entries() if include_sessions or e.header.reason != REASON_SESSION]
+        total = sum(e.file_size for e in self.entries())
+
+        def supersedes(e: StoreEntry) -> bool:
+            if incoming_text is None or e.header.reason_code != REASON_CONTINUED:
+                return False
+            if not (0 < e.text_bytes < len(incoming_text)) or e.header.model_id != model_id:
+                return False
+            if incoming_ctx is not None and incoming_ctx > e.header.ctx_size:
+                return False
+            return text_sha1(incoming_text[:e.text_bytes]) == e.id
+
+        ranked = sorted(entries, key=lambda e: (eviction_score(e.header, e.file_size, now,
+                                                               supersedes=supersedes(e)),
+                                                e.header.last_used))
+        removed = []
+        for e in ranked:
+            if total <= target_bytes:
+                break
+            if not self._unlink(e.path):
+                break
+            total -= e.file_size
+            removed.append(e.path)
+        return removed
