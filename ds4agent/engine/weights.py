@@ -1,0 +1,412 @@
+"""Canonical tensor names -> per-layer weight structures (the model's view of a weight file).
+
+`build_weights(config, get)` is the ONE mapping from the spec's GGUF tensor names (model.md §6.3)
+to the dataclasses model.py consumes; `get(name)` returns the tensor's value. Both the GGUF
+loader (`load_weights(gf, config)`) and the random test weights (`random_weights(config, seed)`)
+go through it, so the name mapping cannot drift between them.
+
+Name mapping (N = layer; array shapes are row-major = GGML dims reversed):
+
+    token_embd.weight                [V, E]            ModelWeights.token_embd (f16/f32 rows)
+    output_hc_fn.weight              [n, n·E]          ModelWeights.head.fn          (Linear)
+    output_hc_scale.weight           [1]               ModelWeights.head.scale
+    output_hc_base.weight            [n]               ModelWeights.head.base
+    output_norm.weight               [E]               ModelWeights.output_norm
+    output.weight                    [V, E]            ModelWeights.output           (Linear)
+    blk.N.hc_attn_{fn,scale,base}    [mix, n·E],[3],[mix]  layers[N].hc_attn: HCWeights
+    blk.N.hc_ffn_{fn,scale,base}                       layers[N].hc_ffn: HCWeights
+    blk.N.attn_norm.weight           [E]               layers[N].attn.norm
+    blk.N.attn_q_a.weight            [Q, E]            layers[N].attn.q_a            (Linear)
+    blk.N.attn_q_a_norm.weight       [Q]               layers[N].attn.q_a_norm
+    blk.N.attn_q_b.weight            [H·Dh, Q]         layers[N].attn.q_b            (Linear)
+    blk.N.attn_kv.weight             [Dh, E]           layers[N].attn.kv             (Linear)
+    blk.N.attn_kv_a_norm.weight      [Dh]              layers[N].attn.kv_norm
+    blk.N.attn_sinks.weight          [H]               layers[N].attn.sinks
+    blk.N.attn_output_a.weight       [G·O, (H/G)·Dh]   layers[N].attn.out_a (tuple of G row-slice Linears)
+    blk.N.attn_output_b.weight       [E, G·O]          layers[N].attn.out_b          (Linear)
+    blk.N.attn_compressor_{kv,gate}  [coff·Dh, E]      layers[N].attn.compressor.{kv,gate} (Linear)
+    blk.N.attn_compressor_ape        [r, coff·Dh]      layers[N].attn.compressor.ape
+    blk.N.attn_compressor_norm       [Dh]              layers[N].attn.compressor.norm
+    blk.N.indexer.attn_q_b.weight    [Hi·Di, Q]        layers[N].attn.indexer.q_b    (Linear)
+    blk.N.indexer.proj.weight        [Hi, E]           layers[N].attn.indexer.proj   (Linear)
+    blk.N.indexer_compressor_*       (as above, Di)    layers[N].attn.indexer.compressor
+    blk.N.ffn_norm.weight            [E]               layers[N].ffn.norm
+    blk.N.ffn_gate_inp.weight        [n_exp, E]        layers[N].ffn.gate_inp        (Linear)
+    blk.N.exp_probs_b.bias           [n_exp] optional  layers[N].ffn.bias
+    blk.N.ffn_gate_tid2eid.weight    [V, U] (N < NH)   layers[N].ffn.tid2eid (int32)
+    blk.N.ffn_{gate,up,down}_exps    [n_exp, F, E]/[n_exp, E, F]  layers[N].ffn.{gate,up,down}_exps
+                                                       (ExpertWeights)
+    blk.N.ffn_{gate,up,down}_shexp   [F, E]/[E, F]     layers[N].ffn.{gate,up,down}_shexp (Linear)
+
+Values `get` may return: a numpy/MLX array (dense), a `(wq, scales, biases)` triple (MLX affine
+8-bit group 32, i.e. a Q8_0 tensor), a ready `Linear`, or (experts) an `ExpertWeights` object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from .config import ModelConfig
+from .errors import TensorShapeError
+
+
+class Linear:
+    """y = W·x over the last axis of x, W stored [out, in] (array order of a GGML (in, out) tensor).
+
+    Dense: `weight` is an f32 or f16 MLX array [out, in] (f16 is widened exactly at construction:
+    every product in the engine is f32 and widening per call would copy the tensor each step).
+    Quantised: `(wq, scales, biases)` of MLX affine 8-bit, group 32 (exact image of Q8_0,
+    model.md §7), multiplied with `mx.quantized_matmul` on f32 activations.
+    """
+
+    __slots__ = ("weight", "scales", "biases", "out_features", "in_features")
+
+    def __init__(self, weight: mx.array, scales: mx.array | None = None,
+                 biases: mx.array | None = None, *, in_features: int | None = None):
+        if scales is None:
+            w = weight if isinstance(weight, mx.array) else mx.array(np.asarray(weight))
+            if w.ndim != 2:
+                raise ValueError(f"Linear weight must be 2-D, got shape {list(w.shape)}")
+            if w.dtype != mx.float32:
+                w = w.astype(mx.float32)
+            self.weight = w
+            self.scales = self.biases = None
+            self.out_features, self.in_features = int(w.shape[0]), int(w.shape[1])
+        else:
+            self.weight, self.scales, self.biases = weight, scales, biases
+            self.out_features = int(weight.shape[0])
+            self.in_features = int(in_features if in_features is not None else scales.shape[-1] * 32)
+
+    @property
+    def quantized(self) -> bool:
+        return self.scales is not None
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if self.scales is None:
+            return x @ self.weight.T
+        return mx.quantized_matmul(x, self.weight, self.scales, self.biases, transpose=True,
+                                   group_size=32, bits=8)
+
+    def rows(self, start: int, stop: int) -> Linear:
+        """The Linear of output rows start..stop-1 (a view; used for the grouped output LoRA)."""
+        if self.scales is None:
+            return Linear(self.weight[start:stop])
+        return Linear(self.weight[start:stop], self.scales[start:stop], self.biases[start:stop],
+                      in_features=self.in_features)
+
+    def dense(self) -> mx.array:
+        """float32 [out, in] (dequantised if needed)."""
+        if self.scales is None:
+            return self.weight
+        return mx.dequantize(self.weight, self.scales, self.biases, group_size=32, bits=8)
+
+
+@dataclass(frozen=True)
+class HCWeights:
+    fn: Linear  # n·E -> n(2+n) (layers) or n (output head)
+    scale: mx.array  # [3] (layers) or [1] (head)
+    base: mx.array  # [n(2+n)] or [n]
+
+
+@dataclass(frozen=True)
+class CompressorWeights:
+    kv: Linear  # E -> coff·d
+    gate: Linear  # E -> coff·d
+    ape: mx.array  # [r, coff·d] f32
+    norm: mx.array  # [d]
+
+
+@dataclass(frozen=True)
+class IndexerWeights:
+    q_b: Linear  # Q -> Hi·Di
+    proj: Linear  # E -> Hi
+    compressor: CompressorWeights
+
+
+@dataclass(frozen=True)
+class AttentionWeights:
+    norm: mx.array
+    q_a: Linear
+    q_a_norm: mx.array
+    q_b: Linear
+    kv: Linear
+    kv_norm: mx.array
+    sinks: mx.array  # [H]
+    out_a: tuple[Linear, ...]  # G row slices of attn_output_a, each (H/G)·Dh -> O
+    out_b: Linear
+    compressor: CompressorWeights | None  # ratio != 0
+    indexer: IndexerWeights | None  # ratio == 4
+
+
+@dataclass(frozen=True)
+class FFNWeights:
+    norm: mx.array
+    gate_inp: Linear
+    bias: mx.array | None  # exp_probs_b (selection only)
+    tid2eid: mx.array | None  # [V, U] int32 on hash layers
+    gate_exps: Any  # ExpertWeights
+    up_exps: Any
+    down_exps: Any
+    gate_shexp: Linear
+    up_shexp: Linear
+    down_shexp: Linear
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    hc_attn: HCWeights
+    hc_ffn: HCWeights
+    attn: AttentionWeights
+    ffn: FFNWeights
+
+
+@dataclass(frozen=True)
+class ModelWeights:
+    token_embd: mx.array  # [V, E]
+    layers: tuple[LayerWeights, ...]
+    head: HCWeights  # output_hc_{fn,scale,base}
+    output_norm: mx.array
+    output: Linear
+
+
+# ---- building ---------------------------------------------------------------------------------
+
+
+def _dense_experts(w: Any) -> Any:
+    from .experts import dense_experts
+
+    return dense_experts(w if isinstance(w, mx.array) else mx.array(np.asarray(w)))
+
+
+def _as_linear(name: str, v: Any, shape: tuple[int, int]) -> Linear:
+    if isinstance(v, Linear):
+        lin = v
+    elif isinstance(v, tuple):
+        lin = Linear(*v, in_features=shape[1])
+    else:
+        lin = Linear(v)
+    got = (lin.out_features, lin.in_features)
+    if got != tuple(shape):
+        raise TensorShapeError(name, tuple(shape), got)
+    return lin
+
+
+def _as_array(name: str, v: Any, shape: tuple[int, ...] | None, dtype=mx.float32) -> mx.array:
+    a = v if isinstance(v, mx.array) else mx.array(np.asarray(v))
+    if shape is not None and tuple(a.shape) != tuple(shape):
+        raise TensorShapeError(name, tuple(shape), tuple(a.shape))
+    if dtype is not None and a.dtype != dtype:
+        a = a.astype(dtype)
+    return a
+
+
+def _as_experts(name: str, v: Any, shape: tuple[int, int, int]) -> Any:
+    ex = v if hasattr(v, "gather_matmul") else _dense_experts(v)
+    got = (ex.n_experts, ex.d_out, ex.d_in)
+    if got != tuple(shape):
+        raise TensorShapeError(name, tuple(shape), got)
+    return ex
+
+
+def build_weights(config: ModelConfig, get: Callable[[str], Any],
+                  has: Callable[[str], bool] | None = None,
+                  progress: Callable[[float], None] | None = None) -> ModelWeights:
+    """Build ModelWeights from `get(name)` under the canonical names (see module docstring).
+
+    `has(name)` tells whether an optional tensor exists (exp_probs_b); default: try `get` and
+    treat KeyError as absent.
+    """
+    c = config
+    E, V, H, Dh = c.dim, c.vocab, c.n_heads, c.head_dim
+    Q, G, O = c.q_lora_rank, c.out_groups, c.out_lora_rank
+    n, mix = c.hc_count, c.hc_mix
+    Hi, Di = c.indexer_heads, c.indexer_dim
+    NE, U, F = c.n_experts, c.n_experts_used, c.expert_ffn
+
+    def opt(name: str) -> Any | None:
+        if has is not None:
+            return get(name) if has(name) else None
+        try:
+            return get(name)
+        except KeyError:
+            return None
+
+    def lin(name: str, shape: tuple[int, int]) -> Linear:
+        return _as_linear(name, get(name), shape)
+
+    def arr(name: str, shape: tuple[int, ...], dtype=mx.float32) -> mx.array:
+        return _as_array(name, get(name), shape, dtype)
+
+    def hc(prefix: str, n_out: int, n_scale: int) -> HCWeights:
+        return HCWeights(
+            fn=lin(f"{prefix}_fn.weight", (n_out, n * E)),
+            scale=arr(f"{prefix}_scale.weight", (n_scale,)),
+            base=arr(f"{prefix}_base.weight", (n_out,)),
+        )
+
+    def compressor(prefix: str, r: int, coff: int, d: int) -> CompressorWeights:
+        return CompressorWeights(
+            kv=lin(f"{prefix}_kv.weight", (coff * d, E)),
+            gate=lin(f"{prefix}_gate.weight", (coff * d, E)),
+            ape=arr(f"{prefix}_ape.weight", (r, coff * d)),
+            norm=arr(f"{prefix}_norm.weight", (d,)),
+        )
+
+    layers = []
+    for li in range(c.n_layers):
+        b = f"blk.{li}."
+        r, coff = c.ratios[li], c.coff(li)
+        out_a_full = lin(f"{b}attn_output_a.weight", (G * O, (H // G) * Dh))
+        attn = AttentionWeights(
+            norm=arr(f"{b}attn_norm.weight", (E,)),
+            q_a=lin(f"{b}attn_q_a.weight", (Q, E)),
+            q_a_norm=arr(f"{b}attn_q_a_norm.weight", (Q,)),
+            q_b=lin(f"{b}attn_q_b.weight", (H * Dh, Q)),
+            kv=lin(f"{b}attn_kv.weight", (Dh, E)),
+            kv_norm=arr(f"{b}attn_kv_a_norm.weight", (Dh,)),
+            sinks=arr(f"{b}attn_sinks.weight", (H,)),
+            out_a=tuple(out_a_full.rows(O * g, O * g + O) for g in range(G)),
+            out_b=lin(f"{b}attn_output_b.weight", (E, G * O)),
+            compressor=compressor(f"{b}attn_compressor", r, coff, Dh) if r != 0 else None,
+            indexer=IndexerWeights(
+                q_b=lin(f"{b}indexer.attn_q_b.weight", (Hi * Di, Q)),
+                proj=lin(f"{b}indexer.proj.weight", (Hi, E)),
+                compressor=compressor(f"{b}indexer_compressor", 4, 2, Di),
+            ) if r == 4 else None,
+        )
+        bias = opt(f"{b}exp_probs_b.bias")
+        ffn = FFNWeights(
+            norm=arr(f"{b}ffn_norm.weight", (E,)),
+            gate_inp=lin(f"{b}ffn_gate_inp.weight", (NE, E)),
+            bias=_as_array(f"{b}exp_probs_b.bias", bias, (NE,)) if bias is not None else None,
+            tid2eid=arr(f"{b}ffn_gate_tid2eid.weight", (V, U), mx.int32)
+            if c.is_hash_layer(li) else None,
+            gate_exps=_as_experts(f"{b}ffn_gate_exps.weight", get(f"{b}ffn_gate_exps.weight"), (NE, F, E)),
+            up_exps=_as_experts(f"{b}ffn_up_exps.weight", get(f"{b}ffn_up_exps.weight"), (NE, F, E)),
+            down_exps=_as_experts(f"{b}ffn_down_exps.weight", get(f"{b}ffn_down_exps.weight"), (NE, E, F)),
+            gate_shexp=lin(f"{b}ffn_gate_shexp.weight", (F, E)),
+            up_shexp=lin(f"{b}ffn_up_shexp.weight", (F, E)),
+            down_shexp=lin(f"{b}ffn_down_shexp.weight", (E, F)),
+        )
+        layers.append(LayerWeights(hc_attn=hc(f"{b}hc_attn", mix, 3), hc_ffn=hc(f"{b}hc_ffn", mix, 3),
+                                   attn=attn, ffn=ffn))
+        if progress is not None:
+            progress((li + 1) / (c.n_layers + 1))
+    emb = _as_array("token_embd.weight", get("token_embd.weight"), (V, E), dtype=None)
+    return ModelWeights(
+        token_embd=emb,
+        layers=tuple(layers),
+        head=hc("output_hc", n, 1),
+        output_norm=arr("output_norm.weight", (E,)),
+        output=lin("output.weight", (V, E)),
+    )
+
+
+# ---- GGUF ---------------------------------------------------------------------------------------
+
+_PLAIN = ("F32", "F16")
+_ANY_2D = ("F32", "F16", "Q8_0")
+
+
+def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | None = None) -> ModelWeights:
+    """Load every tensor of `config` from an open GGUFFile (C2's gguf.py), validated by name.
+
+    2-D weights: F32/F16 as dense f32, Q8_0 as MLX affine 8-bit (exact). Routed experts: F16/F32
+    dense (test models) or raw quantised blocks behind `experts.quant_experts`.
+    """
+    from . import quant
+    from .experts import quant_experts
+
+    def get(name: str) -> Any:
+        ti = gf.info(name)
+        t = ti.type_name
+        if "_exps." in name:
+            if t in _PLAIN:
+                return gf.load(name, types=_PLAIN, dtype=mx.float32)
+            qtype = {v[2]: k for k, v in quant.BLOCK_INFO.items()}.get(t)
+            if qtype is None or qtype not in quant.EXPERT_TYPES:
+                gf.check(name, types=("F16", "F32", "Q8_0", "Q2_K", "Q4_K", "IQ2_XXS"))
+            return quant_experts(gf.raw(name), qtype, ti.shape)
+        if name.endswith("tid2eid.weight"):
+            return gf.load(name, types=("I32",))
+        if t == "Q8_0":
+            return (*gf.load_q8_0(name), )
+        return gf.load(name, types=_ANY_2D if len(ti.shape) == 2 else ("F32", "F16"))
+
+    def has(name: str) -> bool:
+        return name in gf.tensors
+
+    return build_weights(config, get, has=has, progress=progress)
+
+
+# ---- random test weights -------------------------------------------------------------------------
+
+
+def random_tensors(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """The exact tensor VALUES `testmodel.make_test_model(config, seed)` writes, by name.
+
+    F16 tensors come back as float16, Q8_0 tensors dequantised (d·q, float32), I32 as int32, so an
+    engine built from these equals one loaded from the written file, and the numpy oracle reads
+    the same numbers.
+    """
+    from . import testmodel
+
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for spec in testmodel.tensor_table(config):
+        v = testmodel._values(spec, config, rng)
+        if spec.ggml_type == "Q8_0":
+            blocks = testmodel._q8_0_blocks(v).reshape(-1, 34)
+            d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
+            q = blocks[:, 2:].view(np.int8).astype(np.float32)
+            v = (d * q).reshape(spec.shape)
+        elif spec.ggml_type == "F16":
+            v = v.astype(np.float16)
+        elif spec.ggml_type == "F32":
+            v = v.astype(np.float32)
+        out[spec.name] = v
+    return out
+
+
+def weights_from_tensors(config: ModelConfig, tensors: Mapping[str, Any], *,
+                         quantize_q8: bool = False) -> ModelWeights:
+    """ModelWeights from a name -> array mapping (e.g. `random_tensors`).
+
+    quantize_q8: store the tensors that are Q8_0 in a GGUF as MLX affine 8-bit (as a loaded file
+    does; the values are Q8_0-exact so this is lossless) instead of dense f32.
+    """
+    q8_names: set[str] = set()
+    if quantize_q8:
+        from . import testmodel
+
+        q8_names = {s.name for s in testmodel.tensor_table(config) if s.ggml_type == "Q8_0"}
+
+    def get(name: str) -> Any:
+        v = tensors[name]
+        if name in q8_names:
+            # The values are Q8_0-exact: re-encoding them gives the file's blocks bit for bit.
+            return _exact_q8_affine(np.asarray(v, dtype=np.float32))
+        if isinstance(v, np.ndarray) and v.dtype == np.float16 and name != "token_embd.weight":
+            return mx.array(v.astype(np.float32))
+        return v
+
+    return build_weights(config, get, has=lambda name: name in tensors)
+
+
+def _exact_q8_affine(w: np.ndarray) -> tuple[mx.array, mx.array, mx.array]:
+    """A Q8_0-representable [out, in] matrix as the exact affine-8 triple (scale d, bias -128·d)."""
+    from . import testmodel
+    from .quant import q8_0_to_affine
+
+    blocks = testmodel._q8_0_blocks(w)
+    return q8_0_to_affine(blocks.reshape(-1), w.shape)
+
+
+def random_weights(config: ModelConfig, seed: int = 0, *, quantize_q8: bool = True) -> ModelWeights:
+    """Deterministic random weights for `config`: the same values `make_test_model` writes."""
+    return weights_from_tensors(config, random_tensors(config, seed), quantize_q8=quantize_q8)
