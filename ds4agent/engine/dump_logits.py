@@ -1,0 +1,112 @@
+"""`ds4agent dump-logits`: the engine checked from outside (ds4's --dump-logprobs idea).
+
+    ds4agent dump-logits --model M --tokens 1,2,3 [--chunk N] [--ctx N] --out F.npy
+    ds4agent dump-logits --model M --prompt-file P.txt ... --out F.npy
+
+Writes float32 [n_tokens, vocab]: row i = the logits after token i (i.e. the distribution of
+token i+1), prefilled in chunks of N on the absolute grid (default: one chunk holding every
+token). Chunk invariance means any N gives the same file on CPU; comparing two N is a cheap
+end-to-end check of that property on a real model. --prompt-file text is tokenised with the
+rendered-chat rules (the seven protocol specials recognised), as a saved transcript would be.
+The .npy is written atomically (temp file + rename).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .errors import EngineError
+
+
+class DumpError(EngineError):
+    """Bad dump-logits input (token list, prompt file, sizes)."""
+
+
+def parse_token_list(text: str) -> list[int]:
+    parts = [p.strip() for p in text.replace("\n", ",").split(",")]
+    parts = [p for p in parts if p]
+    if not parts:
+        raise DumpError("--tokens needs at least one token id (e.g. --tokens 0,1,2)")
+    out = []
+    for p in parts:
+        try:
+            out.append(int(p))
+        except ValueError:
+            raise DumpError(f"--tokens: {p!r} is not an integer token id") from None
+    return out
+
+
+def prompt_file_tokens(path: str | os.PathLike[str]) -> list[int]:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise DumpError(f"cannot read prompt file {path}: {err.strerror or err}") from None
+    from .tokenizer import Tokenizer, TokenizerError
+
+    try:
+        ids = Tokenizer.load().encode_trusted(data)
+    except TokenizerError as err:
+        raise DumpError(f"cannot tokenise prompt file {path}: {err}") from None
+    if not ids:
+        raise DumpError(f"prompt file {path} is empty")
+    return ids
+
+
+def dump_logits(model_path: str | os.PathLike[str], tokens: list[int], *, chunk: int | None = None,
+                ctx: int | None = None) -> np.ndarray:
+    """Logits after every token, float32 [len(tokens), vocab]."""
+    from .session import Engine
+
+    if chunk is not None and chunk < 1:
+        raise DumpError(f"--chunk must be at least 1 (got {chunk})")
+    n = len(tokens)
+    ctx = ctx if ctx is not None else max(n, 1)
+    if ctx < n:
+        raise DumpError(f"{n} tokens do not fit --ctx {ctx}")
+    # Default: one chunk with every token (the issue's definition), whatever the ctx grid says.
+    engine = Engine.load(model_path, ctx=ctx, chunk=chunk or max(n, 1))
+    session = engine.new_session()
+    return session.forward_all(tokens)
+
+
+def save_npy_atomic(path: str | os.PathLike[str], array: np.ndarray) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.save(fh, array)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def main(args) -> int:
+    from ..cli import resolve_model_path
+
+    try:
+        model = resolve_model_path(args.model)
+        if args.token_list is not None:
+            tokens = parse_token_list(args.token_list)
+        else:
+            tokens = prompt_file_tokens(args.prompt_file)
+        logits = dump_logits(model, tokens, chunk=args.chunk, ctx=args.ctx)
+        save_npy_atomic(args.out, logits.astype(np.float32, copy=False))
+    except EngineError as err:
+        print(f"ds4agent: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"ds4agent: cannot write {args.out}: {err.strerror or err}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.out}: float32 {logits.shape[0]} x {logits.shape[1]}")
+    return 0

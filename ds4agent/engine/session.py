@@ -1,0 +1,404 @@
+"""Engine (weights loaded once) and Session (one live KV state): the API the agent drives.
+
+    engine = Engine.load("model.gguf", ctx=100_000, progress=lambda f: ...)
+    s = engine.new_session()
+    s.sync(tokens, progress=lambda done, total: ..., should_stop=lambda: flag)  # prefill
+    logits = s.step(token)                                                       # decode
+    snap = s.snapshot(); ...; s.rewind(snap)                                     # O(1)
+    payload = s.export_state(); other.import_state(payload)                      # exact resume
+
+Why the pieces look the way they do:
+
+* The live state is an immutable value (C1's SessionState holds MLX arrays, which never change
+  in place), so a snapshot is just a reference to it and rewinding is an assignment. Every
+  method that changes the session computes the complete new state first and only then swaps it
+  in: an exception (bad token, interrupted prefill, rejected import) never leaves a half-updated
+  session behind.
+* Prefill runs on a fixed absolute chunk grid (model.md §9): chunk boundaries sit on multiples
+  of the chunk cap (4096 when ctx > 4096, else ctx), and a resumed prefill first runs up to the
+  next multiple. On CPU any schedule gives identical bits; on Metal the kernel choice can depend
+  on the rows in a chunk, so a fixed grid is what makes "prefill, save, load, continue" repeat
+  the uninterrupted run exactly there too.
+* `sync` keeps the longest common prefix of the live tokens and the request. When the request
+  diverges inside the live state it restores the longest still-alive snapshot that is a prefix
+  of the request (snapshots are tracked weakly: the caller decides what to keep) or starts from
+  empty, then prefills the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import ContextOverflowError, EngineError, Interrupted, StateError
+from .testmodel import TEST_MODEL_KEY
+
+MODEL_ID_FLASH = 0  # KVC header byte 7: 0 = DeepSeek V4 Flash (kvc-format.md §2)
+MAX_CHUNK = 4096  # model.md §9 / payload h3: the prefill chunk cap when ctx > 4096
+
+
+def chunk_cap(ctx: int) -> int:
+    """Prefill chunk cap and payload h3: 4096 when ctx > 4096, else ctx (model.md §9)."""
+    return MAX_CHUNK if ctx > MAX_CHUNK else ctx
+
+
+def chunk_grid(start: int, end: int, chunk: int) -> list[tuple[int, int]]:
+    """Chunks [p0, p1) covering [start, end) whose boundaries sit on absolute multiples of chunk."""
+    out = []
+    p = start
+    while p < end:
+        nxt = min(end, (p // chunk + 1) * chunk)
+        out.append((p, nxt))
+        p = nxt
+    return out
+
+
+@dataclass(frozen=True)
+class EnginePayloadShape:
+    """The model layout a saved payload must match: `sessions.payload.PayloadShape`'s attributes
+    (the engine may not import `sessions`; the agent compares the fields or rebuilds the class)."""
+
+    n_layers: int
+    head_dim: int
+    indexer_dim: int
+    vocab: int
+    window: int
+    ratios: tuple[int, ...]
+
+    def coff(self, layer: int) -> int:
+        return 2 if self.ratios[layer] == 4 else 1
+
+
+@dataclass(frozen=True, eq=False)
+class Snapshot:
+    """An O(1) handle on a session state (a reference to immutable arrays, nothing copied)."""
+
+    engine_id: int
+    tokens: tuple[int, ...]
+    state: Any  # C1's SessionState (None = empty)
+    logits: Any  # mx.array [V] or None
+
+
+# ---------------------------------------------------------------------------------------------
+# The seam to C1's math (model.py / state.py / weights.py). Kept in one place on purpose.
+
+
+def _empty_state(config):
+    from . import state as state_mod
+
+    return state_mod.SessionState.empty(config)
+
+
+def _forward(weights, config, state, tokens: Sequence[int]):
+    """(logits [n, V] mx.array, new state) for a chunk of tokens appended to `state`."""
+    import mlx.core as mx
+
+    from . import model
+
+    logits, new_state = model.forward(weights, config, state, mx.array(list(tokens), dtype=mx.int32))
+    return logits, new_state
+
+
+def _state_to_payload(config, state, tokens, logits, ctx):
+    from . import state as state_mod
+
+    return state_mod.to_payload(state, config, ctx=ctx)
+
+
+def _payload_to_state(config, payload):
+    from . import state as state_mod
+
+    return state_mod.from_payload(payload, config)
+
+
+def _load_weights(gf, config, progress):
+    from . import weights
+
+    return weights.load_weights(gf, config, progress=progress)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class Engine:
+    """A loaded model: config, weights and the context size sessions run with."""
+
+    def __init__(self, *, config, weights, ctx: int, quant_bits: int = 2,
+                 model_id: int = MODEL_ID_FLASH, path: Path | None = None,
+                 chunk: int | None = None):
+        if ctx < 1:
+            raise EngineError(f"context size must be at least 1 token (got {ctx})")
+        self.config = config
+        self.weights = weights
+        self.ctx = int(ctx)
+        self.quant_bits = int(quant_bits)
+        self.model_id = int(model_id)
+        self.path = path
+        # The grid cap; `chunk` overrides it (dump-logits --chunk, tests). The payload's h3 is
+        # always chunk_cap(ctx), whatever this is, so saved files stay loadable by ds4.
+        self.chunk = int(chunk) if chunk else chunk_cap(self.ctx)
+        if self.chunk < 1:
+            raise EngineError(f"prefill chunk must be at least 1 token (got {chunk})")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], *, ctx: int,
+             progress: Callable[[float], None] | None = None,
+             chunk: int | None = None) -> Engine:
+        """Open a GGUF model, validate its metadata and tensors, and load the weights.
+
+        `progress(fraction)` is called as weights load (0..1). Raises EngineError subclasses with
+        readable messages (missing file, not a GGUF, wrong metadata, wrong tensor type/shape).
+        """
+        from .config import from_metadata
+        from .gguf import GGUFFile
+
+        path = Path(path)
+        gf = GGUFFile.open(path)
+        try:
+            types = {k: gf.array_types.get(k, v) for k, v in gf.value_types.items()}
+            # Files written by make_test_model carry this marker and get the permissive test-mode
+            # checks; every other file (ds4's real weights) must pass the strict Flash checks.
+            mode = "test" if gf.metadata.get(TEST_MODEL_KEY) else "flash"
+            config = from_metadata(gf.metadata, mode=mode, types=types,
+                                   name=str(gf.metadata.get("general.name", "")))
+            weights = _load_weights(gf, config, progress)
+            qbits = quant_bits_of(gf)
+        except BaseException:
+            gf.close()
+            raise
+        engine = cls(config=config, weights=weights, ctx=ctx, quant_bits=qbits, path=path,
+                     chunk=chunk)
+        engine._gguf = gf  # keep the mapping alive: raw expert blocks may be views into it
+        if progress is not None:
+            progress(1.0)
+        return engine
+
+    def payload_shape(self) -> EnginePayloadShape:
+        c = self.config
+        return EnginePayloadShape(n_layers=c.n_layers, head_dim=c.head_dim,
+                                  indexer_dim=c.indexer_dim, vocab=c.vocab, window=c.window,
+                                  ratios=tuple(c.ratios))
+
+    def new_session(self) -> Session:
+        return Session(self)
+
+
+def quant_bits_of(gf) -> int:
+    """KVC header quant_bits (kvc-format.md §2): 4 if layer 0's routed gate experts are Q4_K
+    (or another 4-bit type), else 2 (ds4's own rule; test models with F16 experts count as 2)."""
+    ti = gf.tensors.get("blk.0.ffn_gate_exps.weight")
+    if ti is not None and ti.type_name in ("Q4_K", "Q4_0", "Q4_1", "IQ4_XS", "IQ4_NL"):
+        return 4
+    return 2
+
+
+class Session:
+    """One live KV state over an Engine. Not thread-safe: drive it from one worker thread."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._state = None  # None = empty; built lazily so an unused session costs nothing
+        self._tokens: tuple[int, ...] = ()
+        self._logits = None  # mx.array [V] or None
+        self._logits_np: np.ndarray | None = None
+        self._snapshots: list[weakref.ref[Snapshot]] = []
+        self.prefilled_total = 0  # tokens ever run through the model (tests assert reuse)
+
+    # ------------------------------------------------------------------ read-only views
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return self._tokens
+
+    @property
+    def logits(self) -> np.ndarray | None:
+        """float32 [V]: the logits after the last live token (None when the state is empty)."""
+        if self._logits is None:
+            return None
+        if self._logits_np is None:
+            arr = np.array(self._logits, dtype=np.float32, copy=True)
+            arr.flags.writeable = False
+            self._logits_np = arr
+        return self._logits_np
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    # ------------------------------------------------------------------ state swap
+    def _commit(self, state, tokens: tuple[int, ...], logits) -> None:
+        self._state = state
+        self._tokens = tokens
+        self._logits = logits
+        self._logits_np = None
+
+    def _state_or_empty(self, state):
+        return _empty_state(self.engine.config) if state is None else state
+
+    def _check_tokens(self, tokens: Sequence[int]) -> tuple[int, ...]:
+        V = self.engine.config.vocab
+        try:
+            out = tuple(int(t) for t in tokens)
+        except (TypeError, ValueError):
+            raise EngineError("token ids must be integers") from None
+        for i, t in enumerate(out):
+            if not 0 <= t < V:
+                raise EngineError(f"token id {t} at position {i} is outside the vocabulary (0..{V - 1})")
+        if len(out) > self.engine.ctx:
+            raise ContextOverflowError(len(out), self.engine.ctx)
+        return out
+
+    # ------------------------------------------------------------------ prefill / decode
+    def sync(self, tokens: Sequence[int], *, progress: Callable[[int, int], None] | None = None,
+             should_stop: Callable[[], bool] | None = None) -> int:
+        """Make the live state hold exactly `tokens`; returns how many tokens were prefilled.
+
+        Keeps the longest common prefix with the live state; prefills the rest in chunks on the
+        fixed absolute grid, calling `progress(done, total)` after each chunk. `should_stop()` is
+        asked before every chunk; when it says so, Interrupted is raised and the live state holds
+        the prefix reached so far (a chunk boundary): the next sync continues from there.
+        """
+        target = self._check_tokens(tokens)
+        live = self._tokens
+        n = _common_prefix(live, target)
+        if n < len(live):
+            self._rewind_for(target, n)
+        start = len(self._tokens)
+        total = len(target) - start
+        if total == 0:
+            return 0
+        state, logits = self._state, self._logits
+        done = 0
+        try:
+            for p0, p1 in chunk_grid(start, len(target), self.engine.chunk):
+                if should_stop is not None and should_stop():
+                    raise Interrupted(
+                        f"prefill interrupted after {done} of {total} tokens",
+                        done=done, total=total,
+                    )
+                chunk = target[p0:p1]
+                out, state = _forward(self.engine.weights, self.engine.config,
+                                      self._state_or_empty(state), chunk)
+                logits = out[-1]
+                self.prefilled_total += len(chunk)
+                done += len(chunk)
+                # Commit chunk by chunk: an interrupt (or an error in a later chunk) leaves the
+                # state at this consistent prefix instead of throwing the work away.
+                self._commit(state, target[:p1], logits)
+                if progress is not None:
+                    progress(done, total)
+        except Interrupted:
+            raise
+        return done
+
+    def step(self, token: int) -> np.ndarray:
+        """Decode one token (a chunk of one) and return the new logits (float32 [V])."""
+        (tok,) = self._check_tokens([token])
+        if len(self._tokens) + 1 > self.engine.ctx:
+            raise ContextOverflowError(len(self._tokens) + 1, self.engine.ctx)
+        out, state = _forward(self.engine.weights, self.engine.config,
+                              self._state_or_empty(self._state), (tok,))
+        self.prefilled_total += 1
+        self._commit(state, self._tokens + (tok,), out[-1])
+        return self.logits  # type: ignore[return-value]
+
+    def forward_all(self, tokens: Sequence[int]) -> np.ndarray:
+        """Prefill `tokens` after the live state on the chunk grid and return every row of logits
+        (float32 [n, V], row i = logits after tokens[i]); used by dump-logits."""
+        extra = self._check_tokens(tokens)
+        if len(self._tokens) + len(extra) > self.engine.ctx:
+            raise ContextOverflowError(len(self._tokens) + len(extra), self.engine.ctx)
+        rows = []
+        start = len(self._tokens)
+        target = self._tokens + extra
+        for p0, p1 in chunk_grid(start, len(target), self.engine.chunk):
+            out, state = _forward(self.engine.weights, self.engine.config,
+                                  self._state_or_empty(self._state), target[p0:p1])
+            rows.append(np.array(out, dtype=np.float32))
+            self.prefilled_total += p1 - p0
+            self._commit(state, target[:p1], out[-1])
+        if not rows:
+            return np.zeros((0, self.engine.config.vocab), dtype=np.float32)
+        return np.concatenate(rows, axis=0)
+
+    # ------------------------------------------------------------------ snapshots
+    def snapshot(self) -> Snapshot:
+        """An O(1) handle on the current state (nothing is copied: the arrays are immutable)."""
+        snap = Snapshot(id(self.engine), self._tokens, self._state, self._logits)
+        self._snapshots = [r for r in self._snapshots if r() is not None]
+        self._snapshots.append(weakref.ref(snap))
+        return snap
+
+    def rewind(self, snap: Snapshot) -> None:
+        """Restore a snapshot taken from a session of this engine (O(1))."""
+        if not isinstance(snap, Snapshot) or snap.engine_id != id(self.engine):
+            raise EngineError("cannot rewind to a snapshot taken from a different engine")
+        self._commit(snap.state, snap.tokens, snap.logits)
+
+    def reset(self) -> None:
+        """Drop the live state (empty session)."""
+        self._commit(None, (), None)
+
+    def _rewind_for(self, target: tuple[int, ...], limit: int) -> None:
+        """Go back to the longest held state that is a prefix of `target` (at most `limit` long)."""
+        best: Snapshot | None = None
+        alive = []
+        for ref in self._snapshots:
+            snap = ref()
+            if snap is None:
+                continue
+            alive.append(ref)
+            n = len(snap.tokens)
+            if n <= len(target) and snap.tokens == target[:n] and (best is None or n > len(best.tokens)):
+                best = snap
+        self._snapshots = alive
+        if best is not None:
+            self._commit(best.state, best.tokens, best.logits)
+        else:
+            self.reset()
+
+    # ------------------------------------------------------------------ export / import
+    def export_state(self):
+        """The live state as an object with `sessions.payload.PayloadState`'s attributes."""
+        if not self._tokens:
+            raise EngineError("nothing to export: the session holds no tokens")
+        return _state_to_payload(self.engine.config, self._state, self._tokens, self._logits,
+                                 self.engine.ctx)
+
+    def import_state(self, payload) -> None:
+        """Replace the live state with a saved one. Validates everything first; on any error the
+        live session is left exactly as it was (never half-applied)."""
+        ctx = self.engine.ctx
+        T = len(getattr(payload, "tokens", ()))
+        if T == 0:
+            raise StateError("saved state holds no tokens")
+        if T >= ctx:
+            raise StateError(f"saved state of {T} tokens does not fit the context of {ctx} tokens")
+        saved_ctx = int(getattr(payload, "ctx", ctx))
+        if saved_ctx > ctx:
+            raise StateError(f"saved state was written with a context of {saved_ctx} tokens, "
+                             f"larger than this session's {ctx}")
+        try:
+            state, tokens, logits = _payload_to_state(self.engine.config, payload)
+        except EngineError:
+            raise
+        except (ValueError, TypeError, AttributeError, IndexError) as err:
+            raise StateError(f"saved state does not fit this model: {err}") from None
+        self._check_tokens(tokens)
+        self._commit(state, tuple(int(t) for t in tokens), logits)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    # Compare in blocks first: transcripts are long and usually share almost everything.
+    step = 1024
+    while i + step <= n and tuple(a[i:i + step]) == tuple(b[i:i + step]):
+        i += step
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
