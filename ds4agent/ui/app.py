@@ -1,0 +1,539 @@
+"""The Textual app: header, conversation, input, status bar; agent events in, commands out.
+
+    ds4agent                      -> main(args): Ds4App(agent_factory=lambda: Agent.from_args(args))
+    Ds4App(agent=agent)           -> tests inject an agent built on the scripted engine
+
+The first paint never waits for the model: the agent is built on a thread worker and its own worker
+thread loads the weights, reporting progress as Status events ("loading model… 37%"). Until the
+agent object exists, sent messages wait in a local list (shown as queued chips); after that the
+agent queues them itself while it is busy.
+
+Events cross into the UI at exactly one place, `_drain` (bridge.py): a 30 Hz timer takes what the
+worker published, merges runs of deltas, and posts one `AgentEvents` message; the next drain waits
+until that batch is drawn, so a fast model can never flood the message queue.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+
+from ds4agent.agent import events as ev
+from ds4agent.ui import bridge, commands, fmt
+from ds4agent.ui.history import History
+from ds4agent.ui.messages import AgentEvents, AgentFailed, AgentReady
+from ds4agent.ui.screens.help import HelpScreen
+from ds4agent.ui.screens.permission import PermissionScreen
+from ds4agent.ui.screens.question import QuestionScreen
+from ds4agent.ui.screens.session_picker import SessionPicker
+from ds4agent.ui.widgets.conversation import Conversation, ToolCard
+from ds4agent.ui.widgets.prompt_input import CommandHints, PromptInput
+from ds4agent.ui.widgets.queue_chips import QueueChips
+from ds4agent.ui.widgets.status_bar import HeaderLine, StatusBar
+
+QUIT_WINDOW_S = 2.0       # a second Ctrl+C on an empty idle prompt within this quits
+SPINNER_INTERVAL = 0.125  # 8 Hz: the only animation faster than 4 Hz (ui.md)
+
+
+class Ds4App(App):
+    CSS_PATH = "app.tcss"
+    TITLE = "ds4agent"
+    ENABLE_COMMAND_PALETTE = False
+
+    BINDINGS = [
+        Binding("ctrl+q", "quit_request", "quit", show=False, priority=True),
+        Binding("ctrl+c", "ctrl_c", "interrupt", show=False),
+        Binding("ctrl+d", "quit_request", "quit", show=False),
+        Binding("escape", "escape", "interrupt", show=False),
+        Binding("ctrl+x", "pull_queued", "pull back", show=False),
+        Binding("ctrl+t", "toggle_thinking", "thinking", show=False),
+        Binding("ctrl+o", "toggle_card", "tool card", show=False),
+        Binding("ctrl+l", "picker", "sessions", show=False),
+        Binding("f1", "help", "help", show=False),
+    ]
+
+    def __init__(
+        self,
+        agent_factory: Callable[[], Any] | None = None,
+        *,
+        agent: Any = None,
+        cwd: str | None = None,
+        history: History | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        now: Callable[[], float] = time.time,
+        animate: bool = True,
+        ctx: int = 0,
+        think_mode: str = "think",
+        permission: str = "ask",
+    ) -> None:
+        super().__init__()
+        if agent is None and agent_factory is None:
+            raise ValueError("Ds4App needs an agent or an agent factory")
+        self.agent_factory = agent_factory
+        self.agent: Any = None
+        self._given_agent = agent
+        self.cwd = cwd if cwd is not None else os.getcwd()
+        self.history = history if history is not None else History()
+        self.clock = clock
+        self.now = now
+        self.animate = animate
+        self.status_model = fmt.StatusState(ctx_total=ctx, think_mode=think_mode, permission=permission)
+        self._pre_agent: list[str] = []       # sent before the agent object existed
+        self._in_flight = False                # a drained batch is still being drawn
+        self._last_ctrl_c = -1e9
+        self._want_picker = False
+        self._quitting = False
+        self._think_gen_start = 0
+        self.events_seen = 0                   # raw agent events handled (the benchmark reads it)
+
+    # ------------------------------------------------------------------ layout
+    def compose(self) -> ComposeResult:
+        yield HeaderLine(self.status_model, self.cwd, id="header")
+        yield Conversation(clock=self.clock, id="conversation")
+        with Vertical(id="bottom"):
+            yield CommandHints(id="hints")
+            yield QueueChips(id="queue")
+            yield PromptInput(self.history, id="input")
+        yield StatusBar(self.status_model, id="status")
+
+    @property
+    def conversation(self) -> Conversation:
+        return self.query_one(Conversation)
+
+    @property
+    def input(self) -> PromptInput:
+        return self.query_one(PromptInput)
+
+    @property
+    def status_bar(self) -> StatusBar:
+        return self.query_one(StatusBar)
+
+    def on_mount(self) -> None:
+        self.input.focus()
+        self.set_interval(1 / bridge.DRAIN_HZ, self._drain)
+        if self.animate:
+            self.set_interval(SPINNER_INTERVAL, self._spin)
+        if self._given_agent is not None:
+            self._given_agent.start()
+            self.post_message(AgentReady(self._given_agent))
+        else:
+            self._build_agent()
+
+    @work(thread=True, exclusive=True, group="agent")
+    def _build_agent(self) -> None:
+        """Off the UI thread: constructing the agent may import numpy/MLX and open the store."""
+        try:
+            agent = self.agent_factory()  # type: ignore[misc]
+            agent.start()
+        except Exception as err:  # noqa: BLE001 - shown as one readable line, never a traceback
+            self.post_message(AgentFailed(str(err) or type(err).__name__))
+            return
+        self.post_message(AgentReady(agent))
+
+    def on_agent_ready(self, message: AgentReady) -> None:
+        self.agent = message.agent
+        pending, self._pre_agent = self._pre_agent, []
+        for text in pending:
+            self.agent.submit(text)
+        if not pending:
+            self.query_one(QueueChips).set_items(())
+
+    async def on_agent_failed(self, message: AgentFailed) -> None:
+        self.status_model.state = "error"
+        self.status_model.detail = message.text
+        self.status_bar.mark()
+        await self.conversation.note(f"ds4agent: {message.text}", "error")
+
+    async def on_unmount(self) -> None:
+        if self.agent is not None:
+            self.agent.shutdown(timeout=2.0)
+
+    # ------------------------------------------------------------------ the event boundary
+    def _drain(self) -> None:
+        if self.agent is None or self._in_flight:
+            return
+        events = self.agent.poll_events(bridge.MAX_EVENTS_PER_DRAIN)
+        if events:
+            self._in_flight = True
+            self.post_message(AgentEvents(bridge.coalesce(events)))
+
+    async def on_agent_events(self, message: AgentEvents) -> None:
+        try:
+            for event, count in message.batch:
+                self.events_seen += count
+                await self._handle(event, count)
+        finally:
+            self._in_flight = False
+
+    def _spin(self) -> None:
+        for card in self.conversation.running_cards():
+            card.tick()
+
+    def _end_thinking(self) -> None:
+        block = self.conversation.thinking
+        if block is not None and block.streaming:
+            block.finish(max(0, self.status_model.gen_tokens - self._think_gen_start))
+
+    async def _handle(self, e: ev.Event, n: int) -> None:  # noqa: C901 - one dispatch table, in order
+        conv = self.conversation
+        s = self.status_model
+        if isinstance(e, ev.Status):
+            self._apply_status(e)
+        elif isinstance(e, ev.PrefillProgress):
+            s.state, s.prefill_done, s.prefill_total, s.prefill_tps = "prefill", e.done, e.total, e.tps
+            if e.tps > 0:
+                s.last_prefill_tps = e.tps
+            self.status_bar.mark()
+        elif isinstance(e, ev.ThinkingDelta):
+            if conv.thinking is None or not conv.thinking.streaming:
+                self._think_gen_start = s.gen_tokens
+            await conv.thinking_delta(e.text, n)
+        elif isinstance(e, ev.TextDelta):
+            self._end_thinking()
+            await conv.text_delta(e.text)
+        elif isinstance(e, ev.ToolCallStart):
+            self._end_thinking()
+            await conv.tool_start(e.index, e.name)
+        elif isinstance(e, ev.ToolCallArgDelta):
+            await conv.tool_arg(e.index, e.param, e.text)
+        elif isinstance(e, ev.ToolCallEnd):
+            await conv.tool_end(e.index, e.name, e.args)
+        elif isinstance(e, ev.ToolResult):
+            await conv.tool_result(e.index, e.name, e.ok, e.text, e.display, e.elapsed)
+        elif isinstance(e, ev.ToolCallInvalid):
+            self._end_thinking()
+            await conv.tool_invalid(e.reason, e.raw, e.kind)
+        elif isinstance(e, ev.PermissionRequest):
+            self._ask_permission(e)
+        elif isinstance(e, ev.Question):
+            self._ask_question(e)
+        elif isinstance(e, ev.UserTurn):
+            await conv.user(e.text, queued=e.queued)
+        elif isinstance(e, ev.RoundStarted):
+            conv.new_round()
+        elif isinstance(e, ev.TurnEnded):
+            self._end_thinking()
+            await conv.end_turn()
+            if e.reason == "interrupted":
+                await conv.note("interrupted", "warning")
+            elif e.reason == "token_cap":
+                await conv.note("[the round stopped at the token limit (--tokens)]", "warning")
+            elif e.reason == "error" and e.error:
+                await conv.note(e.error, "error")
+        elif isinstance(e, ev.QueueChanged):
+            self.query_one(QueueChips).set_items(tuple(self._pre_agent) + tuple(e.items))
+        elif isinstance(e, ev.Notice):
+            await conv.note(e.text, "warning" if e.level == "warning" else "info")
+        elif isinstance(e, ev.Error):
+            await conv.note(e.text, "error")
+            if e.fatal:
+                s.state, s.detail = "error", e.text
+                self.status_bar.mark()
+        elif isinstance(e, ev.Ready):
+            await conv.note(f"ready · {e.model} · context {fmt.human_count(e.ctx)} tokens", "muted")
+        elif isinstance(e, ev.SessionSaved):
+            s.session_id, s.title, s.dirty = e.short_id, e.title, False
+            self.status_bar.mark()
+        elif isinstance(e, ev.SessionLoaded):
+            s.session_id, s.title, s.ctx_used = e.short_id, e.title, e.tokens
+            self.status_bar.mark()
+            verb = "resumed" if e.resumed else "loaded"
+            await conv.note(f"{verb} session {e.short_id} ({e.tokens} tokens)", "info")
+            if e.history:
+                await conv.history(e.history)
+        elif isinstance(e, ev.SessionNew):
+            s.session_id, s.title = "", ""
+            self.status_bar.mark()
+            await conv.note("new session", "info")
+        elif isinstance(e, ev.SessionList):
+            await self._session_list(e)
+        elif isinstance(e, ev.History):
+            await self._history(e)
+        elif isinstance(e, ev.CompactionStarted):
+            await conv.note(f"compacting ({e.reason}): summarising durable task state", "warning")
+        elif isinstance(e, ev.CompactionDelta):
+            await conv.compaction_delta(e.text)
+        elif isinstance(e, ev.CompactionDone):
+            conv.end_thinking()
+            if e.ok:
+                await conv.note(f"compacted the context: {e.tokens_before} → {e.tokens_after} tokens", "info")
+            else:
+                await conv.note(f"compaction failed: {e.error}", "error")
+        elif isinstance(e, ev.Exited):
+            if self._quitting:
+                self.exit(e.status)
+            else:
+                s.state = "error"
+                s.detail = s.detail or "the agent stopped"
+                self.status_bar.mark()
+
+    def _apply_status(self, e: ev.Status) -> None:
+        s = self.status_model
+        state = e.state.value if hasattr(e.state, "value") else str(e.state)
+        s.state, s.detail = state, e.detail
+        if e.progress is not None and state == "loading":
+            s.load_fraction = e.progress
+        s.ctx_used, s.ctx_total = e.ctx_used, e.ctx_total
+        if e.ctx_total > 0 and e.compact_at > 0:
+            s.compact_at = e.compact_at / e.ctx_total
+        s.gen_tokens = e.generated
+        s.decode_tps = e.decode_tps
+        if e.decode_tps > 0:
+            s.last_decode_tps = e.decode_tps
+        if e.prefill_tps > 0:
+            s.prefill_tps = s.last_prefill_tps = e.prefill_tps
+        s.dirty = e.unsaved
+        s.session_id, s.title = e.session_id, e.title
+        s.think_mode, s.permission = e.think_mode, e.permission_mode
+        self.status_bar.mark()
+
+    # ------------------------------------------------------------------ questions
+    def _ask_permission(self, e: ev.PermissionRequest) -> None:
+        def answered(result: tuple[str, str] | None) -> None:
+            key, message = result or ("n", "")
+            if self.agent is not None:
+                self.agent.answer_permission(e.id, key, message)
+
+        self.push_screen(PermissionScreen(e.question, e.detail, e.options), answered)
+
+    def _ask_question(self, e: ev.Question) -> None:
+        keys = [k for k, _ in e.options] or ["y", "n"]
+        options = e.options or (("y", "yes"), ("n", "no"))
+        escape = "c" if "c" in keys else ("n" if e.kind != "save" else None)
+
+        def answered(key: str | None) -> None:
+            if self.agent is not None and key is not None:
+                self.agent.answer_permission(e.id, key)
+                if e.kind == "save" and key == "c":
+                    self._quitting = False
+
+        self.push_screen(QuestionScreen(e.question, options, escape_key=escape), answered)
+
+    # ------------------------------------------------------------------ input
+    def on_text_area_changed(self, event) -> None:
+        if isinstance(event.text_area, PromptInput):
+            self.query_one(CommandHints).show_for(event.text_area.text)
+
+    async def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
+        text = message.text
+        self.query_one(CommandHints).show_for("")
+        if commands.is_command(text) and not text.strip().startswith("//"):
+            await self.run_command(text)
+            return
+        if self.agent is None:
+            self._pre_agent.append(text.strip())
+            self.query_one(QueueChips).set_items(tuple(self._pre_agent))
+            return
+        self.agent.submit(text)
+
+    @property
+    def busy(self) -> bool:
+        return self.agent is None or bool(self.agent.busy)
+
+    async def run_command(self, line: str) -> None:
+        conv = self.conversation
+        try:
+            cmd = commands.parse(line)
+            commands.check_allowed(cmd, self.busy)
+        except commands.CommandError as err:
+            await conv.note(str(err), "error")
+            return
+        agent = self.agent
+        name = cmd.name
+        if name == "help":
+            self.action_help()
+        elif name == "save":
+            if agent is None:
+                await conv.note("save failed: the model is still loading", "error")
+            else:
+                agent.save()
+        elif name == "list":
+            if agent is not None:
+                agent.list_sessions()
+        elif name == "load":
+            if cmd.arg:
+                agent.load(cmd.arg.split()[0])
+            else:
+                self.action_picker()
+        elif name == "history":
+            agent.history(commands.history_count(cmd.arg))
+        elif name == "new":
+            agent.new()
+        elif name == "compact":
+            agent.compact()
+        elif name in ("think", "nothink"):
+            mode = "nothink" if name == "nothink" else (cmd.arg or "think")
+            agent.set_think_mode(mode)
+            if mode in ("think", "nothink", "think-max"):
+                self.status_model.think_mode = mode
+                self.status_bar.mark()
+                await conv.note(f"think mode: {mode} (from the next turn)", "info")
+        elif name == "permissions":
+            await self._permissions(cmd.arg)
+        elif name == "copy":
+            answer = conv.last_answer_text
+            if not answer:
+                await conv.note("nothing to copy yet", "warning")
+            else:
+                self.copy_to_clipboard(answer)
+                await conv.note(f"copied the last answer ({len(answer)} characters)", "info")
+        elif name == "quit":
+            self.action_quit_request()
+
+    async def _permissions(self, arg: str) -> None:
+        conv = self.conversation
+        mode = arg.strip()
+        if not mode:
+            await conv.note(f"permission mode: {self.status_model.permission} (ask, auto, read-only)", "info")
+            return
+        if mode not in ("ask", "auto", "read-only"):
+            await conv.note(f"unknown permission mode: {mode} (ask, auto, read-only)", "error")
+            return
+        setter = getattr(self.agent, "set_permission_mode", None)
+        if setter is None:
+            # The agent facade has no setter yet: say so instead of pretending (restart works).
+            await conv.note(f"cannot change the permission mode while running; restart with --permission {mode}",
+                            "error")
+            return
+        setter(mode)
+        self.status_model.permission = mode
+        self.status_bar.mark()
+        await conv.note(f"permission mode: {mode}", "info")
+
+    async def _session_list(self, e: ev.SessionList) -> None:
+        if self._want_picker:
+            self._want_picker = False
+            self.push_screen(
+                SessionPicker(e.sessions, directory=e.directory, delete=self._delete_session, now=self.now),
+                self._picked,
+            )
+            return
+        now = self.now()
+        lines = [f"saved sessions in {e.directory}:"]
+        for info in e.sessions:
+            title = info.title if len(info.title) <= 70 else info.title[:70] + "..."
+            lines.append(f"  {info.short_id} ({fmt.format_age(now - info.last_used)}) {title}  "
+                         f"[{info.tokens} tokens, {fmt.format_size(info.size_bytes)}]")
+        if not e.sessions:
+            lines.append("  (none)")
+        await self.conversation.note("\n".join(lines), "info")
+
+    def _picked(self, session_id: str | None) -> None:
+        if session_id and self.agent is not None:
+            self.agent.load(session_id)
+
+    def _delete_session(self, session_id: str) -> str | None:
+        """Deletes through the agent when it offers it; returns an error line otherwise."""
+        delete = getattr(self.agent, "delete_session", None)
+        if delete is None:
+            return "deleting sessions is not available in this build (use: ds4agent kv rm PREFIX)"
+        try:
+            delete(session_id)
+        except Exception as err:  # noqa: BLE001 - one readable line
+            return f"delete failed: {err}"
+        return None
+
+    async def _history(self, e: ev.History) -> None:
+        conv = self.conversation
+        if not e.items:
+            await conv.note("(no user history)", "muted")
+            return
+        await conv.note(f"--- session history: last {e.turns} user turn(s) ---", "muted")
+        await conv.history(e.items)
+        await conv.note("--- end history ---", "muted")
+
+    # ------------------------------------------------------------------ actions
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_picker(self) -> None:
+        if self.agent is None or self.agent.busy:
+            self.call_later(self.conversation.note, "command requires the model to be idle: /load", "error")
+            return
+        self._want_picker = True
+        self.agent.list_sessions()
+
+    def action_toggle_thinking(self) -> None:
+        self.conversation.toggle_thinking()
+
+    def action_toggle_card(self) -> None:
+        focused = self.focused
+        self.conversation.toggle_card(focused if isinstance(focused, ToolCard) else None)
+
+    def action_scroll_conversation(self, direction: int) -> None:
+        conv = self.conversation
+        if direction < 0:
+            conv.scroll_page_up()  # releases the anchor: the view stops following the tail
+        else:
+            conv.scroll_page_down()
+
+    def action_follow_tail(self) -> None:
+        self.conversation.anchor()
+
+    def action_escape(self) -> None:
+        if self.agent is not None and self.agent.busy:
+            self.agent.interrupt()
+        else:
+            self.query_one(CommandHints).show_for("")
+
+    def action_ctrl_c(self) -> None:
+        if self.agent is not None and self.agent.busy:
+            self.agent.interrupt()
+            return
+        field = self.input
+        if field.text:
+            field.clear()
+            return
+        now = self.clock()
+        if now - self._last_ctrl_c <= QUIT_WINDOW_S:
+            self.action_quit_request()
+            return
+        self._last_ctrl_c = now
+        self.call_later(self.conversation.note, "press Ctrl+C again or Ctrl+D to exit", "warning")
+
+    def action_pull_queued(self) -> None:
+        if self._pre_agent:
+            text = self._pre_agent.pop()
+            self.query_one(QueueChips).set_items(tuple(self._pre_agent))
+        elif self.agent is not None:
+            text = self.agent.pull_queued()
+        else:
+            text = None
+        if text is None:
+            return
+        field = self.input
+        field.set_text(text if not field.text else field.text + "\n" + text)
+        field.focus()
+
+    def action_quit_request(self) -> None:
+        agent = self.agent
+        if agent is None or not agent.running:
+            self.exit(0)
+            return
+        if agent.busy:
+            self.call_later(self.conversation.note, "command requires the model to be idle: /quit", "error")
+            return
+        self._quitting = True
+        agent.quit()
+
+
+def main(args) -> int:
+    """`ds4agent` with no subcommand: the full-screen app in the current directory."""
+    from ds4agent.agent.facade import Agent
+
+    app = Ds4App(
+        lambda: Agent.from_args(args),
+        ctx=getattr(args, "ctx", 0) or 0,
+        think_mode=getattr(args, "think_mode", "think") or "think",
+        permission=getattr(args, "permission", "ask") or "ask",
+    )
+    status = app.run()
+    return int(status or 0)

@@ -1,0 +1,52 @@
+"""The one boundary where agent events become UI work: drain, coalesce, hand over in order.
+
+The agent's worker may publish an event per decoded token; the UI takes whatever is queued at most
+`DRAIN_HZ` times a second and merges runs that only append (text, thinking, one tool argument,
+compaction summary) or only overwrite (status, prefill progress). Order between different kinds
+is kept, so a tool card never appears before the text that preceded it. Pure Python: the plain
+mode uses it too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+from ds4agent.agent import events as ev
+
+DRAIN_HZ = 30
+MAX_EVENTS_PER_DRAIN = 20_000   # bounds one drain's work if the worker runs far ahead
+
+
+def coalesce(events: Iterable[ev.Event]) -> list[tuple[ev.Event, int]]:
+    """Merge adjacent mergeable events; returns (event, how many raw events it stands for)."""
+    out: list[tuple[ev.Event, int]] = []
+    texts: list[str] = []   # pending text parts of out[-1] when it is an append-only kind
+
+    def flush() -> None:
+        if len(texts) > 1 and out:
+            last, n = out[-1]
+            out[-1] = (replace(last, text="".join(texts)), n)  # type: ignore[type-var]
+        texts.clear()
+
+    for e in events:
+        if out:
+            last, n = out[-1]
+            t = type(e)
+            if t is type(last):
+                if t in (ev.TextDelta, ev.ThinkingDelta, ev.CompactionDelta) or (
+                    t is ev.ToolCallArgDelta and e.index == last.index and e.param == last.param  # type: ignore[attr-defined]
+                ):
+                    texts.append(e.text)  # type: ignore[attr-defined]
+                    out[-1] = (last, n + 1)
+                    continue
+                if t in (ev.Status, ev.PrefillProgress):
+                    flush()
+                    out[-1] = (e, n + 1)
+                    continue
+        flush()
+        out.append((e, 1))
+        if isinstance(e, (ev.TextDelta, ev.ThinkingDelta, ev.CompactionDelta, ev.ToolCallArgDelta)):
+            texts.append(e.text)
+    flush()
+    return out

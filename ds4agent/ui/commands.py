@@ -1,0 +1,114 @@
+"""Slash commands: the table, parsing and completion shared by the TUI and the plain mode.
+
+Pure logic only: each front end decides how to run a parsed command. The busy rule is the
+reference's (agent-reference.md §3): while the model works only /help, /save and /list run; every
+other command answers `command requires the model to be idle: CMD` and is never queued.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CommandSpec:
+    name: str
+    usage: str
+    help: str
+    runs_while_busy: bool = False
+
+
+COMMANDS: tuple[CommandSpec, ...] = (
+    CommandSpec("help", "/help", "commands and keys", runs_while_busy=True),
+    CommandSpec("save", "/save", "save the session (deferred to the end of the turn while busy)",
+                runs_while_busy=True),
+    CommandSpec("load", "/load [prefix]", "load a saved session (no prefix: session picker)"),
+    CommandSpec("switch", "/switch <prefix>", "same as /load"),
+    CommandSpec("list", "/list", "list saved sessions, newest first", runs_while_busy=True),
+    CommandSpec("history", "/history [N]", "replay the last N user turns (default 3)"),
+    CommandSpec("new", "/new", "start a new session"),
+    CommandSpec("compact", "/compact", "summarise the conversation to free context"),
+    CommandSpec("think", "/think", "reasoning on"),
+    CommandSpec("nothink", "/nothink", "reasoning off"),
+    CommandSpec("permissions", "/permissions [ask|auto|read-only]", "show or set the permission mode"),
+    CommandSpec("copy", "/copy", "copy the last answer to the clipboard"),
+    CommandSpec("quit", "/quit", "leave (asks to save unsaved turns)"),
+    CommandSpec("exit", "/exit", "same as /quit"),
+)
+
+BY_NAME = {c.name: c for c in COMMANDS}
+
+KEYS_HELP: tuple[tuple[str, str], ...] = (
+    ("Enter", "send (queue while the model works)"),
+    ("Shift+Enter, Ctrl+J", "new line"),
+    ("Esc", "interrupt now; a queued message goes next"),
+    ("Ctrl+C", "interrupt; on an empty idle prompt twice: quit"),
+    ("Ctrl+D", "quit (asks to save unsaved turns)"),
+    ("Ctrl+X", "pull the last queued message back into the editor"),
+    ("Up / Down", "input history (at the first / last line)"),
+    ("PageUp / PageDown", "scroll the conversation; End follows the tail again"),
+    ("Ctrl+T", "expand / collapse thinking"),
+    ("Ctrl+O", "expand / collapse the focused (or last) tool card"),
+    ("Ctrl+L", "session picker"),
+    ("F1", "this help"),
+)
+
+
+class CommandError(Exception):
+    """A slash command the user typed cannot run; the message is one readable line."""
+
+
+@dataclass(frozen=True)
+class ParsedCommand:
+    name: str        # canonical name (aliases resolved: exit -> quit, switch -> load)
+    arg: str         # the rest of the line, stripped
+    typed: str       # the command as typed, for messages
+
+
+ALIASES = {"exit": "quit", "switch": "load"}
+
+
+def is_command(text: str) -> bool:
+    return text.strip().startswith("/")
+
+
+def parse(text: str) -> ParsedCommand:
+    """Parse `/name rest`; raise CommandError(`unknown command: /x`) for names not in the table."""
+    line = text.strip()
+    head, _, rest = line.partition(" ")
+    name = head[1:].lower()
+    if name not in BY_NAME:
+        raise CommandError(f"unknown command: {head}")
+    return ParsedCommand(ALIASES.get(name, name), rest.strip(), head)
+
+
+def check_allowed(cmd: ParsedCommand, busy: bool) -> None:
+    if busy and not BY_NAME[cmd.name].runs_while_busy:
+        raise CommandError(f"command requires the model to be idle: {cmd.typed}")
+
+
+def completions(text: str) -> list[CommandSpec]:
+    """Commands whose name starts with what was typed after `/` (only while the line is one word)."""
+    if not text.startswith("/") or " " in text or "\n" in text:
+        return []
+    prefix = text[1:].lower()
+    return [c for c in COMMANDS if c.name.startswith(prefix)]
+
+
+def history_count(arg: str, default: int = 3) -> int:
+    """/history N: default 3, clamped to 1..200, non-numeric -> default (reference behaviour)."""
+    try:
+        n = int(arg)
+    except ValueError:
+        return default
+    return max(1, min(200, n))
+
+
+def help_text() -> str:
+    width = max(len(c.usage) for c in COMMANDS)
+    lines = ["commands:"]
+    lines += [f"  {c.usage:<{width}}  {c.help}" for c in COMMANDS]
+    lines.append("keys:")
+    kw = max(len(k) for k, _ in KEYS_HELP)
+    lines += [f"  {k:<{kw}}  {v}" for k, v in KEYS_HELP]
+    return "\n".join(lines)

@@ -1,0 +1,186 @@
+"""Plain-text formatting shared by the TUI and the plain mode (no Textual, no prompt_toolkit here).
+
+Everything in this module is a pure function of its arguments, so both front ends show the same
+numbers the same way and the tests can check exact strings.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Context share at which the agent's soft compaction starts (agent-reference.md §8). The status bar
+# draws the threshold; the agent may report its own value in a status event, which then wins.
+DEFAULT_COMPACT_AT = 0.85
+
+STATE_WORDS = {
+    "loading": "loading model",
+    "idle": "idle",
+    "prefill": "prefill",
+    "generating": "generating",
+    "tool": "running tool",
+    "compacting": "compacting",
+    "saving": "saving",
+    "error": "error",
+    "interrupted": "interrupted",
+}
+
+
+def human_count(n: int) -> str:
+    """Token counts as the reference footer writes them: below 1000 exact, then `N.Nk` / `Nk`, `N.NM`."""
+    n = int(n)
+    if n < 1000:
+        return str(n)
+    if n < 1_000_000:
+        value, unit = n / 1000, "k"
+    else:
+        value, unit = n / 1_000_000, "M"
+    text = f"{value:.1f}"
+    if text.endswith(".0"):
+        text = text[:-2]
+    return text + unit
+
+
+def format_age(seconds: float) -> str:
+    """`Ns ago`, `Nm ago`, `Nh ago`, `Nd ago` (agent-reference.md §3 /list)."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s ago"
+    if s < 3600:
+        return f"{s // 60}m ago"
+    if s < 86400:
+        return f"{s // 3600}h ago"
+    return f"{s // 86400}d ago"
+
+
+def format_size(n_bytes: int) -> str:
+    return f"{n_bytes / (1024 * 1024):.1f} MiB"
+
+
+def clip(text: str, width: int) -> str:
+    """One display line: newlines flattened, cut with an ellipsis when longer than `width`."""
+    flat = " ".join(text.split("\n"))
+    if len(flat) <= width:
+        return flat
+    return flat[: max(0, width - 1)] + "…"
+
+
+def queued_label(text: str, width: int = 60) -> str:
+    """A queued prompt as one line; long ones say how much was left out, as the reference does."""
+    flat = " ".join(text.strip().split("\n"))
+    if len(flat) <= width:
+        return flat
+    return f"{flat[:width]}… {len(flat) - width} characters more"
+
+
+def shorten_home(path: str | os.PathLike[str]) -> str:
+    text = str(path)
+    home = str(Path.home())
+    if home not in ("", "/") and (text == home or text.startswith(home + os.sep)):
+        return "~" + text[len(home):]
+    return text
+
+
+def bar(fraction: float, cells: int = 20, filled: str = "█", empty: str = "·") -> str:
+    fraction = min(1.0, max(0.0, fraction))
+    n = int(round(fraction * cells))
+    return filled * n + empty * (cells - n)
+
+
+@dataclass
+class StatusState:
+    """Everything the status line shows; the event boundary updates it, a timer renders it."""
+
+    state: str = "loading"
+    detail: str = ""                 # error message, tool name, or compaction reason
+    load_fraction: float = 0.0
+    prefill_done: int = 0
+    prefill_total: int = 0
+    prefill_tps: float = 0.0
+    gen_tokens: int = 0
+    decode_tps: float = 0.0
+    last_prefill_tps: float = 0.0
+    last_decode_tps: float = 0.0
+    ctx_used: int = 0
+    ctx_total: int = 0
+    compact_at: float = DEFAULT_COMPACT_AT
+    permission: str = "ask"
+    think_mode: str = "think"
+    session_id: str = ""
+    title: str = ""
+    dirty: bool = False
+    queued: list[str] = field(default_factory=list)
+
+
+def state_segment(s: StatusState) -> str:
+    """The state word with its live detail (prefill bar, decode speed, error text)."""
+    if s.state == "loading":
+        return f"loading model… {int(s.load_fraction * 100)}%"
+    if s.state == "prefill":
+        total = max(1, s.prefill_total)
+        frac = s.prefill_done / total
+        text = f"prefill {bar(frac, 12)} {human_count(s.prefill_done)}/{human_count(s.prefill_total)} {frac * 100:.1f}%"
+        if s.prefill_tps > 0:
+            text += f" {s.prefill_tps:.0f} t/s"
+        return text
+    if s.state == "generating":
+        text = f"generating {s.gen_tokens} tokens"
+        if s.decode_tps > 0:
+            text += f" {s.decode_tps:.1f} t/s"
+        return text
+    if s.state == "compacting":
+        text = "compacting"
+        if s.detail:
+            text += f" {s.detail}"
+        if s.gen_tokens:
+            text += f" summary {s.gen_tokens} tokens"
+        return text
+    if s.state == "tool":
+        return f"running tool {s.detail}".rstrip()
+    if s.state == "error":
+        return f"error: {s.detail}" if s.detail else "error"
+    return STATE_WORDS.get(s.state, s.state)
+
+
+def ctx_segment(s: StatusState, cells: int = 8) -> str:
+    if s.ctx_total <= 0:
+        return "ctx –"
+    frac = s.ctx_used / s.ctx_total
+    return (
+        f"ctx {human_count(s.ctx_used)}/{human_count(s.ctx_total)} {bar(frac, cells)} "
+        f"{frac * 100:.0f}% (compact at {s.compact_at * 100:.0f}%)"
+    )
+
+
+def speed_segment(s: StatusState) -> str:
+    parts = []
+    if s.last_prefill_tps > 0:
+        parts.append(f"prefill {s.last_prefill_tps:.0f} t/s")
+    if s.last_decode_tps > 0:
+        parts.append(f"decode {s.last_decode_tps:.1f} t/s")
+    return " · ".join(parts)
+
+
+def saved_segment(s: StatusState) -> str:
+    return "unsaved ●" if s.dirty else "saved ✓"
+
+
+def status_line(s: StatusState) -> str:
+    """The whole status bar as one plain line (plain mode; the TUI colours the same segments)."""
+    parts = [state_segment(s), ctx_segment(s)]
+    speed = speed_segment(s)
+    if speed:
+        parts.append(speed)
+    parts.append(f"{s.think_mode} · {s.permission}")
+    parts.append(saved_segment(s))
+    return " · ".join(parts)
+
+
+def session_label(session_id: str, title: str) -> str:
+    if not session_id:
+        return "new session"
+    label = f"session {session_id[:8]}"
+    if title:
+        label += f' "{clip(title, 48)}"'
+    return label

@@ -1,0 +1,88 @@
+"""Persistent input history (platformdirs user data dir), shared by the TUI and the plain mode.
+
+One JSON list of strings (not one entry per line, because prompts are multi-line), at most 512
+entries as the reference keeps, rewritten atomically on every submit so a crash never truncates it.
+A missing or unreadable file is an empty history: losing recall must never stop the app.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+MAX_ENTRIES = 512
+
+
+def default_path() -> Path:
+    override = os.environ.get("DS4AGENT_HISTORY")
+    if override:
+        return Path(override)
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("ds4agent")) / "history.json"
+
+
+class History:
+    def __init__(self, path: Path | None = None, *, persist: bool = True) -> None:
+        self.path = path if path is not None else default_path()
+        self.persist = persist
+        self.entries: list[str] = self._read() if persist else []
+        self._cursor: int | None = None   # index into entries while browsing; None = editing new text
+        self._draft = ""
+
+    def _read(self) -> list[str]:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return []
+        if not isinstance(data, list):
+            return []
+        return [e for e in data if isinstance(e, str)][-MAX_ENTRIES:]
+
+    def add(self, text: str) -> None:
+        self._cursor = None
+        if not text.strip():
+            return
+        if self.entries and self.entries[-1] == text:
+            return
+        self.entries.append(text)
+        del self.entries[:-MAX_ENTRIES]
+        if self.persist:
+            self._write()
+
+    def _write(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".history-", dir=self.path.parent)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(self.entries, f, ensure_ascii=False)
+            os.replace(tmp, self.path)
+        except OSError:
+            pass  # history is a convenience; a read-only home must not break sending
+
+    def previous(self, current: str) -> str | None:
+        """The entry before the one shown (Up); None when there is nothing older."""
+        if not self.entries:
+            return None
+        if self._cursor is None:
+            self._draft = current
+            self._cursor = len(self.entries)
+        if self._cursor == 0:
+            return None
+        self._cursor -= 1
+        return self.entries[self._cursor]
+
+    def next(self) -> str | None:
+        """The entry after the one shown (Down); the draft when leaving the newest; None when not browsing."""
+        if self._cursor is None:
+            return None
+        self._cursor += 1
+        if self._cursor >= len(self.entries):
+            self._cursor = None
+            return self._draft
+        return self.entries[self._cursor]
+
+    def reset(self) -> None:
+        self._cursor = None

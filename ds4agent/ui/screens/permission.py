@@ -1,0 +1,96 @@
+"""Permission question: "Allow bash?" with the command or the diff, answered y / s / n (or m).
+
+Never times out into a "no" (ui.md): the screen stays until a key is pressed. `m` denies with a
+message to the model, typed in a one-line field.
+"""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Static
+
+from ds4agent.ui import toolview
+from ds4agent.ui.widgets.conversation import body_content
+
+DEFAULT_OPTIONS = (("y", "allow once"), ("s", "allow for this session"), ("n", "deny"))
+MAX_DETAIL_LINES = 40
+
+
+def detail_content(detail: str) -> Content:
+    """A diff is coloured line by line; anything else (a command) is shown as it is."""
+    lines = detail.rstrip("\n").split("\n") if detail else []
+    if len(lines) > MAX_DETAIL_LINES:
+        hidden = len(lines) - MAX_DETAIL_LINES
+        lines = lines[: MAX_DETAIL_LINES - 5] + [f"… {hidden} lines …"] + lines[-5:]
+    looks_like_diff = any(ln.startswith(("@@", "+++", "---")) for ln in lines)
+    if looks_like_diff:
+        return body_content(toolview.diff_lines("\n".join(lines)))
+    return Content("\n").join([Content(ln) for ln in lines])
+
+
+class PermissionScreen(ModalScreen[tuple[str, str]]):
+    """Dismisses with (answer key, message)."""
+
+    CSS_PATH = "modals.tcss"
+    BINDINGS = [Binding("escape", "noop", show=False)]
+
+    def __init__(self, question: str, detail: str, options: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__()
+        self.question = question
+        self.detail = detail
+        self.options = tuple(options) or DEFAULT_OPTIONS
+        self._keys = {k for k, _ in self.options}
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog permission"):
+            yield Static(Content.from_markup("[b]$q[/]", q=self.question), classes="title")
+            if self.detail:
+                with VerticalScroll(classes="detail"):
+                    yield Static(detail_content(self.detail))
+            with Horizontal(classes="buttons"):
+                for key, label in self.options:
+                    variant = "error" if key == "n" else ("primary" if key == "y" else "default")
+                    yield Button(f"[{key}] {label}", id=f"answer-{key}", variant=variant, compact=True)
+                if "n" in self._keys:
+                    yield Button("[m] deny with a message", id="answer-m", compact=True)
+            yield Input(placeholder="message to the model (Enter to deny)", id="deny-message")
+
+    def on_mount(self) -> None:
+        self.query_one("#deny-message", Input).display = False
+
+    def on_key(self, event) -> None:
+        if isinstance(self.focused, Input):
+            if event.key == "escape":
+                event.stop()
+                self.query_one("#deny-message", Input).display = False
+                self.set_focus(None)
+            return
+        key = event.character or event.key
+        if key in self._keys:
+            event.stop()
+            self.dismiss((key, ""))
+        elif key == "m" and "n" in self._keys:
+            event.stop()
+            self._ask_message()
+
+    def _ask_message(self) -> None:
+        field = self.query_one("#deny-message", Input)
+        field.display = True
+        field.focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        key = (event.button.id or "").removeprefix("answer-")
+        if key == "m":
+            self._ask_message()
+        elif key:
+            self.dismiss((key, ""))
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(("n", event.value.strip()))
+
+    def action_noop(self) -> None:
+        """Esc does not answer: a permission question never turns into a silent "no"."""

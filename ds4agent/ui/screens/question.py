@@ -1,0 +1,47 @@
+"""A short question with key accelerators ("Save current session?" y / n / Esc = stay)."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.content import Content
+from textual.screen import ModalScreen
+from textual.widgets import Button, Static
+
+
+class QuestionScreen(ModalScreen[str]):
+    """Dismisses with the chosen option key; Esc gives `escape_key` (None: Esc does nothing)."""
+
+    CSS_PATH = "modals.tcss"
+
+    def __init__(self, question: str, options: tuple[tuple[str, str], ...], *, escape_key: str | None = None,
+                 body: str = "") -> None:
+        super().__init__()
+        self.question = question
+        self.options = tuple(options)
+        self.escape_key = escape_key
+        self.body = body
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog question"):
+            yield Static(Content.from_markup("[b]$q[/]", q=self.question), classes="title")
+            if self.body:
+                yield Static(Content(self.body), classes="body")
+            with Horizontal(classes="buttons"):
+                for key, label in self.options:
+                    yield Button(f"[{key}] {label}", id=f"answer-{key}", compact=True,
+                                 variant="primary" if key == "y" else "default")
+
+    def on_key(self, event) -> None:
+        key = event.character or event.key
+        if event.key == "escape":
+            event.stop()
+            if self.escape_key is not None:
+                self.dismiss(self.escape_key)
+            return
+        if key in {k for k, _ in self.options}:
+            event.stop()
+            self.dismiss(key)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss((event.button.id or "").removeprefix("answer-"))

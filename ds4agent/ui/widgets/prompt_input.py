@@ -1,0 +1,136 @@
+"""The input editor: a multi-line TextArea where Enter sends and Shift+Enter / Ctrl+J add a line.
+
+Several TextArea defaults are rebound on purpose: Ctrl+X (cut) pulls the last queued message back,
+Ctrl+C (copy) interrupts / clears / quits, Ctrl+D deletes only when there is text (on an empty
+prompt it quits), PageUp/PageDown scroll the conversation, and Up/Down walk the history when the
+cursor is on the first/last line. Pasted text arrives as one Paste event, so pasted newlines never
+send (bracketed paste).
+"""
+
+from __future__ import annotations
+
+from textual import events
+from textual.binding import Binding
+from textual.content import Content
+from textual.message import Message
+from textual.widgets import Static, TextArea
+
+from ds4agent.ui import commands
+from ds4agent.ui.history import History
+
+PLACEHOLDER = "Ask ds4agent… (/ for commands, @ for files)"
+
+
+class PromptInput(TextArea):
+    BINDINGS = [
+        Binding("ctrl+x", "app.pull_queued", "pull back queued", show=False),
+        Binding("ctrl+c", "app.ctrl_c", "interrupt / clear", show=False),
+        Binding("ctrl+d", "ctrl_d", "quit", show=False),
+        Binding("pageup", "app.scroll_conversation(-1)", show=False),
+        Binding("pagedown", "app.scroll_conversation(1)", show=False),
+        Binding("end", "end_key", show=False),
+        Binding("up", "history_up", show=False),
+        Binding("down", "history_down", show=False),
+        Binding("tab", "complete", show=False),
+    ]
+
+    class Submitted(Message):
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    def __init__(self, history: History, *, id: str | None = None) -> None:
+        super().__init__("", id=id, placeholder=PLACEHOLDER, soft_wrap=True, tab_behavior="focus",
+                         show_line_numbers=False, compact=True, highlight_cursor_line=False)
+        # Nothing blinks (ui.md); this also keeps snapshots deterministic.
+        self.cursor_blink = False
+        self.input_history = history
+        self._completion_index = -1
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            self.send()
+            return
+        if event.key in ("shift+enter", "ctrl+j", "newline", "alt+enter"):
+            event.stop()
+            event.prevent_default()
+            self.insert("\n")
+            return
+        await super()._on_key(event)
+
+    def send(self) -> None:
+        text = self.text
+        if not text.strip():
+            return
+        self.input_history.add(text)
+        self.clear()
+        self.post_message(self.Submitted(text))
+
+    def set_text(self, text: str) -> None:
+        self.load_text(text)
+        self.move_cursor(self.document.end)
+
+    # -- rebound keys ------------------------------------------------------------------------
+    def action_ctrl_d(self) -> None:
+        if self.text:
+            self.action_delete_right()
+        else:
+            self.app.action_quit_request()  # type: ignore[attr-defined]
+
+    def action_end_key(self) -> None:
+        self.action_cursor_line_end()
+        self.app.action_follow_tail()  # type: ignore[attr-defined]
+
+    def action_history_up(self) -> None:
+        if self.cursor_location[0] == 0:
+            entry = self.input_history.previous(self.text)
+            if entry is not None:
+                self.set_text(entry)
+                return
+        self.action_cursor_up()
+
+    def action_history_down(self) -> None:
+        if self.cursor_location[0] >= self.document.line_count - 1:
+            entry = self.input_history.next()
+            if entry is not None:
+                self.set_text(entry)
+                return
+        self.action_cursor_down()
+
+    def action_complete(self) -> None:
+        matches = commands.completions(self.text)
+        if not matches:
+            self.screen.focus_next()
+            return
+        current = self.text[1:]
+        names = [c.name for c in matches]
+        if current in names and len(names) > 1:
+            # repeated Tab cycles through the candidates
+            choice = names[(names.index(current) + 1) % len(names)]
+        else:
+            choice = names[0]
+        self.set_text("/" + choice + ("" if len(matches) > 1 else " "))
+
+
+class CommandHints(Static):
+    """Completion list shown above the input while the line is `/word`."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__("", id=id)
+        self.display = False
+        self.names: list[str] = []
+
+    def show_for(self, text: str) -> None:
+        matches = commands.completions(text)
+        self.names = [c.name for c in matches]
+        self.display = bool(matches)
+        if matches:
+            width = max(len(c.usage) for c in matches)
+            lines = [
+                Content.from_markup("[b $accent]$u[/]  [$text-muted]$h[/]", u=c.usage.ljust(width), h=c.help)
+                for c in matches
+            ]
+            lines.append(Content.styled("tab: complete", "$text-muted"))
+            self.update(Content("\n").join(lines))
