@@ -80,47 +80,46 @@ class Snapshot:
     """An O(1) handle on a session state (a reference to immutable arrays, nothing copied)."""
 
     engine_id: int
-    tokens: tuple[int, ...]
-    state: Any  # C1's SessionState (None = empty)
-    logits: Any  # mx.array [V] or None
+    state: Any  # C1's SessionState (tokens, logits, per-layer arrays)
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return self.state.tokens
 
 
 # ---------------------------------------------------------------------------------------------
-# The seam to C1's math (model.py / state.py / weights.py). Kept in one place on purpose.
+# The seam to C1's math (model.py / state.py / weights.py), kept in one place on purpose.
 
 
 def _empty_state(config):
-    from . import state as state_mod
+    from .state import SessionState
 
-    return state_mod.SessionState.empty(config)
+    return SessionState.empty(config)
 
 
 def _forward(weights, config, state, tokens: Sequence[int]):
     """(logits [n, V] mx.array, new state) for a chunk of tokens appended to `state`."""
-    import mlx.core as mx
-
     from . import model
 
-    logits, new_state = model.forward(weights, config, state, mx.array(list(tokens), dtype=mx.int32))
-    return logits, new_state
+    return model.forward(weights, config, state, list(tokens))
 
 
-def _state_to_payload(config, state, tokens, logits, ctx):
-    from . import state as state_mod
+def _state_to_payload(config, state, ctx):
+    from .state import to_payload
 
-    return state_mod.to_payload(state, config, ctx=ctx)
+    return to_payload(state, config, ctx=ctx)
 
 
 def _payload_to_state(config, payload):
-    from . import state as state_mod
+    from .state import from_payload
 
-    return state_mod.from_payload(payload, config)
+    return from_payload(payload, config)
 
 
 def _load_weights(gf, config, progress):
-    from . import weights
+    from .weights import load_weights
 
-    return weights.load_weights(gf, config, progress=progress)
+    return load_weights(gf, config, progress=progress)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,9 +202,7 @@ class Session:
 
     def __init__(self, engine: Engine):
         self.engine = engine
-        self._state = None  # None = empty; built lazily so an unused session costs nothing
-        self._tokens: tuple[int, ...] = ()
-        self._logits = None  # mx.array [V] or None
+        self._state = _empty_state(engine.config)
         self._logits_np: np.ndarray | None = None
         self._snapshots: list[weakref.ref[Snapshot]] = []
         self.prefilled_total = 0  # tokens ever run through the model (tests assert reuse)
@@ -213,31 +210,27 @@ class Session:
     # ------------------------------------------------------------------ read-only views
     @property
     def tokens(self) -> tuple[int, ...]:
-        return self._tokens
+        return self._state.tokens
 
     @property
     def logits(self) -> np.ndarray | None:
         """float32 [V]: the logits after the last live token (None when the state is empty)."""
-        if self._logits is None:
+        if self._state.logits is None:
             return None
         if self._logits_np is None:
-            arr = np.array(self._logits, dtype=np.float32, copy=True)
+            arr = np.array(self._state.logits, dtype=np.float32, copy=True)
             arr.flags.writeable = False
             self._logits_np = arr
         return self._logits_np
 
     def __len__(self) -> int:
-        return len(self._tokens)
+        return len(self._state.tokens)
 
     # ------------------------------------------------------------------ state swap
-    def _commit(self, state, tokens: tuple[int, ...], logits) -> None:
+    def _commit(self, state) -> None:
+        """The only place the live state changes: one assignment of a complete new state."""
         self._state = state
-        self._tokens = tokens
-        self._logits = logits
         self._logits_np = None
-
-    def _state_or_empty(self, state):
-        return _empty_state(self.engine.config) if state is None else state
 
     def _check_tokens(self, tokens: Sequence[int]) -> tuple[int, ...]:
         V = self.engine.config.vocab
@@ -247,10 +240,19 @@ class Session:
             raise EngineError("token ids must be integers") from None
         for i, t in enumerate(out):
             if not 0 <= t < V:
-                raise EngineError(f"token id {t} at position {i} is outside the vocabulary (0..{V - 1})")
+                raise EngineError(
+                    f"token id {t} at position {i} is outside the vocabulary (0..{V - 1})")
         if len(out) > self.engine.ctx:
             raise ContextOverflowError(len(out), self.engine.ctx)
         return out
+
+    def _run(self, state, tokens: tuple[int, ...]):
+        logits, new_state = _forward(self.engine.weights, self.engine.config, state, tokens)
+        # Materialise now: a state handed out as a snapshot must hold values, not a lazy graph
+        # that would keep every intermediate of the chunk alive.
+        new_state.eval()
+        self.prefilled_total += len(tokens)
+        return logits, new_state
 
     # ------------------------------------------------------------------ prefill / decode
     def sync(self, tokens: Sequence[int], *, progress: Callable[[int, int], None] | None = None,
@@ -263,64 +265,46 @@ class Session:
         the prefix reached so far (a chunk boundary): the next sync continues from there.
         """
         target = self._check_tokens(tokens)
-        live = self._tokens
-        n = _common_prefix(live, target)
-        if n < len(live):
-            self._rewind_for(target, n)
-        start = len(self._tokens)
+        n = _common_prefix(self._state.tokens, target)
+        if n < len(self._state.tokens):
+            self._rewind_for(target)
+        start = len(self._state.tokens)
         total = len(target) - start
-        if total == 0:
-            return 0
-        state, logits = self._state, self._logits
         done = 0
-        try:
-            for p0, p1 in chunk_grid(start, len(target), self.engine.chunk):
-                if should_stop is not None and should_stop():
-                    raise Interrupted(
-                        f"prefill interrupted after {done} of {total} tokens",
-                        done=done, total=total,
-                    )
-                chunk = target[p0:p1]
-                out, state = _forward(self.engine.weights, self.engine.config,
-                                      self._state_or_empty(state), chunk)
-                logits = out[-1]
-                self.prefilled_total += len(chunk)
-                done += len(chunk)
-                # Commit chunk by chunk: an interrupt (or an error in a later chunk) leaves the
-                # state at this consistent prefix instead of throwing the work away.
-                self._commit(state, target[:p1], logits)
-                if progress is not None:
-                    progress(done, total)
-        except Interrupted:
-            raise
+        for p0, p1 in chunk_grid(start, len(target), self.engine.chunk):
+            if should_stop is not None and should_stop():
+                raise Interrupted(f"prefill interrupted after {done} of {total} tokens",
+                                  done=done, total=total)
+            _, state = self._run(self._state, target[p0:p1])
+            # Commit chunk by chunk: an interrupt (or an error in a later chunk) leaves the
+            # state at this consistent prefix instead of throwing the work away.
+            self._commit(state)
+            done += p1 - p0
+            if progress is not None:
+                progress(done, total)
         return done
 
     def step(self, token: int) -> np.ndarray:
         """Decode one token (a chunk of one) and return the new logits (float32 [V])."""
         (tok,) = self._check_tokens([token])
-        if len(self._tokens) + 1 > self.engine.ctx:
-            raise ContextOverflowError(len(self._tokens) + 1, self.engine.ctx)
-        out, state = _forward(self.engine.weights, self.engine.config,
-                              self._state_or_empty(self._state), (tok,))
-        self.prefilled_total += 1
-        self._commit(state, self._tokens + (tok,), out[-1])
+        if len(self._state.tokens) + 1 > self.engine.ctx:
+            raise ContextOverflowError(len(self._state.tokens) + 1, self.engine.ctx)
+        _, state = self._run(self._state, (tok,))
+        self._commit(state)
         return self.logits  # type: ignore[return-value]
 
     def forward_all(self, tokens: Sequence[int]) -> np.ndarray:
         """Prefill `tokens` after the live state on the chunk grid and return every row of logits
         (float32 [n, V], row i = logits after tokens[i]); used by dump-logits."""
         extra = self._check_tokens(tokens)
-        if len(self._tokens) + len(extra) > self.engine.ctx:
-            raise ContextOverflowError(len(self._tokens) + len(extra), self.engine.ctx)
+        target = self._state.tokens + extra
+        if len(target) > self.engine.ctx:
+            raise ContextOverflowError(len(target), self.engine.ctx)
         rows = []
-        start = len(self._tokens)
-        target = self._tokens + extra
-        for p0, p1 in chunk_grid(start, len(target), self.engine.chunk):
-            out, state = _forward(self.engine.weights, self.engine.config,
-                                  self._state_or_empty(self._state), target[p0:p1])
-            rows.append(np.array(out, dtype=np.float32))
-            self.prefilled_total += p1 - p0
-            self._commit(state, target[:p1], out[-1])
+        for p0, p1 in chunk_grid(len(self._state.tokens), len(target), self.engine.chunk):
+            logits, state = self._run(self._state, target[p0:p1])
+            rows.append(np.array(logits, dtype=np.float32).reshape(p1 - p0, -1))
+            self._commit(state)
         if not rows:
             return np.zeros((0, self.engine.config.vocab), dtype=np.float32)
         return np.concatenate(rows, axis=0)
@@ -328,7 +312,7 @@ class Session:
     # ------------------------------------------------------------------ snapshots
     def snapshot(self) -> Snapshot:
         """An O(1) handle on the current state (nothing is copied: the arrays are immutable)."""
-        snap = Snapshot(id(self.engine), self._tokens, self._state, self._logits)
+        snap = Snapshot(id(self.engine), self._state)
         self._snapshots = [r for r in self._snapshots if r() is not None]
         self._snapshots.append(weakref.ref(snap))
         return snap
@@ -337,15 +321,15 @@ class Session:
         """Restore a snapshot taken from a session of this engine (O(1))."""
         if not isinstance(snap, Snapshot) or snap.engine_id != id(self.engine):
             raise EngineError("cannot rewind to a snapshot taken from a different engine")
-        self._commit(snap.state, snap.tokens, snap.logits)
+        self._commit(snap.state)
 
     def reset(self) -> None:
         """Drop the live state (empty session)."""
-        self._commit(None, (), None)
+        self._commit(_empty_state(self.engine.config))
 
-    def _rewind_for(self, target: tuple[int, ...], limit: int) -> None:
-        """Go back to the longest held state that is a prefix of `target` (at most `limit` long)."""
-        best: Snapshot | None = None
+    def _rewind_for(self, target: tuple[int, ...]) -> None:
+        """Go back to the longest held snapshot that is a prefix of `target`, else to empty."""
+        best = None
         alive = []
         for ref in self._snapshots:
             snap = ref()
@@ -353,43 +337,47 @@ class Session:
                 continue
             alive.append(ref)
             n = len(snap.tokens)
-            if n <= len(target) and snap.tokens == target[:n] and (best is None or n > len(best.tokens)):
+            if n <= len(target) and snap.tokens == target[:n] and (
+                    best is None or n > len(best.tokens)):
                 best = snap
         self._snapshots = alive
         if best is not None:
-            self._commit(best.state, best.tokens, best.logits)
+            self._commit(best.state)
         else:
             self.reset()
 
     # ------------------------------------------------------------------ export / import
     def export_state(self):
         """The live state as an object with `sessions.payload.PayloadState`'s attributes."""
-        if not self._tokens:
+        if not self._state.tokens:
             raise EngineError("nothing to export: the session holds no tokens")
-        return _state_to_payload(self.engine.config, self._state, self._tokens, self._logits,
-                                 self.engine.ctx)
+        return _state_to_payload(self.engine.config, self._state, self.engine.ctx)
 
     def import_state(self, payload) -> None:
         """Replace the live state with a saved one. Validates everything first; on any error the
         live session is left exactly as it was (never half-applied)."""
         ctx = self.engine.ctx
-        T = len(getattr(payload, "tokens", ()))
+        try:
+            T = len(payload.tokens)
+            saved_ctx = int(payload.ctx)
+        except (AttributeError, TypeError, ValueError):
+            raise StateError("not a session state: it lacks tokens or ctx") from None
         if T == 0:
             raise StateError("saved state holds no tokens")
+        # The KVC reader's rule (kvc-format.md §9.5 step 3): the next token needs a position.
         if T >= ctx:
-            raise StateError(f"saved state of {T} tokens does not fit the context of {ctx} tokens")
-        saved_ctx = int(getattr(payload, "ctx", ctx))
+            raise StateError(
+                f"saved state of {T} tokens does not fit the context of {ctx} tokens")
         if saved_ctx > ctx:
             raise StateError(f"saved state was written with a context of {saved_ctx} tokens, "
                              f"larger than this session's {ctx}")
         try:
-            state, tokens, logits = _payload_to_state(self.engine.config, payload)
+            state = _payload_to_state(self.engine.config, payload)
         except EngineError:
             raise
         except (ValueError, TypeError, AttributeError, IndexError) as err:
             raise StateError(f"saved state does not fit this model: {err}") from None
-        self._check_tokens(tokens)
-        self._commit(state, tuple(int(t) for t in tokens), logits)
+        self._commit(state)
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
