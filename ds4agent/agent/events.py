@@ -214,6 +214,9 @@ class PermissionRequest(Event):
     question: str
     detail: str = ""
     options: tuple[tuple[str, str], ...] = ()
+    preview_kind: str = "command"  # "command" (detail is a shell command) | "diff" (unified diff)
+    diff: Any = None  # the tools' DiffDisplay for write/edit (numbered lines), else None
+    outside_workspace: bool = False
 
 
 @dataclass(frozen=True)

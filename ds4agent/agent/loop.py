@@ -1,43 +1,561 @@
-"""The worker: the DSML tool loop and session commands, run on the Agent's worker thread.
+"""The worker: the DSML tool loop (prompt-and-dsml.md §6-§12, agent-reference.md §6).
 
-(Stub while the foundation modules land; filled in next.)
+Runs on the Agent's worker thread only (facade.py owns the thread and the queues; this module
+never touches threads). One user turn = rounds until the model answers without a tool call:
+
+    sync (prefill the transcript's new suffix; interruptible between chunks)
+    -> sample (argmax while the DSML classifier is structural, the user's sampler otherwise)
+    -> stream-parse (thinking / text / tool-call events) -> stop at the block's close
+    -> EOS appended by the agent -> permissions -> run the invokes in order
+    -> one results turn (+ queued text) -> next round
+
+Invariants: the transcript only grows (three wholesale replacements: new, load, compaction);
+the live KV always holds a prefix of it; every assistant round ends with exactly one EOS; an
+interrupt never leaves a half-appended unit. No tool-round limit; a per-round token cap
+(--tokens, further capped by the room left).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.settings import AgentSettings
+from ds4agent.agent.transcript import Transcript
+
+# Hard compaction reserve (agent-reference.md §8): a results turn must leave this much room.
+RESULT_RESERVE = 1024
+# If even the shortened results do not fit with this reserve, the turn aborts.
+MIN_RESERVE = 16
+# Status events during generation are rate-limited (the UI redraws at most ~10 Hz anyway).
+STATUS_INTERVAL = 0.25
+
+
+def compact_threshold(ctx: int) -> int:
+    """Soft compaction triggers at 85% of ctx or when at most min(8192, ctx/4) tokens are free."""
+    return min(int(ctx * 0.85), ctx - min(8192, ctx // 4))
+
+
+class TurnAborted(Exception):
+    """The turn cannot go on (context full after compaction, engine failure); message is readable."""
+
+
+@dataclass
+class RoundResult:
+    """How one assistant round ended (prompt-and-dsml.md §11, round outcomes)."""
+
+    reason: str  # "done" | "tools" | "error" | "thinking" | "interrupted" | "token_cap" | "stop_token" | "unterminated"
+    generated: int = 0
+    calls: list[tuple[str, dict]] = field(default_factory=list)
+    error: str = ""
 
 
 class Worker:
-    def __init__(self, engine: Any, store: Any, tools: Any, settings: AgentSettings, *, io: Any,
-                 policy: Any = None) -> None:
-        self.engine = engine
-        self.store = store
-        self.tools = tools
+    """The agent's state and behaviour on the worker thread. `io` is the facade (events, questions,
+    the interrupt flag and the queue of messages typed while busy)."""
+
+    def __init__(self, engine: Any, store: Any, tools: list[Any] | None, settings: AgentSettings, *,
+                 io: Any, policy: Any = None) -> None:
         self.settings = settings
         self.io = io
+        self.store = store
+        self._engine_src = engine
+        self.engine: Any = None
+        self.session: Any = None
+        self.tools = tools
         self.policy = policy
+        self.transcript = Transcript()
+        self.tok: Any = None
+        self.sampler: Any = None
+        self.tool_ctx: Any = None
+        self.trace: Any = None
+        self.journal: Any = None
+        self.system: Any = None  # prompt.SystemText
+        self.system_ids: list[int] = []
+        self.think_mode = settings.effective_think_mode()
+        self.state = ev.State.LOADING
+        self.detail = ""
+        self.generated = 0
+        self.decode_tps = 0.0
+        self.prefill_tps = 0.0
+        self.greedy = False
+        # Session identity (kvc-format.md §12.3-12.5).
+        self.dirty = False
+        self.activity = False  # a user turn since start or /new (a loaded session counts)
+        self.title: str | None = None
+        self.created_at: int | None = None
+        self.session_id = ""  # full 40-hex identity once saved or loaded
+        self.legacy_path: str | None = None
+        self.ready = False
+        self._last_status = 0.0
+
+    # ================================================================== startup / shutdown
 
     def startup(self) -> bool:
-        raise NotImplementedError
+        from ds4agent.agent import sessionops
+        from ds4agent.agent.trace import Trace
+        from ds4agent.engine.sampler import Sampler
+        from ds4agent.engine.tokenizer import Tokenizer
 
-    def emit_status(self) -> None:
-        pass
+        self.trace = Trace(self.settings.trace, on_error=lambda m: self.io.emit(ev.Notice(m, "warning")))
+        self.trace.line("worker start")
+        self.tok = Tokenizer.load()
+        s = self.settings
+        self.sampler = Sampler(temperature=s.temperature, top_p=s.top_p, min_p=s.min_p, seed=s.seed)
+        if self.tools is None:
+            from ds4agent.tools.base import default_tools
 
-    def list_sessions_event(self) -> ev.SessionList:
-        return ev.SessionList("", ())
+            self.tools = default_tools()
+        self._tool_map = {t.name: t for t in self.tools}
+        from ds4agent.tools.base import ToolContext
 
-    def history_event(self, n: int) -> ev.History:
-        return ev.History(0, ())
+        self.tool_ctx = ToolContext(cwd=s.cwd, should_stop=self.io.should_stop)
+        if self.policy is None:
+            self.policy = _make_policy(s.permission, s.cwd)
+        self._set_state(ev.State.LOADING, detail="loading model")
+        if callable(self._engine_src) and not hasattr(self._engine_src, "new_session"):
+            def progress(fraction: float) -> None:
+                self._set_state(ev.State.LOADING, progress=float(fraction), detail="loading model")
 
-    def set_think_mode(self, mode: str) -> None:
-        self.settings.think_mode = mode
-
-    def confirm_leave(self) -> bool:
+            self.engine = self._engine_src(progress)
+        else:
+            self.engine = self._engine_src
+        if s.ctx != getattr(self.engine, "ctx", s.ctx):
+            s.ctx = int(self.engine.ctx)  # the engine's context is the truth
+        self.think_mode = s.effective_think_mode()
+        if s.think_mode == "think-max" and self.think_mode != "think-max":
+            self.io.emit(ev.Notice(f"think-max needs a context of at least 393216 tokens; using think "
+                                   f"(context {s.ctx})", "warning"))
+        self.session = self.engine.new_session()
+        cached = sessionops.start_system_prefix(self)
+        self.ready = True
+        self.io.emit(ev.Ready(model=_describe(self.engine), ctx=s.ctx, sysprompt_cached=cached))
+        sessionops.offer_resume(self)
+        self._set_state(ev.State.IDLE)
         return True
 
     def close(self) -> None:
-        pass
+        from ds4agent.agent import sessionops
+
+        if self.tool_ctx is not None:
+            try:
+                self.tool_ctx.close()
+            except Exception:  # noqa: BLE001 - shutdown must finish
+                pass
+        sessionops.close_journal(self)
+        if self.trace is not None:
+            self.trace.line("worker stop")
+            self.trace.close()
+
+    # ================================================================== status
+
+    def _set_state(self, state: ev.State, *, progress: float | None = None, detail: str = "") -> None:
+        self.state = state
+        self.detail = detail
+        self.emit_status(progress=progress)
+
+    def emit_status(self, progress: float | None = None) -> None:
+        s = self.settings
+        self.io.emit(ev.Status(
+            state=self.state,
+            ctx_used=len(self.transcript),
+            ctx_total=s.ctx,
+            compact_at=compact_threshold(s.ctx),
+            progress=progress,
+            generated=self.generated,
+            decode_tps=round(self.decode_tps, 2),
+            prefill_tps=round(self.prefill_tps, 2),
+            greedy=self.greedy,
+            unsaved=self.dirty,
+            session_id=self.session_id[:8],
+            title=self.title or "",
+            think_mode=self.think_mode,
+            permission_mode=s.permission,
+            detail=self.detail,
+        ))
+
+    def set_think_mode(self, mode: str) -> None:
+        """Later turns use the new THINK token. think-max's prefix lives in the system prefix, so it
+        cannot be switched on inside a session (append-only): it takes effect at /new."""
+        self.settings.think_mode = mode
+        eff = self.settings.effective_think_mode()
+        if eff == "think-max" and not self._system_is_max:
+            self.think_mode = "think"
+            self.io.emit(ev.Notice("think-max takes effect with the next /new session", "warning"))
+        elif mode == "think-max" and eff != "think-max":
+            self.think_mode = "think"
+            self.io.emit(ev.Notice("think-max needs a context of at least 393216 tokens; using think",
+                                   "warning"))
+        else:
+            self.think_mode = eff
+        self.io.emit(ev.Notice(f"thinking mode: {self.think_mode}"))
+        self.emit_status()
+
+    _system_is_max = False
+
+    # ================================================================== one user turn
+
+    def cmd_turn(self, text: str, queued: bool = False) -> None:
+        from ds4agent.agent import compaction, sessionops
+        from ds4agent.engine import template
+
+        t0 = time.monotonic()
+        self.io.emit(ev.UserTurn(text, queued=queued))
+        if not self.transcript.at_turn_boundary():
+            # Defensive: a transcript must end at a boundary before a user turn (an EOS closes
+            # every assistant round); close a dangling one rather than corrupt the layout.
+            self.transcript.append(self.tok.EOS)
+        if self.settings.seed is not None:
+            self.sampler.reseed(self.settings.seed)  # re-seeded at every user turn (reference)
+        user_ids = template.render_user_turn(text, think_mode=self._mode_for_prompt(), tokenizer=self.tok)
+        total_generated = 0
+        rounds = 0
+        reason = "done"
+        error = ""
+        try:
+            compaction.maybe_compact(self, len(self.transcript) + len(user_ids), "soft")
+            if len(self.transcript) + len(user_ids) + 1 >= self.settings.ctx:
+                raise TurnAborted("context full: the message does not fit the context")
+            self._trace_append(user_ids, "user")
+            self.transcript.extend(user_ids)
+            self.dirty = True
+            self.activity = True
+            sessionops.journal_write(self)
+            while True:
+                rounds += 1
+                self.io.emit(ev.RoundStarted(rounds))
+                result = self._round()
+                total_generated += result.generated
+                more = self._after_round(result)
+                sessionops.journal_write(self)
+                if not more:
+                    reason = result.reason if result.reason not in ("tools", "error", "thinking") else "done"
+                    break
+        except TurnAborted as err:
+            reason, error = "error", str(err)
+            self._close_round()
+            self.io.emit(ev.Error(error))
+        except Exception as err:  # engine failures and bugs: readable, and the session stays usable
+            reason, error = "error", f"{type(err).__name__}: {err}" if not str(err) else str(err)
+            self._close_round()
+            self.io.emit(ev.Error(error))
+        finally:
+            self.greedy = False
+            self.generated = 0
+        self.io.emit(ev.TurnEnded(reason, rounds=rounds, generated=total_generated,
+                                  seconds=round(time.monotonic() - t0, 3), error=error))
+        self._set_state(ev.State.IDLE)
+
+    def _mode_for_prompt(self) -> str:
+        return "think" if self.think_mode == "think-max" else self.think_mode
+
+    def _close_round(self) -> None:
+        """After a failure: make sure the transcript ends at a turn boundary (an EOS)."""
+        if len(self.transcript) > self.transcript.system_len and self.transcript.last != self.tok.EOS:
+            self.transcript.append(self.tok.EOS)
+
+    def _trace_append(self, ids: list[int], tag: str) -> None:
+        if self.trace is not None and self.trace.enabled:
+            self.trace.tokens(len(self.transcript), ids, self.tok.token_bytes, tag)
+
+    # ------------------------------------------------------------------ sync (prefill)
+
+    def _sync(self, *, interruptible: bool = True) -> bool:
+        """Bring the live KV up to the transcript. False when interrupted (state at a prefix)."""
+        from ds4agent.engine.errors import Interrupted
+
+        target = self.transcript.ids
+        live = self.session.tokens
+        if len(live) == len(target) and tuple(target[-8:]) == tuple(live[-8:]) and tuple(live) == tuple(target):
+            return True
+        self._set_state(ev.State.PREFILL)
+        t0 = time.monotonic()
+        last = [t0]
+
+        def progress(done: int, total: int) -> None:
+            now = time.monotonic()
+            tps = done / (now - t0) if now > t0 else 0.0
+            self.prefill_tps = tps
+            self.io.emit(ev.PrefillProgress(done, total, round(tps, 1)))
+            if now - last[0] >= STATUS_INTERVAL:
+                last[0] = now
+                self.emit_status(progress=done / total if total else 1.0)
+
+        try:
+            n = self.session.sync(list(target), progress=progress,
+                                  should_stop=self.io.should_stop if interruptible else None)
+        except Interrupted:
+            return False
+        dt = time.monotonic() - t0
+        if n and dt > 0:
+            self.prefill_tps = n / dt
+        if self.trace is not None and self.trace.enabled:
+            self.trace.line(f"prefill {n} tokens in {dt:.3f}s")
+        return True
+
+    # ------------------------------------------------------------------ one assistant round
+
+    def _round(self) -> RoundResult:
+        from ds4agent.agent.stream import AssistantStream
+
+        tok = self.tok
+        EOS = tok.EOS
+        if self.io.should_stop() or not self._sync():
+            # Interrupted before the first token: an empty output, THINK_TOKEN then EOS (§7).
+            self.transcript.append(EOS)
+            return RoundResult("interrupted")
+        room = self.settings.ctx - len(self.transcript) - 1  # keep one position for the EOS
+        cap = min(self.settings.round_tokens, room)
+        if cap <= 0:
+            raise TurnAborted("context full: no room left to generate")
+        stream = AssistantStream(tok, thinking=self._mode_for_prompt() != "nothink")
+        emit = self.io.emit
+        should_stop = self.io.should_stop
+        sample = self.sampler.sample
+        step = self.session.step
+        is_stop = tok.is_stop
+        token_bytes = tok.token_bytes
+        ids = self.transcript.ids
+        trace = self.trace if (self.trace is not None and self.trace.enabled) else None
+        logits = self.session.logits
+        self._set_state(ev.State.GENERATING)
+        t0 = time.monotonic()
+        last_status = t0
+        n = 0
+        reason = "token_cap"
+        while n < cap:
+            if should_stop():
+                reason = "interrupted"
+                break
+            greedy = stream.in_syntax
+            token = sample(logits, greedy=greedy)
+            if is_stop(token):
+                # Never evaluated, never appended: EOS replaces it (§7).
+                reason = "stop_token"
+                emit(ev.Notice(f"[generation stopped: the model sampled {tok.token_string(token)}]", "warning"))
+                break
+            ids.append(token)
+            n += 1
+            data = token_bytes(token)
+            if trace is not None:
+                trace.token(len(ids) - 1, token, data)
+            for e in stream.feed(token, data):
+                emit(e)
+            if token == EOS:
+                reason = "eos"
+                break
+            if stream.closed:  # DONE or ERROR: generation stops at the close (§11.6-7)
+                reason = "closed"
+                break
+            logits = step(token)
+            if n & 15 == 0:
+                now = time.monotonic()
+                if now - last_status >= STATUS_INTERVAL:
+                    last_status = now
+                    self.generated = n
+                    self.greedy = stream.in_syntax
+                    self.decode_tps = n / (now - t0)
+                    self.emit_status()
+        dt = time.monotonic() - t0
+        if n and dt > 0:
+            self.decode_tps = n / dt
+        self.generated = n
+        for e in stream.finish():
+            emit(e)
+        if ids[-1] != EOS:
+            ids.append(EOS)  # the agent ends the turn (close, error, stop token, cap, interrupt)
+        if trace is not None:
+            trace.line(f"round end: {reason}, {n} tokens, {dt:.3f}s")
+        return self._classify(stream, reason, n)
+
+    def _classify(self, stream: Any, reason: str, n: int) -> RoundResult:
+        if reason == "interrupted":
+            return RoundResult("interrupted", n)  # no results turn, ever (§7)
+        if stream.failed_thinking:
+            emit_reason = stream.thinking_error
+            return RoundResult("thinking", n, error=emit_reason)
+        if stream.error is not None:
+            return RoundResult("error", n, error=stream.error)
+        if stream.done:
+            return RoundResult("tools", n, calls=list(stream.calls))
+        if stream.block_open:
+            self.io.emit(ev.ToolCallInvalid("tool call interrupted", raw=stream.raw_block, kind="interrupted"))
+            return RoundResult("unterminated", n)
+        return RoundResult({"eos": "done", "closed": "done"}.get(reason, reason), n)
+
+    # ------------------------------------------------------------------ after a round
+
+    def _after_round(self, result: RoundResult) -> bool:
+        """Run tools / build the results turn. True when another round follows."""
+        from ds4agent.engine import template
+
+        if result.reason in ("error", "thinking"):
+            texts = [template.result_invalid_dsml(result.error)]
+            infos: list[tuple[str, bool]] = [("", False)]
+            self.io.emit(ev.ToolResult(0, "", False, texts[0]))
+        elif result.reason == "tools":
+            texts, infos = self._run_calls(result.calls)
+        else:
+            return False
+        interrupted = self.io.should_stop() and not self.io.has_queued()
+        self._append_results(texts)
+        if interrupted:
+            # Interrupt during tools without queued text: the next round ends before its first
+            # token (THINK_TOKEN directly followed by EOS) and the turn is over (§9.1).
+            self.transcript.append(self.tok.EOS)
+            return False
+        return True
+
+    def _append_results(self, texts: list[str]) -> None:
+        from ds4agent.agent import compaction
+        from ds4agent.engine import template
+
+        mode = self._mode_for_prompt()
+        queued = self.io.take_queued()
+
+        def render(ts: list[str]) -> list[int]:
+            return template.render_tool_results(ts, queued=queued, think_mode=mode, tokenizer=self.tok)
+
+        ids = render(texts)
+        projected = len(self.transcript) + len(ids)
+        if projected + RESULT_RESERVE >= self.settings.ctx:
+            compaction.maybe_compact(self, projected, "hard", force=True)
+            ids = render(texts)
+            projected = len(self.transcript) + len(ids)
+            if projected + RESULT_RESERVE >= self.settings.ctx:
+                # Still too big: replace the largest results by the error the reference gives.
+                order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+                texts = list(texts)
+                for i in order:
+                    texts[i] = (
+                        "Tool error: tool result still does not fit after context compaction "
+                        f"(projected_prompt={projected} tokens, ctx={self.settings.ctx}, "
+                        f"reserve={RESULT_RESERVE}). Retry with a smaller read/search/bash output."
+                    )
+                    ids = render(texts)
+                    if len(self.transcript) + len(ids) + RESULT_RESERVE < self.settings.ctx:
+                        break
+                if len(self.transcript) + len(ids) + MIN_RESERVE >= self.settings.ctx:
+                    raise TurnAborted("context full after compaction")
+        else:
+            compaction.maybe_compact(self, projected, "soft")
+            ids = render(texts)
+        if queued:
+            self.io.emit(ev.UserTurn(queued, queued=True))
+        self._trace_append(ids, "results")
+        self.transcript.extend(ids)
+
+    # ------------------------------------------------------------------ tools
+
+    def _run_calls(self, calls: list[tuple[str, dict]]) -> tuple[list[str], list[tuple[str, bool]]]:
+        from ds4agent.engine import template
+
+        texts: list[str] = []
+        infos: list[tuple[str, bool]] = []
+        for i, (name, args) in enumerate(calls):
+            if self.io.has_queued():
+                text, ok = template.RESULT_NOT_RUN_NEW_MESSAGE, False
+            elif self.io.should_stop():
+                text, ok = template.RESULT_NOT_RUN_INTERRUPTED, False
+            else:
+                text, ok = self._run_one(i, name, args)
+                texts.append(text)
+                infos.append((name, ok))
+                continue
+            texts.append(text)
+            infos.append((name, ok))
+            self.io.emit(ev.ToolResult(i, name, ok, text))
+        return texts, infos
+
+    def _run_one(self, index: int, name: str, args: dict) -> tuple[str, bool]:
+        from ds4agent.engine import template
+
+        tool = self._tool_map.get(name)
+        if tool is None:
+            text = template.result_unknown_tool(name)
+            self.io.emit(ev.ToolResult(index, name, False, text))
+            return text, False
+        self._set_state(ev.State.TOOL, detail=name)
+        refusal = self._permit(tool, name, args)
+        if refusal is not None:
+            self.io.emit(ev.ToolResult(index, name, False, refusal))
+            return refusal, False
+        from ds4agent.tools.base import run_tool
+
+        t0 = time.monotonic()
+        if self.trace is not None:
+            self.trace.line(f"tool {name} {args!r}")
+        result = run_tool(name, args, self.tool_ctx, self.tools)
+        elapsed = time.monotonic() - t0
+        self.io.emit(ev.ToolResult(index, name, bool(result.ok), result.text, result.display, round(elapsed, 3)))
+        return result.text, bool(result.ok)
+
+    def _permit(self, tool: Any, name: str, args: dict) -> str | None:
+        """None when the call may run; else the text the model gets instead of a result."""
+        from ds4agent.agent import permissions_glue
+
+        return permissions_glue.permit(self, tool, name, args)
+
+    # ================================================================== commands other than turns
+
+    def cmd_save(self) -> None:
+        from ds4agent.agent import sessionops
+
+        sessionops.save(self)
+
+    def cmd_load(self, prefix: str) -> None:
+        from ds4agent.agent import sessionops
+
+        if self.confirm_leave():
+            sessionops.load(self, prefix)
+
+    def cmd_new(self) -> None:
+        from ds4agent.agent import sessionops
+
+        if self.confirm_leave():
+            sessionops.new_session(self)
+
+    def cmd_compact(self) -> None:
+        from ds4agent.agent import compaction
+
+        if len(self.transcript) <= self.transcript.system_len:
+            self.io.emit(ev.Notice("nothing to compact"))
+            return
+        compaction.compact(self, "manual")
+        self._set_state(ev.State.IDLE)
+
+    def confirm_leave(self) -> bool:
+        from ds4agent.agent import sessionops
+
+        return sessionops.confirm_leave(self)
+
+    def list_sessions_event(self) -> ev.SessionList:
+        from ds4agent.agent import sessionops
+
+        return sessionops.list_event(self)
+
+    def history_event(self, n: int) -> ev.History:
+        from ds4agent.agent import history
+
+        items = history.last_turns(self.tok, self.transcript.snapshot(), self.transcript.system_len, n)
+        return ev.History(n, tuple(items))
+
+
+def _describe(engine: Any) -> str:
+    describe: Callable[[], str] | None = getattr(engine, "describe", None)
+    if describe is not None:
+        try:
+            return str(describe())
+        except Exception:  # noqa: BLE001
+            pass
+    cfg = getattr(engine, "config", None)
+    return str(getattr(cfg, "name", None) or type(engine).__name__)
+
+
+def _make_policy(mode: str, cwd: Any) -> Any:
+    from ds4agent.agent import permissions_glue
+
+    return permissions_glue.make_policy(mode, cwd)

@@ -1,0 +1,198 @@
+"""Context compaction (agent-reference.md §8): a durable summary replaces the old conversation.
+
+Triggers:
+* soft: before a user turn and before each later round (i.e. before a results turn is appended),
+  when the projected transcript reaches 85% of ctx or leaves at most min(8192, ctx/4) free;
+* hard: a results turn would not fit (projected + 1024 >= ctx): compact, then retry (loop.py);
+* manual: /compact.
+
+Procedure: a private user message (never kept) asks, with thinking off, for a task-state summary;
+it is sampled greedily, streamed as CompactionDelta, and stops at EOS, `</think>`, a DSML marker
+or a stop token. The new transcript is
+
+    system prefix + [compaction wrapper + summary (+ the user's goal, verbatim)] + verbatim tail
+
+rendered by the one renderer (template.render_compacted_prefix): the wrapper lines are trusted,
+the summary is untrusted, and the tail is copied as token ids (never re-tokenised). The tail is
+min(ctx/10, 50000) tokens, moved forward to the first `<｜User｜>` inside it. The system prefix
+(built-in text, AGENTS.md, tools) is rendered afresh, so the project instructions survive as is.
+The new transcript is prefilled from the longest common prefix (the system prefix's KV is kept).
+
+On failure (interrupt, empty summary, no room) the old transcript is kept unchanged and the live
+KV is simply re-synced to it by the next round (`Session.sync` rewinds as needed).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ds4agent.agent import events as ev
+
+SUMMARY_MAX_TOKENS = 4096
+SUMMARY_MIN_ROOM = 256
+TAIL_MAX_TOKENS = 50_000
+GOAL_MAX_BYTES = 4000
+
+SUMMARY_REQUEST = """Context compaction: the conversation above is about to be replaced by a summary, so write a durable task-state summary that lets the work continue without it. Plain text only: no tool calls, no reasoning tags, no raw file dumps. Include, as applicable:
+- the user's goals and explicit requirements, quoted when short;
+- constraints, preferences and project conventions learned so far;
+- files read or changed, with exact paths and line ranges worth reloading;
+- commands run and their results (what passed, what failed and why);
+- decisions taken and approaches rejected, with the reason;
+- known bugs, open questions and the next concrete steps.
+Do not invent anything that did not happen. Be concise but complete."""
+
+
+def threshold(ctx: int) -> int:
+    from ds4agent.agent.loop import compact_threshold
+
+    return compact_threshold(ctx)
+
+
+def maybe_compact(worker: Any, projected: int, kind: str, *, force: bool = False) -> bool:
+    """Compact when `projected` (the transcript after the next append) crosses the soft threshold,
+    or always when force. Returns True when the transcript was compacted."""
+    if not force and projected < threshold(worker.settings.ctx):
+        return False
+    if len(worker.transcript) <= worker.transcript.system_len:
+        return False
+    return compact(worker, kind, projected=projected)
+
+
+def _tail(worker: Any) -> list[int]:
+    from ds4agent.engine.tokenizer import USER
+
+    ids = worker.transcript.ids
+    keep = min(worker.settings.ctx // 10, TAIL_MAX_TOKENS)
+    start = max(worker.transcript.system_len, len(ids) - keep)
+    while start < len(ids) and ids[start] != USER:
+        start += 1
+    return ids[start:]
+
+
+def _clip(text: str) -> str:
+    data = text.encode("utf-8")
+    if len(data) <= GOAL_MAX_BYTES:
+        return text
+    return data[:GOAL_MAX_BYTES].decode("utf-8", "ignore") + " [...]"
+
+
+def _goal_note(worker: Any, tail: list[int]) -> str:
+    """The user's messages that started and steer the task, verbatim, unless the tail keeps them."""
+    from ds4agent.agent.history import parse_user_part
+    from ds4agent.agent.transcript import split_turns
+
+    tok = worker.tok
+    tail_bytes = tok.decode_bytes(tail)
+    texts: list[str] = []
+    for t in split_turns(worker.transcript.ids, worker.transcript.system_len):
+        _, text = parse_user_part(tok.decode_bytes(t.user))
+        if text:
+            texts.append(text)
+    picks: list[str] = []
+    if texts:
+        picks.append(texts[0])
+        if texts[-1] != texts[0]:
+            picks.append(texts[-1])
+    lines = []
+    for label, text in zip(("The user's first request", "The user's latest request"), picks, strict=False):
+        if text.encode("utf-8") in tail_bytes:
+            continue
+        lines.append(f"{label} (verbatim):\n{_clip(text)}")
+    return "\n\n".join(lines)
+
+
+def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
+    from ds4agent.engine import template
+    from ds4agent.engine.tokenizer import DSML, END_THINK, EOS
+
+    tok = worker.tok
+    io = worker.io
+    ctx = worker.settings.ctx
+    old_ids = list(worker.transcript.ids)
+    old_system_len = worker.transcript.system_len
+    before = len(old_ids)
+    io.emit(ev.CompactionStarted(kind, before))
+    worker._set_state(ev.State.COMPACTING, detail=f"{kind}: summarizing durable task state")
+
+    def fail(message: str) -> bool:
+        worker.transcript.reset(old_ids, old_system_len)
+        io.emit(ev.CompactionDone(False, before, before, error=message))
+        io.emit(ev.Error(f"compaction failed: {message}"))
+        return False
+
+    if not worker.transcript.at_turn_boundary():
+        return fail("the conversation is in the middle of a turn")
+    reason_line = {
+        "soft": "the context is nearly full",
+        "hard": "a tool result does not fit in the remaining context",
+        "manual": "the user asked for it (/compact)",
+    }.get(kind, kind)
+    request = template.render_user_turn(f"{SUMMARY_REQUEST}\n\nCompaction reason: {reason_line}.",
+                                        think_mode="nothink", tokenizer=tok)
+    room = ctx - before - len(request) - 1
+    if room < SUMMARY_MIN_ROOM:
+        return fail(f"not enough room to write a summary ({max(room, 0)} tokens free)")
+    worker.transcript.extend(request)
+    try:
+        if not worker._sync():
+            return fail("interrupted")
+        limit = min(SUMMARY_MAX_TOKENS, room)
+        logits = worker.session.logits
+        summary: list[int] = []
+        t0 = time.monotonic()
+        decoder_bytes = bytearray()
+        for _ in range(limit):
+            if io.should_stop():
+                return fail("interrupted")
+            token = worker.sampler.sample(logits, greedy=True)
+            if token in (EOS, END_THINK, DSML) or tok.is_stop(token):
+                break
+            summary.append(token)
+            data = tok.token_bytes(token)
+            decoder_bytes += data
+            # The byte-spelled DSML marker also ends the summary (reference).
+            if "｜DSML｜".encode() in decoder_bytes[-32:]:  # noqa: RUF001
+                cut = bytes(decoder_bytes).rfind("｜DSML｜".encode())  # noqa: RUF001
+                decoder_bytes = decoder_bytes[:cut]
+                break
+            io.emit(ev.CompactionDelta(data.decode("utf-8", "replace")))
+            if len(summary) % 32 == 0:
+                worker.generated = len(summary)
+                worker.decode_tps = len(summary) / max(time.monotonic() - t0, 1e-9)
+                worker.emit_status()
+            logits = worker.session.step(token)
+        text = bytes(decoder_bytes).strip(b" \t\n\v\f\r")
+        if not text:
+            return fail("the model wrote an empty summary")
+        worker.transcript.reset(old_ids, old_system_len)  # drop the private request
+        tail = _tail(worker)
+        goal = _goal_note(worker, tail)
+        body = text + (b"\n\n" + goal.encode("utf-8") if goal else b"")
+        system = worker.system
+        prefix = template.render_compacted_prefix(
+            system.builtin, body, extra_system_text=system.extra, tools=worker.tools,
+            think_mode="think-max" if worker._system_is_max else "think",
+            ctx=ctx, tokenizer=tok,
+        )
+        new_ids = prefix + tail
+        if len(new_ids) + SUMMARY_MIN_ROOM >= ctx:
+            return fail("the summary and the kept tail do not fit the context")
+        worker.transcript.reset(new_ids, len(prefix))
+        if not worker._sync():
+            # Keep the compacted transcript: it is consistent; the next round prefills the rest.
+            pass
+    except Exception as err:  # noqa: BLE001 - an engine failure must not lose the conversation
+        return fail(str(err) or type(err).__name__)
+    worker.dirty = True
+    after = len(worker.transcript)
+    io.emit(ev.CompactionDone(True, before, after, summary_tokens=len(prefix) - old_system_len,
+                              tail_tokens=len(tail)))
+    io.emit(ev.Notice(f"compacted context: old={before} summary+tail={after} tail={len(tail)}"))
+    if worker.trace is not None:
+        worker.trace.line(f"compaction {kind}: old={before} new={after} tail={len(tail)}")
+    from ds4agent.agent import sessionops
+
+    sessionops.journal_write(worker)
+    return True

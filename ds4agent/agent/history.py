@@ -1,0 +1,118 @@
+"""Replaying past turns for display (/history, and after /load): read back from the token ids.
+
+The transcript holds everything: a human turn's text, a results turn's `<tool_result>` blocks (and
+text queued into it), and each assistant output, which is fed through the same stream parser as
+live generation so thinking, answer text and tool calls come back as they were shown (never
+executed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ds4agent.agent import events as ev
+from ds4agent.agent.transcript import Turn, split_turns
+
+_TR_OPEN = b"<tool_result>"
+_TR_CLOSE = b"</tool_result>"
+_TR_CLOSE_ESC = b"&lt;/tool_result>"
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
+def parse_user_part(data: bytes) -> tuple[list[str], str]:
+    """(tool results, human text) of a user turn's bytes. A plain message has no results; a results
+    turn may carry queued text after its last block (`\\n\\n` + text)."""
+    results: list[str] = []
+    pos = 0
+    if not data.startswith(_TR_OPEN):
+        return [], _text(data)
+    while data.startswith(_TR_OPEN, pos):
+        end = data.find(_TR_CLOSE, pos + len(_TR_OPEN))
+        if end < 0:
+            break
+        results.append(_text(data[pos + len(_TR_OPEN):end].replace(_TR_CLOSE_ESC, _TR_CLOSE)))
+        pos = end + len(_TR_CLOSE)
+        if data.startswith(b"\n\n", pos):
+            pos += 2
+    return results, _text(data[pos:])
+
+
+def is_human(tok: Any, turn: Turn) -> bool:
+    data = tok.decode_bytes(turn.user)
+    results, text = parse_user_part(data)
+    return not results or bool(text)
+
+
+def turn_items(tok: Any, turn: Turn) -> list[ev.HistoryItem]:
+    from ds4agent.agent.stream import AssistantStream
+
+    items: list[ev.HistoryItem] = []
+    results, text = parse_user_part(tok.decode_bytes(turn.user))
+    for r in results:
+        items.append(ev.HistoryItem("tool_result", text=r))
+    if text:
+        items.append(ev.HistoryItem("user", text=text))
+    if turn.think_token is None:
+        return items
+    stream = AssistantStream(tok, thinking=turn.think_token == tok.THINK)
+    thinking: list[str] = []
+    answer: list[str] = []
+
+    def flush() -> None:
+        if thinking:
+            items.append(ev.HistoryItem("thinking", text="".join(thinking)))
+            thinking.clear()
+        if answer:
+            items.append(ev.HistoryItem("text", text="".join(answer)))
+            answer.clear()
+
+    def take(e: ev.Event) -> None:
+        if isinstance(e, ev.ThinkingDelta):
+            thinking.append(e.text)
+        elif isinstance(e, ev.TextDelta):
+            if thinking:
+                flush()
+            answer.append(e.text)
+        elif isinstance(e, ev.ToolCallEnd):
+            flush()
+            items.append(ev.HistoryItem("tool_call", name=e.name, args=dict(e.args)))
+        elif isinstance(e, ev.ToolCallInvalid):
+            flush()
+            items.append(ev.HistoryItem("note", text=f"[invalid tool call: {e.reason}]"
+                                        if e.kind == "error" else f"[{e.reason}]"))
+
+    for t in turn.output:
+        for e in stream.feed(t, tok.token_bytes(t)):
+            take(e)
+        if stream.closed:
+            break
+    for e in stream.finish():
+        take(e)
+    flush()
+    return items
+
+
+def last_turns(tok: Any, ids: Sequence[int], system_len: int, n: int) -> list[ev.HistoryItem]:
+    """Items of the last `n` human turns and everything after them (tool rounds included)."""
+    turns = split_turns(ids, system_len)
+    starts = [i for i, t in enumerate(turns) if is_human(tok, t)]
+    if not starts:
+        return []
+    first = starts[-n] if len(starts) >= n else starts[0]
+    items: list[ev.HistoryItem] = []
+    for t in turns[first:]:
+        items.extend(turn_items(tok, t))
+    return items
+
+
+def last_human_text(tok: Any, ids: Sequence[int], system_len: int) -> str:
+    """The most recent human message (compaction keeps the goal verbatim)."""
+    for t in reversed(split_turns(ids, system_len)):
+        _, text = parse_user_part(tok.decode_bytes(t.user))
+        if text:
+            return text
+    return ""

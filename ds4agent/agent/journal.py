@@ -1,0 +1,203 @@
+"""Crash journal: nothing typed or generated is lost when the process dies.
+
+After every round (and after each user turn is appended, a compaction, a load or /new) the
+agent rewrites its journal: the transcript's token ids plus the session identity, written to a
+same-directory temp file, fsync'd, renamed over the old journal, and the directory fsync'd. The
+journal lives in the platformdirs user *state* directory, outside the KV directory, so ds4 and
+the KV-directory scans never see it.
+
+Liveness: each running agent holds an exclusive flock on `<name>.lock` for its whole life (the
+OS drops it when the process dies, however it dies). At start the agent looks for journals of
+the same working directory whose lock it can take: those are orphans of a crashed run. A clean
+exit deletes its journal; a journal of a session that had been saved (not dirty) is deleted
+without asking, since the saved file has everything.
+
+File layout (little endian):
+    b"DS4AJRNL" | u32 version (1) | u32 meta_len | meta (UTF-8 JSON) | u32 n | n x u32 tokens
+    | u32 crc32 of everything before it
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import time
+import uuid
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+try:  # POSIX only (MLX runs on macOS and Linux); without fcntl every journal looks live
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+
+import numpy as np
+
+MAGIC = b"DS4AJRNL"
+VERSION = 1
+
+
+class JournalError(Exception):
+    """A journal file cannot be read (truncated, bad checksum); the message names the file."""
+
+
+def default_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_state_dir("ds4agent")) / "journal"
+
+
+def encode(tokens: Any, meta: dict) -> bytes:
+    meta_b = json.dumps(meta, ensure_ascii=False, sort_keys=True).encode("utf-8")
+    arr = np.asarray(tokens, dtype="<u4")
+    body = b"".join((MAGIC, struct.pack("<II", VERSION, len(meta_b)), meta_b,
+                     struct.pack("<I", arr.size), arr.tobytes()))
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def decode(data: bytes, name: str = "journal") -> tuple[list[int], dict]:
+    if len(data) < 20 or not data.startswith(MAGIC):
+        raise JournalError(f"{name}: not a ds4agent journal")
+    if struct.unpack_from("<I", data, len(data) - 4)[0] != zlib.crc32(data[:-4]):
+        raise JournalError(f"{name}: checksum mismatch (truncated or damaged)")
+    version, meta_len = struct.unpack_from("<II", data, 8)
+    if version != VERSION:
+        raise JournalError(f"{name}: unsupported journal version {version}")
+    pos = 16
+    meta = json.loads(data[pos:pos + meta_len].decode("utf-8"))
+    pos += meta_len
+    (n,) = struct.unpack_from("<I", data, pos)
+    pos += 4
+    if pos + 4 * n + 4 != len(data):
+        raise JournalError(f"{name}: token count does not match the file size")
+    tokens = np.frombuffer(data, dtype="<u4", count=n, offset=pos).astype(np.int64).tolist()
+    return tokens, meta
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    try:
+        dfd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """A journal left by a run that died."""
+
+    path: Path
+    tokens: list[int]
+    meta: dict
+    mtime: float
+
+    def discard(self) -> None:
+        for p in (self.path, self.path.with_suffix(".lock")):
+            try:
+                p.unlink()
+            except OSError:
+                pass
+
+
+class Journal:
+    """This process's journal. Owns `<dir>/<id>.journal` and holds the lock on `<id>.lock`."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.dir = Path(directory) if directory is not None else default_dir()
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        name = f"{int(time.time())}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.path = self.dir / f"{name}.journal"
+        self._lock_fd: int | None = None
+        lock = self.dir / f"{name}.lock"
+        self._lock_fd = os.open(lock, os.O_WRONLY | os.O_CREAT, 0o600)
+        if fcntl is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def write(self, tokens: Any, meta: dict) -> None:
+        _write_atomic(self.path, encode(tokens, meta))
+
+    def clear(self) -> None:
+        """Forget the journalled transcript (clean exit)."""
+        try:
+            self.path.unlink()
+        except OSError:
+            pass
+
+    def close(self, *, keep: bool = False) -> None:
+        if not keep:
+            self.clear()
+        if self._lock_fd is not None:
+            try:
+                os.close(self._lock_fd)
+            except OSError:
+                pass
+            self._lock_fd = None
+            if not keep:
+                try:
+                    self.path.with_suffix(".lock").unlink()
+                except OSError:
+                    pass
+
+    def orphans(self, cwd: str) -> list[Orphan]:
+        """Journals of dead runs for this working directory, newest first. Unreadable ones are
+        deleted (they can never be resumed)."""
+        found: list[Orphan] = []
+        try:
+            names = os.listdir(self.dir)
+        except OSError:
+            return []
+        for name in names:
+            if not name.endswith(".journal"):
+                continue
+            path = self.dir / name
+            if path == self.path or not _is_orphan(path):
+                continue
+            try:
+                data = path.read_bytes()
+                tokens, meta = decode(data, name)
+                mtime = path.stat().st_mtime
+            except (OSError, JournalError, ValueError):
+                Orphan(path, [], {}, 0.0).discard()
+                continue
+            if meta.get("cwd") != cwd:
+                continue
+            found.append(Orphan(path, tokens, meta, mtime))
+        found.sort(key=lambda o: -o.mtime)
+        return found
+
+
+def _is_orphan(journal: Path) -> bool:
+    """True when no live process holds the journal's lock."""
+    if fcntl is None:  # pragma: no cover
+        return False
+    lock = journal.with_suffix(".lock")
+    try:
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT, 0o600)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False  # locked: its process is alive
+    finally:
+        os.close(fd)  # closing releases our probe lock
+    return True

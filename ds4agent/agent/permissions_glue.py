@@ -1,0 +1,57 @@
+"""The bridge between the tools' PermissionPolicy (pure policy) and the UI (questions as events).
+
+The policy decides allow / deny / ask; on ask the worker publishes a PermissionRequest and waits
+for `Agent.answer_permission(id, key)`: "y" allow once, "s" allow for this session (when the
+policy offers a session scope), "n" deny (an optional message goes to the model). An interrupt
+while waiting answers "n". Nothing times out into a "no" or a "yes".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ds4agent.agent import events as ev
+
+
+def make_policy(mode: str, cwd: Any) -> Any:
+    from ds4agent.tools.permissions import PermissionPolicy
+
+    return PermissionPolicy(mode)
+
+
+def permit(worker: Any, tool: Any, name: str, args: dict) -> str | None:
+    """None when the call may run; else the result text the model gets instead."""
+    from ds4agent.tools.permissions import Answer, denied_result
+
+    decision = worker.policy.check(name, args, worker.tool_ctx)
+    if decision.kind == "allow":
+        return None
+    if decision.kind == "deny":
+        return decision.result().text
+    q = decision.question
+    options: list[tuple[str, str]] = [("y", "allow once")]
+    if q.session_label:
+        options.append(("s", q.session_label))
+    options.append(("n", "deny"))
+    request = ev.PermissionRequest(
+        id=worker.io.new_id("perm"),
+        tool=name,
+        question=q.title,
+        detail=q.preview,
+        options=tuple(options),
+        preview_kind=q.preview_kind,
+        diff=q.diff,
+        outside_workspace=bool(q.outside_workspace),
+    )
+    key, message = worker.io.ask(request)
+    key = (key or "n").strip().lower()[:1]
+    if key == "y":
+        answer = Answer.once()
+    elif key == "s" and q.session_label:
+        answer = Answer.session()
+    else:
+        answer = Answer.deny(message)
+    worker.policy.remember(q, answer)
+    if answer.allowed:
+        return None
+    return denied_result(answer).text

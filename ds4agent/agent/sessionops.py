@@ -1,0 +1,438 @@
+"""Session commands on the worker: system-prompt cache, /save, /load, /new, /list, the save
+question, and the crash journal (kvc-format.md §12, agent-reference.md §9).
+
+The agent is the only room that knows both the engine and the store: it hands the engine's
+exported state (a PayloadState-shaped object) to the store and back.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ds4agent.agent import events as ev
+
+
+class SessionOpError(Exception):
+    """A session command failed; the message is the user-visible reason."""
+
+
+def _shape(worker: Any) -> Any:
+    return worker.engine.payload_shape()
+
+
+def _kv_args(worker: Any) -> dict:
+    eng = worker.engine
+    return {"model_id": int(getattr(eng, "model_id", 0)), "quant_bits": int(eng.quant_bits)}
+
+
+def _title_str(title: Any) -> str:
+    if title is None:
+        return ""
+    if isinstance(title, bytes):
+        return title.decode("utf-8", "replace")
+    return str(title)
+
+
+# ====================================================================== system prefix
+
+
+def render_system(worker: Any) -> list[int]:
+    from ds4agent.agent.prompt import build_system_text
+    from ds4agent.engine import template
+
+    s = worker.settings
+    worker.system = build_system_text(s.cwd, s.system)
+    for note in worker.system.notes:
+        worker.io.emit(ev.Notice(note, "warning"))
+    eff = s.effective_think_mode()
+    worker._system_is_max = eff == "think-max"
+    return template.render_system_prefix(
+        worker.system.builtin, extra_system_text=worker.system.extra, tools=worker.tools,
+        think_mode=eff, ctx=s.ctx, tokenizer=worker.tok,
+    )
+
+
+def start_system_prefix(worker: Any) -> bool:
+    """Make the live KV hold the system prefix: from `sysprompt-<hex>.kv` when its exact text
+    matches (no prefill), else prefill and (re)write the cache. True on a cache hit."""
+    ids = render_system(worker)
+    worker.system_ids = ids
+    worker.transcript.reset(ids, len(ids))
+    text = worker.tok.decode_bytes(ids)
+    store = worker.store
+    if worker.trace is not None:
+        worker.trace.line(f"system prefix {len(ids)} tokens")
+        worker.trace.tokens(0, ids, worker.tok.token_bytes, "sys")
+    if store is not None and worker.settings.use_sysprompt_cache:
+        try:
+            payload = store.load_sysprompt(text, shape=_shape(worker), ctx=worker.settings.ctx,
+                                           **_kv_args(worker))
+            worker.session.import_state(payload)
+            if tuple(worker.session.tokens) == tuple(ids):
+                if worker.trace is not None:
+                    worker.trace.line("sysprompt cache hit")
+                return True
+        except Exception as err:  # noqa: BLE001 - any failure: rebuild (kvc-format.md §12.2)
+            if worker.trace is not None:
+                worker.trace.line(f"sysprompt cache miss: {err}")
+        worker.io.emit(ev.Notice("Updating system prompt cache..."))
+    worker._set_state(ev.State.PREFILL, detail="system prompt")
+    worker._sync(interruptible=False)
+    if store is not None and worker.settings.use_sysprompt_cache:
+        try:
+            store.save_sysprompt(text, worker.session.export_state(), shape=_shape(worker),
+                                 **_kv_args(worker))
+            if worker.trace is not None:
+                worker.trace.line("sysprompt cache stored")
+        except Exception as err:  # noqa: BLE001
+            worker.io.emit(ev.Notice(f"failed to save system prompt KV: {err}", "warning"))
+    return False
+
+
+# ====================================================================== save
+
+
+def save(worker: Any) -> ev.SessionSaved | None:
+    """/save (kvc-format.md §12.4). Errors become Error("save failed: ...")."""
+    try:
+        return _save(worker)
+    except SessionOpError as err:
+        worker.io.emit(ev.Error(f"save failed: {err}"))
+    except Exception as err:  # noqa: BLE001 - KVCError and engine errors: readable messages
+        worker.io.emit(ev.Error(f"save failed: {err}"))
+    finally:
+        worker._set_state(ev.State.IDLE)
+    return None
+
+
+def _save(worker: Any) -> ev.SessionSaved:
+    if worker.store is None:
+        raise SessionOpError("no session directory")
+    if not worker.activity:
+        raise SessionOpError("nothing to save")
+    worker._set_state(ev.State.SAVING)
+    # Step 2: the live KV must hold the whole transcript (this evaluates the trailing EOS).
+    if not worker._sync(interruptible=False) or tuple(worker.session.tokens) != tuple(worker.transcript.ids):
+        raise SessionOpError("live KV state does not match session transcript")
+    worker._set_state(ev.State.SAVING)
+    text = worker.tok.decode_bytes(worker.transcript.ids)
+    payload = worker.session.export_state()
+    saved = worker.store.save_session(
+        text, payload, shape=_shape(worker), title=worker.title, created_at=worker.created_at,
+        loaded_from=worker.legacy_path, **_kv_args(worker),
+    )
+    worker.title = _title_str(saved.title)
+    worker.created_at = saved.created_at
+    worker.session_id = saved.id
+    worker.legacy_path = None
+    worker.dirty = False
+    journal_write(worker)
+    event = ev.SessionSaved(saved.id, saved.id[:8], saved.n_tokens, str(saved.path), worker.title)
+    worker.io.emit(event)
+    worker.io.emit(ev.Notice(saved.message))
+    return event
+
+
+# ====================================================================== leave (save question)
+
+
+def confirm_leave(worker: Any) -> bool:
+    """Before /new, /load, quit: with unsaved turns ask "Save current session?" (y / n / c).
+    True when the caller may go on."""
+    if not (worker.dirty and worker.activity and worker.transcript.has_user_turn()):
+        return True
+    while True:
+        key, _ = worker.io.ask(ev.Question(
+            id=worker.io.new_id("save"), kind="save", question="Save current session?",
+            options=(("y", "save"), ("n", "don't save"), ("c", "cancel")),
+        ))
+        key = (key or "n").strip().lower()[:1]
+        if key == "c":
+            return False
+        if key != "y":
+            return True
+        if save(worker) is not None:
+            return True
+        key, _ = worker.io.ask(ev.Question(
+            id=worker.io.new_id("save"), kind="continue", question="Continue anyway?",
+            options=(("y", "continue without saving"), ("n", "stay")),
+        ))
+        if (key or "n").strip().lower()[:1] == "y":
+            return True
+        return False
+
+
+# ====================================================================== new
+
+
+def _reset_identity(worker: Any) -> None:
+    worker.title = None
+    worker.created_at = None
+    worker.session_id = ""
+    worker.legacy_path = None
+    worker.dirty = False
+    worker.activity = False
+
+
+def new_session(worker: Any) -> None:
+    """/new: back to the system prefix (re-rendered: AGENTS.md may have changed; its cache is
+    used when the text is the same)."""
+    _reset_identity(worker)
+    if worker.tool_ctx is not None:
+        worker.tool_ctx.reset_session()
+    if worker.policy is not None and hasattr(worker.policy, "reset"):
+        worker.policy.reset()
+    ids = render_system(worker)
+    if ids == worker.system_ids and tuple(worker.session.tokens[: len(ids)]) == tuple(ids):
+        worker.transcript.reset(ids, len(ids))
+        worker._sync(interruptible=False)  # rewinds to the prefix (snapshot) or re-prefills
+    else:
+        start_system_prefix(worker)
+    worker.system_ids = list(ids)
+    worker.think_mode = worker.settings.effective_think_mode()
+    journal_write(worker)
+    worker.io.emit(ev.SessionNew())
+    worker._set_state(ev.State.IDLE)
+
+
+# ====================================================================== load
+
+
+def load(worker: Any, prefix: str) -> None:
+    try:
+        _load(worker, prefix)
+    except Exception as err:  # noqa: BLE001 - KVCError / EngineError: readable
+        worker.io.emit(ev.Error(f"load failed: {err}"))
+    worker._set_state(ev.State.IDLE)
+
+
+def _load(worker: Any, prefix: str) -> None:
+    from ds4agent.agent.history import last_turns
+
+    if worker.store is None:
+        raise SessionOpError("no session directory")
+    worker._set_state(ev.State.LOADING, detail="loading session")
+    loaded = worker.store.load_session(prefix, shape=_shape(worker), ctx=worker.settings.ctx,
+                                       **_kv_args(worker))
+    prefilled = 0
+    if loaded.payload is not None:
+        worker.session.import_state(loaded.payload)  # validates; never half-applies
+        ids = [int(t) for t in loaded.payload.tokens]
+    else:
+        # A stripped session: re-tokenised from its text (the trust marks are lost, §2).
+        ids = worker.tok.rebuild_from_text(loaded.text)
+        worker.io.emit(ev.Notice("this session was saved without its KV state; its text was "
+                                 "re-tokenised and is prefilled now", "warning"))
+    system_len = _system_len(worker, ids)
+    worker.transcript.reset(ids, system_len)
+    if loaded.payload is None:
+        before = len(worker.session.tokens)
+        worker._sync(interruptible=False)
+        prefilled = len(ids) - min(before, len(ids))
+    _reset_identity(worker)
+    worker.title = _title_str(loaded.title)
+    worker.created_at = loaded.created_at
+    worker.session_id = loaded.id
+    worker.legacy_path = str(loaded.path) if loaded.legacy else None
+    worker.activity = True
+    if worker.tool_ctx is not None:
+        worker.tool_ctx.reset_session()
+    if ids[:system_len] != worker.system_ids:
+        worker.io.emit(ev.Notice("this session was saved with a different system prompt; it "
+                                 "continues with its own", "info"))
+    journal_write(worker)
+    history = last_turns(worker.tok, ids, system_len, 3)
+    worker.io.emit(ev.SessionLoaded(loaded.id, loaded.id[:8], len(ids), worker.title,
+                                    tuple(history), prefilled=prefilled))
+    worker.io.emit(ev.Notice(f"switched to session {loaded.id[:8]} ({len(ids)} tokens)"))
+
+
+def _system_len(worker: Any, ids: list[int]) -> int:
+    """Length of the system prefix of a loaded transcript: everything before the first <｜User｜>."""
+    from ds4agent.engine.tokenizer import USER
+
+    try:
+        return ids.index(USER)
+    except ValueError:
+        return len(ids)
+
+
+# ====================================================================== list
+
+
+def list_event(worker: Any) -> ev.SessionList:
+    store = worker.store
+    if store is None:
+        return ev.SessionList("", ())
+    infos = []
+    try:
+        for info in store.list_sessions():
+            e = info.entry
+            infos.append(ev.SessionInfo(
+                id=e.id, short_id=e.short_id, title=_title_str(info.title), tokens=e.header.tokens,
+                size_bytes=e.file_size, last_used=e.header.last_used, created_at=e.header.created_at,
+                path=str(e.path),
+            ))
+    except Exception as err:  # noqa: BLE001
+        worker.io.emit(ev.Error(f"no sessions: {err}"))
+    return ev.SessionList(str(getattr(store, "directory", "")), tuple(infos))
+
+
+# ====================================================================== crash journal
+
+
+def _journal(worker: Any) -> Any:
+    if worker.journal is None and worker.settings.journal:
+        from ds4agent.agent.journal import Journal
+
+        try:
+            worker.journal = Journal(worker.settings.journal_dir)
+        except OSError as err:
+            worker.settings.journal = False
+            worker.io.emit(ev.Notice(f"crash journal disabled: {err.strerror or err}", "warning"))
+    return worker.journal
+
+
+def journal_meta(worker: Any) -> dict:
+    return {
+        "cwd": str(worker.settings.cwd),
+        "system_len": worker.transcript.system_len,
+        "title": worker.title,
+        "created_at": worker.created_at,
+        "session_id": worker.session_id,
+        "legacy_path": worker.legacy_path,
+        "dirty": bool(worker.dirty),
+        "ctx": worker.settings.ctx,
+        "time": int(time.time()),
+    }
+
+
+def journal_write(worker: Any) -> None:
+    j = _journal(worker)
+    if j is None:
+        return
+    try:
+        j.write(worker.transcript.ids, journal_meta(worker))
+    except OSError as err:
+        worker.io.emit(ev.Notice(f"crash journal write failed: {err.strerror or err}", "warning"))
+
+
+def close_journal(worker: Any) -> None:
+    if worker.journal is not None:
+        worker.journal.close()
+        worker.journal = None
+
+
+def offer_resume(worker: Any) -> None:
+    """At start: a journal of a crashed run in this directory with unsaved turns -> ask to resume."""
+    if not worker.settings.journal:
+        return
+    j = _journal(worker)
+    if j is None:
+        return
+    orphans = j.orphans(str(worker.settings.cwd))
+    chosen = None
+    for o in orphans:
+        if chosen is None and o.meta.get("dirty") and len(o.tokens) > int(o.meta.get("system_len", 0)):
+            chosen = o
+        else:
+            o.discard()  # older orphans, and ones whose session had been saved
+    if chosen is None:
+        return
+    age = max(0, int(time.time() - chosen.mtime))
+    from ds4agent.sessions.store import format_age
+
+    title = chosen.meta.get("title") or _derive_title(worker, chosen.tokens)
+    key, _ = worker.io.ask(ev.Question(
+        id=worker.io.new_id("resume"), kind="resume",
+        question=f"Resume the unsaved session from {format_age(age)} ({len(chosen.tokens)} tokens, "
+                 f"\"{title}\")?",
+        options=(("y", "resume"), ("n", "discard")),
+    ))
+    if (key or "n").strip().lower()[:1] != "y":
+        chosen.discard()
+        return
+    try:
+        resume(worker, chosen.tokens, chosen.meta)
+    except Exception as err:  # noqa: BLE001
+        worker.io.emit(ev.Error(f"resume failed: {err}"))
+        return
+    chosen.discard()
+
+
+def _derive_title(worker: Any, tokens: list[int]) -> str:
+    from ds4agent.sessions.store import derive_title
+
+    return derive_title(worker.tok.decode_bytes(tokens)).decode("utf-8", "replace")[:70]
+
+
+def resume(worker: Any, tokens: list[int], meta: dict) -> None:
+    """Restore a journalled transcript: load the nearest saved KV whose text is a prefix of it
+    (no prefill for that part), then prefill only the rest."""
+    from ds4agent.agent.history import last_turns
+    from ds4agent.engine.tokenizer import EOS
+
+    tokens = list(tokens)
+    system_len = int(meta.get("system_len", 0)) or _system_len(worker, tokens)
+    if len(tokens) > system_len and tokens[-1] != EOS:
+        # The run died mid-round: close the assistant output as an interrupt would (§7).
+        tokens.append(EOS)
+    if len(tokens) >= worker.settings.ctx:
+        raise SessionOpError(f"the journalled session ({len(tokens)} tokens) does not fit the context")
+    worker._set_state(ev.State.LOADING, detail="resuming session")
+    base = _nearest_saved_prefix(worker, tokens)
+    if base is not None:
+        worker.session.import_state(base.payload)
+    worker.transcript.reset(tokens, system_len)
+    before = len(worker.session.tokens)
+    common = 0
+    live = worker.session.tokens
+    while common < min(before, len(tokens)) and live[common] == tokens[common]:
+        common += 1
+    worker._sync(interruptible=False)
+    prefilled = len(tokens) - common
+    worker.title = meta.get("title") or None
+    worker.created_at = meta.get("created_at") or None
+    worker.session_id = meta.get("session_id") or ""
+    worker.legacy_path = meta.get("legacy_path") or None
+    worker.dirty = True
+    worker.activity = True
+    journal_write(worker)
+    history = last_turns(worker.tok, tokens, system_len, 3)
+    worker.io.emit(ev.SessionLoaded(worker.session_id, worker.session_id[:8], len(tokens),
+                                    worker.title or "", tuple(history), resumed=True, prefilled=prefilled))
+    worker.io.emit(ev.Notice(f"resumed the unsaved session ({len(tokens)} tokens, {prefilled} prefilled)"))
+
+
+def _nearest_saved_prefix(worker: Any, tokens: list[int]) -> Any:
+    """The saved session with the longest text that is a byte prefix of the journal's text."""
+    store = worker.store
+    if store is None:
+        return None
+    from ds4agent.sessions.kvc import read_envelope
+
+    text = worker.tok.decode_bytes(tokens)
+    best = None
+    try:
+        infos = store.list_sessions()
+    except Exception:  # noqa: BLE001
+        return None
+    for info in sorted(infos, key=lambda i: -i.entry.text_bytes):
+        e = info.entry
+        if e.text_bytes > len(text) or e.header.tokens > len(tokens):
+            continue
+        try:
+            env = read_envelope(e.path)
+        except Exception:  # noqa: BLE001
+            continue
+        if text.startswith(env.text):
+            try:
+                best = store.load_session(e.path, shape=_shape(worker), ctx=worker.settings.ctx,
+                                          **_kv_args(worker))
+            except Exception:  # noqa: BLE001
+                continue
+            if best.payload is not None:
+                return best
+    return None
+

@@ -1,0 +1,39 @@
+"""Building a real agent from the command line: engine loader, session store, tools, settings.
+
+Kept apart from the facade so tests (and the UI's snapshot tests) can build an Agent from
+explicit parts without touching the real model or the user's directories.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ds4agent.agent.settings import AgentSettings
+
+
+def engine_loader(model_path: Path, ctx: int) -> Callable[[Callable[[float], None]], Any]:
+    """A loader the worker thread runs: Engine.load with progress (0..1)."""
+
+    def load(progress: Callable[[float], None]) -> Any:
+        from ds4agent.engine.session import Engine
+
+        return Engine.load(model_path, ctx=ctx, progress=progress)
+
+    return load
+
+
+def open_store(kv_dir: Path | None) -> Any:
+    from ds4agent.sessions.store import SessionStore, default_kv_dir
+
+    return SessionStore(default_kv_dir(kv_dir))
+
+
+def build_from_args(args: Any) -> tuple[Any, Any, Any, AgentSettings]:
+    settings = AgentSettings.from_args(args)
+    model_path = Path(getattr(args, "model_path", None) or getattr(args, "model", None) or "ds4flash.gguf")
+    store = open_store(settings.kv_dir)
+    from ds4agent.tools.base import default_tools
+
+    return engine_loader(model_path, settings.ctx), store, default_tools(), settings
