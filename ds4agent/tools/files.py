@@ -523,7 +523,8 @@ def _plan_replace(ctx: ToolContext, path: str, key: str, data: bytes, old_s: str
         if cands:
             msg += " Closest candidates:\n"
             for a, b, r in cands:
-                msg += f"  lines {a}-{b} ({r:.0%} similar):\n" + _show(lines, a, b, key, shown)
+                where = f"line {a}" if a == b else f"lines {a}-{b}"
+                msg += f"  {where} ({r:.0%} similar):\n" + _show(lines, a, b, key, shown)
             msg += "Retry with old copied exactly from these lines, or edit them by line/range plus new.\n"
         raise ToolError(msg, shown=shown)
     starts = _line_starts(lines)
