@@ -1,0 +1,212 @@
+"""`ds4agent info MODEL [--ctx N]`: a model's shape, quant types, sizes and memory estimate.
+
+Reads only the GGUF header, metadata and tensor directory (never tensor data), so it answers
+instantly even for an 81 GB file. Memory is estimated the way the engine holds each tensor
+(weights.py / experts.py):
+
+    routed experts (Q2_K/Q4_K/IQ2_XXS)  raw blocks, as in the file (memory-mapped; what decode
+                                         touches is paged in, Metal keeps them resident)
+    Q8_0 matrices                        MLX affine 8-bit + f32 scale and bias per 32 weights:
+                                         40 bytes per 34-byte block
+    F16 matrices / vectors               widened to f32 (2x), except token_embd (rows, kept F16)
+    F32 / I32                            as in the file
+
+plus the session state for `ctx` tokens, by the DSV4 payload size formula (kvc-format.md §9.6,
+generalised to any config): the engine's live state holds exactly those arrays.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ConfigError, EngineError
+
+# tensor-name groups, in display order
+GROUPS = (
+    ("routed experts", lambda n: "_exps." in n),
+    ("shared experts", lambda n: "_shexp." in n),
+    ("compressors+indexer", lambda n: "compressor" in n or ".indexer" in n),
+    ("norms", lambda n: n.endswith("norm.weight")),
+    ("attention", lambda n: ".attn_" in n),
+    ("router", lambda n: "ffn_gate_inp" in n or "exp_probs_b" in n or "tid2eid" in n),
+    ("hyper-connections", lambda n: "hc_" in n),
+    ("embedding", lambda n: n == "token_embd.weight"),
+    ("output head", lambda n: n.startswith("output")),
+)
+
+
+@dataclass
+class GroupInfo:
+    name: str
+    types: dict[str, int] = field(default_factory=dict)  # type -> tensor count
+    file_bytes: int = 0
+    memory_bytes: int = 0
+    params: int = 0
+
+
+@dataclass
+class ModelInfo:
+    path: Path
+    file_bytes: int
+    mode: str  # "flash" | "test" | "invalid"
+    problem: str  # the strict-validation message when mode == "invalid"
+    config: object  # ModelConfig
+    groups: list[GroupInfo]
+    types: dict[str, tuple[int, int]]  # type -> (tensor count, bytes)
+    n_tensors: int
+    ctx: int
+    state_bytes: int
+
+    @property
+    def weights_memory(self) -> int:
+        return sum(g.memory_bytes for g in self.groups)
+
+    @property
+    def params(self) -> int:
+        return sum(g.params for g in self.groups)
+
+
+def payload_bytes(cfg, tokens: int) -> int:
+    """DSV4 session payload bytes for `tokens` tokens (kvc-format.md §9.6, any config):
+
+    header 52 + ids 4T + logits 4V + two u32 counts per layer; per layer R = min(T, window) raw
+    rows of Dh f32; ratio r != 0: floor(T/r) compressed rows of Dh f32 plus the compressor frontier
+    2 x (coff*r) x (coff*Dh) f32; ratio 4 also floor(T/4) index rows of Di f32 plus the indexer
+    frontier 2 x 8 x (2*Di) f32. (Flash: 12,723,596 + 4T + 2048*43*R + 53,760*floor(T/4) +
+    40,960*floor(T/128).)
+    """
+    t = int(tokens)
+    total = 52 + 4 * t + 4 * cfg.vocab + 2 * 4 * cfg.n_layers
+    rows = min(t, cfg.window)
+    for layer in range(cfg.n_layers):
+        r = cfg.ratios[layer]
+        total += rows * cfg.head_dim * 4
+        if r == 0:
+            continue
+        coff = cfg.coff(layer)
+        total += (t // r) * cfg.head_dim * 4 + 2 * (coff * r) * (coff * cfg.head_dim) * 4
+        if r == 4:
+            total += (t // 4) * cfg.indexer_dim * 4 + 2 * 8 * (2 * cfg.indexer_dim) * 4
+    return total
+
+
+def _memory_bytes(name: str, type_name: str, n_elements: int, nbytes: int) -> int:
+    if "_exps." in name:
+        return nbytes if type_name != "F16" else n_elements * 4  # dense test experts widen to f32
+    if type_name == "Q8_0":
+        return n_elements // 32 * 40
+    if type_name == "F16":
+        return nbytes if name == "token_embd.weight" else n_elements * 4
+    return nbytes
+
+
+def model_info(path, *, ctx: int = 100_000) -> ModelInfo:
+    """Inspect a GGUF model (header and directory only). Raises EngineError subclasses."""
+    from .config import from_metadata
+    from .gguf import GGUFFile
+    from .testmodel import TEST_MODEL_KEY
+
+    if ctx < 1:
+        raise EngineError(f"--ctx must be at least 1, got {ctx}")
+    path = Path(path)
+    if path.is_dir():
+        raise EngineError(
+            f"{path} is a directory; `info` reads ds4 GGUF files (converted MLX directories are "
+            "not supported by info yet)"
+        )
+    with GGUFFile.open(path) as gf:
+        types = {k: gf.array_types.get(k, v) for k, v in gf.value_types.items()}
+        mode, problem = ("test" if gf.metadata.get(TEST_MODEL_KEY) else "flash"), ""
+        try:
+            cfg = from_metadata(gf.metadata, mode=mode, types=types)
+        except ConfigError as err:
+            if mode == "test":
+                raise
+            # Still describe the file (permissively) and say why the engine would refuse it.
+            mode, problem = "invalid", str(err)
+            cfg = from_metadata(gf.metadata, mode="test", types=types)
+        groups = {name: GroupInfo(name) for name, _ in GROUPS}
+        other = GroupInfo("other")
+        by_type: dict[str, list[int]] = {}
+        for ti in gf.tensors.values():
+            g = next((groups[n] for n, match in GROUPS if match(ti.name)), other)
+            t = ti.type_name
+            g.types[t] = g.types.get(t, 0) + 1
+            g.file_bytes += ti.nbytes
+            g.memory_bytes += _memory_bytes(ti.name, t, ti.n_elements, ti.nbytes)
+            g.params += ti.n_elements
+            entry = by_type.setdefault(t, [0, 0])
+            entry[0] += 1
+            entry[1] += ti.nbytes
+        group_list = [g for g in (*groups.values(), other) if g.types]
+        return ModelInfo(
+            path=path, file_bytes=gf.file_size, mode=mode, problem=problem, config=cfg,
+            groups=group_list, types={k: (v[0], v[1]) for k, v in by_type.items()},
+            n_tensors=len(gf.tensors), ctx=int(ctx), state_bytes=payload_bytes(cfg, ctx),
+        )
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def _ratio_summary(ratios) -> str:
+    counts: dict[int, int] = {}
+    for r in ratios:
+        counts[r] = counts.get(r, 0) + 1
+    return ", ".join(f"{n} x {r}" for r, n in sorted(counts.items()))
+
+
+def format_info(info: ModelInfo) -> str:
+    c = info.config
+    kind = {
+        "flash": "DeepSeek V4 Flash (strict metadata check passed)",
+        "test": "ds4agent test model (permissive metadata check)",
+        "invalid": f"NOT loadable as DS4 Flash: {info.problem}",
+    }[info.mode]
+    lines = [
+        f"model       {info.path} ({_size(info.file_bytes)}, {info.n_tensors} tensors, "
+        f"{info.params / 1e9:.2f} B parameters)",
+        f"kind        {kind}",
+        f"shape       {c.n_layers} layers, width {c.dim}, vocab {c.vocab}, {c.n_heads} query heads x "
+        f"{c.head_dim} (RoPE on the last {c.rope_dim}), 1 KV head",
+        f"attention   q LoRA {c.q_lora_rank}, output {c.out_groups} groups x {c.out_lora_rank}, window "
+        f"{c.window}, compress ratios {_ratio_summary(c.ratios)}; indexer {c.indexer_heads} x "
+        f"{c.indexer_dim} top-{c.indexer_top_k}",
+        f"experts     {c.n_experts} routed ({c.n_experts_used} used, width {c.expert_ffn}), "
+        f"{c.n_shared_experts} shared, {c.n_hash_layers} hash-routed layers",
+        "quant types " + ", ".join(
+            f"{t} {n} tensors {_size(b)}" for t, (n, b) in sorted(info.types.items(), key=lambda kv: -kv[1][1])
+        ),
+        "",
+        f"{'tensors':<22}{'types':<28}{'file':>12}{'in memory':>12}",
+    ]
+    for g in info.groups:
+        types = "+".join(f"{t}" for t in sorted(g.types, key=lambda t: -g.types[t]))
+        lines.append(f"{g.name:<22}{types:<28}{_size(g.file_bytes):>12}{_size(g.memory_bytes):>12}")
+    total = info.weights_memory + info.state_bytes
+    lines += [
+        "",
+        f"memory      weights as the engine holds them {_size(info.weights_memory)} (routed experts "
+        "stay quantised)",
+        f"            session state at --ctx {info.ctx}: {_size(info.state_bytes)} (KV rows, compressed "
+        "rows, frontiers, logits; kvc-format.md 9.6)",
+        f"            total about {_size(total)}, plus MLX working buffers for one prefill chunk",
+    ]
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    """`ds4agent info MODEL [--ctx N]`."""
+    try:
+        info = model_info(args.model_path, ctx=args.ctx)
+    except EngineError as err:
+        print(f"ds4agent: {err}", file=sys.stderr)
+        return 2
+    print(format_info(info))
+    return 0
