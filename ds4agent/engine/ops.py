@@ -1,0 +1,219 @@
+"""Numerical primitives of DS4 Flash (model.md §3), as MLX functions on float32 arrays.
+
+Every function here is row-local (the result for one row never depends on other rows or on how
+many rows a call holds) and uses fixed-length reductions only; that is what makes chunked
+prefill bit-identical to token-by-token decoding on CPU (model.md §9).
+
+Rounding simulations (fp8 E4M3, fp4 E2M1, f16 rows) are done with exact bit arithmetic: the
+block scale is a power of two built from the float's exponent bits (no log2 rounding), and
+values are rounded with round-half-even on the quantisation grid, which is exactly "nearest
+code, ties to the even code" because the code's last bit is the grid index's last bit.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import mlx.core as mx
+import numpy as np
+
+F32 = mx.float32
+
+
+# ---- accumulation rule -------------------------------------------------------------------------
+
+
+def _acc_dtype():
+    # ds4 accumulates Σx² in float64 and converts the mean to float32 (model.md §3). MLX has
+    # float64 on the CPU only; on a GPU stream the f32 mean is the closest we can do (GPU results
+    # are compared by tolerance anyway).
+    return mx.float64 if mx.default_device() == mx.cpu else mx.float32
+
+
+def rms_scale(x: mx.array, eps: float) -> mx.array:
+    """1/sqrt(mean(x²) + eps) over the last axis, keepdims; Σx² accumulated in float64 (CPU)."""
+    xd = x.astype(_acc_dtype())
+    ms = mx.mean(xd * xd, axis=-1, keepdims=True).astype(F32)
+    return mx.rsqrt(ms + mx.array(eps, dtype=F32))
+
+
+def rms_norm(x: mx.array, w: mx.array | None, eps: float) -> mx.array:
+    """RMSNorm(x; w) = x · (1/sqrt(mean(x²) + eps)) · w; RMSNorm₀ when w is None."""
+    y = x * rms_scale(x, eps)
+    return y if w is None else y * w
+
+
+# ---- activations -------------------------------------------------------------------------------
+
+
+def softplus(z: mx.array) -> mx.array:
+    """z if z > 20; e^z if z < -20; log1p(e^z) otherwise (model.md §3)."""
+    mid = mx.log1p(mx.exp(mx.clip(z, -20.0, 20.0)))
+    return mx.where(z > 20.0, z, mx.where(z < -20.0, mx.exp(z), mid))
+
+
+def silu(z: mx.array) -> mx.array:
+    return z * mx.sigmoid(z)
+
+
+def swiglu(g: mx.array, u: mx.array, clamp: float) -> mx.array:
+    """silu(min(g, c)) · clamp(u, -c, c) (the per-layer swiglu clamp VALUE c)."""
+    g = mx.minimum(g, clamp)
+    u = mx.clip(u, -clamp, clamp)
+    return silu(g) * u
+
+
+# ---- exact float bit helpers -------------------------------------------------------------------
+
+
+def _exponent(a: mx.array) -> mx.array:
+    """floor(log2(a)) for positive normal float32 a, exactly (from the exponent bits);
+    -127 for zero/subnormals (callers clamp it)."""
+    bits = a.astype(F32).view(mx.uint32)
+    return ((bits >> 23) & 0xFF).astype(mx.int32) - 127
+
+
+def _pow2(e: mx.array) -> mx.array:
+    """2^e as float32 for integer e in [-126, 127], exactly."""
+    return ((e + 127).astype(mx.uint32) << 23).view(F32)
+
+
+def pow2_ceil(y: mx.array) -> mx.array:
+    """2^ceil(log2(y)) for positive normal float32 y, exactly."""
+    bits = y.astype(F32).view(mx.uint32)
+    e = ((bits >> 23) & 0xFF).astype(mx.int32) - 127
+    e = e + ((bits & 0x7FFFFF) != 0).astype(mx.int32)
+    return _pow2(e)
+
+
+def f16_round(x: mx.array) -> mx.array:
+    """f32 -> IEEE half (round to nearest even) -> f32."""
+    return x.astype(mx.float16).astype(F32)
+
+
+def e4m3(v: mx.array) -> mx.array:
+    """Nearest E4M3FN value (ties to the even code) of v in [-448, 448]."""
+    a = mx.abs(v)
+    # Grid step in the binade of a: 2^(e-3) for normal codes (e >= -6), 2^-9 for subnormals.
+    step = _pow2(mx.maximum(_exponent(a), -6) - 3)
+    q = mx.round(a / step) * step
+    return mx.where(v < 0, -q, q)
+
+
+def e2m1(v: mx.array) -> mx.array:
+    """Nearest of {0, 0.5, 1, 1.5, 2, 3, 4, 6} (ties to the even code), sign kept; |v| <= 6."""
+    a = mx.abs(v)
+    step = _pow2(mx.maximum(_exponent(a), 0) - 1)
+    q = mx.round(a / step) * step
+    return mx.where(v < 0, -q, q)
+
+
+def fp8sim(x: mx.array, n_blocks_dims: int) -> mx.array:
+    """E4M3 simulation on the first `n_blocks_dims` values of the last axis, blocks of 64
+    (model.md §3): amax floor 1e-4, scale 2^ceil(log2(amax/448)); the tail is untouched."""
+    dn = n_blocks_dims
+    head = x[..., :dn]
+    shape = head.shape
+    b = head.reshape(*shape[:-1], dn // 64, 64)
+    amax = mx.maximum(mx.max(mx.abs(b), axis=-1, keepdims=True), 1e-4)
+    s = pow2_ceil(amax / 448.0)
+    q = e4m3(mx.clip(b / s, -448.0, 448.0)) * s
+    q = q.reshape(shape)
+    if dn == x.shape[-1]:
+        return q
+    return mx.concatenate([q, x[..., dn:]], axis=-1)
+
+
+_FP4_FLOOR = 6.0 * 2.0**-126
+
+
+def fp4sim(x: mx.array) -> mx.array:
+    """E2M1 simulation on blocks of 32 along the last axis (model.md §3)."""
+    shape = x.shape
+    b = x.reshape(*shape[:-1], shape[-1] // 32, 32)
+    amax = mx.maximum(mx.max(mx.abs(b), axis=-1, keepdims=True), mx.array(_FP4_FLOOR, dtype=F32))
+    s = pow2_ceil(amax / 6.0)
+    q = e2m1(mx.clip(b / s, -6.0, 6.0)) * s
+    return q.reshape(shape)
+
+
+# ---- Hadamard ------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=8)
+def _hadamard_np(d: int) -> np.ndarray:
+    i = np.arange(d, dtype=np.int64)
+    and_ = i[:, None] & i[None, :]
+    pop = np.zeros_like(and_)
+    v = and_.copy()
+    while np.any(v):
+        pop += v & 1
+        v >>= 1
+    return np.where(pop % 2 == 0, 1.0, -1.0).astype(np.float32)
+
+
+def hadamard(x: mx.array) -> mx.array:
+    """y_i = (1/√D)·Σ_j (-1)^popcount(i & j)·x_j over the last axis (Sylvester order)."""
+    d = x.shape[-1]
+    h = mx.array(_hadamard_np(d))  # symmetric ±1
+    return (x @ h) * mx.array(1.0 / math.sqrt(d), dtype=F32)
+
+
+def qat(x: mx.array, rounding: bool = True) -> mx.array:
+    """Indexer QAT: Hadamard, then fp4sim (skipped when the rounding simulations are off)."""
+    y = hadamard(x)
+    return fp4sim(y) if rounding else y
+
+
+# ---- hyper-connections -------------------------------------------------------------------------
+
+
+def sinkhorn(c: mx.array, iters: int, eps: float) -> mx.array:
+    """Sinkhorn normalisation of [..., n, n] mixing logits (model.md §4.1 step 5)."""
+    c = mx.softmax(c, axis=-1) + eps
+    c = c / (mx.sum(c, axis=-2, keepdims=True) + eps)
+    for _ in range(iters - 1):
+        c = c / (mx.sum(c, axis=-1, keepdims=True) + eps)
+        c = c / (mx.sum(c, axis=-2, keepdims=True) + eps)
+    return c
+
+
+# ---- RoPE ----------------------------------------------------------------------------------------
+
+
+def rope_freqs(rope_dim: int, base: float, *, yarn: tuple[float, int, int] | None = None) -> np.ndarray:
+    """Per-pair angular frequencies (float64): b^(-2k/Dr), with the YaRN blend when
+    `yarn = (factor, lo, hi)`: θ_k = θe·ramp + (θe/factor)·(1 - ramp), no magnitude scaling."""
+    k = np.arange(rope_dim // 2, dtype=np.float64)
+    inv = base ** (-2.0 * k / rope_dim)
+    if yarn is None:
+        return inv
+    factor, lo, hi = yarn
+    ramp = 1.0 - np.clip((k - lo) / max(0.001, hi - lo), 0.0, 1.0)
+    return inv * ramp + (inv / factor) * (1.0 - ramp)
+
+
+def rope_tables(freqs: np.ndarray, positions: np.ndarray) -> tuple[mx.array, mx.array]:
+    """cos/sin [len(positions), Dr/2] float32 of θ = p·freq, computed in float64 on the host
+    (positions are known integers, not activations)."""
+    theta = np.asarray(positions, dtype=np.float64)[:, None] * freqs[None, :]
+    return mx.array(np.cos(theta).astype(np.float32)), mx.array(np.sin(theta).astype(np.float32))
+
+
+def rope_tail(x: mx.array, cos: mx.array, sin: mx.array, inverse: bool = False) -> mx.array:
+    """Rotate the last Dr values of x as adjacent pairs (GGML normal mode); cos/sin broadcast
+    against x[..., Dr/2]. Inverse rotation uses -θ."""
+    half = cos.shape[-1]
+    dr = 2 * half
+    d = x.shape[-1]
+    tail = x[..., d - dr:].reshape(*x.shape[:-1], half, 2)
+    x0, x1 = tail[..., 0], tail[..., 1]
+    if inverse:
+        sin = -sin
+    y0 = x0 * cos - x1 * sin
+    y1 = x0 * sin + x1 * cos
+    rot = mx.stack([y0, y1], axis=-1).reshape(*x.shape[:-1], dr)
+    if dr == d:
+        return rot
+    return mx.concatenate([x[..., : d - dr], rot], axis=-1)
