@@ -1,0 +1,406 @@
+"""The session directory (kvc-format.md §6, §10, §12): naming, listing, prefixes, deletion, titles."""
+
+import os
+import struct
+import time
+
+import pytest
+
+from ds4agent.sessions import errors as E
+from ds4agent.sessions.errors import KVCError, KVCIOError, KVCStoreError, KVCTextError, KVCWriteError
+from ds4agent.sessions.kvc import KVCHeader, session_identity, text_sha1, write_kvc
+from ds4agent.sessions.store import (
+    SYSPROMPT_KEEP,
+    SessionStore,
+    clip_title,
+    default_kv_dir,
+    derive_title,
+    display_text,
+    eviction_score,
+    format_session_line,
+    store_len,
+    touch,
+)
+
+from .helpers import ASSISTANT, TINY, USER, assert_states_equal, random_state, session_text
+
+CTX = 64
+
+
+class Clock:
+    def __init__(self, t=1_760_000_000):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def store(tmp_path, clock):
+    return SessionStore(tmp_path / "kv", clock=clock)
+
+
+def save(store, text, T=5, **kw):
+    return store.save_session(text, random_state(TINY, T, CTX, seed=T), shape=TINY, quant_bits=2, **kw)
+
+
+def load(store, target):
+    return store.load_session(target, shape=TINY, ctx=CTX, model_id=0, quant_bits=2)
+
+
+# --- directory -----------------------------------------------------------------------------------
+
+def test_default_dir_precedence(monkeypatch, tmp_path):
+    monkeypatch.setenv("DS4AGENT_KV_DIR", str(tmp_path / "env"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_kv_dir(str(tmp_path / "flag")) == tmp_path / "flag"
+    assert default_kv_dir() == tmp_path / "env"
+    monkeypatch.delenv("DS4AGENT_KV_DIR")
+    assert default_kv_dir() == tmp_path / "home" / ".ds4" / "kvcache"
+    monkeypatch.setenv("HOME", "")
+    assert default_kv_dir() == default_kv_dir(None) == __import__("pathlib").Path(".ds4/kvcache")
+
+
+def test_directory_created_0700_and_files_0600(tmp_path, clock):
+    store = SessionStore(tmp_path / "a" / "b", clock=clock)
+    assert (tmp_path / "a" / "b").stat().st_mode & 0o777 == 0o700
+    saved = save(store, session_text("hi"))
+    assert saved.path.stat().st_mode & 0o777 == 0o600
+
+
+def test_unwritable_directory_gives_a_clear_error_and_keeps_files(tmp_path, clock, monkeypatch):
+    store = SessionStore(tmp_path / "kv", clock=clock)
+    first = save(store, session_text("keep me"))
+    before = first.path.read_bytes()
+    # chmod cannot stop root (tests may run as root in containers): refuse the temp file the way an
+    # unwritable directory does instead.
+    import tempfile
+
+    def refuse(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    with pytest.raises(KVCWriteError, match="^Permission denied$"):
+        save(store, session_text("keep me"), title=first.title, created_at=first.created_at)
+    assert [p.name for p in store.directory.iterdir()] == [first.path.name]
+    assert first.path.read_bytes() == before
+
+
+def test_directory_that_cannot_be_created(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(KVCIOError, match="cannot create KV directory"):
+        SessionStore(tmp_path / "file" / "kv")
+
+
+def test_directory_path_that_is_a_file(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(KVCIOError):
+        SessionStore(tmp_path / "f")
+
+
+# --- save / load -----------------------------------------------------------------------------------
+
+def test_save_names_by_identity_and_loads_back(store, clock):
+    text = session_text("Which Python files are here?")
+    state = random_state(TINY, 11, CTX, seed=3)
+    saved = store.save_session(text, state, shape=TINY, quant_bits=2)
+    assert saved.title == b"Which Python files are here?"
+    assert saved.created_at == clock.t
+    assert saved.path.name == session_identity(saved.title, clock.t) + ".kv"
+    assert saved.message == f"saved session {saved.id[:8]} (11 tokens)"
+    loaded = load(store, saved.id[:6].upper())
+    assert loaded.text == text and loaded.title == saved.title and not loaded.legacy
+    assert loaded.created_at == clock.t and loaded.header.reason == 6 and loaded.header.ext_flags == 0x08
+    assert_states_equal(state, loaded.payload)
+    assert load(store, saved.path).id == saved.id  # a path works too
+
+
+def test_resave_keeps_the_name_and_created_at(store, clock):
+    first = save(store, session_text("task"))
+    clock.t += 500
+    again = save(store, session_text("task", "more"), T=9, title=first.title, created_at=first.created_at)
+    assert again.path == first.path and again.created_at == first.created_at
+    h = load(store, again.id).header
+    assert (h.created_at, h.last_used, h.tokens) == (first.created_at, clock.t, 9)
+
+
+def test_save_deletes_strict_prefix_ancestors_only(store, clock):
+    t1 = session_text("conv")
+    a = save(store, t1, T=3)
+    clock.t += 1
+    b = save(store, t1 + b" more", T=4, title=b"explicit other title")  # different identity, longer text
+    same_text = save(store, t1 + b" more", T=4, title=b"twin")  # equal text: not a strict prefix
+    unrelated = save(store, session_text("other conversation"), T=5)
+    # a server checkpoint (reason 2) whose text is also a prefix: never deleted by an agent save
+    cp_path = store.directory / (text_sha1(t1) + ".kv")
+    write_kvc(cp_path, KVCHeader(2, 2, 0, 0, 3, 0, CTX, 1, 1, 0), t1, random_state(TINY, 3, CTX), TINY)
+    cache = store.save_sysprompt(t1[:10], random_state(TINY, 2, CTX), shape=TINY, quant_bits=2)
+    clock.t += 1
+    final = save(store, t1 + b" more and more", T=6, title=b"final")
+    assert b.deleted == (a.path,) and same_text.deleted == ()
+    assert set(final.deleted) == {b.path, same_text.path}
+    names = {p.name for p in store.directory.iterdir()}
+    assert names == {final.path.name, unrelated.path.name, cp_path.name, cache.name}
+
+
+def test_save_deletes_the_legacy_source(store, clock):
+    text = session_text("old style")
+    legacy = store.directory / (text_sha1(text) + ".kv")
+    write_kvc(legacy, KVCHeader(2, 6, 0, 0, 4, 0, CTX, 1_700_000_000, 1_700_000_000, 0), text,
+              random_state(TINY, 4, CTX), TINY)
+    loaded = load(store, legacy.name[:8])
+    assert loaded.legacy and loaded.title == b"old style" and loaded.created_at == 1_700_000_000
+    saved = save(store, text + b"x", title=loaded.title, created_at=loaded.created_at, loaded_from=loaded.path)
+    assert legacy in saved.deleted and not legacy.exists()
+    assert saved.path.name == session_identity(b"old style", 1_700_000_000) + ".kv"
+
+
+def test_legacy_file_with_zero_created_at_gets_load_time(store, clock):
+    text = session_text("zero")
+    path = store.directory / (text_sha1(text) + ".kv")
+    write_kvc(path, KVCHeader(2, 6, 0, 0, 4, 0, CTX, 0, 0, 0), text, random_state(TINY, 4, CTX), TINY)
+    assert load(store, path).created_at == clock.t
+
+
+def test_stripped_session_round_trip(store):
+    text = session_text("strip me")
+    saved = store.save_session(text, None, shape=None, quant_bits=4, n_tokens=42, ctx=CTX)
+    loaded = load(store, saved.id)
+    assert loaded.payload is None and loaded.text == text and loaded.header.tokens == 42
+    assert loaded.header.payload_bytes == 0
+
+
+def test_failed_save_leaves_the_old_file_and_no_temp(store, monkeypatch):
+    first = save(store, session_text("keep"))
+    before = first.path.read_bytes()
+
+    import ds4agent.sessions.kvc as kvc
+
+    def explode(f, state, shape):
+        f.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(kvc, "write_payload", explode)
+    with pytest.raises(KVCWriteError, match="No space left on device"):
+        save(store, session_text("keep"), title=first.title, created_at=first.created_at)
+    assert first.path.read_bytes() == before
+    assert [p.name for p in store.directory.iterdir()] == [first.path.name]
+
+
+def test_text_and_title_too_large_are_refused_before_writing(store, monkeypatch):
+    import ds4agent.sessions.kvc as kvc
+
+    monkeypatch.setattr(kvc, "U32_MAX", 3)  # stands in for 0xFFFFFFFF: no 4 GiB test data
+    hdr = KVCHeader(2, 6, 8, 0, 1, 0, CTX, 1, 1, 0)
+    with pytest.raises(KVCTextError, match=f"^{E.TEXT_TOO_LARGE}$"):
+        write_kvc(store.directory / "x.kv", hdr, b"abcd", None, None, b"t")
+    with pytest.raises(KVCError, match=f"^{E.TITLE_TOO_LARGE}$"):
+        write_kvc(store.directory / "x.kv", hdr, b"abc", None, None, b"long")
+    assert list(store.directory.iterdir()) == []
+
+
+# --- listing and prefixes --------------------------------------------------------------------------
+
+def test_list_newest_first_reason6_only(store, clock):
+    ids = []
+    for i, title in enumerate((b"first", b"second", b"third")):
+        clock.t = 1_760_000_000 + [30, 10, 20][i]
+        ids.append(save(store, session_text(f"s{i}"), title=title).id)
+    store.save_sysprompt(b"sys", random_state(TINY, 2, CTX), shape=TINY, quant_bits=2)
+    listed = store.list_sessions()
+    assert [s.title for s in listed] == [b"first", b"third", b"second"]
+    line = format_session_line(listed[0], now=1_760_000_000 + 90)
+    assert line == f"  {ids[0][:8]} (1m ago) first  [5 tokens, {listed[0].entry.file_size / 2**20:.1f} MiB]"
+
+
+def test_listing_ignores_junk_and_bad_files(store):
+    good = save(store, session_text("good"))
+    d = store.directory
+    (d / "notes.txt").write_text("hello")
+    (d / ("a" * 40 + ".kv")).write_bytes(b"KVC\x01" + b"\0" * 100)  # bad header
+    (d / ("b" * 40 + ".kv")).write_bytes(good.path.read_bytes()[:200])  # shorter than its header says
+    (d / ("c" * 40 + ".kv")).mkdir()
+    (d / "sysprompt.kv").write_bytes(good.path.read_bytes())
+    (d / ("d" * 40 + ".kv.tmp.abc123")).write_bytes(good.path.read_bytes())
+    (d / ("E" * 40 + ".kv")).write_bytes(os.urandom(3000))
+    assert [s.id for s in store.list_sessions()] == [good.id]
+    with pytest.raises(KVCStoreError, match="no saved session matches bbb"):
+        store.resolve("bbb")
+
+
+def test_resolve_errors(store, clock):
+    a = save(store, session_text("a"), title=b"a")
+    b = save(store, session_text("b"), title=b"b")
+    assert store.resolve(a.id).path == a.path
+    assert store.resolve(a.id[:8].upper()).path == a.path
+    common = os.path.commonprefix([a.id, b.id])
+    with pytest.raises(KVCStoreError, match=f"^session prefix {common} is ambiguous$") if common else \
+            pytest.raises(KVCStoreError, match="^invalid session SHA prefix$"):
+        store.resolve(common)
+    for bad in ("", "xyz", "0" * 41, "12 4"):
+        with pytest.raises(KVCStoreError, match=f"^{E.INVALID_PREFIX}$"):
+            store.resolve(bad)
+    missing = next(c for c in "0123456789abcdef" if not a.id.startswith(c) and not b.id.startswith(c))
+    with pytest.raises(KVCStoreError, match=f"^no saved session matches {missing}$"):
+        store.resolve(missing)
+
+
+def test_ambiguous_prefix_with_crafted_names(store):
+    a = save(store, session_text("x"))
+    data = a.path.read_bytes()
+    for name in ("ab" + "0" * 38, "ab" + "1" * 38):
+        (store.directory / f"{name}.kv").write_bytes(data)  # valid scan entries (identity not checked)
+    with pytest.raises(KVCStoreError, match="^session prefix AB is ambiguous$"):
+        store.resolve("AB")
+    assert store.resolve("ab0").id == "ab" + "0" * 38
+
+
+def test_delete(store):
+    a = save(store, session_text("a"), title=b"a")
+    b = save(store, session_text("b"), title=b"b")
+    assert store.delete(a.id[:10]) == a.path
+    assert not a.path.exists() and b.path.exists()
+    with pytest.raises(KVCStoreError):
+        store.delete(a.id[:10])
+
+
+def test_load_errors_are_kvc_errors(store):
+    with pytest.raises(KVCStoreError):
+        load(store, "abcdef")
+    with pytest.raises(KVCError):
+        load(store, store.directory / "missing.kv")
+
+
+# --- titles ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,title", [
+    (b"x" + USER + b"  hello \t\n world  " + ASSISTANT + b"answer", b"hello world"),
+    (USER + "  日本語の  タイトル\u3000です ".encode() + USER + b"second", "日本語の タイトル\u3000です".encode()),
+    (USER + b"\x0b\x0c\r\n" + ASSISTANT, b"(empty user prompt)"),
+    (b"no user turn here", b"(no user prompt)"),
+    (USER + b"runs to the end\xe2\x82", b"runs to the end\xe2\x82"),
+    (USER + b"a\xc2\xa0b", b"a\xc2\xa0b"),  # U+00A0 is not C-locale whitespace
+])
+def test_derive_title(text, title):
+    assert derive_title(text) == title
+
+
+def test_clip_title_never_splits_a_character():
+    assert clip_title(b"a" * 70) == b"a" * 70
+    assert clip_title(b"a" * 71) == b"a" * 70 + b"..."
+    euro = "€".encode()  # 3 bytes
+    t = b"a" * 68 + euro + b"zz"  # byte 70 is inside the euro sign
+    assert clip_title(t) == b"a" * 68 + b"..."
+    t = b"a" * 69 + "é".encode() + b"x"
+    assert clip_title(t) == b"a" * 69 + b"..."
+    emoji = "😀".encode() * 30
+    clipped = clip_title(emoji)
+    assert clipped == "😀".encode() * 17 + b"..." and len(clipped) <= 73
+    assert display_text(clipped) == "😀" * 17 + "..."
+
+
+def test_list_shows_legacy_derived_title(store):
+    text = session_text("legacy title")
+    write_kvc(store.directory / (text_sha1(text) + ".kv"), KVCHeader(2, 6, 0, 0, 4, 0, CTX, 5, 5, 0), text,
+              random_state(TINY, 4, CTX), TINY)
+    [info] = store.list_sessions()
+    assert info.title == b"legacy title" and info.legacy
+
+
+# --- system-prompt caches ------------------------------------------------------------------------------
+
+def test_sysprompt_round_trip_touch_and_mismatch(store, clock):
+    text = b"<sys prompt v1>"
+    state = random_state(TINY, 3, CTX)
+    path = store.save_sysprompt(text, state, shape=TINY, quant_bits=2)
+    assert path.name.startswith("sysprompt-") and path.name != "sysprompt.kv"
+    clock.t += 100
+    back = store.load_sysprompt(text, shape=TINY, ctx=CTX, model_id=0, quant_bits=2)
+    assert_states_equal(state, back)
+    h = KVCHeader.unpack(path.read_bytes()[:48])
+    assert (h.hits, h.last_used, h.created_at) == (1, clock.t, clock.t - 100)
+    with pytest.raises(KVCError):  # other text -> other name -> missing
+        store.load_sysprompt(b"<v2>", shape=TINY, ctx=CTX, model_id=0, quant_bits=2)
+    with pytest.raises(KVCError, match=E.DIFFERENT_QUANT):
+        store.load_sysprompt(text, shape=TINY, ctx=CTX, model_id=0, quant_bits=4)
+
+
+def test_sysprompt_keeps_the_8_most_recently_used(store, clock):
+    (store.directory / "sysprompt.kv").write_bytes(b"ds4-agent's own cache")
+    for i in range(SYSPROMPT_KEEP + 3):
+        clock.t += 1
+        store.save_sysprompt(f"<sys {i}>".encode(), random_state(TINY, 2, CTX), shape=TINY, quant_bits=2)
+        if i == 0:
+            first = f"<sys {i}>".encode()
+        if i == 5:  # refresh the first one: used recently
+            clock.t += 1
+            store.load_sysprompt(first, shape=TINY, ctx=CTX, model_id=0, quant_bits=2)
+    names = sorted(p.name for p in store.directory.glob("sysprompt-*.kv"))
+    assert len(names) == SYSPROMPT_KEEP
+    assert store.sysprompt_path(first).name in names
+    assert store.sysprompt_path(b"<sys 1>").name not in names
+    assert (store.directory / "sysprompt.kv").read_bytes() == b"ds4-agent's own cache"
+
+
+# --- housekeeping --------------------------------------------------------------------------------------
+
+def test_stale_temp_files_are_removed_on_open(tmp_path, clock):
+    d = tmp_path / "kv"
+    d.mkdir()
+    old, young = d / ("a" * 40 + ".kv.tmp.x1y2z3"), d / "sysprompt-0123456789abcdef.kv.tmp.999"
+    foreign = d / "notes.kv.tmp.1"
+    for p in (old, young, foreign):
+        p.write_bytes(b"partial")
+    past = clock.t - 25 * 3600
+    os.utime(old, (past, past))
+    os.utime(foreign, (past, past))
+    os.utime(young, (clock.t - 3600, clock.t - 3600))
+    SessionStore(d, clock=clock)
+    assert not old.exists() and young.exists() and foreign.exists()
+
+
+def test_touch_changes_only_hits_and_last_used(tmp_path):
+    path = tmp_path / "f.kv"
+    hdr = KVCHeader(2, 9, 0xF8, 3, 4, 7, CTX, 11, 12, 0, reserved=b"\x01\x02\x03")
+    write_kvc(path, hdr, b"text", random_state(TINY, 4, CTX), TINY, title=b"t")
+    before = path.read_bytes()
+    touch(path, now=99)
+    after = path.read_bytes()
+    assert struct.unpack_from("<I", after, 12)[0] == 8 and struct.unpack_from("<Q", after, 32)[0] == 99
+    assert after[:12] == before[:12] and after[16:32] == before[16:32] and after[40:] == before[40:]
+
+
+def test_store_len_and_eviction_score():
+    assert [store_len(n) for n in (11011, 10500, 1695, 100, 544, 545, 2592)] == [
+        10240, 10240, 1695, 100, 544, 545, 2048]
+    h = KVCHeader(2, 2, 0, 0, 1000, 4, CTX, 50, 100, 0)
+    assert eviction_score(h, 2000, now=100) == pytest.approx(5 * 1000 / 2000)
+    assert eviction_score(h, 2000, now=100 + 21600) == pytest.approx(3 * 1000 / 2000)
+    assert eviction_score(h, 2000, now=100 + 21600 * 20) == pytest.approx(1000 / 2000)  # eh < 0.01 -> 0
+    cold = KVCHeader(2, 1, 0, 0, 1000, 0, CTX, 0, 0, 0)
+    assert eviction_score(cold, 1000, now=5) == pytest.approx(2.0)
+    assert eviction_score(h, 2000, now=100, supersedes=True) == pytest.approx(2.5 * (0.05 + 0.45 * 4 / 5))
+
+
+def test_evict_spares_sessions_unless_asked(store, clock):
+    s = save(store, session_text("mine"))
+    paths = []
+    for i, reason in enumerate((1, 2, 4)):
+        text = f"server text {i}".encode()
+        p = store.directory / (text_sha1(text) + ".kv")
+        write_kvc(p, KVCHeader(2, reason, 0, 0, 3 + i, 0, CTX, 1, 1, 0), text, random_state(TINY, 3 + i, CTX), TINY)
+        paths.append(p)
+    removed = store.evict(0)
+    assert set(removed) == set(paths) and s.path.exists()
+    assert store.evict(0, include_sessions=True) == [s.path]
+
+
+def test_wall_clock_default(tmp_path):
+    store = SessionStore(tmp_path)
+    saved = save(store, session_text("now"))
+    assert abs(saved.created_at - time.time()) < 3600
