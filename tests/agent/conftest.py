@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from ds4agent.tools.base import ToolResult
+
+
+@dataclass
+class RecTool:
+    """A tool that records its calls and returns `text` (or what `fn` returns)."""
+
+    name: str
+    text: str = "ok\n"
+    fn: Callable[[Mapping[str, Any]], str] | None = None
+    mutates: bool = False
+    description: str = "A test tool."
+    schema: dict = field(default_factory=lambda: {"type": "object", "properties": {"x": {"type": "string"}}})
+    calls: list[dict] = field(default_factory=list)
+
+    def run(self, args: Mapping[str, Any], ctx: Any) -> ToolResult:
+        self.calls.append(dict(args))
+        return ToolResult(self.fn(args) if self.fn else self.text)
+
+
+@pytest.fixture
+def tools():
+    return [RecTool("alpha", "A1\n"), RecTool("beta", "B1\n")]

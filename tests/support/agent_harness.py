@@ -1,0 +1,143 @@
+"""Driving a real Agent (worker thread and all) from a test: build, submit, answer questions, collect.
+
+    h = AgentHarness.build(tmp_path, [reply("hi", think="t")])
+    evs = h.turn("hello")                  # submit and collect events until the worker is idle
+    h.text()                               # rendered transcript bytes
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ds4agent.agent import Agent, AgentSettings
+from ds4agent.agent import events as ev
+from ds4agent.engine.tokenizer import Tokenizer
+from tests.support.scripted_engine import ScriptedEngine
+
+Answerer = Callable[[ev.Event], tuple[str, str] | str | None]
+
+
+def answer_all(key: str) -> Answerer:
+    return lambda e: key
+
+
+@dataclass
+class AgentHarness:
+    agent: Agent
+    engine: Any
+    store: Any
+    root: Path
+    answer: Answerer = field(default=lambda e: None)
+    events: list[ev.Event] = field(default_factory=list)
+
+    @classmethod
+    def build(
+        cls,
+        root: Path,
+        script: Iterable[Any] = (),
+        *,
+        engine: Any = None,
+        tools: Sequence[Any] | None = None,
+        store: Any = "default",
+        answer: Answerer | None = None,
+        start: bool = True,
+        **settings: Any,
+    ) -> AgentHarness:
+        from ds4agent.sessions.store import SessionStore
+
+        root = Path(root)
+        (root / "work").mkdir(parents=True, exist_ok=True)
+        if engine is None:
+            engine = ScriptedEngine(script, ctx=settings.pop("ctx", 16384))
+        else:
+            settings.pop("ctx", None)
+        if store == "default":
+            store = SessionStore(root / "kv")
+        opts = dict(ctx=engine.ctx, cwd=root / "work", journal_dir=root / "journal", permission="auto",
+                    seed=1)
+        opts.update(settings)
+        agent = Agent(engine, store, list(tools) if tools is not None else None, AgentSettings(**opts))
+        h = cls(agent, engine, store, root, answer or (lambda e: None))
+        if start:
+            h.start()
+        return h
+
+    # ------------------------------------------------------------------ running
+    def start(self, timeout: float = 30.0) -> list[ev.Event]:
+        self.agent.start()
+        return self.until(lambda e: isinstance(e, (ev.Ready, ev.Exited)), timeout=timeout) + self.settle()
+
+    def until(self, pred: Callable[[ev.Event], bool], timeout: float = 30.0) -> list[ev.Event]:
+        """Collect events (answering questions) until one satisfies pred; returns those collected."""
+        got: list[ev.Event] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                e = self.agent.events.get(timeout=0.05)
+            except Exception:  # queue.Empty
+                continue
+            got.append(e)
+            self.events.append(e)
+            self._maybe_answer(e)
+            if pred(e):
+                return got
+        raise AssertionError(f"timed out waiting; last events: {got[-5:]}")
+
+    def _maybe_answer(self, e: ev.Event) -> None:
+        if isinstance(e, (ev.PermissionRequest, ev.Question)):
+            a = self.answer(e)
+            if a is None:
+                return
+            key, msg = (a, "") if isinstance(a, str) else a
+            self.agent.answer_permission(e.id, key, msg)
+
+    def settle(self, timeout: float = 30.0) -> list[ev.Event]:
+        """Collect until the worker is idle with nothing queued and the event queue is drained."""
+        got: list[ev.Event] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            batch = self.agent.poll_events()
+            for e in batch:
+                got.append(e)
+                self.events.append(e)
+                self._maybe_answer(e)
+            if not batch:
+                if not self.agent.busy and self.agent._commands.empty() and self.agent.events.empty():
+                    return got
+                time.sleep(0.002)
+        raise AssertionError(f"agent did not settle; last events: {got[-5:]}")
+
+    def turn(self, text: str, timeout: float = 30.0) -> list[ev.Event]:
+        assert self.agent.submit(text)
+        return self.settle(timeout)
+
+    def command(self, fn: Callable[[], Any], timeout: float = 30.0) -> list[ev.Event]:
+        fn()
+        return self.settle(timeout)
+
+    def stop(self) -> None:
+        self.agent.shutdown()
+
+    # ------------------------------------------------------------------ inspection
+    @property
+    def worker(self) -> Any:
+        return self.agent._worker
+
+    @property
+    def ids(self) -> list[int]:
+        return list(self.worker.transcript.ids)
+
+    def text(self, start: int = 0) -> bytes:
+        return Tokenizer.load().decode_bytes(self.ids[start:])
+
+    @property
+    def live(self) -> tuple[int, ...]:
+        return tuple(self.worker.session.tokens)
+
+
+def of(events: Iterable[ev.Event], kind: type) -> list[Any]:
+    return [e for e in events if isinstance(e, kind)]
