@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ds4agent.tools.base import (
+    RESULT_CAP_BYTES,
     DiffDisplay,
     DiffLine,
     ReadCursor,
@@ -52,6 +53,10 @@ CONTEXT_BEFORE = 5
 CONTEXT_AFTER = 8
 REGION_FULL = 36
 REGION_HALF = 18
+# Room for a read's body inside the 128 KiB result cap (the header and a marker take the rest).
+READ_BUDGET = RESULT_CAP_BYTES - 2048
+# Lines in edit context and error candidates are clipped beyond this many characters.
+CLIP_CHARS = 2000
 
 _EOL = re.compile(rb"\r\n|\r|\n")
 
@@ -192,6 +197,22 @@ def make_diff(path: str, before: bytes | None, after: bytes) -> DiffDisplay:
 # read / more
 
 
+def _fit(lines: list[bytes], a: int, b: int, raw: bool) -> int:
+    """The last line (<= b) whose output still fits the result budget (at least line a).
+
+    The tool cuts at a line boundary itself instead of leaving it to the 128 KiB result cap: the
+    header then gives a correct continue offset, and no line is recorded for the guard that the
+    model did not see in full.
+    """
+    used = 0
+    for n in range(a, b + 1):
+        size = len(lines[n - 1]) + (0 if raw else len(str(n)) + 2)
+        used += size
+        if used > READ_BUDGET and n > a:
+            return n - 1
+    return b
+
+
 def _read_chunk(ctx: ToolContext, path: str, start: int, count: int | None, raw: bool) -> ToolResult:
     key, data = load_file(ctx, path)
     lines = split_lines(data)
@@ -202,13 +223,17 @@ def _read_chunk(ctx: ToolContext, path: str, start: int, count: int | None, raw:
         if start > total:
             raise ToolError(f"start_line {start} is past the end of {path} ({total} lines)")
         a = start
-        b = total if count is None else min(total, start + count - 1)
+        b = _fit(lines, a, total if count is None else min(total, start + count - 1), raw)
     more_left = b < total
     m = count if count is not None else DEFAULT_CHUNK
     ctx.last_read = ReadCursor(path=path, abs_path=key, next_line=b + 1 if total else 1, raw=raw)
     summary = f"{path}: lines {a}-{b} of {total}"
+    # One line longer than the whole budget is shown clipped (and is not editable by line).
+    oversized = total > 0 and len(lines[a - 1]) > READ_BUDGET
     if raw:
         body = b"".join(lines[a - 1 : b]) if total else b""
+        if oversized:
+            body = body[:READ_BUDGET] + f"[... line {a} clipped: {len(body)} bytes ...]".encode()
         text = body.decode("utf-8", errors="replace")
         if not text.endswith("\n"):
             text += "\n"
@@ -221,12 +246,16 @@ def _read_chunk(ctx: ToolContext, path: str, start: int, count: int | None, raw:
     header = summary
     if more_left:
         header += f"; continue_offset={b + 1}; call the more tool with count={m} to read the next chunk"
-    body = numbered(lines, a, b) if total else ""
-    if a == 1 and b == total:
-        # A whole-file view replaces the record (a stale record of removed lines must not survive).
-        ctx.seen.replace(key, ((n, lines[n - 1]) for n in range(1, total + 1)))
-    elif total:
-        ctx.seen.record(key, ((n, lines[n - 1]) for n in range(a, b + 1)))
+    if oversized:
+        clipped = strip_eol(lines[a - 1])[:READ_BUDGET].decode("utf-8", errors="replace")
+        body = f"{a} {clipped}[... line {a} clipped: {len(lines[a - 1])} bytes ...]\n"
+    else:
+        body = numbered(lines, a, b) if total else ""
+        if a == 1 and b == total:
+            # A whole-file view replaces the record (a stale record of removed lines must not survive).
+            ctx.seen.replace(key, ((n, lines[n - 1]) for n in range(1, total + 1)))
+        elif total:
+            ctx.seen.record(key, ((n, lines[n - 1]) for n in range(a, b + 1)))
     text = header + "\n" + body
     return ToolResult(text, display=TextDisplay(summary=f"Read {summary}", body=body))
 
@@ -375,6 +404,21 @@ def _to_crlf(data: bytes) -> bytes:
     return re.sub(rb"(?<!\r)\n", b"\r\n", data)
 
 
+def _numbered_clipped(lines: list[bytes], nums: list[int], indent: str = "") -> tuple[str, list[tuple[int, bytes]]]:
+    """Numbered lines for error/context blocks; a line over CLIP_CHARS is clipped and not recorded
+    for the guard (the model did not see all of it)."""
+    out: list[str] = []
+    seen: list[tuple[int, bytes]] = []
+    for n in nums:
+        t = line_text(lines[n - 1])
+        if len(t) > CLIP_CHARS:
+            t = t[:CLIP_CHARS] + f" [... {len(t) - CLIP_CHARS} more chars]"
+        else:
+            seen.append((n, lines[n - 1]))
+        out.append(f"{indent}{n} {t}\n")
+    return "".join(out), seen
+
+
 def _context_block(path: str, lines: list[bytes], start: int, count: int) -> tuple[str, list[tuple[int, bytes]]]:
     """`Current file around edit:` + numbered lines around the region [start, start+count)."""
     total = len(lines)
@@ -382,19 +426,16 @@ def _context_block(path: str, lines: list[bytes], start: int, count: int) -> tup
     y = min(total, start + count - 1 + CONTEXT_AFTER)
     if total == 0 or x > y:
         return f"Current file around edit: {path} lines 0-0 of {total}\n", []
-    shown: list[int]
     if count > REGION_FULL:
         first_end = start + REGION_HALF - 1
         last_start = start + count - REGION_HALF
-        shown = list(range(x, first_end + 1)) + list(range(last_start, y + 1))
-        body = numbered(lines, x, first_end)
-        body += f"... {count - 2 * REGION_HALF} edited lines omitted ...\n"
-        body += numbered(lines, last_start, y)
+        head, seen1 = _numbered_clipped(lines, list(range(x, first_end + 1)))
+        tail, seen2 = _numbered_clipped(lines, list(range(last_start, y + 1)))
+        body = head + f"... {count - 2 * REGION_HALF} edited lines omitted ...\n" + tail
+        seen = seen1 + seen2
     else:
-        shown = list(range(x, y + 1))
-        body = numbered(lines, x, y)
-    text = f"Current file around edit: {path} lines {x}-{y} of {total}\n" + body
-    return text, [(n, lines[n - 1]) for n in shown]
+        body, seen = _numbered_clipped(lines, list(range(x, y + 1)))
+    return f"Current file around edit: {path} lines {x}-{y} of {total}\n" + body, seen
 
 
 def _shift_note(b: int, d: int) -> str:
@@ -487,9 +528,9 @@ def _candidates(lines: list[bytes], old: str, limit: int = 3) -> list[tuple[int,
 
 def _show(lines: list[bytes], a: int, b: int, key: str, shown: list[tuple[str, int, bytes]]) -> str:
     b = min(b, a + 7)  # a candidate is shown by at most 8 lines
-    for n in range(a, b + 1):
-        shown.append((key, n, lines[n - 1]))
-    return "".join(f"    {n} {line_text(lines[n - 1])}\n" for n in range(a, b + 1))
+    text, seen = _numbered_clipped(lines, list(range(a, b + 1)), indent="    ")
+    shown.extend((key, n, raw) for n, raw in seen)
+    return text
 
 
 def _line_starts(lines: list[bytes]) -> list[int]:

@@ -15,11 +15,21 @@ import stat
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ds4agent.tools.base import TextDisplay, ToolContext, ToolError, ToolResult, arg_bool, arg_int, arg_str
+from ds4agent.tools.base import (
+    RESULT_CAP_BYTES,
+    TextDisplay,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    arg_bool,
+    arg_int,
+    arg_str,
+)
 from ds4agent.tools.files import MAX_FILE_BYTES, line_text, split_lines
 
 MAX_DEPTH = 24
 MAX_SHOWN_CHARS = 400
+BODY_BUDGET = RESULT_CAP_BYTES - 4096
 # Besides .git (the baseline's only skip): version-control and generated caches whose matches
 # would crowd out the project's own files, because sorted order visits dot-directories first.
 # An explicit path inside one of them is still searched.
@@ -111,10 +121,16 @@ class SearchTool:
             shown_name = lambda rel: path  # noqa: E731
 
         blocks: list[str] = []
+        size = 0
         total = 0
         cut = False
+        over_budget = False
+        interrupted = False
         n_files = 0
         for full, rel in files:
+            if ctx.should_stop():
+                interrupted = True
+                break
             if not _glob_ok(pattern, rel):
                 continue
             try:
@@ -143,6 +159,12 @@ class SearchTool:
                 out = [shown_name(rel) + "\n"]
                 seen: list[tuple[int, bytes]] = []
                 for j in wanted:
+                    if size > BODY_BUDGET:
+                        # Stay inside the result cap at a line boundary (and never record a line
+                        # the cap would have cut away); hits not printed are not counted.
+                        over_budget = True
+                        total -= sum(1 for h in hits if h >= j)
+                        break
                     t = texts[j]
                     if len(t) > MAX_SHOWN_CHARS:
                         # Not recorded for the guard: the model did not see the whole line.
@@ -150,15 +172,22 @@ class SearchTool:
                     else:
                         seen.append((j + 1, lines[j]))
                     out.append(f"  {j + 1} {t}\n")
+                    size += len(out[-1].encode("utf-8"))
                 ctx.seen.record(key, seen)
                 blocks.append("".join(out) + "\n")
-            if cut:
+            if cut or over_budget:
                 break
+        if total == 0 and interrupted:
+            raise ToolError("search interrupted by the user before any match was found")
         if total == 0:
             return ToolResult("No matches\n", display=TextDisplay(summary=f"search {query!r}: no matches", body=""))
         head = f"{total} match{'es' if total != 1 else ''} shown\n\n"
         text = head + "".join(blocks)
-        if cut:
+        if interrupted:
+            text += "[search interrupted by the user; results are incomplete]\n"
+        elif over_budget:
+            text += "[search output reached the size limit; narrow the query, path or glob]\n"
+        elif cut:
             text += f"[search stopped at max_results={limit}; more matches exist: narrow the query, path or glob]\n"
         summary = f"search {query!r}: {total} match{'es' if total != 1 else ''} in {n_files} file{'s' if n_files != 1 else ''}"
         return ToolResult(text, display=TextDisplay(summary=summary, body=text))

@@ -121,3 +121,19 @@ def test_written_file_is_editable_by_line_at_once(call, ctx):
     r = call("edit", path="w.txt", line=2, new="Y")
     assert r.ok, r.text
     assert (ctx.cwd / "w.txt").read_text() == "x\nY\nz\n"
+
+
+def test_big_reads_stop_at_a_line_boundary_inside_the_result_cap(call, ctx):
+    from ds4agent.tools.base import RESULT_CAP_BYTES
+
+    (ctx.cwd / "wide.txt").write_text("".join(f"{i:05d} " + "x" * 94 + "\n" for i in range(1, 3001)))
+    r = call("read", path="wide.txt", whole=True)
+    header = r.text.split("\n", 1)[0]
+    b = int(header.split("lines 1-")[1].split(" ")[0])
+    assert 1000 < b < 3000
+    assert header.endswith(f"; continue_offset={b + 1}; call the more tool with count=500 to read the next chunk")
+    assert len(r.text.encode()) <= RESULT_CAP_BYTES and "tool result truncated" not in r.text
+    assert r.text.endswith(f"{b} {b:05d} " + "x" * 94 + "\n")
+    assert call("edit", path="wide.txt", line=b + 1, new="no").text.startswith(
+        f"Tool error: line {b + 1} of wide.txt was not shown recently")
+    assert call("edit", path="wide.txt", line=b, new="ok").ok

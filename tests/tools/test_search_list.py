@@ -95,3 +95,22 @@ def test_list_caps_entries_and_reports_errors(call, ctx):
     assert call("list", path="missing").text == "Tool error: opendir failed: No such file or directory\n"
     (ctx.cwd / "file").write_text("x")
     assert call("list", path="file").text == "Tool error: opendir failed: Not a directory\n"
+
+
+def test_search_output_stays_inside_the_result_cap(call, ctx):
+    from ds4agent.tools.base import RESULT_CAP_BYTES
+
+    (ctx.cwd / "w.txt").write_text(("hit" + "y" * 390 + "\n") * 500)
+    r = call("search", query="hit", max_results=500)
+    shown = int(r.text.split(" ", 1)[0])
+    assert 100 < shown < 500
+    assert r.text.count("\n  ") == shown
+    assert r.text.endswith("[search output reached the size limit; narrow the query, path or glob]\n")
+    assert len(r.text.encode()) <= RESULT_CAP_BYTES
+
+
+def test_search_stops_on_interrupt(call, ctx):
+    _tree(ctx.cwd)
+    ctx.should_stop = lambda: True
+    assert call("search", query="hello").text == (
+        "Tool error: search interrupted by the user before any match was found\n")
