@@ -97,11 +97,15 @@ def _empty_state(config):
     return SessionState.empty(config)
 
 
-def _forward(weights, config, state, tokens: Sequence[int]):
-    """(logits [n, V] mx.array, new state) for a chunk of tokens appended to `state`."""
+def _forward(weights, config, state, tokens: Sequence[int], *, last_only: bool):
+    """(logits mx.array, new state) for a chunk of tokens appended to `state`.
+
+    last_only: only the last row of logits ([1, V]); prefill and decode need nothing else, and
+    the output head (V x E) is the largest single matrix of a small model, so skipping the other
+    rows is most of a prefill's work on the test configs. dump-logits asks for every row."""
     from . import model
 
-    return model.forward(weights, config, state, list(tokens))
+    return model.forward(weights, config, state, list(tokens), last_only=last_only)
 
 
 def _state_to_payload(config, state, ctx):
@@ -246,8 +250,9 @@ class Session:
             raise ContextOverflowError(len(out), self.engine.ctx)
         return out
 
-    def _run(self, state, tokens: tuple[int, ...]):
-        logits, new_state = _forward(self.engine.weights, self.engine.config, state, tokens)
+    def _run(self, state, tokens: tuple[int, ...], *, last_only: bool = True):
+        logits, new_state = _forward(self.engine.weights, self.engine.config, state, tokens,
+                                     last_only=last_only)
         # Materialise now: a state handed out as a snapshot must hold values, not a lazy graph
         # that would keep every intermediate of the chunk alive.
         new_state.eval()
@@ -302,7 +307,7 @@ class Session:
             raise ContextOverflowError(len(target), self.engine.ctx)
         rows = []
         for p0, p1 in chunk_grid(len(self._state.tokens), len(target), self.engine.chunk):
-            logits, state = self._run(self._state, target[p0:p1])
+            logits, state = self._run(self._state, target[p0:p1], last_only=False)
             rows.append(np.array(logits, dtype=np.float32).reshape(p1 - p0, -1))
             self._commit(state)
         if not rows:
