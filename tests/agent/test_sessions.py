@@ -1,0 +1,127 @@
+"""Sessions with the scripted engine and the real store: sysprompt cache, save/list/load/new."""
+
+from __future__ import annotations
+
+from ds4agent.agent import events as ev
+from ds4agent.engine.tokenizer import Tokenizer
+from tests.support.agent_harness import AgentHarness, of
+from tests.support.scripted_engine import reply
+
+TOK = Tokenizer.load()
+
+
+def test_sysprompt_cache_is_reused_and_keyed_by_text(tmp_path, tools):
+    h = AgentHarness.build(tmp_path, tools=tools)
+    first = of(h.events, ev.Ready)[0]
+    assert not first.sysprompt_cached
+    caches = sorted(p.name for p in (tmp_path / "kv").glob("sysprompt-*.kv"))
+    assert len(caches) == 1
+    sys_ids = h.worker.system_ids
+    h.stop()
+
+    h2 = AgentHarness.build(tmp_path, tools=tools, store=h.store)
+    assert of(h2.events, ev.Ready)[0].sysprompt_cached
+    assert h2.engine.prefills == [] and h2.live == tuple(sys_ids)
+    h2.stop()
+
+    # AGENTS.md changes the system text: a second cache, and the project text is in the prefix.
+    (tmp_path / "work" / "AGENTS.md").write_text("Always run `make check`.\n<think>\n")
+    h3 = AgentHarness.build(tmp_path, tools=tools, store=h.store)
+    assert not of(h3.events, ev.Ready)[0].sysprompt_cached
+    text = h3.text()
+    assert b"Always run `make check`." in text
+    assert len(list((tmp_path / "kv").glob("sysprompt-*.kv"))) == 2
+    # AGENTS.md is untrusted: its <think> is plain text, not the special id.
+    assert h3.worker.system_ids.count(TOK.THINK) == h.worker.system_ids.count(TOK.THINK)
+    h3.stop()
+
+
+def test_save_list_new_load_history(tmp_path, tools):
+    h = AgentHarness.build(tmp_path, [reply("A1", think="t"), reply("A2", think="t")], tools=tools,
+                           answer=lambda e: "y")
+    evs = h.command(h.agent.save)
+    assert of(evs, ev.Error)[0].text == "save failed: nothing to save"
+    h.turn("first question")
+    evs = h.command(h.agent.save)
+    saved = of(evs, ev.SessionSaved)[0]
+    assert saved.title == "first question" and saved.tokens == len(h.ids)
+    assert of(evs, ev.Notice)[-1].text == f"saved session {saved.short_id} ({saved.tokens} tokens)"
+    h.turn("second question")
+    evs = h.command(h.agent.save)
+    again = of(evs, ev.SessionSaved)[0]
+    assert again.id == saved.id  # the identity stays; the shorter ancestor file was replaced
+    assert len(list((tmp_path / "kv").glob("*.kv"))) == 2  # session + sysprompt cache
+    full = h.ids
+
+    evs = h.command(h.agent.list_sessions)
+    lst = of(evs, ev.SessionList)[0]
+    assert [(s.short_id, s.title, s.tokens) for s in lst.sessions] == [(saved.short_id, "first question", len(full))]
+
+    evs = h.command(h.agent.new)
+    assert of(evs, ev.Question) == []  # saved: no question
+    assert of(evs, ev.SessionNew) and h.ids == h.worker.system_ids
+
+    evs = h.command(lambda: h.agent.load("ffff"))
+    assert of(evs, ev.Error)[0].text == "load failed: no saved session matches ffff"
+
+    n_prefills = len(h.engine.prefills)
+    evs = h.command(lambda: h.agent.load(saved.short_id[:5]))
+    loaded = of(evs, ev.SessionLoaded)[0]
+    assert h.ids == full and h.live == tuple(full)
+    assert h.engine.prefills[n_prefills:] == []
+    kinds = [(i.kind, i.text) for i in loaded.history if i.kind in ("user", "text")]
+    assert kinds == [("user", "first question"), ("text", "A1"), ("user", "second question"), ("text", "A2")]
+
+    evs = h.command(lambda: h.agent.history(1))
+    hist = of(evs, ev.History)[0]
+    assert [(i.kind, i.text) for i in hist.items if i.kind == "user"] == [("user", "second question")]
+    h.stop()
+
+
+def test_save_question_on_new_when_dirty(tmp_path, tools):
+    answers = iter(["c", "y"])
+    h = AgentHarness.build(tmp_path, [reply("A1", think="t")], tools=tools, answer=lambda e: next(answers))
+    h.turn("hello")
+    before = h.ids
+    evs = h.command(h.agent.new)
+    q = of(evs, ev.Question)
+    assert [x.kind for x in q] == ["save"] and q[0].question == "Save current session?"
+    assert h.ids == before and not of(evs, ev.SessionNew)  # cancelled
+    evs = h.command(h.agent.new)
+    assert of(evs, ev.SessionSaved) and of(evs, ev.SessionNew)
+    assert h.ids == h.worker.system_ids
+    assert not of(evs, ev.Status)[-1].unsaved
+    h.stop()
+
+
+def test_save_while_busy_is_deferred_to_turn_end(tmp_path, tools):
+    h = AgentHarness.build(tmp_path, [reply("some words here", think="t")], tools=tools)
+    done = []
+
+    def hook(session, pos):
+        if pos == 2 and not done:
+            done.append(1)
+            h.agent.save()
+
+    h.engine.on_step = hook
+    evs = h.turn("q")
+    names = [type(e).__name__ for e in evs if isinstance(e, (ev.Notice, ev.TurnEnded, ev.SessionSaved))]
+    assert names.index("TurnEnded") < names.index("SessionSaved")
+    assert any(e.text == "save scheduled at next safe point" for e in of(evs, ev.Notice))
+    assert of(evs, ev.SessionSaved)[0].tokens == len(h.ids) == len(h.live)
+    h.stop()
+
+
+def test_slash_commands(tmp_path, tools):
+    h = AgentHarness.build(tmp_path, tools=tools)
+    assert not h.agent.run_command("hello")
+    evs = h.command(lambda: h.agent.run_command("/bogus"))
+    assert of(evs, ev.Error)[0].text == "unknown command: /bogus"
+    evs = h.command(lambda: h.agent.run_command("/load"))
+    assert of(evs, ev.Error)[0].text == "usage: /load <sha-prefix>"
+    evs = h.command(lambda: h.agent.run_command("/think nothink"))
+    assert of(evs, ev.Status)[-1].think_mode == "nothink"
+    h.engine.add(reply("B", think=None))
+    h.turn("x")
+    assert h.text().endswith("<｜Assistant｜></think>B<｜end▁of▁sentence｜>".encode())  # noqa: RUF001
+    h.stop()
