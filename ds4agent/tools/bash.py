@@ -86,13 +86,21 @@ class Job:
             except (ProcessLookupError, PermissionError):
                 pass
 
-    def _watch(self) -> None:
-        try:
-            code = self.proc.wait(timeout=self.timeout)
-        except subprocess.TimeoutExpired:
+    def _on_timeout(self) -> None:
+        if self.running:
             self.timed_out = True
             self.kill_group(signal.SIGKILL)
+
+    def _watch(self) -> None:
+        # A blocking wait (no polling) reaps the child; a timer enforces the timeout meanwhile, so
+        # it holds even while nobody is observing the job.
+        timer = threading.Timer(self.timeout, self._on_timeout)
+        timer.daemon = True
+        timer.start()
+        try:
             code = self.proc.wait()
+        finally:
+            timer.cancel()
         # Shell convention: a child killed by signal N reports 128+N.
         self.exit_status = 128 - code if code < 0 else code
         self.ended = time.monotonic()
