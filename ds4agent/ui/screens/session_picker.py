@@ -40,7 +40,7 @@ class SessionPicker(ModalScreen[str | None]):
         self.directory = directory
         self._delete = delete
         self._now = now
-        self.visible: list[Any] = []
+        self.rows: list[Any] = []
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog picker"):
@@ -61,13 +61,13 @@ class SessionPicker(ModalScreen[str | None]):
         table.clear()
         needle = needle.lower().strip()
         now = self._now()
-        self.visible = []
+        self.rows = []
         for s in self.sessions:
             sid = str(field(s, "id", default=""))
             title = str(field(s, "title", default="") or "")
             if needle and needle not in title.lower() and not sid.lower().startswith(needle):
                 continue
-            self.visible.append(s)
+            self.rows.append(s)
             table.add_row(
                 str(field(s, "short_id", default=sid[:8])),
                 clip(title or "(untitled)", 60),
@@ -76,7 +76,7 @@ class SessionPicker(ModalScreen[str | None]):
                 format_size(field(s, "size_bytes", default=0) or 0),
                 key=sid,
             )
-        if not self.visible:
+        if not self.rows:
             table.add_row("", "(no sessions)" if not needle else "(no match)", "", "", "")
 
     def on_input_changed(self, event: Input.Changed) -> None:
@@ -103,8 +103,8 @@ class SessionPicker(ModalScreen[str | None]):
     def _highlighted(self) -> Any | None:
         table = self.query_one(DataTable)
         row = table.cursor_row
-        if 0 <= row < len(self.visible):
-            return self.visible[row]
+        if 0 <= row < len(self.rows):
+            return self.rows[row]
         return None
 
     def _choose(self) -> None:

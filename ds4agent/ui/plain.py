@@ -1,0 +1,518 @@
+"""Plain mode (`ds4agent --plain`, or when stdout is not a terminal): one stream of text.
+
+Two front ends over the same renderer:
+- interactive (stdin and stdout are terminals): prompt_toolkit keeps a `ds4agent>` prompt and a
+  one-line status at the bottom while output scrolls above (patch_stdout); Enter sends, Ctrl+J
+  adds a line, Ctrl+C interrupts / clears, Ctrl+D on an empty line quits, Ctrl+X pulls back the
+  last queued message, Esc interrupts while the model works.
+- line mode (anything else, e.g. a pipe): each stdin line is a message or a command, answers go to
+  stdout as plain text, questions read the next line (end of input answers "n", as the reference).
+
+Events are drained and merged by the same bridge as the TUI (bridge.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ds4agent.agent import events as ev
+from ds4agent.ui import bridge, commands, fmt, toolview
+
+# style keys -> prompt_toolkit styles (plain text in line mode)
+PT_STYLES = {
+    "user": "bold",
+    "marker": "bold fg:ansicyan",
+    "thinking": "fg:ansibrightblack italic",
+    "text": "",
+    "tool": "bold fg:ansicyan",
+    "ok": "fg:ansigreen",
+    "fail": "fg:ansired",
+    "muted": "fg:ansibrightblack",
+    "warning": "fg:ansiyellow",
+    "error": "bold fg:ansired",
+    toolview.ADD: "fg:ansigreen",
+    toolview.DEL: "fg:ansired",
+    toolview.HUNK: "fg:ansicyan",
+    toolview.CONTEXT: "fg:ansibrightblack",
+    toolview.OUTPUT: "",
+    toolview.FAILED: "fg:ansired",
+    toolview.MUTED: "fg:ansibrightblack",
+}
+
+Write = Callable[[str, str], None]
+
+
+class PlainRenderer:
+    """Turns agent events into styled text pieces; `write(text, style_key)` puts them somewhere."""
+
+    def __init__(self, write: Write, *, clock: Callable[[], float] = time.monotonic,
+                 now: Callable[[], float] = time.time) -> None:
+        self.write = write
+        self.clock = clock
+        self.now = now
+        self.status = fmt.StatusState()
+        self.mode: str | None = None       # "thinking" | "text" while a stream is open
+        self.at_line_start = True
+        self.think_started = 0.0
+        self.think_tokens = 0
+        self.last_answer: list[str] = []
+        self.answer_text = ""
+        self.tool_names: dict[int, str] = {}
+        self.questions: list[ev.Event] = []   # PermissionRequest / Question waiting for the front end
+        self.exited: ev.Exited | None = None
+        self.session_list: ev.SessionList | None = None
+
+    def out(self, text: str, style: str = "text") -> None:
+        if text:
+            self.write(text, style)
+            self.at_line_start = text.endswith("\n")
+
+    def line(self, text: str, style: str = "text") -> None:
+        self.close_stream()
+        self.out(text + "\n", style)
+
+    def close_stream(self) -> None:
+        if self.mode == "thinking":
+            secs = self.clock() - self.think_started
+            if not self.at_line_start:
+                self.out("\n", "thinking")
+            self.out(f"(thought for {secs:.1f} s, {self.think_tokens} tokens)\n", "muted")
+        elif self.mode == "text" and not self.at_line_start:
+            self.out("\n")
+        self.mode = None
+
+    def handle(self, e: ev.Event, n: int = 1) -> None:  # noqa: C901 - one dispatch, in order
+        s = self.status
+        if isinstance(e, ev.Status):
+            s.state = e.state.value if hasattr(e.state, "value") else str(e.state)
+            s.detail = e.detail
+            if e.progress is not None:
+                s.load_fraction = e.progress
+            s.ctx_used, s.ctx_total = e.ctx_used, e.ctx_total
+            if e.ctx_total and e.compact_at:
+                s.compact_at = e.compact_at / e.ctx_total
+            s.gen_tokens, s.decode_tps = e.generated, e.decode_tps
+            if e.decode_tps > 0:
+                s.last_decode_tps = e.decode_tps
+            if e.prefill_tps > 0:
+                s.last_prefill_tps = e.prefill_tps
+            s.dirty, s.session_id, s.title = e.unsaved, e.session_id, e.title
+            s.think_mode, s.permission = e.think_mode, e.permission_mode
+        elif isinstance(e, ev.PrefillProgress):
+            s.state, s.prefill_done, s.prefill_total, s.prefill_tps = "prefill", e.done, e.total, e.tps
+        elif isinstance(e, ev.UserTurn):
+            self.close_stream()
+            self.answer_text = ""
+            self.out("\n› ", "marker")
+            self.out(e.text + ("  (sent while busy)" if e.queued else "") + "\n\n", "user")
+        elif isinstance(e, ev.ThinkingDelta):
+            if self.mode != "thinking":
+                self.close_stream()
+                self.mode = "thinking"
+                self.think_started = self.clock()
+                self.think_tokens = 0
+                e_text = e.text.lstrip("\n")
+            else:
+                e_text = e.text
+            self.think_tokens += n
+            self.out(e_text, "thinking")
+        elif isinstance(e, (ev.TextDelta, ev.CompactionDelta)):
+            text = e.text
+            if self.mode != "text":
+                self.close_stream()
+                text = text.lstrip()
+                if not text:
+                    return
+                self.mode = "text"
+            if isinstance(e, ev.TextDelta):
+                self.answer_text += text
+            self.out(text, "text" if isinstance(e, ev.TextDelta) else "thinking")
+        elif isinstance(e, ev.ToolCallStart):
+            self.close_stream()
+            self.tool_names[e.index] = e.name
+        elif isinstance(e, ev.ToolCallEnd):
+            self.close_stream()
+            self.out("⏺ ", "tool")
+            self.out(f"{e.name}  {toolview.tool_summary(e.name, e.args)}\n")
+        elif isinstance(e, ev.ToolResult):
+            self.close_stream()
+            failed = not e.ok or (e.name == "bash" and toolview.bash_failed(e.ok, e.text, e.display))
+            status = toolview.result_status(e.name, e.ok, e.text, e.display, e.elapsed)
+            self.out(("  ✗ " if failed else "  ✓ ") + status + "\n", "fail" if failed else "ok")
+            for style, text in toolview.result_body(e.name, e.ok, e.text, e.display):
+                self.out("  │ ", "muted")
+                self.out(text + "\n", style)
+        elif isinstance(e, ev.ToolCallInvalid):
+            label = {"thinking": "tool call ignored", "interrupted": "unfinished tool call"}.get(e.kind, "invalid tool call")
+            self.line(f"[{label}: {e.reason}]", "error")
+        elif isinstance(e, ev.TurnEnded):
+            self.close_stream()
+            if self.answer_text.strip():
+                self.last_answer = [self.answer_text.strip()]
+            if e.reason == "interrupted":
+                self.line("interrupted", "warning")
+            elif e.reason == "token_cap":
+                self.line("[the round stopped at the token limit (--tokens)]", "warning")
+            elif e.reason == "error" and e.error:
+                self.line(e.error, "error")
+        elif isinstance(e, ev.QueueChanged):
+            s.queued = list(e.items)
+        elif isinstance(e, ev.Notice):
+            self.line(e.text, "warning" if e.level == "warning" else "muted")
+        elif isinstance(e, ev.Error):
+            self.line(f"ds4agent: {e.text}", "error")
+        elif isinstance(e, ev.Ready):
+            self.line(f"ready · {e.model} · context {fmt.human_count(e.ctx)} tokens", "muted")
+        elif isinstance(e, ev.SessionSaved):
+            s.session_id, s.title, s.dirty = e.short_id, e.title, False
+        elif isinstance(e, ev.SessionLoaded):
+            s.session_id, s.title = e.short_id, e.title
+            self.line(f"{'resumed' if e.resumed else 'loaded'} session {e.short_id} ({e.tokens} tokens)", "muted")
+            self.replay(e.history)
+        elif isinstance(e, ev.SessionNew):
+            s.session_id = s.title = ""
+            self.line("new session", "muted")
+        elif isinstance(e, ev.SessionList):
+            self.print_sessions(e)
+        elif isinstance(e, ev.History):
+            if not e.items:
+                self.line("(no user history)", "muted")
+            else:
+                self.line(f"--- session history: last {e.turns} user turn(s) ---", "muted")
+                self.replay(e.items)
+                self.line("--- end history ---", "muted")
+        elif isinstance(e, ev.CompactionStarted):
+            self.line(f"compacting ({e.reason}): summarising durable task state", "warning")
+        elif isinstance(e, ev.CompactionDone):
+            if e.ok:
+                self.line(f"compacted the context: {e.tokens_before} → {e.tokens_after} tokens", "muted")
+            else:
+                self.line(f"compaction failed: {e.error}", "error")
+        elif isinstance(e, (ev.PermissionRequest, ev.Question)):
+            self.close_stream()
+            self.questions.append(e)
+        elif isinstance(e, ev.Exited):
+            self.close_stream()
+            self.exited = e
+
+    def replay(self, items) -> None:
+        for item in items:
+            if item.kind == "user":
+                self.out("› ", "marker")
+                self.out(item.text + "\n", "user")
+            elif item.kind == "thinking":
+                self.line(item.text.strip(), "thinking")
+            elif item.kind == "text":
+                self.line(item.text.strip())
+            elif item.kind == "tool_call":
+                self.out("⏺ ", "tool")
+                self.out(f"{item.name}  {toolview.tool_summary(item.name, item.args)}\n")
+            else:
+                self.line(fmt.clip(item.text, 200), "muted")
+
+    def print_sessions(self, e: ev.SessionList) -> None:
+        now = self.now()
+        self.line(f"saved sessions in {e.directory}:", "muted")
+        for info in e.sessions:
+            title = info.title if len(info.title) <= 70 else info.title[:70] + "..."
+            self.line(f"  {info.short_id} ({fmt.format_age(now - info.last_used)}) {title}  "
+                      f"[{info.tokens} tokens, {fmt.format_size(info.size_bytes)}]")
+        if not e.sessions:
+            self.line("  (none)")
+
+
+class PlainFrontEnd:
+    """What both plain front ends share: commands and event pumping."""
+
+    def __init__(self, agent: Any, renderer: PlainRenderer) -> None:
+        self.agent = agent
+        self.r = renderer
+        self.quitting = False
+
+    def pump(self) -> int:
+        events = self.agent.poll_events(bridge.MAX_EVENTS_PER_DRAIN)
+        for e, n in bridge.coalesce(events):
+            self.r.handle(e, n)
+        return len(events)
+
+    def run_command(self, line: str, *, copy: Callable[[str], bool] | None = None) -> None:
+        r = self.r
+        try:
+            cmd = commands.parse(line)
+            commands.check_allowed(cmd, bool(self.agent.busy))
+        except commands.CommandError as err:
+            r.line(str(err), "error")
+            return
+        a, name = self.agent, cmd.name
+        if name == "help":
+            r.line(commands.help_text(), "muted")
+        elif name == "save":
+            a.save()
+        elif name == "list":
+            a.list_sessions()
+        elif name == "load":
+            if cmd.arg:
+                a.load(cmd.arg.split()[0])
+            else:
+                r.line("usage: /load <id-prefix> (saved sessions below)", "muted")
+                a.list_sessions()
+        elif name == "history":
+            a.history(commands.history_count(cmd.arg))
+        elif name == "new":
+            a.new()
+        elif name == "compact":
+            a.compact()
+        elif name in ("think", "nothink"):
+            mode = "nothink" if name == "nothink" else (cmd.arg or "think")
+            a.set_think_mode(mode)
+        elif name == "permissions":
+            mode = cmd.arg.strip()
+            setter = getattr(a, "set_permission_mode", None)
+            if not mode:
+                r.line(f"permission mode: {r.status.permission} (ask, auto, read-only)", "muted")
+            elif mode not in ("ask", "auto", "read-only"):
+                r.line(f"unknown permission mode: {mode} (ask, auto, read-only)", "error")
+            elif setter is None:
+                r.line(f"cannot change the permission mode while running; restart with --permission {mode}", "error")
+            else:
+                setter(mode)
+                r.status.permission = mode
+        elif name == "copy":
+            text = "\n".join(r.last_answer)
+            if not text:
+                r.line("nothing to copy yet", "warning")
+            elif copy is not None and copy(text):
+                r.line(f"copied the last answer ({len(text)} characters)", "muted")
+            else:
+                r.line("copy needs a terminal (the output is not one)", "error")
+        elif name == "quit":
+            self.quitting = True
+            a.quit()
+
+
+def question_prompt(e: ev.Event) -> tuple[str, tuple[str, ...]]:
+    options = getattr(e, "options", ()) or (("y", "yes"), ("n", "no"))
+    keys = tuple(k for k, _ in options)
+    labels = ", ".join(f"{k} = {label}" for k, label in options)
+    text = e.question  # type: ignore[attr-defined]
+    detail = getattr(e, "detail", "")
+    return (f"{detail}\n{text} ({labels}) " if detail else f"{text} ({labels}) "), keys
+
+
+# ----------------------------------------------------------------------------------- line mode
+def run_lines(agent: Any, stdin, stdout, *, poll: float = 0.02) -> int:
+    """Non-interactive plain mode: one stdin line per message or command; plain text out."""
+
+    def write(text: str, style: str) -> None:
+        stdout.write(text)
+        stdout.flush()
+
+    r = PlainRenderer(write)
+    fe = PlainFrontEnd(agent, r)
+    agent.start()
+
+    def answer_questions() -> None:
+        while r.questions:
+            q = r.questions.pop(0)
+            prompt, keys = question_prompt(q)
+            write(prompt, "muted")
+            line = stdin.readline()
+            answer = line.strip().lower()[:1] if line else "n"
+            if answer not in keys:
+                answer = "n"
+            write(answer + "\n", "muted")
+            agent.answer_permission(q.id, answer)  # type: ignore[attr-defined]
+
+    def settle() -> None:
+        """Pump until the agent is idle with nothing left to show (or it exited)."""
+        quiet = 0
+        while r.exited is None:
+            got = fe.pump()
+            answer_questions()
+            if not agent.busy and not got:
+                quiet += 1
+                if quiet >= 3:
+                    return
+            else:
+                quiet = 0
+            time.sleep(poll)
+
+    settle()
+    for raw in stdin:
+        if r.exited is not None:
+            break
+        text = raw.rstrip("\n")
+        if not text.strip():
+            continue
+        if commands.is_command(text):
+            fe.run_command(text)
+        else:
+            agent.submit(text)
+        settle()
+    if r.exited is None:
+        fe.quitting = True
+        agent.quit()
+        settle()
+    r.close_stream()
+    agent.shutdown(timeout=2.0)
+    return r.exited.status if r.exited is not None else 0
+
+
+# ----------------------------------------------------------------------------------- interactive
+_QUIT = object()
+_QUESTION = object()
+
+
+async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by the tmux test
+    from prompt_toolkit import PromptSession, print_formatted_text
+    from prompt_toolkit.filters import Condition
+    from prompt_toolkit.formatted_text import FormattedText
+    from prompt_toolkit.history import InMemoryHistory
+    from prompt_toolkit.key_binding import KeyBindings
+    from prompt_toolkit.patch_stdout import patch_stdout
+
+    from ds4agent.ui.history import History
+
+    def write(text: str, style: str) -> None:
+        print_formatted_text(FormattedText([(PT_STYLES.get(style, ""), text)]), end="")
+
+    r = PlainRenderer(write)
+    fe = PlainFrontEnd(agent, r)
+    saved_history = History()
+    pt_history = InMemoryHistory()
+    for entry in saved_history.entries:
+        pt_history.append_string(entry)
+
+    kb = KeyBindings()
+    busy = Condition(lambda: bool(agent.busy))
+    last_ctrl_c = [0.0]
+
+    @kb.add("c-j")
+    def _(event) -> None:
+        event.current_buffer.insert_text("\n")
+
+    @kb.add("c-c")
+    def _(event) -> None:
+        buf = event.current_buffer
+        if agent.busy:
+            agent.interrupt()
+        elif buf.text:
+            buf.reset()
+        elif time.monotonic() - last_ctrl_c[0] <= 2.0:
+            event.app.exit(result=_QUIT)
+        else:
+            last_ctrl_c[0] = time.monotonic()
+            r.line("press Ctrl+C again or Ctrl+D to exit", "warning")
+
+    @kb.add("c-d")
+    def _(event) -> None:
+        buf = event.current_buffer
+        if buf.text:
+            buf.delete()
+        else:
+            event.app.exit(result=_QUIT)
+
+    @kb.add("c-x")
+    def _(event) -> None:
+        text = agent.pull_queued()
+        if text:
+            event.current_buffer.insert_text(text)
+
+    @kb.add("escape", eager=True, filter=busy)
+    def _(event) -> None:
+        agent.interrupt()
+
+    def toolbar():
+        return FormattedText([("reverse", " " + fmt.status_line(r.status) + " ")])
+
+    session: PromptSession = PromptSession(
+        history=pt_history, key_bindings=kb, bottom_toolbar=toolbar, refresh_interval=0.2,
+        multiline=False, enable_open_in_editor=False,
+    )
+    ask_now = asyncio.Event()
+
+    def copy(text: str) -> bool:
+        data = base64.b64encode(text.encode()).decode()
+        sys.__stdout__.write(f"\x1b]52;c;{data}\a")
+        sys.__stdout__.flush()
+        return True
+
+    async def pump_loop() -> None:
+        while True:
+            fe.pump()
+            if r.questions or r.exited is not None:
+                ask_now.set()
+                if session.app.is_running:
+                    session.app.exit(result=_QUESTION)
+            await asyncio.sleep(1 / bridge.DRAIN_HZ)
+
+    agent.start()
+    draft = ""
+    status = 0
+    with patch_stdout(raw=True):
+        pump = asyncio.create_task(pump_loop())
+        try:
+            while True:
+                if r.exited is not None:
+                    status = r.exited.status
+                    break
+                if r.questions:
+                    q = r.questions.pop(0)
+                    prompt, keys = question_prompt(q)
+                    answer = ""
+                    while answer not in keys:
+                        try:
+                            answer = (await session.prompt_async(prompt, default="")).strip().lower()[:1]
+                        except (EOFError, KeyboardInterrupt):
+                            answer = "c" if "c" in keys else "n"
+                    agent.answer_permission(q.id, answer)  # type: ignore[attr-defined]
+                    if getattr(q, "kind", "") == "save" and answer == "c":
+                        fe.quitting = False
+                    continue
+                ask_now.clear()
+                result = await session.prompt_async("ds4agent> ", default=draft)
+                draft = ""
+                if result is _QUESTION:
+                    draft = session.default_buffer.text
+                    continue
+                if result is _QUIT:
+                    if agent.busy:
+                        r.line("command requires the model to be idle: /quit", "error")
+                        continue
+                    fe.quitting = True
+                    agent.quit()
+                    await _wait_for(lambda: r.exited is not None or bool(r.questions))
+                    continue
+                text = str(result)
+                if not text.strip():
+                    continue
+                saved_history.add(text)
+                if commands.is_command(text):
+                    fe.run_command(text, copy=copy)
+                else:
+                    agent.submit(text)
+        finally:
+            pump.cancel()
+            agent.shutdown(timeout=2.0)
+    return status
+
+
+async def _wait_for(cond: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
+def main(args) -> int:
+    """`ds4agent --plain` (or stdout not a terminal)."""
+    from ds4agent.agent.facade import Agent
+
+    agent = Agent.from_args(args)
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        return asyncio.run(run_interactive(agent))
+    return run_lines(agent, sys.stdin, sys.stdout)

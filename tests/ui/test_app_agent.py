@@ -1,0 +1,190 @@
+"""The TUI over the real Agent and the scripted engine: what a person sees and presses."""
+
+from __future__ import annotations
+
+import time
+
+from ds4agent.ui.app import Ds4App
+from ds4agent.ui.history import History
+from ds4agent.ui.screens.permission import PermissionScreen
+from ds4agent.ui.screens.session_picker import SessionPicker
+from ds4agent.ui.widgets.conversation import AssistantMessage, Note, ThinkingBlock, ToolCard, UserMessage
+from tests.support.scripted_engine import reply
+from tests.ui.conftest import make_real_agent, send, wait_until
+from tests.ui.screen_text import screen_text
+
+
+def _app(agent) -> Ds4App:
+    return Ds4App(agent=agent, cwd="/tmp/work", history=History(persist=False), animate=False, ctx=16384)
+
+
+def _idle(app) -> bool:
+    return app.agent is not None and not app.agent.busy and app.status_model.state == "idle"
+
+
+async def test_prompt_streams_thinking_answer_and_status(tmp_path):
+    answer = "Hello **world**.\n\n```python\nvalue = 41 + 1\n```\n"
+    agent, _ = make_real_agent(tmp_path, [reply(answer, think="Let me think about it.")])
+    app = _app(agent)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await wait_until(pilot, lambda: _idle(app), what="startup")
+        for key in "hello":
+            await pilot.press(key)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.conversation.last_answer_text != "", what="answer")
+        await wait_until(pilot, lambda: _idle(app))
+        conv = app.conversation
+        assert [w.text for w in conv.query(UserMessage)] == ["hello"]
+        think = conv.query_one(ThinkingBlock)
+        assert not think.streaming and think.text == "Let me think about it."
+        assert think.tokens == len(__import__("tests.support.scripted_engine", fromlist=["text_ids"])
+                                   .text_ids("Let me think about it."))
+        assert conv.last_answer_text == answer.strip()
+        assert len(conv.query(AssistantMessage)) == 1
+        await pilot.pause(0.15)  # one status-bar refresh
+        text = screen_text(app)
+        assert "› hello" in text and "Thought for" in text
+        assert "Hello world." in text and "value = 41 + 1" in text
+        status = app.status_bar.plain
+        assert status.startswith("idle") and "unsaved ●" in status and "ctx " in status
+        assert app.status_model.ctx_used > 2000
+
+
+async def test_tool_card_and_permission_answered_by_keys(tmp_path):
+    script = [reply("", think="", calls=[("bash", {"command": "echo hi-there"})]), reply("All done.", think="")]
+    agent, _ = make_real_agent(tmp_path, script, permission="ask")
+    app = _app(agent)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await wait_until(pilot, lambda: _idle(app), what="startup")
+        await send(pilot, app, "run it")
+        await wait_until(pilot, lambda: isinstance(app.screen, PermissionScreen), what="permission modal")
+        modal = app.screen
+        assert modal.question.endswith("?") and modal.options[0][0] == "y"
+        assert "echo hi-there" in modal.detail
+        assert app.status_model.state == "tool"
+        await pilot.press("y")
+        await wait_until(pilot, lambda: _idle(app) and "All done." in app.conversation.last_answer_text)
+        card = app.conversation.query_one(ToolCard)
+        assert card.tool_name == "bash" and card.state == "ok"
+        assert card.status_text.startswith("exit 0")
+        text = screen_text(app)
+        assert "⏺ bash  echo hi-there" in text
+        assert "│ hi-there" in text
+
+
+async def test_permission_denied_shows_failed_card(tmp_path):
+    script = [reply("", think="", calls=[("bash", {"command": "rm -rf build"})]), reply("OK, I will not.", think="")]
+    agent, _ = make_real_agent(tmp_path, script, permission="ask")
+    app = _app(agent)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await wait_until(pilot, lambda: _idle(app), what="startup")
+        await send(pilot, app, "clean")
+        await wait_until(pilot, lambda: isinstance(app.screen, PermissionScreen))
+        await pilot.press("n")
+        await wait_until(pilot, lambda: _idle(app) and app.conversation.last_answer_text == "OK, I will not.")
+        card = app.conversation.query_one(ToolCard)
+        assert card.state == "failed" and card.result is not None and card.result[0] is False
+
+
+def _slow(delay: float):
+    """Pace the scripted engine so a turn lasts long enough to interrupt or queue into."""
+
+    def on_step(session, pos):
+        time.sleep(delay)
+
+    return on_step
+
+
+async def test_interrupt_with_escape(tmp_path):
+    long = " ".join(f"word{i}" for i in range(400))
+    agent, _ = make_real_agent(tmp_path, [reply(long, think="")], on_step=_slow(0.01))
+    app = _app(agent)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, lambda: _idle(app), what="startup")
+        await send(pilot, app, "talk")
+        await wait_until(pilot, lambda: "word3" in app.conversation.query_one(AssistantMessage).text
+                         if app.conversation.query(AssistantMessage) else False, what="streaming")
+        assert app.status_model.state == "generating"
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: _idle(app), what="interrupt")
+        notes = [n.text for n in app.conversation.query(Note)]
+        assert "interrupted" in notes
+        assert "word399" not in app.conversation.last_answer_text
+
+
+async def test_queued_message_pull_back_and_send_now(tmp_path):
+    long = " ".join(f"w{i}" for i in range(400))
+    agent, _ = make_real_agent(tmp_path, [reply(long, think=""), reply("Second answer.", think="")],
+                               on_step=_slow(0.01))
+    app = _app(agent)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, lambda: _idle(app), what="startup")
+        await send(pilot, app, "first")
+        await wait_until(pilot, lambda: app.status_model.state == "generating")
+        await send(pilot, app, "second one")
+        chips = app.query_one("#queue")
+        await wait_until(pilot, lambda: chips.items == ("second one",), what="queued chip")
+        assert "queued: second one" in screen_text(app)
+        await pilot.press("ctrl+x")
+        await wait_until(pilot, lambda: chips.items == ())
+        assert app.input.text == "second one"
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: chips.items == ("second one",))
+        await pilot.press("escape")  # interrupt now: the queued message goes next
+        await wait_until(pilot, lambda: _idle(app) and app.conversation.last_answer_text == "Second answer.")
+        users = [(u.text) for u in app.conversation.query(UserMessage)]
+        assert users == ["first", "second one"]
+
+
+async def test_save_then_load_through_picker(tmp_path):
+    agent, _ = make_real_agent(tmp_path, [reply("Saved answer.", think="")])
+    app = _app(agent)
+    async with app.run_test(size=(110, 36)) as pilot:
+        await wait_until(pilot, lambda: _idle(app), what="startup")
+        await send(pilot, app, "remember this")
+        await wait_until(pilot, lambda: _idle(app) and app.conversation.last_answer_text == "Saved answer.")
+        await send(pilot, app, "/save")
+        await wait_until(pilot, lambda: app.status_model.session_id != "", what="saved")
+        saved_id = app.status_model.session_id
+        assert any(n.text.startswith(f"saved session {saved_id}") for n in app.conversation.query(Note))
+        await wait_until(pilot, lambda: not app.status_model.dirty)
+        await send(pilot, app, "/new")
+        await wait_until(pilot, lambda: app.status_model.session_id == "" and _idle(app), what="new session")
+        await send(pilot, app, "/load")
+        await wait_until(pilot, lambda: isinstance(app.screen, SessionPicker), what="picker")
+        picker = app.screen
+        assert [s.short_id for s in picker.rows] == [saved_id]
+        assert saved_id in screen_text(app) and "remember this" in screen_text(app)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.status_model.session_id == saved_id and _idle(app), what="load")
+        notes = [n.text for n in app.conversation.query(Note)]
+        assert any(t.startswith(f"loaded session {saved_id}") for t in notes)
+        # the last turns are replayed after the load
+        assert [u.text for u in app.conversation.query(UserMessage)].count("remember this") == 2
+
+
+async def test_busy_commands_are_refused_and_quit_asks_to_save(tmp_path):
+    long = " ".join(f"w{i}" for i in range(300))
+    agent, _ = make_real_agent(tmp_path, [reply(long, think="")], on_step=_slow(0.01))
+    app = _app(agent)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, lambda: _idle(app), what="startup")
+        await send(pilot, app, "go")
+        await wait_until(pilot, lambda: app.status_model.state == "generating")
+        await send(pilot, app, "/new")
+        await wait_until(pilot, lambda: any("command requires the model to be idle: /new" == n.text
+                                            for n in app.conversation.query(Note)))
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: _idle(app))
+        await send(pilot, app, "/quit")
+        from ds4agent.ui.screens.question import QuestionScreen
+
+        await wait_until(pilot, lambda: isinstance(app.screen, QuestionScreen), what="save question")
+        assert "Save" in app.screen.question
+        await pilot.press("escape")  # stay
+        await wait_until(pilot, lambda: not isinstance(app.screen, QuestionScreen))
+        assert app.is_running
+        await send(pilot, app, "/quit")
+        await wait_until(pilot, lambda: isinstance(app.screen, QuestionScreen))
+        await pilot.press("n")
+        await wait_until(pilot, lambda: not app.is_running, what="exit")

@@ -1,0 +1,171 @@
+"""Formatting, commands, history, tool views and event coalescing: the UI's pure logic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ds4agent.agent import events as ev
+from ds4agent.ui import bridge, commands, fmt, toolview
+from ds4agent.ui.history import MAX_ENTRIES, History
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [(0, "0"), (999, "999"), (1000, "1k"), (1500, "1.5k"), (14200, "14.2k"), (100_000, "100k"), (1_048_576, "1M")],
+)
+def test_human_count(n, text):
+    assert fmt.human_count(n) == text
+
+
+def test_age_and_size():
+    assert [fmt.format_age(s) for s in (5, 61, 7200, 3 * 86400)] == ["5s ago", "1m ago", "2h ago", "3d ago"]
+    assert fmt.format_size(3 * 1024 * 1024 + 512 * 1024) == "3.5 MiB"
+
+
+def test_status_line_states():
+    s = fmt.StatusState(state="prefill", prefill_done=500, prefill_total=2000, prefill_tps=812.0,
+                        ctx_used=14200, ctx_total=100_000)
+    line = fmt.status_line(s)
+    assert line.startswith("prefill ███·········  500/2k 25.0% 812 t/s".replace("  ", " "))
+    assert "ctx 14.2k/100k" in line and "14% (compact at 85%)" in line
+    assert line.endswith("saved ✓")
+    s.state, s.gen_tokens, s.decode_tps, s.dirty = "generating", 42, 23.14, True
+    assert fmt.state_segment(s) == "generating 42 tokens 23.1 t/s"
+    assert fmt.status_line(s).endswith("unsaved ●")
+    s.state, s.load_fraction = "loading", 0.37
+    assert fmt.state_segment(s) == "loading model… 37%"
+    s.state, s.detail = "error", "model file missing"
+    assert fmt.state_segment(s) == "error: model file missing"
+
+
+def test_queued_label_and_session_label():
+    assert fmt.queued_label("a\nb") == "a b"
+    assert fmt.queued_label("x" * 70, 60) == "x" * 60 + "… 10 characters more"
+    assert fmt.session_label("", "") == "new session"
+    assert fmt.session_label("3f2a9c1e00", "Fix it") == 'session 3f2a9c1e "Fix it"'
+
+
+def test_command_parse_busy_rule_and_completion():
+    assert commands.parse("/load  abc ") == commands.ParsedCommand("load", "abc", "/load")
+    assert commands.parse("/exit").name == "quit"
+    assert commands.parse("/switch 12").name == "load"
+    with pytest.raises(commands.CommandError, match="unknown command: /nope"):
+        commands.parse("/nope")
+    for ok_busy in ("/help", "/save", "/list"):
+        commands.check_allowed(commands.parse(ok_busy), busy=True)
+    with pytest.raises(commands.CommandError, match="command requires the model to be idle: /new"):
+        commands.check_allowed(commands.parse("/new"), busy=True)
+    commands.check_allowed(commands.parse("/new"), busy=False)
+    assert [c.name for c in commands.completions("/n")] == ["new", "nothink"]
+    assert commands.completions("/new x") == []
+    assert commands.history_count("x") == 3 and commands.history_count("999") == 200
+    assert commands.history_count("0") == 1
+    assert "/permissions" in commands.help_text() and "Ctrl+T" in commands.help_text()
+
+
+def test_history_persists_and_browses(tmp_path):
+    path = tmp_path / "d" / "history.json"
+    h = History(path)
+    h.add("one")
+    h.add("two\nlines")
+    h.add("two\nlines")  # consecutive duplicate kept once
+    h.add("   ")
+    assert json.loads(path.read_text()) == ["one", "two\nlines"]
+    h2 = History(path)
+    assert h2.previous("draft") == "two\nlines"
+    assert h2.previous("ignored") == "one"
+    assert h2.previous("x") is None
+    assert h2.next() == "two\nlines"
+    assert h2.next() == "draft"
+    assert h2.next() is None
+
+
+def test_history_caps_and_survives_garbage(tmp_path):
+    path = tmp_path / "h.json"
+    path.write_text("{not json")
+    h = History(path)
+    assert h.entries == []
+    for i in range(MAX_ENTRIES + 5):
+        h.add(f"m{i}")
+    assert len(json.loads(path.read_text())) == MAX_ENTRIES
+    assert History(path).entries[0] == "m5"
+
+
+def test_tool_summaries():
+    assert toolview.tool_summary("bash", {"command": "pytest -q\nmore"}) == "pytest -q more"
+    assert toolview.tool_summary("read", {"path": "a.py", "start": "10", "max_lines": "5"}) == "a.py  10–14"
+    assert toolview.tool_summary("search", {"pattern": "retry", "path": "src/", "regex": "true"}) == \
+        '"retry" in src/ (regex)'
+    assert toolview.tool_summary("edit", {"path": "x.py", "start": "3", "end": "4"}) == "x.py  lines 3–4"
+    assert toolview.tool_summary("bash_stop", {"job": 2}) == "job=2"
+
+
+def test_bash_display_status_and_body():
+    from ds4agent.tools.base import BashDisplay
+
+    out = "\n".join(f"line {i}" for i in range(40))
+    d = BashDisplay(command="make", job=1, pid=9, running=False, exit_status=2, timed_out=False, output=out,
+                    output_kind="full", output_path="/tmp/o", total_bytes=300, total_lines=40, duration=3.14)
+    assert toolview.result_status("bash", False, "x", d) == "exit 2  3.1 s"
+    body = toolview.result_body("bash", False, "x", d)
+    assert all(style == toolview.FAILED for style, _ in body if not _.startswith("…"))
+    assert body[0][1] == "line 0" and body[-1][1] == "line 39"
+    assert (toolview.MUTED, f"… {40 - toolview.OUTPUT_HEAD - toolview.OUTPUT_TAIL} lines …") in body
+    assert len(toolview.result_body("bash", False, "x", d, expanded=True)) == 40
+
+
+def test_diff_display_numbered_and_folded():
+    from ds4agent.tools.base import DiffDisplay, DiffLine
+
+    lines = (DiffLine("hunk", None, None, "@@ -86,3 +86,4 @@"), DiffLine("context", 86, 86, "def f():"),
+             DiffLine("remove", 88, None, "    return 1"), DiffLine("add", None, 88, "    return 2"))
+    d = DiffDisplay(path="a.py", created=False, unified="", lines=lines, added=1, removed=1)
+    assert toolview.result_status("edit", True, "ok", d) == "+1 −1"
+    body = toolview.result_body("edit", True, "ok", d)
+    assert body == [(toolview.HUNK, "@@ -86,3 +86,4 @@"), (toolview.CONTEXT, "  86  def f():"),
+                    (toolview.DEL, "- 88      return 1"), (toolview.ADD, "+ 88      return 2")]
+    long = "\n".join(["@@ -1 +1 @@"] + [f"+l{i}" for i in range(100)])
+    folded = toolview.result_body("write", True, "ok", {"diff": long})
+    assert len(folded) == toolview.DIFF_HEAD + toolview.DIFF_TAIL + 1
+    assert folded[toolview.DIFF_HEAD] == (toolview.MUTED, f"… {101 - toolview.DIFF_HEAD - toolview.DIFF_TAIL} lines …")
+
+
+def test_folded_tools_and_errors():
+    from ds4agent.tools.base import TextDisplay
+
+    d = TextDisplay(summary="212 lines of a.py", body="1: x\n2: y")
+    assert toolview.result_body("read", True, "1: x\n2: y", d) == []
+    assert toolview.result_body("read", True, "1: x\n2: y", d, expanded=True) == [
+        (toolview.OUTPUT, "1: x"), (toolview.OUTPUT, "2: y")]
+    assert toolview.result_status("read", True, "t", d) == "212 lines of a.py"
+    err = TextDisplay(summary="Tool error: no such file: b.py", body="")
+    assert toolview.result_status("read", False, "Tool error: no such file: b.py\n", err) == "no such file: b.py"
+    assert toolview.result_body("read", False, "Tool error: no such file: b.py\n") == [
+        (toolview.FAILED, "Tool error: no such file: b.py")]
+
+
+def test_coalesce_merges_runs_and_keeps_order():
+    events = [
+        ev.ThinkingDelta("a"), ev.ThinkingDelta("b"),
+        ev.Status(ev.State.GENERATING, 1, 10, 8), ev.Status(ev.State.GENERATING, 2, 10, 8),
+        ev.TextDelta("x"), ev.TextDelta("y"), ev.TextDelta("z"),
+        ev.ToolCallStart(0, "bash"),
+        ev.ToolCallArgDelta(0, "command", "ls"), ev.ToolCallArgDelta(0, "command", " -l"),
+        ev.ToolCallArgDelta(0, "cwd", "/"),
+        ev.PrefillProgress(1, 9, 1.0), ev.PrefillProgress(5, 9, 2.0),
+        ev.TextDelta("w"),
+    ]
+    out = bridge.coalesce(events)
+    assert out == [
+        (ev.ThinkingDelta("ab"), 2),
+        (ev.Status(ev.State.GENERATING, 2, 10, 8), 2),
+        (ev.TextDelta("xyz"), 3),
+        (ev.ToolCallStart(0, "bash"), 1),
+        (ev.ToolCallArgDelta(0, "command", "ls -l"), 2),
+        (ev.ToolCallArgDelta(0, "cwd", "/"), 1),
+        (ev.PrefillProgress(5, 9, 2.0), 2),
+        (ev.TextDelta("w"), 1),
+    ]
+    assert sum(n for _, n in out) == len(events)
