@@ -1,0 +1,12 @@
+"""What the model can do in the workspace: bash jobs, file reading/writing/editing, search, listing.
+
+Public API (see each module's docstring):
+* base.py: ToolResult, ToolError, ToolContext, Tool, default_tools(), run_tool(), tool_schema_line(),
+  display payloads (BashDisplay, DiffDisplay/DiffLine, TextDisplay)
+* permissions.py: PermissionPolicy(mode).check(tool, args, ctx) -> Decision; Answer; remember();
+  denied_result()
+* bash.py: running_jobs_update(ctx) for the re-announcement after compaction
+* files.py: plan_change() (what a write/edit would do, for previews), atomic_write()
+
+Importing this package imports nothing heavy (no engine, no UI).
+"""

@@ -587,6 +587,8 @@ def _plan_replace(ctx: ToolContext, path: str, key: str, data: bytes, old_s: str
     off = data.find(old_b)
     a = _line_at(starts, off)
     b = _line_at(starts, off + len(old_b) - 1)
+    if _is_crlf_block(lines[a - 1 : b]):
+        new_b = _to_crlf(new_b)
     after = data[:off] + new_b + data[off + len(old_b) :]
     new_lines = split_lines(after)
     d = len(new_lines) - len(lines)

@@ -79,6 +79,8 @@ def test_failures_become_tool_errors(ctx):
     assert r.text == "Tool error: Permission denied: /x\n"
     r = run_tool("boom", {}, ctx, tools=[_Boom(ValueError("bad"))])
     assert r.text == "Tool error: boom failed: ValueError: bad\n"
+    r = run_tool("boom", {}, ctx, tools=[_Boom(KeyError("k"))])
+    assert r.text == "Tool error: boom failed: KeyError: 'k'\n"
 
 
 def test_result_cap_adds_marker_and_stays_under_cap(ctx):

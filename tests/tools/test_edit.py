@@ -112,6 +112,8 @@ def test_crlf_file_keeps_its_line_endings(call, ctx):
     r = call("edit", path="win.txt", old="TWO\nTWO-B\n", new="2\n")
     assert r.ok, r.text
     assert p.read_bytes() == b"one\r\n2\r\nthree\r\n"
+    assert call("edit", path="win.txt", old="three", new="3\n3b").ok
+    assert p.read_bytes() == b"one\r\n2\r\n3\r\n3b\r\n"
 
 
 def test_old_new_replacement(call, ctx):
