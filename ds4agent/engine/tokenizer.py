@@ -132,12 +132,14 @@ class Tokenizer:
     DSML = DSML
 
     def __init__(self, tokenizer_json: str):
+        hf_json, added, vocab = _split_added_tokens(tokenizer_json)
+        # A BPE-only encoder: no added tokens at all (see the module docstring).
         try:
-            data = json.loads(tokenizer_json)
-            added = data["added_tokens"]
-            vocab: dict[str, int] = data["model"]["vocab"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise TokenizerError(f"tokenizer.json is not a DeepSeek tokenizer: {exc}") from exc
+            self._hf = _HFTokenizer.from_str(hf_json)
+        except Exception as exc:  # the library raises its own exception types
+            raise TokenizerError(f"tokenizer.json could not be loaded: {exc}") from exc
+        if vocab is None:
+            vocab = self._hf.get_vocab(with_added_tokens=False)
         strings: list[str | None] = [None] * VOCAB_SIZE
         for s, i in vocab.items():
             if 0 <= i < VOCAB_SIZE:
@@ -153,20 +155,21 @@ class Tokenizer:
                 raise TokenizerError(f"tokenizer.json: id {i} is {strings[i]!r}, expected {s!r}")
         self._strings: list[str] = strings  # type: ignore[assignment]
 
-        # A BPE-only encoder: no added tokens at all (see the module docstring).
-        data["added_tokens"] = []
-        self._hf = _HFTokenizer.from_str(json.dumps(data))
-
         b2u = _bytes_to_unicode()
-        u2b = {c: b for b, c in b2u.items()}
         self._byte_token = [vocab[b2u[b]] for b in range(256)]  # id of each single-byte token
         # Token text (kvc-format.md §3): strings holding U+FF5C are taken literally (BOS, EOS, <｜User｜>, ...);
         # every other string maps char by char through the inverse GPT-2 table, unknown chars dropped.
+        # Fast path: translate to one latin-1 char per byte; strings with unknown chars take the slow path.
+        to_latin1 = {ord(c): chr(b) for b, c in b2u.items()}
+        u2b = {c: b for b, c in b2u.items()}
         tb: list[bytes] = []
         for s in strings:
             if "｜" in s:  # noqa: RUF001 - the full-width bar is the point
                 tb.append(s.encode("utf-8"))
-            else:
+                continue
+            try:
+                tb.append(s.translate(to_latin1).encode("latin-1"))
+            except UnicodeEncodeError:
                 tb.append(bytes(u2b[c] for c in s if c in u2b))
         self._token_bytes = tb
 
@@ -292,6 +295,32 @@ class Tokenizer:
     def single_byte_token(self, byte: int) -> int:
         """The id of the token whose text is exactly this one byte."""
         return self._byte_token[byte]
+
+
+def _split_added_tokens(text: str) -> tuple[str, list[dict], dict[str, int] | None]:
+    """(tokenizer.json with `added_tokens` emptied, the added tokens, the vocab or None).
+
+    Parsing and re-serialising the whole 8 MB json costs about a second, so the `added_tokens` list
+    (a top-level key before "normalizer" in the shipped file) is cut out as text; the vocabulary is then
+    read back from the `tokenizers` object. Any other layout falls back to a full json round trip."""
+    key = text.find('"added_tokens"')
+    nxt = text.find('"normalizer"', key)
+    if key >= 0 and nxt > key:
+        body = text[key:nxt].rstrip().rstrip(",")
+        try:
+            added = json.loads("{" + body + "}")["added_tokens"]
+            if isinstance(added, list) and all(isinstance(a, dict) and "id" in a for a in added):
+                return text[:key] + '"added_tokens": [], ' + text[nxt:], added, None
+        except (ValueError, KeyError):
+            pass
+    try:
+        data = json.loads(text)
+        added = data["added_tokens"]
+        vocab = data["model"]["vocab"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TokenizerError(f"tokenizer.json is not a DeepSeek tokenizer: {exc}") from exc
+    data["added_tokens"] = []
+    return json.dumps(data), added, vocab
 
 
 _lock = threading.Lock()

