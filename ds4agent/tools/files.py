@@ -546,17 +546,28 @@ def _line_at(starts: list[int], offset: int) -> int:
     return bisect.bisect_right(starts, offset)
 
 
+def _occurrences(data: bytes, needle: bytes) -> list[int]:
+    """Every start offset of needle, overlapping ones included ("aa" occurs twice in "aaa": an
+    ambiguous replacement, so it must not count as unique)."""
+    out, pos = [], data.find(needle)
+    while pos >= 0:
+        out.append(pos)
+        pos = data.find(needle, pos + 1)
+    return out
+
+
 def _plan_replace(ctx: ToolContext, path: str, key: str, data: bytes, old_s: str, new_s: str) -> Change:
     if old_s == "":
         raise ToolError("old text is empty; give the exact text to replace, or use line/range plus new")
     lines = split_lines(data)
     old_b, new_b = old_s.encode("utf-8"), new_s.encode("utf-8")
-    count = data.count(old_b)
-    if count == 0 and b"\r\n" in data and b"\n" in old_b:
+    offsets = _occurrences(data, old_b)
+    if not offsets and b"\r\n" in data and b"\n" in old_b:
         crlf_old = _to_crlf(old_b)
-        if data.count(crlf_old):
-            old_b, new_b = crlf_old, _to_crlf(new_b)
-            count = data.count(old_b)
+        crlf_offsets = _occurrences(data, crlf_old)
+        if crlf_offsets:
+            old_b, new_b, offsets = crlf_old, _to_crlf(new_b), crlf_offsets
+    count = len(offsets)
     if count == 0:
         shown: list[tuple[str, int, bytes]] = []
         msg = f"old text not found in {path} (0 occurrences; the match is exact and case-sensitive)."
@@ -571,11 +582,7 @@ def _plan_replace(ctx: ToolContext, path: str, key: str, data: bytes, old_s: str
     starts = _line_starts(lines)
     if count > 1:
         shown = []
-        offsets, pos = [], data.find(old_b)
-        while pos >= 0:
-            offsets.append(pos)
-            pos = data.find(old_b, pos + max(1, len(old_b)))
-        nums = [_line_at(starts, o) for o in offsets]
+        nums = list(dict.fromkeys(_line_at(starts, o) for o in offsets))
         listed = ", ".join(str(n) for n in nums[:20]) + (", ..." if len(nums) > 20 else "")
         msg = (
             f"old text is not unique; read the target lines and retry with line/range plus new "
@@ -584,7 +591,7 @@ def _plan_replace(ctx: ToolContext, path: str, key: str, data: bytes, old_s: str
         for n in nums[:5]:
             msg += _show(lines, n, n, key, shown)
         raise ToolError(msg, shown=shown)
-    off = data.find(old_b)
+    off = offsets[0]
     a = _line_at(starts, off)
     b = _line_at(starts, off + len(old_b) - 1)
     if _is_crlf_block(lines[a - 1 : b]):

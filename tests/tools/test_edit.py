@@ -196,3 +196,12 @@ def test_relative_and_absolute_paths_share_the_guard(call, ctx):
     call("read", path="./f.txt")
     assert call("edit", path=str(p), line=1, new="first").ok
     assert p.read_text().startswith("first\nline 2\n")
+
+
+def test_overlapping_occurrences_are_not_unique(call, ctx):
+    p = ctx.cwd / "o.txt"
+    p.write_text("aaa\n")
+    r = call("edit", path="o.txt", old="aa", new="b")
+    assert r.text.startswith("Tool error: old text is not unique; read the target lines and retry with "
+                             "line/range plus new (2 occurrences in o.txt, starting at lines 1):\n    1 aaa\n")
+    assert p.read_text() == "aaa\n"
