@@ -1,0 +1,374 @@
+"""`ds4agent convert SRC OUT`: official DeepSeek-V4-Flash safetensors -> an MLX safetensors directory.
+
+Source layout (DeepSeek's release; tensor names of model.md §6.3, last paragraph):
+  * dense projections (attention wq_a/wq_b/wkv/wo_a/wo_b, shared experts w1/w2/w3): weight
+    F8_E4M3 [out, in] with a `.scale` sibling F8_E8M0 [ceil(out/128), ceil(in/128)]: one power of
+    two per 128 x 128 tile, w = e4m3(code) * 2^(s - 127);
+  * routed experts `layers.N.ffn.experts.E.w{1,3,2}`: weight I8 [out, in/2] holding two E2M1 codes
+    per byte (element 2i in the low nibble, 2i+1 in the high nibble), `.scale` F8_E8M0 [out, in/32]:
+    w = e2m1(code) * 2^(s - 127);
+  * everything else BF16 / F32 / I64 (tid2eid), copied exactly (I64 ids narrowed to int32).
+
+Output: per-layer safetensors files written with MLX, under our canonical (GGUF) tensor names, and
+a `config.json` describing the quantised tensors. The repacks are lossless reinterpretations:
+  * FP8 -> MLX `mxfp8` (group 32, E4M3 codes, E8M0 scale per group): the codes are the same bytes
+    (packed four per uint32, little endian = MLX's element order); each 128-wide tile scale is
+    repeated for the 4 groups of 32 it covers and for each of the tile's (up to) 128 rows;
+  * FP4 -> MLX `mxfp4` (group 32, E2M1 codes, E8M0 scale per group): the packed bytes are already
+    MLX's nibble order (element i of a uint32 at bits 4i), the scales are the same bytes.
+  Dequantising the output with `mx.dequantize(..., mode=...)` gives exactly the source values
+  (tests/weights/test_convert.py). Routed experts are stacked to [n_experts, out, in/8].
+
+The engine itself loads GGUF files; loading a converted directory is not wired yet (see report).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from .errors import EngineError
+
+FP8_TILE = 128
+MX_GROUP = 32
+
+
+class ConvertError(EngineError):
+    """The source checkpoint cannot be converted (the message names the file or tensor)."""
+
+
+# ---- safetensors (read: mmap, no copies; dtypes MLX/numpy lack are read as raw bytes) --------
+
+_ST_DTYPES = {
+    "F8_E4M3": np.uint8, "F8_E8M0": np.uint8, "F8_E5M2": np.uint8, "I8": np.int8, "U8": np.uint8,
+    "BF16": np.uint16, "F16": np.float16, "F32": np.float32, "F64": np.float64, "I16": np.int16,
+    "I32": np.int32, "I64": np.int64, "U16": np.uint16, "U32": np.uint32, "BOOL": np.bool_,
+}
+
+
+class SafeTensorsFile:
+    """A safetensors file: 8-byte little-endian header length, JSON header, then the data."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                header = json.loads(fh.read(n))
+        except (OSError, struct.error, ValueError) as err:
+            raise ConvertError(f"{self.path}: not a readable safetensors file ({err})") from None
+        self.metadata = header.pop("__metadata__", {}) or {}
+        self.tensors: dict[str, dict] = header
+        self._base = 8 + n
+        self._mm: np.memmap | None = None
+
+    def get(self, name: str) -> tuple[str, np.ndarray]:
+        """(safetensors dtype, array view) of a tensor; BF16/F8 come back as raw integers."""
+        info = self.tensors[name]
+        dt = info["dtype"]
+        if dt not in _ST_DTYPES:
+            raise ConvertError(f"{self.path}: tensor {name!r} has unsupported dtype {dt}")
+        if self._mm is None:
+            self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
+        start, end = info["data_offsets"]
+        raw = self._mm[self._base + start : self._base + end]
+        return dt, raw.view(_ST_DTYPES[dt]).reshape(info["shape"])
+
+
+def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) -> None:
+    """Write {name: (safetensors dtype, array)} (used to build official-layout fixtures)."""
+    header, offset, chunks = {}, 0, []
+    for name, (dt, arr) in tensors.items():
+        data = np.ascontiguousarray(arr).tobytes()
+        header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+        chunks.append(data)
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(blob)) + blob)
+        for c in chunks:
+            fh.write(c)
+
+
+def open_checkpoint(src: Path) -> dict[str, SafeTensorsFile]:
+    """Tensor name -> the file holding it, over every *.safetensors in `src`."""
+    src = Path(src)
+    if not src.is_dir():
+        raise ConvertError(f"{src} is not a directory of safetensors files")
+    files = sorted(src.glob("*.safetensors"))
+    if not files:
+        raise ConvertError(f"{src} holds no .safetensors files")
+    where: dict[str, SafeTensorsFile] = {}
+    for f in files:
+        st = SafeTensorsFile(f)
+        for name in st.tensors:
+            where[name] = st
+    return where
+
+
+# ---- exact decoders of the source formats (the definition the repacks are tested against) -----
+
+
+def e8m0_to_f32(s: np.ndarray) -> np.ndarray:
+    """E8M0 scale bytes -> float32 2^(s-127) (s = 255 is NaN)."""
+    s = np.asarray(s, dtype=np.uint8).astype(np.int32)
+    out = np.ldexp(np.float32(1.0), s - 127).astype(np.float32)
+    return np.where(s == 255, np.float32(np.nan), out)
+
+
+def e4m3_to_f32(codes: np.ndarray) -> np.ndarray:
+    """E4M3FN codes -> float32: exponent bias 7, subnormals m*2^-9, S.1111.111 = NaN, no inf."""
+    c = np.asarray(codes, dtype=np.uint8).astype(np.int32)
+    e, m = (c >> 3) & 15, c & 7
+    mag = np.where(e == 0, m * np.float32(2.0**-9), np.ldexp(1.0 + m / 8.0, e - 7)).astype(np.float32)
+    mag = np.where((c & 0x7F) == 0x7F, np.float32(np.nan), mag)
+    return np.where(c & 0x80, -mag, mag).astype(np.float32)
+
+
+_E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=np.float32)
+
+
+def e2m1_to_f32(codes: np.ndarray) -> np.ndarray:
+    c = np.asarray(codes, dtype=np.uint8)
+    mag = _E2M1[c & 7]
+    return np.where(c & 8, -mag, mag).astype(np.float32)
+
+
+def dequant_fp8_block(weight: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    out, n = weight.shape
+    s = e8m0_to_f32(scale)
+    s_full = np.repeat(np.repeat(s, FP8_TILE, axis=0)[:out], FP8_TILE, axis=1)[:, :n]
+    return e4m3_to_f32(weight.view(np.uint8)) * s_full
+
+
+def dequant_fp4(weight: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    b = weight.view(np.uint8)
+    codes = np.stack([b & 15, b >> 4], axis=-1).reshape(b.shape[0], -1)
+    return e2m1_to_f32(codes) * np.repeat(e8m0_to_f32(scale), MX_GROUP, axis=1)
+
+
+# ---- repacks ---------------------------------------------------------------------------------
+
+
+def fp8_block_to_mxfp8(weight: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """E4M3 [out, in] + E8M0 [ceil(out/128), ceil(in/128)] -> (wq uint32 [out, in/4],
+    scales uint8 [out, in/32]) for MLX mode "mxfp8", group 32. Lossless."""
+    out, n = weight.shape
+    want = (-(-out // FP8_TILE), -(-n // FP8_TILE))
+    if n % MX_GROUP:
+        raise ConvertError(f"FP8 weight of {n} columns is not a multiple of {MX_GROUP}")
+    if tuple(scale.shape) != want:
+        raise ConvertError(f"FP8 block scale has shape {list(scale.shape)}, expected {list(want)}")
+    wq = np.ascontiguousarray(weight.view(np.uint8)).view("<u4")
+    per_group = np.repeat(scale.view(np.uint8), FP8_TILE // MX_GROUP, axis=1)[:, : n // MX_GROUP]
+    scales = np.ascontiguousarray(np.repeat(per_group, FP8_TILE, axis=0)[:out])
+    return wq, scales
+
+
+def fp4_to_mxfp4(weight: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Packed E2M1 [out, in/2] + E8M0 [out, in/32] -> (wq uint32 [out, in/8], scales uint8
+    [out, in/32]) for MLX mode "mxfp4", group 32. Lossless (same bytes)."""
+    out, half = weight.shape
+    if (2 * half) % MX_GROUP or tuple(scale.shape) != (out, 2 * half // MX_GROUP):
+        raise ConvertError(
+            f"FP4 weight [{out}, {half}] needs a scale of [{out}, {2 * half // MX_GROUP}], got {list(scale.shape)}"
+        )
+    return np.ascontiguousarray(weight.view(np.uint8)).view("<u4"), np.ascontiguousarray(scale.view(np.uint8))
+
+
+# ---- names -----------------------------------------------------------------------------------
+
+_TOP = {
+    "embed.weight": "token_embd.weight", "head.weight": "output.weight", "norm.weight": "output_norm.weight",
+    "hc_head_fn": "output_hc_fn.weight", "hc_head_scale": "output_hc_scale.weight",
+    "hc_head_base": "output_hc_base.weight",
+}
+_LAYER = {
+    "attn_norm.weight": "attn_norm.weight", "ffn_norm.weight": "ffn_norm.weight",
+    "hc_attn_fn": "hc_attn_fn.weight", "hc_attn_scale": "hc_attn_scale.weight",
+    "hc_attn_base": "hc_attn_base.weight", "hc_ffn_fn": "hc_ffn_fn.weight",
+    "hc_ffn_scale": "hc_ffn_scale.weight", "hc_ffn_base": "hc_ffn_base.weight",
+    "attn.wq_a.weight": "attn_q_a.weight", "attn.q_norm.weight": "attn_q_a_norm.weight",
+    "attn.wq_b.weight": "attn_q_b.weight", "attn.wkv.weight": "attn_kv.weight",
+    "attn.kv_norm.weight": "attn_kv_a_norm.weight", "attn.attn_sink": "attn_sinks.weight",
+    "attn.wo_a.weight": "attn_output_a.weight", "attn.wo_b.weight": "attn_output_b.weight",
+    "attn.compressor.ape": "attn_compressor_ape.weight", "attn.compressor.wkv.weight": "attn_compressor_kv.weight",
+    "attn.compressor.wgate.weight": "attn_compressor_gate.weight",
+    "attn.compressor.norm.weight": "attn_compressor_norm.weight",
+    "attn.indexer.wq_b.weight": "indexer.attn_q_b.weight", "attn.indexer.weights_proj.weight": "indexer.proj.weight",
+    "attn.indexer.compressor.ape": "indexer_compressor_ape.weight",
+    "attn.indexer.compressor.wkv.weight": "indexer_compressor_kv.weight",
+    "attn.indexer.compressor.wgate.weight": "indexer_compressor_gate.weight",
+    "attn.indexer.compressor.norm.weight": "indexer_compressor_norm.weight",
+    "ffn.gate.weight": "ffn_gate_inp.weight", "ffn.gate.bias": "exp_probs_b.bias",
+    "ffn.gate.tid2eid": "ffn_gate_tid2eid.weight",
+    "ffn.shared_experts.w1.weight": "ffn_gate_shexp.weight", "ffn.shared_experts.w3.weight": "ffn_up_shexp.weight",
+    "ffn.shared_experts.w2.weight": "ffn_down_shexp.weight",
+}
+_EXPERT_RE = re.compile(r"^layers\.(\d+)\.ffn\.experts\.(\d+)\.(w[123])\.weight$")
+_EXPERT_NAME = {"w1": "ffn_gate_exps.weight", "w3": "ffn_up_exps.weight", "w2": "ffn_down_exps.weight"}
+
+
+def canonical_name(official: str) -> str | None:
+    """Our tensor name for an official one (None: not used, e.g. mtp.* or scale siblings)."""
+    if official in _TOP:
+        return _TOP[official]
+    m = re.match(r"^layers\.(\d+)\.(.+)$", official)
+    if m and m.group(2) in _LAYER:
+        return f"blk.{m.group(1)}.{_LAYER[m.group(2)]}"
+    return None
+
+
+# ---- conversion ------------------------------------------------------------------------------
+
+
+def _to_mx(dt: str, arr: np.ndarray):
+    import mlx.core as mx
+
+    if dt == "BF16":
+        return mx.array(np.ascontiguousarray(arr)).view(mx.bfloat16)
+    if dt == "I64":
+        if arr.size and (arr.min() < np.iinfo(np.int32).min or arr.max() > np.iinfo(np.int32).max):
+            raise ConvertError("an I64 tensor does not fit int32")
+        return mx.array(arr.astype(np.int32))
+    if dt in ("F8_E4M3", "F8_E8M0", "F8_E5M2", "I8"):
+        raise ConvertError(f"unexpected unscaled {dt} tensor")
+    return mx.array(np.ascontiguousarray(arr))
+
+
+def convert(src, out, *, progress: Callable[[str], None] | None = None) -> Path:
+    """Convert the checkpoint in `src` into a new directory `out` (atomically: built in a
+    temporary sibling and renamed). Returns `out`."""
+    import mlx.core as mx
+
+    src, out = Path(src), Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConvertError(f"{out} already exists and is not empty; choose a new output directory")
+    where = open_checkpoint(src)
+    say = progress or (lambda _msg: None)
+
+    # Group tensors: top-level, per layer, routed experts per (layer, projection).
+    layers: dict[int, list[str]] = {}
+    top: list[str] = []
+    experts: dict[tuple[int, str], dict[int, str]] = {}
+    skipped: list[str] = []
+    for name in where:
+        if name.endswith(".scale") and name[: -len(".scale")] + ".weight" in where:
+            continue  # consumed with its weight
+        m = _EXPERT_RE.match(name)
+        if m:
+            experts.setdefault((int(m.group(1)), m.group(3)), {})[int(m.group(2))] = name
+            continue
+        canon = canonical_name(name)
+        if canon is None:
+            skipped.append(name)
+        elif canon.startswith("blk."):
+            layers.setdefault(int(canon.split(".")[1]), []).append(name)
+        else:
+            top.append(name)
+    for layer, _ in experts:
+        layers.setdefault(layer, [])
+
+    quant: dict[str, dict] = {}
+
+    def put(arrays: dict, official: str, canon: str) -> None:
+        dt, arr = where[official].get(official)
+        scale_name = official[: -len(".weight")] + ".scale" if official.endswith(".weight") else None
+        if dt == "F8_E4M3":
+            if scale_name not in where:
+                raise ConvertError(f"FP8 tensor {official!r} has no {scale_name!r} block scale")
+            _, scale = where[scale_name].get(scale_name)
+            wq, sc = fp8_block_to_mxfp8(arr, scale)
+            arrays[canon], arrays[canon[: -len(".weight")] + ".scales"] = mx.array(wq), mx.array(sc)
+            quant[canon] = {"mode": "mxfp8", "group_size": MX_GROUP, "bits": 8, "shape": list(arr.shape)}
+        else:
+            arrays[canon] = _to_mx(dt, arr)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent))
+    try:
+        weight_map: dict[str, str] = {}
+
+        def save(fname: str, arrays: dict) -> None:
+            mx.save_safetensors(str(tmp / fname), arrays)
+            for k in arrays:
+                weight_map[k] = fname
+
+        arrays: dict = {}
+        for name in top:
+            put(arrays, name, canonical_name(name))
+        save("model-top.safetensors", arrays)
+        for layer in sorted(layers):
+            say(f"layer {layer}")
+            arrays = {}
+            for name in layers[layer]:
+                put(arrays, name, canonical_name(name))
+            for proj in ("w1", "w3", "w2"):
+                by_id = experts.get((layer, proj))
+                if not by_id:
+                    continue
+                n_exp = max(by_id) + 1
+                if sorted(by_id) != list(range(n_exp)):
+                    raise ConvertError(f"layer {layer} {proj}: routed experts are not numbered 0..{n_exp - 1}")
+                wqs, scs = [], []
+                for e in range(n_exp):
+                    wname = by_id[e]
+                    sname = wname[: -len(".weight")] + ".scale"
+                    dt, w = where[wname].get(wname)
+                    if dt not in ("I8", "U8") or sname not in where:
+                        raise ConvertError(f"routed expert {wname!r} is {dt}, expected packed FP4 (I8) with a scale")
+                    wq, sc = fp4_to_mxfp4(w, where[sname].get(sname)[1])
+                    wqs.append(wq)
+                    scs.append(sc)
+                canon = f"blk.{layer}.{_EXPERT_NAME[proj]}"
+                arrays[canon] = mx.array(np.stack(wqs))
+                arrays[canon[: -len(".weight")] + ".scales"] = mx.array(np.stack(scs))
+                d_out, d_in = wqs[0].shape[0], wqs[0].shape[1] * 8
+                quant[canon] = {"mode": "mxfp4", "group_size": MX_GROUP, "bits": 4, "shape": [n_exp, d_out, d_in]}
+            save(f"model-layer-{layer:03d}.safetensors", arrays)
+        config = {
+            "format": "ds4agent-mlx",
+            "version": 1,
+            "source": str(src),
+            "quantization": quant,
+            "skipped": sorted(skipped),
+        }
+        src_config = src / "config.json"
+        if src_config.exists():
+            try:
+                config["source_config"] = json.loads(src_config.read_text())
+            except ValueError:
+                raise ConvertError(f"{src_config} is not valid JSON") from None
+        (tmp / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True))
+        (tmp / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}, indent=1))
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def main(args) -> int:
+    """`ds4agent convert SRC OUT`."""
+    try:
+        out = convert(args.source, args.out, progress=lambda m: print(f"converting {m}", file=sys.stderr))
+    except EngineError as err:
+        print(f"ds4agent: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"ds4agent: cannot convert into {args.out}: {err.strerror or err}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}")
+    return 0
