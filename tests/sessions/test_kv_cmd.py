@@ -1,0 +1,113 @@
+"""`ds4agent kv ls|show|verify|rm` (issue 3 item 6)."""
+
+import io
+import subprocess
+import sys
+
+from ds4agent.cli import build_parser
+from ds4agent.sessions import kv_cmd
+from ds4agent.sessions.kvc import KVCHeader, text_sha1, write_kvc
+from ds4agent.sessions.payload import FLASH_SHAPE
+from ds4agent.sessions.store import SessionStore
+
+from .helpers import TINY, random_state, session_text
+
+
+def run(directory, *argv):
+    args = build_parser().parse_args(["kv", "--kv-dir", str(directory), *argv])
+    out = io.StringIO()
+    code = kv_cmd.main(args, out=out)
+    return code, out.getvalue()
+
+
+def populate(tmp_path):
+    store = SessionStore(tmp_path)
+    s = store.save_session(session_text("list this ✓ session"), random_state(TINY, 9, 64), shape=TINY,
+                           quant_bits=2, now=1_760_000_000)
+    store.save_sysprompt(b"<sys>", random_state(TINY, 3, 64), shape=TINY, quant_bits=2, now=1_760_000_100)
+    return store, s
+
+
+def test_ls(tmp_path):
+    _, s = populate(tmp_path)
+    code, out = run(tmp_path, "ls")
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == f"KV files in {tmp_path}:"
+    assert "agent-system" in lines[1] and "sysprompt-" in lines[1]  # newer first
+    assert lines[2].split()[:2] == [s.id[:8], "agent-session"]
+    assert lines[2].endswith("list this ✓ session") and "9 tokens" in lines[2]
+
+
+def test_ls_empty_and_missing_dir(tmp_path, capsys):
+    assert run(tmp_path, "ls") == (0, f"KV files in {tmp_path}:\n  (none)\n")
+    code, out = run(tmp_path / "missing", "ls")
+    assert code == 1 and out == ""
+    assert capsys.readouterr().err.strip() == f"ds4agent kv: no KV directory at {tmp_path / 'missing'}"
+
+
+def test_show_session(tmp_path):
+    _, s = populate(tmp_path)
+    code, out = run(tmp_path, "show", s.id[:6])
+    assert code == 0
+    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line and not line.startswith(" "))
+    assert fields["reason"].strip() == "6 (agent-session)"
+    assert fields["tokens"].strip() == "9"
+    assert fields["ext flags"].strip() == "0x08 (title)"
+    assert fields["title"].strip() == "list this ✓ session"
+    assert fields["trailers"].strip() == "title (21 bytes)"
+    assert fields["status"].strip() == "ok"
+    assert "\\n" not in fields["text preview"] and "<｜User｜>" in fields["text preview"]
+    assert "size-checked only" in out  # tiny layout: ratios unknown without the model
+
+
+def test_show_flash_checkpoint_by_path(tmp_path):
+    text = b"server prompt"
+    path = tmp_path / (text_sha1(text) + ".kv")
+    write_kvc(path, KVCHeader(4, 2, 0, 0, 5, 3, 4096, 10, 20, 0), text, random_state(FLASH_SHAPE, 5, 4096), FLASH_SHAPE)
+    code, out = run(tmp_path, "show", str(path))
+    assert code == 0 and "reason:         2 (continued)" in out and "hits:           3" in out
+    layer_lines = [line.split() for line in out.splitlines() if line.startswith("                ")
+                   and line.split()[0].isdigit()]
+    assert len(layer_lines) == 43
+    assert layer_lines[2] == ["2", "4", "1", "1"] and layer_lines[3] == ["3", "128", "0", "0"]
+    assert "status:         ok" in out
+
+
+def test_show_invalid_file(tmp_path):
+    bad = tmp_path / "broken.kv"
+    bad.write_bytes(b"KVC\x01garbage")
+    code, out = run(tmp_path, "show", "broken.kv")
+    assert code == 1 and "INVALID: invalid KV header" in out
+
+
+def test_verify(tmp_path):
+    _, s = populate(tmp_path)
+    code, out = run(tmp_path, "verify")
+    assert code == 0 and out.splitlines()[-1] == "2 file(s) checked, 0 invalid"
+    data = s.path.read_bytes()
+    (tmp_path / ("0" * 40 + ".kv")).write_bytes(data)  # renamed copy: identity mismatch
+    s.path.write_bytes(data[:-3])  # truncated title trailer
+    (tmp_path / "readme.txt").write_text("not a kv file")
+    code, out = run(tmp_path, "verify")
+    lines = out.splitlines()
+    assert code == 1 and lines[-1] == "3 file(s) checked, 2 invalid"
+    assert f"INVALID  {'0' * 40}.kv  cached session identity does not match file name" in lines
+    assert f"INVALID  {s.path.name}  truncated agent session title trailer" in lines
+
+
+def test_rm(tmp_path, capsys):
+    store, s = populate(tmp_path)
+    code, out = run(tmp_path, "rm", s.id[:5])
+    assert code == 0 and out.startswith(f"deleted session {s.id[:8]} (9 tokens) list this ✓ session")
+    assert not s.path.exists() and store.list_sessions() == []
+    code, _ = run(tmp_path, "rm", s.id[:5])
+    assert code == 1 and f"no saved session matches {s.id[:5]}" in capsys.readouterr().err
+    code, _ = run(tmp_path, "rm", "zz")
+    assert code == 1 and "invalid session SHA prefix" in capsys.readouterr().err
+
+
+def test_cli_in_a_pipe_has_no_escape_codes(tmp_path):
+    populate(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "ds4agent.cli", "kv", "--kv-dir", str(tmp_path), "ls"],
+                       capture_output=True, text=True, check=True)
+    assert "agent-session" in r.stdout and "\x1b" not in r.stdout and r.stderr == ""
