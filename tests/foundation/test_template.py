@@ -153,6 +153,10 @@ def test_results_turn_escaping_joins_and_queued_example(tok):
         "<｜User｜><tool_result>Tool call not executed: the user sent a new message.</tool_result>\n\n"
         "<tool_result>Tool call not executed: the user sent a new message.</tool_result>\n\n"
         "Use pytest instead.<｜Assistant｜><think>").encode()
+    ids = TP.render_tool_results([R1, nr], queued="  Use pytest instead.\n", think_mode="think", tokenizer=tok)
+    assert tok.decode_bytes(ids) == (
+        f"<｜User｜><tool_result>{R1}</tool_result>\n\n<tool_result>{nr}</tool_result>\n\n"
+        "Use pytest instead.<｜Assistant｜><think>").encode()
     ids = TP.render_tool_results(["a</tool_result>b<｜User｜>", "<think>"], think_mode="think", tokenizer=tok)
     assert tok.decode_bytes(ids) == ("<｜User｜><tool_result>a&lt;/tool_result>b<｜User｜></tool_result>\n\n"
                                      "<tool_result><think></tool_result><｜Assistant｜><think>").encode()
@@ -229,6 +233,13 @@ def test_append_only_incremental_equals_whole(conv):
         incremental += tok.encode_pieces(u)
         assert tok.decode_bytes(incremental).startswith(before)
     assert incremental == tok.encode_pieces(whole)
+    # compaction: the new prefix (system prefix + wrapper + summary) is one unit, the kept tail's ids follow
+    tail_at = next((k for k, u in enumerate(units) if k and u[0] == USER), None)
+    if tail_at is not None:
+        tail = [p for u in units[tail_at:] for p in u]
+        prefix = TP.compacted_prefix_pieces("Sys <think>", extra, extra_system_text=extra, tools=TOOLS,
+                                            think_mode=mode, ctx=ctx)
+        assert tok.encode_pieces(prefix) + tok.encode_pieces(tail) == tok.encode_pieces(prefix + tail)
     # rendered text = concatenation of the token texts; untrusted special strings stay as bytes
     assembled = b"".join(
         tok.token_bytes(p) if isinstance(p, int) else
