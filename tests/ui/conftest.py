@@ -57,6 +57,7 @@ async def wait_until(pilot, cond, timeout: float = 15.0, what: str = "condition"
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await pilot.pause(0.02)
+    await pilot.pause(0.03)  # let what the condition saw reach the screen
 
 
 async def send(pilot, app, text: str) -> None:

@@ -1,0 +1,302 @@
+"""The TUI over a fake agent: exact UI states without a model (modals, status bar, keys)."""
+
+from __future__ import annotations
+
+from ds4agent.agent import events as ev
+from ds4agent.tools.base import TextDisplay
+from ds4agent.ui.app import Ds4App
+from ds4agent.ui.history import History
+from ds4agent.ui.screens.help import HelpScreen
+from ds4agent.ui.screens.permission import PermissionScreen
+from ds4agent.ui.screens.question import QuestionScreen
+from ds4agent.ui.screens.session_picker import SessionPicker
+from ds4agent.ui.widgets.conversation import Note, ToolCard
+from tests.ui.conftest import make_fake_app, send, wait_until
+from tests.ui.fake_agent import FakeAgent, status
+from tests.ui.screen_text import screen_text
+
+
+def _notes(app) -> list[str]:
+    return [n.text for n in app.conversation.query(Note)]
+
+
+async def test_status_bar_shows_each_state():
+    app, agent = make_fake_app()
+    async with app.run_test(size=(120, 24)) as pilot:
+        assert app.status_bar.plain.startswith("loading model… 0%")
+        checks = [
+            (status("loading", progress=0.37), "loading model… 37%"),
+            (ev.PrefillProgress(512, 2048, 900.0), "prefill ███·········  512/2k 25.0% 900 t/s"),
+            (status("generating", generated=42, decode_tps=23.14), "generating 42 tokens 23.1 t/s"),
+            (status("tool", detail="bash"), "running tool bash"),
+            (status("compacting"), "compacting"),
+            (status("saving"), "saving"),
+            (status("error", detail="model file missing"), "error: model file missing"),
+            (status("idle", unsaved=True), "idle"),
+        ]
+        for event, expected in checks:
+            agent.emit(event)
+            await wait_until(pilot, lambda e=expected: app.status_bar.plain.startswith(e.replace("  ", " ")),
+                             what=expected)
+            await pilot.pause(0.12)
+            assert expected.replace("  ", " ") in screen_text(app).replace("  ", " ")
+        assert "ctx 1.2k/16.4k" in app.status_bar.plain and "unsaved ●" in app.status_bar.plain
+
+
+async def test_status_bar_redraws_at_most_ten_times_a_second():
+    app, agent = make_fake_app()
+    async with app.run_test(size=(100, 20)) as pilot:
+        await pilot.pause(0.05)
+        before = app.status_bar.renders
+        for i in range(300):
+            agent.emit(status("generating", generated=i))
+        await wait_until(pilot, lambda: app.status_model.gen_tokens == 299)
+        await pilot.pause(0.25)
+        # 300 status events drawn in a handful of repaints (timer-driven), not one per event
+        assert app.status_bar.renders - before <= 6
+
+
+async def test_messages_sent_while_loading_wait_as_chips(tmp_path):
+    import threading
+
+    release = threading.Event()
+    agent = FakeAgent()
+
+    def factory():
+        release.wait(10)
+        return agent
+
+    app = Ds4App(factory, cwd="/w", history=History(persist=False), animate=False)
+    async with app.run_test(size=(100, 20)) as pilot:
+        assert app.agent is None
+        await send(pilot, app, "early bird")
+        chips = app.query_one("#queue")
+        assert chips.items == ("early bird",)
+        assert "queued: early bird" in screen_text(app)
+        release.set()
+        await wait_until(pilot, lambda: app.agent is agent)
+        assert ("submit", "early bird") in agent.calls
+
+
+async def test_permission_modal_session_scope_and_deny_with_message():
+    app, agent = make_fake_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        opts = (("y", "allow once"), ("s", "allow for this session (commands starting with git)"), ("n", "deny"))
+        agent.emit(ev.PermissionRequest("p-1", "bash", "Allow bash?", "git push origin main", opts))
+        await wait_until(pilot, lambda: isinstance(app.screen, PermissionScreen))
+        text = screen_text(app)
+        assert "Allow bash?" in text and "git push origin main" in text and "commands starting with git" in text
+        await pilot.press("escape")  # never turns into a silent "no"
+        assert isinstance(app.screen, PermissionScreen) and agent.answers == []
+        await pilot.press("s")
+        await wait_until(pilot, lambda: agent.answers == [("p-1", "s", "")])
+        diff = "--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n"
+        agent.emit(ev.PermissionRequest("p-2", "edit", "Allow edit to x.py?", diff, opts))
+        await wait_until(pilot, lambda: isinstance(app.screen, PermissionScreen))
+        assert "+a = 2" in screen_text(app)
+        await pilot.press("m")
+        for key in "nope":
+            await pilot.press(key)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: len(agent.answers) == 2)
+        assert agent.answers[1] == ("p-2", "n", "nope")
+
+
+async def test_tool_cards_expand_with_ctrl_o_and_invalid_calls_are_red():
+    app, agent = make_fake_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        body = "\n".join(f"{i}: line {i}" for i in range(1, 6))
+        agent.emit(ev.ToolCallStart(0, "read"), ev.ToolCallArgDelta(0, "path", "src/a.py"),
+                   ev.ToolCallEnd(0, "read", {"path": "src/a.py"}),
+                   ev.ToolResult(0, "read", True, body, TextDisplay("5 lines of src/a.py", body)),
+                   ev.ToolCallInvalid("missing parameter: command", "<invoke name=\"bash\">", "error"),
+                   ev.TurnEnded("done"))
+        await wait_until(pilot, lambda: app.conversation.query(ToolCard) and
+                         app.conversation.query_one(ToolCard).state == "ok")
+        await pilot.pause(0.05)
+        text = screen_text(app)
+        assert "⏺ read  src/a.py" in text and "✓ 5 lines of src/a.py" in text
+        assert "3: line 3" not in text
+        assert "✗ invalid tool call: missing parameter: command" in text
+        await pilot.press("ctrl+o")
+        await pilot.pause(0.05)
+        assert "│ 3: line 3" in screen_text(app)
+        await pilot.press("ctrl+o")
+        await pilot.pause(0.05)
+        assert "3: line 3" not in screen_text(app)
+
+
+async def test_thinking_collapses_and_ctrl_t_toggles():
+    app, agent = make_fake_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        clock = app.clock
+        agent.emit(*[ev.ThinkingDelta(f"step {i}\n") for i in range(10)])
+        await wait_until(pilot, lambda: app.conversation.thinking is not None and
+                         app.conversation.thinking.tokens == 10)
+        await pilot.pause(0.05)
+        text = screen_text(app)
+        assert "Thinking…" in text and "step 9" in text and "step 2" not in text  # only the tail
+        clock.t += 4.2
+        agent.emit(ev.TextDelta("The answer."), ev.TurnEnded("done"))
+        await wait_until(pilot, lambda: app.conversation.last_answer_text == "The answer.")
+        await pilot.pause(0.05)
+        text = screen_text(app)
+        assert "▸ Thought for 4.2 s (10 tokens)" in text and "step 9" not in text
+        await pilot.press("ctrl+t")
+        await pilot.pause(0.05)
+        text = screen_text(app)
+        assert "▾ Thought for 4.2 s (10 tokens)" in text and "step 2" in text
+
+
+async def test_slash_commands_busy_rule_copy_help_and_unknown():
+    app, agent = make_fake_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        agent.busy = True
+        await send(pilot, app, "/compact")
+        await send(pilot, app, "/save")
+        await send(pilot, app, "/bogus")
+        await wait_until(pilot, lambda: len(_notes(app)) >= 2)
+        assert _notes(app) == ["command requires the model to be idle: /compact", "unknown command: /bogus"]
+        assert ("save",) in agent.calls and ("compact",) not in agent.calls
+        agent.busy = False
+        await send(pilot, app, "/copy")
+        await wait_until(pilot, lambda: "nothing to copy yet" in _notes(app))
+        agent.emit(ev.TextDelta("copy me"), ev.TurnEnded("done"))
+        await wait_until(pilot, lambda: app.conversation.last_answer_text == "copy me")
+        await send(pilot, app, "/copy")
+        await wait_until(pilot, lambda: app.clipboard == "copy me")
+        await send(pilot, app, "/history 5")
+        await send(pilot, app, "/think")
+        await send(pilot, app, "/nothink")
+        await wait_until(pilot, lambda: ("think", "nothink") in agent.calls)
+        assert ("history", 5) in agent.calls and ("think", "think") in agent.calls
+        assert app.status_model.think_mode == "nothink"
+        await send(pilot, app, "/permissions sometimes")
+        await wait_until(pilot, lambda: any(t.startswith("unknown permission mode") for t in _notes(app)))
+        await send(pilot, app, "/help")
+        await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen))
+        assert "/permissions" in screen_text(app)
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not isinstance(app.screen, HelpScreen))
+
+
+async def test_command_completion_on_slash():
+    app, agent = make_fake_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("/")
+        await pilot.pause(0.05)
+        hints = app.query_one("#hints")
+        assert hints.display and "/compact" in screen_text(app)
+        await pilot.press("h", "i")
+        await pilot.pause(0.05)
+        assert hints.names == ["history"]
+        await pilot.press("tab")
+        assert app.input.text == "/history "
+
+
+async def test_input_history_multiline_and_newline_keys():
+    app, agent = make_fake_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("a", "ctrl+j", "b")
+        assert app.input.text == "a\nb"
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: ("submit", "a\nb") in agent.calls)
+        assert app.input.text == ""
+        await send(pilot, app, "second")
+        await pilot.press("up")
+        assert app.input.text == "second"
+        await pilot.press("up")
+        assert app.input.text == "a\nb"
+        await pilot.press("down")  # the cursor is on the last line: the next entry
+        assert app.input.text == "second"
+
+
+async def test_picker_filters_and_deletes_with_confirmation():
+    app, agent = make_fake_app()
+    agent.sessions = [
+        ev.SessionInfo("aaaa1111" + "0" * 32, "aaaa1111", "Fix the flaky retry test", 14200, 3 << 20,
+                       1_700_000_000 - 3600, 0, "/kv/a"),
+        ev.SessionInfo("bbbb2222" + "0" * 32, "bbbb2222", "Write the README", 900, 1 << 20,
+                       1_700_000_000 - 60, 0, "/kv/b"),
+    ]
+    async with app.run_test(size=(110, 30)) as pilot:
+        await pilot.press("ctrl+l")
+        await wait_until(pilot, lambda: isinstance(app.screen, SessionPicker))
+        picker = app.screen
+        assert [s.short_id for s in picker.rows] == ["bbbb2222", "aaaa1111"]  # newest first
+        text = screen_text(app)
+        assert "1m ago" in text and "14.2k" in text and "3.0 MiB" in text
+        for key in "flaky":
+            await pilot.press(key)
+        await pilot.pause(0.05)
+        assert [s.short_id for s in picker.rows] == ["aaaa1111"]
+        await pilot.press("down")  # back to the table
+        await pilot.press("d")
+        await wait_until(pilot, lambda: isinstance(app.screen, QuestionScreen))
+        assert "Delete session aaaa1111" in app.screen.question
+        await pilot.press("y")
+        await wait_until(pilot, lambda: agent.deleted == ["aaaa1111" + "0" * 32])
+        assert picker.rows == []
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not isinstance(app.screen, SessionPicker))
+        assert not any(c[0] == "load" for c in agent.calls)
+
+
+async def test_ctrl_c_twice_on_empty_idle_prompt_quits():
+    app, agent = make_fake_app()
+    async with app.run_test(size=(100, 20)) as pilot:
+        await pilot.press("x", "ctrl+c")
+        assert app.input.text == "" and app.is_running
+        await pilot.press("ctrl+c")
+        await wait_until(pilot, lambda: "press Ctrl+C again or Ctrl+D to exit" in _notes(app))
+        assert ("quit",) not in agent.calls
+        app.clock.t += 0.5
+        await pilot.press("ctrl+c")
+        await wait_until(pilot, lambda: not app.is_running)
+        assert ("quit",) in agent.calls
+
+
+async def test_ctrl_c_interrupts_when_busy_and_ctrl_d_quits_when_idle():
+    app, agent = make_fake_app()
+    async with app.run_test(size=(100, 20)) as pilot:
+        agent.busy = True
+        await pilot.press("ctrl+c")
+        await pilot.press("escape")
+        assert agent.calls.count(("interrupt",)) == 2
+        await pilot.press("ctrl+d")
+        await wait_until(pilot, lambda: "command requires the model to be idle: /quit" in _notes(app))
+        agent.busy = False
+        await pilot.press("ctrl+d")
+        await wait_until(pilot, lambda: not app.is_running)
+
+
+async def test_scrolling_up_stops_following_and_end_follows_again():
+    app, agent = make_fake_app()
+    async with app.run_test(size=(80, 20)) as pilot:
+        agent.emit(*[ev.Notice(f"line {i}") for i in range(60)])
+        await wait_until(pilot, lambda: len(_notes(app)) == 60)
+        await pilot.pause(0.1)
+        conv = app.conversation
+        assert conv.scroll_y == conv.max_scroll_y > 0
+        await pilot.press("pageup")
+        await pilot.pause(0.1)
+        held = conv.scroll_y
+        assert held < conv.max_scroll_y
+        agent.emit(*[ev.Notice(f"more {i}") for i in range(10)])
+        await wait_until(pilot, lambda: len(_notes(app)) == 70)
+        await pilot.pause(0.1)
+        assert conv.scroll_y == held  # the user's position is kept
+        await pilot.press("end")
+        await pilot.pause(0.1)
+        assert conv.scroll_y == conv.max_scroll_y
+
+
+async def test_fatal_error_is_one_readable_line():
+    app, agent = make_fake_app()
+    async with app.run_test(size=(100, 20)) as pilot:
+        agent.emit(ev.Error("startup failed: no model found at x.gguf", fatal=True), ev.Exited(1))
+        await wait_until(pilot, lambda: app.status_model.state == "error")
+        await pilot.pause(0.12)
+        text = screen_text(app)
+        assert "startup failed: no model found at x.gguf" in text and "Traceback" not in text
+        assert app.is_running
