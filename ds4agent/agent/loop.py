@@ -269,9 +269,8 @@ class Worker:
 
         target = self.transcript.ids
         live = self.session.tokens
-        if len(live) == len(target) and tuple(target[-8:]) == tuple(live[-8:]) and tuple(live) == tuple(target):
-            return True
-        self._set_state(ev.State.PREFILL)
+        if len(live) != len(target) or tuple(live) != tuple(target):
+            self._set_state(ev.State.PREFILL)
         t0 = time.monotonic()
         last = [t0]
 

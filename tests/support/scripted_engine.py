@@ -59,6 +59,10 @@ def reply(
     )
 
 
+def _ends_with_prompt(t: tuple[int, ...]) -> bool:
+    return len(t) >= 2 and t[-2] == ASSISTANT and t[-1] in (THINK, END_THINK)
+
+
 @dataclass
 class _Cursor:
     tokens: list[int]
@@ -116,13 +120,15 @@ class ScriptedSession:
             if progress is not None:
                 progress(done, total)
         self.engine.prefills.append(total)
-        if total or self.logits is None:
+        if total or self.logits is None or _ends_with_prompt(self.tokens):
+            # A generation prompt starts the next scripted response even when nothing was
+            # prefilled (a retry from the same state, as after a failed compaction).
             self._after_sync()
         return total
 
     def _after_sync(self) -> None:
         t = self.tokens
-        if len(t) >= 2 and t[-2] == ASSISTANT and t[-1] in (THINK, END_THINK):
+        if _ends_with_prompt(t):
             self._cursor = _Cursor(list(self.engine.next_response(t)))
             self.engine.responses_started += 1
         else:

@@ -1,0 +1,110 @@
+"""Compaction: soft trigger before a turn, hard trigger on a big tool result, /compact."""
+
+from __future__ import annotations
+
+from ds4agent.agent import events as ev
+from ds4agent.agent.loop import compact_threshold
+from ds4agent.engine import template
+from ds4agent.engine.tokenizer import EOS, USER, Tokenizer
+from tests.agent.conftest import RecTool
+from tests.support.agent_harness import AgentHarness, of
+from tests.support.scripted_engine import reply, text_ids
+
+TOK = Tokenizer.load()
+CTX = 4096
+HEAD = b"[ds4-agent compacted earlier conversation. Durable task-state summary follows.]\n"
+
+
+def words(n: int) -> str:
+    """About n tokens of answer text (each " x" is one token)."""
+    text = "x" + " x" * (n - 1)
+    assert abs(len(TOK.encode_untrusted(text)) - n) <= 2
+    return text
+
+
+def summary(text: str) -> list[int]:
+    return text_ids(text) + [EOS]
+
+
+def test_soft_compaction_before_a_turn_keeps_goal_and_tail(tmp_path, tools):
+    h = AgentHarness.build(tmp_path, tools=tools, ctx=CTX)
+    u1 = template.render_user_turn("Refactor the parser module please", think_mode="think")
+    # Fill to 3 tokens below the soft threshold: the next user turn crosses it.
+    n = compact_threshold(CTX) - len(h.ids) - len(u1) - 3
+    r = reply(words(n), think="t")
+    r = reply(words(n - (len(h.ids) + len(u1) + len(r) - (compact_threshold(CTX) - 3))), think="t")
+    h.engine.add(r)
+    h.turn("Refactor the parser module please")
+    assert compact_threshold(CTX) - 5 <= len(h.ids) < compact_threshold(CTX)
+    h.engine.add(summary("Goal: refactor the parser. Done: nothing yet."), reply("Continuing.", think="t"))
+    evs = h.turn("and add tests")
+    started = of(evs, ev.CompactionStarted)
+    assert [s.reason for s in started] == ["soft"]
+    done = of(evs, ev.CompactionDone)[0]
+    assert done.ok and done.tokens_after < done.tokens_before
+    text = h.text()
+    assert HEAD + b"Goal: refactor the parser. Done: nothing yet." in text
+    # The goal survives verbatim (the tail was too short to keep the first request).
+    assert b"The user's first request (verbatim):\nRefactor the parser module please" in text
+    assert b"Context compaction:" not in text  # the private request is never kept
+    # The rebuilt transcript is the one renderer's output, then the new turn.
+    system = h.worker.system
+    body = b"Goal: refactor the parser. Done: nothing yet.\n\nThe user's first request (verbatim):\n" \
+        b"Refactor the parser module please"
+    prefix = template.render_compacted_prefix(system.builtin, body, extra_system_text=system.extra,
+                                              tools=tools, ctx=CTX)
+    assert h.ids[:len(prefix)] == prefix
+    assert h.ids[len(prefix)] == USER
+    assert text.endswith("and add tests<｜Assistant｜><think>t</think>Continuing.<｜end▁of▁sentence｜>".encode())  # noqa: RUF001
+    assert h.live == tuple(h.ids[:-1])
+    h.stop()
+
+
+def test_hard_compaction_then_result_fits(tmp_path):
+    big = RecTool("alpha", text="".join(f"row {i}\n" for i in range(300)))
+    h = AgentHarness.build(tmp_path, tools=[big], ctx=CTX)
+    n = compact_threshold(CTX) - len(h.ids) - 300  # below the soft threshold, even with the call
+    h.engine.add(reply(words(n), think="t"))
+    h.turn("first")
+    h.engine.add(reply("", think="t", calls=[("alpha", {})]), summary("Summary of work."),
+                 reply("Read it.", think=""))
+    evs = h.turn("read the rows")
+    assert [s.reason for s in of(evs, ev.CompactionStarted)] == ["hard"]
+    text = h.text()
+    assert b"<tool_result>row 0\n" in text and b"row 299\n</tool_result>" in text
+    # The tail kept the current turn from its <｜User｜>: the request and the DSML block.
+    assert b"read the rows" in text and "｜DSML｜invoke".encode() in text  # noqa: RUF001
+    assert text.endswith(b"Read it.<\xef\xbd\x9cend\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>")
+    assert len(h.ids) < CTX
+    h.stop()
+
+
+def test_hard_compaction_result_still_too_big(tmp_path):
+    huge = RecTool("alpha", text="".join(f"row {i}\n" for i in range(1500)))
+    h = AgentHarness.build(tmp_path, [reply("", think="t", calls=[("alpha", {})]), summary("S."),
+                                      reply("Smaller then.", think="")], tools=[huge], ctx=CTX)
+    evs = h.turn("read")
+    assert [s.reason for s in of(evs, ev.CompactionStarted)] == ["hard"]
+    text = h.text()
+    assert b"<tool_result>Tool error: tool result still does not fit after context compaction (projected_prompt=" in text
+    assert b"Retry with a smaller read/search/bash output.</tool_result>" in text
+    assert b"row 1499" not in text
+    assert of(evs, ev.TurnEnded)[-1].reason == "done"
+    h.stop()
+
+
+def test_manual_compact_and_failure_keeps_transcript(tmp_path, tools):
+    h = AgentHarness.build(tmp_path, [reply("answer", think="t")], tools=tools, ctx=CTX)
+    h.turn("q")
+    before = h.ids
+    h.engine.add([EOS])  # an empty summary: compaction fails, nothing is lost
+    evs = h.command(h.agent.compact)
+    assert of(evs, ev.CompactionDone)[0].ok is False
+    assert of(evs, ev.Error)[0].text == "compaction failed: the model wrote an empty summary"
+    assert h.ids == before
+    h.engine.add(summary("Short summary."))
+    evs = h.command(h.agent.compact)
+    assert of(evs, ev.CompactionDone)[0].ok and [s.reason for s in of(evs, ev.CompactionStarted)] == ["manual"]
+    assert HEAD + b"Short summary.\n" in h.text()
+    assert h.ids[-1] == EOS and USER in h.ids  # tail kept from its <｜User｜>: the q/answer turn
+    h.stop()
