@@ -176,12 +176,16 @@ def iq2xxs_tables() -> tuple[np.ndarray, np.ndarray]:
 
 
 @lru_cache(maxsize=1)
-def _iq2xxs_mx_tables() -> tuple[mx.array, mx.array]:
+def _iq2xxs_signed_grid() -> mx.array:
+    """[256 * 128, 8] f32: grid row g with the signs of 7-bit code c at row g*128 + c.
+
+    One gather of 8 signed magnitudes per (grid index, sign code) pair replaces two gathers and
+    a multiply; the values are exact (magnitudes are small integers, signs +-1).
+    """
     grid, ksigns = iq2xxs_tables()
-    # sign table per 7-bit code: [128, 8] of +1/-1 (bit i of ksigns[code] set -> weight i negative)
-    bits = (ksigns[:, None] >> np.arange(8, dtype=np.uint8)[None, :]) & 1
-    signs = np.where(bits == 0, np.float32(1.0), np.float32(-1.0)).astype(np.float32)
-    return mx.array(grid), mx.array(signs)
+    bits = (ksigns[:, None] >> np.arange(8, dtype=np.uint8)[None, :]) & 1  # [128, 8]
+    signs = np.where(bits == 0, np.float32(1.0), np.float32(-1.0))
+    return mx.array((grid[:, None, :] * signs[None, :, :]).reshape(256 * 128, 8).astype(np.float32))
 
 
 _IQ2_SIGN_SHIFTS = mx.array(np.array([0, 7, 14, 21], dtype=np.uint32).reshape(1, 1, 4))
@@ -189,16 +193,15 @@ _IQ2_SIGN_SHIFTS = mx.array(np.array([0, 7, 14, 21], dtype=np.uint32).reshape(1,
 
 def _dq_iq2_xxs(b: mx.array) -> mx.array:
     m = b.shape[0]
-    grid, sign_table = _iq2xxs_mx_tables()
+    table = _iq2xxs_signed_grid()
     d = _f16_at(b, 0).reshape(m, 1)
     pairs = b[:, 2:66].reshape(m, 8, 8)                      # 8 groups x (u32 a, u32 b)
     hi = mx.view(pairs[:, :, 4:8], mx.uint32).reshape(m, 8)  # sign codes + scale
     db = d * (0.5 + (hi >> 28).astype(mx.float32)) * 0.25     # [m, 8], exact
     idx = pairs[:, :, 0:4].astype(mx.uint32)                  # [m, 8, 4] grid rows
-    mags = grid[idx]                                          # [m, 8, 4, 8]
     sign_codes = (hi[:, :, None] >> _IQ2_SIGN_SHIFTS) & 127   # [m, 8, 4]
-    signs = sign_table[sign_codes]                            # [m, 8, 4, 8]
-    return (db[:, :, None, None] * mags * signs).reshape(m, 256)
+    signed = table[(idx << 7) | sign_codes]                   # [m, 8, 4, 8]
+    return (db[:, :, None, None] * signed).reshape(m, 256)
 
 
 _DEQUANT = {Q8_0: _dq_q8_0, Q2_K: _dq_q2_k, Q4_K: _dq_q4_k, IQ2_XXS: _dq_iq2_xxs}
