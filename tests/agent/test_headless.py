@@ -1,0 +1,71 @@
+"""Headless mode: stdout gets the answer, stderr the tool activity, --json one event per line."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from ds4agent.agent import headless
+from tests.support.agent_harness import AgentHarness
+from tests.support.scripted_engine import reply
+
+
+def _agent(tmp_path, tools, script, **kw):
+    return AgentHarness.build(tmp_path, script, tools=tools, start=False, **kw).agent
+
+
+def test_answer_to_stdout_tools_to_stderr(tmp_path, tools):
+    agent = _agent(tmp_path, tools, [reply("Looking.", think="t", calls=[("alpha", {"x": "1"})]),
+                                     reply("All good.", think="t")])
+    out, err = io.StringIO(), io.StringIO()
+    status = headless.run(agent, "check", out=out, err=err, timeout=30)
+    assert status == 0
+    assert out.getvalue() == "Looking.\n\nAll good.\n"
+    assert "⏺ alpha\n  ✓ A1\n" in err.getvalue()
+    assert tools[0].calls == [{"x": "1"}]
+
+
+def test_json_lines_and_failure_status(tmp_path, tools):
+    agent = _agent(tmp_path, tools, [reply("one two three four five", think="t")], round_tokens=3)
+    out, err = io.StringIO(), io.StringIO()
+    status = headless.run(agent, "go", out=out, err=err, json_mode=True, timeout=30)
+    assert status == 1  # cut by the token cap: incomplete
+    lines = [json.loads(x) for x in out.getvalue().splitlines()]
+    types = [x["type"] for x in lines]
+    assert types.index("Ready") < types.index("UserTurn") < types.index("TurnEnded")
+    assert lines[-1] == {**lines[-1], "type": "TurnEnded", "reason": "token_cap"}
+    assert any(x["type"] == "Status" and x["state"] == "generating" for x in lines)
+
+
+def test_permission_question_without_asker_is_denied(tmp_path):
+    from ds4agent.tools.base import default_tools
+
+    agent = _agent(tmp_path, default_tools(),
+                   [reply("", think="t", calls=[("write", {"path": "f.txt", "content": "x"})]),
+                    reply("Could not write.", think="")], permission="ask")
+    out, err = io.StringIO(), io.StringIO()
+    assert headless.run(agent, "write f", out=out, err=err, timeout=30) == 0
+    assert not (tmp_path / "work" / "f.txt").exists()
+    assert "✗ Tool error: permission denied by the user" in err.getvalue()
+
+
+def test_cli_without_tty_falls_back_to_read_only(tmp_path, monkeypatch, capsys):
+    """main() wiring: no TTY + ask -> read-only, said on stderr; the engine comes from the loader."""
+    from ds4agent.agent import wiring
+    from tests.support.scripted_engine import ScriptedEngine
+
+    eng = ScriptedEngine([reply("", think="t", calls=[("bash", {"command": "touch made"})]),
+                          reply("Refused.", think="")], ctx=16384)
+    monkeypatch.setattr(wiring, "engine_loader", lambda path, ctx: (lambda progress: eng))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    from ds4agent.cli import build_parser
+
+    args = build_parser().parse_args(["-p", "make a file", "--kv-dir", str(tmp_path / "kv"), "--ctx", "16384"])
+    args.model_path = tmp_path / "unused.gguf"
+    assert headless.main(args) == 0
+    cap = capsys.readouterr()
+    assert "running read-only" in cap.err
+    assert "bash is not allowed in read-only mode" in cap.err
+    assert cap.out == "Refused.\n"
+    assert not (tmp_path / "made").exists()
