@@ -283,6 +283,23 @@ def eviction_score(header: KVCHeader, file_size: int, now: float, *, supersedes:
 # the store
 
 
+def _mkdir_0700(directory: Path) -> None:
+    """`mkdir -p` where every directory created gets mode 0700 (§4). Path.mkdir(parents=True)
+    would give the parents the default mode, leaving e.g. ~/.ds4 world-readable."""
+    missing = []
+    probe = directory
+    while not probe.exists() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            pass  # created concurrently (another ds4 process): fine if it is a directory
+    if not directory.is_dir():
+        raise NotADirectoryError(20, "Not a directory")
+
+
 class SessionStore:
     """One KV directory. Cheap to construct; every method re-reads the directory (other processes,
     e.g. ds4-server, write into it concurrently)."""
@@ -293,7 +310,7 @@ class SessionStore:
         self._clock = clock
         if create:
             try:
-                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                _mkdir_0700(self.directory)
             except OSError as err:
                 raise KVCIOError(f"cannot create KV directory: {err.strerror or err}",
                                  path=self.directory) from None
@@ -429,9 +446,9 @@ class SessionStore:
             except OSError:
                 return False
 
-        if loaded_from is not None:
+        if loaded_from is not None and self._is_own_session_file(Path(loaded_from)):
             src = Path(loaded_from)
-            if src.exists() and not same(src) and self._unlink(src):
+            if not same(src) and self._unlink(src):
                 deleted.append(src)
         for entry in self.entries():
             if (entry.header.reason != REASON_SESSION or entry.text_bytes >= len(text)
@@ -448,6 +465,17 @@ class SessionStore:
         if deleted:
             fsync_dir(self.directory)
         return deleted
+
+    def _is_own_session_file(self, path: Path) -> bool:
+        """Only a reason-6 file inside this directory is deleted as the legacy source: a session
+        loaded by path from elsewhere (a backup, a copy) is never removed by a later save."""
+        try:
+            if not os.path.samefile(path.parent, self.directory):
+                return False
+            with open(path, "rb") as f:
+                return KVCHeader.unpack(f.read(HEADER_BYTES)).reason == REASON_SESSION
+        except (OSError, KVCError):
+            return False
 
     @staticmethod
     def _unlink(path: Path) -> bool:

@@ -404,3 +404,19 @@ def test_wall_clock_default(tmp_path):
     store = SessionStore(tmp_path)
     saved = save(store, session_text("now"))
     assert abs(saved.created_at - time.time()) < 3600
+
+
+def test_parents_are_created_0700(tmp_path):
+    SessionStore(tmp_path / "home" / ".ds4" / "kvcache")
+    for p in (tmp_path / "home", tmp_path / "home" / ".ds4", tmp_path / "home" / ".ds4" / "kvcache"):
+        assert p.stat().st_mode & 0o777 == 0o700
+
+
+def test_legacy_source_outside_the_store_is_never_deleted(store, tmp_path):
+    text = session_text("backup")
+    backup = tmp_path / (text_sha1(text) + ".kv")
+    write_kvc(backup, KVCHeader(2, 6, 0, 0, 4, 0, CTX, 5, 5, 0), text, random_state(TINY, 4, CTX), TINY)
+    loaded = load(store, backup)
+    assert loaded.legacy
+    saved = save(store, text + b"!", title=loaded.title, created_at=loaded.created_at, loaded_from=loaded.path)
+    assert saved.deleted == () and backup.exists()
