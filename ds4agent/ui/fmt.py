@@ -154,10 +154,11 @@ def ctx_segment(s: StatusState, cells: int = 8) -> str:
 
 
 def speed_segment(s: StatusState) -> str:
+    """Last measured speeds; the one the state segment already shows live is left out."""
     parts = []
-    if s.last_prefill_tps > 0:
+    if s.last_prefill_tps > 0 and s.state != "prefill":
         parts.append(f"prefill {s.last_prefill_tps:.0f} t/s")
-    if s.last_decode_tps > 0:
+    if s.last_decode_tps > 0 and s.state != "generating":
         parts.append(f"decode {s.last_decode_tps:.1f} t/s")
     return " · ".join(parts)
 

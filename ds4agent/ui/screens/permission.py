@@ -54,9 +54,9 @@ class PermissionScreen(ModalScreen[tuple[str, str]]):
             with Horizontal(classes="buttons"):
                 for key, label in self.options:
                     variant = "error" if key == "n" else ("primary" if key == "y" else "default")
-                    yield Button(f"[{key}] {label}", id=f"answer-{key}", variant=variant, compact=True)
+                    yield Button(Content(f"[{key}] {label}"), id=f"answer-{key}", variant=variant, compact=True)
                 if "n" in self._keys:
-                    yield Button("[m] deny with a message", id="answer-m", compact=True)
+                    yield Button(Content("[m] deny, say why"), id="answer-m", compact=True)
             yield Input(placeholder="message to the model (Enter to deny)", id="deny-message")
 
     def on_mount(self) -> None:

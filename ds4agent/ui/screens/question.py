@@ -29,7 +29,7 @@ class QuestionScreen(ModalScreen[str]):
                 yield Static(Content(self.body), classes="body")
             with Horizontal(classes="buttons"):
                 for key, label in self.options:
-                    yield Button(f"[{key}] {label}", id=f"answer-{key}", compact=True,
+                    yield Button(Content(f"[{key}] {label}"), id=f"answer-{key}", compact=True,
                                  variant="primary" if key == "y" else "default")
 
     def on_key(self, event) -> None:

@@ -1,0 +1,135 @@
+"""SVG snapshots of the main states (pytest-textual-snapshot). Deterministic: a fixed clock, a fixed
+`now`, a fixed working directory, no spinner animation and no cursor blink.
+
+Update after an intended visual change: pytest tests/ui/test_snapshots.py --snapshot-update
+"""
+
+from __future__ import annotations
+
+from ds4agent.agent import events as ev
+from ds4agent.tools.base import BashDisplay, DiffDisplay, DiffLine, TextDisplay
+from tests.ui.conftest import make_fake_app
+from tests.ui.fake_agent import status
+
+SIZE = (110, 40)
+
+
+async def _settle(pilot, app, cond=lambda: True) -> None:
+    for _ in range(200):
+        if cond() and not app._in_flight and app.agent is not None and app.agent.events.empty():
+            break
+        await pilot.pause(0.02)
+    await pilot.pause(0.15)
+
+
+def _turn_events(clock) -> list[ev.Event]:
+    diff_lines = (
+        DiffLine("hunk", None, None, "@@ -86,3 +86,4 @@"),
+        DiffLine("context", 86, 86, "def _backoff(self, attempt):"),
+        DiffLine("context", 87, 87, "    base = self.base_delay"),
+        DiffLine("remove", 88, None, "    return base * attempt"),
+        DiffLine("add", None, 88, "    delay = base * (2 ** attempt)"),
+        DiffLine("add", None, 89, "    return min(delay, self.max_delay)"),
+    )
+    bash = BashDisplay(command="pytest -q tests/test_client.py", job=1, pid=10, running=False, exit_status=0,
+                       timed_out=False, output="....................\n20 passed in 2.84s\n", output_kind="full",
+                       output_path="/tmp/out", total_bytes=40, total_lines=2, duration=3.1)
+    return [
+        ev.UserTurn("Fix the flaky retry test in tests/test_client.py"),
+        status("generating", generated=1),
+        *[ev.ThinkingDelta(w) for w in "The retry delay looks linear; read the client first.".split(" ")],
+        ev.ToolCallStart(0, "read"), ev.ToolCallEnd(0, "read", {"path": "src/client.py"}),
+        ev.ToolResult(0, "read", True, "1: x", TextDisplay("212 lines", "1: x")),
+        ev.ToolCallStart(1, "edit"), ev.ToolCallEnd(1, "edit", {"path": "src/client.py", "start": "88", "end": "89"}),
+        ev.ToolResult(1, "edit", True, "ok", DiffDisplay("src/client.py", False, "", diff_lines, 2, 1)),
+        ev.ToolCallStart(2, "bash"), ev.ToolCallEnd(2, "bash", {"command": "pytest -q tests/test_client.py"}),
+        ev.ToolResult(2, "bash", True, "exit status 0", bash, 3.1),
+        ev.TextDelta("The retry delay grew **linearly**, so the 50 ms budget was hit on slow machines. "
+                     "It is now exponential and capped:\n\n"),
+        ev.TextDelta("```python\ndelay = min(base * (2 ** attempt), self.max_delay)\n```\n\n"
+                     "- 20 tests pass\n- no new dependencies\n"),
+        ev.TurnEnded("done", rounds=2, generated=300),
+        status("idle", ctx_used=14200, ctx_total=100_000, compact_at=85_000, decode_tps=23.1, prefill_tps=412.0,
+               unsaved=False, session_id="3f2a9c1e", title="Fix the flaky retry test"),
+    ]
+
+
+def test_snapshot_conversation(snap_compare):
+    app, agent = make_fake_app()
+
+    async def run_before(pilot):
+        events = _turn_events(app.clock)
+        n_think = 2 + 9  # the user turn, a status, nine thinking deltas
+        agent.emit(*events[:n_think])
+        await _settle(pilot, app, lambda: app.conversation.thinking is not None)
+        app.clock.t += 4.2
+        agent.emit(*events[n_think:])
+        await _settle(pilot, app, lambda: app.conversation.last_answer_text != "")
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_snapshot_loading_with_queued_message(snap_compare):
+    app, agent = make_fake_app()
+    agent.busy = True
+
+    async def run_before(pilot):
+        agent.emit(status("loading", progress=0.37, ctx_used=0))
+        app.input.insert("Explain the build")
+        await pilot.press("enter")
+        app.input.insert("and then the tests")
+        await _settle(pilot, app, lambda: app.query_one("#queue").items != ())
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_snapshot_permission_modal(snap_compare):
+    app, agent = make_fake_app()
+    diff = "--- a/src/client.py\n+++ b/src/client.py\n@@ -88 +88,2 @@\n-    return base * attempt\n" \
+           "+    delay = base * (2 ** attempt)\n+    return min(delay, self.max_delay)\n"
+
+    async def run_before(pilot):
+        agent.emit(status("tool", detail="edit"),
+                   ev.PermissionRequest("p1", "edit", "Allow edit to src/client.py?", diff,
+                                        (("y", "allow once"), ("s", "allow edits for this session"), ("n", "deny"))))
+        await _settle(pilot, app, lambda: len(app.screen_stack) > 1)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_snapshot_session_picker(snap_compare):
+    app, agent = make_fake_app()
+    now = 1_700_000_000
+    agent.sessions = [
+        ev.SessionInfo("3f2a9c1e" + "0" * 32, "3f2a9c1e", "Fix the flaky retry test", 14200, 9 << 20,
+                       now - 300, 0, "/kv/a"),
+        ev.SessionInfo("8b01d2aa" + "0" * 32, "8b01d2aa", "Port the parser to the new DSML syntax", 52000,
+                       31 << 20, now - 7200, 0, "/kv/b"),
+        ev.SessionInfo("c0ffee00" + "0" * 32, "c0ffee00", "", 2100, 1 << 20, now - 5 * 86400, 0, "/kv/c"),
+    ]
+
+    async def run_before(pilot):
+        agent.emit(status("idle"))
+        await pilot.press("ctrl+l")
+        await _settle(pilot, app, lambda: len(app.screen_stack) > 1)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+
+
+def test_snapshot_prefill_with_failed_bash_and_invalid_call(snap_compare):
+    app, agent = make_fake_app()
+    bash = BashDisplay(command="make test", job=1, pid=10, running=False, exit_status=2, timed_out=False,
+                       output="cc -o app main.c\nmain.c:3: error: expected ';'\nmake: *** [app] Error 1\n",
+                       output_kind="full", output_path="/tmp/out", total_bytes=80, total_lines=3, duration=0.4)
+
+    async def run_before(pilot):
+        agent.emit(
+            ev.UserTurn("build it"),
+            ev.ToolCallStart(0, "bash"), ev.ToolCallEnd(0, "bash", {"command": "make test"}),
+            ev.ToolResult(0, "bash", False, "exit status 2", bash, 0.4),
+            ev.ToolCallInvalid("unknown parameter: colour", '<｜DSML｜invoke name="list">', "error"),
+            ev.PrefillProgress(768, 2048, 812.0),
+        )
+        await _settle(pilot, app, lambda: app.status_model.prefill_total == 2048)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
