@@ -51,6 +51,7 @@ from .payload import (
     PayloadInfo,
     PayloadShape,
     PayloadState,
+    as_shape,
     payload_size,
     read_payload,
     validate_state,
@@ -355,6 +356,7 @@ def load_kvc(
     so any failure here leaves live state untouched by construction.
     """
     path = Path(path)
+    shape = as_shape(shape)
     f, size = _open(path)  # step 1
     with f:
         try:
@@ -443,7 +445,7 @@ def verify_kvc(path: str | Path, *, quant_bits: int | None = None, shape: Payloa
             check_identity(path, env)
             if hdr.payload_bytes == 0 and kind == KIND_SESSION:
                 return VerifyResult(path, kind, env, None, None)  # stripped session: not rebuilt
-            use_shape = shape
+            use_shape = as_shape(shape) if shape is not None else None
             if use_shape is None:
                 head = f.read(52)
                 f.seek(env.payload_offset)
@@ -509,6 +511,7 @@ def write_kvc(
         raise KVCWriteError(f"quantization bits must be 2 or 4, not {header.quant_bits}", path=path)
     if state is not None:
         assert shape is not None, "a payload needs its shape"
+        shape = as_shape(shape)
         n_tokens = int(len(state.tokens))
         ctx = int(state.ctx)
         validate_state(state, shape)

@@ -8,6 +8,8 @@ the agent connects them.
 Public API:
     PayloadShape, LayerPayload, PayloadState      the contract dataclasses (fields fixed)
     FLASH_SHAPE                                    DeepSeek V4 Flash (43 layers, D 512, Di 128, V 129280)
+    as_shape(obj) -> PayloadShape                  from any object with PayloadShape's attribute names
+    blank_state(shape, T, ctx) -> PayloadState     zero arrays of the right shapes, canonical filler
     PayloadHeader                                  the 13 u32 of §9.1 (pack / unpack / for_state)
     payload_size(shape, T, ctx) -> int             exact payload length (§9.6 on Flash)
     validate_state(state, shape) -> int            raises KVCPayloadError; returns T
@@ -121,6 +123,19 @@ class PayloadShape:
         return arrays
 
 
+def as_shape(shape: object) -> PayloadShape:
+    """A PayloadShape from any object with its attribute names (the engine hands out its own
+    duck-typed class because it may not import sessions); PayloadShape instances pass through."""
+    if isinstance(shape, PayloadShape):
+        return shape
+    try:
+        return PayloadShape(n_layers=int(shape.n_layers), head_dim=int(shape.head_dim),
+                            indexer_dim=int(shape.indexer_dim), vocab=int(shape.vocab),
+                            window=int(shape.window), ratios=tuple(int(r) for r in shape.ratios))
+    except (AttributeError, TypeError, ValueError) as err:
+        raise TypeError(f"not a payload shape: {shape!r}") from err
+
+
 FLASH_SHAPE = PayloadShape(
     n_layers=43,
     head_dim=512,
@@ -230,6 +245,7 @@ def _align_up(value: int, align: int) -> int:
 
 def payload_size(shape: PayloadShape, n_tokens: int, ctx: int) -> int:
     """Exact payload length for T tokens at context ctx (§9.6 for FLASH_SHAPE)."""
+    shape = as_shape(shape)
     raw_rows = min(n_tokens, shape.runtime_fields(ctx)[2])
     size = PAYLOAD_HEADER_BYTES + 4 * n_tokens + 4 * shape.vocab + 8 * shape.n_layers
     for layer in range(shape.n_layers):
@@ -250,6 +266,7 @@ def validate_state(state: PayloadState, shape: PayloadShape) -> int:
 
     Runs before any file is created (kvc-format.md §6.1 step 1: compute everything first).
     """
+    shape = as_shape(shape)
     tokens = np.asarray(state.tokens)
     if tokens.ndim != 1 or tokens.size == 0:
         raise _refuse("the token list is empty" if tokens.size == 0 else "tokens must be a 1-D array")
@@ -313,6 +330,7 @@ def _live_frontier_rows(ratio: int, coff: int, n_tokens: int) -> slice:
 
 def write_payload(f: BinaryIO, state: PayloadState, shape: PayloadShape) -> int:
     """Stream `state` as a DSV4 payload into `f`; returns the bytes written (== payload_size)."""
+    shape = as_shape(shape)
     n_tokens = validate_state(state, shape)
     header = PayloadHeader.for_state(shape, int(state.ctx), n_tokens)
     f.write(header.pack())
@@ -408,6 +426,7 @@ def read_payload(
     7/9 are skipped, counts are checked against h6 and T, and the array region must be at least
     as large as the raw/compressed/indexer rows the counts imply. keep_arrays must be False then.
     """
+    shape = as_shape(shape) if shape is not None else None
     cur = _PayloadCursor(f, payload_bytes)
     if payload_bytes < PAYLOAD_HEADER_BYTES:  # step 1
         raise KVCPayloadError(P_TRUNCATED)
@@ -495,6 +514,7 @@ def blank_state(shape: PayloadShape, n_tokens: int, ctx: int) -> PayloadState:
 
     For tests, benchmarks and engines that fill arrays in place (e.g. before a readinto).
     """
+    shape = as_shape(shape)
     raw_rows = min(n_tokens, shape.runtime_fields(ctx)[2])
     layers = []
     for layer in range(shape.n_layers):

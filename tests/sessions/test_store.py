@@ -420,3 +420,23 @@ def test_legacy_source_outside_the_store_is_never_deleted(store, tmp_path):
     assert loaded.legacy
     saved = save(store, text + b"!", title=loaded.title, created_at=loaded.created_at, loaded_from=loaded.path)
     assert saved.deleted == () and backup.exists()
+
+
+def test_duck_typed_engine_shape_and_state(store):
+    """The engine hands out its own shape class and SimpleNamespace states (it may not import
+    sessions): the store accepts anything with the contract's attribute names."""
+    from types import SimpleNamespace
+
+    class EngineShape:
+        n_layers, head_dim, indexer_dim, vocab, window = 4, 8, 4, 129280, 8
+        ratios = [0, 0, 4, 16]
+
+    real = random_state(TINY, 7, CTX, seed=9)
+    duck = SimpleNamespace(ctx=real.ctx, tokens=real.tokens, logits=real.logits,
+                           layers=[SimpleNamespace(**vars(lp)) for lp in real.layers])
+    saved = store.save_session(session_text("duck"), duck, shape=EngineShape(), quant_bits=2)
+    loaded = store.load_session(saved.id, shape=EngineShape(), ctx=CTX, model_id=0, quant_bits=2)
+    assert_states_equal(real, loaded.payload)
+    store.save_sysprompt(b"<s>", duck, shape=EngineShape(), quant_bits=2)
+    back = store.load_sysprompt(b"<s>", shape=EngineShape(), ctx=CTX, model_id=0, quant_bits=2)
+    assert_states_equal(real, back)
