@@ -298,7 +298,7 @@ class Worker:
     # ------------------------------------------------------------------ one assistant round
 
     def _round(self) -> RoundResult:
-        from ds4agent.agent.stream import AssistantStream
+        from ds4agent.agent.stream import AssistantStream, Coalescer
 
         tok = self.tok
         EOS = tok.EOS
@@ -311,7 +311,9 @@ class Worker:
         if cap <= 0:
             raise TurnAborted("context full: no room left to generate")
         stream = AssistantStream(tok, thinking=self._mode_for_prompt() != "nothink")
-        emit = self.io.emit
+        out = Coalescer(self.io.emit)
+        emit = out.add
+        monotonic = time.monotonic
         should_stop = self.io.should_stop
         sample = self.sampler.sample
         step = self.session.step
@@ -343,6 +345,7 @@ class Worker:
                 trace.token(len(ids) - 1, token, data)
             for e in stream.feed(token, data):
                 emit(e)
+            out.tick(monotonic())
             if token == EOS:
                 reason = "eos"
                 break
@@ -357,6 +360,7 @@ class Worker:
                     self.generated = n
                     self.greedy = stream.in_syntax
                     self.decode_tps = n / (now - t0)
+                    out.flush()
                     self.emit_status()
         dt = time.monotonic() - t0
         if n and dt > 0:
@@ -364,6 +368,7 @@ class Worker:
         self.generated = n
         for e in stream.finish():
             emit(e)
+        out.flush()
         if ids[-1] != EOS:
             ids.append(EOS)  # the agent ends the turn (close, error, stop token, cap, interrupt)
         if trace is not None:

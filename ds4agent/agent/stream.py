@@ -87,3 +87,55 @@ class AssistantStream:
             elif t is dsml.ThinkingViolation:
                 out.append(ev.ToolCallInvalid(dsml.THINKING_ERROR_REASON, kind="thinking"))
         return out
+
+
+class Coalescer:
+    """Merges consecutive text deltas of one kind before they reach the event queue.
+
+    At real decode speed (tens of tokens per second) every token is flushed at once; when
+    tokens come faster than `interval` (replays, a fast engine) consecutive deltas are joined,
+    so the UI's queue gets a few events per frame instead of one per token. Any other event
+    flushes the pending delta first, so the order of events is never changed.
+    """
+
+    __slots__ = ("_emit", "_interval", "_kind", "_key", "_parts", "_last")
+
+    def __init__(self, emit: Any, interval: float = 0.02) -> None:
+        self._emit = emit
+        self._interval = interval
+        self._kind: type | None = None
+        self._key: tuple = ()
+        self._parts: list[str] = []
+        self._last = 0.0
+
+    def add(self, e: ev.Event) -> None:
+        t = type(e)
+        if t is ev.ThinkingDelta or t is ev.TextDelta:
+            key: tuple = ()
+        elif t is ev.ToolCallArgDelta:
+            key = (e.index, e.param)
+        else:
+            self.flush()
+            self._emit(e)
+            return
+        if t is not self._kind or key != self._key:
+            self.flush()
+            self._kind, self._key = t, key
+        self._parts.append(e.text)
+
+    def tick(self, now: float) -> None:
+        if self._parts and now - self._last >= self._interval:
+            self.flush()
+            self._last = now
+
+    def flush(self) -> None:
+        if not self._parts:
+            return
+        text = self._parts[0] if len(self._parts) == 1 else "".join(self._parts)
+        kind = self._kind
+        if kind is ev.ToolCallArgDelta:
+            self._emit(ev.ToolCallArgDelta(self._key[0], self._key[1], text))
+        else:
+            self._emit(kind(text))  # type: ignore[misc]
+        self._parts = []
+        self._kind = None

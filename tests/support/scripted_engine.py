@@ -59,7 +59,7 @@ def reply(
     )
 
 
-def _ends_with_prompt(t: tuple[int, ...]) -> bool:
+def _ends_with_prompt(t) -> bool:
     return len(t) >= 2 and t[-2] == ASSISTANT and t[-1] in (THINK, END_THINK)
 
 
@@ -73,12 +73,20 @@ class _Cursor:
 class ScriptedSession:
     def __init__(self, engine: ScriptedEngine) -> None:
         self.engine = engine
-        self.tokens: tuple[int, ...] = ()
+        self._tokens: list[int] = []  # a list: step() appends in O(1)
         self._logits = np.full(VOCAB_SIZE, -1e9, dtype=np.float32)
         self._hot = -1
         self.logits: np.ndarray | None = None
         self._cursor: _Cursor | None = None
         self.steps = 0  # tokens decoded by step()
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return tuple(self._tokens)
+
+    @tokens.setter
+    def tokens(self, value) -> None:
+        self._tokens = list(value)
 
     # ------------------------------------------------------------------ logits
     def _offer(self, token: int) -> np.ndarray:
@@ -101,13 +109,14 @@ class ScriptedSession:
         tokens = tuple(tokens)
         if len(tokens) > self.engine.ctx:
             raise ContextOverflowError(len(tokens), self.engine.ctx)
+        live = self._tokens
         keep = 0
-        limit = min(len(tokens), len(self.tokens))
-        while keep < limit and tokens[keep] == self.tokens[keep]:
+        limit = min(len(tokens), len(live))
+        while keep < limit and tokens[keep] == live[keep]:
             keep += 1
         total = len(tokens) - keep
-        if keep < len(self.tokens):
-            self.tokens = self.tokens[:keep]  # rewind (the real engine restores a snapshot or re-prefills)
+        if keep < len(live):
+            del live[keep:]  # rewind (the real engine restores a snapshot or re-prefills)
         done = 0
         chunk = self.engine.chunk
         while done < total:
@@ -116,29 +125,29 @@ class ScriptedSession:
                 raise Interrupted(done=done, total=total)
             n = min(chunk, total - done)
             done += n
-            self.tokens = tokens[: keep + done]
+            self._tokens = list(tokens[: keep + done])
             if progress is not None:
                 progress(done, total)
         self.engine.prefills.append(total)
-        if total or self.logits is None or _ends_with_prompt(self.tokens):
+        if total or self.logits is None or _ends_with_prompt(self._tokens):
             # A generation prompt starts the next scripted response even when nothing was
             # prefilled (a retry from the same state, as after a failed compaction).
             self._after_sync()
         return total
 
     def _after_sync(self) -> None:
-        t = self.tokens
+        t = self._tokens
         if _ends_with_prompt(t):
-            self._cursor = _Cursor(list(self.engine.next_response(t)))
+            self._cursor = _Cursor(list(self.engine.next_response(tuple(t))))
             self.engine.responses_started += 1
         else:
             self._cursor = None
         self._offer(self._next_scripted())
 
     def step(self, token: int) -> np.ndarray:
-        if len(self.tokens) + 1 > self.engine.ctx:
-            raise ContextOverflowError(len(self.tokens) + 1, self.engine.ctx)
-        self.tokens = self.tokens + (token,)
+        if len(self._tokens) + 1 > self.engine.ctx:
+            raise ContextOverflowError(len(self._tokens) + 1, self.engine.ctx)
+        self._tokens.append(token)
         self.steps += 1
         c = self._cursor
         if c is not None and not c.off_script:

@@ -1,0 +1,152 @@
+"""Agent loop overhead per generated token, with an engine that costs nothing.
+
+A scripted engine (tests/support/scripted_engine.py) "generates" a ~20,000-token turn instantly:
+five rounds of reasoning + visible text, four of them ending in a DSML tool call with a long
+string payload, the last one a plain answer. An oracle sampler returns the scripted token
+without scanning the logits (argmax over 129,280 logits is the sampler's cost, not the loop's).
+What remains per token is the agent's own work: the greedy classifier, the stream parser,
+event objects on the thread-safe queue, the transcript append, the status rate limiter, and the
+engine double's O(1) bookkeeping (measured separately and subtracted).
+
+Measured side by side in one run:
+  * loop: the worker's wall time for the turn (TurnEnded.seconds) / generated tokens;
+  * engine double: stepping a bare scripted session through the same tokens;
+  * bare decode: Tokenizer.token_bytes for every token (the least any loop must do per token).
+
+Target: loop overhead < 20 us/token (exit status 1 above). Run: .venv/bin/python bench/loop_overhead.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ds4agent.agent import events as ev  # noqa: E402
+from ds4agent.engine.tokenizer import EOS, Tokenizer  # noqa: E402
+from tests.support.agent_harness import AgentHarness  # noqa: E402
+from tests.support.scripted_engine import ScriptedEngine, reply  # noqa: E402
+
+TARGET_US = 20.0
+
+
+class OracleSampler:
+    """Returns the token the scripted session offers (its one-hot logit), in O(1)."""
+
+    def __init__(self, worker) -> None:
+        self.worker = worker
+
+    def sample(self, logits, *, greedy: bool = False) -> int:
+        return self.worker.session._hot
+
+    def reseed(self, seed=None) -> None:
+        pass
+
+
+class EchoTool:
+    name = "note"
+    description = "Store a note."
+    schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+    mutates = False
+
+    def run(self, args, ctx):
+        from ds4agent.tools.base import ToolResult
+
+        return ToolResult(f"stored {len(args.get('text', ''))} chars\n")
+
+
+def prose(n_tokens: int, seed: int) -> str:
+    words = ["the", "parser", "reads", "a", "token", "and", "then", "checks", "state", "of",
+             "block", "value", "code", "line", "file", "test", "runs", "fast", "with", "care"]
+    out = []
+    for i in range(n_tokens):
+        out.append(words[(i * 7 + seed) % len(words)])
+        if i % 17 == 16:
+            out.append("\n")
+    return " ".join(out)
+
+
+def build_script(total: int) -> list[list[int]]:
+    rounds = 5
+    per = total // rounds
+    script = []
+    for r in range(rounds - 1):
+        payload = prose(per // 4, r + 100)
+        script.append(reply(prose(per // 3, r), think=prose(per // 3, r + 50),
+                            calls=[("note", {"text": payload})]))
+    script.append(reply(prose(per // 2, 9), think=prose(per // 2, 10)))
+    return script
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--tokens", type=int, default=20_000, help="approximate tokens generated in the turn")
+    args = p.parse_args()
+    tok = Tokenizer.load()
+    script = build_script(args.tokens)
+    all_tokens = [t for r in script for t in r]
+
+    tmp = Path(tempfile.mkdtemp(prefix="ds4agent-bench-"))
+    try:
+        engine = ScriptedEngine(script, ctx=200_000, chunk=4096)
+        h = AgentHarness.build(tmp, engine=engine, tools=[EchoTool()], seed=1)
+        h.worker.sampler = OracleSampler(h.worker)
+        h.agent.submit("Please take notes.")
+        # A UI drains the queue concurrently; do the same (cheaply) so the queue does not grow.
+        end = None
+        n_events = 0
+        deadline = time.monotonic() + 300
+        while end is None and time.monotonic() < deadline:
+            for e in h.agent.poll_events():
+                n_events += 1
+                if isinstance(e, ev.TurnEnded):
+                    end = e
+            time.sleep(0.01)
+        h.stop()
+        if end is None or end.reason != "done":
+            print(f"turn did not finish cleanly: {end}", file=sys.stderr)
+            return 2
+        generated = end.generated
+        loop_s = end.seconds
+
+        # The engine double alone, over the same tokens.
+        bare = ScriptedEngine([all_tokens], ctx=200_000).new_session()
+        bare.sync([0, 128804, 128821])
+        t0 = time.perf_counter()
+        for t in all_tokens:
+            bare.step(t)
+        double_s = time.perf_counter() - t0
+
+        # Bare tokenizer decode of the same tokens.
+        tb = tok.token_bytes
+        t0 = time.perf_counter()
+        for t in all_tokens:
+            tb(t)
+        decode_s = time.perf_counter() - t0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    n = len(all_tokens)
+    per_tok_us = (loop_s - double_s * generated / n) / generated * 1e6
+    decode_us = decode_s / n * 1e6
+    print(f"tokens generated: {generated} in 5 rounds (4 tool calls), events: {n_events}")
+    print(f"agent loop:        {generated / loop_s:12,.0f} tok/s  ({loop_s * 1e6 / generated:6.2f} us/token, "
+          f"engine double included)")
+    print(f"engine double:     {n / double_s:12,.0f} tok/s  ({double_s * 1e6 / n:6.2f} us/token)")
+    print(f"bare decode:       {n / decode_s:12,.0f} tok/s  ({decode_us:6.2f} us/token)")
+    print(f"loop overhead:     {per_tok_us:6.2f} us/token  = {per_tok_us / decode_us:5.1f}x bare decode "
+          f"(target < {TARGET_US:.0f} us/token)")
+    if EOS not in all_tokens:
+        print("script has no EOS", file=sys.stderr)
+        return 2
+    return 0 if per_tok_us < TARGET_US else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

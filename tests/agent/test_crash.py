@@ -1,0 +1,85 @@
+"""Crash safety: kill -9 the agent process mid-turn; the next start offers to resume the journal,
+loads the nearest saved KV whose text is a prefix, and prefills only the rest."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from ds4agent.agent import events as ev
+from ds4agent.engine import template
+from ds4agent.engine.tokenizer import EOS
+from tests.support.agent_harness import AgentHarness, of
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CHILD = r"""
+import os, signal, sys
+from pathlib import Path
+from tests.agent.conftest import RecTool
+from tests.support.agent_harness import AgentHarness
+from tests.support.scripted_engine import reply
+
+root = Path(sys.argv[1])
+h = AgentHarness.build(root, [reply("First answer.", think="t"),
+                              reply("", think="t", calls=[("alpha", {"x": "1"})]),
+                              reply("This answer never finishes because the process dies", think="t")],
+                       tools=[RecTool("alpha", "A1\n"), RecTool("beta", "B1\n")])
+h.turn("first task")
+h.command(h.agent.save)
+print("SAVED", len(h.ids), flush=True)
+
+def hook(session, pos):
+    if session.tokens[-1] != 1 and pos == 6 and h.engine.responses_started == 3:
+        print("KILL", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+h.engine.on_step = hook
+h.turn("second task")
+print("NOT REACHED", flush=True)
+"""
+
+
+def test_kill_mid_turn_then_resume(tmp_path, tools):
+    res = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == -9, res.stderr
+    lines = res.stdout.split()
+    assert lines[0] == "SAVED" and "KILL" in lines and "NOT" not in lines
+    saved_len = int(lines[1])
+    journals = list((tmp_path / "journal").glob("*.journal"))
+    assert len(journals) == 1
+
+    h = AgentHarness.build(tmp_path, tools=tools, answer=lambda e: "y")
+    q = of(h.events, ev.Question)
+    assert [x.kind for x in q] == ["resume"] and "second task" not in q[0].question
+    loaded = of(h.events, ev.SessionLoaded)[0]
+    assert loaded.resumed
+    ids = h.ids
+    user2 = template.render_user_turn("second task", think_mode="think")
+    results = template.render_tool_results(["A1\n"], think_mode="think")
+    # Journalled after round 1 of turn 2: user turn, the tool round, its results; the round that
+    # was running when the process died is closed with an EOS (as an interrupt would).
+    tail = ids[saved_len:]
+    assert tail[: len(user2)] == user2
+    assert tail[-len(results) - 1: -1] == results and tail[-1] == EOS
+    assert h.live == tuple(ids)
+    assert loaded.prefilled == len(ids) - saved_len  # only the part after the saved session
+    assert [i.text for i in loaded.history if i.kind == "user"] == ["first task", "second task"]
+    assert not list(j for j in (tmp_path / "journal").glob("*.journal") if j.name == journals[0].name)
+    # The resumed session is unsaved and continues normally.
+    assert of(h.events, ev.Status)[-1].unsaved
+    h.engine.add([EOS])
+    h.turn("third")
+    h.stop()
+
+
+def test_no_offer_after_clean_exit(tmp_path, tools):
+    h = AgentHarness.build(tmp_path, [[EOS]], tools=tools)
+    h.turn("x")
+    h.stop()
+    assert list((tmp_path / "journal").glob("*.journal")) == []
+    h2 = AgentHarness.build(tmp_path, tools=tools, answer=lambda e: "y")
+    assert of(h2.events, ev.Question) == []
+    h2.stop()
