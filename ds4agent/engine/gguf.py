@@ -336,6 +336,10 @@ class GGUFFile:
     # ---------------------------------------------------------------- lifetime
     def close(self) -> None:
         """Release the mapping. Views handed out keep it alive until they are gone."""
+        # Lazy string arrays read from the mapping: decode them now so metadata stays usable.
+        for value in self.metadata.values():
+            if isinstance(value, LazyStrings):
+                value._all()
         buf, self._buf = self._buf, memoryview(b"")
         mm, self._mm = self._mm, None
         try:
@@ -364,8 +368,9 @@ class GGUFFile:
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as a read-only uint8 view of the mapping (no copy, no read)."""
         ti = self.info(name)
-        return np.frombuffer(self._mm if self._mm is not None else b"", dtype=np.uint8,
-                             count=ti.nbytes, offset=ti.offset)
+        if self._mm is None:
+            raise ModelFileError(f"{self.path}: the model file is closed (reading {name!r})")
+        return np.frombuffer(self._mm, dtype=np.uint8, count=ti.nbytes, offset=ti.offset)
 
     def numpy(self, name: str) -> np.ndarray:
         """A zero-copy typed view with the row-major shape, for plain (unquantised) types."""

@@ -92,6 +92,16 @@ def test_metadata_values_and_types_round_trip(fixture_file):
         assert words[2] == "<｜User｜>"
 
 
+def test_lazy_strings_survive_close_and_raw_after_close_is_refused(fixture_file):
+    path, _ = fixture_file
+    gf = GGUFFile.open(path)
+    words = gf.metadata["t.words"]  # not decoded yet
+    gf.close()
+    assert list(words) == ["a", "", "<｜User｜>", "zz"]
+    with pytest.raises(ModelFileError, match="closed"):
+        gf.raw("f32")
+
+
 def test_tensor_directory_and_zero_copy_views(fixture_file):
     path, src = fixture_file
     with GGUFFile.open(path) as gf:
