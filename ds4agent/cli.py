@@ -31,11 +31,11 @@ class UsageError(Exception):
     """A problem with what the user asked for; printed as one line, exit status 2."""
 
 
-def _add_kv_dir(parser: argparse.ArgumentParser) -> None:
+def _add_kv_dir(parser: argparse.ArgumentParser, default: object = None) -> None:
     parser.add_argument(
         "--kv-dir",
         metavar="DIR",
-        default=None,
+        default=default,
         help="session/KV cache directory (default: $DS4AGENT_KV_DIR, else ~/.ds4/kvcache)",
     )
 
@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
 
     p = sub.add_parser("kv", help="inspect the session/KV cache directory")
-    _add_kv_dir(p)
+    # SUPPRESS: a subparser default would overwrite `ds4agent --kv-dir DIR kv ...` with None.
+    _add_kv_dir(p, default=argparse.SUPPRESS)
     kv = p.add_subparsers(dest="kv_command", metavar="ACTION", required=True)
     kv.add_parser("ls", help="list sessions and caches, newest first")
     q = kv.add_parser("show", help="show one file's header, title, text preview and payload")

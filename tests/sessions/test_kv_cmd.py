@@ -111,3 +111,18 @@ def test_cli_in_a_pipe_has_no_escape_codes(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ds4agent.cli", "kv", "--kv-dir", str(tmp_path), "ls"],
                        capture_output=True, text=True, check=True)
     assert "agent-session" in r.stdout and "\x1b" not in r.stdout and r.stderr == ""
+
+
+def test_kv_dir_before_the_subcommand_is_kept(tmp_path):
+    populate(tmp_path)
+    args = build_parser().parse_args(["--kv-dir", str(tmp_path), "kv", "ls"])
+    out = io.StringIO()
+    assert kv_cmd.main(args, out=out) == 0 and "agent-session" in out.getvalue()
+
+
+def test_kv_dir_from_environment(tmp_path, monkeypatch):
+    populate(tmp_path)
+    monkeypatch.setenv("DS4AGENT_KV_DIR", str(tmp_path))
+    out = io.StringIO()
+    assert kv_cmd.main(build_parser().parse_args(["kv", "verify"]), out=out) == 0
+    assert out.getvalue().endswith("2 file(s) checked, 0 invalid\n")
