@@ -299,3 +299,27 @@ def test_load_errors_are_readable(tmp_path):
     bad.write_bytes(b"not a model at all, clearly")
     with pytest.raises(EngineError, match="not a GGUF file"):
         Engine.load(bad, ctx=16)
+
+
+def test_save_resume_at_real_ratio_128_and_window_128(tmp_path):
+    """Flash's real large ratio and window (128/128) on a micro-width model: save just before,
+    on and after the 128 boundary (first ratio-128 row, window full) and resume exactly."""
+    from ds4agent.engine.config import test_config
+
+    cfg = test_config("micro", ratios=(0, 0, 4, 128), window=128)
+    path = make_test_model(tmp_path / "r128.gguf", cfg, seed=8)
+    eng = Engine.load(path, ctx=256, chunk=64)
+    prompt = [int(t) for t in np.random.default_rng(4).integers(0, 512, size=136)]
+    ref = eng.new_session()
+    ref.sync(prompt)
+    ref_state = ref.export_state()
+    assert ref_state.layers[3].comp.shape == (1, cfg.head_dim)  # one ratio-128 row
+    assert ref_state.layers[0].raw.shape == (128, cfg.head_dim)
+    for save_at in (127, 128, 130):
+        first = eng.new_session()
+        first.sync(prompt[:save_at])
+        resumed = eng.new_session()
+        resumed.import_state(_through_bytes(first.export_state(), eng))
+        assert resumed.sync(prompt) == len(prompt) - save_at
+        assert np.array_equal(resumed.logits, ref.logits), save_at
+        _assert_same_state(resumed.export_state(), ref_state)
