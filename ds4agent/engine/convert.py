@@ -19,7 +19,7 @@ a `config.json` describing the quantised tensors. The repacks are lossless reint
   Dequantising the output with `mx.dequantize(..., mode=...)` gives exactly the source values
   (tests/weights/test_convert.py). Routed experts are stacked to [n_experts, out, in/8].
 
-The engine itself loads GGUF files; loading a converted directory is not wired yet (see report).
+`load_converted(path)` is the engine's loader for such a directory (Engine.load takes a directory).
 """
 
 from __future__ import annotations
@@ -349,6 +349,14 @@ def convert(src, out, *, progress: Callable[[str], None] | None = None) -> Path:
                 config["source_config"] = json.loads(src_config.read_text())
             except ValueError:
                 raise ConvertError(f"{src_config} is not valid JSON") from None
+            try:
+                config["metadata"] = hf_metadata(config["source_config"])
+            except ConvertError as err:  # still a valid conversion; the engine will say why it refuses
+                config["metadata_error"] = str(err)
+            # test fixtures mark themselves so the engine validates them permissively (as GGUF test models)
+            config["test_model"] = bool(config["source_config"].get("ds4agent_test_model", False))
+        else:
+            config["metadata_error"] = f"{src_config} is missing"
         (tmp / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True))
         (tmp / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}, indent=1))
         if out.exists():
@@ -358,6 +366,137 @@ def convert(src, out, *, progress: Callable[[str], None] | None = None) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+# ---- model metadata from the official config.json --------------------------------------------
+
+# deepseek4.* key (without prefix) <- config.json key(s), first present wins
+_HF_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("block_count", ("num_hidden_layers",)), ("embedding_length", ("hidden_size",)),
+    ("vocab_size", ("vocab_size",)), ("attention.head_count", ("num_attention_heads",)),
+    ("attention.head_count_kv", ("num_key_value_heads",)), ("attention.key_length", ("head_dim",)),
+    ("attention.value_length", ("head_dim",)), ("rope.dimension_count", ("qk_rope_head_dim",)),
+    ("attention.q_lora_rank", ("q_lora_rank",)), ("attention.output_lora_rank", ("o_lora_rank",)),
+    ("attention.output_group_count", ("o_groups",)), ("expert_count", ("n_routed_experts",)),
+    ("expert_used_count", ("num_experts_per_tok",)), ("expert_feed_forward_length", ("moe_intermediate_size",)),
+    ("expert_shared_count", ("n_shared_experts",)), ("hash_layer_count", ("num_hash_layers", "n_hash_layers")),
+    ("attention.sliding_window", ("sliding_window", "window_size")),
+    ("attention.indexer.head_count", ("index_n_heads",)), ("attention.indexer.key_length", ("index_head_dim",)),
+    ("attention.indexer.top_k", ("index_topk",)), ("hyper_connection.count", ("hc_mult",)),
+    ("hyper_connection.sinkhorn_iterations", ("hc_sinkhorn_iters",)), ("hyper_connection.epsilon", ("hc_eps",)),
+    ("rope.freq_base", ("rope_theta",)), ("attention.compress_rope_freq_base", ("compress_rope_theta",)),
+    ("attention.layer_norm_rms_epsilon", ("rms_norm_eps",)), ("expert_weights_scale", ("routed_scaling_factor",)),
+)
+
+
+def hf_metadata(cfg: dict) -> dict:
+    """`deepseek4.*` metadata (as a GGUF would carry it) from DeepSeek's config.json.
+
+    Raises ConvertError naming the first missing key. compress_ratios is cut to the layer count
+    (the release lists one more entry, for the MTP block); swiglu_limit becomes the per-layer
+    clamp array; num_key_value_heads defaults to 1 and norm_topk_prob to true.
+    """
+    meta: dict = {}
+    defaults = {"num_key_value_heads": 1}
+    for key, sources in _HF_KEYS:
+        found = next((cfg[k] for k in sources if k in cfg), defaults.get(sources[0]))
+        if found is None:
+            raise ConvertError(f"config.json has no {' / '.join(sources)} (needed for deepseek4.{key})")
+        meta["deepseek4." + key] = found
+    n = int(meta["deepseek4.block_count"])
+    rs = cfg.get("rope_scaling") or {}
+    try:
+        meta["deepseek4.attention.compress_ratios"] = [int(r) for r in cfg["compress_ratios"][:n]]
+        meta["deepseek4.swiglu_clamp_exp"] = [float(cfg["swiglu_limit"])] * n
+        meta["deepseek4.rope.scaling.factor"] = rs["factor"]
+        meta["deepseek4.rope.scaling.original_context_length"] = rs["original_max_position_embeddings"]
+        meta["deepseek4.rope.scaling.yarn_beta_fast"] = rs["beta_fast"]
+        meta["deepseek4.rope.scaling.yarn_beta_slow"] = rs["beta_slow"]
+    except (KeyError, TypeError) as err:
+        raise ConvertError(f"config.json lacks {err} (needed for the DeepSeek V4 metadata)") from None
+    meta["deepseek4.expert_weights_norm"] = bool(cfg.get("norm_topk_prob", True))
+    return meta
+
+
+# ---- loading a converted directory -------------------------------------------------------------
+
+
+def _mx_linear_class():
+    from .weights import Linear
+
+    class MxLinear(Linear):
+        """A Linear over MLX microscaled codes (`mxfp8` from the official FP8 projections)."""
+
+        __slots__ = ("mode", "bits")
+
+        def __init__(self, wq, scales, *, mode: str, bits: int, in_features: int):
+            super().__init__(wq, scales, None, in_features=in_features)
+            self.mode, self.bits = mode, bits
+
+        def __call__(self, x):
+            import mlx.core as mx
+
+            return mx.quantized_matmul(x, self.weight, self.scales, None, transpose=True, group_size=MX_GROUP,
+                                       bits=self.bits, mode=self.mode)
+
+        def rows(self, start: int, stop: int):
+            return MxLinear(self.weight[start:stop], self.scales[start:stop], mode=self.mode, bits=self.bits,
+                            in_features=self.in_features)
+
+        def dense(self):
+            import mlx.core as mx
+
+            return mx.dequantize(self.weight, self.scales, group_size=MX_GROUP, bits=self.bits, mode=self.mode,
+                                 dtype=mx.float32)
+
+    return MxLinear
+
+
+def load_converted(path, *, progress: Callable[[float], None] | None = None):
+    """(ModelConfig, ModelWeights, quant_bits) of a directory written by `convert`.
+
+    The engine's hook for MLX directories (session.Engine.load): FP8 projections run as `mxfp8`
+    quantized matmuls, FP4 routed experts as `mxfp4` gather_qmm, everything else dense.
+    """
+    import mlx.core as mx
+
+    from .config import from_metadata
+    from .errors import ModelFileError
+    from .experts import MxExperts
+    from .weights import build_weights
+
+    path = Path(path)
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+        index = json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
+    except (OSError, ValueError, KeyError) as err:
+        raise ModelFileError(f"{path}: not a converted ds4agent model directory ({err})") from None
+    if cfg.get("format") != "ds4agent-mlx":
+        raise ModelFileError(f"{path}: config.json is not a ds4agent-mlx model description")
+    meta = cfg.get("metadata")
+    if not meta:
+        raise ModelFileError(f"{path}: no model metadata ({cfg.get('metadata_error', 'source config.json missing')})")
+    config = from_metadata(meta, mode="test" if cfg.get("test_model") else "flash")
+    tensors: dict = {}
+    for fname in sorted(set(index.values())):
+        try:
+            tensors.update(mx.load(str(path / fname)))
+        except Exception as err:  # MLX raises RuntimeError/ValueError for unreadable files
+            raise ModelFileError(f"{path / fname}: cannot read ({err})") from None
+    quant = cfg.get("quantization", {})
+    MxLinear = _mx_linear_class()
+
+    def get(name: str):
+        if name in quant:
+            q = quant[name]
+            wq, sc = tensors[name], tensors[name[: -len(".weight")] + ".scales"]
+            if "_exps." in name:
+                return MxExperts(wq, sc, mode=q["mode"], bits=q["bits"])
+            return MxLinear(wq, sc, mode=q["mode"], bits=q["bits"], in_features=q["shape"][1])
+        return tensors[name]
+
+    weights = build_weights(config, get, has=lambda n: n in tensors, progress=progress)
+    return config, weights, 4
 
 
 def main(args) -> int:

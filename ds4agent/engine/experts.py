@@ -81,6 +81,28 @@ def dense_experts(w: mx.array) -> ExpertWeights:
     return DenseExperts(w)
 
 
+class MxExperts:
+    """Experts in MLX's microscaled formats (`mxfp4`, from `ds4agent convert`): packed codes
+    [n_experts, d_out, d_in*bits/32] uint32 + E8M0 scales [n_experts, d_out, d_in/32], multiplied
+    with `mx.gather_qmm` (one 1-row product per (row, slot), like the other backends)."""
+
+    def __init__(self, wq: mx.array, scales: mx.array, *, mode: str = "mxfp4", bits: int = 4):
+        if wq.ndim != 3 or scales.ndim != 3 or wq.shape[:2] != scales.shape[:2]:
+            raise EngineError(f"{mode} experts need [E, out, packed] codes and [E, out, groups] scales, got "
+                              f"{list(wq.shape)} and {list(scales.shape)}")
+        self.wq, self.scales, self.mode, self.bits = wq, scales, mode, bits
+        self.n_experts, self.d_out = int(wq.shape[0]), int(wq.shape[1])
+        self.d_in = int(wq.shape[2]) * 32 // bits
+        if self.d_in != int(scales.shape[2]) * 32:
+            raise EngineError(f"{mode} experts: {self.d_in} inputs do not match {scales.shape[2]} scale groups of 32")
+
+    def gather_matmul(self, x: mx.array, expert_ids: mx.array) -> mx.array:
+        n, k = _check_call(self, x, expert_ids)
+        out = mx.gather_qmm(_slot_inputs(x, n, k), self.wq, self.scales, rhs_indices=expert_ids.astype(mx.uint32),
+                            transpose=True, group_size=32, bits=self.bits, mode=self.mode)
+        return out.reshape(n, k, self.d_out)
+
+
 # Dequantised float32 bytes one call may hold at a time (a prefill chunk can select every expert:
 # 256 Flash experts of 2048 x 4096 would be 8 GiB as f32). Decode (6 experts, 32 MiB each) fits
 # in one group.
