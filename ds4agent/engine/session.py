@@ -162,6 +162,14 @@ class Engine:
         from .gguf import GGUFFile
 
         path = Path(path)
+        if path.is_dir():  # an MLX directory written by `ds4agent convert` (WEIGHTS room's loader)
+            from .convert import load_converted
+
+            config, weights, qbits = load_converted(path, progress=progress)
+            engine = cls(config=config, weights=weights, ctx=ctx, quant_bits=qbits, path=path, chunk=chunk)
+            if progress is not None:
+                progress(1.0)
+            return engine
         gf = GGUFFile.open(path)
         try:
             types = {k: gf.array_types.get(k, v) for k, v in gf.value_types.items()}
