@@ -1,7 +1,8 @@
 """`ds4agent info MODEL [--ctx N]`: a model's shape, quant types, sizes and memory estimate.
 
 Reads only the GGUF header, metadata and tensor directory (never tensor data), so it answers
-instantly even for an 81 GB file. Memory is estimated the way the engine holds each tensor
+instantly even for an 81 GB file; a directory written by `ds4agent convert` is described from its
+config.json and safetensors headers. Memory is estimated the way the engine holds each tensor
 (weights.py / experts.py):
 
     routed experts (Q2_K/Q4_K/IQ2_XXS)  raw blocks, as in the file (memory-mapped; what decode
@@ -20,6 +21,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from .errors import ConfigError, EngineError
 
@@ -112,10 +115,7 @@ def model_info(path, *, ctx: int = 100_000) -> ModelInfo:
         raise EngineError(f"--ctx must be at least 1, got {ctx}")
     path = Path(path)
     if path.is_dir():
-        raise EngineError(
-            f"{path} is a directory; `info` reads ds4 GGUF files (converted MLX directories are "
-            "not supported by info yet)"
-        )
+        return _directory_info(path, ctx)
     with GGUFFile.open(path) as gf:
         types = {k: gf.array_types.get(k, v) for k, v in gf.value_types.items()}
         mode, problem = ("test" if gf.metadata.get(TEST_MODEL_KEY) else "flash"), ""
@@ -146,6 +146,63 @@ def model_info(path, *, ctx: int = 100_000) -> ModelInfo:
             groups=group_list, types={k: (v[0], v[1]) for k, v in by_type.items()},
             n_tensors=len(gf.tensors), ctx=int(ctx), state_bytes=payload_bytes(cfg, ctx),
         )
+
+
+def _directory_info(path: Path, ctx: int) -> ModelInfo:
+    """A directory written by `ds4agent convert`: sizes from the safetensors headers, types from
+    its config.json (mxfp8 / mxfp4 for the repacked tensors, the stored dtype otherwise). MLX holds
+    these tensors as stored, so memory = file bytes."""
+    import json
+
+    from .config import from_metadata
+    from .convert import SafeTensorsFile
+    from .errors import ModelFileError
+
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+        files = sorted(path.glob("*.safetensors"))
+    except (OSError, ValueError) as err:
+        raise ModelFileError(f"{path}: not a converted ds4agent model directory ({err})") from None
+    if cfg.get("format") != "ds4agent-mlx" or not files:
+        raise ModelFileError(f"{path} is a directory but not one written by `ds4agent convert`")
+    meta = cfg.get("metadata")
+    if not meta:
+        raise ModelFileError(f"{path}: no model metadata ({cfg.get('metadata_error', 'unknown source')})")
+    mode, problem = ("test" if cfg.get("test_model") else "flash"), ""
+    try:
+        config = from_metadata(meta, mode=mode)
+    except ConfigError as err:
+        if mode == "test":
+            raise
+        mode, problem, config = "invalid", str(err), from_metadata(meta, mode="test")
+    quant = cfg.get("quantization", {})
+    groups = {name: GroupInfo(name) for name, _ in GROUPS}
+    other = GroupInfo("other")
+    by_type: dict[str, list[int]] = {}
+    total, n_tensors = 0, 0
+    for f in files:
+        st = SafeTensorsFile(f)
+        total += f.stat().st_size
+        for name, t in st.tensors.items():
+            n_tensors += 1
+            base = name[: -len(".scales")] + ".weight" if name.endswith(".scales") else name
+            tname = quant[base]["mode"] if base in quant else t["dtype"]
+            nbytes = t["data_offsets"][1] - t["data_offsets"][0]
+            g = next((groups[n] for n, match in GROUPS if match(base)), other)
+            if name == base:
+                g.types[tname] = g.types.get(tname, 0) + 1
+                shape = quant[base]["shape"] if base in quant else t["shape"]
+                g.params += int(np.prod(shape)) if shape else 1
+            g.file_bytes += nbytes
+            g.memory_bytes += nbytes
+            entry = by_type.setdefault(tname, [0, 0])
+            entry[0] += name == base
+            entry[1] += nbytes
+    return ModelInfo(
+        path=path, file_bytes=total, mode=mode, problem=problem, config=config,
+        groups=[g for g in (*groups.values(), other) if g.types], types={k: (v[0], v[1]) for k, v in by_type.items()},
+        n_tensors=n_tensors, ctx=int(ctx), state_bytes=payload_bytes(config, ctx),
+    )
 
 
 def _size(n: int) -> str:

@@ -150,3 +150,15 @@ def test_metadata_errors_are_readable(tmp_path):
 
     with pytest.raises(ModelFileError, match="no model metadata"):
         Engine.load(out, ctx=16)
+
+
+def test_info_describes_a_converted_directory(tmp_path, capsys):
+    from ds4agent.cli import main as cli_main
+
+    cfg = test_config("micro")
+    _official_checkpoint(cfg, tmp_path / "official")
+    out = cv.convert(tmp_path / "official", tmp_path / "mlx")
+    assert cli_main(["info", str(out), "--ctx", "64"]) == 0
+    text = capsys.readouterr().out
+    assert "ds4agent test model" in text and "mxfp4" in text and "mxfp8" in text
+    assert "4 layers, width 32, vocab 512" in text
