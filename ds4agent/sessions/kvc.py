@@ -202,8 +202,20 @@ def _strerror(err: OSError, path: Path | str) -> KVCIOError:
 
 
 def _read_exact(f: BinaryIO, nbytes: int) -> bytes | None:
+    """Exactly nbytes, or None at end of file (files are opened unbuffered, where one read may
+    legally return less than asked)."""
     data = f.read(nbytes)
-    return data if len(data) == nbytes else None
+    if len(data) == nbytes:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < nbytes:
+        more = f.read(nbytes - got)
+        if not more:
+            return None
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
 
 
 def read_prefix(f: BinaryIO, file_size: int) -> tuple[KVCHeader, int]:

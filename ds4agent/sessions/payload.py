@@ -368,11 +368,7 @@ class _PayloadCursor:
         self.left -= nbytes
 
     def read_bytes(self, nbytes: int) -> bytes:
-        self._reserve(nbytes)
-        data = self.f.read(nbytes)
-        if len(data) != nbytes:
-            raise KVCPayloadError(P_READ_FAILED)
-        return data
+        return self.read_array("<u1", (nbytes,)).tobytes()
 
     def read_array(self, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
         nbytes = np.dtype(dtype).itemsize

@@ -33,6 +33,8 @@ Public API (what the agent uses):
         (hits/last_used) so recently used caches survive pruning. Any failure -> KVCError: the
         caller prefills the system prefix and calls save_sysprompt.
     format_session_line(info, now) -> str          the /list line of agent-reference.md §3
+    store.find_checkpoint(prompt, *, shape, ctx, model_id, quant_bits=None) -> LoadedKVC | None
+        ds4-server's prefix lookup (§8.2), for tools and parity tests; never deletes.
 
 Helpers: derive_title(text) -> bytes, clip_title(title, n=70) -> bytes, display_text(b) -> str,
 touch(path, now), store_len(T), eviction_score(...), SessionStore.evict(target_bytes, ...).
@@ -52,7 +54,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import errors as E
-from .errors import KVCError, KVCIOError, KVCStoreError, KVCWriteError
+from .errors import (
+    KVCError,
+    KVCHeaderError,
+    KVCIdentityError,
+    KVCIOError,
+    KVCMismatchError,
+    KVCPayloadError,
+    KVCSizeError,
+    KVCStoreError,
+    KVCTextError,
+    KVCWriteError,
+)
 from .kvc import (
     EXT_TITLE,
     HEADER_BYTES,
@@ -65,7 +78,9 @@ from .kvc import (
     REASON_SESSION,
     REASON_SHUTDOWN,
     REASON_SYSTEM,
+    Envelope,
     KVCHeader,
+    LoadedKVC,
     classify_name,
     fsync_dir,
     load_kvc,
@@ -76,7 +91,7 @@ from .kvc import (
     text_sha1,
     write_kvc,
 )
-from .payload import PayloadShape, PayloadState
+from .payload import PayloadShape, PayloadState, read_payload
 
 ENV_KV_DIR = "DS4AGENT_KV_DIR"
 SYSPROMPT_KEEP = 8  # §12.2: keep the 8 most recently used system-prompt caches
@@ -493,6 +508,64 @@ class SessionStore:
         except OSError as err:
             raise KVCIOError(err.strerror or str(err), path=entry.path) from None
         return entry.path
+
+    # --- server prefix lookup (§8.2) -------------------------------------------------------------
+
+    def find_checkpoint(self, prompt: bytes, *, shape: PayloadShape, ctx: int, model_id: int,
+                        quant_bits: int | None = None, min_tokens: int = 512) -> LoadedKVC | None:
+        """ds4-server's lookup: the longest file whose text is a byte prefix of `prompt`.
+
+        None when no candidate passes the filter (a miss); a KVCError with §8.2's text when the
+        chosen candidate fails (the server also treats that as a miss). quant_bits given = strict
+        quant. Unlike ds4-server this never unlinks or touches the file: the agent runs no cache
+        policy, so a token-count mismatch is reported, not "discarded".
+        """
+        prompt = bytes(prompt)
+        best: StoreEntry | None = None
+        for e in self.entries():
+            h = e.header
+            if (e.text_bytes > len(prompt) or h.tokens < min_tokens or h.model_id != model_id
+                    or h.ctx_size > ctx or (quant_bits is not None and h.quant_bits != quant_bits)):
+                continue
+            if best is not None and (e.text_bytes, h.tokens) <= (best.text_bytes, best.header.tokens):
+                continue
+            if text_sha1(prompt[:e.text_bytes]) == e.id:
+                best = e
+        if best is None:
+            return None
+        path = best.path
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                try:
+                    header, text_bytes = read_prefix(f, size)
+                except KVCError:
+                    raise KVCHeaderError("invalid header", path=path) from None
+                if header.model_id != model_id:
+                    raise KVCMismatchError("cached checkpoint was written for a different model", path=path)
+                if text_bytes > len(prompt):
+                    raise KVCTextError("cached text is longer than prompt", path=path)
+                text = f.read(text_bytes) if text_bytes <= size - PREFIX_BYTES else b""
+                if len(text) != text_bytes:
+                    raise KVCTextError(E.TRUNCATED_TEXT, path=path)
+                if text_sha1(text) != best.id:
+                    raise KVCIdentityError("cached text hash mismatch", path=path)
+                if not prompt.startswith(text):
+                    raise KVCTextError("cached text prefix mismatch", path=path)
+                if header.payload_bytes > size - PREFIX_BYTES - text_bytes:
+                    raise KVCSizeError(E.SHORTER_THAN_HEADER, path=path)
+                try:
+                    state = read_payload(f, header.payload_bytes, shape, ctx)
+                except KVCError as err:
+                    err.path = path
+                    raise
+        except OSError:
+            return None  # "open (silent): miss"
+        assert isinstance(state, PayloadState)
+        if len(state.tokens) != header.tokens:
+            raise KVCPayloadError(E.TOKEN_COUNT_MISMATCH, path=path)
+        env = Envelope(path, size, header, text, None, None)
+        return LoadedKVC(env, state)
 
     # --- system-prompt caches (§12.2) -----------------------------------------------------------
 

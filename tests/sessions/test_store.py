@@ -440,3 +440,31 @@ def test_duck_typed_engine_shape_and_state(store):
     store.save_sysprompt(b"<s>", duck, shape=EngineShape(), quant_bits=2)
     back = store.load_sysprompt(b"<s>", shape=EngineShape(), ctx=CTX, model_id=0, quant_bits=2)
     assert_states_equal(real, back)
+
+
+def _checkpoint(store, text, T, *, reason=2, model_id=0, name_text=None):
+    path = store.directory / (text_sha1(name_text or text) + ".kv")
+    write_kvc(path, KVCHeader(2, reason, 0, model_id, T, 0, CTX, 1, 1, 0), text, random_state(TINY, T, CTX, T), TINY)
+    return path
+
+
+def test_server_prefix_lookup(store):
+    short = _checkpoint(store, b"<sys><user>hello", 5)
+    longer = _checkpoint(store, b"<sys><user>hello<assistant>", 9)
+    _checkpoint(store, b"<sys><user>other", 11)
+    _checkpoint(store, b"<sys><user>hello<assistant>", 12, model_id=1, name_text=b"<sys><user>hello<assi")
+    session = save(store, b"<sys><user>hello")  # agent sessions never match (identity names)
+    kw = dict(shape=TINY, ctx=CTX, model_id=0, min_tokens=1)
+    hit = store.find_checkpoint(b"<sys><user>hello<assistant>more", **kw)
+    assert hit.envelope.path == longer and len(hit.payload.tokens) == 9
+    assert store.find_checkpoint(b"<sys><user>hello!", **kw).envelope.path == short
+    assert store.find_checkpoint(b"<sys><user>hello<assistant>more", **{**kw, "min_tokens": 10}) is None
+    assert store.find_checkpoint(b"unrelated", **kw) is None
+    assert session.path.exists()
+
+
+def test_server_prefix_lookup_hash_mismatch(store):
+    # named as SHA1 of the prompt's first 5 bytes, but holds other text of the same length
+    _checkpoint(store, b"abcdX", 5, name_text=b"abcde")
+    with pytest.raises(KVCError, match="^cached text hash mismatch$"):
+        store.find_checkpoint(b"abcdef", shape=TINY, ctx=CTX, model_id=0, min_tokens=1)
