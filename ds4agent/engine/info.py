@@ -151,7 +151,7 @@ def model_info(path, *, ctx: int = 100_000) -> ModelInfo:
 def _directory_info(path: Path, ctx: int) -> ModelInfo:
     """A directory written by `ds4agent convert`: sizes from the safetensors headers, types from
     its config.json (mxfp8 / mxfp4 for the repacked tensors, the stored dtype otherwise). MLX holds
-    these tensors as stored, so memory = file bytes."""
+    the quantised tensors as stored; 16-bit float matrices are widened to f32 like GGUF F16."""
     import json
 
     from .config import from_metadata
@@ -194,7 +194,9 @@ def _directory_info(path: Path, ctx: int) -> ModelInfo:
                 shape = quant[base]["shape"] if base in quant else t["shape"]
                 g.params += int(np.prod(shape)) if shape else 1
             g.file_bytes += nbytes
-            g.memory_bytes += nbytes
+            # as weights.py holds them: 16-bit floats widen to f32 except the embedding rows
+            widen = tname in ("BF16", "F16") and base != "token_embd.weight"
+            g.memory_bytes += nbytes * 2 if widen else nbytes
             entry = by_type.setdefault(tname, [0, 0])
             entry[0] += name == base
             entry[1] += nbytes
@@ -203,6 +205,10 @@ def _directory_info(path: Path, ctx: int) -> ModelInfo:
         groups=[g for g in (*groups.values(), other) if g.types], types={k: (v[0], v[1]) for k, v in by_type.items()},
         n_tensors=n_tensors, ctx=int(ctx), state_bytes=payload_bytes(config, ctx),
     )
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
 
 
 def _size(n: int) -> str:
@@ -228,7 +234,7 @@ def format_info(info: ModelInfo) -> str:
     }[info.mode]
     lines = [
         f"model       {info.path} ({_size(info.file_bytes)}, {info.n_tensors} tensors, "
-        f"{info.params / 1e9:.2f} B parameters)",
+        f"{_count(info.params)} parameters)",
         f"kind        {kind}",
         f"shape       {c.n_layers} layers, width {c.dim}, vocab {c.vocab}, {c.n_heads} query heads x "
         f"{c.head_dim} (RoPE on the last {c.rope_dim}), 1 KV head",
