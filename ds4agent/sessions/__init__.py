@@ -1,0 +1,13 @@
+"""KVC session files, byte-compatible with antirez/ds4 (shared/spec/kvc-format.md).
+
+    errors.py   KVCError and its subclasses (str(err) = the spec's message)
+    payload.py  PayloadShape / LayerPayload / PayloadState (the engine contract) and the DSV4
+                payload reader/writer (streamed; every length checked before allocating)
+    kvc.py      48-byte header, text, trailers, the load chain 8.3, stand-alone validation,
+                atomic writes
+    store.py    the directory: naming, listing, prefix resolution, titles, sysprompt caches,
+                ancestor deletion, touch, eviction  (the API the agent uses: see its docstring)
+    kv_cmd.py   `ds4agent kv ls|show|verify|rm`
+
+Imports nothing of the engine (numpy only); the agent connects the two.
+"""
