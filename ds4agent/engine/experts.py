@@ -17,6 +17,7 @@ gives the same bits as `dense_experts` over the dequantised float32 weights.
 
 from __future__ import annotations
 
+import warnings
 from typing import Protocol, runtime_checkable
 
 import mlx.core as mx
@@ -186,9 +187,16 @@ def quant_experts(raw, qtype: int, shape, *, backend: str = "auto") -> ExpertWei
         backend == "auto" and qtype in (quant.Q2_K, quant.Q4_K, quant.IQ2_XXS) and _metal_available()
     )
     if want_metal:
-        from ds4agent.engine.metal_experts import MetalExperts
+        from ds4agent.engine.metal_experts import MetalExperts, self_check
 
-        return MetalExperts(raw, qtype, shape)
+        if backend == "metal":
+            return MetalExperts(raw, qtype, shape)
+        problem = self_check(qtype)
+        if problem is None:
+            return MetalExperts(raw, qtype, shape)
+        # Robust choice: a kernel that fails its one-time check must not take the engine down;
+        # the portable backend computes the same values (slower).
+        warnings.warn(f"{problem}; using the portable MLX expert backend", RuntimeWarning, stacklevel=2)
     return QuantExperts(raw, qtype, shape)
 
 

@@ -117,7 +117,7 @@ _MATVEC = r"""
             acc += wv[t] * xc[t];
         }
     }
-    acc = simd_sum(acc);
+    acc = metal::simd_sum(acc);
     if (lane == 0) {
         out[(ulong)p * D_OUT + row] = acc;
     }
@@ -163,6 +163,35 @@ def _tables() -> tuple[mx.array, mx.array]:
 # Pairs (row, slot) per distinct expert above which dequantise + gather_mm beats the mat-vec
 # kernel (it re-decodes the expert's blocks for every pair).
 MATVEC_MAX_PAIRS_PER_EXPERT = 4
+
+
+@cache
+def self_check(qtype: int) -> str | None:
+    """Run both kernels once on fixed random blocks against the portable dequantiser (bit-exact)
+    and a dense product (f32 tolerance). None if they agree, else a one-line reason. Cached per
+    type: `quant_experts` falls back to the portable backend instead of running a kernel that a
+    driver or compiler version miscompiles."""
+    try:
+        rng = np.random.default_rng(12345)
+        e, d_out, d_in = 2, 4, 512
+        block, size, name = quant.BLOCK_INFO[qtype]
+        raw = rng.integers(0, 256, size=(e * d_out * d_in // block, size), dtype=np.uint8)
+        for off in {quant.Q2_K: (80, 82), quant.Q4_K: (0, 2), quant.IQ2_XXS: (0,)}[qtype]:
+            raw[:, off : off + 2] = np.full((len(raw), 1), np.float16(0.01)).view(np.uint8)
+        raw = raw.reshape(e, d_out, d_in // block * size)
+        ex = MetalExperts(raw, qtype, (e, d_out, d_in))
+        want = np.array(quant.dequantize(mx.array(raw), qtype, (e, d_out, d_in)))
+        got = np.array(ex.dequantize([0, 1]))
+        if not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
+            return f"the {name} Metal dequantiser disagrees with the portable one"
+        x = rng.standard_normal((1, d_in)).astype(np.float32)
+        y = np.array(ex.matvec(mx.array(np.repeat(x, 2, 0)), mx.array([0, 1])))
+        ref = np.einsum("eoi,i->eo", want.astype(np.float64), x[0].astype(np.float64))
+        if not np.abs(y - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max()):
+            return f"the {name} Metal mat-vec disagrees with the dense product"
+    except Exception as err:  # compile or dispatch failure: report, never crash the engine
+        return f"the {quant.type_name(qtype)} Metal kernels failed: {err}"
+    return None
 
 
 class MetalExperts(QuantExperts):

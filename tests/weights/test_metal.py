@@ -108,6 +108,12 @@ def test_auto_selection_follows_the_hardware(rng):
 
 @needs_metal
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: quant.type_name(t))
+def test_metal_self_check_passes(qtype):
+    assert metal_experts.self_check(qtype) is None
+
+
+@needs_metal
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: quant.type_name(t))
 def test_metal_dequant_bit_exact(rng, qtype):
     e, d_out, d_in = 3, 16, 512
     size = quant.BLOCK_INFO[qtype][1]
@@ -132,3 +138,17 @@ def test_metal_matvec_and_matmat_match_reference(rng, qtype):
         got = np.array(ex.gather_matmul(mx.array(x), mx.array(ids)))
         want = np.einsum("nkoi,ni->nko", ref[ids], x.astype(np.float64))
         assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+
+
+def test_auto_falls_back_to_portable_when_the_kernel_check_fails(rng, monkeypatch):
+    from ds4agent.engine import experts
+
+    monkeypatch.setattr(experts, "_metal_available", lambda: True)
+    monkeypatch.setattr(metal_experts, "self_check", lambda qtype: "the Q4_K Metal kernels failed: boom")
+    raw = random_blocks(rng, quant.Q4_K, 4).reshape(2, 2, 144)
+    with pytest.warns(RuntimeWarning, match="boom; using the portable MLX expert backend"):
+        ex = quant_experts(raw, quant.Q4_K, (2, 2, 256))
+    assert type(ex) is QuantExperts
+    # Q8_0 experts never go to Metal (no kernel), so no check and no warning
+    raw8 = random_blocks(rng, quant.Q8_0, 16).reshape(2, 2, 8 * 34)
+    assert type(quant_experts(raw8, quant.Q8_0, (2, 2, 256))) is QuantExperts
