@@ -12,8 +12,8 @@ Why the pieces look the way they do:
 * The live state is an immutable value (C1's SessionState holds MLX arrays, which never change
   in place), so a snapshot is just a reference to it and rewinding is an assignment. Every
   method that changes the session computes the complete new state first and only then swaps it
-  in: an exception (bad token, interrupted prefill, rejected import) never leaves a half-updated
-  session behind.
+  in: an exception (bad token, rejected import) never leaves a half-updated session behind, and
+  an interrupted or failed prefill keeps the last completed chunk (a consistent prefix).
 * Prefill runs on a fixed absolute chunk grid (model.md §9): chunk boundaries sit on multiples
   of the chunk cap (4096 when ctx > 4096, else ctx), and a resumed prefill first runs up to the
   next multiple. On CPU any schedule gives identical bits; on Metal the kernel choice can depend
@@ -23,6 +23,9 @@ Why the pieces look the way they do:
   diverges inside the live state it restores the longest still-alive snapshot that is a prefix
   of the request (snapshots are tracked weakly: the caller decides what to keep) or starts from
   empty, then prefills the rest.
+* Context: the live state may hold up to ctx tokens (positions 0..ctx-1); more is a
+  ContextOverflowError. An imported state must hold fewer than ctx (kvc-format.md §9.5 step 3:
+  the next token needs a position), which is also what ds4 accepts.
 """
 
 from __future__ import annotations
@@ -162,6 +165,8 @@ class Engine:
         from .gguf import GGUFFile
 
         path = Path(path)
+        if progress is not None:
+            progress(0.0)
         if path.is_dir():  # an MLX directory written by `ds4agent convert` (WEIGHTS room's loader)
             from .convert import load_converted
 
