@@ -26,6 +26,7 @@ import errno
 import hashlib
 import os
 import re
+import stat
 import struct
 import tempfile
 from dataclasses import dataclass, replace
@@ -296,6 +297,9 @@ def _read_envelope(f: BinaryIO, path: Path, file_size: int, kind: str) -> Envelo
 
 def _open(path: Path) -> tuple[BinaryIO, int]:
     try:
+        # stat first: opening a FIFO (or a device) named *.kv for reading would block forever
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise KVCIOError("not a regular file", path=path)
         f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by the caller
     except OSError as err:
         raise _strerror(err, path) from None

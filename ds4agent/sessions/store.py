@@ -350,10 +350,10 @@ class SessionStore:
             return None
         path = self.directory / name
         try:
+            if not stat.S_ISREG(os.stat(path).st_mode):  # never open a FIFO: it would block
+                return None
             with open(path, "rb", buffering=0) as f:
                 st = os.fstat(f.fileno())
-                if not stat.S_ISREG(st.st_mode):
-                    return None
                 header, text_bytes = read_prefix(f, st.st_size)
         except (OSError, KVCError):
             return None  # §8.1: skipped silently, kept on disk
@@ -603,6 +603,8 @@ class SessionStore:
             if classify_name(name)[0] != "sysprompt-hex":
                 continue
             path = self.directory / name
+            if not path.is_file():
+                continue
             try:
                 with open(path, "rb") as f:
                     used = KVCHeader.unpack(f.read(HEADER_BYTES)).last_used

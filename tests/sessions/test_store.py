@@ -468,3 +468,12 @@ def test_server_prefix_lookup_hash_mismatch(store):
     _checkpoint(store, b"abcdX", 5, name_text=b"abcde")
     with pytest.raises(KVCError, match="^cached text hash mismatch$"):
         store.find_checkpoint(b"abcdef", shape=TINY, ctx=CTX, model_id=0, min_tokens=1)
+
+
+def test_fifo_named_like_a_session_is_skipped_not_opened(store):
+    good = save(store, session_text("good"))
+    fifo = store.directory / ("f" * 40 + ".kv")
+    os.mkfifo(fifo)
+    assert [s.id for s in store.list_sessions()] == [good.id]
+    with pytest.raises(KVCIOError, match="not a regular file"):
+        load(store, fifo)
