@@ -53,11 +53,16 @@ class AgentHarness:
         (root / "work").mkdir(parents=True, exist_ok=True)
         if engine is None:
             engine = ScriptedEngine(script, ctx=settings.pop("ctx", 16384))
-        else:
+            ctx = engine.ctx
+        elif hasattr(engine, "new_session"):
             settings.pop("ctx", None)
+            ctx = engine.ctx
+        else:
+            # A loader run on the worker thread (MLX arrays belong to the thread that made them).
+            ctx = settings.pop("ctx")
         if store == "default":
             store = SessionStore(root / "kv")
-        opts = dict(ctx=engine.ctx, cwd=root / "work", journal_dir=root / "journal", permission="auto",
+        opts = dict(ctx=ctx, cwd=root / "work", journal_dir=root / "journal", permission="auto",
                     seed=1)
         opts.update(settings)
         agent = Agent(engine, store, list(tools) if tools is not None else None, AgentSettings(**opts))
@@ -125,6 +130,7 @@ class AgentHarness:
     # ------------------------------------------------------------------ inspection
     @property
     def worker(self) -> Any:
+        """The worker; after start, `.engine` is the loaded engine."""
         return self.agent._worker
 
     @property

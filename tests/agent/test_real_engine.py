@@ -1,0 +1,74 @@
+"""Sessions with the real engine on the tiny test model: save, /new, /load, and the next turn
+prefills only the new suffix and continues exactly as an uninterrupted run."""
+
+from __future__ import annotations
+
+import pytest
+
+from ds4agent.agent import events as ev
+from ds4agent.engine import template
+from ds4agent.engine.session import Engine
+from ds4agent.engine.testmodel import make_test_model
+from tests.agent.conftest import RecTool
+from tests.support.agent_harness import AgentHarness, of
+
+CTX = 2048
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return make_test_model(tmp_path_factory.mktemp("model") / "tiny.gguf", config="tiny", seed=0)
+
+
+def _record_prefills(h: AgentHarness) -> list[int]:
+    counts: list[int] = []
+    session = h.worker.session
+    real = session.sync
+
+    def sync(tokens, **kw):
+        n = real(tokens, **kw)
+        counts.append(n)
+        return n
+
+    session.sync = sync
+    return counts
+
+
+def _agent(root, model, kv):
+    # Loaded on the worker thread, as the app does: MLX arrays belong to the thread that made them.
+    def loader(progress):
+        return Engine.load(model, ctx=CTX, progress=progress)
+
+    tools = [RecTool("alpha", "A1\n")]
+    return AgentHarness.build(root, engine=loader, tools=tools, store=kv, round_tokens=5, seed=7,
+                              ctx=CTX, answer=lambda e: "n")
+
+
+def test_save_new_load_continues_exactly(tmp_path, tiny_model):
+    from ds4agent.sessions.store import SessionStore
+
+    kv = SessionStore(tmp_path / "kv")
+    # Uninterrupted reference run.
+    a = _agent(tmp_path / "a", tiny_model, kv)
+    a.turn("hello there")
+    a.turn("and again")
+    reference = a.ids
+    a.stop()
+
+    b = _agent(tmp_path / "b", tiny_model, kv)
+    assert of(b.events, ev.Ready)[0].sysprompt_cached  # the first run stored the system prefix KV
+    b.turn("hello there")
+    first = b.ids
+    saved = of(b.command(b.agent.save), ev.SessionSaved)[0]
+    assert saved.tokens == len(first) and b.live == tuple(first)
+    b.command(b.agent.new)
+    assert b.ids == b.worker.system_ids
+    counts = _record_prefills(b)
+    evs = b.command(lambda: b.agent.load(saved.short_id))
+    assert of(evs, ev.SessionLoaded)[0].prefilled == 0
+    assert b.live == tuple(first) and counts == []
+    b.turn("and again")
+    user2 = template.render_user_turn("and again", think_mode="think")
+    assert counts[0] == len(user2)  # only the new suffix was prefilled
+    assert b.ids == reference  # same tokens as the uninterrupted run
+    b.stop()
