@@ -325,6 +325,8 @@ class GGUFFile:
                 raise ModelFileError(f"{self.path}: truncated GGUF file (while reading {key})")
             (n,) = unpack(buf, pos)
             pos += 8
+            if n > end - pos:  # checked before storing: a corrupt length may exceed int64
+                raise ModelFileError(f"{self.path}: truncated GGUF file (while reading {key})")
             offsets[i] = pos
             lengths[i] = n
             pos += n

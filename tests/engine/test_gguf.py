@@ -238,3 +238,31 @@ def test_malformed_headers_raise_readable_errors(tmp_path, blob, message):
 def test_missing_file_is_an_engine_error(tmp_path):
     with pytest.raises(EngineError, match="cannot open model file"):
         GGUFFile.open(tmp_path / "nope.gguf")
+
+
+def test_every_truncation_and_random_corruption_gives_a_model_file_error(tmp_path):
+    """Cut a small valid file at every byte and flip random header bytes: the reader either
+    opens it or raises ModelFileError, never another exception."""
+    kv = [("deepseek4.block_count", 4, VT.UINT32, None),
+          ("t.words", ["ab", "c"], VT.ARRAY, VT.STRING),
+          ("t.ratios", [0, 4], VT.ARRAY, VT.UINT32)]
+    arr = np.arange(64, dtype=np.float32).reshape(2, 32)
+    good = _write(tmp_path / "g.gguf", kv=kv, tensors=[("w", arr, None)]).read_bytes()
+    with GGUFFile.open(tmp_path / "g.gguf") as gf:
+        data_end = gf.tensors["w"].offset + gf.tensors["w"].nbytes
+    bad = tmp_path / "b.gguf"
+    for cut in range(data_end):
+        bad.write_bytes(good[:cut])
+        with pytest.raises(ModelFileError):
+            GGUFFile.open(bad)
+    rng = np.random.default_rng(0)
+    header_len = data_end - arr.nbytes
+    for _ in range(150):
+        blob = bytearray(good)
+        for pos in rng.integers(0, header_len, size=3):
+            blob[pos] = int(rng.integers(0, 256))
+        bad.write_bytes(bytes(blob))
+        try:
+            GGUFFile.open(bad).close()
+        except ModelFileError:
+            pass
