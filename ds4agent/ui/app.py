@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from textual import work
@@ -29,10 +30,6 @@ from ds4agent.agent import events as ev
 from ds4agent.ui import bridge, commands, fmt
 from ds4agent.ui.history import History
 from ds4agent.ui.messages import AgentEvents, AgentFailed, AgentReady
-from ds4agent.ui.screens.help import HelpScreen
-from ds4agent.ui.screens.permission import PermissionScreen
-from ds4agent.ui.screens.question import QuestionScreen
-from ds4agent.ui.screens.session_picker import SessionPicker
 from ds4agent.ui.widgets.conversation import Conversation, ToolCard
 from ds4agent.ui.widgets.prompt_input import CommandHints, PromptInput
 from ds4agent.ui.widgets.queue_chips import QueueChips
@@ -43,7 +40,7 @@ SPINNER_INTERVAL = 0.125  # 8 Hz: the only animation faster than 4 Hz (ui.md)
 
 
 class Ds4App(App):
-    CSS_PATH = "app.tcss"
+    CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses in other modules still find it
     TITLE = "ds4agent"
     ENABLE_COMMAND_PALETTE = False
 
@@ -295,7 +292,11 @@ class Ds4App(App):
         self.status_bar.mark()
 
     # ------------------------------------------------------------------ questions
+    # Screens are imported where they are first shown: they pull in Button, Input and DataTable,
+    # which the first paint does not need (bench/ui_stream.py measures time to first paint).
     def _ask_permission(self, e: ev.PermissionRequest) -> None:
+        from ds4agent.ui.screens.permission import PermissionScreen
+
         def answered(result: tuple[str, str] | None) -> None:
             key, message = result or ("n", "")
             if self.agent is not None:
@@ -304,6 +305,8 @@ class Ds4App(App):
         self.push_screen(PermissionScreen(e.question, e.detail, e.options), answered)
 
     def _ask_question(self, e: ev.Question) -> None:
+        from ds4agent.ui.screens.question import QuestionScreen
+
         keys = [k for k, _ in e.options] or ["y", "n"]
         options = e.options or (("y", "yes"), ("n", "no"))
         escape = "c" if "c" in keys else ("n" if e.kind != "save" else None)
@@ -409,6 +412,8 @@ class Ds4App(App):
 
     async def _session_list(self, e: ev.SessionList) -> None:
         if self._want_picker:
+            from ds4agent.ui.screens.session_picker import SessionPicker
+
             self._want_picker = False
             self.push_screen(
                 SessionPicker(e.sessions, directory=e.directory, delete=self._delete_session, now=self.now),
@@ -451,6 +456,8 @@ class Ds4App(App):
 
     # ------------------------------------------------------------------ actions
     def action_help(self) -> None:
+        from ds4agent.ui.screens.help import HelpScreen
+
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
 

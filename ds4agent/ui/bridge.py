@@ -18,8 +18,14 @@ DRAIN_HZ = 30
 MAX_EVENTS_PER_DRAIN = 20_000   # bounds one drain's work if the worker runs far ahead
 
 
+def weight(e: ev.Event) -> int:
+    """Tokens a delta stands for: the agent may already have merged several (a `tokens` field when it
+    says how many), else one per event."""
+    return getattr(e, "tokens", 1) or 1
+
+
 def coalesce(events: Iterable[ev.Event]) -> list[tuple[ev.Event, int]]:
-    """Merge adjacent mergeable events; returns (event, how many raw events it stands for)."""
+    """Merge adjacent mergeable events; returns (event, how many tokens/raw events it stands for)."""
     out: list[tuple[ev.Event, int]] = []
     texts: list[str] = []   # pending text parts of out[-1] when it is an append-only kind
 
@@ -38,14 +44,14 @@ def coalesce(events: Iterable[ev.Event]) -> list[tuple[ev.Event, int]]:
                     t is ev.ToolCallArgDelta and e.index == last.index and e.param == last.param  # type: ignore[attr-defined]
                 ):
                     texts.append(e.text)  # type: ignore[attr-defined]
-                    out[-1] = (last, n + 1)
+                    out[-1] = (last, n + weight(e))
                     continue
                 if t in (ev.Status, ev.PrefillProgress):
                     flush()
                     out[-1] = (e, n + 1)
                     continue
         flush()
-        out.append((e, 1))
+        out.append((e, weight(e)))
         if isinstance(e, (ev.TextDelta, ev.ThinkingDelta, ev.CompactionDelta, ev.ToolCallArgDelta)):
             texts.append(e.text)
     flush()

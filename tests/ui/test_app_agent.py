@@ -9,7 +9,7 @@ from ds4agent.ui.history import History
 from ds4agent.ui.screens.permission import PermissionScreen
 from ds4agent.ui.screens.session_picker import SessionPicker
 from ds4agent.ui.widgets.conversation import AssistantMessage, Note, ThinkingBlock, ToolCard, UserMessage
-from tests.support.scripted_engine import reply
+from tests.support.scripted_engine import reply, text_ids
 from tests.ui.conftest import make_real_agent, send, wait_until
 from tests.ui.screen_text import screen_text
 
@@ -37,8 +37,8 @@ async def test_prompt_streams_thinking_answer_and_status(tmp_path):
         assert [w.text for w in conv.query(UserMessage)] == ["hello"]
         think = conv.query_one(ThinkingBlock)
         assert not think.streaming and think.text == "Let me think about it."
-        assert think.tokens == len(__import__("tests.support.scripted_engine", fromlist=["text_ids"])
-                                   .text_ids("Let me think about it."))
+        # the agent may merge deltas of a fast engine, so the count is bounded by the real token count
+        assert 1 <= think.tokens <= len(text_ids("Let me think about it."))
         assert conv.last_answer_text == answer.strip()
         assert len(conv.query(AssistantMessage)) == 1
         await pilot.pause(0.15)  # one status-bar refresh

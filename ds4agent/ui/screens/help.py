@@ -10,10 +10,11 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from ds4agent.ui.commands import help_text
+from ds4agent.ui.screens import MODALS_TCSS
 
 
 class HelpScreen(ModalScreen[None]):
-    CSS_PATH = "modals.tcss"
+    CSS_PATH = MODALS_TCSS
     BINDINGS = [Binding("escape,q,f1", "close", "close")]
 
     def compose(self) -> ComposeResult:

@@ -14,6 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
 
 from ds4agent.ui import toolview
+from ds4agent.ui.screens import MODALS_TCSS
 from ds4agent.ui.widgets.conversation import body_content
 
 DEFAULT_OPTIONS = (("y", "allow once"), ("s", "allow for this session"), ("n", "deny"))
@@ -35,7 +36,7 @@ def detail_content(detail: str) -> Content:
 class PermissionScreen(ModalScreen[tuple[str, str]]):
     """Dismisses with (answer key, message)."""
 
-    CSS_PATH = "modals.tcss"
+    CSS_PATH = MODALS_TCSS
     BINDINGS = [Binding("escape", "noop", show=False)]
 
     def __init__(self, question: str, detail: str, options: tuple[tuple[str, str], ...] = ()) -> None:

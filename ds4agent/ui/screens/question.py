@@ -8,11 +8,13 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+from ds4agent.ui.screens import MODALS_TCSS
+
 
 class QuestionScreen(ModalScreen[str]):
     """Dismisses with the chosen option key; Esc gives `escape_key` (None: Esc does nothing)."""
 
-    CSS_PATH = "modals.tcss"
+    CSS_PATH = MODALS_TCSS
 
     def __init__(self, question: str, options: tuple[tuple[str, str], ...], *, escape_key: str | None = None,
                  body: str = "") -> None:

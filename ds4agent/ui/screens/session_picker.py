@@ -19,6 +19,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Static
 
 from ds4agent.ui.fmt import clip, format_age, format_size, human_count
+from ds4agent.ui.screens import MODALS_TCSS
 from ds4agent.ui.screens.question import QuestionScreen
 from ds4agent.ui.toolview import field
 
@@ -26,7 +27,7 @@ from ds4agent.ui.toolview import field
 class SessionPicker(ModalScreen[str | None]):
     """Dismisses with the chosen session id (full) or None."""
 
-    CSS_PATH = "modals.tcss"
+    CSS_PATH = MODALS_TCSS
     BINDINGS = [
         Binding("escape", "close", "close"),
         Binding("d", "delete", "delete", show=False),
