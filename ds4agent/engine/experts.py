@@ -160,7 +160,10 @@ class QuantExperts:
             wt = mx.swapaxes(self.dequantize(used), -1, -2)
             return mx.gather_mm(a, wt, rhs_indices=mx.array(local)).reshape(n, k, self.d_out)
         # Large chunks: flatten to (row, slot) pairs and serve them a group of experts at a time.
-        a = mx.broadcast_to(a, (n, k, 1, self.d_in)).reshape(n * k, 1, self.d_in)
+        # Pair p = row p // k, slot p % k; a shared input row is gathered per pair, never
+        # broadcast to all N*k pairs up front (that would be N*k*d_in floats at once).
+        xf = x.astype(mx.float32)
+        src = xf if x.ndim == 2 else xf.reshape(n * k, self.d_in)
         flat = ids.reshape(-1)
         outs, order = [], []
         for start in range(0, len(used), self.group):
@@ -168,7 +171,8 @@ class QuantExperts:
             pairs = np.nonzero((flat >= grp[0]) & (flat <= grp[-1]))[0]
             local = np.searchsorted(grp, flat[pairs]).astype(np.uint32)
             wt = mx.swapaxes(self.dequantize(grp), -1, -2)
-            rows = mx.take(a, mx.array(pairs.astype(np.uint32)), axis=0)
+            sel = pairs // k if x.ndim == 2 else pairs
+            rows = mx.take(src, mx.array(sel.astype(np.uint32)), axis=0)[:, None, :]
             out = mx.gather_mm(rows, wt, rhs_indices=mx.array(local))
             mx.eval(out)  # free this group's dequantised weights before the next group
             outs.append(out)

@@ -120,3 +120,15 @@ def test_out_of_range_expert_id(rng):
     q = QuantExperts(raw, quant.Q2_K, (2, D_OUT, D_IN))
     with pytest.raises(EngineError, match="out of range"):
         q.gather_matmul(mx.zeros((1, D_IN)), mx.array([[2]]))
+
+
+def test_grouped_path_with_shared_inputs(rng):
+    """Shared input rows [N, d_in] through the grouped (prefill) path equal the single group."""
+    qtype = quant.IQ2_XXS
+    raw, ref = _expert_raw(rng, qtype, e=6)
+    grouped = QuantExperts(raw, qtype, (6, D_OUT, D_IN), group_bytes=D_OUT * D_IN * 4)  # 1 expert/group
+    single = QuantExperts(raw, qtype, (6, D_OUT, D_IN))
+    x = mx.array(rng.standard_normal((5, D_IN)).astype(np.float32))
+    ids = mx.array(rng.integers(0, 6, size=(5, 3)))
+    assert grouped.group == 1
+    assert np.array_equal(np.array(grouped.gather_matmul(x, ids)), np.array(single.gather_matmul(x, ids)))
