@@ -213,6 +213,14 @@ class Agent:
         """/list: publishes SessionList (runs at once, busy or not: it only reads file headers)."""
         self.emit(self._worker.list_sessions_event())
 
+    def delete_session(self, prefix: str) -> str:
+        """Delete a saved session by id prefix (the picker's `d`); runs in the caller's thread (it
+        only unlinks a file). Returns the deleted path; raises the store's KVCError (readable)."""
+        store = self._worker.store
+        if store is None:
+            raise RuntimeError("no session directory")
+        return str(store.delete(prefix))
+
     def history(self, n: int = 3) -> None:
         """/history [N]: publishes History with the last N (1..200) human turns."""
         n = max(1, min(200, int(n)))

@@ -125,3 +125,21 @@ def test_slash_commands(tmp_path, tools):
     h.turn("x")
     assert h.text().endswith("<｜Assistant｜></think>B<｜end▁of▁sentence｜>".encode())  # noqa: RUF001
     h.stop()
+
+
+def test_delete_session_and_trace_file(tmp_path, tools):
+    trace = tmp_path / "trace.log"
+    h = AgentHarness.build(tmp_path, [reply("Hi.", think="t")], tools=tools, trace=trace)
+    h.turn("hello")
+    saved = of(h.command(h.agent.save), ev.SessionSaved)[0]
+    assert h.agent.delete_session(saved.short_id) == saved.path
+    assert of(h.command(h.agent.list_sessions), ev.SessionList)[0].sessions == ()
+    h.stop()
+    lines = trace.read_text().splitlines()
+    import re
+
+    assert all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} ", line) for line in lines)
+    assert any(line.endswith("worker start") for line in lines)
+    hi = TOK.encode_untrusted("Hi")[0]
+    assert any(" gen " in line and f" {hi} 2 \"Hi\" 4869" in line for line in lines)
+    assert any(" user " in line and '"hello"' in line for line in lines)
