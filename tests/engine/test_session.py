@@ -323,3 +323,27 @@ def test_save_resume_at_real_ratio_128_and_window_128(tmp_path):
         assert resumed.sync(prompt) == len(prompt) - save_at
         assert np.array_equal(resumed.logits, ref.logits), save_at
         _assert_same_state(resumed.export_state(), ref_state)
+
+
+def test_save_mid_generation_with_rng_state_resumes_the_same_tokens(engine, prompt):
+    """Save after some sampled tokens, restore payload + sampler RNG state: the continuation
+    samples the same tokens with the same logits as the uninterrupted run."""
+    ref_logits, ref_sampled, _ = _reference_run(engine, prompt, seed=77)
+    live = engine.new_session()
+    live.sync(prompt)
+    sampler = Sampler(seed=77)
+    for _ in range(3):
+        live.step(sampler.sample(live.logits))
+    payload = _through_bytes(live.export_state(), engine)
+    rng_state = sampler.rng_state
+    resumed = engine.new_session()
+    resumed.import_state(payload)
+    assert resumed.prefilled_total == 0 and np.array_equal(resumed.logits, ref_logits[3])
+    restored = Sampler(seed=0)
+    restored.rng_state = rng_state
+    got = []
+    for i in range(3, N_STEPS):
+        tok = restored.sample(resumed.logits)
+        got.append(tok)
+        assert np.array_equal(resumed.step(tok), ref_logits[i + 1])
+    assert got == ref_sampled[3:]
