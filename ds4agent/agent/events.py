@@ -224,8 +224,8 @@ class Question(Event):
     """A yes/no style question from the agent itself, answered with `Agent.answer_permission(id, key)`.
 
     kind: "save" ("Save current session?" before /new, /load, quit with unsaved turns;
-    options y / n / c = cancel, stay) or "resume" (a crash journal was found; y resumes it,
-    n discards it).
+    options y / n / c = cancel, stay), "continue" (the save failed: "Continue anyway?" y / n),
+    or "resume" (a crash journal was found; y resumes it, n discards it).
     """
 
     id: str

@@ -261,6 +261,9 @@ class Agent:
     def should_stop(self) -> bool:
         return self._interrupt.is_set()
 
+    def clear_interrupt(self) -> None:
+        self._interrupt.clear()
+
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
@@ -324,6 +327,7 @@ class Agent:
             self.emit(ev.Exited(1))
             return
         self._after_command()
+        discard: bool | None = None  # None: keep the journal if there are unsaved turns
         while True:
             name, args = self._commands.get()
             if name == "_stop" or self._stopping.is_set():
@@ -332,6 +336,7 @@ class Agent:
                 if name == "quit":
                     if worker.confirm_leave():
                         self._stopping.set()
+                        discard = True  # the user answered the save question
                         break
                 else:
                     getattr(worker, "cmd_" + name)(*args)
@@ -339,7 +344,7 @@ class Agent:
                 self.emit(ev.Error(f"{name} failed: {err}"))
             self._after_command()
         try:
-            worker.close()
+            worker.close(discard=discard)
         finally:
             self.emit(ev.Exited(0))
 

@@ -137,15 +137,20 @@ class Worker:
         self._set_state(ev.State.IDLE)
         return True
 
-    def close(self) -> None:
+    def close(self, *, discard: bool | None = None) -> None:
+        """Stop bash jobs, close the trace and the journal. The journal is kept when the session
+        has unsaved turns and the user was not asked (a plain shutdown: terminal closed, killed
+        UI): the next start offers to resume it. discard=True after the save question."""
         from ds4agent.agent import sessionops
 
+        if discard is None:
+            discard = not (self.dirty and self.activity)
         if self.tool_ctx is not None:
             try:
                 self.tool_ctx.close()
             except Exception:  # noqa: BLE001 - shutdown must finish
                 pass
-        sessionops.close_journal(self)
+        sessionops.close_journal(self, keep=not discard)
         if self.trace is not None:
             self.trace.line("worker stop")
             self.trace.close()
@@ -405,6 +410,10 @@ class Worker:
         else:
             return False
         interrupted = self.io.should_stop() and not self.io.has_queued()
+        if self.io.should_stop() and not interrupted:
+            # Esc with a queued message: the message goes out in this results turn and the next
+            # round answers it normally (§9.1), so the interrupt is spent here.
+            self.io.clear_interrupt()
         self._append_results(texts)
         if interrupted:
             # Interrupt during tools without queued text: the next round ends before its first

@@ -318,9 +318,9 @@ def journal_write(worker: Any) -> None:
         worker.io.emit(ev.Notice(f"crash journal write failed: {err.strerror or err}", "warning"))
 
 
-def close_journal(worker: Any) -> None:
+def close_journal(worker: Any, *, keep: bool = False) -> None:
     if worker.journal is not None:
-        worker.journal.close()
+        worker.journal.close(keep=keep)
         worker.journal = None
 
 

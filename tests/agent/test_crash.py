@@ -75,11 +75,27 @@ def test_kill_mid_turn_then_resume(tmp_path, tools):
     h.stop()
 
 
-def test_no_offer_after_clean_exit(tmp_path, tools):
+def test_no_offer_after_a_saved_session_exits(tmp_path, tools):
     h = AgentHarness.build(tmp_path, [[EOS]], tools=tools)
     h.turn("x")
+    h.command(h.agent.save)
     h.stop()
     assert list((tmp_path / "journal").glob("*.journal")) == []
     h2 = AgentHarness.build(tmp_path, tools=tools, answer=lambda e: "y")
     assert of(h2.events, ev.Question) == []
     h2.stop()
+
+
+def test_shutdown_with_unsaved_turns_keeps_journal_quit_no_discards(tmp_path, tools):
+    h = AgentHarness.build(tmp_path, [[EOS]], tools=tools)
+    h.turn("keep me")
+    h.stop()  # a plain shutdown (no save question): the journal stays for the next start
+    assert len(list((tmp_path / "journal").glob("*.journal"))) == 1
+    h2 = AgentHarness.build(tmp_path, [[EOS]], tools=tools, answer=lambda e: "y")
+    assert of(h2.events, ev.SessionLoaded)[0].resumed
+    h2.turn("more")
+    h2.answer = lambda e: "n"  # quit -> "Save current session?" -> no: the journal is discarded
+    h2.agent.quit()
+    h2.until(lambda e: isinstance(e, ev.Exited))
+    assert [q.kind for q in of(h2.events, ev.Question)] == ["resume", "save"]
+    assert list((tmp_path / "journal").glob("*.journal")) == []

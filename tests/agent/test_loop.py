@@ -269,3 +269,24 @@ def test_pull_queued_and_busy_commands(tmp_path, tools):
     assert [u.text for u in of(evs, ev.UserTurn)] == ["go", "a"]
     assert any(e.text == "command requires the model to be idle: /new" for e in of(evs, ev.Error))
     h.stop()
+
+
+def test_interrupt_during_tool_with_queued_text_runs_next_round(tmp_path):
+    holder: list[AgentHarness] = []
+
+    def first(args):
+        holder[0].agent.submit("Do B differently.")
+        holder[0].agent.interrupt()
+        return "R1\n"
+
+    a, b = RecTool("alpha", fn=first), RecTool("beta", "R2\n")
+    h = AgentHarness.build(tmp_path, [reply("", think="t", calls=[("alpha", {}), ("beta", {})]),
+                                      reply("Understood.", think="")], tools=[a, b])
+    holder.append(h)
+    evs = h.turn("go")
+    assert b.calls == []
+    expected = (f"<tool_result>R1\n</tool_result>\n\n<tool_result>{NOT_RUN}</tool_result>\n\n"
+                "Do B differently.<｜Assistant｜><think></think>Understood.<｜end▁of▁sentence｜>").encode()  # noqa: RUF001
+    assert h.text().endswith(expected)
+    assert of(evs, ev.TurnEnded)[-1].rounds == 2
+    h.stop()
