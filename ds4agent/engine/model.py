@@ -34,6 +34,7 @@ import numpy as np
 
 from . import ops
 from .config import ModelConfig
+from .errors import EngineError
 from .state import FILL_KV, FILL_SCORE, LayerState, SessionState
 from .weights import AttentionWeights, CompressorWeights, FFNWeights, HCWeights, ModelWeights
 
@@ -50,10 +51,11 @@ class Trace:
 
     indexer: dict[int, list[np.ndarray]]  # layer -> [mask [n, C] bool per chunk]
     experts: dict[int, list[np.ndarray]]  # layer -> [sel [n, U] int per chunk]
+    expert_weights: dict[int, list[np.ndarray]]  # layer -> [weights [n, U] per chunk]
 
     @classmethod
     def new(cls) -> Trace:
-        return cls(indexer={}, experts={})
+        return cls(indexer={}, experts={}, expert_weights={})
 
 
 class _Rope:
@@ -390,13 +392,14 @@ def ffn_block(fw: FFNWeights, c: ModelConfig, layer: int, x: mx.array, tokens: m
     else:
         sel = _top_u(prob + fw.bias if fw.bias is not None else prob, U)
     sel = sel.astype(mx.int32)
-    if trace is not None:
-        trace.experts.setdefault(layer, []).append(np.array(sel))
     pw = mx.take_along_axis(prob, sel, axis=-1)  # [n, U]
     total = pw[:, 0]
     for k in range(1, U):  # selection order
         total = total + pw[:, k]
     wts = pw / mx.maximum(total, 6.103515625e-5)[:, None] * c.expert_weights_scale
+    if trace is not None:
+        trace.experts.setdefault(layer, []).append(np.array(sel))
+        trace.expert_weights.setdefault(layer, []).append(np.array(wts))
     g = fw.gate_exps.gather_matmul(h, sel)
     u = fw.up_exps.gather_matmul(h, sel)
     mid = ops.swiglu(g, u, clamp) * wts[:, :, None]  # [n, U, F]
@@ -439,6 +442,10 @@ def forward(weights: ModelWeights, config: ModelConfig, state: SessionState,
     n = len(tok_list)
     if n == 0:
         return mx.zeros((0, c.vocab), dtype=F32), state
+    bad = [t for t in tok_list if not 0 <= t < c.vocab]
+    if bad:
+        # An out-of-range id would silently gather garbage rows of the embedding.
+        raise EngineError(f"token id {bad[0]} is outside the vocabulary 0..{c.vocab - 1}")
     toks = mx.array(np.asarray(tok_list, dtype=np.int32))
     p0 = state.n_tokens
     x0 = weights.token_embd[toks].astype(F32)
