@@ -103,6 +103,17 @@ def _goal_note(worker: Any, tail: list[int]) -> str:
     return "\n\n".join(lines)
 
 
+def _jobs_note(worker: Any) -> str:
+    if worker.tool_ctx is None:
+        return ""
+    try:
+        from ds4agent.tools.bash import running_jobs_update
+
+        return (running_jobs_update(worker.tool_ctx) or "").rstrip("\n")
+    except Exception:  # noqa: BLE001 - a job table problem must not fail the compaction
+        return ""
+
+
 def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
     from ds4agent.engine import template
     from ds4agent.engine.tokenizer import DSML, END_THINK, EOS
@@ -170,6 +181,12 @@ def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
         tail = _tail(worker)
         goal = _goal_note(worker, tail)
         body = text + (b"\n\n" + goal.encode("utf-8") if goal else b"")
+        jobs = _jobs_note(worker)
+        if jobs:
+            # ds4agent: the reference re-announces running bash jobs as a tool message; here the
+            # note joins the (untrusted) summary block, which keeps the layout a plain
+            # system-prefix + summary + tail and needs no extra model round.
+            body += b"\n\n" + jobs.encode("utf-8")
         system = worker.system
         prefix = template.render_compacted_prefix(
             system.builtin, body, extra_system_text=system.extra, tools=worker.tools,

@@ -108,3 +108,21 @@ def test_manual_compact_and_failure_keeps_transcript(tmp_path, tools):
     assert HEAD + b"Short summary.\n" in h.text()
     assert h.ids[-1] == EOS and USER in h.ids  # tail kept from its <｜User｜>: the q/answer turn
     h.stop()
+
+
+def test_running_bash_job_is_reannounced_after_compaction(tmp_path):
+    from ds4agent.tools.base import default_tools
+
+    call = reply("", think="t", calls=[("bash", {"command": "sleep 30", "refresh_sec": 1})])
+    h = AgentHarness.build(tmp_path, [call, reply("Started.", think="")], tools=default_tools())
+    h.turn("start a long job")
+    assert b"status=running" in h.text()
+    h.engine.add(summary("A job runs."))
+    evs = h.command(h.agent.compact)
+    assert of(evs, ev.CompactionDone)[0].ok
+    text = h.text()
+    start = text.index(HEAD)
+    block = text[start:text.index(b"[End compacted summary.")]
+    assert b"A job runs." in block
+    assert b"Bash job update after context compaction." in block and b"status=running" in block
+    h.stop()  # stops the job
