@@ -29,3 +29,11 @@ class RecTool:
 @pytest.fixture
 def tools():
     return [RecTool("alpha", "A1\n"), RecTool("beta", "B1\n")]
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """The tiny DS4-architecture test model (real vocab, random weights)."""
+    from ds4agent.engine.testmodel import make_test_model
+
+    return make_test_model(tmp_path_factory.mktemp("model") / "tiny.gguf", config="tiny", seed=0)

@@ -69,3 +69,22 @@ def test_cli_without_tty_falls_back_to_read_only(tmp_path, monkeypatch, capsys):
     assert "bash is not allowed in read-only mode" in cap.err
     assert cap.out == "Refused.\n"
     assert not (tmp_path / "made").exists()
+
+
+def test_cli_end_to_end_on_the_tiny_model(tmp_path, tiny_model):
+    """`ds4agent -p ... --json` in a fresh process: real engine, real store, JSON lines."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"), HOME=str(tmp_path))
+    cmd = [sys.executable, "-m", "ds4agent.cli", "-m", str(tiny_model), "--kv-dir", str(tmp_path / "kv"),
+           "--ctx", "4096", "--tokens", "4", "--seed", "3", "--nothink", "--json", "-p", "hello"]
+    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    lines = [json.loads(x) for x in res.stdout.splitlines()]
+    end = [x for x in lines if x["type"] == "TurnEnded"]
+    assert end and end[0]["reason"] in ("token_cap", "done", "stop_token")
+    assert end[0]["generated"] == 4 if end[0]["reason"] == "token_cap" else end[0]["generated"] <= 4
+    assert res.returncode == (0 if end[0]["reason"] == "done" else 1)
+    assert "running read-only" in res.stderr
+    assert len(list((tmp_path / "kv").glob("sysprompt-*.kv"))) == 1

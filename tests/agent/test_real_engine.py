@@ -3,21 +3,13 @@ prefills only the new suffix and continues exactly as an uninterrupted run."""
 
 from __future__ import annotations
 
-import pytest
-
 from ds4agent.agent import events as ev
 from ds4agent.engine import template
 from ds4agent.engine.session import Engine
-from ds4agent.engine.testmodel import make_test_model
 from tests.agent.conftest import RecTool
 from tests.support.agent_harness import AgentHarness, of
 
 CTX = 2048
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return make_test_model(tmp_path_factory.mktemp("model") / "tiny.gguf", config="tiny", seed=0)
 
 
 def _record_prefills(h: AgentHarness) -> list[int]:
