@@ -129,6 +129,19 @@ def main() -> int:
         for t in all_tokens:
             tb(t)
         decode_s = time.perf_counter() - t0
+        # For scale (not part of the loop's overhead): the real sampler on a full logit row.
+        from ds4agent.engine.sampler import Sampler
+
+        row = bare.logits.copy()
+        sampler = Sampler(seed=1)
+        t0 = time.perf_counter()
+        for _ in range(200):
+            sampler.sample(row, greedy=True)
+        greedy_us = (time.perf_counter() - t0) / 200 * 1e6
+        t0 = time.perf_counter()
+        for _ in range(200):
+            sampler.sample(row)
+        sample_us = (time.perf_counter() - t0) / 200 * 1e6
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -142,6 +155,8 @@ def main() -> int:
     print(f"bare decode:       {n / decode_s:12,.0f} tok/s  ({decode_us:6.2f} us/token)")
     print(f"loop overhead:     {per_tok_us:6.2f} us/token  = {per_tok_us / decode_us:5.1f}x bare decode "
           f"(target < {TARGET_US:.0f} us/token)")
+    print(f"for scale, the real sampler over {row.size:,} logits: argmax {greedy_us:.1f} us, "
+          f"min-p sample {sample_us:.1f} us (model-side cost, not counted above)")
     if EOS not in all_tokens:
         print("script has no EOS", file=sys.stderr)
         return 2
