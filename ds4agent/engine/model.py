@@ -67,8 +67,18 @@ class _Rope:
         lo, hi = c.yarn_lo_hi()
         self.yarn = ops.rope_freqs(c.rope_dim, c.compress_rope_base, yarn=(c.yarn_factor, lo, hi))
 
+        self._memo: dict[tuple, tuple[mx.array, mx.array]] = {}
+
     def tables(self, compressed: bool, positions: np.ndarray) -> tuple[mx.array, mx.array]:
-        return ops.rope_tables(self.yarn if compressed else self.plain, positions)
+        # Every layer of a chunk needs the same tables: memoise the last few (decode builds one
+        # graph per token, and this host-side work was a visible part of it).
+        key = (compressed, int(positions[0]), len(positions), int(positions[-1]))
+        hit = self._memo.get(key)
+        if hit is None:
+            if len(self._memo) >= 16:
+                self._memo.clear()
+            hit = self._memo[key] = ops.rope_tables(self.yarn if compressed else self.plain, positions)
+        return hit
 
 
 _ROPE_CACHE: dict[ModelConfig, _Rope] = {}

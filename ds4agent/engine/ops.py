@@ -169,14 +169,45 @@ def qat(x: mx.array, rounding: bool = True) -> mx.array:
 # ---- hyper-connections -------------------------------------------------------------------------
 
 
-def sinkhorn(c: mx.array, iters: int, eps: float) -> mx.array:
-    """Sinkhorn normalisation of [..., n, n] mixing logits (model.md §4.1 step 5)."""
+def _sinkhorn_eager(c: mx.array, iters: int, eps: float) -> mx.array:
     c = mx.softmax(c, axis=-1) + eps
     c = c / (mx.sum(c, axis=-2, keepdims=True) + eps)
     for _ in range(iters - 1):
         c = c / (mx.sum(c, axis=-1, keepdims=True) + eps)
         c = c / (mx.sum(c, axis=-2, keepdims=True) + eps)
     return c
+
+
+_SINKHORN_COMPILED: dict[tuple[int, float], object] = {}
+
+
+def sinkhorn(c: mx.array, iters: int, eps: float) -> mx.array:
+    """Sinkhorn normalisation of [..., n, n] mixing logits (model.md §4.1 step 5).
+
+    Its ~120 tiny ops dominated the graph-building time of a decode step, so it runs as one
+    shape-independent compiled function (elementwise fusion gives bit-identical values; checked
+    once per process against the eager version). Where compilation is unavailable (e.g. no JIT
+    toolchain for the CPU backend) the eager version is used for the whole process, so a
+    session never mixes the two.
+    """
+    key = (iters, float(eps))
+    fn = _SINKHORN_COMPILED.get(key)
+    if fn is None:
+        fn = _SINKHORN_COMPILED[key] = _compile_checked(lambda x: _sinkhorn_eager(x, iters, eps))
+    return fn(c)
+
+
+def _compile_checked(f):
+    """mx.compile(f, shapeless=True) if it works and matches f bit for bit on a probe, else f."""
+    try:
+        cf = mx.compile(f, shapeless=True)
+        probe = mx.array(np.linspace(-3.0, 3.0, 48, dtype=np.float32).reshape(3, 4, 4))
+        a, b = cf(probe), f(probe)
+        if bool(mx.array_equal(a, b).item()):
+            return cf
+    except Exception:  # noqa: BLE001 - any failure means: stay eager
+        pass
+    return f
 
 
 # ---- RoPE ----------------------------------------------------------------------------------------
