@@ -376,9 +376,19 @@ class Worker:
         out.flush()
         if ids[-1] != EOS:
             ids.append(EOS)  # the agent ends the turn (close, error, stop token, cap, interrupt)
+        result = self._classify(stream, reason, n)
         if trace is not None:
             trace.line(f"round end: {reason}, {n} tokens, {dt:.3f}s")
-        return self._classify(stream, reason, n)
+            if stream.failed_thinking:
+                trace.line("dsml ignored: tool call inside thinking")
+            elif result.reason == "tools":
+                trace.line(f"dsml done: {len(result.calls)} call(s): "
+                           + ", ".join(name for name, _ in result.calls))
+            elif result.reason == "error":
+                trace.line(f"dsml error: {result.error}")
+            elif result.reason == "unterminated":
+                trace.line("dsml unterminated")
+        return result
 
     def _classify(self, stream: Any, reason: str, n: int) -> RoundResult:
         if reason == "interrupted":

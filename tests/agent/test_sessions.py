@@ -129,7 +129,8 @@ def test_slash_commands(tmp_path, tools):
 
 def test_delete_session_and_trace_file(tmp_path, tools):
     trace = tmp_path / "trace.log"
-    h = AgentHarness.build(tmp_path, [reply("Hi.", think="t")], tools=tools, trace=trace)
+    h = AgentHarness.build(tmp_path, [reply("", think="t", calls=[("alpha", {"x": "1"})]), reply("Hi.", think="t")],
+                           tools=tools, trace=trace)
     h.turn("hello")
     saved = of(h.command(h.agent.save), ev.SessionSaved)[0]
     assert h.agent.delete_session(saved.short_id) == saved.path
@@ -143,3 +144,4 @@ def test_delete_session_and_trace_file(tmp_path, tools):
     hi = TOK.encode_untrusted("Hi")[0]
     assert any(" gen " in line and f" {hi} 2 \"Hi\" 4869" in line for line in lines)
     assert any(" user " in line and '"hello"' in line for line in lines)
+    assert any(line.endswith("dsml done: 1 call(s): alpha") for line in lines)
