@@ -42,7 +42,7 @@ F32 = mx.float32
 NEG_INF = float("-inf")
 _COMP_BLOCK = 64  # compressed rows per attention block on non-indexer layers (see module doc)
 _QUERY_BLOCK = 256  # queries per attention block (bounds the gathered K/V memory)
-_INDEX_SCORE_BUDGET = 64 << 20  # bytes of indexer scores per query block
+_INDEX_SCORE_BUDGET = 256 << 20  # bytes of indexer score temporaries per query block
 
 
 @dataclass
@@ -247,7 +247,7 @@ def attention_core(c: ModelConfig, q: mx.array, k_all: mx.array, r0: int, p0: in
     sink = sinks.reshape(1, H, 1)
     qb = _QUERY_BLOCK
     if ratio == 4 and index_inputs is not None and C:
-        per_query = c.indexer_heads * C * 4 * 3
+        per_query = c.indexer_heads * C * 4 * 2  # [Hi, C] f32 scores and their relu·w product
         qb = max(1, min(qb, _INDEX_SCORE_BUDGET // max(per_query, 1)))
     comp_pad = None
     if C and ratio != 4:

@@ -142,6 +142,10 @@ def fp4sim(x: mx.array) -> mx.array:
 
 
 @lru_cache(maxsize=8)
+def _hadamard_mx(d: int) -> mx.array:
+    return mx.array(_hadamard_np(d))
+
+
 def _hadamard_np(d: int) -> np.ndarray:
     i = np.arange(d, dtype=np.int64)
     and_ = i[:, None] & i[None, :]
@@ -156,7 +160,7 @@ def _hadamard_np(d: int) -> np.ndarray:
 def hadamard(x: mx.array) -> mx.array:
     """y_i = (1/√D)·Σ_j (-1)^popcount(i & j)·x_j over the last axis (Sylvester order)."""
     d = x.shape[-1]
-    h = mx.array(_hadamard_np(d))  # symmetric ±1
+    h = _hadamard_mx(d)  # symmetric ±1 (Sylvester)
     return (x @ h) * mx.array(1.0 / math.sqrt(d), dtype=F32)
 
 
