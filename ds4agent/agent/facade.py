@@ -87,7 +87,16 @@ class Agent:
         store from --kv-dir, default tools, settings from the other flags."""
         from ds4agent.agent.wiring import build_from_args
 
-        engine_loader, store, tools, settings = build_from_args(args)
+        try:
+            engine_loader, store, tools, settings = build_from_args(args)
+        except Exception as err:  # noqa: BLE001 - e.g. the KV directory cannot be created
+            # Never a traceback in the UI thread: the worker reports it as a fatal Error event.
+            failure = err
+
+            def engine_loader(progress: Callable[[float], None]) -> Any:
+                raise failure
+
+            return cls(engine_loader, None, [], AgentSettings.from_args(args))
         return cls(engine_loader, store, tools, settings)
 
     # ------------------------------------------------------------------ lifecycle

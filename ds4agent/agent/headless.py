@@ -159,7 +159,11 @@ def main(args: Any) -> int:
     from ds4agent.agent.wiring import build_from_args
 
     err = sys.stderr
-    loader, store, tools, settings = build_from_args(args)
+    try:
+        loader, store, tools, settings = build_from_args(args)
+    except Exception as exc:  # noqa: BLE001 - e.g. the KV directory cannot be created
+        err.write(f"ds4agent: {exc}\n")
+        return EXIT_FAIL
     settings.journal = False
     ask = None
     if settings.permission == "ask":

@@ -88,3 +88,22 @@ def test_cli_end_to_end_on_the_tiny_model(tmp_path, tiny_model):
     assert res.returncode == (0 if end[0]["reason"] == "done" else 1)
     assert "running read-only" in res.stderr
     assert len(list((tmp_path / "kv").glob("sysprompt-*.kv"))) == 1
+
+
+def test_unusable_kv_dir_is_one_readable_line(tmp_path, capsys):
+    from ds4agent.agent import Agent, events
+    from ds4agent.cli import build_parser
+
+    (tmp_path / "file").write_text("x")
+    args = build_parser().parse_args(["-p", "hi", "--kv-dir", str(tmp_path / "file" / "kv")])
+    args.model_path = tmp_path / "none.gguf"
+    assert headless.main(args) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("ds4agent: cannot create KV directory") and "Traceback" not in err
+    agent = Agent.from_args(args)  # the UI path: no exception in the caller, a fatal event instead
+    agent.start()
+    got = []
+    while not any(isinstance(e, events.Exited) for e in got):
+        got.append(agent.events.get(timeout=10))
+    fatal = [e for e in got if isinstance(e, events.Error)]
+    assert fatal[0].fatal and fatal[0].text.startswith("startup failed: cannot create KV directory")
