@@ -498,7 +498,14 @@ def test_config(name: str, **overrides: Any) -> ModelConfig:
             f"unknown test config {name!r} (choose from {', '.join(sorted(TEST_CONFIGS))})"
         ) from None
     if overrides:
+        # Keep the derived fields consistent with what was overridden.
+        if "head_dim" in overrides and "value_dim" not in overrides:
+            overrides["value_dim"] = overrides["head_dim"]
+        if "n_layers" in overrides and "swiglu_clamp" not in overrides:
+            overrides["swiglu_clamp"] = (cfg.swiglu_clamp[0],) * overrides["n_layers"]
         cfg = replace(cfg, **overrides)
+        if len(cfg.ratios) != cfg.n_layers:
+            raise ConfigError(f"test config {name!r}: {len(cfg.ratios)} ratios for {cfg.n_layers} layers")
         validate(cfg)
     return cfg
 

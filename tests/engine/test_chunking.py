@@ -125,3 +125,22 @@ def test_invariance_across_many_attention_blocks(monkeypatch):
         monkeypatch.setattr(model, "_QUERY_BLOCK", 256)
         again, _ = _run_schedule(c, w, toks, [45])
         assert np.array_equal(one, again)
+
+
+def test_random_chunk_schedules_property():
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    cfg, w, toks = _setup(True)
+    one, s_one = _run_schedule(cfg, w, toks, [N])
+
+    @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(st.integers(min_value=1, max_value=N), min_size=1, max_size=6))
+    def check(sizes):
+        total = sum(sizes)
+        sizes = sizes + [N] if total < N else sizes
+        got, s_got = _run_schedule(cfg, w, toks, sizes)
+        assert np.array_equal(one, got)
+        _assert_states_equal(s_one, s_got)
+
+    check()

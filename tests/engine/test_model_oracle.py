@@ -138,3 +138,18 @@ def test_tiny_real_vocab_config_matches_oracle(rounding):
     scale = max(1.0, np.abs(ref_logits).max())
     assert np.abs(logits - ref_logits).max() <= (1e-5 if not rounding else 1e-3) * scale
     assert _check_decisions(cfg, state, trace, ref, n)
+
+
+def test_flash_head_geometry_matches_oracle():
+    """Flash's per-head geometry at a small width: Dh 512 with Dr 64 (7 fp8 blocks, YaRN lo/hi
+    15/25), indexer heads of 128 (RoPE offset 64, Hadamard-128, four fp4 blocks)."""
+    cfg = test_config("micro", n_heads=2, head_dim=512, rope_dim=64, indexer_dim=128, out_groups=1, out_lora_rank=32,
+                      indexer_heads=2, n_layers=3, ratios=(0, 4, 16), swiglu_clamp=(10.0,) * 3,
+                      n_hash_layers=1, indexer_top_k=3)
+    assert cfg.yarn_lo_hi() == (15, 25)
+    n = 33
+    logits, state, trace, ref, ref_logits = _run(cfg, n, rounding=True, seed=5, quantize_q8=True)
+    assert (logits.argmax(-1) == ref_logits.argmax(-1)).all()
+    assert np.abs(logits - ref_logits).max() <= 1e-3 * max(1.0, np.abs(ref_logits).max())
+    assert _check_decisions(cfg, state, trace, ref, n)
+    _check_state(cfg, state, ref, n)
