@@ -184,7 +184,8 @@ class Ds4App(App):
         if isinstance(e, ev.Status):
             self._apply_status(e)
         elif isinstance(e, ev.PrefillProgress):
-            s.state, s.prefill_done, s.prefill_total, s.prefill_tps = "prefill", e.done, e.total, e.tps
+            s.set_state("prefill", s.detail if s.state == "prefill" else "")
+            s.prefill_done, s.prefill_total, s.prefill_tps = e.done, e.total, e.tps
             if e.tps > 0:
                 s.last_prefill_tps = e.tps
             self.status_bar.mark()
@@ -274,7 +275,7 @@ class Ds4App(App):
     def _apply_status(self, e: ev.Status) -> None:
         s = self.status_model
         state = e.state.value if hasattr(e.state, "value") else str(e.state)
-        s.state, s.detail = state, e.detail
+        s.set_state(state, e.detail)
         if e.progress is not None and state == "loading":
             s.load_fraction = e.progress
         s.ctx_used, s.ctx_total = e.ctx_used, e.ctx_total

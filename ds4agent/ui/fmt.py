@@ -112,13 +112,22 @@ class StatusState:
     dirty: bool = False
     queued: list[str] = field(default_factory=list)
 
+    def set_state(self, state: str, detail: str = "") -> None:
+        """Switch state; entering prefill forgets the previous prefill's progress (no stale bar)."""
+        if state == "prefill" and self.state != "prefill":
+            self.prefill_done = self.prefill_total = 0
+            self.prefill_tps = 0.0
+        self.state, self.detail = state, detail
+
 
 def state_segment(s: StatusState) -> str:
     """The state word with its live detail (prefill bar, decode speed, error text)."""
     if s.state == "loading":
         return f"loading model… {int(s.load_fraction * 100)}%"
     if s.state == "prefill":
-        total = max(1, s.prefill_total)
+        if s.prefill_total <= 0:
+            return f"prefill {s.detail}".rstrip()
+        total = s.prefill_total
         frac = s.prefill_done / total
         text = f"prefill {bar(frac, 12)} {human_count(s.prefill_done)}/{human_count(s.prefill_total)} {frac * 100:.1f}%"
         if s.prefill_tps > 0:

@@ -89,8 +89,7 @@ class PlainRenderer:
     def handle(self, e: ev.Event, n: int = 1) -> None:  # noqa: C901 - one dispatch, in order
         s = self.status
         if isinstance(e, ev.Status):
-            s.state = e.state.value if hasattr(e.state, "value") else str(e.state)
-            s.detail = e.detail
+            s.set_state(e.state.value if hasattr(e.state, "value") else str(e.state), e.detail)
             if e.progress is not None:
                 s.load_fraction = e.progress
             s.ctx_used, s.ctx_total = e.ctx_used, e.ctx_total
@@ -104,7 +103,8 @@ class PlainRenderer:
             s.dirty, s.session_id, s.title = e.unsaved, e.session_id, e.title
             s.think_mode, s.permission = e.think_mode, e.permission_mode
         elif isinstance(e, ev.PrefillProgress):
-            s.state, s.prefill_done, s.prefill_total, s.prefill_tps = "prefill", e.done, e.total, e.tps
+            s.set_state("prefill", s.detail if s.state == "prefill" else "")
+            s.prefill_done, s.prefill_total, s.prefill_tps = e.done, e.total, e.tps
         elif isinstance(e, ev.UserTurn):
             self.close_stream()
             self.answer_text = ""

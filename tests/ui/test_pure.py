@@ -169,3 +169,12 @@ def test_coalesce_merges_runs_and_keeps_order():
         (ev.TextDelta("w"), 1),
     ]
     assert sum(n for _, n in out) == len(events)
+
+
+def test_entering_prefill_forgets_the_previous_progress():
+    s = fmt.StatusState(state="prefill", prefill_done=10, prefill_total=10)
+    s.set_state("generating")
+    s.set_state("prefill", "system prompt")
+    assert fmt.state_segment(s) == "prefill system prompt"
+    s.prefill_done, s.prefill_total = 1, 4
+    assert fmt.state_segment(s).startswith("prefill ███·········  1/4 25.0%".replace("  ", " "))

@@ -1,0 +1,123 @@
+"""End to end as a person would: `ds4agent --model tiny.gguf` in a real terminal (tmux), a typed
+prompt, the answer and the status bar, then /quit with the save question. Plus `ds4agent` with its
+stdout piped, which must fall back to the plain line mode.
+
+Needs the `tmux` binary for the first test (skipped with the reason when it is missing: CI images
+install it, see the UI report); the model is the tiny random test model the engine room builds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    from ds4agent.engine.testmodel import make_test_model
+
+    return Path(make_test_model(tmp_path_factory.mktemp("model") / "tiny.gguf", config="tiny", seed=0))
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    env.update(HOME=str(home), TERM="xterm-256color", DS4AGENT_HISTORY=str(tmp_path / "history.json"),
+               XDG_DATA_HOME=str(home / ".local/share"), XDG_STATE_HOME=str(home / ".local/state"))
+    for name in ("DS4AGENT_MODEL", "COLUMNS", "LINES"):  # Textual would trust stale COLUMNS/LINES
+        env.pop(name, None)
+    env.pop("DS4AGENT_KV_DIR", None)
+    return env
+
+
+class Tmux:
+    def __init__(self, env: dict[str, str]) -> None:
+        self.socket = f"ds4ui-{uuid.uuid4().hex[:8]}"
+        self.env = env
+
+    def run(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.socket, *args], env=self.env, capture_output=True, text=True,
+                              check=True).stdout
+
+    def screen(self) -> str:
+        return self.run("capture-pane", "-p", "-t", "app")
+
+    def wait_for(self, cond, what: str, timeout: float = 90.0) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.screen()
+            if cond(text):
+                return text
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}; screen:\n{text}")
+            time.sleep(0.2)
+
+    def type(self, text: str) -> None:
+        self.run("send-keys", "-t", "app", "-l", text)
+
+    def key(self, name: str) -> None:
+        self.run("send-keys", "-t", "app", name)
+
+    def kill(self) -> None:
+        subprocess.run(["tmux", "-L", self.socket, "kill-server"], env=self.env, capture_output=True)
+
+
+def _status_line(screen: str) -> str:
+    lines = [ln for ln in screen.splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install -y tmux)")
+def test_tui_in_tmux_prompt_answer_status_and_quit(tmp_path, tiny_model):
+    work = tmp_path / "work"
+    work.mkdir()
+    tmux = Tmux(_env(tmp_path))
+    command = (f"cd {work} && {sys.executable} -m ds4agent.cli --model {tiny_model} --ctx 4096 --tokens 24 "
+               f"--kv-dir {tmp_path / 'kv'} --seed 7; echo EXITED-$?; sleep 30")
+    try:
+        tmux.run("-f", "/dev/null", "new-session", "-d", "-s", "app", "-x", "120", "-y", "30", command)
+        # Some tmux versions size a detached session from `default-size` (80x24) regardless of -x/-y.
+        tmux.run("resize-window", "-t", "app", "-x", "120", "-y", "30")
+        first = tmux.wait_for(lambda s: "ds4agent ─" in s, "first paint", timeout=30)
+        assert "Ask ds4agent…" in first
+        tmux.wait_for(lambda s: _status_line(s).startswith("idle"), "model loaded and idle")
+        tmux.type("say hi")
+        tmux.wait_for(lambda s: "say hi" in s, "the typed prompt", timeout=10)
+        tmux.key("Enter")
+        screen = tmux.wait_for(lambda s: "› say hi" in s and _status_line(s).startswith("idle")
+                               and "unsaved ●" in s, "the answer")
+        # the random tiny model thinks until the 24-token cap: the block collapses with its count
+        assert "Thought for" in screen or "token limit" in screen
+        status = _status_line(screen)
+        assert "ctx " in status and "/4.1k" in status and "decode" in status and "unsaved ●" in status
+        tmux.type("/quit")
+        tmux.key("Enter")
+        tmux.wait_for(lambda s: "Save current session?" in s, "save question")
+        tmux.key("n")
+        tmux.wait_for(lambda s: "EXITED-0" in s, "exit status 0")
+    finally:
+        tmux.kill()
+
+
+def test_piped_stdout_runs_the_plain_mode(tmp_path, tiny_model):
+    work = tmp_path / "work"
+    work.mkdir()
+    r = subprocess.run(
+        [sys.executable, "-m", "ds4agent.cli", "--model", str(tiny_model), "--ctx", "4096", "--tokens", "8",
+         "--kv-dir", str(tmp_path / "kv"), "--seed", "7", "--nothink"],
+        input="say hi\n/bogus\n/list\n", capture_output=True, text=True, cwd=work, env=_env(tmp_path), timeout=180,
+    )
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "› say hi" in out
+    assert "unknown command: /bogus" in out
+    assert f"saved sessions in {tmp_path / 'kv'}:" in out
+    assert "Traceback" not in out + r.stderr
