@@ -182,8 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         # The reader of our output went away (`ds4agent … | head`): stop quietly like any Unix
         # filter. Point stdout at /dev/null so the interpreter's final flush cannot raise again.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):  # stdout without a file descriptor (embedded, tests)
+            pass
         return 141
 
 
