@@ -60,6 +60,7 @@ class PlainRenderer:
         self.at_line_start = True
         self.think_started = 0.0
         self.think_tokens = 0
+        self.think_gen_start = 0
         self.last_answer: list[str] = []
         self.answer_text = ""
         self.tool_names: dict[int, str] = {}
@@ -81,7 +82,8 @@ class PlainRenderer:
             secs = self.clock() - self.think_started
             if not self.at_line_start:
                 self.out("\n", "thinking")
-            self.out(f"(thought for {secs:.1f} s, {self.think_tokens} tokens)\n", "muted")
+            tokens = max(self.think_tokens, self.status.gen_tokens - self.think_gen_start)
+            self.out(f"(thought for {secs:.1f} s, {tokens} tokens)\n", "muted")
         elif self.mode == "text" and not self.at_line_start:
             self.out("\n")
         self.mode = None
@@ -116,6 +118,7 @@ class PlainRenderer:
                 self.mode = "thinking"
                 self.think_started = self.clock()
                 self.think_tokens = 0
+                self.think_gen_start = self.status.gen_tokens
                 e_text = e.text.lstrip("\n")
             else:
                 e_text = e.text
@@ -494,6 +497,8 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
                 saved_history.add(text)
                 if commands.is_command(text):
                     fe.run_command(text, copy=copy)
+                    if fe.quitting:  # the save question (or the exit) comes next: no prompt in between
+                        await _wait_for(lambda: r.exited is not None or bool(r.questions), timeout=10.0)
                 else:
                     agent.submit(text)
         finally:

@@ -121,3 +121,29 @@ def test_piped_stdout_runs_the_plain_mode(tmp_path, tiny_model):
     assert "unknown command: /bogus" in out
     assert f"saved sessions in {tmp_path / 'kv'}:" in out
     assert "Traceback" not in out + r.stderr
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install -y tmux)")
+def test_plain_mode_in_tmux_prompt_status_line_and_quit(tmp_path, tiny_model):
+    work = tmp_path / "work"
+    work.mkdir()
+    tmux = Tmux(_env(tmp_path))
+    command = (f"cd {work} && {sys.executable} -m ds4agent.cli --plain --model {tiny_model} --ctx 4096 "
+               f"--tokens 16 --kv-dir {tmp_path / 'kv'} --seed 7; echo EXITED-$?; sleep 30")
+    try:
+        tmux.run("-f", "/dev/null", "new-session", "-d", "-s", "app", "-x", "120", "-y", "30", command)
+        tmux.run("resize-window", "-t", "app", "-x", "120", "-y", "30")
+        tmux.wait_for(lambda s: "ds4agent>" in s and _status_line(s).startswith("idle"), "prompt and idle status")
+        tmux.type("say hi")
+        tmux.key("Enter")
+        screen = tmux.wait_for(lambda s: "› say hi" in s and _status_line(s).startswith("idle")
+                               and "unsaved" in _status_line(s), "the answer")
+        assert "ctx 2" in _status_line(screen)  # the system prompt alone is ~2k tokens
+        tmux.type("/quit")
+        tmux.key("Enter")
+        tmux.wait_for(lambda s: "Save current session?" in s, "save question")
+        tmux.type("n")
+        tmux.key("Enter")
+        tmux.wait_for(lambda s: "EXITED-0" in s, "exit status 0")
+    finally:
+        tmux.kill()

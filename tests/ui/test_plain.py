@@ -1,0 +1,58 @@
+"""Plain mode (line mode) over the real Agent and the scripted engine, and its renderer."""
+
+from __future__ import annotations
+
+import io
+
+from ds4agent.agent import events as ev
+from ds4agent.tools.base import DiffDisplay, DiffLine
+from ds4agent.ui import toolview
+from ds4agent.ui.plain import PlainRenderer, run_lines
+from tests.support.scripted_engine import reply
+from tests.ui.conftest import make_real_agent
+
+
+def test_line_mode_turn_with_permission_answered_from_stdin(tmp_path):
+    script = [reply("", think="Check first.", calls=[("bash", {"command": "echo plain-ok"})]),
+              reply("It printed plain-ok.", think="")]
+    agent, _ = make_real_agent(tmp_path, script, permission="ask")
+    stdin = io.StringIO("run it\ny\n/help\n/bogus\n")
+    stdout = io.StringIO()
+    status = run_lines(agent, stdin, stdout, poll=0.005)
+    out = stdout.getvalue()
+    assert status == 0
+    assert "› run it" in out
+    assert "Check first." in out and "(thought for" in out
+    assert "⏺ bash  echo plain-ok" in out
+    assert "  ✓ exit 0" in out and "  │ plain-ok" in out
+    assert "It printed plain-ok." in out
+    assert "/permissions" in out  # /help
+    assert "unknown command: /bogus" in out
+    # the end of input answers the save question with "n", as the reference does
+    assert out.rstrip().endswith("n")
+    assert "Traceback" not in out
+
+
+def test_line_mode_denies_when_input_ends_before_the_answer(tmp_path):
+    script = [reply("", think="", calls=[("bash", {"command": "touch x"})]), reply("Denied, fine.", think="")]
+    agent, _ = make_real_agent(tmp_path, script, permission="ask")
+    stdout = io.StringIO()
+    run_lines(agent, io.StringIO("make a file\n"), stdout, poll=0.005)
+    out = stdout.getvalue()
+    assert "  ✗ " in out and "Denied, fine." in out
+    assert not (tmp_path / "work" / "x").exists()
+
+
+def test_renderer_styles_diffs_and_collapses_thinking():
+    pieces: list[tuple[str, str]] = []
+    t = [10.0]
+    r = PlainRenderer(lambda text, style: pieces.append((text, style)), clock=lambda: t[0])
+    r.handle(ev.ThinkingDelta("hmm"), 3)
+    t[0] += 1.5
+    lines = (DiffLine("remove", 3, None, "a = 1"), DiffLine("add", None, 3, "a = 2"))
+    r.handle(ev.ToolCallEnd(0, "edit", {"path": "x.py"}))
+    r.handle(ev.ToolResult(0, "edit", True, "ok", DiffDisplay("x.py", False, "", lines, 1, 1)))
+    text = "".join(p for p, _ in pieces)
+    assert "hmm\n(thought for 1.5 s, 3 tokens)\n" in text
+    assert "⏺ edit  x.py\n  ✓ +1 −1\n" in text
+    assert ("- 3  a = 1\n", toolview.DEL) in pieces and ("+ 3  a = 2\n", toolview.ADD) in pieces
