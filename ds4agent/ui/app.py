@@ -97,7 +97,7 @@ class Ds4App(App):
         with Vertical(id="bottom"):
             yield CommandHints(id="hints")
             yield QueueChips(id="queue")
-            yield PromptInput(self.history, id="input")
+            yield PromptInput(self.history, cwd=self.cwd, id="input")
         yield StatusBar(self.status_model, id="status")
 
     @property
@@ -204,6 +204,7 @@ class Ds4App(App):
         elif isinstance(e, ev.ToolCallEnd):
             await conv.tool_end(e.index, e.name, e.args)
         elif isinstance(e, ev.ToolResult):
+            self._close_stale_permission()
             await conv.tool_result(e.index, e.name, e.ok, e.text, e.display, e.elapsed)
         elif isinstance(e, ev.ToolCallInvalid):
             self._end_thinking()
@@ -217,6 +218,7 @@ class Ds4App(App):
         elif isinstance(e, ev.RoundStarted):
             conv.new_round()
         elif isinstance(e, ev.TurnEnded):
+            self._close_stale_permission()
             self._end_thinking()
             await conv.end_turn()
             if e.reason == "interrupted":
@@ -305,6 +307,14 @@ class Ds4App(App):
 
         self.push_screen(PermissionScreen(e.question, e.detail, e.options), answered)
 
+    def _close_stale_permission(self) -> None:
+        """An interrupt answers a pending permission question inside the agent ("deny"); when the
+        tool's result (or the turn's end) arrives while the question is still on screen, it is stale."""
+        from ds4agent.ui.screens.permission import PermissionScreen
+
+        if isinstance(self.screen, PermissionScreen):
+            self.screen.dismiss(None)
+
     def _ask_question(self, e: ev.Question) -> None:
         from ds4agent.ui.screens.question import QuestionScreen
 
@@ -323,7 +333,8 @@ class Ds4App(App):
     # ------------------------------------------------------------------ input
     def on_text_area_changed(self, event) -> None:
         if isinstance(event.text_area, PromptInput):
-            self.query_one(CommandHints).show_for(event.text_area.text)
+            area = event.text_area
+            self.query_one(CommandHints).show_for(area.text, area.text_before_cursor(), self.cwd)
 
     async def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
         text = message.text

@@ -182,8 +182,8 @@ def status_line(s: StatusState) -> str:
     speed = speed_segment(s)
     if speed:
         parts.append(speed)
-    parts.append(f"{s.think_mode} · {s.permission}")
     parts.append(saved_segment(s))
+    parts.append(f"{s.think_mode} · {s.permission}")
     return " · ".join(parts)
 
 

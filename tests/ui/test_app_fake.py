@@ -300,3 +300,18 @@ async def test_fatal_error_is_one_readable_line():
         text = screen_text(app)
         assert "startup failed: no model found at x.gguf" in text and "Traceback" not in text
         assert app.is_running
+
+
+async def test_at_mentions_complete_paths_with_tab(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "client.py").write_text("x")
+    app, agent = make_fake_app(cwd=str(tmp_path))
+    async with app.run_test(size=(100, 30)) as pilot:
+        for key in "fix @sr":
+            await pilot.press(key if key != " " else "space")
+        await pilot.pause(0.05)
+        assert "@src/" in screen_text(app)
+        await pilot.press("tab")
+        assert app.input.text == "fix @src/"
+        await pilot.press("tab")
+        assert app.input.text == "fix @src/client.py"

@@ -30,10 +30,10 @@ def test_status_line_states():
     line = fmt.status_line(s)
     assert line.startswith("prefill ███·········  500/2k 25.0% 812 t/s".replace("  ", " "))
     assert "ctx 14.2k/100k" in line and "14% (compact at 85%)" in line
-    assert line.endswith("saved ✓")
+    assert line.endswith("saved ✓ · think · ask")
     s.state, s.gen_tokens, s.decode_tps, s.dirty = "generating", 42, 23.14, True
     assert fmt.state_segment(s) == "generating 42 tokens 23.1 t/s"
-    assert fmt.status_line(s).endswith("unsaved ●")
+    assert "unsaved ●" in fmt.status_line(s)
     s.state, s.load_fraction = "loading", 0.37
     assert fmt.state_segment(s) == "loading model… 37%"
     s.state, s.detail = "error", "model file missing"
@@ -178,3 +178,20 @@ def test_entering_prefill_forgets_the_previous_progress():
     assert fmt.state_segment(s) == "prefill system prompt"
     s.prefill_done, s.prefill_total = 1, 4
     assert fmt.state_segment(s).startswith("prefill ███·········  1/4 25.0%".replace("  ", " "))
+
+
+def test_mentions_complete_workspace_paths(tmp_path):
+    from ds4agent.ui import mentions
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "client.py").write_text("x")
+    (tmp_path / "setup.cfg").write_text("x")
+    (tmp_path / ".git").mkdir()
+    assert mentions.mention_at_cursor("look at @sr") == "sr"
+    assert mentions.mention_at_cursor("look at @src ") is None
+    assert mentions.mention_at_cursor("mail me@x") is None
+    assert mentions.candidates(tmp_path, "s") == ["setup.cfg", "src/"]
+    assert mentions.candidates(tmp_path, "src/c") == ["src/client.py"]
+    assert mentions.candidates(tmp_path, "") == ["setup.cfg", "src/"]  # hidden names need a typed dot
+    assert mentions.candidates(tmp_path, ".g") == [".git/"]
+    assert mentions.candidates(tmp_path, "nope/x") == []

@@ -111,8 +111,9 @@ class ThinkingBlock(Static):
             self.update(Content("\n").join([head, body]) if text.strip() else head)
             return
         arrow = "▾" if self.expanded else "▸"
+        hint = "" if self.expanded else "  [dim]ctrl+t[/dim]"
         line = Content.from_markup(
-            f"[$text-muted]{arrow} Thought for $secs s ($toks tokens)[/]",
+            f"[$text-muted]{arrow} Thought for $secs s ($toks tokens){hint}[/]",
             secs=f"{self.seconds:.1f}",
             toks=str(self.tokens),
         )

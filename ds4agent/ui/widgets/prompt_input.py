@@ -15,7 +15,7 @@ from textual.content import Content
 from textual.message import Message
 from textual.widgets import Static, TextArea
 
-from ds4agent.ui import commands
+from ds4agent.ui import commands, mentions
 from ds4agent.ui.history import History
 
 PLACEHOLDER = "Ask ds4agent… (/ for commands, @ for files)"
@@ -39,12 +39,13 @@ class PromptInput(TextArea):
             super().__init__()
             self.text = text
 
-    def __init__(self, history: History, *, id: str | None = None) -> None:
+    def __init__(self, history: History, *, cwd: str = ".", id: str | None = None) -> None:
         super().__init__("", id=id, placeholder=PLACEHOLDER, soft_wrap=True, tab_behavior="focus",
                          show_line_numbers=False, compact=True, highlight_cursor_line=False)
         # Nothing blinks (ui.md); this also keeps snapshots deterministic.
         self.cursor_blink = False
         self.input_history = history
+        self.cwd = cwd
         self._completion_index = -1
 
     async def _on_key(self, event: events.Key) -> None:
@@ -99,10 +100,17 @@ class PromptInput(TextArea):
                 return
         self.action_cursor_down()
 
+    def text_before_cursor(self) -> str:
+        return self.get_text_range((0, 0), self.cursor_location)
+
     def action_complete(self) -> None:
+        before = self.text_before_cursor()
+        partial = mentions.mention_at_cursor(before)
+        if partial is not None:
+            self._complete_mention(before, partial)
+            return
         matches = commands.completions(self.text)
         if not matches:
-            self.screen.focus_next()
             return
         current = self.text[1:]
         names = [c.name for c in matches]
@@ -114,6 +122,18 @@ class PromptInput(TextArea):
         self.set_text("/" + choice + ("" if len(matches) > 1 else " "))
 
 
+    def _complete_mention(self, before: str, partial: str) -> None:
+        found = mentions.candidates(self.cwd, partial)
+        if not found:
+            return
+        if partial in found and len(found) > 1:
+            choice = found[(found.index(partial) + 1) % len(found)]  # repeated Tab cycles
+        else:
+            choice = found[0]
+        start = (self.cursor_location[0], self.cursor_location[1] - len(partial))
+        self.replace(choice, start, self.cursor_location)
+
+
 class CommandHints(Static):
     """Completion list shown above the input while the line is `/word`."""
 
@@ -122,7 +142,17 @@ class CommandHints(Static):
         self.display = False
         self.names: list[str] = []
 
-    def show_for(self, text: str) -> None:
+    def show_for(self, text: str, before_cursor: str | None = None, cwd: str = ".") -> None:
+        partial = mentions.mention_at_cursor(text if before_cursor is None else before_cursor)
+        if partial is not None:
+            found = mentions.candidates(cwd, partial)
+            self.names = found
+            self.display = bool(found)
+            if found:
+                lines = [Content.styled("@" + f, "$accent") for f in found]
+                lines.append(Content.styled("tab: complete", "$text-muted"))
+                self.update(Content("\n").join(lines))
+            return
         matches = commands.completions(text)
         self.names = [c.name for c in matches]
         self.display = bool(matches)

@@ -54,6 +54,8 @@ class StatusBar(Static):
         if speed:
             parts.append(Content.styled(speed, "$text-muted"))
         parts.append(Content.styled(fmt.saved_segment(s), "$text-warning" if s.dirty else "$text-success"))
+        # Also in the header; repeated last here so a narrow terminal cuts these first.
+        parts.append(Content.styled(f"{s.think_mode} · {s.permission}", "$text-muted"))
         self.update(sep.join(parts))
 
     @property
