@@ -87,6 +87,7 @@ class Ds4App(App):
         self._last_ctrl_c = -1e9
         self._want_picker = False
         self._quitting = False
+        self._exit_status = 0                  # 1 once the agent stopped on a fatal error
         self._think_gen_start = 0
         self.events_seen = 0                   # raw agent events handled (the benchmark reads it)
 
@@ -143,6 +144,7 @@ class Ds4App(App):
             self.query_one(QueueChips).set_items(())
 
     async def on_agent_failed(self, message: AgentFailed) -> None:
+        self._exit_status = 1
         self.status_model.state = "error"
         self.status_model.detail = message.text
         self.status_bar.mark()
@@ -268,8 +270,11 @@ class Ds4App(App):
                 await conv.note(f"compaction failed: {e.error}", "error")
         elif isinstance(e, ev.Exited):
             if self._quitting:
-                self.exit(e.status)
+                self.exit(return_code=e.status)
             else:
+                # The worker stopped on its own (a fatal startup error): keep the error readable on
+                # screen; leaving (Ctrl+D, /quit) then exits with the agent's status.
+                self._exit_status = e.status
                 s.state = "error"
                 s.detail = s.detail or "the agent stopped"
                 self.status_bar.mark()
@@ -535,7 +540,7 @@ class Ds4App(App):
     def action_quit_request(self) -> None:
         agent = self.agent
         if agent is None or not agent.running:
-            self.exit(0)
+            self.exit(return_code=self._exit_status)
             return
         if agent.busy:
             self.call_later(self.conversation.note, "command requires the model to be idle: /quit", "error")
@@ -554,5 +559,5 @@ def main(args) -> int:
         think_mode=getattr(args, "think_mode", "think") or "think",
         permission=getattr(args, "permission", "ask") or "ask",
     )
-    status = app.run()
-    return int(status or 0)
+    app.run()
+    return int(app.return_code or 0)

@@ -188,3 +188,26 @@ async def test_busy_commands_are_refused_and_quit_asks_to_save(tmp_path):
         await wait_until(pilot, lambda: isinstance(app.screen, QuestionScreen))
         await pilot.press("n")
         await wait_until(pilot, lambda: not app.is_running, what="exit")
+
+
+async def test_picker_deletes_a_saved_session_after_confirmation(tmp_path):
+    agent, _ = make_real_agent(tmp_path, [reply("Keep me?", think="")])
+    app = _app(agent)
+    async with app.run_test(size=(110, 36)) as pilot:
+        await wait_until(pilot, lambda: _idle(app), what="startup")
+        await send(pilot, app, "short lived")
+        await wait_until(pilot, lambda: _idle(app) and app.conversation.last_answer_text == "Keep me?")
+        await send(pilot, app, "/save")
+        await wait_until(pilot, lambda: app.status_model.session_id != "" and _idle(app), what="saved")
+        saved = list((tmp_path / "kv").glob("*.kv"))
+        await pilot.press("ctrl+l")
+        await wait_until(pilot, lambda: isinstance(app.screen, SessionPicker), what="picker")
+        await pilot.press("d")
+        from ds4agent.ui.screens.question import QuestionScreen
+
+        await wait_until(pilot, lambda: isinstance(app.screen, QuestionScreen))
+        await pilot.press("y")
+        await wait_until(pilot, lambda: isinstance(app.screen, SessionPicker) and app.screen.rows == [])
+        remaining = set((tmp_path / "kv").glob("*.kv"))
+        assert len(remaining) == len(saved) - 1
+        assert not any(p.name.startswith(app.status_model.session_id) for p in remaining)

@@ -300,6 +300,10 @@ async def test_fatal_error_is_one_readable_line():
         text = screen_text(app)
         assert "startup failed: no model found at x.gguf" in text and "Traceback" not in text
         assert app.is_running
+        agent.running = False
+        await pilot.press("ctrl+d")
+        await wait_until(pilot, lambda: not app.is_running)
+    assert app.return_code == 1
 
 
 async def test_at_mentions_complete_paths_with_tab(tmp_path):
