@@ -319,3 +319,34 @@ async def test_at_mentions_complete_paths_with_tab(tmp_path):
         assert app.input.text == "fix @src/"
         await pilot.press("tab")
         assert app.input.text == "fix @src/client.py"
+
+
+async def test_old_blocks_are_pruned_at_the_end_of_a_turn():
+    from ds4agent.ui.widgets import conversation
+
+    app, agent = make_fake_app()
+    async with app.run_test(size=(80, 20)) as pilot:
+        agent.emit(*[ev.Notice(f"n{i}") for i in range(30)])
+        await wait_until(pilot, lambda: len(_notes(app)) == 30)
+        await app.conversation.prune(limit=10)
+        await pilot.pause(0.05)
+        texts = _notes(app)
+        assert len(app.conversation.children) == 10
+        assert texts[0].startswith("… earlier output hidden") and texts[-1] == "n29" and "n19" not in texts
+        assert conversation.MAX_BLOCKS >= 100
+
+
+async def test_bracketed_paste_inserts_newlines_without_sending_and_f1_opens_help():
+    from textual import events
+
+    app, agent = make_fake_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        app.input.post_message(events.Paste("line one\nline two\n"))
+        await pilot.pause(0.05)
+        assert app.input.text == "line one\nline two\n"
+        assert not any(c[0] == "submit" for c in agent.calls)
+        await pilot.press("f1")
+        await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen))
+        await pilot.press("f1")
+        await wait_until(pilot, lambda: not isinstance(app.screen, HelpScreen))
+        assert app.input.text == "line one\nline two\n"

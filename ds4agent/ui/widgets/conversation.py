@@ -22,6 +22,10 @@ from ds4agent.ui import toolview
 from ds4agent.ui.fmt import clip
 
 THINKING_TAIL_LINES = 4  # lines of live reasoning shown while it streams
+# Textual lays out every mounted widget on each reflow, so a session of thousands of blocks would
+# make every token slower. At the end of a turn the oldest blocks beyond this are dropped (the
+# transcript itself is untouched; /history replays it).
+MAX_BLOCKS = 400
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
 _LINE_STYLE = {
@@ -350,6 +354,15 @@ class Conversation(VerticalScroll):
             card.state = "failed"
             card.status_text = "not run"
             card._redraw()
+        await self.prune()
+
+    async def prune(self, limit: int = MAX_BLOCKS) -> None:
+        children = list(self.children)
+        excess = len(children) - limit
+        if excess <= 0:
+            return
+        await self.remove_children(children[: excess + 1])
+        await self.mount(Note("… earlier output hidden (/history N replays it)", "muted"), before=0)
 
     def toggle_card(self, card: ToolCard | None = None) -> None:
         if card is None:
@@ -377,9 +390,9 @@ class Conversation(VerticalScroll):
                 await self.mount(block)
             elif item.kind == "text":
                 if item.text.strip():
-                    await self.mount(AssistantMessage())
-                    msg = self.query(AssistantMessage).last()
+                    msg = AssistantMessage()
                     msg.text_parts.append(item.text)
+                    await self.mount(msg)
                     await msg.update(item.text)
             elif item.kind == "tool_call":
                 card = ToolCard(item.name)
