@@ -341,7 +341,7 @@ async def test_bracketed_paste_inserts_newlines_without_sending_and_f1_opens_hel
 
     app, agent = make_fake_app()
     async with app.run_test(size=(100, 30)) as pilot:
-        app.input.post_message(events.Paste("line one\nline two\n"))
+        app.post_message(events.Paste("line one\nline two\n"))  # as the driver delivers it
         await pilot.pause(0.05)
         assert app.input.text == "line one\nline two\n"
         assert not any(c[0] == "submit" for c in agent.calls)
