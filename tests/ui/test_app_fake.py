@@ -350,3 +350,20 @@ async def test_bracketed_paste_inserts_newlines_without_sending_and_f1_opens_hel
         await pilot.press("f1")
         await wait_until(pilot, lambda: not isinstance(app.screen, HelpScreen))
         assert app.input.text == "line one\nline two\n"
+
+
+async def test_large_paste_is_folded_in_the_editor_and_sent_whole():
+    from textual import events
+
+    app, agent = make_fake_app()
+    big = "".join(f"row {i}\n" for i in range(50))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("s", "e", "e", "space")
+        app.post_message(events.Paste(big))
+        await pilot.pause(0.05)
+        assert app.input.text == "see [... 50 pasted lines ...]"
+        assert "[... 50 pasted lines ...]" in screen_text(app)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: any(c[0] == "submit" for c in agent.calls))
+        assert ("submit", "see " + big) in agent.calls
+        assert app.input.text == ""

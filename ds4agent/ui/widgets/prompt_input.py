@@ -19,6 +19,16 @@ from ds4agent.ui import commands, mentions
 from ds4agent.ui.history import History
 
 PLACEHOLDER = "Ask ds4agent… (/ for commands, @ for files)"
+# A paste longer than this is shown folded as one marker (the reference's editor does the same);
+# the marker is expanded back to the pasted text when the message is sent.
+FOLD_LINES = 10
+FOLD_CHARS = 2000
+
+
+def fold_label(text: str, n: int) -> str:
+    lines = text.count("\n") + (0 if text.endswith("\n") else 1)
+    body = f"{lines} pasted lines" if lines > 1 else f"{len(text)} pasted chars"
+    return f"[... {body} ...]" if n == 1 else f"[... {body} #{n} ...]"
 
 
 class PromptInput(TextArea):
@@ -46,6 +56,7 @@ class PromptInput(TextArea):
         self.cursor_blink = False
         self.input_history = history
         self.cwd = cwd
+        self.pastes: list[tuple[str, str]] = []   # (marker in the editor, pasted text)
         self._completion_index = -1
 
     async def _on_key(self, event: events.Key) -> None:
@@ -58,13 +69,32 @@ class PromptInput(TextArea):
             event.stop()
             event.prevent_default()
             self.insert("\n")
-            return
-        await super()._on_key(event)
+        # other keys: TextArea's own _on_key runs after this one (Textual dispatches to every class
+        # in the MRO unless prevent_default() was called)
+
+    async def _on_paste(self, event: events.Paste) -> None:
+        text = event.text
+        if text.count("\n") >= FOLD_LINES or len(text) > FOLD_CHARS:
+            event.stop()
+            event.prevent_default()
+            label = fold_label(text, len(self.pastes) + 1)
+            self.pastes.append((label, text))
+            self.insert(label)
+        # else: TextArea's own _on_paste runs after this one (Textual calls the handler of every
+        # class in the MRO unless prevent_default()), inserting the text as it is.
+
+    def expanded_text(self) -> str:
+        """The editor's text with every folded paste marker replaced by what was pasted."""
+        text = self.text
+        for label, pasted in self.pastes:
+            text = text.replace(label, pasted, 1)
+        return text
 
     def send(self) -> None:
-        text = self.text
+        text = self.expanded_text()
         if not text.strip():
             return
+        self.pastes = []
         self.input_history.add(text)
         self.clear()
         self.post_message(self.Submitted(text))
