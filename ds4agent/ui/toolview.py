@@ -54,40 +54,52 @@ def _arg(args: dict[str, Any], *names: str) -> str:
 
 
 def tool_summary(name: str, args: dict[str, Any]) -> str:
-    """`pytest -q tests/x.py`, `src/a.py  1–500`, `"retry" in src/ (regex)` …"""
+    """`pytest -q tests/x.py`, `src/a.py  1–500`, `"retry" in src/ (regex)` … (parameter names as in
+    the tools' schemas, with a few common spellings accepted while a call is still being written)."""
     args = args or {}
     if name == "bash":
         return clip(_arg(args, "command", "cmd"), SUMMARY_WIDTH)
-    if name in ("read", "more"):
-        path = _arg(args, "path", "file", "id")
-        start = _arg(args, "start", "offset", "line")
-        count = _arg(args, "max_lines", "count", "lines", "limit")
+    if name in ("bash_status", "bash_stop"):
+        job, pid = _arg(args, "job"), _arg(args, "pid")
+        return f"job {job}" if job else (f"pid {pid}" if pid else "")
+    if name == "more":
+        count = _arg(args, "count")
+        return f"next {count} lines" if count else "next lines"
+    if name == "read":
+        path = _arg(args, "path", "file")
+        if str(args.get("whole", "")).lower() in ("true", "1"):
+            return clip(f"{path}  (whole file)", SUMMARY_WIDTH)
+        start = _arg(args, "start_line", "start", "offset")
+        count = _arg(args, "max_lines", "count", "limit")
         text = path
-        if start and count and start.isdigit() and count.isdigit():
+        if start.isdigit() and count.isdigit():
             text += f"  {start}–{int(start) + int(count) - 1}"
         elif start:
             text += f"  from {start}"
         return clip(text, SUMMARY_WIDTH)
     if name == "search":
-        pattern = _arg(args, "pattern", "query", "regex")
-        where = _arg(args, "path", "dir", "directory") or "."
+        pattern = _arg(args, "query", "pattern", "regex")
+        where = _arg(args, "path", "dir") or "."
         text = f'"{pattern}" in {where}'
         glob = _arg(args, "glob", "include")
         if glob:
             text += f" ({glob})"
-        if str(args.get("regex", "")).lower() in ("true", "1"):
+        if _arg(args, "mode") == "regex" or str(args.get("regex", "")).lower() in ("true", "1"):
             text += " (regex)"
         return clip(text, SUMMARY_WIDTH)
     if name == "list":
-        return clip(_arg(args, "path", "dir", "directory") or ".", SUMMARY_WIDTH)
+        return clip(_arg(args, "path", "dir") or ".", SUMMARY_WIDTH)
     if name in ("edit", "write"):
         path = _arg(args, "path", "file")
-        first = _arg(args, "start", "line", "first_line")
-        last = _arg(args, "end", "last_line")
+        first = _arg(args, "start_line", "start", "line")
+        last = _arg(args, "end_line", "end")
+        where = _arg(args, "range")
         if first and last:
             path += f"  lines {first}–{last}"
         elif first:
             path += f"  line {first}"
+        elif where:
+            path += f"  {where}"
         return clip(path, SUMMARY_WIDTH)
     parts = [f"{k}={clip(str(v), 40)}" for k, v in args.items()]
     return clip(" ".join(parts), SUMMARY_WIDTH)

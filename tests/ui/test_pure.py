@@ -95,11 +95,15 @@ def test_history_caps_and_survives_garbage(tmp_path):
 
 def test_tool_summaries():
     assert toolview.tool_summary("bash", {"command": "pytest -q\nmore"}) == "pytest -q more"
-    assert toolview.tool_summary("read", {"path": "a.py", "start": "10", "max_lines": "5"}) == "a.py  10–14"
-    assert toolview.tool_summary("search", {"pattern": "retry", "path": "src/", "regex": "true"}) == \
+    assert toolview.tool_summary("read", {"path": "a.py", "start_line": "10", "max_lines": "5"}) == "a.py  10–14"
+    assert toolview.tool_summary("read", {"path": "a.py", "whole": "true"}) == "a.py  (whole file)"
+    assert toolview.tool_summary("search", {"query": "retry", "path": "src/", "mode": "regex"}) == \
         '"retry" in src/ (regex)'
-    assert toolview.tool_summary("edit", {"path": "x.py", "start": "3", "end": "4"}) == "x.py  lines 3–4"
-    assert toolview.tool_summary("bash_stop", {"job": 2}) == "job=2"
+    assert toolview.tool_summary("edit", {"path": "x.py", "start_line": "3", "end_line": "4"}) == "x.py  lines 3–4"
+    assert toolview.tool_summary("edit", {"path": "x.py", "range": "all"}) == "x.py  all"
+    assert toolview.tool_summary("bash_stop", {"job": 2}) == "job 2"
+    assert toolview.tool_summary("more", {"count": "50"}) == "next 50 lines"
+    assert toolview.tool_summary("weird", {"a": 1}) == "a=1"
 
 
 def test_bash_display_status_and_body():
