@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
@@ -52,7 +52,9 @@ class PermissionScreen(ModalScreen[tuple[str, str]]):
             if self.detail:
                 with VerticalScroll(classes="detail"):
                     yield Static(detail_content(self.detail))
-            with Horizontal(classes="buttons"):
+            # One choice per line: the session-scope label names the scope ("commands starting with
+            # git", "all edit calls in the working directory") and must be readable in full.
+            with Vertical(classes="choices"):
                 for key, label in self.options:
                     variant = "error" if key == "n" else ("primary" if key == "y" else "default")
                     yield Button(Content(f"[{key}] {label}"), id=f"answer-{key}", variant=variant, compact=True)
