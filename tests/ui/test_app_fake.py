@@ -367,3 +367,27 @@ async def test_large_paste_is_folded_in_the_editor_and_sent_whole():
         await wait_until(pilot, lambda: any(c[0] == "submit" for c in agent.calls))
         assert ("submit", "see " + big) in agent.calls
         assert app.input.text == ""
+
+
+async def test_agent_that_cannot_be_built_is_one_error_line_and_exit_status_1():
+    def factory():
+        raise OSError("cannot create KV directory: Permission denied")
+
+    app = Ds4App(factory, cwd="/w", history=History(persist=False), animate=False)
+    async with app.run_test(size=(100, 20)) as pilot:
+        await wait_until(pilot, lambda: app.status_model.state == "error")
+        assert _notes(app) == ["ds4agent: cannot create KV directory: Permission denied"]
+        await pilot.press("ctrl+d")
+        await wait_until(pilot, lambda: not app.is_running)
+    assert app.return_code == 1
+
+
+async def test_resume_question_from_the_agent_is_answered_by_key():
+    app, agent = make_fake_app()
+    async with app.run_test(size=(100, 24)) as pilot:
+        agent.emit(ev.Question("q-1", "resume", "Resume the unsaved session from the crash journal (1234 tokens)?",
+                               (("y", "resume"), ("n", "discard"))))
+        await wait_until(pilot, lambda: isinstance(app.screen, QuestionScreen))
+        assert "crash journal" in screen_text(app)
+        await pilot.press("y")
+        await wait_until(pilot, lambda: agent.answers == [("q-1", "y", "")])
