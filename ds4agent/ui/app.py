@@ -261,9 +261,9 @@ class Ds4App(App):
         elif isinstance(e, ev.CompactionStarted):
             await conv.note(f"compacting ({e.reason}): summarising durable task state", "warning")
         elif isinstance(e, ev.CompactionDelta):
-            await conv.compaction_delta(e.text)
+            await conv.compaction_delta(e.text, n)
         elif isinstance(e, ev.CompactionDone):
-            conv.end_thinking()
+            conv.end_thinking(e.summary_tokens or None)
             if e.ok:
                 await conv.note(f"compacted the context: {e.tokens_before} → {e.tokens_after} tokens", "info")
             else:

@@ -391,3 +391,17 @@ async def test_resume_question_from_the_agent_is_answered_by_key():
         assert "crash journal" in screen_text(app)
         await pilot.press("y")
         await wait_until(pilot, lambda: agent.answers == [("q-1", "y", "")])
+
+
+async def test_compaction_streams_a_dim_summary_and_reports_the_result():
+    app, agent = make_fake_app()
+    async with app.run_test(size=(100, 24)) as pilot:
+        agent.emit(ev.CompactionStarted("manual", 12000), status("compacting"),
+                   ev.CompactionDelta("Goal: fix the retry test.\n"), ev.CompactionDelta("Files: src/client.py"))
+        await wait_until(pilot, lambda: app.conversation.thinking is not None)
+        text = screen_text(app)
+        assert "compacting (manual)" in text and "Summarising the conversation…" in text and "Files: src" in text
+        app.clock.t += 2.0
+        agent.emit(ev.CompactionDone(True, 12000, 3100, summary_tokens=250, tail_tokens=800), status("idle"))
+        await wait_until(pilot, lambda: "compacted the context: 12000 → 3100 tokens" in _notes(app))
+        assert "▸ Summarised in 2.0 s (250 tokens)" in screen_text(app)

@@ -69,9 +69,13 @@ class Note(Static):
 class ThinkingBlock(Static):
     """Reasoning: live dimmed tail while it streams, then one line "Thought for N s (M tokens)"."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    # (live header, collapsed verb) per kind: reasoning, or the compaction summary being written
+    LABELS = {"thinking": ("Thinking…", "Thought for"), "summary": ("Summarising the conversation…", "Summarised in")}
+
+    def __init__(self, clock: Callable[[], float], kind: str = "thinking") -> None:
         super().__init__("", classes="thinking")
         self._clock = clock
+        self.kind = kind
         self._parts: list[str] = []
         self.started = clock()
         self.seconds = 0.0
@@ -110,14 +114,15 @@ class ThinkingBlock(Static):
             text = self.text
             # Only the last few lines are drawn: rsplit from the end keeps this O(tail) per update.
             tail = text.rstrip("\n").rsplit("\n", THINKING_TAIL_LINES)[-THINKING_TAIL_LINES:]
-            head = Content.from_markup("[$text-muted]✻ Thinking…[/]")
+            head = Content.from_markup("[$text-muted]✻ $label[/]", label=self.LABELS[self.kind][0])
             body = Content.styled("\n".join(tail), "$text-muted italic")
             self.update(Content("\n").join([head, body]) if text.strip() else head)
             return
         arrow = "▾" if self.expanded else "▸"
         hint = "" if self.expanded else "  [dim]ctrl+t[/dim]"
         line = Content.from_markup(
-            f"[$text-muted]{arrow} Thought for $secs s ($toks tokens){hint}[/]",
+            f"[$text-muted]{arrow} $verb $secs s ($toks tokens){hint}[/]",
+            verb=self.LABELS[self.kind][1],
             secs=f"{self.seconds:.1f}",
             toks=str(self.tokens),
         )
@@ -270,10 +275,11 @@ class Conversation(VerticalScroll):
         await self.mount(Note(text, level))
 
     # -- thinking ------------------------------------------------------------------------------
-    async def thinking_delta(self, text: str, tokens: int = 1) -> None:
-        if self.thinking is None or not self.thinking.streaming:
+    async def thinking_delta(self, text: str, tokens: int = 1, kind: str = "thinking") -> None:
+        if self.thinking is None or not self.thinking.streaming or self.thinking.kind != kind:
             await self._close_answer()
-            self.thinking = ThinkingBlock(self.clock)
+            self.end_thinking()
+            self.thinking = ThinkingBlock(self.clock, kind)
             self.thinking.expanded = self.thinking_expanded
             await self.mount(self.thinking)
         self.thinking.append(text, tokens)
@@ -372,8 +378,8 @@ class Conversation(VerticalScroll):
             card = cards[-1]
         card.toggle()
 
-    async def compaction_delta(self, text: str) -> None:
-        await self.thinking_delta(text)
+    async def compaction_delta(self, text: str, tokens: int = 1) -> None:
+        await self.thinking_delta(text, tokens, kind="summary")
 
     async def history(self, items) -> None:
         """Replay of saved turns (after /load, /history): same widgets, nothing executed."""
