@@ -101,19 +101,33 @@ class Ds4App(App):
             yield PromptInput(self.history, cwd=self.cwd, id="input")
         yield StatusBar(self.status_model, id="status")
 
+    # The main widgets are looked up once: a DOM query per event would walk the whole conversation.
     @property
     def conversation(self) -> Conversation:
-        return self.query_one(Conversation)
+        return self._widgets["conversation"]  # type: ignore[return-value]
 
     @property
     def input(self) -> PromptInput:
-        return self.query_one(PromptInput)
+        return self._widgets["input"]  # type: ignore[return-value]
 
     @property
     def status_bar(self) -> StatusBar:
-        return self.query_one(StatusBar)
+        return self._widgets["status"]  # type: ignore[return-value]
+
+    @property
+    def chips(self) -> QueueChips:
+        return self._widgets["queue"]  # type: ignore[return-value]
+
+    @property
+    def hints(self) -> CommandHints:
+        return self._widgets["hints"]  # type: ignore[return-value]
 
     def on_mount(self) -> None:
+        self._widgets = {
+            "conversation": self.query_one(Conversation), "input": self.query_one(PromptInput),
+            "status": self.query_one(StatusBar), "queue": self.query_one(QueueChips),
+            "hints": self.query_one(CommandHints),
+        }
         self.input.focus()
         self.set_interval(1 / bridge.DRAIN_HZ, self._drain)
         if self.animate:
@@ -141,7 +155,7 @@ class Ds4App(App):
         for text in pending:
             self.agent.submit(text)
         if not pending:
-            self.query_one(QueueChips).set_items(())
+            self.chips.set_items(())
 
     async def on_agent_failed(self, message: AgentFailed) -> None:
         self._exit_status = 1
@@ -230,7 +244,7 @@ class Ds4App(App):
             elif e.reason == "error" and e.error:
                 await conv.note(e.error, "error")
         elif isinstance(e, ev.QueueChanged):
-            self.query_one(QueueChips).set_items(tuple(self._pre_agent) + tuple(e.items))
+            self.chips.set_items(tuple(self._pre_agent) + tuple(e.items))
         elif isinstance(e, ev.Notice):
             await conv.note(e.text, "warning" if e.level == "warning" else "info")
         elif isinstance(e, ev.Error):
@@ -339,17 +353,17 @@ class Ds4App(App):
     def on_text_area_changed(self, event) -> None:
         if isinstance(event.text_area, PromptInput):
             area = event.text_area
-            self.query_one(CommandHints).show_for(area.text, area.text_before_cursor(), self.cwd)
+            self.hints.show_for(area.text, area.text_before_cursor(), self.cwd)
 
     async def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
         text = message.text
-        self.query_one(CommandHints).show_for("")
+        self.hints.show_for("")
         if commands.is_command(text) and not text.strip().startswith("//"):
             await self.run_command(text)
             return
         if self.agent is None:
             self._pre_agent.append(text.strip())
-            self.query_one(QueueChips).set_items(tuple(self._pre_agent))
+            self.chips.set_items(tuple(self._pre_agent))
             return
         self.agent.submit(text)
 
@@ -506,7 +520,7 @@ class Ds4App(App):
         if self.agent is not None and self.agent.busy:
             self.agent.interrupt()
         else:
-            self.query_one(CommandHints).show_for("")
+            self.hints.show_for("")
 
     def action_ctrl_c(self) -> None:
         if self.agent is not None and self.agent.busy:
@@ -526,7 +540,7 @@ class Ds4App(App):
     def action_pull_queued(self) -> None:
         if self._pre_agent:
             text = self._pre_agent.pop()
-            self.query_one(QueueChips).set_items(tuple(self._pre_agent))
+            self.chips.set_items(tuple(self._pre_agent))
         elif self.agent is not None:
             text = self.agent.pull_queued()
         else:

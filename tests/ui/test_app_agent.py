@@ -122,7 +122,7 @@ async def test_queued_message_pull_back_and_send_now(tmp_path):
         await send(pilot, app, "first")
         await wait_until(pilot, lambda: app.status_model.state == "generating")
         await send(pilot, app, "second one")
-        chips = app.query_one("#queue")
+        chips = app.chips
         await wait_until(pilot, lambda: chips.items == ("second one",), what="queued chip")
         assert "queued: second one" in screen_text(app)
         await pilot.press("ctrl+x")

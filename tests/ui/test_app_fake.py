@@ -70,7 +70,7 @@ async def test_messages_sent_while_loading_wait_as_chips(tmp_path):
     async with app.run_test(size=(100, 20)) as pilot:
         assert app.agent is None
         await send(pilot, app, "early bird")
-        chips = app.query_one("#queue")
+        chips = app.chips
         assert chips.items == ("early bird",)
         assert "queued: early bird" in screen_text(app)
         release.set()

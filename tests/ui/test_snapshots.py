@@ -78,7 +78,7 @@ def test_snapshot_loading_with_queued_message(snap_compare):
         app.input.insert("Explain the build")
         await pilot.press("enter")
         app.input.insert("and then the tests")
-        await _settle(pilot, app, lambda: app.query_one("#queue").items != ())
+        await _settle(pilot, app, lambda: app.chips.items != ())
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
 
