@@ -450,7 +450,7 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
             fe.pump()
             if r.questions or r.exited is not None:
                 ask_now.set()
-                if session.app.is_running:
+                if session.app.is_running and not session.app.is_done:
                     session.app.exit(result=_QUESTION)
             await asyncio.sleep(1 / bridge.DRAIN_HZ)
 
