@@ -352,7 +352,7 @@ def run_lines(agent: Any, stdin, stdout, *, poll: float = 0.02) -> int:
         text = raw.rstrip("\n")
         if not text.strip():
             continue
-        if commands.is_command(text):
+        if commands.is_command(text) and not text.strip().startswith("//"):
             fe.run_command(text)
         else:
             agent.submit(text)
@@ -495,7 +495,7 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
                 if not text.strip():
                     continue
                 saved_history.add(text)
-                if commands.is_command(text):
+                if commands.is_command(text) and not text.strip().startswith("//"):
                     fe.run_command(text, copy=copy)
                     if fe.quitting:  # the save question (or the exit) comes next: no prompt in between
                         await _wait_for(lambda: r.exited is not None or bool(r.questions), timeout=10.0)

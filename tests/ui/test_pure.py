@@ -199,3 +199,14 @@ def test_mentions_complete_workspace_paths(tmp_path):
     assert mentions.candidates(tmp_path, "") == ["setup.cfg", "src/"]  # hidden names need a typed dot
     assert mentions.candidates(tmp_path, ".g") == [".git/"]
     assert mentions.candidates(tmp_path, "nope/x") == []
+
+
+def test_plain_mode_and_shared_logic_do_not_import_textual():
+    import subprocess
+    import sys
+
+    code = ("import sys, ds4agent.ui.plain, ds4agent.ui.bridge, ds4agent.ui.fmt, ds4agent.ui.toolview, "
+            "ds4agent.ui.commands, ds4agent.ui.history, ds4agent.ui.mentions; "
+            "print('textual' in sys.modules, 'prompt_toolkit' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]  # prompt_toolkit is imported only when the prompt starts
