@@ -166,7 +166,9 @@ class Ds4App(App):
 
     async def on_unmount(self) -> None:
         if self.agent is not None:
-            self.agent.shutdown(timeout=2.0)
+            # A model still loading cannot be cut short; its worker is a daemon thread, so do not
+            # keep the terminal waiting for it.
+            self.agent.shutdown(timeout=0.2 if self.loading else 2.0)
 
     # ------------------------------------------------------------------ the event boundary
     def _drain(self) -> None:
@@ -516,14 +518,24 @@ class Ds4App(App):
     def action_follow_tail(self) -> None:
         self.conversation.anchor()
 
+    @property
+    def loading(self) -> bool:
+        return self.agent is None or self.status_model.state == "loading"
+
+    @property
+    def turn_busy(self) -> bool:
+        """A turn (or command) is running: Esc / Ctrl+C interrupt it. While the model loads they do
+        not: an interrupt must never cut the start-up short."""
+        return self.agent is not None and bool(self.agent.busy) and not self.loading
+
     def action_escape(self) -> None:
-        if self.agent is not None and self.agent.busy:
+        if self.turn_busy:
             self.agent.interrupt()
         else:
             self.hints.show_for("")
 
     def action_ctrl_c(self) -> None:
-        if self.agent is not None and self.agent.busy:
+        if self.turn_busy:
             self.agent.interrupt()
             return
         field = self.input
@@ -553,7 +565,8 @@ class Ds4App(App):
 
     def action_quit_request(self) -> None:
         agent = self.agent
-        if agent is None or not agent.running:
+        if agent is None or not agent.running or self.loading:
+            # nothing to save yet (or the agent is gone): leave at once; on_unmount stops the worker
             self.exit(return_code=self._exit_status)
             return
         if agent.busy:

@@ -245,6 +245,8 @@ async def test_picker_filters_and_deletes_with_confirmation():
 async def test_ctrl_c_twice_on_empty_idle_prompt_quits():
     app, agent = make_fake_app()
     async with app.run_test(size=(100, 20)) as pilot:
+        agent.emit(status("idle"))
+        await wait_until(pilot, lambda: app.status_model.state == "idle")
         await pilot.press("x", "ctrl+c")
         assert app.input.text == "" and app.is_running
         await pilot.press("ctrl+c")
@@ -260,6 +262,10 @@ async def test_ctrl_c_interrupts_when_busy_and_ctrl_d_quits_when_idle():
     app, agent = make_fake_app()
     async with app.run_test(size=(100, 20)) as pilot:
         agent.busy = True
+        await pilot.press("escape")  # still loading the model: nothing to interrupt
+        assert ("interrupt",) not in agent.calls
+        agent.emit(status("generating"))
+        await wait_until(pilot, lambda: app.status_model.state == "generating")
         await pilot.press("ctrl+c")
         await pilot.press("escape")
         assert agent.calls.count(("interrupt",)) == 2
@@ -405,3 +411,14 @@ async def test_compaction_streams_a_dim_summary_and_reports_the_result():
         agent.emit(ev.CompactionDone(True, 12000, 3100, summary_tokens=250, tail_tokens=800), status("idle"))
         await wait_until(pilot, lambda: "compacted the context: 12000 → 3100 tokens" in _notes(app))
         assert "▸ Summarised in 2.0 s (250 tokens)" in screen_text(app)
+
+
+async def test_quit_while_the_model_loads_leaves_at_once():
+    app, agent = make_fake_app()
+    agent.busy = True
+    async with app.run_test(size=(100, 20)) as pilot:
+        agent.emit(status("loading", progress=0.2))
+        await wait_until(pilot, lambda: app.status_model.load_fraction == 0.2)
+        await pilot.press("ctrl+d")
+        await wait_until(pilot, lambda: not app.is_running)
+    assert ("quit",) not in agent.calls and app.return_code == 0
