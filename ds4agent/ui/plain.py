@@ -392,7 +392,10 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
         pt_history.append_string(entry)
 
     kb = KeyBindings()
-    busy = Condition(lambda: bool(agent.busy))
+    def turn_busy() -> bool:  # an interrupt never cuts the model's start-up short
+        return bool(agent.busy) and r.status.state != "loading"
+
+    busy = Condition(turn_busy)
     last_ctrl_c = [0.0]
 
     @kb.add("c-j")
@@ -402,7 +405,7 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
     @kb.add("c-c")
     def _(event) -> None:
         buf = event.current_buffer
-        if agent.busy:
+        if turn_busy():
             agent.interrupt()
         elif buf.text:
             buf.reset()
