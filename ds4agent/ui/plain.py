@@ -487,6 +487,8 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
                     draft = session.default_buffer.text
                     continue
                 if result is _QUIT:
+                    if r.status.state == "loading":
+                        break  # nothing to save yet: leave while the model is still loading
                     if agent.busy:
                         r.line("command requires the model to be idle: /quit", "error")
                         continue
