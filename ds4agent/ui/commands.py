@@ -48,7 +48,7 @@ KEYS_HELP: tuple[tuple[str, str], ...] = (
     ("Up / Down", "input history (at the first / last line)"),
     ("PageUp / PageDown", "scroll the conversation; End follows the tail again"),
     ("Ctrl+T", "expand / collapse thinking"),
-    ("Ctrl+O", "expand / collapse the focused (or last) tool card"),
+    ("Ctrl+O", "expand / collapse the last tool card (or click a card)"),
     ("Ctrl+L", "session picker"),
     ("F1", "this help"),
 )

@@ -422,3 +422,18 @@ async def test_quit_while_the_model_loads_leaves_at_once():
         await pilot.press("ctrl+d")
         await wait_until(pilot, lambda: not app.is_running)
     assert ("quit",) not in agent.calls and app.return_code == 0
+
+
+async def test_clicking_the_conversation_keeps_the_focus_in_the_input():
+    app, agent = make_fake_app()
+    async with app.run_test(size=(100, 24)) as pilot:
+        agent.emit(ev.ToolCallStart(0, "list"), ev.ToolCallEnd(0, "list", {"path": "."}),
+                   ev.ToolResult(0, "list", True, "a.py\nb.py", None), ev.TurnEnded("done"))
+        await wait_until(pilot, lambda: app.conversation.query(ToolCard))
+        card = app.conversation.query_one(ToolCard)
+        await pilot.click(ToolCard)
+        await pilot.pause(0.05)
+        assert card.expanded and "│ b.py" in screen_text(app)
+        await pilot.click("#conversation", offset=(2, 0))
+        await pilot.press("x")
+        assert app.focused is app.input and app.input.text == "x"

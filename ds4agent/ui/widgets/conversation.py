@@ -131,8 +131,11 @@ class ThinkingBlock(Static):
         self.update(line)
 
 
-class ToolCard(Vertical, can_focus=True):
-    """`⏺ name  summary` with a status at the right; a body (diff, output, result) underneath."""
+class ToolCard(Vertical):
+    """`⏺ name  summary` with a status at the right; a body (diff, output, result) underneath.
+
+    Not focusable (nor is the conversation): the input keeps the focus, so typing always goes to
+    the editor. A click toggles a card; Ctrl+O toggles the last one."""
 
     def __init__(self, name: str, *, index: int = 0) -> None:
         super().__init__(classes="tool-card running")
@@ -245,7 +248,7 @@ class AssistantMessage(Markdown):
         return "".join(self.text_parts)
 
 
-class Conversation(VerticalScroll):
+class Conversation(VerticalScroll, can_focus=False):
     """Owns the widgets of the running turn; the app calls these methods from the event boundary."""
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic, id: str | None = None) -> None:
