@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import threading
 
 from ds4agent.ui.app import Ds4App
 from ds4agent.ui.history import History
@@ -86,36 +86,47 @@ async def test_permission_denied_shows_failed_card(tmp_path):
         assert card.state == "failed" and card.result is not None and card.result[0] is False
 
 
-def _slow(delay: float):
-    """Pace the scripted engine so a turn lasts long enough to interrupt or queue into."""
+class Gate:
+    """Holds the scripted engine at token `at` of a response until the test opens it, so a turn is
+    reliably still running while the test queues or interrupts (no timing involved)."""
 
-    def on_step(session, pos):
-        time.sleep(delay)
+    def __init__(self, at: int = 20) -> None:
+        self.at = at
+        self.event = threading.Event()
 
-    return on_step
+    def __call__(self, session, pos) -> None:
+        if pos == self.at:
+            self.event.wait(30)  # bounded: a broken test must not hang the suite
+
+    def open(self) -> None:
+        self.event.set()
 
 
 async def test_interrupt_with_escape(tmp_path):
     long = " ".join(f"word{i}" for i in range(400))
-    agent, _ = make_real_agent(tmp_path, [reply(long, think="")], on_step=_slow(0.01))
+    gate = Gate()
+    agent, _ = make_real_agent(tmp_path, [reply(long, think="")], on_step=gate)
     app = _app(agent)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: _idle(app), what="startup")
         await send(pilot, app, "talk")
-        await wait_until(pilot, lambda: "word3" in app.conversation.query_one(AssistantMessage).text
-                         if app.conversation.query(AssistantMessage) else False, what="streaming")
+        # the engine is held at token 20 of 400 (the agent may still hold those deltas in its batcher)
+        await wait_until(pilot, lambda: app.status_model.state == "generating", what="generating")
         assert app.status_model.state == "generating"
         await pilot.press("escape")
+        gate.open()
         await wait_until(pilot, lambda: _idle(app), what="interrupt")
         notes = [n.text for n in app.conversation.query(Note)]
         assert "interrupted" in notes
-        assert "word399" not in app.conversation.last_answer_text
+        shown = app.conversation.last_answer_text
+        assert shown.startswith("word0 word1") and "word399" not in shown
 
 
 async def test_queued_message_pull_back_and_send_now(tmp_path):
     long = " ".join(f"w{i}" for i in range(400))
+    gate = Gate()
     agent, _ = make_real_agent(tmp_path, [reply(long, think=""), reply("Second answer.", think="")],
-                               on_step=_slow(0.01))
+                               on_step=gate)
     app = _app(agent)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: _idle(app), what="startup")
@@ -131,6 +142,7 @@ async def test_queued_message_pull_back_and_send_now(tmp_path):
         await pilot.press("enter")
         await wait_until(pilot, lambda: chips.items == ("second one",))
         await pilot.press("escape")  # interrupt now: the queued message goes next
+        gate.open()
         await wait_until(pilot, lambda: _idle(app) and app.conversation.last_answer_text == "Second answer.")
         users = [(u.text) for u in app.conversation.query(UserMessage)]
         assert users == ["first", "second one"]
@@ -165,7 +177,8 @@ async def test_save_then_load_through_picker(tmp_path):
 
 async def test_busy_commands_are_refused_and_quit_asks_to_save(tmp_path):
     long = " ".join(f"w{i}" for i in range(300))
-    agent, _ = make_real_agent(tmp_path, [reply(long, think="")], on_step=_slow(0.01))
+    gate = Gate()
+    agent, _ = make_real_agent(tmp_path, [reply(long, think="")], on_step=gate)
     app = _app(agent)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: _idle(app), what="startup")
@@ -175,6 +188,7 @@ async def test_busy_commands_are_refused_and_quit_asks_to_save(tmp_path):
         await wait_until(pilot, lambda: any("command requires the model to be idle: /new" == n.text
                                             for n in app.conversation.query(Note)))
         await pilot.press("escape")
+        gate.open()
         await wait_until(pilot, lambda: _idle(app))
         await send(pilot, app, "/quit")
         from ds4agent.ui.screens.question import QuestionScreen
