@@ -381,8 +381,21 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
 
     from ds4agent.ui.history import History
 
+    # Whole lines only: under patch_stdout a partial line is overwritten when the prompt below is
+    # redrawn, so streamed fragments wait here until their newline (close_stream always ends the
+    # line at the end of a block or turn).
+    pending: list[tuple[str, str]] = []
+
     def write(text: str, style: str) -> None:
-        print_formatted_text(FormattedText([(PT_STYLES.get(style, ""), text)]), end="")
+        pt_style = PT_STYLES.get(style, "")
+        while text:
+            head, newline, text = text.partition("\n")
+            if head:
+                pending.append((pt_style, head))
+            if not newline:
+                break
+            print_formatted_text(FormattedText(pending))
+            pending.clear()
 
     r = PlainRenderer(write)
     fe = PlainFrontEnd(agent, r)
