@@ -1,0 +1,98 @@
+"""Atomic file replacement, shared by every room that writes files (sessions, tools, journal, engine).
+
+A leaf module: it imports only the standard library, so any room may use it without breaking the
+import arrows of architecture.md.
+
+The one procedure (kvc-format.md §6.1, used for every file ds4agent writes): a temp file in the
+target's own directory (so the rename cannot cross filesystems), data written and fsynced, the
+temp renamed over the target, then the directory fsynced so the rename itself survives a power
+cut. A crash at any moment leaves the old file or the new one, never a partial target; the temp
+file is removed on any failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+TEMP_SUFFIX = ".tmp"
+
+
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """Make a rename durable. Some filesystems refuse to fsync a directory: that is not worth
+    failing a save over (the file itself was already fsynced), so such errors are ignored."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _default_mode(target: str) -> int:
+    """Keep an existing file's permission bits; a new file gets what open() would give it."""
+    try:
+        return stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | os.PathLike[str], *, mode: int | None = None,
+                prefix: str | None = None, make_parents: bool = False) -> Iterator[Path]:
+    """Yield a fresh temp path beside `target`; the caller writes the complete file there (by name,
+    for writers that open paths themselves). On a clean exit the temp is fsynced, given `mode`
+    (default: the target's current bits, else the umask's), renamed over `target` and the
+    directory fsynced; on any exception it is removed and the target is untouched.
+
+    A symlinked target is replaced through its link (the link keeps pointing at the new file).
+    """
+    real = os.path.realpath(os.fspath(target))
+    parent = os.path.dirname(real) or "."
+    if make_parents:
+        os.makedirs(parent, exist_ok=True)
+    final_mode = _default_mode(real) if mode is None else mode
+    fd, tmp = tempfile.mkstemp(prefix=prefix if prefix is not None else "." + os.path.basename(real) + ".",
+                               suffix=TEMP_SUFFIX, dir=parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.chmod(tmp, final_mode)
+        os.replace(tmp, real)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(parent)
+
+
+@contextlib.contextmanager
+def atomic_file(target: str | os.PathLike[str], *, mode: int | None = None,
+                prefix: str | None = None, make_parents: bool = False) -> Iterator[BinaryIO]:
+    """Like atomic_path, but yield the temp file opened for binary writing (streamed writes)."""
+    with atomic_path(target, mode=mode, prefix=prefix, make_parents=make_parents) as tmp, open(tmp, "wb") as fh:
+        yield fh
+        fh.flush()
+
+
+def atomic_write(target: str | os.PathLike[str], data: bytes, *, mode: int | None = None,
+                 make_parents: bool = False) -> None:
+    """Replace `target` with `data` atomically (see atomic_path)."""
+    with atomic_file(target, mode=mode, make_parents=make_parents) as fh:
+        fh.write(data)

@@ -1,0 +1,36 @@
+import os
+
+import pytest
+
+from ds4agent.fsutil import atomic_file, atomic_write
+
+
+def test_atomic_write_creates_and_replaces_keeping_mode(tmp_path):
+    target = tmp_path / "f.txt"
+    atomic_write(target, b"one")
+    assert target.read_bytes() == b"one"
+    os.chmod(target, 0o600)
+    atomic_write(target, b"two")
+    assert target.read_bytes() == b"two"
+    assert os.stat(target).st_mode & 0o777 == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
+
+
+def test_failure_leaves_the_old_file_and_no_temp(tmp_path):
+    target = tmp_path / "f.bin"
+    target.write_bytes(b"old")
+    with pytest.raises(RuntimeError), atomic_file(target) as fh:
+        fh.write(b"half of the new")
+        raise RuntimeError("disk full")
+    assert target.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.bin"]
+
+
+def test_explicit_mode_parents_and_symlink(tmp_path):
+    target = tmp_path / "a" / "b" / "s.kv"
+    atomic_write(target, b"x", mode=0o600, make_parents=True)
+    assert os.stat(target).st_mode & 0o777 == 0o600
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    atomic_write(link, b"through the link")
+    assert link.is_symlink() and target.read_bytes() == b"through the link"
