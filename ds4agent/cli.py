@@ -51,9 +51,21 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _interactive_help() -> str:
+    """The slash commands, from the one table both front ends use (ds4agent/ui/commands.py is pure
+    logic: importing it pulls in no Textual)."""
+    from ds4agent.ui.commands import COMMANDS
+
+    width = max(len(c.usage) for c in COMMANDS)
+    lines = [f"  {c.usage:<{width}}  {c.help}" for c in COMMANDS]
+    return "slash commands (in the app and in --plain mode):\n" + "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ds4agent",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_interactive_help(),
         description="A coding agent for DeepSeek V4 Flash with an in-process MLX engine and "
         "exact KV-cache sessions. Without a subcommand it starts the terminal app in the "
         "current directory.",
