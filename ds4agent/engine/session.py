@@ -23,6 +23,13 @@ Why the pieces look the way they do:
   diverges inside the live state it restores the longest still-alive snapshot that is a prefix
   of the request (snapshots are tracked weakly: the caller decides what to keep) or starts from
   empty, then prefills the rest.
+* Threads: MLX streams are thread-local, and an array that is still a lazy graph can only be
+  evaluated on the thread that built it ("There is no Stream(cpu, 0) in current thread"). The
+  TUI loads the model in a worker and runs it on another, so everything the engine keeps between
+  calls is materialised on the thread that made it: the weights at load (`materialize`), the
+  empty state, every state a forward pass or an import produces. Evaluated arrays carry no
+  stream, so any thread can use them (new work goes to that thread's own default stream).
+  A Session is still driven by one thread at a time; it just need not be the loading thread.
 * Context: the live state may hold up to ctx tokens (positions 0..ctx-1); more is a
   ContextOverflowError. An imported state must hold fewer than ctx (kvc-format.md §9.5 step 3:
   the next token needs a position), which is also what ds4 accepts.
@@ -97,7 +104,8 @@ class Snapshot:
 def _empty_state(config):
     from .state import SessionState
 
-    return SessionState.empty(config)
+    # eval(): mx.zeros is lazy, and a lazy array cannot cross threads (module docstring).
+    return SessionState.empty(config).eval()
 
 
 def _forward(weights, config, state, tokens: Sequence[int], *, last_only: bool):
@@ -120,13 +128,50 @@ def _state_to_payload(config, state, ctx):
 def _payload_to_state(config, payload):
     from .state import from_payload
 
-    return from_payload(payload, config)
+    return from_payload(payload, config).eval()
 
 
 def _load_weights(gf, config, progress):
     from .weights import load_weights
 
     return load_weights(gf, config, progress=progress)
+
+
+def materialize(tree: Any) -> Any:
+    """Evaluate every MLX array reachable from `tree` (weights dataclasses, Linear slots, expert
+    backends, tuples, dicts) and return `tree`.
+
+    Why at load: the loaders build lazy graphs (F16 -> f32 widening, Q8_0 -> affine repack), and
+    a lazy array belongs to the loading thread's stream; once evaluated it is plain data any
+    thread can read. It also moves the one-time conversion cost into the load (where the progress
+    bar is) instead of the first prefill. numpy arrays (memory-mapped raw expert blocks) are left
+    alone: they stay on disk until an expert is selected.
+    """
+    import mlx.core as mx
+
+    found: list[mx.array] = []
+    seen: set[int] = set()
+    stack = [tree]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, mx.array):
+            found.append(obj)
+            continue
+        if obj is None or isinstance(obj, (np.ndarray, str, bytes, int, float, bool)) or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (tuple, list)):
+            stack.extend(obj)
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif type(obj).__module__.startswith("ds4agent."):
+            # Our own containers only: dataclasses and plain classes (__dict__), Linear (__slots__).
+            stack.extend(vars(obj).values() if hasattr(obj, "__dict__") else ())
+            stack.extend(getattr(obj, name) for name in getattr(type(obj), "__slots__", ())
+                         if hasattr(obj, name))
+    if found:
+        mx.eval(found)
+    return tree
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,7 +186,7 @@ class Engine:
         if ctx < 1:
             raise EngineError(f"context size must be at least 1 token (got {ctx})")
         self.config = config
-        self.weights = weights
+        self.weights = materialize(weights)  # usable from any thread (module docstring)
         self.ctx = int(ctx)
         self.quant_bits = int(quant_bits)
         self.model_id = int(model_id)
