@@ -28,10 +28,11 @@ import os
 import re
 import stat
 import struct
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
+
+from ds4agent.fsutil import atomic_path
 
 from . import errors as E
 from .errors import (
@@ -483,21 +484,6 @@ def verify_kvc(path: str | Path, *, quant_bits: int | None = None, shape: Payloa
 # writing (§6.1)
 
 
-def fsync_dir(directory: Path) -> None:
-    """Make a rename durable. Some filesystems refuse to fsync a directory: that is not an error
-    worth losing a save over, the file itself was already fsynced."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_kvc(
     path: str | Path,
     header: KVCHeader,
@@ -539,14 +525,12 @@ def write_kvc(
     ext = header.ext_flags & ~EXT_TITLE | (EXT_TITLE if title is not None else 0)
     header = replace(header, ext_flags=ext & ~EXT_KTM)  # ds4agent never writes a KTM map
 
-    directory = path.parent
     try:
-        fd, tmp_name = tempfile.mkstemp(prefix=path.name + ".tmp.", dir=directory)  # mode 0600
-    except OSError as err:
-        raise KVCWriteError(err.strerror or str(err), path=path) from None
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb", buffering=1 << 20) as f:
+        # fsutil's one atomic-replace procedure (§6.1): temp beside the target, fsync, rename,
+        # directory fsync; the temp is removed on any failure. Its name `<final>.tmp.<random>.tmp`
+        # keeps the `.kv.tmp.` shape that the scan rule ignores and clean_stale_temps recognises.
+        with atomic_path(path, mode=0o600, prefix=path.name + ".tmp.") as tmp, \
+                open(tmp, "wb", buffering=1 << 20) as f:
             f.write(header.pack())
             f.write(_U32.pack(len(text)))
             f.write(text)
@@ -558,23 +542,12 @@ def write_kvc(
             if title is not None:
                 f.write(_U32.pack(len(title)))
                 f.write(title)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as err:
-        # BaseException: a KeyboardInterrupt mid-write must not leave the temp file behind either.
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
-        if isinstance(err, KVCError):
-            err.path = path
-            raise
-        if isinstance(err, OSError):
-            msg = err.strerror or str(err)
-            if err.errno == errno.ENOSPC:
-                msg = "No space left on device"
-            raise KVCWriteError(msg, path=path) from None
+    except KVCError as err:
+        err.path = path
         raise
-    fsync_dir(directory)
+    except OSError as err:
+        msg = err.strerror or str(err)
+        if err.errno == errno.ENOSPC:
+            msg = "No space left on device"
+        raise KVCWriteError(msg, path=path) from None
     return header

@@ -53,6 +53,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ds4agent.fsutil import fsync_dir
+
 from . import errors as E
 from .errors import (
     KVCError,
@@ -82,7 +84,6 @@ from .kvc import (
     KVCHeader,
     LoadedKVC,
     classify_name,
-    fsync_dir,
     load_kvc,
     read_envelope,
     read_prefix,
