@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
-from .errors import KVCError
+from .errors import KVCError, KVCStoreError
 from .kvc import (
     EXT_KTM,
     EXT_RESERVED,
@@ -69,13 +69,10 @@ def _escape(data: bytes) -> str:
 
 
 def _kv_files(directory: Path) -> list[Path]:
-    """Every regular `*.kv` file (temp files end in `.tmp.XXXX`, so they are not listed)."""
-    out = []
-    for name in sorted(os.listdir(directory)):
-        path = directory / name
-        if name.endswith(".kv") and path.is_file():
-            out.append(path)
-    return out
+    """Every entry named `*.kv` (temp files end in `.tmp`, so they are not listed). Entries that
+    are not regular files (a FIFO, a dangling link, a directory) are kept: verify reports them as
+    invalid instead of silently checking fewer files than the directory shows."""
+    return [directory / name for name in sorted(os.listdir(directory)) if name.endswith(".kv")]
 
 
 def cmd_ls(store: SessionStore, out: TextIO) -> int:
@@ -100,20 +97,36 @@ def cmd_ls(store: SessionStore, out: TextIO) -> int:
     print(f"KV files in {store.directory}:", file=out)
     if not rows:
         print("  (none)", file=out)
+    width = max((len(r[0]) for r in rows), default=8)  # cache file names are longer than short ids
     for ident, h, size, title in rows:
-        line = (f"  {ident:<8} {h.reason_name:<13} {format_age(now - h.last_used):>9} "
+        line = (f"  {ident:<{width}} {h.reason_name:<13} {format_age(now - h.last_used):>9} "
                 f"{h.tokens:>8} tokens {_mib(size):>11}")
         print(line + (f"  {title}" if title else ""), file=out)
     return 0
 
 
 def _resolve_target(store: SessionStore, target: str) -> Path:
+    """A path (as given, or inside the store), else a hex id prefix.
+
+    A prefix resolves against scan-valid files first (§12.5). `show` is the tool for finding out
+    why a file is invalid, so when no valid file matches, a single 40-hex `.kv` file whose name
+    starts with the prefix is shown anyway (with its chain error) rather than "no match"."""
+    if not target:
+        raise KVCStoreError("give a file path or a session id prefix")
     path = Path(target)
     if path.exists():
         return path
     if (store.directory / target).exists():
         return store.directory / target
-    return store.resolve(target, sessions_only=False).path
+    try:
+        return store.resolve(target, sessions_only=False).path
+    except KVCStoreError:
+        p = target.lower()
+        named = [store.directory / n for n in os.listdir(store.directory)
+                 if classify_name(n)[0] == "hex40" and n.lower().startswith(p)]
+        if len(named) == 1:
+            return named[0]
+        raise
 
 
 def cmd_show(store: SessionStore, target: str, out: TextIO) -> int:
@@ -227,8 +240,10 @@ def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
     except KVCError as err:
         print(f"ds4agent kv: {err.with_path()}", file=sys.stderr)
         return 1
-    except BrokenPipeError:  # `ds4agent kv ls | head`: not an error
-        return 0
+    except BrokenPipeError:
+        # `ds4agent kv verify | head`: the CLI ends quietly with 141 (not 0: that would hide
+        # invalid files from `set -o pipefail` scripts); not an I/O error of the KV directory.
+        raise
     except OSError as err:
         print(f"ds4agent kv: {directory}: {err.strerror or err}", file=sys.stderr)
         return 1

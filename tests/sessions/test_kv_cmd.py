@@ -1,8 +1,11 @@
 """`ds4agent kv ls|show|verify|rm` (issue 3 item 6)."""
 
 import io
+import os
 import subprocess
 import sys
+
+import pytest
 
 from ds4agent.cli import build_parser
 from ds4agent.sessions import kv_cmd
@@ -126,3 +129,49 @@ def test_kv_dir_from_environment(tmp_path, monkeypatch):
     out = io.StringIO()
     assert kv_cmd.main(build_parser().parse_args(["kv", "verify"]), out=out) == 0
     assert out.getvalue().endswith("2 file(s) checked, 0 invalid\n")
+
+
+class _ClosedPipe(io.StringIO):
+    def write(self, s):
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_closed_pipe_reaches_the_cli_instead_of_exit_0(tmp_path):
+    # `kv verify | head` with invalid files must not report success: the CLI turns the
+    # BrokenPipeError into its quiet exit 141 (tests/test_smoke_cli.py); the kv command must not
+    # swallow it as 0 or report it as an I/O error of the directory.
+    populate(tmp_path)
+    args = build_parser().parse_args(["kv", "--kv-dir", str(tmp_path), "verify"])
+    with pytest.raises(BrokenPipeError):
+        kv_cmd.main(args, out=_ClosedPipe())
+
+
+def test_verify_reports_kv_entries_that_are_not_regular_files(tmp_path):
+    populate(tmp_path)
+    os.mkfifo(tmp_path / ("d" * 40 + ".kv"))  # opening it would block: verify must not
+    (tmp_path / ("c" * 40 + ".kv")).symlink_to(tmp_path / "gone")
+    code, out = run(tmp_path, "verify")
+    lines = out.splitlines()
+    assert code == 1 and lines[-1] == "4 file(s) checked, 2 invalid"
+    assert f"INVALID  {'d' * 40}.kv  not a regular file" in lines
+    assert f"INVALID  {'c' * 40}.kv  No such file or directory" in lines
+
+
+def test_show_by_prefix_explains_an_invalid_file(tmp_path, capsys):
+    _, s = populate(tmp_path)
+    bad = tmp_path / ("ab" + "0" * 38 + ".kv")
+    bad.write_bytes(s.path.read_bytes()[:100])  # scan-invalid: no load prefix matches it ...
+    code, out = run(tmp_path, "show", "ab0")
+    assert code == 1  # ... but show names it and says why it is invalid
+    assert f"file:           {bad}" in out and "INVALID: truncated cached text" in out
+    code, out = run(tmp_path, "show", "")
+    assert code == 1 and out == ""
+    assert capsys.readouterr().err.strip() == "ds4agent kv: give a file path or a session id prefix"
+
+
+def test_ls_columns_line_up_with_cache_file_names(tmp_path):
+    populate(tmp_path)
+    _, out = run(tmp_path, "ls")
+    rows = out.splitlines()[1:]
+    assert len(rows) == 2
+    assert len({row.index(" agent-") for row in rows}) == 1
