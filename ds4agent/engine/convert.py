@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..fsutil import atomic_file, fsync_dir
 from .errors import EngineError
 
 FP8_TILE = 128
@@ -94,7 +95,7 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) ->
         chunks.append(data)
     blob = json.dumps(header).encode()
     blob += b" " * (-len(blob) % 8)
-    with open(path, "wb") as fh:
+    with atomic_file(path) as fh:
         fh.write(struct.pack("<Q", len(blob)) + blob)
         for c in chunks:
             fh.write(c)
@@ -359,13 +360,31 @@ def convert(src, out, *, progress: Callable[[str], None] | None = None) -> Path:
             config["metadata_error"] = f"{src_config} is missing"
         (tmp / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True))
         (tmp / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}, indent=1))
+        _make_durable(tmp)
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)
+        fsync_dir(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _make_durable(directory: Path) -> None:
+    """Before the temp directory is renamed into place: fsync every file in it and the directory
+    itself (fsutil's procedure, applied to a directory: after a crash `out` is either absent or
+    complete), and give it the permissions a plain mkdir would (mkdtemp makes it 0700)."""
+    for f in directory.iterdir():
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    fsync_dir(directory)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(directory, 0o777 & ~umask)
 
 
 # ---- model metadata from the official config.json --------------------------------------------

@@ -8,18 +8,18 @@ token i+1), prefilled in chunks of N on the absolute grid (default: one chunk ho
 token). Chunk invariance means any N gives the same file on CPU; comparing two N is a cheap
 end-to-end check of that property on a real model. --prompt-file text is tokenised with the
 rendered-chat rules (the seven protocol specials recognised), as a saved transcript would be.
-The .npy is written atomically (temp file + rename).
+The .npy is written atomically (ds4agent.fsutil: temp beside the target, fsync, rename).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from ..fsutil import atomic_file
 from .errors import EngineError
 
 
@@ -75,20 +75,8 @@ def dump_logits(model_path: str | os.PathLike[str], tokens: list[int], *, chunk:
 
 
 def save_npy_atomic(path: str | os.PathLike[str], array: np.ndarray) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.save(fh, array)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_file(path) as fh:
+        np.save(fh, array)
 
 
 def main(args) -> int:

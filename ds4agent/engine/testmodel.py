@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ..fsutil import atomic_path
 from .config import METADATA_KINDS, ModelConfig, test_config
 from .errors import EngineError
 
@@ -196,40 +196,34 @@ def make_test_model(path: str | os.PathLike[str], config: str | ModelConfig = "t
                     seed: int = 0) -> Path:
     """Write a DS4-architecture GGUF with deterministic random weights; returns the path.
 
-    The same (config, seed) always gives the same bytes. Written atomically (temp file in the
-    target directory, then rename), so a failed write never leaves a half file under `path`.
+    The same (config, seed) always gives the same bytes. Written atomically (ds4agent.fsutil), so a
+    failed write never leaves a half file under `path` and keeps the file that was there.
     """
     from gguf import GGMLQuantizationType, GGUFWriter
 
     cfg = test_config(config) if isinstance(config, str) else config
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    # The gguf writer opens its file by name: fsutil's atomic_path gives it a temp path beside
+    # the target and renames it over `path` only once the whole file is written.
+    with atomic_path(path, make_parents=True) as tmp:
         writer = GGUFWriter(tmp, ARCH)
-        writer.add_name(f"ds4agent test model ({cfg.name or 'custom'}, seed {seed})")
-        writer.add_bool(TEST_MODEL_KEY, True)
-        _add_metadata(writer, cfg)
-        for spec in tensor_table(cfg):
-            data = _encode(spec, _values(spec, cfg, rng))
-            if spec.ggml_type == "Q8_0":
-                writer.add_tensor(spec.name, data, raw_shape=data.shape,
-                                  raw_dtype=GGMLQuantizationType.Q8_0)
-            else:
-                writer.add_tensor(spec.name, data)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.replace(tmp, path)
-    except BaseException:
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            writer.add_name(f"ds4agent test model ({cfg.name or 'custom'}, seed {seed})")
+            writer.add_bool(TEST_MODEL_KEY, True)
+            _add_metadata(writer, cfg)
+            for spec in tensor_table(cfg):
+                data = _encode(spec, _values(spec, cfg, rng))
+                if spec.ggml_type == "Q8_0":
+                    writer.add_tensor(spec.name, data, raw_shape=data.shape,
+                                      raw_dtype=GGMLQuantizationType.Q8_0)
+                else:
+                    writer.add_tensor(spec.name, data)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
     return path
 
 

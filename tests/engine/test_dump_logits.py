@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import stat
+
 import numpy as np
 import pytest
 
@@ -37,6 +40,9 @@ def test_shape_rows_and_chunk_invariance(micro_path, tmp_path):
         s.sync(TOKENS[: i + 1])
         assert np.array_equal(s.logits, whole[i])
     assert not list(tmp_path.glob("*.tmp"))
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "whole.npy").stat().st_mode) == 0o666 & ~umask
 
 
 def test_prompt_file_uses_the_rendered_chat_tokenizer(tmp_path):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
+import stat
 
 import pytest
 
@@ -120,3 +122,27 @@ def test_cli_make_test_model(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "unknown test config 'huge'" in err and "tiny" in err
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_written_atomically_with_ordinary_permissions(tmp_path, monkeypatch):
+    from ds4agent.engine import testmodel
+
+    umask = os.umask(0)
+    os.umask(umask)
+    out = make_test_model(tmp_path / "sub" / "m.gguf", "micro", seed=1)  # parent made as needed
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~umask  # not a temp file's 0600
+    before = out.read_bytes()
+    calls = []
+
+    def failing_encode(spec, values):  # the disk fills up half way through the tensors
+        calls.append(spec.name)
+        if len(calls) == 20:
+            raise OSError(28, "No space left on device")
+        return real_encode(spec, values)
+
+    real_encode = testmodel._encode
+    monkeypatch.setattr(testmodel, "_encode", failing_encode)
+    with pytest.raises(OSError):
+        make_test_model(out, "micro", seed=2)
+    assert out.read_bytes() == before  # the old file is kept whole
+    assert sorted(p.name for p in out.parent.iterdir()) == ["m.gguf"]  # and no temp is left

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import mlx.core as mx
 import numpy as np
@@ -102,6 +104,11 @@ def test_convert_directory_exact_and_named(rng, tmp_path, capsys):
     t = _official_checkpoint(rng, src)
     assert cli_main(["convert", str(src), str(out)]) == 0
     assert "wrote" in capsys.readouterr().out
+    # built in a temp directory and renamed, but with a plain mkdir's permissions (mkdtemp: 0700)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlx", "official"]  # no temp left
     cfg = json.loads((out / "config.json").read_text())
     index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
     loaded = {}
