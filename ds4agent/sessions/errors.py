@@ -24,8 +24,11 @@ class KVCError(Exception):
         return self.message
 
     def with_path(self) -> str:
-        """`<path>: <message>` when the file is known (for CLI lines and logs)."""
-        return f"{self.path}: {self.message}" if self.path is not None else self.message
+        """`<path>: <message>` when the file is known (for CLI lines and logs); the message alone
+        when it already names the path (directory errors do, for callers that show str(err))."""
+        if self.path is None or str(self.path) in self.message:
+            return self.message
+        return f"{self.path}: {self.message}"
 
 
 class KVCIOError(KVCError):

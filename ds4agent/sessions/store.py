@@ -328,10 +328,13 @@ class SessionStore:
             try:
                 _mkdir_0700(self.directory)
             except OSError as err:
-                raise KVCIOError(f"cannot create KV directory: {err.strerror or err}",
+                # The directory is named in the message itself: callers (the agent's startup line,
+                # the UI's fatal event) show str(err), and "Read-only file system" alone does not
+                # say which of --kv-dir / $DS4AGENT_KV_DIR / ~/.ds4/kvcache was used.
+                raise KVCIOError(f"cannot create KV directory {self.directory}: {err.strerror or err}",
                                  path=self.directory) from None
             if not self.directory.is_dir():
-                raise KVCIOError("KV directory path is not a directory", path=self.directory)
+                raise KVCIOError(f"KV directory {self.directory} is not a directory", path=self.directory)
             self.clean_stale_temps()
 
     def _now(self) -> int:
@@ -343,7 +346,8 @@ class SessionStore:
         try:
             return sorted(os.listdir(self.directory))
         except OSError as err:
-            raise KVCIOError(err.strerror or str(err), path=self.directory) from None
+            raise KVCIOError(f"cannot read KV directory {self.directory}: {err.strerror or err}",
+                             path=self.directory) from None
 
     def _scan_one(self, name: str) -> StoreEntry | None:
         form, hexid = classify_name(name)

@@ -92,15 +92,28 @@ def test_unwritable_directory_gives_a_clear_error_and_keeps_files(tmp_path, cloc
 
 
 def test_directory_that_cannot_be_created(tmp_path):
+    # The message names the directory: the agent shows str(err) as its one startup line.
     (tmp_path / "file").write_text("x")
-    with pytest.raises(KVCIOError, match="cannot create KV directory"):
+    with pytest.raises(KVCIOError) as info:
         SessionStore(tmp_path / "file" / "kv")
+    assert str(info.value) == f"cannot create KV directory {tmp_path / 'file' / 'kv'}: Not a directory"
+    assert info.value.with_path() == str(info.value)  # not "<dir>: ... <dir>: ..."
 
 
 def test_directory_path_that_is_a_file(tmp_path):
     (tmp_path / "f").write_text("x")
-    with pytest.raises(KVCIOError):
+    with pytest.raises(KVCIOError, match="^cannot create KV directory .*f: Not a directory$"):
         SessionStore(tmp_path / "f")
+
+
+def test_unreadable_directory_names_itself(store, monkeypatch):
+    def refuse(path):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(os, "listdir", refuse)  # chmod cannot stop root: refuse the listing instead
+    with pytest.raises(KVCIOError) as info:
+        store.list_sessions()
+    assert str(info.value) == f"cannot read KV directory {store.directory}: Permission denied"
 
 
 # --- save / load -----------------------------------------------------------------------------------
