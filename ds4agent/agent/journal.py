@@ -1,8 +1,8 @@
 """Crash journal: nothing typed or generated is lost when the process dies.
 
 After every round (and after each user turn is appended, a compaction, a load or /new) the
-agent rewrites its journal: the transcript's token ids plus the session identity, written to a
-same-directory temp file, fsync'd, renamed over the old journal, and the directory fsync'd. The
+agent rewrites its journal: the transcript's token ids plus the session identity, replaced
+atomically through ds4agent.fsutil (same-directory temp file, fsync, rename, directory fsync). The
 journal lives in the platformdirs user *state* directory, outside the KV directory, so ds4 and
 the KV-directory scans never see it.
 
@@ -35,6 +35,8 @@ except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
 import numpy as np
+
+from ds4agent.fsutil import atomic_write
 
 MAGIC = b"DS4AJRNL"
 VERSION = 1
@@ -77,30 +79,6 @@ def decode(data: bytes, name: str = "journal") -> tuple[list[int], dict]:
     return tokens, meta
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    try:
-        dfd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
-
-
 @dataclass(frozen=True)
 class Orphan:
     """A journal left by a run that died."""
@@ -133,7 +111,9 @@ class Journal:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
     def write(self, tokens: Any, meta: dict) -> None:
-        _write_atomic(self.path, encode(tokens, meta))
+        # The one atomic-replace procedure (temp beside it, fsync, rename, directory fsync):
+        # a crash mid-write leaves the previous journal, never a torn one.
+        atomic_write(self.path, encode(tokens, meta), mode=0o600)
 
     def clear(self) -> None:
         """Forget the journalled transcript (clean exit)."""

@@ -85,7 +85,7 @@ class Worker:
         # Session identity (kvc-format.md §12.3-12.5).
         self.dirty = False
         self.activity = False  # a user turn since start or /new (a loaded session counts)
-        self.title: str | None = None
+        self.title: bytes | None = None  # exact trailer bytes (identity = SHA-1 over them)
         self.created_at: int | None = None
         self.session_id = ""  # full 40-hex identity once saved or loaded
         self.legacy_path: str | None = None
@@ -176,11 +176,17 @@ class Worker:
             greedy=self.greedy,
             unsaved=self.dirty,
             session_id=self.session_id[:8],
-            title=self.title or "",
+            title=self.title_text,
             think_mode=self.think_mode,
             permission_mode=s.permission,
             detail=self.detail,
         ))
+
+    @property
+    def title_text(self) -> str:
+        from ds4agent.agent.sessionops import display_title
+
+        return display_title(self.title)
 
     def set_think_mode(self, mode: str) -> None:
         """Later turns use the new THINK token. think-max's prefix lives in the system prefix, so it

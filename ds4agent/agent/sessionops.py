@@ -26,12 +26,24 @@ def _kv_args(worker: Any) -> dict:
     return {"model_id": int(getattr(eng, "model_id", 0)), "quant_bits": int(eng.quant_bits)}
 
 
-def _title_str(title: Any) -> str:
+def display_title(title: Any) -> str:
+    """A title for display (non-UTF-8 bytes shown as U+FFFD, kvc-format.md §12.7)."""
     if title is None:
         return ""
     if isinstance(title, bytes):
-        return title.decode("utf-8", "replace")
+        from ds4agent.sessions.store import display_text
+
+        return display_text(title)
     return str(title)
+
+
+def title_bytes(title: Any) -> bytes | None:
+    """The title exactly as stored in the trailer. The session identity is SHA-1 over these bytes
+    (kvc-format.md §12.3), so a title is never round-tripped through str: a non-UTF-8 title from a
+    ds4 file would come back with U+FFFD and re-save under a different name."""
+    if title is None or isinstance(title, bytes):
+        return title
+    return str(title).encode("utf-8", "surrogateescape")
 
 
 # ====================================================================== system prefix
@@ -122,13 +134,14 @@ def _save(worker: Any) -> ev.SessionSaved:
         text, payload, shape=_shape(worker), title=worker.title, created_at=worker.created_at,
         loaded_from=worker.legacy_path, **_kv_args(worker),
     )
-    worker.title = _title_str(saved.title)
+    worker.title = title_bytes(saved.title)
     worker.created_at = saved.created_at
     worker.session_id = saved.id
     worker.legacy_path = None
     worker.dirty = False
     journal_write(worker)
-    event = ev.SessionSaved(saved.id, saved.id[:8], saved.n_tokens, str(saved.path), worker.title)
+    event = ev.SessionSaved(saved.id, saved.id[:8], saved.n_tokens, str(saved.path),
+                             display_title(worker.title))
     worker.io.emit(event)
     worker.io.emit(ev.Notice(saved.message))
     return event
@@ -231,7 +244,7 @@ def _load(worker: Any, prefix: str) -> None:
         worker._sync(interruptible=False)
         prefilled = len(ids) - min(before, len(ids))
     _reset_identity(worker)
-    worker.title = _title_str(loaded.title)
+    worker.title = title_bytes(loaded.title)
     worker.created_at = loaded.created_at
     worker.session_id = loaded.id
     worker.legacy_path = str(loaded.path) if loaded.legacy else None
@@ -243,7 +256,7 @@ def _load(worker: Any, prefix: str) -> None:
                                  "continues with its own", "info"))
     journal_write(worker)
     history = last_turns(worker.tok, ids, system_len, 3)
-    worker.io.emit(ev.SessionLoaded(loaded.id, loaded.id[:8], len(ids), worker.title,
+    worker.io.emit(ev.SessionLoaded(loaded.id, loaded.id[:8], len(ids), display_title(worker.title),
                                     tuple(history), prefilled=prefilled))
     worker.io.emit(ev.Notice(f"switched to session {loaded.id[:8]} ({len(ids)} tokens)"))
 
@@ -270,7 +283,7 @@ def list_event(worker: Any) -> ev.SessionList:
         for info in store.list_sessions():
             e = info.entry
             infos.append(ev.SessionInfo(
-                id=e.id, short_id=e.short_id, title=_title_str(info.title), tokens=e.header.tokens,
+                id=e.id, short_id=e.short_id, title=display_title(info.title), tokens=e.header.tokens,
                 size_bytes=e.file_size, last_used=e.header.last_used, created_at=e.header.created_at,
                 path=str(e.path),
             ))
@@ -298,7 +311,8 @@ def journal_meta(worker: Any) -> dict:
     return {
         "cwd": str(worker.settings.cwd),
         "system_len": worker.transcript.system_len,
-        "title": worker.title,
+        # JSON holds text only: the title's exact bytes travel as hex.
+        "title_hex": worker.title.hex() if worker.title is not None else None,
         "created_at": worker.created_at,
         "session_id": worker.session_id,
         "legacy_path": worker.legacy_path,
@@ -343,7 +357,7 @@ def offer_resume(worker: Any) -> None:
     age = max(0, int(time.time() - chosen.mtime))
     from ds4agent.sessions.store import format_age
 
-    title = chosen.meta.get("title") or _derive_title(worker, chosen.tokens)
+    title = display_title(_meta_title(chosen.meta)) or _derive_title(worker, chosen.tokens)
     key, _ = worker.io.ask(ev.Question(
         id=worker.io.new_id("resume"), kind="resume",
         question=f"Resume the unsaved session from {format_age(age)} ({len(chosen.tokens)} tokens, "
@@ -359,6 +373,16 @@ def offer_resume(worker: Any) -> None:
         worker.io.emit(ev.Error(f"resume failed: {err}"))
         return
     chosen.discard()
+
+
+def _meta_title(meta: dict) -> bytes | None:
+    hexed = meta.get("title_hex")
+    if isinstance(hexed, str):
+        try:
+            return bytes.fromhex(hexed)
+        except ValueError:
+            return None
+    return title_bytes(meta.get("title") or None)
 
 
 def _derive_title(worker: Any, tokens: list[int]) -> str:
@@ -392,7 +416,7 @@ def resume(worker: Any, tokens: list[int], meta: dict) -> None:
         common += 1
     worker._sync(interruptible=False)
     prefilled = len(tokens) - common
-    worker.title = meta.get("title") or None
+    worker.title = _meta_title(meta)
     worker.created_at = meta.get("created_at") or None
     worker.session_id = meta.get("session_id") or ""
     worker.legacy_path = meta.get("legacy_path") or None
@@ -401,7 +425,7 @@ def resume(worker: Any, tokens: list[int], meta: dict) -> None:
     journal_write(worker)
     history = last_turns(worker.tok, tokens, system_len, 3)
     worker.io.emit(ev.SessionLoaded(worker.session_id, worker.session_id[:8], len(tokens),
-                                    worker.title or "", tuple(history), resumed=True, prefilled=prefilled))
+                                    display_title(worker.title), tuple(history), resumed=True, prefilled=prefilled))
     worker.io.emit(ev.Notice(f"resumed the unsaved session ({len(tokens)} tokens, {prefilled} prefilled)"))
 
 

@@ -26,12 +26,12 @@ import difflib
 import os
 import re
 import stat
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ds4agent import fsutil
 from ds4agent.tools.base import (
     RESULT_CAP_BYTES,
     DiffDisplay,
@@ -118,40 +118,11 @@ def load_file(ctx: ToolContext, path: str) -> tuple[str, bytes]:
 
 
 def atomic_write(target: str, data: bytes) -> None:
-    """Temp file in the target's directory + fsync + rename, so a crash leaves old or new, never half."""
-    real = os.path.realpath(target)
-    parent = os.path.dirname(real) or "."
-    os.makedirs(parent, exist_ok=True)
-    try:
-        mode = stat.S_IMODE(os.stat(real).st_mode)
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(real) + ".", suffix=".tmp", dir=parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, real)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:
-        dfd = os.open(parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dfd)
-    except OSError:
-        pass
-    finally:
-        os.close(dfd)
+    """Replace `target` through ds4agent.fsutil's one procedure (temp file beside the real target,
+    fsync, rename, directory fsync): a crash leaves the old file or the new one, never half.
+    Permission bits are kept, a symlink is written through (the link keeps pointing at the new
+    file) and missing parent directories are created (`write` creates them, issue 6)."""
+    fsutil.atomic_write(target, data, make_parents=True)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -99,3 +99,19 @@ def test_shutdown_with_unsaved_turns_keeps_journal_quit_no_discards(tmp_path, to
     h2.until(lambda e: isinstance(e, ev.Exited))
     assert [q.kind for q in of(h2.events, ev.Question)] == ["resume", "save"]
     assert list((tmp_path / "journal").glob("*.journal")) == []
+
+
+def test_journal_is_replaced_atomically_private_and_round_trips(tmp_path):
+    import os
+    import stat
+
+    from ds4agent.agent.journal import Journal, decode
+
+    j = Journal(tmp_path / "j")
+    j.write([0, 5, 7], {"cwd": "/x", "title_hex": "e9"})
+    j.write([0, 5, 7, 9], {"cwd": "/x", "title_hex": "e9ff"})
+    assert sorted(p.suffix for p in (tmp_path / "j").iterdir()) == [".journal", ".lock"]  # no temp left
+    assert stat.S_IMODE(os.stat(j.path).st_mode) == 0o600
+    assert decode(j.path.read_bytes()) == ([0, 5, 7, 9], {"cwd": "/x", "title_hex": "e9ff"})
+    j.close()
+    assert list((tmp_path / "j").iterdir()) == []

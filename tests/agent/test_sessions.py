@@ -145,3 +145,38 @@ def test_delete_session_and_trace_file(tmp_path, tools):
     assert any(" gen " in line and f" {hi} 2 \"Hi\" 4869" in line for line in lines)
     assert any(" user " in line and '"hello"' in line for line in lines)
     assert any(line.endswith("dsml done: 1 call(s): alpha") for line in lines)
+
+
+def test_non_utf8_title_keeps_the_session_identity_across_load_save_and_resume(tmp_path, tools):
+    """A ds4 file may hold a title that is not UTF-8; the identity is SHA-1 over its exact bytes,
+    so the agent keeps the bytes (a str round trip would turn them into U+FFFD and re-save the
+    session under a new name, leaving the old file behind)."""
+    from ds4agent.sessions.kvc import session_identity
+
+    h = AgentHarness.build(tmp_path, [reply("A1", think="t"), reply("A2", think="t")], tools=tools)
+    h.turn("first")
+    eng = h.worker.engine
+    title = b"caf\xe9 \xff title"
+    made = h.store.save_session(TOK.decode_bytes(h.ids), h.worker.session.export_state(),
+                                shape=eng.payload_shape(), quant_bits=eng.quant_bits, title=title,
+                                created_at=1_760_000_000)
+    assert made.id == session_identity(title, 1_760_000_000)
+    h.worker.dirty = False
+    loaded = of(h.command(lambda: h.agent.load(made.id[:8])), ev.SessionLoaded)[0]
+    assert loaded.title == "caf\ufffd \ufffd title"  # shown with U+FFFD ...
+    h.turn("second")
+    saved = of(h.command(h.agent.save), ev.SessionSaved)[0]
+    assert saved.id == made.id  # ... but saved under the same name: the bytes were kept
+    assert [p.name for p in (tmp_path / "kv").glob("*.kv") if not p.name.startswith("sysprompt")] \
+        == [made.id + ".kv"]
+    h.engine.add(reply("A3", think="t"))
+    h.turn("third")
+    h.stop()  # unsaved turn: the journal keeps it, title bytes included
+
+    h2 = AgentHarness.build(tmp_path, tools=tools, store=h.store, answer=lambda e: "y")
+    assert of(h2.events, ev.SessionLoaded)[0].resumed
+    h2.engine.add(reply("A4", think="t"))
+    h2.turn("fourth")
+    again = of(h2.command(h2.agent.save), ev.SessionSaved)[0]
+    assert again.id == made.id
+    h2.stop()
