@@ -1,5 +1,5 @@
 """Sessions with the real engine on the tiny test model: save, /new, /load, and the next turn
-prefills only the new suffix and continues exactly as an uninterrupted run."""
+prefills only the new suffix and continues exactly as an uninterrupted run (same --seed)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,10 @@ def test_save_new_load_continues_exactly(tmp_path, tiny_model):
     assert saved.tokens == len(first) and b.live == tuple(first)
     b.command(b.agent.new)
     assert b.ids == b.worker.system_ids
+    # A turn in between draws from the sampler's RNG; the RNG is not part of a saved session
+    # (kvc-format.md §9): --seed re-seeds it at every user turn, so the continuation after the
+    # load still matches the uninterrupted run (agent-reference.md §2).
+    b.turn("something unrelated")
     counts = _record_prefills(b)
     evs = b.command(lambda: b.agent.load(saved.short_id))
     assert of(evs, ev.SessionLoaded)[0].prefilled == 0
