@@ -68,6 +68,22 @@ def _escape(data: bytes) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def _name(path: object) -> str:
+    """A file name or path for one output line. Names come from the directory, not from us: bytes
+    that are not UTF-8 arrive as surrogates (which a strict UTF-8 stdout, e.g. macOS's, refuses
+    to encode) and a name may hold a newline or an escape sequence. Those are shown as \\xNN or
+    \\n-style escapes; printable characters (non-ASCII included) are kept."""
+    out = []
+    for c in str(path):
+        if "\udc80" <= c <= "\udcff":
+            out.append(f"\\x{ord(c) - 0xDC00:02x}")
+        elif c.isprintable():
+            out.append(c)
+        else:
+            out.append(repr(c)[1:-1])
+    return "".join(out)
+
+
 def _kv_files(directory: Path) -> list[Path]:
     """Every entry named `*.kv` (temp files end in `.tmp`, so they are not listed). Entries that
     are not regular files (a FIFO, a dangling link, a directory) are kept: verify reports them as
@@ -94,7 +110,7 @@ def cmd_ls(store: SessionStore, out: TextIO) -> int:
             except (OSError, KVCError):
                 continue
     rows.sort(key=lambda r: -r[1].last_used)
-    print(f"KV files in {store.directory}:", file=out)
+    print(f"KV files in {_name(store.directory)}:", file=out)
     if not rows:
         print("  (none)", file=out)
     width = max((len(r[0]) for r in rows), default=8)  # cache file names are longer than short ids
@@ -133,7 +149,7 @@ def cmd_show(store: SessionStore, target: str, out: TextIO) -> int:
     path = _resolve_target(store, target)
     result = verify_kvc(path)
     env = result.envelope
-    print(f"file:           {path}", file=out)
+    print(f"file:           {_name(path)}", file=out)
     try:
         print(f"size:           {path.stat().st_size} bytes", file=out)
     except OSError:
@@ -191,7 +207,7 @@ def cmd_show(store: SessionStore, target: str, out: TextIO) -> int:
 
 
 def _verify_line(result: VerifyResult) -> str:
-    name = result.path.name
+    name = _name(result.path.name)
     if not result.ok:
         return f"INVALID  {name}  {result.error}"
     h = result.envelope.header
@@ -216,7 +232,7 @@ def cmd_rm(store: SessionStore, prefix: str, out: TextIO) -> int:
     entry = store.resolve(prefix)
     title = display_text(clip_title(store.session_title(entry)[0]))
     path = store.delete(prefix)
-    print(f"deleted session {entry.short_id} ({entry.header.tokens} tokens) {title}: {path}", file=out)
+    print(f"deleted session {entry.short_id} ({entry.header.tokens} tokens) {title}: {_name(path)}", file=out)
     return 0
 
 
@@ -238,12 +254,12 @@ def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
             return cmd_rm(store, args.prefix, out)
         raise KVCError(f"unknown kv action: {action}")
     except KVCError as err:
-        print(f"ds4agent kv: {err.with_path()}", file=sys.stderr)
+        print(f"ds4agent kv: {_name(err.with_path())}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         # `ds4agent kv verify | head`: the CLI ends quietly with 141 (not 0: that would hide
         # invalid files from `set -o pipefail` scripts); not an I/O error of the KV directory.
         raise
     except OSError as err:
-        print(f"ds4agent kv: {directory}: {err.strerror or err}", file=sys.stderr)
+        print(f"ds4agent kv: {_name(directory)}: {err.strerror or err}", file=sys.stderr)
         return 1

@@ -175,3 +175,26 @@ def test_ls_columns_line_up_with_cache_file_names(tmp_path):
     rows = out.splitlines()[1:]
     assert len(rows) == 2
     assert len({row.index(" agent-") for row in rows}) == 1
+
+
+def test_odd_file_names_print_on_one_line_through_a_strict_utf8_stdout(tmp_path):
+    # macOS's UTF-8 locale gives a strict stdout: a non-UTF-8 name (a surrogate in Python) must not
+    # crash verify, and a newline or ESC in a name must not break the line or reach the terminal.
+    try:
+        with open(os.path.join(os.fsencode(tmp_path), b"\xff\xfe.kv"), "wb") as f:
+            f.write(b"x")
+        undecodable = True
+    except OSError:  # APFS refuses names that are not UTF-8; the other two still apply
+        undecodable = False
+    (tmp_path / "a\x1b[31mred.kv").write_bytes(b"y")
+    (tmp_path / "line\nbreak.kv").write_bytes(b"z")
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline="\n")
+    code = kv_cmd.main(build_parser().parse_args(["kv", "--kv-dir", str(tmp_path), "verify"]), out=out)
+    out.flush()
+    lines = raw.getvalue().decode().splitlines()
+    n = 2 + undecodable
+    assert code == 1 and lines[-1] == f"{n} file(s) checked, {n} invalid"
+    assert ("INVALID  \\xff\\xfe.kv  invalid KV header" in lines) == undecodable
+    assert "INVALID  a\\x1b[31mred.kv  invalid KV header" in lines
+    assert "INVALID  line\\nbreak.kv  invalid KV header" in lines
