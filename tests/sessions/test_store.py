@@ -413,6 +413,21 @@ def test_evict_spares_sessions_unless_asked(store, clock):
     assert store.evict(0, include_sessions=True) == [s.path]
 
 
+def test_evict_removes_the_lowest_score_first_and_stops_at_the_target(store):
+    # Same size and age: cold (1) and shutdown (4) scores are doubled, so continued (2) goes first;
+    # one removal reaches the target and nothing else is touched.
+    paths = []
+    for i, reason in enumerate((1, 2, 4)):
+        text = f"server text {i}".encode()
+        p = store.directory / (text_sha1(text) + ".kv")
+        write_kvc(p, KVCHeader(2, reason, 0, 0, 3, 0, CTX, 1, 1, 0), text, random_state(TINY, 3, CTX), TINY)
+        paths.append(p)
+    total = sum(p.stat().st_size for p in paths)
+    assert store.evict(total - 1, now=1) == [paths[1]]
+    assert paths[0].exists() and paths[2].exists()
+    assert store.evict(total) == []
+
+
 def test_wall_clock_default(tmp_path):
     store = SessionStore(tmp_path)
     saved = save(store, session_text("now"))
