@@ -17,6 +17,7 @@ the summary is untrusted, and the tail is copied as token ids (never re-tokenise
 min(ctx/10, 50000) tokens, moved forward to the first `<｜User｜>` inside it. The system prefix
 (built-in text, AGENTS.md, tools) is rendered afresh, so the project instructions survive as is.
 The new transcript is prefilled from the longest common prefix (the system prefix's KV is kept).
+Bash jobs still running are re-announced in the next User turn (Worker.pending_results).
 
 On failure (interrupt, empty summary, no room) the old transcript is kept unchanged and the live
 KV is simply re-synced to it by the next round (`Session.sync` rewinds as needed).
@@ -103,14 +104,16 @@ def _goal_note(worker: Any, tail: list[int]) -> str:
     return "\n\n".join(lines)
 
 
-def _jobs_note(worker: Any) -> str:
+def jobs_update(worker: Any) -> str:
+    """`Bash job update after context compaction. ...` + one observation per running job, or ""."""
     if worker.tool_ctx is None:
         return ""
     try:
         from ds4agent.tools.bash import running_jobs_update
 
-        return (running_jobs_update(worker.tool_ctx) or "").rstrip("\n")
-    except Exception:  # noqa: BLE001 - a job table problem must not fail the compaction
+        # A tool observation: its lines keep their `\n` (agent-reference.md §5).
+        return running_jobs_update(worker.tool_ctx) or ""
+    except Exception:  # noqa: BLE001 - a job table problem must not fail the turn
         return ""
 
 
@@ -181,12 +184,6 @@ def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
         tail = _tail(worker)
         goal = _goal_note(worker, tail)
         body = text + (b"\n\n" + goal.encode("utf-8") if goal else b"")
-        jobs = _jobs_note(worker)
-        if jobs:
-            # ds4agent: the reference re-announces running bash jobs as a tool message; here the
-            # note joins the (untrusted) summary block, which keeps the layout a plain
-            # system-prefix + summary + tail and needs no extra model round.
-            body += b"\n\n" + jobs.encode("utf-8")
         system = worker.system
         prefix = template.render_compacted_prefix(
             system.builtin, body, extra_system_text=system.extra, tools=worker.tools,
@@ -203,6 +200,11 @@ def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
     except Exception as err:  # noqa: BLE001 - an engine failure must not lose the conversation
         return fail(str(err) or type(err).__name__)
     worker.dirty = True
+    # Running bash jobs are re-announced (agent-reference.md §8) as one more tool result in the
+    # next User turn, the first thing appended after a compaction (a user turn or a results
+    # turn): chronologically after the tail, observed when that turn is rendered, so the model
+    # sees the jobs' current state, not the state at the moment of the summary.
+    worker.jobs_update_due = True
     after = len(worker.transcript)
     io.emit(ev.CompactionDone(True, before, after, summary_tokens=len(prefix) - old_system_len,
                               tail_tokens=len(tail)))

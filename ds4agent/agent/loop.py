@@ -91,6 +91,9 @@ class Worker:
         self.legacy_path: str | None = None
         self.ready = False
         self._last_status = 0.0
+        # Set by a compaction: the next User turn carries the bash job update (pending_results).
+        self.jobs_update_due = False
+        self._jobs_update: str | None = None
 
     # ================================================================== startup / shutdown
 
@@ -228,10 +231,17 @@ class Worker:
         error = ""
         try:
             compaction.maybe_compact(self, len(self.transcript) + len(user_ids), "soft")
+            update = self.pending_results()
+            if update:
+                # After a compaction with running bash jobs: the update goes first, as a tool
+                # result, and the message follows it (the results + text form of §9.1).
+                user_ids = template.render_tool_results(update, queued=text, think_mode=self._mode_for_prompt(),
+                                                        tokenizer=self.tok)
             if len(self.transcript) + len(user_ids) + 1 >= self.settings.ctx:
                 raise TurnAborted("context full: the message does not fit the context")
             self._trace_append(user_ids, "user")
             self.transcript.extend(user_ids)
+            self._jobs_update = None  # delivered
             self.dirty = True
             self.activity = True
             sessionops.journal_write(self)
@@ -446,7 +456,10 @@ class Worker:
         queued = self.io.take_queued()
 
         def render(ts: list[str]) -> list[int]:
-            return template.render_tool_results(ts, queued=queued, think_mode=mode, tokenizer=self.tok)
+            # pending_results(): the bash job update when a compaction just ran (also one run
+            # inside this function), after the results of this round's calls.
+            return template.render_tool_results(ts + self.pending_results(), queued=queued, think_mode=mode,
+                                                tokenizer=self.tok)
 
         ids = render(texts)
         projected = len(self.transcript) + len(ids)
@@ -476,6 +489,23 @@ class Worker:
             self.io.emit(ev.UserTurn(queued, queued=True))
         self._trace_append(ids, "results")
         self.transcript.extend(ids)
+        self._jobs_update = None  # delivered
+
+    def pending_results(self) -> list[str]:
+        """Extra tool results for the next User turn: the bash job update after a compaction
+        (agent-reference.md §8). Observed once, when first asked for after the compaction, and
+        kept until that turn is appended (rendering may be retried to fit the context)."""
+        if self.jobs_update_due:
+            from ds4agent.agent import compaction
+
+            self.jobs_update_due = False
+            self._jobs_update = compaction.jobs_update(self) or None
+        return [self._jobs_update] if self._jobs_update else []
+
+    def forget_pending_results(self) -> None:
+        """/new and /load replace the transcript the update belonged to."""
+        self.jobs_update_due = False
+        self._jobs_update = None
 
     # ------------------------------------------------------------------ tools
 

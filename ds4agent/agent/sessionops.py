@@ -180,6 +180,7 @@ def confirm_leave(worker: Any) -> bool:
 
 
 def _reset_identity(worker: Any) -> None:
+    worker.forget_pending_results()
     worker.title = None
     worker.created_at = None
     worker.session_id = ""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ds4agent.agent import events as ev
-from ds4agent.agent.loop import compact_threshold
+from ds4agent.agent.loop import RESULT_RESERVE, compact_threshold
 from ds4agent.engine import template
 from ds4agent.engine.tokenizer import EOS, USER, Tokenizer
 from tests.agent.conftest import RecTool
@@ -110,7 +110,7 @@ def test_manual_compact_and_failure_keeps_transcript(tmp_path, tools):
     h.stop()
 
 
-def test_running_bash_job_is_reannounced_after_compaction(tmp_path):
+def test_running_bash_job_is_reannounced_in_the_next_user_turn(tmp_path):
     from ds4agent.tools.base import default_tools
 
     call = reply("", think="t", calls=[("bash", {"command": "sleep 30", "refresh_sec": 1})])
@@ -120,9 +120,44 @@ def test_running_bash_job_is_reannounced_after_compaction(tmp_path):
     h.engine.add(summary("A job runs."))
     evs = h.command(h.agent.compact)
     assert of(evs, ev.CompactionDone)[0].ok
+    compacted = len(h.ids)
     text = h.text()
-    start = text.index(HEAD)
-    block = text[start:text.index(b"[End compacted summary.")]
-    assert b"A job runs." in block
-    assert b"Bash job update after context compaction." in block and b"status=running" in block
+    block = text[text.index(HEAD):text.index(b"[End compacted summary.")]
+    assert b"A job runs." in block and b"Bash job update" not in block
+    # agent-reference.md §8: a tool message after the compaction, i.e. one more tool result at
+    # the start of the next User turn, observed then; the user's message follows it.
+    h.engine.add(reply("Still running.", think="t"), reply("Fine.", think="t"))
+    h.turn("what now?")
+    turn = TOK.decode_bytes(h.ids[compacted:])
+    head = (b"<\xef\xbd\x9cUser\xef\xbd\x9c><tool_result>Bash job update after context compaction. "
+            b"These jobs are still running:\n\nbash job=1 pid=")
+    assert turn.startswith(head), turn[:200]
+    assert b" status=running elapsed_sec=" in turn
+    assert b"</tool_result>\n\nwhat now?<\xef\xbd\x9cAssistant\xef\xbd\x9c><think>" in turn
+    # Announced once: the following turn is a plain message again.
+    n = len(h.ids)
+    h.turn("ok")
+    assert TOK.decode_bytes(h.ids[n:]).startswith("<｜User｜>ok<｜Assistant｜>".encode())  # noqa: RUF001
     h.stop()  # stops the job
+
+
+def test_job_update_follows_the_results_after_a_hard_compaction(tmp_path):
+    from ds4agent.tools.base import default_tools
+
+    tools = default_tools() + [RecTool("alpha", text="".join(f"row {i}\n" for i in range(100)))]
+    start = reply("", think="t", calls=[("bash", {"command": "sleep 30", "refresh_sec": 1})])
+    h = AgentHarness.build(tmp_path, [start, reply("Started.", think="")], tools=tools, ctx=CTX)
+    h.turn("start a job")
+    # Below the soft threshold, so that only the 100 rows (~400 tokens) cross the hard one.
+    n = CTX - RESULT_RESERVE - len(h.ids) - 250
+    h.engine.add(reply(words(n), think="t"))
+    h.turn("talk")
+    assert len(h.ids) < compact_threshold(CTX)
+    h.engine.add(reply("", think="t", calls=[("alpha", {})]), summary("Summary."), reply("Done.", think=""))
+    evs = h.turn("read the rows")
+    assert [s.reason for s in of(evs, ev.CompactionStarted)] == ["hard"]
+    text = h.text()
+    assert b"row 99\n</tool_result>\n\n<tool_result>Bash job update after context compaction." in text
+    assert b"to stop execution\n</tool_result><\xef\xbd\x9cAssistant" in text
+    assert text.count(b"Bash job update") == 1
+    h.stop()
