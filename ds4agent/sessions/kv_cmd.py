@@ -101,8 +101,10 @@ def cmd_ls(store: SessionStore, out: TextIO) -> int:
         else:
             title = ""
         rows.append((entry.short_id, h, entry.file_size, title))
-    for path in _kv_files(store.directory):
-        if classify_name(path.name)[0] in ("sysprompt-hex", "sysprompt"):
+    named = _kv_files(store.directory)
+    for path in named:
+        # is_file first: opening a FIFO named like a cache would block the listing forever
+        if classify_name(path.name)[0] in ("sysprompt-hex", "sysprompt") and path.is_file():
             try:
                 with open(path, "rb") as f:
                     h = KVCHeader.unpack(f.read(48))
@@ -113,11 +115,17 @@ def cmd_ls(store: SessionStore, out: TextIO) -> int:
     print(f"KV files in {_name(store.directory)}:", file=out)
     if not rows:
         print("  (none)", file=out)
+    # The scan rule (§8.1) skips invalid files silently; say that some were skipped, so a damaged
+    # session is not simply missing from the list without a hint.
+    skipped = len(named) - len(rows)
     width = max((len(r[0]) for r in rows), default=8)  # cache file names are longer than short ids
     for ident, h, size, title in rows:
         line = (f"  {ident:<{width}} {h.reason_name:<13} {format_age(now - h.last_used):>9} "
                 f"{h.tokens:>8} tokens {_mib(size):>11}")
         print(line + (f"  {title}" if title else ""), file=out)
+    if skipped > 0:
+        print(f"  ({skipped} other .kv file(s) not listed: not valid KV files; see `ds4agent kv verify`)",
+              file=out)
     return 0
 
 

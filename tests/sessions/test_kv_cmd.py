@@ -198,3 +198,14 @@ def test_odd_file_names_print_on_one_line_through_a_strict_utf8_stdout(tmp_path)
     assert ("INVALID  \\xff\\xfe.kv  invalid KV header" in lines) == undecodable
     assert "INVALID  a\\x1b[31mred.kv  invalid KV header" in lines
     assert "INVALID  line\\nbreak.kv  invalid KV header" in lines
+
+
+def test_ls_skips_invalid_files_with_a_hint_and_never_opens_a_fifo(tmp_path):
+    populate(tmp_path)
+    os.mkfifo(tmp_path / "sysprompt.kv")  # open() on it would block the listing forever
+    (tmp_path / ("b" * 40 + ".kv")).write_bytes(b"KVC\x01junk")
+    (tmp_path / "notes.txt").write_text("unrelated: not counted")
+    code, out = run(tmp_path, "ls")
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 4
+    assert lines[-1] == "  (2 other .kv file(s) not listed: not valid KV files; see `ds4agent kv verify`)"
