@@ -44,9 +44,9 @@ def dispatch(agent: Any, line: str) -> bool:
     return True
 
 
-def _load(agent: Any, rest: str) -> None:
+def _load(agent: Any, rest: str, name: str = "load") -> None:
     if not rest:
-        agent.emit(ev.Error("usage: /load <sha-prefix>"))
+        agent.emit(ev.Error(f"usage: /{name} <sha-prefix>"))
         return
     agent.load(rest.split()[0])
 
@@ -67,7 +67,7 @@ _TABLE = {
     "help": lambda agent, rest: agent.emit(ev.Notice(HELP)),
     "save": lambda agent, rest: agent.save(),
     "load": _load,
-    "switch": _load,
+    "switch": lambda agent, rest: _load(agent, rest, "switch"),
     "list": lambda agent, rest: agent.list_sessions(),
     "new": lambda agent, rest: agent.new(),
     "history": _history,

@@ -28,6 +28,9 @@ from ds4agent.agent import events as ev
 from ds4agent.agent.settings import THINK_MODES, AgentSettings
 from ds4agent.agent.text import trim
 
+# How a command's unexpected failure is reported (agent-reference.md §3 wording).
+_FAILED = {"new": "new session", "load": "load", "compact": "compaction", "turn": "turn"}
+
 
 class _Pending:
     """One question the worker is waiting on (permission or save/resume)."""
@@ -350,7 +353,7 @@ class Agent:
                 else:
                     getattr(worker, "cmd_" + name)(*args)
             except Exception as err:  # noqa: BLE001 - every failure becomes a readable event
-                self.emit(ev.Error(f"{name} failed: {err}"))
+                self.emit(ev.Error(f"{_FAILED.get(name, name)} failed: {err}"))
             self._after_command()
         try:
             worker.close(discard=discard)

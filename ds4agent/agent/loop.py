@@ -319,6 +319,7 @@ class Worker:
     # ------------------------------------------------------------------ one assistant round
 
     def _round(self) -> RoundResult:
+        from ds4agent.agent import sessionops
         from ds4agent.agent.stream import AssistantStream, Coalescer
 
         tok = self.tok
@@ -345,7 +346,8 @@ class Worker:
         logits = self.session.logits
         self._set_state(ev.State.GENERATING)
         t0 = time.monotonic()
-        last_status = t0
+        last_status = last_journal = t0
+        journal_every = self.settings.journal_interval
         n = 0
         reason = "token_cap"
         while n < cap:
@@ -376,6 +378,11 @@ class Worker:
             logits = step(token)
             if n & 15 == 0:
                 now = time.monotonic()
+                if now - last_journal >= journal_every:
+                    # Mid-round journal: a crash now keeps the partial output (resume closes it
+                    # with an EOS, as an interrupt would).
+                    last_journal = now
+                    sessionops.journal_write(self)
                 if now - last_status >= STATUS_INTERVAL:
                     last_status = now
                     self.generated = n

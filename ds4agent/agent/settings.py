@@ -30,6 +30,9 @@ class AgentSettings:
     journal_dir: Path | None = None  # None: platformdirs user state dir
     use_sysprompt_cache: bool = True
     journal: bool = True
+    # During a long round the journal is also rewritten at most this often (seconds), so a crash
+    # loses at most this much generation (a round may run for many minutes at tens of tok/s).
+    journal_interval: float = 10.0
 
     def effective_think_mode(self) -> str:
         """think-max silently becomes think below 384K of context."""

@@ -11,6 +11,7 @@ from ds4agent.agent import events as ev
 from ds4agent.engine import template
 from ds4agent.engine.tokenizer import EOS
 from tests.support.agent_harness import AgentHarness, of
+from tests.support.scripted_engine import reply
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,14 +25,14 @@ from tests.support.scripted_engine import reply
 root = Path(sys.argv[1])
 h = AgentHarness.build(root, [reply("First answer.", think="t"),
                               reply("", think="t", calls=[("alpha", {"x": "1"})]),
-                              reply("This answer never finishes because the process dies", think="t")],
-                       tools=[RecTool("alpha", "A1\n"), RecTool("beta", "B1\n")])
+                              reply(sys.argv[2], think="t")],
+                       tools=[RecTool("alpha", "A1\n"), RecTool("beta", "B1\n")], journal_interval=0)
 h.turn("first task")
 h.command(h.agent.save)
 print("SAVED", len(h.ids), flush=True)
 
 def hook(session, pos):
-    if session.tokens[-1] != 1 and pos == 6 and h.engine.responses_started == 3:
+    if session.tokens[-1] != 1 and pos == 40 and h.engine.responses_started == 3:
         print("KILL", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -41,8 +42,11 @@ print("NOT REACHED", flush=True)
 """
 
 
+LONG = "This answer never finishes because the process dies while it is being written. " * 3
+
+
 def test_kill_mid_turn_then_resume(tmp_path, tools):
-    res = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], cwd=ROOT, capture_output=True,
+    res = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), LONG], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == -9, res.stderr
     lines = res.stdout.split()
@@ -59,11 +63,14 @@ def test_kill_mid_turn_then_resume(tmp_path, tools):
     ids = h.ids
     user2 = template.render_user_turn("second task", think_mode="think")
     results = template.render_tool_results(["A1\n"], think_mode="think")
-    # Journalled after round 1 of turn 2: user turn, the tool round, its results; the round that
-    # was running when the process died is closed with an EOS (as an interrupt would).
+    # Journalled after round 1 of turn 2 (user turn, the tool round, its results) and, during the
+    # round that was running when the process died, every 16 tokens (journal_interval=0): its
+    # first 32 tokens survive, closed with an EOS (as an interrupt would).
+    partial = reply(LONG, think="t")[:32]
     tail = ids[saved_len:]
     assert tail[: len(user2)] == user2
-    assert tail[-len(results) - 1: -1] == results and tail[-1] == EOS
+    assert tail[-1] == EOS and tail[-33:-1] == partial
+    assert tail[-33 - len(results): -33] == results
     assert h.live == tuple(ids)
     assert loaded.prefilled == len(ids) - saved_len  # only the part after the saved session
     assert [i.text for i in loaded.history if i.kind == "user"] == ["first task", "second task"]

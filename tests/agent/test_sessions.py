@@ -119,6 +119,16 @@ def test_slash_commands(tmp_path, tools):
     assert of(evs, ev.Error)[0].text == "unknown command: /bogus"
     evs = h.command(lambda: h.agent.run_command("/load"))
     assert of(evs, ev.Error)[0].text == "usage: /load <sha-prefix>"
+    evs = h.command(lambda: h.agent.run_command("/switch"))
+    assert of(evs, ev.Error)[0].text == "usage: /switch <sha-prefix>"
+
+    def broken() -> None:
+        raise OSError("disk full")
+
+    h.worker.cmd_new = broken
+    evs = h.command(lambda: h.agent.run_command("/new"))
+    assert of(evs, ev.Error)[0].text == "new session failed: disk full"
+    assert not h.agent.busy  # and the agent is idle again
     evs = h.command(lambda: h.agent.run_command("/think nothink"))
     assert of(evs, ev.Status)[-1].think_mode == "nothink"
     h.engine.add(reply("B", think=None))
