@@ -13,7 +13,7 @@ Public API:
     read_envelope(path, kind)       chain 8.3 steps 1-6 (open, header, kind, text, size, trailers)
     load_kvc(path, kind, ...)       the whole chain 8.3 (steps 1-12) -> LoadedKVC
     verify_kvc(path, quant_bits)    stand-alone validation (kv verify / kv show) -> VerifyResult
-    write_kvc(path, header, text, state, shape, title)   atomic write (§6.1)
+    write_kvc(path, header, text, state, shape, title)   atomic write (§6.1, via ds4agent.fsutil)
     classify_name / is_scan_name / session_identity / text_sha1 / expected_identity
 
 Every failure is a KVCError subclass whose message is the spec's text; a refused file is never
