@@ -190,3 +190,23 @@ def test_non_utf8_title_keeps_the_session_identity_across_load_save_and_resume(t
     again = of(h2.command(h2.agent.save), ev.SessionSaved)[0]
     assert again.id == made.id
     h2.stop()
+
+
+def test_sysprompt_cache_is_rebuilt_for_another_quant_or_context(tmp_path, tools):
+    """kvc-format.md §12.2: the cache is keyed by the exact text, and the load chain refuses a
+    file of another quantisation or context size: the agent then prefills and overwrites it."""
+    h = AgentHarness.build(tmp_path, tools=tools, ctx=8192)
+    h.stop()
+    for quant, ctx in ((2, 8192), (2, 4096)):
+        h = AgentHarness.build(tmp_path, tools=tools, store=h.store, ctx=ctx, start=False)
+        h.engine.quant_bits = quant
+        h.start()
+        assert not of(h.events, ev.Ready)[0].sysprompt_cached
+        assert "Updating system prompt cache..." in [n.text for n in of(h.events, ev.Notice)]
+        assert h.engine.prefills == [len(h.worker.system_ids)]
+        h.stop()
+    again = AgentHarness.build(tmp_path, tools=tools, store=h.store, ctx=4096, start=False)
+    again.engine.quant_bits = 2
+    again.start()
+    assert of(again.events, ev.Ready)[0].sysprompt_cached and again.engine.prefills == []
+    again.stop()
