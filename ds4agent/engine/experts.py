@@ -66,10 +66,13 @@ class DenseExperts:
         if w.ndim != 3:
             raise EngineError(f"dense expert weights must be [n_experts, d_out, d_in], got {list(w.shape)}")
         # f16 weights are widened once here: the product must be f32 (and identical to a dequantised
-        # reference); widening per call would copy the whole tensor every step.
-        self.w = w.astype(mx.float32)
+        # reference); widening per call would copy the whole tensor every step. Stored as
+        # contiguous [E, d_in, d_out] (`w` is a view of it): gather_mm on a contiguous right-hand
+        # side is ~2.3x faster with the Linux wheel's reference BLAS, with bit-identical results
+        # (see weights.Linear).
+        self._wt = mx.contiguous(mx.swapaxes(w.astype(mx.float32), -1, -2))
+        self.w = mx.swapaxes(self._wt, -1, -2)
         self.n_experts, self.d_out, self.d_in = (int(s) for s in w.shape)
-        self._wt = mx.swapaxes(self.w, -1, -2)  # [E, d_in, d_out], a view
 
     def gather_matmul(self, x: mx.array, expert_ids: mx.array) -> mx.array:
         n, k = _check_call(self, x, expert_ids)

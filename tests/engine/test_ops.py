@@ -149,3 +149,31 @@ def test_rms_norm_and_softplus_branches():
     np.testing.assert_allclose(np.array(ops.softplus(_f32(z))),
                                [math.exp(-30), math.log1p(math.exp(-20)), math.log(2), math.log1p(math.exp(19)), 25.0],
                                rtol=1e-5)
+
+
+def test_dense_linear_and_experts_layout_keeps_every_bit():
+    """Dense weights are stored transposed and contiguous (a faster BLAS path on the Linux wheel):
+    the products must be the very bits of the textbook x @ W.T, row by row and batched, and the
+    [out, in] `weight` view must still read as the file's matrix."""
+    from ds4agent.engine.experts import dense_experts
+    from ds4agent.engine.weights import Linear
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((48, 96)).astype(np.float16)
+    lin = Linear(mx.array(w))
+    assert lin.weight.shape == (48, 96) and np.array_equal(np.array(lin.weight), w.astype(np.float32))
+    x = mx.array(rng.standard_normal((7, 96)).astype(np.float32))
+    want = np.array(x @ mx.array(w.astype(np.float32)).T)
+    assert np.array_equal(np.array(lin(x)), want)
+    assert np.array_equal(np.array(lin(x[2:3])), want[2:3])
+    part = lin.rows(16, 40)  # a row slice of the stored transpose (the grouped output LoRA)
+    assert np.array_equal(np.array(part(x)), want[:, 16:40])
+
+    we = rng.standard_normal((5, 24, 96)).astype(np.float32)
+    ex = dense_experts(mx.array(we))
+    assert np.array_equal(np.array(ex.w), we)
+    ids = mx.array(np.array([[0, 4], [3, 3], [1, 2]], dtype=np.int32))
+    got = np.array(ex.gather_matmul(x[:3], ids))
+    for r, row in enumerate([[0, 4], [3, 3], [1, 2]]):
+        for j, e in enumerate(row):
+            assert np.array_equal(got[r, j], np.array(x[r:r + 1] @ mx.array(we[e]).T)[0])
