@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ds4agent.agent import events as ev
-from ds4agent.agent.settings import THINK_MODES, AgentSettings
+from ds4agent.agent.settings import PERMISSION_MODES, THINK_MODES, AgentSettings
 from ds4agent.agent.text import trim
 
 # How a command's unexpected failure is reported (agent-reference.md §3 wording).
@@ -245,6 +245,21 @@ class Agent:
             self.emit(ev.Error(f"unknown think mode: {mode} (think, nothink, think-max)"))
             return
         self._worker.set_think_mode(mode)
+
+    def set_permission_mode(self, mode: str) -> None:
+        """ask | auto | read-only for the tool calls that follow (allow-for-session grants are
+        kept). Takes effect at the next permission check, so it is safe from the UI thread: the
+        worker reads the mode only when a tool call is checked. Confirmed by a Notice and Status."""
+        if mode not in PERMISSION_MODES:
+            self.emit(ev.Error(f"unknown permission mode: {mode} (ask, auto, read-only)"))
+            return
+        worker = self._worker
+        worker.settings.permission = mode
+        if worker.policy is not None:  # built at startup from settings.permission
+            worker.policy.mode = mode
+        self.emit(ev.Notice(f"permission mode: {mode}"))
+        if not self._busy:
+            worker.emit_status()
 
     def run_command(self, line: str) -> bool:
         """Run a slash command typed by the user; returns False when `line` is not a command (then
