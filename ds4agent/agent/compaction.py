@@ -181,6 +181,13 @@ def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
         if not text:
             return fail("the model wrote an empty summary")
         worker.transcript.reset(old_ids, old_system_len)  # drop the private request
+        if worker.title is None:
+            # The title is derived from the first user message of the text (kvc-format.md §12.7);
+            # after the rebuild that would be whatever turn the tail starts with. Fix it now, so a
+            # session first saved after a compaction is still named after the user's request.
+            from ds4agent.sessions.store import derive_title
+
+            worker.title = derive_title(tok.decode_bytes(old_ids))
         tail = _tail(worker)
         goal = _goal_note(worker, tail)
         body = text + (b"\n\n" + goal.encode("utf-8") if goal else b"")

@@ -57,6 +57,8 @@ def test_soft_compaction_before_a_turn_keeps_goal_and_tail(tmp_path, tools):
     assert h.ids[len(prefix)] == USER
     assert text.endswith("and add tests<｜Assistant｜><think>t</think>Continuing.<｜end▁of▁sentence｜>".encode())  # noqa: RUF001
     assert h.live == tuple(h.ids[:-1])
+    # First saved after the compaction: still named after the user's first request.
+    assert of(h.command(h.agent.save), ev.SessionSaved)[0].title == "Refactor the parser module please"
     h.stop()
 
 
