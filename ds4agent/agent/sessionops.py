@@ -371,6 +371,10 @@ def offer_resume(worker: Any) -> None:
     try:
         resume(worker, chosen.tokens, chosen.meta)
     except Exception as err:  # noqa: BLE001
+        # Back to a clean new session (the live KV re-syncs to it at the next turn), and the
+        # journal stays where it is: the next start offers it again, nothing is lost.
+        worker.transcript.reset(worker.system_ids, len(worker.system_ids))
+        _reset_identity(worker)
         worker.io.emit(ev.Error(f"resume failed: {err}"))
         return
     chosen.discard()

@@ -122,3 +122,30 @@ def test_journal_is_replaced_atomically_private_and_round_trips(tmp_path):
     assert decode(j.path.read_bytes()) == ([0, 5, 7, 9], {"cwd": "/x", "title_hex": "e9ff"})
     j.close()
     assert list((tmp_path / "j").iterdir()) == []
+
+
+def test_failed_resume_keeps_the_journal_and_starts_clean(tmp_path, tools, monkeypatch):
+    from ds4agent.engine.errors import EngineError
+    from ds4agent.engine.tokenizer import USER
+    from tests.support.scripted_engine import ScriptedSession
+
+    h = AgentHarness.build(tmp_path, [[EOS]], tools=tools)
+    h.turn("keep me")
+    kept = h.ids
+    h.stop()
+    real_sync = ScriptedSession.sync
+
+    def failing_sync(self, tokens, **kw):
+        if USER in tokens:
+            raise EngineError("the device is gone")
+        return real_sync(self, tokens, **kw)
+
+    monkeypatch.setattr(ScriptedSession, "sync", failing_sync)
+    h2 = AgentHarness.build(tmp_path, tools=tools, answer=lambda e: "y")
+    assert [e.text for e in of(h2.events, ev.Error)] == ["resume failed: the device is gone"]
+    assert h2.ids == h2.worker.system_ids and not h2.worker.dirty
+    h2.stop()
+    monkeypatch.setattr(ScriptedSession, "sync", real_sync)
+    h3 = AgentHarness.build(tmp_path, tools=tools, answer=lambda e: "y")  # offered again
+    assert of(h3.events, ev.SessionLoaded)[0].resumed and h3.ids == kept
+    h3.stop()
