@@ -66,12 +66,18 @@ class DenseExperts:
         if w.ndim != 3:
             raise EngineError(f"dense expert weights must be [n_experts, d_out, d_in], got {list(w.shape)}")
         # f16 weights are widened once here: the product must be f32 (and identical to a dequantised
-        # reference); widening per call would copy the whole tensor every step. Stored as
-        # contiguous [E, d_in, d_out] (`w` is a view of it): gather_mm on a contiguous right-hand
-        # side is ~2.3x faster with the Linux wheel's reference BLAS, with bit-identical results
-        # (see weights.Linear).
-        self._wt = mx.contiguous(mx.swapaxes(w.astype(mx.float32), -1, -2))
-        self.w = mx.swapaxes(self._wt, -1, -2)
+        # reference); widening per call would copy the whole tensor every step. On the CPU device
+        # stored as contiguous [E, d_in, d_out] (`w` is a view of it): gather_mm on a contiguous
+        # right-hand side is ~2.3x faster with the Linux wheel's reference BLAS, with bit-identical
+        # results (see weights.Linear); a GPU keeps [E, d_out, d_in].
+        from ds4agent.engine.weights import cpu_layout
+
+        if cpu_layout():
+            self._wt = mx.contiguous(mx.swapaxes(w.astype(mx.float32), -1, -2))
+            self.w = mx.swapaxes(self._wt, -1, -2)
+        else:
+            self.w = w.astype(mx.float32)
+            self._wt = mx.swapaxes(self.w, -1, -2)
         self.n_experts, self.d_out, self.d_in = (int(s) for s in w.shape)
 
     def gather_matmul(self, x: mx.array, expert_ids: mx.array) -> mx.array:

@@ -55,15 +55,21 @@ from .config import ModelConfig
 from .errors import TensorShapeError
 
 
+def cpu_layout() -> bool:
+    """Whether dense weights take the CPU layout (transposed, contiguous; see Linear)."""
+    return mx.default_device() == mx.cpu
+
+
 class Linear:
     """y = W·x over the last axis of x, W stored [out, in] (array order of a GGML (in, out) tensor).
 
     Dense: `weight` is an f32 or f16 MLX array [out, in] (f16 is widened exactly at construction:
     every product in the engine is f32 and widening per call would copy the tensor each step).
-    It is stored transposed and contiguous, [in, out], and `weight` is a view of that: with the
-    reference BLAS of the Linux mlx[cpu] wheel, `x @ Wt` on a contiguous Wt runs ~2.4x faster than
-    `x @ W.T` on the transposed view (same products in the same order: bit-identical results,
-    checked in tests/engine/test_ops.py), and the memory is the same.
+    On the CPU device it is stored transposed and contiguous, [in, out], and `weight` is a view
+    of that: with the reference BLAS of the Linux mlx[cpu] wheel, `x @ Wt` on a contiguous Wt runs
+    ~2.4x faster than `x @ W.T` on the transposed view (same products in the same order:
+    bit-identical results, checked in tests/engine/test_ops.py), and the memory is the same. On a
+    GPU the [out, in] layout is kept (MLX's Metal mat-vec is tuned for it).
     Quantised: `(wq, scales, biases)` of MLX affine 8-bit, group 32 (exact image of Q8_0,
     model.md §7), multiplied with `mx.quantized_matmul` on f32 activations.
     """
@@ -78,8 +84,12 @@ class Linear:
                 raise ValueError(f"Linear weight must be 2-D, got shape {list(w.shape)}")
             if w.dtype != mx.float32:
                 w = w.astype(mx.float32)
-            self._wt = mx.contiguous(w.T)  # [in, out]: the stored copy (see class docstring)
-            self.weight = self._wt.T
+            if cpu_layout():
+                self._wt = mx.contiguous(w.T)  # [in, out]: the stored copy (see class docstring)
+                self.weight = self._wt.T
+            else:
+                self.weight = w
+                self._wt = w.T
             self.scales = self.biases = None
             self.out_features, self.in_features = int(w.shape[0]), int(w.shape[1])
         else:

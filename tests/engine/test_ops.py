@@ -151,12 +151,17 @@ def test_rms_norm_and_softplus_branches():
                                rtol=1e-5)
 
 
-def test_dense_linear_and_experts_layout_keeps_every_bit():
-    """Dense weights are stored transposed and contiguous (a faster BLAS path on the Linux wheel):
-    the products must be the very bits of the textbook x @ W.T, row by row and batched, and the
-    [out, in] `weight` view must still read as the file's matrix."""
+@pytest.mark.parametrize("cpu_layout", [True, False])
+def test_dense_linear_and_experts_layout_keeps_every_bit(cpu_layout, monkeypatch):
+    """On CPU dense weights are stored transposed and contiguous (a faster BLAS path on the Linux
+    wheel), elsewhere as [out, in]: either way the products must be the very bits of the textbook
+    x @ W.T, row by row and batched, and `weight` must still read as the file's matrix."""
+    from ds4agent.engine import weights
     from ds4agent.engine.experts import dense_experts
     from ds4agent.engine.weights import Linear
+
+    assert weights.cpu_layout() == (mx.default_device() == mx.cpu)
+    monkeypatch.setattr(weights, "cpu_layout", lambda: cpu_layout)
 
     rng = np.random.default_rng(3)
     w = rng.standard_normal((48, 96)).astype(np.float16)
