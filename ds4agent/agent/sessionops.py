@@ -252,6 +252,10 @@ def _load(worker: Any, prefix: str) -> None:
     worker.activity = True
     if worker.tool_ctx is not None:
         worker.tool_ctx.reset_session()
+    if worker.policy is not None and hasattr(worker.policy, "reset"):
+        # "Allow for this session" answers belong to the conversation they were given in, as
+        # on /new: another session's work is asked about afresh.
+        worker.policy.reset()
     if ids[:system_len] != worker.system_ids:
         worker.io.emit(ev.Notice("this session was saved with a different system prompt; it "
                                  "continues with its own", "info"))

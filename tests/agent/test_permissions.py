@@ -74,3 +74,18 @@ def test_interrupt_while_asking_denies_and_stops_the_block(tmp_path):
     assert not (tmp_path / "work" / "a.txt").exists()
     assert of(evs, ev.TurnEnded)[-1].rounds == 1
     h.stop()
+
+
+def test_session_answers_are_forgotten_on_new_and_load(tmp_path):
+    h = AgentHarness.build(tmp_path, [_write_calls("a.txt"), reply("ok", think="")],
+                           tools=default_tools(), permission="ask", answer=lambda e: "s")
+    h.turn("write")
+    saved = of(h.command(h.agent.save), ev.SessionSaved)[0]
+    h.engine.add(_write_calls("b.txt"), reply("ok", think=""))
+    assert of(h.turn("again"), ev.PermissionRequest) == []  # remembered for this session
+    h.answer = lambda e: "n" if isinstance(e, ev.Question) else "s"
+    for switch in (h.agent.new, lambda: h.agent.load(saved.short_id)):
+        h.command(switch)
+        h.engine.add(_write_calls("c.txt"), reply("ok", think=""))
+        assert len(of(h.turn("once more"), ev.PermissionRequest)) == 1
+    h.stop()
