@@ -183,8 +183,7 @@ class Engine:
     def __init__(self, *, config, weights, ctx: int, quant_bits: int = 2,
                  model_id: int = MODEL_ID_FLASH, path: Path | None = None,
                  chunk: int | None = None):
-        if ctx < 1:
-            raise EngineError(f"context size must be at least 1 token (got {ctx})")
+        _check_sizes(ctx, chunk)
         self.config = config
         self.weights = materialize(weights)  # usable from any thread (module docstring)
         self.ctx = int(ctx)
@@ -193,9 +192,7 @@ class Engine:
         self.path = path
         # The grid cap; `chunk` overrides it (dump-logits --chunk, tests). The payload's h3 is
         # always chunk_cap(ctx), whatever this is, so saved files stay loadable by ds4.
-        self.chunk = int(chunk) if chunk else chunk_cap(self.ctx)
-        if self.chunk < 1:
-            raise EngineError(f"prefill chunk must be at least 1 token (got {chunk})")
+        self.chunk = int(chunk) if chunk is not None else chunk_cap(self.ctx)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, ctx: int,
@@ -210,6 +207,8 @@ class Engine:
         from .gguf import GGUFFile
 
         path = Path(path)
+        # Refuse a bad size before reading anything: a typo in --ctx must not cost an 80 GB load.
+        _check_sizes(ctx, chunk)
         if progress is not None:
             progress(0.0)
         if path.is_dir():  # an MLX directory written by `ds4agent convert` (WEIGHTS room's loader)
@@ -248,6 +247,13 @@ class Engine:
 
     def new_session(self) -> Session:
         return Session(self)
+
+
+def _check_sizes(ctx: int, chunk: int | None) -> None:
+    if ctx < 1:
+        raise EngineError(f"context size must be at least 1 token (got {ctx})")
+    if chunk is not None and chunk < 1:
+        raise EngineError(f"prefill chunk must be at least 1 token (got {chunk})")
 
 
 def quant_bits_of(gf) -> int:

@@ -301,6 +301,15 @@ def test_load_errors_are_readable(tmp_path):
         Engine.load(bad, ctx=16)
 
 
+def test_bad_sizes_are_refused_before_loading_anything(micro_path):
+    loaded = []
+    with pytest.raises(EngineError, match=r"context size must be at least 1 token \(got 0\)"):
+        Engine.load(micro_path, ctx=0, progress=loaded.append)
+    with pytest.raises(EngineError, match=r"prefill chunk must be at least 1 token \(got 0\)"):
+        Engine.load(micro_path, ctx=16, chunk=0, progress=loaded.append)
+    assert loaded == []  # refused up front: no weights were read
+
+
 def test_save_resume_at_real_ratio_128_and_window_128(tmp_path):
     """Flash's real large ratio and window (128/128) on a micro-width model: save just before,
     on and after the 128 boundary (first ratio-128 row, window full) and resume exactly."""
