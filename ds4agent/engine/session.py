@@ -165,10 +165,13 @@ def materialize(tree: Any) -> Any:
         elif isinstance(obj, dict):
             stack.extend(obj.values())
         elif type(obj).__module__.startswith("ds4agent."):
-            # Our own containers only: dataclasses and plain classes (__dict__), Linear (__slots__).
+            # Our own containers only: dataclasses and plain classes (__dict__), Linear and its
+            # subclasses (__slots__ of every class in the MRO: a subclass lists only its own).
             stack.extend(vars(obj).values() if hasattr(obj, "__dict__") else ())
-            stack.extend(getattr(obj, name) for name in getattr(type(obj), "__slots__", ())
-                         if hasattr(obj, name))
+            for cls in type(obj).__mro__:
+                slots = cls.__dict__.get("__slots__", ())
+                stack.extend(getattr(obj, name) for name in ((slots,) if isinstance(slots, str) else slots)
+                             if hasattr(obj, name))
     if found:
         mx.eval(found)
     return tree

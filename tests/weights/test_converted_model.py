@@ -5,6 +5,7 @@ model run from the exactly dequantised float32 weights."""
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -131,7 +132,11 @@ def test_converted_directory_runs_like_the_dequantised_model(tmp_path):
     dense = Engine(config=cfg, weights=weights_from_tensors(cfg, ref), ctx=64)
     tokens = [int(t) for t in np.random.default_rng(1).integers(3, 500, 30)]
     a, b = conv.new_session(), dense.new_session()
-    a.sync(tokens)
+    # on another thread than the load (the TUI's worker): nothing lazy may cross (test_threads.py)
+    worker = threading.Thread(target=a.sync, args=(tokens,))
+    worker.start()
+    worker.join()
+    assert a.tokens == tuple(tokens)
     b.sync(tokens)
     # same weight values, different matmul kernels (quantized vs dense): f32 rounding only
     scale = max(1.0, float(np.abs(b.logits).max()))
