@@ -348,7 +348,10 @@ class Agent:
         try:
             ok = worker.startup()
         except BaseException as err:  # a crash here must reach the UI as text, not a traceback
-            self.emit(ev.Error(f"startup failed: {err}", fatal=True))
+            message = f"startup failed: {err}"
+            self.emit(ev.Error(message, fatal=True))
+            self.emit(ev.Status(state=ev.State.ERROR, ctx_used=0, ctx_total=self.settings.ctx, compact_at=0,
+                                detail=message))
             ok = False
         if not ok:
             self.emit(ev.Exited(1))

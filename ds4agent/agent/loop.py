@@ -268,7 +268,12 @@ class Worker:
             self.generated = 0
         self.io.emit(ev.TurnEnded(reason, rounds=rounds, generated=total_generated,
                                   seconds=round(time.monotonic() - t0, 3), error=error))
-        self._set_state(ev.State.IDLE)
+        # The reference's footer after a failed turn reads `error: MSG` until the next action;
+        # the agent is idle all the same (Agent.busy is what gates input).
+        if error:
+            self._set_state(ev.State.ERROR, detail=error)
+        else:
+            self._set_state(ev.State.IDLE)
 
     def _mode_for_prompt(self) -> str:
         return "think" if self.think_mode == "think-max" else self.think_mode

@@ -290,3 +290,29 @@ def test_interrupt_during_tool_with_queued_text_runs_next_round(tmp_path):
     assert h.text().endswith(expected)
     assert of(evs, ev.TurnEnded)[-1].rounds == 2
     h.stop()
+
+
+def test_failed_turn_leaves_an_error_status_until_the_next_turn(tmp_path, tools):
+    h = AgentHarness.build(tmp_path, tools=tools, ctx=4096)
+    evs = h.turn(" ".join(f"w{i}" for i in range(3000)))  # more than the context holds
+    message = "context full: the message does not fit the context"
+    assert of(evs, ev.TurnEnded)[-1].error == message and of(evs, ev.Error)[-1].text == message
+    last = of(evs, ev.Status)[-1]
+    assert (last.state, last.detail) == (ev.State.ERROR, message) and not h.agent.busy
+    h.engine.add(reply("fine", think="t"))
+    assert of(h.turn("small"), ev.Status)[-1].state == ev.State.IDLE
+    h.stop()
+
+
+def test_startup_failure_is_a_fatal_error_and_an_error_status(tmp_path):
+    def loader(progress):
+        raise OSError("no such model file")
+
+    h = AgentHarness.build(tmp_path, engine=loader, ctx=4096, start=False)
+    h.agent.start()
+    h.until(lambda e: isinstance(e, ev.Exited))
+    err = of(h.events, ev.Error)[-1]
+    assert err.fatal and err.text == "startup failed: no such model file"
+    assert of(h.events, ev.Status)[-1].state == ev.State.ERROR
+    assert of(h.events, ev.Exited)[-1].status == 1
+    h.stop()
