@@ -44,6 +44,7 @@ Values `get` may return: a numpy/MLX array (dense), a `(wq, scales, biases)` tri
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,30 @@ def cpu_layout() -> bool:
     return mx.default_device() == mx.cpu
 
 
+# Quantised products on CPU run one MLX op per CPU stream over a slice of the output rows: each
+# MLX CPU stream is its own worker thread, and a single quantized_matmul uses one core. Slicing
+# output rows changes no arithmetic (every output element is the same dot product over the same
+# input row, in the same order), so the result is bit-identical to the one-op product
+# (tests/engine/test_ops.py). Only products of at least _PARALLEL_MIN_MACS multiply-adds are
+# split: below that, the extra ops cost more than a second core gains.
+_PARALLEL_MIN_MACS = 1 << 22
+_MAX_PARTS = 8
+_STREAMS: list = []  # ThreadLocalStream objects: every driving thread gets its own CPU streams
+
+
+def cpu_parts() -> int:
+    """How many CPU streams a large quantised product is spread over (1 = no splitting)."""
+    if not cpu_layout():
+        return 1
+    return max(1, min(_MAX_PARTS, os.cpu_count() or 1))
+
+
+def _streams(k: int) -> list:
+    while len(_STREAMS) < k:
+        _STREAMS.append(mx.new_thread_local_stream(mx.cpu))
+    return _STREAMS[:k]
+
+
 class Linear:
     """y = W·x over the last axis of x, W stored [out, in] (array order of a GGML (in, out) tensor).
 
@@ -74,7 +99,7 @@ class Linear:
     model.md §7), multiplied with `mx.quantized_matmul` on f32 activations.
     """
 
-    __slots__ = ("weight", "scales", "biases", "out_features", "in_features", "_wt")
+    __slots__ = ("weight", "scales", "biases", "out_features", "in_features", "_wt", "_parts")
 
     def __init__(self, weight: mx.array, scales: mx.array | None = None,
                  biases: mx.array | None = None, *, in_features: int | None = None):
@@ -92,11 +117,21 @@ class Linear:
                 self._wt = w.T
             self.scales = self.biases = None
             self.out_features, self.in_features = int(w.shape[0]), int(w.shape[1])
+            self._parts = ()
         else:
             self.weight, self.scales, self.biases = weight, scales, biases
             self._wt = None
             self.out_features = int(weight.shape[0])
             self.in_features = int(in_features if in_features is not None else scales.shape[-1] * 32)
+            # Row slices for the parallel CPU product (views: no extra memory).
+            k = cpu_parts()
+            if k > 1 and self.out_features >= 64 * k and biases is not None \
+                    and self.out_features * self.in_features >= _PARALLEL_MIN_MACS:
+                bounds = [self.out_features * i // k for i in range(k + 1)]
+                self._parts = tuple((weight[a:b], scales[a:b], biases[a:b])
+                                    for a, b in zip(bounds, bounds[1:], strict=False))
+            else:
+                self._parts = ()
 
     @property
     def quantized(self) -> bool:
@@ -105,6 +140,11 @@ class Linear:
     def __call__(self, x: mx.array) -> mx.array:
         if self.scales is None:
             return x @ self._wt
+        if self._parts and (x.size // self.in_features) * self.out_features * self.in_features \
+                >= _PARALLEL_MIN_MACS:
+            outs = [mx.quantized_matmul(x, wq, sc, bi, transpose=True, group_size=32, bits=8, stream=st)
+                    for (wq, sc, bi), st in zip(self._parts, _streams(len(self._parts)), strict=True)]
+            return mx.concatenate(outs, axis=-1)
         return mx.quantized_matmul(x, self.weight, self.scales, self.biases, transpose=True,
                                    group_size=32, bits=8)
 

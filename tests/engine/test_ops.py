@@ -182,3 +182,30 @@ def test_dense_linear_and_experts_layout_keeps_every_bit(cpu_layout, monkeypatch
     for r, row in enumerate([[0, 4], [3, 3], [1, 2]]):
         for j, e in enumerate(row):
             assert np.array_equal(got[r, j], np.array(x[r:r + 1] @ mx.array(we[e]).T)[0])
+
+
+def test_split_quantized_product_is_bit_identical(monkeypatch):
+    """A large Q8_0 product on CPU is spread over CPU streams by output rows: the same bits as the
+    one-op product for any number of input rows, from any thread."""
+    import threading
+
+    from ds4agent.engine import weights
+
+    rng = np.random.default_rng(8)
+    w = rng.standard_normal((1030, 512)).astype(np.float32) * 0.05
+    wq, sc, bi = mx.quantize(mx.array(w), group_size=32, bits=8)
+    monkeypatch.setattr(weights, "_PARALLEL_MIN_MACS", 1)
+    monkeypatch.setattr(weights, "cpu_parts", lambda: 3)
+    split = weights.Linear(wq, sc, bi, in_features=512)
+    assert len(split._parts) == 3 and sum(p[0].shape[0] for p in split._parts) == 1030
+    for m in (1, 5):
+        x = mx.array(rng.standard_normal((m, 512)).astype(np.float32))
+        want = np.array(mx.quantized_matmul(x, wq, sc, bi, transpose=True, group_size=32, bits=8))
+        assert np.array_equal(np.array(split(x)), want)
+        box = {}
+        worker = threading.Thread(target=lambda x=x: box.setdefault("y", np.array(split(x))))
+        worker.start()
+        worker.join()
+        assert np.array_equal(box["y"], want)
+    monkeypatch.setattr(weights, "cpu_parts", lambda: 1)  # one core (or a GPU): one op
+    assert weights.Linear(wq, sc, bi, in_features=512)._parts == ()
