@@ -202,8 +202,8 @@ def test_split_quantized_product_is_bit_identical(monkeypatch):
         x = mx.array(rng.standard_normal((m, 512)).astype(np.float32))
         want = np.array(mx.quantized_matmul(x, wq, sc, bi, transpose=True, group_size=32, bits=8))
         assert np.array_equal(np.array(split(x)), want)
-        box = {}
-        worker = threading.Thread(target=lambda x=x: box.setdefault("y", np.array(split(x))))
+        box: dict = {}
+        worker = threading.Thread(target=lambda x=x, box=box: box.setdefault("y", np.array(split(x))))
         worker.start()
         worker.join()
         assert np.array_equal(box["y"], want)
