@@ -202,6 +202,8 @@ def make_test_model(path: str | os.PathLike[str], config: str | ModelConfig = "t
     from gguf import GGMLQuantizationType, GGUFWriter
 
     cfg = test_config(config) if isinstance(config, str) else config
+    if not isinstance(seed, int) or seed < 0:
+        raise EngineError(f"--seed must be a non-negative integer (got {seed})")
     path = Path(path)
     rng = np.random.default_rng(seed)
     # The gguf writer opens its file by name: fsutil's atomic_path gives it a temp path beside

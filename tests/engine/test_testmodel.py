@@ -122,6 +122,12 @@ def test_cli_make_test_model(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "unknown test config 'huge'" in err and "tiny" in err
     assert not (tmp_path / "x.gguf").exists()
+    assert cli.main(["make-test-model", str(tmp_path / "x.gguf"), "--seed", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "--seed must be a non-negative integer (got -1)" in err and "Traceback" not in err
+    assert cli.main(["make-test-model", str(tmp_path), "--config", "micro"]) == 1  # a directory
+    assert "cannot write" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]  # nothing else was left
 
 
 def test_written_atomically_with_ordinary_permissions(tmp_path, monkeypatch):
