@@ -129,16 +129,23 @@ class RoundStarted(Event):
 
 @dataclass(frozen=True)
 class ThinkingDelta(Event):
-    """More reasoning text (the `<think>` tags themselves are never included)."""
+    """More reasoning text (the `<think>` tags themselves are never included).
+
+    tokens: sampled tokens this delta stands for (the agent merges the deltas of a fast engine;
+    a merged delta carries the sum), so a UI can count thinking tokens exactly."""
 
     text: str
+    tokens: int = 1
 
 
 @dataclass(frozen=True)
 class TextDelta(Event):
-    """More visible answer text (DSML blocks are never included: they arrive as ToolCall* events)."""
+    """More visible answer text (DSML blocks are never included: they arrive as ToolCall* events).
+
+    tokens: sampled tokens this delta stands for (summed when deltas are merged)."""
 
     text: str
+    tokens: int = 1
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,7 @@ class Coalescer:
     flushes the pending delta first, so the order of events is never changed.
     """
 
-    __slots__ = ("_emit", "_interval", "_kind", "_key", "_parts", "_last")
+    __slots__ = ("_emit", "_interval", "_kind", "_key", "_parts", "_tokens", "_last")
 
     def __init__(self, emit: Any, interval: float = 0.02) -> None:
         self._emit = emit
@@ -106,6 +106,7 @@ class Coalescer:
         self._kind: type | None = None
         self._key: tuple = ()
         self._parts: list[str] = []
+        self._tokens = 0  # sum of the merged text/thinking deltas' token counts
         self._last = 0.0
 
     def add(self, e: ev.Event) -> None:
@@ -122,6 +123,8 @@ class Coalescer:
             self.flush()
             self._kind, self._key = t, key
         self._parts.append(e.text)
+        if key == ():
+            self._tokens += e.tokens
 
     def tick(self, now: float) -> None:
         if self._parts and now - self._last >= self._interval:
@@ -136,6 +139,7 @@ class Coalescer:
         if kind is ev.ToolCallArgDelta:
             self._emit(ev.ToolCallArgDelta(self._key[0], self._key[1], text))
         else:
-            self._emit(kind(text))  # type: ignore[misc]
+            self._emit(kind(text, self._tokens))  # type: ignore[misc]
         self._parts = []
+        self._tokens = 0
         self._kind = None

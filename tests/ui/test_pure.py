@@ -163,9 +163,9 @@ def test_coalesce_merges_runs_and_keeps_order():
     ]
     out = bridge.coalesce(events)
     assert out == [
-        (ev.ThinkingDelta("ab"), 2),
+        (ev.ThinkingDelta("ab", tokens=2), 2),
         (ev.Status(ev.State.GENERATING, 2, 10, 8), 2),
-        (ev.TextDelta("xyz"), 3),
+        (ev.TextDelta("xyz", tokens=3), 3),
         (ev.ToolCallStart(0, "bash"), 1),
         (ev.ToolCallArgDelta(0, "command", "ls -l"), 2),
         (ev.ToolCallArgDelta(0, "cwd", "/"), 1),
@@ -173,6 +173,23 @@ def test_coalesce_merges_runs_and_keeps_order():
         (ev.TextDelta("w"), 1),
     ]
     assert sum(n for _, n in out) == len(events)
+
+
+def test_token_counts_survive_both_merges():
+    """The agent merges a fast engine's deltas (summing their tokens); the UI merges again per frame:
+    the thinking count must still be the number of sampled tokens."""
+    from ds4agent.agent.stream import Coalescer
+
+    emitted: list[ev.Event] = []
+    c = Coalescer(emitted.append, interval=10.0)
+    for piece in ("Let", " me", " think"):
+        c.add(ev.ThinkingDelta(piece))
+    c.add(ev.TextDelta("Hi"))          # another kind: the thinking run is flushed first
+    c.add(ev.ToolCallStart(0, "bash"))
+    assert emitted == [ev.ThinkingDelta("Let me think", tokens=3), ev.TextDelta("Hi", tokens=1),
+                       ev.ToolCallStart(0, "bash")]
+    out = bridge.coalesce([ev.ThinkingDelta("Let me think", tokens=3), ev.ThinkingDelta(".", tokens=2)])
+    assert out == [(ev.ThinkingDelta("Let me think.", tokens=5), 5)]
 
 
 def test_entering_prefill_forgets_the_previous_progress():
