@@ -471,6 +471,27 @@ def _mx_linear_class():
     return MxLinear
 
 
+def read_converted_config(path: Path) -> dict:
+    """The config.json of a directory written by `convert`, or a ModelFileError that says what
+    the directory is missing (shared by the loader and `ds4agent info`)."""
+    from .errors import ModelFileError
+
+    not_ours = f"{path} is a directory but not a model written by `ds4agent convert`"
+    try:
+        text = (path / "config.json").read_text()
+    except FileNotFoundError:
+        raise ModelFileError(f"{not_ours} (it has no config.json)") from None
+    except OSError as err:
+        raise ModelFileError(f"{path}/config.json: {err.strerror or err}") from None
+    try:
+        cfg = json.loads(text)
+    except ValueError:
+        raise ModelFileError(f"{path}/config.json is not valid JSON") from None
+    if not isinstance(cfg, dict) or cfg.get("format") != "ds4agent-mlx":
+        raise ModelFileError(f"{not_ours} (its config.json is not a ds4agent-mlx description)")
+    return cfg
+
+
 def load_converted(path, *, progress: Callable[[float], None] | None = None):
     """(ModelConfig, ModelWeights, quant_bits) of a directory written by `convert`.
 
@@ -485,13 +506,13 @@ def load_converted(path, *, progress: Callable[[float], None] | None = None):
     from .weights import build_weights
 
     path = Path(path)
+    cfg = read_converted_config(path)
     try:
-        cfg = json.loads((path / "config.json").read_text())
         index = json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
-    except (OSError, ValueError, KeyError) as err:
-        raise ModelFileError(f"{path}: not a converted ds4agent model directory ({err})") from None
-    if cfg.get("format") != "ds4agent-mlx":
-        raise ModelFileError(f"{path}: config.json is not a ds4agent-mlx model description")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        why = err.strerror if isinstance(err, OSError) and err.strerror else err
+        raise ModelFileError(f"{path}: cannot read model.safetensors.index.json ({why}); "
+                             "an incomplete conversion? Run `ds4agent convert` again") from None
     meta = cfg.get("metadata")
     if not meta:
         raise ModelFileError(f"{path}: no model metadata ({cfg.get('metadata_error', 'source config.json missing')})")

@@ -152,19 +152,15 @@ def _directory_info(path: Path, ctx: int) -> ModelInfo:
     """A directory written by `ds4agent convert`: sizes from the safetensors headers, types from
     its config.json (mxfp8 / mxfp4 for the repacked tensors, the stored dtype otherwise). MLX holds
     the quantised tensors as stored; 16-bit float matrices are widened to f32 like GGUF F16."""
-    import json
 
     from .config import from_metadata
-    from .convert import SafeTensorsFile
+    from .convert import SafeTensorsFile, read_converted_config
     from .errors import ModelFileError
 
-    try:
-        cfg = json.loads((path / "config.json").read_text())
-        files = sorted(path.glob("*.safetensors"))
-    except (OSError, ValueError) as err:
-        raise ModelFileError(f"{path}: not a converted ds4agent model directory ({err})") from None
-    if cfg.get("format") != "ds4agent-mlx" or not files:
-        raise ModelFileError(f"{path} is a directory but not one written by `ds4agent convert`")
+    cfg = read_converted_config(path)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelFileError(f"{path} holds no .safetensors files; an incomplete conversion?")
     meta = cfg.get("metadata")
     if not meta:
         raise ModelFileError(f"{path}: no model metadata ({cfg.get('metadata_error', 'unknown source')})")

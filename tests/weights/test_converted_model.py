@@ -167,3 +167,25 @@ def test_info_describes_a_converted_directory(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "ds4agent test model" in text and "mxfp4" in text and "mxfp8" in text
     assert "4 layers, width 32, vocab 512" in text
+
+
+def test_directories_that_are_not_conversions_say_what_is_missing(tmp_path, capsys):
+    from ds4agent.cli import main as cli_main
+
+    d = tmp_path / "d"
+    d.mkdir()
+    cases = [
+        (None, "is a directory but not a model written by `ds4agent convert` (it has no config.json)"),
+        ("{not json", "config.json is not valid JSON"),
+        ('{"format": "other"}', "its config.json is not a ds4agent-mlx description"),
+        ('{"format": "ds4agent-mlx"}', "cannot read model.safetensors.index.json (No such file or directory); "
+                                       "an incomplete conversion?"),
+    ]
+    for text, message in cases:
+        if text is not None:
+            (d / "config.json").write_text(text)
+        code = cli_main(["dump-logits", "--model", str(d), "--tokens", "1", "--out", str(tmp_path / "o.npy")])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and "Errno" not in err and "Traceback" not in err, err
+        if "index.json" not in message:  # info reads the same config.json with the same words
+            assert cli_main(["info", str(d)]) == 2 and message in capsys.readouterr().err
