@@ -107,7 +107,7 @@ def test_info_errors_are_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("ds4agent: ") and "nope.gguf" in err and "Traceback" not in err
     assert cli_main(["info", str(tmp_path), "--ctx", "10"]) == 2
-    assert "not a converted ds4agent model directory" in capsys.readouterr().err
+    assert "is a directory but not a model written by `ds4agent convert`" in capsys.readouterr().err
 
 
 def test_info_on_a_test_model(tmp_path, capsys):
