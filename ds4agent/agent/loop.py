@@ -612,7 +612,9 @@ class Worker:
         from ds4agent.agent import history
 
         items = history.last_turns(self.tok, self.transcript.snapshot(), self.transcript.system_len, n)
-        return ev.History(n, tuple(items))
+        # `turns` is what is shown (fewer than asked when the session is shorter), so a UI's
+        # "last N user turn(s)" header tells the truth.
+        return ev.History(sum(1 for i in items if i.kind == "user"), tuple(items))
 
 
 def _describe(engine: Any) -> str:

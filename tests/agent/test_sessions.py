@@ -75,6 +75,8 @@ def test_save_list_new_load_history(tmp_path, tools):
     evs = h.command(lambda: h.agent.history(1))
     hist = of(evs, ev.History)[0]
     assert [(i.kind, i.text) for i in hist.items if i.kind == "user"] == [("user", "second question")]
+    assert hist.turns == 1
+    assert of(h.command(lambda: h.agent.history(5)), ev.History)[0].turns == 2  # all there is
     h.stop()
 
 
