@@ -94,6 +94,7 @@ class Worker:
         # Set by a compaction: the next User turn carries the bash job update (pending_results).
         self.jobs_update_due = False
         self._jobs_update: str | None = None
+        self.last_prefilled = 0
 
     # ================================================================== startup / shutdown
 
@@ -314,6 +315,7 @@ class Worker:
                                   should_stop=self.io.should_stop if interruptible else None)
         except Interrupted:
             return False
+        self.last_prefilled = int(n)  # what the engine really prefilled (it may rewind further back)
         dt = time.monotonic() - t0
         if n and dt > 0:
             self.prefill_tps = n / dt

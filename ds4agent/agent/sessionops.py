@@ -241,9 +241,8 @@ def _load(worker: Any, prefix: str) -> None:
     system_len = _system_len(worker, ids)
     worker.transcript.reset(ids, system_len)
     if loaded.payload is None:
-        before = len(worker.session.tokens)
         worker._sync(interruptible=False)
-        prefilled = len(ids) - min(before, len(ids))
+        prefilled = worker.last_prefilled
     _reset_identity(worker)
     worker.title = title_bytes(loaded.title)
     worker.created_at = loaded.created_at
@@ -418,13 +417,8 @@ def resume(worker: Any, tokens: list[int], meta: dict) -> None:
     if base is not None:
         worker.session.import_state(base.payload)
     worker.transcript.reset(tokens, system_len)
-    before = len(worker.session.tokens)
-    common = 0
-    live = worker.session.tokens
-    while common < min(before, len(tokens)) and live[common] == tokens[common]:
-        common += 1
     worker._sync(interruptible=False)
-    prefilled = len(tokens) - common
+    prefilled = worker.last_prefilled
     worker.title = _meta_title(meta)
     worker.created_at = meta.get("created_at") or None
     worker.session_id = meta.get("session_id") or ""

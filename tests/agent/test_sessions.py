@@ -212,3 +212,48 @@ def test_sysprompt_cache_is_rebuilt_for_another_quant_or_context(tmp_path, tools
     again.start()
     assert of(again.events, ev.Ready)[0].sysprompt_cached and again.engine.prefills == []
     again.stop()
+
+
+def test_legacy_file_is_resaved_under_a_title_identity_and_deleted(tmp_path, tools):
+    """kvc-format.md §12.5: a file without a title trailer (name = SHA1(text)) loads with a derived
+    title and its header's created_at, and the next save replaces it by `<SHA1(title||created_at)>.kv`."""
+    from ds4agent.sessions.kvc import REASON_SESSION, KVCHeader, session_identity, text_sha1, write_kvc
+
+    h = AgentHarness.build(tmp_path, [reply("A1", think="t"), reply("A2", think="t")], tools=tools)
+    h.turn("legacy question")
+    eng, payload = h.worker.engine, h.worker.session.export_state()
+    text = TOK.decode_bytes(h.ids)
+    legacy = tmp_path / "kv" / f"{text_sha1(text)}.kv"
+    write_kvc(legacy, KVCHeader(quant_bits=eng.quant_bits, reason=REASON_SESSION, ext_flags=0, model_id=0,
+                                tokens=len(h.ids), hits=0, ctx_size=eng.ctx, created_at=1_700_000_000,
+                                last_used=1_700_000_000, payload_bytes=0),
+              text, payload, eng.payload_shape())
+    h.worker.dirty = False
+    loaded = of(h.command(lambda: h.agent.load(legacy.stem[:10])), ev.SessionLoaded)[0]
+    assert loaded.title == "legacy question" and loaded.prefilled == 0
+    h.turn("more")
+    saved = of(h.command(h.agent.save), ev.SessionSaved)[0]
+    assert saved.id == session_identity(b"legacy question", 1_700_000_000)
+    assert not legacy.exists() and (tmp_path / "kv" / f"{saved.id}.kv").exists()
+    h.stop()
+
+
+def test_stripped_session_is_rebuilt_from_its_text_and_prefilled(tmp_path, tools):
+    """kvc-format.md §12.6: payload_bytes = 0 -> the text is re-tokenised (rendered-chat rules),
+    prefilled, and the agent says so; a later save writes the full state under the same name."""
+    h = AgentHarness.build(tmp_path, [reply("A1", think="t"), reply("A2", think="t")], tools=tools)
+    h.turn("strip me")
+    eng, ids = h.worker.engine, h.ids
+    stripped = h.store.save_session(TOK.decode_bytes(ids), None, shape=None, quant_bits=eng.quant_bits,
+                                    n_tokens=len(ids), ctx=eng.ctx, created_at=1_750_000_000)
+    h.worker.dirty = False
+    h.command(h.agent.new)
+    evs = h.command(lambda: h.agent.load(stripped.id[:8]))
+    loaded = of(evs, ev.SessionLoaded)[0]
+    assert h.ids == TOK.rebuild_from_text(TOK.decode_bytes(ids)) and h.live == tuple(h.ids)
+    assert loaded.prefilled == len(h.ids) - len(h.worker.system_ids)  # the system prefix KV was live
+    assert any("re-tokenised" in n.text for n in of(evs, ev.Notice))
+    h.turn("next")
+    saved = of(h.command(h.agent.save), ev.SessionSaved)[0]
+    assert saved.id == stripped.id and h.store.resolve(saved.id).header.payload_bytes > 0
+    h.stop()
