@@ -27,9 +27,15 @@ def flash_file(tmp_path_factory):
     return write_sparse_flash(tmp_path_factory.mktemp("flash") / "ds4flash-q2.gguf")
 
 
-def _max_rss_bytes() -> int:
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss if sys.platform == "darwin" else rss * 1024
+def _rss_bytes() -> int:
+    """Resident memory now (Linux: /proc/self/statm, which a page-in of the mapped file raises);
+    elsewhere the peak (ru_maxrss), which can only understate a rise after an earlier peak."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * resource.getpagesize()
+    except OSError:
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return rss if sys.platform == "darwin" else rss * 1024
 
 
 def test_payload_size_formula_matches_the_spec_values():
@@ -64,7 +70,7 @@ def test_wrong_flash_metadata_names_the_key(tmp_path):
 def test_expert_backends_read_only_the_selected_experts(flash_file):
     """129 routed-expert tensors (72 GiB) become backends without reading a byte; one MoE step
     through 6 experts of three tensors pages in only those experts (~40 MB)."""
-    before = _max_rss_bytes()
+    before = _rss_bytes()
     with GGUFFile.open(flash_file) as gf:
         backends = {}
         for name, ti in gf.tensors.items():
@@ -83,10 +89,11 @@ def test_expert_backends_read_only_the_selected_experts(flash_file):
         out = down.gather_matmul(mid, ids)
         mx.eval(out)
         assert out.shape == (1, 6, 4096) and not np.any(np.array(out))  # a hole reads as zeros
+        # Measured while the mapping and every backend are alive: 6 experts x (2 x 2048 x 1056 +
+        # 4096 x 672) bytes of raw blocks were touched (~42 MB), plus the f32 dequantised copies
+        # (6 x 32 MiB per tensor, mostly freed); far below the 72 GiB the tensors span.
+        assert _rss_bytes() - before < 400 << 20  # reading any one whole tensor: > 550 MB
         del backends, gate, up, down
-    # 6 experts x (2 x 2048 x 1056 + 4096 x 672) bytes of raw blocks were touched, plus the f32
-    # dequantised copies (6 x 32 MiB per tensor); far below the 72 GiB the tensors span.
-    assert _max_rss_bytes() - before < 2 * GIB
 
 
 def test_info_on_the_flash_file(flash_file, capsys):
