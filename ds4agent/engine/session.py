@@ -218,7 +218,8 @@ class Engine:
             from .convert import load_converted
 
             config, weights, qbits = load_converted(path, progress=progress)
-            engine = cls(config=config, weights=weights, ctx=ctx, quant_bits=qbits, path=path, chunk=chunk)
+            engine = _construct(cls, path, config=config, weights=weights, ctx=ctx, quant_bits=qbits,
+                                path=path, chunk=chunk)
             if progress is not None:
                 progress(1.0)
             return engine
@@ -232,11 +233,11 @@ class Engine:
                                    name=str(gf.metadata.get("general.name", "")))
             weights = _load_weights(gf, config, progress)
             qbits = quant_bits_of(gf)
+            engine = _construct(cls, path, config=config, weights=weights, ctx=ctx, quant_bits=qbits,
+                                path=path, chunk=chunk)
         except BaseException:
             gf.close()
             raise
-        engine = cls(config=config, weights=weights, ctx=ctx, quant_bits=qbits, path=path,
-                     chunk=chunk)
         engine._gguf = gf  # keep the mapping alive: raw expert blocks may be views into it
         if progress is not None:
             progress(1.0)
@@ -250,6 +251,15 @@ class Engine:
 
     def new_session(self) -> Session:
         return Session(self)
+
+
+def _construct(cls, where: Path, **kw) -> Engine:
+    """cls(**kw), where materialising the weights is the first time the whole model is in memory:
+    MLX reports running out of it as RuntimeError/MemoryError, which become one readable line."""
+    try:
+        return cls(**kw)
+    except (RuntimeError, MemoryError) as err:
+        raise EngineError(f"{where}: cannot hold the model's weights in memory ({err or 'out of memory'})") from None
 
 
 def _check_sizes(ctx: int, chunk: int | None) -> None:

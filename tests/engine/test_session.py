@@ -356,3 +356,14 @@ def test_save_mid_generation_with_rng_state_resumes_the_same_tokens(engine, prom
         got.append(tok)
         assert np.array_equal(resumed.step(tok), ref_logits[i + 1])
     assert got == ref_sampled[3:]
+
+
+def test_running_out_of_memory_at_load_is_one_readable_error(micro_path, monkeypatch):
+    from ds4agent.engine import session as session_mod
+
+    def no_memory(tree):
+        raise RuntimeError("[malloc] Unable to allocate 86000000000 bytes")
+
+    monkeypatch.setattr(session_mod, "materialize", no_memory)
+    with pytest.raises(EngineError, match=r"cannot hold the model's weights in memory \(\[malloc\] Unable"):
+        Engine.load(micro_path, ctx=16)
