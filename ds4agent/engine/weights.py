@@ -123,10 +123,10 @@ class Linear:
             self._wt = None
             self.out_features = int(weight.shape[0])
             self.in_features = int(in_features if in_features is not None else scales.shape[-1] * 32)
-            # Row slices for the parallel CPU product (views: no extra memory).
+            # Row slices for the parallel CPU product (views: no extra memory); whether a call
+            # uses them depends on its row count too (a prefill chunk splits more products).
             k = cpu_parts()
-            if k > 1 and self.out_features >= 64 * k and biases is not None \
-                    and self.out_features * self.in_features >= _PARALLEL_MIN_MACS:
+            if k > 1 and self.out_features >= 64 * k and biases is not None:
                 bounds = [self.out_features * i // k for i in range(k + 1)]
                 self._parts = tuple((weight[a:b], scales[a:b], biases[a:b])
                                     for a, b in zip(bounds, bounds[1:], strict=False))

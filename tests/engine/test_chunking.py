@@ -144,3 +144,21 @@ def test_random_chunk_schedules_property():
         _assert_states_equal(s_one, s_got)
 
     check()
+
+
+def test_invariance_when_only_some_chunks_split_their_products(monkeypatch):
+    """Large Q8_0 products on CPU are split over streams only above a size, which depends on the
+    chunk's row count: a schedule mixing split and unsplit chunks must still give the same bits."""
+    from ds4agent.engine import weights
+
+    cfg = test_config("micro")
+    monkeypatch.setattr(weights, "cpu_parts", lambda: 3)
+    monkeypatch.setattr(weights, "_PARALLEL_MIN_MACS", cfg.vocab * cfg.dim * 4)  # head: 4+ rows
+    w = random_weights(cfg, 7, quantize_q8=True)
+    assert len(w.output._parts) == 3
+    toks = _setup(True)[2]
+    base_w = _setup(True)[1]  # built without splitting
+    one, s_one = _run_schedule(cfg, base_w, toks, [N])
+    got, s_got = _run_schedule(cfg, w, toks, [1, 2, 9, 3, 5, 36])
+    assert np.array_equal(one, got)
+    _assert_states_equal(s_one, s_got)
