@@ -17,6 +17,7 @@ gives the same bits as `dense_experts` over the dequantised float32 weights.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Protocol, runtime_checkable
 
@@ -25,6 +26,7 @@ import numpy as np
 
 from ds4agent.engine import quant
 from ds4agent.engine.errors import EngineError
+from ds4agent.engine.weights import cpu_parts, cpu_streams
 
 
 @runtime_checkable
@@ -164,26 +166,49 @@ class QuantExperts:
             raise EngineError(f"expert id out of range 0..{self.n_experts - 1}")
         a = _slot_inputs(x, n, k)
         used = np.unique(ids)
+        parts = min(cpu_parts(), len(used))
+        if len(used) <= self.group and parts > 1:
+            # CPU with spare cores: one MLX op runs on one core, so the selected experts are
+            # split into `parts` groups, each dequantised and multiplied on its own CPU stream
+            # (a worker thread). Same per-pair products as below: bit-identical results.
+            bounds = [len(used) * i // parts for i in range(parts + 1)]
+            return self._grouped(x, ids, n, k, [used[b0:b1] for b0, b1 in zip(bounds, bounds[1:], strict=False)],
+                                 streams=cpu_streams(parts))
         if len(used) <= self.group:  # decode and small chunks: one dequantisation, one product
             local = np.searchsorted(used, ids).astype(np.uint32)
             wt = mx.swapaxes(self.dequantize(used), -1, -2)
             return mx.gather_mm(a, wt, rhs_indices=mx.array(local)).reshape(n, k, self.d_out)
-        # Large chunks: flatten to (row, slot) pairs and serve them a group of experts at a time.
-        # Pair p = row p // k, slot p % k; a shared input row is gathered per pair, never
-        # broadcast to all N*k pairs up front (that would be N*k*d_in floats at once).
+        # Large chunks: a group of experts at a time (bounded dequantised memory).
+        groups = [used[start : start + self.group] for start in range(0, len(used), self.group)]
+        return self._grouped(x, ids, n, k, groups, streams=cpu_streams(cpu_parts()) if cpu_parts() > 1 else None)
+
+    def _grouped(self, x: mx.array, ids: np.ndarray, n: int, k: int, groups: list[np.ndarray], *,
+                 streams: list | None) -> mx.array:
+        """Flatten to (row, slot) pairs and serve them one group of experts at a time.
+
+        Pair p = row p // k, slot p % k; a shared input row is gathered per pair, never broadcast
+        to all N*k pairs up front (that would be N*k*d_in floats at once). With `streams`, group
+        i runs on streams[i % len(streams)] and a round of len(streams) groups is evaluated
+        together (in parallel); without, each group is evaluated before the next is dequantised.
+        The last round is left lazy, like the single-group product (decode keeps one graph).
+        """
         xf = x.astype(mx.float32)
         src = xf if x.ndim == 2 else xf.reshape(n * k, self.d_in)
         flat = ids.reshape(-1)
-        outs, order = [], []
-        for start in range(0, len(used), self.group):
-            grp = used[start : start + self.group]
+        outs, order, pending = [], [], []
+        width = len(streams) if streams else 1
+        for i, grp in enumerate(groups):
             pairs = np.nonzero((flat >= grp[0]) & (flat <= grp[-1]))[0]
             local = np.searchsorted(grp, flat[pairs]).astype(np.uint32)
-            wt = mx.swapaxes(self.dequantize(grp), -1, -2)
             sel = pairs // k if x.ndim == 2 else pairs
-            rows = mx.take(src, mx.array(sel.astype(np.uint32)), axis=0)[:, None, :]
-            out = mx.gather_mm(rows, wt, rhs_indices=mx.array(local))
-            mx.eval(out)  # free this group's dequantised weights before the next group
+            with mx.stream(streams[i % width]) if streams else contextlib.nullcontext():
+                wt = mx.swapaxes(self.dequantize(grp), -1, -2)
+                rows = mx.take(src, mx.array(sel.astype(np.uint32)), axis=0)[:, None, :]
+                out = mx.gather_mm(rows, wt, rhs_indices=mx.array(local))
+            pending.append(out)
+            if len(pending) == width and i < len(groups) - 1:
+                mx.eval(pending)  # free these groups' dequantised weights before the next ones
+                pending = []
             outs.append(out)
             order.append(pairs)
         inverse = np.empty(n * k, dtype=np.uint32)

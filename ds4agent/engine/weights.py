@@ -79,7 +79,8 @@ def cpu_parts() -> int:
     return max(1, min(_MAX_PARTS, os.cpu_count() or 1))
 
 
-def _streams(k: int) -> list:
+def cpu_streams(k: int) -> list:
+    """k CPU streams, each its own worker thread (thread-local: valid on any calling thread)."""
     while len(_STREAMS) < k:
         _STREAMS.append(mx.new_thread_local_stream(mx.cpu))
     return _STREAMS[:k]
@@ -143,7 +144,7 @@ class Linear:
         if self._parts and (x.size // self.in_features) * self.out_features * self.in_features \
                 >= _PARALLEL_MIN_MACS:
             outs = [mx.quantized_matmul(x, wq, sc, bi, transpose=True, group_size=32, bits=8, stream=st)
-                    for (wq, sc, bi), st in zip(self._parts, _streams(len(self._parts)), strict=True)]
+                    for (wq, sc, bi), st in zip(self._parts, cpu_streams(len(self._parts)), strict=True)]
             return mx.concatenate(outs, axis=-1)
         return mx.quantized_matmul(x, self.weight, self.scales, self.biases, transpose=True,
                                    group_size=32, bits=8)

@@ -132,3 +132,33 @@ def test_grouped_path_with_shared_inputs(rng):
     ids = mx.array(rng.integers(0, 6, size=(5, 3)))
     assert grouped.group == 1
     assert np.array_equal(np.array(grouped.gather_matmul(x, ids)), np.array(single.gather_matmul(x, ids)))
+
+
+@pytest.mark.parametrize("parts", [2, 3])
+def test_parallel_cpu_streams_give_the_one_op_bits(rng, monkeypatch, parts):
+    """With spare cores the portable backend splits the selected experts over CPU streams (and
+    the grouped path runs its groups a round at a time): the same bits as one op on one stream,
+    for decode and prefill shapes, from another thread too."""
+    import threading
+
+    from ds4agent.engine import experts as experts_mod
+
+    qtype = quant.IQ2_XXS
+    raw, ref = _expert_raw(rng, qtype, e=6)
+    x = mx.array(rng.standard_normal((5, D_IN)).astype(np.float32))
+    ids = mx.array(rng.integers(0, 6, size=(5, 3)))
+    monkeypatch.setattr(experts_mod, "cpu_parts", lambda: 1)
+    single = QuantExperts(raw, qtype, (6, D_OUT, D_IN))
+    grouped = QuantExperts(raw, qtype, (6, D_OUT, D_IN), group_bytes=D_OUT * D_IN * 4)
+    want = np.array(single.gather_matmul(x, ids))
+    want_one = np.array(single.gather_matmul(x[:1], ids[:1]))
+    assert np.array_equal(np.array(grouped.gather_matmul(x, ids)), want)
+    monkeypatch.setattr(experts_mod, "cpu_parts", lambda: parts)
+    assert np.array_equal(np.array(single.gather_matmul(x, ids)), want)  # split over streams
+    assert np.array_equal(np.array(single.gather_matmul(x[:1], ids[:1])), want_one)  # decode
+    assert np.array_equal(np.array(grouped.gather_matmul(x, ids)), want)  # rounds of groups
+    box: dict = {}
+    worker = threading.Thread(target=lambda: box.setdefault("y", np.array(single.gather_matmul(x, ids))))
+    worker.start()
+    worker.join()
+    assert np.array_equal(box["y"], want)
