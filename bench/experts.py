@@ -53,6 +53,30 @@ def _time(fn, iters: int) -> float:
     return best
 
 
+def _decode_call(rng, x, iters: int) -> None:
+    """Context (no target): one decode-shaped call through 6 Q2_K experts, on as many CPU streams
+    as the portable backend uses here against one stream (experts.QuantExperts)."""
+    from ds4agent.engine import experts as experts_mod
+
+    parts = experts_mod.cpu_parts()
+    if parts < 2:
+        return
+    block, size, _name = quant.BLOCK_INFO[quant.Q2_K]
+    raw = _blocks(rng, quant.Q2_K, 6 * D_OUT * D_IN // block).reshape(6, D_OUT, D_IN // block * size)
+    ex = quant_experts(raw, quant.Q2_K, (6, D_OUT, D_IN), backend="portable")
+    ids = mx.array([[0, 1, 2, 3, 4, 5]])
+    timings = {}
+    real = experts_mod.cpu_parts
+    try:
+        for n in (1, parts):
+            experts_mod.cpu_parts = lambda n=n: n
+            timings[n] = _time(lambda: ex.gather_matmul(x, ids), max(1, iters // 3))
+    finally:
+        experts_mod.cpu_parts = real
+    print(f"decode call, 6 Q2_K experts: {timings[1] * 1e3:.1f} ms on one CPU stream, "
+          f"{timings[parts] * 1e3:.1f} ms on {parts} ({timings[1] / timings[parts]:.2f}x)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=10)
@@ -82,6 +106,8 @@ def main(argv=None) -> int:
         ratio = tq / tf
         worst = max(worst, ratio)
         print(f"{name:<9}{tq * 1e3:>10.3f}{tf * 1e3:>9.3f}{ratio:>8.2f}{qbytes / tq / 1e9:>12.2f}{fbytes / tf / 1e9:>10.2f}")
+    if not metal:
+        _decode_call(rng, x, args.iters)
     if limit is None:
         print("no target for the portable backend (correctness fallback); worst ratio "
               f"{worst:.2f}")
