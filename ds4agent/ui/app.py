@@ -88,7 +88,12 @@ class Ds4App(App):
         self._want_picker = False
         self._quitting = False
         self._exit_status = 0                  # 1 once the agent stopped on a fatal error
-        self._think_gen_start = 0
+        # The last conversation block before a user-issued /new, /load or picker choice: when the
+        # switch happens, everything up to it is cleared (a new session starts a clean view) while
+        # what the command itself printed after it (e.g. "saved session …" from the save
+        # question) stays. None: nothing to clear (an agent-initiated resume keeps the start-up lines).
+        self._switch_mark: Any = None
+        self._switch_pending = False
         self.events_seen = 0                   # raw agent events handled (the benchmark reads it)
 
     # ------------------------------------------------------------------ layout
@@ -192,24 +197,20 @@ class Ds4App(App):
             card.tick()
 
     def _end_thinking(self) -> None:
-        block = self.conversation.thinking
-        if block is not None and block.streaming:
-            block.finish(max(0, self.status_model.gen_tokens - self._think_gen_start))
+        # The deltas carry their token counts (merged deltas the sum), so the block's own count is
+        # exact; the rate-limited Status.generated is not used for it.
+        self.conversation.end_thinking()
 
     async def _handle(self, e: ev.Event, n: int) -> None:  # noqa: C901 - one dispatch table, in order
         conv = self.conversation
         s = self.status_model
         if isinstance(e, ev.Status):
-            self._apply_status(e)
+            s.apply_status(e)
+            self.status_bar.mark()
         elif isinstance(e, ev.PrefillProgress):
-            s.set_state("prefill", s.detail if s.state == "prefill" else "")
-            s.prefill_done, s.prefill_total, s.prefill_tps = e.done, e.total, e.tps
-            if e.tps > 0:
-                s.last_prefill_tps = e.tps
+            s.apply_prefill(e)
             self.status_bar.mark()
         elif isinstance(e, ev.ThinkingDelta):
-            if conv.thinking is None or not conv.thinking.streaming:
-                self._think_gen_start = s.gen_tokens
             await conv.thinking_delta(e.text, n)
         elif isinstance(e, ev.TextDelta):
             self._end_thinking()
@@ -232,6 +233,7 @@ class Ds4App(App):
         elif isinstance(e, ev.Question):
             self._ask_question(e)
         elif isinstance(e, ev.UserTurn):
+            self._switch_pending = False  # the switch did not happen (cancelled or failed)
             await conv.user(e.text, queued=e.queued)
         elif isinstance(e, ev.RoundStarted):
             conv.new_round()
@@ -260,15 +262,20 @@ class Ds4App(App):
             s.session_id, s.title, s.dirty = e.short_id, e.title, False
             self.status_bar.mark()
         elif isinstance(e, ev.SessionLoaded):
-            s.session_id, s.title, s.ctx_used = e.short_id, e.title, e.tokens
+            s.switch_session(e.short_id, e.title, e.tokens)
             self.status_bar.mark()
-            verb = "resumed" if e.resumed else "loaded"
-            await conv.note(f"{verb} session {e.short_id} ({e.tokens} tokens)", "info")
-            if e.history:
+            await self._clear_for_switch()
+            # The agent follows with its own "switched to session …" / "resumed …" notice.
+            turns = sum(1 for item in e.history if item.kind == "user")
+            if turns:
+                label = f'session {e.short_id} "{fmt.clip(e.title, 48)}"' if e.title else f"session {e.short_id}"
+                await conv.note(f"--- {label}: last {turns} user turn(s) ---", "muted")
                 await conv.history(e.history)
+                await conv.note("--- end history ---", "muted")
         elif isinstance(e, ev.SessionNew):
-            s.session_id, s.title = "", ""
+            s.switch_session()
             self.status_bar.mark()
+            await self._clear_for_switch()
             await conv.note("new session", "info")
         elif isinstance(e, ev.SessionList):
             await self._session_list(e)
@@ -294,26 +301,6 @@ class Ds4App(App):
                 s.state = "error"
                 s.detail = s.detail or "the agent stopped"
                 self.status_bar.mark()
-
-    def _apply_status(self, e: ev.Status) -> None:
-        s = self.status_model
-        state = e.state.value if hasattr(e.state, "value") else str(e.state)
-        s.set_state(state, e.detail)
-        if e.progress is not None and state == "loading":
-            s.load_fraction = e.progress
-        s.ctx_used, s.ctx_total = e.ctx_used, e.ctx_total
-        if e.ctx_total > 0 and e.compact_at > 0:
-            s.compact_at = e.compact_at / e.ctx_total
-        s.gen_tokens = e.generated
-        s.decode_tps = e.decode_tps
-        if e.decode_tps > 0:
-            s.last_decode_tps = e.decode_tps
-        if e.prefill_tps > 0:
-            s.prefill_tps = s.last_prefill_tps = e.prefill_tps
-        s.dirty = e.unsaved
-        s.session_id, s.title = e.session_id, e.title
-        s.think_mode, s.permission = e.think_mode, e.permission_mode
-        self.status_bar.mark()
 
     # ------------------------------------------------------------------ questions
     # Screens are imported where they are first shown: they pull in Button, Input and DataTable,
@@ -395,22 +382,20 @@ class Ds4App(App):
                 agent.list_sessions()
         elif name == "load":
             if cmd.arg:
+                self._mark_switch()
                 agent.load(cmd.arg.split()[0])
             else:
                 self.action_picker()
         elif name == "history":
             agent.history(commands.history_count(cmd.arg))
         elif name == "new":
+            self._mark_switch()
             agent.new()
         elif name == "compact":
             agent.compact()
         elif name in ("think", "nothink"):
             mode = "nothink" if name == "nothink" else (cmd.arg or "think")
-            agent.set_think_mode(mode)
-            if mode in ("think", "nothink", "think-max"):
-                self.status_model.think_mode = mode
-                self.status_bar.mark()
-                await conv.note(f"think mode: {mode} (from the next turn)", "info")
+            agent.set_think_mode(mode)  # the agent confirms with a notice and a Status event
         elif name == "permissions":
             await self._permissions(cmd.arg)
         elif name == "copy":
@@ -424,24 +409,13 @@ class Ds4App(App):
             self.action_quit_request()
 
     async def _permissions(self, arg: str) -> None:
-        conv = self.conversation
         mode = arg.strip()
         if not mode:
-            await conv.note(f"permission mode: {self.status_model.permission} (ask, auto, read-only)", "info")
+            await self.conversation.note(
+                f"permission mode: {self.status_model.permission} (ask, auto, read-only)", "info")
             return
-        if mode not in ("ask", "auto", "read-only"):
-            await conv.note(f"unknown permission mode: {mode} (ask, auto, read-only)", "error")
-            return
-        setter = getattr(self.agent, "set_permission_mode", None)
-        if setter is None:
-            # The agent facade has no setter yet: say so instead of pretending (restart works).
-            await conv.note(f"cannot change the permission mode while running; restart with --permission {mode}",
-                            "error")
-            return
-        setter(mode)
-        self.status_model.permission = mode
-        self.status_bar.mark()
-        await conv.note(f"permission mode: {mode}", "info")
+        # The agent checks the mode and confirms with a notice and a Status event (or an error).
+        self.agent.set_permission_mode(mode)
 
     async def _session_list(self, e: ev.SessionList) -> None:
         if self._want_picker:
@@ -465,7 +439,18 @@ class Ds4App(App):
 
     def _picked(self, session_id: str | None) -> None:
         if session_id and self.agent is not None:
+            self._mark_switch()
             self.agent.load(session_id)
+
+    def _mark_switch(self) -> None:
+        children = self.conversation.children
+        self._switch_mark = children[-1] if children else None
+        self._switch_pending = True
+
+    async def _clear_for_switch(self) -> None:
+        if self._switch_pending:
+            self._switch_pending = False
+            await self.conversation.clear_through(self._switch_mark)
 
     def _delete_session(self, session_id: str) -> str | None:
         """Deletes through the agent when it offers it; returns an error line otherwise."""

@@ -2,7 +2,7 @@
 
 The agent's worker may publish an event per decoded token; the UI takes whatever is queued at most
 `DRAIN_HZ` times a second and merges runs that only append (text, thinking, one tool argument,
-compaction summary) or only overwrite (status, prefill progress). Order between different kinds
+compaction summary) or only overwrite (status of one state, prefill progress). Order between different kinds
 is kept, so a tool card never appears before the text that preceded it. Pure Python: the plain
 mode uses it too.
 """
@@ -49,7 +49,9 @@ def coalesce(events: Iterable[ev.Event]) -> list[tuple[ev.Event, int]]:
                     texts.append(e.text)  # type: ignore[attr-defined]
                     out[-1] = (last, n + weight(e))
                     continue
-                if t in (ev.Status, ev.PrefillProgress):
+                # Status events of one state overwrite each other; a change of state is kept, so
+                # e.g. the decode speed of a `generating` Status is seen before the next state's.
+                if t is ev.PrefillProgress or (t is ev.Status and e.state == last.state):  # type: ignore[attr-defined]
                     flush()
                     out[-1] = (e, n + 1)
                     continue

@@ -13,6 +13,9 @@ from pathlib import Path
 # Context share at which the agent's soft compaction starts (agent-reference.md §8). The status bar
 # draws the threshold; the agent may report its own value in a status event, which then wins.
 DEFAULT_COMPACT_AT = 0.85
+# A prefill shorter than this is not used as "the last prefill speed": its rate is mostly fixed
+# per-call overhead (the one-token sync before a save reads as "prefill 34 t/s").
+MIN_RATE_TOKENS = 32
 
 STATE_WORDS = {
     "loading": "loading model",
@@ -119,6 +122,46 @@ class StatusState:
             self.prefill_tps = 0.0
         self.state, self.detail = state, detail
 
+    # -- the agent's events (both front ends apply them the same way) ---------------------------
+    def apply_status(self, e) -> None:
+        """A Status event. Its speed fields are the worker's *latest* measurements, which stay set
+        after the work that produced them (a load or /new still reports the startup prefill), so
+        the decode speed is taken only while generating or compacting, and the prefill speed only
+        from PrefillProgress (apply_prefill): the bar never shows a rate nothing just measured."""
+        state = e.state.value if hasattr(e.state, "value") else str(e.state)
+        self.set_state(state, e.detail)
+        if e.progress is not None and state == "loading":
+            self.load_fraction = e.progress
+        self.ctx_used, self.ctx_total = e.ctx_used, e.ctx_total
+        if e.ctx_total > 0 and e.compact_at > 0:
+            self.compact_at = e.compact_at / e.ctx_total
+        self.gen_tokens = e.generated
+        live = state in ("generating", "compacting")
+        self.decode_tps = e.decode_tps if live else 0.0
+        if live and e.decode_tps > 0:
+            self.last_decode_tps = e.decode_tps
+        self.dirty = e.unsaved
+        self.session_id, self.title = e.session_id, e.title
+        self.think_mode, self.permission = e.think_mode, e.permission_mode
+
+    def apply_prefill(self, e) -> None:
+        """A PrefillProgress event: the live bar, and the speed kept for the idle status line when
+        the prefill was long enough to mean something (a one-token sync before a save measures
+        call overhead, not prefill speed)."""
+        self.set_state("prefill", self.detail if self.state == "prefill" else "")
+        self.prefill_done, self.prefill_total, self.prefill_tps = e.done, e.total, e.tps
+        if e.tps > 0 and e.total >= MIN_RATE_TOKENS:
+            self.last_prefill_tps = e.tps
+
+    def switch_session(self, session_id: str = "", title: str = "", ctx_used: int | None = None) -> None:
+        """A loaded or new session: its speeds are not the previous session's (a load prefills
+        nothing), so the status line shows none until this session measures its own."""
+        self.session_id, self.title = session_id, title
+        if ctx_used is not None:
+            self.ctx_used = ctx_used
+        self.last_prefill_tps = self.last_decode_tps = 0.0
+        self.prefill_tps = self.decode_tps = 0.0
+
 
 def state_segment(s: StatusState) -> str:
     """The state word with its live detail (prefill bar, decode speed, error text)."""
@@ -152,14 +195,12 @@ def state_segment(s: StatusState) -> str:
     return STATE_WORDS.get(s.state, s.state)
 
 
-def ctx_segment(s: StatusState, cells: int = 8) -> str:
+def ctx_segment(s: StatusState, cells: int = 8, *, threshold: bool = True) -> str:
     if s.ctx_total <= 0:
         return "ctx –"
     frac = s.ctx_used / s.ctx_total
-    return (
-        f"ctx {human_count(s.ctx_used)}/{human_count(s.ctx_total)} {bar(frac, cells)} "
-        f"{frac * 100:.0f}% (compact at {s.compact_at * 100:.0f}%)"
-    )
+    text = f"ctx {human_count(s.ctx_used)}/{human_count(s.ctx_total)} {bar(frac, cells)} {frac * 100:.0f}%"
+    return text + f" (compact at {s.compact_at * 100:.0f}%)" if threshold else text
 
 
 def speed_segment(s: StatusState) -> str:

@@ -60,7 +60,6 @@ class PlainRenderer:
         self.at_line_start = True
         self.think_started = 0.0
         self.think_tokens = 0
-        self.think_gen_start = 0
         self.last_answer: list[str] = []
         self.answer_text = ""
         self.tool_names: dict[int, str] = {}
@@ -82,8 +81,8 @@ class PlainRenderer:
             secs = self.clock() - self.think_started
             if not self.at_line_start:
                 self.out("\n", "thinking")
-            tokens = max(self.think_tokens, self.status.gen_tokens - self.think_gen_start)
-            self.out(f"(thought for {secs:.1f} s, {tokens} tokens)\n", "muted")
+            tokens = self.think_tokens  # exact: the deltas carry their token counts
+            self.out(f"(thought for {secs:.1f} s, {tokens} token{'' if tokens == 1 else 's'})\n", "muted")
         elif self.mode == "text" and not self.at_line_start:
             self.out("\n")
         self.mode = None
@@ -91,22 +90,9 @@ class PlainRenderer:
     def handle(self, e: ev.Event, n: int = 1) -> None:  # noqa: C901 - one dispatch, in order
         s = self.status
         if isinstance(e, ev.Status):
-            s.set_state(e.state.value if hasattr(e.state, "value") else str(e.state), e.detail)
-            if e.progress is not None:
-                s.load_fraction = e.progress
-            s.ctx_used, s.ctx_total = e.ctx_used, e.ctx_total
-            if e.ctx_total and e.compact_at:
-                s.compact_at = e.compact_at / e.ctx_total
-            s.gen_tokens, s.decode_tps = e.generated, e.decode_tps
-            if e.decode_tps > 0:
-                s.last_decode_tps = e.decode_tps
-            if e.prefill_tps > 0:
-                s.last_prefill_tps = e.prefill_tps
-            s.dirty, s.session_id, s.title = e.unsaved, e.session_id, e.title
-            s.think_mode, s.permission = e.think_mode, e.permission_mode
+            s.apply_status(e)
         elif isinstance(e, ev.PrefillProgress):
-            s.set_state("prefill", s.detail if s.state == "prefill" else "")
-            s.prefill_done, s.prefill_total, s.prefill_tps = e.done, e.total, e.tps
+            s.apply_prefill(e)
         elif isinstance(e, ev.UserTurn):
             self.close_stream()
             self.answer_text = ""
@@ -118,7 +104,6 @@ class PlainRenderer:
                 self.mode = "thinking"
                 self.think_started = self.clock()
                 self.think_tokens = 0
-                self.think_gen_start = self.status.gen_tokens
                 e_text = e.text.lstrip("\n")
             else:
                 e_text = e.text
@@ -174,12 +159,16 @@ class PlainRenderer:
         elif isinstance(e, ev.SessionSaved):
             s.session_id, s.title, s.dirty = e.short_id, e.title, False
         elif isinstance(e, ev.SessionLoaded):
-            s.session_id, s.title = e.short_id, e.title
-            self.line(f"{'resumed' if e.resumed else 'loaded'} session {e.short_id} ({e.tokens} tokens)", "muted")
-            self.replay(e.history)
+            s.switch_session(e.short_id, e.title, e.tokens)
+            # The agent follows with its own "switched to session …" / "resumed …" notice.
+            turns = sum(1 for item in e.history if item.kind == "user")
+            if turns:
+                self.line(f"--- session {e.short_id}: last {turns} user turn(s) ---", "muted")
+                self.replay(e.history)
+                self.line("--- end history ---", "muted")
         elif isinstance(e, ev.SessionNew):
-            s.session_id = s.title = ""
-            self.line("new session", "muted")
+            s.switch_session()
+            self.line("─" * 40 + " new session", "muted")
         elif isinstance(e, ev.SessionList):
             self.print_sessions(e)
         elif isinstance(e, ev.History):
@@ -275,16 +264,10 @@ class PlainFrontEnd:
             a.set_think_mode(mode)
         elif name == "permissions":
             mode = cmd.arg.strip()
-            setter = getattr(a, "set_permission_mode", None)
             if not mode:
                 r.line(f"permission mode: {r.status.permission} (ask, auto, read-only)", "muted")
-            elif mode not in ("ask", "auto", "read-only"):
-                r.line(f"unknown permission mode: {mode} (ask, auto, read-only)", "error")
-            elif setter is None:
-                r.line(f"cannot change the permission mode while running; restart with --permission {mode}", "error")
             else:
-                setter(mode)
-                r.status.permission = mode
+                a.set_permission_mode(mode)  # the agent checks it and confirms (notice + Status)
         elif name == "copy":
             text = "\n".join(r.last_answer)
             if not text:

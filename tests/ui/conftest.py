@@ -55,7 +55,10 @@ async def wait_until(pilot, cond, timeout: float = 15.0, what: str = "condition"
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            # what a person would have seen, so a CI failure can be read without rerunning
+            from tests.ui.screen_text import screen_text
+
+            raise AssertionError(f"timed out waiting for {what}; the screen:\n{screen_text(pilot.app)}")
         await pilot.pause(0.02)
     await pilot.pause(0.03)  # let what the condition saw reach the screen
 

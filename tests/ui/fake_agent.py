@@ -98,6 +98,9 @@ class FakeAgent:
     def set_think_mode(self, mode: str) -> None:
         self.calls.append(("think", mode))
 
+    def set_permission_mode(self, mode: str) -> None:
+        self.calls.append(("permissions", mode))
+
     def quit(self) -> None:
         self.calls.append(("quit",))
         self.emit(ev.Exited(0))

@@ -36,7 +36,9 @@ def _turn_events(clock) -> list[ev.Event]:
                        output_path="/tmp/out", total_bytes=40, total_lines=2, duration=3.1)
     return [
         ev.UserTurn("Fix the flaky retry test in tests/test_client.py"),
-        status("generating", generated=1),
+        # speeds reach the status line from a real prefill and from decoding, not from idle Status
+        ev.PrefillProgress(2048, 2048, 412.0),
+        status("generating", generated=1, decode_tps=23.1),
         *[ev.ThinkingDelta(w) for w in "The retry delay looks linear; read the client first.".split(" ")],
         ev.ToolCallStart(0, "read"), ev.ToolCallEnd(0, "read", {"path": "src/client.py"}),
         ev.ToolResult(0, "read", True, "1: x", TextDisplay("212 lines", "1: x")),
@@ -59,7 +61,7 @@ def test_snapshot_conversation(snap_compare):
 
     async def run_before(pilot):
         events = _turn_events(app.clock)
-        n_think = 2 + 9  # the user turn, a status, nine thinking deltas
+        n_think = 3 + 9  # the user turn, a prefill, a status, nine thinking deltas
         agent.emit(*events[:n_think])
         await _settle(pilot, app, lambda: app.conversation.thinking is not None)
         app.clock.t += 4.2

@@ -82,6 +82,17 @@ class ThinkingBlock(Static):
         self.tokens = 0
         self.streaming = True
         self.expanded = False
+        self.replayed = False  # from a saved transcript: no timing, and the UI has no token count
+
+    @classmethod
+    def replay(cls, clock: Callable[[], float], text: str, *, expanded: bool) -> ThinkingBlock:
+        block = cls(clock)
+        block._parts.append(text)
+        block.streaming = False
+        block.replayed = True
+        block.expanded = expanded
+        block._redraw()
+        return block
 
     @property
     def text(self) -> str:
@@ -120,12 +131,16 @@ class ThinkingBlock(Static):
             return
         arrow = "▾" if self.expanded else "▸"
         hint = "" if self.expanded else "  [dim]ctrl+t[/dim]"
-        line = Content.from_markup(
-            f"[$text-muted]{arrow} $verb $secs s ($toks tokens){hint}[/]",
-            verb=self.LABELS[self.kind][1],
-            secs=f"{self.seconds:.1f}",
-            toks=str(self.tokens),
-        )
+        if self.replayed:
+            # A saved transcript keeps the reasoning text but not how long it took.
+            line = Content.from_markup(f"[$text-muted]{arrow} Thought{hint}[/]")
+        else:
+            line = Content.from_markup(
+                f"[$text-muted]{arrow} $verb $secs s ($toks){hint}[/]",
+                verb=self.LABELS[self.kind][1],
+                secs=f"{self.seconds:.1f}",
+                toks=f"{self.tokens} token" + ("" if self.tokens == 1 else "s"),
+            )
         if self.expanded and self.text.strip():
             line = Content("\n").join([line, Content.styled(self.text.strip("\n"), "$text-muted italic")])
         self.update(line)
@@ -373,6 +388,19 @@ class Conversation(VerticalScroll, can_focus=False):
         await self.remove_children(children[: excess + 1])
         await self.mount(Note("… earlier output hidden (/history N replays it)", "muted"), before=0)
 
+    async def clear_through(self, last) -> None:
+        """Remove every block up to and including `last` (None: nothing) and forget the running
+        turn's widgets: a new or loaded session starts a clean view."""
+        await self.close_streams()
+        children = list(self.children)
+        if last is not None and last in children:
+            await self.remove_children(children[: children.index(last) + 1])
+        self.thinking = None
+        self.cards = {}
+        self._turn_answer = []
+        self.last_answer_text = ""
+        self.anchor()
+
     def toggle_card(self, card: ToolCard | None = None) -> None:
         if card is None:
             cards = list(self.query(ToolCard))
@@ -391,14 +419,10 @@ class Conversation(VerticalScroll, can_focus=False):
             if item.kind == "user":
                 await self.mount(UserMessage(item.text))
             elif item.kind == "thinking":
-                block = ThinkingBlock(self.clock)
-                block.append(item.text, 0)
-                block.streaming = False
-                block.expanded = self.thinking_expanded
-                block._redraw()
-                await self.mount(block)
+                await self.mount(ThinkingBlock.replay(self.clock, item.text, expanded=self.thinking_expanded))
             elif item.kind == "text":
                 if item.text.strip():
+                    self.last_answer_text = item.text.strip()  # /copy works right after a load
                     msg = AssistantMessage()
                     msg.text_parts.append(item.text)
                     await self.mount(msg)

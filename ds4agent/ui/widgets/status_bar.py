@@ -39,24 +39,41 @@ class StatusBar(Static):
     def mark(self) -> None:
         self.dirty = True
 
+    def on_resize(self) -> None:
+        self.draw()
+
     def draw_if_dirty(self) -> None:
         if self.dirty:
             self.draw()
 
     def draw(self) -> None:
-        s = self.model
         self.dirty = False
         self.renders += 1
+        self.update(self.fitted(self.size.width))  # the content width (padding excluded)
+
+    def fitted(self, width: int) -> Content:
+        """The fullest status line that fits `width` cells: a narrow terminal first drops the think
+        and permission modes (the header shows them too), then the last speeds, then the compaction
+        threshold, so the state, the context meter and the saved mark always stay readable."""
+        s = self.model
         sep = Content.from_markup(" [$text-muted]·[/] ")
-        parts = [Content.styled(fmt.state_segment(s), STATE_STYLE.get(s.state, "b"))]
-        parts.append(Content(fmt.ctx_segment(s)))
+        state = Content.styled(fmt.state_segment(s), STATE_STYLE.get(s.state, "b"))
+        saved = Content.styled(fmt.saved_segment(s), "$text-warning" if s.dirty else "$text-success")
         speed = fmt.speed_segment(s)
-        if speed:
-            parts.append(Content.styled(speed, "$text-muted"))
-        parts.append(Content.styled(fmt.saved_segment(s), "$text-warning" if s.dirty else "$text-success"))
-        # Also in the header; repeated last here so a narrow terminal cuts these first.
-        parts.append(Content.styled(f"{s.think_mode} · {s.permission}", "$text-muted"))
-        self.update(sep.join(parts))
+        speed_part = [Content.styled(speed, "$text-muted")] if speed else []
+        modes = Content.styled(f"{s.think_mode} · {s.permission}", "$text-muted")
+        full_ctx, short_ctx = Content(fmt.ctx_segment(s)), Content(fmt.ctx_segment(s, threshold=False))
+        variants = (
+            [state, full_ctx, *speed_part, saved, modes],
+            [state, full_ctx, *speed_part, saved],
+            [state, full_ctx, saved],
+            [state, short_ctx, saved],
+        )
+        for parts in variants:
+            line = sep.join(parts)
+            if width <= 0 or line.cell_length <= width:
+                return line
+        return line
 
     @property
     def plain(self) -> str:
@@ -86,7 +103,7 @@ class HeaderLine(Static):
             session=fmt.session_label(s.session_id, s.title),
         )
         right = Content.from_markup("[$text-muted]$think · $perm[/]", think=s.think_mode, perm=s.permission)
-        width = max(0, self.size.width - 2)
+        width = self.size.width  # the content width (padding excluded)
         gap = max(1, width - left.cell_length - right.cell_length)
         self.update(left + Content(" " * gap) + right)
 
