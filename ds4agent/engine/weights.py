@@ -69,7 +69,11 @@ def cpu_layout() -> bool:
 # split: below that, the extra ops cost more than a second core gains.
 _PARALLEL_MIN_MACS = 1 << 22
 _MAX_PARTS = 8
-_STREAMS: list = []  # ThreadLocalStream objects: every driving thread gets its own CPU streams
+# ThreadLocalStream objects: every thread that drives the engine gets its own CPU streams (safe
+# when two threads run sessions at once). MLX keeps a stream's worker thread for the life of the
+# process, as it does every thread's default stream, so drive the engine from long-lived threads
+# (the agent has one worker), not a fresh thread per call.
+_STREAMS: list = []
 
 
 def cpu_parts() -> int:
