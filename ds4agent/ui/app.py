@@ -37,6 +37,9 @@ from ds4agent.ui.widgets.status_bar import HeaderLine, StatusBar
 
 QUIT_WINDOW_S = 2.0       # a second Ctrl+C on an empty idle prompt within this quits
 SPINNER_INTERVAL = 0.125  # 8 Hz: the only animation faster than 4 Hz (ui.md)
+# A question that opens on its own (permission, resume) ignores keys until the user has paused
+# typing this long: faster than anyone reads a question, slower than the gap between typed keys.
+TYPEAHEAD_GRACE_S = 0.5
 
 
 class Ds4App(App):
@@ -69,6 +72,7 @@ class Ds4App(App):
         ctx: int = 0,
         think_mode: str = "think",
         permission: str = "ask",
+        typeahead_grace: float = TYPEAHEAD_GRACE_S,
     ) -> None:
         super().__init__()
         if agent is None and agent_factory is None:
@@ -81,6 +85,8 @@ class Ds4App(App):
         self.clock = clock
         self.now = now
         self.animate = animate
+        self.typeahead_grace = typeahead_grace
+        self.last_typing = float("-inf")        # clock() of the last key typed (screens/TypeaheadGuard)
         self.status_model = fmt.StatusState(ctx_total=ctx, think_mode=think_mode, permission=permission)
         self._pre_agent: list[str] = []       # sent before the agent object existed
         self._in_flight = False                # a drained batch is still being drawn
@@ -324,11 +330,16 @@ class Ds4App(App):
             self.screen.dismiss(None)
 
     def _ask_question(self, e: ev.Question) -> None:
-        from ds4agent.ui.screens.question import QuestionScreen
+        from ds4agent.ui.screens.question import GuardedQuestionScreen, QuestionScreen
 
         keys = [k for k, _ in e.options] or ["y", "n"]
         options = e.options or (("y", "yes"), ("n", "no"))
-        escape = "c" if "c" in keys else ("n" if e.kind != "save" else None)
+        # Esc means "not now": cancel (stay) where offered, "n" for "Continue anyway?" (= stay);
+        # never "discard" for the resume question, and nothing for a save question without cancel.
+        escape = "c" if "c" in keys else ("n" if e.kind == "continue" else None)
+        # The save / continue questions answer a command the user just gave (/quit, /new):
+        # typing "y" right after it is meant for them. The resume question opens on its own.
+        screen = GuardedQuestionScreen if e.kind == "resume" else QuestionScreen
 
         def answered(key: str | None) -> None:
             if self.agent is not None and key is not None:
@@ -336,7 +347,7 @@ class Ds4App(App):
                 if e.kind == "save" and key == "c":
                     self._quitting = False
 
-        self.push_screen(QuestionScreen(e.question, options, escape_key=escape), answered)
+        self.push_screen(screen(e.question, options, escape_key=escape), answered)
 
     # ------------------------------------------------------------------ input
     def on_text_area_changed(self, event) -> None:

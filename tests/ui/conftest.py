@@ -30,6 +30,7 @@ def make_fake_app(agent: FakeAgent | None = None, **kw) -> tuple[Ds4App, FakeAge
     kw.setdefault("clock", StepClock())
     kw.setdefault("now", lambda: 1_700_000_000.0)
     kw.setdefault("ctx", 16384)
+    kw.setdefault("typeahead_grace", 0.0)  # tests press keys faster than a person; one test sets it
     return Ds4App(agent=agent, **kw), agent
 
 

@@ -15,7 +15,8 @@ from tests.ui.screen_text import screen_text
 
 
 def _app(agent) -> Ds4App:
-    return Ds4App(agent=agent, cwd="/tmp/work", history=History(persist=False), animate=False, ctx=16384)
+    return Ds4App(agent=agent, cwd="/tmp/work", history=History(persist=False), animate=False, ctx=16384,
+                  typeahead_grace=0.0)
 
 
 def _idle(app) -> bool:

@@ -432,6 +432,35 @@ async def test_resume_question_from_the_agent_is_answered_by_key():
         await wait_until(pilot, lambda: agent.answers == [("q-1", "y", "")])
 
 
+async def test_questions_that_pop_up_while_typing_are_not_answered_by_the_typing():
+    app, agent = make_fake_app(typeahead_grace=0.5)
+    clock = app.clock
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("s", "a")
+        # a permission question opens while the user is still typing a follow-up message
+        agent.emit(ev.PermissionRequest("p-1", "bash", "Allow bash?", "rm -rf build"))
+        await wait_until(pilot, lambda: isinstance(app.screen, PermissionScreen))
+        await pilot.press("y", "s", "enter")      # "yes" would have allowed it, Enter would have too
+        await pilot.pause(0.05)
+        assert agent.answers == [] and isinstance(app.screen, PermissionScreen)
+        assert app.input.text == "says"           # the typing went on into the editor
+        clock.t += 0.6                            # the user stops, reads, answers
+        await pilot.press("n")
+        await wait_until(pilot, lambda: agent.answers == [("p-1", "n", "")])
+        # the resume question at start-up: typing does not discard the journal, nor does Esc
+        await pilot.press("o")
+        agent.emit(ev.Question("q-2", "resume", "Resume the unsaved session?", (("y", "resume"), ("n", "discard"))))
+        await wait_until(pilot, lambda: isinstance(app.screen, QuestionScreen))
+        await pilot.press("n", "e")
+        clock.t += 0.6
+        await pilot.press("escape")
+        await pilot.pause(0.05)
+        assert agent.answers == [("p-1", "n", "")] and isinstance(app.screen, QuestionScreen)
+        await pilot.press("y")
+        await wait_until(pilot, lambda: agent.answers[-1] == ("q-2", "y", ""))
+        assert app.input.text == "saysone"
+
+
 async def test_compaction_streams_a_dim_summary_and_reports_the_result():
     app, agent = make_fake_app()
     async with app.run_test(size=(100, 24)) as pilot:

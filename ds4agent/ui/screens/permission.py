@@ -14,7 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
 
 from ds4agent.ui import toolview
-from ds4agent.ui.screens import MODALS_TCSS
+from ds4agent.ui.screens import MODALS_TCSS, TypeaheadGuard
 from ds4agent.ui.widgets.conversation import body_content
 
 DEFAULT_OPTIONS = (("y", "allow once"), ("s", "allow for this session"), ("n", "deny"))
@@ -33,7 +33,7 @@ def detail_content(detail: str) -> Content:
     return Content("\n").join([Content(ln) for ln in lines])
 
 
-class PermissionScreen(ModalScreen[tuple[str, str]]):
+class PermissionScreen(TypeaheadGuard, ModalScreen[tuple[str, str]]):
     """Dismisses with (answer key, message)."""
 
     CSS_PATH = MODALS_TCSS
@@ -71,6 +71,8 @@ class PermissionScreen(ModalScreen[tuple[str, str]]):
                 event.stop()
                 self.query_one("#deny-message", Input).display = False
                 self.set_focus(None)
+            return
+        if self.swallow_typeahead(event):
             return
         key = event.character or event.key
         if key in self._keys:

@@ -8,11 +8,13 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from ds4agent.ui.screens import MODALS_TCSS
+from ds4agent.ui.screens import MODALS_TCSS, TypeaheadGuard
 
 
 class QuestionScreen(ModalScreen[str]):
     """Dismisses with the chosen option key; Esc gives `escape_key` (None: Esc does nothing)."""
+
+
 
     CSS_PATH = MODALS_TCSS
 
@@ -47,3 +49,12 @@ class QuestionScreen(ModalScreen[str]):
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss((event.button.id or "").removeprefix("answer-"))
+
+
+class GuardedQuestionScreen(TypeaheadGuard, QuestionScreen):
+    """A question the user did not just ask for (the resume question): typing does not answer it."""
+
+    def on_key(self, event) -> None:
+        # Textual then runs QuestionScreen.on_key too (handlers run along the MRO) unless the key
+        # was swallowed, which prevents the default.
+        self.swallow_typeahead(event)
