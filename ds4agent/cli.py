@@ -72,10 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_model(parser)
     _add_kv_dir(parser)
-    parser.add_argument("--ctx", type=int, default=100_000, metavar="N",
+    # Short aliases and defaults as in the reference ds4-agent (agent-reference.md §2).
+    parser.add_argument("-c", "--ctx", type=int, default=100_000, metavar="N",
                         help="context size in tokens (default: 100000)")
-    parser.add_argument("--tokens", type=int, default=32_768, metavar="N", dest="round_tokens",
-                        help="most tokens the model may generate in one round (default: 32768)")
+    parser.add_argument("-n", "--tokens", type=int, default=50_000, metavar="N", dest="round_tokens",
+                        help="most tokens the model may generate in one assistant round, further "
+                        "capped by the room left in the context (default: 50000)")
     think = parser.add_mutually_exclusive_group()
     think.add_argument("--think", dest="think_mode", action="store_const", const="think",
                        help="reasoning on (default)")
@@ -92,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--permission", choices=("ask", "auto", "read-only"), default="ask",
                         help="ask before bash and file changes (default), run everything "
                         "without asking (auto), or refuse bash and writes (read-only)")
-    parser.add_argument("--system", metavar="TEXT", default=None,
+    parser.add_argument("-sys", "--system", metavar="TEXT", default=None,
                         help="extra system text appended to the built-in instructions")
     parser.add_argument("--trace", metavar="FILE", default=None,
                         help="write a timestamped token-level trace of the session to FILE")

@@ -26,3 +26,12 @@ def test_closed_pipe_is_a_quiet_exit(tmp_path):
                        env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
     assert r.returncode == 141
     assert r.stderr == ""
+
+
+def test_reference_short_flags_and_defaults():
+    from ds4agent.cli import build_parser
+
+    args = build_parser().parse_args(["-c", "4096", "-n", "7", "-sys", "be brief"])
+    assert (args.ctx, args.round_tokens, args.system) == (4096, 7, "be brief")
+    defaults = build_parser().parse_args([])
+    assert (defaults.ctx, defaults.round_tokens, defaults.min_p, defaults.think_mode) == (100_000, 50_000, 0.05, "think")

@@ -16,7 +16,7 @@ THINK_MAX_MIN_CTX = 393_216
 @dataclass
 class AgentSettings:
     ctx: int = 100_000
-    round_tokens: int = 32_768  # --tokens: most tokens sampled in one round (further capped by room)
+    round_tokens: int = 50_000  # --tokens: most tokens sampled in one round (further capped by room)
     think_mode: str = "think"
     temperature: float = 1.0
     top_p: float = 1.0
@@ -51,7 +51,7 @@ class AgentSettings:
         kv_dir = get("kv_dir", None)
         return cls(
             ctx=int(get("ctx", 100_000)),
-            round_tokens=int(get("round_tokens", 32_768)),
+            round_tokens=int(get("round_tokens", 50_000)),
             think_mode=get("think_mode", "think"),
             temperature=float(get("temp", 1.0)),
             top_p=float(get("top_p", 1.0)),
