@@ -114,6 +114,7 @@ class StatusState:
     title: str = ""
     dirty: bool = False
     queued: list[str] = field(default_factory=list)
+    _decode_seen: float = 0.0        # the decode speed in the last Status (stale ones repeat it)
 
     def set_state(self, state: str, detail: str = "") -> None:
         """Switch state; entering prefill forgets the previous prefill's progress (no stale bar)."""
@@ -126,8 +127,9 @@ class StatusState:
     def apply_status(self, e) -> None:
         """A Status event. Its speed fields are the worker's *latest* measurements, which stay set
         after the work that produced them (a load or /new still reports the startup prefill), so
-        the decode speed is taken only while generating or compacting, and the prefill speed only
-        from PrefillProgress (apply_prefill): the bar never shows a rate nothing just measured."""
+        the decode speed is taken while generating or compacting or when it changed, and the
+        prefill speed only from PrefillProgress (apply_prefill): the status line never shows a
+        rate that nothing just measured."""
         state = e.state.value if hasattr(e.state, "value") else str(e.state)
         self.set_state(state, e.detail)
         if e.progress is not None and state == "loading":
@@ -138,8 +140,11 @@ class StatusState:
         self.gen_tokens = e.generated
         live = state in ("generating", "compacting")
         self.decode_tps = e.decode_tps if live else 0.0
-        if live and e.decode_tps > 0:
+        # A round's final speed arrives with the next state's Status (a short round may send no
+        # `generating` Status with a speed at all): a value that changed is a new measurement.
+        if e.decode_tps > 0 and (live or e.decode_tps != self._decode_seen):
             self.last_decode_tps = e.decode_tps
+        self._decode_seen = e.decode_tps
         self.dirty = e.unsaved
         self.session_id, self.title = e.session_id, e.title
         self.think_mode, self.permission = e.think_mode, e.permission_mode

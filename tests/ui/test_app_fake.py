@@ -47,7 +47,7 @@ async def test_status_bar_rates_are_measured_ones_and_the_line_fits_the_width():
     app, agent = make_fake_app()
     async with app.run_test(size=(130, 20)) as pilot:
         # Status events keep the worker's last speeds; an idle one must not bring back stale rates
-        agent.emit(status("idle", prefill_tps=1430.0, decode_tps=35.6))
+        agent.emit(status("idle", prefill_tps=1430.0))   # the startup prefill speed, repeated
         await wait_until(pilot, lambda: app.status_model.state == "idle")
         assert "t/s" not in app.status_bar.plain
         agent.emit(ev.PrefillProgress(1, 1, 34.0))            # a one-token sync (before a save)

@@ -227,3 +227,22 @@ def test_plain_mode_and_shared_logic_do_not_import_textual():
             "print('textual' in sys.modules, 'prompt_toolkit' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]  # prompt_toolkit is imported only when the prompt starts
+
+
+def test_status_speeds_come_from_measurements_not_from_repeated_status_fields():
+    from tests.ui.fake_agent import status
+
+    s = fmt.StatusState()
+    s.apply_status(status("generating", decode_tps=0.0))
+    s.apply_status(status("idle", decode_tps=31.5))       # a short round: its speed comes with idle
+    assert s.last_decode_tps == 31.5 and s.decode_tps == 0.0
+    s.switch_session("abcd1234", "loaded")                 # a load measures nothing
+    s.apply_status(status("idle", decode_tps=31.5, prefill_tps=1430.0))   # the same stale fields
+    assert (s.last_decode_tps, s.last_prefill_tps) == (0.0, 0.0)
+    assert fmt.speed_segment(s) == ""
+    s.apply_prefill(ev.PrefillProgress(1, 1, 34.0))          # a one-token sync is not a prefill speed
+    assert s.last_prefill_tps == 0.0 and s.prefill_tps == 34.0
+    s.apply_prefill(ev.PrefillProgress(512, 512, 900.0))
+    s.apply_status(status("generating", decode_tps=20.0))
+    s.apply_status(status("idle", decode_tps=20.0))
+    assert fmt.speed_segment(s) == "prefill 900 t/s · decode 20.0 t/s"

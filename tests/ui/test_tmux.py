@@ -90,7 +90,7 @@ def test_tui_in_tmux_prompt_answer_status_and_quit(tmp_path, tiny_model):
         assert "Ask ds4agent…" in first
         tmux.wait_for(lambda s: _status_line(s).startswith("idle"), "model loaded and idle")
         tmux.type("say hi")
-        tmux.wait_for(lambda s: "say hi" in s, "the typed prompt", timeout=10)
+        tmux.wait_for(lambda s: "say hi" in s, "the typed prompt", timeout=30)
         tmux.key("Enter")
         screen = tmux.wait_for(lambda s: "› say hi" in s and _status_line(s).startswith("idle")
                                and "unsaved ●" in s, "the answer")
