@@ -274,8 +274,8 @@ class Ds4App(App):
             # The agent follows with its own "switched to session …" / "resumed …" notice.
             turns = sum(1 for item in e.history if item.kind == "user")
             if turns:
-                label = f'session {e.short_id} "{fmt.clip(e.title, 48)}"' if e.title else f"session {e.short_id}"
-                await conv.note(f"--- {label}: last {turns} user turn(s) ---", "muted")
+                await conv.note(f"--- {fmt.history_label(e.short_id, e.title)}: last {turns} user turn(s) ---",
+                                "muted")
                 await conv.history(e.history)
                 await conv.note("--- end history ---", "muted")
         elif isinstance(e, ev.SessionNew):
@@ -292,11 +292,8 @@ class Ds4App(App):
         elif isinstance(e, ev.CompactionDelta):
             await conv.compaction_delta(e.text, n)
         elif isinstance(e, ev.CompactionDone):
+            # The agent reports the outcome itself (a Notice, or an Error "compaction failed: …").
             conv.end_thinking(e.summary_tokens or None)
-            if e.ok:
-                await conv.note(f"compacted the context: {e.tokens_before} → {e.tokens_after} tokens", "info")
-            else:
-                await conv.note(f"compaction failed: {e.error}", "error")
         elif isinstance(e, ev.Exited):
             if self._quitting:
                 self.exit(return_code=e.status)

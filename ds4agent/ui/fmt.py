@@ -240,3 +240,9 @@ def session_label(session_id: str, title: str) -> str:
     if title:
         label += f' "{clip(title, 48)}"'
     return label
+
+
+def history_label(session_id: str, title: str) -> str:
+    """Names the session whose turns a load replays; a resumed crash journal has no id yet."""
+    name = f"session {session_id[:8]}" if session_id else "unsaved session"
+    return f'{name} "{clip(title, 48)}"' if title else name

@@ -163,7 +163,7 @@ class PlainRenderer:
             # The agent follows with its own "switched to session …" / "resumed …" notice.
             turns = sum(1 for item in e.history if item.kind == "user")
             if turns:
-                self.line(f"--- session {e.short_id}: last {turns} user turn(s) ---", "muted")
+                self.line(f"--- {fmt.history_label(e.short_id, e.title)}: last {turns} user turn(s) ---", "muted")
                 self.replay(e.history)
                 self.line("--- end history ---", "muted")
         elif isinstance(e, ev.SessionNew):
@@ -181,10 +181,7 @@ class PlainRenderer:
         elif isinstance(e, ev.CompactionStarted):
             self.line(f"compacting ({e.reason}): summarising durable task state", "warning")
         elif isinstance(e, ev.CompactionDone):
-            if e.ok:
-                self.line(f"compacted the context: {e.tokens_before} → {e.tokens_after} tokens", "muted")
-            else:
-                self.line(f"compaction failed: {e.error}", "error")
+            self.close_stream()  # the agent reports the outcome itself (a Notice or an Error)
         elif isinstance(e, (ev.PermissionRequest, ev.Question)):
             self.close_stream()
             self.questions.append(e)

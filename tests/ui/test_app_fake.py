@@ -470,8 +470,11 @@ async def test_compaction_streams_a_dim_summary_and_reports_the_result():
         text = screen_text(app)
         assert "compacting (manual)" in text and "Summarising the conversation…" in text and "Files: src" in text
         app.clock.t += 2.0
-        agent.emit(ev.CompactionDone(True, 12000, 3100, summary_tokens=250, tail_tokens=800), status("idle"))
-        await wait_until(pilot, lambda: "compacted the context: 12000 → 3100 tokens" in _notes(app))
+        agent.emit(ev.CompactionDone(True, 12000, 3100, summary_tokens=250, tail_tokens=800),
+                   ev.Notice("compacted context: old=12000 summary+tail=3100 tail=800"), status("idle"))
+        await wait_until(pilot, lambda: "compacted context: old=12000 summary+tail=3100 tail=800" in _notes(app))
+        assert _notes(app) == ["compacting (manual): summarising durable task state",
+                               "compacted context: old=12000 summary+tail=3100 tail=800"]  # said once
         assert "▸ Summarised in 2.0 s (250 tokens)" in screen_text(app)
 
 

@@ -246,3 +246,9 @@ def test_status_speeds_come_from_measurements_not_from_repeated_status_fields():
     s.apply_status(status("generating", decode_tps=20.0))
     s.apply_status(status("idle", decode_tps=20.0))
     assert fmt.speed_segment(s) == "prefill 900 t/s · decode 20.0 t/s"
+
+
+def test_history_label_names_the_session_or_says_it_was_never_saved():
+    assert fmt.history_label("3f2a9c1e77", "Fix the retry test") == 'session 3f2a9c1e "Fix the retry test"'
+    assert fmt.history_label("3f2a9c1e", "") == "session 3f2a9c1e"
+    assert fmt.history_label("", "") == "unsaved session"
