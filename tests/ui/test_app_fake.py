@@ -445,6 +445,9 @@ async def test_questions_that_pop_up_while_typing_are_not_answered_by_the_typing
         assert agent.answers == [] and isinstance(app.screen, PermissionScreen)
         assert app.input.text == "says"           # the typing went on into the editor
         clock.t += 0.6                            # the user stops, reads, answers
+        await pilot.press("enter")                # no button has the focus: Enter picks nothing
+        await pilot.pause(0.05)
+        assert agent.answers == [] and isinstance(app.screen, PermissionScreen)
         await pilot.press("n")
         await wait_until(pilot, lambda: agent.answers == [("p-1", "n", "")])
         # the resume question at start-up: typing does not discard the journal, nor does Esc
@@ -453,7 +456,7 @@ async def test_questions_that_pop_up_while_typing_are_not_answered_by_the_typing
         await wait_until(pilot, lambda: isinstance(app.screen, QuestionScreen))
         await pilot.press("n", "e")
         clock.t += 0.6
-        await pilot.press("escape")
+        await pilot.press("escape", "enter")
         await pilot.pause(0.05)
         assert agent.answers == [("p-1", "n", "")] and isinstance(app.screen, QuestionScreen)
         await pilot.press("y")

@@ -13,7 +13,7 @@ class TypeaheadGuard:
     after a pause answers. Such screens also focus no button, so Enter never picks one.
     """
 
-    AUTO_FOCUS = None
+    AUTO_FOCUS = ""  # "" focuses nothing (None would mean the app's default: the first button)
 
     def swallow_typeahead(self, event) -> bool:
         app = self.app  # type: ignore[attr-defined]
