@@ -505,3 +505,18 @@ async def test_clicking_the_conversation_keeps_the_focus_in_the_input():
         await pilot.click("#conversation", offset=(2, 0))
         await pilot.press("x")
         assert app.focused is app.input and app.input.text == "x"
+
+
+async def test_keys_arriving_in_one_burst_edit_in_order():
+    """A terminal delivers a fast typist's keys (or keys queued while the UI was busy drawing) in one
+    read; editing keys must apply in order with the characters around them."""
+    from textual import events
+
+    app, agent = make_fake_app()
+    async with app.run_test(size=(100, 20)) as pilot:
+        burst = [("x", "x"), ("y", "y"), ("z", "z"), ("backspace", None), ("slash", "/"), ("s", "s"),
+                 ("left", None), ("a", "a")]
+        for key, char in burst:
+            app.post_message(events.Key(key, char))
+        await wait_until(pilot, lambda: len(app.input.text) == 5, what="the burst typed")
+        assert app.input.text == "xy/as"

@@ -70,6 +70,18 @@ class PromptInput(TextArea):
             event.stop()
             event.prevent_default()
             self.insert("\n")
+            return
+        # Textual runs a widget's (non-priority) key bindings only when the key has bubbled up to
+        # the App, after the editor has already inserted the characters that followed it in the
+        # same terminal read: a fast "xyz⌫/s" became "xyz/s". Running the editor's own bindings
+        # here, in arrival order, keeps editing keys in sequence with the text around them.
+        # (`_bindings` is the node's merged binding map: these class BINDINGS plus TextArea's.)
+        for binding in self._bindings.key_to_bindings.get(event.key, ()):
+            if not binding.priority:
+                event.stop()
+                event.prevent_default()
+                await self.run_action(binding.action)
+                return
         # other keys: TextArea's own _on_key runs after this one (Textual dispatches to every class
         # in the MRO unless prevent_default() was called)
 
