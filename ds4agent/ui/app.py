@@ -254,7 +254,7 @@ class Ds4App(App):
             elif e.reason == "error" and e.error:
                 await conv.note(e.error, "error")
         elif isinstance(e, ev.QueueChanged):
-            self.chips.set_items(tuple(self._pre_agent) + tuple(e.items))
+            self.chips.set_items(tuple(self._pre_agent) + tuple(e.items), loading=self.loading)
         elif isinstance(e, ev.Notice):
             await conv.note(e.text, "warning" if e.level == "warning" else "info")
         elif isinstance(e, ev.Error):
@@ -263,6 +263,8 @@ class Ds4App(App):
                 s.state, s.detail = "error", e.text
                 self.status_bar.mark()
         elif isinstance(e, ev.Ready):
+            if self.chips.items:
+                self.chips.set_items(self.chips.items)  # Esc can interrupt from now on
             await conv.note(f"ready · {e.model} · context {fmt.human_count(e.ctx)} tokens", "muted")
         elif isinstance(e, ev.SessionSaved):
             s.session_id, s.title, s.dirty = e.short_id, e.title, False
@@ -360,7 +362,7 @@ class Ds4App(App):
             return
         if self.agent is None:
             self._pre_agent.append(text.strip())
-            self.chips.set_items(tuple(self._pre_agent))
+            self.chips.set_items(tuple(self._pre_agent), loading=self.loading)
             return
         self.agent.submit(text)
 
@@ -545,7 +547,7 @@ class Ds4App(App):
     def action_pull_queued(self) -> None:
         if self._pre_agent:
             text = self._pre_agent.pop()
-            self.chips.set_items(tuple(self._pre_agent))
+            self.chips.set_items(tuple(self._pre_agent), loading=self.loading)
         elif self.agent is not None:
             text = self.agent.pull_queued()
         else:

@@ -14,7 +14,9 @@ class QueueChips(Static):
         self.items: tuple[str, ...] = ()
         self.display = False
 
-    def set_items(self, items: tuple[str, ...]) -> None:
+    def set_items(self, items: tuple[str, ...], *, loading: bool = False) -> None:
+        """`loading`: the model is still loading, when Esc cannot interrupt anything (the start-up
+        is never cut short) and the messages simply go once it is ready: the hint says so."""
         self.items = tuple(items)
         self.display = bool(self.items)
         lines = [
@@ -22,5 +24,6 @@ class QueueChips(Static):
         ]
         if len(self.items) > 3:
             lines.insert(0, Content.styled(f"… {len(self.items) - 3} more queued", "$text-muted"))
-        lines.append(Content.styled("ctrl+x: edit the last one · esc: send now (interrupts)", "$text-muted"))
+        hint = "sent when the model is ready" if loading else "esc: send now (interrupts)"
+        lines.append(Content.styled(f"ctrl+x: edit the last one · {hint}", "$text-muted"))
         self.update(Content("\n").join(lines))
