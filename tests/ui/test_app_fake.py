@@ -267,6 +267,10 @@ async def test_picker_filters_and_deletes_with_confirmation():
         await pilot.press("d")
         await wait_until(pilot, lambda: isinstance(app.screen, QuestionScreen))
         assert "Delete session aaaa1111" in app.screen.question
+        # someone typing a filter that starts with "d" ("dsml⏎") must not delete by Enter
+        await pilot.press("s", "m", "l", "enter")
+        await pilot.pause(0.05)
+        assert agent.deleted == [] and isinstance(app.screen, QuestionScreen)
         await pilot.press("y")
         await wait_until(pilot, lambda: agent.deleted == ["aaaa1111" + "0" * 32])
         assert picker.rows == []

@@ -58,3 +58,11 @@ class GuardedQuestionScreen(TypeaheadGuard, QuestionScreen):
         # Textual then runs QuestionScreen.on_key too (handlers run along the MRO) unless the key
         # was swallowed, which prevents the default.
         self.swallow_typeahead(event)
+
+
+class ConfirmScreen(QuestionScreen):
+    """A destructive yes/no (delete a saved session): only the `y` key (or a click) confirms. No
+    button has the focus, so an Enter typed for something else ("dsml⏎" typed as a picker
+    filter: `d` opened this question) cannot delete."""
+
+    AUTO_FOCUS = ""

@@ -20,7 +20,7 @@ from textual.widgets import DataTable, Input, Static
 
 from ds4agent.ui.fmt import clip, format_age, format_size, human_count
 from ds4agent.ui.screens import MODALS_TCSS
-from ds4agent.ui.screens.question import QuestionScreen
+from ds4agent.ui.screens.question import ConfirmScreen
 from ds4agent.ui.toolview import field
 
 
@@ -135,7 +135,7 @@ class SessionPicker(ModalScreen[str | None]):
             self._fill(self.query_one(Input).value)
 
         self.app.push_screen(
-            QuestionScreen(f'Delete session {short} "{clip(title, 40)}"?', (("y", "delete"), ("n", "keep")),
+            ConfirmScreen(f'Delete session {short} "{clip(title, 40)}"?', (("y", "delete"), ("n", "keep")),
                            escape_key="n"),
             answered,
         )
