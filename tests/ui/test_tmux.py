@@ -97,7 +97,9 @@ def test_tui_in_tmux_prompt_answer_status_and_quit(tmp_path, tiny_model):
         # the random tiny model thinks until the 24-token cap: the block collapses with its count
         assert "Thought for" in screen or "token limit" in screen
         status = _status_line(screen)
-        assert "ctx " in status and "/4.1k" in status and "decode" in status and "unsaved ●" in status
+        assert "ctx " in status and "/4.1k" in status and "unsaved ●" in status
+        # the round's decode speed (absent only if the model stopped before its first token)
+        assert "decode" in status or "generation stopped" in screen
         tmux.type("/quit")
         tmux.key("Enter")
         tmux.wait_for(lambda s: "Save current session?" in s, "save question")
