@@ -468,6 +468,23 @@ async def test_questions_that_pop_up_while_typing_are_not_answered_by_the_typing
         assert app.input.text == "saysone"
 
 
+async def test_a_long_diff_in_the_permission_question_scrolls_with_the_keys():
+    app, agent = make_fake_app()
+    diff = "@@ -1,60 +1,60 @@\n" + "".join(f"-old line {i}\n+new line {i}\n" for i in range(30))
+    async with app.run_test(size=(100, 30)) as pilot:
+        agent.emit(ev.PermissionRequest("p-9", "edit", "Allow edit to a.py?", diff))
+        await wait_until(pilot, lambda: isinstance(app.screen, PermissionScreen))
+        detail = app.screen.query_one(".detail")
+        assert detail.max_scroll_y > 0 and detail.scroll_y == 0
+        assert "[n] deny" in screen_text(app)  # the choices stay visible below a long diff
+        await pilot.press("pagedown")
+        await wait_until(pilot, lambda: detail.scroll_y > 0, what="the diff scrolled")
+        await pilot.press("end")
+        await wait_until(pilot, lambda: detail.scroll_y == detail.max_scroll_y)
+        await wait_until(pilot, lambda: "new line 29" in screen_text(app), what="the end of the diff drawn")
+        assert agent.answers == []
+
+
 async def test_compaction_streams_a_dim_summary_and_reports_the_result():
     app, agent = make_fake_app()
     async with app.run_test(size=(100, 24)) as pilot:

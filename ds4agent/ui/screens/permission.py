@@ -74,6 +74,13 @@ class PermissionScreen(TypeaheadGuard, ModalScreen[tuple[str, str]]):
             return
         if self.swallow_typeahead(event):
             return
+        # Nothing has the focus (TypeaheadGuard), so the scroll keys move a long command or diff.
+        scroll = {"up": "scroll_up", "down": "scroll_down", "pageup": "scroll_page_up",
+                  "pagedown": "scroll_page_down", "home": "scroll_home", "end": "scroll_end"}.get(event.key)
+        if scroll is not None and self.query(".detail"):
+            event.stop()
+            getattr(self.query_one(".detail", VerticalScroll), scroll)(animate=False)
+            return
         key = event.character or event.key
         if key in self._keys:
             event.stop()
