@@ -68,6 +68,7 @@ class StatusBar(Static):
             [state, full_ctx, *speed_part, saved],
             [state, full_ctx, saved],
             [state, short_ctx, saved],
+            [state],  # a long error message: the message itself matters most
         )
         for parts in variants:
             line = sep.join(parts)
