@@ -75,6 +75,7 @@ async def test_status_bar_rates_are_measured_ones_and_the_line_fits_the_width():
         ]:
             await pilot.resize_terminal(width, 20)
             await wait_until(pilot, lambda e=expected: screen_text(app).splitlines()[-1].strip() == e, what=expected)
+        await pilot.resize_terminal(90, 20)
         agent.emit(status("error", detail="startup failed: /models/x.gguf: not a GGUF file (only 8 bytes)"))
         expected = "error: startup failed: /models/x.gguf: not a GGUF file (only 8 bytes)"
         await wait_until(pilot, lambda: screen_text(app).splitlines()[-1].strip() == expected, what=expected)
