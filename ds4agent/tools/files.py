@@ -184,9 +184,9 @@ def _fit(lines: list[bytes], a: int, b: int, raw: bool) -> int:
     return b
 
 
-def _read_chunk(ctx: ToolContext, path: str, start: int, count: int | None, raw: bool) -> ToolResult:
-    key, data = load_file(ctx, path)
-    lines = split_lines(data)
+def _read_chunk(ctx: ToolContext, path: str, key: str, lines: list[bytes], start: int, count: int | None,
+                raw: bool) -> ToolResult:
+    """One chunk of a file already loaded (load_file) and split, so `more` reads the file once."""
     total = len(lines)
     if total == 0:
         a = b = 0
@@ -257,7 +257,8 @@ class ReadTool:
         count = arg_int(args, "max_lines", DEFAULT_CHUNK, 1, MAX_CHUNK)
         whole = arg_bool(args, "whole", False)
         raw = arg_bool(args, "raw", False)
-        return _read_chunk(ctx, path, start, None if whole else count, raw)
+        key, data = load_file(ctx, path)
+        return _read_chunk(ctx, path, key, split_lines(data), start, None if whole else count, raw)
 
 
 class MoreTool:
@@ -276,10 +277,10 @@ class MoreTool:
             raise ToolError("no previous output to continue")
         count = arg_int(args, "count", DEFAULT_CHUNK, 1, MAX_CHUNK)
         key, data = load_file(ctx, cur.path)
-        total = len(split_lines(data))
-        if cur.next_line > total:
-            raise ToolError(f"end of file: {cur.path} has {total} lines; nothing more to read")
-        return _read_chunk(ctx, cur.path, cur.next_line, count, cur.raw)
+        lines = split_lines(data)
+        if cur.next_line > len(lines):
+            raise ToolError(f"end of file: {cur.path} has {len(lines)} lines; nothing more to read")
+        return _read_chunk(ctx, cur.path, key, lines, cur.next_line, count, cur.raw)
 
 
 # --------------------------------------------------------------------------------------------------
