@@ -183,10 +183,6 @@ def _clip_utf8(data: bytes) -> bytes:
     return data
 
 
-def _count_lines(data: bytes) -> int:
-    return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
-
-
 def _head(path: str) -> tuple[bytes, bool]:
     """First 100 lines, at most 8 KiB; returns (bytes, cut)."""
     with open(path, "rb") as f:
@@ -246,10 +242,7 @@ def observe(job: Job, table: JobTable) -> ToolResult:
     if size == 0:
         body, shown, kind = "<output>\n</output>\n", "", "none"
     else:
-        with open(job.output_path, "rb") as f:
-            total_lines = _count_lines(f.read()) if size <= 64 * 1024 * 1024 else -1
-        if total_lines < 0:  # huge output: count without holding it all
-            total_lines = _count_lines_streaming(job.output_path)
+        total_lines = _count_lines(job.output_path)
         where = f"output_path={job.output_path} ({size} bytes, {total_lines} lines)\n"
         if not job.head_shown:
             job.head_shown = True
@@ -289,7 +282,9 @@ def observe(job: Job, table: JobTable) -> ToolResult:
     return ToolResult(status + body + note, ok=ok, display=display)
 
 
-def _count_lines_streaming(path: str) -> int:
+def _count_lines(path: str) -> int:
+    """Lines of the output file (a last line without LF counts), read in 1 MiB chunks: a job's
+    output may be gigabytes and is observed again at every bash_status."""
     count, last = 0, b"\n"
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
