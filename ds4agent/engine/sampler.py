@@ -128,8 +128,8 @@ class Sampler:
         (ascending id, or by descending p where top-k/top-p needed an order); the draw walks the
         cumulative sum in that order."""
         z = self._as_logits(logits)
-        top = float(z.max())
-        if math.isnan(top) or math.isnan(float(z.min())):
+        top = float(z.max())  # NaN anywhere propagates into the max: one pass over V checks both
+        if math.isnan(top):
             raise SamplerError("logits contain NaN")
         if top == -math.inf:
             raise SamplerError("every logit is -inf: nothing can be sampled")
