@@ -299,7 +299,9 @@ class Session:
         if self._state.logits is None:
             return None
         if self._logits_np is None:
-            arr = np.array(self._state.logits, dtype=np.float32, copy=True)
+            # A read-only view of the evaluated MLX buffer, not a copy: this runs once per decoded
+            # token, MLX arrays never change in place, and the view keeps its array alive.
+            arr = np.asarray(self._state.logits, dtype=np.float32)
             arr.flags.writeable = False
             self._logits_np = arr
         return self._logits_np
@@ -329,11 +331,11 @@ class Session:
         return out
 
     def _run(self, state, tokens: tuple[int, ...], *, last_only: bool = True):
+        # model.forward returns its state already evaluated (a state handed out as a snapshot
+        # must hold values, not a lazy graph keeping every intermediate of the chunk alive), so
+        # no second eval here: this is the per-token decode path.
         logits, new_state = _forward(self.engine.weights, self.engine.config, state, tokens,
                                      last_only=last_only)
-        # Materialise now: a state handed out as a snapshot must hold values, not a lazy graph
-        # that would keep every intermediate of the chunk alive.
-        new_state.eval()
         self.prefilled_total += len(tokens)
         return logits, new_state
 
