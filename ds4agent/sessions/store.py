@@ -653,8 +653,9 @@ class SessionStore:
         last_used). Explicit user saves (reason 6) are exempt unless include_sessions.
         incoming_text/ctx mark continued checkpoints the incoming store supersedes."""
         now = self._clock() if now is None else now
-        entries = [e for e in self.entries() if include_sessions or e.header.reason != REASON_SESSION]
-        total = sum(e.file_size for e in self.entries())
+        scanned = self.entries()  # one directory scan serves the total and the candidates
+        entries = [e for e in scanned if include_sessions or e.header.reason != REASON_SESSION]
+        total = sum(e.file_size for e in scanned)
 
         def supersedes(e: StoreEntry) -> bool:
             if incoming_text is None or e.header.reason_code != REASON_CONTINUED:
