@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -93,15 +93,9 @@ class ModelConfig:
         """n(2+n): HC mix width (pre n, post n, comb n·n)."""
         return self.hc_count * (2 + self.hc_count)
 
-    def ratio(self, layer: int) -> int:
-        return self.ratios[layer]
-
     def coff(self, layer: int) -> int:
         """Compressor lanes: 2 (overlapping windows) iff ratio 4, else 1 (model.md §1.1)."""
         return 2 if self.ratios[layer] == 4 else 1
-
-    def has_indexer(self, layer: int) -> bool:
-        return self.ratios[layer] == 4
 
     def is_hash_layer(self, layer: int) -> bool:
         return layer < self.n_hash_layers
@@ -135,9 +129,6 @@ class ModelConfig:
                 out[PREFIX + key] = list(v) if isinstance(v, tuple) else v
         out[PREFIX + "context_length"] = self.context_length or 65536
         return out
-
-    def with_(self, **changes: Any) -> ModelConfig:
-        return replace(self, **changes)
 
 
 # (key without prefix, attribute, kind) in model.md §6.2 table order: validation reports the
@@ -508,10 +499,6 @@ def test_config(name: str, **overrides: Any) -> ModelConfig:
             raise ConfigError(f"test config {name!r}: {len(cfg.ratios)} ratios for {cfg.n_layers} layers")
         validate(cfg)
     return cfg
-
-
-def config_dict(cfg: ModelConfig) -> dict[str, Any]:
-    return asdict(cfg)
 
 
 test_config.__test__ = False  # type: ignore[attr-defined]  # not a pytest test

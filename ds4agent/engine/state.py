@@ -22,7 +22,7 @@ the same tokens are equal array for array whatever the chunk schedule was.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -77,16 +77,6 @@ class SessionState:
         mx.eval(self.arrays())
         return self
 
-    def to_payload(self, config: ModelConfig, *, ctx: int, payload_cls: Any = None,
-                   layer_cls: Any = None) -> Any:
-        return to_payload(self, config, ctx=ctx, payload_cls=payload_cls, layer_cls=layer_cls)
-
-    @classmethod
-    def from_payload(cls, payload: Any, config: ModelConfig) -> SessionState:
-        return from_payload(payload, config)
-
-    def with_(self, **changes: Any) -> SessionState:
-        return replace(self, **changes)
 
 
 def frontier_filler(rows: int, cols: int) -> tuple[mx.array, mx.array]:

