@@ -89,8 +89,6 @@ _PLAIN_DTYPES: dict[str, str] = {
     "F32": "<f4", "F16": "<f2", "I8": "<i1", "I16": "<i2", "I32": "<i4", "I64": "<i8", "F64": "<f8",
 }
 
-_Q8_0_BLOCK = 32
-_Q8_0_BYTES = 34
 
 
 @dataclass(frozen=True)
@@ -418,43 +416,8 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
 
 
 def q8_0_to_affine(raw: np.ndarray, shape: Sequence[int]):
-    """Q8_0 blocks -> MLX affine 8-bit (group 32), exactly (model.md §7).
+    """Q8_0 blocks -> MLX affine 8-bit (group 32), exactly (model.md §7): `quant.q8_0_to_affine`,
+    the one implementation. Imported on use, so reading a GGUF's metadata (info) loads no MLX."""
+    from .quant import q8_0_to_affine as convert  # noqa: PLC0415
 
-    A Q8_0 block is an f16 scale d and 32 signed bytes q; w = d·q. MLX's affine form is
-    w = scale·u + bias with unsigned u, so u = q + 128 (the same byte with its top bit flipped),
-    scale = d and bias = -128·d. d is an f16 value, so d, -128·d and every d·u - 128·d with
-    u < 256 are exact in f32: dequantising gives exactly d·q.
-    Uses the WEIGHTS engineer's `quant.q8_0_to_affine` when present (one implementation), else
-    this equivalent local one.
-    """
-    try:
-        from . import quant  # noqa: PLC0415 - optional sibling module
-
-        fn = getattr(quant, "q8_0_to_affine", None)
-    except ImportError:
-        fn = None
-    if fn is not None:
-        return fn(raw, tuple(shape))
-    return _q8_0_to_affine_local(raw, shape)
-
-
-def _q8_0_to_affine_local(raw: np.ndarray, shape: Sequence[int]):
-    import mlx.core as mx
-
-    shape = tuple(int(s) for s in shape)
-    cols = shape[-1]
-    rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
-    if cols % _Q8_0_BLOCK:
-        raise ModelFileError(f"Q8_0 row length {cols} is not a multiple of 32")
-    nb = cols // _Q8_0_BLOCK
-    blocks = np.asarray(raw, dtype=np.uint8).reshape(rows, nb, _Q8_0_BYTES)
-    d = blocks[:, :, 0:2].copy().view("<f2")[..., 0].astype(np.float32)  # [rows, nb]
-    u = blocks[:, :, 2:] ^ np.uint8(0x80)  # int8 q -> q + 128 as an unsigned byte
-    # MLX packs four 8-bit codes per uint32, element 0 in the lowest byte (little-endian).
-    wq = np.ascontiguousarray(u.reshape(rows, cols)).view("<u4")
-    out_shape = shape[:-1]
-    return (
-        mx.array(wq.reshape(*out_shape, cols // 4)),
-        mx.array(d.reshape(*out_shape, nb)),
-        mx.array((d * np.float32(-128.0)).reshape(*out_shape, nb)),
-    )
+    return convert(raw, tuple(shape))
