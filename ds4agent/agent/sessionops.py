@@ -109,9 +109,7 @@ def save(worker: Any) -> ev.SessionSaved | None:
     """/save (kvc-format.md §12.4). Errors become Error("save failed: ...")."""
     try:
         return _save(worker)
-    except SessionOpError as err:
-        worker.io.emit(ev.Error(f"save failed: {err}"))
-    except Exception as err:  # noqa: BLE001 - KVCError and engine errors: readable messages
+    except Exception as err:  # noqa: BLE001 - SessionOpError, KVCError, engine errors: readable messages
         worker.io.emit(ev.Error(f"save failed: {err}"))
     finally:
         worker._set_state(ev.State.IDLE)
@@ -180,6 +178,9 @@ def confirm_leave(worker: Any) -> bool:
 
 
 def _reset_identity(worker: Any) -> None:
+    """Forget everything that belonged to the previous conversation (/new, /load, a failed
+    resume): its identity, the pending job update, the lines the model had seen, and "allow for
+    this session" answers (another session's work is asked about afresh)."""
     worker.forget_pending_results()
     worker.title = None
     worker.created_at = None
@@ -187,16 +188,16 @@ def _reset_identity(worker: Any) -> None:
     worker.legacy_path = None
     worker.dirty = False
     worker.activity = False
+    if worker.tool_ctx is not None:
+        worker.tool_ctx.reset_session()
+    if worker.policy is not None and hasattr(worker.policy, "reset"):
+        worker.policy.reset()
 
 
 def new_session(worker: Any) -> None:
     """/new: back to the system prefix (re-rendered: AGENTS.md may have changed; its cache is
     used when the text is the same)."""
     _reset_identity(worker)
-    if worker.tool_ctx is not None:
-        worker.tool_ctx.reset_session()
-    if worker.policy is not None and hasattr(worker.policy, "reset"):
-        worker.policy.reset()
     ids = render_system(worker)
     if ids == worker.system_ids and tuple(worker.session.tokens[: len(ids)]) == tuple(ids):
         worker.transcript.reset(ids, len(ids))
@@ -249,12 +250,6 @@ def _load(worker: Any, prefix: str) -> None:
     worker.session_id = loaded.id
     worker.legacy_path = str(loaded.path) if loaded.legacy else None
     worker.activity = True
-    if worker.tool_ctx is not None:
-        worker.tool_ctx.reset_session()
-    if worker.policy is not None and hasattr(worker.policy, "reset"):
-        # "Allow for this session" answers belong to the conversation they were given in, as
-        # on /new: another session's work is asked about afresh.
-        worker.policy.reset()
     if ids[:system_len] != worker.system_ids:
         worker.io.emit(ev.Notice("this session was saved with a different system prompt; it "
                                  "continues with its own", "info"))
