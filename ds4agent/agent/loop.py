@@ -90,7 +90,6 @@ class Worker:
         self.session_id = ""  # full 40-hex identity once saved or loaded
         self.legacy_path: str | None = None
         self.ready = False
-        self._last_status = 0.0
         # Set by a compaction: the next User turn carries the bash job update (pending_results).
         self.jobs_update_due = False
         self._jobs_update: str | None = None
@@ -118,7 +117,9 @@ class Worker:
 
         self.tool_ctx = ToolContext(cwd=s.cwd, should_stop=self.io.should_stop)
         if self.policy is None:
-            self.policy = _make_policy(s.permission, s.cwd)
+            from ds4agent.tools.permissions import PermissionPolicy
+
+            self.policy = PermissionPolicy(s.permission)
         self._set_state(ev.State.LOADING, detail="loading model")
         if callable(self._engine_src) and not hasattr(self._engine_src, "new_session"):
             def progress(fraction: float) -> None:
@@ -424,8 +425,7 @@ class Worker:
         if reason == "interrupted":
             return RoundResult("interrupted", n)  # no results turn, ever (§7)
         if stream.failed_thinking:
-            emit_reason = stream.thinking_error
-            return RoundResult("thinking", n, error=emit_reason)
+            return RoundResult("thinking", n, error=stream.thinking_error)
         if stream.error is not None:
             return RoundResult("error", n, error=stream.error)
         if stream.done:
@@ -443,10 +443,9 @@ class Worker:
 
         if result.reason in ("error", "thinking"):
             texts = [template.result_invalid_dsml(result.error)]
-            infos: list[tuple[str, bool]] = [("", False)]
             self.io.emit(ev.ToolResult(0, "", False, texts[0]))
         elif result.reason == "tools":
-            texts, infos = self._run_calls(result.calls)
+            texts = self._run_calls(result.calls)
         else:
             return False
         interrupted = self.io.should_stop() and not self.io.has_queued()
@@ -523,39 +522,37 @@ class Worker:
 
     # ------------------------------------------------------------------ tools
 
-    def _run_calls(self, calls: list[tuple[str, dict]]) -> tuple[list[str], list[tuple[str, bool]]]:
+    def _run_calls(self, calls: list[tuple[str, dict]]) -> list[str]:
+        """The result texts of a block's calls, in order. Once a message is queued or the user
+        interrupts, the remaining calls are not run; a fixed text answers each of them (§9.1)."""
         from ds4agent.engine import template
 
         texts: list[str] = []
-        infos: list[tuple[str, bool]] = []
         for i, (name, args) in enumerate(calls):
             if self.io.has_queued():
-                text, ok = template.RESULT_NOT_RUN_NEW_MESSAGE, False
+                text = template.RESULT_NOT_RUN_NEW_MESSAGE
             elif self.io.should_stop():
-                text, ok = template.RESULT_NOT_RUN_INTERRUPTED, False
+                text = template.RESULT_NOT_RUN_INTERRUPTED
             else:
-                text, ok = self._run_one(i, name, args)
-                texts.append(text)
-                infos.append((name, ok))
+                texts.append(self._run_one(i, name, args))
                 continue
+            self.io.emit(ev.ToolResult(i, name, False, text))
             texts.append(text)
-            infos.append((name, ok))
-            self.io.emit(ev.ToolResult(i, name, ok, text))
-        return texts, infos
+        return texts
 
-    def _run_one(self, index: int, name: str, args: dict) -> tuple[str, bool]:
+    def _run_one(self, index: int, name: str, args: dict) -> str:
+        from ds4agent.agent import permissions_glue
         from ds4agent.engine import template
 
-        tool = self._tool_map.get(name)
-        if tool is None:
+        if name not in self._tool_map:
             text = template.result_unknown_tool(name)
             self.io.emit(ev.ToolResult(index, name, False, text))
-            return text, False
+            return text
         self._set_state(ev.State.TOOL, detail=name)
-        refusal = self._permit(tool, name, args)
+        refusal = permissions_glue.permit(self, name, args)
         if refusal is not None:
             self.io.emit(ev.ToolResult(index, name, False, refusal))
-            return refusal, False
+            return refusal
         from ds4agent.tools.base import run_tool
 
         t0 = time.monotonic()
@@ -564,13 +561,7 @@ class Worker:
         result = run_tool(name, args, self.tool_ctx, self.tools)
         elapsed = time.monotonic() - t0
         self.io.emit(ev.ToolResult(index, name, bool(result.ok), result.text, result.display, round(elapsed, 3)))
-        return result.text, bool(result.ok)
-
-    def _permit(self, tool: Any, name: str, args: dict) -> str | None:
-        """None when the call may run; else the text the model gets instead of a result."""
-        from ds4agent.agent import permissions_glue
-
-        return permissions_glue.permit(self, tool, name, args)
+        return result.text
 
     # ================================================================== commands other than turns
 
@@ -628,9 +619,3 @@ def _describe(engine: Any) -> str:
             pass
     cfg = getattr(engine, "config", None)
     return str(getattr(cfg, "name", None) or type(engine).__name__)
-
-
-def _make_policy(mode: str, cwd: Any) -> Any:
-    from ds4agent.agent import permissions_glue
-
-    return permissions_glue.make_policy(mode, cwd)

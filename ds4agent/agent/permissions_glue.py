@@ -13,13 +13,7 @@ from typing import Any
 from ds4agent.agent import events as ev
 
 
-def make_policy(mode: str, cwd: Any) -> Any:
-    from ds4agent.tools.permissions import PermissionPolicy
-
-    return PermissionPolicy(mode)
-
-
-def permit(worker: Any, tool: Any, name: str, args: dict) -> str | None:
+def permit(worker: Any, name: str, args: dict) -> str | None:
     """None when the call may run; else the result text the model gets instead."""
     from ds4agent.tools.permissions import Answer, denied_result
 
