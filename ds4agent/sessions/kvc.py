@@ -50,6 +50,8 @@ from .errors import (
 )
 from .payload import (
     FLASH_SHAPE,
+    PAYLOAD_HEADER_BYTES,
+    PayloadHeader,
     PayloadInfo,
     PayloadShape,
     PayloadState,
@@ -464,9 +466,9 @@ def verify_kvc(path: str | Path, *, quant_bits: int | None = None, shape: Payloa
                 return VerifyResult(path, kind, env, None, None)  # stripped session: not rebuilt
             use_shape = as_shape(shape) if shape is not None else None
             if use_shape is None:
-                head = f.read(52)
+                head = _read_exact(f, PAYLOAD_HEADER_BYTES)
                 f.seek(env.payload_offset)
-                key = struct.unpack_from("<4I", head, 32) if len(head) == 52 else None
+                key = PayloadHeader.unpack(head).layout_key if head is not None else None
                 use_shape = FLASH_SHAPE if key == FLASH_SHAPE.layout_key else None
             info = read_payload(f, hdr.payload_bytes, use_shape, hdr.ctx_size, keep_arrays=False)
             assert isinstance(info, PayloadInfo)
