@@ -22,9 +22,9 @@ from .kvc import (
     EXT_THINKING_VISIBLE,
     EXT_TITLE,
     REASON_SESSION,
-    KVCHeader,
     VerifyResult,
     classify_name,
+    read_header,
     verify_kvc,
 )
 from .payload import FLASH_SHAPE
@@ -106,9 +106,7 @@ def cmd_ls(store: SessionStore, out: TextIO) -> int:
         # is_file first: opening a FIFO named like a cache would block the listing forever
         if classify_name(path.name)[0] in ("sysprompt-hex", "sysprompt") and path.is_file():
             try:
-                with open(path, "rb") as f:
-                    h = KVCHeader.unpack(f.read(48))
-                rows.append((path.name, h, path.stat().st_size, ""))
+                rows.append((path.name, read_header(path), path.stat().st_size, ""))
             except (OSError, KVCError):
                 continue
     rows.sort(key=lambda r: -r[1].last_used)

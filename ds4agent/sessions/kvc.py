@@ -10,6 +10,7 @@ Layout (all little-endian):
 Public API:
     KVCHeader                       pack()/unpack(); reason_code/reason_name/key_kind
     Envelope                        what steps 1-6 of chain 8.3 learnt about a file (text, title, ...)
+    read_header(path)               the 48-byte header alone (ranking/filtering by header fields)
     read_envelope(path, kind)       chain 8.3 steps 1-6 (open, header, kind, text, size, trailers)
     load_kvc(path, kind, ...)       the whole chain 8.3 (steps 1-12) -> LoadedKVC
     verify_kvc(path, quant_bits)    stand-alone validation (kv verify / kv show) -> VerifyResult
@@ -220,6 +221,13 @@ def _read_exact(f: BinaryIO, nbytes: int) -> bytes | None:
         parts.append(more)
         got += len(more)
     return b"".join(parts)
+
+
+def read_header(path: str | Path) -> KVCHeader:
+    """Just the 48-byte header of the file at `path` (the §2 predicate applied); raises OSError or
+    KVCHeaderError. For callers that rank or filter files by header fields alone."""
+    with open(path, "rb") as f:
+        return KVCHeader.unpack(f.read(HEADER_BYTES))
 
 
 def read_prefix(f: BinaryIO, file_size: int) -> tuple[KVCHeader, int]:

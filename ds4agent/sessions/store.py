@@ -86,6 +86,7 @@ from .kvc import (
     classify_name,
     load_kvc,
     read_envelope,
+    read_header,
     read_prefix,
     session_identity,
     sysprompt_name,
@@ -492,8 +493,7 @@ class SessionStore:
         try:
             if not os.path.samefile(path.parent, self.directory):
                 return False
-            with open(path, "rb") as f:
-                return KVCHeader.unpack(f.read(HEADER_BYTES)).reason == REASON_SESSION
+            return read_header(path).reason == REASON_SESSION
         except (OSError, KVCError):
             return False
 
@@ -611,8 +611,7 @@ class SessionStore:
             if not path.is_file():
                 continue
             try:
-                with open(path, "rb") as f:
-                    used = KVCHeader.unpack(f.read(HEADER_BYTES)).last_used
+                used = read_header(path).last_used
             except (OSError, KVCError):
                 try:
                     used = int(path.stat().st_mtime)
