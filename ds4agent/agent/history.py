@@ -107,12 +107,3 @@ def last_turns(tok: Any, ids: Sequence[int], system_len: int, n: int) -> list[ev
     for t in turns[first:]:
         items.extend(turn_items(tok, t))
     return items
-
-
-def last_human_text(tok: Any, ids: Sequence[int], system_len: int) -> str:
-    """The most recent human message (compaction keeps the goal verbatim)."""
-    for t in reversed(split_turns(ids, system_len)):
-        _, text = parse_user_part(tok.decode_bytes(t.user))
-        if text:
-            return text
-    return ""

@@ -152,12 +152,6 @@ class SeenLines:
     def clear(self) -> None:
         self._files.clear()
 
-    def forget(self, path: str) -> None:
-        self._files.pop(path, None)
-
-    def has_file(self, path: str) -> bool:
-        return path in self._files
-
     def lines(self, path: str) -> dict[int, int]:
         return self._files.setdefault(path, {})
 

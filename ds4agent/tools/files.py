@@ -28,7 +28,6 @@ import re
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ds4agent import fsutil
@@ -670,8 +669,3 @@ def plan_change(tool_name: str, args: Mapping[str, Any], ctx: ToolContext) -> Ch
     if tool_name == "edit":
         return plan_edit(args, ctx)
     raise ToolError(f"{tool_name} does not change files")
-
-
-def target_path(args: Mapping[str, Any], ctx: ToolContext) -> Path | None:
-    path = arg_str(args, "path")
-    return None if path is None else Path(ctx.abs_key(path))
