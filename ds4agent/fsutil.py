@@ -38,14 +38,28 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Flush a written file's data to disk by name (the writer may already have closed it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def current_umask() -> int:
+    """The process umask (reading it means setting it, so it is put straight back)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
 def _default_mode(target: str) -> int:
     """Keep an existing file's permission bits; a new file gets what open() would give it."""
     try:
         return stat.S_IMODE(os.stat(target).st_mode)
     except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
+        return 0o666 & ~current_umask()
 
 
 @contextlib.contextmanager
@@ -68,11 +82,7 @@ def atomic_path(target: str | os.PathLike[str], *, mode: int | None = None,
     os.close(fd)
     try:
         yield Path(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_file(tmp)
         os.chmod(tmp, final_mode)
         os.replace(tmp, real)
     except BaseException:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..fsutil import atomic_file, fsync_dir
+from ..fsutil import atomic_file, current_umask, fsync_dir, fsync_file
 from .errors import EngineError
 
 FP8_TILE = 128
@@ -376,15 +376,9 @@ def _make_durable(directory: Path) -> None:
     itself (fsutil's procedure, applied to a directory: after a crash `out` is either absent or
     complete), and give it the permissions a plain mkdir would (mkdtemp makes it 0700)."""
     for f in directory.iterdir():
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_file(f)
     fsync_dir(directory)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(directory, 0o777 & ~umask)
+    os.chmod(directory, 0o777 & ~current_umask())
 
 
 # ---- model metadata from the official config.json --------------------------------------------
