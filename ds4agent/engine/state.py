@@ -107,15 +107,13 @@ def _np(a: mx.array | None) -> np.ndarray | None:
     return np.array(a, dtype=np.float32, copy=True)
 
 
-def to_payload(state: SessionState | None, config: ModelConfig, *, ctx: int, payload_cls: Any = None,
+def to_payload(state: SessionState, config: ModelConfig, *, ctx: int, payload_cls: Any = None,
                layer_cls: Any = None) -> Any:
     """An object with `sessions.payload.PayloadState`'s attribute names (duck typed).
 
     payload_cls / layer_cls: constructors taking the attributes as keywords (e.g. the real
     PayloadState / LayerPayload); default SimpleNamespace (the engine never imports sessions).
     """
-    if state is None:
-        state = SessionState.empty(config)
     mk_p = payload_cls or SimpleNamespace
     mk_l = layer_cls or SimpleNamespace
     state.eval()
