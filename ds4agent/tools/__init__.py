@@ -1,7 +1,7 @@
 """What the model can do in the workspace: bash jobs, file reading/writing/editing, search, listing.
 
 Public API (see each module's docstring):
-* base.py: ToolResult, ToolError, ToolContext, Tool, default_tools(), run_tool(), tool_schema_line(),
+* base.py: ToolResult, ToolError, ToolContext, Tool, default_tools(), run_tool(),
   display payloads (BashDisplay, DiffDisplay/DiffLine, TextDisplay)
 * permissions.py: PermissionPolicy(mode).check(tool, args, ctx) -> Decision; Answer; remember();
   denied_result()

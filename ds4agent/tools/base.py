@@ -6,8 +6,8 @@ Public API (used by the agent loop and the permission policy):
     ToolError(message)                        a readable failure; becomes "Tool error: MESSAGE\\n"
     Tool                                      protocol: name, description, schema, run(args, ctx)
     ToolContext(cwd, should_stop, output_dir) per-agent state: bash jobs, seen lines, the `more` cursor
-    default_tools() -> list[Tool]             the fixed, stable registry order (the system prompt's bytes)
-    tool_schema_line(tool) -> str             one line of the prompt's "Available Tool Schemas"
+    default_tools() -> list[Tool]             the fixed, stable registry order (the system prompt's bytes;
+                                              ds4agent.engine.template.tool_schema_line renders each line)
     run_tool(name, args, ctx, tools=None)     never raises: every failure becomes a "Tool error: ..." result
 
 Display payloads (plain frozen dataclasses, no UI types): BashDisplay, DiffDisplay, TextDisplay.
@@ -238,12 +238,6 @@ class Tool(Protocol):
     mutates: bool  # writes files or runs commands (the permission policy asks about these)
 
     def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult: ...
-
-
-def tool_schema_line(tool: Tool) -> str:
-    """The exact schema line of prompt-and-dsml.md §5 (keys in registry order, never sorted)."""
-    obj = {"name": tool.name, "description": tool.description, "parameters": tool.schema}
-    return json.dumps(obj, ensure_ascii=False, separators=(", ", ": "))
 
 
 def default_tools() -> list[Tool]:

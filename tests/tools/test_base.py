@@ -1,5 +1,6 @@
 import json
 
+from ds4agent.engine.template import tool_schema_line
 from ds4agent.tools.base import (
     RESULT_CAP_BYTES,
     ToolError,
@@ -9,7 +10,6 @@ from ds4agent.tools.base import (
     arg_int,
     default_tools,
     run_tool,
-    tool_schema_line,
 )
 
 
