@@ -301,11 +301,15 @@ class Agent:
     def take_queued(self) -> str:
         """All queued messages joined with blank lines (§9.1); empties the queue."""
         with self._lock:
-            if not self._queued:
-                return ""
-            text = "\n\n".join(self._queued)
-            self._queued.clear()
-        self.emit(ev.QueueChanged(()))
+            text = self._pop_queued_locked()
+        if text:
+            self.emit(ev.QueueChanged(()))
+        return text
+
+    def _pop_queued_locked(self) -> str:
+        """The queue joined with blank lines ("" when empty) and emptied; the caller holds _lock."""
+        text = "\n\n".join(self._queued)
+        self._queued.clear()
         return text
 
     def new_id(self, prefix: str) -> str:
@@ -394,14 +398,10 @@ class Agent:
                 if self._stopping.is_set():
                     self._busy = False
                     return
-                if self._queued:
-                    text = "\n\n".join(self._queued)
-                    self._queued.clear()
-                    start_turn = True
-                else:
+                text = self._pop_queued_locked()
+                if not text:
                     self._busy = False
-                    start_turn = False
-            if not start_turn:
+            if not text:
                 self._worker.emit_status()
                 return
             self.emit(ev.QueueChanged(()))
