@@ -25,6 +25,7 @@ from typing import Any
 from ds4agent.agent import events as ev
 from ds4agent.agent.settings import AgentSettings
 from ds4agent.agent.transcript import Transcript
+from ds4agent.engine.template import THINK_MAX_MIN_CTX
 
 # Hard compaction reserve (agent-reference.md §8): a results turn must leave this much room.
 RESULT_RESERVE = 1024
@@ -32,6 +33,7 @@ RESULT_RESERVE = 1024
 MIN_RESERVE = 16
 # Status events during generation are rate-limited (the UI redraws at most ~10 Hz anyway).
 STATUS_INTERVAL = 0.25
+_THINK_MAX_TOO_SMALL = f"think-max needs a context of at least {THINK_MAX_MIN_CTX} tokens; using think"
 
 
 def compact_threshold(ctx: int) -> int:
@@ -132,8 +134,7 @@ class Worker:
             s.ctx = int(self.engine.ctx)  # the engine's context is the truth
         self.think_mode = s.effective_think_mode()
         if s.think_mode == "think-max" and self.think_mode != "think-max":
-            self.io.emit(ev.Notice(f"think-max needs a context of at least 393216 tokens; using think "
-                                   f"(context {s.ctx})", "warning"))
+            self.io.emit(ev.Notice(f"{_THINK_MAX_TOO_SMALL} (context {s.ctx})", "warning"))
         self.session = self.engine.new_session()
         cached = sessionops.start_system_prefix(self)
         self.ready = True
@@ -203,8 +204,7 @@ class Worker:
             self.io.emit(ev.Notice("think-max takes effect with the next /new session", "warning"))
         elif mode == "think-max" and eff != "think-max":
             self.think_mode = "think"
-            self.io.emit(ev.Notice("think-max needs a context of at least 393216 tokens; using think",
-                                   "warning"))
+            self.io.emit(ev.Notice(_THINK_MAX_TOO_SMALL, "warning"))
         else:
             self.think_mode = eff
         self.io.emit(ev.Notice(f"thinking mode: {self.think_mode}"))

@@ -9,8 +9,6 @@ from typing import Any
 
 THINK_MODES = ("think", "nothink", "think-max")
 PERMISSION_MODES = ("ask", "auto", "read-only")
-# Think-Max is effective only at a session context of at least 384K (prompt-and-dsml.md §4).
-THINK_MAX_MIN_CTX = 393_216
 
 
 @dataclass
@@ -35,10 +33,11 @@ class AgentSettings:
     journal_interval: float = 10.0
 
     def effective_think_mode(self) -> str:
-        """think-max silently becomes think below 384K of context."""
-        if self.think_mode == "think-max" and self.ctx < THINK_MAX_MIN_CTX:
-            return "think"
-        return self.think_mode
+        """think-max silently becomes think below 384K of context: the renderer's own rule
+        (template.effective_think_mode), so the status shows the mode the system prefix has."""
+        from ds4agent.engine.template import effective_think_mode
+
+        return str(effective_think_mode(self.think_mode, self.ctx))
 
     @classmethod
     def from_args(cls, args: Any) -> AgentSettings:
