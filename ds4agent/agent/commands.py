@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from ds4agent.agent import events as ev
-from ds4agent.agent.text import trim
 
 HELP = """commands:
   /help              this list
@@ -27,6 +26,8 @@ BUSY_OK = {"help", "save", "list", "history", "think"}
 
 def dispatch(agent: Any, line: str) -> bool:
     """Run `line` if it is a slash command; False when it is ordinary text to submit."""
+    from ds4agent.engine.template import trim  # lazily: see Agent.submit
+
     line = trim(line)
     if not line.startswith("/") or line.startswith("//"):
         return False

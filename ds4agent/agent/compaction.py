@@ -177,7 +177,7 @@ def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
                 worker.decode_tps = len(summary) / max(time.monotonic() - t0, 1e-9)
                 worker.emit_status()
             logits = worker.session.step(token)
-        text = bytes(decoder_bytes).strip(b" \t\n\v\f\r")
+        text = template.trim(bytes(decoder_bytes))
         if not text:
             return fail("the model wrote an empty summary")
         worker.transcript.reset(old_ids, old_system_len)  # drop the private request

@@ -26,7 +26,6 @@ from typing import Any
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.settings import PERMISSION_MODES, THINK_MODES, AgentSettings
-from ds4agent.agent.text import trim
 
 # How a command's unexpected failure is reported (agent-reference.md §3 wording).
 _FAILED = {"new": "new session", "load": "load", "compact": "compaction", "turn": "turn"}
@@ -141,6 +140,10 @@ class Agent:
     def submit(self, text: str) -> bool:
         """Send a message. Busy: it is queued (QueueChanged) and reaches the model at the next tool
         boundary or as the next turn. Returns False when the text is empty after trimming."""
+        # The renderer's trim (C-locale spaces only), so "empty" means what the template rejects.
+        # Imported here: `import ds4agent.agent` stays free of the engine (and its tokenizer).
+        from ds4agent.engine.template import trim
+
         text = trim(text)
         if not text:
             return False
