@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 from ds4agent.agent import events as ev
+from ds4agent.agent.loop import compact_threshold
 
 SUMMARY_MAX_TOKENS = 4096
 SUMMARY_MIN_ROOM = 256
@@ -45,16 +46,10 @@ SUMMARY_REQUEST = """Context compaction: the conversation above is about to be r
 Do not invent anything that did not happen. Be concise but complete."""
 
 
-def threshold(ctx: int) -> int:
-    from ds4agent.agent.loop import compact_threshold
-
-    return compact_threshold(ctx)
-
-
 def maybe_compact(worker: Any, projected: int, kind: str, *, force: bool = False) -> bool:
     """Compact when `projected` (the transcript after the next append) crosses the soft threshold,
     or always when force. Returns True when the transcript was compacted."""
-    if not force and projected < threshold(worker.settings.ctx):
+    if not force and projected < compact_threshold(worker.settings.ctx):
         return False
     if len(worker.transcript) <= worker.transcript.system_len:
         return False
