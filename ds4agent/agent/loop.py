@@ -91,7 +91,6 @@ class Worker:
         self.created_at: int | None = None
         self.session_id = ""  # full 40-hex identity once saved or loaded
         self.legacy_path: str | None = None
-        self.ready = False
         # Set by a compaction: the next User turn carries the bash job update (pending_results).
         self.jobs_update_due = False
         self._jobs_update: str | None = None
@@ -137,7 +136,6 @@ class Worker:
             self.io.emit(ev.Notice(f"{_THINK_MAX_TOO_SMALL} (context {s.ctx})", "warning"))
         self.session = self.engine.new_session()
         cached = sessionops.start_system_prefix(self)
-        self.ready = True
         self.io.emit(ev.Ready(model=_describe(self.engine), ctx=s.ctx, sysprompt_cached=cached))
         sessionops.offer_resume(self)
         self._set_state(ev.State.IDLE)
@@ -257,12 +255,8 @@ class Worker:
                 if not more:
                     reason = result.reason if result.reason not in ("tools", "error", "thinking") else "done"
                     break
-        except TurnAborted as err:
-            reason, error = "error", str(err)
-            self._close_round()
-            self.io.emit(ev.Error(error))
-        except Exception as err:  # engine failures and bugs: readable, and the session stays usable
-            reason, error = "error", f"{type(err).__name__}: {err}" if not str(err) else str(err)
+        except Exception as err:  # TurnAborted, engine failures, bugs: readable; the session stays usable
+            reason, error = "error", str(err) or f"{type(err).__name__}: {err}"
             self._close_round()
             self.io.emit(ev.Error(error))
         finally:
