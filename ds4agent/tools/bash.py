@@ -332,6 +332,17 @@ def _find(args: Mapping[str, Any], ctx: ToolContext) -> Job:
     return job
 
 
+# bash_status and bash_stop name a job the same way (job, or pid when job is 0).
+_JOB_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "job": {"type": "integer", "description": "job number from the bash result"},
+        "pid": {"type": "integer", "description": "process id, used only when job is 0"},
+    },
+    "required": ["job"],
+}
+
+
 class BashTool:
     name = "bash"
     description = (
@@ -368,14 +379,7 @@ class BashStatusTool:
         "Report on a background bash job right away (no waiting): status, exit status when done, and "
         "the latest output lines."
     )
-    schema = {
-        "type": "object",
-        "properties": {
-            "job": {"type": "integer", "description": "job number from the bash result"},
-            "pid": {"type": "integer", "description": "process id, used only when job is 0"},
-        },
-        "required": ["job"],
-    }
+    schema = _JOB_SCHEMA
     mutates = False
 
     def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
@@ -388,14 +392,7 @@ class BashStopTool:
         "Stop a background bash job and everything it started (SIGTERM, then SIGKILL after 1 s) "
         "and return its final output."
     )
-    schema = {
-        "type": "object",
-        "properties": {
-            "job": {"type": "integer", "description": "job number from the bash result"},
-            "pid": {"type": "integer", "description": "process id, used only when job is 0"},
-        },
-        "required": ["job"],
-    }
+    schema = _JOB_SCHEMA
     mutates = False
 
     def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
