@@ -320,7 +320,8 @@ class Agent:
 
     def ask(self, event: ev.PermissionRequest | ev.Question) -> tuple[str, str]:
         """Publish a question and wait for its answer (worker thread only). A permission question
-        is answered "n" by an interrupt; every question is answered "n" by shutdown."""
+        is answered "n" by an interrupt; every question is answered "n" by shutdown. The key comes
+        back as one lower-case letter ("Y ", "yes" -> "y"; an empty answer -> "n")."""
         pending = _Pending(event)
         self._pending[event.id] = pending
         try:
@@ -332,7 +333,7 @@ class Agent:
                     return "n", ""
             if self._stopping.is_set() and not pending.answer:
                 return "n", ""
-            return pending.answer, pending.message
+            return (pending.answer or "n").strip().lower()[:1] or "n", pending.message
         finally:
             self._pending.pop(event.id, None)
 

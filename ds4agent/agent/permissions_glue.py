@@ -38,7 +38,6 @@ def permit(worker: Any, name: str, args: dict) -> str | None:
         outside_workspace=bool(q.outside_workspace),
     )
     key, message = worker.io.ask(request)
-    key = (key or "n").strip().lower()[:1]
     if key == "y":
         answer = Answer.once()
     elif key == "s" and q.session_label:

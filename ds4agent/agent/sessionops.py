@@ -153,25 +153,21 @@ def confirm_leave(worker: Any) -> bool:
     True when the caller may go on."""
     if not (worker.dirty and worker.activity and worker.transcript.has_user_turn()):
         return True
-    while True:
-        key, _ = worker.io.ask(ev.Question(
-            id=worker.io.new_id("save"), kind="save", question="Save current session?",
-            options=(("y", "save"), ("n", "don't save"), ("c", "cancel")),
-        ))
-        key = (key or "n").strip().lower()[:1]
-        if key == "c":
-            return False
-        if key != "y":
-            return True
-        if save(worker) is not None:
-            return True
-        key, _ = worker.io.ask(ev.Question(
-            id=worker.io.new_id("save"), kind="continue", question="Continue anyway?",
-            options=(("y", "continue without saving"), ("n", "stay")),
-        ))
-        if (key or "n").strip().lower()[:1] == "y":
-            return True
+    key, _ = worker.io.ask(ev.Question(
+        id=worker.io.new_id("save"), kind="save", question="Save current session?",
+        options=(("y", "save"), ("n", "don't save"), ("c", "cancel")),
+    ))
+    if key == "c":
         return False
+    if key != "y":
+        return True
+    if save(worker) is not None:
+        return True
+    key, _ = worker.io.ask(ev.Question(
+        id=worker.io.new_id("save"), kind="continue", question="Continue anyway?",
+        options=(("y", "continue without saving"), ("n", "stay")),
+    ))
+    return key == "y"
 
 
 # ====================================================================== new
@@ -363,7 +359,7 @@ def offer_resume(worker: Any) -> None:
                  f"\"{title}\")?",
         options=(("y", "resume"), ("n", "discard")),
     ))
-    if (key or "n").strip().lower()[:1] != "y":
+    if key != "y":
         chosen.discard()
         return
     try:
