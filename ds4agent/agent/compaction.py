@@ -35,6 +35,8 @@ SUMMARY_MAX_TOKENS = 4096
 SUMMARY_MIN_ROOM = 256
 TAIL_MAX_TOKENS = 50_000
 GOAL_MAX_BYTES = 4000
+# The DSML marker spelled in ordinary byte tokens (not the special token) also ends a summary.
+_DSML_BYTES = "｜DSML｜".encode()  # noqa: RUF001 - U+FF5C, as the model writes it
 
 SUMMARY_REQUEST = """Context compaction: the conversation above is about to be replaced by a summary, so write a durable task-state summary that lets the work continue without it. Plain text only: no tool calls, no reasoning tags, no raw file dumps. Include, as applicable:
 - the user's goals and explicit requirements, quoted when short;
@@ -162,9 +164,8 @@ def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
             data = tok.token_bytes(token)
             decoder_bytes += data
             # The byte-spelled DSML marker also ends the summary (reference).
-            if "｜DSML｜".encode() in decoder_bytes[-32:]:  # noqa: RUF001
-                cut = bytes(decoder_bytes).rfind("｜DSML｜".encode())  # noqa: RUF001
-                decoder_bytes = decoder_bytes[:cut]
+            if _DSML_BYTES in decoder_bytes[-32:]:
+                decoder_bytes = decoder_bytes[:decoder_bytes.rfind(_DSML_BYTES)]
                 break
             io.emit(ev.CompactionDelta(data.decode("utf-8", "replace")))
             if len(summary) % 32 == 0:
