@@ -114,7 +114,7 @@ class Decision:
 
     def result(self) -> ToolResult:
         """The tool result for a denied call."""
-        return ToolResult(error_text(self.reason), ok=False, display=TextDisplay(summary=self.reason, body=""))
+        return _refusal(self.reason)
 
 
 ALLOW = Decision("allow")
@@ -125,7 +125,12 @@ def denied_result(answer: Answer) -> ToolResult:
     msg = "permission denied by the user"
     if answer.message.strip():
         msg += f"; the user says: {answer.message.strip()}"
-    return ToolResult(error_text(msg), ok=False, display=TextDisplay(summary=msg, body=""))
+    return _refusal(msg)
+
+
+def _refusal(reason: str) -> ToolResult:
+    """A refused call: the error text for the model, the reason alone for a UI (no body: nothing ran)."""
+    return ToolResult(error_text(reason), ok=False, display=TextDisplay(summary=reason, body=""))
 
 
 def command_programs(command: str) -> tuple[str, ...] | None:
