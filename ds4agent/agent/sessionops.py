@@ -219,8 +219,6 @@ def load(worker: Any, prefix: str) -> None:
 
 
 def _load(worker: Any, prefix: str) -> None:
-    from ds4agent.agent.history import last_turns
-
     if worker.store is None:
         raise SessionOpError("no session directory")
     worker._set_state(ev.State.LOADING, detail="loading session")
@@ -249,11 +247,20 @@ def _load(worker: Any, prefix: str) -> None:
     if ids[:system_len] != worker.system_ids:
         worker.io.emit(ev.Notice("this session was saved with a different system prompt; it "
                                  "continues with its own", "info"))
+    _announce_loaded(worker, ids, system_len, prefilled=prefilled)
+    worker.io.emit(ev.Notice(f"switched to session {loaded.id[:8]} ({len(ids)} tokens)"))
+
+
+def _announce_loaded(worker: Any, ids: list[int], system_len: int, *, prefilled: int,
+                     resumed: bool = False) -> None:
+    """After /load or a resume: journal the restored transcript and show its last turns."""
+    from ds4agent.agent.history import last_turns
+
     journal_write(worker)
     history = last_turns(worker.tok, ids, system_len, 3)
-    worker.io.emit(ev.SessionLoaded(loaded.id, loaded.id[:8], len(ids), display_title(worker.title),
-                                    tuple(history), prefilled=prefilled))
-    worker.io.emit(ev.Notice(f"switched to session {loaded.id[:8]} ({len(ids)} tokens)"))
+    worker.io.emit(ev.SessionLoaded(worker.session_id, worker.session_id[:8], len(ids),
+                                    display_title(worker.title), tuple(history), resumed=resumed,
+                                    prefilled=prefilled))
 
 
 def _system_len(worker: Any, ids: list[int]) -> int:
@@ -393,7 +400,6 @@ def _derive_title(worker: Any, tokens: list[int]) -> str:
 def resume(worker: Any, tokens: list[int], meta: dict) -> None:
     """Restore a journalled transcript: load the nearest saved KV whose text is a prefix of it
     (no prefill for that part), then prefill only the rest."""
-    from ds4agent.agent.history import last_turns
     from ds4agent.engine.tokenizer import EOS
 
     tokens = list(tokens)
@@ -416,10 +422,7 @@ def resume(worker: Any, tokens: list[int], meta: dict) -> None:
     worker.legacy_path = meta.get("legacy_path") or None
     worker.dirty = True
     worker.activity = True
-    journal_write(worker)
-    history = last_turns(worker.tok, tokens, system_len, 3)
-    worker.io.emit(ev.SessionLoaded(worker.session_id, worker.session_id[:8], len(tokens),
-                                    display_title(worker.title), tuple(history), resumed=True, prefilled=prefilled))
+    _announce_loaded(worker, tokens, system_len, prefilled=prefilled, resumed=True)
     worker.io.emit(ev.Notice(f"resumed the unsaved session ({len(tokens)} tokens, {prefilled} prefilled)"))
 
 
