@@ -297,7 +297,9 @@ class Change:
     result_text: str = ""
     record: list[tuple[int, bytes]] | None = None  # lines the guard learns (None: whole file)
     keep_below: int = 0  # guard: lines < keep_below keep their records
-    keep_after: tuple[int, int] | None = None  # guard: (old B, shift) when lines after B stay known
+    # guard: lines after this old line keep their records (set only when the edit kept the line
+    # count, so those lines did not move)
+    keep_after: int | None = None
 
     def diff(self) -> DiffDisplay:
         return make_diff(self.path, self.before, self.after)
@@ -331,10 +333,8 @@ def _apply(change: Change, ctx: ToolContext) -> None:
         ctx.seen.replace(key, ((n, new_lines[n - 1]) for n in range(1, len(new_lines) + 1)))
         return
     old = ctx.seen.get(key) or {}
-    kept = {n: c for n, c in old.items() if n < change.keep_below}
-    if change.keep_after is not None:
-        b, shift = change.keep_after
-        kept.update({n + shift: c for n, c in old.items() if n > b})
+    after = change.keep_after
+    kept = {n: c for n, c in old.items() if n < change.keep_below or (after is not None and n > after)}
     ctx.seen.replace(key, ())
     ctx.seen.lines(key).update(kept)
     ctx.seen.record(key, change.record)
@@ -580,7 +580,7 @@ def _plan_replace(ctx: ToolContext, path: str, key: str, data: bytes, old_s: str
     )
     region = [(n, new_lines[n - 1]) for n in range(a, min(len(new_lines), a + k - 1) + 1)]
     return Change(path=path, key=key, before=data, after=after, result_text=text,
-                  record=region + ctx_lines, keep_below=a, keep_after=(b, 0) if d == 0 else None)
+                  record=region + ctx_lines, keep_below=a, keep_after=b if d == 0 else None)
 
 
 def plan_edit(args: Mapping[str, Any], ctx: ToolContext) -> Change:
@@ -629,7 +629,7 @@ def plan_edit(args: Mapping[str, Any], ctx: ToolContext) -> Change:
     text = f"Edited {path} lines {a}-{b}\n" + _shift_note(b, d) + ctx_text
     region = [(n, new_lines[n - 1]) for n in range(a, a + k)]
     return Change(path=path, key=key, before=data, after=after, result_text=text,
-                  record=region + ctx_lines, keep_below=a, keep_after=(b, 0) if d == 0 else None)
+                  record=region + ctx_lines, keep_below=a, keep_after=b if d == 0 else None)
 
 
 class EditTool:
