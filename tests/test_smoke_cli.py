@@ -35,3 +35,17 @@ def test_reference_short_flags_and_defaults():
     assert (args.ctx, args.round_tokens, args.system) == (4096, 7, "be brief")
     defaults = build_parser().parse_args([])
     assert (defaults.ctx, defaults.round_tokens, defaults.min_p, defaults.think_mode) == (100_000, 50_000, 0.05, "think")
+
+
+def test_process_entry_flushes_output_before_its_hard_exit(tmp_path):
+    # entry() leaves through os._exit (see its docstring); buffered output written to a pipe must
+    # still arrive in full, and the status must be main()'s.
+    r = subprocess.run([sys.executable, "-m", "ds4agent.cli", "tokens", "--text", "hello world " * 300],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0
+    lines = r.stdout.splitlines()
+    assert lines[:3] == ["33310\thello", "2058\t world", "44388\t hello"]
+    assert len(lines) > 600 and r.stderr.strip() == f"{len(lines)} tokens"
+    missing = subprocess.run([sys.executable, "-m", "ds4agent.cli", "tokens", "--file", "nope.txt"],
+                             capture_output=True, text=True, cwd=tmp_path)
+    assert missing.returncode == 2 and "nope.txt" in missing.stderr
