@@ -264,13 +264,6 @@ class Agent:
         if not self._busy:
             worker.emit_status()
 
-    def run_command(self, line: str) -> bool:
-        """Run a slash command typed by the user; returns False when `line` is not a command (then
-        the caller submits it). Unknown commands answer Error("unknown command: /x")."""
-        from ds4agent.agent.commands import dispatch
-
-        return dispatch(self, line)
-
     # ------------------------------------------------------------------ events
 
     def poll_events(self, max_events: int | None = None) -> list[ev.Event]:

@@ -114,24 +114,19 @@ def test_save_while_busy_is_deferred_to_turn_end(tmp_path, tools):
     h.stop()
 
 
-def test_slash_commands(tmp_path, tools):
+def test_new_failure_is_readable_and_think_mode_switches(tmp_path, tools):
+    # Slash commands are parsed by the front ends (ds4agent/ui/commands.py, tested in tests/ui);
+    # here the facade methods they call.
     h = AgentHarness.build(tmp_path, tools=tools)
-    assert not h.agent.run_command("hello")
-    evs = h.command(lambda: h.agent.run_command("/bogus"))
-    assert of(evs, ev.Error)[0].text == "unknown command: /bogus"
-    evs = h.command(lambda: h.agent.run_command("/load"))
-    assert of(evs, ev.Error)[0].text == "usage: /load <sha-prefix>"
-    evs = h.command(lambda: h.agent.run_command("/switch"))
-    assert of(evs, ev.Error)[0].text == "usage: /switch <sha-prefix>"
 
     def broken() -> None:
         raise OSError("disk full")
 
     h.worker.cmd_new = broken
-    evs = h.command(lambda: h.agent.run_command("/new"))
+    evs = h.command(h.agent.new)
     assert of(evs, ev.Error)[0].text == "new session failed: disk full"
     assert not h.agent.busy  # and the agent is idle again
-    evs = h.command(lambda: h.agent.run_command("/think nothink"))
+    evs = h.command(lambda: h.agent.set_think_mode("nothink"))
     assert of(evs, ev.Status)[-1].think_mode == "nothink"
     h.engine.add(reply("B", think=None))
     h.turn("x")
