@@ -202,11 +202,6 @@ class Ds4App(App):
         for card in self.conversation.running_cards():
             card.tick()
 
-    def _end_thinking(self) -> None:
-        # The deltas carry their token counts (merged deltas the sum), so the block's own count is
-        # exact; the rate-limited Status.generated is not used for it.
-        self.conversation.end_thinking()
-
     async def _handle(self, e: ev.Event, n: int) -> None:  # noqa: C901 - one dispatch table, in order
         conv = self.conversation
         s = self.status_model
@@ -217,12 +212,12 @@ class Ds4App(App):
             s.apply_prefill(e)
             self.status_bar.mark()
         elif isinstance(e, ev.ThinkingDelta):
+            # n: the tokens the (merged) deltas stand for, so the block's count is exact. Whatever
+            # comes next (text, a tool card, a note, the turn's end) ends the block in Conversation.
             await conv.thinking_delta(e.text, n)
         elif isinstance(e, ev.TextDelta):
-            self._end_thinking()
             await conv.text_delta(e.text)
         elif isinstance(e, ev.ToolCallStart):
-            self._end_thinking()
             await conv.tool_start(e.index, e.name)
         elif isinstance(e, ev.ToolCallArgDelta):
             await conv.tool_arg(e.index, e.param, e.text)
@@ -232,7 +227,6 @@ class Ds4App(App):
             self._close_stale_permission()
             await conv.tool_result(e.index, e.name, e.ok, e.text, e.display, e.elapsed)
         elif isinstance(e, ev.ToolCallInvalid):
-            self._end_thinking()
             await conv.tool_invalid(e.reason, e.raw, e.kind)
         elif isinstance(e, ev.PermissionRequest):
             self._ask_permission(e)
@@ -245,7 +239,6 @@ class Ds4App(App):
             conv.new_round()
         elif isinstance(e, ev.TurnEnded):
             self._close_stale_permission()
-            self._end_thinking()
             await conv.end_turn()
             if e.reason == "interrupted":
                 await conv.note("interrupted", "warning")
