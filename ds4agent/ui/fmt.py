@@ -7,7 +7,7 @@ numbers the same way and the tests can check exact strings.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 # Context share at which the agent's soft compaction starts (agent-reference.md §8). The status bar
@@ -113,7 +113,6 @@ class StatusState:
     session_id: str = ""
     title: str = ""
     dirty: bool = False
-    queued: list[str] = field(default_factory=list)
     _decode_seen: float = 0.0        # the decode speed in the last Status (stale ones repeat it)
 
     def set_state(self, state: str, detail: str = "") -> None:

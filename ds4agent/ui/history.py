@@ -83,6 +83,3 @@ class History:
             self._cursor = None
             return self._draft
         return self.entries[self._cursor]
-
-    def reset(self) -> None:
-        self._cursor = None

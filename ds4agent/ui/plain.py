@@ -60,12 +60,10 @@ class PlainRenderer:
         self.at_line_start = True
         self.think_started = 0.0
         self.think_tokens = 0
-        self.last_answer: list[str] = []
+        self.last_answer = ""               # the last turn's answer, for /copy
         self.answer_text = ""
-        self.tool_names: dict[int, str] = {}
         self.questions: list[ev.Event] = []   # PermissionRequest / Question waiting for the front end
         self.exited: ev.Exited | None = None
-        self.session_list: ev.SessionList | None = None
 
     def out(self, text: str, style: str = "text") -> None:
         if text:
@@ -122,7 +120,6 @@ class PlainRenderer:
             self.out(text, "text" if isinstance(e, ev.TextDelta) else "thinking")
         elif isinstance(e, ev.ToolCallStart):
             self.close_stream()
-            self.tool_names[e.index] = e.name
         elif isinstance(e, ev.ToolCallEnd):
             self.close_stream()
             self.out("⏺ ", "tool")
@@ -141,15 +138,13 @@ class PlainRenderer:
         elif isinstance(e, ev.TurnEnded):
             self.close_stream()
             if self.answer_text.strip():
-                self.last_answer = [self.answer_text.strip()]
+                self.last_answer = self.answer_text.strip()
             if e.reason == "interrupted":
                 self.line("interrupted", "warning")
             elif e.reason == "token_cap":
                 self.line("[the round stopped at the token limit (--tokens)]", "warning")
             elif e.reason == "error" and e.error:
                 self.line(e.error, "error")
-        elif isinstance(e, ev.QueueChanged):
-            s.queued = list(e.items)
         elif isinstance(e, ev.Notice):
             self.line(e.text, "warning" if e.level == "warning" else "muted")
         elif isinstance(e, ev.Error):
@@ -266,7 +261,7 @@ class PlainFrontEnd:
             else:
                 a.set_permission_mode(mode)  # the agent checks it and confirms (notice + Status)
         elif name == "copy":
-            text = "\n".join(r.last_answer)
+            text = r.last_answer
             if not text:
                 r.line("nothing to copy yet", "warning")
             elif copy is not None and copy(text):

@@ -105,11 +105,6 @@ def tool_summary(name: str, args: dict[str, Any]) -> str:
     return clip(" ".join(parts), SUMMARY_WIDTH)
 
 
-def arg_preview(name: str, args: dict[str, str]) -> str:
-    """Summary while the model is still writing the call (partial argument text)."""
-    return tool_summary(name, args)
-
-
 def _lines(text: str) -> list[str]:
     return text.rstrip("\n").split("\n") if text.strip() else []
 

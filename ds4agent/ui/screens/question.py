@@ -14,23 +14,17 @@ from ds4agent.ui.screens import MODALS_TCSS, TypeaheadGuard
 class QuestionScreen(ModalScreen[str]):
     """Dismisses with the chosen option key; Esc gives `escape_key` (None: Esc does nothing)."""
 
-
-
     CSS_PATH = MODALS_TCSS
 
-    def __init__(self, question: str, options: tuple[tuple[str, str], ...], *, escape_key: str | None = None,
-                 body: str = "") -> None:
+    def __init__(self, question: str, options: tuple[tuple[str, str], ...], *, escape_key: str | None = None) -> None:
         super().__init__()
         self.question = question
         self.options = tuple(options)
         self.escape_key = escape_key
-        self.body = body
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog question"):
             yield Static(Content.from_markup("[b]$q[/]", q=self.question), classes="title")
-            if self.body:
-                yield Static(Content(self.body), classes="body")
             with Horizontal(classes="buttons"):
                 for key, label in self.options:
                     yield Button(Content(f"[{key}] {label}"), id=f"answer-{key}", compact=True,

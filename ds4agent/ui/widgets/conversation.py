@@ -280,9 +280,6 @@ class Conversation(VerticalScroll, can_focus=False):
         self.anchor()
 
     # -- simple lines ------------------------------------------------------------------------
-    async def add(self, widget) -> None:
-        await self.mount(widget)
-
     async def user(self, text: str, *, queued: bool = False) -> None:
         await self.close_streams()
         self._turn_answer = []
