@@ -430,14 +430,7 @@ class Ds4App(App):
                 self._picked,
             )
             return
-        now = self.now()
-        lines = [f"saved sessions in {e.directory}:"]
-        for info in e.sessions:
-            title = info.title if len(info.title) <= 70 else info.title[:70] + "..."
-            lines.append(f"  {info.short_id} ({fmt.format_age(now - info.last_used)}) {title}  "
-                         f"[{info.tokens} tokens, {fmt.format_size(info.size_bytes)}]")
-        if not e.sessions:
-            lines.append("  (none)")
+        lines = fmt.session_list_lines(e.directory, e.sessions, self.now())
         await self.conversation.note("\n".join(lines), "info")
 
     def _picked(self, session_id: str | None) -> None:

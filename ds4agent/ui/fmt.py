@@ -232,6 +232,18 @@ def status_line(s: StatusState) -> str:
     return " · ".join(parts)
 
 
+def session_list_lines(directory: str, sessions, now: float) -> list[str]:
+    """/list as text: a heading, then one line per saved session (or `(none)`)."""
+    lines = [f"saved sessions in {directory}:"]
+    for info in sessions:
+        title = info.title if len(info.title) <= 70 else info.title[:70] + "..."
+        lines.append(f"  {info.short_id} ({format_age(now - info.last_used)}) {title}  "
+                     f"[{info.tokens} tokens, {format_size(info.size_bytes)}]")
+    if not sessions:
+        lines.append("  (none)")
+    return lines
+
+
 def session_label(session_id: str, title: str) -> str:
     if not session_id:
         return "new session"

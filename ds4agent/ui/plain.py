@@ -200,14 +200,10 @@ class PlainRenderer:
                 self.line(fmt.clip(item.text, 200), "muted")
 
     def print_sessions(self, e: ev.SessionList) -> None:
-        now = self.now()
-        self.line(f"saved sessions in {e.directory}:", "muted")
-        for info in e.sessions:
-            title = info.title if len(info.title) <= 70 else info.title[:70] + "..."
-            self.line(f"  {info.short_id} ({fmt.format_age(now - info.last_used)}) {title}  "
-                      f"[{info.tokens} tokens, {fmt.format_size(info.size_bytes)}]")
-        if not e.sessions:
-            self.line("  (none)")
+        heading, *rows = fmt.session_list_lines(e.directory, e.sessions, self.now())
+        self.line(heading, "muted")
+        for row in rows:
+            self.line(row)
 
 
 class PlainFrontEnd:
