@@ -126,15 +126,14 @@ class PlainRenderer:
             self.out(f"{e.name}  {toolview.tool_summary(e.name, e.args)}\n")
         elif isinstance(e, ev.ToolResult):
             self.close_stream()
-            failed = not e.ok or (e.name == "bash" and toolview.bash_failed(e.ok, e.text, e.display))
+            failed = toolview.result_failed(e.name, e.ok, e.text, e.display)
             status = toolview.result_status(e.name, e.ok, e.text, e.display, e.elapsed)
             self.out(("  ✗ " if failed else "  ✓ ") + status + "\n", "fail" if failed else "ok")
             for style, text in toolview.result_body(e.name, e.ok, e.text, e.display):
                 self.out("  │ ", "muted")
                 self.out(text + "\n", style)
         elif isinstance(e, ev.ToolCallInvalid):
-            label = {"thinking": "tool call ignored", "interrupted": "unfinished tool call"}.get(e.kind, "invalid tool call")
-            self.line(f"[{label}: {e.reason}]", "error")
+            self.line(f"[{toolview.invalid_call_label(e.kind)}: {e.reason}]", "error")
         elif isinstance(e, ev.TurnEnded):
             self.close_stream()
             if self.answer_text.strip():

@@ -195,6 +195,16 @@ def bash_failed(ok: bool, text: str, display: Any) -> bool:
     return (not ok) or (code is not None and code != 0)
 
 
+def result_failed(name: str, ok: bool, text: str, display: Any) -> bool:
+    """A card shows ✗ for a tool error, and for a bash command that exited non-zero."""
+    return not ok or (name == "bash" and bash_failed(ok, text, display))
+
+
+def invalid_call_label(kind: str) -> str:
+    """How a rejected tool call is named (ToolCallInvalid.kind)."""
+    return {"thinking": "tool call ignored", "interrupted": "unfinished tool call"}.get(kind, "invalid tool call")
+
+
 def numbered_diff_lines(lines: Any) -> list[tuple[str, str]]:
     """DiffDisplay.lines (kind, old_no, new_no, text) as `- 88  text` rows, the numbers right-aligned."""
     out: list[tuple[str, str]] = []

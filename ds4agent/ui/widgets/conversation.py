@@ -188,7 +188,7 @@ class ToolCard(Vertical):
 
     def finish(self, ok: bool, text: str, display: Any, elapsed: float) -> None:
         self.result = (ok, text, display, elapsed)
-        failed = not ok or (self.tool_name == "bash" and toolview.bash_failed(ok, text, display))
+        failed = toolview.result_failed(self.tool_name, ok, text, display)
         self.state = "failed" if failed else "ok"
         self.remove_class("running")
         self.add_class("failed" if failed else "ok")
@@ -239,8 +239,8 @@ class ToolCard(Vertical):
 
 class InvalidCallCard(Static):
     def __init__(self, reason: str, raw: str, kind: str) -> None:
-        label = {"thinking": "tool call ignored", "interrupted": "unfinished tool call"}.get(kind, "invalid tool call")
-        text = Content.from_markup("[b $text-error]✗ $label:[/] $reason", label=label, reason=reason)
+        text = Content.from_markup("[b $text-error]✗ $label:[/] $reason", label=toolview.invalid_call_label(kind),
+                                   reason=reason)
         if raw.strip():
             raw_lines = raw.strip("\n").split("\n")
             if len(raw_lines) > 8:
