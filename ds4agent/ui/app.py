@@ -350,7 +350,7 @@ class Ds4App(App):
     async def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
         text = message.text
         self.hints.show_for("")
-        if commands.is_command(text) and not text.strip().startswith("//"):
+        if commands.is_command(text):
             await self.run_command(text)
             return
         if self.agent is None:
@@ -397,8 +397,7 @@ class Ds4App(App):
         elif name == "compact":
             agent.compact()
         elif name in ("think", "nothink"):
-            mode = "nothink" if name == "nothink" else (cmd.arg or "think")
-            agent.set_think_mode(mode)  # the agent confirms with a notice and a Status event
+            agent.set_think_mode(commands.think_mode(cmd))  # the agent confirms with a notice and a Status event
         elif name == "permissions":
             await self._permissions(cmd.arg)
         elif name == "copy":

@@ -69,7 +69,9 @@ ALIASES = {"exit": "quit", "switch": "load"}
 
 
 def is_command(text: str) -> bool:
-    return text.strip().startswith("/")
+    """A line that runs a slash command; `//…` is text for the model (a way to send a leading slash)."""
+    line = text.strip()
+    return line.startswith("/") and not line.startswith("//")
 
 
 def parse(text: str) -> ParsedCommand:
@@ -93,6 +95,11 @@ def completions(text: str) -> list[CommandSpec]:
         return []
     prefix = text[1:].lower()
     return [c for c in COMMANDS if c.name.startswith(prefix)]
+
+
+def think_mode(cmd: ParsedCommand) -> str:
+    """The reasoning mode /think [mode] or /nothink asks for (the agent checks and confirms it)."""
+    return "nothink" if cmd.name == "nothink" else (cmd.arg or "think")
 
 
 def history_count(arg: str, default: int = 3) -> int:

@@ -247,8 +247,7 @@ class PlainFrontEnd:
         elif name == "compact":
             a.compact()
         elif name in ("think", "nothink"):
-            mode = "nothink" if name == "nothink" else (cmd.arg or "think")
-            a.set_think_mode(mode)
+            a.set_think_mode(commands.think_mode(cmd))
         elif name == "permissions":
             mode = cmd.arg.strip()
             if not mode:
@@ -322,7 +321,7 @@ def run_lines(agent: Any, stdin, stdout, *, poll: float = 0.02) -> int:
         text = raw.rstrip("\n")
         if not text.strip():
             continue
-        if commands.is_command(text) and not text.strip().startswith("//"):
+        if commands.is_command(text):
             fe.run_command(text)
         else:
             agent.submit(text)
@@ -483,7 +482,7 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
                 if not text.strip():
                     continue
                 saved_history.add(text)
-                if commands.is_command(text) and not text.strip().startswith("//"):
+                if commands.is_command(text):
                     fe.run_command(text, copy=copy)
                     if fe.quitting:  # the save question (or the exit) comes next: no prompt in between
                         await _wait_for(lambda: r.exited is not None or bool(r.questions), timeout=10.0)
