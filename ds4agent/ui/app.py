@@ -240,12 +240,9 @@ class Ds4App(App):
         elif isinstance(e, ev.TurnEnded):
             self._close_stale_permission()
             await conv.end_turn()
-            if e.reason == "interrupted":
-                await conv.note("interrupted", "warning")
-            elif e.reason == "token_cap":
-                await conv.note("[the round stopped at the token limit (--tokens)]", "warning")
-            elif e.reason == "error" and e.error:
-                await conv.note(e.error, "error")
+            note = fmt.turn_end_note(e.reason, e.error)
+            if note:
+                await conv.note(*note)
         elif isinstance(e, ev.QueueChanged):
             self.chips.set_items(tuple(self._pre_agent) + tuple(e.items), loading=self.loading)
         elif isinstance(e, ev.Notice):
@@ -258,7 +255,7 @@ class Ds4App(App):
         elif isinstance(e, ev.Ready):
             if self.chips.items:
                 self.chips.set_items(self.chips.items)  # Esc can interrupt from now on
-            await conv.note(f"ready · {e.model} · context {fmt.human_count(e.ctx)} tokens", "muted")
+            await conv.note(fmt.ready_line(e.model, e.ctx), "muted")
         elif isinstance(e, ev.SessionSaved):
             s.session_id, s.title, s.dirty = e.short_id, e.title, False
             self.status_bar.mark()
@@ -267,12 +264,11 @@ class Ds4App(App):
             self.status_bar.mark()
             await self._clear_for_switch()
             # The agent follows with its own "switched to session …" / "resumed …" notice.
-            turns = sum(1 for item in e.history if item.kind == "user")
-            if turns:
-                await conv.note(f"--- {fmt.history_label(e.short_id, e.title)}: last {turns} user turn(s) ---",
-                                "muted")
+            heading = fmt.loaded_history_heading(e.short_id, e.title, e.history)
+            if heading:
+                await conv.note(heading, "muted")
                 await conv.history(e.history)
-                await conv.note("--- end history ---", "muted")
+                await conv.note(fmt.HISTORY_END, "muted")
         elif isinstance(e, ev.SessionNew):
             s.switch_session()
             self.status_bar.mark()
@@ -283,7 +279,7 @@ class Ds4App(App):
         elif isinstance(e, ev.History):
             await self._history(e)
         elif isinstance(e, ev.CompactionStarted):
-            await conv.note(f"compacting ({e.reason}): summarising durable task state", "warning")
+            await conv.note(fmt.compacting_line(e.reason), "warning")
         elif isinstance(e, ev.CompactionDelta):
             await conv.compaction_delta(e.text, n)
         elif isinstance(e, ev.CompactionDone):
@@ -461,11 +457,11 @@ class Ds4App(App):
     async def _history(self, e: ev.History) -> None:
         conv = self.conversation
         if not e.items:
-            await conv.note("(no user history)", "muted")
+            await conv.note(fmt.NO_HISTORY, "muted")
             return
-        await conv.note(f"--- session history: last {e.turns} user turn(s) ---", "muted")
+        await conv.note(fmt.history_heading(e.turns), "muted")
         await conv.history(e.items)
-        await conv.note("--- end history ---", "muted")
+        await conv.note(fmt.HISTORY_END, "muted")
 
     # ------------------------------------------------------------------ actions
     def action_help(self) -> None:

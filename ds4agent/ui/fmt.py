@@ -232,6 +232,41 @@ def status_line(s: StatusState) -> str:
     return " · ".join(parts)
 
 
+# -- lines both front ends print for the agent's events (the TUI as notes, plain mode as text) ------
+HISTORY_END = "--- end history ---"
+NO_HISTORY = "(no user history)"
+
+
+def ready_line(model: str, ctx: int) -> str:
+    return f"ready · {model} · context {human_count(ctx)} tokens"
+
+
+def compacting_line(reason: str) -> str:
+    return f"compacting ({reason}): summarising durable task state"
+
+
+def turn_end_note(reason: str, error: str = "") -> tuple[str, str] | None:
+    """What the end of a turn says, as (text, level): an interruption, the token cap, an error."""
+    if reason == "interrupted":
+        return "interrupted", "warning"
+    if reason == "token_cap":
+        return "[the round stopped at the token limit (--tokens)]", "warning"
+    if reason == "error" and error:
+        return error, "error"
+    return None
+
+
+def history_heading(turns: int) -> str:
+    """Above the turns /history replays."""
+    return f"--- session history: last {turns} user turn(s) ---"
+
+
+def loaded_history_heading(session_id: str, title: str, items) -> str | None:
+    """Above a loaded session's replayed turns; None when they hold no user turn (nothing is shown)."""
+    turns = sum(1 for item in items if item.kind == "user")
+    return f"--- {history_label(session_id, title)}: last {turns} user turn(s) ---" if turns else None
+
+
 def session_list_lines(directory: str, sessions, now: float) -> list[str]:
     """/list as text: a heading, then one line per saved session (or `(none)`)."""
     lines = [f"saved sessions in {directory}:"]

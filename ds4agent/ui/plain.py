@@ -138,28 +138,25 @@ class PlainRenderer:
             self.close_stream()
             if self.answer_text.strip():
                 self.last_answer = self.answer_text.strip()
-            if e.reason == "interrupted":
-                self.line("interrupted", "warning")
-            elif e.reason == "token_cap":
-                self.line("[the round stopped at the token limit (--tokens)]", "warning")
-            elif e.reason == "error" and e.error:
-                self.line(e.error, "error")
+            note = fmt.turn_end_note(e.reason, e.error)
+            if note:
+                self.line(*note)
         elif isinstance(e, ev.Notice):
             self.line(e.text, "warning" if e.level == "warning" else "muted")
         elif isinstance(e, ev.Error):
             self.line(f"ds4agent: {e.text}", "error")
         elif isinstance(e, ev.Ready):
-            self.line(f"ready · {e.model} · context {fmt.human_count(e.ctx)} tokens", "muted")
+            self.line(fmt.ready_line(e.model, e.ctx), "muted")
         elif isinstance(e, ev.SessionSaved):
             s.session_id, s.title, s.dirty = e.short_id, e.title, False
         elif isinstance(e, ev.SessionLoaded):
             s.switch_session(e.short_id, e.title, e.tokens)
             # The agent follows with its own "switched to session …" / "resumed …" notice.
-            turns = sum(1 for item in e.history if item.kind == "user")
-            if turns:
-                self.line(f"--- {fmt.history_label(e.short_id, e.title)}: last {turns} user turn(s) ---", "muted")
+            heading = fmt.loaded_history_heading(e.short_id, e.title, e.history)
+            if heading:
+                self.line(heading, "muted")
                 self.replay(e.history)
-                self.line("--- end history ---", "muted")
+                self.line(fmt.HISTORY_END, "muted")
         elif isinstance(e, ev.SessionNew):
             s.switch_session()
             self.line("─" * 40 + " new session", "muted")
@@ -167,13 +164,13 @@ class PlainRenderer:
             self.print_sessions(e)
         elif isinstance(e, ev.History):
             if not e.items:
-                self.line("(no user history)", "muted")
+                self.line(fmt.NO_HISTORY, "muted")
             else:
-                self.line(f"--- session history: last {e.turns} user turn(s) ---", "muted")
+                self.line(fmt.history_heading(e.turns), "muted")
                 self.replay(e.items)
-                self.line("--- end history ---", "muted")
+                self.line(fmt.HISTORY_END, "muted")
         elif isinstance(e, ev.CompactionStarted):
-            self.line(f"compacting ({e.reason}): summarising durable task state", "warning")
+            self.line(fmt.compacting_line(e.reason), "warning")
         elif isinstance(e, ev.CompactionDone):
             self.close_stream()  # the agent reports the outcome itself (a Notice or an Error)
         elif isinstance(e, (ev.PermissionRequest, ev.Question)):
