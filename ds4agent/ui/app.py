@@ -112,33 +112,20 @@ class Ds4App(App):
             yield PromptInput(self.history, cwd=self.cwd, id="input")
         yield StatusBar(self.status_model, id="status")
 
-    # The main widgets are looked up once: a DOM query per event would walk the whole conversation.
-    @property
-    def conversation(self) -> Conversation:
-        return self._widgets["conversation"]  # type: ignore[return-value]
-
-    @property
-    def input(self) -> PromptInput:
-        return self._widgets["input"]  # type: ignore[return-value]
-
-    @property
-    def status_bar(self) -> StatusBar:
-        return self._widgets["status"]  # type: ignore[return-value]
-
-    @property
-    def chips(self) -> QueueChips:
-        return self._widgets["queue"]  # type: ignore[return-value]
-
-    @property
-    def hints(self) -> CommandHints:
-        return self._widgets["hints"]  # type: ignore[return-value]
+    # The main widgets are looked up once, at mount: a DOM query per event would walk the whole
+    # conversation.
+    conversation: Conversation
+    input: PromptInput
+    status_bar: StatusBar
+    chips: QueueChips
+    hints: CommandHints
 
     def on_mount(self) -> None:
-        self._widgets = {
-            "conversation": self.query_one(Conversation), "input": self.query_one(PromptInput),
-            "status": self.query_one(StatusBar), "queue": self.query_one(QueueChips),
-            "hints": self.query_one(CommandHints),
-        }
+        self.conversation = self.query_one(Conversation)
+        self.input = self.query_one(PromptInput)
+        self.status_bar = self.query_one(StatusBar)
+        self.chips = self.query_one(QueueChips)
+        self.hints = self.query_one(CommandHints)
         self.input.focus()
         self.set_interval(1 / bridge.DRAIN_HZ, self._drain)
         if self.animate:
