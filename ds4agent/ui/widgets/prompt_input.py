@@ -31,6 +31,13 @@ def fold_label(text: str, n: int) -> str:
     return f"[... {body} ...]" if n == 1 else f"[... {body} #{n} ...]"
 
 
+def next_choice(current: str, options: list[str]) -> str:
+    """What Tab puts in: the first option, or the one after `current`, so repeated Tab cycles."""
+    if current in options and len(options) > 1:
+        return options[(options.index(current) + 1) % len(options)]
+    return options[0]
+
+
 class PromptInput(TextArea):
     BINDINGS = [
         Binding("ctrl+x", "app.pull_queued", "pull back queued", show=False),
@@ -155,24 +162,14 @@ class PromptInput(TextArea):
         matches = commands.completions(self.text)
         if not matches:
             return
-        current = self.text[1:]
-        names = [c.name for c in matches]
-        if current in names and len(names) > 1:
-            # repeated Tab cycles through the candidates
-            choice = names[(names.index(current) + 1) % len(names)]
-        else:
-            choice = names[0]
+        choice = next_choice(self.text[1:], [c.name for c in matches])
         self.set_text("/" + choice + ("" if len(matches) > 1 else " "))
-
 
     def _complete_mention(self, before: str, partial: str) -> None:
         found = mentions.candidates(self.cwd, partial)
         if not found:
             return
-        if partial in found and len(found) > 1:
-            choice = found[(found.index(partial) + 1) % len(found)]  # repeated Tab cycles
-        else:
-            choice = found[0]
+        choice = next_choice(partial, found)
         start = (self.cursor_location[0], self.cursor_location[1] - len(partial))
         self.replace(choice, start, self.cursor_location)
 
