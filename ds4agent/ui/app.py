@@ -458,7 +458,7 @@ class Ds4App(App):
             self.push_screen(HelpScreen())
 
     def action_picker(self) -> None:
-        if self.agent is None or self.agent.busy:
+        if self.busy:
             self.call_later(self.conversation.note, "command requires the model to be idle: /load", "error")
             return
         self._want_picker = True
