@@ -153,7 +153,7 @@ class ToolCard(Vertical):
     the editor. A click toggles a card; Ctrl+O toggles the last one."""
 
     def __init__(self, name: str, *, index: int = 0) -> None:
-        super().__init__(classes="tool-card running")
+        super().__init__()
         self.tool_name = name
         self.index = index
         self.params: dict[str, str] = {}
@@ -188,10 +188,7 @@ class ToolCard(Vertical):
 
     def finish(self, ok: bool, text: str, display: Any, elapsed: float) -> None:
         self.result = (ok, text, display, elapsed)
-        failed = toolview.result_failed(self.tool_name, ok, text, display)
-        self.state = "failed" if failed else "ok"
-        self.remove_class("running")
-        self.add_class("failed" if failed else "ok")
+        self.state = "failed" if toolview.result_failed(self.tool_name, ok, text, display) else "ok"
         self.status_text = toolview.result_status(self.tool_name, ok, text, display, elapsed)
         self._redraw()
 
