@@ -252,12 +252,7 @@ class AssistantMessage(Markdown):
 
     def __init__(self) -> None:
         super().__init__("", classes="assistant")
-        self.text_parts: list[str] = []
         self.stream: MarkdownStream | None = None
-
-    @property
-    def text(self) -> str:
-        return "".join(self.text_parts)
 
 
 class Conversation(VerticalScroll, can_focus=False):
@@ -315,7 +310,6 @@ class Conversation(VerticalScroll, can_focus=False):
             self.answer = AssistantMessage()
             await self.mount(self.answer)
             self.answer.stream = Markdown.get_stream(self.answer)
-        self.answer.text_parts.append(text)
         self._turn_answer.append(text)
         assert self.answer.stream is not None
         await self.answer.stream.write(text)
@@ -418,7 +412,6 @@ class Conversation(VerticalScroll, can_focus=False):
                 if item.text.strip():
                     self.last_answer_text = item.text.strip()  # /copy works right after a load
                     msg = AssistantMessage()
-                    msg.text_parts.append(item.text)
                     await self.mount(msg)
                     await msg.update(item.text)
             elif item.kind == "tool_call":
