@@ -396,8 +396,7 @@ class Ds4App(App):
     async def _permissions(self, arg: str) -> None:
         mode = arg.strip()
         if not mode:
-            await self.conversation.note(
-                f"permission mode: {self.status_model.permission} (ask, auto, read-only)", "info")
+            await self.conversation.note(commands.permission_mode_line(self.status_model.permission), "info")
             return
         # The agent checks the mode and confirms with a notice and a Status event (or an error).
         self.agent.set_permission_mode(mode)
@@ -459,7 +458,7 @@ class Ds4App(App):
 
     def action_picker(self) -> None:
         if self.busy:
-            self.call_later(self.conversation.note, "command requires the model to be idle: /load", "error")
+            self.call_later(self.conversation.note, commands.idle_required("/load"), "error")
             return
         self._want_picker = True
         self.agent.list_sessions()
@@ -533,7 +532,7 @@ class Ds4App(App):
             self.exit(return_code=self._exit_status)
             return
         if agent.busy:
-            self.call_later(self.conversation.note, "command requires the model to be idle: /quit", "error")
+            self.call_later(self.conversation.note, commands.idle_required("/quit"), "error")
             return
         self._quitting = True
         agent.quit()

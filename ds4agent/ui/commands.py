@@ -84,9 +84,19 @@ def parse(text: str) -> ParsedCommand:
     return ParsedCommand(ALIASES.get(name, name), rest.strip(), head)
 
 
+def idle_required(typed: str) -> str:
+    """The refusal of a command (or its key, e.g. Ctrl+D for /quit) while the model works."""
+    return f"command requires the model to be idle: {typed}"
+
+
 def check_allowed(cmd: ParsedCommand, busy: bool) -> None:
     if busy and not BY_NAME[cmd.name].runs_while_busy:
-        raise CommandError(f"command requires the model to be idle: {cmd.typed}")
+        raise CommandError(idle_required(cmd.typed))
+
+
+def permission_mode_line(mode: str) -> str:
+    """/permissions without an argument."""
+    return f"permission mode: {mode} (ask, auto, read-only)"
 
 
 def completions(text: str) -> list[CommandSpec]:

@@ -248,7 +248,7 @@ class PlainFrontEnd:
         elif name == "permissions":
             mode = cmd.arg.strip()
             if not mode:
-                r.line(f"permission mode: {r.status.permission} (ask, auto, read-only)", "muted")
+                r.line(commands.permission_mode_line(r.status.permission), "muted")
             else:
                 a.set_permission_mode(mode)  # the agent checks it and confirms (notice + Status)
         elif name == "copy":
@@ -469,7 +469,7 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
                     if r.status.state == "loading":
                         break  # nothing to save yet: leave while the model is still loading
                     if agent.busy:
-                        r.line("command requires the model to be idle: /quit", "error")
+                        r.line(commands.idle_required("/quit"), "error")
                         continue
                     fe.quitting = True
                     agent.quit()
