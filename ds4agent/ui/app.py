@@ -35,7 +35,6 @@ from ds4agent.ui.widgets.prompt_input import CommandHints, PromptInput
 from ds4agent.ui.widgets.queue_chips import QueueChips
 from ds4agent.ui.widgets.status_bar import HeaderLine, StatusBar
 
-QUIT_WINDOW_S = 2.0       # a second Ctrl+C on an empty idle prompt within this quits
 SPINNER_INTERVAL = 0.125  # 8 Hz: the only animation faster than 4 Hz (ui.md)
 # A question that opens on its own (permission, resume) ignores keys until the user has paused
 # typing this long: faster than anyone reads a question, slower than the gap between typed keys.
@@ -505,11 +504,11 @@ class Ds4App(App):
             field.clear()
             return
         now = self.clock()
-        if now - self._last_ctrl_c <= QUIT_WINDOW_S:
+        if now - self._last_ctrl_c <= commands.QUIT_WINDOW_S:
             self.action_quit_request()
             return
         self._last_ctrl_c = now
-        self.call_later(self.conversation.note, "press Ctrl+C again or Ctrl+D to exit", "warning")
+        self.call_later(self.conversation.note, commands.QUIT_HINT, "warning")
 
     def action_pull_queued(self) -> None:
         if self._pre_agent:

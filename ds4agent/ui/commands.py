@@ -54,6 +54,11 @@ KEYS_HELP: tuple[tuple[str, str], ...] = (
 )
 
 
+# A second Ctrl+C on an empty idle prompt within this many seconds quits (both front ends).
+QUIT_WINDOW_S = 2.0
+QUIT_HINT = "press Ctrl+C again or Ctrl+D to exit"
+
+
 class CommandError(Exception):
     """A slash command the user typed cannot run; the message is one readable line."""
 

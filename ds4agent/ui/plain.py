@@ -388,11 +388,11 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
             agent.interrupt()
         elif buf.text:
             buf.reset()
-        elif time.monotonic() - last_ctrl_c[0] <= 2.0:
+        elif time.monotonic() - last_ctrl_c[0] <= commands.QUIT_WINDOW_S:
             event.app.exit(result=_QUIT)
         else:
             last_ctrl_c[0] = time.monotonic()
-            r.line("press Ctrl+C again or Ctrl+D to exit", "warning")
+            r.line(commands.QUIT_HINT, "warning")
 
     @kb.add("c-d")
     def _(event) -> None:
