@@ -252,9 +252,7 @@ class Ds4App(App):
             # The agent follows with its own "switched to session …" / "resumed …" notice.
             heading = fmt.loaded_history_heading(e.short_id, e.title, e.history)
             if heading:
-                await conv.note(heading, "muted")
-                await conv.history(e.history)
-                await conv.note(fmt.HISTORY_END, "muted")
+                await self._replay(heading, e.history)
         elif isinstance(e, ev.SessionNew):
             s.switch_session()
             self.status_bar.mark()
@@ -440,13 +438,16 @@ class Ds4App(App):
         return None
 
     async def _history(self, e: ev.History) -> None:
-        conv = self.conversation
         if not e.items:
-            await conv.note(fmt.NO_HISTORY, "muted")
+            await self.conversation.note(fmt.NO_HISTORY, "muted")
             return
-        await conv.note(fmt.history_heading(e.turns), "muted")
-        await conv.history(e.items)
-        await conv.note(fmt.HISTORY_END, "muted")
+        await self._replay(fmt.history_heading(e.turns), e.items)
+
+    async def _replay(self, heading: str, items) -> None:
+        """Saved turns between a heading and the end-of-history line (after /load, /history)."""
+        await self.conversation.note(heading, "muted")
+        await self.conversation.history(items)
+        await self.conversation.note(fmt.HISTORY_END, "muted")
 
     # ------------------------------------------------------------------ actions
     def action_help(self) -> None:

@@ -154,9 +154,7 @@ class PlainRenderer:
             # The agent follows with its own "switched to session …" / "resumed …" notice.
             heading = fmt.loaded_history_heading(e.short_id, e.title, e.history)
             if heading:
-                self.line(heading, "muted")
-                self.replay(e.history)
-                self.line(fmt.HISTORY_END, "muted")
+                self.replay(heading, e.history)
         elif isinstance(e, ev.SessionNew):
             s.switch_session()
             self.line("─" * 40 + " new session", "muted")
@@ -166,9 +164,7 @@ class PlainRenderer:
             if not e.items:
                 self.line(fmt.NO_HISTORY, "muted")
             else:
-                self.line(fmt.history_heading(e.turns), "muted")
-                self.replay(e.items)
-                self.line(fmt.HISTORY_END, "muted")
+                self.replay(fmt.history_heading(e.turns), e.items)
         elif isinstance(e, ev.CompactionStarted):
             self.line(fmt.compacting_line(e.reason), "warning")
         elif isinstance(e, ev.CompactionDone):
@@ -180,7 +176,9 @@ class PlainRenderer:
             self.close_stream()
             self.exited = e
 
-    def replay(self, items) -> None:
+    def replay(self, heading: str, items) -> None:
+        """Saved turns between a heading and the end-of-history line (after /load, /history)."""
+        self.line(heading, "muted")
         for item in items:
             if item.kind == "user":
                 self.out("› ", "marker")
@@ -194,6 +192,7 @@ class PlainRenderer:
                 self.out(f"{item.name}  {toolview.tool_summary(item.name, item.args)}\n")
             else:
                 self.line(fmt.clip(item.text, 200), "muted")
+        self.line(fmt.HISTORY_END, "muted")
 
     def print_sessions(self, e: ev.SessionList) -> None:
         heading, *rows = fmt.session_list_lines(e.directory, e.sessions, self.now())
