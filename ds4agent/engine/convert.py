@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from ..fsutil import atomic_file, current_umask, fsync_dir, fsync_file
-from .errors import EngineError
+from .errors import EngineError, run_file_command
 
 FP8_TILE = 128
 MX_GROUP = 32
@@ -535,13 +535,8 @@ def load_converted(path, *, progress: Callable[[float], None] | None = None):
 
 def main(args) -> int:
     """`ds4agent convert SRC OUT`."""
-    try:
+    def action() -> str:
         out = convert(args.source, args.out, progress=lambda m: print(f"converting {m}", file=sys.stderr))
-    except EngineError as err:
-        print(f"ds4agent: {err}", file=sys.stderr)
-        return 2
-    except OSError as err:
-        print(f"ds4agent: cannot convert into {args.out}: {err.strerror or err}", file=sys.stderr)
-        return 1
-    print(f"wrote {out}")
-    return 0
+        return f"wrote {out}"
+
+    return run_file_command(action, failure=f"cannot convert into {args.out}")

@@ -14,13 +14,12 @@ The .npy is written atomically (ds4agent.fsutil: temp beside the target, fsync, 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 
 from ..fsutil import atomic_file
-from .errors import EngineError
+from .errors import EngineError, run_file_command
 
 
 class DumpError(EngineError):
@@ -82,7 +81,7 @@ def save_npy_atomic(path: str | os.PathLike[str], array: np.ndarray) -> None:
 def main(args) -> int:
     from ..cli import resolve_model_path
 
-    try:
+    def action() -> str:
         model = resolve_model_path(args.model)
         if args.token_list is not None:
             tokens = parse_token_list(args.token_list)
@@ -90,11 +89,6 @@ def main(args) -> int:
             tokens = prompt_file_tokens(args.prompt_file)
         logits = dump_logits(model, tokens, chunk=args.chunk, ctx=args.ctx)
         save_npy_atomic(args.out, logits.astype(np.float32, copy=False))
-    except EngineError as err:
-        print(f"ds4agent: {err}", file=sys.stderr)
-        return 2
-    except OSError as err:
-        print(f"ds4agent: cannot write {args.out}: {err.strerror or err}", file=sys.stderr)
-        return 1
-    print(f"wrote {args.out}: float32 {logits.shape[0]} x {logits.shape[1]}")
-    return 0
+        return f"wrote {args.out}: float32 {logits.shape[0]} x {logits.shape[1]}"
+
+    return run_file_command(action, failure=f"cannot write {args.out}")

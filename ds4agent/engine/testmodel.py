@@ -20,7 +20,6 @@ C1's weights.py. The load round-trip test keeps the two in agreement.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import numpy as np
 
 from ..fsutil import atomic_path
 from .config import METADATA_KINDS, ModelConfig, test_config
-from .errors import EngineError
+from .errors import EngineError, run_file_command
 
 ARCH = "deepseek4"
 # Marks a file as a test model: the engine then validates its metadata in the permissive "test"
@@ -231,14 +230,8 @@ def make_test_model(path: str | os.PathLike[str], config: str | ModelConfig = "t
 
 def main(args) -> int:
     """`ds4agent make-test-model OUT.gguf [--config NAME] [--seed N]`."""
-    try:
+    def action() -> str:
         out = make_test_model(args.out, config=args.config, seed=args.seed)
-    except EngineError as err:
-        print(f"ds4agent: {err}", file=sys.stderr)
-        return 2
-    except OSError as err:
-        print(f"ds4agent: cannot write {args.out}: {err.strerror or err}", file=sys.stderr)
-        return 1
-    size = out.stat().st_size
-    print(f"wrote {out} ({args.config}, seed {args.seed}, {size / 1e6:.1f} MB)")
-    return 0
+        return f"wrote {out} ({args.config}, seed {args.seed}, {out.stat().st_size / 1e6:.1f} MB)"
+
+    return run_file_command(action, failure=f"cannot write {args.out}")
