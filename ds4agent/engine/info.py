@@ -61,6 +61,7 @@ class ModelInfo:
     n_tensors: int
     ctx: int
     state_bytes: int
+    plan: MemoryPlan | None = None
 
     @property
     def weights_memory(self) -> int:
@@ -101,8 +102,93 @@ def _memory_bytes(name: str, type_name: str, n_elements: int, nbytes: int) -> in
     if type_name == "Q8_0":
         return n_elements // 32 * 40
     if type_name == "F16":
-        return nbytes if name == "token_embd.weight" else n_elements * 4
+        # Matrices and the embedding stay F16 (weights.Linear widens per call); only the small
+        # APE tables are widened to f32 at load.
+        return n_elements * 4 if "_ape." in name else nbytes
     return nbytes
+
+
+def _distinct_bytes(ranges: list[tuple[int, int]]) -> int:
+    """Bytes covered by the union of [start, end) file ranges: what a mapping can make resident.
+    Real files have one range per tensor; a test file may point many tensors at one region."""
+    total, reach = 0, -1
+    for start, end in sorted(ranges):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
+
+
+def working_bytes(cfg, ctx: int) -> int:
+    """MLX temporaries of one prefill chunk (the largest step): per chunk row, the query heads
+    (q, its RoPE and norm: ~3 x H x Dh), the hyper-connection streams (~4 x hc x E), the routed
+    experts' gate/up/mid/down rows (~4 x U x F) in f32, plus two groups of dequantised experts
+    (experts.DEFAULT_GROUP_BYTES each, one per CPU stream) and the logits row. An estimate that
+    the Flash-shape benchmark checks against the measured peak."""
+    from .session import chunk_cap
+
+    rows = chunk_cap(ctx)
+    per_row = 4 * (3 * cfg.n_heads * cfg.head_dim + 4 * cfg.hc_count * cfg.dim
+                   + 4 * cfg.n_experts_used * cfg.expert_ffn)
+    return rows * per_row + 2 * (256 << 20) + 4 * cfg.vocab
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Expected resident memory of a run (issue 13 item 3), by part."""
+
+    weights: int  # non-expert tensors as the engine holds them
+    experts: int  # routed-expert file bytes that can be paged in (distinct ranges)
+    state: int  # session state when the context is full (it grows with the tokens used)
+    working: int  # one prefill chunk's temporaries
+
+    @property
+    def peak(self) -> int:
+        return self.weights + self.experts + self.state + self.working
+
+    @property
+    def to_start(self) -> int:
+        """What must fit before the first token: everything but the state, which starts empty."""
+        return self.weights + self.experts + self.working
+
+
+def memory_plan(tensors, cfg, ctx: int) -> MemoryPlan:
+    """The plan for a model's tensor directory (`GGUFFile.tensors.values()`) at `ctx`."""
+    weights, expert_ranges = 0, []
+    for ti in tensors:
+        if "_exps." in ti.name and ti.type_name not in ("F16", "F32"):
+            expert_ranges.append((ti.offset, ti.offset + ti.nbytes))
+        else:
+            weights += _memory_bytes(ti.name, ti.type_name, ti.n_elements, ti.nbytes)
+    return MemoryPlan(weights=weights, experts=_distinct_bytes(expert_ranges),
+                      state=payload_bytes(cfg, ctx), working=working_bytes(cfg, ctx))
+
+
+def physical_memory() -> int:
+    """Bytes of RAM on this machine (0 when the platform does not say)."""
+    import os
+
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def check_fits(plan: MemoryPlan, path, ram: int | None = None) -> None:
+    """Refuse, before any weight is read, a model that cannot fit this machine's memory: an
+    80 GB model on a 64 GB machine would swap for minutes and then be killed, which is worse
+    than one clear line now. The state is left out (it grows with use and the agent compacts);
+    `info` shows the full-context figure."""
+    from .errors import ModelFileError
+
+    ram = physical_memory() if ram is None else ram
+    if ram and plan.to_start > ram:
+        raise ModelFileError(
+            f"{path}: the model needs about {_size(plan.to_start)} of memory to run (weights "
+            f"{_size(plan.weights)}, routed experts {_size(plan.experts)}, working buffers "
+            f"{_size(plan.working)}) but this machine has {_size(ram)}; use a smaller "
+            "quantisation (q2) or a machine with more memory")
 
 
 def model_info(path, *, ctx: int = 100_000) -> ModelInfo:
@@ -145,6 +231,7 @@ def model_info(path, *, ctx: int = 100_000) -> ModelInfo:
             path=path, file_bytes=gf.file_size, mode=mode, problem=problem, config=cfg,
             groups=group_list, types={k: (v[0], v[1]) for k, v in by_type.items()},
             n_tensors=len(gf.tensors), ctx=int(ctx), state_bytes=payload_bytes(cfg, ctx),
+            plan=memory_plan(gf.tensors.values(), cfg, ctx),
         )
 
 
@@ -248,14 +335,32 @@ def format_info(info: ModelInfo) -> str:
     for g in info.groups:
         types = "+".join(f"{t}" for t in sorted(g.types, key=lambda t: -g.types[t]))
         lines.append(f"{g.name:<22}{types:<28}{_size(g.file_bytes):>12}{_size(g.memory_bytes):>12}")
-    total = info.weights_memory + info.state_bytes
+    plan = info.plan
+    if plan is None:  # a converted MLX directory: no file ranges to map
+        total = info.weights_memory + info.state_bytes
+        lines += [
+            "",
+            f"memory      weights as the engine holds them {_size(info.weights_memory)} (routed experts "
+            "stay quantised)",
+            f"            session state at --ctx {info.ctx}: {_size(info.state_bytes)} (KV rows, compressed "
+            "rows, frontiers, logits; kvc-format.md 9.6)",
+            f"            total about {_size(total)}, plus MLX working buffers for one prefill chunk",
+        ]
+        return "\n".join(lines)
+    ram = physical_memory()
+    verdict = ("" if not ram else
+               f"; this machine has {_size(ram)}: " + ("fits" if plan.peak <= ram else
+                                                       "fits to start, not with a full context"
+                                                       if plan.to_start <= ram else "DOES NOT FIT"))
     lines += [
         "",
-        f"memory      weights as the engine holds them {_size(info.weights_memory)} (routed experts "
-        "stay quantised)",
-        f"            session state at --ctx {info.ctx}: {_size(info.state_bytes)} (KV rows, compressed "
-        "rows, frontiers, logits; kvc-format.md 9.6)",
-        f"            total about {_size(total)}, plus MLX working buffers for one prefill chunk",
+        f"memory      weights as the engine holds them {_size(plan.weights)} (F16 kept, Q8_0 as MLX "
+        "affine 8-bit)",
+        f"            routed experts {_size(plan.experts)} memory-mapped (paged in as experts are used)",
+        f"            session state at --ctx {info.ctx}: {_size(plan.state)} when full (it grows with "
+        "the tokens used; kvc-format.md 9.6)",
+        f"            working buffers for one prefill chunk: about {_size(plan.working)}",
+        f"            expected peak at --ctx {info.ctx}: {_size(plan.peak)}{verdict}",
     ]
     return "\n".join(lines)
 

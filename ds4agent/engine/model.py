@@ -58,6 +58,50 @@ class Trace:
         return cls(indexer={}, experts={}, expert_weights={})
 
 
+class Profile:
+    """Where a forward pass's time goes, for the Flash-shape benchmark (bench/flash_shape.py).
+
+    With a Profile, `forward` evaluates each section as soon as its graph is built and records,
+    per section, the time spent building its graph in Python (`build`) and running it (`run`),
+    exclusive of nested sections. The forced evaluations change the schedule a little (MLX can no
+    longer overlap sections), so a profiled step is slightly slower than a plain one; the split
+    is what it is for. Without a Profile nothing here runs.
+    """
+
+    def __init__(self) -> None:
+        self.build: dict[str, float] = {}
+        self.run: dict[str, float] = {}
+        self._nested: list[float] = []
+
+    def section(self, name: str, fn, *args, **kwargs):
+        import time
+
+        t0 = time.perf_counter()
+        self._nested.append(0.0)
+        out = fn(*args, **kwargs)
+        t1 = time.perf_counter()
+        mx.eval(_leaves(out))
+        t2 = time.perf_counter()
+        inner = self._nested.pop()
+        self.build[name] = self.build.get(name, 0.0) + (t1 - t0) - inner
+        self.run[name] = self.run.get(name, 0.0) + (t2 - t1)
+        if self._nested:
+            self._nested[-1] += t2 - t0
+        return out
+
+
+def _leaves(out) -> list[mx.array]:
+    if isinstance(out, mx.array):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [a for o in out for a in _leaves(o)]
+    return list(out.arrays()) if hasattr(out, "arrays") else []
+
+
+def _call(profile: Profile | None, name: str, fn, *args, **kwargs):
+    return fn(*args, **kwargs) if profile is None else profile.section(name, fn, *args, **kwargs)
+
+
 class _Rope:
     """cos/sin tables of one chunk for both layer kinds (ratio-0 and compressed/YaRN)."""
 
@@ -304,7 +348,7 @@ def attention_core(c: ModelConfig, q: mx.array, k_all: mx.array, r0: int, p0: in
 
 def attention_block(aw: AttentionWeights, c: ModelConfig, layer: int, x: mx.array,
                     lay: LayerState, p0: int, rounding: bool,
-                    trace: Trace | None) -> tuple[mx.array, LayerState]:
+                    trace: Trace | None, profile: Profile | None = None) -> tuple[mx.array, LayerState]:
     """Attention sublayer on the HC-pre input x [n, E] -> (y [n, E], new layer state)."""
     n = x.shape[0]
     H, Dh, Dn, W = c.n_heads, c.head_dim, c.nope_dim, c.window
@@ -338,8 +382,9 @@ def attention_block(aw: AttentionWeights, c: ModelConfig, layer: int, x: mx.arra
         def finish_attn(rows: mx.array) -> mx.array:
             return ops.f16_round(ops.fp8sim(rows, Dn)) if rounding else rows
 
-        rows, akv, asc = compressor_step(aw.compressor, a, p0, r, Dh, lay.attn_kv, lay.attn_score,
-                                         norm_eps=eps, rope_fn=rope_rows, finish=finish_attn)
+        rows, akv, asc = _call(profile, "compressors+indexer", compressor_step, aw.compressor, a, p0, r,
+                               Dh, lay.attn_kv, lay.attn_score, norm_eps=eps, rope_fn=rope_rows,
+                               finish=finish_attn)
         comp = mx.concatenate([lay.comp, rows], axis=0) if rows.shape[0] else lay.comp
         new.update(comp=comp, attn_kv=akv, attn_score=asc)
         if r == 4:
@@ -349,9 +394,9 @@ def attention_block(aw: AttentionWeights, c: ModelConfig, layer: int, x: mx.arra
                 y = ops.qat(rows, rounding)
                 return ops.f16_round(y) if rounding else y
 
-            irows, ikv, isc = compressor_step(iw_.compressor, a, p0, 4, c.indexer_dim, lay.index_kv,
-                                              lay.index_score, norm_eps=eps, rope_fn=rope_rows,
-                                              finish=finish_index)
+            irows, ikv, isc = _call(profile, "compressors+indexer", compressor_step, iw_.compressor, a,
+                                    p0, 4, c.indexer_dim, lay.index_kv, lay.index_score, norm_eps=eps,
+                                    rope_fn=rope_rows, finish=finish_index)
             icomp = mx.concatenate([lay.index_comp, irows], axis=0) if irows.shape[0] else lay.index_comp
             new.update(index_comp=icomp, index_kv=ikv, index_score=isc)
             if (p0 + n) // 4 > c.indexer_top_k:  # some query of this chunk prunes
@@ -390,12 +435,10 @@ def _top_u(score: mx.array, U: int) -> mx.array:
     return mx.stack(picks, axis=-1)
 
 
-def ffn_block(fw: FFNWeights, c: ModelConfig, layer: int, x: mx.array, tokens: mx.array,
-              trace: Trace | None) -> mx.array:
-    """MoE sublayer (§4.6) on the HC-pre input x [n, E] -> y [n, E]."""
+def _route(fw: FFNWeights, c: ModelConfig, layer: int, h: mx.array,
+           tokens: mx.array) -> tuple[mx.array, mx.array]:
+    """Router (§4.6): (selected experts [n, U] int32, their weights [n, U])."""
     U = c.n_experts_used
-    clamp = c.swiglu_clamp[layer]
-    h = ops.rms_norm(x, fw.norm, c.rms_eps)
     prob = mx.sqrt(ops.softplus(fw.gate_inp(h)))
     if c.is_hash_layer(layer):
         sel = fw.tid2eid[tokens]  # router bias unused on hash layers
@@ -406,10 +449,10 @@ def ffn_block(fw: FFNWeights, c: ModelConfig, layer: int, x: mx.array, tokens: m
     total = pw[:, 0]
     for k in range(1, U):  # selection order
         total = total + pw[:, k]
-    wts = pw / mx.maximum(total, 6.103515625e-5)[:, None] * c.expert_weights_scale
-    if trace is not None:
-        trace.experts.setdefault(layer, []).append(np.array(sel))
-        trace.expert_weights.setdefault(layer, []).append(np.array(wts))
+    return sel, pw / mx.maximum(total, 6.103515625e-5)[:, None] * c.expert_weights_scale
+
+
+def _routed(fw: FFNWeights, U: int, clamp: float, h: mx.array, sel: mx.array, wts: mx.array) -> mx.array:
     g = fw.gate_exps.gather_matmul(h, sel)
     u = fw.up_exps.gather_matmul(h, sel)
     mid = ops.swiglu(g, u, clamp) * wts[:, :, None]  # [n, U, F]
@@ -417,7 +460,25 @@ def ffn_block(fw: FFNWeights, c: ModelConfig, layer: int, x: mx.array, tokens: m
     routed = down[:, 0]
     for k in range(1, U):  # selection order
         routed = routed + down[:, k]
-    shared = fw.down_shexp(ops.swiglu(fw.gate_shexp(h), fw.up_shexp(h), clamp))
+    return routed
+
+
+def _shared(fw: FFNWeights, clamp: float, h: mx.array) -> mx.array:
+    return fw.down_shexp(ops.swiglu(fw.gate_shexp(h), fw.up_shexp(h), clamp))
+
+
+def ffn_block(fw: FFNWeights, c: ModelConfig, layer: int, x: mx.array, tokens: mx.array,
+              trace: Trace | None, profile: Profile | None = None) -> mx.array:
+    """MoE sublayer (§4.6) on the HC-pre input x [n, E] -> y [n, E]."""
+    U = c.n_experts_used
+    clamp = c.swiglu_clamp[layer]
+    h = ops.rms_norm(x, fw.norm, c.rms_eps)
+    sel, wts = _call(profile, "router", _route, fw, c, layer, h, tokens)
+    if trace is not None:
+        trace.experts.setdefault(layer, []).append(np.array(sel))
+        trace.expert_weights.setdefault(layer, []).append(np.array(wts))
+    routed = _call(profile, "routed experts", _routed, fw, U, clamp, h, sel, wts)
+    shared = _call(profile, "shared expert", _shared, fw, clamp, h)
     return routed + shared
 
 
@@ -436,7 +497,7 @@ def output_head(w: ModelWeights, c: ModelConfig, R: mx.array) -> mx.array:
 
 def forward(weights: ModelWeights, config: ModelConfig, state: SessionState,
             tokens: Sequence[int] | mx.array, *, rounding: bool = True, last_only: bool = False,
-            trace: Trace | None = None) -> tuple[mx.array, SessionState]:
+            trace: Trace | None = None, profile: Profile | None = None) -> tuple[mx.array, SessionState]:
     """Append `tokens` to `state`: (logits [n, V] float32, new state).
 
     logits row i = logits after token i (last_only: only the last row, shape [1, V]).
@@ -462,18 +523,19 @@ def forward(weights: ModelWeights, config: ModelConfig, state: SessionState,
     R = mx.broadcast_to(x0[:, None, :], (n, c.hc_count, c.dim))
     new_layers = []
     for li, (lw, lay) in enumerate(zip(weights.layers, state.layers, strict=True)):
-        x, post, C = hc_pre(lw.hc_attn, R, c)
-        y, new_lay = attention_block(lw.attn, c, li, x, lay, p0, rounding, trace)
-        R = hc_post(R, y, post, C)
-        x, post, C = hc_pre(lw.hc_ffn, R, c)
-        y = ffn_block(lw.ffn, c, li, x, toks, trace)
-        R = hc_post(R, y, post, C)
+        x, post, C = _call(profile, "hyper-connections", hc_pre, lw.hc_attn, R, c)
+        y, new_lay = _call(profile, "attention", attention_block, lw.attn, c, li, x, lay, p0, rounding,
+                           trace, profile)
+        R = _call(profile, "hyper-connections", hc_post, R, y, post, C)
+        x, post, C = _call(profile, "hyper-connections", hc_pre, lw.hc_ffn, R, c)
+        y = _call(profile, "ffn (norm, sum)", ffn_block, lw.ffn, c, li, x, toks, trace, profile)
+        R = _call(profile, "hyper-connections", hc_post, R, y, post, C)
         new_layers.append(new_lay)
         if n > 1:
             # Prefill: materialise layer by layer (bounded graph and memory); decode builds the
             # whole token as one graph.
             mx.eval(R, *new_lay.arrays())
-    logits = output_head(weights, c, R[-1:] if last_only else R)
+    logits = _call(profile, "head", output_head, weights, c, R[-1:] if last_only else R)
     new_state = SessionState(tokens=state.tokens + tuple(tok_list), logits=logits[-1],
                              layers=tuple(new_layers))
     mx.eval(logits, *new_state.arrays())

@@ -88,7 +88,10 @@ def q8_0_to_affine(raw: np.ndarray, shape) -> tuple[mx.array, mx.array, mx.array
         )
     blocks = buf.reshape(-1, 34)
     d = blocks[:, :2].copy().view(np.float16).astype(np.float32).reshape(*shape[:-1], n_in // 32)
-    codes = np.ascontiguousarray(blocks[:, 2:]) ^ np.uint8(0x80)
+    # One host copy of the codes (flipped in place), then MLX's own copy: at most two transient
+    # copies of ONE tensor at a time, none kept (the caller evaluates and releases the mapping).
+    codes = np.ascontiguousarray(blocks[:, 2:])
+    codes ^= np.uint8(0x80)
     # MLX packs 8-bit codes four to a uint32, element i of a word in bits 8i..8i+7 (little endian),
     # so the byte sequence viewed as little-endian uint32 is exactly its packing.
     wq = codes.reshape(*shape[:-1], n_in).view("<u4")

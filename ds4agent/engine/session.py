@@ -208,6 +208,7 @@ class Engine:
         """
         from .config import from_metadata
         from .gguf import GGUFFile
+        from .info import check_fits, memory_plan
 
         path = Path(path)
         # Refuse a bad size before reading anything: a typo in --ctx must not cost an 80 GB load.
@@ -231,6 +232,9 @@ class Engine:
             mode = "test" if gf.metadata.get(TEST_MODEL_KEY) else "flash"
             config = from_metadata(gf.metadata, mode=mode, types=types,
                                    name=str(gf.metadata.get("general.name", "")))
+            # Before reading any weight: a model that cannot fit is refused with the numbers
+            # (issue 13), instead of swapping and being killed half-way through the load.
+            check_fits(memory_plan(gf.tensors.values(), config, ctx), path)
             weights = _load_weights(gf, config, progress)
             qbits = quant_bits_of(gf)
             engine = _construct(cls, path, config=config, weights=weights, ctx=ctx, quant_bits=qbits,

@@ -93,18 +93,24 @@ def cpu_streams(k: int) -> list:
 class Linear:
     """y = W·x over the last axis of x, W stored [out, in] (array order of a GGML (in, out) tensor).
 
-    Dense: `weight` is an f32 or f16 MLX array [out, in] (f16 is widened exactly at construction:
-    every product in the engine is f32 and widening per call would copy the tensor each step).
-    On the CPU device it is stored transposed and contiguous, [in, out], and `weight` is a view
-    of that: with the reference BLAS of the Linux mlx[cpu] wheel, `x @ Wt` on a contiguous Wt runs
-    ~2.4x faster than `x @ W.T` on the transposed view (same products in the same order:
-    bit-identical results, checked in tests/engine/test_ops.py), and the memory is the same. On a
-    GPU the [out, in] layout is kept (MLX's Metal mat-vec is tuned for it).
+    Dense: `weight` is an f32 or f16 MLX array [out, in]. F16 stays F16 in memory and is widened
+    per call, into a temporary the product consumes: every product in the engine is f32, and
+    the widening is exact (f16 -> f32 loses nothing), so the bits equal those of a resident f32
+    copy while the resident cost is the file's 2 bytes per weight instead of 4 (at the Flash
+    shape that is 2 GiB instead of 4, issue 13's memory budget). The per-call copy is cheap next
+    to the product itself. On the CPU device it is stored transposed and contiguous, [in, out],
+    and `weight` is a view of that: with the reference BLAS of the Linux mlx[cpu] wheel,
+    `x @ Wt` on a contiguous Wt runs ~2.4x faster than `x @ W.T` on the transposed view (same
+    products in the same order: bit-identical results, checked in tests/engine/test_ops.py), and
+    the memory is the same. On a GPU the [out, in] layout is kept (MLX's Metal mat-vec is tuned
+    for it). The stored form is evaluated at construction, so a loader holds at most one
+    tensor's conversion temporaries at a time (not the whole model's graph).
     Quantised: `(wq, scales, biases)` of MLX affine 8-bit, group 32 (exact image of Q8_0,
     model.md §7), multiplied with `mx.quantized_matmul` on f32 activations.
     """
 
-    __slots__ = ("weight", "scales", "biases", "out_features", "in_features", "_wt", "_parts")
+    __slots__ = ("weight", "scales", "biases", "out_features", "in_features", "_wt", "_parts", "_widen",
+                 "_cpu")
 
     def __init__(self, weight: mx.array, scales: mx.array | None = None,
                  biases: mx.array | None = None, *, in_features: int | None = None):
@@ -112,20 +118,24 @@ class Linear:
             w = weight if isinstance(weight, mx.array) else mx.array(np.asarray(weight))
             if w.ndim != 2:
                 raise ValueError(f"Linear weight must be 2-D, got shape {list(w.shape)}")
-            if w.dtype != mx.float32:
-                w = w.astype(mx.float32)
-            if cpu_layout():
+            if w.dtype not in (mx.float32, mx.float16):
+                w = w.astype(mx.float32)  # e.g. bf16: exact in f32, rare enough to keep widened
+            self._widen = w.dtype == mx.float16
+            self._cpu = cpu_layout()
+            if self._cpu:
                 self._wt = mx.contiguous(w.T)  # [in, out]: the stored copy (see class docstring)
                 self.weight = self._wt.T
             else:
                 self.weight = w
                 self._wt = w.T
+            mx.eval(self._wt)
             self.scales = self.biases = None
             self.out_features, self.in_features = int(w.shape[0]), int(w.shape[1])
             self._parts = ()
         else:
             self.weight, self.scales, self.biases = weight, scales, biases
             self._wt = None
+            self._widen = self._cpu = False
             self.out_features = int(weight.shape[0])
             self.in_features = int(in_features if in_features is not None else scales.shape[-1] * 32)
             # Row slices for the parallel CPU product (views: no extra memory); whether a call
@@ -144,7 +154,13 @@ class Linear:
 
     def __call__(self, x: mx.array) -> mx.array:
         if self.scales is None:
-            return x @ self._wt
+            if not self._widen:
+                return x @ self._wt
+            # Widen in the stored layout, so the product sees exactly the operand layout a
+            # resident f32 copy would have (CPU: contiguous [in, out]; GPU: [out, in] viewed .T).
+            if self._cpu:
+                return x @ self._wt.astype(mx.float32)
+            return x @ self.weight.astype(mx.float32).T
         if self._parts and (x.size // self.in_features) * self.out_features * self.in_features \
                 >= _PARALLEL_MIN_MACS:
             outs = [mx.quantized_matmul(x, wq, sc, bi, transpose=True, group_size=32, bits=8, stream=st)
@@ -161,9 +177,9 @@ class Linear:
                       in_features=self.in_features)
 
     def dense(self) -> mx.array:
-        """float32 [out, in] (dequantised if needed)."""
+        """float32 [out, in] (widened or dequantised if needed)."""
         if self.scales is None:
-            return self.weight
+            return self.weight.astype(mx.float32) if self._widen else self.weight
         return mx.dequantize(self.weight, self.scales, self.biases, group_size=32, bits=8)
 
 
@@ -385,6 +401,15 @@ def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | No
 
     def get(name: str) -> Any:
         ti = gf.info(name)
+        if "_exps." in name and ti.type_name not in _PLAIN:
+            return convert(name, ti)  # raw blocks stay mapped: only selected experts are read
+        value = convert(name, ti)
+        # The value is now an MLX copy (mx.array copies host data eagerly): drop the file pages
+        # this read made resident, so the model is not held twice (GGUFFile.release).
+        gf.release(name)
+        return value
+
+    def convert(name: str, ti) -> Any:
         t = ti.type_name
         if "_exps." in name:
             if t in _PLAIN:
