@@ -252,3 +252,18 @@ def test_stripped_session_is_rebuilt_from_its_text_and_prefilled(tmp_path, tools
     saved = of(h.command(h.agent.save), ev.SessionSaved)[0]
     assert saved.id == stripped.id and h.store.resolve(saved.id).header.payload_bytes > 0
     h.stop()
+
+
+def test_trace_file_is_created_private(tmp_path, tools):
+    """A trace holds the transcript: it is created 0600 whatever the umask allows (issue 10.17)."""
+    import os
+
+    trace = tmp_path / "private-trace.log"
+    old = os.umask(0o022)
+    try:
+        h = AgentHarness.build(tmp_path, tools=tools, trace=trace)
+        h.stop()
+    finally:
+        os.umask(old)
+    assert trace.stat().st_mode & 0o777 == 0o600
+    assert trace.read_text().strip()
