@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
-from ds4agent.fsutil import atomic_path
+from ds4agent.fsutil import atomic_entry
 
 from . import errors as E
 from .errors import (
@@ -536,11 +536,11 @@ def write_kvc(
     header = replace(header, ext_flags=ext & ~EXT_KTM)  # ds4agent never writes a KTM map
 
     try:
-        # fsutil's one atomic-replace procedure (§6.1): temp beside the target, fsync, rename,
-        # directory fsync; the temp is removed on any failure. Its name `<final>.tmp.<random>.tmp`
+        # fsutil's atomic replace of the directory entry (§6.1): temp beside the target, fsync,
+        # rename, directory fsync; the temp is removed on any failure. A symlink at `path` is
+        # replaced, never written through (issue 10.1). The temp name `<final>.tmp.<random>.tmp`
         # keeps the `.kv.tmp.` shape that the scan rule ignores and clean_stale_temps recognises.
-        with atomic_path(path, mode=0o600, prefix=path.name + ".tmp.") as tmp, \
-                open(tmp, "wb", buffering=1 << 20) as f:
+        with atomic_entry(path, mode=0o600, prefix=path.name + ".tmp.") as f:
             f.write(header.pack())
             f.write(_U32.pack(len(text)))
             f.write(text)

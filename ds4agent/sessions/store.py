@@ -249,7 +249,10 @@ def touch(path: str | Path, now: int | None = None) -> None:
     """
     now = int(time.time()) if now is None else int(now)
     try:
-        with open(path, "r+b", buffering=0) as f:
+        # O_NOFOLLOW: a cache name that is a symlink would have this write land in whatever file
+        # it points at (outside the directory); such a cache is read, never written (issue 10.1).
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        with open(fd, "r+b", buffering=0) as f:
             raw = bytearray(f.read(HEADER_BYTES))
             KVCHeader.unpack(bytes(raw))  # refuse to rewrite something that is not a valid header
             hits = struct.unpack_from("<I", raw, 12)[0]
@@ -325,6 +328,9 @@ class SessionStore:
                  clock: Callable[[], float] = time.time) -> None:
         self.directory = Path(directory)
         self._clock = clock
+        # Problems found while opening that do not stop the store from working (the agent shows
+        # them as warnings at startup).
+        self.notices: list[str] = []
         if create:
             try:
                 _mkdir_0700(self.directory)
@@ -336,7 +342,25 @@ class SessionStore:
                                  path=self.directory) from None
             if not self.directory.is_dir():
                 raise KVCIOError(f"KV directory {self.directory} is not a directory", path=self.directory)
+            self._restrict_mode()
             self.clean_stale_temps()
+
+    def _restrict_mode(self) -> None:
+        """An existing directory open to other users (mode 0755 from an older tool, a manual
+        mkdir) is tightened to 0700 like a new one (§4): session files hold whole conversations,
+        and a writable directory lets another user plant names. Reported when chmod is refused
+        (someone else's directory)."""
+        try:
+            mode = stat.S_IMODE(os.stat(self.directory).st_mode)
+        except OSError:
+            return  # is_dir() just succeeded: a vanished directory shows up at the first use
+        if not mode & 0o077:
+            return
+        try:
+            os.chmod(self.directory, 0o700)
+        except OSError as err:
+            self.notices.append(f"KV directory {self.directory} is open to other users (mode {mode:04o}) "
+                                f"and could not be restricted to 0700: {err.strerror or err}")
 
     def _now(self) -> int:
         return int(self._clock())

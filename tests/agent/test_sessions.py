@@ -267,3 +267,25 @@ def test_trace_file_is_created_private(tmp_path, tools):
         os.umask(old)
     assert trace.stat().st_mode & 0o777 == 0o600
     assert trace.read_text().strip()
+
+
+def test_kv_directory_that_stays_open_to_others_is_reported_at_startup(tmp_path, tools, monkeypatch):
+    import os
+
+    from ds4agent.sessions.store import SessionStore
+
+    (tmp_path / "kv").mkdir()
+    os.chmod(tmp_path / "kv", 0o755)
+    real_chmod = os.chmod
+
+    def refuse(path, mode, **kw):
+        if str(path) == str(tmp_path / "kv"):
+            raise PermissionError(1, "Operation not permitted")
+        return real_chmod(path, mode, **kw)
+
+    monkeypatch.setattr(os, "chmod", refuse)
+    h = AgentHarness.build(tmp_path, tools=tools, store=SessionStore(tmp_path / "kv"))
+    h.stop()
+    warnings = [e.text for e in of(h.events, ev.Notice) if e.level == "warning"]
+    assert warnings == [f"KV directory {tmp_path / 'kv'} is open to other users (mode 0755) and could not "
+                        "be restricted to 0700: Operation not permitted"]

@@ -505,3 +505,69 @@ def test_fifo_named_like_a_session_is_skipped_not_opened(store):
     assert [s.id for s in store.list_sessions()] == [good.id]
     with pytest.raises(KVCIOError, match="not a regular file"):
         load(store, fifo)
+
+
+# --- symlinks and directory permissions (issue 10.1) -----------------------------------------------
+
+def test_save_replaces_a_symlinked_name_and_never_writes_through_it(store, clock, tmp_path):
+    """A link planted under a name the agent writes (the sysprompt cache is rewritten at every
+    start, a session name is predictable) is replaced by a regular file; its target stays as it was."""
+    victims = []
+    for name in ("victim-sys", "victim-session"):
+        victim = tmp_path / name
+        victim.write_bytes(b"root:x:0:0::/root:/bin/sh\n")
+        victims.append(victim)
+    sys_text = b"system text"
+    sys_link = store.sysprompt_path(sys_text)
+    sys_link.symlink_to(victims[0])
+    session_link = store.directory / (session_identity(b"linked", clock.t) + ".kv")
+    session_link.symlink_to(victims[1])
+
+    store.save_sysprompt(sys_text, random_state(TINY, 2, CTX), shape=TINY, quant_bits=2)
+    saved = save(store, session_text("linked"), title=b"linked")
+
+    assert saved.path == session_link
+    for link, victim in ((sys_link, victims[0]), (session_link, victims[1])):
+        assert victim.read_bytes() == b"root:x:0:0::/root:/bin/sh\n"
+        assert not link.is_symlink() and link.is_file()
+        assert link.stat().st_mode & 0o777 == 0o600
+    assert load(store, saved.id).title == b"linked"
+    store.load_sysprompt(sys_text, shape=TINY, ctx=CTX, model_id=0, quant_bits=2)
+
+
+def test_loading_a_symlinked_cache_never_writes_its_target(store, clock, tmp_path):
+    """Loading a cache touches its header (hits, last_used); through a link that would write into
+    a file outside the directory, so the touch is skipped and the target keeps every byte."""
+    sys_text = b"system text"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    outside = SessionStore(elsewhere, clock=clock).save_sysprompt(sys_text, random_state(TINY, 2, CTX),
+                                                                   shape=TINY, quant_bits=2)
+    before = outside.read_bytes()
+    store.sysprompt_path(sys_text).symlink_to(outside)
+    clock.t += 100
+    store.load_sysprompt(sys_text, shape=TINY, ctx=CTX, model_id=0, quant_bits=2)
+    assert outside.read_bytes() == before
+
+
+def test_existing_loose_directory_is_tightened_to_0700(tmp_path, clock):
+    loose = tmp_path / "kv"
+    loose.mkdir(mode=0o755)
+    os.chmod(loose, 0o755)  # whatever the umask did
+    store = SessionStore(loose, clock=clock)
+    assert loose.stat().st_mode & 0o777 == 0o700
+    assert store.notices == []
+
+
+def test_loose_directory_that_cannot_be_tightened_is_reported(tmp_path, clock, monkeypatch):
+    loose = tmp_path / "kv"
+    loose.mkdir()
+    os.chmod(loose, 0o777)
+
+    def refuse(path, mode, **kw):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "chmod", refuse)  # root may chmod anything: refuse the way a foreign owner does
+    store = SessionStore(loose, clock=clock)
+    assert store.notices == [f"KV directory {loose} is open to other users (mode 0777) and could not be "
+                             "restricted to 0700: Operation not permitted"]
