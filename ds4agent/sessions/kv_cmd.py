@@ -165,6 +165,8 @@ def cmd_show(store: SessionStore, target: str, out: TextIO) -> int:
         return 1
     h = env.header
     print(f"kind:           {result.kind}", file=out)
+    layout = " (earlier ds4 build; a re-save writes [L] under a new name)" if h.layout == "[S]" else ""
+    print(f"layout:         {h.layout}{layout}", file=out)
     print(f"reason:         {h.reason} ({h.reason_name})", file=out)
     print(f"quant bits:     {h.quant_bits}", file=out)
     print(f"model id:       {h.model_id}{' (DeepSeek V4 Flash)' if h.model_id == 0 else ''}", file=out)
@@ -176,7 +178,7 @@ def cmd_show(store: SessionStore, target: str, out: TextIO) -> int:
     print(f"reserved:       {h.reserved.hex(' ')}", file=out)
     print(f"created at:     {_when(h.created_at)}", file=out)
     print(f"last used:      {_when(h.last_used)}", file=out)
-    print(f"text:           {len(env.text)} bytes", file=out)
+    print(f"text:           {env.text_bytes} bytes", file=out)
     print(f"payload:        {h.payload_bytes} bytes{' (stripped session)' if h.payload_bytes == 0 else ''}",
           file=out)
     trailers = []
@@ -189,8 +191,8 @@ def cmd_show(store: SessionStore, target: str, out: TextIO) -> int:
         print(f"title:          {display_text(env.title)}", file=out)
     elif h.reason == REASON_SESSION:
         print(f"title:          {display_text(derive_title(env.text))} (derived: legacy session)", file=out)
-    preview = env.text[:PREVIEW_BYTES]
-    more = f" ... ({len(env.text) - len(preview)} more bytes)" if len(env.text) > len(preview) else ""
+    preview = env.text[:PREVIEW_BYTES]  # env.text itself is capped (kvc.TEXT_SCAN_BYTES)
+    more = f" ... ({env.text_bytes - len(preview)} more bytes)" if env.text_bytes > len(preview) else ""
     print(f"text preview:   {_escape(preview)}{more}", file=out)
     info = result.payload
     if info is not None:

@@ -73,6 +73,7 @@ from .kvc import (
     HEADER_BYTES,
     KIND_SESSION,
     KIND_SYSPROMPT,
+    PAYLOAD_ABI_S,
     PREFIX_BYTES,
     REASON_COLD,
     REASON_CONTINUED,
@@ -80,6 +81,7 @@ from .kvc import (
     REASON_SESSION,
     REASON_SHUTDOWN,
     REASON_SYSTEM,
+    TEXT_SCAN_BYTES,
     Envelope,
     KVCHeader,
     LoadedKVC,
@@ -400,7 +402,7 @@ class SessionStore:
     def session_title(self, entry: StoreEntry) -> tuple[bytes, bool]:
         """(title, legacy) of an entry: trailer title, else derived from its text."""
         try:
-            env = read_envelope(entry.path)
+            env = read_envelope(entry.path, text_limit=TEXT_SCAN_BYTES)  # a title, not 4 GiB of text
         except KVCError:
             return UNREADABLE_SESSION, not entry.header.ext_flags & EXT_TITLE
         if env.title is not None:
@@ -497,8 +499,8 @@ class SessionStore:
                 deleted.append(src)
         for entry in self.entries():
             if (entry.header.reason != REASON_SESSION or entry.text_bytes >= len(text)
-                    or same(entry.path)):
-                continue
+                    or entry.header.payload_abi == PAYLOAD_ABI_S or same(entry.path)):
+                continue  # [S] files may still be used by an earlier ds4: never deleted (§13)
             try:
                 with open(entry.path, "rb") as f:
                     f.seek(PREFIX_BYTES)
@@ -512,12 +514,14 @@ class SessionStore:
         return deleted
 
     def _is_own_session_file(self, path: Path) -> bool:
-        """Only a reason-6 file inside this directory is deleted as the legacy source: a session
-        loaded by path from elsewhere (a backup, a copy) is never removed by a later save."""
+        """Only a reason-6 [L] file inside this directory is deleted as the legacy source: a session
+        loaded by path from elsewhere (a backup, a copy) is never removed by a later save, nor an
+        [S] file, which an earlier ds4 build sharing the directory may still use (§13)."""
         try:
             if not os.path.samefile(path.parent, self.directory):
                 return False
-            return read_header(path).reason == REASON_SESSION
+            header = read_header(path)
+            return header.reason == REASON_SESSION and header.payload_abi != PAYLOAD_ABI_S
         except (OSError, KVCError):
             return False
 
@@ -584,7 +588,7 @@ class SessionStore:
                 if header.payload_bytes > size - PREFIX_BYTES - text_bytes:
                     raise KVCSizeError(E.SHORTER_THAN_HEADER, path=path)
                 try:
-                    state = read_payload(f, header.payload_bytes, shape, ctx)
+                    state = read_payload(f, header.payload_bytes, shape, ctx, version=header.payload_version)
                 except KVCError as err:
                     err.path = path
                     raise
@@ -593,7 +597,7 @@ class SessionStore:
         assert isinstance(state, PayloadState)
         if len(state.tokens) != header.tokens:
             raise KVCPayloadError(E.TOKEN_COUNT_MISMATCH, path=path)
-        env = Envelope(path, size, header, text, None, None)
+        env = Envelope(path, size, header, text, None, None, text_bytes)
         return LoadedKVC(env, state)
 
     # --- system-prompt caches (§12.2) -----------------------------------------------------------

@@ -22,7 +22,7 @@ from ds4agent.sessions.store import (
     touch,
 )
 
-from .helpers import ASSISTANT, TINY, USER, assert_states_equal, random_state, session_text
+from .helpers import ASSISTANT, TINY, USER, assert_states_equal, random_state, s_layout, session_text
 
 CTX = 64
 
@@ -571,3 +571,44 @@ def test_loose_directory_that_cannot_be_tightened_is_reported(tmp_path, clock, m
     store = SessionStore(loose, clock=clock)
     assert store.notices == [f"KV directory {loose} is open to other users (mode 0777) and could not be "
                              "restricted to 0700: Operation not permitted"]
+
+
+# --- [S] files from earlier ds4 builds (kvc-format.md §13, issue 10.18) ------------------------------
+
+def write_s_session(store, text, T=4, created=1_700_000_000, seed=0):
+    """What an earlier ds4-agent wrote: no title trailer, named SHA-1 of the text, byte 20 = 0,
+    payload version 1, otherwise the bytes of a legacy [L] file."""
+    path = store.directory / (text_sha1(text) + ".kv")
+    state = random_state(TINY, T, CTX, seed=seed)
+    write_kvc(path, KVCHeader(2, 6, 0, 0, T, 0, CTX, created, created, 0), text, state, TINY)
+    path.write_bytes(s_layout(path.read_bytes()))
+    return path, state
+
+
+def test_s_session_is_listed_loaded_and_resaved_in_the_current_layout(store, clock):
+    text = session_text("from an earlier ds4")
+    s_path, state = write_s_session(store, text)
+    s_bytes = s_path.read_bytes()
+    listed = store.list_sessions()
+    assert [(i.id, i.title, i.legacy) for i in listed] == [(s_path.name[:40], b"from an earlier ds4", True)]
+
+    loaded = load(store, s_path.name[:8])
+    assert loaded.legacy and loaded.title == b"from an earlier ds4" and loaded.created_at == 1_700_000_000
+    assert loaded.header.layout == "[S]" and loaded.text == text
+    assert_states_equal(state, loaded.payload)
+
+    saved = save(store, text + b"more", title=loaded.title, created_at=loaded.created_at, loaded_from=loaded.path)
+    assert saved.path.name == session_identity(b"from an earlier ds4", 1_700_000_000) + ".kv"
+    data = saved.path.read_bytes()
+    assert data[20] == 2 and data[6] & 0x08  # [L] with a title trailer
+    assert saved.deleted == () and s_path.read_bytes() == s_bytes  # the [S] source is kept, untouched
+    assert load(store, saved.id).header.layout == "[L]"
+
+
+def test_s_files_are_never_deleted_as_prefix_ancestors(store, clock):
+    """The strict-prefix rule deletes earlier checkpoints of a conversation; an [S] file may belong
+    to an earlier ds4 sharing the directory, so it is kept like the load source."""
+    text = session_text("shared")
+    s_path, _ = write_s_session(store, text)
+    saved = save(store, text + b" and more", title=b"shared")
+    assert s_path.exists() and s_path not in saved.deleted
