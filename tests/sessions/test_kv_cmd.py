@@ -43,9 +43,35 @@ def test_ls(tmp_path):
 
 def test_ls_empty_and_missing_dir(tmp_path, capsys):
     assert run(tmp_path, "ls") == (0, f"KV files in {tmp_path}:\n  (none)\n")
-    code, out = run(tmp_path / "missing", "ls")
-    assert code == 1 and out == ""
-    assert capsys.readouterr().err.strip() == f"ds4agent kv: no KV directory at {tmp_path / 'missing'}"
+    # a fresh install: nothing was ever saved, which is not an error (issue 10.10)
+    missing = tmp_path / "missing"
+    assert run(missing, "ls") == (0, f"no sessions yet (no KV directory at {missing})\n")
+    assert run(missing, "verify") == (0, f"no sessions yet (no KV directory at {missing})\n")
+    assert not missing.exists()  # inspecting creates nothing
+    code, out = run(missing, "rm", "abc")
+    assert code == 1 and capsys.readouterr().err.strip() == f"ds4agent kv: no KV directory at {missing}"
+    (tmp_path / "file").write_text("x")
+    code, out = run(tmp_path / "file", "ls")
+    assert code == 1 and capsys.readouterr().err.strip() == f"ds4agent kv: no KV directory at {tmp_path / 'file'}"
+
+
+def test_show_file_needs_no_kv_directory_and_kv_dir_goes_after_the_action(tmp_path, capsys):
+    _, s = populate(tmp_path / "kv")
+    elsewhere = tmp_path / "copy.kv"
+    elsewhere.write_bytes(s.path.read_bytes())
+    args = build_parser().parse_args(["kv", "--kv-dir", str(tmp_path / "missing"), "show", str(elsewhere)])
+    out = io.StringIO()
+    assert kv_cmd.main(args, out=out) == 0 and f"file:           {elsewhere}" in out.getvalue()
+    code, _ = run(tmp_path / "missing", "show", "abc")
+    assert code == 1
+    assert capsys.readouterr().err.strip() == (f"ds4agent kv: abc: no such file, and no KV directory at "
+                                                f"{tmp_path / 'missing'}")
+    for action in (["ls"], ["verify"], ["show", s.id[:8]], ["rm", s.id[:8]]):
+        args = build_parser().parse_args(["kv", *action, "--kv-dir", str(tmp_path / "kv")])
+        out = io.StringIO()
+        assert kv_cmd.main(args, out=out) == 0, action
+        assert s.id[:8] in out.getvalue() or "0 invalid" in out.getvalue()
+    assert not s.path.exists()
 
 
 def test_show_session(tmp_path):
@@ -107,7 +133,20 @@ def test_rm(tmp_path, capsys):
     code, _ = run(tmp_path, "rm", s.id[:5])
     assert code == 1 and f"no saved session matches {s.id[:5]}" in capsys.readouterr().err
     code, _ = run(tmp_path, "rm", "zz")
-    assert code == 1 and "invalid session SHA prefix" in capsys.readouterr().err
+    assert code == 1 and capsys.readouterr().err.strip() == "ds4agent kv: no saved session matches zz"
+
+
+def test_ls_and_rm_unreadable_session_files(tmp_path):
+    _, s = populate(tmp_path)
+    bad = tmp_path / ("ab" + "0" * 38 + ".kv")
+    bad.write_bytes(s.path.read_bytes()[:100])
+    code, out = run(tmp_path, "ls")
+    row = next(line for line in out.splitlines() if line.startswith("  ab000000"))
+    assert code == 0 and row.split()[:2] == ["ab000000", "unreadable"]
+    assert row.endswith("(unreadable session: truncated cached text)") and "?" in row
+    code, out = run(tmp_path, "rm", "ab")
+    assert code == 0 and out == f"deleted unreadable session ab000000 (truncated cached text): {bad}\n"
+    assert not bad.exists() and s.path.exists()
 
 
 def test_cli_in_a_pipe_has_no_escape_codes(tmp_path):
@@ -205,10 +244,12 @@ def test_ls_skips_invalid_files_with_a_hint_and_never_opens_a_fifo(tmp_path):
     populate(tmp_path)
     os.mkfifo(tmp_path / "sysprompt.kv")  # open() on it would block the listing forever
     (tmp_path / ("b" * 40 + ".kv")).write_bytes(b"KVC\x01junk")
+    (tmp_path / "other.kv").write_bytes(b"KVC\x01junk")
     (tmp_path / "notes.txt").write_text("unrelated: not counted")
     code, out = run(tmp_path, "ls")
     lines = out.splitlines()
-    assert code == 0 and len(lines) == 4
+    assert code == 0 and len(lines) == 5
+    assert ["bbbbbbbb", "unreadable"] in [line.split()[:2] for line in lines]  # a session name: shown
     assert lines[-1] == "  (2 other .kv file(s) not listed: not valid KV files; see `ds4agent kv verify`)"
 
 

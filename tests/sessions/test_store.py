@@ -231,7 +231,9 @@ def test_list_newest_first_reason6_only(store, clock):
     assert line == f"  {ids[0][:8]} (1m ago) first  [5 tokens, {listed[0].entry.file_size / 2**20:.1f} MiB]"
 
 
-def test_listing_ignores_junk_and_bad_files(store):
+def test_listing_ignores_junk_and_reports_unreadable_session_files(store, clock):
+    """Junk names are ignored; a 40-hex `.kv` that cannot be read is listed apart, with the reason
+    (issue 10.11), and its prefix says why it cannot be loaded instead of "no match"."""
     good = save(store, session_text("good"))
     d = store.directory
     (d / "notes.txt").write_text("hello")
@@ -240,10 +242,36 @@ def test_listing_ignores_junk_and_bad_files(store):
     (d / ("c" * 40 + ".kv")).mkdir()
     (d / "sysprompt.kv").write_bytes(good.path.read_bytes())
     (d / ("d" * 40 + ".kv.tmp.abc123")).write_bytes(good.path.read_bytes())
-    (d / ("E" * 40 + ".kv")).write_bytes(os.urandom(3000))
-    assert [s.id for s in store.list_sessions()] == [good.id]
-    with pytest.raises(KVCStoreError, match="no saved session matches bbb"):
+    (d / ("E" * 40 + ".kv")).write_bytes(b"\xff" * 3000)
+    (d / ("f" * 40 + ".kv")).write_bytes(good.path.read_bytes()[:-2])  # title trailer cut short
+    checkpoint = bytearray(good.path.read_bytes()[:300])
+    checkpoint[5] = 2  # a damaged server checkpoint (valid header, reason 2): not a session, not listed
+    (d / ("9" * 40 + ".kv")).write_bytes(bytes(checkpoint))
+    sessions, unreadable = store.scan_sessions()
+    assert [s.id for s in sessions] == [s.id for s in store.list_sessions()] == [good.id]
+    assert sorted((u.id[:2], u.reason) for u in unreadable) == [
+        ("aa", E.INVALID_HEADER), ("bb", E.SHORTER_THAN_HEADER), ("cc", "not a regular file"),
+        ("ee", E.INVALID_HEADER), ("ff", E.TRUNCATED_TITLE)]
+    assert unreadable[0].display_title == f"(unreadable session: {unreadable[0].reason})"
+    with pytest.raises(KVCStoreError, match=f"^session bbbbbbbb cannot be loaded: {E.SHORTER_THAN_HEADER}$"):
         store.resolve("bbb")
+    with pytest.raises(KVCError, match=f"^{E.TRUNCATED_TITLE}$"):  # scan-valid: the load chain says why
+        load(store, "fff")
+    with pytest.raises(KVCStoreError, match="^no saved session matches 999$"):
+        store.resolve("999")
+
+
+def test_unreadable_session_files_are_deleted_by_prefix(store):
+    good = save(store, session_text("good"))
+    bad = store.directory / ("ab" + "0" * 38 + ".kv")
+    bad.write_bytes(b"not a kv file at all")
+    unreadable = store.directory / ("ac" + "0" * 38 + ".kv")
+    unreadable.write_bytes(good.path.read_bytes())
+    unreadable.chmod(0)
+    assert store.delete("ab") == bad and not bad.exists()
+    assert store.delete("ac") == unreadable and not unreadable.exists()
+    assert store.delete(good.id[:8]) == good.path
+    assert store.scan_sessions() == ([], [])
 
 
 def test_resolve_errors(store, clock):
@@ -253,11 +281,13 @@ def test_resolve_errors(store, clock):
     assert store.resolve(a.id[:8].upper()).path == a.path
     common = os.path.commonprefix([a.id, b.id])
     with pytest.raises(KVCStoreError, match=f"^session prefix {common} is ambiguous$") if common else \
-            pytest.raises(KVCStoreError, match="^invalid session SHA prefix$"):
+            pytest.raises(KVCStoreError, match="^give a session id prefix$"):
         store.resolve(common)
-    for bad in ("", "xyz", "0" * 41, "12 4"):
-        with pytest.raises(KVCStoreError, match=f"^{E.INVALID_PREFIX}$"):
+    for bad in ("xyz", "zzz", "0" * 41, "12 4"):  # no id looks like that: no session matches (issue 10.17)
+        with pytest.raises(KVCStoreError, match=f"^no saved session matches {bad}$"):
             store.resolve(bad)
+    with pytest.raises(KVCStoreError, match="^give a session id prefix$"):
+        store.resolve("")
     missing = next(c for c in "0123456789abcdef" if not a.id.startswith(c) and not b.id.startswith(c))
     with pytest.raises(KVCStoreError, match=f"^no saved session matches {missing}$"):
         store.resolve(missing)
