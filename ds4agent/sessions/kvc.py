@@ -399,6 +399,13 @@ def read_envelope(path: str | Path, kind: str = KIND_CHECKPOINT, *, text_limit: 
             raise _strerror(err, path) from None
 
 
+def _identity_hashes_text(name: str, header: KVCHeader) -> bool:
+    """Whether the identity a name carries (§12.3) is a hash of the text (legacy sessions, server
+    checkpoints, sysprompt caches) rather than of the title trailer; expected_identity's cases."""
+    form, _ = classify_name(name)
+    return form == "sysprompt-hex" or (form == "hex40" and not header.ext_flags & EXT_TITLE)
+
+
 def expected_identity(name: str, env: Envelope) -> str | None:
     """The hex the file name must carry (§12.3), or None when the name carries none."""
     form, _ = classify_name(name)
@@ -528,9 +535,8 @@ def verify_kvc(path: str | Path, *, quant_bits: int | None = None, shape: Payloa
                 raise
             # The text is read capped, and hashed in chunks only when the name must carry its
             # SHA-1 (step 10): the output needs a preview, and a header may claim 4 GiB (issue 10.7).
-            form, _ = classify_name(path.name)
-            needs_digest = form == "sysprompt-hex" or (form == "hex40" and not hdr.ext_flags & EXT_TITLE)
-            env = _read_envelope(f, path, size, kind, text_limit=TEXT_SCAN_BYTES, hash_text=needs_digest)
+            env = _read_envelope(f, path, size, kind, text_limit=TEXT_SCAN_BYTES,
+                                 hash_text=_identity_hashes_text(path.name, hdr))
             hdr = env.header
             if hdr.payload_bytes and hdr.model_id != 0:
                 raise KVCMismatchError(E.DIFFERENT_MODEL)
