@@ -135,12 +135,16 @@ def build_parser() -> argparse.ArgumentParser:
     # SUPPRESS: a subparser default would overwrite `ds4agent --kv-dir DIR kv ...` with None.
     _add_kv_dir(p, default=argparse.SUPPRESS)
     kv = p.add_subparsers(dest="kv_command", metavar="ACTION", required=True)
-    kv.add_parser("ls", help="list sessions and caches, newest first")
+    q = kv.add_parser("ls", help="list sessions and caches, newest first")
+    _add_kv_dir(q, default=argparse.SUPPRESS)  # `kv ls --kv-dir X` too: where people type it
     q = kv.add_parser("show", help="show one file's header, title, text preview and payload")
     q.add_argument("target", metavar="FILE|PREFIX")
-    kv.add_parser("verify", help="validate every .kv file; non-zero exit when any is invalid")
-    q = kv.add_parser("rm", help="delete a session by id prefix")
+    _add_kv_dir(q, default=argparse.SUPPRESS)
+    q = kv.add_parser("verify", help="validate every .kv file; non-zero exit when any is invalid")
+    _add_kv_dir(q, default=argparse.SUPPRESS)
+    q = kv.add_parser("rm", help="delete a session (readable or not) by id prefix")
     q.add_argument("prefix", metavar="PREFIX")
+    _add_kv_dir(q, default=argparse.SUPPRESS)
 
     p = sub.add_parser("info", help="print a model's shape, quant types, sizes and memory estimate")
     p.add_argument("model_path", metavar="MODEL")

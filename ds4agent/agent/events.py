@@ -283,6 +283,7 @@ class SessionInfo:
     last_used: int  # unix seconds
     created_at: int
     path: str
+    unreadable: str = ""  # why the file cannot be read ("" for a readable session); title says so too
 
 
 @dataclass(frozen=True)

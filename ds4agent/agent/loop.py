@@ -135,6 +135,8 @@ class Worker:
         if s.think_mode == "think-max" and self.think_mode != "think-max":
             self.io.emit(ev.Notice(f"{_THINK_MAX_TOO_SMALL} (context {s.ctx})", "warning"))
         self.session = self.engine.new_session()
+        for note in getattr(self.store, "notices", ()):  # e.g. a KV directory open to other users
+            self.io.emit(ev.Notice(note, "warning"))
         cached = sessionops.start_system_prefix(self)
         self.io.emit(ev.Ready(model=_describe(self.engine), ctx=s.ctx, sysprompt_cached=cached))
         sessionops.offer_resume(self)

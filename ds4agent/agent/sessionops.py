@@ -282,12 +282,20 @@ def list_event(worker: Any) -> ev.SessionList:
         return ev.SessionList("", ())
     infos = []
     try:
-        for info in store.list_sessions():
+        sessions, unreadable = store.scan_sessions()
+        for info in sessions:
             e = info.entry
             infos.append(ev.SessionInfo(
                 id=e.id, short_id=e.short_id, title=display_title(info.title), tokens=e.header.tokens,
                 size_bytes=e.file_size, last_used=e.header.last_used, created_at=e.header.created_at,
                 path=str(e.path),
+            ))
+        # Listed, not hidden (issue 10.11): the user sees the file and why, and can delete it.
+        for broken in unreadable:
+            infos.append(ev.SessionInfo(
+                id=broken.id, short_id=broken.short_id, title=broken.display_title, tokens=0,
+                size_bytes=broken.file_size, last_used=broken.last_used, created_at=0,
+                path=str(broken.path), unreadable=broken.reason,
             ))
     except Exception as err:  # noqa: BLE001
         worker.io.emit(ev.Error(f"no sessions: {err}"))

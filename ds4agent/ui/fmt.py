@@ -272,8 +272,9 @@ def session_list_lines(directory: str, sessions, now: float) -> list[str]:
     lines = [f"saved sessions in {directory}:"]
     for info in sessions:
         title = info.title if len(info.title) <= 70 else info.title[:70] + "..."
+        counts = "" if getattr(info, "unreadable", "") else f"{info.tokens} tokens, "  # no tokens to count
         lines.append(f"  {info.short_id} ({format_age(now - info.last_used)}) {title}  "
-                     f"[{info.tokens} tokens, {format_size(info.size_bytes)}]")
+                     f"[{counts}{format_size(info.size_bytes)}]")
     if not sessions:
         lines.append("  (none)")
     return lines
