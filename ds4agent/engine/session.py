@@ -209,6 +209,7 @@ class Engine:
         from .config import from_metadata
         from .gguf import GGUFFile
         from .info import check_fits, memory_plan
+        from .weights import check_directory
 
         path = Path(path)
         # Refuse a bad size before reading anything: a typo in --ctx must not cost an 80 GB load.
@@ -234,6 +235,7 @@ class Engine:
                                    name=str(gf.metadata.get("general.name", "")))
             # Before reading any weight: a model that cannot fit is refused with the numbers
             # (issue 13), instead of swapping and being killed half-way through the load.
+            check_directory(gf, config)
             check_fits(memory_plan(gf.tensors.values(), config, ctx), path)
             weights = _load_weights(gf, config, progress)
             qbits = quant_bits_of(gf)
