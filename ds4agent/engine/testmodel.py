@@ -203,7 +203,7 @@ def named_config(name: str) -> ModelConfig:
         return test_config(name)
     except ConfigError:
         names = ", ".join(sorted(("flash", *TEST_CONFIGS)))
-        raise ConfigError(f"unknown model config {name!r} (choose from {names})") from None
+        raise ConfigError(f"unknown test config {name!r} (choose from {names})") from None
 
 
 def make_test_model(path: str | os.PathLike[str], config: str | ModelConfig = "tiny",
