@@ -126,9 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", type=int, default=None, help="context size (default: enough for the tokens)")
     p.add_argument("--out", required=True, help="output .npy file")
 
-    p = sub.add_parser("make-test-model", help="write a tiny DS4-architecture GGUF with random weights")
+    p = sub.add_parser("make-test-model", help="write a DS4-architecture GGUF with random weights")
     p.add_argument("out", help="output .gguf path")
-    p.add_argument("--config", default="tiny", help="named test config (default: tiny)")
+    p.add_argument("--config", default="tiny",
+                   help="micro, tiny, small, or flash: the full DS4 Flash shape (default: tiny)")
+    p.add_argument("--experts", choices=("q2", "q4"), default=None,
+                   help="routed-expert types of a --config flash file: q2 (IQ2_XXS/Q2_K, the "
+                        "default) or q4 (Q4_K)")
     p.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
 
     p = sub.add_parser("kv", help="inspect the session/KV cache directory")

@@ -62,6 +62,7 @@ class ModelInfo:
     ctx: int
     state_bytes: int
     plan: MemoryPlan | None = None
+    note: str = ""  # what a generated test file is (flashmodel.FLASH_TEST_KEY), else empty
 
     @property
     def weights_memory(self) -> int:
@@ -194,6 +195,7 @@ def check_fits(plan: MemoryPlan, path, ram: int | None = None) -> None:
 def model_info(path, *, ctx: int = 100_000) -> ModelInfo:
     """Inspect a GGUF model (header and directory only). Raises EngineError subclasses."""
     from .config import from_metadata
+    from .flashmodel import FLASH_TEST_KEY
     from .gguf import GGUFFile
     from .testmodel import TEST_MODEL_KEY
 
@@ -232,6 +234,7 @@ def model_info(path, *, ctx: int = 100_000) -> ModelInfo:
             groups=group_list, types={k: (v[0], v[1]) for k, v in by_type.items()},
             n_tensors=len(gf.tensors), ctx=int(ctx), state_bytes=payload_bytes(cfg, ctx),
             plan=memory_plan(gf.tensors.values(), cfg, ctx),
+            note=str(gf.metadata.get(FLASH_TEST_KEY, "")),
         )
 
 
@@ -319,6 +322,9 @@ def format_info(info: ModelInfo) -> str:
         f"model       {info.path} ({_size(info.file_bytes)}, {info.n_tensors} tensors, "
         f"{_count(info.params)} parameters)",
         f"kind        {kind}",
+        # One line: the tensor sizes below are the real model's, the file holds far less.
+        *([f"test file   {info.note}; not a trained model, the sizes below are the tensors' as "
+           f"in a real file"] if info.note else []),
         f"shape       {c.n_layers} layers, width {c.dim}, vocab {c.vocab}, {c.n_heads} query heads x "
         f"{c.head_dim} (RoPE on the last {c.rope_dim}), 1 KV head",
         f"attention   q LoRA {c.q_lora_rank}, output {c.out_groups} groups x {c.out_lora_rank}, window "
