@@ -253,7 +253,7 @@ class PermissionPolicy:
             # run so the model gets the specific error; there is nothing for the user to approve.
             return ALLOW
         diff = change.diff()
-        verb = "Create" if change.before is None else ("Overwrite" if tool_name == "write" else "Edit")
+        verb = "Create" if change.creates else ("Overwrite" if tool_name == "write" else "Edit")
         where = " (outside the working directory)" if outside else ""
         q = Question(
             tool=tool_name,
