@@ -27,6 +27,7 @@ import fnmatch
 import glob
 import os
 import re
+import stat
 from dataclasses import dataclass
 
 # Programs that run other programs given as arguments: allowing them "for the session" would allow
@@ -36,7 +37,16 @@ RUNNERS = frozenset({
     "doas", "su", "env", "xargs", "nohup", "timeout", "nice", "ionice", "command", "builtin", "time",
     "watch", "setsid", "stdbuf", "chroot", "unshare", "nsenter", "busybox", "parallel", "ssh", "trap",
     "flock", "script", "strace", "ltrace", "gdb", "taskset", "chrt", "runuser", "sg", "systemd-run",
+    "alias",
 })
+# Environment variables that choose which program runs, or make a program run another one
+# (GIT_PAGER, GIT_SSH_COMMAND, LD_PRELOAD, PATH...): setting one makes the command opaque.
+_RUNNING_VARIABLES = frozenset({
+    "PATH", "IFS", "ENV", "BASH_ENV", "SHELL", "PAGER", "MANPAGER", "EDITOR", "VISUAL", "PROMPT_COMMAND",
+    "PYTHONSTARTUP", "PYTHONPATH", "PERL5OPT", "PERL5LIB", "RUBYOPT", "NODE_OPTIONS", "BROWSER",
+})
+_RUNNING_VARIABLE_PREFIXES = ("GIT_", "LD_", "DYLD_", "BASH_FUNC_")
+_DECLARING = frozenset({"export", "declare", "typeset", "readonly", "local"})
 # Shell words that start a compound command: the program is the word after them.
 _PREFIX_WORDS = frozenset({"if", "then", "else", "elif", "do", "while", "until", "!", "{"})
 # Words that end a compound command or open a header that runs no program by itself.
@@ -53,12 +63,14 @@ _HARMLESS_TARGETS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr", "/dev/
                                "/dev/fd/2"})
 
 # Programs whose every operand may be written (or removed, or moved away).
+# ln and link are here because a link to a file outside the tree makes a later write to the link,
+# inside the tree by its name, a write outside.
 _WRITES_OPERANDS = frozenset({
     "tee", "mv", "rm", "rmdir", "unlink", "touch", "truncate", "mkdir", "mkfifo", "mknod", "chmod",
-    "chown", "chgrp", "shred", "tar", "unzip", "zip", "curl", "wget", "split", "csplit",
+    "chown", "chgrp", "shred", "tar", "unzip", "zip", "curl", "wget", "split", "csplit", "ln", "link",
 })
 # Programs that write their last operand (or the -t/--target-directory one).
-_WRITES_LAST = frozenset({"cp", "ln", "link", "install", "rsync", "scp"})
+_WRITES_LAST = frozenset({"cp", "install", "rsync", "scp"})
 _SED = frozenset({"sed", "gsed"})
 _AWK = frozenset({"awk", "gawk", "mawk", "nawk"})
 _FIND_RUNS = frozenset({"-exec", "-execdir", "-ok", "-okdir"})
@@ -86,6 +98,13 @@ class Word:
     expands: bool = False  # holds a $parameter: its value is known only when it runs
     glob: bool = False  # an unquoted * ? or [
     tilde: bool = False  # starts with an unquoted ~
+    brace: bool = False  # an unquoted { (bash expands {a,b})
+    quote_at: int | None = None  # where in `text` the first quoted or escaped character is
+
+    def mark_quoted(self) -> None:
+        self.quoted = True
+        if self.quote_at is None:
+            self.quote_at = len(self.text)
 
 
 @dataclass(frozen=True)
@@ -153,7 +172,7 @@ def _tokens(command: str) -> list[Word | Op]:
                 i += 2  # line continuation
                 continue
             w = cur()
-            w.quoted = True
+            w.mark_quoted()
             if i + 1 < n:
                 w.text += command[i + 1]
             i += 2
@@ -162,12 +181,12 @@ def _tokens(command: str) -> list[Word | Op]:
             if end < 0:
                 raise Opaque("unbalanced single quote")
             w = cur()
-            w.quoted = True
+            w.mark_quoted()
             w.text += command[i + 1 : end]
             i = end + 1
         elif c == '"':
             w = cur()
-            w.quoted = True
+            w.mark_quoted()
             i += 1
             while True:
                 if i >= n:
@@ -212,6 +231,8 @@ def _tokens(command: str) -> list[Word | Op]:
                 w.tilde = True
             if c in "*?[":
                 w.glob = True
+            if c == "{":
+                w.brace = True
             w.text += c
             i += 1
     end_word()
@@ -273,12 +294,24 @@ def _program_words(cmd: Simple) -> list[Word]:
             continue
         if not w.quoted and w.text in _SKIP_SEGMENT:
             return []
-        name, eq, _ = w.text.partition("=")
-        if eq and name.isidentifier() and not w.quoted:
-            k += 1  # an environment assignment before the program
+        if _is_assignment(w):
+            k += 1  # an environment assignment before the program (checked in _scan)
             continue
         return words[k:]
     return []
+
+
+def _is_assignment(w: Word) -> bool:
+    """NAME=value with NAME and = unquoted (`"A"=1` is a command named A=1, as sh reads it)."""
+    name, eq, _ = w.text.partition("=")
+    return bool(eq) and name.isidentifier() and (w.quote_at is None or w.quote_at > len(name))
+
+
+def _sets_running_variable(w: Word) -> bool:
+    if not _is_assignment(w):
+        return False
+    name = w.text.partition("=")[0]
+    return name in _RUNNING_VARIABLES or name.startswith(_RUNNING_VARIABLE_PREFIXES)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -313,13 +346,17 @@ def _scan(command: str, root: str) -> Scan:
             risky.append(f"{word.text} ({reason})")
 
     for cmd in cmds:
+        words = _program_words(cmd)
+        declares = bool(words) and words[0].text in _DECLARING
+        for w in cmd.words if declares or not words else cmd.words[: len(cmd.words) - len(words)]:
+            if _sets_running_variable(w):
+                raise Opaque(f"{w.text.partition('=')[0]} chooses or runs programs")
         for op, target in cmd.redirects:
             if op not in _OUTPUT_REDIRECTS:
                 continue
             if op == ">&" and (target.text.isdigit() or target.text == "-") and not target.quoted:
                 continue  # a descriptor duplicated or closed, not a file
             check(target)
-        words = _program_words(cmd)
         if not words:
             continue
         prog_word, args = words[0], words[1:]
@@ -356,7 +393,8 @@ def _scan(command: str, root: str) -> Scan:
 
 
 def _value(word: Word, text: str) -> Word:
-    return Word(text, word.quoted, word.expands, word.glob, text.startswith("~") and word.tilde)
+    # bash expands ~ after = in any word (of=~/x), so a value starting with ~ counts as home.
+    return Word(text, word.quoted, word.expands, word.glob, text.startswith("~"), word.brace)
 
 
 def _option_values(word: Word) -> list[Word]:
@@ -383,8 +421,11 @@ def _write_operands(base: str, args: list[Word]) -> list[Word]:
             out.extend(_option_values(a))
         # A target directory given as an option (-t DIR, -rtDIR, --target-directory=DIR), or
         # install -d (every operand is created): check every operand rather than guess which.
-        every = any(a.text.startswith("--target-directory") or a.text in ("-d", "--directory")
-                    or (a.text.startswith("-") and not a.text.startswith("--") and "t" in a.text) for a in args)
+        # cp -s/-l make links: as with ln, a link to an outside file is a way out.
+        every = any(a.text.startswith(("--target-directory", "--link", "--symbolic-link"))
+                    or a.text in ("-d", "--directory")
+                    or (a.text.startswith("-") and not a.text.startswith("--") and set(a.text) & set("tsl"))
+                    for a in args)
         if every:
             return out + operands
         return out + operands[-1:]
@@ -482,30 +523,58 @@ def _cd(args: list[Word], where: str | None, home_known: bool) -> str | None:
 
 def _risk(word: Word, where: str | None, root: str, home_known: bool) -> str:
     """Why writing `word` needs the user every time ("" when it stays inside the tree)."""
-    text = word.text
     if word.expands:
         return "known only when it runs"
-    if text in _HARMLESS_TARGETS:
+    if word.text in _HARMLESS_TARGETS:
         return ""
-    if word.tilde:
+    reasons = [_path_risk(text, word, where, root, home_known)
+               for text in (_brace_alternatives(word.text) if word.brace else [word.text])]
+    return next((r for r in reasons if r), "")
+
+
+def _path_risk(text: str, word: Word, where: str | None, root: str, home_known: bool) -> str:
+    if word.tilde and text.startswith("~"):
         if not home_known:
             return "HOME is changed by the command"
         text = os.path.expanduser(text)
     if not os.path.isabs(text) and where is None:
         return "after a cd to a place known only when it runs"
-    full = os.path.normpath(os.path.join(where or "/", text))
+    # Not normalised before realpath: link/.. is the link's target's parent, not the tree's.
+    full = os.path.join(where or "/", text)
     paths = [full]
     if word.glob:
-        if any(fnmatch.fnmatchcase(".git", part) for part in _parts_below(full, root)):
+        if any(fnmatch.fnmatchcase(".git", part) for part in _parts_below(os.path.normpath(full), root)):
             return "may be inside .git/"
         paths += glob.glob(full)
     for p in paths:
         real = os.path.realpath(p)
-        if not _inside(real, root) or not _inside(p, root):
+        lexical = os.path.normpath(p)
+        if not _inside(real, root) or not _inside(lexical, root):
             return "outside the working directory"
-        if ".git" in _parts_below(real, root) or ".git" in _parts_below(p, root):
+        if ".git" in _parts_below(real, root) or ".git" in _parts_below(lexical, root):
             return "inside .git/"
+        try:
+            st = os.stat(real)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            # A hard link's other names may be anywhere on the file system.
+            return "a file with other hard links, which may be outside the working directory"
     return ""
+
+
+def _brace_alternatives(text: str, limit: int = 64) -> list[str]:
+    """bash's brace expansion, enough to see every place `{a,../b}` may name (at most `limit`;
+    a word beyond that is reported as the cut text, which then resolves inside or outside)."""
+    m = re.search(r"\{([^{}]*,[^{}]*)\}", text)
+    if not m:
+        return [text]
+    out: list[str] = []
+    for alt in m.group(1).split(","):
+        out.extend(_brace_alternatives(text[: m.start()] + alt + text[m.end():], limit))
+        if len(out) >= limit:
+            break
+    return out[:limit]
 
 
 def _parts_below(path: str, root: str) -> list[str]:

@@ -1,6 +1,8 @@
 """Session answers cover programs and tools, never writes outside the working tree or into .git/
 (issue 10, item 6): such a command or write is asked about every time, with no session choice."""
 
+import os
+
 import pytest
 
 from ds4agent.tools.permissions import Answer, PermissionPolicy
@@ -67,6 +69,11 @@ PROGRAMS = ["echo a", "tee a", "cp a b", "mv a b", "rm a", "install a b", "dd if
     "git -C ../other commit -am x",
     "git config core.pager 'rm -rf ~'",
     "git clone https://example.invalid/r.git /tmp/r",
+    "ln -s /etc/passwd innocent && echo x >> innocent",
+    "ln ~/.bashrc hb",
+    "cp -s /etc/passwd here",
+    "cp f {..,.}/y",
+    "dd if=f of=~/x",
 ])
 def test_writes_outside_or_into_git_are_asked_every_time(ctx, command):
     p = _allowing(ctx, *PROGRAMS)
@@ -83,8 +90,18 @@ def test_the_question_names_the_target(ctx):
 
 
 def test_a_symlink_out_of_the_tree_is_outside(ctx, tmp_path):
-    (ctx.cwd / "escape").symlink_to(tmp_path)
-    _asks_every_time(_allowing(ctx, "echo a"), ctx, "echo x > escape/f")
+    (tmp_path / "deep").mkdir()
+    (ctx.cwd / "escape").symlink_to(tmp_path / "deep")
+    p = _allowing(ctx, "echo a")
+    _asks_every_time(p, ctx, "echo x > escape/f")
+    # link/.. is the parent of the link's target, not the working directory.
+    _asks_every_time(p, ctx, "echo x > escape/../f")
+
+
+def test_a_file_with_other_hard_links_is_asked_about(ctx, tmp_path):
+    (tmp_path / "profile").write_text("x\n")
+    os.link(tmp_path / "profile", ctx.cwd / "hb")
+    _asks_every_time(_allowing(ctx, "echo a"), ctx, "echo evil >> hb")
 
 
 @pytest.mark.parametrize("command", [
@@ -127,6 +144,10 @@ def test_writes_inside_the_tree_stay_covered(ctx, command):
     "echo 'unbalanced > ../x",
     "eval 'echo > ../x'",
     "echo `id` > out",
+    "GIT_PAGER='rm -rf ~' git log",
+    "export GIT_SSH_COMMAND=evil; git fetch",
+    "PATH=.:$PATH ls",
+    "alias ls='rm -rf ~'\nls",
 ])
 def test_commands_that_cannot_be_analysed_are_asked_every_time(ctx, command):
     assert scan(command, ctx.cwd) is None
@@ -136,6 +157,12 @@ def test_commands_that_cannot_be_analysed_are_asked_every_time(ctx, command):
 def test_quoted_operators_are_words_not_redirections(ctx):
     s = scan("echo '> ../x' \"; rm -rf /\" \\> ../y", ctx.cwd)
     assert (s.programs, s.risky_writes) == (("echo",), ())
+
+
+def test_assignments_and_quoted_names():
+    assert scan("CC=clang FLAGS='-O2 -g' make -j4", "/tmp").programs == ("make",)
+    # A quoted name is no assignment: sh runs a program named A=1.
+    assert scan('"A"=1 x', "/tmp").programs == ("A=1",)
 
 
 def test_write_and_edit_into_git_are_never_covered_by_a_session_answer(ctx):
