@@ -12,9 +12,9 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-DEFAULT_MODEL_FILE = "ds4flash.gguf"
+from ds4agent.models.errors import ModelError
+from ds4agent.models.locate import DEFAULT_MODEL_FILE
 
 # subcommand -> (module, function); the function takes the parsed namespace and returns an exit code.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -47,7 +47,8 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         default=None,
         help=f"model weights: a ds4 GGUF file or a converted MLX directory "
-        f"(default: $DS4AGENT_MODEL, else ./{DEFAULT_MODEL_FILE})",
+        f"(default: $DS4AGENT_MODEL, else ./{DEFAULT_MODEL_FILE}, else the model `ds4agent pull` "
+        "fetched last)",
     )
 
 
@@ -153,24 +154,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def resolve_model_path(explicit: str | None) -> Path:
-    """The model the agent runs: --model, else $DS4AGENT_MODEL, else ./ds4flash.gguf.
-
-    Raises UsageError with a message that says how to get weights when none is found.
-    """
-    candidate = explicit or os.environ.get("DS4AGENT_MODEL") or DEFAULT_MODEL_FILE
-    path = Path(candidate).expanduser()
-    if path.exists():
-        return path
-    where = "--model" if explicit else ("$DS4AGENT_MODEL" if os.environ.get("DS4AGENT_MODEL") else "default")
-    raise UsageError(
-        f"no model found at {path} ({where}).\n"
-        "  Point ds4agent at ds4's DeepSeek V4 Flash weights: ds4agent --model /path/to/ds4flash.gguf\n"
-        "  (or set DS4AGENT_MODEL). To try the app without real weights, make a tiny random model:\n"
-        "    ds4agent make-test-model tiny.gguf && ds4agent --model tiny.gguf"
-    )
-
-
 def _call(module: str, function: str, args: argparse.Namespace) -> int:
     return int(getattr(importlib.import_module(module), function)(args) or 0)
 
@@ -182,13 +165,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is not None:
             module, function = SUBCOMMANDS[args.command]
             return _call(module, function, args)
+        from ds4agent.models.fit import check_model_fits
+        from ds4agent.models.locate import resolve_model_path
+
         args.model_path = resolve_model_path(args.model)
+        # Before the UI starts or a byte is mapped: an 80 GB model on a 64 GB machine is refused
+        # here with the numbers, not after minutes of paging.
+        check_model_fits(args.model_path)
         if args.prompt is not None:
             return _call("ds4agent.agent.headless", "main", args)
         if args.plain or not sys.stdout.isatty():
             return _call("ds4agent.ui.plain", "main", args)
         return _call("ds4agent.ui.app", "main", args)
-    except UsageError as err:
+    except (UsageError, ModelError) as err:
         print(f"ds4agent: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -79,10 +79,16 @@ def save_npy_atomic(path: str | os.PathLike[str], array: np.ndarray) -> None:
 
 
 def main(args) -> int:
-    from ..cli import resolve_model_path
+    from ..models.errors import ModelError
+    from ..models.fit import check_model_fits
+    from ..models.locate import resolve_model_path
 
     def action() -> str:
-        model = resolve_model_path(args.model)
+        try:
+            model = resolve_model_path(args.model)
+            check_model_fits(model)
+        except ModelError as err:
+            raise DumpError(str(err)) from None
         if args.token_list is not None:
             tokens = parse_token_list(args.token_list)
         else:
