@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from ds4agent.models.catalog import FLAVOURS
 from ds4agent.models.errors import ModelError
 from ds4agent.models.locate import DEFAULT_MODEL_FILE
 
@@ -24,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "kv": ("ds4agent.sessions.kv_cmd", "main"),
     "info": ("ds4agent.engine.info", "main"),
     "convert": ("ds4agent.engine.convert", "main"),
+    "pull": ("ds4agent.models.pull", "main"),
 }
 
 
@@ -150,6 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("convert", help="convert the official DeepSeek-V4-Flash safetensors to an MLX directory")
     p.add_argument("source", help="directory of the official checkpoint (safetensors)")
     p.add_argument("out", help="output directory")
+
+    p = sub.add_parser("pull", help="download a model from the Hugging Face Hub (no NAME: list them)")
+    p.add_argument("name", nargs="?", metavar="NAME", choices=[f.name for f in FLAVOURS],
+                   help="one of: " + ", ".join(f.name for f in FLAVOURS))
+    p.add_argument("--dir", metavar="DIR", default=None,
+                   help="where models are kept (default: $DS4AGENT_MODEL_DIR, else ~/.ds4/models)")
+    p.add_argument("--token", metavar="TOKEN", default=None,
+                   help="Hugging Face token (default: $HF_TOKEN, else the one `hf auth login` saved)")
 
     return parser
 
