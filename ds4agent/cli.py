@@ -54,6 +54,12 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_device(parser: argparse.ArgumentParser, default: object = None) -> None:
+    parser.add_argument("--device", choices=("cpu", "gpu"), default=default,
+                        help="where the engine computes (default: the GPU when MLX has one: Metal on "
+                        "Apple Silicon, CUDA with the cuda extra; else the CPU)")
+
+
 def _interactive_help() -> str:
     """The slash commands, from the one table both front ends use (ds4agent/ui/commands.py is pure
     logic: importing it pulls in no Textual)."""
@@ -75,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_model(parser)
     _add_kv_dir(parser)
+    _add_device(parser)
     # Short aliases and defaults as in the reference ds4-agent (agent-reference.md §2).
     parser.add_argument("-c", "--ctx", type=int, default=100_000, metavar="N",
                         help="context size in tokens (default: 100000)")
@@ -148,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="print a model's shape, quant types, sizes and memory estimate")
     p.add_argument("model_path", metavar="MODEL")
     p.add_argument("--ctx", type=int, default=100_000, help="context for the KV estimate (default: 100000)")
+    _add_device(p, default=argparse.SUPPRESS)  # SUPPRESS: keep `ds4agent --device X info ...`
 
     p = sub.add_parser("convert", help="convert the official DeepSeek-V4-Flash safetensors to an MLX directory")
     p.add_argument("source", help="directory of the official checkpoint (safetensors)")

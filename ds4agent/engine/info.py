@@ -221,7 +221,8 @@ def _ratio_summary(ratios) -> str:
     return ", ".join(f"{n} x {r}" for r, n in sorted(counts.items()))
 
 
-def format_info(info: ModelInfo) -> str:
+def format_info(info: ModelInfo, device=None) -> str:
+    """The report; `device` (device.Device) adds the line saying where the engine would compute."""
     c = info.config
     kind = {
         "flash": "DeepSeek V4 Flash (strict metadata check passed)",
@@ -232,6 +233,7 @@ def format_info(info: ModelInfo) -> str:
         f"model       {info.path} ({_size(info.file_bytes)}, {info.n_tensors} tensors, "
         f"{_count(info.params)} parameters)",
         f"kind        {kind}",
+        *([f"device      {device.label}" + (f" · {device.notice}" if device.notice else "")] if device else []),
         f"shape       {c.n_layers} layers, width {c.dim}, vocab {c.vocab}, {c.n_heads} query heads x "
         f"{c.head_dim} (RoPE on the last {c.rope_dim}), 1 KV head",
         f"attention   q LoRA {c.q_lora_rank}, output {c.out_groups} groups x {c.out_lora_rank}, window "
@@ -262,10 +264,13 @@ def format_info(info: ModelInfo) -> str:
 
 def main(args) -> int:
     """`ds4agent info MODEL [--ctx N]`."""
+    from .device import choose_device
+
     try:
         info = model_info(args.model_path, ctx=args.ctx)
+        device = choose_device(getattr(args, "device", None))
     except EngineError as err:
         print(f"ds4agent: {err}", file=sys.stderr)
         return 2
-    print(format_info(info))
+    print(format_info(info, device))
     return 0
