@@ -30,6 +30,10 @@ def hub(tmp_path, monkeypatch):
     state.add(catalog.HUB_REPO, Q2.filename, DATA)
     with HubServer(state) as server:
         monkeypatch.setenv("HF_ENDPOINT", server.url)
+        # huggingface_hub read HF_ENDPOINT when first imported, possibly before this test, and its
+        # user-agent telemetry fetches a registry from that endpoint: switch that request off
+        # (pull.hub_endpoint reads HF_ENDPOINT per call, so the file requests come here).
+        monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_TELEMETRY", True)
         monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
         for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "DS4AGENT_MODEL"):
             monkeypatch.delenv(name, raising=False)
@@ -63,6 +67,10 @@ def test_full_download_is_verified_named_and_becomes_the_default_model(hub, tmp_
     assert locate.resolve_model_path(None) == final
 
 
+def _resumed_at(seen) -> int:
+    return int(seen.range.removeprefix("bytes=").removesuffix("-"))
+
+
 def test_interrupted_pull_keeps_its_bytes_and_the_next_pull_asks_only_for_the_rest(hub, tmp_path, monkeypatch):
     state, _ = hub
     monkeypatch.setattr(pull, "RETRIES", 2)
@@ -71,25 +79,30 @@ def test_interrupted_pull_keeps_its_bytes_and_the_next_pull_asks_only_for_the_re
     with pytest.raises(PullError, match=r"keeps failing .* run the same pull again to continue"):
         pull.pull("q2-imatrix")
     part = _models(tmp_path) / (Q2.filename + ".part")
-    assert part.read_bytes() == DATA[:cut]
+    kept = part.read_bytes()
+    # What arrived is kept (the client may not have seen the last bytes before the drop).
+    assert 0 < len(kept) <= cut and kept == DATA[: len(kept)]
     assert not (_models(tmp_path) / Q2.filename).exists()
-    assert [s.range for s in state.log if s.status == 0] == [f"bytes={cut}-"] * 2  # two retries, no answer
+    assert [s.range for s in state.log if s.status == 0] == [f"bytes={len(kept)}-"] * 2  # two retries, no answer
 
     state.down = False
     final = pull.pull("q2-imatrix")
     assert final.read_bytes() == DATA and not part.exists()
     first, second = state.gets()
     assert (first.range, first.sent) == (None, cut)
-    assert second.range == f"bytes={cut}-" and second.status == 206
-    assert second.sent == len(DATA) - cut  # only the rest was served
+    assert second.range == f"bytes={len(kept)}-" and second.status == 206
+    assert second.sent == len(DATA) - len(kept)  # only the rest was served
 
 
 def test_dropped_connection_is_resumed_within_one_pull(hub, tmp_path):
     state, _ = hub
-    state.cut_after = 2 * pull.CHUNK + 5
+    cut = 2 * pull.CHUNK + 5
+    state.cut_after = cut
     final = pull.pull("q2-imatrix")
     assert final.read_bytes() == DATA
-    assert [g.range for g in state.gets()] == [None, f"bytes={2 * pull.CHUNK + 5}-"]
+    first, second = state.gets()
+    assert first.range is None and 0 < _resumed_at(second) <= cut
+    assert second.sent == len(DATA) - _resumed_at(second)
 
 
 def test_sha256_mismatch_removes_the_bytes_and_says_what_failed(hub, tmp_path):
@@ -184,7 +197,8 @@ def test_cdn_redirect_keeps_the_token_on_the_hub_and_ranges_work(tmp_path, monke
     cdn_requests = [s for s in cdn_state.log if s.path.startswith("/cdn/")]
     assert {s.status for s in hub_requests} == {302}
     assert all(s.authorization == "Bearer hf_secret" for s in hub_requests)
-    assert [(s.range, s.authorization) for s in cdn_requests] == [(None, None), (f"bytes={pull.CHUNK}-", None)]
+    assert [s.authorization for s in cdn_requests] == [None, None]  # the token never left the Hub
+    assert cdn_requests[0].range is None and 0 < _resumed_at(cdn_requests[1]) <= pull.CHUNK
 
 
 def test_already_downloaded_makes_no_request_and_becomes_the_newest(hub, tmp_path, capsys):
