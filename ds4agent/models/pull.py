@@ -166,8 +166,10 @@ def pull(name: str, *, directory: str | os.PathLike[str] | None = None, token: s
 @contextlib.contextmanager
 def _locked(part: Path):
     """The partial file, open for appending, held with an exclusive lock: two pulls of one file
-    appending to the same bytes would corrupt both."""
-    fh = open(part, "ab")
+    appending to the same bytes would corrupt both. Unbuffered, so the file's size is always
+    exactly the bytes written: a retry resumes from that size, and a byte still sitting in a
+    buffer would be written again after the resumed ones."""
+    fh = open(part, "ab", buffering=0)
     try:
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -240,12 +242,17 @@ def _fetch_rest(remote: RemoteFile, fh: BinaryIO, have: int, headers: dict[str, 
         # As the bytes arrive (no fixed-size buffering): when the connection drops, every byte
         # received is already in the file, so the next attempt asks for exactly the rest.
         for chunk in response.iter_bytes():
-            fh.write(chunk)
+            _write_all(fh, chunk)
             have += len(chunk)
             bar.update(len(chunk))
-        fh.flush()
         os.fsync(fh.fileno())
     return have
+
+
+def _write_all(fh: BinaryIO, data: bytes) -> None:
+    view = memoryview(data)
+    while view:  # an unbuffered write may take fewer bytes than offered
+        view = view[fh.write(view):]
 
 
 @contextlib.contextmanager
@@ -317,6 +324,11 @@ def main(args) -> int:
         path = pull(args.name, directory=args.dir, token=args.token)
     except PullError as err:
         print(f"ds4agent: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:  # the disk filled up or the directory went away mid-download
+        where = f" ({err.filename})" if err.filename else ""
+        print(f"ds4agent: pull failed: {err.strerror or err}{where}; the bytes written so far are "
+              "kept, run the same command again to continue", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("\nds4agent: pull interrupted; run the same command again to continue where it stopped",

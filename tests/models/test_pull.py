@@ -257,3 +257,21 @@ def test_unknown_name_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["pull", "q9"])
     assert exit_.value.code == 2 and "invalid choice: 'q9'" in capsys.readouterr().err
+
+
+def test_disk_full_while_writing_is_one_line_and_keeps_the_bytes(hub, tmp_path, monkeypatch, capsys):
+    state, _ = hub
+    written = []
+
+    def full_disk(fh, data):
+        if written:
+            raise OSError(28, "No space left on device")
+        written.append(len(data))
+        fh.write(data)
+
+    monkeypatch.setattr(pull, "_write_all", full_disk)
+    assert cli.main(["pull", "q2-imatrix"]) == 1
+    err = capsys.readouterr().err
+    assert "pull failed: No space left on device" in err and "Traceback" not in err
+    part = _models(tmp_path) / (Q2.filename + ".part")
+    assert part.read_bytes() == DATA[: written[0]]
