@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 from ds4agent.models.catalog import FLAVOURS
 from ds4agent.models.errors import ModelError
-from ds4agent.models.locate import DEFAULT_MODEL_FILE
+from ds4agent.models.fit import check_model_fits
+from ds4agent.models.locate import DEFAULT_MODEL_FILE, resolve_model_path
 
 # subcommand -> (module, function); the function takes the parsed namespace and returns an exit code.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -183,9 +184,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is not None:
             module, function = SUBCOMMANDS[args.command]
             return _call(module, function, args)
-        from ds4agent.models.fit import check_model_fits
-        from ds4agent.models.locate import resolve_model_path
-
         args.model_path = resolve_model_path(args.model)
         # Before the UI starts or a byte is mapped: an 80 GB model on a 64 GB machine is refused
         # here with the numbers, not after minutes of paging.
