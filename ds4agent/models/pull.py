@@ -176,7 +176,14 @@ def _locked(part: Path):
         except BlockingIOError:
             raise PullError(f"another `ds4agent pull` is downloading {part.name[: -len(PART_SUFFIX)]}; "
                             "wait for it to finish") from None
-        yield fh
+        try:
+            yield fh
+        finally:
+            # A pull refused before its first byte (disk space, a failed request) leaves no empty
+            # partial file behind. Still under the lock, so it is never another pull's file.
+            with contextlib.suppress(OSError):
+                if os.fstat(fh.fileno()).st_size == 0 and part.exists():
+                    part.unlink()
     finally:
         fh.close()
 

@@ -174,6 +174,7 @@ def test_not_enough_disk_space_is_refused_with_the_numbers_before_downloading(hu
     assert "not enough disk space" in text and str(_models(tmp_path)) in text
     assert f"needs {catalog.human_bytes(len(DATA))} more" in text and "1.0 kB is free" in text
     assert state.gets() == []
+    assert list(_models(tmp_path).iterdir()) == []  # no empty partial file left behind
 
 
 def test_disk_space_counts_only_the_missing_bytes_when_resuming(hub, tmp_path, monkeypatch):
