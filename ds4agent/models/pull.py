@@ -341,5 +341,5 @@ def main(args) -> int:
         print("\nds4agent: pull interrupted; run the same command again to continue where it stopped",
               file=sys.stderr)
         return 130
-    print(path)
+    print(os.path.abspath(path))  # absolute: ready to paste into --model from any directory
     return 0

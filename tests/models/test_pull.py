@@ -276,3 +276,10 @@ def test_disk_full_while_writing_is_one_line_and_keeps_the_bytes(hub, tmp_path, 
     assert "pull failed: No space left on device" in err and "Traceback" not in err
     part = _models(tmp_path) / (Q2.filename + ".part")
     assert part.read_bytes() == DATA[: written[0]]
+
+
+def test_dir_flag_wins_and_the_last_line_is_an_absolute_path(hub, tmp_path, capsys):
+    assert cli.main(["pull", "q2-imatrix", "--dir", "elsewhere"]) == 0  # relative to the cwd (tmp_path)
+    final = tmp_path / "elsewhere" / Q2.filename
+    assert capsys.readouterr().out.splitlines()[-1] == str(final)
+    assert final.read_bytes() == DATA and not _models(tmp_path).exists()
