@@ -12,9 +12,10 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-DEFAULT_MODEL_FILE = "ds4flash.gguf"
+from ds4agent.models.catalog import FLAVOURS
+from ds4agent.models.errors import ModelError
+from ds4agent.models.locate import DEFAULT_MODEL_FILE, resolve_model_path
 
 # subcommand -> (module, function); the function takes the parsed namespace and returns an exit code.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -24,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "kv": ("ds4agent.sessions.kv_cmd", "main"),
     "info": ("ds4agent.engine.info", "main"),
     "convert": ("ds4agent.engine.convert", "main"),
+    "pull": ("ds4agent.models.pull", "main"),
 }
 
 
@@ -47,8 +49,15 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         default=None,
         help=f"model weights: a ds4 GGUF file or a converted MLX directory "
-        f"(default: $DS4AGENT_MODEL, else ./{DEFAULT_MODEL_FILE})",
+        f"(default: $DS4AGENT_MODEL, else ./{DEFAULT_MODEL_FILE}, else the model `ds4agent pull` "
+        "fetched last)",
     )
+
+
+def _add_device(parser: argparse.ArgumentParser, default: object = None) -> None:
+    parser.add_argument("--device", choices=("cpu", "gpu"), default=default,
+                        help="where the engine computes (default: the GPU when MLX has one: Metal on "
+                        "Apple Silicon, CUDA with the cuda extra; else the CPU)")
 
 
 def _interactive_help() -> str:
@@ -72,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_model(parser)
     _add_kv_dir(parser)
+    _add_device(parser)
     # Short aliases and defaults as in the reference ds4-agent (agent-reference.md §2).
     parser.add_argument("-c", "--ctx", type=int, default=100_000, metavar="N",
                         help="context size in tokens (default: 100000)")
@@ -153,30 +163,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="print a model's shape, quant types, sizes and memory estimate")
     p.add_argument("model_path", metavar="MODEL")
     p.add_argument("--ctx", type=int, default=100_000, help="context for the KV estimate (default: 100000)")
+    _add_device(p, default=argparse.SUPPRESS)  # SUPPRESS: keep `ds4agent --device X info ...`
 
     p = sub.add_parser("convert", help="convert the official DeepSeek-V4-Flash safetensors to an MLX directory")
     p.add_argument("source", help="directory of the official checkpoint (safetensors)")
     p.add_argument("out", help="output directory")
 
+    p = sub.add_parser("pull", help="download a model from the Hugging Face Hub (no NAME: list them)")
+    p.add_argument("name", nargs="?", metavar="NAME", choices=[f.name for f in FLAVOURS],
+                   help="one of: " + ", ".join(f.name for f in FLAVOURS))
+    p.add_argument("--dir", metavar="DIR", default=None,
+                   help="where models are kept (default: $DS4AGENT_MODEL_DIR, else ~/.ds4/models)")
+    p.add_argument("--token", metavar="TOKEN", default=None,
+                   help="Hugging Face token (default: $HF_TOKEN, else the one `hf auth login` saved)")
+
     return parser
-
-
-def resolve_model_path(explicit: str | None) -> Path:
-    """The model the agent runs: --model, else $DS4AGENT_MODEL, else ./ds4flash.gguf.
-
-    Raises UsageError with a message that says how to get weights when none is found.
-    """
-    candidate = explicit or os.environ.get("DS4AGENT_MODEL") or DEFAULT_MODEL_FILE
-    path = Path(candidate).expanduser()
-    if path.exists():
-        return path
-    where = "--model" if explicit else ("$DS4AGENT_MODEL" if os.environ.get("DS4AGENT_MODEL") else "default")
-    raise UsageError(
-        f"no model found at {path} ({where}).\n"
-        "  Point ds4agent at ds4's DeepSeek V4 Flash weights: ds4agent --model /path/to/ds4flash.gguf\n"
-        "  (or set DS4AGENT_MODEL). To try the app without real weights, make a tiny random model:\n"
-        "    ds4agent make-test-model tiny.gguf && ds4agent --model tiny.gguf"
-    )
 
 
 def _call(module: str, function: str, args: argparse.Namespace) -> int:
@@ -196,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.plain or not sys.stdout.isatty():
             return _call("ds4agent.ui.plain", "main", args)
         return _call("ds4agent.ui.app", "main", args)
-    except UsageError as err:
+    except (UsageError, ModelError) as err:
         print(f"ds4agent: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -10,6 +10,7 @@ def test_help_lists_every_subcommand_and_agent_flag():
 
 def test_missing_model_exits_2_with_advice(tmp_path, monkeypatch):
     monkeypatch.delenv("DS4AGENT_MODEL", raising=False)
+    monkeypatch.setenv("DS4AGENT_MODEL_DIR", str(tmp_path / "models"))  # not the user's pulled models
     r = subprocess.run([sys.executable, "-m", "ds4agent.cli", "-p", "hi"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 2
     assert "no model found" in r.stderr and "make-test-model" in r.stderr

@@ -134,11 +134,15 @@ class Worker:
         self.think_mode = s.effective_think_mode()
         if s.think_mode == "think-max" and self.think_mode != "think-max":
             self.io.emit(ev.Notice(f"{_THINK_MAX_TOO_SMALL} (context {s.ctx})", "warning"))
+        device = getattr(self.engine, "device", None)
+        if getattr(device, "notice", ""):
+            self.io.emit(ev.Notice(device.notice, "warning"))  # e.g. no GPU: running on the CPU
         self.session = self.engine.new_session()
         for note in getattr(self.store, "notices", ()):  # e.g. a KV directory open to other users
             self.io.emit(ev.Notice(note, "warning"))
         cached = sessionops.start_system_prefix(self)
-        self.io.emit(ev.Ready(model=_describe(self.engine), ctx=s.ctx, sysprompt_cached=cached))
+        self.io.emit(ev.Ready(model=_describe(self.engine), ctx=s.ctx, sysprompt_cached=cached,
+                              device=getattr(device, "label", "")))
         sessionops.offer_resume(self)
         self._set_state(ev.State.IDLE)
         return True

@@ -239,6 +239,8 @@ class Ds4App(App):
                 s.state, s.detail = "error", e.text
                 self.status_bar.mark()
         elif isinstance(e, ev.Ready):
+            s.device = e.device
+            self.status_bar.mark()
             if self.chips.items:
                 self.chips.set_items(self.chips.items)  # Esc can interrupt from now on
             await conv.note(fmt.ready_line(e.model, e.ctx), "muted")

@@ -112,6 +112,7 @@ class StatusState:
     think_mode: str = "think"
     session_id: str = ""
     title: str = ""
+    device: str = ""                 # where the engine computes ("Metal GPU", "CPU"), from Ready
     dirty: bool = False
     _decode_seen: float = 0.0        # the decode speed in the last Status (stale ones repeat it)
 
@@ -228,8 +229,13 @@ def status_line(s: StatusState) -> str:
     if speed:
         parts.append(speed)
     parts.append(saved_segment(s))
-    parts.append(f"{s.think_mode} · {s.permission}")
+    parts.append(modes_segment(s))
     return " · ".join(parts)
+
+
+def modes_segment(s: StatusState) -> str:
+    """The think and permission modes, and the device once the engine has said which."""
+    return " · ".join(p for p in (s.think_mode, s.permission, s.device) if p)
 
 
 # -- lines both front ends print for the agent's events (the TUI as notes, plain mode as text) ------

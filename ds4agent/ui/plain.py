@@ -146,6 +146,7 @@ class PlainRenderer:
         elif isinstance(e, ev.Error):
             self.line(f"ds4agent: {e.text}", "error")
         elif isinstance(e, ev.Ready):
+            s.device = e.device
             self.line(fmt.ready_line(e.model, e.ctx), "muted")
         elif isinstance(e, ev.SessionSaved):
             s.session_id, s.title, s.dirty = e.short_id, e.title, False

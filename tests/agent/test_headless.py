@@ -56,7 +56,7 @@ def test_cli_without_tty_falls_back_to_read_only(tmp_path, monkeypatch, capsys):
 
     eng = ScriptedEngine([reply("", think="t", calls=[("bash", {"command": "touch made"})]),
                           reply("Refused.", think="")], ctx=16384)
-    monkeypatch.setattr(wiring, "engine_loader", lambda path, ctx: (lambda progress: eng))
+    monkeypatch.setattr(wiring, "engine_loader", lambda path, ctx, device=None: (lambda progress: eng))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     from ds4agent.cli import build_parser

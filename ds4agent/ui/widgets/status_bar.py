@@ -61,7 +61,7 @@ class StatusBar(Static):
         saved = Content.styled(fmt.saved_segment(s), "$text-warning" if s.dirty else "$text-success")
         speed = fmt.speed_segment(s)
         speed_part = [Content.styled(speed, "$text-muted")] if speed else []
-        modes = Content.styled(f"{s.think_mode} · {s.permission}", "$text-muted")
+        modes = Content.styled(fmt.modes_segment(s), "$text-muted")
         full_ctx, short_ctx = Content(fmt.ctx_segment(s)), Content(fmt.ctx_segment(s, threshold=False))
         variants = (
             [state, full_ctx, *speed_part, saved, modes],
