@@ -31,6 +31,33 @@ class UsageError(Exception):
     """A problem with what the user asked for; printed as one line, exit status 2."""
 
 
+# The most context --ctx accepts: the model's own maximum (tokenizer model_max_length). A session
+# file stores ctx in 32 bits, but anything past the model's maximum is a typo, not a wish, and
+# would only fail later (or ask for terabytes of KV cache).
+MAX_CTX = 1_048_576
+
+
+def check_agent_flags(args: argparse.Namespace) -> None:
+    """Range checks of the agent's numeric flags, before any model work: a bad value is a usage
+    error now, not a "startup failed" or "context full" minutes later. argparse has already
+    checked that each one is a number."""
+    import math
+
+    problems = []
+    if not 1 <= args.ctx <= MAX_CTX:
+        problems.append(f"--ctx must be between 1 and {MAX_CTX} tokens (got {args.ctx})")
+    if args.round_tokens < 1:
+        problems.append(f"--tokens must be at least 1 (got {args.round_tokens})")
+    if not (math.isfinite(args.temp) and args.temp >= 0):
+        problems.append(f"--temp must be a number >= 0 (got {args.temp})")
+    if not (math.isfinite(args.top_p) and 0 < args.top_p <= 1):
+        problems.append(f"--top-p must be greater than 0 and at most 1 (got {args.top_p})")
+    if not (math.isfinite(args.min_p) and 0 <= args.min_p <= 1):
+        problems.append(f"--min-p must be between 0 and 1 (got {args.min_p})")
+    if problems:
+        raise UsageError(problems[0])
+
+
 def _add_kv_dir(parser: argparse.ArgumentParser, default: object = None) -> None:
     parser.add_argument(
         "--kv-dir",
@@ -182,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is not None:
             module, function = SUBCOMMANDS[args.command]
             return _call(module, function, args)
+        check_agent_flags(args)
         args.model_path = resolve_model_path(args.model)
         if args.prompt is not None:
             return _call("ds4agent.agent.headless", "main", args)
