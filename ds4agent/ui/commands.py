@@ -59,6 +59,15 @@ QUIT_WINDOW_S = 2.0
 QUIT_HINT = "press Ctrl+C again or Ctrl+D to exit"
 
 
+# After a failed start: what still works, said once on screen and in every refusal.
+FAILED_START_HINT = "the model failed to load: leave with /quit, Ctrl+D or Ctrl+C twice"
+RUNS_AFTER_FAILED_START = frozenset({"help", "quit"})
+
+
+def not_sent_after_failed_start() -> str:
+    return f"not sent: {FAILED_START_HINT}"
+
+
 class CommandError(Exception):
     """A slash command the user typed cannot run; the message is one readable line."""
 
@@ -97,6 +106,12 @@ def idle_required(typed: str) -> str:
 def check_allowed(cmd: ParsedCommand, busy: bool) -> None:
     if busy and not BY_NAME[cmd.name].runs_while_busy:
         raise CommandError(idle_required(cmd.typed))
+
+
+def check_runs_after_failed_start(cmd: ParsedCommand) -> None:
+    """Once the model failed to load only /help and /quit have something to run on."""
+    if cmd.name not in RUNS_AFTER_FAILED_START:
+        raise CommandError(f"{cmd.typed} cannot run: {FAILED_START_HINT}")
 
 
 def permission_mode_line(mode: str) -> str:
