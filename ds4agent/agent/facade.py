@@ -75,6 +75,7 @@ class Agent:
         self._pending: dict[str, _Pending] = {}
         self._ids = itertools.count(1)
         self._save_deferred = False
+        self._save_title: str | None = None  # the title of a deferred /save TITLE
         self._thread: threading.Thread | None = None
         # Why the worker could not start (model not loadable, context too small, ...): set once,
         # when startup fails. From then on nothing is busy and nothing is queued: every message
@@ -204,20 +205,22 @@ class Agent:
 
     answer = answer_permission
 
-    def save(self) -> None:
-        """/save: idle -> save now; busy -> "save scheduled at next safe point" and save when the
-        turn ends. Result: SessionSaved + Notice, or Error("save failed: ...")."""
+    def save(self, title: str | None = None) -> None:
+        """/save [TITLE]: idle -> save now; busy -> "save scheduled at next safe point" and save
+        when the turn ends. A title becomes the session's title (stored in the file's title
+        trailer). Result: SessionSaved + Notice, or Error("save failed: ...")."""
         if self.failure is not None:
             self.emit(ev.Error(f"save failed: {self.failure}"))
             return
         with self._lock:
             if self._busy:
                 self._save_deferred = True
+                self._save_title = title or self._save_title
                 deferred = True
             else:
                 deferred = False
                 self._busy = True
-                self._commands.put(("save", ()))
+                self._commands.put(("save", (title,)))
         if deferred:
             self.emit(ev.Notice("save scheduled at next safe point"))
 
@@ -413,11 +416,11 @@ class Agent:
         with the queued text or go idle."""
         while True:
             with self._lock:
-                save = self._save_deferred
-                self._save_deferred = False
+                save, title = self._save_deferred, self._save_title
+                self._save_deferred, self._save_title = False, None
             if save:
                 try:
-                    self._worker.cmd_save()
+                    self._worker.cmd_save(title)
                 except Exception as err:  # noqa: BLE001
                     self.emit(ev.Error(f"save failed: {err}"))
             with self._lock:

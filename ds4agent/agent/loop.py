@@ -559,10 +559,10 @@ class Worker:
 
     # ================================================================== commands other than turns
 
-    def cmd_save(self) -> None:
+    def cmd_save(self, title: str | None = None) -> None:
         from ds4agent.agent import sessionops
 
-        sessionops.save(self)
+        sessionops.save(self, title)
 
     def cmd_load(self, prefix: str) -> None:
         from ds4agent.agent import sessionops

@@ -382,14 +382,14 @@ class Ds4App(App):
             if agent is None:
                 await conv.note("save failed: the model is still loading", "error")
             else:
-                agent.save()
+                agent.save(cmd.arg or None)
         elif name == "list":
             if agent is not None:
                 agent.list_sessions()
         elif name == "load":
             if cmd.arg:
                 self._mark_switch()
-                agent.load(cmd.arg.split()[0])
+                agent.load(cmd.arg)
             else:
                 self.action_picker()
         elif name == "history":

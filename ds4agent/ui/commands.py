@@ -9,6 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# What a command takes after its name; parse() refuses anything else, so a mistyped argument is
+# said back instead of being ignored (`/new extra` must not start a new session).
+NO_ARG = ""        # nothing
+TEXT = "text"      # any text (a title)
+WORD = "word"      # at most one word (a prefix, a mode)
+COUNT = "count"    # at most one whole number
+
 
 @dataclass(frozen=True)
 class CommandSpec:
@@ -16,21 +23,23 @@ class CommandSpec:
     usage: str
     help: str
     runs_while_busy: bool = False
+    takes: str = NO_ARG
 
 
 COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("help", "/help", "commands and keys", runs_while_busy=True),
-    CommandSpec("save", "/save", "save the session (deferred to the end of the turn while busy)",
-                runs_while_busy=True),
-    CommandSpec("load", "/load [prefix]", "load a saved session (no prefix: session picker)"),
-    CommandSpec("switch", "/switch <prefix>", "same as /load"),
+    CommandSpec("save", "/save [title]", "save the session, optionally under a new title (deferred "
+                "to the end of the turn while busy)", runs_while_busy=True, takes=TEXT),
+    CommandSpec("load", "/load [prefix]", "load a saved session (no prefix: session picker)", takes=WORD),
+    CommandSpec("switch", "/switch <prefix>", "same as /load", takes=WORD),
     CommandSpec("list", "/list", "list saved sessions, newest first", runs_while_busy=True),
-    CommandSpec("history", "/history [N]", "replay the last N user turns (default 3)"),
+    CommandSpec("history", "/history [N]", "replay the last N user turns (default 3)", takes=COUNT),
     CommandSpec("new", "/new", "start a new session"),
     CommandSpec("compact", "/compact", "summarise the conversation to free context"),
-    CommandSpec("think", "/think", "reasoning on"),
+    CommandSpec("think", "/think", "reasoning on", takes=WORD),
     CommandSpec("nothink", "/nothink", "reasoning off"),
-    CommandSpec("permissions", "/permissions [ask|auto|read-only]", "show or set the permission mode"),
+    CommandSpec("permissions", "/permissions [ask|auto|read-only]", "show or set the permission mode",
+                takes=WORD),
     CommandSpec("copy", "/copy", "copy the last answer to the clipboard"),
     CommandSpec("quit", "/quit", "leave (asks to save unsaved turns)"),
     CommandSpec("exit", "/exit", "same as /quit"),
@@ -95,7 +104,24 @@ def parse(text: str) -> ParsedCommand:
     name = head[1:].lower()
     if name not in BY_NAME:
         raise CommandError(f"unknown command: {head}")
-    return ParsedCommand(ALIASES.get(name, name), rest.strip(), head)
+    arg = rest.strip()
+    _check_arg(BY_NAME[name], head, arg)
+    return ParsedCommand(ALIASES.get(name, name), arg, head)
+
+
+def _check_arg(spec: CommandSpec, typed: str, arg: str) -> None:
+    if not arg or spec.takes == TEXT:
+        return
+    usage = spec.usage.replace(f"/{spec.name}", typed, 1)
+    if spec.takes == NO_ARG:
+        raise CommandError(f"{typed} takes no arguments (got: {arg})")
+    if len(arg.split()) > 1:
+        raise CommandError(f"{typed} takes one argument (got: {arg}); usage: {usage}")
+    if spec.takes == COUNT:
+        try:
+            int(arg)
+        except ValueError:
+            raise CommandError(f"{typed} needs a whole number (got: {arg}); usage: {usage}") from None
 
 
 def idle_required(typed: str) -> str:
@@ -133,12 +159,8 @@ def think_mode(cmd: ParsedCommand) -> str:
 
 
 def history_count(arg: str, default: int = 3) -> int:
-    """/history N: default 3, clamped to 1..200, non-numeric -> default (reference behaviour)."""
-    try:
-        n = int(arg)
-    except ValueError:
-        return default
-    return max(1, min(200, n))
+    """/history N: default 3, clamped to 1..200 (parse() has refused anything but a number)."""
+    return max(1, min(200, int(arg))) if arg else default
 
 
 def help_text() -> str:

@@ -227,12 +227,12 @@ class PlainFrontEnd:
         if name == "help":
             r.line(commands.help_text(), "muted")
         elif name == "save":
-            a.save()
+            a.save(cmd.arg or None)
         elif name == "list":
             a.list_sessions()
         elif name == "load":
             if cmd.arg:
-                a.load(cmd.arg.split()[0])
+                a.load(cmd.arg)
             else:
                 r.line("usage: /load <id-prefix> (saved sessions below)", "muted")
                 a.list_sessions()

@@ -210,6 +210,13 @@ async def test_slash_commands_busy_rule_copy_help_and_unknown():
         await wait_until(pilot, lambda: ("permissions", "read-only") in agent.calls)
         assert ("history", 5) in agent.calls and ("think", "think") in agent.calls
         assert ("think", "nothink") in agent.calls
+        await send(pilot, app, "/save Fix the flaky test")
+        await send(pilot, app, "/new extra")
+        await send(pilot, app, "/history abc")
+        await wait_until(pilot, lambda: "/history needs a whole number" in _notes(app)[-1])
+        assert ("save", "Fix the flaky test") in agent.calls and ("new",) not in agent.calls
+        assert _notes(app)[-2:] == ["/new takes no arguments (got: extra)",
+                                    "/history needs a whole number (got: abc); usage: /history [N]"]
         await send(pilot, app, "/help")
         await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen))
         assert "/permissions" in screen_text(app)

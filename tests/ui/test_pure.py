@@ -60,9 +60,33 @@ def test_command_parse_busy_rule_and_completion():
     commands.check_allowed(commands.parse("/new"), busy=False)
     assert [c.name for c in commands.completions("/n")] == ["new", "nothink"]
     assert commands.completions("/new x") == []
-    assert commands.history_count("x") == 3 and commands.history_count("999") == 200
+    assert commands.history_count("") == 3 and commands.history_count("999") == 200
     assert commands.history_count("0") == 1
     assert "/permissions" in commands.help_text() and "Ctrl+T" in commands.help_text()
+
+
+def test_commands_given_junk_arguments_say_so_instead_of_running():
+    refused = {
+        "/history abc": "/history needs a whole number (got: abc); usage: /history [N]",
+        "/history 3 4": "/history takes one argument (got: 3 4); usage: /history [N]",
+        "/new extra": "/new takes no arguments (got: extra)",
+        "/quit now": "/quit takes no arguments (got: now)",
+        "/exit now": "/exit takes no arguments (got: now)",
+        "/compact please": "/compact takes no arguments (got: please)",
+        "/load ab cd": "/load takes one argument (got: ab cd); usage: /load [prefix]",
+        "/switch ab cd": "/switch takes one argument (got: ab cd); usage: /switch <prefix>",
+        "/permissions auto now": "/permissions takes one argument (got: auto now); usage: "
+                                 "/permissions [ask|auto|read-only]",
+    }
+    for line, message in refused.items():
+        with pytest.raises(commands.CommandError) as err:
+            commands.parse(line)
+        assert str(err.value) == message, line
+    # What each command does take still parses; /save's title is free text.
+    assert commands.parse("/history 12").arg == "12"
+    assert commands.parse("/save  Fix the   flaky test ") == commands.ParsedCommand(
+        "save", "Fix the   flaky test", "/save")
+    assert commands.parse("/think think-max").arg == "think-max"
 
 
 def test_history_persists_and_browses(tmp_path):
