@@ -250,6 +250,9 @@ class Worker:
                 self.io.emit(ev.RoundStarted(rounds))
                 result = self._round()
                 total_generated += result.generated
+                # Journalled before its tools run: a command may run for minutes, and a crash
+                # then must keep the round that asked for it.
+                sessionops.journal_write(self)
                 more = self._after_round(result)
                 sessionops.journal_write(self)
                 if not more:

@@ -576,4 +576,7 @@ def main(args) -> int:
     if app.startup_error is not None:
         # The full screen (and the error on it) is gone: say it again where it stays.
         print(f"ds4agent: {app.startup_error}", file=sys.stderr)
+    last = fmt.exit_line(app.status_model)
+    if last:
+        print(last)  # where the work is, left on the terminal after the screen closes
     return int(app.return_code or 0)

@@ -292,3 +292,21 @@ def history_label(session_id: str, title: str) -> str:
     """Names the session whose turns a load replays; a resumed crash journal has no id yet."""
     name = f"session {session_id[:8]}" if session_id else "unsaved session"
     return f'{name} "{clip(title, 48)}"' if title else name
+
+
+def resume_hint(session_id: str) -> str:
+    """How to get back to a saved session: the one place that words it (when the command line
+    learns to resume a session directly, only this changes)."""
+    return f"/load {session_id} in ds4agent"
+
+
+def exit_line(s: StatusState) -> str:
+    """The last line on leaving: where the work is. "" when there was no conversation at all."""
+    if s.session_id and not s.dirty:
+        return f"saved {s.session_id} — resume with {resume_hint(s.session_id)}"
+    if s.session_id:
+        return (f"the last turns were not saved; session {s.session_id} holds the conversation up to "
+                f"its last save — resume with {resume_hint(s.session_id)}")
+    if s.dirty:
+        return "not saved"
+    return ""

@@ -328,6 +328,9 @@ def run_lines(agent: Any, stdin, stdout, *, poll: float = 0.02) -> int:
         settle()
     r.close_stream()
     agent.shutdown(timeout=2.0)
+    last = fmt.exit_line(r.status)
+    if last:
+        r.line(last, "muted")
     return r.exited.status if r.exited is not None else 0
 
 
@@ -487,6 +490,9 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
         finally:
             pump.cancel()
             agent.shutdown(timeout=2.0)
+    last = fmt.exit_line(r.status)
+    if last:
+        print(last)
     return status
 
 
