@@ -40,6 +40,7 @@ SPINNER_INTERVAL = 0.125  # 8 Hz: the only animation faster than 4 Hz (ui.md)
 # A question that opens on its own (permission, resume) ignores keys until the user has paused
 # typing this long: faster than anyone reads a question, slower than the gap between typed keys.
 TYPEAHEAD_GRACE_S = 0.5
+NO_TOOL_CARD = "no tool card yet: Ctrl+O opens the last one once the model has used a tool"
 
 
 class Ds4App(App):
@@ -491,7 +492,8 @@ class Ds4App(App):
 
     def action_toggle_card(self) -> None:
         focused = self.focused
-        self.conversation.toggle_card(focused if isinstance(focused, ToolCard) else None)
+        if not self.conversation.toggle_card(focused if isinstance(focused, ToolCard) else None):
+            self.call_later(self.conversation.note, NO_TOOL_CARD, "muted")
 
     def action_scroll_conversation(self, direction: int) -> None:
         conv = self.conversation

@@ -208,6 +208,9 @@ class PlainFrontEnd:
         self.agent = agent
         self.r = renderer
         self.quitting = False
+        # A /load or /new is running on the worker: the next command typed at the interactive
+        # prompt waits for it instead of being refused as "requires the model to be idle".
+        self.switching = False
 
     def pump(self) -> int:
         events = self.agent.poll_events(bridge.MAX_EVENTS_PER_DRAIN)
@@ -232,6 +235,7 @@ class PlainFrontEnd:
             a.list_sessions()
         elif name == "load":
             if cmd.arg:
+                self.switching = True
                 a.load(cmd.arg)
             else:
                 r.line("usage: /load <id-prefix> (saved sessions below)", "muted")
@@ -239,6 +243,7 @@ class PlainFrontEnd:
         elif name == "history":
             a.history(commands.history_count(cmd.arg))
         elif name == "new":
+            self.switching = True
             a.new()
         elif name == "compact":
             a.compact()
@@ -417,9 +422,11 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
     def toolbar():
         return FormattedText([("reverse", " " + fmt.status_line(r.status) + " ")])
 
+    # erase_when_done: the line typed at the prompt is wiped when it is sent; what stays in the
+    # scrollback is the renderer's one echo of it ("› text" when it reaches the model).
     session: PromptSession = PromptSession(
         history=pt_history, key_bindings=kb, bottom_toolbar=toolbar, refresh_interval=0.2,
-        multiline=False, enable_open_in_editor=False,
+        multiline=False, enable_open_in_editor=False, erase_when_done=True,
     )
     ask_now = asyncio.Event()
 
@@ -458,6 +465,7 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
                         except (EOFError, KeyboardInterrupt):
                             answer = "c" if "c" in keys else "n"
                     agent.answer_permission(q.id, answer)  # type: ignore[attr-defined]
+                    r.line(prompt + answer, "muted")  # the erased question, kept with its answer
                     if getattr(q, "kind", "") == "save" and answer == "c":
                         fe.quitting = False
                     continue
@@ -482,6 +490,16 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
                     continue
                 saved_history.add(text)
                 if commands.is_command(text):
+                    if fe.switching and agent.busy:
+                        # A command typed while /load or /new still runs waits for it (the prompt
+                        # stays live meanwhile, so typing goes on); a question coming first (the
+                        # save question) is answered first and the command stays in the editor.
+                        await _wait_for(lambda: not agent.busy or bool(r.questions) or r.exited is not None)
+                        if agent.busy:
+                            draft = text
+                            continue
+                    fe.switching = False
+                    r.line(f"› {text}", "muted")  # the prompt line is erased: commands echo here
                     fe.run_command(text, copy=copy)
                     if fe.quitting:  # the save question (or the exit) comes next: no prompt in between
                         await _wait_for(lambda: r.exited is not None or bool(r.questions), timeout=10.0)

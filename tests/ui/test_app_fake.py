@@ -143,6 +143,9 @@ async def test_permission_modal_session_scope_and_deny_with_message():
 async def test_tool_cards_expand_with_ctrl_o_and_invalid_calls_are_red():
     app, agent = make_fake_app()
     async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("ctrl+o")  # no card yet: said, not silently ignored
+        await wait_until(pilot, lambda: _notes(app) == [
+            "no tool card yet: Ctrl+O opens the last one once the model has used a tool"])
         body = "\n".join(f"{i}: line {i}" for i in range(1, 6))
         agent.emit(ev.ToolCallStart(0, "read"), ev.ToolCallArgDelta(0, "path", "src/a.py"),
                    ev.ToolCallEnd(0, "read", {"path": "src/a.py"}),
