@@ -38,8 +38,8 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("compact", "/compact", "summarise the conversation to free context"),
     CommandSpec("think", "/think", "reasoning on", takes=WORD),
     CommandSpec("nothink", "/nothink", "reasoning off"),
-    CommandSpec("permissions", "/permissions [ask|auto|read-only]", "show or set the permission mode",
-                takes=WORD),
+    CommandSpec("permissions", "/permissions [mode]", "show or set the permission mode: ask, auto or "
+                "read-only", takes=WORD),
     CommandSpec("copy", "/copy", "copy the last answer to the clipboard"),
     CommandSpec("quit", "/quit", "leave (asks to save unsaved turns)"),
     CommandSpec("exit", "/exit", "same as /quit"),
@@ -163,11 +163,23 @@ def history_count(arg: str, default: int = 3) -> int:
     return max(1, min(200, int(arg))) if arg else default
 
 
-def help_text() -> str:
-    width = max(len(c.usage) for c in COMMANDS)
-    lines = ["commands:"]
-    lines += [f"  {c.usage:<{width}}  {c.help}" for c in COMMANDS]
-    lines.append("keys:")
-    kw = max(len(k) for k, _ in KEYS_HELP)
-    lines += [f"  {k:<{kw}}  {v}" for k, v in KEYS_HELP]
+def help_sections() -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
+    """/help's content: (heading, ((what, meaning), ...)) for the commands and for the keys."""
+    return (("commands", tuple((c.usage, c.help) for c in COMMANDS)), ("keys", KEYS_HELP))
+
+
+def help_text(width: int | None = None) -> str:
+    """/help as text. With a width, a long meaning wraps under its own column (not back to the
+    line's start), so the two columns stay readable in a narrow terminal."""
+    import textwrap
+
+    lines: list[str] = []
+    for heading, rows in help_sections():
+        left = max(len(what) for what, _ in rows)
+        lines.append(f"{heading}:")
+        room = (width - left - 4) if width else 0
+        for what, meaning in rows:
+            parts = textwrap.wrap(meaning, room) if room >= 20 else [meaning]
+            lines.append(f"  {what:<{left}}  {parts[0]}")
+            lines += [" " * (left + 4) + part for part in parts[1:]]
     return "\n".join(lines)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -211,6 +212,7 @@ class PlainFrontEnd:
         # A /load or /new is running on the worker: the next command typed at the interactive
         # prompt waits for it instead of being refused as "requires the model to be idle".
         self.switching = False
+        self.width: Callable[[], int | None] = lambda: None  # the terminal's columns, when there is one
 
     def pump(self) -> int:
         events = self.agent.poll_events(bridge.MAX_EVENTS_PER_DRAIN)
@@ -228,7 +230,7 @@ class PlainFrontEnd:
             return
         a, name = self.agent, cmd.name
         if name == "help":
-            r.line(commands.help_text(), "muted")
+            r.line(commands.help_text(self.width()), "muted")
         elif name == "save":
             a.save(cmd.arg or None)
         elif name == "list":
@@ -372,6 +374,7 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
 
     r = PlainRenderer(write)
     fe = PlainFrontEnd(agent, r)
+    fe.width = lambda: shutil.get_terminal_size().columns
     saved_history = History()
     pt_history = InMemoryHistory()
     for entry in saved_history.entries:
