@@ -78,24 +78,29 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _interactive_help() -> str:
-    """The slash commands, from the one table both front ends use (ds4agent/ui/commands.py is pure
-    logic: importing it pulls in no Textual)."""
-    from ds4agent.ui.commands import COMMANDS
+def _interactive_help(columns: int) -> str:
+    """The slash commands and keys, from the one table both front ends use (ds4agent/ui/commands.py
+    is pure logic: importing it pulls in no Textual), wrapped to the terminal."""
+    from ds4agent.ui.commands import help_text
 
-    width = max(len(c.usage) for c in COMMANDS)
-    lines = [f"  {c.usage:<{width}}  {c.help}" for c in COMMANDS]
-    return "slash commands (in the app and in --plain mode):\n" + "\n".join(lines)
+    return "in the app and in --plain mode (/help, F1):\n" + help_text(columns)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import shutil
+    import textwrap
+
+    # The raw description and epilog keep their line breaks, so they are wrapped here, to the
+    # width argparse wraps the flags to (the terminal's, or $COLUMNS).
+    columns = shutil.get_terminal_size().columns
     parser = argparse.ArgumentParser(
         prog="ds4agent",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=_interactive_help(),
-        description="A coding agent for DeepSeek V4 Flash with an in-process MLX engine and "
-        "exact KV-cache sessions. Without a subcommand it starts the terminal app in the "
-        "current directory.",
+        epilog=_interactive_help(columns),
+        description=textwrap.fill(
+            "A coding agent for DeepSeek V4 Flash with an in-process MLX engine and exact KV-cache "
+            "sessions. Without a subcommand it starts the terminal app in the current directory.",
+            max(40, columns - 2)),
     )
     _add_model(parser)
     _add_kv_dir(parser)

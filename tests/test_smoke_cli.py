@@ -79,3 +79,12 @@ def test_bad_agent_flags_are_one_line_usage_errors_before_any_model_work(tmp_pat
     # In range: the flags pass and the next problem (no model here) is the one reported.
     assert main(["--ctx", str(MAX_CTX), "--tokens", "1", "--temp", "0", "--top-p", "1", "-p", "hi"]) == 2
     assert "no model found" in capsys.readouterr().err
+
+
+def test_help_fits_an_80_column_terminal():
+    env = {**__import__("os").environ, "COLUMNS": "80"}
+    out = subprocess.run([sys.executable, "-m", "ds4agent.cli", "--help"], capture_output=True, text=True,
+                         check=True, env=env).stdout
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "  /save [title]        save the session, optionally under a new title" in out
+    assert "Ctrl+O" in out  # the keys are listed too

@@ -59,7 +59,7 @@ KEYS_HELP: tuple[tuple[str, str], ...] = (
     ("Ctrl+T", "expand / collapse thinking"),
     ("Ctrl+O", "expand / collapse the last tool card (or click a card)"),
     ("Ctrl+L", "session picker"),
-    ("F1", "this help"),
+    ("F1", "this help (also /help)"),
 )
 
 
