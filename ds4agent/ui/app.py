@@ -481,6 +481,9 @@ class Ds4App(App):
             self.push_screen(HelpScreen())
 
     def action_picker(self) -> None:
+        if self.startup_error is not None:
+            self.call_later(self.conversation.note, f"Ctrl+L cannot run: {commands.FAILED_START_HINT}", "error")
+            return
         if self.busy:
             self.call_later(self.conversation.note, commands.idle_required("/load"), "error")
             return

@@ -75,6 +75,9 @@ async def test_ctrl_d_leaves_after_a_failed_start(tmp_path):
     app = _failing_app(tmp_path)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: _failed(app), what="failed start")
+        await pilot.press("ctrl+l")  # the picker has no sessions to offer: said, nothing opens
+        await wait_until(pilot, lambda: _notes(app)[-1] == f"Ctrl+L cannot run: {HINT}")
+        assert len(app.screen_stack) == 1
         await pilot.press("ctrl+d")
         await wait_until(pilot, lambda: not app.is_running, what="exit on Ctrl+D")
     assert app.return_code == 1
