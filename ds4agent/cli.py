@@ -33,6 +33,33 @@ class UsageError(Exception):
     """A problem with what the user asked for; printed as one line, exit status 2."""
 
 
+# The most context --ctx accepts: the model's own maximum (tokenizer model_max_length). A session
+# file stores ctx in 32 bits, but anything past the model's maximum is a typo, not a wish, and
+# would only fail later (or ask for terabytes of KV cache).
+MAX_CTX = 1_048_576
+
+
+def check_agent_flags(args: argparse.Namespace) -> None:
+    """Range checks of the agent's numeric flags, before any model work: a bad value is a usage
+    error now, not a "startup failed" or "context full" minutes later. argparse has already
+    checked that each one is a number."""
+    import math
+
+    problems = []
+    if not 1 <= args.ctx <= MAX_CTX:
+        problems.append(f"--ctx must be between 1 and {MAX_CTX} tokens (got {args.ctx})")
+    if args.round_tokens < 1:
+        problems.append(f"--tokens must be at least 1 (got {args.round_tokens})")
+    if not (math.isfinite(args.temp) and args.temp >= 0):
+        problems.append(f"--temp must be a number >= 0 (got {args.temp})")
+    if not (math.isfinite(args.top_p) and 0 < args.top_p <= 1):
+        problems.append(f"--top-p must be greater than 0 and at most 1 (got {args.top_p})")
+    if not (math.isfinite(args.min_p) and 0 <= args.min_p <= 1):
+        problems.append(f"--min-p must be between 0 and 1 (got {args.min_p})")
+    if problems:
+        raise UsageError(problems[0])
+
+
 def _add_kv_dir(parser: argparse.ArgumentParser, default: object = None) -> None:
     parser.add_argument(
         "--kv-dir",
@@ -60,24 +87,29 @@ def _add_device(parser: argparse.ArgumentParser, default: object = None) -> None
                         "Apple Silicon, CUDA with the cuda extra; else the CPU)")
 
 
-def _interactive_help() -> str:
-    """The slash commands, from the one table both front ends use (ds4agent/ui/commands.py is pure
-    logic: importing it pulls in no Textual)."""
-    from ds4agent.ui.commands import COMMANDS
+def _interactive_help(columns: int) -> str:
+    """The slash commands and keys, from the one table both front ends use (ds4agent/ui/commands.py
+    is pure logic: importing it pulls in no Textual), wrapped to the terminal."""
+    from ds4agent.ui.commands import help_text
 
-    width = max(len(c.usage) for c in COMMANDS)
-    lines = [f"  {c.usage:<{width}}  {c.help}" for c in COMMANDS]
-    return "slash commands (in the app and in --plain mode):\n" + "\n".join(lines)
+    return "in the app and in --plain mode (/help, F1):\n" + help_text(columns)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import shutil
+    import textwrap
+
+    # The raw description and epilog keep their line breaks, so they are wrapped here, to the
+    # width argparse wraps the flags to (the terminal's, or $COLUMNS).
+    columns = shutil.get_terminal_size().columns
     parser = argparse.ArgumentParser(
         prog="ds4agent",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=_interactive_help(),
-        description="A coding agent for DeepSeek V4 Flash with an in-process MLX engine and "
-        "exact KV-cache sessions. Without a subcommand it starts the terminal app in the "
-        "current directory.",
+        epilog=_interactive_help(columns),
+        description=textwrap.fill(
+            "A coding agent for DeepSeek V4 Flash with an in-process MLX engine and exact KV-cache "
+            "sessions. Without a subcommand it starts the terminal app in the current directory.",
+            max(40, columns - 2)),
     )
     _add_model(parser)
     _add_kv_dir(parser)
@@ -191,6 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is not None:
             module, function = SUBCOMMANDS[args.command]
             return _call(module, function, args)
+        check_agent_flags(args)
         args.model_path = resolve_model_path(args.model)
         if args.prompt is not None:
             return _call("ds4agent.agent.headless", "main", args)

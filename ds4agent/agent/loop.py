@@ -256,6 +256,9 @@ class Worker:
                 self.io.emit(ev.RoundStarted(rounds))
                 result = self._round()
                 total_generated += result.generated
+                # Journalled before its tools run: a command may run for minutes, and a crash
+                # then must keep the round that asked for it.
+                sessionops.journal_write(self)
                 more = self._after_round(result)
                 sessionops.journal_write(self)
                 if not more:
@@ -565,10 +568,10 @@ class Worker:
 
     # ================================================================== commands other than turns
 
-    def cmd_save(self) -> None:
+    def cmd_save(self, title: str | None = None) -> None:
         from ds4agent.agent import sessionops
 
-        sessionops.save(self)
+        sessionops.save(self, title)
 
     def cmd_load(self, prefix: str) -> None:
         from ds4agent.agent import sessionops

@@ -105,10 +105,13 @@ def start_system_prefix(worker: Any) -> bool:
 # ====================================================================== save
 
 
-def save(worker: Any) -> ev.SessionSaved | None:
-    """/save (kvc-format.md §12.4). Errors become Error("save failed: ...")."""
+def save(worker: Any, title: str | None = None) -> ev.SessionSaved | None:
+    """/save [TITLE] (kvc-format.md §12.4). Errors become Error("save failed: ...").
+
+    A title (whitespace-normalised; blank means none) becomes the session's title: it is stored
+    in the title trailer, so it is what /list, the picker and `kv ls` show from then on."""
     try:
-        return _save(worker)
+        return _save(worker, title)
     except Exception as err:  # noqa: BLE001 - SessionOpError, KVCError, engine errors: readable messages
         worker.io.emit(ev.Error(f"save failed: {err}"))
     finally:
@@ -116,7 +119,26 @@ def save(worker: Any) -> ev.SessionSaved | None:
     return None
 
 
-def _save(worker: Any) -> ev.SessionSaved:
+def _retitle(worker: Any, title: str | None) -> tuple[bytes | None, str | None]:
+    """The title this save writes and the file it replaces. A /save TITLE that changes the title
+    changes the file name (the identity is SHA-1 of title and created_at), so the file saved under
+    the old title is replaced the way a legacy source is. The worker keeps its title until the
+    save succeeded."""
+    from ds4agent.sessions.store import normalise_title
+
+    new = normalise_title(title_bytes(title)) if title is not None else b""
+    if not new or new == worker.title:
+        return worker.title, worker.legacy_path
+    old_path = worker.legacy_path
+    if old_path is None and worker.session_id:
+        try:
+            old_path = str(worker.store.resolve(worker.session_id).path)
+        except Exception:  # noqa: BLE001 - the old file is gone already: nothing to replace
+            old_path = None
+    return new, old_path
+
+
+def _save(worker: Any, title: str | None = None) -> ev.SessionSaved:
     if worker.store is None:
         raise SessionOpError("no session directory")
     if not worker.activity:
@@ -126,11 +148,12 @@ def _save(worker: Any) -> ev.SessionSaved:
     if not worker._sync(interruptible=False) or tuple(worker.session.tokens) != tuple(worker.transcript.ids):
         raise SessionOpError("live KV state does not match session transcript")
     worker._set_state(ev.State.SAVING)
+    new_title, replaces = _retitle(worker, title)
     text = worker.tok.decode_bytes(worker.transcript.ids)
     payload = worker.session.export_state()
     saved = worker.store.save_session(
-        text, payload, shape=_shape(worker), title=worker.title, created_at=worker.created_at,
-        loaded_from=worker.legacy_path, **_kv_args(worker),
+        text, payload, shape=_shape(worker), title=new_title, created_at=worker.created_at,
+        loaded_from=replaces, **_kv_args(worker),
     )
     worker.title = title_bytes(saved.title)
     worker.created_at = saved.created_at

@@ -140,8 +140,13 @@ def derive_title(text: bytes) -> bytes:
     start += len(USER_MARK)
     ends = [i for i in (text.find(ASSISTANT_MARK, start), text.find(USER_MARK, start)) if i >= 0]
     body = text[start:min(ends)] if ends else text[start:]
-    title = _C_SPACE_RUN.sub(b" ", body.strip(_C_SPACE))
-    return title or EMPTY_USER_PROMPT
+    return normalise_title(body) or EMPTY_USER_PROMPT
+
+
+def normalise_title(raw: bytes) -> bytes:
+    """A title as stored: C whitespace trimmed and each run of it one space (b"" when blank).
+    Used for derived titles and for the one the user gives (/save TITLE) alike."""
+    return _C_SPACE_RUN.sub(b" ", raw.strip(_C_SPACE))
 
 
 def clip_title(title: bytes, limit: int = LIST_TITLE_BYTES) -> bytes:

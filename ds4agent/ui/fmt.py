@@ -7,6 +7,7 @@ numbers the same way and the tests can check exact strings.
 from __future__ import annotations
 
 import os
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +68,68 @@ def clip(text: str, width: int) -> str:
     if len(flat) <= width:
         return flat
     return flat[: max(0, width - 1)] + "…"
+
+
+def cells(text: str) -> int:
+    """Terminal cells `text` takes: wide (East Asian) characters take two, combining marks none."""
+    return sum(0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+               for ch in text)
+
+
+def fit(text: str, width: int) -> str:
+    """One display line of at most `width` cells: newlines flattened; a longer text is cut at a word
+    boundary when one is near the end (else mid-word) and ends with an ellipsis."""
+    flat = " ".join(text.split())
+    if cells(flat) <= width:
+        return flat
+    if width <= 1:
+        return "…"[:max(width, 0)]
+    out, used = [], 0
+    for ch in flat:
+        w = cells(ch)
+        if used + w > width - 1:
+            break
+        out.append(ch)
+        used += w
+    cut = "".join(out)
+    space = cut.rfind(" ")
+    if space >= len(cut) * 2 // 3:  # a word boundary near the end: do not cut a word in half
+        cut = cut[:space]
+    return cut.rstrip() + "…"
+
+
+def header_parts(cwd: str, session_id: str, title: str, modes: str, width: int) -> tuple[str, str]:
+    """The header's directory and session label for `width` cells, beside `ds4agent ─ … ─ …` and
+    the modes on the right, which always stay whole: a long title is cut at a word with an
+    ellipsis (or left out), then a long directory keeps its last part."""
+    label = f"session {session_id[:8]}" if session_id else "new session"
+    room = width - cells("ds4agent ─  ─ ") - cells(modes) - 1 - cells(label)
+    place = shorten_home(cwd)
+    title = " ".join(title.split()) if session_id else ""
+    want = cells(title) + 3 if title else 0           # ' "title"'
+    if cells(place) + want > room and title:
+        # the directory gives way first, down to a readable tail, then the title is cut
+        place = _fit_path(place, max(16, room - min(want, 24)))
+    title_room = room - cells(place) - 3
+    if title and title_room >= min(8, cells(title)):
+        label += f' "{fit(title, title_room)}"'
+    elif cells(place) > room:
+        place = _fit_path(place, max(1, room))
+    return place, label
+
+
+def _fit_path(path: str, width: int) -> str:
+    """A path in `width` cells: its end kept, its start replaced by `…`."""
+    if cells(path) <= width:
+        return path
+    out, used = [], 0
+    for ch in reversed(path):
+        w = cells(ch)
+        if used + w > width - 1:
+            break
+        out.append(ch)
+        used += w
+    return "…" + "".join(reversed(out))
 
 
 def queued_label(text: str, width: int = 60) -> str:
@@ -299,3 +362,21 @@ def history_label(session_id: str, title: str) -> str:
     """Names the session whose turns a load replays; a resumed crash journal has no id yet."""
     name = f"session {session_id[:8]}" if session_id else "unsaved session"
     return f'{name} "{clip(title, 48)}"' if title else name
+
+
+def resume_hint(session_id: str) -> str:
+    """How to get back to a saved session: the one place that words it (when the command line
+    learns to resume a session directly, only this changes)."""
+    return f"/load {session_id} in ds4agent"
+
+
+def exit_line(s: StatusState) -> str:
+    """The last line on leaving: where the work is. "" when there was no conversation at all."""
+    if s.session_id and not s.dirty:
+        return f"saved {s.session_id} — resume with {resume_hint(s.session_id)}"
+    if s.session_id:
+        return (f"the last turns were not saved; session {s.session_id} holds the conversation up to "
+                f"its last save — resume with {resume_hint(s.session_id)}")
+    if s.dirty:
+        return "not saved"
+    return ""

@@ -98,13 +98,14 @@ class HeaderLine(Static):
         if key == self._last:
             return
         self._last = key
+        width = self.size.width  # the content width (padding excluded)
+        modes = f"{s.think_mode} · {s.permission}"
+        place, session = fmt.header_parts(self.cwd, s.session_id, s.title, modes, width)
         left = Content.from_markup(
             "[b $accent]ds4agent[/] [$text-muted]─[/] $cwd [$text-muted]─[/] $session",
-            cwd=fmt.shorten_home(self.cwd),
-            session=fmt.session_label(s.session_id, s.title),
+            cwd=place, session=session,
         )
-        right = Content.from_markup("[$text-muted]$think · $perm[/]", think=s.think_mode, perm=s.permission)
-        width = self.size.width  # the content width (padding excluded)
+        right = Content.from_markup("[$text-muted]$modes[/]", modes=modes)
         gap = max(1, width - left.cell_length - right.cell_length)
         self.update(left + Content(" " * gap) + right)
 
