@@ -210,9 +210,11 @@ class QuantExperts:
         each output element on its own): the bits equal the dense f32 product's, whatever the tile,
         the split or the number of rows sharing an expert.
         """
-        mx.eval(x)  # the workers read x concurrently: a lazy input is computed once, here
         src = x.astype(mx.float32)
         src = src if x.ndim == 2 else src.reshape(n * k, self.d_in)
+        # Computed here, on this thread's stream: the workers read it concurrently, and a lazy
+        # array built on this thread's stream cannot be evaluated on another thread.
+        mx.eval(src)
         flat = ids.reshape(-1)
         used, slot_expert = np.unique(flat, return_inverse=True)
         order = np.argsort(slot_expert, kind="stable")  # pairs grouped by expert, in pair order
