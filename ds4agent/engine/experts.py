@@ -4,7 +4,9 @@ Backends:
   * `dense_experts(w)`      float weights [n_experts, d_out, d_in] (test models, dequantised refs);
   * `QuantExperts`          raw GGUF blocks [n_experts, d_out, row_bytes] (Q2_K, Q4_K, IQ2_XXS,
                             Q8_0) kept quantised; only the experts a call selects are dequantised,
-                            with MLX ops (CPU and GPU), a bounded group of experts at a time;
+                            with MLX ops: on a CPU a cache-sized tile of rows at a time, the output
+                            rows split over one worker thread per core; on a GPU a bounded group
+                            of whole experts at a time;
   * Metal kernels (`ds4agent.engine.metal_experts`), chosen by `quant_experts()` only where
     `mx.metal.is_available()`.
 
@@ -12,7 +14,10 @@ Exactness contract (chunk invariance, model.md §9): every (row, slot) product i
 own 1-row matrix product (`mx.gather_mm` with M = 1 per batch element), so a row's result does
 not depend on which other rows share the call (chunk size, token-by-token decode) nor on how
 experts are grouped. The portable quantised backend dequantises bit-exactly (quant.py), so it
-gives the same bits as `dense_experts` over the dequantised float32 weights.
+gives the same bits as `dense_experts` over the dequantised float32 weights. (Its CPU path
+multiplies the rows that share an expert in one product: the CPU BLAS computes every output
+element as its own in-order dot product, so the bits are those of the 1-row products; the
+tests hold it to `dense_experts` bit for bit.)
 """
 
 from __future__ import annotations

@@ -231,7 +231,10 @@ def _iq2xxs_lookup(index: mx.array) -> mx.array:
 
 def _rows_iq2_xxs(b: mx.array):
     r, nb = b.shape[0], b.shape[1]
-    words = mx.view(mx.contiguous(b[..., 2:66]), mx.uint32).reshape(r, nb * 8, 2)
+    # The 16 words after each block's f16 are not 4-byte aligned: copy them out, as 32 uint16
+    # of the 33 in a block (a 66-byte block is 2-byte aligned; half the elements of a byte copy).
+    body = mx.view(b.reshape(r, nb * 66), mx.uint16).reshape(r, nb, 33)[..., 1:33]
+    words = mx.view(mx.contiguous(body), mx.uint32).reshape(r, nb * 8, 2)
     index, db = _iq2xxs_index_scale(words, _f16(b, 0))
     codes = _iq2xxs_lookup(index).reshape(r, nb * 8, 32)
     return lambda r0, r1: (db[r0:r1] * codes[r0:r1].astype(mx.float32)).reshape(r1 - r0, nb * 256)
