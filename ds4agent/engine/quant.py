@@ -215,20 +215,6 @@ def _iq2xxs_index_scale(words: mx.array, d: mx.array) -> tuple[mx.array, mx.arra
     return index, db.reshape(r, nb * 8, 1)
 
 
-def _iq2xxs_lookup(index: mx.array) -> mx.array:
-    """index [...] int64 -> int8 [..., 8] rows of the signed table.
-
-    On the CPU the lookup is numpy's `take` (about 7x faster here than MLX's CPU gather, which
-    pays per index); elsewhere MLX's own gather (on the device, no host round trip). The same
-    table, the same values."""
-    table, mx_table = _iq2xxs_signed_codes()
-    if mx.default_device() != mx.cpu:
-        return mx_table[index]
-    mx.eval(index)
-    return mx.array(np.take(table.view(np.uint64).reshape(-1), np.array(index, copy=False)).view(np.int8)
-                    .reshape(*index.shape, 8))
-
-
 def _rows_iq2_xxs(b: mx.array):
     r, nb = b.shape[0], b.shape[1]
     # The 16 words after each block's f16 are not 4-byte aligned: copy them out, as 32 uint16
@@ -236,8 +222,17 @@ def _rows_iq2_xxs(b: mx.array):
     body = mx.view(b.reshape(r, nb * 66), mx.uint16).reshape(r, nb, 33)[..., 1:33]
     words = mx.view(mx.contiguous(body), mx.uint32).reshape(r, nb * 8, 2)
     index, db = _iq2xxs_index_scale(words, _f16(b, 0))
-    codes = _iq2xxs_lookup(index).reshape(r, nb * 8, 32)
-    return lambda r0, r1: (db[r0:r1] * codes[r0:r1].astype(mx.float32)).reshape(r1 - r0, nb * 256)
+    table, mx_table = _iq2xxs_signed_codes()
+    if mx.default_device() != mx.cpu:  # MLX's gather, on the device (no host round trip)
+        codes = mx_table[index].reshape(r, nb * 8, 32)
+        return lambda r0, r1: (db[r0:r1] * codes[r0:r1].astype(mx.float32)).reshape(r1 - r0, nb * 256)
+    # On the CPU the lookup is numpy's `take` (about 7x faster here than MLX's CPU gather, which
+    # pays per index) and a tile's codes are widened to f32 as they are copied into MLX (one pass
+    # instead of a copy and an astype). The same table, the same values.
+    mx.eval(index, db)
+    codes_np = np.take(table.view(np.uint64).reshape(-1), np.array(index, copy=False)).view(np.int8)
+    codes_np = codes_np.reshape(r, nb * 8, 32)
+    return lambda r0, r1: (db[r0:r1] * mx.array(codes_np[r0:r1], dtype=mx.float32)).reshape(r1 - r0, nb * 256)
 
 
 _ROWS = {Q8_0: _rows_q8_0, Q2_K: _rows_q2_k, Q4_K: _rows_q4_k, IQ2_XXS: _rows_iq2_xxs}
