@@ -137,22 +137,25 @@ def _rows_q2_k(b: mx.array):
 _Q4_SHIFTS = mx.array(np.array([0, 4], dtype=np.uint8).reshape(1, 1, 1, 2, 1))
 
 
-def _q4_k_scale_min(sc12: mx.array) -> tuple[mx.array, mx.array]:
-    """12 packed bytes [R, nb, 12] -> 8 six-bit scales and 8 six-bit mins (both [R, nb, 8] uint8).
+def _q4_k_scale_min(b: mx.array) -> tuple[mx.array, mx.array]:
+    """Blocks [R, nb, 144] -> 8 six-bit scales and 8 six-bit mins (both [R, nb, 8] uint8).
 
-    bytes 0..3: low 6 bits = scale 0..3, top 2 bits = high bits of scale 4..7;
-    bytes 4..7: low 6 bits = min 0..3, top 2 bits = high bits of min 4..7;
-    bytes 8..11: low nibble = low 4 bits of scale 4..7, high nibble = low 4 bits of min 4..7.
+    Packed in bytes 4..15 as three little-endian words a, b, c (byte i of a word = lane i):
+    a: low 6 bits = scale 0..3, top 2 bits = high bits of scale 4..7;
+    b: low 6 bits = min 0..3, top 2 bits = high bits of min 4..7;
+    c: low nibble = low 4 bits of scale 4..7, high nibble = low 4 bits of min 4..7.
+    Unpacked four lanes per uint32 op (the masks keep every shift inside its byte).
     """
-    a, b, c = sc12[..., 0:4], sc12[..., 4:8], sc12[..., 8:12]
-    sc = mx.concatenate([a & 63, (c & 15) | ((a >> 2) & 48)], axis=-1)
-    mn = mx.concatenate([b & 63, (c >> 4) | ((b >> 2) & 48)], axis=-1)
-    return sc, mn
+    w = mx.view(b, mx.uint32)  # [R, nb, 36]; a 144-byte block keeps words aligned
+    a, bb, c = w[..., 1:2], w[..., 2:3], w[..., 3:4]
+    sc = mx.concatenate([a & 0x3F3F3F3F, (c & 0x0F0F0F0F) | ((a >> 2) & 0x30303030)], axis=-1)
+    mn = mx.concatenate([bb & 0x3F3F3F3F, ((c >> 4) & 0x0F0F0F0F) | ((bb >> 2) & 0x30303030)], axis=-1)
+    return mx.view(sc, mx.uint8), mx.view(mn, mx.uint8)
 
 
 def _rows_q4_k(b: mx.array):
     r, nb = b.shape[0], b.shape[1]
-    sc, mn = _q4_k_scale_min(b[..., 4:16])
+    sc, mn = _q4_k_scale_min(b)
     dl = (_f16(b, 0) * sc.astype(mx.float32)).reshape(r, nb * 8, 1)
     ml = (_f16(b, 2) * mn.astype(mx.float32)).reshape(r, nb * 8, 1)
 
