@@ -131,9 +131,9 @@ class MxExperts:
         return out.reshape(n, k, self.d_out)
 
 
-# Dequantised float32 bytes one call may hold at a time (a prefill chunk can select every expert:
-# 256 Flash experts of 2048 x 4096 would be 8 GiB as f32). Decode (6 experts, 32 MiB each) fits
-# in one group.
+# Device (non-CPU) path: dequantised float32 bytes one call may hold at a time (a prefill chunk
+# can select every expert: 256 Flash experts of 2048 x 4096 would be 8 GiB as f32). Decode
+# (6 experts, 32 MiB each) fits in one group.
 DEFAULT_GROUP_BYTES = 256 << 20
 # Weights dequantised per op on the CPU path (1 MiB as f32): with its temporaries (codes, products)
 # a tile stays in a core's 2 MiB L2. Measured at real shape (bench/experts.py): 2^17..2^19 are
@@ -200,7 +200,7 @@ class QuantExperts:
             return mx.gather_mm(a, wt, rhs_indices=mx.array(local)).reshape(n, k, self.d_out)
         # Large chunks: a group of experts at a time (bounded dequantised memory).
         groups = [used[start : start + self.group] for start in range(0, len(used), self.group)]
-        return self._grouped(x, ids, n, k, groups, streams=None)
+        return self._grouped(x, ids, n, k, groups)
 
     def _tiled(self, x: mx.array, ids: np.ndarray, n: int, k: int) -> mx.array:
         """The CPU path: each selected expert is dequantised TILE_WEIGHTS weights (whole rows) at a
@@ -260,33 +260,27 @@ class QuantExperts:
                 mx.eval(outs[-1])  # nothing lazy may leave the worker: its stream is thread-local
         return outs
 
-    def _grouped(self, x: mx.array, ids: np.ndarray, n: int, k: int, groups: list[np.ndarray], *,
-                 streams: list | None) -> mx.array:
+    def _grouped(self, x: mx.array, ids: np.ndarray, n: int, k: int, groups: list[np.ndarray]) -> mx.array:
         """Flatten to (row, slot) pairs and serve them one group of experts at a time.
 
         Pair p = row p // k, slot p % k; a shared input row is gathered per pair, never broadcast
-        to all N*k pairs up front (that would be N*k*d_in floats at once). With `streams`, group
-        i runs on streams[i % len(streams)] and a round of len(streams) groups is evaluated
-        together (in parallel); without, each group is evaluated before the next is dequantised.
-        The last round is left lazy, like the single-group product (decode keeps one graph).
+        to all N*k pairs up front (that would be N*k*d_in floats at once). Each group is
+        evaluated before the next is dequantised; the last is left lazy, like the single-group
+        product (decode keeps one graph).
         """
         xf = x.astype(mx.float32)
         src = xf if x.ndim == 2 else xf.reshape(n * k, self.d_in)
         flat = ids.reshape(-1)
-        outs, order, pending = [], [], []
-        width = len(streams) if streams else 1
+        outs, order = [], []
         for i, grp in enumerate(groups):
             pairs = np.nonzero((flat >= grp[0]) & (flat <= grp[-1]))[0]
             local = np.searchsorted(grp, flat[pairs]).astype(np.uint32)
             sel = pairs // k if x.ndim == 2 else pairs
-            with mx.stream(streams[i % width]) if streams else contextlib.nullcontext():
-                wt = mx.swapaxes(self.dequantize(grp), -1, -2)
-                rows = mx.take(src, mx.array(sel.astype(np.uint32)), axis=0)[:, None, :]
-                out = mx.gather_mm(rows, wt, rhs_indices=mx.array(local))
-            pending.append(out)
-            if len(pending) == width and i < len(groups) - 1:
-                mx.eval(pending)  # free these groups' dequantised weights before the next ones
-                pending = []
+            wt = mx.swapaxes(self.dequantize(grp), -1, -2)
+            rows = mx.take(src, mx.array(sel.astype(np.uint32)), axis=0)[:, None, :]
+            out = mx.gather_mm(rows, wt, rhs_indices=mx.array(local))
+            if i < len(groups) - 1:
+                mx.eval(out)  # free this group's dequantised weights before the next ones
             outs.append(out)
             order.append(pairs)
         inverse = np.empty(n * k, dtype=np.uint32)

@@ -246,3 +246,19 @@ def test_prepared_row_tiles_equal_the_whole_dequantisation(rng, qtype):
         assert np.array_equal(np.array(tile(r0, r1)), want[r0:r1])
     with pytest.raises(quant.QuantError, match=r"must be uint8 \[R, "):
         quant.prepare_rows(mx.array(raw[:, :-1]), qtype, d_in)
+
+
+def test_cpu_tiles_at_flash_width_equal_the_dense_product(rng, monkeypatch):
+    """At the real input width (4096, sums of 4096 products) rows that share an expert in one
+    product still give the 1-row bits of the dense backend, across tiles and worker threads."""
+    from ds4agent.engine import experts as experts_mod
+
+    monkeypatch.setattr(experts_mod, "TILE_WEIGHTS", 3 * 4096)
+    monkeypatch.setattr(experts_mod, "cpu_parts", lambda: 2)
+    for qtype in (quant.IQ2_XXS, quant.Q4_K):
+        raw, ref = _expert_raw(rng, qtype, e=3, d_out=10, d_in=4096)
+        q = QuantExperts(raw, qtype, (3, 10, 4096))
+        x = mx.array(rng.standard_normal((5, 4096)).astype(np.float32))
+        ids = mx.array([[0, 2], [2, 0], [2, 1], [0, 0], [2, 2]])
+        want = np.array(dense_experts(mx.array(ref)).gather_matmul(x, ids))
+        assert np.array_equal(np.array(q.gather_matmul(x, ids)), want)
