@@ -23,8 +23,10 @@ tests hold it to `dense_experts` bit for bit.)
 from __future__ import annotations
 
 import contextlib
+import functools
+import queue
+import threading
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, runtime_checkable
 
 import mlx.core as mx
@@ -34,15 +36,49 @@ from ds4agent.engine import quant
 from ds4agent.engine.errors import EngineError
 from ds4agent.engine.weights import cpu_layout, cpu_parts, cpu_streams
 
-_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+class _Workers:
+    """Long-lived daemon threads for the CPU expert path: `run(fns)` calls fns[i] on thread i and
+    returns their results (re-raising the first error).
+
+    Made once and never joined: MLX keeps a stream's worker per thread for the life of the
+    process, and a thread that used MLX streams must not exit before it (tearing its thread
+    state down while MLX still holds it aborts the process at exit)."""
+
+    def __init__(self, n: int):
+        self._inbox = [queue.SimpleQueue() for _ in range(n)]
+        for box in self._inbox:
+            threading.Thread(target=self._serve, args=(box,), daemon=True, name="ds4-experts").start()
+
+    @staticmethod
+    def _serve(box: queue.SimpleQueue) -> None:
+        while True:
+            fn, done = box.get()
+            try:
+                done.put((True, fn()))
+            except BaseException as err:  # handed to the caller, which re-raises it
+                done.put((False, err))
+
+    def run(self, fns: list) -> list:
+        done = [queue.SimpleQueue() for _ in fns]
+        for box, fn, d in zip(self._inbox, fns, done, strict=False):
+            box.put((fn, d))
+        results = [d.get() for d in done]
+        for ok, value in results:
+            if not ok:
+                raise value
+        return [value for _, value in results]
 
 
-def _pool(workers: int) -> ThreadPoolExecutor:
-    """Long-lived worker threads for the CPU expert path (MLX keeps a stream's worker per thread
-    for the life of the process, so threads are made once, never per call)."""
-    if workers not in _POOLS:
-        _POOLS[workers] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ds4-experts")
-    return _POOLS[workers]
+_WORKERS: dict[int, _Workers] = {}
+_WORKERS_LOCK = threading.Lock()
+
+
+def _workers(n: int) -> _Workers:
+    with _WORKERS_LOCK:
+        if n not in _WORKERS:
+            _WORKERS[n] = _Workers(n)
+        return _WORKERS[n]
 
 
 @runtime_checkable
@@ -234,7 +270,8 @@ class QuantExperts:
             results = [self._part(*jobs[0])]
         else:
             streams = cpu_streams(parts)
-            results = list(_pool(parts).map(lambda i: self._part(*jobs[i], stream=streams[i]), range(parts)))
+            results = _workers(parts).run([functools.partial(self._part, *jobs[i], stream=streams[i])
+                                           for i in range(parts)])
         per_expert = [mx.concatenate([res[e] for res in results], axis=1) if parts > 1 else results[0][e]
                       for e in range(len(used))]
         out = mx.concatenate(per_expert, axis=0) if len(per_expert) > 1 else per_expert[0]

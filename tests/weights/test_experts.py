@@ -262,3 +262,24 @@ def test_cpu_tiles_at_flash_width_equal_the_dense_product(rng, monkeypatch):
         ids = mx.array([[0, 2], [2, 0], [2, 1], [0, 0], [2, 2]])
         want = np.array(dense_experts(mx.array(ref)).gather_matmul(x, ids))
         assert np.array_equal(np.array(q.gather_matmul(x, ids)), want)
+
+
+def test_cpu_worker_errors_reach_the_caller_and_leave_the_workers_serving(rng, monkeypatch, small_tiles):
+    from ds4agent.engine import experts as experts_mod
+
+    monkeypatch.setattr(experts_mod, "cpu_parts", lambda: 2)
+    raw, ref = _expert_raw(rng, quant.Q2_K)
+    q = QuantExperts(raw, quant.Q2_K, (E, D_OUT, D_IN))
+    x = mx.array(rng.standard_normal((2, D_IN)).astype(np.float32))
+    ids = mx.array([[0, 3], [3, 1]])
+    real = quant.prepare_rows
+
+    def broken(*args):
+        raise quant.QuantError("broken block")
+
+    monkeypatch.setattr(quant, "prepare_rows", broken)
+    with pytest.raises(quant.QuantError, match="broken block"):
+        q.gather_matmul(x, ids)
+    monkeypatch.setattr(quant, "prepare_rows", real)
+    want = np.array(dense_experts(mx.array(ref)).gather_matmul(x, ids))
+    assert np.array_equal(np.array(q.gather_matmul(x, ids)), want)
