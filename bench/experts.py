@@ -13,8 +13,8 @@ process CPU ms per call (on a shared machine the wall time also counts other peo
 CPU ms / cores is what an idle machine would take).
 
 Weights are random valid blocks (small finite f16 scales), no model file; one tensor of 256
-experts at a time (at most 1.2 GB, the Q4_K one). Exits non-zero when a type of ours reads less
-than --target GB/s (default 0.5, issue 13).
+experts at a time (at most 1.2 GB, the Q4_K one; peak resident about 2 GB). Exits non-zero when
+a type of ours reads less than --target GB/s (default 0.5, issue 13).
 
     python bench/experts.py [--iters N] [--target GBPS] [--prefill ROWS] [--backend auto|portable|metal]
 """
@@ -82,10 +82,11 @@ def _row(label: str, nbytes: int, wall: float, cpu: float) -> float:
 def _mlx_reference(rng: np.random.Generator, bits: int, shape: tuple[int, int], iters: int) -> None:
     d_out, d_in = shape
     group = 64
-    wq = mx.array(np.frombuffer(rng.bytes(N_EXPERTS * d_out * d_in * bits // 8), dtype=np.uint32)
-                  .reshape(N_EXPERTS, d_out, d_in * bits // 32))
-    scales = mx.array((rng.uniform(0.5, 1.0, (N_EXPERTS, d_out, d_in // group)) * 1e-3).astype(np.float32))
-    biases = mx.array((rng.uniform(-1.0, 1.0, (N_EXPERTS, d_out, d_in // group)) * 1e-3).astype(np.float32))
+    # generated in MLX: no numpy copy of the 1 GB beside it
+    key = mx.random.key(int(rng.integers(1 << 31)))
+    wq = mx.random.randint(0, 1 << 31, (N_EXPERTS, d_out, d_in * bits // 32), dtype=mx.uint32, key=key)
+    scales = mx.random.uniform(0.5e-3, 1e-3, (N_EXPERTS, d_out, d_in // group), key=key)
+    biases = mx.random.uniform(-1e-3, 1e-3, (N_EXPERTS, d_out, d_in // group), key=key)
     x = mx.array(rng.standard_normal((1, d_in)).astype(np.float32))
     mx.eval(wq, scales, biases, x)
 

@@ -58,6 +58,8 @@ class _Workers:
                 done.put((True, fn()))
             except BaseException as err:  # handed to the caller, which re-raises it
                 done.put((False, err))
+            # An idle worker must not keep its last task (the experts, the call's inputs) alive.
+            del fn, done
 
     def run(self, fns: list) -> list:
         done = [queue.SimpleQueue() for _ in fns]

@@ -283,3 +283,20 @@ def test_cpu_worker_errors_reach_the_caller_and_leave_the_workers_serving(rng, m
     monkeypatch.setattr(quant, "prepare_rows", real)
     want = np.array(dense_experts(mx.array(ref)).gather_matmul(x, ids))
     assert np.array_equal(np.array(q.gather_matmul(x, ids)), want)
+
+
+def test_cpu_workers_keep_nothing_of_a_finished_call(rng, monkeypatch, small_tiles):
+    """Idle workers hold no reference to the last call's experts (their raw bytes can be freed)."""
+    import gc
+    import weakref
+
+    from ds4agent.engine import experts as experts_mod
+
+    monkeypatch.setattr(experts_mod, "cpu_parts", lambda: 2)
+    raw, _ = _expert_raw(rng, quant.Q4_K)
+    q = QuantExperts(raw, quant.Q4_K, (E, D_OUT, D_IN))
+    mx.eval(q.gather_matmul(mx.ones((1, D_IN)), mx.array([[0, 2]])))
+    gone = weakref.ref(q)
+    del q
+    gc.collect()
+    assert gone() is None
