@@ -174,8 +174,8 @@ class MxExperts:
 # (6 experts, 32 MiB each) fits in one group.
 DEFAULT_GROUP_BYTES = 256 << 20
 # Weights dequantised per op on the CPU path (1 MiB as f32): with its temporaries (codes, products)
-# a tile stays in a core's 2 MiB L2. Measured at real shape (bench/experts.py): 2^17..2^19 are
-# within noise of each other; whole experts (2^23) are 3-5x slower.
+# a tile stays in a core's 2 MiB L2. Measured at real shape (bench/experts.py): 2^17..2^20 are
+# within noise of each other; whole experts at a time (the previous CPU path) took 3-4x the CPU.
 TILE_WEIGHTS = 1 << 18
 
 
