@@ -201,7 +201,6 @@ def _iq2xxs_signed_codes() -> tuple[np.ndarray, mx.array]:
     return table, mx.array(table)
 
 
-_IQ2_GRID_SHIFTS = mx.array(np.array([0, 8, 16, 24], dtype=np.uint32))
 _IQ2_SIGN_SHIFTS = mx.array(np.array([0, 7, 14, 21], dtype=np.uint32))
 
 
@@ -211,8 +210,9 @@ def _iq2xxs_index_scale(words: mx.array, d: mx.array) -> tuple[mx.array, mx.arra
     and the scale), d [R, nb, 1] f32 (G = nb*8) -> (index [R, G, 4]: row of the signed table for
     each run of 8 weights, grid*128 + sign code; db [R, G, 1]: the group's scale, exact).
     Compiled: each is one pass instead of one per op (the index is the per-weight cost)."""
-    a, b = words[..., 0:1], words[..., 1:2]
-    index = ((((a >> _IQ2_GRID_SHIFTS) & 255) << 7) | ((b >> _IQ2_SIGN_SHIFTS) & 127)).astype(mx.int64)
+    grid = mx.view(words[..., 0:1], mx.uint8).astype(mx.uint32)  # [R, G, 4]: the bytes of a
+    b = words[..., 1:2]
+    index = ((grid << 7) | ((b >> _IQ2_SIGN_SHIFTS) & 127)).astype(mx.int64)
     r, nb = d.shape[0], d.shape[1]
     db = d * (0.5 + (b >> 28).astype(mx.float32)).reshape(r, nb, 8) * 0.25
     return index, db.reshape(r, nb * 8, 1)
