@@ -21,6 +21,7 @@ and Q8_0 round nowhere at all. Products of exact values also cannot overflow f32
 
 from __future__ import annotations
 
+import threading
 from functools import lru_cache
 
 import mlx.core as mx
@@ -204,6 +205,9 @@ def _iq2xxs_signed_codes() -> tuple[np.ndarray, mx.array]:
 _IQ2_SIGN_SHIFTS = mx.array(np.array([0, 7, 14, 21], dtype=np.uint32))
 
 
+_COMPILED_CALL = threading.Lock()  # held while a compiled function traces or builds its graph
+
+
 @mx.compile
 def _iq2xxs_index_scale(words: mx.array, d: mx.array) -> tuple[mx.array, mx.array]:
     """words [R, G, 2] uint32 (per group of 32 weights: a = four grid indices, b = four sign codes
@@ -224,7 +228,8 @@ def _rows_iq2_xxs(b: mx.array):
     # of the 33 in a block (a 66-byte block is 2-byte aligned; half the elements of a byte copy).
     body = mx.view(b.reshape(r, nb * 66), mx.uint16).reshape(r, nb, 33)[..., 1:33]
     words = mx.view(mx.contiguous(body), mx.uint32).reshape(r, nb * 8, 2)
-    index, db = _iq2xxs_index_scale(words, _f16(b, 0))
+    with _COMPILED_CALL:  # the CPU expert workers call it concurrently; MLX's compile cache is shared
+        index, db = _iq2xxs_index_scale(words, _f16(b, 0))
     table, mx_table = _iq2xxs_signed_codes()
     if mx.default_device() != mx.cpu:  # MLX's gather, on the device (no host round trip)
         codes = mx_table[index].reshape(r, nb * 8, 32)
