@@ -1,0 +1,298 @@
+"""Pipeline parallelism (issue 12): ranks on 127.0.0.1 over MLX's ring backend give exactly the
+model one process runs (logits, states, session bytes), and a lost rank is an error, not a hang.
+
+MLX keeps one ring per process, so every pipeline here runs with its rank 0 in a fresh (spawned)
+process; the scenario functions return plain values and the test compares them with this
+process's single-process engine."""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import os
+import signal
+import traceback
+
+import numpy as np
+import pytest
+
+from ds4agent.engine import pipeline
+from ds4agent.engine.pipeline import PipelineError, balance, ranges_from_split
+from ds4agent.engine.session import Engine
+from ds4agent.engine.testmodel import make_test_model
+
+# 21 tokens: past micro's window (8) and several ratio-4 and ratio-16 compressions
+TOKENS = [3, 17, 250, 9, 9, 41, 100, 7, 300, 2, 5, 77, 12, 501, 64, 33, 1, 8, 90, 91, 92]
+CTX = 64
+
+
+@pytest.fixture(scope="module")
+def micro_path(tmp_path_factory):
+    return make_test_model(tmp_path_factory.mktemp("pipe") / "micro.gguf", "micro", seed=3)
+
+
+@pytest.fixture(scope="module")
+def single(micro_path):
+    return Engine.load(micro_path, ctx=CTX)
+
+
+def payload_bytes(engine, payload) -> bytes:
+    from ds4agent.sessions.payload import PayloadShape, write_payload
+
+    s = engine.payload_shape()
+    shape = PayloadShape(n_layers=s.n_layers, head_dim=s.head_dim, indexer_dim=s.indexer_dim,
+                         vocab=s.vocab, window=s.window, ratios=s.ratios)
+    buf = io.BytesIO()
+    write_payload(buf, payload, shape)
+    return buf.getvalue()
+
+
+def _child(queue, fn, args):
+    try:
+        queue.put(("ok", fn(*args)))
+    except BaseException:
+        queue.put(("error", traceback.format_exc()))
+
+
+def in_fresh_process(fn, *args):
+    """fn(*args) in a spawned process (its own MLX ring); returns its result."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(queue, fn, args))
+    proc.start()
+    try:
+        status, value = queue.get(timeout=300)  # a guard against a hang, not a timing check
+    finally:
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+    assert status == "ok", value
+    return value
+
+
+# ---- scenarios (rank 0 side) ---------------------------------------------------------------------
+
+
+def _logits_for_chunkings(path, split, chunks):
+    engine = pipeline.launch(path, ctx=CTX, ranks=2, split=split)
+    try:
+        out = {"ranges": engine.ranges, "layers": len(engine.weights.layers),
+               "head": engine.weights.output is not None, "embedding": engine.weights.token_embd is not None}
+        for chunk in chunks:
+            engine.chunk = chunk
+            out[chunk] = engine.new_session().forward_all(TOKENS)
+        engine.chunk = 5
+        s = engine.new_session()
+        s.sync(TOKENS[:9])
+        out["steps"] = [s.step(t).copy() for t in TOKENS[9:]]
+    finally:
+        engine.close()
+    out["exits"] = [w.returncode for w in engine._workers]
+    return out
+
+
+def _sessions_both_ways(path, alone_payload):
+    engine = pipeline.launch(path, ctx=CTX, ranks=2)
+    try:
+        s = engine.new_session()
+        s.sync(TOKENS)
+        piped = s.export_state()
+        t = engine.new_session()
+        t.import_state(alone_payload)
+        return {"payload": piped, "tokens": t.tokens, "next": [t.step(77).copy(), t.step(5).copy()],
+                "bytes": payload_bytes(engine, piped)}
+    finally:
+        engine.close()
+
+
+def _snapshots(path):
+    engine = pipeline.launch(path, ctx=CTX, ranks=2)
+    try:
+        p = engine.new_session()
+        p.sync(TOKENS[:10])
+        snap = p.snapshot()
+        for t in TOKENS[10:15]:
+            p.step(t)
+        p.rewind(snap)
+        after_rewind = p.step(TOKENS[10]).copy()
+        p.sync(TOKENS[:10] + [400, 401])  # diverges after the snapshot: restarts from it
+        return {"after_rewind": after_rewind, "diverged": p.logits.copy(),
+                "bytes": payload_bytes(engine, p.export_state()), "reused": p.prefilled_total}
+    finally:
+        engine.close()
+
+
+def _three_ranks(path, alone_payload):
+    engine = pipeline.launch(path, ctx=CTX, ranks=3, split=[1, 3])
+    try:
+        p = engine.new_session()
+        p.sync(TOKENS[:15])
+        out = {"step": p.step(42).copy(), "bytes": payload_bytes(engine, p.export_state())}
+        q = engine.new_session()
+        q.import_state(alone_payload)
+        out["after_import"] = q.step(8).copy()
+        return out
+    finally:
+        engine.close()
+
+
+def _killed_rank(path):
+    engine = pipeline.launch(path, ctx=CTX, ranks=2)
+    try:
+        p = engine.new_session()
+        p.sync(TOKENS[:5])
+        engine._workers[0].kill()
+        engine._workers[0].wait()
+        errors = []
+        for _ in range(2):
+            try:
+                p.step(7)
+            except PipelineError as err:
+                errors.append(str(err))
+        return {"errors": errors, "tokens": p.tokens}
+    finally:
+        engine.close()
+
+
+def _hung_rank(path):
+    engine = pipeline.launch(path, ctx=CTX, ranks=2, timeout=1.0)
+    worker = engine._workers[0]
+    try:
+        p = engine.new_session()
+        p.sync(TOKENS[:5])
+        os.kill(worker.pid, signal.SIGSTOP)
+        try:
+            p.step(7)
+        except PipelineError as err:
+            return str(err)
+        return "no error"
+    finally:
+        worker.kill()
+        engine.close()
+
+
+# ---- tests ---------------------------------------------------------------------------------------
+
+
+def test_balance_minimises_the_largest_rank_and_keeps_layers_contiguous():
+    assert balance([10, 10, 10, 10], 2) == [(0, 2), (2, 4)]
+    # the embedding on rank 0 and the head on the last rank count toward their loads
+    assert balance([10, 10, 10, 10], 2, first_extra=15) == [(0, 1), (1, 4)]
+    assert balance([10, 10, 10, 10], 2, last_extra=15) == [(0, 3), (3, 4)]
+    assert balance([1, 1, 1, 1, 100, 1], 3) == [(0, 4), (4, 5), (5, 6)]
+    assert balance([5, 5, 5], 3) == [(0, 1), (1, 2), (2, 3)]
+    with pytest.raises(PipelineError, match="cannot split 3 layers over 4 ranks"):
+        balance([1, 1, 1], 4)
+    assert ranges_from_split([1, 3], 4) == [(0, 1), (1, 3), (3, 4)]
+    with pytest.raises(PipelineError, match="increasing layer numbers"):
+        ranges_from_split([3, 3], 4)
+
+
+# micro's ratios are (0, 0, 4, 16): the splits put the boundary before a dense layer, before the
+# ratio-4 (indexer) layer and before the ratio-16 layer.
+@pytest.mark.parametrize("split", [[1], [2], [3]])
+def test_two_ranks_give_the_single_process_logits_for_every_chunking(micro_path, single, split):
+    chunks = (1, 3, 8, 21)
+    got = in_fresh_process(_logits_for_chunkings, micro_path, split, chunks)
+    assert got["ranges"] == [(0, split[0]), (split[0], 4)]
+    # rank 0 loaded only its layers and the embedding; the head lives on rank 1
+    assert got["layers"] == split[0] and got["embedding"] and not got["head"]
+    for chunk in chunks:
+        single.chunk = chunk
+        want = single.new_session().forward_all(TOKENS)
+        assert got[chunk].shape == (len(TOKENS), 512)
+        assert np.array_equal(got[chunk], want), chunk
+    single.chunk = 5
+    s = single.new_session()
+    s.sync(TOKENS[:9])
+    for row, t in zip(got["steps"], TOKENS[9:], strict=True):
+        assert np.array_equal(row, s.step(t))
+    assert got["exits"] == [0]  # close() stops the worker cleanly
+
+
+def test_sessions_are_topology_agnostic(micro_path, single):
+    s = single.new_session()
+    s.sync(TOKENS)
+    alone = s.export_state()
+    got = in_fresh_process(_sessions_both_ways, micro_path, alone)
+    # /save on the pipeline writes exactly the bytes one process writes
+    assert got["bytes"] == payload_bytes(single, alone)
+    # a one-process save loads on the pipeline, a pipeline save in one process; both continue alike
+    assert got["tokens"] == tuple(TOKENS)
+    t = single.new_session()
+    t.import_state(got["payload"])
+    assert np.array_equal(got["next"][0], t.step(77))
+    assert np.array_equal(got["next"][1], t.step(5))
+
+
+def test_snapshots_and_rewind_reach_every_rank(micro_path, single):
+    got = in_fresh_process(_snapshots, micro_path)
+    s = single.new_session()
+    s.sync(TOKENS[:11])
+    # the other rank continued from its state of the snapshot, not from the live one
+    assert np.array_equal(got["after_rewind"], s.logits)
+    s.sync(TOKENS[:10] + [400, 401])
+    assert np.array_equal(got["diverged"], s.logits)
+    assert got["bytes"] == payload_bytes(single, s.export_state())
+    assert got["reused"] == 10 + 5 + 1 + 2  # the diverging sync prefilled 2 tokens, not 12
+
+
+def test_three_ranks_pass_activations_and_state_along_the_ring(micro_path, single):
+    s = single.new_session()
+    s.sync(TOKENS[:15])
+    got = in_fresh_process(_three_ranks, micro_path, s.export_state())
+    imported = single.new_session()
+    imported.import_state(s.export_state())
+    assert np.array_equal(got["after_import"], imported.step(8))
+    assert np.array_equal(got["step"], s.step(42))
+    assert got["bytes"] == payload_bytes(single, s.export_state())
+
+
+def test_a_killed_rank_is_a_clear_error_not_a_hang(micro_path):
+    got = in_fresh_process(_killed_rank, micro_path)
+    assert len(got["errors"]) == 2
+    assert "rank 1 exited" in got["errors"][0] and got["errors"][1] == got["errors"][0]
+    assert got["tokens"] == tuple(TOKENS[:5])  # the session keeps its last good state
+
+
+def test_a_hung_rank_runs_into_the_timeout(micro_path):
+    message = in_fresh_process(_hung_rank, micro_path)
+    assert "did not answer within" in message
+
+
+def test_bad_pipeline_requests_are_refused_before_anything_starts(micro_path, tmp_path):
+    with pytest.raises(PipelineError, match="at least 2 ranks"):
+        pipeline.launch(micro_path, ctx=CTX, ranks=1)
+    with pytest.raises(PipelineError, match="cannot split 4 layers over 5 ranks"):
+        pipeline.launch(micro_path, ctx=CTX, ranks=5)
+    with pytest.raises(PipelineError, match=r"gives 3 ranks, not 2"):
+        pipeline.launch(micro_path, ctx=CTX, ranks=2, split=[1, 2])
+    bad = tmp_path / "hosts.json"
+    bad.write_text('{"hosts": [{"ssh": "a"}]}')
+    with pytest.raises(PipelineError, match="at least two hosts"):
+        pipeline.launch(micro_path, ctx=CTX, hosts=bad)
+    bad.write_text('{"hosts": [{"ssh": "a", "ips": ["10.0.0.1"]}, {"ssh": "b"}]}')
+    with pytest.raises(PipelineError, match='host 1 needs "ssh"'):
+        pipeline.launch(micro_path, ctx=CTX, hosts=bad)
+
+
+@pytest.mark.parametrize("layer_range", [(0, 1), (1, 3), (3, 4)])
+def test_a_rank_builds_only_its_layers_and_reads_no_other_tensor(layer_range):
+    from ds4agent.engine.config import test_config
+    from ds4agent.engine.weights import build_weights, random_tensors, tensor_in_range
+
+    cfg = test_config("micro")
+    tensors = random_tensors(cfg, seed=1)
+    asked: list[str] = []
+
+    def get(name):
+        asked.append(name)
+        return tensors[name]
+
+    part = build_weights(cfg, get, has=lambda name: name in tensors, layer_range=layer_range)
+    assert set(asked) == {n for n in tensors if tensor_in_range(n, cfg, layer_range)}
+    assert part.first_layer == layer_range[0] and len(part.layers) == layer_range[1] - layer_range[0]
+    assert (part.token_embd is not None) == (layer_range[0] == 0)
+    assert (part.output is not None) == (layer_range[1] == 4)
+    assert any(n.startswith(f"blk.{layer_range[0]}.") for n in asked)
+    assert not any(n.startswith(f"blk.{layer_range[1]}.") for n in asked)
