@@ -34,6 +34,7 @@ up from MLX's own environment variables (MLX_RANK, MLX_HOSTFILE: a JSON list of 
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import queue
@@ -465,15 +466,17 @@ class PipelineEngine(Engine):
 
     def close(self) -> None:
         """Stop the other ranks (they exit) and wait for local ones; safe to call twice."""
-        if not self.link.broken:
+        healthy = not self.link.broken
+        if healthy:
             try:
                 self._command(_STOP, 0, 0, 0)
             except PipelineError:
-                pass
+                healthy = False
             self.link.break_with("the pipeline is closed")
         for p in self._workers:
             try:
-                p.wait(timeout=10)
+                # A rank that got STOP exits at once; after a failure a live one may be hung.
+                p.wait(timeout=10 if healthy else 0.5)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
@@ -583,6 +586,19 @@ def read_hosts(path) -> list[dict]:
     return hosts
 
 
+def load_engine(model_path, *, ctx: int, chunk: int | None = None,
+                progress: Callable[[float], None] | None = None, ranks: int | None = None, hosts=None,
+                split: Sequence[int] | None = None) -> Engine:
+    """The engine a command runs: one process (Engine.load), or a pipeline when `ranks` (local
+    processes) or `hosts` (an mlx.launch hosts file) is given. Call close() when done."""
+    if ranks is None and hosts is None:
+        if split:
+            raise PipelineError("a pipeline split needs --pipeline N or --hosts FILE")
+        return Engine.load(model_path, ctx=ctx, chunk=chunk, progress=progress)
+    return launch(model_path, ctx=ctx, ranks=ranks, hosts=hosts, split=split, chunk=chunk,
+                  progress=progress)
+
+
 def worker_command(model_path, ctx: int, ranges: Sequence[tuple[int, int]], timeout: float) -> list[str]:
     split = ",".join(str(a) for a, _ in ranges[1:])
     return [sys.executable, "-m", "ds4agent.engine.pipeline", str(Path(model_path).resolve()),
@@ -656,7 +672,10 @@ def launch(model_path, *, ctx: int, ranks: int | None = None, hosts=None,
     except BaseException:
         cleanup()
         raise
-    return PipelineEngine.attach(part, link, ranges, workers, cleanup, timeout, report)
+    engine = PipelineEngine.attach(part, link, ranges, workers, cleanup, timeout, report)
+    # Stop the other ranks however this process ends (cli.entry runs exit handlers first).
+    atexit.register(engine.close)
+    return engine
 
 
 def _worker_report(workers: Sequence[subprocess.Popen], log_dir: str) -> str:

@@ -266,6 +266,10 @@ class Engine:
     def new_session(self) -> Session:
         return Session(self)
 
+    def close(self) -> None:
+        """Release what the engine holds besides memory: a pipeline's other ranks
+        (engine/pipeline.py); nothing for one process."""
+
     # The four operations a Session asks of its engine's model: a pipeline's rank 0
     # (engine/pipeline.py) overrides them to run the other layers on the other ranks.
     def empty_state(self):

@@ -296,3 +296,41 @@ def test_a_rank_builds_only_its_layers_and_reads_no_other_tensor(layer_range):
     assert (part.output is not None) == (layer_range[1] == 4)
     assert any(n.startswith(f"blk.{layer_range[0]}.") for n in asked)
     assert not any(n.startswith(f"blk.{layer_range[1]}.") for n in asked)
+
+
+def test_dump_logits_on_a_pipeline_writes_the_single_process_file(micro_path, tmp_path):
+    import subprocess
+    import sys
+
+    from ds4agent import cli
+
+    base = ["dump-logits", "--model", str(micro_path), "--tokens", ",".join(map(str, TOKENS)),
+            "--chunk", "4"]
+    assert cli.main([*base, "--out", str(tmp_path / "one.npy")]) == 0
+    # a fresh process: MLX keeps one ring per process
+    run = subprocess.run([sys.executable, "-m", "ds4agent.cli", *base, "--pipeline", "2",
+                          "--pipeline-split", "3", "--out", str(tmp_path / "two.npy")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "wrote" in run.stdout
+    assert np.array_equal(np.load(tmp_path / "two.npy"), np.load(tmp_path / "one.npy"))
+    # no ring hostfile or rank log left behind
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_pipeline_flags_are_checked(micro_path, tmp_path, capsys):
+    from ds4agent import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["dump-logits", "--model", str(micro_path), "--tokens", "1", "--out",
+                  str(tmp_path / "x.npy"), "--pipeline", "2", "--hosts", "h.json"])
+    assert "not allowed with argument" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["dump-logits", "--model", str(micro_path), "--tokens", "1", "--out",
+                  str(tmp_path / "x.npy"), "--pipeline", "2", "--pipeline-split", "x"])
+    assert "give the first layer of ranks" in capsys.readouterr().err
+    # a split without a pipeline is refused before loading anything
+    assert cli.main(["dump-logits", "--model", str(micro_path), "--tokens", "1", "--out",
+                     str(tmp_path / "x.npy"), "--pipeline-split", "2"]) != 0
+    assert "needs --pipeline N or --hosts FILE" in capsys.readouterr().err
+    assert not (tmp_path / "x.npy").exists()
