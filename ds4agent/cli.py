@@ -126,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plain", action="store_true",
                         help="line-mode interface (prompt_toolkit) instead of the full-screen app; "
                         "the default when stdout is not a terminal")
+    _add_pipeline(parser)
 
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 

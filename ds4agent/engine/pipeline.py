@@ -53,7 +53,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from .errors import EngineError
+from .errors import EngineError, EngineLost
 from .session import Engine
 from .state import LayerState, SessionState, empty_layer
 
@@ -68,7 +68,7 @@ _HEADER = 6  # op, base key, new key, token count, flag (last_only), dropped-key
 _LAYER_FIELDS = ("raw", "comp", "attn_kv", "attn_score", "index_comp", "index_kv", "index_score")
 
 
-class PipelineError(EngineError):
+class PipelineError(EngineLost):
     """A pipeline rank died, hung, or could not be started; the pipeline cannot continue."""
 
 
@@ -350,6 +350,11 @@ class PipelineEngine(Engine):
     @property
     def n_ranks(self) -> int:
         return len(self.ranges)
+
+    def describe(self) -> str:
+        """The model line the agent shows at start: name and where each layer range runs."""
+        parts = ", ".join(f"rank {k}: layers {a}-{b - 1}" for k, (a, b) in enumerate(self.ranges))
+        return f"{self.config.name} on a pipeline of {self.n_ranks} ({parts})"
 
     # -- keys
     def _new_key(self) -> int:

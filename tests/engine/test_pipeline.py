@@ -334,3 +334,31 @@ def test_pipeline_flags_are_checked(micro_path, tmp_path, capsys):
                      str(tmp_path / "x.npy"), "--pipeline-split", "2"]) != 0
     assert "needs --pipeline N or --hosts FILE" in capsys.readouterr().err
     assert not (tmp_path / "x.npy").exists()
+
+
+def test_the_headless_agent_samples_the_same_tokens_on_a_pipeline(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from ds4agent.engine.errors import EngineLost
+
+    assert issubclass(PipelineError, EngineLost)  # the agent ends the session on it (journal first)
+    model = make_test_model(tmp_path / "tiny.gguf", "tiny", seed=2)
+
+    def run(*extra):
+        res = subprocess.run([sys.executable, "-m", "ds4agent.cli", "--model", str(model), "--kv-dir",
+                              str(tmp_path / "kv"), "-c", "4096", "-n", "12", "--seed", "5", "--nothink",
+                              "--permission", "read-only", "--json", *extra, "-p", "hello"],
+                             capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        events = [json.loads(line) for line in res.stdout.splitlines()]
+        text = "".join(e["text"] for e in events if e["type"] in ("TextDelta", "ThinkingDelta"))
+        generated = [e["generated"] for e in events if e["type"] == "TurnEnded"]
+        ready = [e for e in events if e["type"] == "Ready"]
+        return (text, generated), ready[0]["model"] if ready else res.stderr
+
+    alone, model_line = run()
+    piped, piped_line = run("--pipeline", "2")
+    assert alone[1] == [12] and len(alone[0]) > 12
+    assert piped == alone  # the same 12 sampled tokens
+    assert piped_line.startswith(f"{model_line} on a pipeline of 2 (rank 0: layers 0-")
