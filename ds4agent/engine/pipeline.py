@@ -38,6 +38,7 @@ import atexit
 import json
 import os
 import queue
+import select
 import shlex
 import socket
 import subprocess
@@ -200,6 +201,7 @@ class Link:
 
         self.group = self._call(connect, connect_timeout, "connecting the pipeline ranks")
         self.rank, self.size = self.group.rank(), self.group.size()
+        self._left = _ring_socket_from_left(hostfile, rank)
 
     def _serve(self) -> None:
         while True:
@@ -263,6 +265,15 @@ class Link:
 
     def recv(self, shape: Sequence[int], dtype, src: int, what: str,
              timeout: float | None = TIMEOUT_S) -> mx.array:
+        # MLX's ring polls a socket without sleeping while a receive is posted, so a rank that
+        # waits (for the next command, for the logits) would keep a CPU core busy the whole time
+        # (measured: an idle worker rank used half of this 2-core machine). All our receives come
+        # from the left neighbour; wait in select() until its socket has data, then post it.
+        start = time.monotonic()
+        self._wait_readable(timeout, what)
+        if timeout is not None:
+            timeout = max(1.0, timeout - (time.monotonic() - start))
+
         def job():
             out = mx.distributed.recv(tuple(shape), dtype, src, group=self.group)
             mx.eval(out)
@@ -270,11 +281,73 @@ class Link:
 
         return self._call(job, timeout, what)
 
+    def _wait_readable(self, timeout: float | None, what: str) -> None:
+        if self._left is None or self._broken is not None:
+            return  # not found: the posted receive waits (and polls) instead
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            step = 0.2 if self._lost is not None else None
+            if end is not None:
+                left = end - time.monotonic()
+                if left <= 0:
+                    self._broken = f"a pipeline rank did not answer within {timeout:.0f} s while {what}"
+                    raise PipelineError(self._broken)
+                step = left if step is None else min(step, left)
+            try:
+                ready, _, _ = select.select([self._left], [], [], step)
+            except (OSError, ValueError):
+                return  # the socket went away: the receive reports the lost connection
+            if ready:
+                return  # data or EOF: the receive gets the message or reports the lost peer
+            gone = self._lost() if self._lost is not None else ""
+            if gone:
+                self._broken = f"pipeline {gone} while {what}"
+                raise PipelineError(self._broken)
+
     def send_ints(self, values: Sequence[int], dst: int, what: str) -> None:
         self.send(mx.array(np.asarray(values, dtype=np.int32)), dst, what)
 
     def recv_ints(self, n: int, src: int, what: str, timeout: float | None = TIMEOUT_S) -> list[int]:
         return [int(v) for v in np.array(self.recv((n,), mx.int32, src, what, timeout))]
+
+
+def _ring_socket_from_left(hostfile: str, rank: int) -> int | None:
+    """The file descriptor of MLX's ring connection from our left neighbour, or None.
+
+    MLX's ring accepts that connection on this rank's own hostfile address (one per address),
+    so it is the one TCP socket of this process whose local address is ours and whose peer is
+    not. Found by looking at the process's sockets; used only to wait for readability (select),
+    never read, so MLX's own receive still gets every byte."""
+    try:
+        ip, port = json.loads(Path(hostfile).read_text())[rank][0].rsplit(":", 1)
+        ours = (socket.gethostbyname(ip), int(port))
+    except (OSError, ValueError, IndexError, KeyError, TypeError):
+        return None
+    found = []
+    for fd in _open_fds():
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            if sock.type == socket.SOCK_STREAM and sock.family == socket.AF_INET:
+                local, peer = sock.getsockname(), sock.getpeername()
+                if (local[0], local[1]) == ours and peer != local:
+                    found.append(fd)
+        except OSError:
+            pass
+        finally:
+            sock.detach()  # the descriptor stays MLX's
+    return found[0] if len(found) == 1 else None
+
+
+def _open_fds() -> list[int]:
+    for where in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return sorted(int(name) for name in os.listdir(where) if name.isdigit())
+        except OSError:
+            continue
+    return list(range(3, 1024))
 
 
 # ---- state layout -------------------------------------------------------------------------------

@@ -116,8 +116,20 @@ def _snapshots(path):
         p.rewind(snap)
         after_rewind = p.step(TOKENS[10]).copy()
         p.sync(TOKENS[:10] + [400, 401])  # diverges after the snapshot: restarts from it
-        return {"after_rewind": after_rewind, "diverged": p.logits.copy(),
-                "bytes": payload_bytes(engine, p.export_state()), "reused": p.prefilled_total}
+        out = {"after_rewind": after_rewind, "diverged": p.logits.copy(),
+               "bytes": payload_bytes(engine, p.export_state()), "reused": p.prefilled_total}
+        # an interrupt stops every rank at a chunk boundary; the next sync goes on from there
+        from ds4agent.engine.errors import Interrupted
+
+        engine.chunk = 4
+        q, asked = engine.new_session(), []
+        try:
+            q.sync(TOKENS, should_stop=lambda: asked.append(1) or len(asked) > 2)
+        except Interrupted:
+            out["interrupted_at"] = q.tokens
+        q.sync(TOKENS)
+        out["resumed"] = q.logits.copy()
+        return out
     finally:
         engine.close()
 
@@ -235,6 +247,9 @@ def test_snapshots_and_rewind_reach_every_rank(micro_path, single):
     assert np.array_equal(got["diverged"], s.logits)
     assert got["bytes"] == payload_bytes(single, s.export_state())
     assert got["reused"] == 10 + 5 + 1 + 2  # the diverging sync prefilled 2 tokens, not 12
+    assert got["interrupted_at"] == tuple(TOKENS[:8])  # two chunks of 4 ran before the stop
+    s.sync(TOKENS)
+    assert np.array_equal(got["resumed"], s.logits)
 
 
 def test_three_ranks_pass_activations_and_state_along_the_ring(micro_path, single):
