@@ -167,6 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="print a model's shape, quant types, sizes and memory estimate")
     p.add_argument("model_path", metavar="MODEL")
     p.add_argument("--ctx", type=int, default=100_000, help="context for the KV estimate (default: 100000)")
+    p.add_argument("--pipeline", type=int, metavar="N", default=None,
+                   help="also print the memory each of N pipeline ranks needs")
+    p.add_argument("--pipeline-split", metavar="L1[,L2..]", default=None, type=_split,
+                   help="first layer of ranks 1.. (default: balanced by weight bytes)")
 
     p = sub.add_parser("convert", help="convert the official DeepSeek-V4-Flash safetensors to an MLX directory")
     p.add_argument("source", help="directory of the official checkpoint (safetensors)")

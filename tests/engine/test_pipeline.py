@@ -77,7 +77,9 @@ def _logits_for_chunkings(path, split, chunks):
     engine = pipeline.launch(path, ctx=CTX, ranks=2, split=split)
     try:
         out = {"ranges": engine.ranges, "layers": len(engine.weights.layers),
-               "head": engine.weights.output is not None, "embedding": engine.weights.token_embd is not None}
+               "head": engine.weights.output is not None, "embedding": engine.weights.token_embd is not None,
+               # waits sleep in select() on MLX's socket from the left neighbour (found, not polled)
+               "left_socket": engine.link._left is not None}
         for chunk in chunks:
             engine.chunk = chunk
             out[chunk] = engine.new_session().forward_all(TOKENS)
@@ -209,6 +211,7 @@ def test_two_ranks_give_the_single_process_logits_for_every_chunking(micro_path,
     assert got["ranges"] == [(0, split[0]), (split[0], 4)]
     # rank 0 loaded only its layers and the embedding; the head lives on rank 1
     assert got["layers"] == split[0] and got["embedding"] and not got["head"]
+    assert got["left_socket"]
     for chunk in chunks:
         single.chunk = chunk
         want = single.new_session().forward_all(TOKENS)
@@ -377,3 +380,27 @@ def test_the_headless_agent_samples_the_same_tokens_on_a_pipeline(tmp_path):
     assert alone[1] == [12] and len(alone[0]) > 12
     assert piped == alone  # the same 12 sampled tokens
     assert piped_line.startswith(f"{model_line} on a pipeline of 2 (rank 0: layers 0-")
+
+
+def test_info_prints_the_memory_each_rank_needs(tmp_path, capsys):
+    from ds4agent import cli
+    from ds4agent.engine.gguf import GGUFFile
+    from ds4agent.engine.info import model_info, payload_bytes, rank_plans
+    from tests.weights.flashfile import write_sparse_flash
+
+    # the real q2 directory over a file hole: only the header is read, never tensor data
+    path = write_sparse_flash(tmp_path / "ds4flash-q2.gguf")
+    info = model_info(path, ctx=100_000)
+    ranges = pipeline.plan_ranges(path, 2)
+    assert ranges == [(0, 21), (21, 43)]  # balanced by bytes: the embedding tips layer 21 over
+    with GGUFFile.open(path) as gf:
+        plans = rank_plans(gf.tensors.values(), info.config, 100_000, ranges)
+    # every tensor and every layer's state is on exactly one rank
+    assert sum(p.weights for p in plans) == info.plan.weights
+    assert sum(p.experts for p in plans) == info.plan.experts
+    assert sum(p.state for p in plans) == payload_bytes(info.config, 100_000) - 52 - 8 * 43
+    assert cli.main(["info", str(path), "--pipeline", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "pipeline    2 ranks (memory per rank at --ctx 100000):" in out
+    assert "rank 0: layers 0-20 + embedding: weights 4.73 GiB, routed experts 35.44 GiB" in out
+    assert "rank 1: layers 21-42 + output head: weights 4.56 GiB, routed experts 37.12 GiB" in out
