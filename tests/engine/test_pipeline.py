@@ -404,3 +404,34 @@ def test_info_prints_the_memory_each_rank_needs(tmp_path, capsys):
     assert "pipeline    2 ranks (memory per rank at --ctx 100000):" in out
     assert "rank 0: layers 0-20 + embedding: weights 4.73 GiB, routed experts 35.44 GiB" in out
     assert "rank 1: layers 21-42 + output head: weights 4.56 GiB, routed experts 37.12 GiB" in out
+
+
+def _over_ssh(path, hosts, stub_dir):
+    # `ssh HOST CMD` runs CMD here (a stand-in for the second machine), so the hosts-file path
+    # is exercised end to end: the ring file written remotely, MLX_RANK set, the worker started.
+    os.environ["PATH"] = f"{stub_dir}{os.pathsep}{os.environ['PATH']}"
+    engine = pipeline.launch(path, ctx=CTX, hosts=hosts, port=pipeline._free_ports(1)[0])
+    try:
+        s = engine.new_session()
+        s.sync(TOKENS[:12])
+        return {"logits": s.logits.copy(), "ranges": engine.ranges}
+    finally:
+        engine.close()
+
+
+def test_a_hosts_file_starts_the_other_ranks_over_ssh(micro_path, single, tmp_path):
+    import json
+    import stat
+
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "ssh").write_text('#!/bin/sh\n[ "$1" = second-mac ] || exit 255\nshift\nexec /bin/sh -c "$1"\n')
+    (stub / "ssh").chmod(stat.S_IRWXU)
+    hosts = tmp_path / "hosts.json"  # mlx.distributed_config's format
+    hosts.write_text(json.dumps({"backend": "ring", "envs": [], "hosts": [
+        {"ssh": "this-mac", "ips": ["127.0.0.1"]}, {"ssh": "second-mac", "ips": ["127.0.0.1"]}]}))
+    got = in_fresh_process(_over_ssh, micro_path, hosts, stub)
+    s = single.new_session()
+    s.sync(TOKENS[:12])
+    assert got["ranges"] == [(0, 2), (2, 4)]
+    assert np.array_equal(got["logits"], s.logits)
