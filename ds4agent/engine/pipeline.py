@@ -688,8 +688,9 @@ def launch(model_path, *, ctx: int, ranks: int | None = None, hosts=None,
            progress: Callable[[float], None] | None = None, timeout: float = TIMEOUT_S,
            port: int | None = None) -> PipelineEngine:
     """Start a pipeline: `ranks` local processes on 127.0.0.1, or one rank per host of an
-    `mlx.launch` hosts file (`hosts`; rank k>0 started over ssh in the same directory, with
-    the same model path and Python). This process is rank 0. Returns rank 0's engine."""
+    `mlx.launch` hosts file (`hosts`; rank k>0 started over ssh, as mlx.launch does, with the
+    same Python and model paths as here; the ring listens on `port` + rank, default 5930).
+    This process is rank 0. Returns rank 0's engine."""
     if (ranks is None) == (hosts is None):
         raise PipelineError("a pipeline needs either a number of local ranks or a hosts file")
     if _JOINED.locked():
@@ -727,7 +728,8 @@ def launch(model_path, *, ctx: int, ranks: int | None = None, hosts=None,
             if host_list is None:
                 argv = cmd
             else:
-                remote = (f"cd {shlex.quote(os.getcwd())} && MLX_RANK={k} MLX_HOSTFILE=$(mktemp) && "
+                # No cd: a worker needs only the model (an absolute path), not this directory.
+                remote = (f"MLX_RANK={k} MLX_HOSTFILE=$(mktemp) && "
                           f"echo {shlex.quote(ring)} > $MLX_HOSTFILE && export MLX_RANK MLX_HOSTFILE && "
                           f"exec {shlex.join(cmd)}")
                 argv = ["ssh", host_list[k]["ssh"], remote]
