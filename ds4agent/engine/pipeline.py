@@ -587,9 +587,7 @@ def serve(link: Link, part: Engine, ranges: Sequence[tuple[int, int]], *,
     while True:
         header = relay(link.recv_ints(_HEADER, prev, "waiting for a command", None))
         op, base, new, n, flag, n_dropped = header
-        if n_dropped:
-            for key in relay(link.recv_ints(n_dropped, prev, "receiving a command")):
-                states.pop(key, None)
+        dropped = relay(link.recv_ints(n_dropped, prev, "receiving a command")) if n_dropped else []
         if op == _STOP:
             return
         toks_list = relay(link.recv_ints(n, prev, "receiving tokens")) if op in (_FORWARD, _IMPORT) else []
@@ -626,6 +624,9 @@ def serve(link: Link, part: Engine, ranges: Sequence[tuple[int, int]], *,
             states[new] = SessionState(tokens=tuple(toks_list), logits=None, layers=layers).eval()
         else:
             raise PipelineError(f"unknown pipeline command {op}")
+        # After the command, so that a dropped key is never one the command still needed.
+        for key in dropped:
+            states.pop(key, None)
 
 
 # ---- starting the ranks ------------------------------------------------------------------------

@@ -435,3 +435,70 @@ def test_a_hosts_file_starts_the_other_ranks_over_ssh(micro_path, single, tmp_pa
     s.sync(TOKENS[:12])
     assert got["ranges"] == [(0, 2), (2, 4)]
     assert np.array_equal(got["logits"], s.logits)
+
+
+class _ScriptedLink:
+    """A stand-in Link for serve(): hands out scripted messages, records what is sent."""
+
+    def __init__(self, rank, messages):
+        self.rank, self.messages, self.sent = rank, list(messages), []
+
+    def recv_ints(self, n, src, what, timeout=None):
+        values = self.messages.pop(0)
+        assert len(values) == n, what
+        return list(values)
+
+    def recv(self, shape, dtype, src, what, timeout=None):
+        import mlx.core as mx
+
+        a = self.messages.pop(0)
+        assert tuple(a.shape) == tuple(shape), what
+        return mx.array(a)
+
+    def send(self, a, dst, what, timeout=None):
+        self.sent.append((dst, np.array(a)))
+
+    def send_ints(self, values, dst, what):
+        self.sent.append((dst, np.asarray(values)))
+
+
+def test_a_worker_forgets_the_states_rank_0_dropped(micro_path, single):
+    from ds4agent.engine import model
+
+    part = Engine.load(micro_path, ctx=CTX, layer_range=(2, 4))
+    c = part.config
+    # rank 0's side, computed here: R after layers 0-1 for two chunks
+    import mlx.core as mx
+
+    def r_after(tokens, state):
+        toks = mx.array(np.asarray(tokens, dtype=np.int32))
+        R, layers = model.run_layers(single.weights.layers[:2], c, state.layers[:2],
+                                     model.embed(single.weights, c, toks), toks, state.n_tokens,
+                                     first_layer=0)
+        return np.array(R), state
+
+    s = single.new_session()
+    R1, _ = r_after(TOKENS[:5], s._state)
+    s.sync(TOKENS[:5])
+    R2, _ = r_after(TOKENS[5:8], s._state)
+    F, X, STOP = pipeline._FORWARD, pipeline._EXPORT, pipeline._STOP
+    link = _ScriptedLink(1, [
+        [F, 0, 1, 5, 1, 0], TOKENS[:5], R1,          # key 1 = 5 tokens
+        [F, 1, 2, 3, 1, 1], [1], TOKENS[5:8], R2,    # key 2 = 8 tokens; rank 0 dropped key 1
+        [X, 2, 0, 8, 0, 0],                          # export key 2: fine
+        [STOP, 0, 0, 0, 0, 0],
+    ])
+    pipeline.serve(link, part, [(0, 2), (2, 4)])
+    s.sync(TOKENS[:8])
+    logits = [a for dst, a in link.sent if a.shape == (1, 512)]
+    assert len(logits) == 2 and np.array_equal(logits[1][0], s.logits)
+    # the export of key 2 holds layers 2-3 of the 8-token state, flattened in payload order
+    full = s.export_state()
+    want = np.concatenate([getattr(full.layers[li], f).reshape(-1) for li in (2, 3)
+                           for f in pipeline._LAYER_FIELDS if getattr(full.layers[li], f) is not None])
+    assert np.array_equal(link.sent[-1][1], want)
+    # key 1 is gone: asking for it now is an error (the worker kept only what rank 0 holds)
+    link = _ScriptedLink(1, [[F, 0, 1, 5, 1, 0], TOKENS[:5], R1, [F, 1, 2, 3, 1, 1], [1], TOKENS[5:8], R2,
+                             [X, 1, 0, 5, 0, 0]])
+    with pytest.raises(KeyError):
+        pipeline.serve(link, part, [(0, 2), (2, 4)])
