@@ -270,7 +270,8 @@ class Link:
         # (measured: an idle worker rank used half of this 2-core machine). All our receives come
         # from the left neighbour; wait in select() until its socket has data, then post it.
         start = time.monotonic()
-        self._wait_readable(timeout, what)
+        if src == (self.rank - 1) % self.size:
+            self._wait_readable(timeout, what)
         if timeout is not None:
             timeout = max(1.0, timeout - (time.monotonic() - start))
 
@@ -436,9 +437,14 @@ class PipelineEngine(Engine):
         return key
 
     def _adopt(self, state: RankState) -> RankState:
-        # Runs in whatever thread collects the state: only a list append (atomic).
-        weakref.finalize(state, self._dropped.append, state.key)
+        """Track a new state: once nothing here holds it, the other ranks forget their part."""
+        weakref.finalize(state, self._drop, state.key)
         return state
+
+    def _drop(self, key: int) -> None:
+        # Runs in whatever thread collects the state; sent with the next command.
+        with self._lock:
+            self._dropped.append(key)
 
     def _command(self, op: int, base: int, new: int, n: int, flag: int = 0,
                  tokens: Sequence[int] = ()) -> None:

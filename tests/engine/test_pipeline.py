@@ -502,3 +502,33 @@ def test_a_worker_forgets_the_states_rank_0_dropped(micro_path, single):
                              [X, 1, 0, 5, 0, 0]])
     with pytest.raises(KeyError):
         pipeline.serve(link, part, [(0, 2), (2, 4)])
+
+
+def test_rank_0_tells_the_other_ranks_every_state_it_drops(micro_path):
+    import gc
+
+    from ds4agent.engine.pipeline import PipelineEngine, RankState
+
+    class Recorder:
+        broken = None
+
+        def __init__(self):
+            self.sent = []
+
+        def send_ints(self, values, dst, what):
+            self.sent.append(list(values))
+
+    link = Recorder()
+    engine = PipelineEngine.attach(Engine.load(micro_path, ctx=CTX, layer_range=(0, 2)), link, [(0, 2), (2, 4)])
+    first = engine._adopt(RankState(tokens=(1,), logits=None, layers=(), key=engine._new_key()))
+    second = engine._adopt(RankState(tokens=(1, 2), logits=None, layers=(), key=engine._new_key()))
+    del first
+    gc.collect()
+    engine._command(pipeline._EXPORT, second.key, 0, 2)
+    assert link.sent == [[pipeline._EXPORT, 2, 0, 2, 0, 1], [1]]
+    # a state collected after a command went out rides with the next one
+    del second
+    gc.collect()
+    link.sent.clear()
+    engine._command(pipeline._STOP, 0, 0, 0)
+    assert link.sent == [[pipeline._STOP, 0, 0, 0, 0, 1], [2]]
