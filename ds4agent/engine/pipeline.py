@@ -740,7 +740,9 @@ def launch(model_path, *, ctx: int, ranks: int | None = None, hosts=None,
                           f"echo {shlex.quote(ring)} > $MLX_HOSTFILE && export MLX_RANK MLX_HOSTFILE && "
                           f"exec {shlex.join(cmd)}")
                 argv = ["ssh", host_list[k]["ssh"], remote]
-            workers.append(subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log))
+            # stdout: the worker's one "ready" line; stderr: its log (read back when it fails)
+            workers.append(subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                            stderr=log))
             log.close()
         part = Engine.load(model_path, ctx=ctx, chunk=chunk, progress=progress, layer_range=ranges[0])
 
@@ -752,6 +754,7 @@ def launch(model_path, *, ctx: int, ranks: int | None = None, hosts=None,
             return _worker_report(workers, logs.name)
 
         try:
+            _wait_ready(workers, max(timeout, CONNECT_TIMEOUT_S))
             link = Link(0, hostfile, connect_timeout=max(timeout, CONNECT_TIMEOUT_S), lost=lost)
         except PipelineError as err:
             detail = report()
@@ -763,6 +766,28 @@ def launch(model_path, *, ctx: int, ranks: int | None = None, hosts=None,
     # Stop the other ranks however this process ends (cli.entry runs exit handlers first).
     atexit.register(engine.close)
     return engine
+
+
+def _wait_ready(workers: Sequence[subprocess.Popen], timeout: float) -> None:
+    """Wait until every worker has loaded its layers and is about to join the ring.
+
+    Why before joining: MLX's ring set-up (mx.distributed.init) blocks in accept() holding the
+    GIL, so while it waits nothing else in this process runs, not even a timeout; a rank that
+    never comes would hang rank 0 for good. Each worker prints one "ready" line first."""
+    end = time.monotonic() + timeout
+    waiting = {p.stdout.fileno(): (k, p) for k, p in enumerate(workers, start=1)}
+    while waiting:
+        left = end - time.monotonic()
+        if left <= 0:
+            ranks = ", ".join(str(k) for k, _ in waiting.values())
+            raise PipelineError(f"pipeline rank {ranks} did not start within {timeout:.0f} s")
+        ready, _, _ = select.select(list(waiting), [], [], min(left, 0.5))
+        for fd in ready:
+            k, p = waiting.pop(fd)
+            line = p.stdout.readline()
+            if line.strip() != b"ready":
+                p.wait()
+                raise PipelineError(f"pipeline rank {k} exited (status {p.returncode}) before it was ready")
 
 
 def _worker_report(workers: Sequence[subprocess.Popen], log_dir: str) -> str:
@@ -801,6 +826,7 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
         if not 1 <= rank < len(ranges):
             raise PipelineError(f"MLX_RANK={rank} is not a worker rank of {len(ranges)}")
         part = Engine.load(args.model, ctx=args.ctx, layer_range=ranges[rank])
+        print("ready", flush=True)  # launch() joins the ring only once every rank is here
         link = Link(rank, os.environ.get("MLX_HOSTFILE", ""), connect_timeout=max(args.timeout, CONNECT_TIMEOUT_S))
         serve(link, part, ranges, timeout=args.timeout)
     except (EngineError, RuntimeError) as err:

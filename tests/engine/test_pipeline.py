@@ -435,6 +435,22 @@ def test_a_hosts_file_starts_the_other_ranks_over_ssh(micro_path, single, tmp_pa
     s.sync(TOKENS[:12])
     assert got["ranges"] == [(0, 2), (2, 4)]
     assert np.array_equal(got["logits"], s.logits)
+    # a host ssh cannot reach: a clear error naming the rank and what it said, not a 2-minute wait
+    hosts.write_text(json.dumps({"hosts": [{"ssh": "this-mac", "ips": ["127.0.0.1"]},
+                                           {"ssh": "unknown-mac", "ips": ["127.0.0.1"]}]}))
+    (stub / "ssh").write_text('#!/bin/sh\necho "ssh: Could not resolve hostname $1" >&2\nexit 255\n')
+    message = in_fresh_process(_failed_start, micro_path, hosts, stub)
+    assert message.startswith("pipeline rank 1 exited (status 255): ssh: Could not resolve hostname "
+                              "unknown-mac (while connecting)"), message
+
+
+def _failed_start(path, hosts, stub_dir):
+    os.environ["PATH"] = f"{stub_dir}{os.pathsep}{os.environ['PATH']}"
+    try:
+        pipeline.launch(path, ctx=CTX, hosts=hosts, port=pipeline._free_ports(1)[0])
+    except PipelineError as err:
+        return str(err)
+    return "started"
 
 
 class _ScriptedLink:
