@@ -10,7 +10,7 @@ Measured:
   * the bytes the protocol sends per token (command + token id to each worker rank, the residual
     R [1, hc, E] f32 across each boundary, one row of logits [V] f32 back to rank 0);
   * the ring's one-way cost per message size, from two extra local processes bouncing arrays
-    through pipeline.Link (the path the pipeline uses: select wait, link thread, MLX send/recv).
+    through ring.Link (the path the pipeline uses: select wait, link thread, MLX send/recv).
 
 Target (exit status 1 above it): added time per token <= 10% of the single-process step plus
 2 ms per rank boundary (issue 12). Then a projection for the real shape (DS4 Flash: hc 4 x width
@@ -36,6 +36,8 @@ import numpy as np
 
 from ds4agent.engine import pipeline
 from ds4agent.engine.config import flash_config
+from ds4agent.engine.pipeline_launch import launch
+from ds4agent.engine.ring import Link, free_ports
 from ds4agent.engine.session import Engine
 from ds4agent.engine.testmodel import make_test_model
 
@@ -75,7 +77,7 @@ def decode_alternately(sessions, prompt: list[int], n: int) -> tuple[list[list[f
 def ping_pong(sizes: list[int], rounds: int) -> dict[int, float]:
     """One-way seconds per message of each size (bytes) between two fresh local ranks: the median
     round trip / 2. Fresh processes: MLX keeps one ring per process (this one has the pipeline's)."""
-    ports = pipeline._free_ports(2)
+    ports = free_ports(2)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump([[f"127.0.0.1:{p}"] for p in ports], fh)
     try:
@@ -91,7 +93,7 @@ def ping_pong(sizes: list[int], rounds: int) -> dict[int, float]:
 def _ping_rank(rank: int, hostfile: str, sizes: list[int], rounds: int) -> None:
     import mlx.core as mx
 
-    link = pipeline.Link(rank, hostfile)
+    link = Link(rank, hostfile)
     other = 1 - rank
     result = {}
     for size in sizes:
@@ -133,7 +135,7 @@ def main(argv=None) -> int:
         prompt = np.random.default_rng(1).integers(100, 120_000, args.prompt).tolist()
         one = Engine.load(path, ctx=ctx)
         config = one.config
-        two = pipeline.launch(path, ctx=ctx, ranks=2)
+        two = launch(path, ctx=ctx, ranks=2)
         try:
             ranges = two.ranges
             s_one, s_two = one.new_session(), two.new_session()

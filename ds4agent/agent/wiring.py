@@ -16,10 +16,10 @@ from ds4agent.agent.settings import AgentSettings
 def engine_loader(model_path: Path, ctx: int, *, ranks: int | None = None, hosts: str | None = None,
                   split: list[int] | None = None) -> Callable[[Callable[[float], None]], Any]:
     """A loader the worker thread runs: the model with progress (0..1), in this process or, with
-    `ranks` / `hosts`, split over a pipeline whose rank 0 is this process (engine/pipeline.py)."""
+    `ranks` / `hosts`, split over a pipeline whose rank 0 is this process (engine/pipeline_launch.py)."""
 
     def load(progress: Callable[[float], None]) -> Any:
-        from ds4agent.engine.pipeline import load_engine
+        from ds4agent.engine.pipeline_launch import load_engine
 
         return load_engine(model_path, ctx=ctx, progress=progress, ranks=ranks, hosts=hosts, split=split)
 

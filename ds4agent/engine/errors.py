@@ -28,6 +28,10 @@ class EngineLost(EngineError):
     session after journalling it, instead of failing every later turn the same way."""
 
 
+class PipelineError(EngineLost):
+    """A pipeline rank died, hung, or could not be started; the pipeline cannot continue."""
+
+
 class ModelFileError(EngineError):
     """The weight file cannot be read: not a GGUF, truncated, unsupported version or value type."""
 

@@ -1,16 +1,19 @@
 """Pipeline parallelism: the model's layers split over the ranks of MLX's distributed ring.
 
-    engine = launch(model_path, ctx=..., ranks=2)              # local ranks on 127.0.0.1
-    engine = launch(model_path, ctx=..., hosts="hosts.json")   # one rank per machine (ssh)
-    s = engine.new_session(); s.sync(tokens); s.step(tok)      # the ordinary Session API
+    engine = pipeline_launch.launch(model_path, ctx=..., ranks=2)   # or hosts="hosts.json"
+    s = engine.new_session(); s.sync(tokens); s.step(tok)           # the ordinary Session API
     engine.close()
+
+This module is the model's side: the layer split, rank 0's Engine (PipelineEngine) and the loop
+the other ranks run (serve). ring.py moves the arrays; pipeline_launch.py starts the ranks.
 
 Rank 0 is this process: it holds the embedding and the first layers and runs the agent; rank k
 holds the next contiguous range of layers, the last rank also the output head. A forward pass of
-a chunk is: rank 0 sends every other rank the command (state keys and the chunk's token ids, which
-hash-routed layers need), runs its layers and sends the hyper-connection residual R [n, hc, E] f32
-to rank 1; each rank runs its layers and passes R on; the last rank runs the head and sends the
-logits (one row, or every row for dump-logits) back to rank 0. Nothing else crosses the network
+a chunk is: rank 0 sends the command (state keys and the chunk's token ids, which hash-routed
+layers need) down the chain — MLX's ring links neighbours only, so each rank passes it on — runs
+its layers and sends the hyper-connection residual R [n, hc, E] f32 to rank 1; each rank runs its
+layers and passes R on; the last rank runs the head and sends the logits (one row, or every row
+for dump-logits) to rank 0, its neighbour across the ring's wrap. Nothing else crosses the network
 per token. The per-layer math is model.run_layers, exactly what one process runs, and CPU results
 do not depend on where a graph is cut, so logits and state are bit-identical to one process.
 
@@ -21,31 +24,15 @@ command, so snapshots, rewind and sync's prefix reuse work unchanged and remote 
 rank 0 holds. Export gathers every rank's layers into one full payload (the KVC bytes equal a
 single-process save); import validates the whole payload on rank 0 first, then scatters the layers.
 
-Failure: all ring traffic runs on one long-lived thread of this module, and rank 0 waits for it
-with a timeout: a rank that dies closes its sockets (MLX reports the lost connection at once), one
-that hangs runs into the timeout; either way rank 0 raises PipelineError and the pipeline is
-finished (every later call raises the same error). Worker ranks wait for commands without a time
-limit and exit when rank 0's connection goes away.
-
-Transport: mx.distributed with the "ring" backend (TCP; over Thunderbolt IP between Macs), set
-up from MLX's own environment variables (MLX_RANK, MLX_HOSTFILE: a JSON list of each rank's
-"ip:port"), as `mlx.launch` does.
+Failure: rank 0 waits for every receive with a timeout (ring.Link); a lost rank is a
+PipelineError (an EngineLost: the agent journals the session and ends it). Worker ranks wait for
+commands without a time limit and exit when rank 0's connection goes away.
 """
 
 from __future__ import annotations
 
-import atexit
-import json
-import os
-import queue
-import select
-import shlex
-import socket
 import subprocess
-import sys
-import tempfile
 import threading
-import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -54,23 +41,16 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from .errors import EngineError, EngineLost
+from .errors import EngineError, PipelineError
+from .ring import TIMEOUT_S, Link
 from .session import Engine
 from .state import LayerState, SessionState, empty_layer
 
-# A receive on rank 0 may wait this long plus PER_TOKEN_S per token of the chunk before the
-# peer counts as hung (a dead peer is reported at once; this is for one that stopped answering).
-TIMEOUT_S = 120.0
-PER_TOKEN_S = 0.05
-CONNECT_TIMEOUT_S = 120.0  # all ranks loaded and connected (a model load is part of it)
+PER_TOKEN_S = 0.05  # added to a receive's timeout per token of the chunk
 
 _FORWARD, _EXPORT, _IMPORT, _STOP = 1, 2, 3, 4
 _HEADER = 6  # op, base key, new key, token count, flag (last_only), dropped-key count
 _LAYER_FIELDS = ("raw", "comp", "attn_kv", "attn_score", "index_comp", "index_kv", "index_score")
-
-
-class PipelineError(EngineLost):
-    """A pipeline rank died, hung, or could not be started; the pipeline cannot continue."""
 
 
 # ---- layer split ----------------------------------------------------------------------------------
@@ -157,198 +137,6 @@ def plan_ranges(model_path, ranks: int, split: Sequence[int] | None = None) -> l
             return ranges
         per, emb, head = gguf_layer_bytes(gf.tensors.values(), config)
     return balance(per, ranks, first_extra=emb, last_extra=head)
-
-
-# ---- ring traffic ------------------------------------------------------------------------------
-
-
-_JOINED = threading.Lock()  # held for good by the first Link of the process
-
-
-class Link:
-    """This process's rank in the ring. Every send and receive runs on one long-lived thread
-    (MLX streams are per thread, and a receive that never returns must not hold the caller):
-    the caller waits for it with a timeout and gets PipelineError instead of a hang."""
-
-    def __init__(self, rank: int, hostfile: str, *, connect_timeout: float = CONNECT_TIMEOUT_S,
-                 lost: Callable[[], str] | None = None):
-        """Join the ring as `rank` of the ring hostfile `hostfile` (JSON list of ["ip:port"] per
-        rank). `lost()` names a rank known to be gone ("" while all live): local ranks are
-        watched that way, so a rank that exits is reported at once, even while connecting."""
-        # MLX keeps the first ring it joins as the process's group for good (a second init returns
-        # it, connected to the first pipeline's peers): one pipeline per process.
-        if not _JOINED.acquire(blocking=False):
-            raise PipelineError("this process already joined a pipeline (MLX keeps one ring per process)")
-        self._jobs: queue.Queue = queue.Queue()
-        self._broken: str | None = None
-        self._lost = lost
-        self._thread = threading.Thread(target=self._serve, name="ds4agent-pipeline-link", daemon=True)
-        self._thread.start()
-
-        def connect():
-            # MLX reads its ring settings from the environment; set them only for this call so
-            # that programs the agent runs later do not inherit them.
-            saved = {k: os.environ.get(k) for k in ("MLX_RANK", "MLX_HOSTFILE")}
-            os.environ["MLX_RANK"], os.environ["MLX_HOSTFILE"] = str(rank), hostfile
-            try:
-                return mx.distributed.init(backend="ring", strict=True)
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-
-        self.group = self._call(connect, connect_timeout, "connecting the pipeline ranks")
-        self.rank, self.size = self.group.rank(), self.group.size()
-        self._left = _ring_socket_from_left(hostfile, rank)
-
-    def _serve(self) -> None:
-        while True:
-            fn, box, done = self._jobs.get()
-            try:
-                box.append((True, fn()))
-            except BaseException as err:  # reported to the waiting caller
-                box.append((False, err))
-            done.set()
-
-    def _call(self, fn: Callable, timeout: float | None, what: str):
-        if self._broken is not None:
-            raise PipelineError(self._broken)
-        done = threading.Event()
-        box: list = []
-        self._jobs.put((fn, box, done))
-        try:
-            finished = self._wait(done, timeout)
-        except BaseException:
-            # Interrupted while the ring is mid-message: the ranks are out of step for good.
-            self._broken = f"the pipeline was interrupted while {what}"
-            raise
-        if not finished:
-            self._broken = f"a pipeline rank did not answer within {timeout:.0f} s while {what}"
-            raise PipelineError(self._broken)
-        if finished is not True:
-            self._broken = f"pipeline {finished} while {what}"
-            raise PipelineError(self._broken)
-        ok, value = box[0]
-        if not ok:
-            self._broken = f"a pipeline rank was lost while {what} ({value})"
-            raise PipelineError(self._broken)
-        return value
-
-    def _wait(self, done: threading.Event, timeout: float | None) -> bool | str:
-        """True when done, False on timeout, or the lost() message of a rank that is gone."""
-        if self._lost is None:
-            return done.wait(timeout)
-        end = None if timeout is None else time.monotonic() + timeout
-        while True:
-            step = 0.2 if end is None else max(0.0, min(0.2, end - time.monotonic()))
-            if done.wait(step):
-                return True
-            gone = self._lost()
-            if gone:
-                return done.is_set() or gone
-            if end is not None and time.monotonic() >= end:
-                return False
-
-    @property
-    def broken(self) -> str | None:
-        return self._broken
-
-    def break_with(self, message: str) -> None:
-        self._broken = message
-
-    def send(self, a: mx.array, dst: int, what: str, timeout: float | None = TIMEOUT_S) -> None:
-        a = mx.contiguous(a)
-        mx.eval(a)  # evaluated here: a lazy graph cannot cross to the link's thread
-        self._call(lambda: mx.eval(mx.distributed.send(a, dst, group=self.group)), timeout, what)
-
-    def recv(self, shape: Sequence[int], dtype, src: int, what: str,
-             timeout: float | None = TIMEOUT_S) -> mx.array:
-        # MLX's ring polls a socket without sleeping while a receive is posted, so a rank that
-        # waits (for the next command, for the logits) would keep a CPU core busy the whole time
-        # (measured: an idle worker rank used half of this 2-core machine). All our receives come
-        # from the left neighbour; wait in select() until its socket has data, then post it.
-        start = time.monotonic()
-        if src == (self.rank - 1) % self.size:
-            self._wait_readable(timeout, what)
-        if timeout is not None:
-            timeout = max(1.0, timeout - (time.monotonic() - start))
-
-        def job():
-            out = mx.distributed.recv(tuple(shape), dtype, src, group=self.group)
-            mx.eval(out)
-            return out
-
-        return self._call(job, timeout, what)
-
-    def _wait_readable(self, timeout: float | None, what: str) -> None:
-        if self._left is None or self._broken is not None:
-            return  # not found: the posted receive waits (and polls) instead
-        end = None if timeout is None else time.monotonic() + timeout
-        while True:
-            step = 0.2 if self._lost is not None else None
-            if end is not None:
-                left = end - time.monotonic()
-                if left <= 0:
-                    self._broken = f"a pipeline rank did not answer within {timeout:.0f} s while {what}"
-                    raise PipelineError(self._broken)
-                step = left if step is None else min(step, left)
-            try:
-                ready, _, _ = select.select([self._left], [], [], step)
-            except (OSError, ValueError):
-                return  # the socket went away: the receive reports the lost connection
-            if ready:
-                return  # data or EOF: the receive gets the message or reports the lost peer
-            gone = self._lost() if self._lost is not None else ""
-            if gone:
-                self._broken = f"pipeline {gone} while {what}"
-                raise PipelineError(self._broken)
-
-    def send_ints(self, values: Sequence[int], dst: int, what: str) -> None:
-        self.send(mx.array(np.asarray(values, dtype=np.int32)), dst, what)
-
-    def recv_ints(self, n: int, src: int, what: str, timeout: float | None = TIMEOUT_S) -> list[int]:
-        return [int(v) for v in np.array(self.recv((n,), mx.int32, src, what, timeout))]
-
-
-def _ring_socket_from_left(hostfile: str, rank: int) -> int | None:
-    """The file descriptor of MLX's ring connection from our left neighbour, or None.
-
-    MLX's ring accepts that connection on this rank's own hostfile address (one per address),
-    so it is the one TCP socket of this process whose local address is ours and whose peer is
-    not. Found by looking at the process's sockets; used only to wait for readability (select),
-    never read, so MLX's own receive still gets every byte."""
-    try:
-        ip, port = json.loads(Path(hostfile).read_text())[rank][0].rsplit(":", 1)
-        ours = (socket.gethostbyname(ip), int(port))
-    except (OSError, ValueError, IndexError, KeyError, TypeError):
-        return None
-    found = []
-    for fd in _open_fds():
-        try:
-            sock = socket.socket(fileno=fd)
-        except OSError:
-            continue
-        try:
-            if sock.type == socket.SOCK_STREAM and sock.family == socket.AF_INET:
-                local, peer = sock.getsockname(), sock.getpeername()
-                if (local[0], local[1]) == ours and peer != local:
-                    found.append(fd)
-        except OSError:
-            pass
-        finally:
-            sock.detach()  # the descriptor stays MLX's
-    return found[0] if len(found) == 1 else None
-
-
-def _open_fds() -> list[int]:
-    for where in ("/proc/self/fd", "/dev/fd"):
-        try:
-            return sorted(int(name) for name in os.listdir(where) if name.isdigit())
-        except OSError:
-            continue
-    return list(range(3, 1024))
 
 
 # ---- state layout -------------------------------------------------------------------------------
@@ -633,210 +421,3 @@ def serve(link: Link, part: Engine, ranges: Sequence[tuple[int, int]], *,
         # After the command, so that a dropped key is never one the command still needed.
         for key in dropped:
             states.pop(key, None)
-
-
-# ---- starting the ranks ------------------------------------------------------------------------
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def read_hosts(path) -> list[dict]:
-    """An `mlx.launch` hosts file: {"hosts": [{"ssh": name, "ips": [ip, ...]}, ...]} (or the bare
-    list). Rank k runs on hosts[k]; rank 0 is this machine; the ring uses each host's first ip."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as err:
-        raise PipelineError(f"cannot read hosts file {path}: {err.strerror or err}") from None
-    except json.JSONDecodeError as err:
-        raise PipelineError(f"hosts file {path} is not JSON: {err}") from None
-    hosts = data.get("hosts") if isinstance(data, dict) else data
-    if not isinstance(hosts, list) or len(hosts) < 2:
-        raise PipelineError(f"hosts file {path} must list at least two hosts")
-    for i, h in enumerate(hosts):
-        if not (isinstance(h, dict) and isinstance(h.get("ssh"), str) and h.get("ips")
-                and all(isinstance(ip, str) for ip in h["ips"])):
-            raise PipelineError(f'hosts file {path}: host {i} needs "ssh" (a name) and "ips" (a list of '
-                                "addresses the ring connects to)")
-    return hosts
-
-
-def load_engine(model_path, *, ctx: int, chunk: int | None = None,
-                progress: Callable[[float], None] | None = None, ranks: int | None = None, hosts=None,
-                split: Sequence[int] | None = None) -> Engine:
-    """The engine a command runs: one process (Engine.load), or a pipeline when `ranks` (local
-    processes) or `hosts` (an mlx.launch hosts file) is given. Call close() when done."""
-    if ranks is None and hosts is None:
-        if split:
-            raise PipelineError("a pipeline split needs --pipeline N or --hosts FILE")
-        return Engine.load(model_path, ctx=ctx, chunk=chunk, progress=progress)
-    return launch(model_path, ctx=ctx, ranks=ranks, hosts=hosts, split=split, chunk=chunk,
-                  progress=progress)
-
-
-def worker_command(model_path, ctx: int, ranges: Sequence[tuple[int, int]], timeout: float) -> list[str]:
-    split = ",".join(str(a) for a, _ in ranges[1:])
-    return [sys.executable, "-m", "ds4agent.engine.pipeline", str(Path(model_path).resolve()),
-            "--ctx", str(ctx), "--split", split, "--timeout", str(timeout)]
-
-
-def launch(model_path, *, ctx: int, ranks: int | None = None, hosts=None,
-           split: Sequence[int] | None = None, chunk: int | None = None,
-           progress: Callable[[float], None] | None = None, timeout: float = TIMEOUT_S,
-           port: int | None = None) -> PipelineEngine:
-    """Start a pipeline: `ranks` local processes on 127.0.0.1, or one rank per host of an
-    `mlx.launch` hosts file (`hosts`; rank k>0 started over ssh, as mlx.launch does, with the
-    same Python and model paths as here; the ring listens on `port` + rank, default 5930).
-    This process is rank 0. Returns rank 0's engine."""
-    if (ranks is None) == (hosts is None):
-        raise PipelineError("a pipeline needs either a number of local ranks or a hosts file")
-    if _JOINED.locked():
-        raise PipelineError("this process already joined a pipeline (MLX keeps one ring per process)")
-    host_list = read_hosts(hosts) if hosts is not None else None
-    n = len(host_list) if host_list is not None else int(ranks)
-    if n < 2:
-        raise PipelineError(f"a pipeline needs at least 2 ranks (got {n})")
-    ranges = plan_ranges(model_path, n, split)
-    if host_list is None:
-        addrs = [f"127.0.0.1:{p}" for p in _free_ports(n)]
-    else:
-        base = port or 5930
-        addrs = [f"{h['ips'][0]}:{base + i}" for i, h in enumerate(host_list)]
-    ring = json.dumps([[a] for a in addrs])
-    fd, hostfile = tempfile.mkstemp(prefix="ds4agent-ring-", suffix=".json")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(ring)
-    logs = tempfile.TemporaryDirectory(prefix="ds4agent-ranks-")
-    cmd = worker_command(model_path, ctx, ranges, timeout)
-    workers: list[subprocess.Popen] = []
-
-    def cleanup() -> None:
-        for p in workers:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        Path(hostfile).unlink(missing_ok=True)
-        logs.cleanup()
-
-    try:
-        for k in range(1, n):
-            log = open(os.path.join(logs.name, f"rank{k}.log"), "wb")  # noqa: SIM115 (kept by Popen)
-            env = {**os.environ, "MLX_RANK": str(k), "MLX_HOSTFILE": hostfile}
-            if host_list is None:
-                argv = cmd
-            else:
-                # No cd: a worker needs only the model (an absolute path), not this directory.
-                remote = (f"MLX_RANK={k} MLX_HOSTFILE=$(mktemp) && "
-                          f"echo {shlex.quote(ring)} > $MLX_HOSTFILE && export MLX_RANK MLX_HOSTFILE && "
-                          f"exec {shlex.join(cmd)}")
-                argv = ["ssh", host_list[k]["ssh"], remote]
-            # stdout: the worker's one "ready" line; stderr: its log (read back when it fails)
-            workers.append(subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                            stderr=log))
-            log.close()
-        part = Engine.load(model_path, ctx=ctx, chunk=chunk, progress=progress, layer_range=ranges[0])
-
-        def lost() -> str:
-            return next((f"rank {k} exited (status {p.poll()})" for k, p in enumerate(workers, start=1)
-                         if p.poll() is not None), "")
-
-        def report() -> str:
-            return _worker_report(workers, logs.name)
-
-        try:
-            _wait_ready(workers, max(timeout, CONNECT_TIMEOUT_S))
-            link = Link(0, hostfile, connect_timeout=max(timeout, CONNECT_TIMEOUT_S), lost=lost)
-        except PipelineError as err:
-            detail = report()
-            raise PipelineError(f"pipeline {detail} (while connecting)" if detail else str(err)) from None
-    except BaseException:
-        cleanup()
-        raise
-    engine = PipelineEngine.attach(part, link, ranges, workers, cleanup, timeout, report)
-    # Stop the other ranks however this process ends (cli.entry runs exit handlers first).
-    atexit.register(engine.close)
-    return engine
-
-
-def _wait_ready(workers: Sequence[subprocess.Popen], timeout: float) -> None:
-    """Wait until every worker has loaded its layers and is about to join the ring.
-
-    Why before joining: MLX's ring set-up (mx.distributed.init) blocks in accept() holding the
-    GIL, so while it waits nothing else in this process runs, not even a timeout; a rank that
-    never comes would hang rank 0 for good. Each worker prints one "ready" line first."""
-    end = time.monotonic() + timeout
-    waiting = {p.stdout.fileno(): (k, p) for k, p in enumerate(workers, start=1)}
-    while waiting:
-        left = end - time.monotonic()
-        if left <= 0:
-            ranks = ", ".join(str(k) for k, _ in waiting.values())
-            raise PipelineError(f"pipeline rank {ranks} did not start within {timeout:.0f} s")
-        ready, _, _ = select.select(list(waiting), [], [], min(left, 0.5))
-        for fd in ready:
-            k, p = waiting.pop(fd)
-            line = p.stdout.readline()
-            if line.strip() != b"ready":
-                p.wait()
-                raise PipelineError(f"pipeline rank {k} exited (status {p.returncode}) before it was ready")
-
-
-def _worker_report(workers: Sequence[subprocess.Popen], log_dir: str) -> str:
-    """Which local ranks exited, with the last lines each wrote ("" when all run)."""
-    lines = []
-    for k, p in enumerate(workers, start=1):
-        code = p.poll()
-        if code is None:
-            continue
-        try:
-            tail = Path(log_dir, f"rank{k}.log").read_text(errors="replace").strip().splitlines()[-3:]
-        except OSError:
-            tail = []
-        tail = [t for t in tail if not t.startswith("[ring]")]
-        lines.append(f"rank {k} exited (status {code})" + (": " + " / ".join(tail) if tail else ""))
-    return "; ".join(lines)
-
-
-def worker_main(argv: Sequence[str] | None = None) -> int:
-    """`python -m ds4agent.engine.pipeline MODEL --ctx N --split S --timeout T`: one worker rank
-    (MLX_RANK / MLX_HOSTFILE in the environment, as launch() or mlx.launch set them)."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="ds4agent-pipeline-rank")
-    p.add_argument("model")
-    p.add_argument("--ctx", type=int, required=True)
-    p.add_argument("--split", required=True)
-    p.add_argument("--timeout", type=float, default=TIMEOUT_S)
-    args = p.parse_args(argv)
-    rank = int(os.environ.get("MLX_RANK", "-1"))
-    split = [int(s) for s in args.split.split(",") if s]
-    try:
-        from .gguf import GGUFFile  # noqa: F401  (import errors show before the ring starts)
-
-        ranges = plan_ranges(args.model, len(split) + 1, split)
-        if not 1 <= rank < len(ranges):
-            raise PipelineError(f"MLX_RANK={rank} is not a worker rank of {len(ranges)}")
-        part = Engine.load(args.model, ctx=args.ctx, layer_range=ranges[rank])
-        print("ready", flush=True)  # launch() joins the ring only once every rank is here
-        link = Link(rank, os.environ.get("MLX_HOSTFILE", ""), connect_timeout=max(args.timeout, CONNECT_TIMEOUT_S))
-        serve(link, part, ranges, timeout=args.timeout)
-    except (EngineError, RuntimeError) as err:
-        print(f"ds4agent pipeline rank {rank}: {err}", file=sys.stderr, flush=True)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    code = worker_main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # skip MLX's C++ teardown (cli.entry explains why)

@@ -16,8 +16,10 @@ import traceback
 import numpy as np
 import pytest
 
-from ds4agent.engine import pipeline
-from ds4agent.engine.pipeline import PipelineError, balance, ranges_from_split
+from ds4agent.engine import pipeline, pipeline_launch
+from ds4agent.engine.errors import PipelineError
+from ds4agent.engine.pipeline import balance, ranges_from_split
+from ds4agent.engine.ring import free_ports
 from ds4agent.engine.session import Engine
 from ds4agent.engine.testmodel import make_test_model
 
@@ -74,7 +76,7 @@ def in_fresh_process(fn, *args):
 
 
 def _logits_for_chunkings(path, split, chunks):
-    engine = pipeline.launch(path, ctx=CTX, ranks=2, split=split)
+    engine = pipeline_launch.launch(path, ctx=CTX, ranks=2, split=split)
     try:
         out = {"ranges": engine.ranges, "layers": len(engine.weights.layers),
                "head": engine.weights.output is not None, "embedding": engine.weights.token_embd is not None,
@@ -94,7 +96,7 @@ def _logits_for_chunkings(path, split, chunks):
 
 
 def _sessions_both_ways(path, alone_payload):
-    engine = pipeline.launch(path, ctx=CTX, ranks=2)
+    engine = pipeline_launch.launch(path, ctx=CTX, ranks=2)
     try:
         s = engine.new_session()
         s.sync(TOKENS)
@@ -108,7 +110,7 @@ def _sessions_both_ways(path, alone_payload):
 
 
 def _snapshots(path):
-    engine = pipeline.launch(path, ctx=CTX, ranks=2)
+    engine = pipeline_launch.launch(path, ctx=CTX, ranks=2)
     try:
         p = engine.new_session()
         p.sync(TOKENS[:10])
@@ -137,7 +139,7 @@ def _snapshots(path):
 
 
 def _three_ranks(path, alone_payload):
-    engine = pipeline.launch(path, ctx=CTX, ranks=3, split=[1, 3])
+    engine = pipeline_launch.launch(path, ctx=CTX, ranks=3, split=[1, 3])
     try:
         p = engine.new_session()
         p.sync(TOKENS[:15])
@@ -151,7 +153,7 @@ def _three_ranks(path, alone_payload):
 
 
 def _killed_rank(path):
-    engine = pipeline.launch(path, ctx=CTX, ranks=2)
+    engine = pipeline_launch.launch(path, ctx=CTX, ranks=2)
     try:
         p = engine.new_session()
         p.sync(TOKENS[:5])
@@ -169,7 +171,7 @@ def _killed_rank(path):
 
 
 def _hung_rank(path):
-    engine = pipeline.launch(path, ctx=CTX, ranks=2, timeout=1.0)
+    engine = pipeline_launch.launch(path, ctx=CTX, ranks=2, timeout=1.0)
     worker = engine._workers[0]
     try:
         p = engine.new_session()
@@ -280,18 +282,18 @@ def test_a_hung_rank_runs_into_the_timeout(micro_path):
 
 def test_bad_pipeline_requests_are_refused_before_anything_starts(micro_path, tmp_path):
     with pytest.raises(PipelineError, match="at least 2 ranks"):
-        pipeline.launch(micro_path, ctx=CTX, ranks=1)
+        pipeline_launch.launch(micro_path, ctx=CTX, ranks=1)
     with pytest.raises(PipelineError, match="cannot split 4 layers over 5 ranks"):
-        pipeline.launch(micro_path, ctx=CTX, ranks=5)
+        pipeline_launch.launch(micro_path, ctx=CTX, ranks=5)
     with pytest.raises(PipelineError, match=r"gives 3 ranks, not 2"):
-        pipeline.launch(micro_path, ctx=CTX, ranks=2, split=[1, 2])
+        pipeline_launch.launch(micro_path, ctx=CTX, ranks=2, split=[1, 2])
     bad = tmp_path / "hosts.json"
     bad.write_text('{"hosts": [{"ssh": "a"}]}')
     with pytest.raises(PipelineError, match="at least two hosts"):
-        pipeline.launch(micro_path, ctx=CTX, hosts=bad)
+        pipeline_launch.launch(micro_path, ctx=CTX, hosts=bad)
     bad.write_text('{"hosts": [{"ssh": "a", "ips": ["10.0.0.1"]}, {"ssh": "b"}]}')
     with pytest.raises(PipelineError, match='host 1 needs "ssh"'):
-        pipeline.launch(micro_path, ctx=CTX, hosts=bad)
+        pipeline_launch.launch(micro_path, ctx=CTX, hosts=bad)
 
 
 @pytest.mark.parametrize("layer_range", [(0, 1), (1, 3), (3, 4)])
@@ -410,7 +412,7 @@ def _over_ssh(path, hosts, stub_dir):
     # `ssh HOST CMD` runs CMD here (a stand-in for the second machine), so the hosts-file path
     # is exercised end to end: the ring file written remotely, MLX_RANK set, the worker started.
     os.environ["PATH"] = f"{stub_dir}{os.pathsep}{os.environ['PATH']}"
-    engine = pipeline.launch(path, ctx=CTX, hosts=hosts, port=pipeline._free_ports(1)[0])
+    engine = pipeline_launch.launch(path, ctx=CTX, hosts=hosts, port=free_ports(1)[0])
     try:
         s = engine.new_session()
         s.sync(TOKENS[:12])
@@ -447,7 +449,7 @@ def test_a_hosts_file_starts_the_other_ranks_over_ssh(micro_path, single, tmp_pa
 def _failed_start(path, hosts, stub_dir):
     os.environ["PATH"] = f"{stub_dir}{os.pathsep}{os.environ['PATH']}"
     try:
-        pipeline.launch(path, ctx=CTX, hosts=hosts, port=pipeline._free_ports(1)[0])
+        pipeline_launch.launch(path, ctx=CTX, hosts=hosts, port=free_ports(1)[0])
     except PipelineError as err:
         return str(err)
     return "started"
