@@ -206,7 +206,8 @@ class PipelineEngine(Engine):
         eng._report = report
         eng._next_key = 1
         eng._dropped: list[int] = []
-        eng._lock = threading.Lock()
+        # Re-entrant: a collection inside _command (an allocation under the lock) runs _drop.
+        eng._lock = threading.RLock()
         return eng
 
     @property
