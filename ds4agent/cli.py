@@ -87,6 +87,26 @@ def _add_device(parser: argparse.ArgumentParser, default: object = None) -> None
                         "Apple Silicon, CUDA with the cuda extra; else the CPU)")
 
 
+def _add_pipeline(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--pipeline", type=int, metavar="N", default=None,
+                       help="split the model's layers over N local processes (MLX ring backend on "
+                       "127.0.0.1; for trying a pipeline on one machine)")
+    where.add_argument("--hosts", metavar="FILE", default=None,
+                       help="split the model over the machines of an mlx.launch hosts file, one rank "
+                       "each (this machine is the first; the others are started over ssh)")
+    parser.add_argument("--pipeline-split", metavar="L1[,L2..]", default=None, type=_split,
+                        help="first layer of ranks 1.. (default: balanced by weight bytes)")
+
+
+def _split(text: str) -> list[int]:
+    try:
+        return [int(p) for p in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give the first layer of ranks 1.., "
+                                         "comma-separated (e.g. 22)") from None
+
+
 def _interactive_help(columns: int) -> str:
     """The slash commands and keys, from the one table both front ends use (ds4agent/ui/commands.py
     is pure logic: importing it pulls in no Textual), wrapped to the terminal."""
@@ -148,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plain", action="store_true",
                         help="line-mode interface (prompt_toolkit) instead of the full-screen app; "
                         "the default when stdout is not a terminal")
+    _add_pipeline(parser)
 
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -167,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk", type=int, default=None, help="prefill chunk size (default: one chunk)")
     p.add_argument("--ctx", type=int, default=None, help="context size (default: enough for the tokens)")
     p.add_argument("--out", required=True, help="output .npy file")
+    _add_pipeline(p)
 
     p = sub.add_parser("make-test-model", help="write a DS4-architecture GGUF with random weights")
     p.add_argument("out", help="output .gguf path")
@@ -196,6 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model_path", metavar="MODEL")
     p.add_argument("--ctx", type=int, default=100_000, help="context for the KV estimate (default: 100000)")
     _add_device(p, default=argparse.SUPPRESS)  # SUPPRESS: keep `ds4agent --device X info ...`
+    p.add_argument("--pipeline", type=int, metavar="N", default=None,
+                   help="also print the memory each of N pipeline ranks needs")
+    p.add_argument("--pipeline-split", metavar="L1[,L2..]", default=None, type=_split,
+                   help="first layer of ranks 1.. (default: balanced by weight bytes)")
 
     p = sub.add_parser("convert", help="convert the official DeepSeek-V4-Flash safetensors to an MLX directory")
     p.add_argument("source", help="directory of the official checkpoint (safetensors)")

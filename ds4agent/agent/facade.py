@@ -26,6 +26,7 @@ from typing import Any
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.settings import PERMISSION_MODES, THINK_MODES, AgentSettings
+from ds4agent.engine.errors import EngineLost
 
 # How a command's unexpected failure is reported (agent-reference.md §3 wording).
 _FAILED = {"new": "new session", "load": "load", "compact": "compaction", "turn": "turn"}
@@ -377,6 +378,7 @@ class Agent:
             return
         self._after_command()
         discard: bool | None = None  # None: keep the journal if there are unsaved turns
+        exit_status = 0
         while True:
             name, args = self._commands.get()
             if name == "_stop" or self._stopping.is_set():
@@ -389,13 +391,19 @@ class Agent:
                         break
                 else:
                     getattr(worker, "cmd_" + name)(*args)
+            except EngineLost as err:
+                # The engine cannot go on (a pipeline rank died): end here, keeping the journal.
+                self.emit(ev.Error(f"{_FAILED.get(name, name)} failed: {err}", fatal=True))
+                self._stopping.set()
+                exit_status = 1
+                break
             except Exception as err:  # noqa: BLE001 - every failure becomes a readable event
                 self.emit(ev.Error(f"{_FAILED.get(name, name)} failed: {err}"))
             self._after_command()
         try:
             worker.close(discard=discard)
         finally:
-            self.emit(ev.Exited(0))
+            self.emit(ev.Exited(exit_status))
 
     def _fail_start(self, message: str) -> None:
         """The worker ends without having started: leave nothing busy and nothing queued (the

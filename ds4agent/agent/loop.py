@@ -25,6 +25,7 @@ from typing import Any
 from ds4agent.agent import events as ev
 from ds4agent.agent.settings import AgentSettings
 from ds4agent.agent.transcript import Transcript
+from ds4agent.engine.errors import EngineLost
 from ds4agent.engine.template import THINK_MAX_MIN_CTX
 
 # Hard compaction reserve (agent-reference.md §8): a results turn must leave this much room.
@@ -264,6 +265,12 @@ class Worker:
                 if not more:
                     reason = result.reason if result.reason not in ("tools", "error", "thinking") else "done"
                     break
+        except EngineLost:
+            # No later turn can run (a pipeline rank is gone): journal what the turn got so far,
+            # then the facade ends the session with the error (the next start offers to resume).
+            self._close_round()
+            sessionops.journal_write(self)
+            raise
         except Exception as err:  # TurnAborted, engine failures, bugs: readable; the session stays usable
             reason, error = "error", str(err) or f"{type(err).__name__}: {err}"
             self._close_round()

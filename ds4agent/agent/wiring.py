@@ -13,15 +13,17 @@ from typing import Any
 from ds4agent.agent.settings import AgentSettings
 
 
-def engine_loader(model_path: Path, ctx: int,
-                  device: str | None = None) -> Callable[[Callable[[float], None]], Any]:
-    """A loader the worker thread runs: Engine.load with progress (0..1) on `device` (None: the
-    GPU when there is one)."""
+def engine_loader(model_path: Path, ctx: int, device: str | None = None, *, ranks: int | None = None,
+                  hosts: str | None = None, split: list[int] | None = None) -> Callable[[Callable[[float], None]], Any]:
+    """A loader the worker thread runs: the model with progress (0..1), in this process on `device`
+    (None: the GPU when there is one) or, with `ranks` / `hosts`, split over a pipeline whose rank 0
+    is this process (engine/pipeline_launch.py)."""
 
     def load(progress: Callable[[float], None]) -> Any:
-        from ds4agent.engine.session import Engine
+        from ds4agent.engine.pipeline_launch import load_engine
 
-        return Engine.load(model_path, ctx=ctx, progress=progress, device=device)
+        return load_engine(model_path, ctx=ctx, progress=progress, ranks=ranks, hosts=hosts, split=split,
+                           device=device)
 
     return load
 
@@ -38,4 +40,7 @@ def build_from_args(args: Any) -> tuple[Any, Any, Any, AgentSettings]:
     store = open_store(settings.kv_dir)
     from ds4agent.tools.base import default_tools
 
-    return engine_loader(model_path, settings.ctx, getattr(args, "device", None)), store, default_tools(), settings
+    pipeline = {k: v for k, v in (("ranks", getattr(args, "pipeline", None)), ("hosts", getattr(args, "hosts", None)),
+                                  ("split", getattr(args, "pipeline_split", None))) if v is not None}
+    return (engine_loader(model_path, settings.ctx, getattr(args, "device", None), **pipeline), store,
+            default_tools(), settings)

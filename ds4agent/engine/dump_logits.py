@@ -2,6 +2,7 @@
 
     ds4agent dump-logits --model M --tokens 1,2,3 [--chunk N] [--ctx N] --out F.npy
     ds4agent dump-logits --model M --prompt-file P.txt ... --out F.npy
+    ds4agent dump-logits ... --pipeline 2      (or --hosts FILE: the model split over ranks)
 
 Writes float32 [n_tokens, vocab]: row i = the logits after token i (i.e. the distribution of
 token i+1), prefilled in chunks of N on the absolute grid (default: one chunk holding every
@@ -57,9 +58,11 @@ def prompt_file_tokens(path: str | os.PathLike[str]) -> list[int]:
 
 
 def dump_logits(model_path: str | os.PathLike[str], tokens: list[int], *, chunk: int | None = None,
-                ctx: int | None = None) -> np.ndarray:
-    """Logits after every token, float32 [len(tokens), vocab]."""
-    from .session import Engine
+                ctx: int | None = None, ranks: int | None = None, hosts=None,
+                split: list[int] | None = None) -> np.ndarray:
+    """Logits after every token, float32 [len(tokens), vocab] (with `ranks` or `hosts`: on a
+    pipeline, engine/pipeline_launch.py; the same bits)."""
+    from .pipeline_launch import load_engine
 
     if chunk is not None and chunk < 1:
         raise DumpError(f"--chunk must be at least 1 (got {chunk})")
@@ -68,9 +71,12 @@ def dump_logits(model_path: str | os.PathLike[str], tokens: list[int], *, chunk:
     if ctx < n:
         raise DumpError(f"{n} tokens do not fit --ctx {ctx}")
     # Default: one chunk with every token (the issue's definition), whatever the ctx grid says.
-    engine = Engine.load(model_path, ctx=ctx, chunk=chunk or max(n, 1))
-    session = engine.new_session()
-    return session.forward_all(tokens)
+    engine = load_engine(model_path, ctx=ctx, chunk=chunk or max(n, 1), ranks=ranks, hosts=hosts,
+                         split=split)
+    try:
+        return engine.new_session().forward_all(tokens)
+    finally:
+        engine.close()
 
 
 def save_npy_atomic(path: str | os.PathLike[str], array: np.ndarray) -> None:
@@ -93,7 +99,8 @@ def main(args) -> int:
             tokens = parse_token_list(args.token_list)
         else:
             tokens = prompt_file_tokens(args.prompt_file)
-        logits = dump_logits(model, tokens, chunk=args.chunk, ctx=args.ctx)
+        logits = dump_logits(model, tokens, chunk=args.chunk, ctx=args.ctx, ranks=args.pipeline,
+                             hosts=args.hosts, split=args.pipeline_split)
         save_npy_atomic(args.out, logits.astype(np.float32, copy=False))
         return f"wrote {args.out}: float32 {logits.shape[0]} x {logits.shape[1]}"
 

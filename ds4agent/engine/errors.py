@@ -23,6 +23,15 @@ class Interrupted(EngineError):
         self.total = total
 
 
+class EngineLost(EngineError):
+    """The engine cannot go on (a pipeline rank died or stopped answering): the agent ends the
+    session after journalling it, instead of failing every later turn the same way."""
+
+
+class PipelineError(EngineLost):
+    """A pipeline rank died, hung, or could not be started; the pipeline cannot continue."""
+
+
 class ModelFileError(EngineError):
     """The weight file cannot be read: not a GGUF, truncated, unsupported version or value type."""
 

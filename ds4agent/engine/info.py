@@ -83,9 +83,15 @@ def payload_bytes(cfg, tokens: int) -> int:
     40,960*floor(T/128).)
     """
     t = int(tokens)
-    total = 52 + 4 * t + 4 * cfg.vocab + 2 * 4 * cfg.n_layers
+    return 52 + 4 * t + 4 * cfg.vocab + 2 * 4 * cfg.n_layers + layers_state_bytes(cfg, t, range(cfg.n_layers))
+
+
+def layers_state_bytes(cfg, tokens: int, layers: range) -> int:
+    """The per-layer part of payload_bytes for `layers` (a pipeline rank holds only its own)."""
+    t = int(tokens)
+    total = 0
     rows = min(t, cfg.window)
-    for layer in range(cfg.n_layers):
+    for layer in layers:
         r = cfg.ratios[layer]
         total += rows * cfg.head_dim * 4
         if r == 0:
@@ -164,6 +170,32 @@ def memory_plan(tensors, cfg, ctx: int) -> MemoryPlan:
             weights += _memory_bytes(ti.name, ti.type_name, ti.n_elements, ti.nbytes)
     return MemoryPlan(weights=weights, experts=_distinct_bytes(expert_ranges),
                       state=payload_bytes(cfg, ctx), working=working_bytes(cfg, ctx))
+
+
+def rank_plans(tensors, cfg, ctx: int, ranges: list[tuple[int, int]]) -> list[MemoryPlan]:
+    """The memory plan of each rank of a pipeline (engine/pipeline.py): its tensors (its layers,
+    the embedding on rank 0, the head on the last rank), its layers' state at `ctx` (rank 0 also
+    the token ids and the logits row) and one chunk's working buffers."""
+    from .weights import tensor_in_range
+
+    tensors = list(tensors)
+    plans = []
+    for k, (a, b) in enumerate(ranges):
+        own = memory_plan([ti for ti in tensors if tensor_in_range(ti.name, cfg, (a, b))], cfg, ctx)
+        state = layers_state_bytes(cfg, ctx, range(a, b)) + (4 * ctx + 4 * cfg.vocab if k == 0 else 0)
+        plans.append(MemoryPlan(weights=own.weights, experts=own.experts, state=state, working=own.working))
+    return plans
+
+
+def format_rank_plans(ranges: list[tuple[int, int]], plans: list[MemoryPlan], ctx: int) -> str:
+    lines = [f"pipeline    {len(ranges)} ranks (memory per rank at --ctx {ctx}):"]
+    for k, ((a, b), p) in enumerate(zip(ranges, plans, strict=True)):
+        extra = " + embedding" if k == 0 else ""
+        extra += " + output head" if k == len(ranges) - 1 else ""
+        lines.append(f"            rank {k}: layers {a}-{b - 1}{extra}: weights {_size(p.weights)}, routed "
+                     f"experts {_size(p.experts)}, state {_size(p.state)}, working {_size(p.working)}; "
+                     f"peak {_size(p.peak)}")
+    return "\n".join(lines)
 
 
 def physical_memory() -> int:
@@ -371,14 +403,27 @@ def format_info(info: ModelInfo, device=None) -> str:
 
 
 def main(args) -> int:
-    """`ds4agent info MODEL [--ctx N]`."""
+    """`ds4agent info MODEL [--ctx N] [--pipeline N [--pipeline-split L,..]]`."""
     from .device import choose_device
 
     try:
         info = model_info(args.model_path, ctx=args.ctx)
         device = choose_device(getattr(args, "device", None))
+        text = format_info(info, device)
+        if getattr(args, "pipeline", None) is not None:
+            text += "\n\n" + _pipeline_text(args, info)
     except EngineError as err:
         print(f"ds4agent: {err}", file=sys.stderr)
         return 2
-    print(format_info(info, device))
+    print(text)
     return 0
+
+
+def _pipeline_text(args, info: ModelInfo) -> str:
+    from .gguf import GGUFFile
+    from .pipeline import plan_ranges
+
+    ranges = plan_ranges(args.model_path, args.pipeline, getattr(args, "pipeline_split", None))
+    with GGUFFile.open(args.model_path) as gf:
+        plans = rank_plans(gf.tensors.values(), info.config, info.ctx, ranges)
+    return format_rank_plans(ranges, plans, info.ctx)

@@ -36,7 +36,7 @@ from . import ops
 from .config import ModelConfig
 from .errors import EngineError
 from .state import FILL_KV, FILL_SCORE, LayerState, SessionState
-from .weights import AttentionWeights, CompressorWeights, FFNWeights, HCWeights, ModelWeights
+from .weights import AttentionWeights, CompressorWeights, FFNWeights, HCWeights, LayerWeights, ModelWeights
 
 F32 = mx.float32
 NEG_INF = float("-inf")
@@ -495,6 +495,37 @@ def output_head(w: ModelWeights, c: ModelConfig, R: mx.array) -> mx.array:
     return w.output(ops.rms_norm(e, w.output_norm, c.rms_eps))
 
 
+def embed(weights: ModelWeights, c: ModelConfig, toks: mx.array) -> mx.array:
+    """Token ids [n] -> the hyper-connection input R [n, hc, E] (f32; every stream = the embedding)."""
+    x0 = weights.token_embd[toks].astype(F32)
+    return mx.broadcast_to(x0[:, None, :], (toks.shape[0], c.hc_count, c.dim))
+
+
+def run_layers(layer_weights: Sequence[LayerWeights], c: ModelConfig, layer_states: Sequence[LayerState],
+               R: mx.array, toks: mx.array, p0: int, *, first_layer: int, rounding: bool = True,
+               trace: Trace | None = None,
+               profile: Profile | None = None) -> tuple[mx.array, tuple[LayerState, ...]]:
+    """Layers first_layer.. (as many as `layer_weights`) on R [n, hc, E] at positions p0..:
+    (R after them, their new states). `forward` runs every layer through this; a pipeline rank
+    runs its own contiguous range (engine/pipeline.py), so both run the same per-layer math."""
+    n = R.shape[0]
+    new_layers = []
+    for li, (lw, lay) in enumerate(zip(layer_weights, layer_states, strict=True), start=first_layer):
+        x, post, C = _call(profile, "hyper-connections", hc_pre, lw.hc_attn, R, c)
+        y, new_lay = _call(profile, "attention", attention_block, lw.attn, c, li, x, lay, p0, rounding,
+                           trace, profile)
+        R = _call(profile, "hyper-connections", hc_post, R, y, post, C)
+        x, post, C = _call(profile, "hyper-connections", hc_pre, lw.hc_ffn, R, c)
+        y = _call(profile, "ffn (norm, sum)", ffn_block, lw.ffn, c, li, x, toks, trace, profile)
+        R = _call(profile, "hyper-connections", hc_post, R, y, post, C)
+        new_layers.append(new_lay)
+        if n > 1:
+            # Prefill: materialise layer by layer (bounded graph and memory); decode builds the
+            # whole token as one graph.
+            mx.eval(R, *new_lay.arrays())
+    return R, tuple(new_layers)
+
+
 def forward(weights: ModelWeights, config: ModelConfig, state: SessionState,
             tokens: Sequence[int] | mx.array, *, rounding: bool = True, last_only: bool = False,
             trace: Trace | None = None, profile: Profile | None = None) -> tuple[mx.array, SessionState]:
@@ -519,24 +550,11 @@ def forward(weights: ModelWeights, config: ModelConfig, state: SessionState,
         raise EngineError(f"token id {bad[0]} is outside the vocabulary 0..{c.vocab - 1}")
     toks = mx.array(np.asarray(tok_list, dtype=np.int32))
     p0 = state.n_tokens
-    x0 = weights.token_embd[toks].astype(F32)
-    R = mx.broadcast_to(x0[:, None, :], (n, c.hc_count, c.dim))
-    new_layers = []
-    for li, (lw, lay) in enumerate(zip(weights.layers, state.layers, strict=True)):
-        x, post, C = _call(profile, "hyper-connections", hc_pre, lw.hc_attn, R, c)
-        y, new_lay = _call(profile, "attention", attention_block, lw.attn, c, li, x, lay, p0, rounding,
-                           trace, profile)
-        R = _call(profile, "hyper-connections", hc_post, R, y, post, C)
-        x, post, C = _call(profile, "hyper-connections", hc_pre, lw.hc_ffn, R, c)
-        y = _call(profile, "ffn (norm, sum)", ffn_block, lw.ffn, c, li, x, toks, trace, profile)
-        R = _call(profile, "hyper-connections", hc_post, R, y, post, C)
-        new_layers.append(new_lay)
-        if n > 1:
-            # Prefill: materialise layer by layer (bounded graph and memory); decode builds the
-            # whole token as one graph.
-            mx.eval(R, *new_lay.arrays())
+    R = embed(weights, c, toks)
+    R, new_layers = run_layers(weights.layers, c, state.layers, R, toks, p0, first_layer=0,
+                               rounding=rounding, trace=trace, profile=profile)
     logits = _call(profile, "head", output_head, weights, c, R[-1:] if last_only else R)
     new_state = SessionState(tokens=state.tokens + tuple(tok_list), logits=logits[-1],
-                             layers=tuple(new_layers))
+                             layers=new_layers)
     mx.eval(logits, *new_state.arrays())
     return logits, new_state

@@ -131,10 +131,10 @@ def _payload_to_state(config, payload):
     return from_payload(payload, config).eval()
 
 
-def _load_weights(gf, config, progress):
+def _load_weights(gf, config, progress, layer_range=None):
     from .weights import load_weights
 
-    return load_weights(gf, config, progress=progress)
+    return load_weights(gf, config, progress=progress, layer_range=layer_range)
 
 
 def materialize(tree: Any) -> Any:
@@ -203,12 +203,15 @@ class Engine:
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, ctx: int,
              progress: Callable[[float], None] | None = None,
-             chunk: int | None = None, device: str | None = None) -> Engine:
+             chunk: int | None = None, device: str | None = None,
+             layer_range: tuple[int, int] | None = None) -> Engine:
         """Open a GGUF model, validate its metadata and tensors, and load the weights.
 
         `progress(fraction)` is called as weights load (0..1). `device`: "cpu", "gpu" or None
         (the GPU when there is one; see device.py). Raises EngineError subclasses with readable
         messages (missing file, not a GGUF, wrong metadata, wrong tensor type/shape).
+        `layer_range` (start, stop): load only a pipeline rank's part (engine/pipeline.py drives
+        such an engine; its own sessions cannot run the whole model).
         """
         from .config import from_metadata
         from .gguf import GGUFFile
@@ -226,6 +229,9 @@ class Engine:
             progress(0.0)
         if path.is_dir():  # an MLX directory written by `ds4agent convert` (WEIGHTS room's loader)
             from .convert import load_converted
+
+            if layer_range is not None:
+                raise EngineError(f"{path}: a pipeline runs GGUF files only, not converted MLX directories")
 
             config, weights, qbits = load_converted(path, progress=progress)
             engine = _construct(cls, path, config=config, weights=weights, ctx=ctx, quant_bits=qbits,
@@ -245,8 +251,13 @@ class Engine:
             # Before reading any weight: a model that cannot fit is refused with the numbers
             # (issue 13), instead of swapping and being killed half-way through the load.
             check_directory(gf, config)
-            check_fits(memory_plan(gf.tensors.values(), config, ctx), path)
-            weights = _load_weights(gf, config, progress)
+            tensors = gf.tensors.values()
+            if layer_range is not None:
+                from .weights import tensor_in_range
+
+                tensors = [ti for ti in tensors if tensor_in_range(ti.name, config, layer_range)]
+            check_fits(memory_plan(tensors, config, ctx), path)
+            weights = _load_weights(gf, config, progress, layer_range)
             qbits = quant_bits_of(gf)
             engine = _construct(cls, path, config=config, weights=weights, ctx=ctx, quant_bits=qbits,
                                 path=path, chunk=chunk)
@@ -267,6 +278,24 @@ class Engine:
 
     def new_session(self) -> Session:
         return Session(self)
+
+    def close(self) -> None:
+        """Release what the engine holds besides memory: a pipeline's other ranks
+        (engine/pipeline.py); nothing for one process."""
+
+    # The four operations a Session asks of its engine's model: a pipeline's rank 0
+    # (engine/pipeline.py) overrides them to run the other layers on the other ranks.
+    def empty_state(self):
+        return _empty_state(self.config)
+
+    def forward(self, state, tokens: Sequence[int], *, last_only: bool):
+        return _forward(self.weights, self.config, state, tokens, last_only=last_only)
+
+    def state_to_payload(self, state):
+        return _state_to_payload(self.config, state, self.ctx)
+
+    def payload_to_state(self, payload):
+        return _payload_to_state(self.config, payload)
 
 
 def _construct(cls, where: Path, **kw) -> Engine:
@@ -299,7 +328,7 @@ class Session:
 
     def __init__(self, engine: Engine):
         self.engine = engine
-        self._state = _empty_state(engine.config)
+        self._state = engine.empty_state()
         self._logits_np: np.ndarray | None = None
         self._snapshots: list[weakref.ref[Snapshot]] = []
         self.prefilled_total = 0  # tokens ever run through the model (tests assert reuse)
@@ -350,8 +379,7 @@ class Session:
         # model.forward returns its state already evaluated (a state handed out as a snapshot
         # must hold values, not a lazy graph keeping every intermediate of the chunk alive), so
         # no second eval here: this is the per-token decode path.
-        logits, new_state = _forward(self.engine.weights, self.engine.config, state, tokens,
-                                     last_only=last_only)
+        logits, new_state = self.engine.forward(state, tokens, last_only=last_only)
         self.prefilled_total += len(tokens)
         return logits, new_state
 
@@ -426,7 +454,7 @@ class Session:
 
     def reset(self) -> None:
         """Drop the live state (empty session)."""
-        self._commit(_empty_state(self.engine.config))
+        self._commit(self.engine.empty_state())
 
     def _rewind_for(self, target: tuple[int, ...]) -> None:
         """Go back to the longest held snapshot that is a prefix of `target`, else to empty."""
@@ -452,7 +480,7 @@ class Session:
         """The live state as an object with `sessions.payload.PayloadState`'s attributes."""
         if not self._state.tokens:
             raise EngineError("nothing to export: the session holds no tokens")
-        return _state_to_payload(self.engine.config, self._state, self.engine.ctx)
+        return self.engine.state_to_payload(self._state)
 
     def import_state(self, payload) -> None:
         """Replace the live state with a saved one. Validates everything first; on any error the
@@ -473,7 +501,7 @@ class Session:
             raise StateError(f"saved state was written with a context of {saved_ctx} tokens, "
                              f"larger than this session's {ctx}")
         try:
-            state = _payload_to_state(self.engine.config, payload)
+            state = self.engine.payload_to_state(payload)
         except EngineError:
             raise
         except (ValueError, TypeError, AttributeError, IndexError) as err:

@@ -244,11 +244,16 @@ class LayerWeights:
 
 @dataclass(frozen=True)
 class ModelWeights:
-    token_embd: mx.array  # [V, E]
+    """The whole model, or a pipeline rank's part of it (`layer_range`): layers
+    first_layer..first_layer+len(layers)-1; the embedding only with layer 0, the head only with
+    the last layer (None otherwise)."""
+
+    token_embd: mx.array | None  # [V, E]
     layers: tuple[LayerWeights, ...]
-    head: HCWeights  # output_hc_{fn,scale,base}
-    output_norm: mx.array
-    output: Linear
+    head: HCWeights | None  # output_hc_{fn,scale,base}
+    output_norm: mx.array | None
+    output: Linear | None
+    first_layer: int = 0
 
 
 # ---- building ---------------------------------------------------------------------------------
@@ -292,11 +297,14 @@ def _as_experts(name: str, v: Any, shape: tuple[int, int, int]) -> Any:
 
 def build_weights(config: ModelConfig, get: Callable[[str], Any],
                   has: Callable[[str], bool] | None = None,
-                  progress: Callable[[float], None] | None = None) -> ModelWeights:
+                  progress: Callable[[float], None] | None = None,
+                  layer_range: tuple[int, int] | None = None) -> ModelWeights:
     """Build ModelWeights from `get(name)` under the canonical names (see module docstring).
 
     `has(name)` tells whether an optional tensor exists (exp_probs_b); default: try `get` and
-    treat KeyError as absent.
+    treat KeyError as absent. `layer_range` (start, stop): build only those layers, plus the
+    embedding when start is 0 and the output head when stop is the last layer (a pipeline
+    rank's part, engine/pipeline.py); `get` is never asked for any other tensor.
     """
     c = config
     E, V, H, Dh = c.dim, c.vocab, c.n_heads, c.head_dim
@@ -334,8 +342,11 @@ def build_weights(config: ModelConfig, get: Callable[[str], Any],
             norm=arr(f"{prefix}_norm.weight", (d,)),
         )
 
+    start, stop = layer_range if layer_range is not None else (0, c.n_layers)
+    if not 0 <= start < stop <= c.n_layers:
+        raise ValueError(f"layer range {start}..{stop - 1} is outside the model's {c.n_layers} layers")
     layers = []
-    for li in range(c.n_layers):
+    for li in range(start, stop):
         b = f"blk.{li}."
         r, coff = c.ratios[li], c.coff(li)
         out_a_full = lin(f"{b}attn_output_a.weight", (G * O, (H // G) * Dh))
@@ -373,15 +384,27 @@ def build_weights(config: ModelConfig, get: Callable[[str], Any],
         layers.append(LayerWeights(hc_attn=hc(f"{b}hc_attn", mix, 3), hc_ffn=hc(f"{b}hc_ffn", mix, 3),
                                    attn=attn, ffn=ffn))
         if progress is not None:
-            progress((li + 1) / (c.n_layers + 1))
-    emb = _as_array("token_embd.weight", get("token_embd.weight"), (V, E), dtype=None)
+            progress((li - start + 1) / (stop - start + 1))
+    emb = _as_array("token_embd.weight", get("token_embd.weight"), (V, E), dtype=None) if start == 0 else None
+    last = stop == c.n_layers
     return ModelWeights(
         token_embd=emb,
         layers=tuple(layers),
-        head=hc("output_hc", n, 1),
-        output_norm=arr("output_norm.weight", (E,)),
-        output=lin("output.weight", (V, E)),
+        head=hc("output_hc", n, 1) if last else None,
+        output_norm=arr("output_norm.weight", (E,)) if last else None,
+        output=lin("output.weight", (V, E)) if last else None,
+        first_layer=start,
     )
+
+
+def tensor_in_range(name: str, config: ModelConfig, layer_range: tuple[int, int]) -> bool:
+    """Whether build_weights(..., layer_range=layer_range) reads tensor `name`."""
+    start, stop = layer_range
+    if name.startswith("blk."):
+        return start <= int(name.split(".", 2)[1]) < stop
+    if name == "token_embd.weight":
+        return start == 0
+    return stop == config.n_layers  # output_hc_*, output_norm, output
 
 
 # ---- GGUF ---------------------------------------------------------------------------------------
@@ -415,8 +438,10 @@ def check_directory(gf, config: ModelConfig) -> None:
         gf.check(spec.name, shape=spec.shape, types=_accepted_types(spec.name, len(spec.shape)))
 
 
-def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | None = None) -> ModelWeights:
-    """Load every tensor of `config` from an open GGUFFile (C2's gguf.py), validated by name.
+def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | None = None,
+                 layer_range: tuple[int, int] | None = None) -> ModelWeights:
+    """Load every tensor of `config` (or of `layer_range`, see build_weights) from an open
+    GGUFFile (C2's gguf.py), validated by name.
 
     2-D weights: F32/F16 as dense f32, Q8_0 as MLX affine 8-bit (exact). Routed experts: F16/F32
     dense (test models) or raw quantised blocks behind `experts.quant_experts`.
@@ -452,7 +477,7 @@ def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | No
     def has(name: str) -> bool:
         return name in gf.tensors
 
-    return build_weights(config, get, has=has, progress=progress)
+    return build_weights(config, get, has=has, progress=progress, layer_range=layer_range)
 
 
 # ---- random test weights -------------------------------------------------------------------------
@@ -485,7 +510,8 @@ def random_tensors(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def weights_from_tensors(config: ModelConfig, tensors: Mapping[str, Any], *,
-                         quantize_q8: bool = False) -> ModelWeights:
+                         quantize_q8: bool = False,
+                         layer_range: tuple[int, int] | None = None) -> ModelWeights:
     """ModelWeights from a name -> array mapping (e.g. `random_tensors`).
 
     quantize_q8: store the tensors that are Q8_0 in a GGUF as MLX affine 8-bit (as a loaded file
@@ -506,7 +532,7 @@ def weights_from_tensors(config: ModelConfig, tensors: Mapping[str, Any], *,
             return mx.array(v.astype(np.float32))
         return v
 
-    return build_weights(config, get, has=lambda name: name in tensors)
+    return build_weights(config, get, has=lambda name: name in tensors, layer_range=layer_range)
 
 
 def _exact_q8_affine(w: np.ndarray) -> tuple[mx.array, mx.array, mx.array]:
