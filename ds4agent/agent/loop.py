@@ -9,7 +9,7 @@ never touches threads). One user turn = rounds until the model answers without a
     -> EOS appended by the agent -> permissions -> run the invokes in order
     -> one results turn (+ queued text) -> next round
 
-Invariants: the transcript only grows (three wholesale replacements: new, load, compaction);
+Invariants: the transcript only grows (wholesale replacements: new, load, compaction, rewind);
 the live KV always holds a prefix of it; every assistant round ends with exactly one EOS; an
 interrupt never leaves a half-appended unit. No tool-round limit; a per-round token cap
 (--tokens, further capped by the room left).
@@ -95,6 +95,13 @@ class Worker:
         self.jobs_update_due = False
         self._jobs_update: str | None = None
         self.last_prefilled = 0
+        # Rewind (rewind.py): the engine states before each user turn, and when each was sent
+        # (transcript index of the turn's <｜User｜> -> epoch seconds).
+        self.snapshots: Any = None
+        self.turn_times: dict[int, float] = {}
+        self.turn_at = 0  # transcript index of the current user turn
+        self.checkpoints: Any = None  # code checkpoints of this conversation (checkpoints.py)
+        self.forked_from = ""  # the session this conversation was forked from (kept on save)
 
     # ================================================================== startup / shutdown
 
@@ -116,7 +123,7 @@ class Worker:
         self._tool_map = {t.name: t for t in self.tools}
         from ds4agent.tools.base import ToolContext
 
-        self.tool_ctx = ToolContext(cwd=s.cwd, should_stop=self.io.should_stop)
+        self.tool_ctx = ToolContext(cwd=s.cwd, should_stop=self.io.should_stop, on_write=self._checkpoint_write)
         if self.policy is None:
             from ds4agent.tools.permissions import PermissionPolicy
 
@@ -135,6 +142,8 @@ class Worker:
         if s.think_mode == "think-max" and self.think_mode != "think-max":
             self.io.emit(ev.Notice(f"{_THINK_MAX_TOO_SMALL} (context {s.ctx})", "warning"))
         self.session = self.engine.new_session()
+        make_store = getattr(self.engine, "snapshot_store", None)
+        self.snapshots = make_store(s.snapshot_budget) if make_store is not None else None
         cached = sessionops.start_system_prefix(self)
         self.io.emit(ev.Ready(model=_describe(self.engine), ctx=s.ctx, sysprompt_cached=cached))
         sessionops.offer_resume(self)
@@ -158,6 +167,18 @@ class Worker:
         if self.trace is not None:
             self.trace.line("worker stop")
             self.trace.close()
+
+    def _checkpoint_write(self, path: str, before: bytes | None, after: bytes) -> None:
+        from ds4agent.sessions.checkpoints import CodeCheckpoints
+
+        if self.checkpoints is None:
+            self.checkpoints = CodeCheckpoints(self.settings.checkpoint_dir)
+        self.checkpoints.at = self.turn_at
+        try:
+            self.checkpoints.record(path, before, after)
+        except OSError as err:  # the write itself succeeded; only its undo is lost
+            self.io.emit(ev.Notice(f"code checkpoint not recorded for {path}: {err.strerror or err}",
+                                   "warning"))
 
     # ================================================================== status
 
@@ -213,7 +234,7 @@ class Worker:
     # ================================================================== one user turn
 
     def cmd_turn(self, text: str, queued: bool = False) -> None:
-        from ds4agent.agent import compaction, sessionops
+        from ds4agent.agent import compaction, rewind, sessionops
         from ds4agent.engine import template
 
         t0 = time.monotonic()
@@ -239,6 +260,7 @@ class Worker:
                                                         tokenizer=self.tok)
             if len(self.transcript) + len(user_ids) + 1 >= self.settings.ctx:
                 raise TurnAborted("context full: the message does not fit the context")
+            rewind.keep_boundary(self)
             self._trace_append(user_ids, "user")
             self.transcript.extend(user_ids)
             self._jobs_update = None  # delivered
@@ -583,6 +605,24 @@ class Worker:
             self.io.emit(ev.Notice("nothing to compact"))
             return
         compaction.compact(self, "manual")
+        self._set_state(ev.State.IDLE)
+
+    def cmd_fork(self, title: str) -> None:
+        from ds4agent.agent import sessionops
+
+        sessionops.fork(self, title or None)
+
+    def cmd_rewind(self, number: int | None, mode: str) -> None:
+        """/rewind: the list of user turns (number None), or go back to turn `number`."""
+        from ds4agent.agent import rewind
+
+        try:
+            if number is None:
+                self.io.emit(rewind.list_event(self))
+            else:
+                rewind.rewind(self, number, mode)
+        except rewind.RewindError as err:
+            self.io.emit(ev.Error(str(err)))
         self._set_state(ev.State.IDLE)
 
     def confirm_leave(self) -> bool:

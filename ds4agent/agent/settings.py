@@ -31,6 +31,9 @@ class AgentSettings:
     # During a long round the journal is also rewritten at most this often (seconds), so a crash
     # loses at most this much generation (a round may run for many minutes at tens of tok/s).
     journal_interval: float = 10.0
+    # Memory the rewind snapshots may hold (engine/snapshots.py); past it the middle ones go.
+    snapshot_budget: int = 2 << 30
+    checkpoint_dir: Path | None = None  # code checkpoints; None: platformdirs user state dir
 
     def effective_think_mode(self) -> str:
         """think-max silently becomes think below 384K of context: the renderer's own rule

@@ -49,7 +49,7 @@ import re
 import stat
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -432,8 +432,9 @@ class SessionStore:
                      quant_bits: int, title: bytes | str | None = None, created_at: int | None = None,
                      loaded_from: str | os.PathLike[str] | None = None, model_id: int = 0,
                      n_tokens: int | None = None, ctx: int | None = None,
-                     now: int | None = None) -> SavedSession:
-        """Write `dir/<identity>.kv` (§12.4 steps 3-5); see the module docstring."""
+                     now: int | None = None, protect: Sequence[str] = ()) -> SavedSession:
+        """Write `dir/<identity>.kv` (§12.4 steps 3-5); see the module docstring. `protect`: ids
+        never deleted as ancestors (a fork's original session stays untouched, issue 11)."""
         now = self._now() if now is None else int(now)
         text = bytes(text)
         if isinstance(title, str):
@@ -452,10 +453,11 @@ class SessionStore:
                            tokens=tokens, hits=0, ctx_size=ctx, created_at=created_at, last_used=now,
                            payload_bytes=0)
         write_kvc(path, header, text, payload, shape, title)
-        deleted = self._delete_ancestors(path, text, loaded_from)
+        deleted = self._delete_ancestors(path, text, loaded_from, protect)
         return SavedSession(ident, path, title, created_at, tokens, tuple(deleted))
 
-    def _delete_ancestors(self, written: Path, text: bytes, loaded_from) -> list[Path]:
+    def _delete_ancestors(self, written: Path, text: bytes, loaded_from,
+                          protect: Sequence[str] = ()) -> list[Path]:
         """§12.4 step 5: the legacy source file, then reason-6 files whose text is a strict byte
         prefix of `text`. Never the file just written (samefile: case-insensitive filesystems
         see `ABC…kv` and `abc…kv` as one file), never other reasons or sysprompt caches."""
@@ -473,7 +475,7 @@ class SessionStore:
                 deleted.append(src)
         for entry in self.entries():
             if (entry.header.reason != REASON_SESSION or entry.text_bytes >= len(text)
-                    or same(entry.path)):
+                    or same(entry.path) or entry.id in protect):
                 continue
             try:
                 with open(entry.path, "rb") as f:

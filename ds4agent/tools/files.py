@@ -328,6 +328,8 @@ def _apply(change: Change, ctx: ToolContext) -> None:
     except OSError as exc:
         raise ToolError(f"cannot write {change.path}: {exc.strerror or exc}") from None
     key = ctx.abs_key(change.path)  # the file exists now, so symlinks resolve
+    if ctx.on_write is not None:
+        ctx.on_write(key, change.before, change.after)
     new_lines = split_lines(change.after)
     if change.record is None:
         ctx.seen.replace(key, ((n, new_lines[n - 1]) for n in range(1, len(new_lines) + 1)))

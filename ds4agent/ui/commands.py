@@ -28,6 +28,9 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("history", "/history [N]", "replay the last N user turns (default 3)"),
     CommandSpec("new", "/new", "start a new session"),
     CommandSpec("compact", "/compact", "summarise the conversation to free context"),
+    CommandSpec("rewind", "/rewind [N [both|chat|code|fork]]",
+                "go back to before user turn N (no N: list the turns)"),
+    CommandSpec("fork", "/fork [TITLE]", "save the conversation as a new session; later saves go there"),
     CommandSpec("think", "/think", "reasoning on"),
     CommandSpec("nothink", "/nothink", "reasoning off"),
     CommandSpec("permissions", "/permissions [ask|auto|read-only]", "show or set the permission mode"),
@@ -50,6 +53,7 @@ KEYS_HELP: tuple[tuple[str, str], ...] = (
     ("Ctrl+T", "expand / collapse thinking"),
     ("Ctrl+O", "expand / collapse the last tool card (or click a card)"),
     ("Ctrl+L", "session picker"),
+    ("Esc Esc", "on an empty idle prompt: rewind to an earlier turn"),
     ("F1", "this help"),
 )
 
@@ -124,6 +128,24 @@ def history_count(arg: str, default: int = 3) -> int:
     except ValueError:
         return default
     return max(1, min(200, n))
+
+
+REWIND_MODES = ("both", "chat", "code", "fork")
+
+
+def rewind_args(arg: str) -> tuple[int | None, str]:
+    """/rewind [N [MODE]]: (None, "both") lists the turns; MODE defaults to both (code and
+    conversation). CommandError for anything else."""
+    parts = arg.split()
+    if not parts:
+        return None, "both"
+    usage = "usage: /rewind [N [both|chat|code|fork]]"
+    if len(parts) > 2 or not parts[0].isdigit() or int(parts[0]) < 1:
+        raise CommandError(usage)
+    mode = parts[1].lower() if len(parts) == 2 else "both"
+    if mode not in REWIND_MODES:
+        raise CommandError(usage)
+    return int(parts[0]), mode
 
 
 def help_text() -> str:

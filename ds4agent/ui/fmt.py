@@ -272,8 +272,9 @@ def session_list_lines(directory: str, sessions, now: float) -> list[str]:
     lines = [f"saved sessions in {directory}:"]
     for info in sessions:
         title = info.title if len(info.title) <= 70 else info.title[:70] + "..."
+        fork = f", fork of {info.forked_from}" if getattr(info, "forked_from", "") else ""
         lines.append(f"  {info.short_id} ({format_age(now - info.last_used)}) {title}  "
-                     f"[{info.tokens} tokens, {format_size(info.size_bytes)}]")
+                     f"[{info.tokens} tokens, {format_size(info.size_bytes)}{fork}]")
     if not sessions:
         lines.append("  (none)")
     return lines
@@ -292,3 +293,19 @@ def history_label(session_id: str, title: str) -> str:
     """Names the session whose turns a load replays; a resumed crash journal has no id yet."""
     name = f"session {session_id[:8]}" if session_id else "unsaved session"
     return f'{name} "{clip(title, 48)}"' if title else name
+
+
+def rewind_point_line(point, now: float, width: int = 60) -> str:
+    """One user turn of the /rewind list: `  N  <age>  <first line>`."""
+    age = format_age(now - point.time) if point.time else "earlier"
+    return f"{point.number:>3}  {age:<8}  {clip(point.preview, width)}"
+
+
+def rewind_list_lines(points, note: str, now: float) -> list[str]:
+    """/rewind without a turn, as text (plain mode)."""
+    if not points:
+        return ["no user turns to rewind to yet"]
+    lines = ["user turns (1 = the first):"]
+    lines += ["  " + rewind_point_line(p, now) for p in points]
+    lines.append(f"/rewind N [both|chat|code|fork]  (default both: code and conversation; {note})")
+    return lines

@@ -64,6 +64,7 @@ class PlainRenderer:
         self.answer_text = ""
         self.questions: list[ev.Event] = []   # PermissionRequest / Question waiting for the front end
         self.exited: ev.Exited | None = None
+        self.draft = ""  # a rewound turn's prompt, for the input line
 
     def out(self, text: str, style: str = "text") -> None:
         if text:
@@ -160,6 +161,15 @@ class PlainRenderer:
             self.line("─" * 40 + " new session", "muted")
         elif isinstance(e, ev.SessionList):
             self.print_sessions(e)
+        elif isinstance(e, ev.RewindList):
+            for row in fmt.rewind_list_lines(e.points, e.note, self.now()):
+                self.line(row, "muted")
+        elif isinstance(e, ev.Rewound):
+            # The agent's notice says what happened; files left alone are listed one by one.
+            for line in e.refused:
+                self.line(f"  not restored: {line}", "warning")
+            if e.prompt:
+                self.draft = e.prompt  # back in the input (interactive), to edit and re-send
         elif isinstance(e, ev.History):
             if not e.items:
                 self.line(fmt.NO_HISTORY, "muted")
@@ -242,6 +252,18 @@ class PlainFrontEnd:
             a.new()
         elif name == "compact":
             a.compact()
+        elif name == "rewind":
+            try:
+                number, mode = commands.rewind_args(cmd.arg)
+            except commands.CommandError as err:
+                r.line(str(err), "error")
+                return
+            if number is None:
+                a.rewind_points()
+            else:
+                a.rewind(number, mode)
+        elif name == "fork":
+            a.fork(cmd.arg)
         elif name in ("think", "nothink"):
             a.set_think_mode(commands.think_mode(cmd))
         elif name == "permissions":
@@ -429,6 +451,11 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
     async def pump_loop() -> None:
         while True:
             fe.pump()
+            if r.draft and session.app.is_running and not session.default_buffer.text:
+                # A rewound turn's prompt goes back into the input, to be edited and re-sent.
+                session.default_buffer.text = r.draft
+                session.default_buffer.cursor_position = len(r.draft)
+                r.draft = ""
             if r.questions or r.exited is not None:
                 ask_now.set()
                 if session.app.is_running and not session.app.is_done:

@@ -56,3 +56,26 @@ def test_renderer_styles_diffs_and_collapses_thinking():
     assert "hmm\n(thought for 1.5 s, 3 tokens)\n" in text
     assert "⏺ edit  x.py\n  ✓ +1 −1\n" in text
     assert ("- 3  a = 1\n", toolview.DEL) in pieces and ("+ 3  a = 2\n", toolview.ADD) in pieces
+
+
+def test_line_mode_rewind_lists_turns_and_goes_back(tmp_path):
+    script = [reply("A1", think=""), reply("A2", think=""), reply("A3", think="")]
+    agent, _ = make_real_agent(tmp_path, script)
+    stdin = io.StringIO("first question\nsecond question\n/rewind\n/rewind 9\n/rewind 2 sideways\n"
+                        "/rewind 2 chat\n/fork side branch\n/list\nthird question\n")
+    stdout = io.StringIO()
+    run_lines(agent, stdin, stdout, poll=0.005)
+    out = stdout.getvalue()
+    assert "user turns (1 = the first):" in out
+    assert "  1  " in out and "first question" in out and "  2  " in out
+    assert "changes made through bash are not tracked" in out
+    assert "ds4agent: no user turn 9 (1..2)" in out
+    assert "usage: /rewind [N [both|chat|code|fork]]" in out
+    assert "rewound to turn 2 (conversation): " in out and ", 0 prefilled" in out
+    assert "side branch" in out  # the fork is saved under its title and listed
+    # After the rewind the conversation went on from turn 1: the third question is turn 2 now.
+    worker = agent._worker
+    from ds4agent.agent import rewind
+
+    assert [p.preview for p in rewind.points(worker)] == ["first question", "third question"]
+    assert "Traceback" not in out
