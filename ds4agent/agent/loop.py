@@ -147,6 +147,7 @@ class Worker:
         cached = sessionops.start_system_prefix(self)
         self.io.emit(ev.Ready(model=_describe(self.engine), ctx=s.ctx, sysprompt_cached=cached))
         sessionops.offer_resume(self)
+        sessionops.open_requested(self)
         self._set_state(ev.State.IDLE)
         return True
 

@@ -361,6 +361,42 @@ def _system_len(worker: Any, ids: list[int]) -> int:
         return len(ids)
 
 
+# ====================================================================== --continue / --resume
+
+
+def requested_session(store: Any, settings: Any) -> str | None:
+    """The session --continue / --resume PREFIX asks for (an id or prefix), None when neither
+    was given (or --resume without a prefix: the front end's picker). SessionOpError when
+    --continue finds no saved session of this directory."""
+    if settings.continue_session:
+        if store is None:
+            raise SessionOpError("no session directory")
+        from ds4agent.sessions.index import SessionIndex
+
+        sid = SessionIndex(store.directory).latest_for(settings.cwd)
+        if sid is None:
+            raise SessionOpError(f"no saved session of {settings.cwd} to continue")
+        return sid
+    return settings.resume or None
+
+
+def open_requested(worker: Any) -> None:
+    """At start, after the crash-journal offer: load the session --continue / --resume named."""
+    s = worker.settings
+    if not (s.continue_session or s.resume):
+        return
+    if worker.activity:  # the user resumed an unsaved crashed session instead
+        worker.io.emit(ev.Notice("the resumed unsaved session was opened instead", "warning"))
+        return
+    try:
+        target = requested_session(worker.store, s)
+    except SessionOpError as err:
+        worker.io.emit(ev.Error(f"cannot continue: {err}"))
+        return
+    if target:
+        load(worker, target)
+
+
 # ====================================================================== list
 
 

@@ -61,6 +61,8 @@ KEYS_HELP: tuple[tuple[str, str], ...] = (
 # A second Ctrl+C on an empty idle prompt within this many seconds quits (both front ends).
 QUIT_WINDOW_S = 2.0
 QUIT_HINT = "press Ctrl+C again or Ctrl+D to exit"
+# A second Esc on an empty idle prompt within this many seconds opens the rewind list (TUI).
+ESC_ESC_WINDOW_S = 0.8
 
 
 class CommandError(Exception):

@@ -528,6 +528,10 @@ def main(args) -> int:
     from ds4agent.agent.facade import Agent
 
     agent = Agent.from_args(args)
+    if getattr(args, "resume", None) == "":
+        # --resume without a prefix: plain mode's "picker" is the list and a /load to type.
+        agent.list_sessions()
+        agent.emit(ev.Notice("choose a session to resume: /load PREFIX"))
     if sys.stdin.isatty() and sys.stdout.isatty():
         return asyncio.run(run_interactive(agent))
     return run_lines(agent, sys.stdin, sys.stdout)

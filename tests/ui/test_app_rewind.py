@@ -1,0 +1,65 @@
+"""The TUI's rewind: Esc Esc on an empty prompt, the list of user turns, the action, and the prompt
+back in the input box (the real Agent over the scripted engine)."""
+
+from __future__ import annotations
+
+from ds4agent.agent import rewind
+from ds4agent.ui.app import Ds4App
+from ds4agent.ui.history import History
+from ds4agent.ui.screens.rewind import RewindScreen
+from ds4agent.ui.widgets.conversation import UserMessage
+from tests.support.scripted_engine import reply
+from tests.ui.conftest import make_real_agent, send, wait_until
+from tests.ui.screen_text import screen_text
+
+
+def _idle(app) -> bool:
+    return app.agent is not None and not app.agent.busy and app.status_model.state == "idle"
+
+
+async def test_esc_esc_opens_the_turns_then_the_actions_and_puts_the_prompt_back(tmp_path):
+    agent, _ = make_real_agent(tmp_path, [reply("A1", think=""), reply("A2", think=""), reply("A3", think="")])
+    app = Ds4App(agent=agent, cwd="/tmp/work", history=History(persist=False), animate=False, ctx=16384,
+                 typeahead_grace=0.0)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await wait_until(pilot, lambda: _idle(app), what="startup")
+        for text in ("first question", "second question", "third question"):
+            await send(pilot, app, text)
+            await wait_until(pilot, lambda: _idle(app) and app.conversation.last_answer_text != "")
+            await wait_until(pilot, lambda: _idle(app))
+        await pilot.press("escape", "escape")
+        await wait_until(pilot, lambda: isinstance(app.screen, RewindScreen), what="rewind list")
+        text = screen_text(app)
+        assert "first question" in text and "second question" in text and "third question" in text
+        await pilot.press("up", "enter")  # the latest is highlighted: up = turn 2
+        await wait_until(pilot, lambda: "Restore code and conversation" in screen_text(app), what="actions")
+        assert "bash are not tracked" in screen_text(app)
+        await pilot.press("down", "enter")  # conversation only
+        await wait_until(pilot, lambda: not isinstance(app.screen, RewindScreen) and _idle(app)
+                         and app.input.text == "second question", what="rewound")
+        assert [p.preview for p in rewind.points(agent._worker)] == ["first question"]
+        await wait_until(pilot, lambda: "rewound to turn 2 (conversation)" in screen_text(app), what="notice")
+        await wait_until(pilot, lambda: [w.text for w in app.conversation.query(UserMessage)] == ["first question"],
+                         what="view replays what is left")
+
+
+async def test_slash_rewind_with_a_turn_acts_directly_and_escape_backs_out(tmp_path):
+    agent, _ = make_real_agent(tmp_path, [reply("A1", think=""), reply("A2", think="")])
+    app = Ds4App(agent=agent, cwd="/tmp/work", history=History(persist=False), animate=False, ctx=16384,
+                 typeahead_grace=0.0)
+    async with app.run_test(size=(100, 40)) as pilot:
+        await wait_until(pilot, lambda: _idle(app), what="startup")
+        await send(pilot, app, "only question")
+        await wait_until(pilot, lambda: _idle(app) and app.conversation.last_answer_text != "")
+        await send(pilot, app, "/rewind")
+        await wait_until(pilot, lambda: isinstance(app.screen, RewindScreen), what="rewind list")
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: "Restore conversation" in screen_text(app))
+        await pilot.press("escape")  # back to the turns
+        await wait_until(pilot, lambda: "to before which message?" in screen_text(app))
+        await pilot.press("escape")  # closed, nothing happened
+        await wait_until(pilot, lambda: not isinstance(app.screen, RewindScreen))
+        assert len(rewind.points(agent._worker)) == 1
+        await send(pilot, app, "/rewind 1 chat")
+        await wait_until(pilot, lambda: _idle(app) and app.input.text == "only question", what="rewound")
+        assert rewind.points(agent._worker) == []
