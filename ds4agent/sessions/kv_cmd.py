@@ -238,6 +238,9 @@ def cmd_rm(store: SessionStore, prefix: str, out: TextIO) -> int:
     entry = store.resolve(prefix)
     title = display_text(clip_title(store.session_title(entry)[0]))
     path = store.delete(prefix)
+    from ds4agent.sessions.index import remove_session_extras
+
+    remove_session_extras(store.directory, entry.id)  # its index entry and code checkpoints
     print(f"deleted session {entry.short_id} ({entry.header.tokens} tokens) {title}: {_name(path)}", file=out)
     return 0
 

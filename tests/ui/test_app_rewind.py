@@ -63,3 +63,22 @@ async def test_slash_rewind_with_a_turn_acts_directly_and_escape_backs_out(tmp_p
         await send(pilot, app, "/rewind 1 chat")
         await wait_until(pilot, lambda: _idle(app) and app.input.text == "only question", what="rewound")
         assert rewind.points(agent._worker) == []
+
+
+async def test_picker_shows_which_session_a_fork_came_from():
+    from ds4agent.agent import events as ev
+    from ds4agent.ui.screens.session_picker import SessionPicker
+    from tests.ui.conftest import make_fake_app
+
+    app, agent = make_fake_app()
+    agent.sessions = [
+        ev.SessionInfo("aaaa1111" + "0" * 32, "aaaa1111", "Fix the retry test", 1200, 1 << 20,
+                       1_700_000_000 - 3600, 0, "/kv/a"),
+        ev.SessionInfo("bbbb2222" + "0" * 32, "bbbb2222", "Fix the retry test (fork)", 900, 1 << 20,
+                       1_700_000_000 - 60, 0, "/kv/b", forked_from="aaaa1111"),
+    ]
+    async with app.run_test(size=(110, 30)) as pilot:
+        await pilot.press("ctrl+l")
+        await wait_until(pilot, lambda: isinstance(app.screen, SessionPicker))
+        text = screen_text(app)
+        assert "Fix the retry test (fork)  (fork of aaaa1111)" in text

@@ -69,9 +69,11 @@ class SessionPicker(ModalScreen[str | None]):
             if needle and needle not in title.lower() and not sid.lower().startswith(needle):
                 continue
             self.rows.append(s)
+            parent = str(field(s, "forked_from", default="") or "")
+            shown = clip(title or "(untitled)", 60 - (len(parent) + 11 if parent else 0))
             table.add_row(
                 str(field(s, "short_id", default=sid[:8])),
-                clip(title or "(untitled)", 60),
+                shown + (f"  (fork of {parent})" if parent else ""),
                 format_age(now - (field(s, "last_used", default=now) or now)),
                 human_count(field(s, "tokens", default=0) or 0),
                 format_size(field(s, "size_bytes", default=0) or 0),
