@@ -246,6 +246,7 @@ class Worker:
             self.transcript.append(self.tok.EOS)
         if self.settings.seed is not None:
             self.sampler.reseed(self.settings.seed)  # re-seeded at every user turn (reference)
+        text = self._attach(text)
         user_ids = template.render_user_turn(text, think_mode=self._mode_for_prompt(), tokenizer=self.tok)
         total_generated = 0
         rounds = 0
@@ -293,6 +294,17 @@ class Worker:
             self._set_state(ev.State.ERROR, detail=error)
         else:
             self._set_state(ev.State.IDLE)
+
+    def _attach(self, text: str) -> str:
+        """The message with its `@path` files and directories attached (tools/attach.py)."""
+        from ds4agent.tools import attach
+
+        att = attach.expand(text, self.tool_ctx)
+        for note in att.notes:
+            self.io.emit(ev.Notice(note, "warning"))
+        if att.attached:
+            self.io.emit(ev.Notice("attached " + ", ".join("@" + p for p in att.attached)))
+        return att.text
 
     def _mode_for_prompt(self) -> str:
         return "think" if self.think_mode == "think-max" else self.think_mode
@@ -484,6 +496,8 @@ class Worker:
 
         mode = self._mode_for_prompt()
         queued = self.io.take_queued()
+        if queued:
+            queued = self._attach(queued)
 
         def render(ts: list[str]) -> list[int]:
             # pending_results(): the bash job update when a compaction just ran (also one run
