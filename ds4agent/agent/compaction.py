@@ -197,6 +197,9 @@ def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
         if len(new_ids) + SUMMARY_MIN_ROOM >= ctx:
             return fail("the summary and the kept tail do not fit the context")
         worker.transcript.reset(new_ids, len(prefix))
+        from ds4agent.agent import rewind
+
+        rewind.transcript_compacted(worker)
         if not worker._sync():
             # Keep the compacted transcript: it is consistent; the next round prefills the rest.
             pass

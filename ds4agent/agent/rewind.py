@@ -45,6 +45,18 @@ def keep_boundary(worker: Any) -> None:
         store.keep(worker.session)
 
 
+def transcript_compacted(worker: Any) -> None:
+    """After a compaction the turns sit at new transcript positions: forget the send times, and
+    seal the code checkpoints so far (a rewind to a turn after the compaction must not undo a
+    write from before it, which an old position could otherwise be taken for)."""
+    worker.turn_times = {}
+    if worker.checkpoints is not None:
+        try:
+            worker.checkpoints.seal()
+        except OSError as err:
+            worker.io.emit(ev.Notice(f"code checkpoints not sealed: {err.strerror or err}", "warning"))
+
+
 def points(worker: Any) -> list[ev.RewindPoint]:
     from ds4agent.agent.history import parse_user_part
     from ds4agent.agent.transcript import split_turns

@@ -160,6 +160,13 @@ class CodeCheckpoints:
             atomic_write(self.dir / "log.jsonl", data, make_parents=True)
         return tuple(restored), tuple(refused)
 
+    def seal(self) -> None:
+        """Mark every write so far as older than any turn (at = -1): no rewind restores them."""
+        entries = self.entries()
+        if entries:
+            data = "".join(json.dumps({**e, "at": -1}) + "\n" for e in entries).encode("utf-8")
+            atomic_write(self.dir / "log.jsonl", data, make_parents=True)
+
     # ------------------------------------------------------------------ lifecycle
     def fork(self) -> CodeCheckpoints:
         """A copy under a new key (a forked session gets its own checkpoints)."""

@@ -59,3 +59,14 @@ def test_checkpoints_are_content_addressed_and_survive_a_torn_log_line(tmp_path)
     with open(ck.dir / "log.jsonl", "a") as f:
         f.write('{"at": 0, "pa')  # a crash mid-append
     assert len(ck.entries()) == 3
+
+
+def test_sealed_checkpoints_are_never_restored(tmp_path):
+    f = tmp_path / "a.txt"
+    f.write_text("new\n")
+    ck = CodeCheckpoints(tmp_path / "ck")
+    ck.at = 500
+    ck.record(str(f), b"old\n", b"new\n")
+    assert [c.path for c in ck.plan(100).clean] == [str(f)]
+    ck.seal()  # a compaction: positions before it mean nothing in the new transcript
+    assert ck.plan(0).clean == () and ck.plan(0).conflicts == ()
