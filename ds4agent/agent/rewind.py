@@ -101,6 +101,12 @@ def rewind(worker: Any, number: int, mode: str) -> ev.Rewound:
     refused: tuple[str, ...] = ()
     if mode in ("both", "code"):
         restored, refused = restore_code(worker, point.tokens)
+    if mode == "fork" and worker.dirty and worker.activity and worker.store is not None:
+        # The original goes on existing as it is now: save its unsaved turns before cutting them.
+        from ds4agent.agent import sessionops
+
+        if sessionops.save(worker) is None:
+            raise RewindError("fork failed: the current conversation could not be saved first")
     prefilled = 0
     if mode != "code":
         prefilled = rewind_chat(worker, point.tokens)

@@ -169,6 +169,9 @@ def fork(worker: Any, title: str | None) -> ev.SessionSaved | None:
     if worker.store is None:
         worker.io.emit(ev.Error("fork failed: no session directory"))
         return None
+    if not worker.transcript.has_user_turn():
+        worker.io.emit(ev.Error("fork failed: nothing to fork yet"))
+        return None
     parent = worker.session_id
     if title:
         new_title = title_bytes(title)

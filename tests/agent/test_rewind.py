@@ -134,12 +134,22 @@ def test_fork_leaves_the_original_untouched_and_later_saves_go_to_the_fork(tmp_p
 
 def test_rewind_fork_saves_the_earlier_point_as_a_new_session(tmp_path, tools):
     h, starts = _three_turns(tmp_path, tools=tools)
-    original = of(h.command(h.agent.save), ev.SessionSaved)[0]
+    assert of(h.command(lambda: h.agent.fork("")), ev.SessionSaved)  # (a fork of a fork is fine too)
+    h.stop()
+    h = AgentHarness.build(tmp_path / "b", [reply("A1", think="t"), reply("A2", think="t")], tools=tools)
+    assert of(h.command(lambda: h.agent.fork("x")), ev.Error)[0].text == "fork failed: nothing to fork yet"
+    starts = []
+    for text in ("first question", "second\nquestion"):
+        starts.append(len(h.ids))
+        h.turn(text)
+    full = len(h.ids)
+    # Unsaved: "fork from here" saves the whole conversation first, then the fork.
     evs = h.command(lambda: h.agent.rewind(2, "fork"))
-    forked = of(evs, ev.SessionSaved)[0]
+    original, forked = of(evs, ev.SessionSaved)
+    assert original.tokens == full
     assert forked.tokens == starts[1] and forked.title == "first question (fork)"
     assert of(evs, ev.Rewound)[0].prompt == "second\nquestion"
-    assert (tmp_path / "kv" / f"{original.id}.kv").exists()
+    assert (tmp_path / "b" / "kv" / f"{original.id}.kv").exists()
     h.stop()
 
 
