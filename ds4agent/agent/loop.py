@@ -145,6 +145,10 @@ class Worker:
         make_store = getattr(self.engine, "snapshot_store", None)
         self.snapshots = make_store(s.snapshot_budget) if make_store is not None else None
         cached = sessionops.start_system_prefix(self)
+        if self.snapshots is not None and tuple(self.session.tokens) == tuple(self.transcript.ids):
+            # The system prefix is where every conversation of this run starts: going back in a
+            # loaded or resumed session re-prefills from here at worst, never from token 0.
+            self.snapshots.keep(self.session)
         self.io.emit(ev.Ready(model=_describe(self.engine), ctx=s.ctx, sysprompt_cached=cached))
         sessionops.offer_resume(self)
         sessionops.open_requested(self)

@@ -307,5 +307,7 @@ def rewind_list_lines(points, note: str, now: float) -> list[str]:
         return ["no user turns to rewind to yet"]
     lines = ["user turns (1 = the first):"]
     lines += ["  " + rewind_point_line(p, now) for p in points]
-    lines.append(f"/rewind N [both|chat|code|fork]  (default both: code and conversation; {note})")
+    lines.append("/rewind N [both|chat|code|fork]  (default both: code and conversation)")
+    if note:
+        lines.append(note[:1].upper() + note[1:])
     return lines

@@ -68,7 +68,7 @@ def test_line_mode_rewind_lists_turns_and_goes_back(tmp_path):
     out = stdout.getvalue()
     assert "user turns (1 = the first):" in out
     assert "  1  " in out and "first question" in out and "  2  " in out
-    assert "changes made through bash are not tracked" in out
+    assert "Changes made through bash are not tracked" in out
     assert "ds4agent: no user turn 9 (1..2)" in out
     assert "usage: /rewind [N [both|chat|code|fork]]" in out
     assert "rewound to turn 2 (conversation): " in out and ", 0 prefilled" in out
