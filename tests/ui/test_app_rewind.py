@@ -82,3 +82,20 @@ async def test_picker_shows_which_session_a_fork_came_from():
         await wait_until(pilot, lambda: isinstance(app.screen, SessionPicker))
         text = screen_text(app)
         assert "Fix the retry test (fork)  (fork of aaaa1111)" in text
+
+
+async def test_resume_without_a_prefix_opens_the_picker_once_the_agent_is_ready():
+    from ds4agent.agent import events as ev
+    from ds4agent.ui.screens.session_picker import SessionPicker
+    from tests.ui.conftest import make_fake_app
+
+    app, agent = make_fake_app(open_picker=True)
+    agent.sessions = [ev.SessionInfo("aaaa1111" + "0" * 32, "aaaa1111", "Fix it", 1200, 1 << 20,
+                                     1_700_000_000 - 3600, 0, "/kv/a")]
+    async with app.run_test(size=(110, 30)) as pilot:
+        await pilot.pause(0.1)
+        assert not isinstance(app.screen, SessionPicker)
+        agent.emit(ev.Ready("m", 16384, False))
+        await wait_until(pilot, lambda: isinstance(app.screen, SessionPicker), what="picker")
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: ("load", "aaaa1111" + "0" * 32) in agent.calls, what="load")
