@@ -76,9 +76,10 @@ def points(worker: Any) -> list[ev.RewindPoint]:
 def prompt_of(worker: Any, start: int) -> str:
     from ds4agent.agent.history import parse_user_part
     from ds4agent.agent.transcript import split_turns
+    from ds4agent.tools import attach
 
     for turn in split_turns(worker.transcript.ids, start):
-        return parse_user_part(worker.tok.decode_bytes(turn.user))[1]
+        return attach.strip(parse_user_part(worker.tok.decode_bytes(turn.user))[1])
     return ""
 
 

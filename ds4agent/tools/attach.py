@@ -29,6 +29,18 @@ class Attachments:
     notes: list[str] = field(default_factory=list)  # mentions that could not be attached, and why
 
 
+_BLOCK = re.compile(r"\n\n@([^\s@`'\"<>]+):\n")
+
+
+def strip(text: str) -> str:
+    """The message as typed, without the attachments `expand` appended (a rewound turn's prompt
+    goes back into the input box; sending it again attaches the files afresh)."""
+    for m in _BLOCK.finditer(text):
+        if f"@{m.group(1)}" in text[: m.start()]:
+            return text[: m.start()]
+    return text
+
+
 def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ds4agent.tools.attach import expand
+from ds4agent.tools.attach import expand, strip
 from ds4agent.tools.base import ToolContext, run_tool
 
 
@@ -26,6 +26,8 @@ def test_files_and_directories_are_attached_as_the_tools_show_them(tmp_path):
     assert att.text == ("look at @a.py, and @pkg please; mail me@example.com about @nothing.txt\n\n"
                         f"@a.py:\n{read.rstrip()}\n\n@pkg:\n{listing.rstrip()}\n")
     assert "1" in read and "x = 1" in read
+    assert strip(att.text) == "look at @a.py, and @pkg please; mail me@example.com about @nothing.txt"
+    assert strip("a\n\n@b.py:\nnot an attachment of this text") == "a\n\n@b.py:\nnot an attachment of this text"
     # The attached lines count as seen: an edit by line range goes through without a read.
     res = run_tool("edit", {"path": "a.py", "start_line": 2, "end_line": 2, "new": "y = 3\n"}, ctx)
     assert res.ok, res.text
