@@ -12,9 +12,10 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-DEFAULT_MODEL_FILE = "ds4flash.gguf"
+from ds4agent.models.catalog import FLAVOURS
+from ds4agent.models.errors import ModelError
+from ds4agent.models.locate import DEFAULT_MODEL_FILE, resolve_model_path
 
 # subcommand -> (module, function); the function takes the parsed namespace and returns an exit code.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -24,11 +25,39 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "kv": ("ds4agent.sessions.kv_cmd", "main"),
     "info": ("ds4agent.engine.info", "main"),
     "convert": ("ds4agent.engine.convert", "main"),
+    "pull": ("ds4agent.models.pull", "main"),
 }
 
 
 class UsageError(Exception):
     """A problem with what the user asked for; printed as one line, exit status 2."""
+
+
+# The most context --ctx accepts: the model's own maximum (tokenizer model_max_length). A session
+# file stores ctx in 32 bits, but anything past the model's maximum is a typo, not a wish, and
+# would only fail later (or ask for terabytes of KV cache).
+MAX_CTX = 1_048_576
+
+
+def check_agent_flags(args: argparse.Namespace) -> None:
+    """Range checks of the agent's numeric flags, before any model work: a bad value is a usage
+    error now, not a "startup failed" or "context full" minutes later. argparse has already
+    checked that each one is a number."""
+    import math
+
+    problems = []
+    if not 1 <= args.ctx <= MAX_CTX:
+        problems.append(f"--ctx must be between 1 and {MAX_CTX} tokens (got {args.ctx})")
+    if args.round_tokens < 1:
+        problems.append(f"--tokens must be at least 1 (got {args.round_tokens})")
+    if not (math.isfinite(args.temp) and args.temp >= 0):
+        problems.append(f"--temp must be a number >= 0 (got {args.temp})")
+    if not (math.isfinite(args.top_p) and 0 < args.top_p <= 1):
+        problems.append(f"--top-p must be greater than 0 and at most 1 (got {args.top_p})")
+    if not (math.isfinite(args.min_p) and 0 <= args.min_p <= 1):
+        problems.append(f"--min-p must be between 0 and 1 (got {args.min_p})")
+    if problems:
+        raise UsageError(problems[0])
 
 
 def _add_kv_dir(parser: argparse.ArgumentParser, default: object = None) -> None:
@@ -47,31 +76,44 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         default=None,
         help=f"model weights: a ds4 GGUF file or a converted MLX directory "
-        f"(default: $DS4AGENT_MODEL, else ./{DEFAULT_MODEL_FILE})",
+        f"(default: $DS4AGENT_MODEL, else ./{DEFAULT_MODEL_FILE}, else the model `ds4agent pull` "
+        "fetched last)",
     )
 
 
-def _interactive_help() -> str:
-    """The slash commands, from the one table both front ends use (ds4agent/ui/commands.py is pure
-    logic: importing it pulls in no Textual)."""
-    from ds4agent.ui.commands import COMMANDS
+def _add_device(parser: argparse.ArgumentParser, default: object = None) -> None:
+    parser.add_argument("--device", choices=("cpu", "gpu"), default=default,
+                        help="where the engine computes (default: the GPU when MLX has one: Metal on "
+                        "Apple Silicon, CUDA with the cuda extra; else the CPU)")
 
-    width = max(len(c.usage) for c in COMMANDS)
-    lines = [f"  {c.usage:<{width}}  {c.help}" for c in COMMANDS]
-    return "slash commands (in the app and in --plain mode):\n" + "\n".join(lines)
+
+def _interactive_help(columns: int) -> str:
+    """The slash commands and keys, from the one table both front ends use (ds4agent/ui/commands.py
+    is pure logic: importing it pulls in no Textual), wrapped to the terminal."""
+    from ds4agent.ui.commands import help_text
+
+    return "in the app and in --plain mode (/help, F1):\n" + help_text(columns)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import shutil
+    import textwrap
+
+    # The raw description and epilog keep their line breaks, so they are wrapped here, to the
+    # width argparse wraps the flags to (the terminal's, or $COLUMNS).
+    columns = shutil.get_terminal_size().columns
     parser = argparse.ArgumentParser(
         prog="ds4agent",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=_interactive_help(),
-        description="A coding agent for DeepSeek V4 Flash with an in-process MLX engine and "
-        "exact KV-cache sessions. Without a subcommand it starts the terminal app in the "
-        "current directory.",
+        epilog=_interactive_help(columns),
+        description=textwrap.fill(
+            "A coding agent for DeepSeek V4 Flash with an in-process MLX engine and exact KV-cache "
+            "sessions. Without a subcommand it starts the terminal app in the current directory.",
+            max(40, columns - 2)),
     )
     _add_model(parser)
     _add_kv_dir(parser)
+    _add_device(parser)
     # Short aliases and defaults as in the reference ds4-agent (agent-reference.md §2).
     parser.add_argument("-c", "--ctx", type=int, default=100_000, metavar="N",
                         help="context size in tokens (default: 100000)")
@@ -132,49 +174,48 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctx", type=int, default=None, help="context size (default: enough for the tokens)")
     p.add_argument("--out", required=True, help="output .npy file")
 
-    p = sub.add_parser("make-test-model", help="write a tiny DS4-architecture GGUF with random weights")
+    p = sub.add_parser("make-test-model", help="write a DS4-architecture GGUF with random weights")
     p.add_argument("out", help="output .gguf path")
-    p.add_argument("--config", default="tiny", help="named test config (default: tiny)")
+    p.add_argument("--config", default="tiny",
+                   help="micro, tiny, small, or flash: the full DS4 Flash shape (default: tiny)")
+    p.add_argument("--experts", choices=("q2", "q4"), default=None,
+                   help="routed-expert types of a --config flash file: q2 (IQ2_XXS/Q2_K, the "
+                        "default) or q4 (Q4_K)")
     p.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
 
     p = sub.add_parser("kv", help="inspect the session/KV cache directory")
     # SUPPRESS: a subparser default would overwrite `ds4agent --kv-dir DIR kv ...` with None.
     _add_kv_dir(p, default=argparse.SUPPRESS)
     kv = p.add_subparsers(dest="kv_command", metavar="ACTION", required=True)
-    kv.add_parser("ls", help="list sessions and caches, newest first")
+    q = kv.add_parser("ls", help="list sessions and caches, newest first")
+    _add_kv_dir(q, default=argparse.SUPPRESS)  # `kv ls --kv-dir X` too: where people type it
     q = kv.add_parser("show", help="show one file's header, title, text preview and payload")
     q.add_argument("target", metavar="FILE|PREFIX")
-    kv.add_parser("verify", help="validate every .kv file; non-zero exit when any is invalid")
-    q = kv.add_parser("rm", help="delete a session by id prefix")
+    _add_kv_dir(q, default=argparse.SUPPRESS)
+    q = kv.add_parser("verify", help="validate every .kv file; non-zero exit when any is invalid")
+    _add_kv_dir(q, default=argparse.SUPPRESS)
+    q = kv.add_parser("rm", help="delete a session (readable or not) by id prefix")
     q.add_argument("prefix", metavar="PREFIX")
+    _add_kv_dir(q, default=argparse.SUPPRESS)
 
     p = sub.add_parser("info", help="print a model's shape, quant types, sizes and memory estimate")
     p.add_argument("model_path", metavar="MODEL")
     p.add_argument("--ctx", type=int, default=100_000, help="context for the KV estimate (default: 100000)")
+    _add_device(p, default=argparse.SUPPRESS)  # SUPPRESS: keep `ds4agent --device X info ...`
 
     p = sub.add_parser("convert", help="convert the official DeepSeek-V4-Flash safetensors to an MLX directory")
     p.add_argument("source", help="directory of the official checkpoint (safetensors)")
     p.add_argument("out", help="output directory")
 
+    p = sub.add_parser("pull", help="download a model from the Hugging Face Hub (no NAME: list them)")
+    p.add_argument("name", nargs="?", metavar="NAME", choices=[f.name for f in FLAVOURS],
+                   help="one of: " + ", ".join(f.name for f in FLAVOURS))
+    p.add_argument("--dir", metavar="DIR", default=None,
+                   help="where models are kept (default: $DS4AGENT_MODEL_DIR, else ~/.ds4/models)")
+    p.add_argument("--token", metavar="TOKEN", default=None,
+                   help="Hugging Face token (default: $HF_TOKEN, else the one `hf auth login` saved)")
+
     return parser
-
-
-def resolve_model_path(explicit: str | None) -> Path:
-    """The model the agent runs: --model, else $DS4AGENT_MODEL, else ./ds4flash.gguf.
-
-    Raises UsageError with a message that says how to get weights when none is found.
-    """
-    candidate = explicit or os.environ.get("DS4AGENT_MODEL") or DEFAULT_MODEL_FILE
-    path = Path(candidate).expanduser()
-    if path.exists():
-        return path
-    where = "--model" if explicit else ("$DS4AGENT_MODEL" if os.environ.get("DS4AGENT_MODEL") else "default")
-    raise UsageError(
-        f"no model found at {path} ({where}).\n"
-        "  Point ds4agent at ds4's DeepSeek V4 Flash weights: ds4agent --model /path/to/ds4flash.gguf\n"
-        "  (or set DS4AGENT_MODEL). To try the app without real weights, make a tiny random model:\n"
-        "    ds4agent make-test-model tiny.gguf && ds4agent --model tiny.gguf"
-    )
 
 
 def _call(module: str, function: str, args: argparse.Namespace) -> int:
@@ -188,13 +229,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is not None:
             module, function = SUBCOMMANDS[args.command]
             return _call(module, function, args)
+        check_agent_flags(args)
         args.model_path = resolve_model_path(args.model)
         if args.prompt is not None:
             return _call("ds4agent.agent.headless", "main", args)
         if args.plain or not sys.stdout.isatty():
             return _call("ds4agent.ui.plain", "main", args)
         return _call("ds4agent.ui.app", "main", args)
-    except UsageError as err:
+    except (UsageError, ModelError) as err:
         print(f"ds4agent: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

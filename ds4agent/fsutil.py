@@ -93,6 +93,35 @@ def atomic_path(target: str | os.PathLike[str], *, mode: int | None = None,
 
 
 @contextlib.contextmanager
+def atomic_entry(target: str | os.PathLike[str], *, mode: int, prefix: str | None = None) -> Iterator[BinaryIO]:
+    """Replace the directory entry `target` itself, for files ds4agent owns in its own directories
+    (session files and caches): yields the temp file opened for binary writing.
+
+    Unlike atomic_path, a symlink at `target` is never followed: the rename replaces the link with
+    the new regular file and whatever it pointed at stays untouched. A link planted in the KV
+    directory (e.g. `sysprompt-<hex>.kv` -> /etc/passwd, rewritten at every start) must not turn a
+    save into a write to an arbitrary file. The temp file is created with O_CREAT|O_EXCL|O_NOFOLLOW
+    (mkstemp) and written, chmodded and fsynced through that descriptor, never reopened by name.
+    """
+    final = os.path.abspath(os.fspath(target))  # abspath, not realpath: the name, not its target
+    parent = os.path.dirname(final)
+    fd, tmp = tempfile.mkstemp(prefix=prefix if prefix is not None else "." + os.path.basename(final) + ".",
+                               suffix=TEMP_SUFFIX, dir=parent)
+    try:
+        with os.fdopen(fd, "wb", buffering=1 << 20) as fh:
+            yield fh
+            fh.flush()
+            os.fchmod(fh.fileno(), mode)
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(parent)
+
+
+@contextlib.contextmanager
 def atomic_file(target: str | os.PathLike[str], *, mode: int | None = None,
                 prefix: str | None = None, make_parents: bool = False) -> Iterator[BinaryIO]:
     """Like atomic_path, but yield the temp file opened for binary writing (streamed writes)."""

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from ds4agent.fsutil import atomic_file, atomic_write
+from ds4agent.fsutil import atomic_entry, atomic_file, atomic_write
 
 
 def test_atomic_write_creates_and_replaces_keeping_mode(tmp_path):
@@ -34,3 +34,20 @@ def test_explicit_mode_parents_and_symlink(tmp_path):
     link.symlink_to(target)
     atomic_write(link, b"through the link")
     assert link.is_symlink() and target.read_bytes() == b"through the link"
+
+
+def test_atomic_entry_replaces_a_symlink_instead_of_writing_through_it(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    link = tmp_path / "own.kv"
+    link.symlink_to(victim)
+    with atomic_entry(link, mode=0o600) as fh:
+        fh.write(b"new")
+    assert victim.read_bytes() == b"keep"
+    assert not link.is_symlink() and link.read_bytes() == b"new"
+    assert os.stat(link).st_mode & 0o777 == 0o600
+    with pytest.raises(RuntimeError), atomic_entry(link, mode=0o600) as fh:
+        fh.write(b"half")
+        raise RuntimeError("disk full")
+    assert link.read_bytes() == b"new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["own.kv", "victim"]

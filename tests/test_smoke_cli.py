@@ -10,6 +10,7 @@ def test_help_lists_every_subcommand_and_agent_flag():
 
 def test_missing_model_exits_2_with_advice(tmp_path, monkeypatch):
     monkeypatch.delenv("DS4AGENT_MODEL", raising=False)
+    monkeypatch.setenv("DS4AGENT_MODEL_DIR", str(tmp_path / "models"))  # not the user's pulled models
     r = subprocess.run([sys.executable, "-m", "ds4agent.cli", "-p", "hi"], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 2
     assert "no model found" in r.stderr and "make-test-model" in r.stderr
@@ -49,3 +50,42 @@ def test_process_entry_flushes_output_before_its_hard_exit(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "ds4agent.cli", "tokens", "--file", "nope.txt"],
                              capture_output=True, text=True, cwd=tmp_path)
     assert missing.returncode == 2 and "nope.txt" in missing.stderr
+
+
+def test_bad_agent_flags_are_one_line_usage_errors_before_any_model_work(tmp_path, monkeypatch, capsys):
+    # No model exists here: each bad value must be reported for itself (exit 2, one line), not as
+    # "no model found", "startup failed" or "context full" later.
+    from ds4agent.cli import MAX_CTX, main
+
+    monkeypatch.delenv("DS4AGENT_MODEL", raising=False)
+    monkeypatch.chdir(tmp_path)
+    cases = {
+        ("--ctx", "0"): "--ctx must be between 1 and",
+        ("--ctx", "-1"): "--ctx must be between 1 and",
+        ("--ctx", str(MAX_CTX + 1)): "--ctx must be between 1 and",
+        ("--ctx", str(2**32)): "--ctx must be between 1 and",
+        ("--tokens", "0"): "--tokens must be at least 1",
+        ("--temp", "nan"): "--temp must be a number >= 0",
+        ("--temp", "-1"): "--temp must be a number >= 0",
+        ("--temp", "inf"): "--temp must be a number >= 0",
+        ("--top-p", "0"): "--top-p must be greater than 0 and at most 1",
+        ("--top-p", "1.5"): "--top-p must be greater than 0 and at most 1",
+        ("--min-p", "-0.1"): "--min-p must be between 0 and 1",
+    }
+    for flag, expected in cases.items():
+        assert main([*flag, "-p", "hi"]) == 2, flag
+        err = capsys.readouterr().err
+        assert err.startswith(f"ds4agent: {expected}"), (flag, err)
+        assert err.count("\n") == 1, err
+    # In range: the flags pass and the next problem (no model here) is the one reported.
+    assert main(["--ctx", str(MAX_CTX), "--tokens", "1", "--temp", "0", "--top-p", "1", "-p", "hi"]) == 2
+    assert "no model found" in capsys.readouterr().err
+
+
+def test_help_fits_an_80_column_terminal():
+    env = {**__import__("os").environ, "COLUMNS": "80"}
+    out = subprocess.run([sys.executable, "-m", "ds4agent.cli", "--help"], capture_output=True, text=True,
+                         check=True, env=env).stdout
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "  /save [title]        save the session, optionally under a new title" in out
+    assert "Ctrl+O" in out  # the keys are listed too

@@ -20,7 +20,9 @@ The new transcript is prefilled from the longest common prefix (the system prefi
 Bash jobs still running are re-announced in the next User turn (Worker.pending_results).
 
 On failure (interrupt, empty summary, no room) the old transcript is kept unchanged and the live
-KV is simply re-synced to it by the next round (`Session.sync` rewinds as needed).
+KV is simply re-synced to it by the next round (`Session.sync` rewinds as needed). So it is when
+compaction would not make the context smaller (the whole conversation is within the verbatim
+tail, or summary + tail are not shorter than what they replace): a notice says why.
 """
 
 from __future__ import annotations
@@ -58,11 +60,15 @@ def maybe_compact(worker: Any, projected: int, kind: str, *, force: bool = False
     return compact(worker, kind, projected=projected)
 
 
+def _tail_keep(ctx: int) -> int:
+    return min(ctx // 10, TAIL_MAX_TOKENS)
+
+
 def _tail(worker: Any) -> list[int]:
     from ds4agent.engine.tokenizer import USER
 
     ids = worker.transcript.ids
-    keep = min(worker.settings.ctx // 10, TAIL_MAX_TOKENS)
+    keep = _tail_keep(worker.settings.ctx)
     start = max(worker.transcript.system_len, len(ids) - keep)
     while start < len(ids) and ids[start] != USER:
         start += 1
@@ -133,8 +139,20 @@ def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
         io.emit(ev.Error(f"compaction failed: {message}"))
         return False
 
+    def pointless(message: str) -> bool:
+        # Not a failure: compaction cannot make this context smaller, so it keeps it as it is.
+        worker.transcript.reset(old_ids, old_system_len)
+        io.emit(ev.CompactionDone(False, before, before, error=message))
+        io.emit(ev.Notice(f"nothing compacted: {message}", "warning"))
+        return False
+
     if not worker.transcript.at_turn_boundary():
         return fail("the conversation is in the middle of a turn")
+    conversation = before - old_system_len
+    if len(_tail(worker)) >= conversation:
+        # The tail kept verbatim would be the whole conversation: a summary could only add to it.
+        return pointless(f"the whole conversation ({conversation} tokens) is within the last "
+                         f"{_tail_keep(ctx)} tokens, which compaction keeps verbatim")
     reason_line = {
         "soft": "the context is nearly full",
         "hard": "a tool result does not fit in the remaining context",
@@ -177,13 +195,6 @@ def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
         if not text:
             return fail("the model wrote an empty summary")
         worker.transcript.reset(old_ids, old_system_len)  # drop the private request
-        if worker.title is None:
-            # The title is derived from the first user message of the text (kvc-format.md §12.7);
-            # after the rebuild that would be whatever turn the tail starts with. Fix it now, so a
-            # session first saved after a compaction is still named after the user's request.
-            from ds4agent.sessions.store import derive_title
-
-            worker.title = derive_title(tok.decode_bytes(old_ids))
         tail = _tail(worker)
         goal = _goal_note(worker, tail)
         body = text + (b"\n\n" + goal.encode("utf-8") if goal else b"")
@@ -194,8 +205,18 @@ def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
             ctx=ctx, tokenizer=tok,
         )
         new_ids = prefix + tail
+        if len(new_ids) >= before:
+            return pointless(f"the summary and the kept tail ({len(new_ids)} tokens) would not be "
+                             f"smaller than the context now ({before} tokens)")
         if len(new_ids) + SUMMARY_MIN_ROOM >= ctx:
             return fail("the summary and the kept tail do not fit the context")
+        if worker.title is None:
+            # The title is derived from the first user message of the text (kvc-format.md §12.7);
+            # after the rebuild that would be whatever turn the tail starts with. Fix it now, so a
+            # session first saved after a compaction is still named after the user's request.
+            from ds4agent.sessions.store import derive_title
+
+            worker.title = derive_title(tok.decode_bytes(old_ids))
         worker.transcript.reset(new_ids, len(prefix))
         from ds4agent.agent import rewind
 

@@ -88,12 +88,14 @@ class Ready(Event):
     """The model is loaded and the system prefix is live; the agent accepts turns.
 
     model: a short description of the model; ctx: the session context;
-    sysprompt_cached: True when the system prefix came from its KV cache (no prefill).
+    sysprompt_cached: True when the system prefix came from its KV cache (no prefill);
+    device: where the engine computes ("Metal GPU", "CUDA GPU", "CPU"; "" when unknown).
     """
 
     model: str
     ctx: int
     sysprompt_cached: bool
+    device: str = ""
 
 
 # --------------------------------------------------------------------------- turns
@@ -284,6 +286,7 @@ class SessionInfo:
     created_at: int
     path: str
     forked_from: str = ""  # short id of the session this one was forked from ("" when none)
+    unreadable: str = ""  # why the file cannot be read ("" for a readable session); title says so too
 
 
 @dataclass(frozen=True)

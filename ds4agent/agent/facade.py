@@ -75,7 +75,12 @@ class Agent:
         self._pending: dict[str, _Pending] = {}
         self._ids = itertools.count(1)
         self._save_deferred = False
+        self._save_title: str | None = None  # the title of a deferred /save TITLE
         self._thread: threading.Thread | None = None
+        # Why the worker could not start (model not loadable, context too small, ...): set once,
+        # when startup fails. From then on nothing is busy and nothing is queued: every message
+        # and command is answered at once with this reason (a dead worker must not swallow input).
+        self.failure: str | None = None
         # Deferred import keeps `import ds4agent.agent.facade` cheap (no numpy/mlx until start()).
         from ds4agent.agent.loop import Worker
 
@@ -147,6 +152,9 @@ class Agent:
         text = trim(text)
         if not text:
             return False
+        if self.failure is not None:
+            self.emit(ev.Error(f"not sent: {self.failure}"))
+            return False
         with self._lock:
             if self._busy:
                 self._queued.append(text)
@@ -197,17 +205,22 @@ class Agent:
 
     answer = answer_permission
 
-    def save(self) -> None:
-        """/save: idle -> save now; busy -> "save scheduled at next safe point" and save when the
-        turn ends. Result: SessionSaved + Notice, or Error("save failed: ...")."""
+    def save(self, title: str | None = None) -> None:
+        """/save [TITLE]: idle -> save now; busy -> "save scheduled at next safe point" and save
+        when the turn ends. A title becomes the session's title (stored in the file's title
+        trailer). Result: SessionSaved + Notice, or Error("save failed: ...")."""
+        if self.failure is not None:
+            self.emit(ev.Error(f"save failed: {self.failure}"))
+            return
         with self._lock:
             if self._busy:
                 self._save_deferred = True
+                self._save_title = title or self._save_title
                 deferred = True
             else:
                 deferred = False
                 self._busy = True
-                self._commands.put(("save", ()))
+                self._commands.put(("save", (title,)))
         if deferred:
             self.emit(ev.Notice("save scheduled at next safe point"))
 
@@ -351,6 +364,10 @@ class Agent:
     # ------------------------------------------------------------------ internals
 
     def _command(self, name: str, args: tuple) -> None:
+        if self.failure is not None:
+            # No worker to run it: /quit leaves at once, anything else says why it cannot run.
+            self.emit(ev.Exited(1) if name == "quit" else ev.Error(f"/{name} cannot run: {self.failure}"))
+            return
         with self._lock:
             if self._busy:
                 busy = True
@@ -364,16 +381,17 @@ class Agent:
 
     def _run(self) -> None:
         worker = self._worker
+        message = "startup failed"
         try:
             ok = worker.startup()
         except BaseException as err:  # a crash here must reach the UI as text, not a traceback
-            message = f"startup failed: {err}"
+            message = f"startup failed: {err or type(err).__name__}"
             self.emit(ev.Error(message, fatal=True))
             self.emit(ev.Status(state=ev.State.ERROR, ctx_used=0, ctx_total=self.settings.ctx, compact_at=0,
                                 detail=message))
             ok = False
         if not ok:
-            self.emit(ev.Exited(1))
+            self._fail_start(message)
             return
         self._after_command()
         discard: bool | None = None  # None: keep the journal if there are unsaved turns
@@ -397,16 +415,30 @@ class Agent:
         finally:
             self.emit(ev.Exited(0))
 
+    def _fail_start(self, message: str) -> None:
+        """The worker ends without having started: leave nothing busy and nothing queued (the
+        messages typed while the model loaded can never be sent; say so, once), then Exited(1)."""
+        self.failure = message
+        with self._lock:
+            self._busy = False
+            dropped = len(self._queued)
+            self._queued.clear()
+        if dropped:
+            self.emit(ev.QueueChanged(()))
+            self.emit(ev.Error(f"{dropped} queued message{'' if dropped == 1 else 's'} not sent: "
+                               "the model failed to load"))
+        self.emit(ev.Exited(1))
+
     def _after_command(self) -> None:
         """End of a command on the worker: run a deferred save, then either start the next turn
         with the queued text or go idle."""
         while True:
             with self._lock:
-                save = self._save_deferred
-                self._save_deferred = False
+                save, title = self._save_deferred, self._save_title
+                self._save_deferred, self._save_title = False, None
             if save:
                 try:
-                    self._worker.cmd_save()
+                    self._worker.cmd_save(title)
                 except Exception as err:  # noqa: BLE001
                     self.emit(ev.Error(f"save failed: {err}"))
             with self._lock:

@@ -80,11 +80,26 @@ def run(agent: Any, prompt: str, *, out: TextIO, err: TextIO, json_mode: bool = 
     submitted = False
     at_line_start = True
     wrote = False
+    # What the current round produced: a round that only thought before the token cap leaves
+    # stdout empty, and the verdict must say where the budget went.
+    round_text = round_thought = False
     agent.start()
+
+    def to_err(text: str) -> None:
+        # On a terminal both streams share the screen: end the answer's open line first, or the
+        # line written here is glued onto it.
+        nonlocal at_line_start
+        if not json_mode and not at_line_start:
+            out.write("\n")
+            out.flush()
+            at_line_start = True
+        err.write(text)
+        err.flush()
+
     try:
         while True:
             if deadline is not None and time.monotonic() > deadline:
-                err.write("ds4agent: timed out\n")
+                to_err("ds4agent: timed out\n")
                 return EXIT_FAIL
             try:
                 e = agent.events.get(timeout=0.1)
@@ -97,7 +112,7 @@ def run(agent: Any, prompt: str, *, out: TextIO, err: TextIO, json_mode: bool = 
                 out.flush()
             if isinstance(e, ev.Ready):
                 if not agent.submit(prompt):
-                    err.write("ds4agent: the prompt is empty\n")
+                    to_err("ds4agent: the prompt is empty\n")
                     return EXIT_FAIL
                 submitted = True
             elif isinstance(e, ev.PermissionRequest):
@@ -109,7 +124,7 @@ def run(agent: Any, prompt: str, *, out: TextIO, err: TextIO, json_mode: bool = 
             elif isinstance(e, ev.Question):
                 agent.answer_permission(e.id, "n")
             elif isinstance(e, ev.Error):
-                err.write(f"ds4agent: {e.text}\n")
+                to_err(f"ds4agent: {e.text}\n")
                 if e.fatal:
                     return EXIT_FAIL
             elif isinstance(e, ev.Exited):
@@ -122,33 +137,41 @@ def run(agent: Any, prompt: str, *, out: TextIO, err: TextIO, json_mode: bool = 
                 else:
                     status = EXIT_FAIL
                     if not json_mode:
-                        err.write(f"ds4agent: the answer is incomplete ({e.reason.replace('_', ' ')})\n")
+                        why = ""
+                        if e.reason == "token_cap" and round_thought and not round_text:
+                            why = (": thinking used the round's whole token budget before any answer "
+                                   "(raise --tokens, or use --nothink)")
+                        to_err(f"ds4agent: the answer is incomplete ({e.reason.replace('_', ' ')}){why}\n")
                 if not json_mode and not at_line_start:
                     out.write("\n")
                     out.flush()
                 if save and not _save(agent, err):
                     status = EXIT_FAIL
                 return status
+            elif isinstance(e, ev.RoundStarted):
+                round_text = round_thought = False
+            elif isinstance(e, ev.ThinkingDelta):
+                round_thought = True
             if json_mode:
                 continue
             if isinstance(e, ev.TextDelta):
                 text = e.text if wrote else e.text.lstrip()  # no blank lines before the answer
                 if text:
-                    wrote = True
+                    wrote = round_text = True
                     out.write(text)
                     out.flush()
                     at_line_start = text.endswith("\n")
             elif isinstance(e, ev.ToolCallEnd):
-                err.write(f"⏺ {_summary(e.name, e.args)}\n")
+                to_err(f"⏺ {_summary(e.name, e.args)}\n")
             elif isinstance(e, ev.ToolResult):
                 mark = "✓" if e.ok else "✗"
-                err.write(f"  {mark} {_first_line(e.text)}\n")
+                to_err(f"  {mark} {_first_line(e.text)}\n")
             elif isinstance(e, ev.ToolCallInvalid):
-                err.write(f"  ✗ [{'invalid tool call: ' if e.kind == 'error' else ''}{e.reason}]\n")
+                to_err(f"  ✗ [{'invalid tool call: ' if e.kind == 'error' else ''}{e.reason}]\n")
             elif isinstance(e, ev.CompactionStarted):
-                err.write(f"[compacting context: {e.reason}]\n")
+                to_err(f"[compacting context: {e.reason}]\n")
             elif isinstance(e, ev.Notice) and e.level == "warning":
-                err.write(f"ds4agent: {e.text}\n")
+                to_err(f"ds4agent: {e.text}\n")
     except KeyboardInterrupt:
         agent.interrupt()
         return EXIT_INTERRUPTED

@@ -141,15 +141,21 @@ class Worker:
         self.think_mode = s.effective_think_mode()
         if s.think_mode == "think-max" and self.think_mode != "think-max":
             self.io.emit(ev.Notice(f"{_THINK_MAX_TOO_SMALL} (context {s.ctx})", "warning"))
+        device = getattr(self.engine, "device", None)
+        if getattr(device, "notice", ""):
+            self.io.emit(ev.Notice(device.notice, "warning"))  # e.g. no GPU: running on the CPU
         self.session = self.engine.new_session()
         make_store = getattr(self.engine, "snapshot_store", None)
         self.snapshots = make_store(s.snapshot_budget) if make_store is not None else None
+        for note in getattr(self.store, "notices", ()):  # e.g. a KV directory open to other users
+            self.io.emit(ev.Notice(note, "warning"))
         cached = sessionops.start_system_prefix(self)
         if self.snapshots is not None and tuple(self.session.tokens) == tuple(self.transcript.ids):
             # The system prefix is where every conversation of this run starts: going back in a
             # loaded or resumed session re-prefills from here at worst, never from token 0.
             self.snapshots.keep(self.session)
-        self.io.emit(ev.Ready(model=_describe(self.engine), ctx=s.ctx, sysprompt_cached=cached))
+        self.io.emit(ev.Ready(model=_describe(self.engine), ctx=s.ctx, sysprompt_cached=cached,
+                              device=getattr(device, "label", "")))
         sessionops.offer_resume(self)
         sessionops.open_requested(self)
         self._set_state(ev.State.IDLE)
@@ -278,6 +284,9 @@ class Worker:
                 self.io.emit(ev.RoundStarted(rounds))
                 result = self._round()
                 total_generated += result.generated
+                # Journalled before its tools run: a command may run for minutes, and a crash
+                # then must keep the round that asked for it.
+                sessionops.journal_write(self)
                 more = self._after_round(result)
                 sessionops.journal_write(self)
                 if not more:
@@ -600,10 +609,10 @@ class Worker:
 
     # ================================================================== commands other than turns
 
-    def cmd_save(self) -> None:
+    def cmd_save(self, title: str | None = None) -> None:
         from ds4agent.agent import sessionops
 
-        sessionops.save(self)
+        sessionops.save(self, title)
 
     def cmd_load(self, prefix: str) -> None:
         from ds4agent.agent import sessionops

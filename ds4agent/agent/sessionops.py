@@ -105,10 +105,13 @@ def start_system_prefix(worker: Any) -> bool:
 # ====================================================================== save
 
 
-def save(worker: Any) -> ev.SessionSaved | None:
-    """/save (kvc-format.md §12.4). Errors become Error("save failed: ...")."""
+def save(worker: Any, title: str | None = None) -> ev.SessionSaved | None:
+    """/save [TITLE] (kvc-format.md §12.4). Errors become Error("save failed: ...").
+
+    A title (whitespace-normalised; blank means none) becomes the session's title: it is stored
+    in the title trailer, so it is what /list, the picker and `kv ls` show from then on."""
     try:
-        return _save(worker)
+        return _save(worker, title)
     except Exception as err:  # noqa: BLE001 - SessionOpError, KVCError, engine errors: readable messages
         worker.io.emit(ev.Error(f"save failed: {err}"))
     finally:
@@ -116,7 +119,26 @@ def save(worker: Any) -> ev.SessionSaved | None:
     return None
 
 
-def _save(worker: Any) -> ev.SessionSaved:
+def _retitle(worker: Any, title: str | None) -> tuple[bytes | None, str | None]:
+    """The title this save writes and the file it replaces. A /save TITLE that changes the title
+    changes the file name (the identity is SHA-1 of title and created_at), so the file saved under
+    the old title is replaced the way a legacy source is. The worker keeps its title until the
+    save succeeded."""
+    from ds4agent.sessions.store import normalise_title
+
+    new = normalise_title(title_bytes(title)) if title is not None else b""
+    if not new or new == worker.title:
+        return worker.title, worker.legacy_path
+    old_path = worker.legacy_path
+    if old_path is None and worker.session_id:
+        try:
+            old_path = str(worker.store.resolve(worker.session_id).path)
+        except Exception:  # noqa: BLE001 - the old file is gone already: nothing to replace
+            old_path = None
+    return new, old_path
+
+
+def _save(worker: Any, title: str | None = None) -> ev.SessionSaved:
     if worker.store is None:
         raise SessionOpError("no session directory")
     if not worker.activity:
@@ -126,11 +148,12 @@ def _save(worker: Any) -> ev.SessionSaved:
     if not worker._sync(interruptible=False) or tuple(worker.session.tokens) != tuple(worker.transcript.ids):
         raise SessionOpError("live KV state does not match session transcript")
     worker._set_state(ev.State.SAVING)
+    new_title, replaces = _retitle(worker, title)
     text = worker.tok.decode_bytes(worker.transcript.ids)
     payload = worker.session.export_state()
     saved = worker.store.save_session(
-        text, payload, shape=_shape(worker), title=worker.title, created_at=worker.created_at,
-        loaded_from=worker.legacy_path, protect=(worker.forked_from,) if worker.forked_from else (),
+        text, payload, shape=_shape(worker), title=new_title, created_at=worker.created_at,
+        loaded_from=replaces, protect=(worker.forked_from,) if worker.forked_from else (),
         **_kv_args(worker),
     )
     worker.title = title_bytes(saved.title)
@@ -172,10 +195,12 @@ def fork(worker: Any, title: str | None) -> ev.SessionSaved | None:
     if not worker.transcript.has_user_turn():
         worker.io.emit(ev.Error("fork failed: nothing to fork yet"))
         return None
+    from ds4agent.sessions.store import normalise_title
+
     parent = worker.session_id
-    if title:
-        new_title = title_bytes(title)
-    else:
+    # Normalised as /save TITLE is: whitespace trimmed, each run of it one space.
+    new_title = normalise_title(title_bytes(title)) if title else b""
+    if not new_title:
         base = worker.title
         if base is None:
             from ds4agent.sessions.store import derive_title
@@ -413,13 +438,21 @@ def list_event(worker: Any) -> ev.SessionList:
     except OSError:
         index = {}
     try:
-        for info in store.list_sessions():
+        sessions, unreadable = store.scan_sessions()
+        for info in sessions:
             e = info.entry
             parent = index[e.id].forked_from if e.id in index else ""
             infos.append(ev.SessionInfo(
                 id=e.id, short_id=e.short_id, title=display_title(info.title), tokens=e.header.tokens,
                 size_bytes=e.file_size, last_used=e.header.last_used, created_at=e.header.created_at,
                 path=str(e.path), forked_from=parent[:8],
+            ))
+        # Listed, not hidden (issue 10.11): the user sees the file and why, and can delete it.
+        for broken in unreadable:
+            infos.append(ev.SessionInfo(
+                id=broken.id, short_id=broken.short_id, title=broken.display_title, tokens=0,
+                size_bytes=broken.file_size, last_used=broken.last_used, created_at=0,
+                path=str(broken.path), unreadable=broken.reason,
             ))
     except Exception as err:  # noqa: BLE001
         worker.io.emit(ev.Error(f"no sessions: {err}"))

@@ -8,6 +8,7 @@ trace with one notice instead of breaking the session.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -42,7 +43,10 @@ class Trace:
         self._on_error = on_error
         if path is not None:
             try:
-                self._file = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+                # 0600 from the start: a trace holds the whole transcript (prompts, file contents,
+                # command output), so other users must never be able to read it.
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                self._file = open(fd, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
             except OSError as err:
                 self._fail(f"cannot open trace file {path}: {err.strerror or err}")
 

@@ -13,13 +13,15 @@ from typing import Any
 from ds4agent.agent.settings import AgentSettings
 
 
-def engine_loader(model_path: Path, ctx: int) -> Callable[[Callable[[float], None]], Any]:
-    """A loader the worker thread runs: Engine.load with progress (0..1)."""
+def engine_loader(model_path: Path, ctx: int,
+                  device: str | None = None) -> Callable[[Callable[[float], None]], Any]:
+    """A loader the worker thread runs: Engine.load with progress (0..1) on `device` (None: the
+    GPU when there is one)."""
 
     def load(progress: Callable[[float], None]) -> Any:
         from ds4agent.engine.session import Engine
 
-        return Engine.load(model_path, ctx=ctx, progress=progress)
+        return Engine.load(model_path, ctx=ctx, progress=progress, device=device)
 
     return load
 
@@ -36,4 +38,4 @@ def build_from_args(args: Any) -> tuple[Any, Any, Any, AgentSettings]:
     store = open_store(settings.kv_dir)
     from ds4agent.tools.base import default_tools
 
-    return engine_loader(model_path, settings.ctx), store, default_tools(), settings
+    return engine_loader(model_path, settings.ctx, getattr(args, "device", None)), store, default_tools(), settings

@@ -79,10 +79,16 @@ def save_npy_atomic(path: str | os.PathLike[str], array: np.ndarray) -> None:
 
 
 def main(args) -> int:
-    from ..cli import resolve_model_path
+    from ..models.errors import ModelError
+    from ..models.locate import resolve_model_path
 
     def action() -> str:
-        model = resolve_model_path(args.model)
+        # Whether the model fits this machine is Engine.load's first check (info.check_fits),
+        # made from the tensor directory before any weight is read.
+        try:
+            model = resolve_model_path(args.model)
+        except ModelError as err:
+            raise DumpError(str(err)) from None
         if args.token_list is not None:
             tokens = parse_token_list(args.token_list)
         else:

@@ -4,7 +4,9 @@ Backends:
   * `dense_experts(w)`      float weights [n_experts, d_out, d_in] (test models, dequantised refs);
   * `QuantExperts`          raw GGUF blocks [n_experts, d_out, row_bytes] (Q2_K, Q4_K, IQ2_XXS,
                             Q8_0) kept quantised; only the experts a call selects are dequantised,
-                            with MLX ops (CPU and GPU), a bounded group of experts at a time;
+                            with MLX ops: on a CPU a cache-sized tile of rows at a time, the output
+                            rows split over one worker thread per core; on a GPU a bounded group
+                            of whole experts at a time;
   * Metal kernels (`ds4agent.engine.metal_experts`), chosen by `quant_experts()` only where
     `mx.metal.is_available()`.
 
@@ -12,12 +14,18 @@ Exactness contract (chunk invariance, model.md §9): every (row, slot) product i
 own 1-row matrix product (`mx.gather_mm` with M = 1 per batch element), so a row's result does
 not depend on which other rows share the call (chunk size, token-by-token decode) nor on how
 experts are grouped. The portable quantised backend dequantises bit-exactly (quant.py), so it
-gives the same bits as `dense_experts` over the dequantised float32 weights.
+gives the same bits as `dense_experts` over the dequantised float32 weights. (Its CPU path
+multiplies the rows that share an expert in one product: the CPU BLAS computes every output
+element as its own in-order dot product, so the bits are those of the 1-row products; the
+tests hold it to `dense_experts` bit for bit.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import queue
+import threading
 import warnings
 from typing import Protocol, runtime_checkable
 
@@ -26,7 +34,53 @@ import numpy as np
 
 from ds4agent.engine import quant
 from ds4agent.engine.errors import EngineError
-from ds4agent.engine.weights import cpu_parts, cpu_streams
+from ds4agent.engine.weights import cpu_layout, cpu_parts, cpu_streams
+
+
+class _Workers:
+    """Long-lived daemon threads for the CPU expert path: `run(fns)` calls fns[i] on thread i and
+    returns their results (re-raising the first error).
+
+    Made once and never joined: MLX keeps a stream's worker per thread for the life of the
+    process, and a thread that used MLX streams must not exit before it (tearing its thread
+    state down while MLX still holds it aborts the process at exit)."""
+
+    def __init__(self, n: int):
+        self._inbox = [queue.SimpleQueue() for _ in range(n)]
+        for box in self._inbox:
+            threading.Thread(target=self._serve, args=(box,), daemon=True, name="ds4-experts").start()
+
+    @staticmethod
+    def _serve(box: queue.SimpleQueue) -> None:
+        while True:
+            fn, done = box.get()
+            try:
+                done.put((True, fn()))
+            except BaseException as err:  # handed to the caller, which re-raises it
+                done.put((False, err))
+            # An idle worker must not keep its last task (the experts, the call's inputs) alive.
+            del fn, done
+
+    def run(self, fns: list) -> list:
+        done = [queue.SimpleQueue() for _ in fns]
+        for box, fn, d in zip(self._inbox, fns, done, strict=False):
+            box.put((fn, d))
+        results = [d.get() for d in done]
+        for ok, value in results:
+            if not ok:
+                raise value
+        return [value for _, value in results]
+
+
+_WORKERS: dict[int, _Workers] = {}
+_WORKERS_LOCK = threading.Lock()
+
+
+def _workers(n: int) -> _Workers:
+    with _WORKERS_LOCK:
+        if n not in _WORKERS:
+            _WORKERS[n] = _Workers(n)
+        return _WORKERS[n]
 
 
 @runtime_checkable
@@ -115,10 +169,14 @@ class MxExperts:
         return out.reshape(n, k, self.d_out)
 
 
-# Dequantised float32 bytes one call may hold at a time (a prefill chunk can select every expert:
-# 256 Flash experts of 2048 x 4096 would be 8 GiB as f32). Decode (6 experts, 32 MiB each) fits
-# in one group.
+# Device (non-CPU) path: dequantised float32 bytes one call may hold at a time (a prefill chunk
+# can select every expert: 256 Flash experts of 2048 x 4096 would be 8 GiB as f32). Decode
+# (6 experts, 32 MiB each) fits in one group.
 DEFAULT_GROUP_BYTES = 256 << 20
+# Weights dequantised per op on the CPU path (1 MiB as f32): with its temporaries (codes, products)
+# a tile stays in a core's 2 MiB L2. Measured at real shape (bench/experts.py): 2^17..2^20 are
+# within noise of each other; whole experts at a time (the previous CPU path) took 3-4x the CPU.
+TILE_WEIGHTS = 1 << 18
 
 
 class QuantExperts:
@@ -154,6 +212,12 @@ class QuantExperts:
             return self.raw[mx.array(experts.astype(np.uint32))]
         return mx.array(np.take(self.raw, experts, axis=0))
 
+    def _rows_of(self, expert: int, r0: int, r1: int) -> mx.array:
+        """Raw rows r0..r1 of one expert, [r1-r0, row_bytes] (a memmap reads only those bytes)."""
+        if isinstance(self.raw, mx.array):
+            return self.raw[expert, r0:r1]
+        return mx.array(np.asarray(self.raw[expert, r0:r1]))
+
     def dequantize(self, experts) -> mx.array:
         """float32 [len(experts), d_out, d_in] of the given experts (bit-exact, quant.py)."""
         experts = np.asarray(experts, dtype=np.int64).reshape(-1)
@@ -164,51 +228,98 @@ class QuantExperts:
         ids = np.array(expert_ids).astype(np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self.n_experts):
             raise EngineError(f"expert id out of range 0..{self.n_experts - 1}")
+        if cpu_layout():
+            return self._tiled(x, ids, n, k)
         a = _slot_inputs(x, n, k)
         used = np.unique(ids)
-        parts = min(cpu_parts(), len(used))
-        if len(used) <= self.group and parts > 1:
-            # CPU with spare cores: one MLX op runs on one core, so the selected experts are
-            # split into `parts` groups, each dequantised and multiplied on its own CPU stream
-            # (a worker thread). Same per-pair products as below: bit-identical results.
-            bounds = [len(used) * i // parts for i in range(parts + 1)]
-            return self._grouped(x, ids, n, k, [used[b0:b1] for b0, b1 in zip(bounds, bounds[1:], strict=False)],
-                                 streams=cpu_streams(parts))
         if len(used) <= self.group:  # decode and small chunks: one dequantisation, one product
             local = np.searchsorted(used, ids).astype(np.uint32)
             wt = mx.swapaxes(self.dequantize(used), -1, -2)
             return mx.gather_mm(a, wt, rhs_indices=mx.array(local)).reshape(n, k, self.d_out)
         # Large chunks: a group of experts at a time (bounded dequantised memory).
         groups = [used[start : start + self.group] for start in range(0, len(used), self.group)]
-        return self._grouped(x, ids, n, k, groups, streams=cpu_streams(cpu_parts()) if cpu_parts() > 1 else None)
+        return self._grouped(x, ids, n, k, groups)
 
-    def _grouped(self, x: mx.array, ids: np.ndarray, n: int, k: int, groups: list[np.ndarray], *,
-                 streams: list | None) -> mx.array:
+    def _tiled(self, x: mx.array, ids: np.ndarray, n: int, k: int) -> mx.array:
+        """The CPU path: each selected expert is dequantised TILE_WEIGHTS weights (whole rows) at a
+        time and each tile multiplied at once, so the f32 weights never exist as a whole expert:
+        the tile and its temporaries stay in the core's cache, and no large buffer is allocated
+        (on this CPU a fresh 32 MiB buffer costs as much as the arithmetic that fills it).
+
+        The output rows are split into `cpu_parts()` ranges, each served by its own worker thread
+        on its own CPU stream (one MLX op uses one core). Exactness: a tile is the same rows of the
+        same dequantised weights, and output row j of a product is the dot product of row j with
+        the input row, in the same order whatever other rows share the op (the CPU BLAS computes
+        each output element on its own): the bits equal the dense f32 product's, whatever the tile,
+        the split or the number of rows sharing an expert.
+        """
+        src = x.astype(mx.float32)
+        src = src if x.ndim == 2 else src.reshape(n * k, self.d_in)
+        # Computed here, on this thread's stream: the workers read it concurrently, and a lazy
+        # array built on this thread's stream cannot be evaluated on another thread.
+        mx.eval(src)
+        flat = ids.reshape(-1)
+        used, slot_expert = np.unique(flat, return_inverse=True)
+        order = np.argsort(slot_expert, kind="stable")  # pairs grouped by expert, in pair order
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(slot_expert, minlength=len(used)))])
+        rows_of_pairs = order // k if x.ndim == 2 else order
+        inputs = [mx.array(rows_of_pairs[b0:b1].astype(np.uint32)) for b0, b1 in zip(bounds, bounds[1:], strict=False)]
+        tile_rows = max(1, TILE_WEIGHTS // self.d_in)
+        parts = max(1, min(cpu_parts(), self.d_out // tile_rows))
+        cuts = [self.d_out * i // parts // tile_rows * tile_rows for i in range(parts)] + [self.d_out]
+        jobs = [(used, src, inputs, cuts[i], cuts[i + 1], tile_rows) for i in range(parts)]
+        if parts == 1:
+            results = [self._part(*jobs[0])]
+        else:
+            streams = cpu_streams(parts)
+            results = _workers(parts).run([functools.partial(self._part, *jobs[i], stream=streams[i])
+                                           for i in range(parts)])
+        per_expert = [mx.concatenate([res[e] for res in results], axis=1) if parts > 1 else results[0][e]
+                      for e in range(len(used))]
+        out = mx.concatenate(per_expert, axis=0) if len(per_expert) > 1 else per_expert[0]
+        inverse = np.empty(n * k, dtype=np.uint32)
+        inverse[order] = np.arange(n * k, dtype=np.uint32)
+        return mx.take(out, mx.array(inverse), axis=0).reshape(n, k, self.d_out)
+
+    def _part(self, used: np.ndarray, src: mx.array, inputs: list, r0: int, r1: int, tile_rows: int, *,
+              stream=None) -> list:
+        """Output rows r0..r1 of every selected expert, for the pairs that use it: [[n_e, r1-r0]]."""
+        outs = []
+        with mx.stream(stream) if stream is not None else contextlib.nullcontext():
+            for e, expert in enumerate(used):
+                tile = quant.prepare_rows(self._rows_of(int(expert), r0, r1), self.qtype, self.d_in)
+                rows = mx.take(src, inputs[e], axis=0)
+                parts = []
+                for t0 in range(0, r1 - r0, tile_rows):
+                    parts.append(rows @ tile(t0, min(t0 + tile_rows, r1 - r0)).T)
+                    # Evaluated tile by tile: one graph of all tiles runs op by op across the
+                    # tiles (every tile's temporaries alive at once), about 2x slower here.
+                    mx.eval(parts[-1])
+                outs.append(mx.concatenate(parts, axis=1) if len(parts) > 1 else parts[0])
+                mx.eval(outs[-1])  # nothing lazy may leave the worker: its stream is thread-local
+        return outs
+
+    def _grouped(self, x: mx.array, ids: np.ndarray, n: int, k: int, groups: list[np.ndarray]) -> mx.array:
         """Flatten to (row, slot) pairs and serve them one group of experts at a time.
 
         Pair p = row p // k, slot p % k; a shared input row is gathered per pair, never broadcast
-        to all N*k pairs up front (that would be N*k*d_in floats at once). With `streams`, group
-        i runs on streams[i % len(streams)] and a round of len(streams) groups is evaluated
-        together (in parallel); without, each group is evaluated before the next is dequantised.
-        The last round is left lazy, like the single-group product (decode keeps one graph).
+        to all N*k pairs up front (that would be N*k*d_in floats at once). Each group is
+        evaluated before the next is dequantised; the last is left lazy, like the single-group
+        product (decode keeps one graph).
         """
         xf = x.astype(mx.float32)
         src = xf if x.ndim == 2 else xf.reshape(n * k, self.d_in)
         flat = ids.reshape(-1)
-        outs, order, pending = [], [], []
-        width = len(streams) if streams else 1
+        outs, order = [], []
         for i, grp in enumerate(groups):
             pairs = np.nonzero((flat >= grp[0]) & (flat <= grp[-1]))[0]
             local = np.searchsorted(grp, flat[pairs]).astype(np.uint32)
             sel = pairs // k if x.ndim == 2 else pairs
-            with mx.stream(streams[i % width]) if streams else contextlib.nullcontext():
-                wt = mx.swapaxes(self.dequantize(grp), -1, -2)
-                rows = mx.take(src, mx.array(sel.astype(np.uint32)), axis=0)[:, None, :]
-                out = mx.gather_mm(rows, wt, rhs_indices=mx.array(local))
-            pending.append(out)
-            if len(pending) == width and i < len(groups) - 1:
-                mx.eval(pending)  # free these groups' dequantised weights before the next ones
-                pending = []
+            wt = mx.swapaxes(self.dequantize(grp), -1, -2)
+            rows = mx.take(src, mx.array(sel.astype(np.uint32)), axis=0)[:, None, :]
+            out = mx.gather_mm(rows, wt, rhs_indices=mx.array(local))
+            if i < len(groups) - 1:
+                mx.eval(out)  # free this group's dequantised weights before the next ones
             outs.append(out)
             order.append(pairs)
         inverse = np.empty(n * k, dtype=np.uint32)

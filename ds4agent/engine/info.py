@@ -62,6 +62,7 @@ class ModelInfo:
     ctx: int
     state_bytes: int
     plan: MemoryPlan | None = None
+    note: str = ""  # what a generated test file is (flashmodel.FLASH_TEST_KEY), else empty
 
     @property
     def weights_memory(self) -> int:
@@ -166,13 +167,10 @@ def memory_plan(tensors, cfg, ctx: int) -> MemoryPlan:
 
 
 def physical_memory() -> int:
-    """Bytes of RAM on this machine (0 when the platform does not say)."""
-    import os
+    """Bytes of RAM on this machine (0 when the platform does not say): models.fit's number."""
+    from ..models.fit import machine_ram
 
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return 0
+    return machine_ram() or 0
 
 
 def check_fits(plan: MemoryPlan, path, ram: int | None = None) -> None:
@@ -194,6 +192,7 @@ def check_fits(plan: MemoryPlan, path, ram: int | None = None) -> None:
 def model_info(path, *, ctx: int = 100_000) -> ModelInfo:
     """Inspect a GGUF model (header and directory only). Raises EngineError subclasses."""
     from .config import from_metadata
+    from .flashmodel import FLASH_TEST_KEY
     from .gguf import GGUFFile
     from .testmodel import TEST_MODEL_KEY
 
@@ -232,6 +231,7 @@ def model_info(path, *, ctx: int = 100_000) -> ModelInfo:
             groups=group_list, types={k: (v[0], v[1]) for k, v in by_type.items()},
             n_tensors=len(gf.tensors), ctx=int(ctx), state_bytes=payload_bytes(cfg, ctx),
             plan=memory_plan(gf.tensors.values(), cfg, ctx),
+            note=str(gf.metadata.get(FLASH_TEST_KEY, "")),
         )
 
 
@@ -308,7 +308,8 @@ def _ratio_summary(ratios) -> str:
     return ", ".join(f"{n} x {r}" for r, n in sorted(counts.items()))
 
 
-def format_info(info: ModelInfo) -> str:
+def format_info(info: ModelInfo, device=None) -> str:
+    """The report; `device` (device.Device) adds the line saying where the engine would compute."""
     c = info.config
     kind = {
         "flash": "DeepSeek V4 Flash (strict metadata check passed)",
@@ -319,6 +320,10 @@ def format_info(info: ModelInfo) -> str:
         f"model       {info.path} ({_size(info.file_bytes)}, {info.n_tensors} tensors, "
         f"{_count(info.params)} parameters)",
         f"kind        {kind}",
+        # One line: the tensor sizes below are the real model's, the file holds far less.
+        *([f"test file   {info.note}; not a trained model, the sizes below are the tensors' as "
+           f"in a real file"] if info.note else []),
+        *([f"device      {device.label}" + (f" · {device.notice}" if device.notice else "")] if device else []),
         f"shape       {c.n_layers} layers, width {c.dim}, vocab {c.vocab}, {c.n_heads} query heads x "
         f"{c.head_dim} (RoPE on the last {c.rope_dim}), 1 KV head",
         f"attention   q LoRA {c.q_lora_rank}, output {c.out_groups} groups x {c.out_lora_rank}, window "
@@ -367,10 +372,13 @@ def format_info(info: ModelInfo) -> str:
 
 def main(args) -> int:
     """`ds4agent info MODEL [--ctx N]`."""
+    from .device import choose_device
+
     try:
         info = model_info(args.model_path, ctx=args.ctx)
+        device = choose_device(getattr(args, "device", None))
     except EngineError as err:
         print(f"ds4agent: {err}", file=sys.stderr)
         return 2
-    print(format_info(info))
+    print(format_info(info, device))
     return 0

@@ -21,6 +21,7 @@ and Q8_0 round nowhere at all. Products of exact values also cannot overflow f32
 
 from __future__ import annotations
 
+import threading
 from functools import lru_cache
 
 import mlx.core as mx
@@ -99,65 +100,76 @@ def q8_0_to_affine(raw: np.ndarray, shape) -> tuple[mx.array, mx.array, mx.array
 
 
 # ---------------------------------------------------------------------------------------------
-# MLX dequantisers: blocks [M, bytes_per_block] uint8 -> float32 [M, block]
+# MLX dequantisers, by rows: `prepare_rows(rows, qtype, d_in)` does the per-block work once (scales,
+# IQ2_XXS codes) and returns `tile(r0, r1)`, the float32 weights of rows r0..r1. The routed-expert
+# CPU path dequantises a tile of rows at a time so the f32 temporaries stay in the core's cache
+# (experts.py); `dequantize` is one tile of every row. Op shapes are chosen for MLX's CPU kernels:
+# contiguous operands, broadcasting a [.., 1] scale along the last axis.
 
 
-def _f16_at(blocks: mx.array, offset: int) -> mx.array:
-    """The f16 stored at byte `offset` of every block, as f32 [M]."""
-    return mx.view(blocks[:, offset : offset + 2], mx.float16).reshape(-1).astype(mx.float32)
+def _f16(b: mx.array, offset: int) -> mx.array:
+    """The f16 stored at byte `offset` of every block of b [R, nb, size], as f32 [R, nb, 1]."""
+    return mx.view(b[..., offset : offset + 2], mx.float16).astype(mx.float32)
 
 
-def _dq_q8_0(b: mx.array) -> mx.array:
-    d = _f16_at(b, 0)
-    q = mx.view(b[:, 2:], mx.int8).astype(mx.float32)
-    return q * d[:, None]
+def _rows_q8_0(b: mx.array):
+    nb = b.shape[1]
+    d = _f16(b, 0)
+    q = mx.view(b[..., 2:34], mx.int8)
+    return lambda r0, r1: (d[r0:r1] * q[r0:r1].astype(mx.float32)).reshape(r1 - r0, nb * 32)
 
 
-_Q2_SHIFTS = mx.array(np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1))
+_Q2_SHIFTS = mx.array(np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 1, 4, 1))
 
 
-def _dq_q2_k(b: mx.array) -> mx.array:
-    m = b.shape[0]
-    scales = b[:, :16]
-    d = _f16_at(b, 80)[:, None]
-    dmin = _f16_at(b, 82)[:, None]
-    dl = (d * (scales & 0xF).astype(mx.float32)).reshape(m, 16, 1)
-    ml = (dmin * (scales >> 4).astype(mx.float32)).reshape(m, 16, 1)
-    # qs[64]: two halves of 32 bytes; in each, the 2-bit fields at shift 0,2,4,6 give 4 x 32
-    # consecutive weights. Sub-block j of 16 = (half*4 + shift)*2 + (byte >= 16).
-    qs = (b[:, 16:80].reshape(m, 2, 1, 32) >> _Q2_SHIFTS) & 3
-    q = qs.reshape(m, 16, 16).astype(mx.float32)
-    return (dl * q - ml).reshape(m, 256)
+def _rows_q2_k(b: mx.array):
+    r, nb = b.shape[0], b.shape[1]
+    scales = b[..., :16]
+    dl = (_f16(b, 80) * (scales & 0xF).astype(mx.float32)).reshape(r, nb * 16, 1)
+    ml = (_f16(b, 82) * (scales >> 4).astype(mx.float32)).reshape(r, nb * 16, 1)
+
+    def tile(r0: int, r1: int) -> mx.array:
+        # qs[64]: two halves of 32 bytes; in each, the 2-bit fields at shift 0,2,4,6 give 4 x 32
+        # consecutive weights. Sub-block j of 16 = (half*4 + shift)*2 + (byte >= 16).
+        qs = b[r0:r1, :, 16:80].reshape(r1 - r0, nb, 2, 1, 32)
+        q = ((qs >> _Q2_SHIFTS) & 3).reshape(r1 - r0, nb * 16, 16).astype(mx.float32)
+        return (dl[r0:r1] * q - ml[r0:r1]).reshape(r1 - r0, nb * 256)
+
+    return tile
 
 
-_Q4_SHIFTS = mx.array(np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1))
+_Q4_SHIFTS = mx.array(np.array([0, 4], dtype=np.uint8).reshape(1, 1, 1, 2, 1))
 
 
-def _q4_k_scale_min(sc12: mx.array) -> tuple[mx.array, mx.array]:
-    """12 packed bytes -> 8 six-bit scales and 8 six-bit mins (both [M, 8] uint8).
+def _q4_k_scale_min(b: mx.array) -> tuple[mx.array, mx.array]:
+    """Blocks [R, nb, 144] -> 8 six-bit scales and 8 six-bit mins (both [R, nb, 8] uint8).
 
-    bytes 0..3: low 6 bits = scale 0..3, top 2 bits = high bits of scale 4..7;
-    bytes 4..7: low 6 bits = min 0..3, top 2 bits = high bits of min 4..7;
-    bytes 8..11: low nibble = low 4 bits of scale 4..7, high nibble = low 4 bits of min 4..7.
+    Packed in bytes 4..15 as three little-endian words a, b, c (byte i of a word = lane i):
+    a: low 6 bits = scale 0..3, top 2 bits = high bits of scale 4..7;
+    b: low 6 bits = min 0..3, top 2 bits = high bits of min 4..7;
+    c: low nibble = low 4 bits of scale 4..7, high nibble = low 4 bits of min 4..7.
+    Unpacked four lanes per uint32 op (the masks keep every shift inside its byte).
     """
-    m = sc12.shape[0]
-    s = sc12.reshape(m, 3, 4)
-    a, b, c = s[:, 0], s[:, 1], s[:, 2]
-    sc = mx.concatenate([a & 63, (c & 15) | ((a >> 2) & 48)], axis=1)
-    mn = mx.concatenate([b & 63, (c >> 4) | ((b >> 2) & 48)], axis=1)
-    return sc, mn
+    w = mx.view(b, mx.uint32)  # [R, nb, 36]; a 144-byte block keeps words aligned
+    a, bb, c = w[..., 1:2], w[..., 2:3], w[..., 3:4]
+    sc = mx.concatenate([a & 0x3F3F3F3F, (c & 0x0F0F0F0F) | ((a >> 2) & 0x30303030)], axis=-1)
+    mn = mx.concatenate([bb & 0x3F3F3F3F, ((c >> 4) & 0x0F0F0F0F) | ((bb >> 2) & 0x30303030)], axis=-1)
+    return mx.view(sc, mx.uint8), mx.view(mn, mx.uint8)
 
 
-def _dq_q4_k(b: mx.array) -> mx.array:
-    m = b.shape[0]
-    d = _f16_at(b, 0)[:, None]
-    dmin = _f16_at(b, 2)[:, None]
-    sc, mn = _q4_k_scale_min(b[:, 4:16])
-    dl = (d * sc.astype(mx.float32)).reshape(m, 8, 1)
-    ml = (dmin * mn.astype(mx.float32)).reshape(m, 8, 1)
-    # qs[128]: four chunks of 32 bytes; low nibbles are sub-block 2c, high nibbles 2c+1.
-    q = ((b[:, 16:144].reshape(m, 4, 1, 32) >> _Q4_SHIFTS) & 15).reshape(m, 8, 32).astype(mx.float32)
-    return (dl * q - ml).reshape(m, 256)
+def _rows_q4_k(b: mx.array):
+    r, nb = b.shape[0], b.shape[1]
+    sc, mn = _q4_k_scale_min(b)
+    dl = (_f16(b, 0) * sc.astype(mx.float32)).reshape(r, nb * 8, 1)
+    ml = (_f16(b, 2) * mn.astype(mx.float32)).reshape(r, nb * 8, 1)
+
+    def tile(r0: int, r1: int) -> mx.array:
+        # qs[128]: four chunks of 32 bytes; low nibbles are sub-block 2c, high nibbles 2c+1.
+        qs = b[r0:r1, :, 16:144].reshape(r1 - r0, nb, 4, 1, 32)
+        q = ((qs >> _Q4_SHIFTS) & 15).reshape(r1 - r0, nb * 8, 32).astype(mx.float32)
+        return (dl[r0:r1] * q - ml[r0:r1]).reshape(r1 - r0, nb * 256)
+
+    return tile
 
 
 @lru_cache(maxsize=1)
@@ -179,35 +191,75 @@ def iq2xxs_tables() -> tuple[np.ndarray, np.ndarray]:
 
 
 @lru_cache(maxsize=1)
-def _iq2xxs_signed_grid() -> mx.array:
-    """[256 * 128, 8] f32: grid row g with the signs of 7-bit code c at row g*128 + c.
+def _iq2xxs_signed_codes() -> tuple[np.ndarray, mx.array]:
+    """The signed grid as int8 [256 * 128, 8]: grid row g with the signs of 7-bit code c at row
+    g*128 + c (numpy, and the same table as an MLX array).
 
-    One gather of 8 signed magnitudes per (grid index, sign code) pair replaces two gathers and
-    a multiply; the values are exact (magnitudes are small integers, signs +-1).
+    One lookup of 8 signed magnitudes per (grid index, sign code) pair replaces two lookups and a
+    multiply; int8 holds them exactly (|value| <= 43) in a quarter of the bytes of f32.
     """
     grid, ksigns = iq2xxs_tables()
     bits = (ksigns[:, None] >> np.arange(8, dtype=np.uint8)[None, :]) & 1  # [128, 8]
-    signs = np.where(bits == 0, np.float32(1.0), np.float32(-1.0))
-    return mx.array((grid[:, None, :] * signs[None, :, :]).reshape(256 * 128, 8).astype(np.float32))
+    signs = np.where(bits == 0, 1, -1).astype(np.int8)
+    table = (grid.astype(np.int8)[:, None, :] * signs[None, :, :]).reshape(256 * 128, 8)
+    return table, mx.array(table)
 
 
-_IQ2_SIGN_SHIFTS = mx.array(np.array([0, 7, 14, 21], dtype=np.uint32).reshape(1, 1, 4))
+_IQ2_SIGN_SHIFTS = mx.array(np.array([0, 7, 14, 21], dtype=np.uint32))
 
 
-def _dq_iq2_xxs(b: mx.array) -> mx.array:
-    m = b.shape[0]
-    table = _iq2xxs_signed_grid()
-    d = _f16_at(b, 0).reshape(m, 1)
-    pairs = b[:, 2:66].reshape(m, 8, 8)                      # 8 groups x (u32 a, u32 b)
-    hi = mx.view(pairs[:, :, 4:8], mx.uint32).reshape(m, 8)  # sign codes + scale
-    db = d * (0.5 + (hi >> 28).astype(mx.float32)) * 0.25     # [m, 8], exact
-    idx = pairs[:, :, 0:4].astype(mx.uint32)                  # [m, 8, 4] grid rows
-    sign_codes = (hi[:, :, None] >> _IQ2_SIGN_SHIFTS) & 127   # [m, 8, 4]
-    signed = table[(idx << 7) | sign_codes]                   # [m, 8, 4, 8]
-    return (db[:, :, None, None] * signed).reshape(m, 256)
+_COMPILED_CALL = threading.Lock()  # held while a compiled function traces or builds its graph
 
 
-_DEQUANT = {Q8_0: _dq_q8_0, Q2_K: _dq_q2_k, Q4_K: _dq_q4_k, IQ2_XXS: _dq_iq2_xxs}
+@mx.compile
+def _iq2xxs_index_scale(words: mx.array, d: mx.array) -> tuple[mx.array, mx.array]:
+    """words [R, G, 2] uint32 (per group of 32 weights: a = four grid indices, b = four sign codes
+    and the scale), d [R, nb, 1] f32 (G = nb*8) -> (index [R, G, 4]: row of the signed table for
+    each run of 8 weights, grid*128 + sign code; db [R, G, 1]: the group's scale, exact).
+    Compiled: each is one pass instead of one per op (the index is the per-weight cost)."""
+    grid = mx.view(words[..., 0:1], mx.uint8).astype(mx.uint32)  # [R, G, 4]: the bytes of a
+    b = words[..., 1:2]
+    index = ((grid << 7) | ((b >> _IQ2_SIGN_SHIFTS) & 127)).astype(mx.int64)
+    r, nb = d.shape[0], d.shape[1]
+    db = d * (0.5 + (b >> 28).astype(mx.float32)).reshape(r, nb, 8) * 0.25
+    return index, db.reshape(r, nb * 8, 1)
+
+
+def _rows_iq2_xxs(b: mx.array):
+    r, nb = b.shape[0], b.shape[1]
+    # The 16 words after each block's f16 are not 4-byte aligned: copy them out, as 32 uint16
+    # of the 33 in a block (a 66-byte block is 2-byte aligned; half the elements of a byte copy).
+    body = mx.view(b.reshape(r, nb * 66), mx.uint16).reshape(r, nb, 33)[..., 1:33]
+    words = mx.view(mx.contiguous(body), mx.uint32).reshape(r, nb * 8, 2)
+    with _COMPILED_CALL:  # the CPU expert workers call it concurrently; MLX's compile cache is shared
+        index, db = _iq2xxs_index_scale(words, _f16(b, 0))
+    table, mx_table = _iq2xxs_signed_codes()
+    if mx.default_device() != mx.cpu:  # MLX's gather, on the device (no host round trip)
+        codes = mx_table[index].reshape(r, nb * 8, 32)
+        return lambda r0, r1: (db[r0:r1] * codes[r0:r1].astype(mx.float32)).reshape(r1 - r0, nb * 256)
+    # On the CPU the lookup is numpy's `take` (about 7x faster here than MLX's CPU gather, which
+    # pays per index) and a tile's codes are widened to f32 as they are copied into MLX (one pass
+    # instead of a copy and an astype). The same table, the same values.
+    mx.eval(index, db)
+    codes_np = np.take(table.view(np.uint64).reshape(-1), np.array(index, copy=False)).view(np.int8)
+    codes_np = codes_np.reshape(r, nb * 8, 32)
+    return lambda r0, r1: (db[r0:r1] * mx.array(codes_np[r0:r1], dtype=mx.float32)).reshape(r1 - r0, nb * 256)
+
+
+_ROWS = {Q8_0: _rows_q8_0, Q2_K: _rows_q2_k, Q4_K: _rows_q4_k, IQ2_XXS: _rows_iq2_xxs}
+
+
+def prepare_rows(rows: mx.array, qtype: int, d_in: int):
+    """rows [R, row_bytes] uint8 (R rows of `d_in` weights) -> tile(r0, r1): float32 [r1-r0, d_in].
+
+    Bit-exact like `dequantize` (the same operations); the per-block work is done once here."""
+    if qtype not in _ROWS:
+        raise QuantError(f"no dequantiser for {type_name(qtype)}")
+    block, size, name = BLOCK_INFO[qtype]
+    rb = row_bytes(qtype, d_in)
+    if rows.dtype != mx.uint8 or rows.ndim != 2 or rows.shape[1] != rb:
+        raise QuantError(f"{name} rows of {d_in} weights must be uint8 [R, {rb}], got {list(rows.shape)} ({rows.dtype})")
+    return _ROWS[qtype](rows.reshape(rows.shape[0], d_in // block, size))
 
 
 def dequantize(raw: mx.array | np.ndarray, qtype: int, shape) -> mx.array:
@@ -215,7 +267,7 @@ def dequantize(raw: mx.array | np.ndarray, qtype: int, shape) -> mx.array:
 
     `raw` may have any shape whose byte count matches (e.g. [experts, out, row_bytes]).
     """
-    if qtype not in _DEQUANT:
+    if qtype not in _ROWS:
         raise QuantError(f"no dequantiser for {type_name(qtype)}")
     shape = tuple(int(s) for s in shape)
     block, size, name = BLOCK_INFO[qtype]
@@ -223,4 +275,5 @@ def dequantize(raw: mx.array | np.ndarray, qtype: int, shape) -> mx.array:
     raw = raw if isinstance(raw, mx.array) else mx.array(np.asarray(raw))
     if raw.dtype != mx.uint8 or raw.size * block != n * size or shape[-1] % block:
         raise QuantError(f"{name} data of {raw.size} bytes ({raw.dtype}) does not hold shape {list(shape)}")
-    return _DEQUANT[qtype](raw.reshape(-1, size)).reshape(shape)
+    r = n // shape[-1]
+    return prepare_rows(raw.reshape(r, -1), qtype, shape[-1])(0, r).reshape(shape)

@@ -193,6 +193,9 @@ class Engine:
         self.quant_bits = int(quant_bits)
         self.model_id = int(model_id)
         self.path = path
+        from .device import current_device
+
+        self.device = current_device()  # Engine.load records the one it chose (with any notice)
         # The grid cap; `chunk` overrides it (dump-logits --chunk, tests). The payload's h3 is
         # always chunk_cap(ctx), whatever this is, so saved files stay loadable by ds4.
         self.chunk = int(chunk) if chunk is not None else chunk_cap(self.ctx)
@@ -200,19 +203,25 @@ class Engine:
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, ctx: int,
              progress: Callable[[float], None] | None = None,
-             chunk: int | None = None) -> Engine:
+             chunk: int | None = None, device: str | None = None) -> Engine:
         """Open a GGUF model, validate its metadata and tensors, and load the weights.
 
-        `progress(fraction)` is called as weights load (0..1). Raises EngineError subclasses with
-        readable messages (missing file, not a GGUF, wrong metadata, wrong tensor type/shape).
+        `progress(fraction)` is called as weights load (0..1). `device`: "cpu", "gpu" or None
+        (the GPU when there is one; see device.py). Raises EngineError subclasses with readable
+        messages (missing file, not a GGUF, wrong metadata, wrong tensor type/shape).
         """
         from .config import from_metadata
         from .gguf import GGUFFile
         from .info import check_fits, memory_plan
+        from .weights import check_directory
 
         path = Path(path)
         # Refuse a bad size before reading anything: a typo in --ctx must not cost an 80 GB load.
         _check_sizes(ctx, chunk)
+        from .device import use_device
+
+        # Before any weight is read: their layout follows the default device.
+        chosen = use_device(device)
         if progress is not None:
             progress(0.0)
         if path.is_dir():  # an MLX directory written by `ds4agent convert` (WEIGHTS room's loader)
@@ -221,6 +230,7 @@ class Engine:
             config, weights, qbits = load_converted(path, progress=progress)
             engine = _construct(cls, path, config=config, weights=weights, ctx=ctx, quant_bits=qbits,
                                 path=path, chunk=chunk)
+            engine.device = chosen
             if progress is not None:
                 progress(1.0)
             return engine
@@ -234,6 +244,7 @@ class Engine:
                                    name=str(gf.metadata.get("general.name", "")))
             # Before reading any weight: a model that cannot fit is refused with the numbers
             # (issue 13), instead of swapping and being killed half-way through the load.
+            check_directory(gf, config)
             check_fits(memory_plan(gf.tensors.values(), config, ctx), path)
             weights = _load_weights(gf, config, progress)
             qbits = quant_bits_of(gf)
@@ -242,6 +253,7 @@ class Engine:
         except BaseException:
             gf.close()
             raise
+        engine.device = chosen
         engine._gguf = gf  # keep the mapping alive: raw expert blocks may be views into it
         if progress is not None:
             progress(1.0)

@@ -6,6 +6,10 @@ the `gguf` package's writer, so the file takes exactly the path a real ds4 GGUF 
 `gguf.py` and the weight loader. `ds4agent make-test-model OUT.gguf [--config NAME] [--seed N]`
 is the command-line face.
 
+With `experts="q2"` or `"q4"` (and always for `config="flash"`) the file is instead a
+Flash-layout file with ds4's quantised types and tokenizer and no test-model marker, written by
+flashmodel.py (`ds4agent make-test-model OUT --config flash [--experts q2|q4]`).
+
 Weights are scaled so activations stay O(1) through any depth: every matrix is N(0, 1/fan_in)
 (variance-preserving mat-vec), norms are ~1, the hyper-connection mixers are small so the
 Sinkhorn mix starts close to uniform, and the routed/shared experts are small so residual
@@ -26,8 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from ..fsutil import atomic_path
-from .config import METADATA_KINDS, ModelConfig, test_config
-from .errors import EngineError, run_file_command
+from .config import METADATA_KINDS, TEST_CONFIGS, ModelConfig, flash_config, test_config
+from .errors import ConfigError, EngineError, run_file_command
 
 ARCH = "deepseek4"
 # Marks a file as a test model: the engine then validates its metadata in the permissive "test"
@@ -191,18 +195,38 @@ def _add_metadata(writer, cfg: ModelConfig) -> None:
             writer.add_key_value(key, int(value), kinds[kind])
 
 
+def named_config(name: str) -> ModelConfig:
+    """A config make-test-model accepts by name: 'flash' or a named test config."""
+    if name == "flash":
+        return flash_config()
+    try:
+        return test_config(name)
+    except ConfigError:
+        names = ", ".join(sorted(("flash", *TEST_CONFIGS)))
+        raise ConfigError(f"unknown test config {name!r} (choose from {names})") from None
+
+
 def make_test_model(path: str | os.PathLike[str], config: str | ModelConfig = "tiny",
-                    seed: int = 0) -> Path:
+                    seed: int = 0, experts: str | None = None) -> Path:
     """Write a DS4-architecture GGUF with deterministic random weights; returns the path.
 
-    The same (config, seed) always gives the same bytes. Written atomically (ds4agent.fsutil), so a
+    experts: None writes F16 routed experts and the test-model marker (the engine then checks the
+    metadata permissively); "q2" / "q4" writes ds4's quantised layout without the marker
+    (flashmodel.py), which the Flash config always gets (F16 experts would take 86 GB).
+    The same arguments always give the same bytes. Written atomically (ds4agent.fsutil), so a
     failed write never leaves a half file under `path` and keeps the file that was there.
     """
     from gguf import GGMLQuantizationType, GGUFWriter
 
-    cfg = test_config(config) if isinstance(config, str) else config
+    cfg = named_config(config) if isinstance(config, str) else config
     if not isinstance(seed, int) or seed < 0:
         raise EngineError(f"--seed must be a non-negative integer (got {seed})")
+    if experts is None and cfg == flash_config():
+        experts = "q2"
+    if experts is not None:
+        from .flashmodel import write_flash_model
+
+        return write_flash_model(path, cfg, experts=experts, seed=seed)
     path = Path(path)
     rng = np.random.default_rng(seed)
     # The gguf writer opens its file by name: fsutil's atomic_path gives it a temp path beside
@@ -229,9 +253,17 @@ def make_test_model(path: str | os.PathLike[str], config: str | ModelConfig = "t
 
 
 def main(args) -> int:
-    """`ds4agent make-test-model OUT.gguf [--config NAME] [--seed N]`."""
+    """`ds4agent make-test-model OUT.gguf [--config NAME] [--experts q2|q4] [--seed N]`."""
+    experts = getattr(args, "experts", None)
+
     def action() -> str:
-        out = make_test_model(args.out, config=args.config, seed=args.seed)
-        return f"wrote {out} ({args.config}, seed {args.seed}, {out.stat().st_size / 1e6:.1f} MB)"
+        # A small config with quantised experts and no marker would be refused by the engine's
+        # strict check: from the command line, the quantised layout is the Flash file's.
+        if experts is not None and args.config != "flash":
+            raise EngineError("--experts applies to --config flash (the Flash-shape test file)")
+        out = make_test_model(args.out, config=args.config, seed=args.seed, experts=experts)
+        flavour = f", {experts or 'q2'} experts" if args.config == "flash" else ""
+        return (f"wrote {out} ({args.config}{flavour}, seed {args.seed}, "
+                f"{out.stat().st_size / 1e6:.1f} MB)")
 
     return run_file_command(action, failure=f"cannot write {args.out}")

@@ -390,6 +390,31 @@ _PLAIN = ("F32", "F16")
 _ANY_2D = ("F32", "F16", "Q8_0")
 
 
+def _accepted_types(name: str, ndim: int) -> tuple[str, ...]:
+    """The GGML types the loader below accepts for a tensor (its `get` rules, in one place)."""
+    if "_exps." in name:
+        return ("F16", "F32", "Q8_0", "Q2_K", "Q4_K", "IQ2_XXS")
+    if name.endswith("tid2eid.weight"):
+        return ("I32",)
+    return _ANY_2D if ndim == 2 else _PLAIN
+
+
+def check_directory(gf, config: ModelConfig) -> None:
+    """Every tensor the model needs is present, of an accepted type and of the expected shape.
+
+    Run over the whole tensor directory before any weight is read: a file with a wrong type in
+    its last layer must be refused in milliseconds with one line naming the tensor, not after
+    minutes of loading (or mid-prefill). The names and shapes are the writer's table
+    (testmodel.tensor_table), which the load round-trip tests keep equal to build_weights'.
+    """
+    from .testmodel import tensor_table
+
+    for spec in tensor_table(config):
+        if spec.name.endswith("exp_probs_b.bias") and spec.name not in gf.tensors:
+            continue  # optional (model.md §6.3)
+        gf.check(spec.name, shape=spec.shape, types=_accepted_types(spec.name, len(spec.shape)))
+
+
 def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | None = None) -> ModelWeights:
     """Load every tensor of `config` from an open GGUFFile (C2's gguf.py), validated by name.
 

@@ -112,4 +112,3 @@ P_TRAILING = "KV checkpoint has trailing payload bytes"
 
 # §12.4 / §12.5 store errors
 NOTHING_TO_SAVE = "nothing to save"
-INVALID_PREFIX = "invalid session SHA prefix"

@@ -30,7 +30,7 @@ from .kvc import (
 from .payload import FLASH_SHAPE
 from .store import (
     SessionStore,
-    clip_title,
+    UnreadableSession,
     default_kv_dir,
     derive_title,
     display_text,
@@ -93,33 +93,39 @@ def _kv_files(directory: Path) -> list[Path]:
 
 def cmd_ls(store: SessionStore, out: TextIO) -> int:
     now = time.time()
-    rows = []
-    for entry in store.entries():
+    rows = []  # (id or name, kind, last_used, tokens, size, title)
+    sessions, unreadable = store.scan_sessions()
+    for info in sessions:
+        h = info.entry.header
+        rows.append((info.entry.short_id, h.reason_name, h.last_used, str(h.tokens), info.entry.file_size,
+                     info.display_title))
+    for broken in unreadable:  # listed with the reason, not hidden (issue 10.11)
+        rows.append((broken.short_id, "unreadable", broken.last_used, "?", broken.file_size,
+                     broken.display_title))
+    for entry in store.entries():  # server checkpoints
         h = entry.header
-        if h.reason == REASON_SESSION:
-            title = display_text(clip_title(store.session_title(entry)[0]))
-        else:
-            title = ""
-        rows.append((entry.short_id, h, entry.file_size, title))
+        if h.reason != REASON_SESSION:
+            rows.append((entry.short_id, h.reason_name, h.last_used, str(h.tokens), entry.file_size, ""))
     named = _kv_files(store.directory)
     for path in named:
         # is_file first: opening a FIFO named like a cache would block the listing forever
         if classify_name(path.name)[0] in ("sysprompt-hex", "sysprompt") and path.is_file():
             try:
-                rows.append((path.name, read_header(path), path.stat().st_size, ""))
+                h = read_header(path)
+                rows.append((path.name, h.reason_name, h.last_used, str(h.tokens), path.stat().st_size, ""))
             except (OSError, KVCError):
                 continue
-    rows.sort(key=lambda r: -r[1].last_used)
+    rows.sort(key=lambda r: -r[2])
     print(f"KV files in {_name(store.directory)}:", file=out)
     if not rows:
         print("  (none)", file=out)
-    # The scan rule (§8.1) skips invalid files silently; say that some were skipped, so a damaged
-    # session is not simply missing from the list without a hint.
+    # Files that are neither sessions nor caches are not listed (§8.1); say that some were skipped,
+    # so a damaged file is not simply missing from the list without a hint.
     skipped = len(named) - len(rows)
     width = max((len(r[0]) for r in rows), default=8)  # cache file names are longer than short ids
-    for ident, h, size, title in rows:
-        line = (f"  {ident:<{width}} {h.reason_name:<13} {format_age(now - h.last_used):>9} "
-                f"{h.tokens:>8} tokens {_mib(size):>11}")
+    for ident, kind, last_used, tokens, size, title in rows:
+        line = (f"  {ident:<{width}} {kind:<13} {format_age(now - last_used):>9} "
+                f"{tokens:>8} tokens {_mib(size):>11}")
         print(line + (f"  {title}" if title else ""), file=out)
     if skipped > 0:
         print(f"  ({skipped} other .kv file(s) not listed: not valid KV files; see `ds4agent kv verify`)",
@@ -136,8 +142,10 @@ def _resolve_target(store: SessionStore, target: str) -> Path:
     if not target:
         raise KVCStoreError("give a file path or a session id prefix")
     path = Path(target)
-    if path.exists():
+    if path.exists() or path.is_symlink():  # a file given by path needs no KV directory
         return path
+    if not store.directory.is_dir():
+        raise KVCStoreError(f"{target}: no such file, and no KV directory at {store.directory}")
     if (store.directory / target).exists():
         return store.directory / target
     try:
@@ -165,6 +173,8 @@ def cmd_show(store: SessionStore, target: str, out: TextIO) -> int:
         return 1
     h = env.header
     print(f"kind:           {result.kind}", file=out)
+    layout = " (earlier ds4 build; a re-save writes [L] under a new name)" if h.layout == "[S]" else ""
+    print(f"layout:         {h.layout}{layout}", file=out)
     print(f"reason:         {h.reason} ({h.reason_name})", file=out)
     print(f"quant bits:     {h.quant_bits}", file=out)
     print(f"model id:       {h.model_id}{' (DeepSeek V4 Flash)' if h.model_id == 0 else ''}", file=out)
@@ -176,7 +186,7 @@ def cmd_show(store: SessionStore, target: str, out: TextIO) -> int:
     print(f"reserved:       {h.reserved.hex(' ')}", file=out)
     print(f"created at:     {_when(h.created_at)}", file=out)
     print(f"last used:      {_when(h.last_used)}", file=out)
-    print(f"text:           {len(env.text)} bytes", file=out)
+    print(f"text:           {env.text_bytes} bytes", file=out)
     print(f"payload:        {h.payload_bytes} bytes{' (stripped session)' if h.payload_bytes == 0 else ''}",
           file=out)
     trailers = []
@@ -189,8 +199,8 @@ def cmd_show(store: SessionStore, target: str, out: TextIO) -> int:
         print(f"title:          {display_text(env.title)}", file=out)
     elif h.reason == REASON_SESSION:
         print(f"title:          {display_text(derive_title(env.text))} (derived: legacy session)", file=out)
-    preview = env.text[:PREVIEW_BYTES]
-    more = f" ... ({len(env.text) - len(preview)} more bytes)" if len(env.text) > len(preview) else ""
+    preview = env.text[:PREVIEW_BYTES]  # env.text itself is capped (kvc.TEXT_SCAN_BYTES)
+    more = f" ... ({env.text_bytes - len(preview)} more bytes)" if env.text_bytes > len(preview) else ""
     print(f"text preview:   {_escape(preview)}{more}", file=out)
     info = result.payload
     if info is not None:
@@ -235,13 +245,17 @@ def cmd_verify(store: SessionStore, out: TextIO) -> int:
 
 
 def cmd_rm(store: SessionStore, prefix: str, out: TextIO) -> int:
-    entry = store.resolve(prefix)
-    title = display_text(clip_title(store.session_title(entry)[0]))
-    path = store.delete(prefix)
+    found = store.find_session(prefix)  # an unreadable session file can be removed too
+    if isinstance(found, UnreadableSession):
+        what = f"unreadable session {found.short_id} ({found.reason})"
+    else:
+        described = store.describe(found)
+        what = f"session {found.short_id} ({found.header.tokens} tokens) {described.display_title}"
+    path = store.delete(found.id)
     from ds4agent.sessions.index import remove_session_extras
 
-    remove_session_extras(store.directory, entry.id)  # its index entry and code checkpoints
-    print(f"deleted session {entry.short_id} ({entry.header.tokens} tokens) {title}: {_name(path)}", file=out)
+    remove_session_extras(store.directory, found.id)  # its index entry and code checkpoints
+    print(f"deleted {what}: {_name(path)}", file=out)
     return 0
 
 
@@ -249,14 +263,18 @@ def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     directory = default_kv_dir(getattr(args, "kv_dir", None))
     try:
-        if not directory.is_dir():
-            raise KVCError(f"no KV directory at {directory}")
         store = SessionStore(directory, create=False)
         action = args.kv_command
+        if action == "show":  # `kv show FILE` needs no KV directory
+            return cmd_show(store, args.target, out)
+        if not directory.is_dir():
+            if action in ("ls", "verify") and not directory.exists():
+                # A fresh install: the directory appears at the first start of the agent.
+                print(f"no sessions yet (no KV directory at {_name(directory)})", file=out)
+                return 0
+            raise KVCError(f"no KV directory at {directory}")
         if action == "ls":
             return cmd_ls(store, out)
-        if action == "show":
-            return cmd_show(store, args.target, out)
         if action == "verify":
             return cmd_verify(store, out)
         if action == "rm":

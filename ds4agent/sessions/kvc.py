@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
-from ds4agent.fsutil import atomic_path
+from ds4agent.fsutil import atomic_entry
 
 from . import errors as E
 from .errors import (
@@ -52,6 +52,8 @@ from .errors import (
 from .payload import (
     FLASH_SHAPE,
     PAYLOAD_HEADER_BYTES,
+    PAYLOAD_VERSION,
+    PAYLOAD_VERSION_S,
     PayloadHeader,
     PayloadInfo,
     PayloadShape,
@@ -65,7 +67,8 @@ from .payload import (
 
 MAGIC = b"KVC"
 FILE_VERSION = 1
-PAYLOAD_ABI = 2
+PAYLOAD_ABI = 2  # header byte 20 of the current ("[L]") layout: the only one ds4agent writes
+PAYLOAD_ABI_S = 0  # byte 20 of files from earlier ds4 builds ("[S]", §13): read, never written
 HEADER_BYTES = 48
 PREFIX_BYTES = 52  # header + u32 text_bytes: the text starts here
 _HEADER = struct.Struct("<3sBBBBBIIIB3sQQQ")  # 3+1+1+1+1+1+4+4+4+1+3+8+8+8 = 48
@@ -81,6 +84,12 @@ EXT_RESPONSES_VISIBLE = 0x02  # marker: text is the client-visible transcript
 EXT_THINKING_VISIBLE = 0x04  # marker
 EXT_TITLE = 0x08  # session-title trailer
 EXT_RESERVED = 0xF0  # unknown sections follow the known ones; end-of-file not checked
+
+# How much rendered text a listing reads (kv ls/show/verify, /list, the picker): enough for any
+# real first user message (the title) and the preview. A header may claim up to 4 GiB of text
+# (a sparse file costs nothing on disk), so the rest is skipped or hashed in chunks, never held.
+TEXT_SCAN_BYTES = 64 * 1024
+_TEXT_CHUNK = 1 << 20
 
 # The kinds chain 8.3 distinguishes.
 KIND_SESSION = "session"
@@ -112,10 +121,11 @@ class KVCHeader:
     last_used: int
     payload_bytes: int
     reserved: bytes = b"\0\0\0"
+    payload_abi: int = PAYLOAD_ABI  # byte 20: 2, or 0 for an [S] file (§13)
 
     def pack(self) -> bytes:
         return _HEADER.pack(MAGIC, FILE_VERSION, self.quant_bits, self.reason, self.ext_flags, self.model_id,
-                            self.tokens, self.hits, self.ctx_size, PAYLOAD_ABI, self.reserved,
+                            self.tokens, self.hits, self.ctx_size, self.payload_abi, self.reserved,
                             self.created_at, self.last_used, self.payload_bytes)
 
     @classmethod
@@ -125,9 +135,20 @@ class KVCHeader:
             raise KVCHeaderError(E.INVALID_HEADER)
         (magic, version, quant, reason, ext, model, tokens, hits, ctx, abi, reserved,
          created, last_used, payload) = _HEADER.unpack(data[:HEADER_BYTES])
-        if magic != MAGIC or version != FILE_VERSION or abi != PAYLOAD_ABI or tokens == 0 or quant not in (2, 4):
+        if (magic != MAGIC or version != FILE_VERSION or abi not in (PAYLOAD_ABI, PAYLOAD_ABI_S)
+                or tokens == 0 or quant not in (2, 4)):
             raise KVCHeaderError(E.INVALID_HEADER)
-        return cls(quant, reason, ext, model, tokens, hits, ctx, created, last_used, payload, reserved)
+        return cls(quant, reason, ext, model, tokens, hits, ctx, created, last_used, payload, reserved, abi)
+
+    @property
+    def layout(self) -> str:
+        """`[L]` (current ds4 layout) or `[S]` (earlier ds4 builds: byte 20 = 0, §13)."""
+        return "[S]" if self.payload_abi == PAYLOAD_ABI_S else "[L]"
+
+    @property
+    def payload_version(self) -> int:
+        """The DSV4 payload version this layout carries: 1 in an [S] file, 2 in an [L] file (§13)."""
+        return PAYLOAD_VERSION_S if self.payload_abi == PAYLOAD_ABI_S else PAYLOAD_VERSION
 
     @property
     def reason_code(self) -> int:
@@ -188,7 +209,10 @@ def sysprompt_name(text: bytes) -> str:
 
 @dataclass(frozen=True)
 class Envelope:
-    """Everything outside the payload, as validated by chain 8.3 steps 1-6."""
+    """Everything outside the payload, as validated by chain 8.3 steps 1-6.
+
+    `text` is the whole rendered text, or only its first bytes when the envelope was read with a
+    text limit (listings): `text_bytes` is always the full length, `text_complete` says which."""
 
     path: Path
     file_size: int
@@ -196,10 +220,24 @@ class Envelope:
     text: bytes
     title: bytes | None  # bit3 trailer, as stored (maybe not UTF-8)
     ktm_entries: int | None  # entry count of a skipped KTM trailer (bit0), else None
+    text_bytes: int
+    text_digest: str | None = None  # SHA-1 of the whole text, hashed while reading a capped text
 
     @property
     def payload_offset(self) -> int:
-        return PREFIX_BYTES + len(self.text)
+        return PREFIX_BYTES + self.text_bytes
+
+    @property
+    def text_complete(self) -> bool:
+        return len(self.text) == self.text_bytes
+
+    def text_sha1(self) -> str:
+        """SHA-1 of the whole stored text (what a legacy or server file's name must carry)."""
+        if self.text_digest is not None:
+            return self.text_digest
+        if not self.text_complete:
+            raise ValueError("the text was read capped and not hashed")
+        return text_sha1(self.text)
 
 
 def _strerror(err: OSError, path: Path | str) -> KVCIOError:
@@ -267,7 +305,33 @@ def _skip_ktm(f: BinaryIO, pos: int, file_size: int) -> tuple[int, int]:
     return file_size - left, count
 
 
-def _read_envelope(f: BinaryIO, path: Path, file_size: int, kind: str) -> Envelope:
+def _read_text(f: BinaryIO, text_bytes: int, limit: int | None, digest: bool) -> tuple[bytes, str | None]:
+    """Step 4's read: the whole text, or (limit given) its first `limit` bytes, the rest hashed in
+    bounded chunks when `digest` else skipped. The length was checked against the file before."""
+    if limit is None or text_bytes <= limit:
+        text = _read_exact(f, text_bytes)
+        if text is None:
+            raise KVCTextError(E.TRUNCATED_TEXT)
+        return text, None
+    head = _read_exact(f, limit)
+    if head is None:
+        raise KVCTextError(E.TRUNCATED_TEXT)
+    if not digest:
+        f.seek(text_bytes - limit, 1)
+        return head, None
+    h = hashlib.sha1(head)
+    left = text_bytes - limit
+    while left:
+        chunk = _read_exact(f, min(left, _TEXT_CHUNK))
+        if chunk is None:
+            raise KVCTextError(E.TRUNCATED_TEXT)
+        h.update(chunk)
+        left -= len(chunk)
+    return head, h.hexdigest()
+
+
+def _read_envelope(f: BinaryIO, path: Path, file_size: int, kind: str, *,
+                   text_limit: int | None = None, hash_text: bool = False) -> Envelope:
     header, text_bytes = read_prefix(f, file_size)  # step 2
     if kind == KIND_SESSION and header.reason != REASON_SESSION:  # step 3
         raise KVCKindError(E.NOT_A_SESSION)
@@ -275,9 +339,7 @@ def _read_envelope(f: BinaryIO, path: Path, file_size: int, kind: str) -> Envelo
         raise KVCKindError(E.NOT_A_SYSPROMPT)
     if text_bytes > file_size - PREFIX_BYTES:  # step 4: checked before allocating the text
         raise KVCTextError(E.TRUNCATED_TEXT)
-    text = _read_exact(f, text_bytes)
-    if text is None:
-        raise KVCTextError(E.TRUNCATED_TEXT)
+    text, digest = _read_text(f, text_bytes, text_limit, hash_text)
     payload_end = PREFIX_BYTES + text_bytes + header.payload_bytes
     if header.payload_bytes > file_size - PREFIX_BYTES - text_bytes:  # step 5, before any trailer
         raise KVCSizeError(E.SHORTER_THAN_HEADER)
@@ -303,7 +365,7 @@ def _read_envelope(f: BinaryIO, path: Path, file_size: int, kind: str) -> Envelo
     if not header.ext_flags & EXT_RESERVED and pos != file_size:
         raise KVCTrailerError(E.TRAILING_BYTES)
     f.seek(PREFIX_BYTES + text_bytes)  # back to the payload start
-    return Envelope(path, file_size, header, text, title, ktm_entries)
+    return Envelope(path, file_size, header, text, title, ktm_entries, text_bytes, digest)
 
 
 def _open(path: Path) -> tuple[BinaryIO, int]:
@@ -322,18 +384,26 @@ def _open(path: Path) -> tuple[BinaryIO, int]:
     return f, size
 
 
-def read_envelope(path: str | Path, kind: str = KIND_CHECKPOINT) -> Envelope:
-    """Chain 8.3 steps 1-6 on `path` for the given kind (payload not read)."""
+def read_envelope(path: str | Path, kind: str = KIND_CHECKPOINT, *, text_limit: int | None = None) -> Envelope:
+    """Chain 8.3 steps 1-6 on `path` for the given kind (payload not read). With text_limit only
+    the text's first bytes are read (listings: a header may claim a 4 GiB text)."""
     path = Path(path)
     f, size = _open(path)
     with f:
         try:
-            return _read_envelope(f, path, size, kind)
+            return _read_envelope(f, path, size, kind, text_limit=text_limit)
         except KVCError as err:
             err.path = path
             raise
         except OSError as err:
             raise _strerror(err, path) from None
+
+
+def _identity_hashes_text(name: str, header: KVCHeader) -> bool:
+    """Whether the identity a name carries (§12.3) is a hash of the text (legacy sessions, server
+    checkpoints, sysprompt caches) rather than of the title trailer; expected_identity's cases."""
+    form, _ = classify_name(name)
+    return form == "sysprompt-hex" or (form == "hex40" and not header.ext_flags & EXT_TITLE)
 
 
 def expected_identity(name: str, env: Envelope) -> str | None:
@@ -342,9 +412,9 @@ def expected_identity(name: str, env: Envelope) -> str | None:
     if form == "hex40":
         if env.header.ext_flags & EXT_TITLE and env.title is not None:
             return session_identity(env.title, env.header.created_at)
-        return text_sha1(env.text)
+        return env.text_sha1()
     if form == "sysprompt-hex":
-        return text_sha1(env.text)[:16]
+        return env.text_sha1()[:16]
     return None
 
 
@@ -398,7 +468,7 @@ def load_kvc(
             check_identity(path, env)  # step 10
             if hdr.payload_bytes == 0 and kind == KIND_SESSION:  # stripped: the caller rebuilds (§12.6)
                 return LoadedKVC(env, None)
-            state = read_payload(f, hdr.payload_bytes, shape, ctx)  # step 11
+            state = read_payload(f, hdr.payload_bytes, shape, ctx, version=hdr.payload_version)  # step 11
             assert isinstance(state, PayloadState)
             if len(state.tokens) != hdr.tokens:  # step 12
                 raise KVCPayloadError(E.TOKEN_COUNT_MISMATCH)
@@ -463,7 +533,10 @@ def verify_kvc(path: str | Path, *, quant_bits: int | None = None, shape: Payloa
             except KVCError:
                 kind = standalone_kind(path.name, None)
                 raise
-            env = _read_envelope(f, path, size, kind)
+            # The text is read capped, and hashed in chunks only when the name must carry its
+            # SHA-1 (step 10): the output needs a preview, and a header may claim 4 GiB (issue 10.7).
+            env = _read_envelope(f, path, size, kind, text_limit=TEXT_SCAN_BYTES,
+                                 hash_text=_identity_hashes_text(path.name, hdr))
             hdr = env.header
             if hdr.payload_bytes and hdr.model_id != 0:
                 raise KVCMismatchError(E.DIFFERENT_MODEL)
@@ -478,7 +551,8 @@ def verify_kvc(path: str | Path, *, quant_bits: int | None = None, shape: Payloa
                 f.seek(env.payload_offset)
                 key = PayloadHeader.unpack(head).layout_key if head is not None else None
                 use_shape = FLASH_SHAPE if key == FLASH_SHAPE.layout_key else None
-            info = read_payload(f, hdr.payload_bytes, use_shape, hdr.ctx_size, keep_arrays=False)
+            info = read_payload(f, hdr.payload_bytes, use_shape, hdr.ctx_size, keep_arrays=False,
+                                version=hdr.payload_version)
             assert isinstance(info, PayloadInfo)
             if info.header.n_tokens != hdr.tokens:
                 raise KVCPayloadError(E.TOKEN_COUNT_MISMATCH)
@@ -533,14 +607,16 @@ def write_kvc(
     if header.tokens == 0 or header.tokens > U32_MAX:
         raise KVCWriteError("cannot save an empty KV state (0 tokens)", path=path)
     ext = header.ext_flags & ~EXT_TITLE | (EXT_TITLE if title is not None else 0)
-    header = replace(header, ext_flags=ext & ~EXT_KTM)  # ds4agent never writes a KTM map
+    # ds4agent never writes a KTM map, nor an [S] file (§13): a header read from one is re-saved
+    # in the current layout.
+    header = replace(header, ext_flags=ext & ~EXT_KTM, payload_abi=PAYLOAD_ABI)
 
     try:
-        # fsutil's one atomic-replace procedure (§6.1): temp beside the target, fsync, rename,
-        # directory fsync; the temp is removed on any failure. Its name `<final>.tmp.<random>.tmp`
+        # fsutil's atomic replace of the directory entry (§6.1): temp beside the target, fsync,
+        # rename, directory fsync; the temp is removed on any failure. A symlink at `path` is
+        # replaced, never written through (issue 10.1). The temp name `<final>.tmp.<random>.tmp`
         # keeps the `.kv.tmp.` shape that the scan rule ignores and clean_stale_temps recognises.
-        with atomic_path(path, mode=0o600, prefix=path.name + ".tmp.") as tmp, \
-                open(tmp, "wb", buffering=1 << 20) as f:
+        with atomic_entry(path, mode=0o600, prefix=path.name + ".tmp.") as f:
             f.write(header.pack())
             f.write(_U32.pack(len(text)))
             f.write(text)

@@ -49,12 +49,17 @@ from .errors import (
 
 PAYLOAD_MAGIC = 0x34565344  # bytes 44 53 56 34 = "DSV4"
 PAYLOAD_VERSION = 2
+PAYLOAD_VERSION_S = 1  # in [S] files from earlier ds4 builds; otherwise byte-identical (kvc-format §13)
 
 # Canonical frontier filler (§9.4): rows outside the current partial window are never read before
 # being overwritten, but ds4agent writes fixed values there so equal states give equal bytes.
 # -1e30 (not -inf) because ds4's softmax over scores must stay finite.
 FILLER_KV = np.float32(0.0)
 FILLER_SCORE = np.float32(-1.0e30)
+
+# Validation without keeping the arrays (kv verify/show) reads tokens and logits in pieces of this
+# many items: T and V come from the file, and a sparse file can claim GiBs of them.
+_SCAN_ITEMS = 1 << 20
 
 _PAYLOAD_HEADER = struct.Struct("<13I")
 PAYLOAD_HEADER_BYTES = _PAYLOAD_HEADER.size  # 52
@@ -389,6 +394,17 @@ class _PayloadCursor:
         # Native float32/uint32 arrays for the engine; a no-op on little-endian hosts.
         return arr.astype(dtype[1:], copy=False)
 
+    def scan(self, dtype: str, count: int):
+        """The next `count` items as arrays of at most _SCAN_ITEMS (validation without holding them
+        all); a shortfall is found before anything is read, as read_array would."""
+        if count * np.dtype(dtype).itemsize > self.left:
+            raise KVCPayloadError(P_TRUNCATED)
+        done = 0
+        while done < count:
+            n = min(count - done, _SCAN_ITEMS)
+            yield self.read_array(dtype, (n,))
+            done += n
+
     def skip(self, nbytes: int) -> None:
         self._reserve(nbytes)
         try:
@@ -405,6 +421,7 @@ def read_payload(
     *,
     keep_arrays: bool = True,
     check_chunk: bool = False,
+    version: int = PAYLOAD_VERSION,
 ) -> PayloadState | PayloadInfo:
     """Validate and read a payload of `payload_bytes` from `f` (positioned at its start), §9.5.
 
@@ -412,6 +429,8 @@ def read_payload(
     validator passes the header's ctx_size. Returns a PayloadState, or with keep_arrays=False a
     PayloadInfo (array data is size-checked and skipped, not read). Nothing is committed anywhere:
     the caller gets a complete state or a KVCPayloadError.
+
+    version: the payload version the file's header layout carries (2, or 1 in an [S] file, §13).
 
     check_chunk: compare h3 with the current prefill cap. Off by default: ds4agent's engine is
     chunk-invariant (model.md §9), so a file from a build with another chunk size loads exactly;
@@ -427,7 +446,7 @@ def read_payload(
     if payload_bytes < PAYLOAD_HEADER_BYTES:  # step 1
         raise KVCPayloadError(P_TRUNCATED)
     hdr = PayloadHeader.unpack(cur.read_bytes(PAYLOAD_HEADER_BYTES))
-    if hdr.magic != PAYLOAD_MAGIC or hdr.version != PAYLOAD_VERSION:  # step 2
+    if hdr.magic != PAYLOAD_MAGIC or hdr.version != version:  # step 2
         raise KVCPayloadError(P_VERSION)
     if hdr.ctx > ctx or hdr.n_tokens >= ctx:  # step 3
         raise KVCPayloadError(P_CONTEXT)
@@ -448,11 +467,22 @@ def read_payload(
         raise KVCPayloadError(P_COMP_CAPACITY)
 
     T, V, L = hdr.n_tokens, hdr.vocab, hdr.n_layers
-    tokens = cur.read_array("<u4", (T,))  # step 8
-    logits = cur.read_array("<f4", (V,))
-    if T and int(tokens.max()) >= V:
+    if keep_arrays:  # step 8
+        tokens = cur.read_array("<u4", (T,))
+        logits = cur.read_array("<f4", (V,))
+        bad_token = T > 0 and int(tokens.max()) >= V
+        bad_logit = not np.isfinite(logits).all()
+    else:
+        # Checked piecewise and dropped: every piece is read (no early exit) so the cursor ends
+        # where the counts start, and the errors keep their order (token ids, then logits).
+        bad_token = bad_logit = False
+        for piece in cur.scan("<u4", T):
+            bad_token |= int(piece.max()) >= V
+        for piece in cur.scan("<f4", V):
+            bad_logit |= not np.isfinite(piece).all()
+    if bad_token:
         raise KVCPayloadError(P_TOKEN_ID)
-    if not np.isfinite(logits).all():
+    if bad_logit:
         raise KVCPayloadError(P_LOGITS)
     counts = cur.read_array("<u4", (2 * L,)).astype(np.int64)
     n_comp, n_index = counts[:L], counts[L:]

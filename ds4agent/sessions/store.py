@@ -24,8 +24,12 @@ Public API (what the agent uses):
         LoadedSession: text, payload (None for a stripped session: re-tokenise `text` and prefill),
         title, created_at, legacy (True: pass .path as loaded_from at the next save), id, path.
     store.list_sessions() -> list[SessionInfo]      reason-6 files, newest first (last_used, then id)
-    store.resolve(prefix, *, sessions_only=True) -> StoreEntry     §12.5 errors as KVCStoreError
-    store.delete(prefix) -> Path                   deletes one session by id prefix
+    store.scan_sessions() -> (sessions, unreadable) the same plus UnreadableSession (id, reason) for
+        each session file that cannot be read: shown, not hidden, and deletable
+    store.resolve(prefix, *, sessions_only=True) -> StoreEntry     §12.5 errors as KVCStoreError; a
+        prefix of an unreadable file says why it cannot be loaded
+    store.find_session(prefix) -> StoreEntry | UnreadableSession   readable or not (for deletion)
+    store.delete(prefix) -> Path                   deletes one session (readable or not) by id prefix
     store.save_sysprompt(text, payload, *, shape, quant_bits, model_id=0, now=None) -> Path
         sysprompt-<16 hex of SHA1(text)>.kv, reason 5; keeps the 8 most recently used caches.
     store.load_sysprompt(text, *, shape, ctx, model_id, quant_bits) -> PayloadState
@@ -73,6 +77,7 @@ from .kvc import (
     HEADER_BYTES,
     KIND_SESSION,
     KIND_SYSPROMPT,
+    PAYLOAD_ABI_S,
     PREFIX_BYTES,
     REASON_COLD,
     REASON_CONTINUED,
@@ -80,6 +85,7 @@ from .kvc import (
     REASON_SESSION,
     REASON_SHUTDOWN,
     REASON_SYSTEM,
+    TEXT_SCAN_BYTES,
     Envelope,
     KVCHeader,
     LoadedKVC,
@@ -104,7 +110,6 @@ USER_MARK = "<｜User｜>".encode()
 ASSISTANT_MARK = "<｜Assistant｜>".encode()
 NO_USER_PROMPT = b"(no user prompt)"
 EMPTY_USER_PROMPT = b"(empty user prompt)"
-UNREADABLE_SESSION = b"(unreadable session)"
 
 _STALE_TEMP = re.compile(r"(?:[0-9a-fA-F]{40}|sysprompt|sysprompt-[0-9a-fA-F]{16})\.kv\.tmp\..*")
 _HEX_PREFIX = re.compile(r"[0-9a-fA-F]{1,40}")
@@ -135,8 +140,13 @@ def derive_title(text: bytes) -> bytes:
     start += len(USER_MARK)
     ends = [i for i in (text.find(ASSISTANT_MARK, start), text.find(USER_MARK, start)) if i >= 0]
     body = text[start:min(ends)] if ends else text[start:]
-    title = _C_SPACE_RUN.sub(b" ", body.strip(_C_SPACE))
-    return title or EMPTY_USER_PROMPT
+    return normalise_title(body) or EMPTY_USER_PROMPT
+
+
+def normalise_title(raw: bytes) -> bytes:
+    """A title as stored: C whitespace trimmed and each run of it one space (b"" when blank).
+    Used for derived titles and for the one the user gives (/save TITLE) alike."""
+    return _C_SPACE_RUN.sub(b" ", raw.strip(_C_SPACE))
 
 
 def clip_title(title: bytes, limit: int = LIST_TITLE_BYTES) -> bytes:
@@ -201,6 +211,27 @@ class SessionInfo:
 
 
 @dataclass(frozen=True)
+class UnreadableSession:
+    """A `<40 hex>.kv` file that may be a session but cannot be read (bad header, cut short,
+    broken title trailer, no permission, not a regular file). Listed with the reason and
+    deletable by id prefix, so a damaged session does not simply vanish (issue 10.11)."""
+
+    path: Path
+    id: str  # 40 lowercase hex, from the name
+    reason: str  # the chain 8.3 error or the operating system's message
+    file_size: int
+    last_used: int  # header last_used when the header is readable, else the file's mtime
+
+    @property
+    def short_id(self) -> str:
+        return self.id[:8]
+
+    @property
+    def display_title(self) -> str:
+        return f"(unreadable session: {display_text(self.reason.encode())})"
+
+
+@dataclass(frozen=True)
 class SavedSession:
     id: str
     path: Path
@@ -249,7 +280,10 @@ def touch(path: str | Path, now: int | None = None) -> None:
     """
     now = int(time.time()) if now is None else int(now)
     try:
-        with open(path, "r+b", buffering=0) as f:
+        # O_NOFOLLOW: a cache name that is a symlink would have this write land in whatever file
+        # it points at (outside the directory); such a cache is read, never written (issue 10.1).
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        with open(fd, "r+b", buffering=0) as f:
             raw = bytearray(f.read(HEADER_BYTES))
             KVCHeader.unpack(bytes(raw))  # refuse to rewrite something that is not a valid header
             hits = struct.unpack_from("<I", raw, 12)[0]
@@ -325,6 +359,9 @@ class SessionStore:
                  clock: Callable[[], float] = time.time) -> None:
         self.directory = Path(directory)
         self._clock = clock
+        # Problems found while opening that do not stop the store from working (the agent shows
+        # them as warnings at startup).
+        self.notices: list[str] = []
         if create:
             try:
                 _mkdir_0700(self.directory)
@@ -336,7 +373,25 @@ class SessionStore:
                                  path=self.directory) from None
             if not self.directory.is_dir():
                 raise KVCIOError(f"KV directory {self.directory} is not a directory", path=self.directory)
+            self._restrict_mode()
             self.clean_stale_temps()
+
+    def _restrict_mode(self) -> None:
+        """An existing directory open to other users (mode 0755 from an older tool, a manual
+        mkdir) is tightened to 0700 like a new one (§4): session files hold whole conversations,
+        and a writable directory lets another user plant names. Reported when chmod is refused
+        (someone else's directory)."""
+        try:
+            mode = stat.S_IMODE(os.stat(self.directory).st_mode)
+        except OSError:
+            return  # is_dir() just succeeded: a vanished directory shows up at the first use
+        if not mode & 0o077:
+            return
+        try:
+            os.chmod(self.directory, 0o700)
+        except OSError as err:
+            self.notices.append(f"KV directory {self.directory} is open to other users (mode {mode:04o}) "
+                                f"and could not be restricted to 0700: {err.strerror or err}")
 
     def _now(self) -> int:
         return int(self._clock())
@@ -350,60 +405,118 @@ class SessionStore:
             raise KVCIOError(f"cannot read KV directory {self.directory}: {err.strerror or err}",
                              path=self.directory) from None
 
-    def _scan_one(self, name: str) -> StoreEntry | None:
+    def _probe(self, name: str) -> StoreEntry | UnreadableSession | None:
+        """A scan-valid entry (§8.1), an unreadable session, or None (not a 40-hex name, or a
+        damaged file whose valid header says it is not a session, e.g. a server checkpoint)."""
         form, hexid = classify_name(name)
         if form != "hex40":
             return None
         path = self.directory / name
+
+        def unreadable(reason: str, st: os.stat_result) -> UnreadableSession:
+            return UnreadableSession(path, hexid, reason, st.st_size, int(st.st_mtime))
+
         try:
-            if not stat.S_ISREG(os.stat(path).st_mode):  # never open a FIFO: it would block
-                return None
+            st = os.stat(path)
+        except OSError as err:  # a dangling link, a file that cannot be looked at
+            try:
+                return unreadable(err.strerror or str(err), os.lstat(path))
+            except OSError:
+                return None  # gone meanwhile
+        if not stat.S_ISREG(st.st_mode):  # never open a FIFO: it would block
+            return unreadable("not a regular file", st)
+        try:
             with open(path, "rb", buffering=0) as f:
                 st = os.fstat(f.fileno())
                 header, text_bytes = read_prefix(f, st.st_size)
-        except (OSError, KVCError):
-            return None  # §8.1: skipped silently, kept on disk
+        except OSError as err:
+            return unreadable(err.strerror or str(err), st)
+        except KVCError as err:
+            return unreadable(str(err), st)
         if st.st_size < PREFIX_BYTES + text_bytes + header.payload_bytes:
-            return None
+            if header.reason != REASON_SESSION:
+                return None
+            cut_text = text_bytes > st.st_size - PREFIX_BYTES  # chain 8.3 step 4, else step 5
+            return unreadable(E.TRUNCATED_TEXT if cut_text else E.SHORTER_THAN_HEADER, st)
         return StoreEntry(path, hexid, header, st.st_size, text_bytes)
+
+    def _probes(self) -> list[StoreEntry | UnreadableSession]:
+        return [p for p in (self._probe(n) for n in self._names()) if p is not None]
 
     def entries(self) -> list[StoreEntry]:
         """Every scan-valid 40-hex file of any reason, newest first (last_used, then id)."""
-        found = [e for e in (self._scan_one(n) for n in self._names()) if e is not None]
+        found = [e for e in self._probes() if isinstance(e, StoreEntry)]
         found.sort(key=lambda e: (-e.header.last_used, e.id))
         return found
 
-    def session_title(self, entry: StoreEntry) -> tuple[bytes, bool]:
-        """(title, legacy) of an entry: trailer title, else derived from its text."""
+    def describe(self, entry: StoreEntry) -> SessionInfo | UnreadableSession:
+        """A reason-6 entry's title (trailer, else derived from the text), or why it cannot be read."""
         try:
-            env = read_envelope(entry.path)
-        except KVCError:
-            return UNREADABLE_SESSION, not entry.header.ext_flags & EXT_TITLE
+            env = read_envelope(entry.path, KIND_SESSION, text_limit=TEXT_SCAN_BYTES)  # a title, not 4 GiB
+        except KVCError as err:
+            return UnreadableSession(entry.path, entry.id, str(err), entry.file_size, entry.header.last_used)
         if env.title is not None:
-            return env.title, False
-        return derive_title(env.text), True
+            return SessionInfo(entry, env.title, False)
+        return SessionInfo(entry, derive_title(env.text), True)
+
+    def scan_sessions(self) -> tuple[list[SessionInfo], list[UnreadableSession]]:
+        """(sessions, unreadable sessions), each newest first. A session file that cannot be read
+        is not left out silently (§8.1 would skip it): the user sees it, and why, and can delete
+        it. Unreadable directory -> KVCIOError."""
+        sessions: list[SessionInfo] = []
+        broken: list[UnreadableSession] = []
+        for probe in self._probes():
+            if isinstance(probe, StoreEntry):
+                if probe.header.reason != REASON_SESSION:
+                    continue
+                probe = self.describe(probe)
+            (broken if isinstance(probe, UnreadableSession) else sessions).append(probe)
+        sessions.sort(key=lambda i: (-i.last_used, i.id))
+        broken.sort(key=lambda u: (-u.last_used, u.id))
+        return sessions, broken
 
     def list_sessions(self) -> list[SessionInfo]:
-        """Reason-6 sessions, newest first. Unreadable directory -> KVCIOError."""
-        out = []
-        for entry in self.entries():
-            if entry.header.reason == REASON_SESSION:
-                title, legacy = self.session_title(entry)
-                out.append(SessionInfo(entry, title, legacy))
-        return out
+        """Readable reason-6 sessions, newest first (scan_sessions for the unreadable ones too)."""
+        return self.scan_sessions()[0]
 
-    def resolve(self, prefix: str, *, sessions_only: bool = True) -> StoreEntry:
-        """A unique scan-valid entry whose id starts with `prefix` (1-40 hex, any case), §12.5."""
-        if not _HEX_PREFIX.fullmatch(prefix or ""):
-            raise KVCStoreError(E.INVALID_PREFIX)
-        p = prefix.lower()
-        matches = [e for e in self.entries() if e.id.startswith(p)
-                   and (not sessions_only or e.header.reason == REASON_SESSION)]
+    @staticmethod
+    def _check_prefix(prefix: str) -> str:
+        if not prefix:
+            raise KVCStoreError("give a session id prefix")
+        if not _HEX_PREFIX.fullmatch(prefix):
+            # Not "invalid SHA prefix": ids are what /list shows, and `/load zzz` simply matches
+            # none of them (issue 10.17).
+            raise KVCStoreError(f"no saved session matches {prefix}")
+        return prefix.lower()
+
+    @staticmethod
+    def _unique(matches: list, prefix: str):
         if not matches:
             raise KVCStoreError(f"no saved session matches {prefix}")
         if len(matches) > 1:
             raise KVCStoreError(f"session prefix {prefix} is ambiguous")
         return matches[0]
+
+    def resolve(self, prefix: str, *, sessions_only: bool = True) -> StoreEntry:
+        """A unique scan-valid entry whose id starts with `prefix` (1-40 hex, any case), §12.5.
+
+        A prefix that matches only an unreadable session file says why it cannot be loaded."""
+        p = self._check_prefix(prefix)
+        probes = self._probes()
+        matches = [e for e in probes if isinstance(e, StoreEntry) and e.id.startswith(p)
+                   and (not sessions_only or e.header.reason == REASON_SESSION)]
+        if not matches and sessions_only:
+            broken = [u for u in probes if isinstance(u, UnreadableSession) and u.id.startswith(p)]
+            if len(broken) == 1:
+                raise KVCStoreError(f"session {broken[0].short_id} cannot be loaded: {broken[0].reason}",
+                                    path=broken[0].path)
+        return self._unique(matches, prefix)
+
+    def find_session(self, prefix: str) -> StoreEntry | UnreadableSession:
+        """The one session file, readable or not, whose id starts with `prefix` (for deletion)."""
+        p = self._check_prefix(prefix)
+        return self._unique([e for e in self._probes() if e.id.startswith(p) and (
+            isinstance(e, UnreadableSession) or e.header.reason == REASON_SESSION)], prefix)
 
     def _target_path(self, target: str | os.PathLike[str]) -> Path:
         """A path when `target` names an existing file (or looks like one), else a prefix."""
@@ -475,7 +588,10 @@ class SessionStore:
                 deleted.append(src)
         for entry in self.entries():
             if (entry.header.reason != REASON_SESSION or entry.text_bytes >= len(text)
-                    or same(entry.path) or entry.id in protect):
+                    or entry.header.payload_abi == PAYLOAD_ABI_S or same(entry.path)
+                    or entry.id in protect):
+                # [S] files may still be used by an earlier ds4 (§13), and a fork's original
+                # goes on existing (issue 11): neither is deleted as an ancestor.
                 continue
             try:
                 with open(entry.path, "rb") as f:
@@ -490,12 +606,14 @@ class SessionStore:
         return deleted
 
     def _is_own_session_file(self, path: Path) -> bool:
-        """Only a reason-6 file inside this directory is deleted as the legacy source: a session
-        loaded by path from elsewhere (a backup, a copy) is never removed by a later save."""
+        """Only a reason-6 [L] file inside this directory is deleted as the legacy source: a session
+        loaded by path from elsewhere (a backup, a copy) is never removed by a later save, nor an
+        [S] file, which an earlier ds4 build sharing the directory may still use (§13)."""
         try:
             if not os.path.samefile(path.parent, self.directory):
                 return False
-            return read_header(path).reason == REASON_SESSION
+            header = read_header(path)
+            return header.reason == REASON_SESSION and header.payload_abi != PAYLOAD_ABI_S
         except (OSError, KVCError):
             return False
 
@@ -508,8 +626,8 @@ class SessionStore:
             return False  # deletion is housekeeping: the save itself succeeded
 
     def delete(self, prefix: str) -> Path:
-        """Delete the session whose id starts with `prefix`; returns its path."""
-        entry = self.resolve(prefix)
+        """Delete the session (readable or not) whose id starts with `prefix`; returns its path."""
+        entry = self.find_session(prefix)
         try:
             entry.path.unlink()
         except OSError as err:
@@ -562,7 +680,7 @@ class SessionStore:
                 if header.payload_bytes > size - PREFIX_BYTES - text_bytes:
                     raise KVCSizeError(E.SHORTER_THAN_HEADER, path=path)
                 try:
-                    state = read_payload(f, header.payload_bytes, shape, ctx)
+                    state = read_payload(f, header.payload_bytes, shape, ctx, version=header.payload_version)
                 except KVCError as err:
                     err.path = path
                     raise
@@ -571,7 +689,7 @@ class SessionStore:
         assert isinstance(state, PayloadState)
         if len(state.tokens) != header.tokens:
             raise KVCPayloadError(E.TOKEN_COUNT_MISMATCH, path=path)
-        env = Envelope(path, size, header, text, None, None)
+        env = Envelope(path, size, header, text, None, None, text_bytes)
         return LoadedKVC(env, state)
 
     # --- system-prompt caches (§12.2) -----------------------------------------------------------

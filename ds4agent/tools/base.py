@@ -190,8 +190,8 @@ class ToolContext:
     """Everything a tool may touch besides its arguments; one per agent, reused across turns.
 
     should_stop: polled by waiting tools (bash) every 100 ms; True ends the wait early.
-    output_dir:  where bash output files go (default: the system temp directory); they are kept
-                 so the model can read them later.
+    output_dir:  where bash output files go (default: the system temp directory); a file named to
+                 the model is kept until close() (see tools/bash.py), so it can read the rest.
     """
 
     cwd: Path
@@ -225,8 +225,9 @@ class ToolContext:
         self.seen.clear()
 
     def close(self) -> None:
-        """Stop every running bash job (agent shutdown)."""
+        """Agent shutdown: stop every running bash job and remove the output files still kept."""
         self.jobs.stop_all()
+        self.jobs.remove_outputs()
 
 
 # --------------------------------------------------------------------------------------------------

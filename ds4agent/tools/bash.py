@@ -2,9 +2,15 @@
 
 Each call is a fresh `/bin/sh -c` in its own session/process group (so a stop or timeout kills the
 whole pipeline, grandchildren included), stdin from /dev/null (never the terminal: a command that
-reads stdin sees EOF instead of stealing the user's keystrokes), stdout+stderr merged into a kept
-temp file the model may read later. A watcher thread per job reaps the child and enforces the
-timeout even while nobody is waiting on the job.
+reads stdin sees EOF instead of stealing the user's keystrokes), stdout+stderr merged into a temp
+file. A watcher thread per job reaps the child and enforces the timeout even while nobody is
+waiting on the job.
+
+Output files: an observation that cuts the output names its file (output_path) so the model can read
+the rest; such a file is kept until the agent exits (the model may come back to it at any time in
+the session, and nothing can tell when it is done with it), then removed with the others. A file
+whose whole output was shown (or that stayed empty) was never named to the model: it is removed as
+soon as its job's final observation is made. Nothing is left behind in the temp directory.
 
 Observation format (exact, every line ends with "\\n"): a status line (+ exit_status when done),
 one body (no output / full output / head / tail), and, while running, a note on bash_status and
@@ -63,6 +69,7 @@ class Job:
     exit_status: int | None = None
     timed_out: bool = False
     head_shown: bool = False
+    path_shown: bool = False  # an observation named output_path to the model
     done_event: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -113,6 +120,7 @@ class JobTable:
     def __init__(self) -> None:
         self._jobs: dict[int, Job] = {}
         self._next = 1
+        self._outputs: set[str] = set()  # output files not removed yet (see the module docstring)
         self._lock = threading.Lock()
 
     def start(self, command: str, cwd: str, timeout: float, out_dir: str) -> Job:
@@ -138,6 +146,7 @@ class JobTable:
             job = Job(id=self._next, command=command, proc=proc, output_path=path, timeout=timeout)
             self._next += 1
             self._jobs[job.id] = job
+            self._outputs.add(path)
         threading.Thread(target=job._watch, name=f"bash-job-{job.id}", daemon=True).start()
         return job
 
@@ -165,6 +174,21 @@ class JobTable:
         for job in self.all_jobs():
             if job.running:
                 stop_job(job, refresh=2.0)
+
+    def remove_output(self, path: str) -> None:
+        with self._lock:
+            self._outputs.discard(path)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass  # already gone (the user cleaned up): nothing to do
+
+    def remove_outputs(self) -> None:
+        """At exit, after stop_all: every output file still kept."""
+        with self._lock:
+            paths = sorted(self._outputs)
+        for path in paths:
+            self.remove_output(path)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -252,10 +276,12 @@ def observe(job: Job, table: JobTable) -> ToolResult:
                 body, kind = "<output>\n" + shown + "</output>\n", "full"
             else:
                 body, kind = where + f"<head -{HEAD_LINES} {job.output_path}>\n" + shown + "</head>\n", "head"
+                job.path_shown = True
         else:
             n = TAIL_LINES_RUNNING if running else TAIL_LINES_DONE
             shown = _out(_tail(job.output_path, size, n))
             body, kind = where + f"<tail -{n} {job.output_path}>\n" + shown + "</tail>\n", "tail"
+            job.path_shown = True
     note = ""
     if running:
         note = (
@@ -264,6 +290,8 @@ def observe(job: Job, table: JobTable) -> ToolResult:
         )
     else:
         table.drop(job)
+        if not job.path_shown:
+            table.remove_output(job.output_path)  # all of it was shown; the model never saw its name
     display = BashDisplay(
         command=job.command,
         job=job.id,

@@ -44,6 +44,7 @@ from ds4agent.tools.base import (
     arg_int,
     arg_str,
 )
+from ds4agent.tools.regular import open_regular, refuse_unless_regular
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
 DEFAULT_CHUNK = 500
@@ -94,7 +95,8 @@ def numbered(lines: list[bytes], first: int, last: int) -> str:
 
 
 def load_file(ctx: ToolContext, path: str) -> tuple[str, bytes]:
-    """(guard key, bytes) of an existing regular text file within the size limit; ToolError otherwise."""
+    """(guard key, bytes) of an existing regular text file within the size limit; ToolError otherwise
+    (a FIFO or a device is refused before it is opened: reading one would block or never end)."""
     full = ctx.resolve(path)
     try:
         st = os.stat(full)
@@ -102,10 +104,12 @@ def load_file(ctx: ToolContext, path: str) -> tuple[str, bytes]:
         raise ToolError(f"cannot open {path}: {exc.strerror}") from None
     if stat.S_ISDIR(st.st_mode):
         raise ToolError(f"{path} is a directory; use the list tool to see its entries")
+    refuse_unless_regular(st.st_mode, path)
     if st.st_size > MAX_FILE_BYTES:
         raise ToolError(f"file too large: {path} exceeds {MAX_FILE_BYTES} bytes")
     try:
-        with open(full, "rb") as f:
+        f, _ = open_regular(full, path)
+        with f:
             data = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise ToolError(f"cannot read {path}: {exc.strerror}") from None
@@ -161,6 +165,17 @@ def make_diff(path: str, before: bytes | None, after: bytes) -> DiffDisplay:
     unified = "\n".join(text_lines) + ("\n" if text_lines else "")
     return DiffDisplay(path=path, created=before is None, unified=unified, lines=tuple(out),
                        added=added, removed=removed)
+
+
+def make_replacement_preview(path: str, unshown: str, after: bytes) -> DiffDisplay:
+    """A write over a file whose content cannot be shown: no diff, the new content as added lines
+    under a note that says why the old side is missing (it is not an empty file)."""
+    added = [line_text(x) for x in split_lines(after)]
+    note = f"@@ {unshown}; replaced by {len(after)} bytes, {len(added)} lines @@"
+    lines = (DiffLine("hunk", None, None, note),
+             *(DiffLine("add", None, n, t) for n, t in enumerate(added, 1)))
+    unified = f"--- a/{path}\n+++ b/{path}\n{note}\n" + "".join(f"+{t}\n" for t in added)
+    return DiffDisplay(path=path, created=False, unified=unified, lines=lines, added=len(added), removed=0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -300,9 +315,48 @@ class Change:
     # guard: lines after this old line keep their records (set only when the edit kept the line
     # count, so those lines did not move)
     keep_after: int | None = None
+    # The file exists but its content is not shown (why, in words): the preview has no diff.
+    before_unshown: str | None = None
+
+    @property
+    def creates(self) -> bool:
+        return self.before is None and self.before_unshown is None
 
     def diff(self) -> DiffDisplay:
+        if self.before_unshown is not None:
+            return make_replacement_preview(self.path, self.before_unshown, self.after)
         return make_diff(self.path, self.before, self.after)
+
+
+def _current_content(full: str, path: str) -> tuple[bytes | None, str | None]:
+    """What a write will replace, for its diff: (bytes, None) for a text file within the read/edit
+    limits; (None, None) when there is no file yet; (None, why) when the file exists but cannot be
+    shown (too large, binary, unreadable): the write still may replace it, the preview just has no
+    diff. A directory, FIFO or device is refused: write replaces regular files only, and reading
+    one to preview it would block or never end."""
+    try:
+        st = os.stat(full)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"cannot look at the current file: {exc.strerror}"
+    if stat.S_ISDIR(st.st_mode):
+        raise ToolError(f"{path} is a directory")
+    refuse_unless_regular(st.st_mode, path)
+    too_large = f"the current file ({{size}} bytes) is over the {MAX_FILE_BYTES} byte limit of read/edit and is not shown"
+    if st.st_size > MAX_FILE_BYTES:
+        return None, too_large.format(size=st.st_size)
+    try:
+        f, _ = open_regular(full, path)
+        with f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        return None, f"cannot read the current file: {exc.strerror}"
+    if len(data) > MAX_FILE_BYTES:  # it grew since the stat
+        return None, too_large.format(size=len(data))
+    if b"\0" in data:
+        return None, f"the current file ({len(data)} bytes) is binary and is not shown"
+    return data, None
 
 
 def plan_write(args: Mapping[str, Any], ctx: ToolContext) -> Change:
@@ -310,26 +364,58 @@ def plan_write(args: Mapping[str, Any], ctx: ToolContext) -> Change:
     content = arg_str(args, "content", required=True)
     if not path.strip():
         raise ToolError("empty path")
-    full = ctx.resolve(path)
-    if full.is_dir():
-        raise ToolError(f"{path} is a directory")
-    try:
-        before = full.read_bytes() if full.exists() else None
-    except OSError:
-        before = None  # unreadable old content: the diff shows a creation; the write decides
+    before, unshown = _current_content(str(ctx.resolve(path)), path)
     after = content.encode("utf-8")
-    return Change(path=path, key=ctx.abs_key(path), before=before, after=after,
+    return Change(path=path, key=ctx.abs_key(path), before=before, after=after, before_unshown=unshown,
                   result_text=f"Wrote {len(after)} bytes to {path}\n")
 
 
-def _apply(change: Change, ctx: ToolContext) -> None:
+def _content_before(change: Change, ctx: ToolContext) -> bytes | None:
+    """What the file holds before the write, for the code checkpoint (on_write). The preview may
+    have left it unread (too large, binary: before is None then, as for a new file), but undoing
+    the write must put those bytes back, not delete the file: read them here, whole."""
+    if change.before is not None or change.before_unshown is None:
+        return change.before
+    try:
+        f, _ = open_regular(ctx.resolve(change.path), change.path)
+        with f:
+            return f.read()
+    except (OSError, ToolError) as exc:
+        # Without the old bytes a /rewind could not undo the write (it would remove the file):
+        # refused before anything is changed.
+        raise ToolError(f"cannot keep a copy of {change.path} for /rewind: {exc}") from None
+
+
+def _apply(change: Change, ctx: ToolContext) -> ToolResult:
+    """Write the change, then tell what happened to the file. Only a failed write is a failure:
+    once the file is replaced, trouble with the bookkeeping after it (the guard's records, the
+    diff for the UI: both scale with the file and can run out of memory) must not make the model
+    believe the file is unchanged."""
+    undo = _content_before(change, ctx) if ctx.on_write is not None else change.before
     try:
         atomic_write(str(ctx.resolve(change.path)), change.after)
     except OSError as exc:
         raise ToolError(f"cannot write {change.path}: {exc.strerror or exc}") from None
     key = ctx.abs_key(change.path)  # the file exists now, so symlinks resolve
     if ctx.on_write is not None:
-        ctx.on_write(key, change.before, change.after)
+        try:
+            ctx.on_write(key, undo, change.after)
+        except Exception:  # noqa: BLE001 - see the docstring; the agent reports its own failures
+            pass
+    try:
+        _record(change, ctx, key)
+    except Exception:  # noqa: BLE001 - see the docstring
+        ctx.seen.replace(key, ())  # unknown state: line edits must read the file again
+    try:
+        display: object = change.diff()
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        first = change.result_text.split("\n", 1)[0]
+        display = TextDisplay(summary=f"{first} (no diff: {type(exc).__name__})", body=change.result_text)
+    return ToolResult(change.result_text, display=display)
+
+
+def _record(change: Change, ctx: ToolContext, key: str) -> None:
+    """Teach the guard the lines the result showed (the whole file for a write)."""
     new_lines = split_lines(change.after)
     if change.record is None:
         ctx.seen.replace(key, ((n, new_lines[n - 1]) for n in range(1, len(new_lines) + 1)))
@@ -356,9 +442,7 @@ class WriteTool:
     mutates = True
 
     def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
-        change = plan_write(args, ctx)
-        _apply(change, ctx)
-        return ToolResult(change.result_text, display=change.diff())
+        return _apply(plan_write(args, ctx), ctx)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -659,9 +743,7 @@ class EditTool:
     mutates = True
 
     def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
-        change = plan_edit(args, ctx)
-        _apply(change, ctx)
-        return ToolResult(change.result_text, display=change.diff())
+        return _apply(plan_edit(args, ctx), ctx)
 
 
 def plan_change(tool_name: str, args: Mapping[str, Any], ctx: ToolContext) -> Change:

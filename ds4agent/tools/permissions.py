@@ -13,7 +13,10 @@ Modes (the command line's --permission):
 * ask (default): bash, write and edit ask; the user answers allow once / allow for this session /
   deny (with an optional message for the model). A session answer covers the tool (write, edit) or,
   for bash, the programs the command runs ("allow `pytest …` commands"). Writes outside the working
-  directory always ask, even when the tool was allowed for the session, and offer no session scope.
+  directory or into a `.git/` directory (hooks and config run code) always ask, even when the tool or
+  the program was allowed for the session, and offer no session scope: for bash that means a
+  command whose redirections, tee/cp/mv/rm/install/dd of=/find -delete/... targets or git settings
+  go there (tools/shellscan.py reads them; a command it cannot read is never covered either).
 * auto: no questions (the reference agent's behaviour).
 * read-only: write, edit and bash are refused with a tool error the model can act on.
 
@@ -24,7 +27,6 @@ model started or looking at files changes nothing.
 from __future__ import annotations
 
 import os
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -39,24 +41,13 @@ from ds4agent.tools.base import (
     arg_str,
     error_text,
 )
+from ds4agent.tools.shellscan import command_programs, scan
+
+__all__ = ["Answer", "Choice", "Decision", "PermissionPolicy", "Question", "command_programs", "denied_result"]
 
 MODES = ("ask", "auto", "read-only")
 FILE_TOOLS = frozenset({"write", "edit"})
 ASKING_TOOLS = FILE_TOOLS | {"bash"}
-
-# Programs that run other programs given as arguments: allowing them "for the session" would allow
-# anything, so a command using one of them is never covered by a session answer.
-_RUNNERS = frozenset({
-    "sh", "bash", "zsh", "dash", "fish", "ksh", "eval", "exec", "source", ".", "sudo", "doas", "su",
-    "env", "xargs", "nohup", "timeout", "nice", "ionice", "command", "builtin", "time", "watch",
-    "setsid", "stdbuf", "chroot", "unshare", "nsenter", "busybox", "parallel", "ssh",
-})
-# Shell words that start a compound command: the program is the word after them.
-_PREFIX_WORDS = frozenset({"if", "then", "else", "elif", "do", "while", "until", "!", "{"})
-# Words that end a compound command or open a header that runs no program by itself.
-_SKIP_SEGMENT = frozenset({"fi", "done", "esac", "}", "for", "case", "select", "in", "function"})
-_SEPARATORS = frozenset({";", "&", "|", "&&", "||", "(", ")", "\n", ";;", "|&", ";&", ";;&"})
-
 
 class Choice(StrEnum):
     ONCE = "once"
@@ -133,56 +124,6 @@ def _refusal(reason: str) -> ToolResult:
     return ToolResult(error_text(reason), ok=False, display=TextDisplay(summary=reason, body=""))
 
 
-def command_programs(command: str) -> tuple[str, ...] | None:
-    """The programs a shell command line runs, in order, without duplicates.
-
-    None when that cannot be known from the text (command substitution, a program named by a
-    variable, unbalanced quotes, a runner such as sudo/xargs/sh), so no session scope is offered.
-    """
-    if "$(" in command or "`" in command or "<(" in command or ">(" in command:
-        return None
-    lexer = shlex.shlex(command, posix=True, punctuation_chars="();<>|&\n")
-    lexer.whitespace = " \t\r"
-    lexer.whitespace_split = True
-    lexer.commenters = "#"
-    try:
-        tokens = list(lexer)
-    except ValueError:
-        return None
-    programs: list[str] = []
-    at_start = True
-    skip_segment = False
-    redirect = False
-    for tok in tokens:
-        if tok in _SEPARATORS:
-            at_start, skip_segment, redirect = True, False, False
-            continue
-        if redirect:
-            redirect = False
-            continue
-        if tok and set(tok) <= set("<>&"):
-            redirect = True  # the next word is a redirection target, not a program
-            continue
-        if not at_start or skip_segment:
-            continue
-        if tok in _PREFIX_WORDS:
-            continue
-        if tok in _SKIP_SEGMENT:
-            skip_segment = True
-            continue
-        name, eq, _ = tok.partition("=")
-        if eq and name.isidentifier():
-            continue  # an environment assignment before the program
-        if tok.isdigit():
-            continue  # an fd number before a redirection (2>file)
-        if "$" in tok or tok in _RUNNERS or os.path.basename(tok) in _RUNNERS:
-            return None
-        if tok not in programs:
-            programs.append(tok)
-        at_start = False
-    return tuple(programs) if programs else None
-
-
 def _program_label(programs: tuple[str, ...]) -> str:
     names = [f"`{p} …`" for p in programs]
     joined = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
@@ -216,12 +157,20 @@ class PermissionPolicy:
             return Decision("deny", f"{tool_name} is not allowed in read-only mode: files cannot be "
                                     "changed in this session")
         if tool_name == "bash":
-            return self._check_bash(args)
+            return self._check_bash(args, ctx)
         return self._check_file(tool_name, args, ctx)
 
-    def _check_bash(self, args: Mapping[str, Any]) -> Decision:
+    def _check_bash(self, args: Mapping[str, Any], ctx: ToolContext) -> Decision:
         command = arg_str(args, "command") or ""
-        programs = command_programs(command)
+        found = scan(command, ctx.cwd)
+        programs = found.programs if found is not None else ()
+        risky = found.risky_writes if found is not None else ()
+        if risky:
+            shown = "; ".join(risky[:3]) + (f"; and {len(risky) - 3} more" if len(risky) > 3 else "")
+            q = Question(tool="bash", title=f"Run this shell command? It writes to {shown}.", preview=command,
+                         preview_kind="command", session_label=None,
+                         outside_workspace=any(r.endswith("(outside the working directory)") for r in risky))
+            return Decision("ask", question=q)
         if "bash" in self.allowed_tools:
             return ALLOW
         if programs and all(p in self.allowed_programs for p in programs):
@@ -243,8 +192,11 @@ class PermissionPolicy:
         if path is None or not path.strip():
             return ALLOW  # the tool itself reports the missing path; nothing can be written
         target = os.path.realpath(ctx.resolve(path))
-        outside = not _inside(target, os.path.realpath(ctx.cwd))
-        if tool_name in self.allowed_tools and not outside:
+        root = os.path.realpath(ctx.cwd)
+        outside = not _inside(target, root)
+        # Hooks and config in .git/ run code on the next git command: never covered by a session answer.
+        in_git = not outside and ".git" in os.path.relpath(target, root).split(os.sep)
+        if tool_name in self.allowed_tools and not outside and not in_git:
             return ALLOW
         try:
             change = plan_change(tool_name, args, ctx)
@@ -253,15 +205,16 @@ class PermissionPolicy:
             # run so the model gets the specific error; there is nothing for the user to approve.
             return ALLOW
         diff = change.diff()
-        verb = "Create" if change.before is None else ("Overwrite" if tool_name == "write" else "Edit")
-        where = " (outside the working directory)" if outside else ""
+        verb = "Create" if change.creates else ("Overwrite" if tool_name == "write" else "Edit")
+        where = " (outside the working directory)" if outside else " (inside .git/)" if in_git else ""
         q = Question(
             tool=tool_name,
             title=f"{verb} {path}{where}?",
             preview=diff.unified,
             preview_kind="diff",
-            session_label=None if outside else f"allow all {tool_name} calls in the working directory for this session",
-            scope=() if outside else ("tool", tool_name),
+            session_label=None if outside or in_git else
+            f"allow all {tool_name} calls in the working directory for this session",
+            scope=() if outside or in_git else ("tool", tool_name),
             outside_workspace=outside,
             path=target,
             diff=diff,

@@ -16,6 +16,7 @@ until that batch is drawn, so a fast model can never flood the message queue.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +40,7 @@ SPINNER_INTERVAL = 0.125  # 8 Hz: the only animation faster than 4 Hz (ui.md)
 # A question that opens on its own (permission, resume) ignores keys until the user has paused
 # typing this long: faster than anyone reads a question, slower than the gap between typed keys.
 TYPEAHEAD_GRACE_S = 0.5
+NO_TOOL_CARD = "no tool card yet: Ctrl+O opens the last one once the model has used a tool"
 
 
 class Ds4App(App):
@@ -97,6 +99,11 @@ class Ds4App(App):
         self._last_escape = -1e9
         self._quitting = False
         self._exit_status = 0                  # 1 once the agent stopped on a fatal error
+        # Why the model could not start (set once). From then on the app is only a screen to read
+        # the error on and leave: nothing is busy, every quit key leaves at once, messages and
+        # commands are answered with the reason, and main() prints it again after the full
+        # screen has closed (the terminal would otherwise lose it with the screen).
+        self.startup_error: str | None = None
         # The last conversation block before a user-issued /new, /load or picker choice: when the
         # switch happens, everything up to it is cleared (a new session starts a clean view) while
         # what the command itself printed after it (e.g. "saved session …" from the save
@@ -160,10 +167,17 @@ class Ds4App(App):
 
     async def on_agent_failed(self, message: AgentFailed) -> None:
         self._exit_status = 1
+        self.startup_error = message.text
         self.status_model.state = "error"
         self.status_model.detail = message.text
         self.status_bar.mark()
         await self.conversation.note(f"ds4agent: {message.text}", "error")
+        dropped, self._pre_agent = len(self._pre_agent), []
+        if dropped:
+            self.chips.set_items(())
+            await self.conversation.note(
+                f"{dropped} queued message{'' if dropped == 1 else 's'} not sent: the model failed to load", "error")
+        await self.conversation.note(commands.FAILED_START_HINT, "warning")
 
     async def on_unmount(self) -> None:
         if self.agent is not None:
@@ -241,8 +255,11 @@ class Ds4App(App):
             await conv.note(e.text, "error")
             if e.fatal:
                 s.state, s.detail = "error", e.text
+                self.startup_error = self.startup_error or e.text
                 self.status_bar.mark()
         elif isinstance(e, ev.Ready):
+            s.device = e.device
+            self.status_bar.mark()
             if self.chips.items:
                 self.chips.set_items(self.chips.items)  # Esc can interrupt from now on
             await conv.note(fmt.ready_line(e.model, e.ctx), "muted")
@@ -292,7 +309,9 @@ class Ds4App(App):
                 self._exit_status = e.status
                 s.state = "error"
                 s.detail = s.detail or "the agent stopped"
+                self.startup_error = self.startup_error or s.detail
                 self.status_bar.mark()
+                await conv.note(commands.FAILED_START_HINT, "warning")
 
     # ------------------------------------------------------------------ questions
     # Screens are imported where they are first shown: they pull in Button, Input and DataTable,
@@ -347,6 +366,9 @@ class Ds4App(App):
         if commands.is_command(text):
             await self.run_command(text)
             return
+        if self.startup_error is not None:
+            await self.conversation.note(commands.not_sent_after_failed_start(), "error")
+            return
         if self.agent is None:
             self._pre_agent.append(text.strip())
             self.chips.set_items(tuple(self._pre_agent), loading=self.loading)
@@ -355,6 +377,8 @@ class Ds4App(App):
 
     @property
     def busy(self) -> bool:
+        if self.startup_error is not None:
+            return False  # nothing runs any more (and /quit must not wait for it)
         return self.agent is None or bool(self.agent.busy)
 
     async def run_command(self, line: str) -> None:
@@ -362,6 +386,8 @@ class Ds4App(App):
         try:
             cmd = commands.parse(line)
             commands.check_allowed(cmd, self.busy)
+            if self.startup_error is not None:
+                commands.check_runs_after_failed_start(cmd)
         except commands.CommandError as err:
             await conv.note(str(err), "error")
             return
@@ -373,14 +399,14 @@ class Ds4App(App):
             if agent is None:
                 await conv.note("save failed: the model is still loading", "error")
             else:
-                agent.save()
+                agent.save(cmd.arg or None)
         elif name == "list":
             if agent is not None:
                 agent.list_sessions()
         elif name == "load":
             if cmd.arg:
                 self._mark_switch()
-                agent.load(cmd.arg.split()[0])
+                agent.load(cmd.arg)
             else:
                 self.action_picker()
         elif name == "history":
@@ -512,6 +538,9 @@ class Ds4App(App):
             self.push_screen(HelpScreen())
 
     def action_picker(self) -> None:
+        if self.startup_error is not None:
+            self.call_later(self.conversation.note, f"Ctrl+L cannot run: {commands.FAILED_START_HINT}", "error")
+            return
         if self.busy:
             self.call_later(self.conversation.note, commands.idle_required("/load"), "error")
             return
@@ -531,7 +560,8 @@ class Ds4App(App):
 
     def action_toggle_card(self) -> None:
         focused = self.focused
-        self.conversation.toggle_card(focused if isinstance(focused, ToolCard) else None)
+        if not self.conversation.toggle_card(focused if isinstance(focused, ToolCard) else None):
+            self.call_later(self.conversation.note, NO_TOOL_CARD, "muted")
 
     def action_scroll_conversation(self, direction: int) -> None:
         conv = self.conversation
@@ -551,7 +581,8 @@ class Ds4App(App):
     def turn_busy(self) -> bool:
         """A turn (or command) is running: Esc / Ctrl+C interrupt it. While the model loads they do
         not: an interrupt must never cut the start-up short."""
-        return self.agent is not None and bool(self.agent.busy) and not self.loading
+        return (self.agent is not None and bool(self.agent.busy) and not self.loading
+                and self.startup_error is None)
 
     def action_escape(self) -> None:
         if self.turn_busy:
@@ -599,7 +630,7 @@ class Ds4App(App):
 
     def action_quit_request(self) -> None:
         agent = self.agent
-        if agent is None or not agent.running or self.loading:
+        if agent is None or not agent.running or self.loading or self.startup_error is not None:
             # nothing to save yet (or the agent is gone): leave at once; on_unmount stops the worker
             self.exit(return_code=self._exit_status)
             return
@@ -622,4 +653,10 @@ def main(args) -> int:
         open_picker=getattr(args, "resume", None) == "",
     )
     app.run()
+    if app.startup_error is not None:
+        # The full screen (and the error on it) is gone: say it again where it stays.
+        print(f"ds4agent: {app.startup_error}", file=sys.stderr)
+    last = fmt.exit_line(app.status_model)
+    if last:
+        print(last)  # where the work is, left on the terminal after the screen closes
     return int(app.return_code or 0)

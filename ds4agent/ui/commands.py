@@ -9,6 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# What a command takes after its name; parse() refuses anything else, so a mistyped argument is
+# said back instead of being ignored (`/new extra` must not start a new session).
+NO_ARG = ""        # nothing
+TEXT = "text"      # any text (a title)
+WORD = "word"      # at most one word (a prefix, a mode)
+COUNT = "count"    # at most one whole number
+
 
 @dataclass(frozen=True)
 class CommandSpec:
@@ -16,24 +23,28 @@ class CommandSpec:
     usage: str
     help: str
     runs_while_busy: bool = False
+    takes: str = NO_ARG
 
 
 COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("help", "/help", "commands and keys", runs_while_busy=True),
-    CommandSpec("save", "/save", "save the session (deferred to the end of the turn while busy)",
-                runs_while_busy=True),
-    CommandSpec("load", "/load [prefix]", "load a saved session (no prefix: session picker)"),
-    CommandSpec("switch", "/switch <prefix>", "same as /load"),
+    CommandSpec("save", "/save [title]", "save the session, optionally under a new title (deferred "
+                "to the end of the turn while busy)", runs_while_busy=True, takes=TEXT),
+    CommandSpec("load", "/load [prefix]", "load a saved session (no prefix: session picker)", takes=WORD),
+    CommandSpec("switch", "/switch <prefix>", "same as /load", takes=WORD),
     CommandSpec("list", "/list", "list saved sessions, newest first", runs_while_busy=True),
-    CommandSpec("history", "/history [N]", "replay the last N user turns (default 3)"),
+    CommandSpec("history", "/history [N]", "replay the last N user turns (default 3)", takes=COUNT),
     CommandSpec("new", "/new", "start a new session"),
     CommandSpec("compact", "/compact", "summarise the conversation to free context"),
-    CommandSpec("rewind", "/rewind [N [both|chat|code|fork]]",
-                "go back to before user turn N (no N: list the turns)"),
-    CommandSpec("fork", "/fork [TITLE]", "save the conversation as a new session; later saves go there"),
-    CommandSpec("think", "/think", "reasoning on"),
+    # Mode names in the meaning, not the usage: the usage column stays narrow (80 columns).
+    CommandSpec("rewind", "/rewind [N [mode]]", "go back to before user turn N (no N: list the turns); "
+                "mode: both (the default), chat, code or fork", takes=TEXT),
+    CommandSpec("fork", "/fork [title]", "save the conversation as a new session; later saves go there",
+                takes=TEXT),
+    CommandSpec("think", "/think", "reasoning on", takes=WORD),
     CommandSpec("nothink", "/nothink", "reasoning off"),
-    CommandSpec("permissions", "/permissions [ask|auto|read-only]", "show or set the permission mode"),
+    CommandSpec("permissions", "/permissions [mode]", "show or set the permission mode: ask, auto or "
+                "read-only", takes=WORD),
     CommandSpec("copy", "/copy", "copy the last answer to the clipboard"),
     CommandSpec("quit", "/quit", "leave (asks to save unsaved turns)"),
     CommandSpec("exit", "/exit", "same as /quit"),
@@ -54,7 +65,7 @@ KEYS_HELP: tuple[tuple[str, str], ...] = (
     ("Ctrl+O", "expand / collapse the last tool card (or click a card)"),
     ("Ctrl+L", "session picker"),
     ("Esc Esc", "on an empty idle prompt: rewind to an earlier turn"),
-    ("F1", "this help"),
+    ("F1", "this help (also /help)"),
 )
 
 
@@ -63,6 +74,15 @@ QUIT_WINDOW_S = 2.0
 QUIT_HINT = "press Ctrl+C again or Ctrl+D to exit"
 # A second Esc on an empty idle prompt within this many seconds opens the rewind list (TUI).
 ESC_ESC_WINDOW_S = 0.8
+
+
+# After a failed start: what still works, said once on screen and in every refusal.
+FAILED_START_HINT = "the model failed to load: leave with /quit, Ctrl+D or Ctrl+C twice"
+RUNS_AFTER_FAILED_START = frozenset({"help", "quit"})
+
+
+def not_sent_after_failed_start() -> str:
+    return f"not sent: {FAILED_START_HINT}"
 
 
 class CommandError(Exception):
@@ -92,7 +112,24 @@ def parse(text: str) -> ParsedCommand:
     name = head[1:].lower()
     if name not in BY_NAME:
         raise CommandError(f"unknown command: {head}")
-    return ParsedCommand(ALIASES.get(name, name), rest.strip(), head)
+    arg = rest.strip()
+    _check_arg(BY_NAME[name], head, arg)
+    return ParsedCommand(ALIASES.get(name, name), arg, head)
+
+
+def _check_arg(spec: CommandSpec, typed: str, arg: str) -> None:
+    if not arg or spec.takes == TEXT:
+        return
+    usage = spec.usage.replace(f"/{spec.name}", typed, 1)
+    if spec.takes == NO_ARG:
+        raise CommandError(f"{typed} takes no arguments (got: {arg})")
+    if len(arg.split()) > 1:
+        raise CommandError(f"{typed} takes one argument (got: {arg}); usage: {usage}")
+    if spec.takes == COUNT:
+        try:
+            int(arg)
+        except ValueError:
+            raise CommandError(f"{typed} needs a whole number (got: {arg}); usage: {usage}") from None
 
 
 def idle_required(typed: str) -> str:
@@ -103,6 +140,12 @@ def idle_required(typed: str) -> str:
 def check_allowed(cmd: ParsedCommand, busy: bool) -> None:
     if busy and not BY_NAME[cmd.name].runs_while_busy:
         raise CommandError(idle_required(cmd.typed))
+
+
+def check_runs_after_failed_start(cmd: ParsedCommand) -> None:
+    """Once the model failed to load only /help and /quit have something to run on."""
+    if cmd.name not in RUNS_AFTER_FAILED_START:
+        raise CommandError(f"{cmd.typed} cannot run: {FAILED_START_HINT}")
 
 
 def permission_mode_line(mode: str) -> str:
@@ -124,12 +167,8 @@ def think_mode(cmd: ParsedCommand) -> str:
 
 
 def history_count(arg: str, default: int = 3) -> int:
-    """/history N: default 3, clamped to 1..200, non-numeric -> default (reference behaviour)."""
-    try:
-        n = int(arg)
-    except ValueError:
-        return default
-    return max(1, min(200, n))
+    """/history N: default 3, clamped to 1..200 (parse() has refused anything but a number)."""
+    return max(1, min(200, int(arg))) if arg else default
 
 
 REWIND_MODES = ("both", "chat", "code", "fork")
@@ -150,11 +189,23 @@ def rewind_args(arg: str) -> tuple[int | None, str]:
     return int(parts[0]), mode
 
 
-def help_text() -> str:
-    width = max(len(c.usage) for c in COMMANDS)
-    lines = ["commands:"]
-    lines += [f"  {c.usage:<{width}}  {c.help}" for c in COMMANDS]
-    lines.append("keys:")
-    kw = max(len(k) for k, _ in KEYS_HELP)
-    lines += [f"  {k:<{kw}}  {v}" for k, v in KEYS_HELP]
+def help_sections() -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
+    """/help's content: (heading, ((what, meaning), ...)) for the commands and for the keys."""
+    return (("commands", tuple((c.usage, c.help) for c in COMMANDS)), ("keys", KEYS_HELP))
+
+
+def help_text(width: int | None = None) -> str:
+    """/help as text. With a width, a long meaning wraps under its own column (not back to the
+    line's start), so the two columns stay readable in a narrow terminal."""
+    import textwrap
+
+    lines: list[str] = []
+    for heading, rows in help_sections():
+        left = max(len(what) for what, _ in rows)
+        lines.append(f"{heading}:")
+        room = (width - left - 4) if width else 0
+        for what, meaning in rows:
+            parts = textwrap.wrap(meaning, room) if room >= 20 else [meaning]
+            lines.append(f"  {what:<{left}}  {parts[0]}")
+            lines += [" " * (left + 4) + part for part in parts[1:]]
     return "\n".join(lines)

@@ -7,6 +7,7 @@ numbers the same way and the tests can check exact strings.
 from __future__ import annotations
 
 import os
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +70,68 @@ def clip(text: str, width: int) -> str:
     return flat[: max(0, width - 1)] + "…"
 
 
+def cells(text: str) -> int:
+    """Terminal cells `text` takes: wide (East Asian) characters take two, combining marks none."""
+    return sum(0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+               for ch in text)
+
+
+def fit(text: str, width: int) -> str:
+    """One display line of at most `width` cells: newlines flattened; a longer text is cut at a word
+    boundary when one is near the end (else mid-word) and ends with an ellipsis."""
+    flat = " ".join(text.split())
+    if cells(flat) <= width:
+        return flat
+    if width <= 1:
+        return "…"[:max(width, 0)]
+    out, used = [], 0
+    for ch in flat:
+        w = cells(ch)
+        if used + w > width - 1:
+            break
+        out.append(ch)
+        used += w
+    cut = "".join(out)
+    space = cut.rfind(" ")
+    if space >= len(cut) * 2 // 3:  # a word boundary near the end: do not cut a word in half
+        cut = cut[:space]
+    return cut.rstrip() + "…"
+
+
+def header_parts(cwd: str, session_id: str, title: str, modes: str, width: int) -> tuple[str, str]:
+    """The header's directory and session label for `width` cells, beside `ds4agent ─ … ─ …` and
+    the modes on the right, which always stay whole: a long title is cut at a word with an
+    ellipsis (or left out), then a long directory keeps its last part."""
+    label = f"session {session_id[:8]}" if session_id else "new session"
+    room = width - cells("ds4agent ─  ─ ") - cells(modes) - 1 - cells(label)
+    place = shorten_home(cwd)
+    title = " ".join(title.split()) if session_id else ""
+    want = cells(title) + 3 if title else 0           # ' "title"'
+    if cells(place) + want > room and title:
+        # the directory gives way first, down to a readable tail, then the title is cut
+        place = _fit_path(place, max(16, room - min(want, 24)))
+    title_room = room - cells(place) - 3
+    if title and title_room >= min(8, cells(title)):
+        label += f' "{fit(title, title_room)}"'
+    elif cells(place) > room:
+        place = _fit_path(place, max(1, room))
+    return place, label
+
+
+def _fit_path(path: str, width: int) -> str:
+    """A path in `width` cells: its end kept, its start replaced by `…`."""
+    if cells(path) <= width:
+        return path
+    out, used = [], 0
+    for ch in reversed(path):
+        w = cells(ch)
+        if used + w > width - 1:
+            break
+        out.append(ch)
+        used += w
+    return "…" + "".join(reversed(out))
+
+
 def queued_label(text: str, width: int = 60) -> str:
     """A queued prompt as one line; long ones say how much was left out, as the reference does."""
     flat = " ".join(text.strip().split("\n"))
@@ -112,6 +175,7 @@ class StatusState:
     think_mode: str = "think"
     session_id: str = ""
     title: str = ""
+    device: str = ""                 # where the engine computes ("Metal GPU", "CPU"), from Ready
     dirty: bool = False
     _decode_seen: float = 0.0        # the decode speed in the last Status (stale ones repeat it)
 
@@ -228,8 +292,13 @@ def status_line(s: StatusState) -> str:
     if speed:
         parts.append(speed)
     parts.append(saved_segment(s))
-    parts.append(f"{s.think_mode} · {s.permission}")
+    parts.append(modes_segment(s))
     return " · ".join(parts)
+
+
+def modes_segment(s: StatusState) -> str:
+    """The think and permission modes, and the device once the engine has said which."""
+    return " · ".join(p for p in (s.think_mode, s.permission, s.device) if p)
 
 
 # -- lines both front ends print for the agent's events (the TUI as notes, plain mode as text) ------
@@ -272,9 +341,10 @@ def session_list_lines(directory: str, sessions, now: float) -> list[str]:
     lines = [f"saved sessions in {directory}:"]
     for info in sessions:
         title = info.title if len(info.title) <= 70 else info.title[:70] + "..."
+        counts = "" if getattr(info, "unreadable", "") else f"{info.tokens} tokens, "  # no tokens to count
         fork = f", fork of {info.forked_from}" if getattr(info, "forked_from", "") else ""
         lines.append(f"  {info.short_id} ({format_age(now - info.last_used)}) {title}  "
-                     f"[{info.tokens} tokens, {format_size(info.size_bytes)}{fork}]")
+                     f"[{counts}{format_size(info.size_bytes)}{fork}]")
     if not sessions:
         lines.append("  (none)")
     return lines
@@ -311,3 +381,20 @@ def rewind_list_lines(points, note: str, now: float) -> list[str]:
     if note:
         lines.append(note[:1].upper() + note[1:])
     return lines
+
+
+def resume_hint(session_id: str) -> str:
+    """How to get back to a saved session: the one place that words it (issue 10.16)."""
+    return f"ds4agent --resume {session_id}"
+
+
+def exit_line(s: StatusState) -> str:
+    """The last line on leaving: where the work is. "" when there was no conversation at all."""
+    if s.session_id and not s.dirty:
+        return f"saved {s.session_id} — resume with {resume_hint(s.session_id)}"
+    if s.session_id:
+        return (f"the last turns were not saved; session {s.session_id} holds the conversation up to "
+                f"its last save — resume with {resume_hint(s.session_id)}")
+    if s.dirty:
+        return "not saved"
+    return ""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -147,6 +148,7 @@ class PlainRenderer:
         elif isinstance(e, ev.Error):
             self.line(f"ds4agent: {e.text}", "error")
         elif isinstance(e, ev.Ready):
+            s.device = e.device
             self.line(fmt.ready_line(e.model, e.ctx), "muted")
         elif isinstance(e, ev.SessionSaved):
             s.session_id, s.title, s.dirty = e.short_id, e.title, False
@@ -218,6 +220,10 @@ class PlainFrontEnd:
         self.agent = agent
         self.r = renderer
         self.quitting = False
+        # A /load or /new is running on the worker: the next command typed at the interactive
+        # prompt waits for it instead of being refused as "requires the model to be idle".
+        self.switching = False
+        self.width: Callable[[], int | None] = lambda: None  # the terminal's columns, when there is one
 
     def pump(self) -> int:
         events = self.agent.poll_events(bridge.MAX_EVENTS_PER_DRAIN)
@@ -235,20 +241,22 @@ class PlainFrontEnd:
             return
         a, name = self.agent, cmd.name
         if name == "help":
-            r.line(commands.help_text(), "muted")
+            r.line(commands.help_text(self.width()), "muted")
         elif name == "save":
-            a.save()
+            a.save(cmd.arg or None)
         elif name == "list":
             a.list_sessions()
         elif name == "load":
             if cmd.arg:
-                a.load(cmd.arg.split()[0])
+                self.switching = True
+                a.load(cmd.arg)
             else:
                 r.line("usage: /load <id-prefix> (saved sessions below)", "muted")
                 a.list_sessions()
         elif name == "history":
             a.history(commands.history_count(cmd.arg))
         elif name == "new":
+            self.switching = True
             a.new()
         elif name == "compact":
             a.compact()
@@ -350,6 +358,9 @@ def run_lines(agent: Any, stdin, stdout, *, poll: float = 0.02) -> int:
         settle()
     r.close_stream()
     agent.shutdown(timeout=2.0)
+    last = fmt.exit_line(r.status)
+    if last:
+        r.line(last, "muted")
     return r.exited.status if r.exited is not None else 0
 
 
@@ -386,6 +397,7 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
 
     r = PlainRenderer(write)
     fe = PlainFrontEnd(agent, r)
+    fe.width = lambda: shutil.get_terminal_size().columns
     saved_history = History()
     pt_history = InMemoryHistory()
     for entry in saved_history.entries:
@@ -436,9 +448,11 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
     def toolbar():
         return FormattedText([("reverse", " " + fmt.status_line(r.status) + " ")])
 
+    # erase_when_done: the line typed at the prompt is wiped when it is sent; what stays in the
+    # scrollback is the renderer's one echo of it ("› text" when it reaches the model).
     session: PromptSession = PromptSession(
         history=pt_history, key_bindings=kb, bottom_toolbar=toolbar, refresh_interval=0.2,
-        multiline=False, enable_open_in_editor=False,
+        multiline=False, enable_open_in_editor=False, erase_when_done=True,
     )
     ask_now = asyncio.Event()
 
@@ -482,6 +496,7 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
                         except (EOFError, KeyboardInterrupt):
                             answer = "c" if "c" in keys else "n"
                     agent.answer_permission(q.id, answer)  # type: ignore[attr-defined]
+                    r.line(prompt + answer, "muted")  # the erased question, kept with its answer
                     if getattr(q, "kind", "") == "save" and answer == "c":
                         fe.quitting = False
                     continue
@@ -506,6 +521,16 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
                     continue
                 saved_history.add(text)
                 if commands.is_command(text):
+                    if fe.switching and agent.busy:
+                        # A command typed while /load or /new still runs waits for it (the prompt
+                        # stays live meanwhile, so typing goes on); a question coming first (the
+                        # save question) is answered first and the command stays in the editor.
+                        await _wait_for(lambda: not agent.busy or bool(r.questions) or r.exited is not None)
+                        if agent.busy:
+                            draft = text
+                            continue
+                    fe.switching = False
+                    r.line(f"› {text}", "muted")  # the prompt line is erased: commands echo here
                     fe.run_command(text, copy=copy)
                     if fe.quitting:  # the save question (or the exit) comes next: no prompt in between
                         await _wait_for(lambda: r.exited is not None or bool(r.questions), timeout=10.0)
@@ -514,6 +539,9 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
         finally:
             pump.cancel()
             agent.shutdown(timeout=2.0)
+    last = fmt.exit_line(r.status)
+    if last:
+        print(last)
     return status
 
 

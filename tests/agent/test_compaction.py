@@ -83,10 +83,12 @@ def test_hard_compaction_then_result_fits(tmp_path):
 
 def test_hard_compaction_result_still_too_big(tmp_path):
     huge = RecTool("alpha", text="".join(f"row {i}\n" for i in range(1500)))
-    h = AgentHarness.build(tmp_path, [reply("", think="t", calls=[("alpha", {})]), summary("S."),
+    # The conversation is only this turn, all within the verbatim tail: nothing to summarise.
+    h = AgentHarness.build(tmp_path, [reply("", think="t", calls=[("alpha", {})]),
                                       reply("Smaller then.", think="")], tools=[huge], ctx=CTX)
     evs = h.turn("read")
     assert [s.reason for s in of(evs, ev.CompactionStarted)] == ["hard"]
+    assert of(evs, ev.Notice)[0].text.startswith("nothing compacted: the whole conversation (")
     text = h.text()
     assert b"<tool_result>Tool error: tool result still does not fit after context compaction (projected_prompt=" in text
     assert b"Retry with a smaller read/search/bash output.</tool_result>" in text
@@ -96,7 +98,8 @@ def test_hard_compaction_result_still_too_big(tmp_path):
 
 
 def test_manual_compact_and_failure_keeps_transcript(tmp_path, tools):
-    h = AgentHarness.build(tmp_path, [reply("answer", think="t")], tools=tools, ctx=CTX)
+    # Longer than the verbatim tail (ctx/10): there is something to summarise.
+    h = AgentHarness.build(tmp_path, [reply(words(500), think="t")], tools=tools, ctx=CTX)
     h.turn("q")
     before = h.ids
     h.engine.add([EOS])  # an empty summary: compaction fails, nothing is lost
@@ -108,7 +111,40 @@ def test_manual_compact_and_failure_keeps_transcript(tmp_path, tools):
     evs = h.command(h.agent.compact)
     assert of(evs, ev.CompactionDone)[0].ok and [s.reason for s in of(evs, ev.CompactionStarted)] == ["manual"]
     assert HEAD + b"Short summary.\n" in h.text()
-    assert h.ids[-1] == EOS and USER in h.ids  # tail kept from its <｜User｜>: the q/answer turn
+    assert len(h.ids) < len(before)
+    h.stop()
+
+
+def test_compact_never_grows_the_context_and_says_why(tmp_path, tools):
+    h = AgentHarness.build(tmp_path, [reply("a short answer", think="t")], tools=tools, ctx=CTX)
+    h.turn("a short question")
+    before = h.ids
+    conversation = len(before) - h.worker.transcript.system_len
+    # A short chat is all within the verbatim tail: a summary could only be added to it.
+    evs = h.command(h.agent.compact)
+    assert of(evs, ev.CompactionDone)[0].ok is False and of(evs, ev.Error) == []
+    assert [n.text for n in of(evs, ev.Notice)] == [
+        f"nothing compacted: the whole conversation ({conversation} tokens) is within the last "
+        f"{CTX // 10} tokens, which compaction keeps verbatim"]
+    assert h.ids == before
+
+    # Longer than the tail, but the summary is longer than what it would replace.
+    h.engine.add(reply(words(300), think="t"), reply(words(300), think="t"))
+    h.turn("first request about the parser")
+    h.turn("second request about the tests")
+    before = h.ids
+    h.engine.add(summary(words(700)))
+    evs = h.command(h.agent.compact)
+    assert of(evs, ev.CompactionDone)[0].ok is False and of(evs, ev.Error) == []
+    [note] = [n.text for n in of(evs, ev.Notice)]
+    assert note.startswith("nothing compacted: the summary and the kept tail (")
+    assert note.endswith(f"tokens) would not be smaller than the context now ({len(before)} tokens)")
+    assert h.ids == before
+    # The session goes on from the old context.
+    h.engine.add(reply("Still here.", think="t"))
+    h.turn("go on")
+    assert h.text().endswith("Still here.<｜end▁of▁sentence｜>".encode())  # noqa: RUF001
+    assert h.ids[:len(before)] == before
     h.stop()
 
 
@@ -119,6 +155,8 @@ def test_running_bash_job_is_reannounced_in_the_next_user_turn(tmp_path):
     h = AgentHarness.build(tmp_path, [call, reply("Started.", think="")], tools=default_tools())
     h.turn("start a long job")
     assert b"status=running" in h.text()
+    h.engine.add(reply(words(1800), think="t"))  # longer than the verbatim tail: worth compacting
+    h.turn("talk a while")
     h.engine.add(summary("A job runs."))
     evs = h.command(h.agent.compact)
     assert of(evs, ev.CompactionDone)[0].ok

@@ -63,7 +63,7 @@ def test_headless_continue_runs_the_task_in_the_saved_session_and_saves_it(tmp_p
     store = SessionStore(tmp_path / "kv")
     saved = _save_in(tmp_path, store, "proj", "first part")
     eng = ScriptedEngine([reply("Second part done.", think="t")], ctx=16384)
-    monkeypatch.setattr(wiring, "engine_loader", lambda path, ctx: (lambda progress: eng))
+    monkeypatch.setattr(wiring, "engine_loader", lambda path, ctx, device=None: (lambda progress: eng))
     monkeypatch.chdir(tmp_path / "proj")
     args = build_parser().parse_args(["--continue", "-p", "do the second part", "--kv-dir", str(tmp_path / "kv"),
                                       "--permission", "auto"])

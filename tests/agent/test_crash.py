@@ -149,3 +149,28 @@ def test_failed_resume_keeps_the_journal_and_starts_clean(tmp_path, tools, monke
     h3 = AgentHarness.build(tmp_path, tools=tools, answer=lambda e: "y")  # offered again
     assert of(h3.events, ev.SessionLoaded)[0].resumed and h3.ids == kept
     h3.stop()
+
+
+def test_a_finished_round_is_journalled_before_its_tools_run(tmp_path):
+    # A tool may run for minutes (a build, a test suite): a crash then must keep the round that
+    # asked for it, not only the user's message.
+    from ds4agent.agent.journal import decode
+    from tests.agent.conftest import RecTool
+
+    seen: list[bytes] = []
+
+    def look(args) -> str:
+        [journal] = (tmp_path / "journal").glob("*.journal")
+        tokens, _ = decode(journal.read_bytes())
+        seen.append(h.worker.tok.decode_bytes(tokens))
+        return "done\n"
+
+    h = AgentHarness.build(tmp_path, [reply("Let me look.", think="t", calls=[("alpha", {"x": "1"})]),
+                                      reply("Looked.", think="t")],
+                           tools=[RecTool("alpha", fn=look)], journal_interval=1e9)
+    h.turn("look around")
+    [during] = seen
+    assert h.text().startswith(during)
+    assert b"look around" in during and b"Let me look." in during
+    assert "｜DSML｜invoke".encode() in during  # noqa: RUF001 - the call that was running
+    h.stop()

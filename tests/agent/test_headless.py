@@ -56,7 +56,7 @@ def test_cli_without_tty_falls_back_to_read_only(tmp_path, monkeypatch, capsys):
 
     eng = ScriptedEngine([reply("", think="t", calls=[("bash", {"command": "touch made"})]),
                           reply("Refused.", think="")], ctx=16384)
-    monkeypatch.setattr(wiring, "engine_loader", lambda path, ctx: (lambda progress: eng))
+    monkeypatch.setattr(wiring, "engine_loader", lambda path, ctx, device=None: (lambda progress: eng))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     from ds4agent.cli import build_parser
@@ -107,3 +107,28 @@ def test_unusable_kv_dir_is_one_readable_line(tmp_path, capsys):
         got.append(agent.events.get(timeout=10))
     fatal = [e for e in got if isinstance(e, events.Error)]
     assert fatal[0].fatal and fatal[0].text.startswith("startup failed: cannot create KV directory")
+
+
+class _Terminal(io.StringIO):
+    """stdout and stderr on one terminal: both streams write into the same screen."""
+
+
+def test_the_verdict_on_stderr_starts_its_own_line_after_an_unfinished_answer(tmp_path, tools):
+    agent = _agent(tmp_path, tools, [reply("one two three four five", think=None)], round_tokens=3,
+                   think_mode="nothink")
+    screen = _Terminal()
+    assert headless.run(agent, "go", out=screen, err=screen, timeout=30) == 1
+    lines = screen.getvalue().split("\n")
+    assert lines[-1] == ""
+    assert lines[-2] == "ds4agent: the answer is incomplete (token cap)"
+    assert lines[-3].startswith("one") and "ds4agent" not in lines[-3]
+
+
+def test_a_round_that_only_thought_says_where_the_token_budget_went(tmp_path, tools):
+    agent = _agent(tmp_path, tools, [reply("The answer.", think="a long chain of thought " * 5)],
+                   round_tokens=6)
+    out, err = io.StringIO(), io.StringIO()
+    assert headless.run(agent, "go", out=out, err=err, timeout=30) == 1
+    assert out.getvalue() == ""
+    assert err.getvalue() == ("ds4agent: the answer is incomplete (token cap): thinking used the round's "
+                              "whole token budget before any answer (raise --tokens, or use --nothink)\n")

@@ -165,3 +165,27 @@ def test_deleting_a_session_removes_its_checkpoints_and_index_entry(tmp_path):
     h.agent.delete_session(saved.short_id)
     assert not ckdir.exists() and SessionIndex(tmp_path / "kv").get(saved.id) is None
     h.stop()
+
+
+def test_retitling_a_fork_replaces_the_fork_file_only_and_lists_beside_unreadable_files(tmp_path, tools):
+    # Issue 10 (/save TITLE renames; unreadable files listed) meets issue 11 (forks): the renamed
+    # fork's old file goes, the original stays, the listing shows both kinds of note.
+    h, starts = _three_turns(tmp_path, tools=tools)
+    original = of(h.command(h.agent.save), ev.SessionSaved)[0]
+    forked = of(h.command(lambda: h.agent.fork("  my   fork ")), ev.SessionSaved)[0]
+    assert forked.title == "my fork"  # normalised like a /save title
+    renamed = of(h.command(lambda: h.agent.save("renamed fork")), ev.SessionSaved)[0]
+    kv = tmp_path / "kv"
+    assert renamed.id != forked.id and not (kv / f"{forked.id}.kv").exists()
+    assert (kv / f"{original.id}.kv").exists() and (kv / f"{renamed.id}.kv").exists()
+    assert SessionIndex(kv).get(renamed.id).forked_from == original.id
+    bad = kv / ("ab" + "0" * 38 + ".kv")
+    bad.write_bytes(b"KVC\x01 broken")
+    listed = {s.short_id: (s.title, s.forked_from, s.unreadable)
+              for s in of(h.command(h.agent.list_sessions), ev.SessionList)[0].sessions}
+    assert listed == {
+        original.id[:8]: ("first question", "", ""),
+        renamed.id[:8]: ("renamed fork", original.id[:8], ""),
+        "ab000000": ("(unreadable session: invalid KV header)", "", "invalid KV header"),
+    }
+    h.stop()

@@ -252,3 +252,44 @@ def test_stripped_session_is_rebuilt_from_its_text_and_prefilled(tmp_path, tools
     saved = of(h.command(h.agent.save), ev.SessionSaved)[0]
     assert saved.id == stripped.id and h.store.resolve(saved.id).header.payload_bytes > 0
     h.stop()
+
+
+def test_save_with_a_title_sets_the_sessions_title_everywhere(tmp_path, tools):
+    import io
+
+    from ds4agent.cli import build_parser
+    from ds4agent.sessions import kv_cmd
+
+    h = AgentHarness.build(tmp_path, [reply("A1", think="t"), reply("A2", think="t"), reply("A3", think="t")],
+                           tools=tools)
+    h.turn("first question")
+    saved = of(h.command(h.agent.save), ev.SessionSaved)[0]
+    assert saved.title == "first question"
+
+    def sessions() -> list[tuple[str, bytes]]:
+        return [(i.entry.id, i.title) for i in h.store.list_sessions()]
+
+    # A title given to /save replaces the derived one: a new name (the identity is SHA-1 of title
+    # and created_at), the file under the old name is replaced, the title is in the trailer.
+    titled = of(h.command(lambda: h.agent.save("  Fix the\tflaky   test ")), ev.SessionSaved)[0]
+    assert titled.title == "Fix the flaky test" and titled.id != saved.id
+    assert sessions() == [(titled.id, b"Fix the flaky test")]
+    assert of(h.command(h.agent.list_sessions), ev.SessionList)[0].sessions[0].title == "Fix the flaky test"
+    out = io.StringIO()
+    assert kv_cmd.main(build_parser().parse_args(["--kv-dir", str(tmp_path / "kv"), "kv", "ls"]), out=out) == 0
+    assert "Fix the flaky test" in out.getvalue() and "first question" not in out.getvalue()
+
+    # A later /save without a title keeps it; a blank title is no title.
+    h.turn("second question")
+    again = of(h.command(lambda: h.agent.save("   ")), ev.SessionSaved)[0]
+    assert (again.id, again.title) == (titled.id, "Fix the flaky test")
+
+    # While busy the save (and its title) waits for the end of the turn.
+    assert h.agent.submit("third question")
+    h.agent.save("Renamed while busy")
+    evs = h.settle()
+    assert "save scheduled at next safe point" in [n.text for n in of(evs, ev.Notice)]
+    last = of(evs, ev.SessionSaved)[-1]
+    assert last.title == "Renamed while busy" and last.tokens == len(h.ids)
+    assert sessions() == [(last.id, b"Renamed while busy")]
+    h.stop()

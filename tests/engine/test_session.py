@@ -367,3 +367,19 @@ def test_running_out_of_memory_at_load_is_one_readable_error(micro_path, monkeyp
     monkeypatch.setattr(session_mod, "materialize", no_memory)
     with pytest.raises(EngineError, match=r"cannot hold the model's weights in memory \(\[malloc\] Unable"):
         Engine.load(micro_path, ctx=16)
+
+
+def test_session_state_grows_with_the_tokens_used_not_with_ctx(micro_path, prompt):
+    """Issue 13: --ctx 1000000 must not cost memory up front. The state holds exactly the arrays of
+    the tokens used (and chunking follows the same grid), so two contexts give equal states."""
+    small = Engine.load(micro_path, ctx=4096)
+    huge = Engine.load(micro_path, ctx=1_000_000)
+    sizes = []
+    for eng in (small, huge):
+        s = eng.new_session()
+        empty = sum(a.nbytes for a in s._state.arrays())
+        s.sync(prompt)
+        sizes.append((empty, sum(a.nbytes for a in s._state.arrays()), np.array(s.logits)))
+    assert sizes[0][0] == sizes[1][0] and sizes[0][1] == sizes[1][1]
+    assert sizes[0][1] > sizes[0][0]  # it did grow with the tokens
+    assert np.array_equal(sizes[0][2], sizes[1][2])

@@ -81,3 +81,17 @@ def session_text(first_user: str, *more: str) -> bytes:
     for m in more:
         out += USER + m.encode() + ASSISTANT + b"ok"
     return out
+
+
+def s_layout(data: bytes) -> bytes:
+    """An [L] file without a title trailer turned into the [S] layout of earlier ds4 builds
+    (kvc-format.md §13): header byte 20 = 0 and DSV4 payload version 1; every other byte is the
+    same (checked against files ds4 itself wrote)."""
+    out = bytearray(data)
+    assert out[20] == 2 and not out[6] & 0x08, "an [L] file without a title trailer"
+    out[20] = 0
+    text_bytes = int.from_bytes(out[48:52], "little")
+    version_at = 52 + text_bytes + 4  # payload word h1
+    assert out[version_at:version_at + 4] == b"\x02\0\0\0"
+    out[version_at:version_at + 4] = b"\x01\0\0\0"
+    return bytes(out)

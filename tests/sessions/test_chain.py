@@ -32,7 +32,7 @@ from ds4agent.sessions.kvc import (
 from ds4agent.sessions.payload import write_payload
 from ds4agent.sessions.store import display_text
 
-from .helpers import TINY, random_state
+from .helpers import TINY, random_state, s_layout
 
 CTX = 64
 TITLE = "Ünïcode tïtle ✓".encode()
@@ -91,12 +91,36 @@ def test_step1_missing_file(tmp_path):
 
 
 def test_step2_invalid_header(tmp_path):
-    data = bytearray(build())
-    data[20] = 0  # an [S]-era file
-    with pytest.raises(KVCHeaderError, match=f"^{E.INVALID_HEADER}$"):
-        load(put(tmp_path, bytes(data)))
+    for abi in (1, 3):  # 2 is [L], 0 is [S] (§13); anything else is a fork's layout
+        data = bytearray(build())
+        data[20] = abi
+        with pytest.raises(KVCHeaderError, match=f"^{E.INVALID_HEADER}$"):
+            load(put(tmp_path, bytes(data)))
     with pytest.raises(KVCHeaderError):
         load(put(tmp_path, build()[:51]))
+
+
+def test_s_layout_loads_and_each_layout_needs_its_own_payload_version(tmp_path):
+    """[S] (byte 20 = 0) carries payload version 1, [L] version 2 (§13); a file mixing them fails at
+    the payload (step 11), not silently."""
+    text = b"<text>"
+    legacy = build(ext=0, title=None, text=text)
+    s_file = put(tmp_path, s_layout(legacy), f"{text_sha1(text)}.kv")
+    loaded = load(s_file)
+    assert loaded.envelope.header.layout == "[S]" and loaded.envelope.header.payload_version == 1
+    assert loaded.envelope.title is None and loaded.envelope.text == text
+    assert loaded.payload.tokens.tolist() == load(put(tmp_path, legacy, f"{text_sha1(text)}.kv")).payload.tokens.tolist()
+    assert verify_kvc(s_file).ok
+
+    s_header_l_payload = bytearray(legacy)
+    s_header_l_payload[20] = 0
+    l_header_s_payload = bytearray(s_layout(legacy))
+    l_header_s_payload[20] = 2
+    for data in (s_header_l_payload, l_header_s_payload):
+        path = put(tmp_path, bytes(data), f"{text_sha1(text)}.kv")
+        with pytest.raises(KVCPayloadError, match=f"^{E.P_VERSION}$"):
+            load(path)
+        assert str(verify_kvc(path).error) == E.P_VERSION
 
 
 def test_step3_kind(tmp_path):

@@ -110,3 +110,23 @@ def test_random_byte_flips(good, scratch, data):
     assert env.title == TITLE
     if not (PAYLOAD_AT <= offset < payload_end):
         assert _reserialise(state) == ORIG_PAYLOAD
+
+
+def test_s_layout_file_loads_and_truncation_at_every_offset_is_refused(tmp_path):
+    """[S] files (byte 20 = 0, payload version 1, §13) go through the same chain: whole, it loads;
+    cut anywhere, it is refused and the validator says so without raising."""
+    from ds4agent.sessions.kvc import text_sha1
+
+    from .helpers import s_layout
+
+    path = tmp_path / (text_sha1(TEXT) + ".kv")
+    write_kvc(path, KVCHeader(2, 6, 0, 0, T, 0, CTX, 1234, 5678, 0), TEXT, STATE, MICRO)
+    data = s_layout(path.read_bytes())
+    path.write_bytes(data)
+    np.testing.assert_array_equal(_load(path).payload.tokens, STATE.tokens)
+    assert verify_kvc(path).ok
+    for cut in range(len(data)):
+        path.write_bytes(data[:cut])
+        with pytest.raises(KVCError):
+            _load(path)
+        assert not verify_kvc(path).ok

@@ -48,7 +48,7 @@ def test_reader_round_trips_every_field_including_model_id_and_reserved():
 @pytest.mark.parametrize("offset,value", [
     (0, ord("k")), (2, ord("D")),  # magic
     (3, 2), (3, 0),  # file version
-    (20, 0), (20, 3),  # payload ABI ([S] files and v2 forks)
+    (20, 1), (20, 3),  # payload ABI (v2 forks; 0 is an [S] file, 2 an [L] file)
     (4, 3), (4, 8), (4, 0),  # quant bits
 ])
 def test_predicate_rejects(offset, value):
@@ -109,3 +109,13 @@ def test_sysprompt_name_is_first_16_hex_of_sha1():
     text = b"<system text>"
     assert sysprompt_name(text) == f"sysprompt-{text_sha1(text)[:16]}.kv"
     assert text_sha1(b"abc") == "a9993e364706816aba3e25717850c26c9cd0d89d"
+
+
+def test_s_layout_header_is_accepted_and_round_trips():
+    """Byte 20 = 0: a file from an earlier ds4 build ([S], §13), read with payload version 1."""
+    data = bytearray(EXAMPLE_B)
+    data[20] = 0
+    h = KVCHeader.unpack(bytes(data))
+    assert h.layout == "[S]" and h.payload_version == 1 and h.pack() == bytes(data)
+    b = KVCHeader.unpack(EXAMPLE_B)
+    assert b.layout == "[L]" and b.payload_version == 2

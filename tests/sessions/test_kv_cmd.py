@@ -13,7 +13,7 @@ from ds4agent.sessions.kvc import KVCHeader, text_sha1, write_kvc
 from ds4agent.sessions.payload import FLASH_SHAPE
 from ds4agent.sessions.store import SessionStore
 
-from .helpers import TINY, random_state, session_text
+from .helpers import TINY, random_state, s_layout, session_text
 
 
 def run(directory, *argv):
@@ -43,9 +43,35 @@ def test_ls(tmp_path):
 
 def test_ls_empty_and_missing_dir(tmp_path, capsys):
     assert run(tmp_path, "ls") == (0, f"KV files in {tmp_path}:\n  (none)\n")
-    code, out = run(tmp_path / "missing", "ls")
-    assert code == 1 and out == ""
-    assert capsys.readouterr().err.strip() == f"ds4agent kv: no KV directory at {tmp_path / 'missing'}"
+    # a fresh install: nothing was ever saved, which is not an error (issue 10.10)
+    missing = tmp_path / "missing"
+    assert run(missing, "ls") == (0, f"no sessions yet (no KV directory at {missing})\n")
+    assert run(missing, "verify") == (0, f"no sessions yet (no KV directory at {missing})\n")
+    assert not missing.exists()  # inspecting creates nothing
+    code, out = run(missing, "rm", "abc")
+    assert code == 1 and capsys.readouterr().err.strip() == f"ds4agent kv: no KV directory at {missing}"
+    (tmp_path / "file").write_text("x")
+    code, out = run(tmp_path / "file", "ls")
+    assert code == 1 and capsys.readouterr().err.strip() == f"ds4agent kv: no KV directory at {tmp_path / 'file'}"
+
+
+def test_show_file_needs_no_kv_directory_and_kv_dir_goes_after_the_action(tmp_path, capsys):
+    _, s = populate(tmp_path / "kv")
+    elsewhere = tmp_path / "copy.kv"
+    elsewhere.write_bytes(s.path.read_bytes())
+    args = build_parser().parse_args(["kv", "--kv-dir", str(tmp_path / "missing"), "show", str(elsewhere)])
+    out = io.StringIO()
+    assert kv_cmd.main(args, out=out) == 0 and f"file:           {elsewhere}" in out.getvalue()
+    code, _ = run(tmp_path / "missing", "show", "abc")
+    assert code == 1
+    assert capsys.readouterr().err.strip() == (f"ds4agent kv: abc: no such file, and no KV directory at "
+                                                f"{tmp_path / 'missing'}")
+    for action in (["ls"], ["verify"], ["show", s.id[:8]], ["rm", s.id[:8]]):
+        args = build_parser().parse_args(["kv", *action, "--kv-dir", str(tmp_path / "kv")])
+        out = io.StringIO()
+        assert kv_cmd.main(args, out=out) == 0, action
+        assert s.id[:8] in out.getvalue() or "0 invalid" in out.getvalue()
+    assert not s.path.exists()
 
 
 def test_show_session(tmp_path):
@@ -59,6 +85,7 @@ def test_show_session(tmp_path):
     assert fields["title"].strip() == "list this ✓ session"
     assert fields["trailers"].strip() == "title (21 bytes)"
     assert fields["status"].strip() == "ok"
+    assert fields["layout"].strip() == "[L]"
     assert "\\n" not in fields["text preview"] and "<｜User｜>" in fields["text preview"]
     assert "size-checked only" in out  # tiny layout: ratios unknown without the model
 
@@ -106,7 +133,20 @@ def test_rm(tmp_path, capsys):
     code, _ = run(tmp_path, "rm", s.id[:5])
     assert code == 1 and f"no saved session matches {s.id[:5]}" in capsys.readouterr().err
     code, _ = run(tmp_path, "rm", "zz")
-    assert code == 1 and "invalid session SHA prefix" in capsys.readouterr().err
+    assert code == 1 and capsys.readouterr().err.strip() == "ds4agent kv: no saved session matches zz"
+
+
+def test_ls_and_rm_unreadable_session_files(tmp_path):
+    _, s = populate(tmp_path)
+    bad = tmp_path / ("ab" + "0" * 38 + ".kv")
+    bad.write_bytes(s.path.read_bytes()[:100])
+    code, out = run(tmp_path, "ls")
+    row = next(line for line in out.splitlines() if line.startswith("  ab000000"))
+    assert code == 0 and row.split()[:2] == ["ab000000", "unreadable"]
+    assert row.endswith("(unreadable session: truncated cached text)") and "?" in row
+    code, out = run(tmp_path, "rm", "ab")
+    assert code == 0 and out == f"deleted unreadable session ab000000 (truncated cached text): {bad}\n"
+    assert not bad.exists() and s.path.exists()
 
 
 def test_cli_in_a_pipe_has_no_escape_codes(tmp_path):
@@ -204,8 +244,97 @@ def test_ls_skips_invalid_files_with_a_hint_and_never_opens_a_fifo(tmp_path):
     populate(tmp_path)
     os.mkfifo(tmp_path / "sysprompt.kv")  # open() on it would block the listing forever
     (tmp_path / ("b" * 40 + ".kv")).write_bytes(b"KVC\x01junk")
+    (tmp_path / "other.kv").write_bytes(b"KVC\x01junk")
     (tmp_path / "notes.txt").write_text("unrelated: not counted")
     code, out = run(tmp_path, "ls")
     lines = out.splitlines()
-    assert code == 0 and len(lines) == 4
+    assert code == 0 and len(lines) == 5
+    assert ["bbbbbbbb", "unreadable"] in [line.split()[:2] for line in lines]  # a session name: shown
     assert lines[-1] == "  (2 other .kv file(s) not listed: not valid KV files; see `ds4agent kv verify`)"
+
+
+def test_s_file_from_an_earlier_ds4_is_listed_shown_and_verified(tmp_path):
+    text = session_text("old ds4 session")
+    path = tmp_path / (text_sha1(text) + ".kv")
+    write_kvc(path, KVCHeader(2, 6, 0, 0, 5, 0, 64, 1_700_000_000, 1_700_000_000, 0), text,
+              random_state(TINY, 5, 64), TINY)
+    path.write_bytes(s_layout(path.read_bytes()))
+    code, out = run(tmp_path, "ls")
+    assert code == 0 and out.splitlines()[1].split()[:2] == [path.name[:8], "agent-session"]
+    assert out.splitlines()[1].endswith("old ds4 session")
+    code, out = run(tmp_path, "show", path.name[:8])
+    assert code == 0 and "layout:         [S] (earlier ds4 build; a re-save writes [L] under a new name)" in out
+    assert "title:          old ds4 session (derived: legacy session)" in out and "status:         ok" in out
+    code, out = run(tmp_path, "verify")
+    assert code == 0 and f"ok       {path.name}  agent-session, 5 tokens" in out
+
+
+def sparse_session(directory, text_bytes, *, title=b"huge text", head=b""):
+    """A stripped session whose header claims `text_bytes` of text, written as a sparse file (the
+    text is `head` then a hole: no disk space, no memory). title None: a legacy session named by
+    the SHA-1 of its text."""
+    import hashlib
+    import struct
+
+    from ds4agent.sessions.kvc import session_identity
+
+    created = 1_760_000_000
+    if title is None:
+        h = hashlib.sha1(head)
+        zeros, left = bytes(1 << 20), text_bytes - len(head)
+        while left:
+            h.update(zeros[:min(left, len(zeros))])
+            left -= min(left, len(zeros))
+        name = h.hexdigest()
+    else:
+        name = session_identity(title, created)
+    hdr = KVCHeader(2, 6, 0x08 if title is not None else 0, 0, 7, 0, 64, created, created, 0)
+    path = directory / f"{name}.kv"
+    with open(path, "wb") as f:
+        f.write(hdr.pack() + struct.pack("<I", text_bytes) + head)
+        f.seek(52 + text_bytes)
+        if title is not None:
+            f.write(struct.pack("<I", len(title)) + title)
+        f.truncate()
+    return path
+
+
+def _peak(fn):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        result = fn()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_4_gib_text_claim_is_listed_shown_verified_and_removed_without_reading_it(tmp_path):
+    """Issue 10.7: a header claiming a 4 GiB text (a sparse file) costs a listing nothing."""
+    path = sparse_session(tmp_path, 0xFFFFFFFF, head=b"<\xef\xbd\x9cUser\xef\xbd\x9c>first words")
+    assert path.stat().st_blocks * 512 < 1 << 20  # really sparse
+    limit = 32 << 20
+    (code, out), peak = _peak(lambda: run(tmp_path, "ls"))
+    assert code == 0 and peak < limit and out.splitlines()[1].endswith("huge text")
+    (code, out), peak = _peak(lambda: run(tmp_path, "show", path.name[:8]))
+    assert code == 0 and peak < limit
+    assert "text:           4294967295 bytes" in out and "status:         ok" in out
+    assert "first words\\x00" in out and f"\\x00 ... ({0xFFFFFFFF - 400} more bytes)" in out
+    (code, out), peak = _peak(lambda: run(tmp_path, "verify"))
+    assert code == 0 and peak < limit and out.endswith("1 file(s) checked, 0 invalid\n")
+    listed, peak = _peak(lambda: SessionStore(tmp_path).list_sessions())
+    assert [s.title for s in listed] == [b"huge text"] and peak < limit
+    (code, out), peak = _peak(lambda: run(tmp_path, "rm", path.name[:8]))
+    assert code == 0 and peak < limit and out.startswith(f"deleted session {path.name[:8]} (7 tokens) huge text")
+    assert not path.exists()
+
+
+def test_a_long_legacy_text_is_verified_by_hashing_it_in_pieces(tmp_path):
+    """A legacy name is the SHA-1 of the whole text: verify hashes it without holding it."""
+    path = sparse_session(tmp_path, 64 << 20, title=None, head=b"<\xef\xbd\x9cUser\xef\xbd\x9c>legacy words")
+    (code, out), peak = _peak(lambda: run(tmp_path, "verify"))
+    assert code == 0 and f"ok       {path.name}  agent-session, 7 tokens" in out
+    assert peak < 16 << 20
+    (code, out), peak = _peak(lambda: run(tmp_path, "ls"))
+    assert code == 0 and "  legacy words" in out.splitlines()[1] and peak < 16 << 20

@@ -262,3 +262,36 @@ def test_validation_without_arrays_reports_counts(good):
     assert not unknown.layers_checked and unknown.header.n_tokens == T0
     with pytest.raises(KVCPayloadError, match=E.P_TRUNCATED):
         read_payload(io.BytesIO(good[:COUNTS + 40]), COUNTS + 40, None, CTX0, keep_arrays=False)
+
+
+def test_validation_scans_tokens_and_logits_without_holding_them(tmp_path):
+    """kv verify/show (keep_arrays=False) take T and V from the file: a sparse file claiming a
+    256 MiB logits row is checked piecewise, never allocated whole (issue 10.7)."""
+    import tracemalloc
+
+    from ds4agent.sessions.payload import PAYLOAD_MAGIC
+
+    V = 1 << 26
+    hdr = PayloadHeader(PAYLOAD_MAGIC, 2, 2, 2, 1, 1, 0, 1, 1, 1, 1, V, 1)
+    path = tmp_path / "p.bin"
+    with open(path, "wb") as f:
+        f.write(hdr.pack() + struct.pack("<I", 5))  # token 5 < V
+        f.seek(52 + 4 + 4 * V + 8 + 4)  # logits (0.0: finite), counts, one raw row: a hole
+        f.truncate()
+    size = path.stat().st_size
+    tracemalloc.start()
+    try:
+        with open(path, "rb", buffering=0) as f:
+            info = read_payload(f, size, None, 2, keep_arrays=False)
+            at = f.tell()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert info.header.vocab == V and not info.layers_checked
+    assert at == 52 + 4 + 4 * V + 8  # every piece was read: the cursor is where the arrays start
+    assert peak < 16 << 20
+    with open(path, "r+b") as f:  # a non-finite logit in the last piece is still found
+        f.seek(52 + 4 + 4 * (V - 1))
+        f.write(struct.pack("<f", float("nan")))
+    with open(path, "rb", buffering=0) as f, pytest.raises(KVCPayloadError, match=f"^{E.P_LOGITS}$"):
+        read_payload(f, size, None, 2, keep_arrays=False)

@@ -22,7 +22,7 @@ from ds4agent.sessions.store import (
     touch,
 )
 
-from .helpers import ASSISTANT, TINY, USER, assert_states_equal, random_state, session_text
+from .helpers import ASSISTANT, TINY, USER, assert_states_equal, random_state, s_layout, session_text
 
 CTX = 64
 
@@ -231,7 +231,9 @@ def test_list_newest_first_reason6_only(store, clock):
     assert line == f"  {ids[0][:8]} (1m ago) first  [5 tokens, {listed[0].entry.file_size / 2**20:.1f} MiB]"
 
 
-def test_listing_ignores_junk_and_bad_files(store):
+def test_listing_ignores_junk_and_reports_unreadable_session_files(store, clock):
+    """Junk names are ignored; a 40-hex `.kv` that cannot be read is listed apart, with the reason
+    (issue 10.11), and its prefix says why it cannot be loaded instead of "no match"."""
     good = save(store, session_text("good"))
     d = store.directory
     (d / "notes.txt").write_text("hello")
@@ -240,10 +242,36 @@ def test_listing_ignores_junk_and_bad_files(store):
     (d / ("c" * 40 + ".kv")).mkdir()
     (d / "sysprompt.kv").write_bytes(good.path.read_bytes())
     (d / ("d" * 40 + ".kv.tmp.abc123")).write_bytes(good.path.read_bytes())
-    (d / ("E" * 40 + ".kv")).write_bytes(os.urandom(3000))
-    assert [s.id for s in store.list_sessions()] == [good.id]
-    with pytest.raises(KVCStoreError, match="no saved session matches bbb"):
+    (d / ("E" * 40 + ".kv")).write_bytes(b"\xff" * 3000)
+    (d / ("f" * 40 + ".kv")).write_bytes(good.path.read_bytes()[:-2])  # title trailer cut short
+    checkpoint = bytearray(good.path.read_bytes()[:300])
+    checkpoint[5] = 2  # a damaged server checkpoint (valid header, reason 2): not a session, not listed
+    (d / ("9" * 40 + ".kv")).write_bytes(bytes(checkpoint))
+    sessions, unreadable = store.scan_sessions()
+    assert [s.id for s in sessions] == [s.id for s in store.list_sessions()] == [good.id]
+    assert sorted((u.id[:2], u.reason) for u in unreadable) == [
+        ("aa", E.INVALID_HEADER), ("bb", E.SHORTER_THAN_HEADER), ("cc", "not a regular file"),
+        ("ee", E.INVALID_HEADER), ("ff", E.TRUNCATED_TITLE)]
+    assert unreadable[0].display_title == f"(unreadable session: {unreadable[0].reason})"
+    with pytest.raises(KVCStoreError, match=f"^session bbbbbbbb cannot be loaded: {E.SHORTER_THAN_HEADER}$"):
         store.resolve("bbb")
+    with pytest.raises(KVCError, match=f"^{E.TRUNCATED_TITLE}$"):  # scan-valid: the load chain says why
+        load(store, "fff")
+    with pytest.raises(KVCStoreError, match="^no saved session matches 999$"):
+        store.resolve("999")
+
+
+def test_unreadable_session_files_are_deleted_by_prefix(store):
+    good = save(store, session_text("good"))
+    bad = store.directory / ("ab" + "0" * 38 + ".kv")
+    bad.write_bytes(b"not a kv file at all")
+    unreadable = store.directory / ("ac" + "0" * 38 + ".kv")
+    unreadable.write_bytes(good.path.read_bytes())
+    unreadable.chmod(0)
+    assert store.delete("ab") == bad and not bad.exists()
+    assert store.delete("ac") == unreadable and not unreadable.exists()
+    assert store.delete(good.id[:8]) == good.path
+    assert store.scan_sessions() == ([], [])
 
 
 def test_resolve_errors(store, clock):
@@ -253,11 +281,13 @@ def test_resolve_errors(store, clock):
     assert store.resolve(a.id[:8].upper()).path == a.path
     common = os.path.commonprefix([a.id, b.id])
     with pytest.raises(KVCStoreError, match=f"^session prefix {common} is ambiguous$") if common else \
-            pytest.raises(KVCStoreError, match="^invalid session SHA prefix$"):
+            pytest.raises(KVCStoreError, match="^give a session id prefix$"):
         store.resolve(common)
-    for bad in ("", "xyz", "0" * 41, "12 4"):
-        with pytest.raises(KVCStoreError, match=f"^{E.INVALID_PREFIX}$"):
+    for bad in ("xyz", "zzz", "0" * 41, "12 4"):  # no id looks like that: no session matches (issue 10.17)
+        with pytest.raises(KVCStoreError, match=f"^no saved session matches {bad}$"):
             store.resolve(bad)
+    with pytest.raises(KVCStoreError, match="^give a session id prefix$"):
+        store.resolve("")
     missing = next(c for c in "0123456789abcdef" if not a.id.startswith(c) and not b.id.startswith(c))
     with pytest.raises(KVCStoreError, match=f"^no saved session matches {missing}$"):
         store.resolve(missing)
@@ -505,3 +535,110 @@ def test_fifo_named_like_a_session_is_skipped_not_opened(store):
     assert [s.id for s in store.list_sessions()] == [good.id]
     with pytest.raises(KVCIOError, match="not a regular file"):
         load(store, fifo)
+
+
+# --- symlinks and directory permissions (issue 10.1) -----------------------------------------------
+
+def test_save_replaces_a_symlinked_name_and_never_writes_through_it(store, clock, tmp_path):
+    """A link planted under a name the agent writes (the sysprompt cache is rewritten at every
+    start, a session name is predictable) is replaced by a regular file; its target stays as it was."""
+    victims = []
+    for name in ("victim-sys", "victim-session"):
+        victim = tmp_path / name
+        victim.write_bytes(b"root:x:0:0::/root:/bin/sh\n")
+        victims.append(victim)
+    sys_text = b"system text"
+    sys_link = store.sysprompt_path(sys_text)
+    sys_link.symlink_to(victims[0])
+    session_link = store.directory / (session_identity(b"linked", clock.t) + ".kv")
+    session_link.symlink_to(victims[1])
+
+    store.save_sysprompt(sys_text, random_state(TINY, 2, CTX), shape=TINY, quant_bits=2)
+    saved = save(store, session_text("linked"), title=b"linked")
+
+    assert saved.path == session_link
+    for link, victim in ((sys_link, victims[0]), (session_link, victims[1])):
+        assert victim.read_bytes() == b"root:x:0:0::/root:/bin/sh\n"
+        assert not link.is_symlink() and link.is_file()
+        assert link.stat().st_mode & 0o777 == 0o600
+    assert load(store, saved.id).title == b"linked"
+    store.load_sysprompt(sys_text, shape=TINY, ctx=CTX, model_id=0, quant_bits=2)
+
+
+def test_loading_a_symlinked_cache_never_writes_its_target(store, clock, tmp_path):
+    """Loading a cache touches its header (hits, last_used); through a link that would write into
+    a file outside the directory, so the touch is skipped and the target keeps every byte."""
+    sys_text = b"system text"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    outside = SessionStore(elsewhere, clock=clock).save_sysprompt(sys_text, random_state(TINY, 2, CTX),
+                                                                   shape=TINY, quant_bits=2)
+    before = outside.read_bytes()
+    store.sysprompt_path(sys_text).symlink_to(outside)
+    clock.t += 100
+    store.load_sysprompt(sys_text, shape=TINY, ctx=CTX, model_id=0, quant_bits=2)
+    assert outside.read_bytes() == before
+
+
+def test_existing_loose_directory_is_tightened_to_0700(tmp_path, clock):
+    loose = tmp_path / "kv"
+    loose.mkdir(mode=0o755)
+    os.chmod(loose, 0o755)  # whatever the umask did
+    store = SessionStore(loose, clock=clock)
+    assert loose.stat().st_mode & 0o777 == 0o700
+    assert store.notices == []
+
+
+def test_loose_directory_that_cannot_be_tightened_is_reported(tmp_path, clock, monkeypatch):
+    loose = tmp_path / "kv"
+    loose.mkdir()
+    os.chmod(loose, 0o777)
+
+    def refuse(path, mode, **kw):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "chmod", refuse)  # root may chmod anything: refuse the way a foreign owner does
+    store = SessionStore(loose, clock=clock)
+    assert store.notices == [f"KV directory {loose} is open to other users (mode 0777) and could not be "
+                             "restricted to 0700: Operation not permitted"]
+
+
+# --- [S] files from earlier ds4 builds (kvc-format.md §13, issue 10.18) ------------------------------
+
+def write_s_session(store, text, T=4, created=1_700_000_000, seed=0):
+    """What an earlier ds4-agent wrote: no title trailer, named SHA-1 of the text, byte 20 = 0,
+    payload version 1, otherwise the bytes of a legacy [L] file."""
+    path = store.directory / (text_sha1(text) + ".kv")
+    state = random_state(TINY, T, CTX, seed=seed)
+    write_kvc(path, KVCHeader(2, 6, 0, 0, T, 0, CTX, created, created, 0), text, state, TINY)
+    path.write_bytes(s_layout(path.read_bytes()))
+    return path, state
+
+
+def test_s_session_is_listed_loaded_and_resaved_in_the_current_layout(store, clock):
+    text = session_text("from an earlier ds4")
+    s_path, state = write_s_session(store, text)
+    s_bytes = s_path.read_bytes()
+    listed = store.list_sessions()
+    assert [(i.id, i.title, i.legacy) for i in listed] == [(s_path.name[:40], b"from an earlier ds4", True)]
+
+    loaded = load(store, s_path.name[:8])
+    assert loaded.legacy and loaded.title == b"from an earlier ds4" and loaded.created_at == 1_700_000_000
+    assert loaded.header.layout == "[S]" and loaded.text == text
+    assert_states_equal(state, loaded.payload)
+
+    saved = save(store, text + b"more", title=loaded.title, created_at=loaded.created_at, loaded_from=loaded.path)
+    assert saved.path.name == session_identity(b"from an earlier ds4", 1_700_000_000) + ".kv"
+    data = saved.path.read_bytes()
+    assert data[20] == 2 and data[6] & 0x08  # [L] with a title trailer
+    assert saved.deleted == () and s_path.read_bytes() == s_bytes  # the [S] source is kept, untouched
+    assert load(store, saved.id).header.layout == "[L]"
+
+
+def test_s_files_are_never_deleted_as_prefix_ancestors(store, clock):
+    """The strict-prefix rule deletes earlier checkpoints of a conversation; an [S] file may belong
+    to an earlier ds4 sharing the directory, so it is kept like the load source."""
+    text = session_text("shared")
+    s_path, _ = write_s_session(store, text)
+    saved = save(store, text + b" and more", title=b"shared")
+    assert s_path.exists() and s_path not in saved.deleted

@@ -165,3 +165,20 @@ def test_unicode_output_and_empty_command(call):
     assert r.text.endswith("<output>\nhéllo 日\n</output>\n")
     assert call("bash", command="  ").text == "Tool error: empty command\n"
     assert call("bash_status", job="x").text == "Tool error: bash job not found: job=0 pid=0\n"
+
+
+def test_output_file_of_a_fully_shown_job_is_removed_at_once(call, ctx):
+    r = call("bash", command="echo hi")
+    assert r.text.endswith("<output>\nhi\n</output>\n")
+    assert not os.path.exists(r.display.output_path)
+    r = call("bash", command="true")
+    assert r.display.output_kind == "none" and not os.path.exists(r.display.output_path)
+    assert list(ctx.output_dir.iterdir()) == []
+
+
+def test_output_files_named_to_the_model_are_kept_until_the_agent_exits(call, ctx):
+    big = call("bash", command="seq 1 5000").display.output_path
+    running = call("bash", command="echo started; exec sleep 60", refresh_sec=1).display.output_path
+    assert os.path.exists(big) and os.path.exists(running)
+    ctx.close()
+    assert list(ctx.output_dir.iterdir()) == []

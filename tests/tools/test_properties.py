@@ -59,3 +59,19 @@ def test_line_edit_replaces_exactly_the_range(tmp_path_factory, rows, data):
     r = run_tool("edit", {"path": "f.txt", "range": f"{a}:{b}", "new": "\n".join(new)}, ctx)
     assert r.ok, r.text
     assert (work / "f.txt").read_text() == "".join(x + "\n" for x in rows[: a - 1] + new + rows[b:])
+
+
+# Shell text from the characters that matter to the scanner (no here-documents: a body that
+# swallows the rest of the command is a real reason for a write not to run).
+shell_junk = st.lists(st.sampled_from(list("ab ./~$\\'\"`;&|(){}*?[]=#-\t2>\n") + ["tee ", "cd ", "git ", "ln "]),
+                      max_size=30).map("".join).filter(lambda s: "<<" not in s)
+
+
+@settings(max_examples=300, deadline=None)
+@given(shell_junk)
+def test_a_write_outside_after_any_text_is_never_missed(junk):
+    from ds4agent.tools.shellscan import scan
+
+    found = scan(junk + "\necho x > /etc/outside\n", "/tmp/work")
+    # Opaque (None) or the write is reported: never a silent pass.
+    assert found is None or any(r.startswith("/etc/outside ") for r in found.risky_writes)

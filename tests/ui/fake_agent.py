@@ -71,8 +71,8 @@ class FakeAgent:
         self.answers.append((id, answer, message))
         return True
 
-    def save(self) -> None:
-        self.calls.append(("save",))
+    def save(self, title: str | None = None) -> None:
+        self.calls.append(("save",) if title is None else ("save", title))
 
     def load(self, prefix: str) -> None:
         self.calls.append(("load", prefix))

@@ -143,6 +143,9 @@ async def test_permission_modal_session_scope_and_deny_with_message():
 async def test_tool_cards_expand_with_ctrl_o_and_invalid_calls_are_red():
     app, agent = make_fake_app()
     async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("ctrl+o")  # no card yet: said, not silently ignored
+        await wait_until(pilot, lambda: _notes(app) == [
+            "no tool card yet: Ctrl+O opens the last one once the model has used a tool"])
         body = "\n".join(f"{i}: line {i}" for i in range(1, 6))
         agent.emit(ev.ToolCallStart(0, "read"), ev.ToolCallArgDelta(0, "path", "src/a.py"),
                    ev.ToolCallEnd(0, "read", {"path": "src/a.py"}),
@@ -210,6 +213,13 @@ async def test_slash_commands_busy_rule_copy_help_and_unknown():
         await wait_until(pilot, lambda: ("permissions", "read-only") in agent.calls)
         assert ("history", 5) in agent.calls and ("think", "think") in agent.calls
         assert ("think", "nothink") in agent.calls
+        await send(pilot, app, "/save Fix the flaky test")
+        await send(pilot, app, "/new extra")
+        await send(pilot, app, "/history abc")
+        await wait_until(pilot, lambda: "/history needs a whole number" in _notes(app)[-1])
+        assert ("save", "Fix the flaky test") in agent.calls and ("new",) not in agent.calls
+        assert _notes(app)[-2:] == ["/new takes no arguments (got: extra)",
+                                    "/history needs a whole number (got: abc); usage: /history [N]"]
         await send(pilot, app, "/help")
         await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen))
         assert "/permissions" in screen_text(app)
@@ -423,7 +433,8 @@ async def test_agent_that_cannot_be_built_is_one_error_line_and_exit_status_1():
     app = Ds4App(factory, cwd="/w", history=History(persist=False), animate=False)
     async with app.run_test(size=(100, 20)) as pilot:
         await wait_until(pilot, lambda: app.status_model.state == "error")
-        assert _notes(app) == ["ds4agent: cannot create KV directory: Permission denied"]
+        assert _notes(app) == ["ds4agent: cannot create KV directory: Permission denied",
+                               "the model failed to load: leave with /quit, Ctrl+D or Ctrl+C twice"]
         await pilot.press("ctrl+d")
         await wait_until(pilot, lambda: not app.is_running)
     assert app.return_code == 1

@@ -99,3 +99,13 @@ async def test_resume_without_a_prefix_opens_the_picker_once_the_agent_is_ready(
         await wait_until(pilot, lambda: isinstance(app.screen, SessionPicker), what="picker")
         await pilot.press("enter")
         await wait_until(pilot, lambda: ("load", "aaaa1111" + "0" * 32) in agent.calls, what="load")
+
+
+def test_picker_fork_note_shrinks_before_the_title_does():
+    from ds4agent.ui.screens.session_picker import _title_cell
+
+    assert _title_cell("Fix the retry test", "", 40) == "Fix the retry test"
+    assert _title_cell("Fix the retry test", "aaaa1111", 60) == "Fix the retry test  (fork of aaaa1111)"
+    # An 80-column picker leaves the title about 25 cells: the parent's id gives way to the title.
+    cell = _title_cell("Fix the retry test", "aaaa1111", 25)
+    assert cell == "Fix the retry…  (fork)" and len(cell) <= 25

@@ -29,7 +29,7 @@ def test_line_mode_turn_with_permission_answered_from_stdin(tmp_path):
     assert "/permissions" in out  # /help
     assert "unknown command: /bogus" in out
     # the end of input answers the save question with "n", as the reference does
-    assert out.rstrip().endswith("n")
+    assert out.endswith("(y = save, n = don't save, c = cancel) n\nnot saved\n")
     assert "Traceback" not in out
 
 
@@ -79,3 +79,32 @@ def test_line_mode_rewind_lists_turns_and_goes_back(tmp_path):
 
     assert [p.preview for p in rewind.points(worker)] == ["first question", "third question"]
     assert "Traceback" not in out
+
+
+def test_leaving_says_where_the_work_is(tmp_path):
+    agent, _ = make_real_agent(tmp_path, [reply("One.", think=""), reply("Two.", think="")])
+    stdout = io.StringIO()
+    assert run_lines(agent, io.StringIO("first\n/save\n"), stdout, poll=0.005) == 0
+    [saved] = [p.stem for p in (tmp_path / "kv").glob("*.kv") if not p.name.startswith("sysprompt-")]
+    assert stdout.getvalue().endswith(f"saved {saved[:8]} — resume with ds4agent --resume {saved[:8]}\n")
+
+    # A later turn not saved (the end of input answers the save question "n").
+    agent, _ = make_real_agent(tmp_path, [reply("Three.", think="")])
+    stdout = io.StringIO()
+    run_lines(agent, io.StringIO(f"/load {saved[:8]}\nmore\n"), stdout, poll=0.005)
+    assert stdout.getvalue().endswith(
+        f"the last turns were not saved; session {saved[:8]} holds the conversation up to its last save "
+        f"— resume with ds4agent --resume {saved[:8]}\n")
+
+    (tmp_path / "other").mkdir()
+    agent, _ = make_real_agent(tmp_path / "other", [reply("Four.", think="")])
+    stdout = io.StringIO()
+    run_lines(agent, io.StringIO("never saved\n"), stdout, poll=0.005)
+    assert stdout.getvalue().endswith("Save current session? (y = save, n = don't save, c = cancel) n\nnot saved\n")
+
+    # Nothing said, nothing to report.
+    (tmp_path / "idle").mkdir()
+    agent, _ = make_real_agent(tmp_path / "idle", [])
+    stdout = io.StringIO()
+    run_lines(agent, io.StringIO(""), stdout, poll=0.005)
+    assert "saved" not in stdout.getvalue()

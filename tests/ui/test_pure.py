@@ -60,9 +60,32 @@ def test_command_parse_busy_rule_and_completion():
     commands.check_allowed(commands.parse("/new"), busy=False)
     assert [c.name for c in commands.completions("/n")] == ["new", "nothink"]
     assert commands.completions("/new x") == []
-    assert commands.history_count("x") == 3 and commands.history_count("999") == 200
+    assert commands.history_count("") == 3 and commands.history_count("999") == 200
     assert commands.history_count("0") == 1
     assert "/permissions" in commands.help_text() and "Ctrl+T" in commands.help_text()
+
+
+def test_commands_given_junk_arguments_say_so_instead_of_running():
+    refused = {
+        "/history abc": "/history needs a whole number (got: abc); usage: /history [N]",
+        "/history 3 4": "/history takes one argument (got: 3 4); usage: /history [N]",
+        "/new extra": "/new takes no arguments (got: extra)",
+        "/quit now": "/quit takes no arguments (got: now)",
+        "/exit now": "/exit takes no arguments (got: now)",
+        "/compact please": "/compact takes no arguments (got: please)",
+        "/load ab cd": "/load takes one argument (got: ab cd); usage: /load [prefix]",
+        "/switch ab cd": "/switch takes one argument (got: ab cd); usage: /switch <prefix>",
+        "/permissions auto now": "/permissions takes one argument (got: auto now); usage: /permissions [mode]",
+    }
+    for line, message in refused.items():
+        with pytest.raises(commands.CommandError) as err:
+            commands.parse(line)
+        assert str(err.value) == message, line
+    # What each command does take still parses; /save's title is free text.
+    assert commands.parse("/history 12").arg == "12"
+    assert commands.parse("/save  Fix the   flaky test ") == commands.ParsedCommand(
+        "save", "Fix the   flaky test", "/save")
+    assert commands.parse("/think think-max").arg == "think-max"
 
 
 def test_history_persists_and_browses(tmp_path):
@@ -252,3 +275,35 @@ def test_history_label_names_the_session_or_says_it_was_never_saved():
     assert fmt.history_label("3f2a9c1e77", "Fix the retry test") == 'session 3f2a9c1e "Fix the retry test"'
     assert fmt.history_label("3f2a9c1e", "") == "session 3f2a9c1e"
     assert fmt.history_label("", "") == "unsaved session"
+
+
+def test_help_text_wraps_each_meaning_under_its_own_column():
+    text = commands.help_text(60)
+    lines = text.splitlines()
+    assert all(len(line) <= 60 for line in lines)
+    save = next(i for i, line in enumerate(lines) if line.startswith("  /save [title]"))
+    column = lines[save].index("save the session")
+    follow = lines[save + 1]
+    assert follow[:column].strip() == "" and follow[column] != " "  # under the meaning, not at column 0
+    assert " ".join(" ".join(part.split()) for part in lines[save:save + 3]) == (
+        "/save [title] save the session, optionally under a new title (deferred to the end of the turn "
+        "while busy)")
+    assert commands.help_text() == commands.help_text(None) and "\n    " not in commands.help_text().split("keys:")[0]
+
+
+def test_long_titles_are_cut_at_a_word_with_an_ellipsis_and_the_header_keeps_its_modes():
+    title = "Investigate why the integration tests for the payment gateway fail on Tuesdays only"
+    assert fmt.fit(title, 30) == "Investigate why the…"
+    assert fmt.fit("short", 30) == "short"
+    assert fmt.fit("supercalifragilisticexpialidocious", 10) == "supercali…"
+    assert fmt.fit("修复支付网关的集成测试", 9) == "修复支付…"  # wide characters take two cells
+    for width in (60, 78, 100, 140):
+        place, label = fmt.header_parts("/tmp/work", "5a761e70", title, "think · ask", width)
+        line = f"ds4agent ─ {place} ─ {label}"
+        assert fmt.cells(line) + 1 + fmt.cells("think · ask") <= width, width
+        assert label.startswith("session 5a761e70")
+        if '"' in label:
+            shown = label.split('"')[1]
+            assert shown == title or (shown.endswith("…") and title.startswith(shown[:-1]))
+    assert fmt.header_parts("/tmp/work", "5a761e70", title, "think · ask", 78)[1] == 'session 5a761e70 "Investigate why the…"'
+    assert fmt.header_parts("/tmp/work", "", "", "think · ask", 78) == ("/tmp/work", "new session")

@@ -12,6 +12,7 @@ from tests.ui.conftest import make_fake_app
 from tests.ui.fake_agent import status
 
 SIZE = (110, 40)
+SMALL = (80, 24)  # every screen must read well in the classic terminal size (issue 10, item 13)
 
 
 async def _settle(pilot, app, cond=lambda: True) -> None:
@@ -57,6 +58,14 @@ def _turn_events(clock) -> list[ev.Event]:
 
 
 def test_snapshot_conversation(snap_compare):
+    _conversation(snap_compare, SIZE)
+
+
+def test_snapshot_conversation_80x24(snap_compare):
+    _conversation(snap_compare, SMALL)
+
+
+def _conversation(snap_compare, size):
     app, agent = make_fake_app()
 
     async def run_before(pilot):
@@ -68,10 +77,18 @@ def test_snapshot_conversation(snap_compare):
         agent.emit(*events[n_think:])
         await _settle(pilot, app, lambda: app.conversation.last_answer_text != "")
 
-    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
 
 
 def test_snapshot_loading_with_queued_message(snap_compare):
+    _loading_with_queued_message(snap_compare, SIZE)
+
+
+def test_snapshot_loading_with_queued_message_80x24(snap_compare):
+    _loading_with_queued_message(snap_compare, SMALL)
+
+
+def _loading_with_queued_message(snap_compare, size):
     app, agent = make_fake_app()
     agent.busy = True
 
@@ -82,10 +99,18 @@ def test_snapshot_loading_with_queued_message(snap_compare):
         app.input.insert("and then the tests")
         await _settle(pilot, app, lambda: app.chips.items != ())
 
-    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
 
 
 def test_snapshot_permission_modal(snap_compare):
+    _permission_modal(snap_compare, SIZE)
+
+
+def test_snapshot_permission_modal_80x24(snap_compare):
+    _permission_modal(snap_compare, SMALL)
+
+
+def _permission_modal(snap_compare, size):
     app, agent = make_fake_app()
     diff = "--- a/src/client.py\n+++ b/src/client.py\n@@ -88 +88,2 @@\n-    return base * attempt\n" \
            "+    delay = base * (2 ** attempt)\n+    return min(delay, self.max_delay)\n"
@@ -96,10 +121,18 @@ def test_snapshot_permission_modal(snap_compare):
                                         (("y", "allow once"), ("s", "allow edits for this session"), ("n", "deny"))))
         await _settle(pilot, app, lambda: len(app.screen_stack) > 1)
 
-    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
 
 
 def test_snapshot_session_picker(snap_compare):
+    _session_picker(snap_compare, SIZE)
+
+
+def test_snapshot_session_picker_80x24(snap_compare):
+    _session_picker(snap_compare, SMALL)
+
+
+def _session_picker(snap_compare, size):
     app, agent = make_fake_app()
     now = 1_700_000_000
     agent.sessions = [
@@ -115,10 +148,18 @@ def test_snapshot_session_picker(snap_compare):
         await pilot.press("ctrl+l")
         await _settle(pilot, app, lambda: len(app.screen_stack) > 1)
 
-    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
 
 
 def test_snapshot_prefill_with_failed_bash_and_invalid_call(snap_compare):
+    _prefill_with_failed_bash_and_invalid_call(snap_compare, SIZE)
+
+
+def test_snapshot_prefill_with_failed_bash_and_invalid_call_80x24(snap_compare):
+    _prefill_with_failed_bash_and_invalid_call(snap_compare, SMALL)
+
+
+def _prefill_with_failed_bash_and_invalid_call(snap_compare, size):
     app, agent = make_fake_app()
     bash = BashDisplay(command="make test", job=1, pid=10, running=False, exit_status=2, timed_out=False,
                        output="cc -o app main.c\nmain.c:3: error: expected ';'\nmake: *** [app] Error 1\n",
@@ -134,4 +175,50 @@ def test_snapshot_prefill_with_failed_bash_and_invalid_call(snap_compare):
         )
         await _settle(pilot, app, lambda: app.status_model.prefill_total == 2048)
 
-    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+def test_snapshot_help_80x24(snap_compare):
+    # Each meaning wraps inside its own column, never back to the line's start.
+    app, agent = make_fake_app()
+
+    async def run_before(pilot):
+        agent.emit(status("idle"))
+        await pilot.press("f1")
+        await _settle(pilot, app, lambda: len(app.screen_stack) > 1)
+
+    assert snap_compare(app, terminal_size=SMALL, run_before=run_before)
+
+
+LONG_TITLE = "Investigate why the integration tests for the payment gateway fail on Tuesdays only"
+
+
+def test_snapshot_long_title_header_and_picker_80x24(snap_compare):
+    # The header cuts a long title at a word with an ellipsis and keeps the modes on the right;
+    # the picker's title column leaves room for age, tokens and size.
+    app, agent = make_fake_app()
+    now = 1_700_000_000
+    agent.sessions = [
+        ev.SessionInfo("5a761e70" + "0" * 32, "5a761e70", LONG_TITLE, 123_400, 96 << 20, now - 300, 0, "/kv/a"),
+        ev.SessionInfo("8b01d2aa" + "0" * 32, "8b01d2aa", "Port the parser to the new DSML syntax", 52000,
+                       31 << 20, now - 7200, 0, "/kv/b"),
+    ]
+
+    async def run_before(pilot):
+        agent.emit(status("idle", session_id="5a761e70", title=LONG_TITLE, unsaved=False))
+        await pilot.press("ctrl+l")
+        await _settle(pilot, app, lambda: len(app.screen_stack) > 1)
+
+    assert snap_compare(app, terminal_size=SMALL, run_before=run_before)
+
+
+def test_snapshot_failed_start_80x24(snap_compare):
+    app, agent = make_fake_app()
+
+    async def run_before(pilot):
+        agent.emit(ev.Error("startup failed: /models/x.gguf: not a GGUF file (only 8 bytes)", fatal=True),
+                   status("error", detail="startup failed: /models/x.gguf: not a GGUF file (only 8 bytes)"),
+                   ev.Exited(1))
+        await _settle(pilot, app, lambda: app.startup_error is not None)
+
+    assert snap_compare(app, terminal_size=SMALL, run_before=run_before)

@@ -141,11 +141,28 @@ def test_plain_mode_in_tmux_prompt_status_line_and_quit(tmp_path, tiny_model):
         screen = tmux.wait_for(lambda s: "› say hi" in s and _status_line(s).startswith("idle")
                                and "unsaved" in _status_line(s), "the answer")
         assert "ctx 2" in _status_line(screen)  # the system prompt alone is ~2k tokens
+        assert screen.count("say hi") == 1  # echoed once (the prompt line is erased when sent)
+        tmux.type("/save")
+        tmux.key("Enter")
+        tmux.wait_for(lambda s: "saved session " in s and "saved ✓" in _status_line(s), "saved")
+        # /load typed right after /new waits for the switch instead of being refused as busy.
+        tmux.type("/new")
+        tmux.key("Enter")
+        tmux.type("/load")
+        tmux.key("Enter")
+        screen = tmux.wait_for(lambda s: "saved sessions in" in s, "the /load listing")
+        assert "requires the model to be idle" not in screen
+        assert "› /new\n" in screen and "› /load\n" in screen
+        tmux.type("again")
+        tmux.key("Enter")
+        tmux.wait_for(lambda s: "› again" in s and _status_line(s).startswith("idle")
+                      and "unsaved" in _status_line(s), "the second answer")
         tmux.type("/quit")
         tmux.key("Enter")
         tmux.wait_for(lambda s: "Save current session?" in s, "save question")
         tmux.type("n")
         tmux.key("Enter")
-        tmux.wait_for(lambda s: "EXITED-0" in s, "exit status 0")
+        screen = tmux.wait_for(lambda s: "EXITED-0" in s, "exit status 0")
+        assert "Save current session? (y = save, n = don't save, c = cancel) n\nnot saved\nEXITED-0" in screen
     finally:
         tmux.kill()

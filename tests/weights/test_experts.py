@@ -95,7 +95,23 @@ def test_portable_backend_equals_dense_over_dequantised(rng, qtype):
     assert np.array_equal(one, got[:1])
 
 
-def test_grouped_path_equals_single_group_and_reads_memmap(rng, tmp_path):
+@pytest.fixture
+def whole_expert_path(monkeypatch):
+    """The whole-expert (GPU) path of QuantExperts, run here on the CPU: the same ops."""
+    from ds4agent.engine import experts as experts_mod
+
+    monkeypatch.setattr(experts_mod, "cpu_layout", lambda: False)
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    """CPU tiles of 5 rows of D_IN: several tiles per expert, the last one short."""
+    from ds4agent.engine import experts as experts_mod
+
+    monkeypatch.setattr(experts_mod, "TILE_WEIGHTS", 5 * D_IN)
+
+
+def test_grouped_path_equals_single_group_and_reads_memmap(rng, tmp_path, whole_expert_path):
     qtype = quant.Q4_K
     raw, ref = _expert_raw(rng, qtype, e=7)
     path = tmp_path / "experts.bin"
@@ -122,7 +138,7 @@ def test_out_of_range_expert_id(rng):
         q.gather_matmul(mx.zeros((1, D_IN)), mx.array([[2]]))
 
 
-def test_grouped_path_with_shared_inputs(rng):
+def test_grouped_path_with_shared_inputs(rng, whole_expert_path):
     """Shared input rows [N, d_in] through the grouped (prefill) path equal the single group."""
     qtype = quant.IQ2_XXS
     raw, ref = _expert_raw(rng, qtype, e=6)
@@ -135,7 +151,7 @@ def test_grouped_path_with_shared_inputs(rng):
 
 
 @pytest.mark.parametrize("parts", [2, 3])
-def test_parallel_cpu_streams_give_the_one_op_bits(rng, monkeypatch, parts):
+def test_parallel_cpu_streams_give_the_one_op_bits(rng, monkeypatch, small_tiles, parts):
     """With spare cores the portable backend splits the selected experts over CPU streams (and
     the grouped path runs its groups a round at a time): the same bits as one op on one stream,
     for decode and prefill shapes, from another thread too."""
@@ -162,3 +178,125 @@ def test_parallel_cpu_streams_give_the_one_op_bits(rng, monkeypatch, parts):
     worker.start()
     worker.join()
     assert np.array_equal(box["y"], want)
+
+
+@pytest.mark.parametrize("qtype", [quant.IQ2_XXS, quant.Q2_K, quant.Q4_K, quant.Q8_0],
+                         ids=lambda t: quant.type_name(t))
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_cpu_tiles_equal_the_dense_product_bit_for_bit(rng, monkeypatch, small_tiles, qtype, parts):
+    """The CPU path (tiles of rows, split over worker threads) gives the dense f32 product's bits
+    for every call shape: more rows than experts, an expert repeated within a row, per-slot (3-D)
+    inputs, and a row alone equals the same row inside a chunk (chunk invariance)."""
+    from ds4agent.engine import experts as experts_mod
+
+    monkeypatch.setattr(experts_mod, "cpu_parts", lambda: parts)
+    raw, ref = _expert_raw(rng, qtype)
+    q = quant_experts(raw, qtype, (E, D_OUT, D_IN), backend="portable")
+    dense = dense_experts(mx.array(ref))
+    n = 12  # > E experts: every expert serves several rows
+    ids = rng.integers(0, E, size=(n, 3))
+    ids[0] = [4, 4, 4]  # one expert in every slot of a row
+    ids[1] = [1, 3, 1]
+    ids = mx.array(ids)
+    for x in (mx.array(rng.standard_normal((n, D_IN)).astype(np.float32)),
+              mx.array(rng.standard_normal((n, 3, D_IN)).astype(np.float32))):
+        got = np.array(q.gather_matmul(x, ids))
+        assert got.shape == (n, 3, D_OUT)
+        assert np.array_equal(got, np.array(dense.gather_matmul(x, ids)))
+        for i in (0, 1, n - 1):
+            assert np.array_equal(np.array(q.gather_matmul(x[i : i + 1], ids[i : i + 1])), got[i : i + 1])
+        if x.ndim == 2:  # one input, one expert in every slot: three identical products
+            assert np.array_equal(got[0, 0], got[0, 2]) and np.array_equal(got[1, 0], got[1, 2])
+
+
+def test_cpu_path_reads_only_the_selected_experts(rng, tmp_path, small_tiles):
+    """A memory-mapped tensor is read expert by expert, rows of the selected experts only."""
+    qtype = quant.IQ2_XXS
+    raw, ref = _expert_raw(rng, qtype, e=7)
+    path = tmp_path / "experts.bin"
+    raw.tofile(path)
+    q = QuantExperts(np.memmap(path, dtype=np.uint8, mode="r", shape=raw.shape), qtype, (7, D_OUT, D_IN))
+
+    class Recording:
+        def __init__(self, arr):
+            self.arr, self.keys = arr, []
+
+        def __getitem__(self, key):
+            self.keys.append(key)
+            return self.arr[key]
+
+    q.raw = Recording(q.raw)
+    x = mx.array(rng.standard_normal((2, D_IN)).astype(np.float32))
+    ids = mx.array([[5, 1], [1, 1]])
+    got = np.array(q.gather_matmul(x, ids))
+    assert q.raw.keys and all(isinstance(k, tuple) and k[0] in (1, 5) for k in q.raw.keys)
+    assert sum(k[1].stop - k[1].start for k in q.raw.keys) == 2 * D_OUT  # each row of each once
+    assert np.array_equal(got, np.array(dense_experts(mx.array(ref)).gather_matmul(x, ids)))
+
+
+@pytest.mark.parametrize("qtype", [quant.IQ2_XXS, quant.Q2_K, quant.Q4_K, quant.Q8_0],
+                         ids=lambda t: quant.type_name(t))
+def test_prepared_row_tiles_equal_the_whole_dequantisation(rng, qtype):
+    block, size, _ = quant.BLOCK_INFO[qtype]
+    d_in = 2 * 256
+    raw = random_blocks(rng, qtype, 9 * d_in // block, scale=0.02).reshape(9, d_in // block * size)
+    want = gguf_dequantize(raw, GGML[qtype]).reshape(9, d_in)
+    tile = quant.prepare_rows(mx.array(raw), qtype, d_in)
+    for r0, r1 in ((0, 9), (0, 4), (4, 9), (3, 4)):
+        assert np.array_equal(np.array(tile(r0, r1)), want[r0:r1])
+    with pytest.raises(quant.QuantError, match=r"must be uint8 \[R, "):
+        quant.prepare_rows(mx.array(raw[:, :-1]), qtype, d_in)
+
+
+def test_cpu_tiles_at_flash_width_equal_the_dense_product(rng, monkeypatch):
+    """At the real input width (4096, sums of 4096 products) rows that share an expert in one
+    product still give the 1-row bits of the dense backend, across tiles and worker threads."""
+    from ds4agent.engine import experts as experts_mod
+
+    monkeypatch.setattr(experts_mod, "TILE_WEIGHTS", 3 * 4096)
+    monkeypatch.setattr(experts_mod, "cpu_parts", lambda: 2)
+    for qtype in (quant.IQ2_XXS, quant.Q4_K):
+        raw, ref = _expert_raw(rng, qtype, e=3, d_out=10, d_in=4096)
+        q = QuantExperts(raw, qtype, (3, 10, 4096))
+        x = mx.array(rng.standard_normal((5, 4096)).astype(np.float32))
+        ids = mx.array([[0, 2], [2, 0], [2, 1], [0, 0], [2, 2]])
+        want = np.array(dense_experts(mx.array(ref)).gather_matmul(x, ids))
+        assert np.array_equal(np.array(q.gather_matmul(x, ids)), want)
+
+
+def test_cpu_worker_errors_reach_the_caller_and_leave_the_workers_serving(rng, monkeypatch, small_tiles):
+    from ds4agent.engine import experts as experts_mod
+
+    monkeypatch.setattr(experts_mod, "cpu_parts", lambda: 2)
+    raw, ref = _expert_raw(rng, quant.Q2_K)
+    q = QuantExperts(raw, quant.Q2_K, (E, D_OUT, D_IN))
+    x = mx.array(rng.standard_normal((2, D_IN)).astype(np.float32))
+    ids = mx.array([[0, 3], [3, 1]])
+    real = quant.prepare_rows
+
+    def broken(*args):
+        raise quant.QuantError("broken block")
+
+    monkeypatch.setattr(quant, "prepare_rows", broken)
+    with pytest.raises(quant.QuantError, match="broken block"):
+        q.gather_matmul(x, ids)
+    monkeypatch.setattr(quant, "prepare_rows", real)
+    want = np.array(dense_experts(mx.array(ref)).gather_matmul(x, ids))
+    assert np.array_equal(np.array(q.gather_matmul(x, ids)), want)
+
+
+def test_cpu_workers_keep_nothing_of_a_finished_call(rng, monkeypatch, small_tiles):
+    """Idle workers hold no reference to the last call's experts (their raw bytes can be freed)."""
+    import gc
+    import weakref
+
+    from ds4agent.engine import experts as experts_mod
+
+    monkeypatch.setattr(experts_mod, "cpu_parts", lambda: 2)
+    raw, _ = _expert_raw(rng, quant.Q4_K)
+    q = QuantExperts(raw, quant.Q4_K, (E, D_OUT, D_IN))
+    mx.eval(q.gather_matmul(mx.ones((1, D_IN)), mx.array([[0, 2]])))
+    gone = weakref.ref(q)
+    del q
+    gc.collect()
+    assert gone() is None

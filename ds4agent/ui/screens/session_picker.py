@@ -18,10 +18,24 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Static
 
-from ds4agent.ui.fmt import clip, format_age, format_size, human_count
+from ds4agent.ui.fmt import clip, fit, format_age, format_size, human_count
 from ds4agent.ui.screens import MODALS_TCSS
 from ds4agent.ui.screens.question import ConfirmScreen
 from ds4agent.ui.toolview import field
+
+COLUMNS = ("id", "title", "age", "tokens", "size")
+SCROLLBAR = 2  # the table's vertical scrollbar, when the list is long
+
+
+def _title_cell(title: str, parent: str, width: int) -> str:
+    """The title, then which session it was forked from; where the column is too narrow for the
+    parent's id beside a readable title (80 columns), only that it is a fork."""
+    if not parent:
+        return fit(title, width)
+    suffix = f"  (fork of {parent})"
+    if width - len(suffix) < 20:
+        suffix = "  (fork)"
+    return fit(title, max(1, width - len(suffix))) + suffix
 
 
 class SessionPicker(ModalScreen[str | None]):
@@ -53,7 +67,7 @@ class SessionPicker(ModalScreen[str | None]):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("id", "title", "age", "tokens", "size")
+        table.add_columns(*COLUMNS)
         self._fill("")
         table.focus()
 
@@ -63,24 +77,35 @@ class SessionPicker(ModalScreen[str | None]):
         needle = needle.lower().strip()
         now = self._now()
         self.rows = []
+        cells = []
         for s in self.sessions:
             sid = str(field(s, "id", default=""))
             title = str(field(s, "title", default="") or "")
             if needle and needle not in title.lower() and not sid.lower().startswith(needle):
                 continue
             self.rows.append(s)
-            parent = str(field(s, "forked_from", default="") or "")
-            shown = clip(title or "(untitled)", 60 - (len(parent) + 11 if parent else 0))
-            table.add_row(
-                str(field(s, "short_id", default=sid[:8])),
-                shown + (f"  (fork of {parent})" if parent else ""),
-                format_age(now - (field(s, "last_used", default=now) or now)),
-                human_count(field(s, "tokens", default=0) or 0),
-                format_size(field(s, "size_bytes", default=0) or 0),
-                key=sid,
-            )
+            cells.append((sid, str(field(s, "short_id", default=sid[:8])), title or "(untitled)",
+                          format_age(now - (field(s, "last_used", default=now) or now)),
+                          human_count(field(s, "tokens", default=0) or 0),
+                          format_size(field(s, "size_bytes", default=0) or 0),
+                          str(field(s, "forked_from", default="") or "")))
+        # The title takes what the other columns leave, so age, tokens and size always show.
+        others = sum(max([len(h)] + [len(c[i]) for c in cells]) for i, h in ((1, "id"), (3, "age"),
+                                                                              (4, "tokens"), (5, "size")))
+        title_width = max(10, self._table_width() - others - 2 * len(COLUMNS) - SCROLLBAR)
+        for sid, short, title, age, tokens, size, parent in cells:
+            table.add_row(short, _title_cell(title, parent, title_width), age, tokens, size, key=sid)
         if not self.rows:
             table.add_row("", "(no sessions)" if not needle else "(no match)", "", "", "")
+
+    def _table_width(self) -> int:
+        """The table's width; before the first layout, what the dialog's CSS gives it (90% of the
+        screen, at most 110, less border and padding)."""
+        width = self.query_one(DataTable).size.width
+        return width if width > 0 else min(110, self.app.size.width * 9 // 10) - 6
+
+    def on_resize(self) -> None:
+        self._fill(self.query_one(Input).value)
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self._fill(event.value)

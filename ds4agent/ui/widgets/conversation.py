@@ -389,13 +389,15 @@ class Conversation(VerticalScroll, can_focus=False):
         self.last_answer_text = ""
         self.anchor()
 
-    def toggle_card(self, card: ToolCard | None = None) -> None:
+    def toggle_card(self, card: ToolCard | None = None) -> bool:
+        """Expand or collapse `card` (default: the last one). False when there is no card."""
         if card is None:
             cards = list(self.query(ToolCard))
             if not cards:
-                return
+                return False
             card = cards[-1]
         card.toggle()
+        return True
 
     async def compaction_delta(self, text: str, tokens: int = 1) -> None:
         await self.thinking_delta(text, tokens, kind="summary")

@@ -61,7 +61,7 @@ class StatusBar(Static):
         saved = Content.styled(fmt.saved_segment(s), "$text-warning" if s.dirty else "$text-success")
         speed = fmt.speed_segment(s)
         speed_part = [Content.styled(speed, "$text-muted")] if speed else []
-        modes = Content.styled(f"{s.think_mode} · {s.permission}", "$text-muted")
+        modes = Content.styled(fmt.modes_segment(s), "$text-muted")
         full_ctx, short_ctx = Content(fmt.ctx_segment(s)), Content(fmt.ctx_segment(s, threshold=False))
         variants = (
             [state, full_ctx, *speed_part, saved, modes],
@@ -98,13 +98,14 @@ class HeaderLine(Static):
         if key == self._last:
             return
         self._last = key
+        width = self.size.width  # the content width (padding excluded)
+        modes = f"{s.think_mode} · {s.permission}"
+        place, session = fmt.header_parts(self.cwd, s.session_id, s.title, modes, width)
         left = Content.from_markup(
             "[b $accent]ds4agent[/] [$text-muted]─[/] $cwd [$text-muted]─[/] $session",
-            cwd=fmt.shorten_home(self.cwd),
-            session=fmt.session_label(s.session_id, s.title),
+            cwd=place, session=session,
         )
-        right = Content.from_markup("[$text-muted]$think · $perm[/]", think=s.think_mode, perm=s.permission)
-        width = self.size.width  # the content width (padding excluded)
+        right = Content.from_markup("[$text-muted]$modes[/]", modes=modes)
         gap = max(1, width - left.cell_length - right.cell_length)
         self.update(left + Content(" " * gap) + right)
 

@@ -1,0 +1,87 @@
+"""Which device the engine computes on: the GPU when MLX has one (Metal on Apple Silicon, CUDA
+through MLX's CUDA build on Linux), else the CPU; `--device cpu|gpu` overrides.
+
+The choice is made once, at the top of Engine.load, because the weights' layout follows the
+default device (weights.cpu_layout). Asking for a GPU that is not there is never a crash: the
+engine runs on the CPU and says so in one line (the CUDA extra on a machine without a usable
+NVIDIA GPU lands here too).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from .errors import EngineError
+
+CHOICES = ("cpu", "gpu")
+# The distributions of MLX's CUDA build (what `pip install 'ds4agent[cuda]'` brings in).
+_CUDA_DISTRIBUTIONS = ("mlx-cuda-12", "mlx-cuda-13", "mlx-cuda")
+
+
+@dataclass(frozen=True)
+class Device:
+    kind: str  # "gpu" | "cpu"
+    label: str  # what the status line and `info` show: "Metal GPU", "CUDA GPU", "CPU"
+    notice: str = ""  # one line when the engine cannot run where it was asked to (or expected)
+
+
+def _available(backend: str) -> bool:
+    module = getattr(mx, backend, None)  # an MLX build may lack the module altogether
+    try:
+        return bool(module is not None and module.is_available())
+    except Exception:  # noqa: BLE001 - a broken driver is "no GPU", not a crash
+        return False
+
+
+def gpu_backend() -> str | None:
+    """"Metal" or "CUDA" when MLX can use a GPU here, else None."""
+    if _available("metal"):
+        return "Metal"
+    if _available("cuda"):
+        return "CUDA"
+    return None
+
+
+def cuda_build_installed() -> bool:
+    for name in _CUDA_DISTRIBUTIONS:
+        try:
+            importlib.metadata.distribution(name)
+            return True
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return False
+
+
+def choose_device(requested: str | None = None) -> Device:
+    """The device for `requested` ("cpu", "gpu", or None for the best one present)."""
+    if requested is not None and requested not in CHOICES:
+        raise EngineError(f"--device must be cpu or gpu, not {requested!r}")
+    if requested == "cpu":
+        return Device("cpu", "CPU")
+    backend = gpu_backend()
+    if backend is not None:
+        return Device("gpu", f"{backend} GPU")
+    if requested == "gpu":
+        return Device("cpu", "CPU", "--device gpu: MLX finds no usable GPU here (no Metal, no CUDA); "
+                      "running on the CPU")
+    if cuda_build_installed():
+        return Device("cpu", "CPU", "MLX's CUDA build is installed but finds no usable NVIDIA GPU; "
+                      "running on the CPU")
+    return Device("cpu", "CPU")
+
+
+def use_device(requested: str | None = None) -> Device:
+    """Choose the device and make it MLX's default for the arrays that follow."""
+    device = choose_device(requested)
+    mx.set_default_device(mx.gpu if device.kind == "gpu" else mx.cpu)
+    return device
+
+
+def current_device() -> Device:
+    """The device MLX computes on now (for an engine built without Engine.load)."""
+    if mx.default_device() == mx.cpu:
+        return Device("cpu", "CPU")
+    return Device("gpu", f"{gpu_backend() or 'unknown'} GPU")

@@ -1,0 +1,54 @@
+"""The real DS4 Flash shape in CI (issue 13): one Flash-shape test file per test run.
+
+Every test here runs in the xdist group "flash" (pyproject's `--dist loadgroup` puts the group on
+one worker), so at most one Flash-shape process (~11 GiB resident) runs at a time on a 23 GiB
+machine. The file (about 4 GiB: ds4's tensor table with random weights in shared data regions,
+`ds4agent make-test-model --config flash`) is written once per worker run and removed at the end,
+whatever happened (pytest keeps old temp directories; a 4 GiB file must not stay behind).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DS4AGENT = [sys.executable, "-m", "ds4agent.cli"]
+
+
+def pytest_collection_modifyitems(items):
+    here = Path(__file__).parent
+    for item in items:
+        if Path(str(item.fspath)).parent == here:
+            item.add_marker(pytest.mark.xdist_group("flash"))
+
+
+@pytest.fixture(scope="session")
+def flash_file(tmp_path_factory) -> Path:
+    given = os.environ.get("DS4AGENT_TEST_FLASH_FILE")
+    if given:  # a developer's file written once (`make-test-model --config flash`): used, never removed
+        yield Path(given)
+        return
+    path = tmp_path_factory.mktemp("flash") / "flash-q2.gguf"
+    r = subprocess.run([*DS4AGENT, "make-test-model", str(path), "--config", "flash", "--experts", "q2"],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def flash_env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    env.update(HOME=str(home), TERM="xterm-256color", DS4AGENT_HISTORY=str(tmp_path / "history.json"),
+               XDG_DATA_HOME=str(home / ".local/share"), XDG_STATE_HOME=str(home / ".local/state"),
+               PYTHONUNBUFFERED="1")
+    for name in ("DS4AGENT_MODEL", "DS4AGENT_KV_DIR", "COLUMNS", "LINES"):
+        env.pop(name, None)
+    return env
