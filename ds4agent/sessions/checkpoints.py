@@ -24,11 +24,12 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from ds4agent.fsutil import atomic_write
+from ds4agent.fsutil import atomic_entry, atomic_write
 
 
 def default_root() -> Path:
@@ -61,12 +62,30 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _read(path: str) -> bytes | None:
+def _current(path: str) -> tuple[bytes | None, str]:
+    """(content, "") of the file at `path` now, (None, "") when there is none, or (None, why) when
+    it cannot be compared: what stands there is not a regular file (opening a FIFO would block the
+    rewind; a device never ends), or it cannot be read."""
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None, "no longer a regular file"
+        # O_NONBLOCK: a FIFO swapped in after the stat does not block the open (fstat refuses it).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None, "no longer a regular file"
+            return f.read(), ""
     except FileNotFoundError:
-        return None
+        return None, ""
+    except OSError as err:
+        return None, f"cannot be read: {err.strerror or err}"
+
+
+def _write_own(path: Path, data: bytes) -> None:
+    """A checkpoint file (copies of the user's code): replaced as an entry, never through a
+    symlink, readable by the user only, like the session files."""
+    with atomic_entry(path, mode=0o600) as f:
+        f.write(data)
 
 
 class CodeCheckpoints:
@@ -84,15 +103,17 @@ class CodeCheckpoints:
         h = _sha(data)
         target = self.dir / "objects" / h
         if not target.exists():
-            atomic_write(target, data, make_parents=True)
+            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _write_own(target, data)
         return h
 
     def record(self, path: str, before: bytes | None, after: bytes) -> None:
         """A tool changed `path` (absolute) from `before` (None: absent) to `after`."""
         line = {"at": self.at, "path": path, "before": None if before is None else self._put(before),
                 "after": self._put(after)}
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / "log.jsonl", "a", encoding="utf-8") as f:
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.dir / "log.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        with open(fd, "a", encoding="utf-8") as f:
             f.write(json.dumps(line) + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -126,9 +147,11 @@ class CodeCheckpoints:
         clean, conflicts = [], []
         for path, e in first.items():
             content = self._object(e["before"])
-            now = _read(path)
+            now, problem = _current(path)
             expected = last[path]["after"]
-            if now is not None and _sha(now) == expected:
+            if problem:
+                conflicts.append(FileRestore(path, content, problem))
+            elif now is not None and _sha(now) == expected:
                 clean.append(FileRestore(path, content))
             elif now is None:
                 conflicts.append(FileRestore(path, content, "deleted since the agent wrote it"))
@@ -157,7 +180,7 @@ class CodeCheckpoints:
         kept = [e for e in self.entries() if not (e["at"] >= plan.keep and e["path"] in done)]
         if done:
             data = "".join(json.dumps(e) + "\n" for e in kept).encode("utf-8")
-            atomic_write(self.dir / "log.jsonl", data, make_parents=True)
+            _write_own(self.dir / "log.jsonl", data)
         return tuple(restored), tuple(refused)
 
     def seal(self) -> None:
@@ -165,7 +188,7 @@ class CodeCheckpoints:
         entries = self.entries()
         if entries:
             data = "".join(json.dumps({**e, "at": -1}) + "\n" for e in entries).encode("utf-8")
-            atomic_write(self.dir / "log.jsonl", data, make_parents=True)
+            _write_own(self.dir / "log.jsonl", data)
 
     # ------------------------------------------------------------------ lifecycle
     def fork(self) -> CodeCheckpoints:
