@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ds4agent.fsutil import atomic_write
+from ds4agent.fsutil import atomic_entry
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,11 @@ class SessionIndex:
 
     def _write(self, entries: dict[str, IndexEntry]) -> None:
         data = {"sessions": {k: asdict(v) for k, v in entries.items()}}
-        atomic_write(self.path, json.dumps(data, indent=1, sort_keys=True).encode("utf-8"),
-                     make_parents=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # atomic_entry: a symlink planted at the index's name is replaced, never written through
+        # (as for session files); 0600 like them, it names the user's working directories.
+        with atomic_entry(self.path, mode=0o600) as f:
+            f.write(json.dumps(data, indent=1, sort_keys=True).encode("utf-8"))
 
     def _alive(self, sid: str) -> bool:
         return (self.kv_dir / f"{sid}.kv").exists()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from ds4agent.cli import build_parser
 from ds4agent.sessions import checkpoints, kv_cmd
 from ds4agent.sessions.checkpoints import CodeCheckpoints
@@ -70,3 +72,28 @@ def test_sealed_checkpoints_are_never_restored(tmp_path):
     assert [c.path for c in ck.plan(100).clean] == [str(f)]
     ck.seal()  # a compaction: positions before it mean nothing in the new transcript
     assert ck.plan(0).clean == () and ck.plan(0).conflicts == ()
+
+
+def test_index_and_checkpoint_files_are_entries_of_their_own_never_written_through_links(tmp_path):
+    # Issue 10.1 for the files issue 11 added: a link planted at their names is replaced.
+    kv = tmp_path / "kvcache"
+    store = SessionStore(kv)
+    a = _saved(store, "a task", 1_760_000_000)
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    index_path(kv).symlink_to(victim)
+    SessionIndex(kv).record(a.id, cwd=tmp_path, now=5)
+    assert victim.read_text() == "keep me"
+    assert not index_path(kv).is_symlink() and (index_path(kv).stat().st_mode & 0o777) == 0o600
+    assert SessionIndex(kv).latest_for(tmp_path) == a.id
+
+    ckpt = CodeCheckpoints(tmp_path / "ckpt")
+    ckpt.dir.mkdir(parents=True)
+    (ckpt.dir / "log.jsonl").symlink_to(victim)
+    with pytest.raises(OSError):  # O_NOFOLLOW refuses the link (ELOOP); the agent warns
+        ckpt.record(str(tmp_path / "f"), None, b"x")
+    assert victim.read_text() == "keep me"
+    (ckpt.dir / "log.jsonl").unlink()
+    ckpt.record(str(tmp_path / "f"), b"old", b"x")
+    objects = list((ckpt.dir / "objects").iterdir())
+    assert len(objects) == 2 and all(p.stat().st_mode & 0o777 == 0o600 for p in objects)
