@@ -479,7 +479,10 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
     agent.start()
     draft = ""
     status = 0
-    with patch_stdout(raw=True):
+    # The terminal stays raw between two prompts too: a key typed ahead while a command runs (an
+    # Enter right after /new) is then read by the next prompt as typed, instead of the terminal
+    # echoing it and turning Enter into Ctrl+J (a new line in the editor, not a send).
+    with session.input.raw_mode(), patch_stdout(raw=True):
         pump = asyncio.create_task(pump_loop())
         try:
             while True:
