@@ -165,6 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "stderr; the exit status tells whether it succeeded")
     parser.add_argument("--json", action="store_true", dest="json_events",
                         help="with -p: write every agent event as one JSON line to stdout")
+    reopen = parser.add_mutually_exclusive_group()
+    # `-c` is --ctx (the reference's flag), so --continue has no short form.
+    reopen.add_argument("--continue", action="store_true", dest="continue_session",
+                        help="reopen the most recently saved session of this directory")
+    reopen.add_argument("--resume", nargs="?", const="", default=None, metavar="PREFIX",
+                        help="open the session with this id prefix (without one: the session picker)")
     parser.add_argument("--plain", action="store_true",
                         help="line-mode interface (prompt_toolkit) instead of the full-screen app; "
                         "the default when stdout is not a terminal")

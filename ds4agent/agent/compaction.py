@@ -218,6 +218,9 @@ def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
 
             worker.title = derive_title(tok.decode_bytes(old_ids))
         worker.transcript.reset(new_ids, len(prefix))
+        from ds4agent.agent import rewind
+
+        rewind.transcript_compacted(worker)
         if not worker._sync():
             # Keep the compacted transcript: it is consistent; the next round prefills the rest.
             pass

@@ -285,6 +285,7 @@ class SessionInfo:
     last_used: int  # unix seconds
     created_at: int
     path: str
+    forked_from: str = ""  # short id of the session this one was forked from ("" when none)
     unreadable: str = ""  # why the file cannot be read ("" for a readable session); title says so too
 
 
@@ -327,6 +328,41 @@ class History(Event):
 
     turns: int
     items: tuple[HistoryItem, ...]
+
+
+@dataclass(frozen=True)
+class RewindPoint:
+    """One user turn the session can go back to (1 = the first). time: when it was sent (epoch
+    seconds; 0 when unknown, e.g. a loaded session's older turns); preview: its first line."""
+
+    number: int
+    time: float
+    preview: str
+    tokens: int  # the transcript length just before the turn (what a rewind keeps)
+
+
+@dataclass(frozen=True)
+class RewindList(Event):
+    """Answer to /rewind without a turn: the user turns, oldest first; note: what code restore
+    cannot undo (changes made through bash)."""
+
+    points: tuple[RewindPoint, ...]
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Rewound(Event):
+    """A rewind happened. mode: both | chat | code | fork. prompt: the chosen turn's text, for the
+    input box. prefilled: tokens re-prefilled to get there (0 when a snapshot served).
+    restored / refused: code files put back, and files left alone (with the reason)."""
+
+    number: int
+    mode: str
+    prompt: str
+    tokens: int
+    prefilled: int
+    restored: tuple[str, ...] = ()
+    refused: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------- compaction, queue, notices

@@ -238,6 +238,20 @@ class Agent:
         """/compact: summarise the conversation now (CompactionStarted ... CompactionDone)."""
         self._command("compact", ())
 
+    def rewind_points(self) -> None:
+        """/rewind: publishes RewindList (the session's user turns, 1 = the first)."""
+        self._command("rewind", (None, "both"))
+
+    def rewind(self, number: int, mode: str = "both") -> None:
+        """/rewind N [both|chat|code|fork]: go back to just before user turn N (rewind.py);
+        Rewound carries the turn's prompt for the input box and how much was re-prefilled."""
+        self._command("rewind", (int(number), mode))
+
+    def fork(self, title: str = "") -> None:
+        """/fork [TITLE]: save the conversation as a new session (SessionSaved); the original
+        file is left untouched and later saves go to the fork."""
+        self._command("fork", (title,))
+
     def list_sessions(self) -> None:
         """/list: publishes SessionList (runs at once, busy or not: it only reads file headers)."""
         self.emit(self._worker.list_sessions_event())
@@ -248,7 +262,11 @@ class Agent:
         store = self._worker.store
         if store is None:
             raise RuntimeError("no session directory")
-        return str(store.delete(prefix))
+        path = store.delete(prefix)
+        from ds4agent.agent.sessionops import forget_deleted
+
+        forget_deleted(self._worker, path.stem)
+        return str(path)
 
     def history(self, n: int = 3) -> None:
         """/history [N]: publishes History with the last N (1..200) human turns."""

@@ -69,8 +69,10 @@ def terminal_asker(err: TextIO, inp: TextIO) -> Callable[[ev.PermissionRequest],
 
 def run(agent: Any, prompt: str, *, out: TextIO, err: TextIO, json_mode: bool = False,
         ask: Callable[[ev.PermissionRequest], tuple[str, str]] | None = None,
-        timeout: float | None = None) -> int:
-    """Start `agent`, run `prompt` as one task, stream events, return the exit status."""
+        timeout: float | None = None, save: bool = False) -> int:
+    """Start `agent`, run `prompt` as one task, stream events, return the exit status.
+    save: save the session when the turn ends (a task continued with --continue / --resume, so
+    the next --continue goes on from here)."""
     import time
 
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -143,6 +145,8 @@ def run(agent: Any, prompt: str, *, out: TextIO, err: TextIO, json_mode: bool = 
                 if not json_mode and not at_line_start:
                     out.write("\n")
                     out.flush()
+                if save and not _save(agent, err):
+                    status = EXIT_FAIL
                 return status
             elif isinstance(e, ev.RoundStarted):
                 round_text = round_thought = False
@@ -176,6 +180,25 @@ def run(agent: Any, prompt: str, *, out: TextIO, err: TextIO, json_mode: bool = 
         err.flush()
 
 
+def _save(agent: Any, err: TextIO, timeout: float = 600.0) -> bool:
+    """Save the session now and wait for the outcome (a line on stderr either way)."""
+    import queue
+
+    agent.save()
+    while True:
+        try:
+            e = agent.events.get(timeout=timeout)
+        except queue.Empty:
+            err.write("ds4agent: save failed: timed out\n")
+            return False
+        if isinstance(e, ev.SessionSaved):
+            err.write(f"ds4agent: saved session {e.short_id} ({e.tokens} tokens)\n")
+            return True
+        if isinstance(e, ev.Error):
+            err.write(f"ds4agent: {e.text}\n")
+            return False
+
+
 def main(args: Any) -> int:
     """Entry point from ds4agent/cli.py (args.model_path is resolved; flags as cli.py defines)."""
     from ds4agent.agent.facade import Agent
@@ -188,6 +211,19 @@ def main(args: Any) -> int:
         err.write(f"ds4agent: {exc}\n")
         return EXIT_FAIL
     settings.journal = False
+    if settings.resume == "":
+        err.write("ds4agent: --resume needs a session id prefix with -p (there is no picker)\n")
+        return EXIT_FAIL
+    try:
+        # Checked before the model loads: a task that cannot continue must not start afresh.
+        from ds4agent.agent.sessionops import requested_session
+
+        target = requested_session(store, settings)
+        if target is not None and store is not None:
+            settings.resume, settings.continue_session = store.resolve(target).id, False
+    except Exception as exc:  # noqa: BLE001 - SessionOpError, KVCStoreError: readable
+        err.write(f"ds4agent: cannot continue: {exc}\n")
+        return EXIT_FAIL
     ask = None
     if settings.permission == "ask":
         if sys.stdin.isatty() and sys.stderr.isatty():
@@ -198,4 +234,4 @@ def main(args: Any) -> int:
             settings.permission = "read-only"
     agent = Agent(loader, store, tools, settings)
     return run(agent, args.prompt, out=sys.stdout, err=err, json_mode=bool(getattr(args, "json_events", False)),
-               ask=ask)
+               ask=ask, save=bool(settings.resume))

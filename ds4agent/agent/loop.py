@@ -9,7 +9,7 @@ never touches threads). One user turn = rounds until the model answers without a
     -> EOS appended by the agent -> permissions -> run the invokes in order
     -> one results turn (+ queued text) -> next round
 
-Invariants: the transcript only grows (three wholesale replacements: new, load, compaction);
+Invariants: the transcript only grows (wholesale replacements: new, load, compaction, rewind);
 the live KV always holds a prefix of it; every assistant round ends with exactly one EOS; an
 interrupt never leaves a half-appended unit. No tool-round limit; a per-round token cap
 (--tokens, further capped by the room left).
@@ -96,6 +96,13 @@ class Worker:
         self.jobs_update_due = False
         self._jobs_update: str | None = None
         self.last_prefilled = 0
+        # Rewind (rewind.py): the engine states before each user turn, and when each was sent
+        # (transcript index of the turn's <｜User｜> -> epoch seconds).
+        self.snapshots: Any = None
+        self.turn_times: dict[int, float] = {}
+        self.turn_at = 0  # transcript index of the current user turn
+        self.checkpoints: Any = None  # code checkpoints of this conversation (checkpoints.py)
+        self.forked_from = ""  # the session this conversation was forked from (kept on save)
 
     # ================================================================== startup / shutdown
 
@@ -117,7 +124,7 @@ class Worker:
         self._tool_map = {t.name: t for t in self.tools}
         from ds4agent.tools.base import ToolContext
 
-        self.tool_ctx = ToolContext(cwd=s.cwd, should_stop=self.io.should_stop)
+        self.tool_ctx = ToolContext(cwd=s.cwd, should_stop=self.io.should_stop, on_write=self._checkpoint_write)
         if self.policy is None:
             from ds4agent.tools.permissions import PermissionPolicy
 
@@ -139,12 +146,19 @@ class Worker:
         if getattr(device, "notice", ""):
             self.io.emit(ev.Notice(device.notice, "warning"))  # e.g. no GPU: running on the CPU
         self.session = self.engine.new_session()
+        make_store = getattr(self.engine, "snapshot_store", None)
+        self.snapshots = make_store(s.snapshot_budget) if make_store is not None else None
         for note in getattr(self.store, "notices", ()):  # e.g. a KV directory open to other users
             self.io.emit(ev.Notice(note, "warning"))
         cached = sessionops.start_system_prefix(self)
+        if self.snapshots is not None and tuple(self.session.tokens) == tuple(self.transcript.ids):
+            # The system prefix is where every conversation of this run starts: going back in a
+            # loaded or resumed session re-prefills from here at worst, never from token 0.
+            self.snapshots.keep(self.session)
         self.io.emit(ev.Ready(model=_describe(self.engine), ctx=s.ctx, sysprompt_cached=cached,
                               device=getattr(device, "label", "")))
         sessionops.offer_resume(self)
+        sessionops.open_requested(self)
         self._set_state(ev.State.IDLE)
         return True
 
@@ -165,6 +179,18 @@ class Worker:
         if self.trace is not None:
             self.trace.line("worker stop")
             self.trace.close()
+
+    def _checkpoint_write(self, path: str, before: bytes | None, after: bytes) -> None:
+        from ds4agent.sessions.checkpoints import CodeCheckpoints
+
+        if self.checkpoints is None:
+            self.checkpoints = CodeCheckpoints(self.settings.checkpoint_dir)
+        self.checkpoints.at = self.turn_at
+        try:
+            self.checkpoints.record(path, before, after)
+        except OSError as err:  # the write itself succeeded; only its undo is lost
+            self.io.emit(ev.Notice(f"code checkpoint not recorded for {path}: {err.strerror or err}",
+                                   "warning"))
 
     # ================================================================== status
 
@@ -220,7 +246,7 @@ class Worker:
     # ================================================================== one user turn
 
     def cmd_turn(self, text: str, queued: bool = False) -> None:
-        from ds4agent.agent import compaction, sessionops
+        from ds4agent.agent import compaction, rewind, sessionops
         from ds4agent.engine import template
 
         t0 = time.monotonic()
@@ -231,6 +257,7 @@ class Worker:
             self.transcript.append(self.tok.EOS)
         if self.settings.seed is not None:
             self.sampler.reseed(self.settings.seed)  # re-seeded at every user turn (reference)
+        text = self._attach(text)
         user_ids = template.render_user_turn(text, think_mode=self._mode_for_prompt(), tokenizer=self.tok)
         total_generated = 0
         rounds = 0
@@ -246,6 +273,7 @@ class Worker:
                                                         tokenizer=self.tok)
             if len(self.transcript) + len(user_ids) + 1 >= self.settings.ctx:
                 raise TurnAborted("context full: the message does not fit the context")
+            rewind.keep_boundary(self)
             self._trace_append(user_ids, "user")
             self.transcript.extend(user_ids)
             self._jobs_update = None  # delivered
@@ -286,6 +314,17 @@ class Worker:
             self._set_state(ev.State.ERROR, detail=error)
         else:
             self._set_state(ev.State.IDLE)
+
+    def _attach(self, text: str) -> str:
+        """The message with its `@path` files and directories attached (tools/attach.py)."""
+        from ds4agent.tools import attach
+
+        att = attach.expand(text, self.tool_ctx)
+        for note in att.notes:
+            self.io.emit(ev.Notice(note, "warning"))
+        if att.attached:
+            self.io.emit(ev.Notice("attached " + ", ".join("@" + p for p in att.attached)))
+        return att.text
 
     def _mode_for_prompt(self) -> str:
         return "think" if self.think_mode == "think-max" else self.think_mode
@@ -477,6 +516,8 @@ class Worker:
 
         mode = self._mode_for_prompt()
         queued = self.io.take_queued()
+        if queued:
+            queued = self._attach(queued)
 
         def render(ts: list[str]) -> list[int]:
             # pending_results(): the bash job update when a compaction just ran (also one run
@@ -599,6 +640,24 @@ class Worker:
             self.io.emit(ev.Notice("nothing to compact"))
             return
         compaction.compact(self, "manual")
+        self._set_state(ev.State.IDLE)
+
+    def cmd_fork(self, title: str) -> None:
+        from ds4agent.agent import sessionops
+
+        sessionops.fork(self, title or None)
+
+    def cmd_rewind(self, number: int | None, mode: str) -> None:
+        """/rewind: the list of user turns (number None), or go back to turn `number`."""
+        from ds4agent.agent import rewind
+
+        try:
+            if number is None:
+                self.io.emit(rewind.list_event(self))
+            else:
+                rewind.rewind(self, number, mode)
+        except rewind.RewindError as err:
+            self.io.emit(ev.Error(str(err)))
         self._set_state(ev.State.IDLE)
 
     def confirm_leave(self) -> bool:

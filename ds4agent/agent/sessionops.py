@@ -153,19 +153,76 @@ def _save(worker: Any, title: str | None = None) -> ev.SessionSaved:
     payload = worker.session.export_state()
     saved = worker.store.save_session(
         text, payload, shape=_shape(worker), title=new_title, created_at=worker.created_at,
-        loaded_from=replaces, **_kv_args(worker),
+        loaded_from=replaces, protect=(worker.forked_from,) if worker.forked_from else (),
+        **_kv_args(worker),
     )
     worker.title = title_bytes(saved.title)
     worker.created_at = saved.created_at
     worker.session_id = saved.id
     worker.legacy_path = None
     worker.dirty = False
+    _index_record(worker)
     journal_write(worker)
     event = ev.SessionSaved(saved.id, saved.id[:8], saved.n_tokens, str(saved.path),
                              display_title(worker.title))
     worker.io.emit(event)
     worker.io.emit(ev.Notice(saved.message))
     return event
+
+
+def _index(worker: Any) -> Any:
+    from ds4agent.sessions.index import SessionIndex
+
+    return SessionIndex(worker.store.directory)
+
+
+def _index_record(worker: Any) -> None:
+    """Note the save in the session index (working directory for --continue, fork parent, code
+    checkpoints). Best effort: the session file is what matters, and it is written."""
+    try:
+        _index(worker).record(worker.session_id, cwd=worker.settings.cwd, forked_from=worker.forked_from,
+                              checkpoints=worker.checkpoints.key if worker.checkpoints is not None else "")
+    except OSError as err:
+        worker.io.emit(ev.Notice(f"session index not updated: {err.strerror or err}", "warning"))
+
+
+def fork(worker: Any, title: str | None) -> ev.SessionSaved | None:
+    """/fork [TITLE]: save the conversation as a new session (own id and title; default: the
+    current title + " (fork)"), leaving the original file untouched; later saves go to the fork."""
+    if worker.store is None:
+        worker.io.emit(ev.Error("fork failed: no session directory"))
+        return None
+    if not worker.transcript.has_user_turn():
+        worker.io.emit(ev.Error("fork failed: nothing to fork yet"))
+        return None
+    from ds4agent.sessions.store import normalise_title
+
+    parent = worker.session_id
+    # Normalised as /save TITLE is: whitespace trimmed, each run of it one space.
+    new_title = normalise_title(title_bytes(title)) if title else b""
+    if not new_title:
+        base = worker.title
+        if base is None:
+            from ds4agent.sessions.store import derive_title
+
+            base = derive_title(worker.tok.decode_bytes(worker.transcript.ids))
+        new_title = base + b" (fork)"
+    # A new identity: SHA-1 over title and creation time (kvc-format.md §12.3). A later creation
+    # second than the parent's keeps the ids apart even when the title is the same.
+    created = int(time.time())
+    if worker.created_at is not None and created <= int(worker.created_at):
+        created = int(worker.created_at) + 1
+    worker.title, worker.created_at, worker.session_id = new_title, created, ""
+    worker.legacy_path = None  # never delete the original as a "legacy source"
+    worker.forked_from = parent
+    worker.activity = True
+    if worker.checkpoints is not None:
+        try:
+            worker.checkpoints = worker.checkpoints.fork()
+        except OSError as err:
+            worker.io.emit(ev.Notice(f"code checkpoints not copied to the fork: {err.strerror or err}",
+                                     "warning"))
+    return save(worker)
 
 
 # ====================================================================== leave (save question)
@@ -200,6 +257,7 @@ def _reset_identity(worker: Any) -> None:
     """Forget everything that belonged to the previous conversation (/new, /load, a failed
     resume): its identity, the pending job update, the lines the model had seen, and "allow for
     this session" answers (another session's work is asked about afresh)."""
+    saved_id = worker.session_id
     worker.forget_pending_results()
     worker.title = None
     worker.created_at = None
@@ -207,6 +265,14 @@ def _reset_identity(worker: Any) -> None:
     worker.legacy_path = None
     worker.dirty = False
     worker.activity = False
+    worker.turn_times = {}
+    worker.forked_from = ""
+    if worker.checkpoints is not None and not saved_id:
+        # Checkpoints of a conversation that was never saved belong to nothing any more.
+        from ds4agent.sessions import checkpoints
+
+        checkpoints.remove(worker.checkpoints.root, worker.checkpoints.key)
+    worker.checkpoints = None
     if worker.tool_ctx is not None:
         worker.tool_ctx.reset_session()
     if worker.policy is not None and hasattr(worker.policy, "reset"):
@@ -267,11 +333,38 @@ def _load(worker: Any, prefix: str) -> None:
     worker.session_id = loaded.id
     worker.legacy_path = str(loaded.path) if loaded.legacy else None
     worker.activity = True
+    _attach_index_entry(worker)
     if ids[:system_len] != worker.system_ids:
         worker.io.emit(ev.Notice("this session was saved with a different system prompt; it "
                                  "continues with its own", "info"))
     _announce_loaded(worker, ids, system_len, prefilled=prefilled)
     worker.io.emit(ev.Notice(f"switched to session {loaded.id[:8]} ({len(ids)} tokens)"))
+
+
+def forget_deleted(worker: Any, sid: str) -> None:
+    """A session file was deleted (picker): its index entry and code checkpoints go with it."""
+    from ds4agent.sessions.index import remove_session_extras
+
+    remove_session_extras(worker.store.directory, sid, worker.settings.checkpoint_dir)
+
+
+def _attach_index_entry(worker: Any) -> None:
+    """A loaded session's fork parent and code checkpoints, from the session index."""
+    try:
+        entry = _index(worker).get(worker.session_id)
+    except OSError:
+        entry = None
+    if entry is None:
+        return
+    worker.forked_from = entry.forked_from
+    _use_checkpoints(worker, entry.checkpoints)
+
+
+def _use_checkpoints(worker: Any, key: str) -> None:
+    from ds4agent.sessions.checkpoints import CodeCheckpoints
+
+    if key and all(c in "0123456789abcdef" for c in key):
+        worker.checkpoints = CodeCheckpoints(worker.settings.checkpoint_dir, key)
 
 
 def _announce_loaded(worker: Any, ids: list[int], system_len: int, *, prefilled: int,
@@ -296,6 +389,42 @@ def _system_len(worker: Any, ids: list[int]) -> int:
         return len(ids)
 
 
+# ====================================================================== --continue / --resume
+
+
+def requested_session(store: Any, settings: Any) -> str | None:
+    """The session --continue / --resume PREFIX asks for (an id or prefix), None when neither
+    was given (or --resume without a prefix: the front end's picker). SessionOpError when
+    --continue finds no saved session of this directory."""
+    if settings.continue_session:
+        if store is None:
+            raise SessionOpError("no session directory")
+        from ds4agent.sessions.index import SessionIndex
+
+        sid = SessionIndex(store.directory).latest_for(settings.cwd)
+        if sid is None:
+            raise SessionOpError(f"no saved session of {settings.cwd} to continue")
+        return sid
+    return settings.resume or None
+
+
+def open_requested(worker: Any) -> None:
+    """At start, after the crash-journal offer: load the session --continue / --resume named."""
+    s = worker.settings
+    if not (s.continue_session or s.resume):
+        return
+    if worker.activity:  # the user resumed an unsaved crashed session instead
+        worker.io.emit(ev.Notice("the resumed unsaved session was opened instead", "warning"))
+        return
+    try:
+        target = requested_session(worker.store, s)
+    except SessionOpError as err:
+        worker.io.emit(ev.Error(f"cannot continue: {err}"))
+        return
+    if target:
+        load(worker, target)
+
+
 # ====================================================================== list
 
 
@@ -305,13 +434,18 @@ def list_event(worker: Any) -> ev.SessionList:
         return ev.SessionList("", ())
     infos = []
     try:
+        index = _index(worker).read()
+    except OSError:
+        index = {}
+    try:
         sessions, unreadable = store.scan_sessions()
         for info in sessions:
             e = info.entry
+            parent = index[e.id].forked_from if e.id in index else ""
             infos.append(ev.SessionInfo(
                 id=e.id, short_id=e.short_id, title=display_title(info.title), tokens=e.header.tokens,
                 size_bytes=e.file_size, last_used=e.header.last_used, created_at=e.header.created_at,
-                path=str(e.path),
+                path=str(e.path), forked_from=parent[:8],
             ))
         # Listed, not hidden (issue 10.11): the user sees the file and why, and can delete it.
         for broken in unreadable:
@@ -352,6 +486,8 @@ def journal_meta(worker: Any) -> dict:
         "dirty": bool(worker.dirty),
         "ctx": worker.settings.ctx,
         "time": int(time.time()),
+        "forked_from": worker.forked_from,
+        "checkpoints": worker.checkpoints.key if worker.checkpoints is not None else "",
     }
 
 
@@ -451,6 +587,8 @@ def resume(worker: Any, tokens: list[int], meta: dict) -> None:
     worker.created_at = meta.get("created_at") or None
     worker.session_id = meta.get("session_id") or ""
     worker.legacy_path = meta.get("legacy_path") or None
+    worker.forked_from = str(meta.get("forked_from") or "")
+    _use_checkpoints(worker, str(meta.get("checkpoints") or ""))
     worker.dirty = True
     worker.activity = True
     _announce_loaded(worker, tokens, system_len, prefilled=prefilled, resumed=True)

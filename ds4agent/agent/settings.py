@@ -31,6 +31,13 @@ class AgentSettings:
     # During a long round the journal is also rewritten at most this often (seconds), so a crash
     # loses at most this much generation (a round may run for many minutes at tens of tok/s).
     journal_interval: float = 10.0
+    # Memory the rewind snapshots may hold (engine/snapshots.py); past it the middle ones go.
+    snapshot_budget: int = 2 << 30
+    checkpoint_dir: Path | None = None  # code checkpoints; None: platformdirs user state dir
+    # Reopen a saved session at start: --continue (this directory's newest), --resume PREFIX.
+    # resume == "" means "let me choose": the front end opens its picker.
+    continue_session: bool = False
+    resume: str | None = None
 
     def effective_think_mode(self) -> str:
         """think-max silently becomes think below 384K of context: the renderer's own rule
@@ -61,4 +68,6 @@ class AgentSettings:
             trace=Path(trace) if trace else None,
             cwd=Path(os.getcwd()),
             kv_dir=Path(kv_dir).expanduser() if kv_dir else None,
+            continue_session=bool(getattr(args, "continue_session", False)),
+            resume=getattr(args, "resume", None),
         )

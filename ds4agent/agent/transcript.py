@@ -2,8 +2,9 @@
 
 The transcript is the one source of truth of a session: the live KV always holds a prefix of it
 (`Session.sync` is the only place they meet), a save writes exactly its tokens, and its rendered
-text is the concatenation of its token texts. Only three operations replace it wholesale
-(`reset`): a new session (system prefix), a load (the file's payload tokens), and compaction.
+text is the concatenation of its token texts. Only four operations replace it wholesale
+(`reset`): a new session (system prefix), a load (the file's payload tokens), compaction, and a
+rewind (a prefix of itself, cut just before a user turn).
 
 `turns()` reads the structure back from the ids alone (no side tables), so it works the same on
 a live transcript, a loaded session and a resumed journal: every `<｜User｜>` opens a turn, its

@@ -214,6 +214,13 @@ class PipelineEngine(Engine):
     def n_ranks(self) -> int:
         return len(self.ranges)
 
+    def snapshot_store(self, budget_bytes: int):
+        """Turn snapshots as handles (snapshots.ReferenceSnapshotStore): the layer arrays of a
+        pipeline state live on the other ranks, so they cannot be packed on rank 0."""
+        from .snapshots import ReferenceSnapshotStore
+
+        return ReferenceSnapshotStore(self)
+
     def describe(self) -> str:
         """The model line the agent shows at start: name and where each layer range runs."""
         parts = ", ".join(f"rank {k}: layers {a}-{b - 1}" for k, (a, b) in enumerate(self.ranges))

@@ -297,6 +297,12 @@ class Engine:
     def payload_to_state(self, payload):
         return _payload_to_state(self.config, payload)
 
+    def snapshot_store(self, budget_bytes: int):
+        """A SnapshotStore (snapshots.py): turn-boundary states sharing their append-only rows."""
+        from .snapshots import SnapshotStore
+
+        return SnapshotStore(self, budget_bytes)
+
 
 def _construct(cls, where: Path, **kw) -> Engine:
     """cls(**kw), where materialising the weights is the first time the whole model is in memory:

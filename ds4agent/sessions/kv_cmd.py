@@ -252,6 +252,9 @@ def cmd_rm(store: SessionStore, prefix: str, out: TextIO) -> int:
         described = store.describe(found)
         what = f"session {found.short_id} ({found.header.tokens} tokens) {described.display_title}"
     path = store.delete(found.id)
+    from ds4agent.sessions.index import remove_session_extras
+
+    remove_session_extras(store.directory, found.id)  # its index entry and code checkpoints
     print(f"deleted {what}: {_name(path)}", file=out)
     return 0
 

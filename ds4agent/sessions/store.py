@@ -53,7 +53,7 @@ import re
 import stat
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -545,8 +545,9 @@ class SessionStore:
                      quant_bits: int, title: bytes | str | None = None, created_at: int | None = None,
                      loaded_from: str | os.PathLike[str] | None = None, model_id: int = 0,
                      n_tokens: int | None = None, ctx: int | None = None,
-                     now: int | None = None) -> SavedSession:
-        """Write `dir/<identity>.kv` (§12.4 steps 3-5); see the module docstring."""
+                     now: int | None = None, protect: Sequence[str] = ()) -> SavedSession:
+        """Write `dir/<identity>.kv` (§12.4 steps 3-5); see the module docstring. `protect`: ids
+        never deleted as ancestors (a fork's original session stays untouched, issue 11)."""
         now = self._now() if now is None else int(now)
         text = bytes(text)
         if isinstance(title, str):
@@ -565,10 +566,11 @@ class SessionStore:
                            tokens=tokens, hits=0, ctx_size=ctx, created_at=created_at, last_used=now,
                            payload_bytes=0)
         write_kvc(path, header, text, payload, shape, title)
-        deleted = self._delete_ancestors(path, text, loaded_from)
+        deleted = self._delete_ancestors(path, text, loaded_from, protect)
         return SavedSession(ident, path, title, created_at, tokens, tuple(deleted))
 
-    def _delete_ancestors(self, written: Path, text: bytes, loaded_from) -> list[Path]:
+    def _delete_ancestors(self, written: Path, text: bytes, loaded_from,
+                          protect: Sequence[str] = ()) -> list[Path]:
         """§12.4 step 5: the legacy source file, then reason-6 files whose text is a strict byte
         prefix of `text`. Never the file just written (samefile: case-insensitive filesystems
         see `ABC…kv` and `abc…kv` as one file), never other reasons or sysprompt caches."""
@@ -586,8 +588,11 @@ class SessionStore:
                 deleted.append(src)
         for entry in self.entries():
             if (entry.header.reason != REASON_SESSION or entry.text_bytes >= len(text)
-                    or entry.header.payload_abi == PAYLOAD_ABI_S or same(entry.path)):
-                continue  # [S] files may still be used by an earlier ds4: never deleted (§13)
+                    or entry.header.payload_abi == PAYLOAD_ABI_S or same(entry.path)
+                    or entry.id in protect):
+                # [S] files may still be used by an earlier ds4 (§13), and a fork's original
+                # goes on existing (issue 11): neither is deleted as an ancestor.
+                continue
             try:
                 with open(entry.path, "rb") as f:
                     f.seek(PREFIX_BYTES)

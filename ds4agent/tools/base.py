@@ -200,6 +200,9 @@ class ToolContext:
     seen: SeenLines = field(default_factory=SeenLines)
     last_read: ReadCursor | None = None
     jobs: JobTable = field(default=None)  # type: ignore[assignment]  # filled in __post_init__
+    # Told of every file write/edit after it succeeded: (absolute path, content before or None
+    # when the file did not exist, content written). The agent's code checkpoints listen here.
+    on_write: Callable[[str, bytes | None, bytes], None] | None = None
 
     def __post_init__(self) -> None:
         self.cwd = Path(self.cwd)

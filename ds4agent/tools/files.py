@@ -370,16 +370,38 @@ def plan_write(args: Mapping[str, Any], ctx: ToolContext) -> Change:
                   result_text=f"Wrote {len(after)} bytes to {path}\n")
 
 
+def _content_before(change: Change, ctx: ToolContext) -> bytes | None:
+    """What the file holds before the write, for the code checkpoint (on_write). The preview may
+    have left it unread (too large, binary: before is None then, as for a new file), but undoing
+    the write must put those bytes back, not delete the file: read them here, whole."""
+    if change.before is not None or change.before_unshown is None:
+        return change.before
+    try:
+        f, _ = open_regular(ctx.resolve(change.path), change.path)
+        with f:
+            return f.read()
+    except (OSError, ToolError) as exc:
+        # Without the old bytes a /rewind could not undo the write (it would remove the file):
+        # refused before anything is changed.
+        raise ToolError(f"cannot keep a copy of {change.path} for /rewind: {exc}") from None
+
+
 def _apply(change: Change, ctx: ToolContext) -> ToolResult:
     """Write the change, then tell what happened to the file. Only a failed write is a failure:
     once the file is replaced, trouble with the bookkeeping after it (the guard's records, the
     diff for the UI: both scale with the file and can run out of memory) must not make the model
     believe the file is unchanged."""
+    undo = _content_before(change, ctx) if ctx.on_write is not None else change.before
     try:
         atomic_write(str(ctx.resolve(change.path)), change.after)
     except OSError as exc:
         raise ToolError(f"cannot write {change.path}: {exc.strerror or exc}") from None
     key = ctx.abs_key(change.path)  # the file exists now, so symlinks resolve
+    if ctx.on_write is not None:
+        try:
+            ctx.on_write(key, undo, change.after)
+        except Exception:  # noqa: BLE001 - see the docstring; the agent reports its own failures
+            pass
     try:
         _record(change, ctx, key)
     except Exception:  # noqa: BLE001 - see the docstring

@@ -74,6 +74,7 @@ class Ds4App(App):
         think_mode: str = "think",
         permission: str = "ask",
         typeahead_grace: float = TYPEAHEAD_GRACE_S,
+        open_picker: bool = False,
     ) -> None:
         super().__init__()
         if agent is None and agent_factory is None:
@@ -93,6 +94,9 @@ class Ds4App(App):
         self._in_flight = False                # a drained batch is still being drawn
         self._last_ctrl_c = -1e9
         self._want_picker = False
+        self._picker_at_ready = open_picker    # --resume without a prefix
+        self._want_rewind = False
+        self._last_escape = -1e9
         self._quitting = False
         self._exit_status = 0                  # 1 once the agent stopped on a fatal error
         # Why the model could not start (set once). From then on the app is only a screen to read
@@ -259,6 +263,12 @@ class Ds4App(App):
             if self.chips.items:
                 self.chips.set_items(self.chips.items)  # Esc can interrupt from now on
             await conv.note(fmt.ready_line(e.model, e.ctx), "muted")
+            if self._picker_at_ready:
+                # --resume without a prefix: the picker, as soon as there is an agent to ask. The
+                # listing runs while the worker still finishes its start-up.
+                self._picker_at_ready = False
+                self._want_picker = True
+                self.agent.list_sessions()
         elif isinstance(e, ev.SessionSaved):
             s.session_id, s.title, s.dirty = e.short_id, e.title, False
             self.status_bar.mark()
@@ -279,6 +289,10 @@ class Ds4App(App):
             await self._session_list(e)
         elif isinstance(e, ev.History):
             await self._history(e)
+        elif isinstance(e, ev.RewindList):
+            await self._rewind_list(e)
+        elif isinstance(e, ev.Rewound):
+            await self._rewound(e)
         elif isinstance(e, ev.CompactionStarted):
             await conv.note(fmt.compacting_line(e.reason), "warning")
         elif isinstance(e, ev.CompactionDelta):
@@ -402,6 +416,18 @@ class Ds4App(App):
             agent.new()
         elif name == "compact":
             agent.compact()
+        elif name == "rewind":
+            try:
+                number, mode = commands.rewind_args(cmd.arg)
+            except commands.CommandError as err:
+                await conv.note(str(err), "error")
+                return
+            if number is None:
+                self.action_rewind()
+            else:
+                agent.rewind(number, mode)
+        elif name == "fork":
+            agent.fork(cmd.arg)
         elif name in ("think", "nothink"):
             agent.set_think_mode(commands.think_mode(cmd))  # the agent confirms with a notice and a Status event
         elif name == "permissions":
@@ -436,6 +462,35 @@ class Ds4App(App):
             return
         lines = fmt.session_list_lines(e.directory, e.sessions, self.now())
         await self.conversation.note("\n".join(lines), "info")
+
+    async def _rewind_list(self, e: ev.RewindList) -> None:
+        if not self._want_rewind:
+            return
+        self._want_rewind = False
+        if not e.points:
+            await self.conversation.note("no user turns to rewind to yet", "info")
+            return
+        from ds4agent.ui.screens.rewind import RewindScreen
+
+        def chosen(result: tuple[int, str] | None) -> None:
+            if result is not None and self.agent is not None:
+                self.agent.rewind(*result)
+
+        self.push_screen(RewindScreen(e.points, e.note, now=self.now), chosen)
+
+    async def _rewound(self, e: ev.Rewound) -> None:
+        conv = self.conversation
+        if e.mode != "code":
+            # The view starts again from the rewound point: the last turns that are still there.
+            children = conv.children
+            if children:
+                await conv.clear_through(children[-1])
+            self.agent.history(3)
+        for line in e.refused:
+            await conv.note(f"not restored: {line}", "warning")
+        if e.prompt and not self.input.text:
+            self.input.set_text(e.prompt)  # to edit and send again
+        self.input.focus()
 
     def _picked(self, session_id: str | None) -> None:
         if session_id and self.agent is not None:
@@ -492,6 +547,14 @@ class Ds4App(App):
         self._want_picker = True
         self.agent.list_sessions()
 
+    def action_rewind(self) -> None:
+        """/rewind and Esc Esc: the list of user turns (the RewindList event opens the screen)."""
+        if self.busy:
+            self.call_later(self.conversation.note, commands.idle_required("/rewind"), "error")
+            return
+        self._want_rewind = True
+        self.agent.rewind_points()
+
     def action_toggle_thinking(self) -> None:
         self.conversation.toggle_thinking()
 
@@ -524,8 +587,17 @@ class Ds4App(App):
     def action_escape(self) -> None:
         if self.turn_busy:
             self.agent.interrupt()
+            return
+        self.hints.show_for("")
+        if self.input.text or self.busy:
+            return
+        # Esc Esc on an empty idle prompt: rewind (as Claude Code does).
+        now = self.clock()
+        if now - self._last_escape <= commands.ESC_ESC_WINDOW_S:
+            self._last_escape = -1e9
+            self.action_rewind()
         else:
-            self.hints.show_for("")
+            self._last_escape = now
 
     def action_ctrl_c(self) -> None:
         if self.turn_busy:
@@ -578,6 +650,7 @@ def main(args) -> int:
         ctx=getattr(args, "ctx", 0) or 0,
         think_mode=getattr(args, "think_mode", "think") or "think",
         permission=getattr(args, "permission", "ask") or "ask",
+        open_picker=getattr(args, "resume", None) == "",
     )
     app.run()
     if app.startup_error is not None:

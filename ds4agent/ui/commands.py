@@ -36,6 +36,11 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("history", "/history [N]", "replay the last N user turns (default 3)", takes=COUNT),
     CommandSpec("new", "/new", "start a new session"),
     CommandSpec("compact", "/compact", "summarise the conversation to free context"),
+    # Mode names in the meaning, not the usage: the usage column stays narrow (80 columns).
+    CommandSpec("rewind", "/rewind [N [mode]]", "go back to before user turn N (no N: list the turns); "
+                "mode: both (the default), chat, code or fork", takes=TEXT),
+    CommandSpec("fork", "/fork [title]", "save the conversation as a new session; later saves go there",
+                takes=TEXT),
     CommandSpec("think", "/think", "reasoning on", takes=WORD),
     CommandSpec("nothink", "/nothink", "reasoning off"),
     CommandSpec("permissions", "/permissions [mode]", "show or set the permission mode: ask, auto or "
@@ -59,6 +64,7 @@ KEYS_HELP: tuple[tuple[str, str], ...] = (
     ("Ctrl+T", "expand / collapse thinking"),
     ("Ctrl+O", "expand / collapse the last tool card (or click a card)"),
     ("Ctrl+L", "session picker"),
+    ("Esc Esc", "on an empty idle prompt: rewind to an earlier turn"),
     ("F1", "this help (also /help)"),
 )
 
@@ -66,6 +72,8 @@ KEYS_HELP: tuple[tuple[str, str], ...] = (
 # A second Ctrl+C on an empty idle prompt within this many seconds quits (both front ends).
 QUIT_WINDOW_S = 2.0
 QUIT_HINT = "press Ctrl+C again or Ctrl+D to exit"
+# A second Esc on an empty idle prompt within this many seconds opens the rewind list (TUI).
+ESC_ESC_WINDOW_S = 0.8
 
 
 # After a failed start: what still works, said once on screen and in every refusal.
@@ -161,6 +169,24 @@ def think_mode(cmd: ParsedCommand) -> str:
 def history_count(arg: str, default: int = 3) -> int:
     """/history N: default 3, clamped to 1..200 (parse() has refused anything but a number)."""
     return max(1, min(200, int(arg))) if arg else default
+
+
+REWIND_MODES = ("both", "chat", "code", "fork")
+
+
+def rewind_args(arg: str) -> tuple[int | None, str]:
+    """/rewind [N [MODE]]: (None, "both") lists the turns; MODE defaults to both (code and
+    conversation). CommandError for anything else."""
+    parts = arg.split()
+    if not parts:
+        return None, "both"
+    usage = "usage: /rewind [N [both|chat|code|fork]]"
+    if len(parts) > 2 or not parts[0].isdigit() or int(parts[0]) < 1:
+        raise CommandError(usage)
+    mode = parts[1].lower() if len(parts) == 2 else "both"
+    if mode not in REWIND_MODES:
+        raise CommandError(usage)
+    return int(parts[0]), mode
 
 
 def help_sections() -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:

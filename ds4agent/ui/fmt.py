@@ -342,8 +342,9 @@ def session_list_lines(directory: str, sessions, now: float) -> list[str]:
     for info in sessions:
         title = info.title if len(info.title) <= 70 else info.title[:70] + "..."
         counts = "" if getattr(info, "unreadable", "") else f"{info.tokens} tokens, "  # no tokens to count
+        fork = f", fork of {info.forked_from}" if getattr(info, "forked_from", "") else ""
         lines.append(f"  {info.short_id} ({format_age(now - info.last_used)}) {title}  "
-                     f"[{counts}{format_size(info.size_bytes)}]")
+                     f"[{counts}{format_size(info.size_bytes)}{fork}]")
     if not sessions:
         lines.append("  (none)")
     return lines
@@ -364,10 +365,27 @@ def history_label(session_id: str, title: str) -> str:
     return f'{name} "{clip(title, 48)}"' if title else name
 
 
+def rewind_point_line(point, now: float, width: int = 60) -> str:
+    """One user turn of the /rewind list: `  N  <age>  <first line>`."""
+    age = format_age(now - point.time) if point.time else "earlier"
+    return f"{point.number:>3}  {age:<8}  {clip(point.preview, width)}"
+
+
+def rewind_list_lines(points, note: str, now: float) -> list[str]:
+    """/rewind without a turn, as text (plain mode)."""
+    if not points:
+        return ["no user turns to rewind to yet"]
+    lines = ["user turns (1 = the first):"]
+    lines += ["  " + rewind_point_line(p, now) for p in points]
+    lines.append("/rewind N [both|chat|code|fork]  (default both: code and conversation)")
+    if note:
+        lines.append(note[:1].upper() + note[1:])
+    return lines
+
+
 def resume_hint(session_id: str) -> str:
-    """How to get back to a saved session: the one place that words it (when the command line
-    learns to resume a session directly, only this changes)."""
-    return f"/load {session_id} in ds4agent"
+    """How to get back to a saved session: the one place that words it (issue 10.16)."""
+    return f"ds4agent --resume {session_id}"
 
 
 def exit_line(s: StatusState) -> str:

@@ -1,7 +1,7 @@
 """`@path` mentions in the input: which workspace paths complete the word under the cursor.
 
-Only names are listed (one directory level at a time, like a shell), never file contents; the
-model receives the `@path` text as written and reads the file with its own tools.
+Only names are listed (one directory level at a time, like a shell), never file contents; on
+send the agent attaches each mentioned file or directory to the message (tools/attach.py).
 """
 
 from __future__ import annotations

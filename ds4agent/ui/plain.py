@@ -65,6 +65,7 @@ class PlainRenderer:
         self.answer_text = ""
         self.questions: list[ev.Event] = []   # PermissionRequest / Question waiting for the front end
         self.exited: ev.Exited | None = None
+        self.draft = ""  # a rewound turn's prompt, for the input line
 
     def out(self, text: str, style: str = "text") -> None:
         if text:
@@ -162,6 +163,15 @@ class PlainRenderer:
             self.line("─" * 40 + " new session", "muted")
         elif isinstance(e, ev.SessionList):
             self.print_sessions(e)
+        elif isinstance(e, ev.RewindList):
+            for row in fmt.rewind_list_lines(e.points, e.note, self.now()):
+                self.line(row, "muted")
+        elif isinstance(e, ev.Rewound):
+            # The agent's notice says what happened; files left alone are listed one by one.
+            for line in e.refused:
+                self.line(f"  not restored: {line}", "warning")
+            if e.prompt:
+                self.draft = e.prompt  # back in the input (interactive), to edit and re-send
         elif isinstance(e, ev.History):
             if not e.items:
                 self.line(fmt.NO_HISTORY, "muted")
@@ -250,6 +260,18 @@ class PlainFrontEnd:
             a.new()
         elif name == "compact":
             a.compact()
+        elif name == "rewind":
+            try:
+                number, mode = commands.rewind_args(cmd.arg)
+            except commands.CommandError as err:
+                r.line(str(err), "error")
+                return
+            if number is None:
+                a.rewind_points()
+            else:
+                a.rewind(number, mode)
+        elif name == "fork":
+            a.fork(cmd.arg)
         elif name in ("think", "nothink"):
             a.set_think_mode(commands.think_mode(cmd))
         elif name == "permissions":
@@ -443,6 +465,11 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
     async def pump_loop() -> None:
         while True:
             fe.pump()
+            if r.draft and session.app.is_running and not session.default_buffer.text:
+                # A rewound turn's prompt goes back into the input, to be edited and re-sent.
+                session.default_buffer.text = r.draft
+                session.default_buffer.cursor_position = len(r.draft)
+                r.draft = ""
             if r.questions or r.exited is not None:
                 ask_now.set()
                 if session.app.is_running and not session.app.is_done:
@@ -452,7 +479,10 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
     agent.start()
     draft = ""
     status = 0
-    with patch_stdout(raw=True):
+    # The terminal stays raw between two prompts too: a key typed ahead while a command runs (an
+    # Enter right after /new) is then read by the next prompt as typed, instead of the terminal
+    # echoing it and turning Enter into Ctrl+J (a new line in the editor, not a send).
+    with session.input.raw_mode(), patch_stdout(raw=True):
         pump = asyncio.create_task(pump_loop())
         try:
             while True:
@@ -529,6 +559,10 @@ def main(args) -> int:
     from ds4agent.agent.facade import Agent
 
     agent = Agent.from_args(args)
+    if getattr(args, "resume", None) == "":
+        # --resume without a prefix: plain mode's "picker" is the list and a /load to type.
+        agent.list_sessions()
+        agent.emit(ev.Notice("choose a session to resume: /load PREFIX"))
     if sys.stdin.isatty() and sys.stdout.isatty():
         return asyncio.run(run_interactive(agent))
     return run_lines(agent, sys.stdin, sys.stdout)

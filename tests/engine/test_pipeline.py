@@ -133,6 +133,18 @@ def _snapshots(path):
             out["interrupted_at"] = q.tokens
         q.sync(TOKENS)
         out["resumed"] = q.logits.copy()
+        # the agent's turn snapshots (issue 11) on a pipeline: handles, restored exactly
+        engine.chunk = CTX
+        store = engine.snapshot_store(1 << 30)
+        r = engine.new_session()
+        r.sync(TOKENS[:6])
+        store.keep(r)
+        r.sync(TOKENS[:12])
+        store.keep(r)
+        r.sync(TOKENS[:3] + [9, 9])  # a branch that left both kept states
+        out["store_served"] = store.restore(r, TOKENS[:12] + [400])
+        out["store_tokens"] = r.tokens
+        out["store_next"] = r.step(400).copy()
         return out
     finally:
         engine.close()
@@ -255,6 +267,9 @@ def test_snapshots_and_rewind_reach_every_rank(micro_path, single):
     assert got["interrupted_at"] == tuple(TOKENS[:8])  # two chunks of 4 ran before the stop
     s.sync(TOKENS)
     assert np.array_equal(got["resumed"], s.logits)
+    assert got["store_served"] == 12 and got["store_tokens"] == tuple(TOKENS[:12])
+    s.sync(TOKENS[:12] + [400])
+    assert np.array_equal(got["store_next"], s.logits)
 
 
 def test_three_ranks_pass_activations_and_state_along_the_ring(micro_path, single):

@@ -286,4 +286,4 @@ def test_leaving_the_app_prints_where_the_work_is(tmp_path, monkeypatch, capsys)
     monkeypatch.setattr(Ds4App, "run", lambda self: original_run(self, headless=True, auto_pilot=chat_save_and_leave))
     assert app_module.main(argparse.Namespace(ctx=16384, think_mode="think", permission="auto")) == 0
     [saved] = [p.stem[:8] for p in (tmp_path / "kv").glob("*.kv") if not p.name.startswith("sysprompt-")]
-    assert capsys.readouterr().out.endswith(f"saved {saved} — resume with /load {saved} in ds4agent\n")
+    assert capsys.readouterr().out.endswith(f"saved {saved} — resume with ds4agent --resume {saved}\n")

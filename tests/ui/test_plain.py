@@ -58,12 +58,35 @@ def test_renderer_styles_diffs_and_collapses_thinking():
     assert ("- 3  a = 1\n", toolview.DEL) in pieces and ("+ 3  a = 2\n", toolview.ADD) in pieces
 
 
+def test_line_mode_rewind_lists_turns_and_goes_back(tmp_path):
+    script = [reply("A1", think=""), reply("A2", think=""), reply("A3", think="")]
+    agent, _ = make_real_agent(tmp_path, script)
+    stdin = io.StringIO("first question\nsecond question\n/rewind\n/rewind 9\n/rewind 2 sideways\n"
+                        "/rewind 2 chat\n/fork side branch\n/list\nthird question\n")
+    stdout = io.StringIO()
+    run_lines(agent, stdin, stdout, poll=0.005)
+    out = stdout.getvalue()
+    assert "user turns (1 = the first):" in out
+    assert "  1  " in out and "first question" in out and "  2  " in out
+    assert "Changes made through bash are not tracked" in out
+    assert "ds4agent: no user turn 9 (1..2)" in out
+    assert "usage: /rewind [N [both|chat|code|fork]]" in out
+    assert "rewound to turn 2 (conversation): " in out and ", 0 prefilled" in out
+    assert "side branch" in out  # the fork is saved under its title and listed
+    # After the rewind the conversation went on from turn 1: the third question is turn 2 now.
+    worker = agent._worker
+    from ds4agent.agent import rewind
+
+    assert [p.preview for p in rewind.points(worker)] == ["first question", "third question"]
+    assert "Traceback" not in out
+
+
 def test_leaving_says_where_the_work_is(tmp_path):
     agent, _ = make_real_agent(tmp_path, [reply("One.", think=""), reply("Two.", think="")])
     stdout = io.StringIO()
     assert run_lines(agent, io.StringIO("first\n/save\n"), stdout, poll=0.005) == 0
     [saved] = [p.stem for p in (tmp_path / "kv").glob("*.kv") if not p.name.startswith("sysprompt-")]
-    assert stdout.getvalue().endswith(f"saved {saved[:8]} — resume with /load {saved[:8]} in ds4agent\n")
+    assert stdout.getvalue().endswith(f"saved {saved[:8]} — resume with ds4agent --resume {saved[:8]}\n")
 
     # A later turn not saved (the end of input answers the save question "n").
     agent, _ = make_real_agent(tmp_path, [reply("Three.", think="")])
@@ -71,7 +94,7 @@ def test_leaving_says_where_the_work_is(tmp_path):
     run_lines(agent, io.StringIO(f"/load {saved[:8]}\nmore\n"), stdout, poll=0.005)
     assert stdout.getvalue().endswith(
         f"the last turns were not saved; session {saved[:8]} holds the conversation up to its last save "
-        f"— resume with /load {saved[:8]} in ds4agent\n")
+        f"— resume with ds4agent --resume {saved[:8]}\n")
 
     (tmp_path / "other").mkdir()
     agent, _ = make_real_agent(tmp_path / "other", [reply("Four.", think="")])

@@ -27,6 +27,17 @@ COLUMNS = ("id", "title", "age", "tokens", "size")
 SCROLLBAR = 2  # the table's vertical scrollbar, when the list is long
 
 
+def _title_cell(title: str, parent: str, width: int) -> str:
+    """The title, then which session it was forked from; where the column is too narrow for the
+    parent's id beside a readable title (80 columns), only that it is a fork."""
+    if not parent:
+        return fit(title, width)
+    suffix = f"  (fork of {parent})"
+    if width - len(suffix) < 20:
+        suffix = "  (fork)"
+    return fit(title, max(1, width - len(suffix))) + suffix
+
+
 class SessionPicker(ModalScreen[str | None]):
     """Dismisses with the chosen session id (full) or None."""
 
@@ -76,13 +87,14 @@ class SessionPicker(ModalScreen[str | None]):
             cells.append((sid, str(field(s, "short_id", default=sid[:8])), title or "(untitled)",
                           format_age(now - (field(s, "last_used", default=now) or now)),
                           human_count(field(s, "tokens", default=0) or 0),
-                          format_size(field(s, "size_bytes", default=0) or 0)))
+                          format_size(field(s, "size_bytes", default=0) or 0),
+                          str(field(s, "forked_from", default="") or "")))
         # The title takes what the other columns leave, so age, tokens and size always show.
         others = sum(max([len(h)] + [len(c[i]) for c in cells]) for i, h in ((1, "id"), (3, "age"),
                                                                               (4, "tokens"), (5, "size")))
         title_width = max(10, self._table_width() - others - 2 * len(COLUMNS) - SCROLLBAR)
-        for sid, short, title, age, tokens, size in cells:
-            table.add_row(short, fit(title, title_width), age, tokens, size, key=sid)
+        for sid, short, title, age, tokens, size, parent in cells:
+            table.add_row(short, _title_cell(title, parent, title_width), age, tokens, size, key=sid)
         if not self.rows:
             table.add_row("", "(no sessions)" if not needle else "(no match)", "", "", "")
 

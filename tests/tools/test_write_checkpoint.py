@@ -1,0 +1,47 @@
+"""Code checkpoints meet the file tools' hardening (issue 10 x issue 11): a write over a file the
+preview left unread (binary, too large) is undone by putting its bytes back, and a code rewind
+never opens what is no longer a regular file."""
+
+import os
+
+from ds4agent.sessions.checkpoints import CodeCheckpoints
+
+
+def _recording(ctx, tmp_path):
+    ckpt = CodeCheckpoints(tmp_path / "ckpt")
+    ckpt.at = 5
+    ctx.on_write = ckpt.record
+    return ckpt
+
+
+def test_writing_over_a_binary_file_keeps_its_bytes_for_the_rewind(call, ctx, tmp_path):
+    old = b"\x00\x01binary\xff" * 10
+    (ctx.cwd / "blob").write_bytes(old)
+    ckpt = _recording(ctx, tmp_path)
+    r = call("write", path="blob", content="text now\n")
+    assert r.ok, r.text
+    plan = ckpt.plan(5)
+    # The preview showed no diff (binary), yet the undo is the old bytes, not "remove the file".
+    assert [(f.path, f.content) for f in plan.clean] == [(str(ctx.cwd / "blob"), old)]
+    assert ckpt.apply(plan) == ((str(ctx.cwd / "blob"),), ())
+    assert (ctx.cwd / "blob").read_bytes() == old
+
+
+def test_a_new_file_is_still_recorded_as_absent(call, ctx, tmp_path):
+    ckpt = _recording(ctx, tmp_path)
+    assert call("write", path="new.txt", content="x\n").ok
+    ckpt.apply(ckpt.plan(5))
+    assert not (ctx.cwd / "new.txt").exists()
+
+
+def test_a_fifo_where_the_agent_wrote_is_a_conflict_not_a_hang(call, ctx, tmp_path, within):
+    ckpt = _recording(ctx, tmp_path)
+    assert call("write", path="f.txt", content="agent\n").ok
+    os.unlink(ctx.cwd / "f.txt")
+    os.mkfifo(ctx.cwd / "f.txt")
+    with within(10):
+        plan = ckpt.plan(5)
+        restored, refused = ckpt.apply(plan)
+    assert plan.clean == () and [c.reason for c in plan.conflicts] == ["no longer a regular file"]
+    assert restored == () and refused == (f"{ctx.cwd / 'f.txt'}: no longer a regular file",)
+    assert not (ctx.cwd / "f.txt").is_file()  # left alone without confirmation
