@@ -286,6 +286,12 @@ def new_session(worker: Any) -> None:
     ids = render_system(worker)
     if ids == worker.system_ids and tuple(worker.session.tokens[: len(ids)]) == tuple(ids):
         worker.transcript.reset(ids, len(ids))
+        # The system prefix is the store's first snapshot (kept at start): restoring it costs no
+        # prefill. Without it the engine could only rewind to a live snapshot handle, and after a
+        # start from the system-prompt cache there is none: /new re-prefilled the whole prefix
+        # (2,160 tokens: seconds on a GPU, an hour at the Flash shape on a CPU).
+        if worker.snapshots is not None:
+            worker.snapshots.restore(worker.session, ids)
         worker._sync(interruptible=False)  # rewinds to the prefix (snapshot) or re-prefills
     else:
         start_system_prefix(worker)

@@ -68,3 +68,20 @@ def test_save_new_load_continues_exactly(tmp_path, tiny_model):
     assert counts[0] == len(user2)  # only the new suffix was prefilled
     assert b.ids == reference  # same tokens as the uninterrupted run
     b.stop()
+
+
+def test_new_after_a_cached_start_restores_the_system_prefix_without_prefill(tmp_path, tiny_model):
+    """A start from the system-prompt cache holds no live snapshot handle of the prefix; /new must
+    still go back to it for free (the turn snapshots keep it), not re-prefill ~2,160 tokens."""
+    from ds4agent.sessions.store import SessionStore
+
+    kv = SessionStore(tmp_path / "kv")
+    _agent(tmp_path / "a", tiny_model, kv).stop()  # writes the system-prompt cache
+    b = _agent(tmp_path / "b", tiny_model, kv)
+    assert of(b.events, ev.Ready)[0].sysprompt_cached
+    b.turn("hello there")
+    counts = _record_prefills(b)
+    b.command(b.agent.new)
+    assert b.live == tuple(b.worker.system_ids)
+    assert counts and max(counts) == 0  # /new computed nothing
+    b.stop()
