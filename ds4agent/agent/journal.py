@@ -36,7 +36,7 @@ except ImportError:  # pragma: no cover
 
 import numpy as np
 
-from ds4agent.fsutil import atomic_write
+from ds4agent.fsutil import atomic_entry
 
 MAGIC = b"DS4AJRNL"
 VERSION = 1
@@ -106,14 +106,16 @@ class Journal:
         self.path = self.dir / f"{name}.journal"
         self._lock_fd: int | None = None
         lock = self.dir / f"{name}.lock"
-        self._lock_fd = os.open(lock, os.O_WRONLY | os.O_CREAT, 0o600)
+        self._lock_fd = os.open(lock, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
         if fcntl is not None:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
     def write(self, tokens: Any, meta: dict) -> None:
-        # The one atomic-replace procedure (temp beside it, fsync, rename, directory fsync):
-        # a crash mid-write leaves the previous journal, never a torn one.
-        atomic_write(self.path, encode(tokens, meta), mode=0o600)
+        # The one atomic-replace procedure for our own files (temp beside it, fsync, rename,
+        # directory fsync): a crash mid-write leaves the previous journal, never a torn one, and
+        # a link planted at the journal's name is replaced, never written through (issue 10.1).
+        with atomic_entry(self.path, mode=0o600) as fh:
+            fh.write(encode(tokens, meta))
 
     def clear(self) -> None:
         """Forget the journalled transcript (clean exit)."""
@@ -171,9 +173,9 @@ def _is_orphan(journal: Path) -> bool:
         return False
     lock = journal.with_suffix(".lock")
     try:
-        fd = os.open(lock, os.O_WRONLY | os.O_CREAT, 0o600)
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
     except OSError:
-        return False
+        return False  # (a link at the lock's name is refused: never opened through)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -124,6 +124,19 @@ def test_journal_is_replaced_atomically_private_and_round_trips(tmp_path):
     assert list((tmp_path / "j").iterdir()) == []
 
 
+def test_a_link_at_the_journal_name_is_replaced_not_written_through(tmp_path):
+    from ds4agent.agent.journal import Journal
+
+    j = Journal(tmp_path / "j")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    j.path.symlink_to(victim)
+    j.write([0, 5], {"cwd": "/x"})
+    assert victim.read_text() == "keep me"
+    assert j.path.is_file() and not j.path.is_symlink()
+    j.close()
+
+
 def test_failed_resume_keeps_the_journal_and_starts_clean(tmp_path, tools, monkeypatch):
     from ds4agent.engine.errors import EngineError
     from ds4agent.engine.tokenizer import USER
