@@ -140,15 +140,14 @@ def main() -> int:
 
     tmp = None
     path = args.model
-    if path is None:
-        tmp = Path(tempfile.mkdtemp(prefix="ds4flash-"))
-        path = tmp / f"flash-{args.experts}.gguf"
-        t = time.perf_counter()
-        exe = Path(sys.executable).with_name("ds4agent")
-        subprocess.run([str(exe), "make-test-model", str(path), "--config", "flash", "--experts", args.experts],
-                       check=True, stdout=subprocess.DEVNULL)
-        print(f"test file      {path.stat().st_size / GiB:.2f} GiB written in {time.perf_counter() - t:.0f} s")
     try:
+        if path is None:
+            tmp = Path(tempfile.mkdtemp(prefix="ds4flash-"))
+            path = tmp / f"flash-{args.experts}.gguf"
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "ds4agent.cli", "make-test-model", str(path), "--config",
+                            "flash", "--experts", args.experts], check=True, stdout=subprocess.DEVNULL)
+            print(f"test file      {path.stat().st_size / GiB:.2f} GiB written in {time.perf_counter() - t:.0f} s")
         return run(path, args)
     finally:
         if tmp is not None:
@@ -206,6 +205,11 @@ def run(path: Path, args) -> int:
 
     peak = peak_rss()
     touched = mapped_rss(path)
+    if sys.platform != "linux":  # no smaps: every routed-expert byte of the file counts as touched
+        from ds4agent.engine.info import memory_plan
+
+        with GGUFFile.open(path) as gf:
+            touched = memory_plan(gf.tensors.values(), engine.config, args.ctx).experts
     state_bytes = sum(a.nbytes for a in s._state.arrays())
     non_expert = non_expert_file_bytes(path)
     budget = int(1.3 * non_expert) + touched + state_bytes + 2 * GiB

@@ -9,8 +9,10 @@ config.json and safetensors headers. Memory is estimated the way the engine hold
                                          touches is paged in, Metal keeps them resident)
     Q8_0 matrices                        MLX affine 8-bit + f32 scale and bias per 32 weights:
                                          40 bytes per 34-byte block
-    F16 matrices / vectors               widened to f32 (2x), except token_embd (rows, kept F16)
+    F16 matrices and the embedding       as in the file (weights.Linear widens per call); only
+                                         the small APE tables are widened to f32 at load
     F32 / I32                            as in the file
+    tensors the engine does not read     not counted (e.g. a file's optional MTP block)
 
 plus the session state for `ctx` tokens, by the DSV4 payload size formula (kvc-format.md §9.6,
 generalised to any config): the engine's live state holds exactly those arrays.
@@ -162,8 +164,13 @@ class MemoryPlan:
 
 def memory_plan(tensors, cfg, ctx: int) -> MemoryPlan:
     """The plan for a model's tensor directory (`GGUFFile.tensors.values()`) at `ctx`."""
+    from .testmodel import tensor_table
+
+    wanted = {spec.name for spec in tensor_table(cfg)}  # what the loader reads (check_directory's set)
     weights, expert_ranges = 0, []
     for ti in tensors:
+        if ti.name not in wanted:
+            continue
         if "_exps." in ti.name and ti.type_name not in ("F16", "F32"):
             expert_ranges.append((ti.offset, ti.offset + ti.nbytes))
         else:
@@ -217,8 +224,8 @@ def check_fits(plan: MemoryPlan, path, ram: int | None = None) -> None:
         raise ModelFileError(
             f"{path}: the model needs about {_size(plan.to_start)} of memory to run (weights "
             f"{_size(plan.weights)}, routed experts {_size(plan.experts)}, working buffers "
-            f"{_size(plan.working)}) but this machine has {_size(ram)}; use a smaller "
-            "quantisation (q2) or a machine with more memory")
+            f"{_size(plan.working)}) but this machine has {_size(ram)}; it needs a machine with "
+            "more memory (`ds4agent pull` lists each model's RAM)")
 
 
 def model_info(path, *, ctx: int = 100_000) -> ModelInfo:
@@ -309,16 +316,21 @@ def _directory_info(path: Path, ctx: int) -> ModelInfo:
                 shape = quant[base]["shape"] if base in quant else t["shape"]
                 g.params += int(np.prod(shape)) if shape else 1
             g.file_bytes += nbytes
-            # as weights.py holds them: 16-bit floats widen to f32 except the embedding rows
-            widen = tname in ("BF16", "F16") and base != "token_embd.weight"
+            # as weights.py holds them: BF16 widens to f32 (Linear keeps only F16 as is), except
+            # the embedding rows
+            widen = tname == "BF16" and base != "token_embd.weight"
             g.memory_bytes += nbytes * 2 if widen else nbytes
             entry = by_type.setdefault(tname, [0, 0])
             entry[0] += name == base
             entry[1] += nbytes
+    group_list = [g for g in (*groups.values(), other) if g.types]
+    experts = sum(g.memory_bytes for g in group_list if g.name == "routed experts")
+    plan = MemoryPlan(weights=sum(g.memory_bytes for g in group_list) - experts, experts=experts,
+                      state=payload_bytes(config, ctx), working=working_bytes(config, ctx))
     return ModelInfo(
         path=path, file_bytes=total, mode=mode, problem=problem, config=config,
-        groups=[g for g in (*groups.values(), other) if g.types], types={k: (v[0], v[1]) for k, v in by_type.items()},
-        n_tensors=n_tensors, ctx=int(ctx), state_bytes=payload_bytes(config, ctx),
+        groups=group_list, types={k: (v[0], v[1]) for k, v in by_type.items()},
+        n_tensors=n_tensors, ctx=int(ctx), state_bytes=payload_bytes(config, ctx), plan=plan,
     )
 
 
@@ -373,17 +385,7 @@ def format_info(info: ModelInfo, device=None) -> str:
         types = "+".join(f"{t}" for t in sorted(g.types, key=lambda t: -g.types[t]))
         lines.append(f"{g.name:<22}{types:<28}{_size(g.file_bytes):>12}{_size(g.memory_bytes):>12}")
     plan = info.plan
-    if plan is None:  # a converted MLX directory: no file ranges to map
-        total = info.weights_memory + info.state_bytes
-        lines += [
-            "",
-            f"memory      weights as the engine holds them {_size(info.weights_memory)} (routed experts "
-            "stay quantised)",
-            f"            session state at --ctx {info.ctx}: {_size(info.state_bytes)} (KV rows, compressed "
-            "rows, frontiers, logits; kvc-format.md 9.6)",
-            f"            total about {_size(total)}, plus MLX working buffers for one prefill chunk",
-        ]
-        return "\n".join(lines)
+    assert plan is not None  # model_info always plans
     ram = physical_memory()
     verdict = ("" if not ram else
                f"; this machine has {_size(ram)}: " + ("fits" if plan.peak <= ram else
@@ -393,7 +395,8 @@ def format_info(info: ModelInfo, device=None) -> str:
         "",
         f"memory      weights as the engine holds them {_size(plan.weights)} (F16 kept, Q8_0 as MLX "
         "affine 8-bit)",
-        f"            routed experts {_size(plan.experts)} memory-mapped (paged in as experts are used)",
+        f"            routed experts {_size(plan.experts)}"
+        + (" (MLX arrays)" if info.path.is_dir() else " memory-mapped (paged in as experts are used)"),
         f"            session state at --ctx {info.ctx}: {_size(plan.state)} when full (it grows with "
         "the tokens used; kvc-format.md 9.6)",
         f"            working buffers for one prefill chunk: about {_size(plan.working)}",

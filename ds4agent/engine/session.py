@@ -233,6 +233,14 @@ class Engine:
             if layer_range is not None:
                 raise EngineError(f"{path}: a pipeline runs GGUF files only, not converted MLX directories")
 
+            from .info import model_info
+
+            try:
+                plan = model_info(path, ctx=ctx).plan
+            except EngineError:
+                plan = None  # an incomplete conversion: load_converted names exactly what is missing
+            if plan is not None:
+                check_fits(plan, path)
             config, weights, qbits = load_converted(path, progress=progress)
             engine = _construct(cls, path, config=config, weights=weights, ctx=ctx, quant_bits=qbits,
                                 path=path, chunk=chunk)
@@ -257,7 +265,11 @@ class Engine:
 
                 tensors = [ti for ti in tensors if tensor_in_range(ti.name, config, layer_range)]
             check_fits(memory_plan(tensors, config, ctx), path)
-            weights = _load_weights(gf, config, progress, layer_range)
+            try:
+                weights = _load_weights(gf, config, progress, layer_range)
+            except (RuntimeError, MemoryError) as err:  # weights materialise as they are built
+                raise EngineError(f"{path}: cannot hold the model's weights in memory "
+                                  f"({err or 'out of memory'})") from None
             qbits = quant_bits_of(gf)
             engine = _construct(cls, path, config=config, weights=weights, ctx=ctx, quant_bits=qbits,
                                 path=path, chunk=chunk)

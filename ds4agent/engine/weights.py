@@ -419,6 +419,8 @@ def _accepted_types(name: str, ndim: int) -> tuple[str, ...]:
         return ("F16", "F32", "Q8_0", "Q2_K", "Q4_K", "IQ2_XXS")
     if name.endswith("tid2eid.weight"):
         return ("I32",)
+    if name == "token_embd.weight" or name.endswith("_ape.weight"):
+        return _PLAIN  # read as plain arrays (embedding rows, APE tables), never as a Linear
     return _ANY_2D if ndim == 2 else _PLAIN
 
 

@@ -150,3 +150,24 @@ def test_f32_dense_weights_are_accepted_in_test_mode(micro_path, tmp_path):
     assert np.array_equal(np.array(a.weights.layers[2].attn.q_a.dense()),
                           np.array(b.weights.layers[2].attn.q_a.dense()))
     assert mx.allclose(b.weights.layers[2].attn.q_a.dense(), mx.array(deq)).item()
+
+
+def test_a_type_the_loader_cannot_read_there_is_refused_before_loading(tmp_path):
+    """check_directory follows how each tensor is read: the embedding and APE tables are plain
+    arrays, so a Q8_0 one is one readable line (it used to pass the check and crash the build)."""
+    from ds4agent.engine.errors import TensorTypeError
+    from ds4agent.engine.gguf import GGUFFile
+    from ds4agent.engine.session import Engine
+    from ds4agent.engine.testmodel import make_test_model
+
+    path = make_test_model(tmp_path / "m.gguf", "micro")
+    with GGUFFile.open(path) as gf:
+        head = bytearray(gf._buf[: gf.data_offset])
+    key = len(b"token_embd.weight").to_bytes(8, "little") + b"token_embd.weight"
+    at = head.index(key) + len(key)
+    at += 4 + 8 * int.from_bytes(head[at:at + 4], "little")
+    with open(path, "r+b") as fh:  # F16 -> Q8_0 (smaller: the data still fits the file)
+        fh.seek(at)
+        fh.write((8).to_bytes(4, "little"))
+    with pytest.raises(TensorTypeError, match="'token_embd.weight' has type Q8_0, expected F32 or F16"):
+        Engine.load(path, ctx=64)

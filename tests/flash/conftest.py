@@ -10,6 +10,7 @@ whatever happened (pytest keeps old temp directories; a 4 GiB file must not stay
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,14 +33,15 @@ def flash_file(tmp_path_factory) -> Path:
     if given:  # a developer's file written once (`make-test-model --config flash`): used, never removed
         yield Path(given)
         return
-    path = tmp_path_factory.mktemp("flash") / "flash-q2.gguf"
-    r = subprocess.run([*DS4AGENT, "make-test-model", str(path), "--config", "flash", "--experts", "q2"],
-                       capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr
-    try:
+    folder = tmp_path_factory.mktemp("flash")
+    path = folder / "flash-q2.gguf"
+    try:  # whatever happens (a failed or killed write leaves its temp file), the folder goes
+        r = subprocess.run([*DS4AGENT, "make-test-model", str(path), "--config", "flash", "--experts", "q2"],
+                           capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr
         yield path
     finally:
-        path.unlink(missing_ok=True)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def flash_env(tmp_path: Path) -> dict[str, str]:

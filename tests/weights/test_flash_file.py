@@ -125,3 +125,19 @@ def test_info_on_a_test_model(tmp_path, capsys):
     assert info.mode == "test" and info.config.vocab == 512
     assert info.state_bytes == payload_bytes(info.config, 64)
     assert "ds4agent test model" in format_info(info)
+
+
+def test_the_memory_plan_counts_only_what_the_engine_reads(flash_file):
+    """A real file may carry tensors the engine never loads (an MTP block): they must not make the
+    start-up check refuse a model that fits."""
+    from ds4agent.engine.config import flash_config
+    from ds4agent.engine.gguf import GGUFFile, TensorInfo
+    from ds4agent.engine.info import memory_plan
+
+    with GGUFFile.open(flash_file) as gf:
+        tensors = list(gf.tensors.values())
+    extra = [TensorInfo("mtp.0.ffn_gate_exps.weight", 16, (4096, 2048, 256), 1 << 40, 553648128),
+             TensorInfo("mtp.0.attn_q_b.weight", 8, (1024, 32768), 1 << 41, 35651584)]
+    plain = memory_plan(tensors, flash_config(), 32768)
+    assert memory_plan(tensors + extra, flash_config(), 32768) == plain
+    assert plain.experts == sum(t.nbytes for t in tensors if "_exps." in t.name)  # real files: no sharing
