@@ -205,21 +205,15 @@ def format_rank_plans(ranges: list[tuple[int, int]], plans: list[MemoryPlan], ct
     return "\n".join(lines)
 
 
-def physical_memory() -> int:
-    """Bytes of RAM on this machine (0 when the platform does not say): models.fit's number."""
-    from ..models.fit import machine_ram
-
-    return machine_ram() or 0
-
-
 def check_fits(plan: MemoryPlan, path, ram: int | None = None) -> None:
     """Refuse, before any weight is read, a model that cannot fit this machine's memory: an
     80 GB model on a 64 GB machine would swap for minutes and then be killed, which is worse
     than one clear line now. The state is left out (it grows with use and the agent compacts);
     `info` shows the full-context figure."""
+    from ..models.fit import machine_ram
     from .errors import ModelFileError
 
-    ram = physical_memory() if ram is None else ram
+    ram = (machine_ram() or 0) if ram is None else ram
     if ram and plan.to_start > ram:
         raise ModelFileError(
             f"{path}: the model needs about {_size(plan.to_start)} of memory to run (weights "
@@ -386,7 +380,9 @@ def format_info(info: ModelInfo, device=None) -> str:
         lines.append(f"{g.name:<22}{types:<28}{_size(g.file_bytes):>12}{_size(g.memory_bytes):>12}")
     plan = info.plan
     assert plan is not None  # model_info always plans
-    ram = physical_memory()
+    from ..models.fit import machine_ram
+
+    ram = machine_ram() or 0
     verdict = ("" if not ram else
                f"; this machine has {_size(ram)}: " + ("fits" if plan.peak <= ram else
                                                        "fits to start, not with a full context"

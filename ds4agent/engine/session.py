@@ -37,6 +37,7 @@ Why the pieces look the way they do:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 from collections.abc import Callable, Sequence
@@ -265,11 +266,8 @@ class Engine:
 
                 tensors = [ti for ti in tensors if tensor_in_range(ti.name, config, layer_range)]
             check_fits(memory_plan(tensors, config, ctx), path)
-            try:
+            with _memory_errors(path):  # weights materialise as they are built
                 weights = _load_weights(gf, config, progress, layer_range)
-            except (RuntimeError, MemoryError) as err:  # weights materialise as they are built
-                raise EngineError(f"{path}: cannot hold the model's weights in memory "
-                                  f"({err or 'out of memory'})") from None
             qbits = quant_bits_of(gf)
             engine = _construct(cls, path, config=config, weights=weights, ctx=ctx, quant_bits=qbits,
                                 path=path, chunk=chunk)
@@ -316,13 +314,20 @@ class Engine:
         return SnapshotStore(self, budget_bytes)
 
 
-def _construct(cls, where: Path, **kw) -> Engine:
-    """cls(**kw), where materialising the weights is the first time the whole model is in memory:
-    MLX reports running out of it as RuntimeError/MemoryError, which become one readable line."""
+@contextlib.contextmanager
+def _memory_errors(where: Path):
+    """MLX reports running out of memory while weights materialise (as they are built, and in
+    Engine.__init__'s final materialize) as RuntimeError/MemoryError: one readable line instead."""
     try:
-        return cls(**kw)
+        yield
     except (RuntimeError, MemoryError) as err:
         raise EngineError(f"{where}: cannot hold the model's weights in memory ({err or 'out of memory'})") from None
+
+
+def _construct(cls, where: Path, **kw) -> Engine:
+    """cls(**kw), whose materialize() evaluates what the loaders left lazy."""
+    with _memory_errors(where):
+        return cls(**kw)
 
 
 def _check_sizes(ctx: int, chunk: int | None) -> None:

@@ -45,12 +45,8 @@ def flash_file(tmp_path_factory) -> Path:
 
 
 def flash_env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    home = tmp_path / "home"
-    home.mkdir(exist_ok=True)
-    env.update(HOME=str(home), TERM="xterm-256color", DS4AGENT_HISTORY=str(tmp_path / "history.json"),
-               XDG_DATA_HOME=str(home / ".local/share"), XDG_STATE_HOME=str(home / ".local/state"),
-               PYTHONUNBUFFERED="1")
-    for name in ("DS4AGENT_MODEL", "DS4AGENT_KV_DIR", "COLUMNS", "LINES"):
-        env.pop(name, None)
-    return env
+    """The UI tests' isolated environment (own HOME, history, state dirs; no stray model or KV
+    settings), unbuffered so a reader sees each line as the agent prints it."""
+    from tests.ui.test_tmux import _env
+
+    return {**_env(tmp_path), "PYTHONUNBUFFERED": "1"}
