@@ -3,10 +3,10 @@
 Backends:
   * `dense_experts(w)`      float weights [n_experts, d_out, d_in] (test models, dequantised refs);
   * `QuantExperts`          raw GGUF blocks [n_experts, d_out, row_bytes] (Q2_K, Q4_K, IQ2_XXS,
-                            Q8_0) kept quantised; only the experts a call selects are dequantised,
-                            with MLX ops: on a CPU a cache-sized tile of rows at a time, the output
-                            rows split over one worker thread per core; on a GPU a bounded group
-                            of whole experts at a time;
+                            Q8_0) kept quantised; only the experts a call selects are read. On a
+                            CPU, compiled kernels (cpu_experts.py) decode and multiply them block by
+                            block, the output rows split over one worker thread per core; on a GPU,
+                            MLX ops dequantise a bounded group of whole experts at a time;
   * Metal kernels (`ds4agent.engine.metal_experts`), chosen by `quant_experts()` only where
     `mx.metal.is_available()`.
 
@@ -14,15 +14,13 @@ Exactness contract (chunk invariance, model.md §9): every (row, slot) product i
 own 1-row matrix product (`mx.gather_mm` with M = 1 per batch element), so a row's result does
 not depend on which other rows share the call (chunk size, token-by-token decode) nor on how
 experts are grouped. The portable quantised backend dequantises bit-exactly (quant.py), so it
-gives the same bits as `dense_experts` over the dequantised float32 weights. (Its CPU path
-multiplies the rows that share an expert in one product: the CPU BLAS computes every output
-element as its own in-order dot product, so the bits are those of the 1-row products; the
-tests hold it to `dense_experts` bit for bit.)
+gives the same bits as `dense_experts` over the dequantised float32 weights. (Its CPU kernels
+compute every output as the in-order float32 dot product, which is what the CPU BLAS computes
+for a 1-row product; the tests hold it to `dense_experts` bit for bit.)
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import queue
 import threading
@@ -32,18 +30,17 @@ from typing import Protocol, runtime_checkable
 import mlx.core as mx
 import numpy as np
 
-from ds4agent.engine import quant
+from ds4agent.engine import cpu_experts, quant
 from ds4agent.engine.errors import EngineError
-from ds4agent.engine.weights import cpu_layout, cpu_parts, cpu_streams
+from ds4agent.engine.weights import cpu_layout, cpu_parts
 
 
 class _Workers:
     """Long-lived daemon threads for the CPU expert path: `run(fns)` calls fns[i] on thread i and
     returns their results (re-raising the first error).
 
-    Made once and never joined: MLX keeps a stream's worker per thread for the life of the
-    process, and a thread that used MLX streams must not exit before it (tearing its thread
-    state down while MLX still holds it aborts the process at exit)."""
+    Made once and never joined: a decode step makes three expert calls per layer, and starting
+    threads for each would cost about as much as a small call's work."""
 
     def __init__(self, n: int):
         self._inbox = [queue.SimpleQueue() for _ in range(n)]
@@ -173,10 +170,9 @@ class MxExperts:
 # can select every expert: 256 Flash experts of 2048 x 4096 would be 8 GiB as f32). Decode
 # (6 experts, 32 MiB each) fits in one group.
 DEFAULT_GROUP_BYTES = 256 << 20
-# Weights dequantised per op on the CPU path (1 MiB as f32): with its temporaries (codes, products)
-# a tile stays in a core's 2 MiB L2. Measured at real shape (bench/experts.py): 2^17..2^20 are
-# within noise of each other; whole experts at a time (the previous CPU path) took 3-4x the CPU.
-TILE_WEIGHTS = 1 << 18
+# Output rows per `cpu_experts.products` call on the CPU path. The kernel reads a row's blocks in
+# place (a memory-mapped expert is paged in as it is read); a range only bounds one call's work.
+TILE_ROWS = 1024
 
 
 class QuantExperts:
@@ -212,11 +208,9 @@ class QuantExperts:
             return self.raw[mx.array(experts.astype(np.uint32))]
         return mx.array(np.take(self.raw, experts, axis=0))
 
-    def _rows_of(self, expert: int, r0: int, r1: int) -> mx.array:
+    def _rows_of(self, expert: int, r0: int, r1: int) -> np.ndarray:
         """Raw rows r0..r1 of one expert, [r1-r0, row_bytes] (a memmap reads only those bytes)."""
-        if isinstance(self.raw, mx.array):
-            return self.raw[expert, r0:r1]
-        return mx.array(np.asarray(self.raw[expert, r0:r1]))
+        return np.asarray(self.raw[expert, r0:r1])
 
     def dequantize(self, experts) -> mx.array:
         """float32 [len(experts), d_out, d_in] of the given experts (bit-exact, quant.py)."""
@@ -241,63 +235,39 @@ class QuantExperts:
         return self._grouped(x, ids, n, k, groups)
 
     def _tiled(self, x: mx.array, ids: np.ndarray, n: int, k: int) -> mx.array:
-        """The CPU path: each selected expert is dequantised TILE_WEIGHTS weights (whole rows) at a
-        time and each tile multiplied at once, so the f32 weights never exist as a whole expert:
-        the tile and its temporaries stay in the core's cache, and no large buffer is allocated
-        (on this CPU a fresh 32 MiB buffer costs as much as the arithmetic that fills it).
+        """The CPU path: `cpu_experts.products` straight from the selected experts' blocks (a
+        memory-mapped tensor is read row range by row range, only the selected experts), in the
+        dense product's order, bit for bit; nothing is dequantised as a whole expert.
 
         The output rows are split into `cpu_parts()` ranges, each served by its own worker thread
-        on its own CPU stream (one MLX op uses one core). Exactness: a tile is the same rows of the
-        same dequantised weights, and output row j of a product is the dot product of row j with
-        the input row, in the same order whatever other rows share the op (the CPU BLAS computes
-        each output element on its own): the bits equal the dense f32 product's, whatever the tile,
-        the split or the number of rows sharing an expert.
+        (the kernels release the GIL), TILE_ROWS rows at a time. A row's bits do not depend on the
+        range, the split or the other rows sharing its expert (cpu_experts.py), so neither does
+        the result.
         """
-        src = x.astype(mx.float32)
-        src = src if x.ndim == 2 else src.reshape(n * k, self.d_in)
-        # Computed here, on this thread's stream: the workers read it concurrently, and a lazy
-        # array built on this thread's stream cannot be evaluated on another thread.
-        mx.eval(src)
+        src = np.array(x.astype(mx.float32), dtype=np.float32).reshape(-1, self.d_in)
         flat = ids.reshape(-1)
         used, slot_expert = np.unique(flat, return_inverse=True)
         order = np.argsort(slot_expert, kind="stable")  # pairs grouped by expert, in pair order
         bounds = np.concatenate([[0], np.cumsum(np.bincount(slot_expert, minlength=len(used)))])
-        rows_of_pairs = order // k if x.ndim == 2 else order
-        inputs = [mx.array(rows_of_pairs[b0:b1].astype(np.uint32)) for b0, b1 in zip(bounds, bounds[1:], strict=False)]
-        tile_rows = max(1, TILE_WEIGHTS // self.d_in)
-        parts = max(1, min(cpu_parts(), self.d_out // tile_rows))
-        cuts = [self.d_out * i // parts // tile_rows * tile_rows for i in range(parts)] + [self.d_out]
-        jobs = [(used, src, inputs, cuts[i], cuts[i + 1], tile_rows) for i in range(parts)]
+        pairs = [order[b0:b1] for b0, b1 in zip(bounds, bounds[1:], strict=False)]  # by expert
+        inputs = [np.ascontiguousarray(src[p // k if x.ndim == 2 else p]) for p in pairs]
+        out = np.empty((n * k, self.d_out), np.float32)  # the workers fill disjoint column ranges
+        parts = max(1, min(cpu_parts(), self.d_out))
+        cuts = [self.d_out * i // parts for i in range(parts + 1)]
+        jobs = [functools.partial(self._part, used, inputs, pairs, out, cuts[i], cuts[i + 1]) for i in range(parts)]
         if parts == 1:
-            results = [self._part(*jobs[0])]
+            jobs[0]()
         else:
-            streams = cpu_streams(parts)
-            results = _workers(parts).run([functools.partial(self._part, *jobs[i], stream=streams[i])
-                                           for i in range(parts)])
-        per_expert = [mx.concatenate([res[e] for res in results], axis=1) if parts > 1 else results[0][e]
-                      for e in range(len(used))]
-        out = mx.concatenate(per_expert, axis=0) if len(per_expert) > 1 else per_expert[0]
-        inverse = np.empty(n * k, dtype=np.uint32)
-        inverse[order] = np.arange(n * k, dtype=np.uint32)
-        return mx.take(out, mx.array(inverse), axis=0).reshape(n, k, self.d_out)
+            _workers(parts).run(jobs)
+        return mx.array(out).reshape(n, k, self.d_out)
 
-    def _part(self, used: np.ndarray, src: mx.array, inputs: list, r0: int, r1: int, tile_rows: int, *,
-              stream=None) -> list:
-        """Output rows r0..r1 of every selected expert, for the pairs that use it: [[n_e, r1-r0]]."""
-        outs = []
-        with mx.stream(stream) if stream is not None else contextlib.nullcontext():
-            for e, expert in enumerate(used):
-                tile = quant.prepare_rows(self._rows_of(int(expert), r0, r1), self.qtype, self.d_in)
-                rows = mx.take(src, inputs[e], axis=0)
-                parts = []
-                for t0 in range(0, r1 - r0, tile_rows):
-                    parts.append(rows @ tile(t0, min(t0 + tile_rows, r1 - r0)).T)
-                    # Evaluated tile by tile: one graph of all tiles runs op by op across the
-                    # tiles (every tile's temporaries alive at once), about 2x slower here.
-                    mx.eval(parts[-1])
-                outs.append(mx.concatenate(parts, axis=1) if len(parts) > 1 else parts[0])
-                mx.eval(outs[-1])  # nothing lazy may leave the worker: its stream is thread-local
-        return outs
+    def _part(self, used: np.ndarray, inputs: list, pairs: list, out: np.ndarray, r0: int, r1: int) -> None:
+        """Output rows r0..r1 of every selected expert, for the pairs that use it, into `out`."""
+        for e, expert in enumerate(used):
+            for t0 in range(r0, r1, TILE_ROWS):
+                t1 = min(t0 + TILE_ROWS, r1)
+                out[pairs[e], t0:t1] = cpu_experts.products(self._rows_of(int(expert), t0, t1), self.qtype,
+                                                            self.d_in, inputs[e])
 
     def _grouped(self, x: mx.array, ids: np.ndarray, n: int, k: int, groups: list[np.ndarray]) -> mx.array:
         """Flatten to (row, slot) pairs and serve them one group of experts at a time.

@@ -100,11 +100,10 @@ def q8_0_to_affine(raw: np.ndarray, shape) -> tuple[mx.array, mx.array, mx.array
 
 
 # ---------------------------------------------------------------------------------------------
-# MLX dequantisers, by rows: `prepare_rows(rows, qtype, d_in)` does the per-block work once (scales,
-# IQ2_XXS codes) and returns `tile(r0, r1)`, the float32 weights of rows r0..r1. The routed-expert
-# CPU path dequantises a tile of rows at a time so the f32 temporaries stay in the core's cache
-# (experts.py); `dequantize` is one tile of every row. Op shapes are chosen for MLX's CPU kernels:
-# contiguous operands, broadcasting a [.., 1] scale along the last axis.
+# MLX dequantisers: blocks [R, nb, size] uint8 -> float32 [R, nb * weights per block], behind
+# `dequantize` (the GPU expert path, references and tests; the CPU expert path decodes blocks in
+# its own kernels, cpu_experts.py). Op shapes are chosen for MLX's CPU kernels too: contiguous
+# operands, broadcasting a [.., 1] scale along the last axis.
 
 
 def _f16(b: mx.array, offset: int) -> mx.array:
@@ -112,30 +111,24 @@ def _f16(b: mx.array, offset: int) -> mx.array:
     return mx.view(b[..., offset : offset + 2], mx.float16).astype(mx.float32)
 
 
-def _rows_q8_0(b: mx.array):
-    nb = b.shape[1]
-    d = _f16(b, 0)
-    q = mx.view(b[..., 2:34], mx.int8)
-    return lambda r0, r1: (d[r0:r1] * q[r0:r1].astype(mx.float32)).reshape(r1 - r0, nb * 32)
+def _dequant_q8_0(b: mx.array) -> mx.array:
+    r, nb = b.shape[0], b.shape[1]
+    return (_f16(b, 0) * mx.view(b[..., 2:34], mx.int8).astype(mx.float32)).reshape(r, nb * 32)
 
 
 _Q2_SHIFTS = mx.array(np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 1, 4, 1))
 
 
-def _rows_q2_k(b: mx.array):
+def _dequant_q2_k(b: mx.array) -> mx.array:
     r, nb = b.shape[0], b.shape[1]
     scales = b[..., :16]
     dl = (_f16(b, 80) * (scales & 0xF).astype(mx.float32)).reshape(r, nb * 16, 1)
     ml = (_f16(b, 82) * (scales >> 4).astype(mx.float32)).reshape(r, nb * 16, 1)
-
-    def tile(r0: int, r1: int) -> mx.array:
-        # qs[64]: two halves of 32 bytes; in each, the 2-bit fields at shift 0,2,4,6 give 4 x 32
-        # consecutive weights. Sub-block j of 16 = (half*4 + shift)*2 + (byte >= 16).
-        qs = b[r0:r1, :, 16:80].reshape(r1 - r0, nb, 2, 1, 32)
-        q = ((qs >> _Q2_SHIFTS) & 3).reshape(r1 - r0, nb * 16, 16).astype(mx.float32)
-        return (dl[r0:r1] * q - ml[r0:r1]).reshape(r1 - r0, nb * 256)
-
-    return tile
+    # qs[64]: two halves of 32 bytes; in each, the 2-bit fields at shift 0,2,4,6 give 4 x 32
+    # consecutive weights. Sub-block j of 16 = (half*4 + shift)*2 + (byte >= 16).
+    qs = b[..., 16:80].reshape(r, nb, 2, 1, 32)
+    q = ((qs >> _Q2_SHIFTS) & 3).reshape(r, nb * 16, 16).astype(mx.float32)
+    return (dl * q - ml).reshape(r, nb * 256)
 
 
 _Q4_SHIFTS = mx.array(np.array([0, 4], dtype=np.uint8).reshape(1, 1, 1, 2, 1))
@@ -157,19 +150,15 @@ def _q4_k_scale_min(b: mx.array) -> tuple[mx.array, mx.array]:
     return mx.view(sc, mx.uint8), mx.view(mn, mx.uint8)
 
 
-def _rows_q4_k(b: mx.array):
+def _dequant_q4_k(b: mx.array) -> mx.array:
     r, nb = b.shape[0], b.shape[1]
     sc, mn = _q4_k_scale_min(b)
     dl = (_f16(b, 0) * sc.astype(mx.float32)).reshape(r, nb * 8, 1)
     ml = (_f16(b, 2) * mn.astype(mx.float32)).reshape(r, nb * 8, 1)
-
-    def tile(r0: int, r1: int) -> mx.array:
-        # qs[128]: four chunks of 32 bytes; low nibbles are sub-block 2c, high nibbles 2c+1.
-        qs = b[r0:r1, :, 16:144].reshape(r1 - r0, nb, 4, 1, 32)
-        q = ((qs >> _Q4_SHIFTS) & 15).reshape(r1 - r0, nb * 8, 32).astype(mx.float32)
-        return (dl[r0:r1] * q - ml[r0:r1]).reshape(r1 - r0, nb * 256)
-
-    return tile
+    # qs[128]: four chunks of 32 bytes; low nibbles are sub-block 2c, high nibbles 2c+1.
+    qs = b[..., 16:144].reshape(r, nb, 4, 1, 32)
+    q = ((qs >> _Q4_SHIFTS) & 15).reshape(r, nb * 8, 32).astype(mx.float32)
+    return (dl * q - ml).reshape(r, nb * 256)
 
 
 @lru_cache(maxsize=1)
@@ -225,41 +214,27 @@ def _iq2xxs_index_scale(words: mx.array, d: mx.array) -> tuple[mx.array, mx.arra
     return index, db.reshape(r, nb * 8, 1)
 
 
-def _rows_iq2_xxs(b: mx.array):
+def _dequant_iq2_xxs(b: mx.array) -> mx.array:
     r, nb = b.shape[0], b.shape[1]
     # The 16 words after each block's f16 are not 4-byte aligned: copy them out, as 32 uint16
     # of the 33 in a block (a 66-byte block is 2-byte aligned; half the elements of a byte copy).
     body = mx.view(b.reshape(r, nb * 66), mx.uint16).reshape(r, nb, 33)[..., 1:33]
     words = mx.view(mx.contiguous(body), mx.uint32).reshape(r, nb * 8, 2)
-    with _COMPILED_CALL:  # the CPU expert workers call it concurrently; MLX's compile cache is shared
+    with _COMPILED_CALL:  # callers on several threads (pipeline ranks) share MLX's compile cache
         index, db = _iq2xxs_index_scale(words, _f16(b, 0))
     table, mx_table = _iq2xxs_signed_codes()
     if mx.default_device() != mx.cpu:  # MLX's gather, on the device (no host round trip)
         codes = mx_table[index].reshape(r, nb * 8, 32)
-        return lambda r0, r1: (db[r0:r1] * codes[r0:r1].astype(mx.float32)).reshape(r1 - r0, nb * 256)
+        return (db * codes.astype(mx.float32)).reshape(r, nb * 256)
     # On the CPU the lookup is numpy's `take` (about 7x faster here than MLX's CPU gather, which
-    # pays per index) and a tile's codes are widened to f32 as they are copied into MLX (one pass
+    # pays per index) and the codes are widened to f32 as they are copied into MLX (one pass
     # instead of a copy and an astype). The same table, the same values.
     mx.eval(index, db)
     codes_np = np.take(table.view(np.uint64).reshape(-1), np.array(index, copy=False)).view(np.int8)
-    codes_np = codes_np.reshape(r, nb * 8, 32)
-    return lambda r0, r1: (db[r0:r1] * mx.array(codes_np[r0:r1], dtype=mx.float32)).reshape(r1 - r0, nb * 256)
+    return (db * mx.array(codes_np.reshape(r, nb * 8, 32), dtype=mx.float32)).reshape(r, nb * 256)
 
 
-_ROWS = {Q8_0: _rows_q8_0, Q2_K: _rows_q2_k, Q4_K: _rows_q4_k, IQ2_XXS: _rows_iq2_xxs}
-
-
-def prepare_rows(rows: mx.array, qtype: int, d_in: int):
-    """rows [R, row_bytes] uint8 (R rows of `d_in` weights) -> tile(r0, r1): float32 [r1-r0, d_in].
-
-    Bit-exact like `dequantize` (the same operations); the per-block work is done once here."""
-    if qtype not in _ROWS:
-        raise QuantError(f"no dequantiser for {type_name(qtype)}")
-    block, size, name = BLOCK_INFO[qtype]
-    rb = row_bytes(qtype, d_in)
-    if rows.dtype != mx.uint8 or rows.ndim != 2 or rows.shape[1] != rb:
-        raise QuantError(f"{name} rows of {d_in} weights must be uint8 [R, {rb}], got {list(rows.shape)} ({rows.dtype})")
-    return _ROWS[qtype](rows.reshape(rows.shape[0], d_in // block, size))
+_DEQUANT = {Q8_0: _dequant_q8_0, Q2_K: _dequant_q2_k, Q4_K: _dequant_q4_k, IQ2_XXS: _dequant_iq2_xxs}
 
 
 def dequantize(raw: mx.array | np.ndarray, qtype: int, shape) -> mx.array:
@@ -267,7 +242,7 @@ def dequantize(raw: mx.array | np.ndarray, qtype: int, shape) -> mx.array:
 
     `raw` may have any shape whose byte count matches (e.g. [experts, out, row_bytes]).
     """
-    if qtype not in _ROWS:
+    if qtype not in _DEQUANT:
         raise QuantError(f"no dequantiser for {type_name(qtype)}")
     shape = tuple(int(s) for s in shape)
     block, size, name = BLOCK_INFO[qtype]
@@ -276,4 +251,4 @@ def dequantize(raw: mx.array | np.ndarray, qtype: int, shape) -> mx.array:
     if raw.dtype != mx.uint8 or raw.size * block != n * size or shape[-1] % block:
         raise QuantError(f"{name} data of {raw.size} bytes ({raw.dtype}) does not hold shape {list(shape)}")
     r = n // shape[-1]
-    return prepare_rows(raw.reshape(r, -1), qtype, shape[-1])(0, r).reshape(shape)
+    return _DEQUANT[qtype](raw.reshape(r, shape[-1] // block, size)).reshape(shape)

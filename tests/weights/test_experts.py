@@ -105,10 +105,11 @@ def whole_expert_path(monkeypatch):
 
 @pytest.fixture
 def small_tiles(monkeypatch):
-    """CPU tiles of 5 rows of D_IN: several tiles per expert, the last one short."""
+    """CPU kernel calls of 5 rows: several per expert, the last one short, none filling the
+    kernel's 16 lanes."""
     from ds4agent.engine import experts as experts_mod
 
-    monkeypatch.setattr(experts_mod, "TILE_WEIGHTS", 5 * D_IN)
+    monkeypatch.setattr(experts_mod, "TILE_ROWS", 5)
 
 
 def test_grouped_path_equals_single_group_and_reads_memmap(rng, tmp_path, whole_expert_path):
@@ -234,26 +235,12 @@ def test_cpu_path_reads_only_the_selected_experts(rng, tmp_path, small_tiles):
     assert np.array_equal(got, np.array(dense_experts(mx.array(ref)).gather_matmul(x, ids)))
 
 
-@pytest.mark.parametrize("qtype", [quant.IQ2_XXS, quant.Q2_K, quant.Q4_K, quant.Q8_0],
-                         ids=lambda t: quant.type_name(t))
-def test_prepared_row_tiles_equal_the_whole_dequantisation(rng, qtype):
-    block, size, _ = quant.BLOCK_INFO[qtype]
-    d_in = 2 * 256
-    raw = random_blocks(rng, qtype, 9 * d_in // block, scale=0.02).reshape(9, d_in // block * size)
-    want = gguf_dequantize(raw, GGML[qtype]).reshape(9, d_in)
-    tile = quant.prepare_rows(mx.array(raw), qtype, d_in)
-    for r0, r1 in ((0, 9), (0, 4), (4, 9), (3, 4)):
-        assert np.array_equal(np.array(tile(r0, r1)), want[r0:r1])
-    with pytest.raises(quant.QuantError, match=r"must be uint8 \[R, "):
-        quant.prepare_rows(mx.array(raw[:, :-1]), qtype, d_in)
-
-
 def test_cpu_tiles_at_flash_width_equal_the_dense_product(rng, monkeypatch):
     """At the real input width (4096, sums of 4096 products) rows that share an expert in one
     product still give the 1-row bits of the dense backend, across tiles and worker threads."""
     from ds4agent.engine import experts as experts_mod
 
-    monkeypatch.setattr(experts_mod, "TILE_WEIGHTS", 3 * 4096)
+    monkeypatch.setattr(experts_mod, "TILE_ROWS", 3)
     monkeypatch.setattr(experts_mod, "cpu_parts", lambda: 2)
     for qtype in (quant.IQ2_XXS, quant.Q4_K):
         raw, ref = _expert_raw(rng, qtype, e=3, d_out=10, d_in=4096)
@@ -265,6 +252,7 @@ def test_cpu_tiles_at_flash_width_equal_the_dense_product(rng, monkeypatch):
 
 
 def test_cpu_worker_errors_reach_the_caller_and_leave_the_workers_serving(rng, monkeypatch, small_tiles):
+    from ds4agent.engine import cpu_experts
     from ds4agent.engine import experts as experts_mod
 
     monkeypatch.setattr(experts_mod, "cpu_parts", lambda: 2)
@@ -272,15 +260,15 @@ def test_cpu_worker_errors_reach_the_caller_and_leave_the_workers_serving(rng, m
     q = QuantExperts(raw, quant.Q2_K, (E, D_OUT, D_IN))
     x = mx.array(rng.standard_normal((2, D_IN)).astype(np.float32))
     ids = mx.array([[0, 3], [3, 1]])
-    real = quant.prepare_rows
+    real = cpu_experts.products
 
     def broken(*args):
         raise quant.QuantError("broken block")
 
-    monkeypatch.setattr(quant, "prepare_rows", broken)
+    monkeypatch.setattr(cpu_experts, "products", broken)
     with pytest.raises(quant.QuantError, match="broken block"):
         q.gather_matmul(x, ids)
-    monkeypatch.setattr(quant, "prepare_rows", real)
+    monkeypatch.setattr(cpu_experts, "products", real)
     want = np.array(dense_experts(mx.array(ref)).gather_matmul(x, ids))
     assert np.array_equal(np.array(q.gather_matmul(x, ids)), want)
 
