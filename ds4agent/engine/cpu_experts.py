@@ -21,7 +21,8 @@ invariance holds, model.md §9):
     k = 0, 1, ..., one rounding per step. That is what the CPU BLAS under `dense_experts`
     computes (it accumulates one product at a time), and it depends on nothing but the row and
     the input: not on how many rows share the call, the row range, or the thread.
-    tests/weights/test_experts.py holds it to the dense product bit for bit.
+    tests/weights/test_cpu_experts.py and test_experts.py hold it to that sum and to the dense
+    product bit for bit.
 The 16 rows of a block are 16 independent sums (one per SIMD lane), never a split of one sum.
 """
 
@@ -50,7 +51,8 @@ _KIND = {quant.IQ2_XXS: 0, quant.Q2_K: 1, quant.Q4_K: 2, quant.Q8_0: 3}
 
 def _kernel():
     """The compiled kernel (cpu_kernels.py). numba is imported, and the kernel compiled or loaded
-    from numba's on-disk cache, on first use only: a process on a GPU never pays for it."""
+    from numba's on-disk cache, on first use only: a process on a GPU never pays for it (numba
+    and its LLVM take about 120 MB once loaded)."""
     with _IMPORT_LOCK:  # concurrent first calls wait for one import and compilation
         from ds4agent.engine import cpu_kernels
 

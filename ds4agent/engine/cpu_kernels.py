@@ -6,7 +6,8 @@ of `rows` (raw GGUF blocks of GGML type `kind`: 0 IQ2_XXS, 1 Q2_K, 2 Q4_K, 3 Q8_
 exactly, with x[m].
 
 Layout: LANES rows at a time are decoded, one column of 256 weights (one K-quant block, or 8 Q8_0
-blocks) at a time, into w[256, LANES] (16 KiB, in L1); then for k = 0..255 every lane adds
+blocks) at a time, into w[256, LANES] (16 KiB, in L1; the K-quants through a small table of
+each sub-block's possible weights, computed as gguf computes them); then for k = 0..255 every lane adds
 w[k, lane] * x[k] to its own sum: LANES independent in-order sums that the compiler runs as SIMD
 lanes. Compiled without fast-math: no reassociation, no FMA contraction (exactness).
 """
@@ -17,7 +18,7 @@ import numpy as np
 from numba import njit
 
 LANES = 16
-_jit = njit(nogil=True, cache=True)
+_jit = njit(nogil=True)  # no fast-math; on-disk caching is switched on at the end of the module
 
 
 @_jit
@@ -48,29 +49,34 @@ def _iq2_xxs(row, o, lane, w, f16, grid):
 
 
 @_jit
-def _q2_k(row, o, lane, w, f16):
+def _q2_k(row, o, lane, w, f16, values):
     # 84 bytes: scales[16] (low nibble scale, high nibble min of each 16 weights), qs[64], f16 d,
-    # f16 dmin; byte l of half h holds weights h*128 + s*32 + l at shift 2s (l < 32)
+    # f16 dmin; byte l of half h holds weights h*128 + s*32 + l at shift 2s (l < 32).
+    # values[j, q] = d*scale_j*q - dmin*min_j: a sub-block's 4 weights, each computed (and rounded)
+    # exactly as gguf computes it; every weight is then one lookup.
     d = _half(row, o + 80, f16)
     dmin = _half(row, o + 82, f16)
+    for j in range(16):
+        sc = np.int64(row[o + j])
+        dl = d * np.float32(sc & 15)
+        ml = dmin * np.float32(sc >> 4)
+        for q in range(4):
+            values[j, q] = dl * np.float32(q) - ml
     for h in range(2):
         for s in range(4):
             for second in range(2):
                 sub = h * 8 + s * 2 + second
-                sc = np.int64(row[o + sub])
-                dl = d * np.float32(sc & 15)
-                ml = dmin * np.float32(sc >> 4)
                 base = h * 128 + s * 32 + second * 16
                 at = o + 16 + h * 32 + second * 16
                 for l in range(16):
-                    q = (np.int64(row[at + l]) >> (2 * s)) & 3
-                    w[base + l, lane] = dl * np.float32(q) - ml
+                    w[base + l, lane] = values[sub, (np.int64(row[at + l]) >> (2 * s)) & 3]
 
 
 @_jit
-def _q4_k(row, o, lane, w, f16):
+def _q4_k(row, o, lane, w, f16, values):
     # 144 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins (ggml's get_scale_min_k4),
-    # qs[128]: chunk c of 32 bytes holds sub-block 2c in its low nibbles, 2c+1 in its high ones
+    # qs[128]: chunk c of 32 bytes holds sub-block 2c in its low nibbles, 2c+1 in its high ones.
+    # values[sub, q] as in _q2_k (16 per sub-block of 32 weights).
     d = _half(row, o, f16)
     dmin = _half(row, o + 2, f16)
     for sub in range(8):
@@ -82,11 +88,13 @@ def _q4_k(row, o, lane, w, f16):
             mn = (np.int64(row[o + 8 + sub]) >> 4) | ((np.int64(row[o + 4 + sub]) >> 6) << 4)
         dl = d * np.float32(sc)
         ml = dmin * np.float32(mn)
+        for q in range(16):
+            values[sub, q] = dl * np.float32(q) - ml
+    for sub in range(8):
         at = o + 16 + (sub // 2) * 32
         shift = 4 * (sub % 2)
         for l in range(32):
-            q = (np.int64(row[at + l]) >> shift) & 15
-            w[sub * 32 + l, lane] = dl * np.float32(q) - ml
+            w[sub * 32 + l, lane] = values[sub, (np.int64(row[at + l]) >> shift) & 15]
 
 
 @_jit
@@ -104,6 +112,7 @@ def _q8_0(row, o, blocks, lane, w, f16):
 def expert_rows(rows, x, out, kind, f16, grid):
     n_rows, d_in, n = rows.shape[0], x.shape[1], x.shape[0]
     w = np.zeros((256, LANES), np.float32)
+    values = np.empty((16, 16), np.float32)  # a K-quant block's possible weights, by sub-block
     acc = np.empty((n, LANES), np.float32)
     for r0 in range(0, n_rows, LANES):
         used = min(LANES, n_rows - r0)
@@ -112,16 +121,18 @@ def expert_rows(rows, x, out, kind, f16, grid):
             w[:] = 0.0  # lanes without a row multiply zeros: no stale NaN, no denormal slowdown
         for k0 in range(0, d_in, 256):
             width = min(256, d_in - k0)
-            for lane in range(used):
-                row = rows[r0 + lane]
-                if kind == 0:
-                    _iq2_xxs(row, k0 // 256 * 66, lane, w, f16, grid)
-                elif kind == 1:
-                    _q2_k(row, k0 // 256 * 84, lane, w, f16)
-                elif kind == 2:
-                    _q4_k(row, k0 // 256 * 144, lane, w, f16)
-                else:
-                    _q8_0(row, k0 // 32 * 34, width // 32, lane, w, f16)
+            if kind == 0:
+                for lane in range(used):
+                    _iq2_xxs(rows[r0 + lane], k0 // 256 * 66, lane, w, f16, grid)
+            elif kind == 1:
+                for lane in range(used):
+                    _q2_k(rows[r0 + lane], k0 // 256 * 84, lane, w, f16, values)
+            elif kind == 2:
+                for lane in range(used):
+                    _q4_k(rows[r0 + lane], k0 // 256 * 144, lane, w, f16, values)
+            else:
+                for lane in range(used):
+                    _q8_0(rows[r0 + lane], k0 // 32 * 34, width // 32, lane, w, f16)
             for m in range(n):
                 for k in range(width):
                     xv = x[m, k0 + k]
@@ -130,3 +141,13 @@ def expert_rows(rows, x, out, kind, f16, grid):
         for m in range(n):
             for lane in range(used):
                 out[m, r0 + lane] = acc[m, lane]
+
+
+for _kernel in (_u32, _half, _iq2_xxs, _q2_k, _q4_k, _q8_0, expert_rows):
+    # Keep the machine code on disk (beside this module, else in numba's user cache): later
+    # processes load it in milliseconds instead of compiling for about a second. Where no such
+    # place is writable numba refuses to cache, and each process compiles instead.
+    try:
+        _kernel.enable_caching()
+    except RuntimeError:
+        pass
