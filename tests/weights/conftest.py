@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import gguf
 import numpy as np
 import pytest
 
 from ds4agent.engine import quant
+
+# our type ids -> gguf's, for its reference dequantisers
+GGML = {
+    quant.Q8_0: gguf.GGMLQuantizationType.Q8_0,
+    quant.Q2_K: gguf.GGMLQuantizationType.Q2_K,
+    quant.Q4_K: gguf.GGMLQuantizationType.Q4_K,
+    quant.IQ2_XXS: gguf.GGMLQuantizationType.IQ2_XXS,
+}
 
 # byte offsets of the f16 scale fields inside one block
 F16_FIELDS = {

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
 from gguf.quants import dequantize as gguf_dequantize
 
 from ds4agent.engine import cpu_experts, quant
-from tests.weights.conftest import random_blocks
+from tests.weights.conftest import F16_FIELDS, GGML, random_blocks
 
-GGML = {
-    quant.Q8_0: gguf.GGMLQuantizationType.Q8_0,
-    quant.Q2_K: gguf.GGMLQuantizationType.Q2_K,
-    quant.Q4_K: gguf.GGMLQuantizationType.Q4_K,
-    quant.IQ2_XXS: gguf.GGMLQuantizationType.IQ2_XXS,
-}
 TYPES = [quant.IQ2_XXS, quant.Q2_K, quant.Q4_K, quant.Q8_0]
 
 
@@ -47,6 +40,23 @@ def test_products_are_the_in_order_sums_of_gguf_weights(rng, qtype, n_rows):
     assert np.array_equal(got, np.array(mx.array(x) @ mx.array(w).T))
     # a row's result does not depend on the other rows or inputs in the call
     assert np.array_equal(cpu_experts.products(raw[n_rows - 1 :], qtype, d_in, x[1:2]), got[1:2, n_rows - 1 :])
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=quant.type_name)
+def test_edge_scales_decode_like_gguf(rng, qtype):
+    """f16 scale fields at their edges (+-0, subnormals, the smallest normal, 65504) decode and
+    multiply like gguf's weights summed in order."""
+    edges = np.array([0x0000, 0x8000, 0x0001, 0x03FF, 0x0400, 0x3C00, 0x7BFF, 0xFBFF], dtype=np.uint16)
+    block, size, _ = quant.BLOCK_INFO[qtype]
+    d_in = 256
+    n_rows = 17
+    blocks = random_blocks(rng, qtype, n_rows * d_in // block, scale=None)
+    for off in F16_FIELDS[qtype]:
+        blocks[:, off : off + 2] = rng.choice(edges, len(blocks)).view(np.uint8).reshape(-1, 2)
+    raw = blocks.reshape(n_rows, d_in // block * size)
+    w = gguf_dequantize(raw, GGML[qtype]).reshape(n_rows, d_in)
+    x = (rng.standard_normal((2, d_in)) * 1e-3).astype(np.float32)
+    assert np.array_equal(cpu_experts.products(raw, qtype, d_in, x), _in_order(w, x))
 
 
 def test_q8_0_rows_shorter_than_a_column(rng):

@@ -9,14 +9,8 @@ import pytest
 from gguf.quants import dequantize as gguf_dequantize
 
 from ds4agent.engine import quant
-from tests.weights.conftest import F16_FIELDS, random_blocks
+from tests.weights.conftest import F16_FIELDS, GGML, random_blocks
 
-GGML = {
-    quant.Q8_0: gguf.GGMLQuantizationType.Q8_0,
-    quant.Q2_K: gguf.GGMLQuantizationType.Q2_K,
-    quant.Q4_K: gguf.GGMLQuantizationType.Q4_K,
-    quant.IQ2_XXS: gguf.GGMLQuantizationType.IQ2_XXS,
-}
 TYPES = [quant.Q8_0, quant.Q2_K, quant.Q4_K, quant.IQ2_XXS]
 
 # f16 bit patterns at the edges: +-0, smallest subnormal, largest subnormal, smallest normal,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -11,14 +10,8 @@ from gguf.quants import dequantize as gguf_dequantize
 from ds4agent.engine import quant
 from ds4agent.engine.errors import EngineError
 from ds4agent.engine.experts import ExpertWeights, QuantExperts, dense_experts, quant_experts
-from tests.weights.conftest import random_blocks
+from tests.weights.conftest import GGML, random_blocks
 
-GGML = {
-    quant.Q8_0: gguf.GGMLQuantizationType.Q8_0,
-    quant.Q2_K: gguf.GGMLQuantizationType.Q2_K,
-    quant.Q4_K: gguf.GGMLQuantizationType.Q4_K,
-    quant.IQ2_XXS: gguf.GGMLQuantizationType.IQ2_XXS,
-}
 E, D_OUT, D_IN = 5, 24, 512
 
 
