@@ -62,6 +62,13 @@ def _default_mode(target: str) -> int:
         return 0o666 & ~current_umask()
 
 
+def _temp_beside(final: str, prefix: str | None) -> tuple[int, str]:
+    """A new temp file (O_CREAT|O_EXCL, mode 0600) in `final`'s directory, named `.<name>.*` + the
+    temp suffix (stale ones are recognised by it): (descriptor, path)."""
+    return tempfile.mkstemp(prefix=prefix if prefix is not None else "." + os.path.basename(final) + ".",
+                            suffix=TEMP_SUFFIX, dir=os.path.dirname(final) or ".")
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike[str], *, mode: int | None = None,
                 prefix: str | None = None, make_parents: bool = False) -> Iterator[Path]:
@@ -77,8 +84,7 @@ def atomic_path(target: str | os.PathLike[str], *, mode: int | None = None,
     if make_parents:
         os.makedirs(parent, exist_ok=True)
     final_mode = _default_mode(real) if mode is None else mode
-    fd, tmp = tempfile.mkstemp(prefix=prefix if prefix is not None else "." + os.path.basename(real) + ".",
-                               suffix=TEMP_SUFFIX, dir=parent)
+    fd, tmp = _temp_beside(real, prefix)
     os.close(fd)
     try:
         yield Path(tmp)
@@ -105,8 +111,7 @@ def atomic_entry(target: str | os.PathLike[str], *, mode: int, prefix: str | Non
     """
     final = os.path.abspath(os.fspath(target))  # abspath, not realpath: the name, not its target
     parent = os.path.dirname(final)
-    fd, tmp = tempfile.mkstemp(prefix=prefix if prefix is not None else "." + os.path.basename(final) + ".",
-                               suffix=TEMP_SUFFIX, dir=parent)
+    fd, tmp = _temp_beside(final, prefix)
     try:
         with os.fdopen(fd, "wb", buffering=1 << 20) as fh:
             yield fh

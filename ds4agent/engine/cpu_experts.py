@@ -28,7 +28,6 @@ The 16 rows of a block are 16 independent sums (one per SIMD lane), never a spli
 
 from __future__ import annotations
 
-import threading
 from functools import lru_cache
 
 import numpy as np
@@ -45,18 +44,17 @@ def _tables() -> tuple[np.ndarray, np.ndarray]:
     return f16, np.ascontiguousarray(table.astype(np.float32).reshape(-1))
 
 
-_IMPORT_LOCK = threading.Lock()
 _KIND = {quant.IQ2_XXS: 0, quant.Q2_K: 1, quant.Q4_K: 2, quant.Q8_0: 3}
 
 
 def _kernel():
     """The compiled kernel (cpu_kernels.py). numba is imported, and the kernel compiled or loaded
     from numba's on-disk cache, on first use only: a process on a GPU never pays for it (numba
-    and its LLVM take about 120 MB once loaded)."""
-    with _IMPORT_LOCK:  # concurrent first calls wait for one import and compilation
-        from ds4agent.engine import cpu_kernels
+    and its LLVM take about 120 MB once loaded). Concurrent first calls are safe: Python's import
+    lock makes the second wait for the module, numba's compiler lock for the compilation."""
+    from ds4agent.engine import cpu_kernels
 
-        return cpu_kernels.expert_rows
+    return cpu_kernels.expert_rows
 
 
 def products(rows: np.ndarray, qtype: int, d_in: int, xs: np.ndarray) -> np.ndarray:

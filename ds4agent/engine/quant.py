@@ -220,7 +220,7 @@ def _dequant_iq2_xxs(b: mx.array) -> mx.array:
     # of the 33 in a block (a 66-byte block is 2-byte aligned; half the elements of a byte copy).
     body = mx.view(b.reshape(r, nb * 66), mx.uint16).reshape(r, nb, 33)[..., 1:33]
     words = mx.view(mx.contiguous(body), mx.uint32).reshape(r, nb * 8, 2)
-    with _COMPILED_CALL:  # callers on several threads (pipeline ranks) share MLX's compile cache
+    with _COMPILED_CALL:  # dequantize may run on any thread, and MLX's compile cache is shared
         index, db = _iq2xxs_index_scale(words, _f16(b, 0))
     table, mx_table = _iq2xxs_signed_codes()
     if mx.default_device() != mx.cpu:  # MLX's gather, on the device (no host round trip)
