@@ -112,7 +112,7 @@ def jobs_update(worker: Any) -> str:
     if worker.tool_ctx is None:
         return ""
     try:
-        from ds4agent.tools.bash import running_jobs_update
+        from ds4agent.tools import running_jobs_update
 
         # A tool observation: its lines keep their `\n` (agent-reference.md §5).
         return running_jobs_update(worker.tool_ctx) or ""

@@ -52,7 +52,7 @@ class Agent:
             becomes Status(state=LOADING, progress=...)).
     store:  the session store (ds4agent.sessions.store), or None (no sessions: /save etc. answer
             an error; the system prefix is prefilled instead of cached).
-    tools:  a list of Tool objects (ds4agent.tools.base), or None for ds4agent.tools.default_tools().
+    tools:  a list of Tool objects (ds4agent.tools), or None for ds4agent.tools.default_tools().
     policy: a PermissionPolicy, or None to build one from settings.permission.
     """
 

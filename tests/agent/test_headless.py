@@ -38,7 +38,7 @@ def test_json_lines_and_failure_status(tmp_path, tools):
 
 
 def test_permission_question_without_asker_is_denied(tmp_path):
-    from ds4agent.tools.base import default_tools
+    from ds4agent.tools import default_tools
 
     agent = _agent(tmp_path, default_tools(),
                    [reply("", think="t", calls=[("write", {"path": "f.txt", "content": "x"})]),
