@@ -83,7 +83,7 @@ class Agent:
         # and command is answered at once with this reason (a dead worker must not swallow input).
         self.failure: str | None = None
         # Deferred import keeps `import ds4agent.agent.facade` cheap (no numpy/mlx until start()).
-        from ds4agent.agent.loop import Worker
+        from ds4agent.agent.worker import Worker
 
         self._worker = Worker(engine, store, tools, self.settings, io=self, policy=policy)
 
