@@ -155,9 +155,7 @@ def _write_summary(worker: WorkerPort, limit: int) -> bytes | None:
             worker.emit_status()
     if tokens.interrupted:
         return None
-    text = template.trim(bytes(decoder_bytes))
-    assert isinstance(text, bytes)  # bytes in, bytes out
-    return text
+    return template.trim(bytes(decoder_bytes))
 
 
 def compact(worker: WorkerPort, kind: str, *, projected: int | None = None) -> bool:

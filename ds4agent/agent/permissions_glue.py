@@ -23,6 +23,7 @@ def permit(worker: WorkerPort, name: str, args: Mapping[str, object]) -> str | N
     if decision.kind == "deny":
         return decision.result().text
     q = decision.question
+    assert q is not None  # an "ask" decision always carries its question
     options: list[tuple[str, str]] = [("y", "allow once")]
     if q.session_label:
         options.append(("s", q.session_label))

@@ -17,11 +17,11 @@ from ds4agent.agent.port import WorkerPort
 from ds4agent.agent.prompt import build_system_text
 from ds4agent.agent.settings import AgentSettings
 from ds4agent.engine import template
-from ds4agent.engine.session import EnginePayloadShape
 from ds4agent.engine.tokenizer import EOS, USER
 from ds4agent.sessions import checkpoints
 from ds4agent.sessions.index import SessionIndex, remove_session_extras
 from ds4agent.sessions.kvc import read_envelope
+from ds4agent.sessions.payload import PayloadShape
 from ds4agent.sessions.store import (
     LoadedSession,
     SessionStore,
@@ -36,8 +36,11 @@ class SessionOpError(Exception):
     """A session command failed; the message is the user-visible reason."""
 
 
-def _shape(worker: WorkerPort) -> EnginePayloadShape:
-    return worker.engine.payload_shape()
+def _shape(worker: WorkerPort) -> PayloadShape:
+    """The engine's layout as the store's PayloadShape (the engine does not import sessions)."""
+    s = worker.engine.payload_shape()
+    return PayloadShape(n_layers=s.n_layers, head_dim=s.head_dim, indexer_dim=s.indexer_dim, vocab=s.vocab,
+                        window=s.window, ratios=tuple(s.ratios))
 
 
 def _model_id(worker: WorkerPort) -> int:

@@ -131,15 +131,16 @@ class Worker:
             def progress(fraction: float) -> None:
                 self.set_state(ev.State.LOADING, progress=float(fraction), detail="loading model")
 
-            self.engine = cast(EngineLoader, src)(progress)
+            self.engine = src(progress)
         if s.ctx != getattr(self.engine, "ctx", s.ctx):
             s.ctx = int(self.engine.ctx)  # the engine's context is the truth
         self.think_mode = s.effective_think_mode()
         if s.think_mode == "think-max" and self.think_mode != "think-max":
             self.io.emit(ev.Notice(f"{_THINK_MAX_TOO_SMALL} (context {s.ctx})", "warning"))
         device = getattr(self.engine, "device", None)
-        if getattr(device, "notice", ""):
-            self.io.emit(ev.Notice(device.notice, "warning"))  # e.g. no GPU: running on the CPU
+        notice = str(getattr(device, "notice", "") or "")
+        if notice:
+            self.io.emit(ev.Notice(notice, "warning"))  # e.g. no GPU: running on the CPU
         self.session = self.engine.new_session()
         make_store = getattr(self.engine, "snapshot_store", None)
         self.snapshots = make_store(s.snapshot_budget) if make_store is not None else None
