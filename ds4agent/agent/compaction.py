@@ -65,7 +65,7 @@ def _tail_keep(ctx: int) -> int:
 
 
 def _tail(worker: Any) -> list[int]:
-    from ds4agent.engine.tokenizer import USER
+    from ds4agent.protocol.tokenizer import USER
 
     ids = worker.transcript.ids
     keep = _tail_keep(worker.settings.ctx)
@@ -121,8 +121,8 @@ def jobs_update(worker: Any) -> str:
 
 
 def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
-    from ds4agent.engine import template
-    from ds4agent.engine.tokenizer import DSML, END_THINK, EOS
+    from ds4agent.protocol import template
+    from ds4agent.protocol.tokenizer import DSML, END_THINK, EOS
 
     tok = worker.tok
     io = worker.io

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from ds4agent.engine.tokenizer import ASSISTANT, END_THINK, EOS, THINK, USER
+from ds4agent.protocol.tokenizer import ASSISTANT, END_THINK, EOS, THINK, USER
 
 
 class Transcript:

@@ -285,7 +285,7 @@ def write_flash_model(path: str | os.PathLike[str], cfg: ModelConfig, *, experts
     """
     from gguf import GGMLQuantizationType, GGUFWriter
 
-    from .gguf_vocab import tokenizer_metadata
+    from ds4agent.protocol.gguf_vocab import tokenizer_metadata
 
     if not isinstance(seed, int) or seed < 0:
         raise EngineError(f"--seed must be a non-negative integer (got {seed})")

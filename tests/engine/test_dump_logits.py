@@ -46,7 +46,7 @@ def test_shape_rows_and_chunk_invariance(micro_path, tmp_path):
 
 
 def test_prompt_file_uses_the_rendered_chat_tokenizer(tmp_path):
-    from ds4agent.engine.tokenizer import Tokenizer
+    from ds4agent.protocol.tokenizer import Tokenizer
 
     model = make_test_model(tmp_path / "tiny.gguf", "tiny", seed=1)
     prompt = tmp_path / "p.txt"

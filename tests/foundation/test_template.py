@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ds4agent.engine import template as TP
-from ds4agent.engine.tokenizer import ASSISTANT, BOS, END_THINK, EOS, THINK, USER, Tokenizer
+from ds4agent.protocol import dsml as D
+from ds4agent.protocol import template as TP
+from ds4agent.protocol.tokenizer import ASSISTANT, BOS, END_THINK, EOS, THINK, USER, Tokenizer
 
 DATA = Path(__file__).parent / "data"
 
@@ -161,7 +162,7 @@ def test_results_turn_escaping_joins_and_queued_example(tok):
     assert tok.decode_bytes(ids) == ("<｜User｜><tool_result>a&lt;/tool_result>b<｜User｜></tool_result>\n\n"
                                      "<tool_result><think></tool_result><｜Assistant｜><think>").encode()
     assert ids.count(USER) == 1 and ids.count(THINK) == 1
-    err = TP.result_invalid_dsml("tool calling is not allowed inside <think></think>")
+    err = D.error_result("tool calling is not allowed inside <think></think>")
     ids = TP.render_tool_results([err], think_mode="think", tokenizer=tok)
     assert END_THINK not in ids and ids.count(THINK) == 1
 

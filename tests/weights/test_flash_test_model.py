@@ -24,8 +24,8 @@ from ds4agent.engine.gguf import GGUFFile
 from ds4agent.engine.info import format_info, model_info
 from ds4agent.engine.session import Engine
 from ds4agent.engine.testmodel import TEST_MODEL_KEY, make_test_model, tensor_table
-from ds4agent.engine.tokenizer import Tokenizer
 from ds4agent.engine.weights import load_weights
+from ds4agent.protocol.tokenizer import Tokenizer
 
 GIB = 1 << 30
 Q8_ROLES = ("attn_q_a.", "attn_q_b.", "attn_kv.", "attn_output_a.", "attn_output_b.", "_shexp.")

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any
 
-from ds4agent.engine.tokenizer import (
+from ds4agent.protocol.tokenizer import (
     ASSISTANT,
     BOS,
     END_THINK,
@@ -105,10 +105,6 @@ COMPACTION_TAIL = "[End compacted summary. Recent conversation continues verbati
 # §9: the loop's own result texts (exact, no trailing LF).
 RESULT_NOT_RUN_NEW_MESSAGE = "Tool call not executed: the user sent a new message."
 RESULT_NOT_RUN_INTERRUPTED = "Tool call not executed: the user interrupted."
-
-
-def result_invalid_dsml(reason: str) -> str:
-    return f"Tool error: invalid DSML tool call: {reason}"
 
 
 def result_unknown_tool(name: str) -> str:
