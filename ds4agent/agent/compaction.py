@@ -85,7 +85,7 @@ def _clip(text: str) -> str:
 def _goal_note(worker: Any, tail: list[int]) -> str:
     """The user's messages that started and steer the task, verbatim, unless the tail keeps them."""
     from ds4agent.agent.history import parse_user_part
-    from ds4agent.agent.transcript import split_turns
+    from ds4agent.protocol.template import split_turns
 
     tok = worker.tok
     tail_bytes = tok.decode_bytes(tail)

@@ -247,3 +247,22 @@ def test_append_only_incremental_equals_whole(conv):
         (p.data.encode("utf-8", "surrogatepass") if isinstance(p.data, str) else p.data)
         for p in whole)
     assert tok.decode_bytes(incremental) == assembled
+
+
+def test_split_turns_reads_the_rendering_back(tok):
+    system = TP.render_system_prefix("S", ctx=1000, tokenizer=tok)
+    first = TP.render_user_turn("hi", think_mode="think", tokenizer=tok)
+    answer = TP.render_assistant_output(reasoning="r", text="hello", think_mode="think", tokenizer=tok)
+    second = TP.render_user_turn("more", think_mode="nothink", tokenizer=tok)
+    cut = tok.encode_untrusted("unfinished")
+    ids = system + first + answer + second + cut
+    turns = TP.split_turns(ids, len(system))
+    assert [t.start for t in turns] == [len(system), len(system + first + answer)]
+    one, two = turns
+    assert tok.decode_bytes(one.user) == b"hi" and one.think_token == THINK and one.complete
+    assert list(one.output) == answer[:-1] and answer[-1] == EOS
+    assert tok.decode_bytes(two.user) == b"more" and two.think_token == END_THINK
+    assert list(two.output) == cut and not two.complete
+    # A user part cut before its <｜Assistant｜> is a turn with no think token and no output.
+    assert TP.split_turns(ids[: len(system) + 2], len(system)) == [
+        TP.Turn(len(system), tuple(ids[len(system) + 1 : len(system) + 2]), None, (), False)]
