@@ -62,7 +62,7 @@ def dump_logits(model_path: str | os.PathLike[str], tokens: list[int], *, chunk:
                 split: list[int] | None = None) -> np.ndarray:
     """Logits after every token, float32 [len(tokens), vocab] (with `ranks` or `hosts`: on a
     pipeline, engine/pipeline_launch.py; the same bits)."""
-    from .pipeline_launch import load_engine
+    from .pipeline.launch import load_engine
 
     if chunk is not None and chunk < 1:
         raise DumpError(f"--chunk must be at least 1 (got {chunk})")

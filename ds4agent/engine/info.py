@@ -420,7 +420,7 @@ def main(args) -> int:
 
 def _pipeline_text(args, info: ModelInfo) -> str:
     from .gguf import GGUFFile
-    from .pipeline import plan_ranges
+    from .pipeline.rank0 import plan_ranges
 
     ranges = plan_ranges(args.model_path, args.pipeline, getattr(args, "pipeline_split", None))
     with GGUFFile.open(args.model_path) as gf:

@@ -260,7 +260,7 @@ class ModelWeights:
 
 
 def _dense_experts(w: Any) -> Any:
-    from .experts import dense_experts
+    from .experts.portable import dense_experts
 
     return dense_experts(w if isinstance(w, mx.array) else mx.array(np.asarray(w)))
 
@@ -449,7 +449,7 @@ def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | No
     dense (test models) or raw quantised blocks behind `experts.quant_experts`.
     """
     from . import quant
-    from .experts import quant_experts
+    from .experts.portable import quant_experts
 
     def get(name: str) -> Any:
         ti = gf.info(name)

@@ -16,10 +16,11 @@ import traceback
 import numpy as np
 import pytest
 
-from ds4agent.engine import pipeline, pipeline_launch
 from ds4agent.engine.errors import PipelineError
-from ds4agent.engine.pipeline import balance, ranges_from_split
-from ds4agent.engine.ring import free_ports
+from ds4agent.engine.pipeline import launch as pipeline_launch
+from ds4agent.engine.pipeline import rank0 as pipeline
+from ds4agent.engine.pipeline.rank0 import balance, ranges_from_split
+from ds4agent.engine.pipeline.ring import free_ports
 from ds4agent.engine.session import Engine
 from ds4agent.engine.testmodel import make_test_model
 
@@ -540,7 +541,7 @@ def test_a_worker_forgets_the_states_rank_0_dropped(micro_path, single):
 def test_rank_0_tells_the_other_ranks_every_state_it_drops(micro_path):
     import gc
 
-    from ds4agent.engine.pipeline import PipelineEngine, RankState
+    from ds4agent.engine.pipeline.rank0 import PipelineEngine, RankState
 
     class Recorder:
         broken = None

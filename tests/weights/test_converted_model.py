@@ -13,7 +13,7 @@ import pytest
 from ds4agent.engine import convert as cv
 from ds4agent.engine import testmodel
 from ds4agent.engine.config import test_config
-from ds4agent.engine.experts import MxExperts
+from ds4agent.engine.experts.portable import MxExperts
 from ds4agent.engine.session import Engine
 from ds4agent.engine.weights import random_tensors, weights_from_tensors
 
