@@ -16,7 +16,7 @@ from ds4agent.engine import quant
 from ds4agent.engine.errors import ConfigError
 from ds4agent.engine.experts.portable import QuantExperts, quant_experts
 from ds4agent.engine.gguf import GGUFFile
-from ds4agent.engine.info import format_info, model_info, payload_bytes
+from ds4agent.engine.memory import format_info, model_info, payload_bytes
 from tests.weights.flashfile import write_sparse_flash
 
 GIB = 1 << 30
@@ -132,7 +132,7 @@ def test_the_memory_plan_counts_only_what_the_engine_reads(flash_file):
     start-up check refuse a model that fits."""
     from ds4agent.engine.config import flash_config
     from ds4agent.engine.gguf import GGUFFile, TensorInfo
-    from ds4agent.engine.info import memory_plan
+    from ds4agent.engine.memory import memory_plan
 
     with GGUFFile.open(flash_file) as gf:
         tensors = list(gf.tensors.values())
