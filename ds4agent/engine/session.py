@@ -47,8 +47,6 @@ from typing import Any
 
 import numpy as np
 
-from ds4agent.testmodels.writer import TEST_MODEL_KEY
-
 from .errors import ContextOverflowError, EngineError, Interrupted, StateError
 
 MODEL_ID_FLASH = 0  # KVC header byte 7: 0 = DeepSeek V4 Flash (kvc-format.md §2)
@@ -215,7 +213,7 @@ class Engine:
         `layer_range` (start, stop): load only a pipeline rank's part (engine/pipeline.py drives
         such an engine; its own sessions cannot run the whole model).
         """
-        from .config import from_metadata
+        from .config import TEST_MODEL_KEY, from_metadata
         from .gguf import GGUFFile
         from .memory import check_fits, memory_plan
         from .weights import check_directory
