@@ -102,13 +102,13 @@ def ranges_from_split(split: Sequence[int], n_layers: int) -> list[tuple[int, in
 
 def gguf_layer_bytes(tensors, config) -> tuple[list[int], int, int]:
     """(bytes per layer, embedding bytes, head bytes) of a GGUF directory, as memory holds them
-    (info's accounting: what a rank's share of the model costs)."""
-    from ..memory import _memory_bytes
+    (the memory plan's accounting: what a rank's share of the model costs)."""
+    from ..memory import tensor_memory_bytes
 
     per = [0] * config.n_layers
     emb = head = 0
     for ti in tensors:
-        size = _memory_bytes(ti.name, ti.type_name, ti.n_elements, ti.nbytes)
+        size = tensor_memory_bytes(ti.name, ti.type_name, ti.n_elements, ti.nbytes)
         if ti.name.startswith("blk."):
             per[int(ti.name.split(".", 2)[1])] += size
         elif ti.name == "token_embd.weight":
