@@ -119,7 +119,7 @@ class Agent:
 
         try:
             engine_loader, store, tools, settings = build_from_args(args)
-        except Exception as err:  # noqa: BLE001 - e.g. the KV directory cannot be created
+        except Exception as err:  # e.g. the KV directory cannot be created
             # Never a traceback in the UI thread: the worker reports it as a fatal Error event.
             failure = err
 
@@ -451,7 +451,7 @@ class Agent:
                 self._stopping.set()
                 exit_status = 1
                 break
-            except Exception as err:  # noqa: BLE001 - every failure becomes a readable event
+            except Exception as err:  # every failure becomes a readable event
                 self.emit(ev.Error(f"{_FAILED.get(name, name)} failed: {err}"))
             self._after_command()
         try:
@@ -483,7 +483,7 @@ class Agent:
             if save:
                 try:
                     self._worker.cmd_save(title)
-                except Exception as err:  # noqa: BLE001
+                except Exception as err:
                     self.emit(ev.Error(f"save failed: {err}"))
             with self._lock:
                 if self._stopping.is_set():
@@ -499,7 +499,7 @@ class Agent:
             self._interrupt.clear()
             try:
                 self._worker.cmd_turn(text, queued=True)
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:
                 self.emit(ev.Error(f"turn failed: {err}"))
 
     def wait_idle(self, timeout: float | None = None) -> bool:

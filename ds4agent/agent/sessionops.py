@@ -97,7 +97,7 @@ def start_system_prefix(worker: WorkerPort) -> bool:
             if tuple(worker.session.tokens) == tuple(ids):
                 worker.trace.line("sysprompt cache hit")
                 return True
-        except Exception as err:  # noqa: BLE001 - any failure: rebuild (kvc-format.md §12.2)
+        except Exception as err:  # any failure: rebuild (kvc-format.md §12.2)
             worker.trace.line(f"sysprompt cache miss: {err}")
         worker.io.emit(ev.Notice("Updating system prompt cache..."))
     worker.set_state(ev.State.PREFILL, detail="system prompt")
@@ -107,7 +107,7 @@ def start_system_prefix(worker: WorkerPort) -> bool:
             store.save_sysprompt(text, worker.session.export_state(), shape=_shape(worker),
                                  model_id=_model_id(worker), quant_bits=worker.engine.quant_bits)
             worker.trace.line("sysprompt cache stored")
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             worker.io.emit(ev.Notice(f"failed to save system prompt KV: {err}", "warning"))
     return False
 
@@ -122,7 +122,7 @@ def save(worker: WorkerPort, title: str | None = None) -> ev.SessionSaved | None
     in the title trailer, so it is what /list, the picker and `kv ls` show from then on."""
     try:
         return _save(worker, title)
-    except Exception as err:  # noqa: BLE001 - SessionOpError, KVCError, engine errors: readable messages
+    except Exception as err:  # SessionOpError, KVCError, engine errors: readable messages
         worker.io.emit(ev.Error(f"save failed: {err}"))
     finally:
         worker.set_state(ev.State.IDLE)
@@ -142,7 +142,7 @@ def _retitle(worker: WorkerPort, title: str | None) -> tuple[bytes | None, str |
     if old_path is None and identity.session_id:
         try:
             old_path = str(_store(worker).resolve(identity.session_id).path)
-        except Exception:  # noqa: BLE001 - the old file is gone already: nothing to replace
+        except Exception:  # the old file is gone already: nothing to replace
             old_path = None
     return new, old_path
 
@@ -301,7 +301,7 @@ def new_session(worker: WorkerPort) -> None:
 def load(worker: WorkerPort, prefix: str) -> None:
     try:
         _load(worker, prefix)
-    except Exception as err:  # noqa: BLE001 - KVCError / EngineError: readable
+    except Exception as err:  # KVCError / EngineError: readable
         worker.io.emit(ev.Error(f"load failed: {err}"))
     worker.set_state(ev.State.IDLE)
 
@@ -436,7 +436,7 @@ def list_event(worker: WorkerPort) -> ev.SessionList:
                 size_bytes=broken.file_size, last_used=broken.last_used, created_at=0,
                 path=str(broken.path), unreadable=broken.reason,
             ))
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         worker.io.emit(ev.Error(f"no sessions: {err}"))
     return ev.SessionList(str(getattr(store, "directory", "")), tuple(infos))
 
@@ -509,7 +509,7 @@ def offer_resume(worker: WorkerPort) -> None:
         return
     try:
         resume(worker, chosen.tokens, chosen.meta)
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         # Back to a clean new session (the live KV re-syncs to it at the next turn), and the
         # journal stays where it is: the next start offers it again, nothing is lost.
         worker.transcript.reset(worker.system_ids, len(worker.system_ids))
@@ -555,7 +555,7 @@ def _nearest_saved_prefix(worker: WorkerPort, tokens: list[int]) -> LoadedSessio
     best = None
     try:
         infos = store.list_sessions()
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
     for info in sorted(infos, key=lambda i: -i.entry.text_bytes):
         e = info.entry
@@ -563,13 +563,13 @@ def _nearest_saved_prefix(worker: WorkerPort, tokens: list[int]) -> LoadedSessio
             continue
         try:
             env = read_envelope(e.path)
-        except Exception:  # noqa: BLE001
+        except Exception:
             continue
         if text.startswith(env.text):
             try:
                 best = store.load_session(e.path, shape=_shape(worker), ctx=worker.settings.ctx,
                                           model_id=_model_id(worker), quant_bits=worker.engine.quant_bits)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 continue
             if best.payload is not None:
                 return best

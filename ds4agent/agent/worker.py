@@ -166,7 +166,7 @@ class Worker:
             discard = not self.identity.unsaved_work
         try:
             self.tool_ctx.close()
-        except Exception:  # noqa: BLE001 - shutdown must finish
+        except Exception:  # shutdown must finish
             pass
         sessionops.close_journal(self, keep=not discard)
         self.trace.line("worker stop")
@@ -626,7 +626,7 @@ def _describe(engine: Engine) -> str:
     if describe is not None:
         try:
             return str(describe())
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
     cfg = getattr(engine, "config", None)
     return str(getattr(cfg, "name", None) or type(engine).__name__)

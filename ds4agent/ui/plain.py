@@ -386,6 +386,9 @@ _QUESTION = object()
 
 
 async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by the tmux test
+    """The interactive plain front end. One long function on purpose: prompt_toolkit's key
+    bindings, the toolbar and the pump loop are closures over the same session, renderer and
+    draft, and they only make sense read together with the prompt loop that owns them."""
     from prompt_toolkit import PromptSession, print_formatted_text
     from prompt_toolkit.filters import Condition
     from prompt_toolkit.formatted_text import FormattedText
