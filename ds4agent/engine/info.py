@@ -3,7 +3,7 @@
 Reads only the GGUF header, metadata and tensor directory (never tensor data), so it answers
 instantly even for an 81 GB file; a directory written by `ds4agent convert` is described from its
 config.json and safetensors headers. Memory is estimated the way the engine holds each tensor
-(weights.py / experts.py):
+(weights.py / experts/):
 
     routed experts (Q2_K/Q4_K/IQ2_XXS)  raw blocks, as in the file (memory-mapped; what decode
                                          touches is paged in, Metal keeps them resident)

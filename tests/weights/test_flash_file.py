@@ -14,7 +14,8 @@ from ds4agent.cli import main as cli_main
 from ds4agent.engine import config as config_mod
 from ds4agent.engine import quant
 from ds4agent.engine.errors import ConfigError
-from ds4agent.engine.experts.portable import QuantExperts, quant_experts
+from ds4agent.engine.experts.base import quant_experts
+from ds4agent.engine.experts.portable import QuantExperts
 from ds4agent.engine.gguf import GGUFFile
 from ds4agent.engine.info import format_info, model_info, payload_bytes
 from tests.weights.flashfile import write_sparse_flash
