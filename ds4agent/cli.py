@@ -21,7 +21,7 @@ from ds4agent.models.locate import DEFAULT_MODEL_FILE, resolve_model_path
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "tokens": ("ds4agent.engine.tokens_cmd", "main"),
     "dump-logits": ("ds4agent.engine.dump_logits", "main"),
-    "make-test-model": ("ds4agent.engine.testmodel", "main"),
+    "make-test-model": ("ds4agent.testmodels.writer", "main"),
     "kv": ("ds4agent.sessions.kv_cmd", "main"),
     "info": ("ds4agent.engine.info", "main"),
     "convert": ("ds4agent.engine.convert", "main"),

@@ -46,7 +46,7 @@ def prompt_file_tokens(path: str | os.PathLike[str]) -> list[int]:
         data = Path(path).read_bytes()
     except OSError as err:
         raise DumpError(f"cannot read prompt file {path}: {err.strerror or err}") from None
-    from .tokenizer import Tokenizer, TokenizerError
+    from ds4agent.protocol.tokenizer import Tokenizer, TokenizerError
 
     try:
         ids = Tokenizer.load().encode_trusted(data)

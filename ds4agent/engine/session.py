@@ -47,8 +47,9 @@ from typing import Any
 
 import numpy as np
 
+from ds4agent.testmodels.writer import TEST_MODEL_KEY
+
 from .errors import ContextOverflowError, EngineError, Interrupted, StateError
-from .testmodel import TEST_MODEL_KEY
 
 MODEL_ID_FLASH = 0  # KVC header byte 7: 0 = DeepSeek V4 Flash (kvc-format.md §2)
 MAX_CHUNK = 4096  # model.md §9 / payload h3: the prefill chunk cap when ctx > 4096

@@ -401,7 +401,7 @@ def check_directory(gf, config: ModelConfig) -> None:
     minutes of loading (or mid-prefill). The names and shapes are the writer's table
     (testmodel.tensor_table), which the load round-trip tests keep equal to build_weights'.
     """
-    from .testmodel import tensor_table
+    from ds4agent.testmodels.writer import tensor_table
 
     for spec in tensor_table(config):
         if spec.name.endswith("exp_probs_b.bias") and spec.name not in gf.tensors:
@@ -458,7 +458,7 @@ def random_tensors(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
     engine built from these equals one loaded from the written file, and the numpy oracle reads
     the same numbers.
     """
-    from . import testmodel
+    from ds4agent.testmodels import writer as testmodel
 
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
@@ -487,7 +487,7 @@ def weights_from_tensors(config: ModelConfig, tensors: Mapping[str, Any], *,
     """
     q8_names: set[str] = set()
     if quantize_q8:
-        from . import testmodel
+        from ds4agent.testmodels import writer as testmodel
 
         q8_names = {s.name for s in testmodel.tensor_table(config) if s.ggml_type == "Q8_0"}
 
@@ -505,7 +505,8 @@ def weights_from_tensors(config: ModelConfig, tensors: Mapping[str, Any], *,
 
 def _exact_q8_affine(w: np.ndarray) -> tuple[mx.array, mx.array, mx.array]:
     """A Q8_0-representable [out, in] matrix as the exact affine-8 triple (scale d, bias -128·d)."""
-    from . import testmodel
+    from ds4agent.testmodels import writer as testmodel
+
     from .quant import q8_0_to_affine
 
     blocks = testmodel._q8_0_blocks(w)

@@ -22,7 +22,7 @@ from ds4agent.engine.pipeline import rank0 as pipeline
 from ds4agent.engine.pipeline.rank0 import balance, ranges_from_split
 from ds4agent.engine.pipeline.ring import free_ports
 from ds4agent.engine.session import Engine
-from ds4agent.engine.testmodel import make_test_model
+from ds4agent.testmodels.writer import make_test_model
 
 # 21 tokens: past micro's window (8) and several ratio-4 and ratio-16 compressions
 TOKENS = [3, 17, 250, 9, 9, 41, 100, 7, 300, 2, 5, 77, 12, 501, 64, 33, 1, 8, 90, 91, 92]

@@ -106,7 +106,7 @@ _SCRIPT = r"""
 import json, resource, sys
 import numpy as np
 from ds4agent.engine.session import Engine
-from ds4agent.engine.tokenizer import Tokenizer
+from ds4agent.protocol.tokenizer import Tokenizer
 from ds4agent.sessions.store import SessionStore
 path, out, kv = sys.argv[1], sys.argv[2], sys.argv[3]
 engine = Engine.load(path, ctx=32768)

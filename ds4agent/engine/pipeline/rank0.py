@@ -120,9 +120,10 @@ def gguf_layer_bytes(tensors, config) -> tuple[list[int], int, int]:
 
 def plan_ranges(model_path, ranks: int, split: Sequence[int] | None = None) -> list[tuple[int, int]]:
     """The layer ranges of a pipeline of `ranks` over a GGUF model (balanced unless `split`)."""
+    from ds4agent.testmodels.writer import TEST_MODEL_KEY
+
     from ..config import from_metadata
     from ..gguf import GGUFFile
-    from ..testmodel import TEST_MODEL_KEY
 
     if Path(model_path).is_dir():
         raise PipelineError(f"{model_path}: a pipeline runs GGUF files only, not converted MLX directories")
