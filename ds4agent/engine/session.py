@@ -217,7 +217,7 @@ class Engine:
         """
         from .config import from_metadata
         from .gguf import GGUFFile
-        from .info import check_fits, memory_plan
+        from .memory import check_fits, memory_plan
         from .weights import check_directory
 
         path = Path(path)
@@ -235,7 +235,7 @@ class Engine:
             if layer_range is not None:
                 raise EngineError(f"{path}: a pipeline runs GGUF files only, not converted MLX directories")
 
-            from .info import model_info
+            from .memory import model_info
 
             try:
                 plan = model_info(path, ctx=ctx).plan

@@ -403,7 +403,7 @@ def test_the_headless_agent_samples_the_same_tokens_on_a_pipeline(tmp_path):
 def test_info_prints_the_memory_each_rank_needs(tmp_path, capsys):
     from ds4agent import cli
     from ds4agent.engine.gguf import GGUFFile
-    from ds4agent.engine.info import model_info, payload_bytes, rank_plans
+    from ds4agent.engine.memory import model_info, payload_bytes, rank_plans
     from tests.weights.flashfile import write_sparse_flash
 
     # the real q2 directory over a file hole: only the header is read, never tensor data

@@ -17,7 +17,7 @@ from ds4agent.engine.errors import ConfigError
 from ds4agent.engine.experts.base import quant_experts
 from ds4agent.engine.experts.portable import QuantExperts
 from ds4agent.engine.gguf import GGUFFile
-from ds4agent.engine.info import format_info, model_info, payload_bytes
+from ds4agent.engine.memory import format_info, model_info, payload_bytes
 from tests.weights.flashfile import write_sparse_flash
 
 GIB = 1 << 30
@@ -133,7 +133,7 @@ def test_the_memory_plan_counts_only_what_the_engine_reads(flash_file):
     start-up check refuse a model that fits."""
     from ds4agent.engine.config import flash_config
     from ds4agent.engine.gguf import GGUFFile, TensorInfo
-    from ds4agent.engine.info import memory_plan
+    from ds4agent.engine.memory import memory_plan
 
     with GGUFFile.open(flash_file) as gf:
         tensors = list(gf.tensors.values())

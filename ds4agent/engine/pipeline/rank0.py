@@ -103,7 +103,7 @@ def ranges_from_split(split: Sequence[int], n_layers: int) -> list[tuple[int, in
 def gguf_layer_bytes(tensors, config) -> tuple[list[int], int, int]:
     """(bytes per layer, embedding bytes, head bytes) of a GGUF directory, as memory holds them
     (info's accounting: what a rank's share of the model costs)."""
-    from ..info import _memory_bytes
+    from ..memory import _memory_bytes
 
     per = [0] * config.n_layers
     emb = head = 0
