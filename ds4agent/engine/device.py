@@ -82,7 +82,7 @@ def use_device(requested: str | None = None) -> Device:
 
 
 def current_device() -> Device:
-    """The device MLX computes on now (for an engine built without Engine.load)."""
+    """The device MLX computes on now (for an engine built without load_engine)."""
     if mx.default_device() == mx.cpu:
         return Device("cpu", "CPU")
     return Device("gpu", f"{gpu_backend() or 'unknown'} GPU")

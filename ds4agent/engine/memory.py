@@ -26,7 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .chunks import chunk_cap
 from .errors import ConfigError, EngineError
+from .state import LayerState
 
 # tensor-name groups, in display order
 GROUPS = (
@@ -90,22 +92,10 @@ def payload_bytes(cfg, tokens: int) -> int:
 
 def layers_state_bytes(cfg, tokens: int, layers: range) -> int:
     """The per-layer part of payload_bytes for `layers` (a pipeline rank holds only its own)."""
-    t = int(tokens)
-    total = 0
-    rows = min(t, cfg.window)
-    for layer in layers:
-        r = cfg.ratios[layer]
-        total += rows * cfg.head_dim * 4
-        if r == 0:
-            continue
-        coff = cfg.coff(layer)
-        total += (t // r) * cfg.head_dim * 4 + 2 * (coff * r) * (coff * cfg.head_dim) * 4
-        if r == 4:
-            total += (t // 4) * cfg.indexer_dim * 4 + 2 * 8 * (2 * cfg.indexer_dim) * 4
-    return total
+    return sum(LayerState.state_bytes(cfg, layer, int(tokens)) for layer in layers)
 
 
-def _memory_bytes(name: str, type_name: str, n_elements: int, nbytes: int) -> int:
+def memory_bytes(name: str, type_name: str, n_elements: int, nbytes: int) -> int:
     if "_exps." in name:
         return nbytes if type_name != "F16" else n_elements * 4  # dense test experts widen to f32
     if type_name == "Q8_0":
@@ -135,8 +125,6 @@ def working_bytes(cfg, ctx: int) -> int:
     experts' gate/up/mid/down rows (~4 x U x F) in f32, plus two groups of dequantised experts
     (experts.DEFAULT_GROUP_BYTES each, one per CPU stream) and the logits row. An estimate that
     the Flash-shape benchmark checks against the measured peak."""
-    from .session import chunk_cap
-
     rows = chunk_cap(ctx)
     per_row = 4 * (3 * cfg.n_heads * cfg.head_dim + 4 * cfg.hc_count * cfg.dim
                    + 4 * cfg.n_experts_used * cfg.expert_ffn)
@@ -174,7 +162,7 @@ def memory_plan(tensors, cfg, ctx: int) -> MemoryPlan:
         if "_exps." in ti.name and ti.type_name not in ("F16", "F32"):
             expert_ranges.append((ti.offset, ti.offset + ti.nbytes))
         else:
-            weights += _memory_bytes(ti.name, ti.type_name, ti.n_elements, ti.nbytes)
+            weights += memory_bytes(ti.name, ti.type_name, ti.n_elements, ti.nbytes)
     return MemoryPlan(weights=weights, experts=_distinct_bytes(expert_ranges),
                       state=payload_bytes(cfg, ctx), working=working_bytes(cfg, ctx))
 
@@ -225,9 +213,8 @@ def check_fits(plan: MemoryPlan, path, ram: int | None = None) -> None:
 def model_info(path, *, ctx: int = 100_000) -> ModelInfo:
     """Inspect a GGUF model (header and directory only). Raises EngineError subclasses."""
     from ds4agent.testmodels.flash import FLASH_TEST_KEY
-    from ds4agent.testmodels.writer import TEST_MODEL_KEY
 
-    from .config import from_metadata
+    from .config import gguf_config, model_mode
     from .gguf import GGUFFile
 
     if ctx < 1:
@@ -236,16 +223,15 @@ def model_info(path, *, ctx: int = 100_000) -> ModelInfo:
     if path.is_dir():
         return _directory_info(path, ctx)
     with GGUFFile.open(path) as gf:
-        types = {k: gf.array_types.get(k, v) for k, v in gf.value_types.items()}
-        mode, problem = ("test" if gf.metadata.get(TEST_MODEL_KEY) else "flash"), ""
+        mode, problem = model_mode(gf.metadata), ""
         try:
-            cfg = from_metadata(gf.metadata, mode=mode, types=types)
+            cfg = gguf_config(gf, mode=mode)
         except ConfigError as err:
             if mode == "test":
                 raise
             # Still describe the file (permissively) and say why the engine would refuse it.
             mode, problem = "invalid", str(err)
-            cfg = from_metadata(gf.metadata, mode="test", types=types)
+            cfg = gguf_config(gf, mode="test")
         groups = {name: GroupInfo(name) for name, _ in GROUPS}
         other = GroupInfo("other")
         by_type: dict[str, list[int]] = {}
@@ -254,7 +240,7 @@ def model_info(path, *, ctx: int = 100_000) -> ModelInfo:
             t = ti.type_name
             g.types[t] = g.types.get(t, 0) + 1
             g.file_bytes += ti.nbytes
-            g.memory_bytes += _memory_bytes(ti.name, t, ti.n_elements, ti.nbytes)
+            g.memory_bytes += memory_bytes(ti.name, t, ti.n_elements, ti.nbytes)
             g.params += ti.n_elements
             entry = by_type.setdefault(t, [0, 0])
             entry[0] += 1
@@ -421,7 +407,7 @@ def main(args) -> int:
 
 def _pipeline_text(args, info: ModelInfo) -> str:
     from .gguf import GGUFFile
-    from .pipeline.rank0 import plan_ranges
+    from .pipeline.split import plan_ranges
 
     ranges = plan_ranges(args.model_path, args.pipeline, getattr(args, "pipeline_split", None))
     with GGUFFile.open(args.model_path) as gf:

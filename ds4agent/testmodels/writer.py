@@ -29,14 +29,20 @@ from pathlib import Path
 
 import numpy as np
 
-from ds4agent.engine.config import METADATA_KINDS, TEST_CONFIGS, ModelConfig, flash_config, test_config
+from ds4agent.engine.config import (
+    METADATA_KINDS,
+    TEST_CONFIGS,
+    TEST_MODEL_KEY,
+    ModelConfig,
+    flash_config,
+    test_config,
+)
 from ds4agent.engine.errors import ConfigError, EngineError, run_file_command
 from ds4agent.fsutil import atomic_path
 
 ARCH = "deepseek4"
 # Marks a file as a test model: the engine then validates its metadata in the permissive "test"
 # mode; every file without it (ds4's real weights) must pass the strict Flash checks.
-TEST_MODEL_KEY = "ds4agent.test_model"
 
 
 @dataclass(frozen=True)

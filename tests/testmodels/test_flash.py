@@ -18,11 +18,10 @@ import numpy as np
 import pytest
 
 from ds4agent import cli
-from ds4agent.engine import quant
+from ds4agent.engine import Engine, quant
 from ds4agent.engine.config import flash_config, flash_ratio, from_metadata
 from ds4agent.engine.gguf import GGUFFile
 from ds4agent.engine.memory import format_info, model_info
-from ds4agent.engine.session import Engine
 from ds4agent.engine.weights import load_weights
 from ds4agent.protocol.tokenizer import Tokenizer
 from ds4agent.testmodels import flash as flashmodel
