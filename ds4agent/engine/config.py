@@ -26,13 +26,17 @@ handed wherever a payload shape is expected.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from ds4agent import statelayout
+
 from .errors import ConfigError
+from .gguf import GGUFFile
 
 PREFIX = "deepseek4."
 
@@ -103,7 +107,7 @@ class ModelConfig:
 
     def coff(self, layer: int) -> int:
         """Compressor lanes: 2 (overlapping windows) iff ratio 4, else 1 (model.md §1.1)."""
-        return 2 if self.ratios[layer] == 4 else 1
+        return statelayout.coff(self.ratios[layer])
 
     def is_hash_layer(self, layer: int) -> bool:
         return layer < self.n_hash_layers
@@ -283,6 +287,31 @@ def from_metadata(
         _check_flash(cfg)
     validate(cfg)
     return cfg
+
+
+def model_mode(metadata: Mapping[str, Any]) -> str:
+    """"test" for a file written by make-test-model (TEST_MODEL_KEY), else "flash"."""
+    return "test" if metadata.get(TEST_MODEL_KEY) else "flash"
+
+
+def gguf_config(gf: GGUFFile, *, mode: str | None = None) -> ModelConfig:
+    """The ModelConfig of an open GGUF file, validated in `mode` (default: the file's own,
+    model_mode), with the §6.2 type rules (the value types the file declares)."""
+    types = {k: gf.array_types.get(k, v) for k, v in gf.value_types.items()}
+    return from_metadata(gf.metadata, mode=mode or model_mode(gf.metadata), types=types,
+                         name=str(gf.metadata.get("general.name", "")))
+
+
+def open_model(path: str | os.PathLike[str]) -> tuple[GGUFFile, ModelConfig]:
+    """Open a GGUF model file and read its config (the one way every caller does it: the loader,
+    the pipeline's layer split, `info`, `dump-logits`). The caller closes the file; on an error
+    it is closed here."""
+    gf = GGUFFile.open(path)
+    try:
+        return gf, gguf_config(gf)
+    except BaseException:
+        gf.close()
+        raise
 
 
 def _convert(key: str, raw: Any, kind: str, tname: str | None) -> Any:

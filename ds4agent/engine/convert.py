@@ -19,7 +19,7 @@ a `config.json` describing the quantised tensors. The repacks are lossless reint
   Dequantising the output with `mx.dequantize(..., mode=...)` gives exactly the source values
   (tests/weights/test_convert.py). Routed experts are stacked to [n_experts, out, in/8].
 
-`load_converted(path)` is the engine's loader for such a directory (Engine.load takes a directory).
+`load_converted(path)` is the engine's loader for such a directory (loader.load_engine takes a directory).
 """
 
 from __future__ import annotations
@@ -488,7 +488,7 @@ def read_converted_config(path: Path) -> dict:
 def load_converted(path, *, progress: Callable[[float], None] | None = None):
     """(ModelConfig, ModelWeights, quant_bits) of a directory written by `convert`.
 
-    The engine's hook for MLX directories (session.Engine.load): FP8 projections run as `mxfp8`
+    The engine's hook for MLX directories (loader.load_engine): FP8 projections run as `mxfp8`
     quantized matmuls, FP4 routed experts as `mxfp4` gather_qmm, everything else dense.
     """
     import mlx.core as mx

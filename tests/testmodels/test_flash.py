@@ -19,12 +19,11 @@ import pytest
 
 from ds4agent import cli
 from ds4agent.commands.info import format_info
-from ds4agent.engine import quant
+from ds4agent.engine import Engine, quant
 from ds4agent.engine.config import FLASH_TEST_KEY, TEST_MODEL_KEY, flash_config, flash_ratio, from_metadata
 from ds4agent.engine.gguf import GGUFFile
 from ds4agent.engine.layout import tensor_table
 from ds4agent.engine.memory import model_info
-from ds4agent.engine.session import Engine
 from ds4agent.engine.weights import load_weights
 from ds4agent.protocol.tokenizer import Tokenizer
 from ds4agent.testmodels import flash, make_test_model
