@@ -33,7 +33,7 @@ import numpy as np
 
 from ds4agent.engine import load_engine
 from ds4agent.engine.device import cpu_parts
-from ds4agent.testmodels.writer import make_test_model
+from ds4agent.testmodels import make_test_model
 
 PREFILL_TARGET = 0.25
 DECODE_TARGET = 3.0

@@ -38,7 +38,7 @@ from ds4agent.engine import load_engine
 from ds4agent.engine.config import flash_config
 from ds4agent.engine.pipeline import wire
 from ds4agent.engine.pipeline.ring import Link, free_ports
-from ds4agent.testmodels.writer import make_test_model
+from ds4agent.testmodels import make_test_model
 
 ADDED_FRACTION = 0.10
 PER_BOUNDARY_S = 0.002

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ds4agent.engine import SnapshotStore, load_engine
-from ds4agent.testmodels.writer import make_test_model
+from ds4agent.testmodels import make_test_model
 
 TARGET = 100.0
 

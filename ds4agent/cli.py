@@ -21,7 +21,7 @@ from ds4agent.models.locate import DEFAULT_MODEL_FILE, resolve_model_path
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "tokens": ("ds4agent.commands.tokens", "main"),
     "dump-logits": ("ds4agent.commands.dump_logits", "main"),
-    "make-test-model": ("ds4agent.testmodels.writer", "main"),
+    "make-test-model": ("ds4agent.commands.make_test_model", "main"),
     "kv": ("ds4agent.commands.kv", "main"),
     "info": ("ds4agent.engine.memory", "main"),
     "convert": ("ds4agent.engine.convert", "main"),

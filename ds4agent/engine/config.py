@@ -40,6 +40,14 @@ from .gguf import GGUFFile
 
 PREFIX = "deepseek4."
 
+#: Marks a file as a test model (ds4agent.testmodels writes it): the engine then validates its
+#: metadata in the permissive "test" mode; every file without it (ds4's real weights) must pass
+#: the strict Flash checks.
+TEST_MODEL_KEY = "ds4agent.test_model"
+#: Says what a Flash-shape test file is (`ds4agent info` shows it); no validation reads it, so
+#: such a file takes the strict path exactly as a real one does.
+FLASH_TEST_KEY = "ds4agent.flash_test_file"
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -279,11 +287,6 @@ def from_metadata(
         _check_flash(cfg)
     validate(cfg)
     return cfg
-
-
-#: The marker `make-test-model` writes into its files (testmodels/): such a file gets the
-#: permissive test-mode checks; every other file (ds4's real weights) must pass the strict Flash ones.
-TEST_MODEL_KEY = "ds4agent.test_model"
 
 
 def model_mode(metadata: Mapping[str, Any]) -> str:

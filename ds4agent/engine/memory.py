@@ -28,6 +28,7 @@ import numpy as np
 
 from .chunks import chunk_cap
 from .errors import ConfigError, EngineError
+from .layout import tensor_table
 from .state import LayerState
 
 # tensor-name groups, in display order
@@ -66,7 +67,7 @@ class ModelInfo:
     ctx: int
     state_bytes: int
     plan: MemoryPlan | None = None
-    note: str = ""  # what a generated test file is (flashmodel.FLASH_TEST_KEY), else empty
+    note: str = ""  # what a generated test file is (config.FLASH_TEST_KEY), else empty
 
     @property
     def weights_memory(self) -> int:
@@ -152,8 +153,6 @@ class MemoryPlan:
 
 def memory_plan(tensors, cfg, ctx: int) -> MemoryPlan:
     """The plan for a model's tensor directory (`GGUFFile.tensors.values()`) at `ctx`."""
-    from ds4agent.testmodels.writer import tensor_table
-
     wanted = {spec.name for spec in tensor_table(cfg)}  # what the loader reads (check_directory's set)
     weights, expert_ranges = 0, []
     for ti in tensors:
@@ -212,9 +211,7 @@ def check_fits(plan: MemoryPlan, path, ram: int | None = None) -> None:
 
 def model_info(path, *, ctx: int = 100_000) -> ModelInfo:
     """Inspect a GGUF model (header and directory only). Raises EngineError subclasses."""
-    from ds4agent.testmodels.flash import FLASH_TEST_KEY
-
-    from .config import gguf_config, model_mode
+    from .config import FLASH_TEST_KEY, gguf_config, model_mode
     from .gguf import GGUFFile
 
     if ctx < 1:

@@ -10,7 +10,7 @@ import pytest
 
 from ds4agent import cli
 from ds4agent.engine import load_engine
-from ds4agent.testmodels.writer import make_test_model
+from ds4agent.testmodels import make_test_model
 
 TOKENS = [3, 17, 250, 9, 9, 41, 100, 7, 300, 2, 5, 77, 12, 501, 64, 33, 1, 8, 90, 91, 92]
 

@@ -24,7 +24,7 @@ from ds4agent.engine.pipeline import split, wire, worker
 from ds4agent.engine.pipeline.ring import free_ports
 from ds4agent.engine.pipeline.split import balance, ranges_from_split
 from ds4agent.statelayout import FIELDS
-from ds4agent.testmodels.writer import make_test_model
+from ds4agent.testmodels import make_test_model
 
 # 21 tokens: past micro's window (8) and several ratio-4 and ratio-16 compressions
 TOKENS = [3, 17, 250, 9, 9, 41, 100, 7, 300, 2, 5, 77, 12, 501, 64, 33, 1, 8, 90, 91, 92]
@@ -322,7 +322,8 @@ def test_bad_pipeline_requests_are_refused_before_anything_starts(micro_path, tm
 @pytest.mark.parametrize("layer_range", [(0, 1), (1, 3), (3, 4)])
 def test_a_rank_builds_only_its_layers_and_reads_no_other_tensor(layer_range):
     from ds4agent.engine.config import test_config
-    from ds4agent.engine.weights import build_weights, random_tensors, tensor_in_range
+    from ds4agent.engine.weights import build_weights, tensor_in_range
+    from ds4agent.testmodels.random_weights import random_tensors
 
     cfg = test_config("micro")
     tensors = random_tensors(cfg, seed=1)

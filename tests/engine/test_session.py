@@ -17,7 +17,7 @@ from ds4agent.engine import Engine, load_engine
 from ds4agent.engine.chunks import chunk_cap, chunk_grid
 from ds4agent.engine.errors import ContextOverflowError, EngineError, Interrupted, StateError
 from ds4agent.engine.sampler import Sampler
-from ds4agent.testmodels.writer import make_test_model
+from ds4agent.testmodels import make_test_model
 
 CTX = 64
 N_TOKENS = 30  # prompt length of the uninterrupted reference run

@@ -14,8 +14,8 @@ from ds4agent.engine import Engine, load_engine
 from ds4agent.engine import convert as cv
 from ds4agent.engine.config import test_config
 from ds4agent.engine.experts.portable import MxExperts
-from ds4agent.engine.weights import random_tensors, weights_from_tensors
-from ds4agent.testmodels import writer as testmodel
+from ds4agent.engine.layout import tensor_table
+from ds4agent.testmodels.random_weights import random_tensors, weights_from_tensors
 
 FP8_FAMILIES = ("attn_q_a.", "attn_q_b.", "attn_kv.", "attn_output_a.", "attn_output_b.", "_shexp.",
                 "indexer.attn_q_b.")
@@ -122,7 +122,7 @@ def _official_checkpoint(cfg, path):
 
 def test_converted_directory_runs_like_the_dequantised_model(tmp_path):
     cfg = test_config("micro")
-    assert {s.name for s in testmodel.tensor_table(cfg)}  # the canonical table drives the fixture
+    assert {s.name for s in tensor_table(cfg)}  # the canonical table drives the fixture
     _, ref = _official_checkpoint(cfg, tmp_path / "official")
     out = cv.convert(tmp_path / "official", tmp_path / "mlx")
     conv = load_engine(out, ctx=64)

@@ -119,7 +119,7 @@ def test_info_errors_are_one_line(tmp_path, capsys):
 
 
 def test_info_on_a_test_model(tmp_path, capsys):
-    from ds4agent.testmodels.writer import make_test_model
+    from ds4agent.testmodels import make_test_model
 
     path = make_test_model(tmp_path / "micro.gguf", config="micro")
     info = model_info(path, ctx=64)
