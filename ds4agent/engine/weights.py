@@ -55,6 +55,7 @@ from . import device, quant
 from .config import ModelConfig
 from .errors import TensorShapeError
 from .experts.base import dense_experts, quant_experts
+from .gguf import GGML_TYPE_IDS
 from .layout import tensor_table
 
 # Quantised products on CPU run one MLX op per CPU stream over a slice of the output rows (see
@@ -432,14 +433,15 @@ def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | No
         if "_exps." in name:
             if t in _PLAIN:
                 return gf.load(name, types=_PLAIN, dtype=mx.float32)
-            qtype = {v[2]: k for k, v in quant.BLOCK_INFO.items()}.get(t)
+            qtype = GGML_TYPE_IDS.get(t)
             if qtype is None or qtype not in quant.EXPERT_TYPES:
                 gf.check(name, types=("F16", "F32", "Q8_0", "Q2_K", "Q4_K", "IQ2_XXS"))
+            assert qtype is not None  # gf.check refused every type that is not an expert type
             return quant_experts(gf.raw(name), qtype, ti.shape)
         if name.endswith("tid2eid.weight"):
             return gf.load(name, types=("I32",))
         if t == "Q8_0":
-            return (*gf.load_q8_0(name), )
+            return quant.load_q8_0(gf, name)
         return gf.load(name, types=_ANY_2D if len(ti.shape) == 2 else ("F32", "F16"))
 
     def has(name: str) -> bool:

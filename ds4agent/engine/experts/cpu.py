@@ -67,7 +67,7 @@ def products(rows: np.ndarray, qtype: int, d_in: int, xs: np.ndarray) -> np.ndar
     -> [n, R] float32, out[i, r] = the in-order dot product of dequantised row r with xs[i]."""
     if qtype not in quant.EXPERT_TYPES:
         raise quant.QuantError(f"no CPU expert product for {quant.type_name(qtype)}")
-    block, size, name = quant.BLOCK_INFO[qtype]
+    block, size, name = quant.block_info(qtype)
     rb = quant.row_bytes(qtype, d_in)
     rows = np.asarray(rows)  # a memmap slice as a plain view (the kernels take ndarrays)
     if rows.ndim != 2 or rows.shape[1] != rb or rows.dtype != np.uint8:
