@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -105,7 +105,7 @@ class Workers:
             # An idle worker must not keep its last task (the experts, the call's inputs) alive.
             del fn, done
 
-    def run(self, fns: list[Callable[[], Any]]) -> list[Any]:
+    def run(self, fns: Sequence[Callable[[], Any]]) -> list[Any]:
         done: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in fns]
         for box, fn, d in zip(self._inbox, fns, done, strict=False):
             box.put((fn, d))
