@@ -457,14 +457,14 @@ def validate(cfg: ModelConfig) -> None:
          f"{cfg.n_hash_layers} exceeds block_count {cfg.n_layers}")
     for i, c in enumerate(cfg.swiglu_clamp):
         need(c > 0, "swiglu_clamp_exp", f"entry {i} must be a positive clamp value (got {c})")
-    for key, v in (("rope.freq_base", cfg.rope_base),
+    for key, value in (("rope.freq_base", cfg.rope_base),
                    ("attention.compress_rope_freq_base", cfg.compress_rope_base),
                    ("rope.scaling.factor", cfg.yarn_factor),
                    ("rope.scaling.yarn_beta_fast", cfg.yarn_beta_fast),
                    ("rope.scaling.yarn_beta_slow", cfg.yarn_beta_slow),
                    ("attention.layer_norm_rms_epsilon", cfg.rms_eps),
                    ("hyper_connection.epsilon", cfg.hc_eps)):
-        need(v > 0, key, f"must be positive (got {v:g})")
+        need(value > 0, key, f"must be positive (got {value:g})")
     need(cfg.compress_rope_base > 1 and cfg.rope_base > 1, "rope.freq_base", "must exceed 1")
 
 
@@ -472,7 +472,7 @@ def validate(cfg: ModelConfig) -> None:
 
 
 def _test(name: str, **kw: Any) -> ModelConfig:
-    base = dict(
+    base: dict[str, Any] = dict(
         hc_count=4, hc_sinkhorn_iters=20, hc_eps=1e-6, rope_base=10000.0,
         compress_rope_base=160000.0, yarn_factor=16.0, yarn_orig_ctx=65536, yarn_beta_fast=32.0,
         yarn_beta_slow=1.0, rms_eps=1e-6, expert_weights_scale=1.5, n_kv_heads=1,

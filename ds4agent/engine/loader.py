@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from .config import open_model
 from .convert import load_converted
 from .device import use_device
 from .errors import EngineError, PipelineError
+from .gguf import TensorInfo
 from .memory import check_fits, memory_plan, model_info
 from .pipeline.launch import launch
 from .session import Engine, check_sizes
@@ -80,7 +81,7 @@ def load_local(path: str | os.PathLike[str], *, ctx: int,
         gf, config = open_model(path)
         try:
             check_directory(gf, config)
-            tensors = gf.tensors.values()
+            tensors: Iterable[TensorInfo] = gf.tensors.values()
             if layer_range is not None:
                 tensors = [ti for ti in tensors if tensor_in_range(ti.name, config, layer_range)]
             check_fits(memory_plan(tensors, config, ctx), path)

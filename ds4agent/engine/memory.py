@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from .chunks import chunk_cap
+from .config import ModelConfig
 from .errors import ConfigError, EngineError
 from .layout import tensor_table
 from .state import LayerState
@@ -65,7 +66,7 @@ class ModelInfo:
     file_bytes: int
     mode: str  # "flash" | "test" | "invalid"
     problem: str  # the strict-validation message when mode == "invalid"
-    config: object  # ModelConfig
+    config: ModelConfig
     groups: list[GroupInfo]
     types: dict[str, tuple[int, int]]  # type -> (tensor count, bytes)
     n_tensors: int

@@ -113,7 +113,7 @@ def _concat(segs: tuple[mx.array, ...], width: int) -> mx.array:
         return mx.zeros((0, width), dtype=F32)
     if len(segs) == 1:
         return segs[0].astype(F32)
-    return mx.concatenate(segs, axis=0).astype(F32)
+    return mx.concatenate(list(segs), axis=0).astype(F32)
 
 
 def _trim(a: mx.array | None, lo: int, hi: int) -> mx.array | None:
@@ -202,11 +202,11 @@ class SnapshotStore:
         """Bytes of the distinct buffers the kept snapshots hold (a shared segment counts once)."""
         seen: dict[int, int] = {}
         for p in self._kept:
-            for a in p.arrays():
+            for a in p.arrays() if isinstance(p, PackedState) else ():
                 seen[id(a)] = a.nbytes
         return sum(seen.values())
 
-    def _best(self, tokens: Sequence[int]) -> PackedState | None:
+    def _best(self, tokens: Sequence[int]) -> PackedState | Snapshot | None:
         best = None
         for p in self._kept:
             if (best is None or len(p.tokens) > len(best.tokens)) and _is_prefix(p.tokens, tokens):
@@ -220,6 +220,7 @@ class SnapshotStore:
         if base is not None and len(base.tokens) == len(state.tokens):
             return
         c = self.engine.config
+        assert not isinstance(base, Snapshot)  # this store keeps packed states only
         self._kept.append(pack(state, c.ratios, base))
         self._enforce_budget()
 
@@ -238,6 +239,7 @@ class SnapshotStore:
         if best is None or len(best.tokens) <= n_live:
             return n_live
         c = self.engine.config
+        assert isinstance(best, PackedState)  # this store keeps packed states only
         state = unpack(best, c.ratios, c.head_dim, c.indexer_dim)
         session.rewind(Snapshot(id(self.engine), state))
         return len(best.tokens)
@@ -280,5 +282,6 @@ class ReferenceSnapshotStore(SnapshotStore):
         best = self._best(tokens)
         if best is None or len(best.tokens) <= n_live:
             return n_live
+        assert isinstance(best, Snapshot)  # this store keeps handles only
         session.rewind(best)
         return len(best.tokens)

@@ -55,6 +55,7 @@ from . import device, quant
 from .config import ModelConfig
 from .errors import TensorShapeError
 from .experts.base import dense_experts, quant_experts
+from .gguf import GGML_TYPE_IDS
 from .layout import tensor_table
 
 # Quantised products on CPU run one MLX op per CPU stream over a slice of the output rows (see
@@ -87,6 +88,11 @@ class Linear:
 
     __slots__ = ("weight", "scales", "biases", "out_features", "in_features", "_wt", "_parts", "_widen",
                  "_cpu")
+    weight: mx.array
+    scales: mx.array | None
+    biases: mx.array | None
+    _wt: mx.array | None  # dense only: the stored operand (see above)
+    _parts: tuple[tuple[mx.array, mx.array, mx.array], ...]
 
     def __init__(self, weight: mx.array, scales: mx.array | None = None,
                  biases: mx.array | None = None, *, in_features: int | None = None):
@@ -129,19 +135,21 @@ class Linear:
         return self.scales is not None
 
     def __call__(self, x: mx.array) -> mx.array:
-        if self.scales is None:
+        wt = self._wt
+        if wt is not None:  # dense
             if not self._widen:
-                return x @ self._wt
+                return x @ wt
             # Widen in the stored layout, so the product sees exactly the operand layout a
             # resident f32 copy would have (CPU: contiguous [in, out]; GPU: [out, in] viewed .T).
             if self._cpu:
-                return x @ self._wt.astype(mx.float32)
+                return x @ wt.astype(mx.float32)
             return x @ self.weight.astype(mx.float32).T
         if self._parts and (x.size // self.in_features) * self.out_features * self.in_features \
                 >= _PARALLEL_MIN_MACS:
             outs = [mx.quantized_matmul(x, wq, sc, bi, transpose=True, group_size=32, bits=8, stream=st)
                     for (wq, sc, bi), st in zip(self._parts, device.cpu_streams(len(self._parts)), strict=True)]
             return mx.concatenate(outs, axis=-1)
+        assert self.scales is not None and self.biases is not None  # quantised: affine 8-bit
         return mx.quantized_matmul(x, self.weight, self.scales, self.biases, transpose=True,
                                    group_size=32, bits=8)
 
@@ -149,7 +157,8 @@ class Linear:
         """The Linear of output rows start..stop-1 (a view; used for the grouped output LoRA)."""
         if self.scales is None:
             return Linear(self.weight[start:stop])
-        return Linear(self.weight[start:stop], self.scales[start:stop], self.biases[start:stop],
+        biases = None if self.biases is None else self.biases[start:stop]
+        return Linear(self.weight[start:stop], self.scales[start:stop], biases,
                       in_features=self.in_features)
 
     def dense(self) -> mx.array:
@@ -432,14 +441,15 @@ def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | No
         if "_exps." in name:
             if t in _PLAIN:
                 return gf.load(name, types=_PLAIN, dtype=mx.float32)
-            qtype = {v[2]: k for k, v in quant.BLOCK_INFO.items()}.get(t)
+            qtype = GGML_TYPE_IDS.get(t)
             if qtype is None or qtype not in quant.EXPERT_TYPES:
                 gf.check(name, types=("F16", "F32", "Q8_0", "Q2_K", "Q4_K", "IQ2_XXS"))
+            assert qtype is not None  # gf.check refused every type that is not an expert type
             return quant_experts(gf.raw(name), qtype, ti.shape)
         if name.endswith("tid2eid.weight"):
             return gf.load(name, types=("I32",))
         if t == "Q8_0":
-            return (*gf.load_q8_0(name), )
+            return quant.load_q8_0(gf, name)
         return gf.load(name, types=_ANY_2D if len(ti.shape) == 2 else ("F32", "F16"))
 
     def has(name: str) -> bool:

@@ -71,7 +71,7 @@ def launch(model_path, load_part: Callable[[tuple[int, int]], Engine], *, ctx: i
     if joined():
         raise PipelineError("this process already joined a pipeline (MLX keeps one ring per process)")
     host_list = read_hosts(hosts) if hosts is not None else None
-    n = len(host_list) if host_list is not None else int(ranks)
+    n = len(host_list) if host_list is not None else int(ranks or 0)
     if n < 2:
         raise PipelineError(f"a pipeline needs at least 2 ranks (got {n})")
     ranges = plan_ranges(model_path, n, split)
@@ -143,7 +143,8 @@ def _wait_ready(workers: Sequence[subprocess.Popen], timeout: float) -> None:
     GIL, so while it waits nothing else in this process runs, not even a timeout; a rank that
     never comes would hang rank 0 for good. Each worker prints one "ready" line first."""
     end = time.monotonic() + timeout
-    waiting = {p.stdout.fileno(): (k, p) for k, p in enumerate(workers, start=1)}
+    streams = {k: p.stdout for k, p in enumerate(workers, start=1) if p.stdout is not None}  # all: PIPE
+    waiting = {streams[k].fileno(): (k, p) for k, p in enumerate(workers, start=1)}
     while waiting:
         left = end - time.monotonic()
         if left <= 0:
@@ -152,7 +153,7 @@ def _wait_ready(workers: Sequence[subprocess.Popen], timeout: float) -> None:
         ready, _, _ = select.select(list(waiting), [], [], min(left, 0.5))
         for fd in ready:
             k, p = waiting.pop(fd)
-            line = p.stdout.readline()
+            line = streams[k].readline()
             if line.strip() != b"ready":
                 p.wait()
                 raise PipelineError(f"pipeline rank {k} exited (status {p.returncode}) before it was ready")

@@ -47,6 +47,13 @@ class PipelineEngine(Engine):
 
     link: Link
     ranges: list[tuple[int, int]]
+    timeout: float
+    _workers: list[subprocess.Popen]
+    _cleanup: Callable[[], None] | None
+    _report: Callable[[], str] | None
+    _next_key: int
+    _dropped: list[int]
+    _lock: threading.RLock
 
     @classmethod
     def attach(cls, part: Engine, link: Link, ranges: list[tuple[int, int]],
@@ -59,7 +66,7 @@ class PipelineEngine(Engine):
         eng._cleanup = cleanup
         eng._report = report
         eng._next_key = 1
-        eng._dropped: list[int] = []
+        eng._dropped = []
         # Re-entrant: a collection inside _command (an allocation under the lock) runs _drop.
         eng._lock = threading.RLock()
         return eng
@@ -124,9 +131,13 @@ class PipelineEngine(Engine):
         c = self.config
         state = RankState(tokens=(), logits=None,
                           layers=tuple(empty_layer(c, li) for li in range(*self.ranges[0])), key=0)
-        return state.eval()
+        state.eval()
+        return state
 
-    def forward(self, state: RankState, tokens: Sequence[int], *, last_only: bool):
+    # The states a PipelineEngine's sessions hold are the RankStates it made (typed as the base
+    # class's SessionState, which the Session seam passes through unchanged).
+    def forward(self, state: SessionState, tokens: Sequence[int], *, last_only: bool):
+        assert isinstance(state, RankState)
         if self.link.broken:
             raise PipelineError(self.link.broken)
         c = self.config
@@ -155,7 +166,8 @@ class PipelineEngine(Engine):
         mx.eval(new.logits)
         return logits, self._adopt(new)
 
-    def state_to_payload(self, state: RankState):
+    def state_to_payload(self, state: SessionState):
+        assert isinstance(state, RankState)
         c = self.config
         T = state.n_tokens
 
