@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.settings import PERMISSION_MODES, THINK_MODES, AgentSettings
-from ds4agent.engine.errors import EngineLost
+from ds4agent.engine import EngineLost
 
 if TYPE_CHECKING:  # the worker (and with it the engine and the tools) is imported when an Agent is built
     from ds4agent.agent.worker import EngineLoader, Worker
-    from ds4agent.engine.session import Engine
+    from ds4agent.engine import Engine
     from ds4agent.sessions.store import SessionStore
     from ds4agent.tools import Tool
     from ds4agent.tools.permissions import PermissionPolicy
