@@ -68,7 +68,7 @@ class _Pending:
 class Agent:
     """The agent facade. See the module docstring.
 
-    engine: an Engine (ds4agent.engine.session API), or a callable `loader(progress) -> Engine`
+    engine: an Engine (ds4agent.engine), or a callable `loader(progress) -> Engine`
             run on the worker thread (so the UI paints while the model loads; progress(0..1)
             becomes Status(state=LOADING, progress=...)).
     store:  the session store (ds4agent.sessions.store), or None (no sessions: /save etc. answer
