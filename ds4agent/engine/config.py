@@ -232,7 +232,7 @@ def _type_name(t: Any) -> str | None:
             from gguf import GGUFValueType
 
             return GGUFValueType(t).name.upper()
-        except Exception:  # noqa: BLE001 - unknown type id: report it as a number
+        except Exception:  # unknown type id: report it as a number
             return str(t)
     return str(t).upper()
 

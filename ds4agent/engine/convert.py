@@ -247,18 +247,10 @@ def _to_mx(dt: str, arr: np.ndarray):
     return mx.array(np.ascontiguousarray(arr))
 
 
-def convert(src, out, *, progress: Callable[[str], None] | None = None) -> Path:
-    """Convert the checkpoint in `src` into a new directory `out` (atomically: built in a
-    temporary sibling and renamed). Returns `out`."""
-    import mlx.core as mx
-
-    src, out = Path(src), Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConvertError(f"{out} already exists and is not empty; choose a new output directory")
-    where = open_checkpoint(src)
-    say = progress or (lambda _msg: None)
-
-    # Group tensors: top-level, per layer, routed experts per (layer, projection).
+def _group_tensors(where: dict) -> tuple[list[str], dict[int, list[str]], dict[tuple[int, str], dict[int, str]],
+                                         list[str]]:
+    """The checkpoint's tensors as (top-level names, names per layer, routed experts per (layer,
+    projection) by expert id, names the engine does not read)."""
     layers: dict[int, list[str]] = {}
     top: list[str] = []
     experts: dict[tuple[int, str], dict[int, str]] = {}
@@ -279,6 +271,42 @@ def convert(src, out, *, progress: Callable[[str], None] | None = None) -> Path:
             top.append(name)
     for layer, _ in experts:
         layers.setdefault(layer, [])
+    return top, layers, experts, skipped
+
+
+def _stack_experts(where: dict, layer: int, proj: str, by_id: dict[int, str]) -> tuple[np.ndarray, np.ndarray, dict]:
+    """One layer's routed experts of one projection as stacked mxfp4 (codes, scales) and their
+    quantisation entry for config.json."""
+    n_exp = max(by_id) + 1
+    if sorted(by_id) != list(range(n_exp)):
+        raise ConvertError(f"layer {layer} {proj}: routed experts are not numbered 0..{n_exp - 1}")
+    wqs, scs = [], []
+    for e in range(n_exp):
+        wname = by_id[e]
+        sname = wname[: -len(".weight")] + ".scale"
+        dt, w = where[wname].get(wname)
+        if dt not in ("I8", "U8") or sname not in where:
+            raise ConvertError(f"routed expert {wname!r} is {dt}, expected packed FP4 (I8) with a scale")
+        wq, sc = fp4_to_mxfp4(w, where[sname].get(sname)[1])
+        wqs.append(wq)
+        scs.append(sc)
+    d_out, d_in = wqs[0].shape[0], wqs[0].shape[1] * 8
+    entry = {"mode": "mxfp4", "group_size": MX_GROUP, "bits": 4, "shape": [n_exp, d_out, d_in]}
+    return np.stack(wqs), np.stack(scs), entry
+
+
+def convert(src, out, *, progress: Callable[[str], None] | None = None) -> Path:
+    """Convert the checkpoint in `src` into a new directory `out` (atomically: built in a
+    temporary sibling and renamed). Returns `out`."""
+    import mlx.core as mx
+
+    src, out = Path(src), Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConvertError(f"{out} already exists and is not empty; choose a new output directory")
+    where = open_checkpoint(src)
+    say = progress or (lambda _msg: None)
+
+    top, layers, experts, skipped = _group_tensors(where)
 
     quant: dict[str, dict] = {}
 
@@ -316,26 +344,10 @@ def convert(src, out, *, progress: Callable[[str], None] | None = None) -> Path:
                 put(arrays, name, canonical_name(name))
             for proj in ("w1", "w3", "w2"):
                 by_id = experts.get((layer, proj))
-                if not by_id:
-                    continue
-                n_exp = max(by_id) + 1
-                if sorted(by_id) != list(range(n_exp)):
-                    raise ConvertError(f"layer {layer} {proj}: routed experts are not numbered 0..{n_exp - 1}")
-                wqs, scs = [], []
-                for e in range(n_exp):
-                    wname = by_id[e]
-                    sname = wname[: -len(".weight")] + ".scale"
-                    dt, w = where[wname].get(wname)
-                    if dt not in ("I8", "U8") or sname not in where:
-                        raise ConvertError(f"routed expert {wname!r} is {dt}, expected packed FP4 (I8) with a scale")
-                    wq, sc = fp4_to_mxfp4(w, where[sname].get(sname)[1])
-                    wqs.append(wq)
-                    scs.append(sc)
-                canon = f"blk.{layer}.{_EXPERT_NAME[proj]}"
-                arrays[canon] = mx.array(np.stack(wqs))
-                arrays[canon[: -len(".weight")] + ".scales"] = mx.array(np.stack(scs))
-                d_out, d_in = wqs[0].shape[0], wqs[0].shape[1] * 8
-                quant[canon] = {"mode": "mxfp4", "group_size": MX_GROUP, "bits": 4, "shape": [n_exp, d_out, d_in]}
+                if by_id:
+                    canon = f"blk.{layer}.{_EXPERT_NAME[proj]}"
+                    wq, sc, quant[canon] = _stack_experts(where, layer, proj, by_id)
+                    arrays[canon], arrays[canon[: -len(".weight")] + ".scales"] = mx.array(wq), mx.array(sc)
             save(f"model-layer-{layer:03d}.safetensors", arrays)
         config = {
             "format": "ds4agent-mlx",

@@ -104,7 +104,7 @@ def run_file_command(action, *, failure: str) -> int:
         line = action()
     except ModelFileError as err:
         # The model file itself is bad (truncated, a wrong tensor type or shape, a missing
-        # tensor, or too big for this machine): exit 1, as a failed file operation (issue 13).
+        # tensor, or too big for this machine): exit 1, as a failed file operation.
         print(f"ds4agent: {err}", file=sys.stderr)
         return 1
     except EngineError as err:

@@ -125,8 +125,10 @@ def working_bytes(cfg, ctx: int) -> int:
     """MLX temporaries of one prefill chunk (the largest step): per chunk row, the query heads
     (q, its RoPE and norm: ~3 x H x Dh), the hyper-connection streams (~4 x hc x E), the routed
     experts' gate/up/mid/down rows (~4 x U x F) in f32, plus two groups of dequantised experts
-    (experts.DEFAULT_GROUP_BYTES each, one per CPU stream) and the logits row. An estimate that
-    the Flash-shape benchmark checks against the measured peak."""
+    (experts.portable.DEFAULT_GROUP_BYTES each: a GPU dequantises one group at a time, and the
+    last group of a call stays lazy until the layer's graph runs; the CPU kernels dequantise no
+    whole expert, so on a CPU this is headroom) and the logits row. An estimate that the
+    Flash-shape benchmark checks against the measured peak."""
     rows = chunk_cap(ctx)
     per_row = 4 * (3 * cfg.n_heads * cfg.head_dim + 4 * cfg.hc_count * cfg.dim
                    + 4 * cfg.n_experts_used * cfg.expert_ffn)
@@ -135,7 +137,7 @@ def working_bytes(cfg, ctx: int) -> int:
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """Expected resident memory of a run (issue 13 item 3), by part."""
+    """Expected resident memory of a run, by part."""
 
     weights: int  # non-expert tensors as the engine holds them
     experts: int  # routed-expert file bytes that can be paged in (distinct ranges)
@@ -168,7 +170,7 @@ def memory_plan(tensors, cfg, ctx: int) -> MemoryPlan:
 
 
 def rank_plans(tensors, cfg, ctx: int, ranges: list[tuple[int, int]]) -> list[MemoryPlan]:
-    """The memory plan of each rank of a pipeline (engine/pipeline.py): its tensors (its layers,
+    """The memory plan of each rank of a pipeline (engine/pipeline/): its tensors (its layers,
     the embedding on rank 0, the head on the last rank), its layers' state at `ctx` (rank 0 also
     the token ids and the logits row) and one chunk's working buffers."""
     from .weights import tensor_in_range

@@ -74,7 +74,7 @@ class Linear:
     per call, into a temporary the product consumes: every product in the engine is f32, and
     the widening is exact (f16 -> f32 loses nothing), so the bits equal those of a resident f32
     copy while the resident cost is the file's 2 bytes per weight instead of 4 (at the Flash
-    shape that is 2 GiB instead of 4, issue 13's memory budget). The per-call copy is cheap next
+    shape that is 2 GiB instead of 4). The per-call copy is cheap next
     to the product itself. On the CPU device it is stored transposed and contiguous, [in, out],
     and `weight` is a view of that: with the reference BLAS of the Linux mlx[cpu] wheel,
     `x @ Wt` on a contiguous Wt runs ~2.4x faster than `x @ W.T` on the transposed view (same
@@ -283,7 +283,7 @@ def build_weights(config: ModelConfig, get: Callable[[str], Any],
     `has(name)` tells whether an optional tensor exists (exp_probs_b); default: try `get` and
     treat KeyError as absent. `layer_range` (start, stop): build only those layers, plus the
     embedding when start is 0 and the output head when stop is the last layer (a pipeline
-    rank's part, engine/pipeline.py); `get` is never asked for any other tensor.
+    rank's part, engine/pipeline/); `get` is never asked for any other tensor.
     """
     c = config
     E, V, H, Dh = c.dim, c.vocab, c.n_heads, c.head_dim
@@ -421,7 +421,7 @@ def check_directory(gf, config: ModelConfig) -> None:
 def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | None = None,
                  layer_range: tuple[int, int] | None = None) -> ModelWeights:
     """Load every tensor of `config` (or of `layer_range`, see build_weights) from an open
-    GGUFFile (C2's gguf.py), validated by name.
+    GGUFFile (gguf.py), validated by name.
 
     2-D weights: F32/F16 as dense f32, Q8_0 as MLX affine 8-bit (exact). Routed experts: F16/F32
     dense (test models) or raw quantised blocks behind `experts.quant_experts`.

@@ -142,7 +142,7 @@ def test_tokenizer_is_embedded_as_ds4s_files_carry_it(q2_file, q2_reader):
         assert len(tokens) == 129280
         assert tokens == [tok.token_string(i) for i in range(129280)]
         assert (tokens[0], tokens[1], tokens[128803], tokens[128825]) == \
-            ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "｜DSML｜")  # noqa: RUF001
+            ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "｜DSML｜")
         types = m["tokenizer.ggml.token_type"]
         assert len(types) == 129280 and gf.array_types["tokenizer.ggml.token_type"].name == "INT32"
         assert (types[0], types[1], types[128803], types[128821], types[128825], types[1000]) == \
@@ -153,7 +153,7 @@ def test_tokenizer_is_embedded_as_ds4s_files_carry_it(q2_file, q2_reader):
                 m["tokenizer.ggml.padding_token_id"]) == (0, 1, 1)
         assert gf.value_types["tokenizer.ggml.bos_token_id"].name == "UINT32"
     field = q2_reader.get_field("tokenizer.ggml.tokens")
-    assert len(field.data) == 129280 and field.contents(128804) == "<｜Assistant｜>"  # noqa: RUF001
+    assert len(field.data) == 129280 and field.contents(128804) == "<｜Assistant｜>"
 
 
 def test_no_test_model_marker_and_info_says_what_the_file_is(q2_file):
