@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from ds4agent.engine.errors import EngineError, run_file_command
+from ds4agent.engine.errors import EngineError
 from ds4agent.testmodels import make_test_model
+
+from .boundary import run_file_command
 
 
 def main(args: argparse.Namespace) -> int:

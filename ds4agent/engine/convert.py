@@ -1,4 +1,4 @@
-"""`ds4agent convert SRC OUT`: official DeepSeek-V4-Flash safetensors -> an MLX safetensors directory.
+"""Official DeepSeek-V4-Flash safetensors -> an MLX safetensors directory (`ds4agent convert SRC OUT`).
 
 Source layout (DeepSeek's release; tensor names of model.md §6.3, last paragraph):
   * dense projections (attention wq_a/wq_b/wkv/wo_a/wo_b, shared experts w1/w2/w3): weight
@@ -29,7 +29,6 @@ import os
 import re
 import shutil
 import struct
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ..fsutil import atomic_file, current_umask, fsync_dir, fsync_file
-from .errors import EngineError, run_file_command
+from .errors import EngineError
 
 FP8_TILE = 128
 MX_GROUP = 32
@@ -247,10 +246,9 @@ def _to_mx(dt: str, arr: np.ndarray):
     return mx.array(np.ascontiguousarray(arr))
 
 
-def _group_tensors(where: dict) -> tuple[list[str], dict[int, list[str]], dict[tuple[int, str], dict[int, str]],
-                                         list[str]]:
-    """The checkpoint's tensors as (top-level names, names per layer, routed experts per (layer,
-    projection) by expert id, names the engine does not read)."""
+def _group_tensors(where: dict[str, SafeTensorsFile]):
+    """The checkpoint's tensor names grouped as the output files are: (top-level names, names per
+    layer, routed experts per (layer, projection) by expert id, names with no canonical name)."""
     layers: dict[int, list[str]] = {}
     top: list[str] = []
     experts: dict[tuple[int, str], dict[int, str]] = {}
@@ -274,9 +272,10 @@ def _group_tensors(where: dict) -> tuple[list[str], dict[int, list[str]], dict[t
     return top, layers, experts, skipped
 
 
-def _stack_experts(where: dict, layer: int, proj: str, by_id: dict[int, str]) -> tuple[np.ndarray, np.ndarray, dict]:
-    """One layer's routed experts of one projection as stacked mxfp4 (codes, scales) and their
-    quantisation entry for config.json."""
+def _stack_experts(where: dict[str, SafeTensorsFile], layer: int, proj: str,
+                   by_id: dict[int, str]) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """One layer's routed experts of one projection, repacked to mxfp4 and stacked:
+    (codes [n_exp, out, in/8], scales, the [n_exp, out, in] shape)."""
     n_exp = max(by_id) + 1
     if sorted(by_id) != list(range(n_exp)):
         raise ConvertError(f"layer {layer} {proj}: routed experts are not numbered 0..{n_exp - 1}")
@@ -291,8 +290,34 @@ def _stack_experts(where: dict, layer: int, proj: str, by_id: dict[int, str]) ->
         wqs.append(wq)
         scs.append(sc)
     d_out, d_in = wqs[0].shape[0], wqs[0].shape[1] * 8
-    entry = {"mode": "mxfp4", "group_size": MX_GROUP, "bits": 4, "shape": [n_exp, d_out, d_in]}
-    return np.stack(wqs), np.stack(scs), entry
+    return np.stack(wqs), np.stack(scs), [n_exp, d_out, d_in]
+
+
+def _converted_config(src: Path, quant: dict[str, dict], skipped: list[str]) -> dict:
+    """The output's config.json: the repacked tensors' modes and the model's GGUF-style metadata
+    read from the source's config.json (or why it could not be)."""
+    config = {
+        "format": "ds4agent-mlx",
+        "version": 1,
+        "source": str(src),
+        "quantization": quant,
+        "skipped": sorted(skipped),
+    }
+    src_config = src / "config.json"
+    if src_config.exists():
+        try:
+            config["source_config"] = json.loads(src_config.read_text())
+        except ValueError:
+            raise ConvertError(f"{src_config} is not valid JSON") from None
+        try:
+            config["metadata"] = hf_metadata(config["source_config"])
+        except ConvertError as err:  # still a valid conversion; the engine will say why it refuses
+            config["metadata_error"] = str(err)
+        # test fixtures mark themselves so the engine validates them permissively (as GGUF test models)
+        config["test_model"] = bool(config["source_config"].get("ds4agent_test_model", False))
+    else:
+        config["metadata_error"] = f"{src_config} is missing"
+    return config
 
 
 def convert(src, out, *, progress: Callable[[str], None] | None = None) -> Path:
@@ -305,9 +330,7 @@ def convert(src, out, *, progress: Callable[[str], None] | None = None) -> Path:
         raise ConvertError(f"{out} already exists and is not empty; choose a new output directory")
     where = open_checkpoint(src)
     say = progress or (lambda _msg: None)
-
     top, layers, experts, skipped = _group_tensors(where)
-
     quant: dict[str, dict] = {}
 
     def put(arrays: dict, official: str, canon: str) -> None:
@@ -344,32 +367,15 @@ def convert(src, out, *, progress: Callable[[str], None] | None = None) -> Path:
                 put(arrays, name, canonical_name(name))
             for proj in ("w1", "w3", "w2"):
                 by_id = experts.get((layer, proj))
-                if by_id:
-                    canon = f"blk.{layer}.{_EXPERT_NAME[proj]}"
-                    wq, sc, quant[canon] = _stack_experts(where, layer, proj, by_id)
-                    arrays[canon], arrays[canon[: -len(".weight")] + ".scales"] = mx.array(wq), mx.array(sc)
+                if not by_id:
+                    continue
+                wq, sc, shape = _stack_experts(where, layer, proj, by_id)
+                canon = f"blk.{layer}.{_EXPERT_NAME[proj]}"
+                arrays[canon] = mx.array(wq)
+                arrays[canon[: -len(".weight")] + ".scales"] = mx.array(sc)
+                quant[canon] = {"mode": "mxfp4", "group_size": MX_GROUP, "bits": 4, "shape": shape}
             save(f"model-layer-{layer:03d}.safetensors", arrays)
-        config = {
-            "format": "ds4agent-mlx",
-            "version": 1,
-            "source": str(src),
-            "quantization": quant,
-            "skipped": sorted(skipped),
-        }
-        src_config = src / "config.json"
-        if src_config.exists():
-            try:
-                config["source_config"] = json.loads(src_config.read_text())
-            except ValueError:
-                raise ConvertError(f"{src_config} is not valid JSON") from None
-            try:
-                config["metadata"] = hf_metadata(config["source_config"])
-            except ConvertError as err:  # still a valid conversion; the engine will say why it refuses
-                config["metadata_error"] = str(err)
-            # test fixtures mark themselves so the engine validates them permissively (as GGUF test models)
-            config["test_model"] = bool(config["source_config"].get("ds4agent_test_model", False))
-        else:
-            config["metadata_error"] = f"{src_config} is missing"
+        config = _converted_config(src, quant, skipped)
         (tmp / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True))
         (tmp / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}, indent=1))
         _make_durable(tmp)
@@ -543,12 +549,3 @@ def load_converted(path, *, progress: Callable[[float], None] | None = None):
 
     weights = build_weights(config, get, has=lambda n: n in tensors, progress=progress)
     return config, weights, 4
-
-
-def main(args) -> int:
-    """`ds4agent convert SRC OUT`."""
-    def action() -> str:
-        out = convert(args.source, args.out, progress=lambda m: print(f"converting {m}", file=sys.stderr))
-        return f"wrote {out}"
-
-    return run_file_command(action, failure=f"cannot convert into {args.out}")

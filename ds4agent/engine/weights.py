@@ -74,7 +74,7 @@ class Linear:
     per call, into a temporary the product consumes: every product in the engine is f32, and
     the widening is exact (f16 -> f32 loses nothing), so the bits equal those of a resident f32
     copy while the resident cost is the file's 2 bytes per weight instead of 4 (at the Flash
-    shape that is 2 GiB instead of 4). The per-call copy is cheap next
+    shape that is 2 GiB instead of 4 of the memory plan). The per-call copy is cheap next
     to the product itself. On the CPU device it is stored transposed and contiguous, [in, out],
     and `weight` is a view of that: with the reference BLAS of the Linux mlx[cpu] wheel,
     `x @ Wt` on a contiguous Wt runs ~2.4x faster than `x @ W.T` on the transposed view (same

@@ -186,7 +186,7 @@ def test_directories_that_are_not_conversions_say_what_is_missing(tmp_path, caps
             (d / "config.json").write_text(text)
         code = cli_main(["dump-logits", "--model", str(d), "--tokens", "1", "--out", str(tmp_path / "o.npy")])
         err = capsys.readouterr().err
-        # A bad model file is exit 1 at the file commands' boundary (issue 13, run_file_command).
+        # A bad model file is exit 1 at the file commands' boundary (commands/boundary.py).
         assert code == 1 and message in err and "Errno" not in err and "Traceback" not in err, err
         if "index.json" not in message:  # info reads the same config.json with the same words
             assert cli_main(["info", str(d)]) == 2 and message in capsys.readouterr().err

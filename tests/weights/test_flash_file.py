@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 
 from ds4agent.cli import main as cli_main
+from ds4agent.commands.info import format_info
 from ds4agent.engine import ConfigError, quant
 from ds4agent.engine import config as config_mod
 from ds4agent.engine.experts.base import quant_experts
 from ds4agent.engine.experts.portable import QuantExperts
 from ds4agent.engine.gguf import GGUFFile
-from ds4agent.engine.memory import format_info, model_info, payload_bytes
+from ds4agent.engine.memory import model_info, payload_bytes
 from tests.weights.flashfile import write_sparse_flash
 
 GIB = 1 << 30
