@@ -30,7 +30,7 @@ from ds4agent.tools.base import (
 )
 from ds4agent.tools.files import MAX_FILE_BYTES, line_text, split_lines
 from ds4agent.tools.regex_worker import RegexInterrupted, RegexTimeout, RegexWorker, RegexWorkerFailed
-from ds4agent.tools.regular import open_regular, refuse_unless_regular
+from ds4agent.tools.regular import open_regular, read_bounded, refuse_unless_regular
 
 MAX_DEPTH = 24
 MAX_SHOWN_CHARS = 400
@@ -164,7 +164,7 @@ class SearchTool:
                 with f:
                     if fst.st_size > MAX_FILE_BYTES:
                         continue
-                    data = f.read(MAX_FILE_BYTES + 1)
+                    data = read_bounded(f, MAX_FILE_BYTES + 1)
             except (OSError, ToolError):
                 continue  # vanished, unreadable, or no longer a regular file since the walk
             if b"\0" in data or len(data) > MAX_FILE_BYTES:
