@@ -8,8 +8,8 @@ Public API (see each module's docstring):
 * bash.py: running_jobs_update(ctx) for the re-announcement after compaction
 * files.py: plan_change() (what a write/edit would do, for previews), atomic_write()
 * shellscan.py: scan(command, cwd) (the programs a command runs, the writes that always ask)
-* regular.py, regex_worker.py: internal to the file tools and search (regular files only; a
-  regex run in a killable child process)
+* regular.py: internal to the file tools and search (regular files only, read in bounded pieces);
+  search runs ripgrep (the `ripgrep` wheel's rg) as a killable child process
 
 Importing this package imports nothing heavy (no engine, no UI).
 """
