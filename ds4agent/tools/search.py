@@ -10,7 +10,9 @@ directory levels, sorted by name (the same tree always gives the same output), s
 over 16 MiB and binary files; hidden files are searched, `.git` and the tool caches of SKIP_DIRS
 are not (an explicit path inside one of them still is). This module keeps what it always did
 with the hits: each matching file is read again here, line numbers follow split_lines (LF, CRLF
-or a lone CR), a file with a NUL byte is skipped, the glob filter uses fnmatch on the name or the
+or a lone CR: such a file is searched again from memory with those CRs as LFs; a match that only
+a lone CR makes possible, a ^ or $ beside one, is not found in the tree), a file with a NUL byte
+is skipped, the glob filter uses fnmatch on the name or the
 relative path, printed lines count as shown for the edit guard, and a search cut by max_results
 or the size budget says so. A search ends after SEARCH_TIME_LIMIT seconds or at the user's
 interrupt, keeping what it found: rg runs as a child process that is killed on either.
@@ -18,11 +20,8 @@ interrupt, keeping what it found: rg runs as a child process that is killed on e
 
 from __future__ import annotations
 
-import base64
-import bisect
 import fnmatch
 import importlib.metadata
-import json
 import os
 import select
 import shutil
@@ -31,7 +30,6 @@ import subprocess
 import sysconfig
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -86,31 +84,25 @@ def _glob_ok(pattern: str | None, rel: str) -> bool:
     return fnmatch.fnmatchcase(os.path.basename(rel), pattern) or fnmatch.fnmatchcase(rel, pattern)
 
 
-@dataclass
-class _FileHits:
-    """What rg reported for one file: its path and the byte offsets where matches start."""
-
-    path: str
-    offsets: list[int] = field(default_factory=list)
-
-
 class _Stopped(Exception):
     def __init__(self, why: str) -> None:
         self.why = why  # "interrupted" | "timed_out"
 
 
-def _json_path(obj: Mapping[str, Any]) -> str:
-    if "text" in obj:
-        return obj["text"]
-    return os.fsdecode(base64.b64decode(obj["bytes"]))  # a name that is not UTF-8
+# rg prints `PATH NUL LINENO:` and then the line, which --max-columns=1 replaces by a short note:
+# a matching 16 MiB line costs a few bytes of output, never the line itself (nor, as --json
+# would, one record per match inside it). A name may hold any byte but NUL, so the parse takes
+# the name up to the NUL first and only then looks for the end of the record.
+_RG_OUTPUT = ["--null", "--line-number", "--no-heading", "--max-columns=1"]
 
 
 class _Ripgrep:
-    """One rg run, read as it goes: yields each file's hits when rg finishes that file."""
+    """One rg run over a tree, read as it goes: yields (path, line numbers) per matching file."""
 
     def __init__(self, argv: list[str], deadline: float, should_stop) -> None:
         self.deadline = deadline
         self.should_stop = should_stop
+        self.stderr = b""
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True,
             # Its own session: a Ctrl+C typed in a plain terminal reaches the agent, which decides.
@@ -124,11 +116,9 @@ class _Ripgrep:
                 stream.close()
         self.proc.wait()
 
-    def _lines(self) -> Iterator[bytes]:
+    def _chunks(self) -> Iterator[bytes]:
         assert self.proc.stdout is not None and self.proc.stderr is not None
         out, err = self.proc.stdout.fileno(), self.proc.stderr.fileno()
-        pending = b""
-        self.stderr = b""
         open_fds = {out, err}
         while open_fds:
             if self.should_stop():
@@ -145,33 +135,39 @@ class _Ripgrep:
                 elif fd == err:
                     self.stderr = (self.stderr + chunk)[:4096]
                 else:
-                    pending += chunk
-                    *whole, pending = pending.split(b"\n")
-                    yield from whole
-        if pending:
-            yield pending
-
-    def files(self) -> Iterator[_FileHits]:
-        current: _FileHits | None = None
-        for raw in self._lines():
-            try:
-                event = json.loads(raw)
-            except ValueError:
-                continue
-            kind, data = event.get("type"), event.get("data") or {}
-            if kind == "begin":
-                current = _FileHits(_json_path(data["path"]))
-            elif kind == "match" and current is not None:
-                base = int(data["absolute_offset"])
-                subs = data.get("submatches") or []
-                if subs:
-                    current.offsets.extend(base + int(m["start"]) for m in subs)
-                else:
-                    current.offsets.append(base)
-            elif kind == "end" and current is not None:
-                yield current
-                current = None
+                    yield chunk
         self.proc.wait()
+
+    def files(self) -> Iterator[tuple[str, list[int]]]:
+        """A file's numbers are complete when the next file's first record (or the end) arrives;
+        a search stopped meanwhile still gets the file it was in the middle of."""
+        buf = b""
+        path: bytes | None = None
+        numbers: list[int] = []
+        try:
+            for chunk in self._chunks():
+                buf += chunk
+                pos = 0
+                while True:
+                    nul = buf.find(b"\0", pos)
+                    end = buf.find(b"\n", nul + 1) if nul >= 0 else -1
+                    if end < 0:
+                        break
+                    name, number = buf[pos:nul], buf[nul + 1:end].split(b":", 1)[0]
+                    pos = end + 1
+                    if name != path:
+                        if path is not None and numbers:
+                            yield os.fsdecode(path), numbers
+                        path, numbers = name, []
+                    if number.isdigit():
+                        numbers.append(int(number))
+                buf = buf[pos:]
+        except _Stopped:
+            if path is not None and numbers:
+                yield os.fsdecode(path), numbers
+            raise
+        if path is not None and numbers:
+            yield os.fsdecode(path), numbers
 
     def error(self) -> str | None:
         """rg's own complaint (a pattern it cannot compile), once it has ended."""
@@ -179,6 +175,12 @@ class _Ripgrep:
             lines = [x.strip() for x in self.stderr.decode("utf-8", "replace").splitlines() if x.strip()]
             return " ".join(x.removeprefix("rg: ") for x in lines)
         return None
+
+
+def _lone_cr_to_lf(data: bytes) -> bytes:
+    """The same bytes with every lone CR made an LF (CRLF kept): a line break here is one for rg,
+    at the same offsets. The data holds no NUL (such files are skipped), so NUL marks CRLF."""
+    return data.replace(b"\r\n", b"\0\0").replace(b"\r", b"\n").replace(b"\0\0", b"\r\n")
 
 
 class SearchTool:
@@ -227,26 +229,28 @@ class SearchTool:
         rg = find_rg()
         if rg is None:
             raise ToolError(RG_MISSING)
-        argv = [rg, "--no-config", "--json", "--no-messages", "--sort", "path", "--hidden", "--crlf",
-                "--encoding", "none", "--max-filesize", str(MAX_FILE_BYTES), "--max-depth", str(MAX_DEPTH),
-                "--max-count", str(limit + 1), "--case-sensitive" if case else "--ignore-case"]
-        if mode != "regex":
-            argv.append("--fixed-strings")
+        # How rg matches: the same for the tree and for a file re-searched from stdin (see _search).
+        matching = ["--no-config", "--no-messages", "--crlf", "--encoding", "none", "--max-count", str(limit + 1),
+                    "--case-sensitive" if case else "--ignore-case", *(["--fixed-strings"] if mode != "regex" else []),
+                    "--regexp", query]
+        argv = [rg, *matching, *_RG_OUTPUT, "--with-filename", "--sort", "path", "--hidden",
+                "--max-filesize", str(MAX_FILE_BYTES), "--max-depth", str(MAX_DEPTH)]
         if is_dir:
             argv += [f"--glob=!{name}/" for name in sorted(SKIP_DIRS)]
-        argv += ["--regexp", query, "--", str(root)]
+        argv += ["--", str(root)]
         deadline = time.monotonic() + SEARCH_TIME_LIMIT
         try:
             run = _Ripgrep(argv, deadline, ctx.should_stop)
         except OSError as exc:
             raise ToolError(f"{RG_MISSING} ({rg}: {exc.strerror})") from None
         try:
-            return self._search(ctx, run, str(root), path, is_dir, query, pattern, context, limit)
+            return self._search(ctx, run, [rg, *matching], str(root), path, is_dir, query, pattern, context,
+                                limit)
         finally:
             run.close()
 
-    def _search(self, ctx: ToolContext, run: _Ripgrep, root: str, path: str, is_dir: bool, query: str,
-                pattern: str | None, context: int, limit: int) -> ToolResult:
+    def _search(self, ctx: ToolContext, run: _Ripgrep, rg_matching: list[str], root: str, path: str,
+                is_dir: bool, query: str, pattern: str | None, context: int, limit: int) -> ToolResult:
         blocks: list[str] = []
         size = 0
         total = 0
@@ -258,8 +262,7 @@ class SearchTool:
         if ctx.should_stop():
             raise ToolError("search interrupted by the user before any match was found")
         try:
-            for found in run.files():
-                full = found.path
+            for full, numbers in run.files():
                 rel = os.path.relpath(full, root) if is_dir else os.path.basename(path)
                 if not _glob_ok(pattern, rel):
                     continue
@@ -272,13 +275,11 @@ class SearchTool:
                 if b"\0" in data or len(data) > MAX_FILE_BYTES:
                     continue
                 lines = split_lines(data)
-                starts = [0]
-                for line in lines:
-                    starts.append(starts[-1] + len(line))
-                # rg's lines end at LF only; a lone CR also ends a line here: each match start
-                # is placed in the line that holds it (the same number for LF and CRLF files).
-                hits = sorted({bisect.bisect_right(starts, off) - 1 for off in found.offsets
-                               if 0 <= off < starts[-1]})
+                if b"\r" in data.replace(b"\r\n", b""):
+                    # rg's lines end at LF only; here a lone CR ends one too (old Mac files): the
+                    # file is searched again with those CRs as LFs, so the numbers are ours.
+                    numbers = _search_bytes(rg_matching, _lone_cr_to_lf(data), run.deadline)
+                hits = sorted({n - 1 for n in numbers if 0 < n <= len(lines)})
                 room = limit - total
                 if len(hits) > room:
                     cut = True
@@ -336,6 +337,17 @@ class SearchTool:
             text += f"[search stopped at max_results={limit}; more matches exist: narrow the query, path or glob]\n"
         summary = f"search {query!r}: {total} match{'es' if total != 1 else ''} in {n_files} file{'s' if n_files != 1 else ''}"
         return ToolResult(text, display=TextDisplay(summary=summary, body=text))
+
+
+def _search_bytes(rg_matching: list[str], data: bytes, deadline: float) -> list[int]:
+    """Line numbers of the matches in `data` (one file, at most 16 MiB: linear, so it is waited
+    for up to the deadline without polling the interrupt)."""
+    try:
+        done = subprocess.run([*rg_matching, *_RG_OUTPUT, "--no-filename", "-"], input=data, capture_output=True,
+                              timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise _Stopped("timed_out") from None
+    return [int(x.split(b":", 1)[0]) for x in done.stdout.splitlines() if x.split(b":", 1)[0].isdigit()]
 
 
 def _no_matches(query: str) -> ToolResult:

@@ -2,7 +2,6 @@
 pattern that backtracks for hours in Python's `re` answers at once; a search that is slow for
 other reasons (a huge tree) still ends at the time limit or at the user's interrupt, killing rg."""
 
-import json
 import os
 import stat
 
@@ -71,20 +70,15 @@ def fake_rg(tmp_path, body: str) -> str:
     return str(path)
 
 
-def _events(path) -> str:
-    data = path.read_bytes()
-    begin = {"type": "begin", "data": {"path": {"text": str(path)}}}
-    match = {"type": "match", "data": {"path": {"text": str(path)}, "lines": {"text": data.decode()},
-                                       "line_number": 1, "absolute_offset": 0,
-                                       "submatches": [{"match": {"text": "x"}, "start": 0, "end": 1}]}}
-    end = {"type": "end", "data": {"path": {"text": str(path)}}}
-    return "".join(json.dumps(e) + "\n" for e in (begin, match, end))
+def _records(path) -> bytes:
+    """What rg prints for a match on the first line of `path` (see search._RG_OUTPUT)."""
+    return os.fsencode(path) + b"\x001:[Omitted long matching line]\n"
 
 
 def test_a_slow_search_times_out_and_keeps_the_matches_found_before(call, ctx, tmp_path, monkeypatch, within):
     (ctx.cwd / "a.txt").write_text("plain words\n")
     events = tmp_path / "events"
-    events.write_text(_events(ctx.cwd / "a.txt"))
+    events.write_bytes(_records(ctx.cwd / "a.txt"))
     pid = tmp_path / "pid"
     monkeypatch.setattr(search, "find_rg", lambda: fake_rg(tmp_path, f"echo $$ > {pid}\ncat {events}\nexec sleep 60\n"))
     monkeypatch.setattr(search, "SEARCH_TIME_LIMIT", 0.5)
@@ -124,3 +118,24 @@ def test_a_missing_rg_is_a_clear_error(call, ctx, monkeypatch):
 def test_rg_is_found_where_the_ripgrep_wheel_put_it():
     rg = search.find_rg()
     assert rg is not None and os.access(rg, os.X_OK) and os.path.basename(rg) == "rg"
+
+
+def test_a_huge_line_full_of_matches_costs_its_own_size_not_one_record_per_match(call, ctx):
+    import tracemalloc
+
+    (ctx.cwd / "big.txt").write_bytes(b"a" * (8 << 20) + b"\nb\n")
+    tracemalloc.start()
+    try:
+        r = call("search", query="a")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert r.text.startswith("1 match shown\n\nbig.txt\n  1 " + "a" * 400 + f" [... {(8 << 20) - 400} more chars]")
+    assert peak < 80 << 20  # the file, its lines and its text: a few copies of 8 MiB, not 8M matches
+
+
+def test_a_file_name_with_a_line_break_is_reported_whole(call, ctx):
+    (ctx.cwd / "two\nlines.txt").write_text("needle\n")
+    (ctx.cwd / "z.txt").write_text("needle\n")
+    r = call("search", query="needle")
+    assert r.text == "2 matches shown\n\ntwo\nlines.txt\n  1 needle\n\nz.txt\n  1 needle\n\n"
