@@ -12,9 +12,8 @@ are not (an explicit path inside one of them still is). This module keeps what i
 with the hits: each matching file is read again here, line numbers follow split_lines (LF, CRLF
 or a lone CR: such a file is searched again from memory with those CRs as LFs; a match that only
 a lone CR makes possible, a ^ or $ beside one, is not found in the tree), a file with a NUL byte
-is skipped, the glob filter uses fnmatch on the name or the
-relative path, printed lines count as shown for the edit guard, and a search cut by max_results
-or the size budget says so. A search ends after SEARCH_TIME_LIMIT seconds or at the user's
+is skipped, the glob filter uses fnmatch on the name or the relative path, printed lines count as
+shown for the edit guard, and a search cut by max_results or the size budget says so. A search ends after SEARCH_TIME_LIMIT seconds or at the user's
 interrupt, keeping what it found: rg runs as a child process that is killed on either.
 """
 
