@@ -28,11 +28,12 @@ def _peak(fn):
         tracemalloc.stop()
 
 
-def claimed_layout_file(path, *, layers, size, vocab=1, head_dim=1):
+def claimed_layout_file(path, *, layers, size, vocab=1, head_dim=1, tokens=1):
     """A checkpoint whose payload header claims `layers` layers, the file `size` bytes long (all
     but the first ~110 bytes a hole), payload_bytes filling the file exactly."""
-    payload = PayloadHeader(PAYLOAD_MAGIC, 2, 2, 2, 1, 1, 0, 1, layers, head_dim, 1, vocab, 1)
-    header = KVCHeader(2, 1, 0, 0, 1, 0, 2, 1, 1, size - 52 - len(TEXT))
+    ctx = max(2, tokens + 1)
+    payload = PayloadHeader(PAYLOAD_MAGIC, 2, ctx, 2, 1, 1, 0, tokens, layers, head_dim, 1, vocab, 1)
+    header = KVCHeader(2, 1, 0, 0, tokens, 0, ctx, 1, 1, size - 52 - len(TEXT))
     with open(path, "wb") as f:
         f.write(header.pack() + struct.pack("<I", len(TEXT)) + TEXT + payload.pack() + struct.pack("<I", 0))
         f.truncate(size)
@@ -63,6 +64,9 @@ def test_a_huge_claimed_vocabulary_or_head_dimension_is_refused_too(tmp_path):
     assert "1073741824 vocabulary" in str(result.error) and peak < 1 << 20
     path = claimed_layout_file(tmp_path / "b.kv", layers=4, head_dim=1 << 20, size=1 << 40)
     assert "1048576 head dimension" in str(verify_kvc(path).error)
+    # 2^32 - 2 tokens would be 16 GiB of token ids to scan through the hole.
+    path = claimed_layout_file(tmp_path / "c.kv", layers=4, tokens=0xFFFFFFFE, size=1 << 40)
+    assert "4294967294 tokens, at most 16777216" in str(verify_kvc(path).error)
 
 
 def test_a_plausible_layout_in_a_short_file_is_still_just_truncated(tmp_path):
