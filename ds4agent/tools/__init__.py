@@ -18,8 +18,8 @@ Public modules with their own API:
     shellscan.py    scan(command, cwd): the programs a command runs, the writes that always ask
 
 Internal modules: registry.py (the table), context.py, results.py, args.py (argument coercion),
-jobs.py (background processes), bash.py, listing.py, search.py, regular.py and regex_worker.py
-(regular files only; a regex run in a killable child process).
+jobs.py (background processes), bash.py, listing.py, regular.py (regular files only, read in
+bounded pieces), search.py (ripgrep, the `ripgrep` wheel's rg, as a killable child process).
 
 Importing this package imports nothing heavy (no engine, no UI).
 """

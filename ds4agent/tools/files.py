@@ -33,7 +33,7 @@ from typing import Any
 from ds4agent import fsutil
 from ds4agent.tools.args import arg_bool, arg_int, arg_str
 from ds4agent.tools.context import ReadCursor, ToolContext
-from ds4agent.tools.regular import open_regular, refuse_unless_regular
+from ds4agent.tools.regular import open_regular, read_bounded, refuse_unless_regular
 from ds4agent.tools.results import RESULT_CAP_BYTES, DiffDisplay, DiffLine, TextDisplay, ToolError, ToolResult
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
@@ -100,7 +100,7 @@ def load_file(ctx: ToolContext, path: str) -> tuple[str, bytes]:
     try:
         f, _ = open_regular(full, path)
         with f:
-            data = f.read(MAX_FILE_BYTES + 1)
+            data = read_bounded(f, MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise ToolError(f"cannot read {path}: {exc.strerror}") from None
     if len(data) > MAX_FILE_BYTES:
@@ -339,7 +339,7 @@ def _current_content(full: str, path: str) -> tuple[bytes | None, str | None]:
     try:
         f, _ = open_regular(full, path)
         with f:
-            data = f.read(MAX_FILE_BYTES + 1)
+            data = read_bounded(f, MAX_FILE_BYTES + 1)
     except OSError as exc:
         return None, f"cannot read the current file: {exc.strerror}"
     if len(data) > MAX_FILE_BYTES:  # it grew since the stat
