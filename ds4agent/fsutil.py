@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -140,3 +141,52 @@ def atomic_write(target: str | os.PathLike[str], data: bytes, *, mode: int | Non
     """Replace `target` with `data` atomically (see atomic_path)."""
     with atomic_file(target, mode=mode, make_parents=make_parents) as fh:
         fh.write(data)
+
+
+@contextlib.contextmanager
+def atomic_entry_at(dir_fd: int, name: str, *, mode: int,
+                    before_replace: Callable[[], None] | None = None) -> Iterator[BinaryIO]:
+    """atomic_entry for the entry `name` of the directory open at `dir_fd` (a descriptor the caller
+    reached without following links): the temp file is made in that very directory
+    (O_CREAT|O_EXCL|O_NOFOLLOW), written, chmodded and fsynced through its descriptor, then
+    renamed over `name` relative to the same descriptor, so no path is looked up again by name
+    from the root. `before_replace` runs after the data is durable and just before the rename; an
+    exception from it (the caller found the target changed) removes the temp file and leaves the
+    target untouched."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        tmp = f".{name[:200]}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+        try:
+            fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
+            break
+        except FileExistsError:
+            continue
+    try:
+        with os.fdopen(fd, "wb", buffering=1 << 20) as fh:
+            yield fh
+            fh.flush()
+            os.fchmod(fh.fileno(), mode)
+            os.fsync(fh.fileno())
+        if before_replace is not None:
+            before_replace()
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    fsync_dir_at(dir_fd)
+
+
+def fsync_dir_at(dir_fd: int) -> None:
+    """fsync_dir for a directory open at `dir_fd` (which may be an O_PATH descriptor: fsync needs
+    a real one, so "." is opened relative to it)."""
+    try:
+        fd = os.open(".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0), dir_fd=dir_fd)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

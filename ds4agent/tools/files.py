@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import bisect
 import difflib
-import os
+import json
 import re
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ds4agent import fsutil
 from ds4agent.tools.base import (
     RESULT_CAP_BYTES,
     DiffDisplay,
@@ -44,9 +42,11 @@ from ds4agent.tools.base import (
     arg_int,
     arg_str,
 )
-from ds4agent.tools.regular import open_regular, refuse_unless_regular
+from ds4agent.tools.beneath import FileState, open_file, replace_file, state_at
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
+# A write over a larger file keeps no copy of it for /rewind (a sparse file may claim terabytes).
+UNDO_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_CHUNK = 500
 MAX_CHUNK = 100_000
 CONTEXT_BEFORE = 5
@@ -95,37 +95,32 @@ def numbered(lines: list[bytes], first: int, last: int) -> str:
 
 
 def load_file(ctx: ToolContext, path: str) -> tuple[str, bytes]:
-    """(guard key, bytes) of an existing regular text file within the size limit; ToolError otherwise
-    (a FIFO or a device is refused before it is opened: reading one would block or never end)."""
-    full = ctx.resolve(path)
+    """(guard key, bytes) of an existing regular text file within the size limit; ToolError otherwise."""
+    key, data, _ = load_file_state(ctx, path)
+    return key, data
+
+
+def load_file_state(ctx: ToolContext, path: str) -> tuple[str, bytes, FileState]:
+    """load_file plus the state the file had when it was read (a change planned on these bytes is
+    written only over that state). The file is opened beneath its real path (tools/beneath.py);
+    a FIFO or a device is refused before it is opened: reading one would block or never end."""
+    key = ctx.abs_key(path)
     try:
-        st = os.stat(full)
+        f, st = open_file(key, path)
     except OSError as exc:
         raise ToolError(f"cannot open {path}: {exc.strerror}") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise ToolError(f"{path} is a directory; use the list tool to see its entries")
-    refuse_unless_regular(st.st_mode, path)
-    if st.st_size > MAX_FILE_BYTES:
-        raise ToolError(f"file too large: {path} exceeds {MAX_FILE_BYTES} bytes")
-    try:
-        f, _ = open_regular(full, path)
-        with f:
+    with f:
+        if st.st_size > MAX_FILE_BYTES:
+            raise ToolError(f"file too large: {path} exceeds {MAX_FILE_BYTES} bytes")
+        try:
             data = f.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise ToolError(f"cannot read {path}: {exc.strerror}") from None
+        except OSError as exc:
+            raise ToolError(f"cannot read {path}: {exc.strerror}") from None
     if len(data) > MAX_FILE_BYTES:
         raise ToolError(f"file too large: {path} exceeds {MAX_FILE_BYTES} bytes")
     if b"\0" in data:
         raise ToolError(f"binary file: {path} contains NUL bytes; inspect it with bash (for example xxd or file)")
-    return ctx.abs_key(path), data
-
-
-def atomic_write(target: str, data: bytes) -> None:
-    """Replace `target` through ds4agent.fsutil's one procedure (temp file beside the real target,
-    fsync, rename, directory fsync): a crash leaves the old file or the new one, never half.
-    Permission bits are kept, a symlink is written through (the link keeps pointing at the new
-    file) and missing parent directories are created (`write` creates them, issue 6)."""
-    fsutil.atomic_write(target, data, make_parents=True)
+    return key, data, FileState.of(st)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -317,6 +312,9 @@ class Change:
     keep_after: int | None = None
     # The file exists but its content is not shown (why, in words): the preview has no diff.
     before_unshown: str | None = None
+    # What stood at the real path when the change was planned (None: no file): the write is
+    # refused when the file is not in this state any more at the moment of the rename.
+    state: FileState | None = None
 
     @property
     def creates(self) -> bool:
@@ -328,35 +326,38 @@ class Change:
         return make_diff(self.path, self.before, self.after)
 
 
-def _current_content(full: str, path: str) -> tuple[bytes | None, str | None]:
-    """What a write will replace, for its diff: (bytes, None) for a text file within the read/edit
-    limits; (None, None) when there is no file yet; (None, why) when the file exists but cannot be
-    shown (too large, binary, unreadable): the write still may replace it, the preview just has no
-    diff. A directory, FIFO or device is refused: write replaces regular files only, and reading
-    one to preview it would block or never end."""
+def _current_content(key: str, path: str) -> tuple[bytes | None, str | None, FileState | None]:
+    """What a write will replace, for its diff, and the state it was found in: (bytes, None) for a
+    text file within the read/edit limits; (None, None) when there is no file yet; (None, why) when
+    the file exists but cannot be shown (too large, binary, unreadable): the write still may
+    replace it, the preview just has no diff. A directory, FIFO or device is refused: write
+    replaces regular files only, and reading one to preview it would block or never end."""
     try:
-        st = os.stat(full)
-    except FileNotFoundError:
-        return None, None
+        state = state_at(key, path)
     except OSError as exc:
-        return None, f"cannot look at the current file: {exc.strerror}"
-    if stat.S_ISDIR(st.st_mode):
-        raise ToolError(f"{path} is a directory")
-    refuse_unless_regular(st.st_mode, path)
+        return None, f"cannot look at the current file: {exc.strerror}", None
+    if state is None:
+        return None, None, None
     too_large = f"the current file ({{size}} bytes) is over the {MAX_FILE_BYTES} byte limit of read/edit and is not shown"
-    if st.st_size > MAX_FILE_BYTES:
-        return None, too_large.format(size=st.st_size)
     try:
-        f, _ = open_regular(full, path)
-        with f:
-            data = f.read(MAX_FILE_BYTES + 1)
+        f, st = open_file(key, path, list_hint=False)
+    except FileNotFoundError:
+        return None, None, None
     except OSError as exc:
-        return None, f"cannot read the current file: {exc.strerror}"
+        return None, f"cannot read the current file: {exc.strerror}", state
+    with f:
+        state = FileState.of(st)
+        if st.st_size > MAX_FILE_BYTES:
+            return None, too_large.format(size=st.st_size), state
+        try:
+            data = f.read(MAX_FILE_BYTES + 1)
+        except OSError as exc:
+            return None, f"cannot read the current file: {exc.strerror}", state
     if len(data) > MAX_FILE_BYTES:  # it grew since the stat
-        return None, too_large.format(size=len(data))
+        return None, too_large.format(size=len(data)), state
     if b"\0" in data:
-        return None, f"the current file ({len(data)} bytes) is binary and is not shown"
-    return data, None
+        return None, f"the current file ({len(data)} bytes) is binary and is not shown", state
+    return data, None, state
 
 
 def plan_write(args: Mapping[str, Any], ctx: ToolContext) -> Change:
@@ -364,44 +365,61 @@ def plan_write(args: Mapping[str, Any], ctx: ToolContext) -> Change:
     content = arg_str(args, "content", required=True)
     if not path.strip():
         raise ToolError("empty path")
-    before, unshown = _current_content(str(ctx.resolve(path)), path)
+    key = ctx.abs_key(path)
+    before, unshown, state = _current_content(key, path)
     after = content.encode("utf-8")
-    return Change(path=path, key=ctx.abs_key(path), before=before, after=after, before_unshown=unshown,
+    return Change(path=path, key=key, before=before, after=after, before_unshown=unshown, state=state,
                   result_text=f"Wrote {len(after)} bytes to {path}\n")
 
 
-def _content_before(change: Change, ctx: ToolContext) -> bytes | None:
-    """What the file holds before the write, for the code checkpoint (on_write). The preview may
-    have left it unread (too large, binary: before is None then, as for a new file), but undoing
-    the write must put those bytes back, not delete the file: read them here, whole."""
+def _content_before(change: Change) -> tuple[bytes | None, bool]:
+    """What the file holds before the write, for the code checkpoint (on_write), and whether a copy
+    is kept at all. The preview may have left it unread (too large, binary: before is None then,
+    as for a new file), but undoing the write must put those bytes back, not delete the file: read
+    them here, whole, up to UNDO_MAX_BYTES. A larger file (a sparse file may claim terabytes) is
+    not copied: the write goes ahead without a checkpoint and its result says so."""
     if change.before is not None or change.before_unshown is None:
-        return change.before
+        return change.before, True
+    if change.state is not None and change.state.size > UNDO_MAX_BYTES:
+        return None, False
     try:
-        f, _ = open_regular(ctx.resolve(change.path), change.path)
+        f, st = open_file(change.key, change.path)
         with f:
-            return f.read()
+            if FileState.of(st) != change.state:
+                raise ToolError("it changed since the change was planned")
+            data = f.read(UNDO_MAX_BYTES + 1)
     except (OSError, ToolError) as exc:
         # Without the old bytes a /rewind could not undo the write (it would remove the file):
         # refused before anything is changed.
-        raise ToolError(f"cannot keep a copy of {change.path} for /rewind: {exc}") from None
+        why = exc.message if isinstance(exc, ToolError) else exc.strerror or exc
+        raise ToolError(f"cannot keep a copy of {change.path} for /rewind: {why}") from None
+    if len(data) > UNDO_MAX_BYTES:  # grew since the stat; the state check at the write refuses it
+        return None, False
+    return data, True
 
 
 def _apply(change: Change, ctx: ToolContext) -> ToolResult:
     """Write the change, then tell what happened to the file. Only a failed write is a failure:
     once the file is replaced, trouble with the bookkeeping after it (the guard's records, the
     diff for the UI: both scale with the file and can run out of memory) must not make the model
-    believe the file is unchanged."""
-    undo = _content_before(change, ctx) if ctx.on_write is not None else change.before
+    believe the file is unchanged. The write goes to the real path the change was planned on,
+    beneath (no link followed), and only over the state the change was planned against."""
+    undo, kept = _content_before(change) if ctx.on_write is not None else (change.before, True)
     try:
-        atomic_write(str(ctx.resolve(change.path)), change.after)
+        replace_file(change.key, change.after, change.path, make_parents=True, expect=change.state)
     except OSError as exc:
         raise ToolError(f"cannot write {change.path}: {exc.strerror or exc}") from None
-    key = ctx.abs_key(change.path)  # the file exists now, so symlinks resolve
-    if ctx.on_write is not None:
+    key = change.key
+    if ctx.on_write is not None and kept:
         try:
             ctx.on_write(key, undo, change.after)
         except Exception:  # noqa: BLE001 - see the docstring; the agent reports its own failures
             pass
+    if not kept:
+        size = change.state.size if change.state is not None else 0
+        change.result_text += (f"Note: the old {change.path} ({size} bytes) is over the "
+                               f"{UNDO_MAX_BYTES >> 20} MiB limit of code checkpoints: no copy was "
+                               "kept, /rewind cannot restore it.\n")
     try:
         _record(change, ctx, key)
     except Exception:  # noqa: BLE001 - see the docstring
@@ -412,6 +430,63 @@ def _apply(change: Change, ctx: ToolContext) -> ToolResult:
         first = change.result_text.split("\n", 1)[0]
         display = TextDisplay(summary=f"{first} (no diff: {type(exc).__name__})", body=change.result_text)
     return ToolResult(change.result_text, display=display)
+
+
+# --------------------------------------------------------------------------------------------------
+# Approvals: what the permission question showed is what gets written
+
+
+@dataclass(frozen=True)
+class Approval:
+    """What the permission policy judged for one write/edit call: the real path (inside the tree
+    or not) and, when it asked, the change the question showed. planned_ok False: planning failed
+    at the check (nothing to approve), so a run that now succeeds was never asked about."""
+
+    tool: str
+    args: str  # the call's arguments, canonical JSON
+    key: str
+    change: Change | None = None
+    planned_ok: bool = True
+
+
+def _args_text(args: Mapping[str, Any]) -> str:
+    return json.dumps(dict(args), sort_keys=True, default=str)
+
+
+def approve(ctx: ToolContext, tool: str, args: Mapping[str, Any], key: str, change: Change | None = None,
+            *, planned_ok: bool = True) -> None:
+    """The permission policy's record of what it allowed (or asked about) for the next call."""
+    ctx.approved = Approval(tool, _args_text(args), key, change, planned_ok)
+
+
+def _take_approval(ctx: ToolContext, tool: str, args: Mapping[str, Any]) -> Approval | None:
+    approval, ctx.approved = ctx.approved, None
+    if isinstance(approval, Approval) and approval.tool == tool and approval.args == _args_text(args):
+        return approval
+    return None
+
+
+def _planned(tool: str, args: Mapping[str, Any], ctx: ToolContext) -> Change:
+    """Plan the call again at the moment it runs and hold it to what was approved: the same real
+    path, and the same file content and state as the question's diff. Anything else is refused,
+    with nothing written."""
+    approval = _take_approval(ctx, tool, args)
+    change = plan_write(args, ctx) if tool == "write" else plan_edit(args, ctx)
+    if approval is None:
+        return change
+    if not approval.planned_ok:
+        raise ToolError(f"{change.path} changed since the permission check (the call could not be "
+                        "planned then); nothing was written. Call the tool again")
+    if change.key != approval.key:
+        raise ToolError(f"{change.path} now leads to {change.key}, not to {approval.key} as when the "
+                        "permission was checked (a directory or link on the way was replaced); "
+                        "nothing was written")
+    shown = approval.change
+    if shown is not None and (shown.state != change.state or shown.before != change.before
+                              or shown.after != change.after):
+        raise ToolError(f"{change.path} changed since the diff was shown to the user; nothing was "
+                        "written. Read the file again and redo the change")
+    return change
 
 
 def _record(change: Change, ctx: ToolContext, key: str) -> None:
@@ -442,7 +517,7 @@ class WriteTool:
     mutates = True
 
     def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
-        return _apply(plan_write(args, ctx), ctx)
+        return _apply(_planned("write", args, ctx), ctx)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -672,10 +747,16 @@ def _plan_replace(ctx: ToolContext, path: str, key: str, data: bytes, old_s: str
 def plan_edit(args: Mapping[str, Any], ctx: ToolContext) -> Change:
     """Validate an edit call and compute the new file bytes and result text; writes nothing."""
     path = arg_str(args, "path", required=True)
+    key, data, state = load_file_state(ctx, path)
+    change = _plan_edit_of(args, ctx, path, key, data)
+    change.state = state
+    return change
+
+
+def _plan_edit_of(args: Mapping[str, Any], ctx: ToolContext, path: str, key: str, data: bytes) -> Change:
     old = arg_str(args, "old")
     new = arg_str(args, "new")
     rng = arg_str(args, "range")
-    key, data = load_file(ctx, path)
     if old is not None:
         return _plan_replace(ctx, path, key, data, old, new if new is not None else "")
     lines = split_lines(data)
@@ -743,7 +824,7 @@ class EditTool:
     mutates = True
 
     def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
-        return _apply(plan_edit(args, ctx), ctx)
+        return _apply(_planned("edit", args, ctx), ctx)
 
 
 def plan_change(tool_name: str, args: Mapping[str, Any], ctx: ToolContext) -> Change:
