@@ -78,21 +78,21 @@ def open_dir(real: str, shown: str, *, create: bool = False, listable: bool = Fa
         for i, part in enumerate(parts):
             flags = _LIST if listable and i == len(parts) - 1 else _WALK
             try:
-                nxt = os.open(part, flags, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, 0o777, dir_fd=fd)
                 try:
                     nxt = os.open(part, flags, dir_fd=fd)
-                except OSError as err:
-                    if err.errno in (errno.ELOOP, errno.ENOTDIR):
-                        raise _changed(shown, os.path.join(done, part)) from None
-                    raise
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o777, dir_fd=fd)
+                    nxt = os.open(part, flags, dir_fd=fd)
             except OSError as err:
-                if err.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise _changed(shown, os.path.join(done, part)) from None
+                # A link where the real path had a directory was put there since: refused. A plain
+                # file there is the caller's ordinary "Not a directory".
+                if err.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+                    st = _lstat_at(fd, part)
+                    if st is not None and stat.S_ISLNK(st.st_mode):
+                        raise _changed(shown, os.path.join(done, part)) from None
                 raise
             os.close(fd)
             fd = nxt
