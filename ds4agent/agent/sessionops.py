@@ -153,7 +153,7 @@ def _save(worker: Any, title: str | None = None) -> ev.SessionSaved:
     payload = worker.session.export_state()
     saved = worker.store.save_session(
         text, payload, shape=_shape(worker), title=new_title, created_at=worker.created_at,
-        loaded_from=replaces, protect=(worker.forked_from,) if worker.forked_from else (),
+        loaded_from=replaces,
         **_kv_args(worker),
     )
     worker.title = title_bytes(saved.title)

@@ -6,7 +6,7 @@
     kvc.py      48-byte header, text, trailers, the load chain 8.3, stand-alone validation,
                 atomic writes
     store.py    the directory: naming, listing, prefix resolution, titles, sysprompt caches,
-                ancestor deletion, touch, eviction  (the API the agent uses: see its docstring)
+                legacy-source deletion, touch, eviction  (the API the agent uses: see its docstring)
     kv_cmd.py   `ds4agent kv ls|show|verify|rm`
 
 Imports nothing of the engine (numpy only); the agent connects the two.
