@@ -21,7 +21,6 @@ Public API:
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
@@ -32,9 +31,6 @@ from ds4agent import fsutil
 from ds4agent.tools.base import ToolError
 from ds4agent.tools.regular import refuse_unless_regular
 
-# O_PATH (Linux) opens a directory only to walk it: no read permission needed, nothing read.
-_WALK = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-_LIST = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 # O_NONBLOCK: a FIFO swapped in after the lstat does not block the open (the fstat refuses it).
 _READ = (os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
          | getattr(os, "O_NOCTTY", 0))
@@ -61,46 +57,17 @@ def _changed(shown: str, component: str) -> ToolError:
                      "Check the path and try again")
 
 
-def _split(real: str) -> list[str]:
-    if not os.path.isabs(real):
-        raise ToolError(f"internal error: {real!r} is not an absolute path")
-    return [p for p in real.split(os.sep) if p]
-
-
 def open_dir(real: str, shown: str, *, create: bool = False, listable: bool = False) -> int:
     """A descriptor of the directory `real` (absolute, resolved), reached from `/` without
-    following any link. create: missing directories are made on the way (write's parents).
-    listable: the last one is opened for reading its entries (else only for walking)."""
-    parts = _split(real)
-    fd = os.open("/", _WALK if parts or not listable else _LIST)
+    following any link (fsutil.open_dir_beneath); a link met on the way is a tool error.
+    create: missing directories are made on the way (write's parents). listable: the last one is
+    opened for reading its entries (else only for walking)."""
+    if not os.path.isabs(real):
+        raise ToolError(f"internal error: {real!r} is not an absolute path")
     try:
-        done = "/"
-        for i, part in enumerate(parts):
-            flags = _LIST if listable and i == len(parts) - 1 else _WALK
-            try:
-                try:
-                    nxt = os.open(part, flags, dir_fd=fd)
-                except FileNotFoundError:
-                    if not create:
-                        raise
-                    with contextlib.suppress(FileExistsError):
-                        os.mkdir(part, 0o777, dir_fd=fd)
-                    nxt = os.open(part, flags, dir_fd=fd)
-            except OSError as err:
-                # A link where the real path had a directory was put there since: refused. A plain
-                # file there is the caller's ordinary "Not a directory".
-                if err.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
-                    st = _lstat_at(fd, part)
-                    if st is not None and stat.S_ISLNK(st.st_mode):
-                        raise _changed(shown, os.path.join(done, part)) from None
-                raise
-            os.close(fd)
-            fd = nxt
-            done = os.path.join(done, part)
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
+        return fsutil.open_dir_beneath(real, create=create, listable=listable)
+    except fsutil.PathChanged as err:
+        raise _changed(shown, err.component) from None
 
 
 def _parent(real: str, shown: str, *, create: bool = False) -> tuple[int, str]:
@@ -110,11 +77,7 @@ def _parent(real: str, shown: str, *, create: bool = False) -> tuple[int, str]:
     return open_dir(head, shown, create=create), name
 
 
-def _lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
-    try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
+_lstat_at = fsutil.lstat_at
 
 
 def _refuse_link(st: os.stat_result | None, shown: str) -> None:
