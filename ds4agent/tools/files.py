@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import bisect
 import difflib
+import heapq
 import json
 import re
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -527,13 +529,54 @@ class WriteTool:
 _RANGE = re.compile(r"^\s*(\d+)\s*[:\-]\s*(\d+)\s*$")
 
 
-def _is_crlf_block(lines: list[bytes]) -> bool:
-    ends = [x for x in lines if x.endswith((b"\n", b"\r"))]
-    return bool(ends) and all(x.endswith(b"\r\n") for x in ends)
+# Line endings. The model sees lines without their terminators and types new text with LF only;
+# in a CRLF or CR-only file its LFs are written as the file's own ending, and its old text is
+# matched in that form, so an edit neither inserts LF-only lines nor doubles a CR.
 
 
-def _to_crlf(data: bytes) -> bytes:
-    return re.sub(rb"(?<!\r)\n", b"\r\n", data)
+def _eol_of(line: bytes) -> bytes:
+    """A line's terminator (b"" for a last line without one)."""
+    if line.endswith(b"\r\n"):
+        return b"\r\n"
+    return line[-1:] if line.endswith((b"\n", b"\r")) else b""
+
+
+def _file_eol(lines: list[bytes]) -> bytes:
+    """The ending most of the file's lines use (LF for a file without any, or on a tie with LF)."""
+    counts = {b"\n": 0, b"\r\n": 0, b"\r": 0}
+    for x in lines:
+        end = _eol_of(x)
+        if end:
+            counts[end] += 1
+    best = max(counts.values())
+    return b"\n" if counts[b"\n"] == best else b"\r\n" if counts[b"\r\n"] == best else b"\r"
+
+
+def _region_eol(lines: list[bytes], a: int, b: int) -> bytes:
+    """The ending new text takes where it replaces lines a..b (1-based): the one those lines all
+    use; else (none of them ends a line: the file's last line) the previous line's; else the
+    file's."""
+    ends = {_eol_of(x) for x in lines[a - 1 : b]} - {b""}
+    if len(ends) == 1:
+        return ends.pop()
+    if not ends and a > 1 and _eol_of(lines[a - 2]):
+        return _eol_of(lines[a - 2])
+    return _file_eol(lines)
+
+
+_LONE_LF = re.compile(rb"(?<!\r)\n")
+
+
+def _to_eol(data: bytes, eol: bytes) -> bytes:
+    """The LFs of typed text (those not already part of a CRLF) as `eol`."""
+    return data if eol == b"\n" else _LONE_LF.sub(eol, data)
+
+
+def _splits_crlf(data: bytes, off: int, n: int) -> bool:
+    """A match that starts on the LF of a CRLF or ends on its CR would cut the pair in two."""
+    starts_inside = off > 0 and data[off - 1 : off] == b"\r" and data[off : off + 1] == b"\n"
+    ends_inside = data[off + n - 1 : off + n] == b"\r" and data[off + n : off + n + 1] == b"\n"
+    return starts_inside or ends_inside
 
 
 def _numbered_clipped(lines: list[bytes], nums: list[int], indent: str = "") -> tuple[str, list[tuple[int, bytes]]]:
@@ -619,32 +662,72 @@ def _line_range(args: Mapping[str, Any]) -> tuple[int, int] | None:
     return None
 
 
-def _candidates(lines: list[bytes], old: str, limit: int = 3) -> list[tuple[int, int, float]]:
-    """Closest windows of len(old lines) lines: (first line, last line, similarity), best first."""
+# The near-match search is bounded on any input. Lines worth scoring are found by C-speed
+# substring search for the rarest words of old's first line (each counted and found with
+# bytes.count/find: linear in the file), at most NEAR_LINES of them; without such a word only the
+# first NEAR_LINES lines are scored. A line is scored by its first NEAR_CLIP characters (a
+# character-count overlap, linear), and the full SequenceMatcher (quadratic in its inputs) runs
+# only on the NEAR_FULL best windows, clipped to NEAR_WINDOW characters. The interrupt is polled
+# every NEAR_POLL lines.
+NEAR_CLIP = 500
+NEAR_LINES = 4096
+NEAR_FULL = 6
+NEAR_WINDOW = 300
+NEAR_POLL = 512
+_WORD = re.compile(r"\w{3,}")
+
+
+def _lines_to_score(data: bytes, starts: list[int], first: str) -> list[int]:
+    """0-based numbers of the lines the near-match search scores (see above)."""
+    words = {w.encode("utf-8") for w in _WORD.findall(first)}
+    anchors = sorted((n, w) for w in words if (n := data.count(w)))[:3]
+    if not anchors:
+        return list(range(min(len(starts), NEAR_LINES)))
+    picked: dict[int, None] = {}
+    for _, word in anchors:
+        pos = data.find(word)
+        while pos >= 0 and len(picked) < NEAR_LINES:
+            n = bisect.bisect_right(starts, pos) - 1
+            picked[n] = None
+            nxt = starts[n + 1] if n + 1 < len(starts) else len(data)
+            pos = data.find(word, nxt)  # the next line holding it
+    return sorted(picked)
+
+
+def _candidates(data: bytes, lines: list[bytes], old: str, should_stop: Callable[[], bool] = lambda: False,
+                limit: int = 3) -> list[tuple[int, int, float]] | None:
+    """Closest windows of len(old lines) lines: (first line, last line, similarity), best first;
+    None when interrupted."""
     want = old.split("\n")
     if want and want[-1] == "":
         want.pop()
     k = max(1, len(want))
-    texts = [line_text(x) for x in lines]
-    if not texts:
+    if not lines:
         return []
-    first = want[0].strip() if want else ""
-    # Cheap prefilter on the first line, then a full comparison of the best windows only, so a big
-    # file does not cost a quadratic number of SequenceMatcher runs.
-    sm = difflib.SequenceMatcher(autojunk=False)
-    sm.set_seq2(first)
-    scored = []
-    for i, t in enumerate(texts):
-        sm.set_seq1(t.strip())
-        if sm.real_quick_ratio() < 0.3:
-            continue
-        scored.append((sm.quick_ratio(), i))
-    scored.sort(reverse=True)
-    target = "\n".join(want)
+    first = want[0].strip()[:NEAR_CLIP] if want else ""
+    # difflib's quick_ratio (2 * common characters / total length, counted as multisets), with
+    # the counting done by Counter in C.
+    want_counts = Counter(first)
+    scored: list[tuple[float, int]] = []
+    for done, i in enumerate(_lines_to_score(data, _line_starts(lines), first)):
+        if done % NEAR_POLL == 0 and should_stop():
+            return None
+        text = lines[i][: 4 * NEAR_CLIP].decode("utf-8", errors="replace").strip()[:NEAR_CLIP]
+        total = len(text) + len(first)
+        if not total or 2 * min(len(text), len(first)) < 0.3 * total:
+            continue  # real_quick_ratio: the lengths alone rule it out
+        score = 2 * sum((Counter(text) & want_counts).values()) / total
+        if score >= 0.3:
+            scored.append((score, -i))
+    target = "\n".join(w[:NEAR_CLIP] for w in want)[:NEAR_WINDOW]
     best: list[tuple[int, int, float]] = []
-    for _, i in scored[:30]:
-        j = min(len(texts), i + k)
-        ratio = difflib.SequenceMatcher(None, "\n".join(texts[i:j]), target, autojunk=False).ratio()
+    for _, neg in heapq.nlargest(NEAR_FULL, scored):
+        if should_stop():
+            return None
+        i = -neg
+        j = min(len(lines), i + k)
+        window = "\n".join(line_text(x[: 4 * NEAR_CLIP])[:NEAR_CLIP] for x in lines[i:j])[:NEAR_WINDOW]
+        ratio = difflib.SequenceMatcher(None, window, target, autojunk=False).ratio()
         best.append((i + 1, j, ratio))
     best.sort(key=lambda t: (-t[2], t[0]))
     picked: list[tuple[int, int, float]] = []
@@ -678,33 +761,46 @@ def _line_at(starts: list[int], offset: int) -> int:
     return bisect.bisect_right(starts, offset)
 
 
-def _occurrences(data: bytes, needle: bytes) -> list[int]:
-    """Every start offset of needle, overlapping ones included ("aa" occurs twice in "aaa": an
-    ambiguous replacement, so it must not count as unique)."""
+MAX_OCCURRENCES = 1000
+
+
+def _occurrences(data: bytes, needle: bytes) -> tuple[list[int], bool]:
+    """Start offsets of needle, overlapping ones included ("aa" occurs twice in "aaa": an
+    ambiguous replacement, so it must not count as unique), and whether there were more than the
+    MAX_OCCURRENCES listed (a one-byte needle in a 16 MiB file must not build millions)."""
     out, pos = [], data.find(needle)
     while pos >= 0:
+        if len(out) == MAX_OCCURRENCES:
+            return out, True
         out.append(pos)
         pos = data.find(needle, pos + 1)
-    return out
+    return out, False
 
 
 def _plan_replace(ctx: ToolContext, path: str, key: str, data: bytes, old_s: str, new_s: str) -> Change:
     if old_s == "":
         raise ToolError("old text is empty; give the exact text to replace, or use line/range plus new")
     lines = split_lines(data)
-    old_b, new_b = old_s.encode("utf-8"), new_s.encode("utf-8")
-    offsets = _occurrences(data, old_b)
-    if not offsets and b"\r\n" in data and b"\n" in old_b:
-        crlf_old = _to_crlf(old_b)
-        crlf_offsets = _occurrences(data, crlf_old)
-        if crlf_offsets:
-            old_b, new_b, offsets = crlf_old, _to_crlf(new_b), crlf_offsets
+    typed, new_b = old_s.encode("utf-8"), new_s.encode("utf-8")
+    # The forms old may take in the file: with the file's own ending first, as typed, then the
+    # other endings (a mixed file); the first form found is the one meant.
+    eol = _file_eol(lines)
+    forms = [_to_eol(typed, eol), typed, _to_eol(typed, b"\r\n"), _to_eol(typed, b"\r")] if b"\n" in typed else [typed]
+    old_b, offsets, more = typed, [], False
+    for form in dict.fromkeys(forms):
+        found, more = _occurrences(data, form)
+        found = [o for o in found if not _splits_crlf(data, o, len(form))]
+        if found:
+            old_b, offsets = form, found
+            break
     count = len(offsets)
     if count == 0:
         shown: list[tuple[str, int, bytes]] = []
         msg = f"old text not found in {path} (0 occurrences; the match is exact and case-sensitive)."
-        cands = _candidates(lines, old_s)
-        if cands:
+        cands = _candidates(data, lines, old_s, ctx.should_stop)
+        if cands is None:
+            msg += " The search for close candidates was interrupted.\n"
+        elif cands:
             msg += " Closest candidates:\n"
             for a, b, r in cands:
                 where = f"line {a}" if a == b else f"lines {a}-{b}"
@@ -718,7 +814,7 @@ def _plan_replace(ctx: ToolContext, path: str, key: str, data: bytes, old_s: str
         listed = ", ".join(str(n) for n in nums[:20]) + (", ..." if len(nums) > 20 else "")
         msg = (
             f"old text is not unique; read the target lines and retry with line/range plus new "
-            f"({count} occurrences in {path}, starting at lines {listed}):\n"
+            f"({'more than ' if more else ''}{count} occurrences in {path}, starting at lines {listed}):\n"
         )
         for n in nums[:5]:
             msg += _show(lines, n, n, key, shown)
@@ -726,8 +822,7 @@ def _plan_replace(ctx: ToolContext, path: str, key: str, data: bytes, old_s: str
     off = offsets[0]
     a = _line_at(starts, off)
     b = _line_at(starts, off + len(old_b) - 1)
-    if _is_crlf_block(lines[a - 1 : b]):
-        new_b = _to_crlf(new_b)
+    new_b = _to_eol(new_b, _region_eol(lines, a, b))
     after = data[:off] + new_b + data[off + len(old_b) :]
     new_lines = split_lines(after)
     d = len(new_lines) - len(lines)
@@ -764,8 +859,7 @@ def _plan_edit_of(args: Mapping[str, Any], ctx: ToolContext, path: str, key: str
         if new is None:
             raise ToolError("line/range edit requires explicit new text; use new=\"\" only when deleting")
         new_b = new.encode("utf-8")
-        if _is_crlf_block(lines):
-            new_b = _to_crlf(new_b)
+        new_b = _to_eol(new_b, _file_eol(lines))
         new_lines = split_lines(new_b)
         ctx_text, _ = _context_block(path, new_lines, 1, len(new_lines))
         return Change(path=path, key=key, before=data, after=new_b,
@@ -782,12 +876,11 @@ def _plan_edit_of(args: Mapping[str, Any], ctx: ToolContext, path: str, key: str
     block = lines[a - 1 : b]
     new_b = new.encode("utf-8")
     if new_b:
-        if _is_crlf_block(block):
-            new_b = _to_crlf(new_b)
+        new_b = _to_eol(new_b, _region_eol(lines, a, b))
         last = block[-1]
-        if last.endswith((b"\n", b"\r")) and not new_b.endswith((b"\n", b"\r")):
+        if _eol_of(last) and not new_b.endswith((b"\n", b"\r")):
             # The replaced block ended a line; keep the next line on its own line.
-            new_b += b"\r\n" if last.endswith(b"\r\n") else last[-1:]
+            new_b += _eol_of(last)
     after = b"".join(lines[: a - 1]) + new_b + b"".join(lines[b:])
     new_lines = split_lines(after)
     k = len(split_lines(new_b))
