@@ -6,17 +6,23 @@ only on lines shown to the model (by read, search, write or an edit's context bl
 still matches the file, so the model never overwrites lines it has not seen or that moved.
 
 Writes are atomic (temp file in the same directory, fsync, rename, directory fsync) and keep the
-file's permission bits; a symlink is written through (its target changes, the link stays).
+file's permission bits; a symlink is written through (its target changes, the link stays). The
+path is resolved once, when the change is planned (and judged by the permission policy); the write
+walks that real path without following links and replaces the file only if it is still in the
+state the change was planned on (tools/beneath.py), so a link or an edit slipped in between the
+question and the write is refused, never written through.
 
 Differences from the baseline, on purpose:
 * `write` creates missing parent directories (issue 6).
 * Files containing NUL bytes are refused by read/edit with a hint to use bash (the baseline shows
   them as text, which wastes context on garbage and cannot be edited safely anyway).
-* In a file whose replaced lines all end with CRLF, the LFs of `new` become CRLF, and an `old`
-  text written with LF also matches the CRLF form: the model only ever sees the decorated lines
-  without terminators, so it cannot type the CRs itself.
+* The LFs of `new` become the ending of the lines they replace (CRLF or a lone CR; the file's
+  most common ending where those lines have none), and an `old` text written with LF matches the
+  file's form, never half of a CRLF pair: the model only ever sees the decorated lines without
+  terminators, so it cannot type the CRs itself.
 * A failed unique-match edit shows the closest candidate lines (numbered; they count as shown, so
-  the model can edit them by line at once) and the number of occurrences.
+  the model can edit them by line at once) and the number of occurrences; that search does
+  bounded work on any input and stops on interrupt.
 """
 
 from __future__ import annotations
