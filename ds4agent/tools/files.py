@@ -774,7 +774,8 @@ def _occurrences(data: bytes, needle: bytes) -> tuple[list[int], bool]:
     """Start offsets of needle, overlapping ones included ("aa" occurs twice in "aaa": an
     ambiguous replacement, so it must not count as unique), and whether there were more than the
     MAX_OCCURRENCES listed (a one-byte needle in a 16 MiB file must not build millions)."""
-    out, pos = [], data.find(needle)
+    out: list[int] = []
+    pos = data.find(needle)
     while pos >= 0:
         if len(out) == MAX_OCCURRENCES:
             return out, True
