@@ -5,7 +5,7 @@ in `ds4agent.agent.events`. Importing this package is cheap: the engine, numpy a
 imported only when an Agent is built.
 """
 
-from ds4agent.agent.facade import Agent
+from ds4agent.agent.facade import RUNS_WHILE_BUSY, Agent, idle_required
 from ds4agent.agent.settings import AgentSettings
 
-__all__ = ["Agent", "AgentSettings"]
+__all__ = ["RUNS_WHILE_BUSY", "Agent", "AgentSettings", "idle_required"]

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from ds4agent import fsutil
-from ds4agent.tools.base import ToolError
 from ds4agent.tools.regular import refuse_unless_regular
+from ds4agent.tools.results import ToolError
 
 # O_NONBLOCK: a FIFO swapped in after the lstat does not block the open (the fstat refuses it).
 _READ = (os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)

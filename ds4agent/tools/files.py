@@ -13,7 +13,7 @@ state the change was planned on (tools/beneath.py), so a link or an edit slipped
 question and the write is refused, never written through.
 
 Differences from the baseline, on purpose:
-* `write` creates missing parent directories (issue 6).
+* `write` creates missing parent directories.
 * Files containing NUL bytes are refused by read/edit with a hint to use bash (the baseline shows
   them as text, which wastes context on garbage and cannot be edited safely anyway).
 * The LFs of `new` become the ending of the lines they replace (CRLF or a lone CR; the file's
@@ -37,20 +37,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ds4agent.tools.base import (
-    RESULT_CAP_BYTES,
-    DiffDisplay,
-    DiffLine,
-    ReadCursor,
-    TextDisplay,
-    ToolContext,
-    ToolError,
-    ToolResult,
-    arg_bool,
-    arg_int,
-    arg_str,
-)
+from ds4agent.tools.args import arg_bool, arg_int, arg_str
 from ds4agent.tools.beneath import FileState, open_file, replace_file, state_at
+from ds4agent.tools.context import ReadCursor, ToolContext
+from ds4agent.tools.results import RESULT_CAP_BYTES, DiffDisplay, DiffLine, TextDisplay, ToolError, ToolResult
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
 # A write over a larger file keeps no copy of it for /rewind (a sparse file may claim terabytes).

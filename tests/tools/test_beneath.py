@@ -6,7 +6,7 @@ import os
 import pytest
 
 import ds4agent.tools.files as files
-from ds4agent.tools.base import run_tool
+from ds4agent.tools import run_tool
 from ds4agent.tools.permissions import PermissionPolicy
 
 

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import ds4agent.tools.files as files
-from ds4agent.tools.base import ToolContext, run_tool
+from ds4agent.tools import ToolContext, run_tool
 
 
 @pytest.mark.parametrize("eol", [b"\r\n", b"\r"], ids=["crlf", "cr"])
