@@ -144,6 +144,12 @@ def atomic_write(target: str | os.PathLike[str], data: bytes, *, mode: int | Non
         fh.write(data)
 
 
+def short_name(name: str, limit: int = 150) -> str:
+    """`name` cut to at most `limit` bytes of UTF-8 (whole characters), for temp names built from
+    it: a file name may be 255 bytes long, its temp name must still fit."""
+    return name.encode("utf-8", "surrogateescape")[:limit].decode("utf-8", "ignore")
+
+
 @contextlib.contextmanager
 def atomic_entry_at(dir_fd: int, name: str, *, mode: int, prefix: str | None = None,
                     before_replace: Callable[[], None] | None = None) -> Iterator[BinaryIO]:
@@ -156,7 +162,7 @@ def atomic_entry_at(dir_fd: int, name: str, *, mode: int, prefix: str | None = N
     target untouched. prefix: the temp file's name before its random part (default `.<name>.`)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     while True:
-        tmp = f"{prefix if prefix is not None else '.' + name[:200] + '.'}{secrets.token_hex(4)}{TEMP_SUFFIX}"
+        tmp = f"{prefix if prefix is not None else '.' + short_name(name) + '.'}{secrets.token_hex(4)}{TEMP_SUFFIX}"
         try:
             fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
             break

@@ -41,6 +41,7 @@ from ds4agent.fsutil import (
     fsync_dir_at,
     lstat_at,
     open_dir_beneath,
+    short_name,
 )
 
 
@@ -263,7 +264,7 @@ class CodeCheckpoints:
         return self.dir / "restoring.jsonl"
 
     def _temp_prefix(self, name: str) -> str:
-        return f".{name[:100]}.rewind-{self.key[:12]}-"
+        return f".{short_name(name, 100)}.rewind-{self.key[:12]}-"
 
     def _stages_for(self, dir_fd: int) -> bool:
         """Whether a file for the directory open at `dir_fd` can be staged in staging/ (the same
