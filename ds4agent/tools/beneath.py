@@ -8,8 +8,9 @@ O_NOFOLLOW|O_DIRECTORY relative to its parent's descriptor (openat), and the fil
 replaced relative to its directory's descriptor. A real path has no symlink in it, so a link met
 on the walk is one put there after the path was resolved (a directory swapped for a link to
 outside the tree, between the question and the write): it is refused with a tool error, never
-followed. This is the portable form of openat2's RESOLVE_NO_SYMLINKS and needs no kernel support
-beyond openat, so it behaves the same on Linux and macOS.
+followed. The walk itself is fsutil.open_dir_beneath (the code checkpoints restore files through
+it too): the portable form of openat2's RESOLVE_NO_SYMLINKS, needing no kernel support beyond
+openat, so it behaves the same on Linux and macOS.
 
 Public API:
     FileState                            (dev, ino, size, mtime_ns) of what stood at a path
@@ -53,7 +54,7 @@ class FileState:
 
 def _changed(shown: str, component: str) -> ToolError:
     return ToolError(f"{shown} changed since its path was checked: {component} is no longer a "
-                     "directory (a symbolic link or a file took its place); nothing was done. "
+                     "directory (a symbolic link took its place); nothing was done. "
                      "Check the path and try again")
 
 
