@@ -31,7 +31,7 @@ import mlx.core as mx
 import numpy as np
 
 from ds4agent.engine import quant
-from ds4agent.engine.experts import quant_experts
+from ds4agent.engine.experts.portable import quant_experts
 
 N_EXPERTS, TOP_K = 256, 6
 GATE, DOWN = (2048, 4096), (4096, 2048)  # (d_out, d_in)

@@ -1,8 +1,9 @@
-"""Command line: one parser for the agent (TUI, plain, headless) and the debugging subcommands.
+"""Command line: one parser for the agent (TUI, plain, headless) and the subcommands.
 
-Every subcommand's implementation lives in the room that owns it and is imported lazily, so
-`ds4agent --help` and the subcommands that need no model start fast and never import MLX or
-Textual when they do not need them.
+The parser, and a table: subcommand name -> the module of ds4agent/commands/ whose `main(args)`
+runs it and returns the exit code. Each is imported only when run, so `ds4agent --help` and the
+subcommands that need no model start fast and never import MLX or Textual when they do not need
+them.
 """
 
 from __future__ import annotations
@@ -17,15 +18,16 @@ from ds4agent.models.catalog import FLAVOURS
 from ds4agent.models.errors import ModelError
 from ds4agent.models.locate import DEFAULT_MODEL_FILE, resolve_model_path
 
-# subcommand -> (module, function); the function takes the parsed namespace and returns an exit code.
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "tokens": ("ds4agent.engine.tokens_cmd", "main"),
-    "dump-logits": ("ds4agent.engine.dump_logits", "main"),
-    "make-test-model": ("ds4agent.engine.testmodel", "main"),
-    "kv": ("ds4agent.sessions.kv_cmd", "main"),
-    "info": ("ds4agent.engine.info", "main"),
-    "convert": ("ds4agent.engine.convert", "main"),
-    "pull": ("ds4agent.models.pull", "main"),
+# subcommand -> its module in ds4agent/commands/; its main(args) takes the parsed namespace and
+# returns the exit code.
+SUBCOMMANDS: dict[str, str] = {
+    "tokens": "ds4agent.commands.tokens",
+    "dump-logits": "ds4agent.commands.dump_logits",
+    "make-test-model": "ds4agent.commands.make_test_model",
+    "kv": "ds4agent.commands.kv",
+    "info": "ds4agent.commands.info",
+    "convert": "ds4agent.commands.convert",
+    "pull": "ds4agent.commands.pull",
 }
 
 
@@ -253,8 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command is not None:
-            module, function = SUBCOMMANDS[args.command]
-            return _call(module, function, args)
+            return _call(SUBCOMMANDS[args.command], "main", args)
         check_agent_flags(args)
         args.model_path = resolve_model_path(args.model)
         if args.prompt is not None:

@@ -34,9 +34,9 @@ from ds4agent.agent import rewind, sessionops
 from ds4agent.agent.decode import TokenStream
 from ds4agent.agent.history import parse_user_part
 from ds4agent.agent.port import WorkerPort
-from ds4agent.agent.transcript import split_turns
-from ds4agent.engine import template
-from ds4agent.engine.tokenizer import DSML, END_THINK, EOS, USER
+from ds4agent.protocol import template
+from ds4agent.protocol.template import split_turns
+from ds4agent.protocol.tokenizer import DSML, END_THINK, EOS, USER
 from ds4agent.sessions.store import derive_title
 from ds4agent.tools import running_jobs_update
 

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.stream import AssistantStream
-from ds4agent.agent.transcript import Turn, split_turns
+from ds4agent.protocol.template import Turn, split_turns
 
 if TYPE_CHECKING:
-    from ds4agent.engine.tokenizer import Tokenizer
+    from ds4agent.protocol.tokenizer import Tokenizer
 
 _TR_OPEN = b"<tool_result>"
 _TR_CLOSE = b"</tool_result>"

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # types only: importing this module stays free of the engine 
     from ds4agent.engine.sampler import Sampler
     from ds4agent.engine.session import Engine, Session
     from ds4agent.engine.snapshots import SnapshotStore
-    from ds4agent.engine.tokenizer import Tokenizer
+    from ds4agent.protocol.tokenizer import Tokenizer
     from ds4agent.sessions.store import SessionStore
     from ds4agent.tools import Tool, ToolContext
     from ds4agent.tools.permissions import PermissionPolicy

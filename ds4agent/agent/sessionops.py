@@ -16,8 +16,8 @@ from ds4agent.agent.journal import Journal
 from ds4agent.agent.port import WorkerPort
 from ds4agent.agent.prompt import build_system_text
 from ds4agent.agent.settings import AgentSettings
-from ds4agent.engine import template
-from ds4agent.engine.tokenizer import EOS, USER
+from ds4agent.protocol import template
+from ds4agent.protocol.tokenizer import EOS, USER
 from ds4agent.sessions import checkpoints
 from ds4agent.sessions.index import SessionIndex, remove_session_extras
 from ds4agent.sessions.kvc import read_envelope

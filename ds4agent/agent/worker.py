@@ -34,11 +34,11 @@ from ds4agent.agent.settings import AgentSettings
 from ds4agent.agent.stream import AssistantStream, Coalescer
 from ds4agent.agent.trace import Trace
 from ds4agent.agent.transcript import Transcript
-from ds4agent.engine import template
 from ds4agent.engine.errors import EngineLost, Interrupted
 from ds4agent.engine.sampler import Sampler
-from ds4agent.engine.template import THINK_MAX_MIN_CTX
-from ds4agent.engine.tokenizer import Tokenizer
+from ds4agent.protocol import dsml, template
+from ds4agent.protocol.template import THINK_MAX_MIN_CTX
+from ds4agent.protocol.tokenizer import Tokenizer
 from ds4agent.sessions.checkpoints import CodeCheckpoints
 from ds4agent.tools import Tool, ToolContext, attach, default_tools, run_tool
 from ds4agent.tools.permissions import PermissionPolicy
@@ -464,7 +464,7 @@ class Worker:
     def _after_round(self, result: RoundResult) -> bool:
         """Run tools / build the results turn. True when another round follows."""
         if result.reason in ("error", "thinking"):
-            texts = [template.result_invalid_dsml(result.error)]
+            texts = [dsml.error_result(result.error)]
             self.io.emit(ev.ToolResult(0, "", False, texts[0]))
         elif result.reason == "tools":
             texts = self._run_calls(result.calls)

@@ -36,6 +36,14 @@ from .errors import ConfigError
 
 PREFIX = "deepseek4."
 
+#: Marks a file as a test model (ds4agent.testmodels writes it): the engine then validates its
+#: metadata in the permissive "test" mode; every file without it (ds4's real weights) must pass
+#: the strict Flash checks.
+TEST_MODEL_KEY = "ds4agent.test_model"
+#: Says what a Flash-shape test file is (`ds4agent info` shows it); no validation reads it, so
+#: such a file takes the strict path exactly as a real one does.
+FLASH_TEST_KEY = "ds4agent.flash_test_file"
+
 
 @dataclass(frozen=True)
 class ModelConfig:

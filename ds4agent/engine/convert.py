@@ -1,4 +1,4 @@
-"""`ds4agent convert SRC OUT`: official DeepSeek-V4-Flash safetensors -> an MLX safetensors directory.
+"""Official DeepSeek-V4-Flash safetensors -> an MLX safetensors directory (`ds4agent convert SRC OUT`).
 
 Source layout (DeepSeek's release; tensor names of model.md §6.3, last paragraph):
   * dense projections (attention wq_a/wq_b/wkv/wo_a/wo_b, shared experts w1/w2/w3): weight
@@ -29,7 +29,6 @@ import os
 import re
 import shutil
 import struct
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ..fsutil import atomic_file, current_umask, fsync_dir, fsync_file
-from .errors import EngineError, run_file_command
+from .errors import EngineError
 
 FP8_TILE = 128
 MX_GROUP = 32
@@ -496,7 +495,7 @@ def load_converted(path, *, progress: Callable[[float], None] | None = None):
 
     from .config import from_metadata
     from .errors import ModelFileError
-    from .experts import MxExperts
+    from .experts.portable import MxExperts
     from .weights import build_weights
 
     path = Path(path)
@@ -531,12 +530,3 @@ def load_converted(path, *, progress: Callable[[float], None] | None = None):
 
     weights = build_weights(config, get, has=lambda n: n in tensors, progress=progress)
     return config, weights, 4
-
-
-def main(args) -> int:
-    """`ds4agent convert SRC OUT`."""
-    def action() -> str:
-        out = convert(args.source, args.out, progress=lambda m: print(f"converting {m}", file=sys.stderr))
-        return f"wrote {out}"
-
-    return run_file_command(action, failure=f"cannot convert into {args.out}")

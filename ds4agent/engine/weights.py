@@ -2,8 +2,8 @@
 
 `build_weights(config, get)` is the ONE mapping from the spec's GGUF tensor names (model.md §6.3)
 to the dataclasses model.py consumes; `get(name)` returns the tensor's value. Both the GGUF
-loader (`load_weights(gf, config)`) and the random test weights (`random_weights(config, seed)`)
-go through it, so the name mapping cannot drift between them.
+loader (`load_weights(gf, config)`) and the in-memory random weights of ds4agent.testmodels
+(`random_weights(config, seed)`) go through it, so the name mapping cannot drift between them.
 
 Name mapping (N = layer; array shapes are row-major = GGML dims reversed):
 
@@ -45,7 +45,7 @@ Values `get` may return: a numpy/MLX array (dense), a `(wq, scales, biases)` tri
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +54,7 @@ import numpy as np
 
 from .config import ModelConfig
 from .errors import TensorShapeError
+from .layout import tensor_table
 
 
 def cpu_layout() -> bool:
@@ -260,7 +261,7 @@ class ModelWeights:
 
 
 def _dense_experts(w: Any) -> Any:
-    from .experts import dense_experts
+    from .experts.portable import dense_experts
 
     return dense_experts(w if isinstance(w, mx.array) else mx.array(np.asarray(w)))
 
@@ -429,11 +430,10 @@ def check_directory(gf, config: ModelConfig) -> None:
 
     Run over the whole tensor directory before any weight is read: a file with a wrong type in
     its last layer must be refused in milliseconds with one line naming the tensor, not after
-    minutes of loading (or mid-prefill). The names and shapes are the writer's table
-    (testmodel.tensor_table), which the load round-trip tests keep equal to build_weights'.
+    minutes of loading (or mid-prefill). The names and shapes are the canonical table
+    (layout.tensor_table), which the test-model writers also write and the load round-trip tests
+    keep equal to what build_weights reads.
     """
-    from .testmodel import tensor_table
-
     for spec in tensor_table(config):
         if spec.name.endswith("exp_probs_b.bias") and spec.name not in gf.tensors:
             continue  # optional (model.md §6.3)
@@ -449,7 +449,7 @@ def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | No
     dense (test models) or raw quantised blocks behind `experts.quant_experts`.
     """
     from . import quant
-    from .experts import quant_experts
+    from .experts.portable import quant_experts
 
     def get(name: str) -> Any:
         ti = gf.info(name)
@@ -480,72 +480,3 @@ def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | No
         return name in gf.tensors
 
     return build_weights(config, get, has=has, progress=progress, layer_range=layer_range)
-
-
-# ---- random test weights -------------------------------------------------------------------------
-
-
-def random_tensors(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
-    """The exact tensor VALUES `testmodel.make_test_model(config, seed)` writes, by name.
-
-    F16 tensors come back as float16, Q8_0 tensors dequantised (d·q, float32), I32 as int32, so an
-    engine built from these equals one loaded from the written file, and the numpy oracle reads
-    the same numbers.
-    """
-    from . import testmodel
-
-    rng = np.random.default_rng(seed)
-    out: dict[str, np.ndarray] = {}
-    for spec in testmodel.tensor_table(config):
-        v = testmodel._values(spec, config, rng)
-        if spec.ggml_type == "Q8_0":
-            blocks = testmodel._q8_0_blocks(v).reshape(-1, 34)
-            d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
-            q = blocks[:, 2:].view(np.int8).astype(np.float32)
-            v = (d * q).reshape(spec.shape)
-        elif spec.ggml_type == "F16":
-            v = v.astype(np.float16)
-        elif spec.ggml_type == "F32":
-            v = v.astype(np.float32)
-        out[spec.name] = v
-    return out
-
-
-def weights_from_tensors(config: ModelConfig, tensors: Mapping[str, Any], *,
-                         quantize_q8: bool = False,
-                         layer_range: tuple[int, int] | None = None) -> ModelWeights:
-    """ModelWeights from a name -> array mapping (e.g. `random_tensors`).
-
-    quantize_q8: store the tensors that are Q8_0 in a GGUF as MLX affine 8-bit (as a loaded file
-    does; the values are Q8_0-exact so this is lossless) instead of dense f32.
-    """
-    q8_names: set[str] = set()
-    if quantize_q8:
-        from . import testmodel
-
-        q8_names = {s.name for s in testmodel.tensor_table(config) if s.ggml_type == "Q8_0"}
-
-    def get(name: str) -> Any:
-        v = tensors[name]
-        if name in q8_names:
-            # The values are Q8_0-exact: re-encoding them gives the file's blocks bit for bit.
-            return _exact_q8_affine(np.asarray(v, dtype=np.float32))
-        if isinstance(v, np.ndarray) and v.dtype == np.float16 and name != "token_embd.weight":
-            return mx.array(v.astype(np.float32))
-        return v
-
-    return build_weights(config, get, has=lambda name: name in tensors, layer_range=layer_range)
-
-
-def _exact_q8_affine(w: np.ndarray) -> tuple[mx.array, mx.array, mx.array]:
-    """A Q8_0-representable [out, in] matrix as the exact affine-8 triple (scale d, bias -128·d)."""
-    from . import testmodel
-    from .quant import q8_0_to_affine
-
-    blocks = testmodel._q8_0_blocks(w)
-    return q8_0_to_affine(blocks.reshape(-1), w.shape)
-
-
-def random_weights(config: ModelConfig, seed: int = 0, *, quantize_q8: bool = True) -> ModelWeights:
-    """Deterministic random weights for `config`: the same values `make_test_model` writes."""
-    return weights_from_tensors(config, random_tensors(config, seed), quantize_q8=quantize_q8)

@@ -2,7 +2,7 @@
 
     Tool                                      protocol: name, description, schema, mutates, run(args, ctx)
     default_tools() -> list[Tool]             the fixed, stable registry order (the system prompt's bytes;
-                                              ds4agent.engine.template.tool_schema_line renders each line)
+                                              ds4agent.protocol.template.tool_schema_line renders each line)
     run_tool(name, args, ctx, tools=None)     never raises: every failure becomes a "Tool error: ..." result
 """
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +110,10 @@ class Ds4App(App):
         # question) stays. None: nothing to clear (an agent-initiated resume keeps the start-up lines).
         self._switch_mark: Any = None
         self._switch_pending = False
+        # After a rewind the view replays the turns that are left; /history is refused while the
+        # agent is busy (its busy rule), and the rewind command is still finishing when its event
+        # arrives, so the replay is asked for at the first drain that finds the agent idle.
+        self._replay_due = False
         self.events_seen = 0                   # raw agent events handled (the benchmark reads it)
 
     # ------------------------------------------------------------------ layout
@@ -189,6 +193,9 @@ class Ds4App(App):
     def _drain(self) -> None:
         if self.agent is None or self._in_flight:
             return
+        if self._replay_due and not self.agent.busy:
+            self._replay_due = False
+            self.agent.history(3)
         events = self.agent.poll_events(bridge.MAX_EVENTS_PER_DRAIN)
         if events:
             self._in_flight = True
@@ -238,6 +245,7 @@ class Ds4App(App):
             self._ask_question(e)
         elif isinstance(e, ev.UserTurn):
             self._switch_pending = False  # the switch did not happen (cancelled or failed)
+            self._replay_due = False  # a queued message went out first: the view goes on from it
             await conv.user(e.text, queued=e.queued)
         elif isinstance(e, ev.RoundStarted):
             conv.new_round()
@@ -382,73 +390,71 @@ class Ds4App(App):
         return self.agent is None or bool(self.agent.busy)
 
     async def run_command(self, line: str) -> None:
-        conv = self.conversation
+        """A slash command: the shared table's agent call, or this app's own handler for it."""
         try:
-            cmd = commands.parse(line)
-            commands.check_allowed(cmd, self.busy)
-            if self.startup_error is not None:
-                commands.check_runs_after_failed_start(cmd)
+            cmd = commands.prepare(line, busy=self.busy, failed_start=self.startup_error is not None)
+            own = self._command_handlers().get(cmd.name)
+            if own is not None:
+                await own(cmd)
+            else:
+                commands.call_agent(cmd, self.agent)
         except commands.CommandError as err:
-            await conv.note(str(err), "error")
-            return
-        agent = self.agent
-        name = cmd.name
-        if name == "help":
-            self.action_help()
-        elif name == "save":
-            if agent is None:
-                await conv.note("save failed: the model is still loading", "error")
-            else:
-                agent.save(cmd.arg or None)
-        elif name == "list":
-            if agent is not None:
-                agent.list_sessions()
-        elif name == "load":
-            if cmd.arg:
-                self._mark_switch()
-                agent.load(cmd.arg)
-            else:
-                self.action_picker()
-        elif name == "history":
-            agent.history(commands.history_count(cmd.arg))
-        elif name == "new":
-            self._mark_switch()
-            agent.new()
-        elif name == "compact":
-            agent.compact()
-        elif name == "rewind":
-            try:
-                number, mode = commands.rewind_args(cmd.arg)
-            except commands.CommandError as err:
-                await conv.note(str(err), "error")
-                return
-            if number is None:
-                self.action_rewind()
-            else:
-                agent.rewind(number, mode)
-        elif name == "fork":
-            agent.fork(cmd.arg)
-        elif name in ("think", "nothink"):
-            agent.set_think_mode(commands.think_mode(cmd))  # the agent confirms with a notice and a Status event
-        elif name == "permissions":
-            await self._permissions(cmd.arg)
-        elif name == "copy":
-            answer = conv.last_answer_text
-            if not answer:
-                await conv.note("nothing to copy yet", "warning")
-            else:
-                self.copy_to_clipboard(answer)
-                await conv.note(f"copied the last answer ({len(answer)} characters)", "info")
-        elif name == "quit":
-            self.action_quit_request()
+            await self.conversation.note(str(err), "error")
 
-    async def _permissions(self, arg: str) -> None:
-        mode = arg.strip()
-        if not mode:
+    def _command_handlers(self) -> dict[str, Callable[[commands.ParsedCommand], Awaitable[None]]]:
+        """What only the app does for a command (screens, the clipboard, clearing the view)."""
+        return {"help": self._cmd_help, "save": self._cmd_save, "list": self._cmd_list, "load": self._cmd_load,
+                "new": self._cmd_new, "rewind": self._cmd_rewind, "permissions": self._cmd_permissions,
+                "copy": self._cmd_copy, "quit": self._cmd_quit}
+
+    async def _cmd_help(self, cmd: commands.ParsedCommand) -> None:
+        self.action_help()
+
+    async def _cmd_save(self, cmd: commands.ParsedCommand) -> None:
+        if self.agent is None:
+            await self.conversation.note("save failed: the model is still loading", "error")
+        else:
+            commands.call_agent(cmd, self.agent)
+
+    async def _cmd_list(self, cmd: commands.ParsedCommand) -> None:
+        if self.agent is not None:
+            commands.call_agent(cmd, self.agent)
+
+    async def _cmd_load(self, cmd: commands.ParsedCommand) -> None:
+        if cmd.arg:
+            self._mark_switch()
+            commands.call_agent(cmd, self.agent)
+        else:
+            self.action_picker()
+
+    async def _cmd_new(self, cmd: commands.ParsedCommand) -> None:
+        self._mark_switch()
+        commands.call_agent(cmd, self.agent)
+
+    async def _cmd_rewind(self, cmd: commands.ParsedCommand) -> None:
+        number, _ = commands.rewind_args(cmd.arg)
+        if number is None:
+            self.action_rewind()  # the list opens as a screen
+        else:
+            commands.call_agent(cmd, self.agent)
+
+    async def _cmd_permissions(self, cmd: commands.ParsedCommand) -> None:
+        if not cmd.arg:
             await self.conversation.note(commands.permission_mode_line(self.status_model.permission), "info")
-            return
-        # The agent checks the mode and confirms with a notice and a Status event (or an error).
-        self.agent.set_permission_mode(mode)
+        else:
+            commands.call_agent(cmd, self.agent)
+
+    async def _cmd_copy(self, cmd: commands.ParsedCommand) -> None:
+        conv = self.conversation
+        answer = conv.last_answer_text
+        if not answer:
+            await conv.note("nothing to copy yet", "warning")
+        else:
+            self.copy_to_clipboard(answer)
+            await conv.note(f"copied the last answer ({len(answer)} characters)", "info")
+
+    async def _cmd_quit(self, cmd: commands.ParsedCommand) -> None:
+        self.action_quit_request()
 
     async def _session_list(self, e: ev.SessionList) -> None:
         if self._want_picker:
@@ -485,7 +491,7 @@ class Ds4App(App):
             children = conv.children
             if children:
                 await conv.clear_through(children[-1])
-            self.agent.history(3)
+            self._replay_due = True  # see __init__
         for line in e.refused:
             await conv.note(f"not restored: {line}", "warning")
         if e.prompt and not self.input.text:

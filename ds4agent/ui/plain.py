@@ -232,65 +232,56 @@ class PlainFrontEnd:
         return len(events)
 
     def run_command(self, line: str, *, copy: Callable[[str], bool] | None = None) -> None:
-        r = self.r
+        """A slash command: the shared table's agent call, or plain mode's own handler for it."""
+        own: dict[str, Callable[[commands.ParsedCommand], None]] = {
+            "help": self._cmd_help, "load": self._cmd_load, "new": self._cmd_new,
+            "permissions": self._cmd_permissions, "copy": lambda cmd: self._cmd_copy(copy),
+            "quit": self._cmd_quit,
+        }
         try:
-            cmd = commands.parse(line)
-            commands.check_allowed(cmd, bool(self.agent.busy))
+            cmd = commands.prepare(line, busy=bool(self.agent.busy))
+            handler = own.get(cmd.name)
+            if handler is not None:
+                handler(cmd)
+            else:
+                commands.call_agent(cmd, self.agent)
         except commands.CommandError as err:
-            r.line(str(err), "error")
-            return
-        a, name = self.agent, cmd.name
-        if name == "help":
-            r.line(commands.help_text(self.width()), "muted")
-        elif name == "save":
-            a.save(cmd.arg or None)
-        elif name == "list":
-            a.list_sessions()
-        elif name == "load":
-            if cmd.arg:
-                self.switching = True
-                a.load(cmd.arg)
-            else:
-                r.line("usage: /load <id-prefix> (saved sessions below)", "muted")
-                a.list_sessions()
-        elif name == "history":
-            a.history(commands.history_count(cmd.arg))
-        elif name == "new":
+            self.r.line(str(err), "error")
+
+    def _cmd_help(self, cmd: commands.ParsedCommand) -> None:
+        self.r.line(commands.help_text(self.width()), "muted")
+
+    def _cmd_load(self, cmd: commands.ParsedCommand) -> None:
+        if cmd.arg:
             self.switching = True
-            a.new()
-        elif name == "compact":
-            a.compact()
-        elif name == "rewind":
-            try:
-                number, mode = commands.rewind_args(cmd.arg)
-            except commands.CommandError as err:
-                r.line(str(err), "error")
-                return
-            if number is None:
-                a.rewind_points()
-            else:
-                a.rewind(number, mode)
-        elif name == "fork":
-            a.fork(cmd.arg)
-        elif name in ("think", "nothink"):
-            a.set_think_mode(commands.think_mode(cmd))
-        elif name == "permissions":
-            mode = cmd.arg.strip()
-            if not mode:
-                r.line(commands.permission_mode_line(r.status.permission), "muted")
-            else:
-                a.set_permission_mode(mode)  # the agent checks it and confirms (notice + Status)
-        elif name == "copy":
-            text = r.last_answer
-            if not text:
-                r.line("nothing to copy yet", "warning")
-            elif copy is not None and copy(text):
-                r.line(f"copied the last answer ({len(text)} characters)", "muted")
-            else:
-                r.line("copy needs a terminal (the output is not one)", "error")
-        elif name == "quit":
-            self.quitting = True
-            a.quit()
+            commands.call_agent(cmd, self.agent)
+        else:
+            self.r.line("usage: /load <id-prefix> (saved sessions below)", "muted")
+            self.agent.list_sessions()
+
+    def _cmd_new(self, cmd: commands.ParsedCommand) -> None:
+        self.switching = True
+        commands.call_agent(cmd, self.agent)
+
+    def _cmd_permissions(self, cmd: commands.ParsedCommand) -> None:
+        if not cmd.arg:
+            self.r.line(commands.permission_mode_line(self.r.status.permission), "muted")
+        else:
+            commands.call_agent(cmd, self.agent)
+
+    def _cmd_copy(self, copy: Callable[[str], bool] | None) -> None:
+        r = self.r
+        text = r.last_answer
+        if not text:
+            r.line("nothing to copy yet", "warning")
+        elif copy is not None and copy(text):
+            r.line(f"copied the last answer ({len(text)} characters)", "muted")
+        else:
+            r.line("copy needs a terminal (the output is not one)", "error")
+
+    def _cmd_quit(self, cmd: commands.ParsedCommand) -> None:
+        self.quitting = True
+        commands.call_agent(cmd, self.agent)
 
 
 def question_prompt(e: ev.Event) -> tuple[str, tuple[str, ...]]:

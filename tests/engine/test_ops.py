@@ -157,7 +157,7 @@ def test_dense_linear_and_experts_layout_keeps_every_bit(cpu_layout, monkeypatch
     wheel), elsewhere as [out, in]: either way the products must be the very bits of the textbook
     x @ W.T, row by row and batched, and `weight` must still read as the file's matrix."""
     from ds4agent.engine import weights
-    from ds4agent.engine.experts import dense_experts
+    from ds4agent.engine.experts.portable import dense_experts
     from ds4agent.engine.weights import Linear
 
     assert weights.cpu_layout() == (mx.default_device() == mx.cpu)

@@ -16,12 +16,13 @@ import traceback
 import numpy as np
 import pytest
 
-from ds4agent.engine import pipeline, pipeline_launch
 from ds4agent.engine.errors import PipelineError
-from ds4agent.engine.pipeline import balance, ranges_from_split
-from ds4agent.engine.ring import free_ports
+from ds4agent.engine.pipeline import launch as pipeline_launch
+from ds4agent.engine.pipeline import rank0 as pipeline
+from ds4agent.engine.pipeline.rank0 import balance, ranges_from_split
+from ds4agent.engine.pipeline.ring import free_ports
 from ds4agent.engine.session import Engine
-from ds4agent.engine.testmodel import make_test_model
+from ds4agent.testmodels import make_test_model
 
 # 21 tokens: past micro's window (8) and several ratio-4 and ratio-16 compressions
 TOKENS = [3, 17, 250, 9, 9, 41, 100, 7, 300, 2, 5, 77, 12, 501, 64, 33, 1, 8, 90, 91, 92]
@@ -314,7 +315,8 @@ def test_bad_pipeline_requests_are_refused_before_anything_starts(micro_path, tm
 @pytest.mark.parametrize("layer_range", [(0, 1), (1, 3), (3, 4)])
 def test_a_rank_builds_only_its_layers_and_reads_no_other_tensor(layer_range):
     from ds4agent.engine.config import test_config
-    from ds4agent.engine.weights import build_weights, random_tensors, tensor_in_range
+    from ds4agent.engine.weights import build_weights, tensor_in_range
+    from ds4agent.testmodels.random_weights import random_tensors
 
     cfg = test_config("micro")
     tensors = random_tensors(cfg, seed=1)
@@ -402,7 +404,7 @@ def test_the_headless_agent_samples_the_same_tokens_on_a_pipeline(tmp_path):
 def test_info_prints_the_memory_each_rank_needs(tmp_path, capsys):
     from ds4agent import cli
     from ds4agent.engine.gguf import GGUFFile
-    from ds4agent.engine.info import model_info, payload_bytes, rank_plans
+    from ds4agent.engine.memory import model_info, payload_bytes, rank_plans
     from tests.weights.flashfile import write_sparse_flash
 
     # the real q2 directory over a file hole: only the header is read, never tensor data
@@ -540,7 +542,7 @@ def test_a_worker_forgets_the_states_rank_0_dropped(micro_path, single):
 def test_rank_0_tells_the_other_ranks_every_state_it_drops(micro_path):
     import gc
 
-    from ds4agent.engine.pipeline import PipelineEngine, RankState
+    from ds4agent.engine.pipeline.rank0 import PipelineEngine, RankState
 
     class Recorder:
         broken = None

@@ -52,7 +52,7 @@ def _kernel():
     from numba's on-disk cache, on first use only: a process on a GPU never pays for it (numba
     and its LLVM take about 120 MB once loaded). Concurrent first calls are safe: Python's import
     lock makes the second wait for the module, numba's compiler lock for the compilation."""
-    from ds4agent.engine import cpu_kernels
+    from ds4agent.engine.experts import cpu_kernels
 
     return cpu_kernels.expert_rows
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from ds4agent.engine import quant
 from ds4agent.engine.errors import EngineError
-from ds4agent.engine.experts import QuantExperts, _check_call
+from ds4agent.engine.experts.portable import QuantExperts, _check_call
 
 _HEADER = r"""
 inline float ds4_f16(const device uint8_t* p) {

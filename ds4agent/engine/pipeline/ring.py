@@ -27,7 +27,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from .errors import PipelineError
+from ..errors import PipelineError
 
 # A receive may wait this long before the peer counts as hung (a dead peer is reported at once;
 # this is for one that stopped answering). Callers add per-token allowances.

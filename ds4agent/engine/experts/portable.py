@@ -30,8 +30,9 @@ from typing import Protocol, runtime_checkable
 import mlx.core as mx
 import numpy as np
 
-from ds4agent.engine import cpu_experts, quant
+from ds4agent.engine import quant
 from ds4agent.engine.errors import EngineError
+from ds4agent.engine.experts import cpu as cpu_experts
 from ds4agent.engine.weights import cpu_layout, cpu_parts
 
 
@@ -306,7 +307,7 @@ def quant_experts(raw, qtype: int, shape, *, backend: str = "auto") -> ExpertWei
         backend == "auto" and qtype in (quant.Q2_K, quant.Q4_K, quant.IQ2_XXS) and _metal_available()
     )
     if want_metal:
-        from ds4agent.engine.metal_experts import MetalExperts, self_check
+        from ds4agent.engine.experts.metal import MetalExperts, self_check
 
         if backend == "metal":
             return MetalExperts(raw, qtype, shape)
