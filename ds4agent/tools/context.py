@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ds4agent.tools.jobs import JobTable
+from ds4agent.tools.sandbox import Grants
 
 
 class SeenLines:
@@ -81,6 +82,8 @@ class ToolContext:
     seen: SeenLines = field(default_factory=SeenLines)
     last_read: ReadCursor | None = None
     jobs: JobTable = field(default_factory=JobTable)
+    # What the user allowed bash jobs beyond the sandbox's boundary (tools/sandbox.py).
+    sandbox: Grants = field(default_factory=Grants)
     # Told of every file write/edit after it succeeded: (absolute path, content before or None
     # when the file did not exist, content written). The agent's code checkpoints listen here.
     on_write: Callable[[str, bytes | None, bytes], None] | None = None

@@ -8,6 +8,7 @@ terminal devices. Reads stay open everywhere.
 
 Public API:
     Boundary(root, temp, git_writable)   what one job may write
+    Grants                               what the user allowed beyond it (ToolContext.sandbox)
     availability() -> Availability       is there an OS sandbox here, and which (cached per process)
     wrap(argv, boundary) -> list[str]    the argv that runs `argv` inside the boundary
     seatbelt_profile(boundary) -> str    the macOS profile text (sandbox-exec -p)
@@ -100,6 +101,19 @@ class Boundary:
     root: str
     temp: str
     git_writable: bool = False
+
+
+@dataclass
+class Grants:
+    """What the user allowed beyond the boundary, per agent: git metadata for the session, or one
+    job outside the sandbox (taken by the next job that starts)."""
+
+    git_writable: bool = False
+    outside_once: bool = False
+
+    def take_outside_once(self) -> bool:
+        once, self.outside_once = self.outside_once, False
+        return once
 
 
 @dataclass(frozen=True)
