@@ -101,8 +101,10 @@ class ToolContext:
         return os.path.realpath(self.resolve(str(path)))
 
     def reset_session(self) -> None:
-        """On /new and /switch: forget seen lines (bash jobs and the `more` cursor survive)."""
+        """On /new and /switch: forget seen lines and what the user allowed bash jobs beyond the
+        sandbox (bash jobs and the `more` cursor survive)."""
         self.seen.clear()
+        self.sandbox = Grants()
 
     def close(self) -> None:
         """Agent shutdown: stop every running bash job and remove the output files still kept."""

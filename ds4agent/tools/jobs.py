@@ -249,8 +249,9 @@ class JobTable:
         tag = secrets.token_hex(8)
         argv = ["/bin/sh", "-c", command]
         boundary = None
+        git = grants.take_git()
         if availability().available and not grants.take_outside_once():
-            boundary = Boundary(os.path.realpath(root), temp, grants.git_writable)
+            boundary = Boundary(os.path.realpath(root), temp, git)
             argv = wrap(argv, boundary)
         read_fd, write_fd = os.pipe()
         try:

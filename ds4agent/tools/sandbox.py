@@ -109,11 +109,17 @@ class Grants:
     job outside the sandbox (taken by the next job that starts)."""
 
     git_writable: bool = False
+    git_once: bool = False
     outside_once: bool = False
 
     def take_outside_once(self) -> bool:
         once, self.outside_once = self.outside_once, False
         return once
+
+    def take_git(self) -> bool:
+        """Whether the next job may write git metadata (a one-time grant is used up)."""
+        once, self.git_once = self.git_once, False
+        return self.git_writable or once
 
 
 @dataclass(frozen=True)
