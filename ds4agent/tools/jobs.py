@@ -327,6 +327,11 @@ class JobTable:
         except OSError:
             pass  # already gone (the user cleaned up): nothing to do
 
+    def tags(self) -> list[str]:
+        """Every job's environment tag, finished jobs included."""
+        with self._lock:
+            return list(self._tags)
+
     def remove_temp(self, job: Job) -> None:
         """After a job's final observation: its temp directory (a background process it left
         running loses it: TMPDIR belongs to the job)."""
