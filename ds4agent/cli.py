@@ -23,7 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "dump-logits": ("ds4agent.engine.dump_logits", "main"),
     "make-test-model": ("ds4agent.engine.testmodel", "main"),
     "kv": ("ds4agent.sessions.kv_cmd", "main"),
-    "info": ("ds4agent.engine.info", "main"),
+    "info": ("ds4agent.commands.info", "main"),
     "convert": ("ds4agent.engine.convert", "main"),
     "pull": ("ds4agent.models.pull", "main"),
 }

@@ -269,3 +269,21 @@ def test_switched_off_means_no_sandbox_and_every_command_asks(tmp_path, monkeypa
     finally:
         monkeypatch.delenv(sandbox.SWITCH)
         sandbox.availability.cache_clear()
+
+
+def test_info_says_whether_there_is_a_sandbox(tmp_path, capsys, monkeypatch):
+    from ds4agent import cli
+    from ds4agent.engine.testmodel import make_test_model
+
+    model = make_test_model(tmp_path / "micro.gguf", "micro", seed=1)
+    assert cli.main(["info", str(model)]) == 0
+    assert capsys.readouterr().out.rstrip().endswith(f"sandbox: Landlock ABI {sandbox.landlock_abi()} "
+                                                     "(.git read-only through a mount namespace)")
+    monkeypatch.setenv(sandbox.SWITCH, "off")
+    sandbox.availability.cache_clear()
+    try:
+        assert cli.main(["info", str(model)]) == 0
+        assert capsys.readouterr().out.rstrip().endswith("sandbox: none (switched off by DS4AGENT_SANDBOX=off)")
+    finally:
+        monkeypatch.delenv(sandbox.SWITCH)
+        sandbox.availability.cache_clear()
