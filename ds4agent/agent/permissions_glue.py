@@ -11,15 +11,17 @@ PermissionPolicy.escalation) and runs the command again when the user allows it.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from ds4agent.agent import events as ev
+from ds4agent.agent.port import WorkerPort
+from ds4agent.tools import BashDisplay, ToolResult, run_tool
+from ds4agent.tools.permissions import Answer, Choice, Question, denied_result
+from ds4agent.tools.sandbox import availability
 
 
 def start_notices() -> list[str]:
     """Said once at start: bash commands run without an OS sandbox here."""
-    from ds4agent.tools.sandbox import availability
-
     avail = availability()
     if avail.available:
         return []
@@ -27,14 +29,12 @@ def start_notices() -> list[str]:
             "every command asks before it runs"]
 
 
-def permit(worker: Any, name: str, args: dict) -> str | None:
+def permit(worker: WorkerPort, name: str, args: Mapping[str, object]) -> str | None:
     """None when the call may run; else the result text the model gets instead."""
-    from ds4agent.tools.permissions import denied_result
-
     decision = worker.policy.check(name, args, worker.tool_ctx)
     if decision.kind == "allow":
         return None
-    if decision.kind == "deny":
+    if decision.kind == "deny" or decision.question is None:
         return decision.result().text
     answer = _ask(worker, name, decision.question)
     worker.policy.remember(decision.question, answer)
@@ -43,13 +43,11 @@ def permit(worker: Any, name: str, args: dict) -> str | None:
     return denied_result(answer).text
 
 
-def after_run(worker: Any, name: str, args: dict, result: Any) -> Any:
+def after_run(worker: WorkerPort, name: str, args: Mapping[str, object], result: ToolResult) -> ToolResult:
     """After a bash job the sandbox refused something: the one question for that command (run it
     again outside the sandbox; for git metadata, let git write .git/ once or for the session), and
     the second run's result when the user allowed it."""
-    from ds4agent.tools import BashDisplay, ToolResult, run_tool
-
-    refused = getattr(result, "sandbox_refusals", ())
+    refused = result.sandbox_refusals
     display = result.display
     if not refused or not isinstance(display, BashDisplay):
         return result
@@ -63,7 +61,7 @@ def after_run(worker: Any, name: str, args: dict, result: Any) -> Any:
                           display=display)
     grants = worker.tool_ctx.sandbox
     if q.scope == ("git",):
-        if answer.choice == "session":
+        if answer.choice is Choice.SESSION:
             grants.git_writable = True
             done = "The user allowed git to write its metadata for this session; the command ran again:\n"
         else:
@@ -72,15 +70,13 @@ def after_run(worker: Any, name: str, args: dict, result: Any) -> Any:
     else:
         grants.outside_once = True
         done = "The user allowed this command outside the sandbox; it ran again:\n"
-    rerun_args = {k: v for k, v in args.items() if k in ("timeout_sec", "refresh_sec")} if name == "bash" else {}
-    again = run_tool("bash", {**rerun_args, "command": display.command}, worker.tool_ctx, worker.tools)
+    rerun = {k: v for k, v in args.items() if k in ("timeout_sec", "refresh_sec")} if name == "bash" else {}
+    again = run_tool("bash", {**rerun, "command": display.command}, worker.tool_ctx, worker.tools)
     return ToolResult(done + again.text, ok=again.ok, display=again.display)
 
 
-def _ask(worker: Any, name: str, q: Any) -> Any:
+def _ask(worker: WorkerPort, name: str, q: Question) -> Answer:
     """Publish the question, wait for the key: "y" once, "s" session (when offered), else deny."""
-    from ds4agent.tools.permissions import Answer
-
     options: list[tuple[str, str]] = [("y", "allow once")]
     if q.session_label:
         options.append(("s", q.session_label))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ds4agent.agent import events as ev
-from ds4agent.agent.worker import RESULT_RESERVE, compact_threshold
+from ds4agent.agent.compaction import RESULT_RESERVE, compact_threshold
 from ds4agent.engine import template
 from ds4agent.engine.tokenizer import EOS, USER, Tokenizer
 from tests.agent.conftest import RecTool
