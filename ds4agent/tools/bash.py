@@ -27,7 +27,7 @@ from ds4agent.tools.args import arg_float, arg_int, arg_str
 from ds4agent.tools.context import ToolContext, temp_dir
 from ds4agent.tools.jobs import KEEP_HEAD, Job, JobTable, stop_job, wait_job
 from ds4agent.tools.results import BashDisplay, ToolError, ToolResult
-from ds4agent.tools.sandbox import Refusal, refusals
+from ds4agent.tools.sandbox import Refusal, mentions_refusal, refusals
 
 HEAD_LINES = 100
 HEAD_BYTES = 8 * 1024
@@ -180,8 +180,15 @@ def _sandbox_note(job: Job) -> tuple[str, tuple[Refusal, ...]]:
                 text += f.read()
     except OSError:
         return "", ()
-    found = tuple(refusals(text.decode("utf-8", errors="replace"), job.cwd, job.boundary))
+    output = text.decode("utf-8", errors="replace")
+    found = tuple(refusals(output, job.cwd, job.boundary))
     if not found:
+        if job.exit_status and mentions_refusal(output):
+            # A refusal whose path the output does not name (or names relative to a directory the
+            # command moved to): say what the boundary is, without claiming it was the cause.
+            return ("sandbox: commands run in an OS sandbox that lets them write only inside the working "
+                    "directory (not .git/) and their temp directory (TMPDIR); a refusal above may come "
+                    "from it\n"), ()
         return "", ()
     shown = ", ".join(r.path for r in found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
     why = ("git metadata (.git/) is read-only for commands unless the user allows it"

@@ -68,6 +68,7 @@ class OutputFile:
         self.newlines = 0
         self.last_byte = b"\n"
         self.dropped = False
+        self.failed = False  # a write failed (disk full): the file keeps what it had
 
     @property
     def lines(self) -> int:
@@ -79,27 +80,35 @@ class OutputFile:
             self.total += len(data)
             self.newlines += data.count(b"\n")
             self.last_byte = data[-1:]
-            if not self.dropped:
-                if self._written + len(data) <= KEEP_HEAD + KEEP_TAIL:
-                    _write_all(self._fd, data)
-                    self._written += len(data)
-                    return
-                # Past the bound: keep the head in place, move what followed it into the tail.
-                self._tail = bytearray(os.pread(self._fd, self._written - KEEP_HEAD, KEEP_HEAD))
-                self.dropped = True
-            self._tail += data
-            if len(self._tail) > KEEP_TAIL:
-                del self._tail[: len(self._tail) - KEEP_TAIL]
-            self._dirty = True
-            if time.monotonic() - self._flushed_at >= TAIL_FLUSH_SEC:
-                self._flush()
+            if self.failed:
+                return  # the disk refused earlier: keep counting, keep the job's pipe flowing
+            try:
+                self._store(data)
+            except OSError:
+                self.failed = True
+
+    def _store(self, data: bytes) -> None:
+        if not self.dropped:
+            if self._written + len(data) <= KEEP_HEAD + KEEP_TAIL:
+                _write_all(self._fd, data)
+                self._written += len(data)
+                return
+            # Past the bound: keep the head in place, move what followed it into the tail.
+            self._tail = bytearray(os.pread(self._fd, self._written - KEEP_HEAD, KEEP_HEAD))
+            self.dropped = True
+        self._tail += data
+        if len(self._tail) > KEEP_TAIL:
+            del self._tail[: len(self._tail) - KEEP_TAIL]
+        self._dirty = True
+        if time.monotonic() - self._flushed_at >= TAIL_FLUSH_SEC:
+            self._flush()
 
     def flush(self) -> None:
         with self._lock:
             self._flush()
 
     def _flush(self) -> None:
-        if not self._dirty:
+        if not self._dirty or self.failed:
             return
         os.ftruncate(self._fd, KEEP_HEAD)
         os.lseek(self._fd, KEEP_HEAD, os.SEEK_SET)
@@ -123,11 +132,12 @@ def _copy(read_fd: int, out: OutputFile) -> None:
     try:
         while chunk := os.read(read_fd, 1 << 16):
             out.feed(chunk)
-    except OSError:
-        pass  # the disk refused (full): the job goes on; the file keeps what it has
     finally:
         os.close(read_fd)
-        out.close()
+        try:
+            out.close()
+        except OSError:
+            pass  # the last flush failed (disk full): the file keeps what it has
 
 
 def tagged_processes(tag: str) -> list[int]:

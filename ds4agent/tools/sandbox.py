@@ -14,6 +14,8 @@ Public API:
     seatbelt_profile(boundary) -> str    the macOS profile text (sandbox-exec -p)
     refusals(output, cwd, boundary) -> list[Refusal]   paths the output says were refused, that
                                          the boundary forbids (the sandbox's doing, not the file's)
+    mentions_refusal(output) -> bool     whether it reports any refusal (for a note without a path)
+    handled_rights(abi)                  the Landlock rights, attr size and scopes asked of an ABI
     git_paths(root) -> tuple[str, ...]   the tree's git metadata: its .git and where it points
 
 Linux: Landlock through a small ctypes layer of our own (three syscalls and one prctl). The bindings
@@ -33,6 +35,11 @@ other than `.git` get rules one by one instead: everything still works beneath t
 or removing an entry directly in the tree's top directory is then refused (and asked about).
 A nested repository's `.git` deeper in the tree is not protected (finding them would mean walking
 the tree before every command).
+
+Each job is its own Landlock domain, scoped (ABI 6) so that it cannot signal processes outside it
+(the agent, the user's editor, an earlier job: bash_stop stops those) nor reach abstract Unix
+sockets. Network access and Unix sockets on the file system (a docker or ssh-agent socket) stay
+open: the boundary is about files.
 
 macOS: a Seatbelt profile with the same rules, run through /usr/bin/sandbox-exec.
 
@@ -264,6 +271,11 @@ _BARE = re.compile(r"(?:^|[\s:])([^\s:'\"‘’`]*[^\s:'\"‘’`.,;])(?=:\s)")
 _MAX_LINES = 2000
 
 
+def mentions_refusal(output: str) -> bool:
+    """Whether the output reports a refused operation at all (named path or not)."""
+    return bool(_DENIED.search(output))
+
+
 def refusals(output: str, cwd: str, boundary: Boundary) -> list[Refusal]:
     """The paths the output reports refused that the boundary forbids writing (so the sandbox, not
     the file's own permissions, said no). Read from the text: the kernel leaves no other trace an
@@ -320,7 +332,7 @@ class _PathBeneathAttr(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-def _handled(abi: int) -> tuple[int, int, int]:
+def handled_rights(abi: int) -> tuple[int, int, int]:
     """(handled fs rights, ruleset attr size, scopes) for an ABI: each version adds fields the
     older kernels reject, so only what this kernel knows is asked for."""
     fs = _FS_V1
@@ -377,7 +389,7 @@ def _apply_landlock(spec: dict) -> None:
     abi = landlock_abi()
     if abi <= 0:
         _fail("Landlock is not available")
-    fs, size, scoped = _handled(abi)
+    fs, size, scoped = handled_rights(abi)
     root = os.path.realpath(spec["root"])
     git = [os.path.realpath(p) for p in git_paths(root)]
     inside_git = [p for p in git if _inside(p, root)]

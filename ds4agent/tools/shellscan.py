@@ -571,8 +571,10 @@ def _risk(word: Word, where: str | None, root: str, home_known: bool) -> str:
         return "known only when it runs"
     if word.text in _HARMLESS_TARGETS:
         return ""
-    reasons = [_path_risk(text, word, where, root, home_known)
-               for text in (_brace_alternatives(word.text) if word.brace else [word.text])]
+    alternatives = _brace_alternatives(word.text) if word.brace else [word.text]
+    if alternatives is None:
+        return "too many brace alternatives to check"
+    reasons = [_path_risk(text, word, where, root, home_known) for text in alternatives]
     return next((r for r in reasons if r), "")
 
 
@@ -607,18 +609,24 @@ def _path_risk(text: str, word: Word, where: str | None, root: str, home_known: 
     return ""
 
 
-def _brace_alternatives(text: str, limit: int = 64) -> list[str]:
-    """bash's brace expansion, enough to see every place `{a,../b}` may name (at most `limit`;
-    a word beyond that is reported as the cut text, which then resolves inside or outside)."""
+def _brace_alternatives(text: str, limit: int = 64) -> list[str] | None:
+    """bash's brace expansion, enough to see every place `{a,../b}` may name; None when there are
+    more than `limit` places (or more than 16 groups): too many to check, the write then asks."""
+    if text.count("{") > 16:
+        return None
     pending, out = [text], []
-    while pending and len(out) < limit:  # a work list, not recursion: a word may hold thousands of braces
+    while pending:  # a work list, not recursion
         t = pending.pop()
         m = _BRACE.search(t)
         if not m:
             out.append(t)
+            if len(out) > limit:
+                return None
             continue
         pending.extend(reversed([t[: m.start()] + alt + t[m.end():] for alt in m.group(1).split(",")]))
-    return out[:limit] or [text]
+        if len(pending) > limit:
+            return None
+    return out
 
 
 def _parts_below(path: str, root: str) -> list[str]:

@@ -247,8 +247,8 @@ def test_refusals_read_the_usual_messages(tmp_path):
 
 def test_landlock_abi_and_handled_rights():
     assert sandbox.landlock_abi() >= 1
-    fs1, size1, scoped1 = sandbox._handled(1)
-    fs7, size7, scoped7 = sandbox._handled(7)
+    fs1, size1, scoped1 = sandbox.handled_rights(1)
+    fs7, size7, scoped7 = sandbox.handled_rights(7)
     assert (size1, scoped1) == (8, 0) and size7 == 24 and scoped7 == 3
     assert fs7 & ~fs1 == (1 << 13) | (1 << 14) | (1 << 15)  # refer, truncate, ioctl_dev
 
