@@ -265,9 +265,11 @@ def seatbelt_profile(boundary: Boundary) -> str:
 # "PATH: Permission denied", "cannot create PATH: Permission denied", git's "Unable to create
 # 'PATH': ...", Python's "PermissionError: [Errno 13] Permission denied: 'PATH'". Landlock refuses
 # with EACCES (EXDEV for a rename it forbids), the read-only .git mount with EROFS.
-_DENIED = re.compile(r"Permission denied|Operation not permitted|Read-only file system|Invalid cross-device link")
 _QUOTED = re.compile(r"'([^'\n]+)'|\"([^\"\n]+)\"|‘([^’\n]+)’|`([^'`\n]+)'")
-_BARE = re.compile(r"(?:^|[\s:])([^\s:'\"‘’`]*[^\s:'\"‘’`.,;])(?=:\s)")
+_REASONS = r"(?:Permission denied|Operation not permitted|Read-only file system|Invalid cross-device link)"
+_DENIED = re.compile(_REASONS)
+# An unquoted path is taken only right before the reason ("cannot create ../x: Permission denied").
+_BARE = re.compile(r"(?:^|\s)([^\s:'\"‘’`]+): " + _REASONS)
 _MAX_LINES = 2000
 
 
@@ -289,7 +291,7 @@ def refusals(output: str, cwd: str, boundary: Boundary) -> list[Refusal]:
         if not _DENIED.search(line):
             continue
         candidates = [next(g for g in m.groups() if g) for m in _QUOTED.finditer(line)]
-        # A bare word before ": " at the start of the line is the program reporting ("/bin/sh: 1: ...").
+        # A bare word at the very start of the line is the program reporting ("sh: x: ...").
         candidates += [m.group(1) for m in _BARE.finditer(line) if m.start(1) > 0]
         for text in candidates:
             if text.startswith("[Errno"):
