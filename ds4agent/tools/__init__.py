@@ -16,6 +16,8 @@ Public modules with their own API:
     attach.py       expand(text, ctx) / strip(text): `@path` attachments
     files.py        plan_change() (what a write/edit would do, for previews)
     shellscan.py    scan(command, cwd): the programs a command runs, the writes that always ask
+    sandbox.py      the OS boundary around every bash job: availability(), Grants (what the user
+                    allowed beyond it, ToolContext.sandbox), refusals read from a job's output
 
 Internal modules: registry.py (the table), context.py, results.py, args.py (argument coercion),
 jobs.py (background processes), bash.py, listing.py, search.py, regular.py and regex_worker.py

@@ -17,7 +17,8 @@ Modes (the command line's --permission):
   the program was allowed for the session, and offer no session scope: for bash that means a
   command whose redirections, tee/cp/mv/rm/install/dd of=/find -delete/... targets or git settings
   go there (tools/shellscan.py reads them; a command it cannot read is never covered either).
-* auto: no questions (the reference agent's behaviour).
+* auto: no questions (the reference agent's behaviour); bash jobs still run inside the OS sandbox,
+  and what it refuses stays refused (nobody is asked).
 * read-only: write, edit and bash are refused with a tool error the model can act on.
 
 Reading tools (read, more, search, list, bash_status, bash_stop) never ask: stopping a job the
