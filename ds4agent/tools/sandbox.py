@@ -208,11 +208,18 @@ def wrap(argv: list[str], boundary: Boundary) -> list[str]:
 
 
 def git_paths(root: str) -> tuple[str, ...]:
-    """The tree's git metadata: its `.git` (a directory, or in a linked worktree a file), and for a
-    `.git` file the git directory it names and that one's common directory (objects, refs, hooks)."""
-    dot_git = os.path.join(root, ".git")
-    if not os.path.lexists(dot_git):
-        return ()
+    """The tree's git metadata: the `.git` of the tree or of the nearest directory above it (a
+    directory, or in a linked worktree a file), and for a `.git` file the git directory it names
+    and that one's common directory (objects, refs, hooks)."""
+    here = os.path.realpath(root)
+    while True:
+        dot_git = os.path.join(here, ".git")
+        if os.path.lexists(dot_git):
+            break
+        parent = os.path.dirname(here)
+        if parent == here:
+            return ()
+        here = parent
     out = [dot_git]
     if os.path.isfile(dot_git) and not os.path.islink(dot_git):
         try:
@@ -221,7 +228,7 @@ def git_paths(root: str) -> tuple[str, ...]:
         except OSError:
             line = ""
         if line.startswith("gitdir:"):
-            gitdir = os.path.realpath(os.path.join(root, line[len("gitdir:"):].strip()))
+            gitdir = os.path.realpath(os.path.join(here, line[len("gitdir:"):].strip()))
             out.append(gitdir)
             try:
                 with open(os.path.join(gitdir, "commondir"), encoding="utf-8", errors="replace") as f:

@@ -293,3 +293,18 @@ def test_info_says_whether_there_is_a_sandbox(tmp_path, capsys, monkeypatch):
     finally:
         monkeypatch.delenv(sandbox.SWITCH)
         sandbox.availability.cache_clear()
+
+
+def test_a_tree_inside_a_repository_knows_the_repository_git_dir(tmp_path):
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "pkg").mkdir()
+    ctx = ToolContext(cwd=repo / "pkg", output_dir=tmp_path)
+    assert sandbox.git_paths(str(repo / "pkg")) == (str(repo / ".git"),)
+    commit = "git -c user.name=t -c user.email=t@t commit -q --allow-empty -m one"
+    refused = _bash(ctx, commit)
+    assert refused.sandbox_refusals and all(r.in_git for r in refused.sandbox_refusals)
+    ctx.sandbox.git_once = True
+    assert "exit_status=0" in _bash(ctx, commit).text
+    assert "exit_status=128" in _bash(ctx, commit).text  # the one-time grant is used up
+    ctx.close()
