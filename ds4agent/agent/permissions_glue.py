@@ -20,13 +20,15 @@ from ds4agent.tools.permissions import Answer, Choice, Question, denied_result
 from ds4agent.tools.sandbox import availability
 
 
-def start_notices() -> list[str]:
+def start_notices(worker: WorkerPort) -> list[str]:
     """Said once at start: bash commands run without an OS sandbox here."""
     avail = availability()
     if avail.available:
         return []
-    return [f"no OS sandbox for bash commands: {avail.detail.removeprefix('none ').strip('()')}; "
-            "every command asks before it runs"]
+    then = {"ask": "every command asks before it runs",
+            "auto": "--permission auto runs them unconfined, without asking"}.get(worker.policy.mode, "")
+    why = avail.detail.removeprefix("none ").strip("()")
+    return [f"no OS sandbox for bash commands: {why}" + (f"; {then}" if then else "")]
 
 
 def permit(worker: WorkerPort, name: str, args: Mapping[str, object]) -> str | None:

@@ -150,7 +150,7 @@ class Worker:
             # The system prefix is where every conversation of this run starts: going back in a
             # loaded or resumed session re-prefills from here at worst, never from token 0.
             self.snapshots.keep(self.session)
-        for note in permissions_glue.start_notices():
+        for note in permissions_glue.start_notices(self):
             self.io.emit(ev.Notice(note, "warning"))
         self.io.emit(ev.Ready(model=_describe(self.engine), ctx=s.ctx, sysprompt_cached=cached,
                               device=getattr(device, "label", "")))
