@@ -244,7 +244,7 @@ class BashTool:
     mutates = True
 
     def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
-        command = arg_str(args, "command", required=True)
+        command = arg_str(args, "command", required=True) or ""
         if not command.strip():
             raise ToolError("empty command")
         timeout = arg_float(args, "timeout_sec", DEFAULT_TIMEOUT, 1.0, 86400.0)

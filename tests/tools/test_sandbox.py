@@ -105,6 +105,14 @@ ESCAPES = {
     "rename-into-outside": "echo x > f && mv f ../outside/moved",
     "truncate-outside": "truncate -s 0 ../outside/existing; : > ../outside/existing",
     "env-cleared": "env -i /bin/sh -c 'echo x > ../outside/envi'",
+    "lessopen": "LESSOPEN='|touch ../outside/less %s' less -f /etc/hostname > /dev/null",
+    "git-pager": "git -c core.pager='touch ../outside/pager; cat' -p log",
+    "perl-e": "perl -e 'open(F, \">../outside/perl\"); print F 1'",
+    "vim-ex": "vim -es -c 'w! ../outside/vim' -c 'q!' /etc/hostname",
+    "home-dotfile": "HOME=../outside; echo x >> ~/.bashrc",
+    "git-hooks-via-config-file": "printf '[core]\\n\\thooksPath = /tmp\\n' >> .git/config",
+    "cp-into-git": "cp /etc/hostname .git/hooks/pre-commit; chmod +x .git/hooks/pre-commit",
+    "rsync-like-tar-pipe": "tar -cf - -C /etc hostname | tar -xf - -C ../outside",
 }
 
 
@@ -113,6 +121,14 @@ def test_escape_attempts_change_nothing_outside_or_in_git(tree, name):
     ctx, work, outside = tree
     result = _bash(ctx, ESCAPES[name])
     assert "status=done" in result.text
+
+
+def test_the_system_temp_directory_is_outside_too(tree):
+    ctx, work, _ = tree
+    target = Path("/tmp") / f"ds4agent-escape-{os.getpid()}-{id(ctx)}"
+    result = _bash(ctx, f"echo x > {target}; echo y > \"$TMPDIR/ok\" && cat \"$TMPDIR/ok\"")
+    assert not target.exists()
+    assert "y\n" in result.text and [r.path for r in result.sandbox_refusals] == [str(target)]
 
 
 def test_ordinary_writes_in_the_tree_and_tmpdir_work(tree):
