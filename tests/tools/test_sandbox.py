@@ -106,7 +106,7 @@ ESCAPES = {
     "truncate-outside": "truncate -s 0 ../outside/existing; : > ../outside/existing",
     "env-cleared": "env -i /bin/sh -c 'echo x > ../outside/envi'",
     "lessopen": "LESSOPEN='|touch ../outside/less %s' less -f /etc/hostname > /dev/null",
-    "git-pager": "git -c core.pager='touch ../outside/pager; cat' -p log",
+    "git-alias": "git -c alias.x='!touch ../outside/alias' x",
     "perl-e": "perl -e 'open(F, \">../outside/perl\"); print F 1'",
     "vim-ex": "vim -es -c 'w! ../outside/vim' -c 'q!' /etc/hostname",
     "home-dotfile": "HOME=../outside; echo x >> ~/.bashrc",
