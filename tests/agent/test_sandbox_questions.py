@@ -107,3 +107,43 @@ def test_no_sandbox_is_said_at_start_and_every_command_asks(tmp_path, monkeypatc
     finally:
         monkeypatch.delenv(sandbox.SWITCH)
         sandbox.availability.cache_clear()
+
+
+FAMILIES = {
+    "cr-comment": "echo ok \r# ; cp /etc/hostname ../outside/STOLEN",
+    "sort-o": "sort -o ../outside/sorted /etc/hostname",
+    "git-ls-remote": "git ls-remote --upload-pack='touch ../outside/up; git-upload-pack' .",
+    "tar-into-hooks": ("mkdir -p x && echo evil > x/pre-commit && tar -cf a.tar x"
+                       " && tar -xf a.tar --transform 's,^x,.git/hooks,'"),
+    "symlink-then-write": "ln -s ../outside l2 && echo x > l2/f",
+    "find-delete": "find . -name HEAD -delete",
+}
+
+
+def _snapshot(root):
+    return sorted((str(p.relative_to(root)), p.read_bytes() if p.is_file() and not p.is_symlink() else b"")
+                  for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_escape_families_through_the_loop_with_session_answers(tmp_path, name):
+    work, outside = tmp_path / "work", tmp_path / "outside"
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    outside.mkdir()
+    before = (_snapshot(outside), _snapshot(work / ".git"))
+    asked = []
+
+    def answer(e):
+        if not isinstance(e, ev.PermissionRequest):
+            return None
+        asked.append(e.question)
+        keys = [k for k, _ in e.options]
+        if e.question.startswith(("The sandbox refused", "Allow git")):
+            return "n"  # the boundary question: no
+        return "s" if "s" in keys else "y"  # anything else: yes, for the session where offered
+
+    h = AgentHarness.build(tmp_path, [_bash(FAMILIES[name], FAMILIES[name]), reply("done", think="")],
+                           tools=default_tools(), permission="ask", answer=answer)
+    h.turn("go")
+    h.stop()
+    assert (_snapshot(outside), _snapshot(work / ".git")) == before
