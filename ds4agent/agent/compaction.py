@@ -34,9 +34,9 @@ from ds4agent.agent import rewind, sessionops
 from ds4agent.agent.decode import TokenStream
 from ds4agent.agent.history import parse_user_part
 from ds4agent.agent.port import WorkerPort
-from ds4agent.agent.transcript import split_turns
-from ds4agent.engine import template
-from ds4agent.engine.tokenizer import DSML, END_THINK, EOS, USER
+from ds4agent.protocol import template
+from ds4agent.protocol.template import split_turns
+from ds4agent.protocol.tokenizer import DSML, END_THINK, EOS, USER
 from ds4agent.sessions.store import derive_title
 from ds4agent.tools import running_jobs_update
 
@@ -49,7 +49,7 @@ SUMMARY_MIN_ROOM = 256
 TAIL_MAX_TOKENS = 50_000
 GOAL_MAX_BYTES = 4000
 # The DSML marker spelled in ordinary byte tokens (not the special token) also ends a summary.
-_DSML_BYTES = "｜DSML｜".encode()  # noqa: RUF001 - U+FF5C, as the model writes it
+_DSML_BYTES = "｜DSML｜".encode()  # U+FF5C, as the model writes it
 
 SUMMARY_REQUEST = """Context compaction: the conversation above is about to be replaced by a summary, so write a durable task-state summary that lets the work continue without it. Plain text only: no tool calls, no reasoning tags, no raw file dumps. Include, as applicable:
 - the user's goals and explicit requirements, quoted when short;
@@ -123,7 +123,7 @@ def jobs_update(worker: WorkerPort) -> str:
     try:
         # A tool observation: its lines keep their `\n` (agent-reference.md §5).
         return running_jobs_update(worker.tool_ctx) or ""
-    except Exception:  # noqa: BLE001 - a job table problem must not fail the turn
+    except Exception:  # a job table problem must not fail the turn
         return ""
 
 
@@ -155,9 +155,7 @@ def _write_summary(worker: WorkerPort, limit: int) -> bytes | None:
             worker.emit_status()
     if tokens.interrupted:
         return None
-    text = template.trim(bytes(decoder_bytes))
-    assert isinstance(text, bytes)  # bytes in, bytes out
-    return text
+    return template.trim(bytes(decoder_bytes))
 
 
 def compact(worker: WorkerPort, kind: str, *, projected: int | None = None) -> bool:
@@ -237,7 +235,7 @@ def compact(worker: WorkerPort, kind: str, *, projected: int | None = None) -> b
         if not worker.sync():
             # Keep the compacted transcript: it is consistent; the next round prefills the rest.
             pass
-    except Exception as err:  # noqa: BLE001 - an engine failure must not lose the conversation
+    except Exception as err:  # an engine failure must not lose the conversation
         return fail(str(err) or type(err).__name__)
     worker.identity.dirty = True
     # Running bash jobs are re-announced (agent-reference.md §8) as one more tool result in the

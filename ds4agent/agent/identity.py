@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 from ds4agent.sessions.checkpoints import CodeCheckpoints
 
@@ -85,6 +86,10 @@ def meta_title(meta: dict[str, object]) -> bytes | None:
     return title_bytes(str(title)) if title else None
 
 
+@overload
+def title_bytes(title: str | bytes) -> bytes: ...
+@overload
+def title_bytes(title: None) -> None: ...
 def title_bytes(title: str | bytes | None) -> bytes | None:
     """The title exactly as stored in the trailer. The session identity is SHA-1 over these bytes
     (kvc-format.md §12.3), so a title is never round-tripped through str: a non-UTF-8 title from a

@@ -19,7 +19,7 @@ from ds4agent.agent import events as ev
 from ds4agent.agent import sessionops
 from ds4agent.agent.history import parse_user_part
 from ds4agent.agent.port import WorkerPort
-from ds4agent.agent.transcript import split_turns
+from ds4agent.protocol.template import split_turns
 from ds4agent.tools import attach
 
 MODES = ("both", "chat", "code", "fork")

@@ -16,12 +16,12 @@ from ds4agent.agent.journal import Journal
 from ds4agent.agent.port import WorkerPort
 from ds4agent.agent.prompt import build_system_text
 from ds4agent.agent.settings import AgentSettings
-from ds4agent.engine import template
-from ds4agent.engine.session import EnginePayloadShape
-from ds4agent.engine.tokenizer import EOS, USER
+from ds4agent.protocol import template
+from ds4agent.protocol.tokenizer import EOS, USER
 from ds4agent.sessions import checkpoints
 from ds4agent.sessions.index import SessionIndex, remove_session_extras
 from ds4agent.sessions.kvc import read_envelope
+from ds4agent.sessions.payload import PayloadShape
 from ds4agent.sessions.store import (
     LoadedSession,
     SessionStore,
@@ -36,8 +36,11 @@ class SessionOpError(Exception):
     """A session command failed; the message is the user-visible reason."""
 
 
-def _shape(worker: WorkerPort) -> EnginePayloadShape:
-    return worker.engine.payload_shape()
+def _shape(worker: WorkerPort) -> PayloadShape:
+    """The engine's layout as the store's PayloadShape (the engine does not import sessions)."""
+    s = worker.engine.payload_shape()
+    return PayloadShape(n_layers=s.n_layers, head_dim=s.head_dim, indexer_dim=s.indexer_dim, vocab=s.vocab,
+                        window=s.window, ratios=tuple(s.ratios))
 
 
 def _model_id(worker: WorkerPort) -> int:
@@ -94,7 +97,7 @@ def start_system_prefix(worker: WorkerPort) -> bool:
             if tuple(worker.session.tokens) == tuple(ids):
                 worker.trace.line("sysprompt cache hit")
                 return True
-        except Exception as err:  # noqa: BLE001 - any failure: rebuild (kvc-format.md §12.2)
+        except Exception as err:  # any failure: rebuild (kvc-format.md §12.2)
             worker.trace.line(f"sysprompt cache miss: {err}")
         worker.io.emit(ev.Notice("Updating system prompt cache..."))
     worker.set_state(ev.State.PREFILL, detail="system prompt")
@@ -104,7 +107,7 @@ def start_system_prefix(worker: WorkerPort) -> bool:
             store.save_sysprompt(text, worker.session.export_state(), shape=_shape(worker),
                                  model_id=_model_id(worker), quant_bits=worker.engine.quant_bits)
             worker.trace.line("sysprompt cache stored")
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             worker.io.emit(ev.Notice(f"failed to save system prompt KV: {err}", "warning"))
     return False
 
@@ -119,7 +122,7 @@ def save(worker: WorkerPort, title: str | None = None) -> ev.SessionSaved | None
     in the title trailer, so it is what /list, the picker and `kv ls` show from then on."""
     try:
         return _save(worker, title)
-    except Exception as err:  # noqa: BLE001 - SessionOpError, KVCError, engine errors: readable messages
+    except Exception as err:  # SessionOpError, KVCError, engine errors: readable messages
         worker.io.emit(ev.Error(f"save failed: {err}"))
     finally:
         worker.set_state(ev.State.IDLE)
@@ -139,7 +142,7 @@ def _retitle(worker: WorkerPort, title: str | None) -> tuple[bytes | None, str |
     if old_path is None and identity.session_id:
         try:
             old_path = str(_store(worker).resolve(identity.session_id).path)
-        except Exception:  # noqa: BLE001 - the old file is gone already: nothing to replace
+        except Exception:  # the old file is gone already: nothing to replace
             old_path = None
     return new, old_path
 
@@ -298,7 +301,7 @@ def new_session(worker: WorkerPort) -> None:
 def load(worker: WorkerPort, prefix: str) -> None:
     try:
         _load(worker, prefix)
-    except Exception as err:  # noqa: BLE001 - KVCError / EngineError: readable
+    except Exception as err:  # KVCError / EngineError: readable
         worker.io.emit(ev.Error(f"load failed: {err}"))
     worker.set_state(ev.State.IDLE)
 
@@ -433,7 +436,7 @@ def list_event(worker: WorkerPort) -> ev.SessionList:
                 size_bytes=broken.file_size, last_used=broken.last_used, created_at=0,
                 path=str(broken.path), unreadable=broken.reason,
             ))
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         worker.io.emit(ev.Error(f"no sessions: {err}"))
     return ev.SessionList(str(getattr(store, "directory", "")), tuple(infos))
 
@@ -506,7 +509,7 @@ def offer_resume(worker: WorkerPort) -> None:
         return
     try:
         resume(worker, chosen.tokens, chosen.meta)
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         # Back to a clean new session (the live KV re-syncs to it at the next turn), and the
         # journal stays where it is: the next start offers it again, nothing is lost.
         worker.transcript.reset(worker.system_ids, len(worker.system_ids))
@@ -552,7 +555,7 @@ def _nearest_saved_prefix(worker: WorkerPort, tokens: list[int]) -> LoadedSessio
     best = None
     try:
         infos = store.list_sessions()
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
     for info in sorted(infos, key=lambda i: -i.entry.text_bytes):
         e = info.entry
@@ -560,13 +563,13 @@ def _nearest_saved_prefix(worker: WorkerPort, tokens: list[int]) -> LoadedSessio
             continue
         try:
             env = read_envelope(e.path)
-        except Exception:  # noqa: BLE001
+        except Exception:
             continue
         if text.startswith(env.text):
             try:
                 best = store.load_session(e.path, shape=_shape(worker), ctx=worker.settings.ctx,
                                           model_id=_model_id(worker), quant_bits=worker.engine.quant_bits)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 continue
             if best.payload is not None:
                 return best

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,14 +43,14 @@ class AgentSettings:
     def effective_think_mode(self) -> str:
         """think-max silently becomes think below 384K of context: the renderer's own rule
         (template.effective_think_mode), so the status shows the mode the system prefix has."""
-        from ds4agent.engine.template import effective_think_mode
+        from ds4agent.protocol.template import effective_think_mode
 
         return str(effective_think_mode(self.think_mode, self.ctx))
 
     @classmethod
-    def from_args(cls, args: Any) -> AgentSettings:
+    def from_args(cls, args: argparse.Namespace) -> AgentSettings:
         """Build from the CLI namespace (ds4agent/cli.py); missing attributes keep defaults."""
-        def get(name: str, default: Any) -> Any:
+        def get(name: str, default: Any) -> Any:  # argparse values are untyped by nature
             value = getattr(args, name, None)
             return default if value is None else value
 

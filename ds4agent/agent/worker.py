@@ -34,18 +34,17 @@ from ds4agent.agent.settings import AgentSettings
 from ds4agent.agent.stream import AssistantStream, Coalescer
 from ds4agent.agent.trace import Trace
 from ds4agent.agent.transcript import Transcript
-from ds4agent.engine import template
-from ds4agent.engine.errors import EngineLost, Interrupted
+from ds4agent.engine import EngineLost, Interrupted
 from ds4agent.engine.sampler import Sampler
-from ds4agent.engine.template import THINK_MAX_MIN_CTX
-from ds4agent.engine.tokenizer import Tokenizer
+from ds4agent.protocol import dsml, template
+from ds4agent.protocol.template import THINK_MAX_MIN_CTX
+from ds4agent.protocol.tokenizer import Tokenizer
 from ds4agent.sessions.checkpoints import CodeCheckpoints
 from ds4agent.tools import Tool, ToolContext, attach, default_tools, run_tool
 from ds4agent.tools.permissions import PermissionPolicy
 
 if TYPE_CHECKING:  # the engine and the store are handed in; only their types are needed here
-    from ds4agent.engine.session import Engine, Session
-    from ds4agent.engine.snapshots import SnapshotStore
+    from ds4agent.engine import Engine, Session, SnapshotStore
     from ds4agent.sessions.store import SessionStore
 
 # Status events during generation are rate-limited (the UI redraws at most ~10 Hz anyway).
@@ -131,15 +130,16 @@ class Worker:
             def progress(fraction: float) -> None:
                 self.set_state(ev.State.LOADING, progress=float(fraction), detail="loading model")
 
-            self.engine = cast(EngineLoader, src)(progress)
+            self.engine = src(progress)
         if s.ctx != getattr(self.engine, "ctx", s.ctx):
             s.ctx = int(self.engine.ctx)  # the engine's context is the truth
         self.think_mode = s.effective_think_mode()
         if s.think_mode == "think-max" and self.think_mode != "think-max":
             self.io.emit(ev.Notice(f"{_THINK_MAX_TOO_SMALL} (context {s.ctx})", "warning"))
         device = getattr(self.engine, "device", None)
-        if getattr(device, "notice", ""):
-            self.io.emit(ev.Notice(device.notice, "warning"))  # e.g. no GPU: running on the CPU
+        notice = str(getattr(device, "notice", "") or "")
+        if notice:
+            self.io.emit(ev.Notice(notice, "warning"))  # e.g. no GPU: running on the CPU
         self.session = self.engine.new_session()
         make_store = getattr(self.engine, "snapshot_store", None)
         self.snapshots = make_store(s.snapshot_budget) if make_store is not None else None
@@ -167,7 +167,7 @@ class Worker:
             discard = not self.identity.unsaved_work
         try:
             self.tool_ctx.close()
-        except Exception:  # noqa: BLE001 - shutdown must finish
+        except Exception:  # shutdown must finish
             pass
         sessionops.close_journal(self, keep=not discard)
         self.trace.line("worker stop")
@@ -465,7 +465,7 @@ class Worker:
     def _after_round(self, result: RoundResult) -> bool:
         """Run tools / build the results turn. True when another round follows."""
         if result.reason in ("error", "thinking"):
-            texts = [template.result_invalid_dsml(result.error)]
+            texts = [dsml.error_result(result.error)]
             self.io.emit(ev.ToolResult(0, "", False, texts[0]))
         elif result.reason == "tools":
             texts = self._run_calls(result.calls)
@@ -628,7 +628,7 @@ def _describe(engine: Engine) -> str:
     if describe is not None:
         try:
             return str(describe())
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
     cfg = getattr(engine, "config", None)
     return str(getattr(cfg, "name", None) or type(engine).__name__)

@@ -1,6 +1,6 @@
 import json
 
-from ds4agent.engine.template import tool_schema_line
+from ds4agent.protocol.template import tool_schema_line
 from ds4agent.tools import RESULT_CAP_BYTES, ToolError, ToolResult, default_tools, run_tool
 from ds4agent.tools.args import arg_bool, arg_float, arg_int
 

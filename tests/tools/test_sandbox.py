@@ -295,17 +295,18 @@ def test_switched_off_means_no_sandbox_and_every_command_asks(tmp_path, monkeypa
 
 def test_info_says_whether_there_is_a_sandbox(tmp_path, capsys, monkeypatch):
     from ds4agent import cli
-    from ds4agent.engine.testmodel import make_test_model
+    from ds4agent.testmodels import make_test_model
 
     model = make_test_model(tmp_path / "micro.gguf", "micro", seed=1)
     assert cli.main(["info", str(model)]) == 0
-    line = capsys.readouterr().out.rstrip().splitlines()[-1]
-    assert line == sandbox.availability().describe() and line.startswith(("sandbox: Landlock ABI", "sandbox: Seatbelt"))
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("sandbox ")]
+    assert lines == [f"sandbox     {sandbox.availability().detail}"]
+    assert lines[0].startswith(("sandbox     Landlock ABI", "sandbox     Seatbelt"))
     monkeypatch.setenv(sandbox.SWITCH, "off")
     sandbox.availability.cache_clear()
     try:
         assert cli.main(["info", str(model)]) == 0
-        assert capsys.readouterr().out.rstrip().endswith("sandbox: none (switched off by DS4AGENT_SANDBOX=off)")
+        assert "\nsandbox     none (switched off by DS4AGENT_SANDBOX=off)\n" in capsys.readouterr().out
     finally:
         monkeypatch.delenv(sandbox.SWITCH)
         sandbox.availability.cache_clear()
