@@ -17,6 +17,8 @@ Public modules with their own API:
     files.py        plan_change() (what a write/edit would do, for previews), approve() (the
                     policy's record of what it judged, which the write/edit run is held to)
     shellscan.py    scan(command, cwd): the programs a command runs, the writes that always ask
+    sandbox.py      the OS boundary around every bash job: availability(), Grants (what the user
+                    allowed beyond it, ToolContext.sandbox), refusals read from a job's output
 
 Internal modules: registry.py (the table), context.py, results.py, args.py (argument coercion),
 jobs.py (background processes), bash.py, listing.py, beneath.py (opening and replacing files
