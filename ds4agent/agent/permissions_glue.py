@@ -51,7 +51,8 @@ def after_run(worker: WorkerPort, name: str, args: Mapping[str, object], result:
     the second run's result when the user allowed it."""
     refused = result.sandbox_refusals
     display = result.display
-    if not refused or not isinstance(display, BashDisplay):
+    # (Not after bash_stop: the model ended that command; running it again is not what it asked.)
+    if not refused or not isinstance(display, BashDisplay) or name not in ("bash", "bash_status"):
         return result
     q = worker.policy.escalation(display.command, refused)
     if q is None:

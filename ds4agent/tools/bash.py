@@ -1,8 +1,10 @@
 """bash, bash_status, bash_stop: shell commands as background jobs (agent-reference.md §5.1-5.3).
 
-Each call starts a background job (tools/jobs.py: its own process group, stdin from /dev/null,
-stdout+stderr merged into a temp file, a watcher thread enforcing the timeout); this module turns
-jobs into observations.
+Each call starts a background job (tools/jobs.py: inside the OS sandbox, its own process group,
+stdin from /dev/null, stdout+stderr merged into a temp file bounded to its first and last 4 MiB, a
+watcher thread enforcing the timeout); this module turns jobs into observations. A finished job's
+observation ends with a `sandbox:` line when its output reports writes the sandbox refused (the
+paths, in ToolResult.sandbox_refusals, are what the permission layer asks about).
 
 Output files: an observation that cuts the output names its file (output_path) so the model can read
 the rest; such a file is kept until the agent exits (the model may come back to it at any time in
