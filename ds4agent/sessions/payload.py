@@ -457,6 +457,9 @@ def read_payload(
     not record): the layout comes from the file itself; steps 4, 5 and the ratio-dependent parts of
     7/9 are skipped, counts are checked against h6 and T, and the array region must be at least
     as large as the raw/compressed/indexer rows the counts imply. keep_arrays must be False then.
+
+    One long function on purpose: it is the format's validation steps in their numbered order (each
+    marked `# step N`), and a check split away from its neighbours would hide which step rejects.
     """
     shape = as_shape(shape) if shape is not None else None
     cur = _PayloadCursor(f, payload_bytes)
