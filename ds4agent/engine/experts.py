@@ -32,6 +32,7 @@ import numpy as np
 
 from ds4agent.engine import cpu_experts, quant
 from ds4agent.engine.errors import EngineError
+from ds4agent.engine.hostread import to_host
 from ds4agent.engine.weights import cpu_layout, cpu_parts
 
 
@@ -219,7 +220,7 @@ class QuantExperts:
 
     def gather_matmul(self, x: mx.array, expert_ids: mx.array) -> mx.array:
         n, k = _check_call(self, x, expert_ids)
-        ids = np.array(expert_ids).astype(np.int64)
+        ids = to_host(expert_ids).astype(np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self.n_experts):
             raise EngineError(f"expert id out of range 0..{self.n_experts - 1}")
         if cpu_layout():
@@ -244,7 +245,7 @@ class QuantExperts:
         range, the split or the other rows sharing its expert (cpu_experts.py), so neither does
         the result.
         """
-        src = np.array(x.astype(mx.float32), dtype=np.float32).reshape(-1, self.d_in)
+        src = to_host(x.astype(mx.float32), np.float32).reshape(-1, self.d_in)
         flat = ids.reshape(-1)
         used, slot_expert = np.unique(flat, return_inverse=True)
         order = np.argsort(slot_expert, kind="stable")  # pairs grouped by expert, in pair order
