@@ -17,7 +17,7 @@ from ds4agent.engine.decode import decode
 from ds4agent.engine.errors import EngineError
 from ds4agent.engine.sampler import Sampler
 from ds4agent.engine.session import Engine
-from ds4agent.engine.testmodel import make_test_model
+from ds4agent.testmodels.writer import make_test_model
 
 CTX = 64
 N = 12

@@ -1,6 +1,6 @@
 """Metal kernels for routed experts in IQ2_XXS, Q2_K and Q4_K (macOS, `mx.fast.metal_kernel`).
 
-Selected by `experts.quant_experts()` only where `mx.metal.is_available()`; elsewhere this module
+Selected by `experts.base.quant_experts()` only where `mx.metal.is_available()`; elsewhere this module
 is never imported for use (tests/weights/test_metal.py runs it wherever a Metal device exists).
 
 Two kernels per type, both built on one device function that dequantises a "chunk" of 32
@@ -27,7 +27,7 @@ import numpy as np
 
 from ds4agent.engine import quant
 from ds4agent.engine.errors import EngineError
-from ds4agent.engine.experts import QuantExperts, _check_call
+from ds4agent.engine.experts.portable import QuantExperts, check_call
 from ds4agent.engine.hostread import to_host
 
 _HEADER = r"""
@@ -242,7 +242,7 @@ class MetalExperts(QuantExperts):
         return out
 
     def gather_matmul(self, x: mx.array, expert_ids: mx.array) -> mx.array:
-        n, k = _check_call(self, x, expert_ids)
+        n, k = check_call(self, x, expert_ids)
         ids = to_host(expert_ids)
         if ids.size and (ids.min() < 0 or ids.max() >= self.n_experts):
             raise EngineError(f"expert id out of range 0..{self.n_experts - 1}")
