@@ -168,14 +168,14 @@ def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
         if not worker._sync():
             return fail("interrupted")
         limit = min(SUMMARY_MAX_TOKENS, room)
-        logits = worker.session.logits
+        from ds4agent.engine.decode import decode
+
         summary: list[int] = []
         t0 = time.monotonic()
         decoder_bytes = bytearray()
-        for _ in range(limit):
+        for token in decode(worker.session, worker.sampler, max_tokens=limit, greedy=lambda: True):
             if io.should_stop():
                 return fail("interrupted")
-            token = worker.sampler.sample(logits, greedy=True)
             if token in (EOS, END_THINK, DSML) or tok.is_stop(token):
                 break
             summary.append(token)
@@ -190,7 +190,6 @@ def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
                 worker.generated = len(summary)
                 worker.decode_tps = len(summary) / max(time.monotonic() - t0, 1e-9)
                 worker.emit_status()
-            logits = worker.session.step(token)
         text = template.trim(bytes(decoder_bytes))
         if not text:
             return fail("the model wrote an empty summary")

@@ -67,6 +67,6 @@ def decode(session: Any, sampler: Any, *, max_tokens: int,
             if pending is None:
                 return
             session.accept(pending, tok)
-            logits = pending.logits
+            logits = session.next_logits
     finally:
         session.settle()

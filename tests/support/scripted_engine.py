@@ -159,6 +159,32 @@ class ScriptedSession:
                 self.engine.on_step(self, c.pos)
         return self._offer(self._next_scripted())
 
+    # ------------------------------------------------------------------ the decode seam
+    # engine/decode.py drives these; a "dispatched" step runs only when accepted (it is instant),
+    # so on_step fires when a token is accepted, as it fired when the step loop stepped it.
+    @property
+    def next_logits(self):
+        import mlx.core as mx
+
+        return None if self.logits is None else mx.array(self.logits)
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def dispatch(self, token) -> object:
+        if len(self._tokens) + 1 > self.engine.ctx:
+            raise ContextOverflowError(len(self._tokens) + 1, self.engine.ctx)
+        return (self.tokens, token)
+
+    def accept(self, pending: object, token: int) -> None:
+        base, _ = pending  # type: ignore[misc]
+        if base != self.tokens:
+            raise AssertionError("the scripted session changed while a decode step was in flight")
+        self.step(token)
+
+    def settle(self) -> None:
+        pass
+
     def snapshot(self) -> object:
         c = self._cursor
         return (self.tokens, self._hot, None if c is None else (list(c.tokens), c.pos, c.off_script))

@@ -42,7 +42,9 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import EngineError, PipelineError
-from ..session import Engine
+from ..hostread import to_int
+from ..sampler import check_token
+from ..session import Engine, PendingStep
 from ..state import LayerState, SessionState, empty_layer
 from .ring import TIMEOUT_S, Link
 
@@ -274,6 +276,14 @@ class PipelineEngine(Engine):
         state = RankState(tokens=(), logits=None,
                           layers=tuple(empty_layer(c, li) for li in range(*self.ranges[0])), key=0)
         return state.eval()
+
+    def decode_step(self, state: RankState, token) -> PendingStep:
+        # The other ranks take their token ids over the ring as host ints, so a pipeline reads
+        # the id first and runs the step at once: no overlap of graph building with the device
+        # (the ring round trip dominates a pipeline's token anyway).
+        tok = check_token(to_int(token))
+        _, new = self.forward(state, [tok], last_only=True)
+        return PendingStep(base=state, logits=new.logits, finish=lambda _tok: new)
 
     def forward(self, state: RankState, tokens: Sequence[int], *, last_only: bool):
         from ..model import embed, run_layers
