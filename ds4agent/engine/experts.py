@@ -32,6 +32,7 @@ import numpy as np
 
 from ds4agent.engine import cpu_experts, quant
 from ds4agent.engine.errors import EngineError
+from ds4agent.engine.hostread import to_host
 from ds4agent.engine.weights import cpu_layout, cpu_parts
 
 
@@ -276,7 +277,7 @@ class QuantExperts:
         range, the split or the other rows sharing its expert (cpu_experts.py), so neither does
         the result.
         """
-        src = np.array(x.astype(mx.float32), dtype=np.float32).reshape(-1, self.d_in)
+        src = to_host(x.astype(mx.float32), np.float32).reshape(-1, self.d_in)
         flat = ids.reshape(-1)
         used, slot_expert = np.unique(flat, return_inverse=True)
         order = np.argsort(slot_expert, kind="stable")  # pairs grouped by expert, in pair order

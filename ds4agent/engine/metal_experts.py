@@ -28,6 +28,7 @@ import numpy as np
 from ds4agent.engine import quant
 from ds4agent.engine.errors import EngineError
 from ds4agent.engine.experts import QuantExperts, _check_call
+from ds4agent.engine.hostread import to_host
 
 _HEADER = r"""
 inline float ds4_f16(const device uint8_t* p) {
@@ -180,12 +181,12 @@ def self_check(qtype: int) -> str | None:
             raw[:, off : off + 2] = np.full((len(raw), 1), np.float16(0.01)).view(np.uint8)
         raw = raw.reshape(e, d_out, d_in // block * size)
         ex = MetalExperts(raw, qtype, (e, d_out, d_in))
-        want = np.array(quant.dequantize(mx.array(raw), qtype, (e, d_out, d_in)))
-        got = np.array(ex.dequantize([0, 1]))
+        want = to_host(quant.dequantize(mx.array(raw), qtype, (e, d_out, d_in)))
+        got = to_host(ex.dequantize([0, 1]))
         if not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
             return f"the {name} Metal dequantiser disagrees with the portable one"
         x = rng.standard_normal((1, d_in)).astype(np.float32)
-        y = np.array(ex.matvec(mx.array(np.repeat(x, 2, 0)), mx.array([0, 1])))
+        y = to_host(ex.matvec(mx.array(np.repeat(x, 2, 0)), mx.array([0, 1])))
         ref = np.einsum("eoi,i->eo", want.astype(np.float64), x[0].astype(np.float64))
         if not np.abs(y - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max()):
             return f"the {name} Metal mat-vec disagrees with the dense product"
@@ -242,7 +243,7 @@ class MetalExperts(QuantExperts):
 
     def gather_matmul(self, x: mx.array, expert_ids: mx.array) -> mx.array:
         n, k = _check_call(self, x, expert_ids)
-        ids = np.array(expert_ids)
+        ids = to_host(expert_ids)
         if ids.size and (ids.min() < 0 or ids.max() >= self.n_experts):
             raise EngineError(f"expert id out of range 0..{self.n_experts - 1}")
         n_used = len(np.unique(ids))

@@ -35,6 +35,7 @@ import numpy as np
 from . import ops
 from .config import ModelConfig
 from .errors import EngineError
+from .hostread import to_host
 from .state import FILL_KV, FILL_SCORE, LayerState, SessionState
 from .weights import AttentionWeights, CompressorWeights, FFNWeights, HCWeights, LayerWeights, ModelWeights
 
@@ -268,7 +269,7 @@ def _indexer_slots(c: ModelConfig, iq: mx.array, iw: mx.array, keys: mx.array,
     idx = mx.where(pr, sel, base_idx)
     valid = mx.where(pr, True, base_valid)
     if trace_masks is not None:
-        m = np.array(mask)
+        m = to_host(mask)
         m[~prune] = (ar_c[None, :] < n_vis[:, None])[~prune]
         trace_masks.append(m)
     return idx.astype(mx.int32), valid
@@ -475,8 +476,8 @@ def ffn_block(fw: FFNWeights, c: ModelConfig, layer: int, x: mx.array, tokens: m
     h = ops.rms_norm(x, fw.norm, c.rms_eps)
     sel, wts = _call(profile, "router", _route, fw, c, layer, h, tokens)
     if trace is not None:
-        trace.experts.setdefault(layer, []).append(np.array(sel))
-        trace.expert_weights.setdefault(layer, []).append(np.array(wts))
+        trace.experts.setdefault(layer, []).append(to_host(sel))
+        trace.expert_weights.setdefault(layer, []).append(to_host(wts))
     routed = _call(profile, "routed experts", _routed, fw, U, clamp, h, sel, wts)
     shared = _call(profile, "shared expert", _shared, fw, clamp, h)
     return routed + shared
@@ -538,7 +539,7 @@ def forward(weights: ModelWeights, config: ModelConfig, state: SessionState,
     """
     c = config
     if isinstance(tokens, mx.array):
-        tok_list = [int(t) for t in np.array(tokens).reshape(-1)]
+        tok_list = [int(t) for t in to_host(tokens).reshape(-1)]
     else:
         tok_list = [int(t) for t in tokens]
     n = len(tok_list)

@@ -28,6 +28,7 @@ import mlx.core as mx
 import numpy as np
 
 from ds4agent.engine.errors import EngineError
+from ds4agent.engine.hostread import to_host
 
 # GGML type ids (model.md §7)
 Q8_0 = 8
@@ -230,7 +231,7 @@ def _dequant_iq2_xxs(b: mx.array) -> mx.array:
     # pays per index) and the codes are widened to f32 as they are copied into MLX (one pass
     # instead of a copy and an astype). The same table, the same values.
     mx.eval(index, db)
-    codes_np = np.take(table.view(np.uint64).reshape(-1), np.array(index, copy=False)).view(np.int8)
+    codes_np = np.take(table.view(np.uint64).reshape(-1), to_host(index, view=True)).view(np.int8)
     return (db * mx.array(codes_np.reshape(r, nb * 8, 32), dtype=mx.float32)).reshape(r, nb * 256)
 
 

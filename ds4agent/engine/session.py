@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ContextOverflowError, EngineError, Interrupted, StateError
+from .hostread import to_host
 from .testmodel import TEST_MODEL_KEY
 
 MODEL_ID_FLASH = 0  # KVC header byte 7: 0 = DeepSeek V4 Flash (kvc-format.md §2)
@@ -369,9 +370,7 @@ class Session:
         if self._logits_np is None:
             # A read-only view of the evaluated MLX buffer, not a copy: this runs once per decoded
             # token, MLX arrays never change in place, and the view keeps its array alive.
-            arr = np.asarray(self._state.logits, dtype=np.float32)
-            arr.flags.writeable = False
-            self._logits_np = arr
+            self._logits_np = to_host(self._state.logits, np.float32, view=True)
         return self._logits_np
 
     def __len__(self) -> int:
@@ -455,7 +454,7 @@ class Session:
         rows = []
         for p0, p1 in chunk_grid(len(self._state.tokens), len(target), self.engine.chunk):
             logits, state = self._run(self._state, target[p0:p1], last_only=False)
-            rows.append(np.array(logits, dtype=np.float32).reshape(p1 - p0, -1))
+            rows.append(to_host(logits, np.float32).reshape(p1 - p0, -1))
             self._commit(state)
         if not rows:
             return np.zeros((0, self.engine.config.vocab), dtype=np.float32)

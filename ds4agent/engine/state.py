@@ -31,6 +31,7 @@ import numpy as np
 
 from .config import ModelConfig
 from .errors import StateError
+from .hostread import to_host
 
 FILL_KV = 0.0
 FILL_SCORE = -1.0e30  # not -inf: kvc-format.md §9.4 canonical filler
@@ -104,7 +105,7 @@ def empty_layer(config: ModelConfig, layer: int) -> LayerState:
 def _np(a: mx.array | None) -> np.ndarray | None:
     if a is None:
         return None
-    return np.array(a, dtype=np.float32, copy=True)
+    return to_host(a, np.float32)
 
 
 def to_payload(state: SessionState, config: ModelConfig, *, ctx: int, payload_cls: Any = None,
@@ -122,7 +123,7 @@ def to_payload(state: SessionState, config: ModelConfig, *, ctx: int, payload_cl
         layers.append(mk_l(raw=_np(lay.raw), comp=_np(lay.comp), attn_kv=_np(lay.attn_kv),
                            attn_score=_np(lay.attn_score), index_comp=_np(lay.index_comp),
                            index_kv=_np(lay.index_kv), index_score=_np(lay.index_score)))
-    logits = (np.array(state.logits, dtype=np.float32) if state.logits is not None
+    logits = (to_host(state.logits, np.float32) if state.logits is not None
               else np.zeros(config.vocab, dtype=np.float32))
     return mk_p(ctx=int(ctx), tokens=np.asarray(state.tokens, dtype=np.uint32), logits=logits,
                 layers=layers)
