@@ -55,6 +55,7 @@ import numpy as np
 from .config import ModelConfig
 from .device import gpu_kernels
 from .errors import TensorError, TensorShapeError
+from .hostread import to_int
 
 
 def cpu_layout() -> bool:
@@ -110,19 +111,21 @@ class Linear:
     Quantised: `(wq, scales, biases)` of MLX affine 8-bit, group 32 (exact image of Q8_0,
     model.md §7), multiplied with `mx.quantized_matmul` on f32 activations.
 
-    The GPU kernel set (device.kernel_set) multiplies an F16 matrix as F16: the activations are
-    rounded to f16 and MLX's half product accumulates in f32, so a mat-vec reads 2 bytes per
-    weight instead of widening the whole matrix to f32 per call (read 2, write 4, read 4). The
-    activation rounding (relative 2^-11) is inside the GPU tolerance; every F16 matrix of the
-    model sees an RMS-normalised input (hyper-connection mixes, compressors, indexer, router),
-    far from f16's range limit.
+    The GPU kernel set (device.kernel_set) multiplies an F16 matrix as F16 where `half` allows
+    it: the activations are rounded to f16, MLX's half product accumulates in f32 and rounds
+    its result to f16, so a mat-vec reads 2 bytes per weight instead of widening the whole
+    matrix to f32 per call (read 2, write 4, read 4). Those roundings (relative 2^-11) are
+    inside the GPU tolerance where the output is a value (hyper-connection mixes, compressed
+    KV rows); where it decides a selection (router, indexer scores and keys) or a softmax gate
+    they flip near-ties often enough to break it on the test configs, so build_weights passes
+    half=False there (see _HALF_UNSAFE). The inputs are RMS-normalised, far from f16's range.
     """
 
     __slots__ = ("weight", "scales", "biases", "out_features", "in_features", "_wt", "_parts", "_widen",
                  "_cpu", "_half")
 
     def __init__(self, weight: mx.array, scales: mx.array | None = None,
-                 biases: mx.array | None = None, *, in_features: int | None = None):
+                 biases: mx.array | None = None, *, in_features: int | None = None, half: bool = True):
         if scales is None:
             w = weight if isinstance(weight, mx.array) else mx.array(np.asarray(weight))
             if w.ndim != 2:
@@ -131,7 +134,7 @@ class Linear:
                 w = w.astype(mx.float32)  # e.g. bf16: exact in f32, rare enough to keep widened
             self._widen = w.dtype == mx.float16
             self._cpu = cpu_layout()
-            self._half = self._widen and not self._cpu
+            self._half = self._widen and half and gpu_kernels()
             if self._cpu:
                 self._wt = mx.contiguous(w.T)  # [in, out]: the stored copy (see class docstring)
                 self.weight = self._wt.T
@@ -184,7 +187,7 @@ class Linear:
     def rows(self, start: int, stop: int) -> Linear:
         """The Linear of output rows start..stop-1 (a view; used for the grouped output LoRA)."""
         if self.scales is None:
-            return Linear(self.weight[start:stop])
+            return Linear(self.weight[start:stop], half=self._half or not self._widen)
         return Linear(self.weight[start:stop], self.scales[start:stop], self.biases[start:stop],
                       in_features=self.in_features)
 
@@ -277,13 +280,18 @@ def _dense_experts(w: Any) -> Any:
     return dense_experts(w if isinstance(w, mx.array) else mx.array(np.asarray(w)))
 
 
+# F16 matrices whose outputs decide a selection or gate a softmax: the GPU kernel set widens
+# them to f32 per call instead of multiplying them as F16 (Linear).
+_HALF_UNSAFE = ("ffn_gate_inp.", "indexer.", "indexer_compressor_", "_compressor_gate.")
+
+
 def _as_linear(name: str, v: Any, shape: tuple[int, int]) -> Linear:
     if isinstance(v, Linear):
         lin = v
     elif isinstance(v, tuple):
         lin = Linear(*v, in_features=shape[1])
     else:
-        lin = Linear(v)
+        lin = Linear(v, half=not any(key in name for key in _HALF_UNSAFE))
     got = (lin.out_features, lin.in_features)
     if got != tuple(shape):
         raise TensorShapeError(name, tuple(shape), got)
@@ -314,7 +322,7 @@ def _expert_table(name: str, table: mx.array, n_experts: int) -> mx.array:
     with this check no expert id can leave 0..n_experts-1, and the expert backends take device
     ids unchecked (a GPU gather does not bounds-check: a bad id would read foreign memory)."""
     if table.size:
-        lo, hi = int(mx.min(table).item()), int(mx.max(table).item())
+        lo, hi = to_int(mx.min(table)), to_int(mx.max(table))
         if lo < 0 or hi >= n_experts:
             bad = lo if lo < 0 else hi
             raise TensorError(f"tensor {name} maps a token to expert {bad}, outside 0..{n_experts - 1}",
