@@ -11,9 +11,9 @@ from __future__ import annotations
 import sys
 import time
 
-from ds4agent.engine.dsml import DsmlParser
-from ds4agent.engine.template import render_assistant_output
-from ds4agent.engine.tokenizer import Tokenizer
+from ds4agent.protocol.dsml import DsmlParser
+from ds4agent.protocol.template import render_assistant_output
+from ds4agent.protocol.tokenizer import Tokenizer
 
 BUDGET_US = 20.0
 

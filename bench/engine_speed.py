@@ -31,9 +31,9 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from ds4agent.engine.device import cpu_parts
 from ds4agent.engine.session import Engine
-from ds4agent.engine.testmodel import make_test_model
-from ds4agent.engine.weights import cpu_parts
+from ds4agent.testmodels.writer import make_test_model
 
 PREFILL_TARGET = 0.25
 DECODE_TARGET = 3.0

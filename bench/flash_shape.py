@@ -206,7 +206,7 @@ def run(path: Path, args) -> int:
     peak = peak_rss()
     touched = mapped_rss(path)
     if sys.platform != "linux":  # no smaps: every routed-expert byte of the file counts as touched
-        from ds4agent.engine.info import memory_plan
+        from ds4agent.engine.memory import memory_plan
 
         with GGUFFile.open(path) as gf:
             touched = memory_plan(gf.tensors.values(), engine.config, args.ctx).experts

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from ds4agent.agent import events as ev  # noqa: E402
-from ds4agent.engine.tokenizer import EOS, Tokenizer  # noqa: E402
+from ds4agent.protocol.tokenizer import EOS, Tokenizer  # noqa: E402
 from tests.support.agent_harness import AgentHarness  # noqa: E402
 from tests.support.scripted_engine import ScriptedEngine, reply  # noqa: E402
 

@@ -34,12 +34,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ds4agent.engine import pipeline
 from ds4agent.engine.config import flash_config
-from ds4agent.engine.pipeline_launch import launch
-from ds4agent.engine.ring import Link, free_ports
+from ds4agent.engine.pipeline import rank0 as pipeline
+from ds4agent.engine.pipeline.launch import launch
+from ds4agent.engine.pipeline.ring import Link, free_ports
 from ds4agent.engine.session import Engine
-from ds4agent.engine.testmodel import make_test_model
+from ds4agent.testmodels.writer import make_test_model
 
 ADDED_FRACTION = 0.10
 PER_BOUNDARY_S = 0.002

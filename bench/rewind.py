@@ -26,7 +26,7 @@ import numpy as np
 
 from ds4agent.engine.session import Engine
 from ds4agent.engine.snapshots import SnapshotStore
-from ds4agent.engine.testmodel import make_test_model
+from ds4agent.testmodels.writer import make_test_model
 
 TARGET = 100.0
 

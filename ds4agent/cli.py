@@ -19,11 +19,11 @@ from ds4agent.models.locate import DEFAULT_MODEL_FILE, resolve_model_path
 
 # subcommand -> (module, function); the function takes the parsed namespace and returns an exit code.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "tokens": ("ds4agent.engine.tokens_cmd", "main"),
-    "dump-logits": ("ds4agent.engine.dump_logits", "main"),
-    "make-test-model": ("ds4agent.engine.testmodel", "main"),
-    "kv": ("ds4agent.sessions.kv_cmd", "main"),
-    "info": ("ds4agent.engine.info", "main"),
+    "tokens": ("ds4agent.commands.tokens", "main"),
+    "dump-logits": ("ds4agent.commands.dump_logits", "main"),
+    "make-test-model": ("ds4agent.testmodels.writer", "main"),
+    "kv": ("ds4agent.commands.kv", "main"),
+    "info": ("ds4agent.engine.memory", "main"),
     "convert": ("ds4agent.engine.convert", "main"),
     "pull": ("ds4agent.models.pull", "main"),
 }

@@ -65,7 +65,7 @@ def _tail_keep(ctx: int) -> int:
 
 
 def _tail(worker: Any) -> list[int]:
-    from ds4agent.engine.tokenizer import USER
+    from ds4agent.protocol.tokenizer import USER
 
     ids = worker.transcript.ids
     keep = _tail_keep(worker.settings.ctx)
@@ -85,7 +85,7 @@ def _clip(text: str) -> str:
 def _goal_note(worker: Any, tail: list[int]) -> str:
     """The user's messages that started and steer the task, verbatim, unless the tail keeps them."""
     from ds4agent.agent.history import parse_user_part
-    from ds4agent.agent.transcript import split_turns
+    from ds4agent.protocol.template import split_turns
 
     tok = worker.tok
     tail_bytes = tok.decode_bytes(tail)
@@ -121,8 +121,8 @@ def jobs_update(worker: Any) -> str:
 
 
 def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
-    from ds4agent.engine import template
-    from ds4agent.engine.tokenizer import DSML, END_THINK, EOS
+    from ds4agent.protocol import template
+    from ds4agent.protocol.tokenizer import DSML, END_THINK, EOS
 
     tok = worker.tok
     io = worker.io

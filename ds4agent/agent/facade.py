@@ -148,7 +148,7 @@ class Agent:
         boundary or as the next turn. Returns False when the text is empty after trimming."""
         # The renderer's trim (C-locale spaces only), so "empty" means what the template rejects.
         # Imported here: `import ds4agent.agent` stays free of the engine (and its tokenizer).
-        from ds4agent.engine.template import trim
+        from ds4agent.protocol.template import trim
 
         text = trim(text)
         if not text:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ds4agent.agent import events as ev
-from ds4agent.agent.transcript import Turn, split_turns
+from ds4agent.protocol.template import Turn, split_turns
 
 _TR_OPEN = b"<tool_result>"
 _TR_CLOSE = b"</tool_result>"

@@ -26,7 +26,7 @@ from ds4agent.agent import events as ev
 from ds4agent.agent.settings import AgentSettings
 from ds4agent.agent.transcript import Transcript
 from ds4agent.engine.errors import EngineLost
-from ds4agent.engine.template import THINK_MAX_MIN_CTX
+from ds4agent.protocol.template import THINK_MAX_MIN_CTX
 
 # Hard compaction reserve (agent-reference.md §8): a results turn must leave this much room.
 RESULT_RESERVE = 1024
@@ -110,7 +110,7 @@ class Worker:
         from ds4agent.agent import sessionops
         from ds4agent.agent.trace import Trace
         from ds4agent.engine.sampler import Sampler
-        from ds4agent.engine.tokenizer import Tokenizer
+        from ds4agent.protocol.tokenizer import Tokenizer
 
         self.trace = Trace(self.settings.trace, on_error=lambda m: self.io.emit(ev.Notice(m, "warning")))
         self.trace.line("worker start")
@@ -247,7 +247,7 @@ class Worker:
 
     def cmd_turn(self, text: str, queued: bool = False) -> None:
         from ds4agent.agent import compaction, rewind, sessionops
-        from ds4agent.engine import template
+        from ds4agent.protocol import template
 
         t0 = time.monotonic()
         self.io.emit(ev.UserTurn(text, queued=queued))
@@ -488,10 +488,10 @@ class Worker:
 
     def _after_round(self, result: RoundResult) -> bool:
         """Run tools / build the results turn. True when another round follows."""
-        from ds4agent.engine import template
+        from ds4agent.protocol import dsml
 
         if result.reason in ("error", "thinking"):
-            texts = [template.result_invalid_dsml(result.error)]
+            texts = [dsml.error_result(result.error)]
             self.io.emit(ev.ToolResult(0, "", False, texts[0]))
         elif result.reason == "tools":
             texts = self._run_calls(result.calls)
@@ -512,7 +512,7 @@ class Worker:
 
     def _append_results(self, texts: list[str]) -> None:
         from ds4agent.agent import compaction
-        from ds4agent.engine import template
+        from ds4agent.protocol import template
 
         mode = self._mode_for_prompt()
         queued = self.io.take_queued()
@@ -576,7 +576,7 @@ class Worker:
     def _run_calls(self, calls: list[tuple[str, dict]]) -> list[str]:
         """The result texts of a block's calls, in order. Once a message is queued or the user
         interrupts, the remaining calls are not run; a fixed text answers each of them (§9.1)."""
-        from ds4agent.engine import template
+        from ds4agent.protocol import template
 
         texts: list[str] = []
         for i, (name, args) in enumerate(calls):
@@ -593,7 +593,7 @@ class Worker:
 
     def _run_one(self, index: int, name: str, args: dict) -> str:
         from ds4agent.agent import permissions_glue
-        from ds4agent.engine import template
+        from ds4agent.protocol import template
 
         if name not in self._tool_map:
             text = template.result_unknown_tool(name)

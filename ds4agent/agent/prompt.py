@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ds4agent.engine.template import trim
+from ds4agent.protocol.template import trim
 
 # Written for DeepSeek V4 Flash running locally through ds4agent's tools (read/more/write/edit/
 # search/list/bash/bash_status/bash_stop). Kept short: every token here is prefilled once per

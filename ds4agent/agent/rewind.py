@@ -59,7 +59,7 @@ def transcript_compacted(worker: Any) -> None:
 
 def points(worker: Any) -> list[ev.RewindPoint]:
     from ds4agent.agent.history import parse_user_part
-    from ds4agent.agent.transcript import split_turns
+    from ds4agent.protocol.template import split_turns
 
     tok = worker.tok
     out: list[ev.RewindPoint] = []
@@ -75,7 +75,7 @@ def points(worker: Any) -> list[ev.RewindPoint]:
 
 def prompt_of(worker: Any, start: int) -> str:
     from ds4agent.agent.history import parse_user_part
-    from ds4agent.agent.transcript import split_turns
+    from ds4agent.protocol.template import split_turns
     from ds4agent.tools import attach
 
     for turn in split_turns(worker.transcript.ids, start):

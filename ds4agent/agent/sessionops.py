@@ -51,7 +51,7 @@ def title_bytes(title: Any) -> bytes | None:
 
 def render_system(worker: Any) -> list[int]:
     from ds4agent.agent.prompt import build_system_text
-    from ds4agent.engine import template
+    from ds4agent.protocol import template
 
     s = worker.settings
     worker.system = build_system_text(s.cwd, s.system)
@@ -387,7 +387,7 @@ def _announce_loaded(worker: Any, ids: list[int], system_len: int, *, prefilled:
 
 def _system_len(worker: Any, ids: list[int]) -> int:
     """Length of the system prefix of a loaded transcript: everything before the first <｜User｜>."""
-    from ds4agent.engine.tokenizer import USER
+    from ds4agent.protocol.tokenizer import USER
 
     try:
         return ids.index(USER)
@@ -573,7 +573,7 @@ def _derive_title(worker: Any, tokens: list[int]) -> str:
 def resume(worker: Any, tokens: list[int], meta: dict) -> None:
     """Restore a journalled transcript: load the nearest saved KV whose text is a prefix of it
     (no prefill for that part), then prefill only the rest."""
-    from ds4agent.engine.tokenizer import EOS
+    from ds4agent.protocol.tokenizer import EOS
 
     tokens = list(tokens)
     system_len = int(meta.get("system_len", 0)) or _system_len(worker, tokens)

@@ -42,7 +42,7 @@ class AgentSettings:
     def effective_think_mode(self) -> str:
         """think-max silently becomes think below 384K of context: the renderer's own rule
         (template.effective_think_mode), so the status shows the mode the system prefix has."""
-        from ds4agent.engine.template import effective_think_mode
+        from ds4agent.protocol.template import effective_think_mode
 
         return str(effective_think_mode(self.think_mode, self.ctx))
 

@@ -1,6 +1,6 @@
 """One assistant round's token stream -> agent events, on top of the foundation's DSML parser.
 
-The parser (ds4agent.engine.dsml) does the protocol work: the thinking gate on ids, start-marker
+The parser (ds4agent.protocol.dsml) does the protocol work: the thinking gate on ids, start-marker
 detection with held-back bytes, the block grammar, the §12 greedy classifier and the round
 outcome. This adapter only turns its events into the UI's events (agent/events.py) and exposes
 the few flags the loop reads between tokens. The same adapter replays saved turns for /history,
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ds4agent.agent import events as ev
-from ds4agent.engine import dsml
+from ds4agent.protocol import dsml
 
 
 class AssistantStream:

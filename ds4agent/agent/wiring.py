@@ -20,7 +20,7 @@ def engine_loader(model_path: Path, ctx: int, device: str | None = None, *, rank
     is this process (engine/pipeline_launch.py)."""
 
     def load(progress: Callable[[float], None]) -> Any:
-        from ds4agent.engine.pipeline_launch import load_engine
+        from ds4agent.engine.pipeline.launch import load_engine
 
         return load_engine(model_path, ctx=ctx, progress=progress, ranks=ranks, hosts=hosts, split=split,
                            device=device)

@@ -496,7 +496,7 @@ def load_converted(path, *, progress: Callable[[float], None] | None = None):
 
     from .config import from_metadata
     from .errors import ModelFileError
-    from .experts import MxExperts
+    from .experts.portable import MxExperts
     from .weights import build_weights
 
     path = Path(path)

@@ -104,7 +104,7 @@ def q8_0_to_affine(raw: np.ndarray, shape) -> tuple[mx.array, mx.array, mx.array
 # ---------------------------------------------------------------------------------------------
 # MLX dequantisers: blocks [R, nb, size] uint8 -> float32 [R, nb * weights per block], behind
 # `dequantize` (the GPU expert path, references and tests; the CPU expert path decodes blocks in
-# its own kernels, cpu_experts.py). Op shapes are chosen for MLX's CPU kernels too: contiguous
+# its own kernels, experts/cpu.py). Op shapes are chosen for MLX's CPU kernels too: contiguous
 # operands, broadcasting a [.., 1] scale along the last axis.
 
 
@@ -182,7 +182,7 @@ def iq2xxs_tables() -> tuple[np.ndarray, np.ndarray]:
 
 
 @lru_cache(maxsize=1)
-def _iq2xxs_signed_codes() -> tuple[np.ndarray, mx.array]:
+def iq2xxs_signed_codes() -> tuple[np.ndarray, mx.array]:
     """The signed grid as int8 [256 * 128, 8]: grid row g with the signs of 7-bit code c at row
     g*128 + c (numpy, and the same table as an MLX array).
 
@@ -224,7 +224,7 @@ def _dequant_iq2_xxs(b: mx.array) -> mx.array:
     words = mx.view(mx.contiguous(body), mx.uint32).reshape(r, nb * 8, 2)
     with _COMPILED_CALL:  # dequantize may run on any thread, and MLX's compile cache is shared
         index, db = _iq2xxs_index_scale(words, _f16(b, 0))
-    table, mx_table = _iq2xxs_signed_codes()
+    table, mx_table = iq2xxs_signed_codes()
     if mx.default_device() != mx.cpu or gpu_kernels():  # MLX's gather, on the device (no host round trip)
         codes = mx_table[index].reshape(r, nb * 8, 32)
         return (db * codes.astype(mx.float32)).reshape(r, nb * 256)

@@ -47,9 +47,10 @@ from typing import Any
 
 import numpy as np
 
+from ds4agent.testmodels.writer import TEST_MODEL_KEY
+
 from .errors import ContextOverflowError, EngineError, Interrupted, StateError
 from .hostread import to_host
-from .testmodel import TEST_MODEL_KEY
 
 MODEL_ID_FLASH = 0  # KVC header byte 7: 0 = DeepSeek V4 Flash (kvc-format.md §2)
 MAX_CHUNK = 4096  # model.md §9 / payload h3: the prefill chunk cap when ctx > 4096
@@ -217,7 +218,7 @@ class Engine:
         """
         from .config import from_metadata
         from .gguf import GGUFFile
-        from .info import check_fits, memory_plan
+        from .memory import check_fits, memory_plan
         from .weights import check_directory
 
         path = Path(path)
@@ -235,7 +236,7 @@ class Engine:
             if layer_range is not None:
                 raise EngineError(f"{path}: a pipeline runs GGUF files only, not converted MLX directories")
 
-            from .info import model_info
+            from .memory import model_info
 
             try:
                 plan = model_info(path, ctx=ctx).plan

@@ -44,7 +44,6 @@ Values `get` may return: a numpy/MLX array (dense), a `(wq, scales, biases)` tri
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -52,45 +51,20 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from . import device, quant
 from .config import ModelConfig
 from .device import gpu_kernels
 from .errors import TensorError, TensorShapeError
+from .experts.base import dense_experts, quant_experts
 from .hostread import to_int
 
-
-def cpu_layout() -> bool:
-    """Whether dense weights take the CPU layout (transposed, contiguous; see Linear): the CPU
-    kernel set's (device.kernel_set; the GPU kernel set keeps the GPU layout on any device)."""
-    return not gpu_kernels()
-
-
-# Quantised products on CPU run one MLX op per CPU stream over a slice of the output rows: each
-# MLX CPU stream is its own worker thread, and a single quantized_matmul uses one core. Slicing
-# output rows changes no arithmetic (every output element is the same dot product over the same
-# input row, in the same order), so the result is bit-identical to the one-op product
-# (tests/engine/test_ops.py). Only products of at least _PARALLEL_MIN_MACS multiply-adds are
-# split: below that, the extra ops cost more than a second core gains.
+# Quantised products on CPU run one MLX op per CPU stream over a slice of the output rows (see
+# device.cpu_streams): a single quantized_matmul uses one core. Slicing output rows changes no
+# arithmetic (every output element is the same dot product over the same input row, in the same
+# order), so the result is bit-identical to the one-op product (tests/engine/test_ops.py). Only
+# products of at least _PARALLEL_MIN_MACS multiply-adds are split: below that, the extra ops cost
+# more than a second core gains.
 _PARALLEL_MIN_MACS = 1 << 22
-_MAX_PARTS = 8
-# ThreadLocalStream objects: every thread that drives the engine gets its own CPU streams (safe
-# when two threads run sessions at once). MLX keeps a stream's worker thread for the life of the
-# process, as it does every thread's default stream, so drive the engine from long-lived threads
-# (the agent has one worker), not a fresh thread per call.
-_STREAMS: list = []
-
-
-def cpu_parts() -> int:
-    """How many CPU streams a large quantised product is spread over (1 = no splitting)."""
-    if not cpu_layout():
-        return 1
-    return max(1, min(_MAX_PARTS, os.cpu_count() or 1))
-
-
-def cpu_streams(k: int) -> list:
-    """k CPU streams, each its own worker thread (thread-local: valid on any calling thread)."""
-    while len(_STREAMS) < k:
-        _STREAMS.append(mx.new_thread_local_stream(mx.cpu))
-    return _STREAMS[:k]
 
 
 class Linear:
@@ -133,7 +107,7 @@ class Linear:
             if w.dtype not in (mx.float32, mx.float16):
                 w = w.astype(mx.float32)  # e.g. bf16: exact in f32, rare enough to keep widened
             self._widen = w.dtype == mx.float16
-            self._cpu = cpu_layout()
+            self._cpu = device.cpu_layout()
             self._half = self._widen and half and gpu_kernels()
             if self._cpu:
                 self._wt = mx.contiguous(w.T)  # [in, out]: the stored copy (see class docstring)
@@ -153,7 +127,7 @@ class Linear:
             self.in_features = int(in_features if in_features is not None else scales.shape[-1] * 32)
             # Row slices for the parallel CPU product (views: no extra memory); whether a call
             # uses them depends on its row count too (a prefill chunk splits more products).
-            k = cpu_parts()
+            k = device.cpu_parts()
             if k > 1 and self.out_features >= 64 * k and biases is not None:
                 bounds = [self.out_features * i // k for i in range(k + 1)]
                 self._parts = tuple((weight[a:b], scales[a:b], biases[a:b])
@@ -179,7 +153,7 @@ class Linear:
         if self._parts and (x.size // self.in_features) * self.out_features * self.in_features \
                 >= _PARALLEL_MIN_MACS:
             outs = [mx.quantized_matmul(x, wq, sc, bi, transpose=True, group_size=32, bits=8, stream=st)
-                    for (wq, sc, bi), st in zip(self._parts, cpu_streams(len(self._parts)), strict=True)]
+                    for (wq, sc, bi), st in zip(self._parts, device.cpu_streams(len(self._parts)), strict=True)]
             return mx.concatenate(outs, axis=-1)
         return mx.quantized_matmul(x, self.weight, self.scales, self.biases, transpose=True,
                                    group_size=32, bits=8)
@@ -274,12 +248,6 @@ class ModelWeights:
 # ---- building ---------------------------------------------------------------------------------
 
 
-def _dense_experts(w: Any) -> Any:
-    from .experts import dense_experts
-
-    return dense_experts(w if isinstance(w, mx.array) else mx.array(np.asarray(w)))
-
-
 # F16 matrices whose outputs decide a selection or gate a softmax: the GPU kernel set widens
 # them to f32 per call instead of multiplying them as F16 (Linear).
 _HALF_UNSAFE = ("ffn_gate_inp.", "indexer.", "indexer_compressor_", "_compressor_gate.")
@@ -308,7 +276,7 @@ def _as_array(name: str, v: Any, shape: tuple[int, ...] | None, dtype=mx.float32
 
 
 def _as_experts(name: str, v: Any, shape: tuple[int, int, int]) -> Any:
-    ex = v if hasattr(v, "gather_matmul") else _dense_experts(v)
+    ex = v if hasattr(v, "gather_matmul") else dense_experts(v)
     got = (ex.n_experts, ex.d_out, ex.d_in)
     if got != tuple(shape):
         raise TensorShapeError(name, tuple(shape), got)
@@ -467,7 +435,7 @@ def check_directory(gf, config: ModelConfig) -> None:
     minutes of loading (or mid-prefill). The names and shapes are the writer's table
     (testmodel.tensor_table), which the load round-trip tests keep equal to build_weights'.
     """
-    from .testmodel import tensor_table
+    from ds4agent.testmodels.writer import tensor_table
 
     for spec in tensor_table(config):
         if spec.name.endswith("exp_probs_b.bias") and spec.name not in gf.tensors:
@@ -483,9 +451,6 @@ def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | No
     2-D weights: F32/F16 as dense f32, Q8_0 as MLX affine 8-bit (exact). Routed experts: F16/F32
     dense (test models) or raw quantised blocks behind `experts.quant_experts`.
     """
-    from . import quant
-    from .experts import quant_experts
-
     def get(name: str) -> Any:
         ti = gf.info(name)
         if "_exps." in name and ti.type_name not in _PLAIN:
@@ -527,7 +492,7 @@ def random_tensors(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
     engine built from these equals one loaded from the written file, and the numpy oracle reads
     the same numbers.
     """
-    from . import testmodel
+    from ds4agent.testmodels import writer as testmodel
 
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
@@ -556,7 +521,7 @@ def weights_from_tensors(config: ModelConfig, tensors: Mapping[str, Any], *,
     """
     q8_names: set[str] = set()
     if quantize_q8:
-        from . import testmodel
+        from ds4agent.testmodels import writer as testmodel
 
         q8_names = {s.name for s in testmodel.tensor_table(config) if s.ggml_type == "Q8_0"}
 
@@ -576,7 +541,8 @@ def weights_from_tensors(config: ModelConfig, tensors: Mapping[str, Any], *,
 
 def _exact_q8_affine(w: np.ndarray) -> tuple[mx.array, mx.array, mx.array]:
     """A Q8_0-representable [out, in] matrix as the exact affine-8 triple (scale d, bias -128·d)."""
-    from . import testmodel
+    from ds4agent.testmodels import writer as testmodel
+
     from .quant import q8_0_to_affine
 
     blocks = testmodel._q8_0_blocks(w)

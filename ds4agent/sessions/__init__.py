@@ -7,7 +7,11 @@
                 atomic writes
     store.py    the directory: naming, listing, prefix resolution, titles, sysprompt caches,
                 ancestor deletion, touch, eviction  (the API the agent uses: see its docstring)
-    kv_cmd.py   `ds4agent kv ls|show|verify|rm`
+    index.py    the session index beside the directory: working directory, save time, fork
+                parent and checkpoint key per session id
+    checkpoints.py  code checkpoints: what the file tools changed, so /rewind can put files back
+
+`ds4agent kv ls|show|verify|rm` prints these files from ds4agent/commands/kv.py.
 
 Imports nothing of the engine (numpy only); the agent connects the two.
 """

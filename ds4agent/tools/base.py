@@ -7,7 +7,7 @@ Public API (used by the agent loop and the permission policy):
     Tool                                      protocol: name, description, schema, run(args, ctx)
     ToolContext(cwd, should_stop, output_dir) per-agent state: bash jobs, seen lines, the `more` cursor
     default_tools() -> list[Tool]             the fixed, stable registry order (the system prompt's bytes;
-                                              ds4agent.engine.template.tool_schema_line renders each line)
+                                              ds4agent.protocol.template.tool_schema_line renders each line)
     run_tool(name, args, ctx, tools=None)     never raises: every failure becomes a "Tool error: ..." result
 
 Display payloads (plain frozen dataclasses, no UI types): BashDisplay, DiffDisplay, TextDisplay.

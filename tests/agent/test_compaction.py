@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.loop import RESULT_RESERVE, compact_threshold
-from ds4agent.engine import template
-from ds4agent.engine.tokenizer import EOS, USER, Tokenizer
+from ds4agent.protocol import template
+from ds4agent.protocol.tokenizer import EOS, USER, Tokenizer
 from tests.agent.conftest import RecTool
 from tests.support.agent_harness import AgentHarness, of
 from tests.support.scripted_engine import reply, text_ids

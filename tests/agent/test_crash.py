@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from ds4agent.agent import events as ev
-from ds4agent.engine import template
-from ds4agent.engine.tokenizer import EOS
+from ds4agent.protocol import template
+from ds4agent.protocol.tokenizer import EOS
 from tests.support.agent_harness import AgentHarness, of
 from tests.support.scripted_engine import reply
 
@@ -139,7 +139,7 @@ def test_a_link_at_the_journal_name_is_replaced_not_written_through(tmp_path):
 
 def test_failed_resume_keeps_the_journal_and_starts_clean(tmp_path, tools, monkeypatch):
     from ds4agent.engine.errors import EngineError
-    from ds4agent.engine.tokenizer import USER
+    from ds4agent.protocol.tokenizer import USER
     from tests.support.scripted_engine import ScriptedSession
 
     h = AgentHarness.build(tmp_path, [[EOS]], tools=tools)

@@ -4,8 +4,8 @@ prefills only the new suffix and continues exactly as an uninterrupted run (same
 from __future__ import annotations
 
 from ds4agent.agent import events as ev
-from ds4agent.engine import template
 from ds4agent.engine.session import Engine
+from ds4agent.protocol import template
 from tests.agent.conftest import RecTool
 from tests.support.agent_harness import AgentHarness, of
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ds4agent.agent import events as ev
-from ds4agent.engine import template
+from ds4agent.protocol import template
 from ds4agent.sessions.index import SessionIndex
 from tests.support.agent_harness import AgentHarness, of
 from tests.support.scripted_engine import reply

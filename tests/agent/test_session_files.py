@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from ds4agent.agent import events as ev
-from ds4agent.engine.tokenizer import Tokenizer
+from ds4agent.protocol.tokenizer import Tokenizer
 from tests.support.agent_harness import AgentHarness, of
 from tests.support.scripted_engine import reply
 

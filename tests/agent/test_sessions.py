@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ds4agent.agent import events as ev
-from ds4agent.engine.tokenizer import Tokenizer
+from ds4agent.protocol.tokenizer import Tokenizer
 from tests.support.agent_harness import AgentHarness, of
 from tests.support.scripted_engine import reply
 
@@ -258,7 +258,7 @@ def test_save_with_a_title_sets_the_sessions_title_everywhere(tmp_path, tools):
     import io
 
     from ds4agent.cli import build_parser
-    from ds4agent.sessions import kv_cmd
+    from ds4agent.commands import kv
 
     h = AgentHarness.build(tmp_path, [reply("A1", think="t"), reply("A2", think="t"), reply("A3", think="t")],
                            tools=tools)
@@ -276,7 +276,7 @@ def test_save_with_a_title_sets_the_sessions_title_everywhere(tmp_path, tools):
     assert sessions() == [(titled.id, b"Fix the flaky test")]
     assert of(h.command(h.agent.list_sessions), ev.SessionList)[0].sessions[0].title == "Fix the flaky test"
     out = io.StringIO()
-    assert kv_cmd.main(build_parser().parse_args(["--kv-dir", str(tmp_path / "kv"), "kv", "ls"]), out=out) == 0
+    assert kv.main(build_parser().parse_args(["--kv-dir", str(tmp_path / "kv"), "kv", "ls"]), out=out) == 0
     assert "Fix the flaky test" in out.getvalue() and "first question" not in out.getvalue()
 
     # A later /save without a title keeps it; a blank title is no title.

@@ -10,7 +10,7 @@ from ds4agent.agent import events as ev
 from ds4agent.engine import device as dev
 from ds4agent.engine.errors import EngineError
 from ds4agent.engine.session import Engine
-from ds4agent.engine.testmodel import make_test_model
+from ds4agent.testmodels.writer import make_test_model
 from ds4agent.ui import fmt
 from tests.support.agent_harness import AgentHarness, of
 from tests.support.scripted_engine import ScriptedEngine

@@ -18,8 +18,8 @@ from ds4agent.engine.errors import (
 )
 from ds4agent.engine.gguf import GGML_TYPE_IDS, GGUFFile
 from ds4agent.engine.session import Engine
-from ds4agent.engine.testmodel import make_test_model
 from ds4agent.engine.weights import random_weights
+from ds4agent.testmodels.writer import make_test_model
 
 TOKENS = [5, 99, 250, 3, 3, 17, 400, 1, 2, 88, 7, 7, 64]
 
@@ -158,7 +158,7 @@ def test_a_type_the_loader_cannot_read_there_is_refused_before_loading(tmp_path)
     from ds4agent.engine.errors import TensorTypeError
     from ds4agent.engine.gguf import GGUFFile
     from ds4agent.engine.session import Engine
-    from ds4agent.engine.testmodel import make_test_model
+    from ds4agent.testmodels.writer import make_test_model
 
     path = make_test_model(tmp_path / "m.gguf", "micro")
     with GGUFFile.open(path) as gf:

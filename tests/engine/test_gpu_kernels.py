@@ -21,12 +21,12 @@ from ds4agent.engine import hostread, quant
 from ds4agent.engine.config import test_config
 from ds4agent.engine.device import KERNELS_ENV, kernel_set
 from ds4agent.engine.errors import EngineError, TensorError
-from ds4agent.engine.experts import QuantExperts
+from ds4agent.engine.experts.portable import QuantExperts
 from ds4agent.engine.model import Trace, _route, forward
 from ds4agent.engine.session import Engine
 from ds4agent.engine.state import SessionState
-from ds4agent.engine.testmodel import make_test_model
 from ds4agent.engine.weights import random_tensors, weights_from_tensors
+from ds4agent.testmodels.writer import make_test_model
 from tests.weights.quantmodel import Q2_TYPES, quant_config, write_quant_model
 
 ARGMAX_AGREEMENT = 0.99

@@ -16,12 +16,13 @@ import traceback
 import numpy as np
 import pytest
 
-from ds4agent.engine import pipeline, pipeline_launch
 from ds4agent.engine.errors import PipelineError
-from ds4agent.engine.pipeline import balance, ranges_from_split
-from ds4agent.engine.ring import free_ports
+from ds4agent.engine.pipeline import launch as pipeline_launch
+from ds4agent.engine.pipeline import rank0 as pipeline
+from ds4agent.engine.pipeline.rank0 import balance, ranges_from_split
+from ds4agent.engine.pipeline.ring import free_ports
 from ds4agent.engine.session import Engine
-from ds4agent.engine.testmodel import make_test_model
+from ds4agent.testmodels.writer import make_test_model
 
 # 21 tokens: past micro's window (8) and several ratio-4 and ratio-16 compressions
 TOKENS = [3, 17, 250, 9, 9, 41, 100, 7, 300, 2, 5, 77, 12, 501, 64, 33, 1, 8, 90, 91, 92]
@@ -402,7 +403,7 @@ def test_the_headless_agent_samples_the_same_tokens_on_a_pipeline(tmp_path):
 def test_info_prints_the_memory_each_rank_needs(tmp_path, capsys):
     from ds4agent import cli
     from ds4agent.engine.gguf import GGUFFile
-    from ds4agent.engine.info import model_info, payload_bytes, rank_plans
+    from ds4agent.engine.memory import model_info, payload_bytes, rank_plans
     from tests.weights.flashfile import write_sparse_flash
 
     # the real q2 directory over a file hole: only the header is read, never tensor data
@@ -540,7 +541,7 @@ def test_a_worker_forgets_the_states_rank_0_dropped(micro_path, single):
 def test_rank_0_tells_the_other_ranks_every_state_it_drops(micro_path):
     import gc
 
-    from ds4agent.engine.pipeline import PipelineEngine, RankState
+    from ds4agent.engine.pipeline.rank0 import PipelineEngine, RankState
 
     class Recorder:
         broken = None

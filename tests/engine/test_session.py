@@ -16,7 +16,7 @@ import pytest
 from ds4agent.engine.errors import ContextOverflowError, EngineError, Interrupted, StateError
 from ds4agent.engine.sampler import Sampler
 from ds4agent.engine.session import Engine, chunk_cap, chunk_grid
-from ds4agent.engine.testmodel import make_test_model
+from ds4agent.testmodels.writer import make_test_model
 
 CTX = 64
 N_TOKENS = 30  # prompt length of the uninterrupted reference run

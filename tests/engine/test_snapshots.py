@@ -19,7 +19,7 @@ from ds4agent.engine.config import flash_config
 from ds4agent.engine.session import Engine
 from ds4agent.engine.snapshots import SnapshotStore, pack, unpack
 from ds4agent.engine.state import FILL_KV, FILL_SCORE, LayerState, SessionState, empty_layer
-from ds4agent.engine.testmodel import make_test_model
+from ds4agent.testmodels.writer import make_test_model
 
 CTX = 128
 

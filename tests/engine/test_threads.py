@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ds4agent.engine.session import Engine
-from ds4agent.engine.testmodel import make_test_model
+from ds4agent.testmodels.writer import make_test_model
 
 TOKENS = [3, 17, 250, 9, 44, 101, 7, 500, 12, 33, 64, 2]
 

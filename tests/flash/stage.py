@@ -23,7 +23,7 @@ def seed_sysprompt_cache(argv: list[str], cwd: Path, kv_dir: Path) -> int:
     from ds4agent.agent.settings import AgentSettings
     from ds4agent.cli import build_parser
     from ds4agent.engine.config import flash_config
-    from ds4agent.engine.tokenizer import Tokenizer
+    from ds4agent.protocol.tokenizer import Tokenizer
     from ds4agent.sessions.payload import LayerPayload, PayloadShape, PayloadState
     from ds4agent.sessions.store import SessionStore
     from ds4agent.tools.base import default_tools

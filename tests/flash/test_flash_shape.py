@@ -106,7 +106,7 @@ _SCRIPT = r"""
 import json, resource, sys
 import numpy as np
 from ds4agent.engine.session import Engine
-from ds4agent.engine.tokenizer import Tokenizer
+from ds4agent.protocol.tokenizer import Tokenizer
 from ds4agent.sessions.store import SessionStore
 path, out, kv = sys.argv[1], sys.argv[2], sys.argv[3]
 engine = Engine.load(path, ctx=32768)
@@ -143,7 +143,7 @@ def test_full_shape_logits_sessions_and_memory(flash_file, tmp_path):
     with nothing prefilled; and peak resident memory inside issue 13's budget."""
     from ds4agent.engine.config import flash_config
     from ds4agent.engine.gguf import GGUFFile
-    from ds4agent.engine.info import memory_plan
+    from ds4agent.engine.memory import memory_plan
 
     out, kv = str(tmp_path / "l"), tmp_path / "kv"
     r = subprocess.run([sys.executable, "-c", _SCRIPT, str(flash_file), out, str(kv)], capture_output=True,

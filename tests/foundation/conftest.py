@@ -1,6 +1,6 @@
 import pytest
 
-from ds4agent.engine.tokenizer import Tokenizer
+from ds4agent.protocol.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="session")

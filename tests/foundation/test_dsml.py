@@ -4,10 +4,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ds4agent.engine import dsml as D
-from ds4agent.engine.dsml import DsmlParser, GreedyState
-from ds4agent.engine.template import render_assistant_output, render_dsml_block
-from ds4agent.engine.tokenizer import DSML, END_THINK, EOS, THINK, Tokenizer
+from ds4agent.protocol import dsml as D
+from ds4agent.protocol.dsml import DsmlParser, GreedyState
+from ds4agent.protocol.template import render_assistant_output, render_dsml_block
+from ds4agent.protocol.tokenizer import DSML, END_THINK, EOS, THINK, Tokenizer
 
 B = "｜"  # noqa: RUF001
 M = f"<{B}DSML{B}tool_calls>"

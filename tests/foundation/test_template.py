@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ds4agent.engine import template as TP
-from ds4agent.engine.tokenizer import ASSISTANT, BOS, END_THINK, EOS, THINK, USER, Tokenizer
+from ds4agent.protocol import dsml as D
+from ds4agent.protocol import template as TP
+from ds4agent.protocol.tokenizer import ASSISTANT, BOS, END_THINK, EOS, THINK, USER, Tokenizer
 
 DATA = Path(__file__).parent / "data"
 
@@ -161,7 +162,7 @@ def test_results_turn_escaping_joins_and_queued_example(tok):
     assert tok.decode_bytes(ids) == ("<｜User｜><tool_result>a&lt;/tool_result>b<｜User｜></tool_result>\n\n"
                                      "<tool_result><think></tool_result><｜Assistant｜><think>").encode()
     assert ids.count(USER) == 1 and ids.count(THINK) == 1
-    err = TP.result_invalid_dsml("tool calling is not allowed inside <think></think>")
+    err = D.error_result("tool calling is not allowed inside <think></think>")
     ids = TP.render_tool_results([err], think_mode="think", tokenizer=tok)
     assert END_THINK not in ids and ids.count(THINK) == 1
 
@@ -246,3 +247,22 @@ def test_append_only_incremental_equals_whole(conv):
         (p.data.encode("utf-8", "surrogatepass") if isinstance(p.data, str) else p.data)
         for p in whole)
     assert tok.decode_bytes(incremental) == assembled
+
+
+def test_split_turns_reads_the_rendering_back(tok):
+    system = TP.render_system_prefix("S", ctx=1000, tokenizer=tok)
+    first = TP.render_user_turn("hi", think_mode="think", tokenizer=tok)
+    answer = TP.render_assistant_output(reasoning="r", text="hello", think_mode="think", tokenizer=tok)
+    second = TP.render_user_turn("more", think_mode="nothink", tokenizer=tok)
+    cut = tok.encode_untrusted("unfinished")
+    ids = system + first + answer + second + cut
+    turns = TP.split_turns(ids, len(system))
+    assert [t.start for t in turns] == [len(system), len(system + first + answer)]
+    one, two = turns
+    assert tok.decode_bytes(one.user) == b"hi" and one.think_token == THINK and one.complete
+    assert list(one.output) == answer[:-1] and answer[-1] == EOS
+    assert tok.decode_bytes(two.user) == b"more" and two.think_token == END_THINK
+    assert list(two.output) == cut and not two.complete
+    # A user part cut before its <｜Assistant｜> is a turn with no think token and no output.
+    assert TP.split_turns(ids[: len(system) + 2], len(system)) == [
+        TP.Turn(len(system), tuple(ids[len(system) + 1 : len(system) + 2]), None, (), False)]

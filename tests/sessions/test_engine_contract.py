@@ -12,7 +12,7 @@ from ds4agent.sessions.store import SessionStore
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     from ds4agent.engine.session import Engine
-    from ds4agent.engine.testmodel import make_test_model
+    from ds4agent.testmodels.writer import make_test_model
 
     path = make_test_model(tmp_path_factory.mktemp("model") / "tiny.gguf")
     return Engine.load(path, ctx=256)

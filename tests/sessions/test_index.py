@@ -7,7 +7,8 @@ import io
 import pytest
 
 from ds4agent.cli import build_parser
-from ds4agent.sessions import checkpoints, kv_cmd
+from ds4agent.commands import kv as kv_command
+from ds4agent.sessions import checkpoints
 from ds4agent.sessions.checkpoints import CodeCheckpoints
 from ds4agent.sessions.index import SessionIndex, index_path
 from ds4agent.sessions.store import SessionStore
@@ -49,7 +50,7 @@ def test_kv_rm_removes_the_sessions_checkpoints_and_index_entry(tmp_path, monkey
     assert ck.dir.is_dir()
     SessionIndex(kv).record(s.id, cwd=tmp_path, checkpoints=ck.key)
     args = build_parser().parse_args(["kv", "--kv-dir", str(kv), "rm", s.id[:6]])
-    assert kv_cmd.main(args, out=io.StringIO()) == 0
+    assert kv_command.main(args, out=io.StringIO()) == 0
     assert not ck.dir.exists() and SessionIndex(kv).get(s.id) is None
 
 

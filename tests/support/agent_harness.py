@@ -15,7 +15,7 @@ from typing import Any
 
 from ds4agent.agent import Agent, AgentSettings
 from ds4agent.agent import events as ev
-from ds4agent.engine.tokenizer import Tokenizer
+from ds4agent.protocol.tokenizer import Tokenizer
 from tests.support.scripted_engine import ScriptedEngine
 
 Answerer = Callable[[ev.Event], tuple[str, str] | str | None]

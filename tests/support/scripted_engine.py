@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ds4agent.engine.errors import ContextOverflowError, Interrupted, StateError
-from ds4agent.engine.tokenizer import ASSISTANT, END_THINK, EOS, THINK, VOCAB_SIZE, Tokenizer
+from ds4agent.protocol.tokenizer import ASSISTANT, END_THINK, EOS, THINK, VOCAB_SIZE, Tokenizer
 from ds4agent.sessions.payload import LayerPayload, PayloadShape, PayloadState
 
 Response = Sequence[int] | Callable[[tuple[int, ...]], Sequence[int]]
@@ -51,7 +51,7 @@ def reply(
     think=None means nothink mode (no reasoning and no </think>). With calls and eos=True the EOS
     is left out (the model stops at the block's close; the agent appends EOS itself).
     """
-    from ds4agent.engine import template
+    from ds4agent.protocol import template
 
     mode = "nothink" if think is None else "think"
     return template.render_assistant_output(

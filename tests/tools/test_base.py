@@ -1,6 +1,6 @@
 import json
 
-from ds4agent.engine.template import tool_schema_line
+from ds4agent.protocol.template import tool_schema_line
 from ds4agent.tools.base import (
     RESULT_CAP_BYTES,
     ToolError,

@@ -14,7 +14,7 @@ import gguf
 import numpy as np
 
 from ds4agent.engine import config as config_mod
-from ds4agent.engine import testmodel
+from ds4agent.testmodels import writer as testmodel
 
 Q2_EXPERT_TYPES = {"ffn_gate_exps": "IQ2_XXS", "ffn_up_exps": "IQ2_XXS", "ffn_down_exps": "Q2_K"}
 

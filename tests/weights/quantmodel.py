@@ -14,8 +14,9 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from ds4agent.engine import quant, testmodel
+from ds4agent.engine import quant
 from ds4agent.engine.config import ModelConfig, test_config
+from ds4agent.testmodels import writer as testmodel
 from tests.weights.conftest import random_blocks
 
 # typical |w| of a block per unit of its f16 scale fields (chosen so w ~ 0.5/sqrt(fan_in))

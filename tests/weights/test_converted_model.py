@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from ds4agent.engine import convert as cv
-from ds4agent.engine import testmodel
 from ds4agent.engine.config import test_config
-from ds4agent.engine.experts import MxExperts
+from ds4agent.engine.experts.portable import MxExperts
 from ds4agent.engine.session import Engine
 from ds4agent.engine.weights import random_tensors, weights_from_tensors
+from ds4agent.testmodels import writer as testmodel
 
 FP8_FAMILIES = ("attn_q_a.", "attn_q_b.", "attn_kv.", "attn_output_a.", "attn_output_b.", "_shexp.",
                 "indexer.attn_q_b.")

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from gguf.quants import dequantize as gguf_dequantize
 
-from ds4agent.engine import cpu_experts, quant
+from ds4agent.engine import quant
+from ds4agent.engine.experts import cpu as cpu_experts
 from tests.weights.conftest import F16_FIELDS, GGML, random_blocks
 
 TYPES = [quant.IQ2_XXS, quant.Q2_K, quant.Q4_K, quant.Q8_0]

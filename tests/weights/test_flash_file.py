@@ -14,9 +14,10 @@ from ds4agent.cli import main as cli_main
 from ds4agent.engine import config as config_mod
 from ds4agent.engine import quant
 from ds4agent.engine.errors import ConfigError
-from ds4agent.engine.experts import QuantExperts, quant_experts
+from ds4agent.engine.experts.base import quant_experts
+from ds4agent.engine.experts.portable import QuantExperts
 from ds4agent.engine.gguf import GGUFFile
-from ds4agent.engine.info import format_info, model_info, payload_bytes
+from ds4agent.engine.memory import format_info, model_info, payload_bytes
 from tests.weights.flashfile import write_sparse_flash
 
 GIB = 1 << 30
@@ -118,7 +119,7 @@ def test_info_errors_are_one_line(tmp_path, capsys):
 
 
 def test_info_on_a_test_model(tmp_path, capsys):
-    from ds4agent.engine.testmodel import make_test_model
+    from ds4agent.testmodels.writer import make_test_model
 
     path = make_test_model(tmp_path / "micro.gguf", config="micro")
     info = model_info(path, ctx=64)
@@ -132,7 +133,7 @@ def test_the_memory_plan_counts_only_what_the_engine_reads(flash_file):
     start-up check refuse a model that fits."""
     from ds4agent.engine.config import flash_config
     from ds4agent.engine.gguf import GGUFFile, TensorInfo
-    from ds4agent.engine.info import memory_plan
+    from ds4agent.engine.memory import memory_plan
 
     with GGUFFile.open(flash_file) as gf:
         tensors = list(gf.tensors.values())

@@ -20,8 +20,10 @@ import numpy as np
 import pytest
 from gguf.quants import dequantize as gguf_dequantize
 
-from ds4agent.engine import metal_experts, quant
-from ds4agent.engine.experts import QuantExperts, quant_experts
+from ds4agent.engine import quant
+from ds4agent.engine.experts import metal as metal_experts
+from ds4agent.engine.experts.base import quant_experts
+from ds4agent.engine.experts.portable import QuantExperts
 from tests.weights.conftest import random_blocks
 
 TYPES = [quant.IQ2_XXS, quant.Q2_K, quant.Q4_K]
@@ -141,9 +143,9 @@ def test_metal_matvec_and_matmat_match_reference(rng, qtype):
 
 
 def test_auto_falls_back_to_portable_when_the_kernel_check_fails(rng, monkeypatch):
-    from ds4agent.engine import experts
+    from ds4agent.engine.experts import base
 
-    monkeypatch.setattr(experts, "_metal_available", lambda: True)
+    monkeypatch.setattr(base, "metal_available", lambda: True)
     monkeypatch.setattr(metal_experts, "self_check", lambda qtype: "the Q4_K Metal kernels failed: boom")
     raw = random_blocks(rng, quant.Q4_K, 4).reshape(2, 2, 144)
     with pytest.warns(RuntimeWarning, match="boom; using the portable MLX expert backend"):

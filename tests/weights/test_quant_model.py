@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ds4agent.engine.experts import DenseExperts, QuantExperts
+from ds4agent.engine.experts.portable import DenseExperts, QuantExperts
 from ds4agent.engine.session import Engine
 from tests.weights.quantmodel import Q2_TYPES, Q4_TYPES, quant_config, write_quant_model
 

@@ -3,7 +3,7 @@
     engine = load_engine(model, ctx=..., ranks=2)          # one process when ranks/hosts are None
     engine = launch(model, ctx=..., hosts="hosts.json")    # an mlx.launch hosts file
 
-This process is rank 0. Every other rank is `python -m ds4agent.engine.pipeline_launch MODEL ...`
+This process is rank 0. Every other rank is `python -m ds4agent.engine.pipeline.launch MODEL ...`
 with MLX_RANK / MLX_HOSTFILE set (as mlx.launch sets them): locally a child process, on a host of
 the hosts file started over ssh, as mlx.launch does (the app keeps this terminal, so ds4agent
 starts them itself). A worker prints "ready" once its layers are loaded; rank 0 joins the ring
@@ -24,10 +24,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .errors import EngineError, PipelineError
-from .pipeline import PipelineEngine, plan_ranges, serve
+from ..errors import EngineError, PipelineError
+from ..session import Engine
+from .rank0 import PipelineEngine, plan_ranges, serve
 from .ring import CONNECT_TIMEOUT_S, TIMEOUT_S, Link, free_ports, joined
-from .session import Engine
 
 
 def read_hosts(path) -> list[dict]:
@@ -70,7 +70,7 @@ def load_engine(model_path, *, ctx: int, chunk: int | None = None,
 
 def worker_command(model_path, ctx: int, ranges: Sequence[tuple[int, int]], timeout: float) -> list[str]:
     split = ",".join(str(a) for a, _ in ranges[1:])
-    return [sys.executable, "-m", "ds4agent.engine.pipeline_launch", str(Path(model_path).resolve()),
+    return [sys.executable, "-m", "ds4agent.engine.pipeline.launch", str(Path(model_path).resolve()),
             "--ctx", str(ctx), "--split", split, "--timeout", str(timeout)]
 
 
@@ -191,7 +191,7 @@ def _worker_report(workers: Sequence[subprocess.Popen], log_dir: str) -> str:
 
 
 def worker_main(argv: Sequence[str] | None = None) -> int:
-    """`python -m ds4agent.engine.pipeline MODEL --ctx N --split S --timeout T`: one worker rank
+    """`python -m ds4agent.engine.pipeline.launch MODEL --ctx N --split S --timeout T`: one worker rank
     (MLX_RANK / MLX_HOSTFILE in the environment, as launch() or mlx.launch set them)."""
     import argparse
 
@@ -204,7 +204,7 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
     rank = int(os.environ.get("MLX_RANK", "-1"))
     split = [int(s) for s in args.split.split(",") if s]
     try:
-        from .gguf import GGUFFile  # noqa: F401  (import errors show before the ring starts)
+        from ..gguf import GGUFFile  # noqa: F401  (import errors show before the ring starts)
 
         ranges = plan_ranges(args.model, len(split) + 1, split)
         if not 1 <= rank < len(ranges):

@@ -1,6 +1,6 @@
 """Metal kernels for routed experts in IQ2_XXS, Q2_K and Q4_K (macOS, `mx.fast.metal_kernel`).
 
-Selected by `experts.quant_experts()` only where `mx.metal.is_available()`; elsewhere this module
+Selected by `experts.base.quant_experts()` only where `mx.metal.is_available()`; elsewhere this module
 is never imported for use (tests/weights/test_metal.py runs it wherever a Metal device exists).
 
 Two kernels per type, both built on one device function that dequantises a "chunk" of 32
@@ -27,7 +27,7 @@ import numpy as np
 
 from ds4agent.engine import quant
 from ds4agent.engine.errors import EngineError
-from ds4agent.engine.experts import QuantExperts, _check_call
+from ds4agent.engine.experts.portable import QuantExperts, check_call
 from ds4agent.engine.hostread import to_host
 
 _HEADER = r"""
@@ -252,7 +252,7 @@ class MetalExperts(QuantExperts):
         """Decode and small batches: the mat-vec kernel on the router's device ids (nothing is
         read back, no range check: the router cannot give an out-of-range id, see
         weights._expert_table). Larger calls: dequantise (Metal kernel) + gather_mm."""
-        n, k = _check_call(self, x, expert_ids)
+        n, k = check_call(self, x, expert_ids)
         if n > MATVEC_MAX_ROWS:
             return super().gather_matmul(x, expert_ids)
         xs = x[:, None, :] if x.ndim == 2 else x

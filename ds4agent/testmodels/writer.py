@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..fsutil import atomic_path
-from .config import METADATA_KINDS, TEST_CONFIGS, ModelConfig, flash_config, test_config
-from .errors import ConfigError, EngineError, run_file_command
+from ds4agent.engine.config import METADATA_KINDS, TEST_CONFIGS, ModelConfig, flash_config, test_config
+from ds4agent.engine.errors import ConfigError, EngineError, run_file_command
+from ds4agent.fsutil import atomic_path
 
 ARCH = "deepseek4"
 # Marks a file as a test model: the engine then validates its metadata in the permissive "test"
@@ -224,7 +224,7 @@ def make_test_model(path: str | os.PathLike[str], config: str | ModelConfig = "t
     if experts is None and cfg == flash_config():
         experts = "q2"
     if experts is not None:
-        from .flashmodel import write_flash_model
+        from ds4agent.testmodels.flash import write_flash_model
 
         return write_flash_model(path, cfg, experts=experts, seed=seed)
     path = Path(path)

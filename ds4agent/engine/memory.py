@@ -3,7 +3,7 @@
 Reads only the GGUF header, metadata and tensor directory (never tensor data), so it answers
 instantly even for an 81 GB file; a directory written by `ds4agent convert` is described from its
 config.json and safetensors headers. Memory is estimated the way the engine holds each tensor
-(weights.py / experts.py):
+(weights.py / experts/):
 
     routed experts (Q2_K/Q4_K/IQ2_XXS)  raw blocks, as in the file (memory-mapped; what decode
                                          touches is paged in, Metal keeps them resident)
@@ -164,7 +164,7 @@ class MemoryPlan:
 
 def memory_plan(tensors, cfg, ctx: int) -> MemoryPlan:
     """The plan for a model's tensor directory (`GGUFFile.tensors.values()`) at `ctx`."""
-    from .testmodel import tensor_table
+    from ds4agent.testmodels.writer import tensor_table
 
     wanted = {spec.name for spec in tensor_table(cfg)}  # what the loader reads (check_directory's set)
     weights, expert_ranges = 0, []
@@ -224,10 +224,11 @@ def check_fits(plan: MemoryPlan, path, ram: int | None = None) -> None:
 
 def model_info(path, *, ctx: int = 100_000) -> ModelInfo:
     """Inspect a GGUF model (header and directory only). Raises EngineError subclasses."""
+    from ds4agent.testmodels.flash import FLASH_TEST_KEY
+    from ds4agent.testmodels.writer import TEST_MODEL_KEY
+
     from .config import from_metadata
-    from .flashmodel import FLASH_TEST_KEY
     from .gguf import GGUFFile
-    from .testmodel import TEST_MODEL_KEY
 
     if ctx < 1:
         raise EngineError(f"--ctx must be at least 1, got {ctx}")
@@ -420,7 +421,7 @@ def main(args) -> int:
 
 def _pipeline_text(args, info: ModelInfo) -> str:
     from .gguf import GGUFFile
-    from .pipeline import plan_ranges
+    from .pipeline.rank0 import plan_ranges
 
     ranges = plan_ranges(args.model_path, args.pipeline, getattr(args, "pipeline_split", None))
     with GGUFFile.open(args.model_path) as gf:

@@ -27,8 +27,8 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from .errors import PipelineError
-from .hostread import to_host
+from ..errors import PipelineError
+from ..hostread import to_host
 
 # A receive may wait this long before the peer counts as hung (a dead peer is reported at once;
 # this is for one that stopped answering). Callers add per-token allowances.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from argparse import Namespace
 
-from ds4agent.engine.tokenizer import Tokenizer, TokenizerError, as_bytes
+from ds4agent.protocol.tokenizer import Tokenizer, TokenizerError, as_bytes
 
 _ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\"}
 

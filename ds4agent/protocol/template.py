@@ -24,6 +24,11 @@ Public API (ids are list[int]; `think_mode` is "think" | "nothink" | "think-max"
     trim(text) ; join_queued(messages) -> str
     *_pieces variants return the Piece lists (tokenizer.Text / special ids) before encoding.
 
+The inverse, reading a rendered transcript's ids back into turns:
+
+    split_turns(ids, start=0) -> list[Turn]  every <｜User｜> turn: its user part, the think token
+        after <｜Assistant｜>, the assistant output up to EOS, and whether that EOS came
+
 Tools are given as mappings {"name", "description", "parameters"} or objects with `name`,
 `description` and `schema` attributes (the tools room's Tool protocol), in registry order.
 """
@@ -33,10 +38,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from ds4agent.engine.tokenizer import (
+from ds4agent.protocol.tokenizer import (
     ASSISTANT,
     BOS,
     END_THINK,
@@ -105,10 +111,6 @@ COMPACTION_TAIL = "[End compacted summary. Recent conversation continues verbati
 # §9: the loop's own result texts (exact, no trailing LF).
 RESULT_NOT_RUN_NEW_MESSAGE = "Tool call not executed: the user sent a new message."
 RESULT_NOT_RUN_INTERRUPTED = "Tool call not executed: the user interrupted."
-
-
-def result_invalid_dsml(reason: str) -> str:
-    return f"Tool error: invalid DSML tool call: {reason}"
 
 
 def result_unknown_tool(name: str) -> str:
@@ -429,3 +431,56 @@ def render_assistant_output(
     return _tok(tokenizer).encode_pieces(
         assistant_output_pieces(reasoning=reasoning, text=text, calls=calls, think_mode=think_mode, eos=eos)
     )
+
+
+# ---------------------------------------------------------------- the inverse: turns read back
+# Read from the ids alone (no side tables), so it works the same on a live transcript, a loaded
+# session and a resumed journal: every <｜User｜> opens a turn, its <｜Assistant｜> ends the user
+# part, and the assistant output runs to the next EOS.
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One `<｜User｜>` turn read back from ids: user part, then the assistant output (EOS excluded).
+
+    think_token: THINK or END_THINK (the token right after `<｜Assistant｜>`), or None when missing;
+    complete: the assistant output ended with EOS.
+    """
+
+    start: int  # index of the <｜User｜> token
+    user: tuple[int, ...]
+    think_token: int | None
+    output: tuple[int, ...]
+    complete: bool
+
+
+def split_turns(ids: Sequence[int], start: int = 0) -> list[Turn]:
+    """All user turns of `ids[start:]`, in order."""
+    turns: list[Turn] = []
+    n = len(ids)
+    i = start
+    while i < n and ids[i] != USER:
+        i += 1
+    while i < n:
+        begin = i
+        j = i + 1
+        while j < n and ids[j] not in (ASSISTANT, USER):
+            j += 1
+        user = tuple(ids[i + 1 : j])
+        if j >= n or ids[j] == USER:  # a user part with no assistant (cut or malformed)
+            turns.append(Turn(begin, user, None, (), False))
+            i = j
+            continue
+        k = j + 1
+        think = ids[k] if k < n and ids[k] in (THINK, END_THINK) else None
+        if think is not None:
+            k += 1
+        m = k
+        while m < n and ids[m] != EOS and ids[m] != USER:
+            m += 1
+        complete = m < n and ids[m] == EOS
+        turns.append(Turn(begin, user, think, tuple(ids[k:m]), complete))
+        i = m + 1 if complete else m
+        while i < n and ids[i] != USER:
+            i += 1
+    return turns

@@ -47,10 +47,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..fsutil import atomic_path
-from .config import ModelConfig
-from .errors import EngineError
-from .testmodel import ARCH, TensorSpec, _add_metadata, _encode, _values, tensor_table
+from ds4agent.engine.config import ModelConfig
+from ds4agent.engine.errors import EngineError
+from ds4agent.fsutil import atomic_path
+from ds4agent.testmodels.writer import ARCH, TensorSpec, _add_metadata, _encode, _values, tensor_table
 
 #: Says what the file is; read by `ds4agent info` only (validation ignores unknown keys).
 FLASH_TEST_KEY = "ds4agent.flash_test_file"
@@ -285,7 +285,7 @@ def write_flash_model(path: str | os.PathLike[str], cfg: ModelConfig, *, experts
     """
     from gguf import GGMLQuantizationType, GGUFWriter
 
-    from .gguf_vocab import tokenizer_metadata
+    from ds4agent.protocol.gguf_vocab import tokenizer_metadata
 
     if not isinstance(seed, int) or seed < 0:
         raise EngineError(f"--seed must be a non-negative integer (got {seed})")

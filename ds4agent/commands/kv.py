@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
-from .errors import KVCError, KVCStoreError
-from .kvc import (
+from ds4agent.sessions.errors import KVCError, KVCStoreError
+from ds4agent.sessions.kvc import (
     EXT_KTM,
     EXT_RESERVED,
     EXT_RESPONSES_VISIBLE,
@@ -27,8 +27,8 @@ from .kvc import (
     read_header,
     verify_kvc,
 )
-from .payload import FLASH_SHAPE
-from .store import (
+from ds4agent.sessions.payload import FLASH_SHAPE
+from ds4agent.sessions.store import (
     SessionStore,
     UnreadableSession,
     default_kv_dir,

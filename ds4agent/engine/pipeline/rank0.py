@@ -41,10 +41,10 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from .errors import EngineError, PipelineError
+from ..errors import EngineError, PipelineError
+from ..session import Engine
+from ..state import LayerState, SessionState, empty_layer
 from .ring import TIMEOUT_S, Link
-from .session import Engine
-from .state import LayerState, SessionState, empty_layer
 
 PER_TOKEN_S = 0.05  # added to a receive's timeout per token of the chunk
 
@@ -103,7 +103,7 @@ def ranges_from_split(split: Sequence[int], n_layers: int) -> list[tuple[int, in
 def gguf_layer_bytes(tensors, config) -> tuple[list[int], int, int]:
     """(bytes per layer, embedding bytes, head bytes) of a GGUF directory, as memory holds them
     (info's accounting: what a rank's share of the model costs)."""
-    from .info import _memory_bytes
+    from ..memory import _memory_bytes
 
     per = [0] * config.n_layers
     emb = head = 0
@@ -120,9 +120,10 @@ def gguf_layer_bytes(tensors, config) -> tuple[list[int], int, int]:
 
 def plan_ranges(model_path, ranks: int, split: Sequence[int] | None = None) -> list[tuple[int, int]]:
     """The layer ranges of a pipeline of `ranks` over a GGUF model (balanced unless `split`)."""
-    from .config import from_metadata
-    from .gguf import GGUFFile
-    from .testmodel import TEST_MODEL_KEY
+    from ds4agent.testmodels.writer import TEST_MODEL_KEY
+
+    from ..config import from_metadata
+    from ..gguf import GGUFFile
 
     if Path(model_path).is_dir():
         raise PipelineError(f"{model_path}: a pipeline runs GGUF files only, not converted MLX directories")
@@ -217,7 +218,7 @@ class PipelineEngine(Engine):
     def snapshot_store(self, budget_bytes: int):
         """Turn snapshots as handles (snapshots.ReferenceSnapshotStore): the layer arrays of a
         pipeline state live on the other ranks, so they cannot be packed on rank 0."""
-        from .snapshots import ReferenceSnapshotStore
+        from ..snapshots import ReferenceSnapshotStore
 
         return ReferenceSnapshotStore(self)
 
@@ -275,7 +276,7 @@ class PipelineEngine(Engine):
         return state.eval()
 
     def forward(self, state: RankState, tokens: Sequence[int], *, last_only: bool):
-        from .model import embed, run_layers
+        from ..model import embed, run_layers
 
         if self.link.broken:
             raise PipelineError(self.link.broken)
@@ -309,7 +310,7 @@ class PipelineEngine(Engine):
         return logits, self._adopt(new)
 
     def state_to_payload(self, state: RankState):
-        from .state import to_payload
+        from ..state import to_payload
 
         c = self.config
         T = state.n_tokens
@@ -327,7 +328,7 @@ class PipelineEngine(Engine):
         return to_payload(full, c, ctx=self.ctx)
 
     def payload_to_state(self, payload) -> RankState:
-        from .state import from_payload
+        from ..state import from_payload
 
         c = self.config
         full = from_payload(payload, c).eval()  # every layer validated before any rank changes
@@ -372,7 +373,7 @@ def serve(link: Link, part: Engine, ranges: Sequence[tuple[int, int]], *,
           timeout: float = TIMEOUT_S) -> None:
     """A worker rank's loop: run rank 0's commands on this rank's layers until STOP (or until
     rank 0 goes away: the link raises and the process ends)."""
-    from .model import output_head, run_layers
+    from ..model import output_head, run_layers
 
     c, w, rank = part.config, part.weights, link.rank
     mine = ranges[rank]

@@ -12,7 +12,7 @@ import pytest
 from ds4agent import cli
 from ds4agent.engine.config import flash_config, from_metadata, test_config
 from ds4agent.engine.gguf import GGUFFile
-from ds4agent.engine.testmodel import TEST_MODEL_KEY, make_test_model, tensor_table
+from ds4agent.testmodels.writer import TEST_MODEL_KEY, make_test_model, tensor_table
 
 # GGML dims (ne0 first) copied from model.md §6.3 for the Flash shape.
 FLASH_DIMS = {
@@ -131,7 +131,7 @@ def test_cli_make_test_model(tmp_path, capsys):
 
 
 def test_written_atomically_with_ordinary_permissions(tmp_path, monkeypatch):
-    from ds4agent.engine import testmodel
+    from ds4agent.testmodels import writer as testmodel
 
     umask = os.umask(0)
     os.umask(umask)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..fsutil import atomic_file
-from .errors import EngineError, run_file_command
+from ds4agent.engine.errors import EngineError, run_file_command
+from ds4agent.fsutil import atomic_file
 
 
 class DumpError(EngineError):
@@ -46,7 +46,7 @@ def prompt_file_tokens(path: str | os.PathLike[str]) -> list[int]:
         data = Path(path).read_bytes()
     except OSError as err:
         raise DumpError(f"cannot read prompt file {path}: {err.strerror or err}") from None
-    from .tokenizer import Tokenizer, TokenizerError
+    from ds4agent.protocol.tokenizer import Tokenizer, TokenizerError
 
     try:
         ids = Tokenizer.load().encode_trusted(data)
@@ -62,7 +62,7 @@ def dump_logits(model_path: str | os.PathLike[str], tokens: list[int], *, chunk:
                 split: list[int] | None = None) -> np.ndarray:
     """Logits after every token, float32 [len(tokens), vocab] (with `ranks` or `hosts`: on a
     pipeline, engine/pipeline_launch.py; the same bits)."""
-    from .pipeline_launch import load_engine
+    from ds4agent.engine.pipeline.launch import load_engine
 
     if chunk is not None and chunk < 1:
         raise DumpError(f"--chunk must be at least 1 (got {chunk})")
@@ -85,8 +85,8 @@ def save_npy_atomic(path: str | os.PathLike[str], array: np.ndarray) -> None:
 
 
 def main(args) -> int:
-    from ..models.errors import ModelError
-    from ..models.locate import resolve_model_path
+    from ds4agent.models.errors import ModelError
+    from ds4agent.models.locate import resolve_model_path
 
     def action() -> str:
         # Whether the model fits this machine is Engine.load's first check (info.check_fits),

@@ -18,14 +18,15 @@ import numpy as np
 import pytest
 
 from ds4agent import cli
-from ds4agent.engine import flashmodel, quant
+from ds4agent.engine import quant
 from ds4agent.engine.config import flash_config, flash_ratio, from_metadata
 from ds4agent.engine.gguf import GGUFFile
-from ds4agent.engine.info import format_info, model_info
+from ds4agent.engine.memory import format_info, model_info
 from ds4agent.engine.session import Engine
-from ds4agent.engine.testmodel import TEST_MODEL_KEY, make_test_model, tensor_table
-from ds4agent.engine.tokenizer import Tokenizer
 from ds4agent.engine.weights import load_weights
+from ds4agent.protocol.tokenizer import Tokenizer
+from ds4agent.testmodels import flash as flashmodel
+from ds4agent.testmodels.writer import TEST_MODEL_KEY, make_test_model, tensor_table
 
 GIB = 1 << 30
 Q8_ROLES = ("attn_q_a.", "attn_q_b.", "attn_kv.", "attn_output_a.", "attn_output_b.", "_shexp.")

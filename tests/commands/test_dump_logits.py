@@ -10,7 +10,7 @@ import pytest
 
 from ds4agent import cli
 from ds4agent.engine.session import Engine
-from ds4agent.engine.testmodel import make_test_model
+from ds4agent.testmodels.writer import make_test_model
 
 TOKENS = [3, 17, 250, 9, 9, 41, 100, 7, 300, 2, 5, 77, 12, 501, 64, 33, 1, 8, 90, 91, 92]
 
@@ -46,7 +46,7 @@ def test_shape_rows_and_chunk_invariance(micro_path, tmp_path):
 
 
 def test_prompt_file_uses_the_rendered_chat_tokenizer(tmp_path):
-    from ds4agent.engine.tokenizer import Tokenizer
+    from ds4agent.protocol.tokenizer import Tokenizer
 
     model = make_test_model(tmp_path / "tiny.gguf", "tiny", seed=1)
     prompt = tmp_path / "p.txt"

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from ds4agent.engine.tokenizer import DSML, END_THINK, EOS, Tokenizer
+from ds4agent.protocol.tokenizer import DSML, END_THINK, EOS, Tokenizer
 
 # ----------------------------------------------------------------------------- constants
 

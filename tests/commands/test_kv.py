@@ -8,18 +8,17 @@ import sys
 import pytest
 
 from ds4agent.cli import build_parser
-from ds4agent.sessions import kv_cmd
+from ds4agent.commands import kv
 from ds4agent.sessions.kvc import KVCHeader, text_sha1, write_kvc
 from ds4agent.sessions.payload import FLASH_SHAPE
 from ds4agent.sessions.store import SessionStore
-
-from .helpers import TINY, random_state, s_layout, session_text
+from tests.sessions.helpers import TINY, random_state, s_layout, session_text
 
 
 def run(directory, *argv):
     args = build_parser().parse_args(["kv", "--kv-dir", str(directory), *argv])
     out = io.StringIO()
-    code = kv_cmd.main(args, out=out)
+    code = kv.main(args, out=out)
     return code, out.getvalue()
 
 
@@ -61,7 +60,7 @@ def test_show_file_needs_no_kv_directory_and_kv_dir_goes_after_the_action(tmp_pa
     elsewhere.write_bytes(s.path.read_bytes())
     args = build_parser().parse_args(["kv", "--kv-dir", str(tmp_path / "missing"), "show", str(elsewhere)])
     out = io.StringIO()
-    assert kv_cmd.main(args, out=out) == 0 and f"file:           {elsewhere}" in out.getvalue()
+    assert kv.main(args, out=out) == 0 and f"file:           {elsewhere}" in out.getvalue()
     code, _ = run(tmp_path / "missing", "show", "abc")
     assert code == 1
     assert capsys.readouterr().err.strip() == (f"ds4agent kv: abc: no such file, and no KV directory at "
@@ -69,7 +68,7 @@ def test_show_file_needs_no_kv_directory_and_kv_dir_goes_after_the_action(tmp_pa
     for action in (["ls"], ["verify"], ["show", s.id[:8]], ["rm", s.id[:8]]):
         args = build_parser().parse_args(["kv", *action, "--kv-dir", str(tmp_path / "kv")])
         out = io.StringIO()
-        assert kv_cmd.main(args, out=out) == 0, action
+        assert kv.main(args, out=out) == 0, action
         assert s.id[:8] in out.getvalue() or "0 invalid" in out.getvalue()
     assert not s.path.exists()
 
@@ -160,14 +159,14 @@ def test_kv_dir_before_the_subcommand_is_kept(tmp_path):
     populate(tmp_path)
     args = build_parser().parse_args(["--kv-dir", str(tmp_path), "kv", "ls"])
     out = io.StringIO()
-    assert kv_cmd.main(args, out=out) == 0 and "agent-session" in out.getvalue()
+    assert kv.main(args, out=out) == 0 and "agent-session" in out.getvalue()
 
 
 def test_kv_dir_from_environment(tmp_path, monkeypatch):
     populate(tmp_path)
     monkeypatch.setenv("DS4AGENT_KV_DIR", str(tmp_path))
     out = io.StringIO()
-    assert kv_cmd.main(build_parser().parse_args(["kv", "verify"]), out=out) == 0
+    assert kv.main(build_parser().parse_args(["kv", "verify"]), out=out) == 0
     assert out.getvalue().endswith("2 file(s) checked, 0 invalid\n")
 
 
@@ -183,7 +182,7 @@ def test_closed_pipe_reaches_the_cli_instead_of_exit_0(tmp_path):
     populate(tmp_path)
     args = build_parser().parse_args(["kv", "--kv-dir", str(tmp_path), "verify"])
     with pytest.raises(BrokenPipeError):
-        kv_cmd.main(args, out=_ClosedPipe())
+        kv.main(args, out=_ClosedPipe())
 
 
 def test_verify_reports_kv_entries_that_are_not_regular_files(tmp_path):
@@ -230,7 +229,7 @@ def test_odd_file_names_print_on_one_line_through_a_strict_utf8_stdout(tmp_path)
     (tmp_path / "line\nbreak.kv").write_bytes(b"z")
     raw = io.BytesIO()
     out = io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline="\n")
-    code = kv_cmd.main(build_parser().parse_args(["kv", "--kv-dir", str(tmp_path), "verify"]), out=out)
+    code = kv.main(build_parser().parse_args(["kv", "--kv-dir", str(tmp_path), "verify"]), out=out)
     out.flush()
     lines = raw.getvalue().decode().splitlines()
     n = 2 + undecodable

