@@ -56,7 +56,7 @@ class EchoTool:
     mutates = False
 
     def run(self, args, ctx):
-        from ds4agent.tools.base import ToolResult
+        from ds4agent.tools import ToolResult
 
         return ToolResult(f"stored {len(args.get('text', ''))} chars\n")
 

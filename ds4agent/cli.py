@@ -258,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_agent_flags(args)
         args.model_path = resolve_model_path(args.model)
         if args.prompt is not None:
-            return _call("ds4agent.agent.headless", "main", args)
+            return _call("ds4agent.ui.headless", "main", args)
         if args.plain or not sys.stdout.isatty():
             return _call("ds4agent.ui.plain", "main", args)
         return _call("ds4agent.ui.app", "main", args)

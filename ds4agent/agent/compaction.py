@@ -3,7 +3,7 @@
 Triggers:
 * soft: before a user turn and before each later round (i.e. before a results turn is appended),
   when the projected transcript reaches 85% of ctx or leaves at most min(8192, ctx/4) free;
-* hard: a results turn would not fit (projected + 1024 >= ctx): compact, then retry (loop.py);
+* hard: a results turn would not fit (projected + 1024 >= ctx): compact, then retry (worker.py);
 * manual: /compact.
 
 Procedure: a private user message (never kept) asks, with thinking off, for a task-state summary;
@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 from ds4agent.agent import events as ev
-from ds4agent.agent.loop import compact_threshold
+from ds4agent.agent.worker import compact_threshold
 
 SUMMARY_MAX_TOKENS = 4096
 SUMMARY_MIN_ROOM = 256
@@ -112,7 +112,7 @@ def jobs_update(worker: Any) -> str:
     if worker.tool_ctx is None:
         return ""
     try:
-        from ds4agent.tools.bash import running_jobs_update
+        from ds4agent.tools import running_jobs_update
 
         # A tool observation: its lines keep their `\n` (agent-reference.md §5).
         return running_jobs_update(worker.tool_ctx) or ""

@@ -52,7 +52,7 @@ class Agent:
             becomes Status(state=LOADING, progress=...)).
     store:  the session store (ds4agent.sessions.store), or None (no sessions: /save etc. answer
             an error; the system prefix is prefilled instead of cached).
-    tools:  a list of Tool objects (ds4agent.tools.base), or None for ds4agent.tools.default_tools().
+    tools:  a list of Tool objects (ds4agent.tools), or None for ds4agent.tools.default_tools().
     policy: a PermissionPolicy, or None to build one from settings.permission.
     """
 
@@ -83,7 +83,7 @@ class Agent:
         # and command is answered at once with this reason (a dead worker must not swallow input).
         self.failure: str | None = None
         # Deferred import keeps `import ds4agent.agent.facade` cheap (no numpy/mlx until start()).
-        from ds4agent.agent.loop import Worker
+        from ds4agent.agent.worker import Worker
 
         self._worker = Worker(engine, store, tools, self.settings, io=self, policy=policy)
 

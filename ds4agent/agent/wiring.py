@@ -38,7 +38,7 @@ def build_from_args(args: Any) -> tuple[Any, Any, Any, AgentSettings]:
     settings = AgentSettings.from_args(args)
     model_path = Path(getattr(args, "model_path", None) or getattr(args, "model", None) or "ds4flash.gguf")
     store = open_store(settings.kv_dir)
-    from ds4agent.tools.base import default_tools
+    from ds4agent.tools import default_tools
 
     pipeline = {k: v for k, v in (("ranks", getattr(args, "pipeline", None)), ("hosts", getattr(args, "hosts", None)),
                                   ("split", getattr(args, "pipeline_split", None))) if v is not None}

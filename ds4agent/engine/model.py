@@ -576,12 +576,25 @@ def forward(weights: ModelWeights, config: ModelConfig, state: SessionState,
         # An out-of-range id would silently gather garbage rows of the embedding.
         raise EngineError(f"token id {bad[0]} is outside the vocabulary 0..{c.vocab - 1}")
     toks = mx.array(np.asarray(tok_list, dtype=np.int32))
+    logits, new_layers = build(weights, c, state, toks, rounding=rounding, last_only=last_only,
+                               trace=trace, profile=profile)
+    new_state = SessionState(tokens=state.tokens + tuple(tok_list), logits=logits[-1],
+                             layers=new_layers)
+    mx.eval(logits, *new_state.arrays())
+    return logits, new_state
+
+
+def build(weights: ModelWeights, config: ModelConfig, state: SessionState, toks: mx.array, *,
+          rounding: bool = True, last_only: bool = False, trace: Trace | None = None,
+          profile: Profile | None = None) -> tuple[mx.array, tuple[LayerState, ...]]:
+    """The graph of `forward` over device token ids toks [n] int32: (logits, new layer states),
+    unevaluated for decode (n = 1; prefill evaluates layer by layer in run_layers). Reads no
+    id back: decode.py passes the sampler's lazy id straight in. The caller guarantees the ids
+    are in the vocabulary (the sampler can only draw such ids; `forward` checks host lists)."""
+    c = config
     p0 = state.n_tokens
     R = embed(weights, c, toks)
     R, new_layers = run_layers(weights.layers, c, state.layers, R, toks, p0, first_layer=0,
                                rounding=rounding, trace=trace, profile=profile)
     logits = _call(profile, "head", output_head, weights, c, R[-1:] if last_only else R)
-    new_state = SessionState(tokens=state.tokens + tuple(tok_list), logits=logits[-1],
-                             layers=new_layers)
-    mx.eval(logits, *new_state.arrays())
-    return logits, new_state
+    return logits, new_layers

@@ -89,6 +89,19 @@ class EnginePayloadShape:
 
 
 @dataclass(frozen=True, eq=False)
+class PendingStep:
+    """A decode step on its way through the device, kept off the session until accepted.
+
+    base: the state it extends (the live state when it was dispatched); logits: mx.array [V]
+    after the token (being computed); finish(token_id): the new state (the id is known on the
+    host only once read, and a state records its tokens as ints)."""
+
+    base: Any
+    logits: Any
+    finish: Callable[[int], Any]
+
+
+@dataclass(frozen=True, eq=False)
 class Snapshot:
     """An O(1) handle on a session state (a reference to immutable arrays, nothing copied)."""
 
@@ -303,6 +316,26 @@ class Engine:
     def forward(self, state, tokens: Sequence[int], *, last_only: bool):
         return _forward(self.weights, self.config, state, tokens, last_only=last_only)
 
+    def decode_step(self, state, token: Any) -> PendingStep:
+        """Dispatch one decode step whose token id is still on the device (the sampler's lazy
+        int32 scalar): the graph is built and handed to the device with mx.async_eval, nothing is
+        read back and `state` is untouched. decode.py accepts or drops the result."""
+        import mlx.core as mx
+
+        from .model import build
+
+        logits, layers = build(self.weights, self.config, state, token.reshape(1).astype(mx.int32),
+                               last_only=True)
+        logits = logits[0]
+        mx.async_eval(logits, *[a for lay in layers for a in lay.arrays()])
+
+        def finish(tok: int):
+            from .state import SessionState
+
+            return SessionState(tokens=state.tokens + (tok,), logits=logits, layers=layers)
+
+        return PendingStep(base=state, logits=logits, finish=finish)
+
     def state_to_payload(self, state):
         return _state_to_payload(self.config, state, self.ctx)
 
@@ -444,6 +477,31 @@ class Session:
         _, state = self._run(self._state, (tok,))
         self._commit(state)
         return self.logits  # type: ignore[return-value]
+
+    # ---------------------------------------------------------- the decode primitive's seam
+    # decode.py drives these four; nothing else should (Session.step is the one-token call).
+    @property
+    def next_logits(self):
+        """mx.array [V]: the logits after the last live token, on the device (None if empty)."""
+        return self._state.logits
+
+    def dispatch(self, token) -> PendingStep:
+        """Start decoding a device-side token id after the live state (which stays as it is)."""
+        if len(self._state.tokens) + 1 > self.engine.ctx:
+            raise ContextOverflowError(len(self._state.tokens) + 1, self.engine.ctx)
+        return self.engine.decode_step(self._state, token)
+
+    def accept(self, step: PendingStep, token: int) -> None:
+        """Make a dispatched step live: `token` is its id, read back by the caller."""
+        if step.base is not self._state:
+            raise EngineError("the session changed while a decode step was in flight")
+        self._commit(step.finish(int(token)))
+        self.prefilled_total += 1
+
+    def settle(self) -> None:
+        """Wait for the live state's arrays: accepted steps are still being computed when they are
+        accepted (that is the overlap), and a lazy or in-flight array must not cross threads."""
+        self._state.eval()
 
     def forward_all(self, tokens: Sequence[int]) -> np.ndarray:
         """Prefill `tokens` after the live state on the chunk grid and return every row of logits

@@ -1,15 +1,53 @@
 """What the model can do in the workspace: bash jobs, file reading/writing/editing, search, listing.
 
-Public API (see each module's docstring):
-* base.py: ToolResult, ToolError, ToolContext, Tool, default_tools(), run_tool(),
-  display payloads (BashDisplay, DiffDisplay/DiffLine, TextDisplay)
-* permissions.py: PermissionPolicy(mode).check(tool, args, ctx) -> Decision; Answer; remember();
-  denied_result()
-* bash.py: running_jobs_update(ctx) for the re-announcement after compaction
-* files.py: plan_change() (what a write/edit would do, for previews), atomic_write()
-* shellscan.py: scan(command, cwd) (the programs a command runs, the writes that always ask)
-* regular.py, regex_worker.py: internal to the file tools and search (regular files only; a
-  regex run in a killable child process)
+Public names (import them from here):
+    run_tool(name, args, ctx, tools=None)  run one call; never raises (failures become "Tool error: ...")
+    default_tools()                        the fixed registry order (the system prompt's bytes)
+    Tool                                   the protocol every tool implements
+    ToolContext                            per-agent state: cwd, interrupt poll, bash jobs, seen lines
+    ToolResult, ToolError                  an observation; a readable failure
+    BashDisplay, DiffDisplay, DiffLine, TextDisplay   display payloads for UIs (no UI types)
+    RESULT_CAP_BYTES                       the size cap of one observation
+    running_jobs_update(ctx)               the re-announcement of running jobs after compaction
+
+Public modules with their own API:
+    permissions.py  PermissionPolicy(mode).check(tool, args, ctx) -> Decision; Answer; Question;
+                    denied_result()
+    attach.py       expand(text, ctx) / strip(text): `@path` attachments
+    files.py        plan_change() (what a write/edit would do, for previews)
+    shellscan.py    scan(command, cwd): the programs a command runs, the writes that always ask
+
+Internal modules: registry.py (the table), context.py, results.py, args.py (argument coercion),
+jobs.py (background processes), bash.py, listing.py, search.py, regular.py and regex_worker.py
+(regular files only; a regex run in a killable child process).
 
 Importing this package imports nothing heavy (no engine, no UI).
 """
+
+from ds4agent.tools.bash import running_jobs_update
+from ds4agent.tools.context import ToolContext
+from ds4agent.tools.registry import Tool, default_tools, run_tool
+from ds4agent.tools.results import (
+    RESULT_CAP_BYTES,
+    BashDisplay,
+    DiffDisplay,
+    DiffLine,
+    TextDisplay,
+    ToolError,
+    ToolResult,
+)
+
+__all__ = [
+    "RESULT_CAP_BYTES",
+    "BashDisplay",
+    "DiffDisplay",
+    "DiffLine",
+    "TextDisplay",
+    "Tool",
+    "ToolContext",
+    "ToolError",
+    "ToolResult",
+    "default_tools",
+    "run_tool",
+    "running_jobs_update",
+]

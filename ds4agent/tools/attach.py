@@ -15,7 +15,10 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from ds4agent.tools.base import ToolContext, ToolError
+from ds4agent.tools.context import ToolContext
+from ds4agent.tools.files import ReadTool
+from ds4agent.tools.listing import ListTool
+from ds4agent.tools.results import ToolError
 
 # `@` at the start of a word (not in an email address or after a path separator), then a path.
 MENTION = re.compile(r"(?<![\w@/.])@([^\s@`'\"<>]+)")
@@ -46,9 +49,6 @@ def _inside(path: str, root: str) -> bool:
 
 
 def expand(text: str, ctx: ToolContext) -> Attachments:
-    from ds4agent.tools.files import ReadTool
-    from ds4agent.tools.listing import ListTool
-
     out = Attachments(text)
     root = os.path.realpath(ctx.cwd)
     done: set[str] = set()

@@ -31,20 +31,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ds4agent import fsutil
-from ds4agent.tools.base import (
-    RESULT_CAP_BYTES,
-    DiffDisplay,
-    DiffLine,
-    ReadCursor,
-    TextDisplay,
-    ToolContext,
-    ToolError,
-    ToolResult,
-    arg_bool,
-    arg_int,
-    arg_str,
-)
+from ds4agent.tools.args import arg_bool, arg_int, arg_str
+from ds4agent.tools.context import ReadCursor, ToolContext
 from ds4agent.tools.regular import open_regular, refuse_unless_regular
+from ds4agent.tools.results import RESULT_CAP_BYTES, DiffDisplay, DiffLine, TextDisplay, ToolError, ToolResult
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
 DEFAULT_CHUNK = 500

@@ -8,7 +8,9 @@ import stat
 from collections.abc import Mapping
 from typing import Any
 
-from ds4agent.tools.base import TextDisplay, ToolContext, ToolError, ToolResult, arg_str
+from ds4agent.tools.args import arg_str
+from ds4agent.tools.context import ToolContext
+from ds4agent.tools.results import TextDisplay, ToolError, ToolResult
 
 MAX_ENTRIES = 300
 

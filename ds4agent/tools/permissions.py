@@ -32,15 +32,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
-from ds4agent.tools.base import (
-    DiffDisplay,
-    TextDisplay,
-    ToolContext,
-    ToolError,
-    ToolResult,
-    arg_str,
-    error_text,
-)
+from ds4agent.tools.args import arg_str
+from ds4agent.tools.context import ToolContext
+from ds4agent.tools.files import plan_change
+from ds4agent.tools.results import DiffDisplay, TextDisplay, ToolError, ToolResult, error_text
 from ds4agent.tools.shellscan import command_programs, scan
 
 __all__ = ["Answer", "Choice", "Decision", "PermissionPolicy", "Question", "command_programs", "denied_result"]
@@ -186,8 +181,6 @@ class PermissionPolicy:
         return Decision("ask", question=q)
 
     def _check_file(self, tool_name: str, args: Mapping[str, Any], ctx: ToolContext) -> Decision:
-        from ds4agent.tools.files import plan_change
-
         path = arg_str(args, "path")
         if path is None or not path.strip():
             return ALLOW  # the tool itself reports the missing path; nothing can be written

@@ -16,7 +16,7 @@ import os
 import stat
 from typing import BinaryIO
 
-from ds4agent.tools.base import ToolError
+from ds4agent.tools.results import ToolError
 
 # O_NONBLOCK: should a FIFO take the place of the checked name between the stat and the open, the
 # open returns at once instead of waiting for a writer (and the fstat below then refuses it).

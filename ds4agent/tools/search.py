@@ -18,19 +18,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from ds4agent.tools.base import (
-    RESULT_CAP_BYTES,
-    TextDisplay,
-    ToolContext,
-    ToolError,
-    ToolResult,
-    arg_bool,
-    arg_int,
-    arg_str,
-)
+from ds4agent.tools.args import arg_bool, arg_int, arg_str
+from ds4agent.tools.context import ToolContext
 from ds4agent.tools.files import MAX_FILE_BYTES, line_text, split_lines
 from ds4agent.tools.regex_worker import RegexInterrupted, RegexTimeout, RegexWorker, RegexWorkerFailed
 from ds4agent.tools.regular import open_regular, refuse_unless_regular
+from ds4agent.tools.results import RESULT_CAP_BYTES, TextDisplay, ToolError, ToolResult
 
 MAX_DEPTH = 24
 MAX_SHOWN_CHARS = 400

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ds4agent.tools.base import ToolResult
+from ds4agent.tools import ToolResult
 
 
 @dataclass

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ds4agent.agent import events as ev
-from ds4agent.agent.loop import RESULT_RESERVE, compact_threshold
+from ds4agent.agent.worker import RESULT_RESERVE, compact_threshold
 from ds4agent.protocol import template
 from ds4agent.protocol.tokenizer import EOS, USER, Tokenizer
 from tests.agent.conftest import RecTool
@@ -149,7 +149,7 @@ def test_compact_never_grows_the_context_and_says_why(tmp_path, tools):
 
 
 def test_running_bash_job_is_reannounced_in_the_next_user_turn(tmp_path):
-    from ds4agent.tools.base import default_tools
+    from ds4agent.tools import default_tools
 
     call = reply("", think="t", calls=[("bash", {"command": "sleep 30", "refresh_sec": 1})])
     h = AgentHarness.build(tmp_path, [call, reply("Started.", think="")], tools=default_tools())
@@ -182,7 +182,7 @@ def test_running_bash_job_is_reannounced_in_the_next_user_turn(tmp_path):
 
 
 def test_job_update_follows_the_results_after_a_hard_compaction(tmp_path):
-    from ds4agent.tools.base import default_tools
+    from ds4agent.tools import default_tools
 
     tools = default_tools() + [RecTool("alpha", text="".join(f"row {i}\n" for i in range(100)))]
     start = reply("", think="t", calls=[("bash", {"command": "sleep 30", "refresh_sec": 1})])

@@ -5,10 +5,10 @@ from __future__ import annotations
 import io
 
 from ds4agent.agent import events as ev
-from ds4agent.agent import headless
 from ds4agent.cli import build_parser
 from ds4agent.sessions.index import SessionIndex
 from ds4agent.sessions.store import SessionStore
+from ds4agent.ui import headless
 from tests.support.agent_harness import AgentHarness, of
 from tests.support.scripted_engine import reply
 

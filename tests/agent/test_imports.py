@@ -17,7 +17,7 @@ def test_core_modules_import_no_ui_toolkit():
         pkg = __import__(f"ds4agent.{room}", fromlist=["_"])
         names.append(pkg.__name__)
         names += [m.name for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".")]
-    assert "ds4agent.agent.loop" in names and "ds4agent.agent.headless" in names
+    assert "ds4agent.agent.worker" in names and "ds4agent.tools.registry" in names
     code = (
         "import importlib, sys\n"
         f"names = {names!r}\n"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ds4agent.agent import events as ev
-from ds4agent.tools.base import default_tools
+from ds4agent.tools import default_tools
 from tests.support.agent_harness import AgentHarness, of
 from tests.support.scripted_engine import reply
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ds4agent.agent.prompt import AGENTS_MAX_BYTES, BUILTIN_SYSTEM_TEXT, build_system_text
 from ds4agent.protocol import template
 from ds4agent.protocol.tokenizer import Tokenizer
-from ds4agent.tools.base import default_tools
+from ds4agent.tools import default_tools
 
 TOK = Tokenizer.load()
 

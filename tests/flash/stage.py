@@ -26,7 +26,7 @@ def seed_sysprompt_cache(argv: list[str], cwd: Path, kv_dir: Path) -> int:
     from ds4agent.protocol.tokenizer import Tokenizer
     from ds4agent.sessions.payload import LayerPayload, PayloadShape, PayloadState
     from ds4agent.sessions.store import SessionStore
-    from ds4agent.tools.base import default_tools
+    from ds4agent.tools import default_tools
 
     args = build_parser().parse_args(argv)
     old = os.getcwd()

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from ds4agent.tools.base import ToolContext, run_tool
+from ds4agent.tools import ToolContext, run_tool
 
 
 class Stop:

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+from ds4agent.tools import ToolContext, run_tool
 from ds4agent.tools.attach import expand, strip
-from ds4agent.tools.base import ToolContext, run_tool
 
 
 def _ctx(tmp_path):

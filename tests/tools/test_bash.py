@@ -3,7 +3,7 @@ import re
 import time
 from pathlib import Path
 
-from ds4agent.tools.bash import running_jobs_update
+from ds4agent.tools import running_jobs_update
 
 STATUS_DONE = re.compile(r"^bash job=(\d+) pid=(\d+) status=done elapsed_sec=\d+\.\d timed_out=([01])\nexit_status=(\d+)\n")
 STATUS_RUNNING = re.compile(r"^bash job=(\d+) pid=(\d+) status=running elapsed_sec=\d+\.\d timeout_sec=(\d+)\n")

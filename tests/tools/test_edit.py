@@ -1,4 +1,4 @@
-from ds4agent.tools.base import run_tool
+from ds4agent.tools import run_tool
 
 
 def _lines(n):

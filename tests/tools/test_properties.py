@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ds4agent.tools.base import ToolContext, run_tool
+from ds4agent.tools import ToolContext, run_tool
 from ds4agent.tools.files import make_diff, split_lines, strip_eol
 
 line = st.text(alphabet="ab é\t", max_size=6)

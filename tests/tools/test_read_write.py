@@ -124,7 +124,7 @@ def test_written_file_is_editable_by_line_at_once(call, ctx):
 
 
 def test_big_reads_stop_at_a_line_boundary_inside_the_result_cap(call, ctx):
-    from ds4agent.tools.base import RESULT_CAP_BYTES
+    from ds4agent.tools import RESULT_CAP_BYTES
 
     (ctx.cwd / "wide.txt").write_text("".join(f"{i:05d} " + "x" * 94 + "\n" for i in range(1, 3001)))
     r = call("read", path="wide.txt", whole=True)

@@ -98,7 +98,7 @@ def test_list_caps_entries_and_reports_errors(call, ctx):
 
 
 def test_search_output_stays_inside_the_result_cap(call, ctx):
-    from ds4agent.tools.base import RESULT_CAP_BYTES
+    from ds4agent.tools import RESULT_CAP_BYTES
 
     (ctx.cwd / "w.txt").write_text(("hit" + "y" * 390 + "\n") * 500)
     r = call("search", query="hit", max_results=500)

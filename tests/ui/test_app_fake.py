@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ds4agent.agent import events as ev
-from ds4agent.tools.base import TextDisplay
+from ds4agent.tools import TextDisplay
 from ds4agent.ui.app import Ds4App
 from ds4agent.ui.history import History
 from ds4agent.ui.screens.help import HelpScreen

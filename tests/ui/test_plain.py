@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 
 from ds4agent.agent import events as ev
-from ds4agent.tools.base import DiffDisplay, DiffLine
+from ds4agent.tools import DiffDisplay, DiffLine
 from ds4agent.ui import toolview
 from ds4agent.ui.plain import PlainRenderer, run_lines
 from tests.support.scripted_engine import reply

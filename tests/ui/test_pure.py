@@ -130,7 +130,7 @@ def test_tool_summaries():
 
 
 def test_bash_display_status_and_body():
-    from ds4agent.tools.base import BashDisplay
+    from ds4agent.tools import BashDisplay
 
     out = "\n".join(f"line {i}" for i in range(40))
     d = BashDisplay(command="make", job=1, pid=9, running=False, exit_status=2, timed_out=False, output=out,
@@ -144,7 +144,7 @@ def test_bash_display_status_and_body():
 
 
 def test_diff_display_numbered_and_folded():
-    from ds4agent.tools.base import DiffDisplay, DiffLine
+    from ds4agent.tools import DiffDisplay, DiffLine
 
     lines = (DiffLine("hunk", None, None, "@@ -86,3 +86,4 @@"), DiffLine("context", 86, 86, "def f():"),
              DiffLine("remove", 88, None, "    return 1"), DiffLine("add", None, 88, "    return 2"))
@@ -160,7 +160,7 @@ def test_diff_display_numbered_and_folded():
 
 
 def test_folded_tools_and_errors():
-    from ds4agent.tools.base import TextDisplay
+    from ds4agent.tools import TextDisplay
 
     d = TextDisplay(summary="212 lines of a.py", body="1: x\n2: y")
     assert toolview.result_body("read", True, "1: x\n2: y", d) == []

@@ -7,7 +7,7 @@ Update after an intended visual change: pytest tests/ui/test_snapshots.py --snap
 from __future__ import annotations
 
 from ds4agent.agent import events as ev
-from ds4agent.tools.base import BashDisplay, DiffDisplay, DiffLine, TextDisplay
+from ds4agent.tools import BashDisplay, DiffDisplay, DiffLine, TextDisplay
 from tests.ui.conftest import make_fake_app
 from tests.ui.fake_agent import status
 

@@ -1,16 +1,8 @@
 import json
 
 from ds4agent.protocol.template import tool_schema_line
-from ds4agent.tools.base import (
-    RESULT_CAP_BYTES,
-    ToolError,
-    ToolResult,
-    arg_bool,
-    arg_float,
-    arg_int,
-    default_tools,
-    run_tool,
-)
+from ds4agent.tools import RESULT_CAP_BYTES, ToolError, ToolResult, default_tools, run_tool
+from ds4agent.tools.args import arg_bool, arg_float, arg_int
 
 
 def test_registry_order_and_schemas_are_stable():

@@ -5,9 +5,25 @@ from __future__ import annotations
 import io
 import json
 
-from ds4agent.agent import headless
+import pytest
+
+from ds4agent.ui import headless
+from tests.agent.conftest import RecTool
 from tests.support.agent_harness import AgentHarness
 from tests.support.scripted_engine import reply
+
+
+@pytest.fixture
+def tools():
+    return [RecTool("alpha", "A1\n"), RecTool("beta", "B1\n")]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """The tiny DS4-architecture test model (real vocab, random weights)."""
+    from ds4agent.engine.testmodel import make_test_model
+
+    return make_test_model(tmp_path_factory.mktemp("model") / "tiny.gguf", config="tiny", seed=0)
 
 
 def _agent(tmp_path, tools, script, **kw):
@@ -38,7 +54,7 @@ def test_json_lines_and_failure_status(tmp_path, tools):
 
 
 def test_permission_question_without_asker_is_denied(tmp_path):
-    from ds4agent.tools.base import default_tools
+    from ds4agent.tools import default_tools
 
     agent = _agent(tmp_path, default_tools(),
                    [reply("", think="t", calls=[("write", {"path": "f.txt", "content": "x"})]),

@@ -118,11 +118,11 @@ class Worker:
         s = self.settings
         self.sampler = Sampler(temperature=s.temperature, top_p=s.top_p, min_p=s.min_p, seed=s.seed)
         if self.tools is None:
-            from ds4agent.tools.base import default_tools
+            from ds4agent.tools import default_tools
 
             self.tools = default_tools()
         self._tool_map = {t.name: t for t in self.tools}
-        from ds4agent.tools.base import ToolContext
+        from ds4agent.tools import ToolContext
 
         self.tool_ctx = ToolContext(cwd=s.cwd, should_stop=self.io.should_stop, on_write=self._checkpoint_write)
         if self.policy is None:
@@ -604,7 +604,7 @@ class Worker:
         if refusal is not None:
             self.io.emit(ev.ToolResult(index, name, False, refusal))
             return refusal
-        from ds4agent.tools.base import run_tool
+        from ds4agent.tools import run_tool
 
         t0 = time.monotonic()
         if self.trace is not None:
