@@ -28,12 +28,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import mlx.core as mx
 import numpy as np
 
 from . import ops
 from .config import ModelConfig
+from .device import gpu_kernels
 from .errors import EngineError
 from .hostread import to_host
 from .state import FILL_KV, FILL_SCORE, LayerState, SessionState
@@ -144,14 +146,27 @@ def hc_pre(w: HCWeights, R: mx.array, c: ModelConfig) -> tuple[mx.array, mx.arra
     n, hc, E = R.shape
     flat = ops.rms_norm(R.reshape(n, hc * E), None, c.rms_eps)
     mix = w.fn(flat)
-    s = w.scale
-    b = w.base
-    pre = mx.sigmoid(mix[:, :hc] * s[0] + b[:hc]) + c.hc_eps
+    if gpu_kernels():  # the whole mixing chain, Sinkhorn included, as one compiled function
+        return _hc_mix_fused(hc, c.hc_sinkhorn_iters, c.hc_eps)(mix, w.scale, w.base, R)
+    return _hc_mix(mix, w.scale, w.base, R, hc, c.hc_eps,
+                   lambda comb: ops.sinkhorn(comb, c.hc_sinkhorn_iters, c.hc_eps))
+
+
+def _hc_mix(mix: mx.array, s: mx.array, b: mx.array, R: mx.array, hc: int, eps: float,
+            sinkhorn) -> tuple[mx.array, mx.array, mx.array]:
+    n = R.shape[0]
+    pre = mx.sigmoid(mix[:, :hc] * s[0] + b[:hc]) + eps
     post = 2.0 * mx.sigmoid(mix[:, hc:2 * hc] * s[1] + b[hc:2 * hc])
     comb = (mix[:, 2 * hc:] * s[2] + b[2 * hc:]).reshape(n, hc, hc)
-    C = ops.sinkhorn(comb, c.hc_sinkhorn_iters, c.hc_eps)
+    C = sinkhorn(comb)
     x = mx.sum(pre[:, :, None] * R, axis=1)
     return x, post, C
+
+
+@lru_cache(maxsize=8)
+def _hc_mix_fused(hc: int, iters: int, eps: float):
+    return ops.fused(lambda mix, s, b, R: _hc_mix(mix, s, b, R, hc, eps,
+                                                  lambda comb: ops.sinkhorn_eager(comb, iters, eps)))
 
 
 def hc_post(R: mx.array, y: mx.array, post: mx.array, C: mx.array) -> mx.array:
@@ -423,7 +438,13 @@ def attention_block(aw: AttentionWeights, c: ModelConfig, layer: int, x: mx.arra
 
 def _top_u(score: mx.array, U: int) -> mx.array:
     """Indices [n, U] of the U largest entries per row, by descending score, ties to the lower
-    index (exact: U rounds of max + lowest index attaining it)."""
+    index (exact: U rounds of max + lowest index attaining it).
+
+    GPU kernel set: one sort instead of 4·U small ops. Its ids are a permutation's, so always
+    in 0..n_experts-1, even for NaN scores (where the exact rounds would give n_experts);
+    exact ties (measure zero for real scores) may pick either index."""
+    if gpu_kernels():
+        return mx.argsort(-score, axis=-1)[:, :U].astype(mx.int32)
     ne = score.shape[-1]
     ar = mx.arange(ne, dtype=mx.int32)
     picks = []
@@ -447,9 +468,12 @@ def _route(fw: FFNWeights, c: ModelConfig, layer: int, h: mx.array,
         sel = _top_u(prob + fw.bias if fw.bias is not None else prob, U)
     sel = sel.astype(mx.int32)
     pw = mx.take_along_axis(prob, sel, axis=-1)  # [n, U]
-    total = pw[:, 0]
-    for k in range(1, U):  # selection order
-        total = total + pw[:, k]
+    if gpu_kernels():
+        total = mx.sum(pw, axis=-1)
+    else:
+        total = pw[:, 0]
+        for k in range(1, U):  # selection order
+            total = total + pw[:, k]
     return sel, pw / mx.maximum(total, 6.103515625e-5)[:, None] * c.expert_weights_scale
 
 
@@ -458,6 +482,8 @@ def _routed(fw: FFNWeights, U: int, clamp: float, h: mx.array, sel: mx.array, wt
     u = fw.up_exps.gather_matmul(h, sel)
     mid = ops.swiglu(g, u, clamp) * wts[:, :, None]  # [n, U, F]
     down = fw.down_exps.gather_matmul(mid, sel)  # [n, U, E]
+    if gpu_kernels():
+        return mx.sum(down, axis=1)
     routed = down[:, 0]
     for k in range(1, U):  # selection order
         routed = routed + down[:, k]

@@ -53,8 +53,10 @@ import numpy as np
 
 from . import device, quant
 from .config import ModelConfig
-from .errors import TensorShapeError
+from .device import gpu_kernels
+from .errors import TensorError, TensorShapeError
 from .experts.base import dense_experts, quant_experts
+from .hostread import to_int
 
 # Quantised products on CPU run one MLX op per CPU stream over a slice of the output rows (see
 # device.cpu_streams): a single quantized_matmul uses one core. Slicing output rows changes no
@@ -82,13 +84,22 @@ class Linear:
     tensor's conversion temporaries at a time (not the whole model's graph).
     Quantised: `(wq, scales, biases)` of MLX affine 8-bit, group 32 (exact image of Q8_0,
     model.md §7), multiplied with `mx.quantized_matmul` on f32 activations.
+
+    The GPU kernel set (device.kernel_set) multiplies an F16 matrix as F16 where `half` allows
+    it: the activations are rounded to f16, MLX's half product accumulates in f32 and rounds
+    its result to f16, so a mat-vec reads 2 bytes per weight instead of widening the whole
+    matrix to f32 per call (read 2, write 4, read 4). Those roundings (relative 2^-11) are
+    inside the GPU tolerance where the output is a value (hyper-connection mixes, compressed
+    KV rows); where it decides a selection (router, indexer scores and keys) or a softmax gate
+    they flip near-ties often enough to break it on the test configs, so build_weights passes
+    half=False there (see _HALF_UNSAFE). The inputs are RMS-normalised, far from f16's range.
     """
 
     __slots__ = ("weight", "scales", "biases", "out_features", "in_features", "_wt", "_parts", "_widen",
-                 "_cpu")
+                 "_cpu", "_half")
 
     def __init__(self, weight: mx.array, scales: mx.array | None = None,
-                 biases: mx.array | None = None, *, in_features: int | None = None):
+                 biases: mx.array | None = None, *, in_features: int | None = None, half: bool = True):
         if scales is None:
             w = weight if isinstance(weight, mx.array) else mx.array(np.asarray(weight))
             if w.ndim != 2:
@@ -97,6 +108,7 @@ class Linear:
                 w = w.astype(mx.float32)  # e.g. bf16: exact in f32, rare enough to keep widened
             self._widen = w.dtype == mx.float16
             self._cpu = device.cpu_layout()
+            self._half = self._widen and half and gpu_kernels()
             if self._cpu:
                 self._wt = mx.contiguous(w.T)  # [in, out]: the stored copy (see class docstring)
                 self.weight = self._wt.T
@@ -110,7 +122,7 @@ class Linear:
         else:
             self.weight, self.scales, self.biases = weight, scales, biases
             self._wt = None
-            self._widen = self._cpu = False
+            self._widen = self._cpu = self._half = False
             self.out_features = int(weight.shape[0])
             self.in_features = int(in_features if in_features is not None else scales.shape[-1] * 32)
             # Row slices for the parallel CPU product (views: no extra memory); whether a call
@@ -131,6 +143,8 @@ class Linear:
         if self.scales is None:
             if not self._widen:
                 return x @ self._wt
+            if self._half:
+                return (x.astype(mx.float16) @ self._wt).astype(mx.float32)
             # Widen in the stored layout, so the product sees exactly the operand layout a
             # resident f32 copy would have (CPU: contiguous [in, out]; GPU: [out, in] viewed .T).
             if self._cpu:
@@ -147,7 +161,7 @@ class Linear:
     def rows(self, start: int, stop: int) -> Linear:
         """The Linear of output rows start..stop-1 (a view; used for the grouped output LoRA)."""
         if self.scales is None:
-            return Linear(self.weight[start:stop])
+            return Linear(self.weight[start:stop], half=self._half or not self._widen)
         return Linear(self.weight[start:stop], self.scales[start:stop], self.biases[start:stop],
                       in_features=self.in_features)
 
@@ -234,13 +248,18 @@ class ModelWeights:
 # ---- building ---------------------------------------------------------------------------------
 
 
+# F16 matrices whose outputs decide a selection or gate a softmax: the GPU kernel set widens
+# them to f32 per call instead of multiplying them as F16 (Linear).
+_HALF_UNSAFE = ("ffn_gate_inp.", "indexer.", "indexer_compressor_", "_compressor_gate.")
+
+
 def _as_linear(name: str, v: Any, shape: tuple[int, int]) -> Linear:
     if isinstance(v, Linear):
         lin = v
     elif isinstance(v, tuple):
         lin = Linear(*v, in_features=shape[1])
     else:
-        lin = Linear(v)
+        lin = Linear(v, half=not any(key in name for key in _HALF_UNSAFE))
     got = (lin.out_features, lin.in_features)
     if got != tuple(shape):
         raise TensorShapeError(name, tuple(shape), got)
@@ -262,6 +281,21 @@ def _as_experts(name: str, v: Any, shape: tuple[int, int, int]) -> Any:
     if got != tuple(shape):
         raise TensorShapeError(name, tuple(shape), got)
     return ex
+
+
+def _expert_table(name: str, table: mx.array, n_experts: int) -> mx.array:
+    """A hash layer's token -> expert table, its ids checked once here (a host read at load).
+
+    The router's other ids come from a top-k over n_experts scores, in range by construction; so
+    with this check no expert id can leave 0..n_experts-1, and the expert backends take device
+    ids unchecked (a GPU gather does not bounds-check: a bad id would read foreign memory)."""
+    if table.size:
+        lo, hi = to_int(mx.min(table)), to_int(mx.max(table))
+        if lo < 0 or hi >= n_experts:
+            bad = lo if lo < 0 else hi
+            raise TensorError(f"tensor {name} maps a token to expert {bad}, outside 0..{n_experts - 1}",
+                              tensor=name)
+    return table
 
 
 def build_weights(config: ModelConfig, get: Callable[[str], Any],
@@ -341,8 +375,8 @@ def build_weights(config: ModelConfig, get: Callable[[str], Any],
             norm=arr(f"{b}ffn_norm.weight", (E,)),
             gate_inp=lin(f"{b}ffn_gate_inp.weight", (NE, E)),
             bias=_as_array(f"{b}exp_probs_b.bias", bias, (NE,)) if bias is not None else None,
-            tid2eid=arr(f"{b}ffn_gate_tid2eid.weight", (V, U), mx.int32)
-            if c.is_hash_layer(li) else None,
+            tid2eid=_expert_table(f"{b}ffn_gate_tid2eid.weight", arr(f"{b}ffn_gate_tid2eid.weight", (V, U), mx.int32),
+                                  NE) if c.is_hash_layer(li) else None,
             gate_exps=_as_experts(f"{b}ffn_gate_exps.weight", get(f"{b}ffn_gate_exps.weight"), (NE, F, E)),
             up_exps=_as_experts(f"{b}ffn_up_exps.weight", get(f"{b}ffn_up_exps.weight"), (NE, F, E)),
             down_exps=_as_experts(f"{b}ffn_down_exps.weight", get(f"{b}ffn_down_exps.weight"), (NE, E, F)),
@@ -496,7 +530,9 @@ def weights_from_tensors(config: ModelConfig, tensors: Mapping[str, Any], *,
         if name in q8_names:
             # The values are Q8_0-exact: re-encoding them gives the file's blocks bit for bit.
             return _exact_q8_affine(np.asarray(v, dtype=np.float32))
-        if isinstance(v, np.ndarray) and v.dtype == np.float16 and name != "token_embd.weight":
+        # F16 matrices stay F16 for the GPU kernel set, as a loaded file's do (Linear).
+        if isinstance(v, np.ndarray) and v.dtype == np.float16 and name != "token_embd.weight" \
+                and not gpu_kernels():
             return mx.array(v.astype(np.float32))
         return v
 
