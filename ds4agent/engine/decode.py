@@ -61,7 +61,9 @@ def decode(session: Any, sampler: Any, *, max_tokens: int,
             # The key is evaluated with its token: it must not grow into a graph token by token.
             mx.async_eval(token, sampler.key)
             last = n >= max_tokens or len(session) + 1 > ctx
-            pending = None if last else session.dispatch(token)
+            # An error code (negative id, sampler.py) must never index the embedding on the
+            # device; the step it feeds is dropped when the code is read just below.
+            pending = None if last else session.dispatch(mx.maximum(token, 0))
             tok = check_token(to_int(token))
             yield tok
             if pending is None:
@@ -69,4 +71,7 @@ def decode(session: Any, sampler: Any, *, max_tokens: int,
             session.accept(pending, tok)
             logits = session.next_logits
     finally:
+        # Nothing lazy or in flight may outlive the generator: the session and the sampler may
+        # next be used from another thread (session.py's module doc).
         session.settle()
+        mx.eval(sampler.key)

@@ -3,7 +3,8 @@
     engine = Engine.load("model.gguf", ctx=100_000, progress=lambda f: ...)
     s = engine.new_session()
     s.sync(tokens, progress=lambda done, total: ..., should_stop=lambda: flag)  # prefill
-    logits = s.step(token)                                                       # decode
+    for tok in decode(s, sampler, max_tokens=n, greedy=...): ...                 # decode.py
+    logits = s.step(token)                                     # one token, logits read back
     snap = s.snapshot(); ...; s.rewind(snap)                                     # O(1)
     payload = s.export_state(); other.import_state(payload)                      # exact resume
 
@@ -470,7 +471,10 @@ class Session:
         return done
 
     def step(self, token: int) -> np.ndarray:
-        """Decode one token (a chunk of one) and return the new logits (float32 [V])."""
+        """Decode one token (a chunk of one) and return the new logits (float32 [V]).
+
+        Synchronous and read back: for tests, tools and benchmarks. Generation runs through
+        decode.py, which keeps the token on the device and the next step in flight."""
         (tok,) = self._check_tokens([token])
         if len(self._state.tokens) + 1 > self.engine.ctx:
             raise ContextOverflowError(len(self._state.tokens) + 1, self.engine.ctx)

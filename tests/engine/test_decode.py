@@ -208,3 +208,36 @@ def test_host_reads_are_counted_per_decoded_token(engine, quant_engine, prompt):
     gen = _reads_per_token(quant_engine, prompt, "generator")
     assert gen > 1.0
     assert gen == _reads_per_token(quant_engine, prompt, "step loop") - 1.0
+
+
+def test_nan_logits_are_a_sampler_error_and_never_index_the_embedding(engine):
+    import mlx.core as mx
+
+    from ds4agent.engine.sampler import SamplerError
+
+    class NanSession:
+        """The decode seam over logits that hold a NaN; records the ids it was asked to step."""
+
+        def __init__(self):
+            self.engine = engine
+            self.next_logits = mx.array(np.array([0.0, np.nan, 1.0], np.float32))
+            self.fed: list[int] = []
+            self.accepted = 0
+
+        def __len__(self):
+            return 1
+
+        def dispatch(self, token):
+            self.fed.append(int(token.item()))
+            return object()
+
+        def accept(self, pending, token):
+            self.accepted += 1
+
+        def settle(self):
+            pass
+
+    s = NanSession()
+    with pytest.raises(SamplerError, match="NaN"):
+        next(decode(s, Sampler(seed=0), max_tokens=4))
+    assert s.fed == [0] and s.accepted == 0  # the step got a valid id and was never accepted
