@@ -5,7 +5,7 @@ routed-expert layout (IQ2_XXS gate/up, Q2_K down: real GGUF blocks, as in the Fl
 the Flash test file with `--flash PATH` (made by `ds4agent make-test-model --config flash`).
 
 "today" = Session.step on the CPU kernel set with the logits sampled on the host (the decode
-before the generator); "now" = engine.decode on the GPU kernel set (DS4AGENT_KERNELS=gpu, the
+before the generator); "now" = engine.generate on the GPU kernel set (DS4AGENT_KERNELS=gpu, the
 default on a GPU; on a CPU-only machine it runs on the CPU device, which is how CI checks it).
 The other two cells (generator on the CPU kernel set, step loop on the GPU one) are printed too,
 so each change's share is visible. Measured in one run:
@@ -44,13 +44,11 @@ sys.path.insert(0, str(ROOT))
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ds4agent.engine import hostread  # noqa: E402
+from ds4agent.engine import generate, hostread, load_engine  # noqa: E402
 from ds4agent.engine.config import test_config  # noqa: E402
-from ds4agent.engine.decode import decode  # noqa: E402
 from ds4agent.engine.device import KERNELS_ENV  # noqa: E402
 from ds4agent.engine.model import build  # noqa: E402
 from ds4agent.engine.sampler import Sampler  # noqa: E402
-from ds4agent.engine.session import Engine  # noqa: E402
 
 READS_TARGET = 1.0
 PRIMITIVES_TARGET = 0.70  # now / today
@@ -134,7 +132,7 @@ def step_loop(engine, prompt, n):
 def generator(engine, prompt, n, consumer_s: float = 0.0):
     s = engine.new_session()
     s.sync(prompt)
-    gen = decode(s, Sampler(temperature=0.0), max_tokens=n + 2)
+    gen = generate(s, Sampler(temperature=0.0), max_tokens=n + 2)
     out = [next(gen)]
     before = hostread.reads()
     t0 = time.perf_counter()
@@ -149,7 +147,7 @@ def generator(engine, prompt, n, consumer_s: float = 0.0):
 
 def run_cell(path, ctx, prompt, n, kernel_set):
     with kernels(kernel_set):
-        engine = Engine.load(path, ctx=ctx)
+        engine = load_engine(path, ctx=ctx)
         ref = engine.new_session()
         ref.sync(prompt)
         row = {"kernels": kernel_set, "layers": engine.config.n_layers}

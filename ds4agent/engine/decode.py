@@ -1,6 +1,6 @@
-"""The one decode primitive: a generator of token ids over a Session.
+"""The one decode primitive: `generate`, a generator of token ids over a Session.
 
-    for token in decode(session, sampler, max_tokens=cap, greedy=lambda: parser.in_syntax):
+    for token in generate(session, sampler, max_tokens=cap, greedy=lambda: parser.in_syntax):
         ...  # parse, emit events; `break` to stop (interrupt, stop token, closing tag)
 
 How a token moves (mlx-lm's generate_step pattern, with the sample as a graph of its own):
@@ -39,7 +39,7 @@ from .hostread import to_int
 from .sampler import check_token
 
 
-def decode(session: Any, sampler: Any, *, max_tokens: int,
+def generate(session: Any, sampler: Any, *, max_tokens: int,
            greedy: Callable[[], bool] | None = None) -> Iterator[int]:
     """Token ids sampled after the session's live state, at most `max_tokens` (and no more than
     the context can take: the last one is handed out without a step). `greedy()` is asked before
