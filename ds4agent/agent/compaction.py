@@ -28,11 +28,22 @@ tail, or summary + tail are not shorter than what they replace): a notice says w
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from ds4agent.agent import events as ev
-from ds4agent.agent.worker import compact_threshold
+from ds4agent.agent import rewind, sessionops
+from ds4agent.agent.decode import TokenStream
+from ds4agent.agent.history import parse_user_part
+from ds4agent.agent.port import WorkerPort
+from ds4agent.protocol import template
+from ds4agent.protocol.template import split_turns
+from ds4agent.protocol.tokenizer import DSML, END_THINK, EOS, USER
+from ds4agent.sessions.store import derive_title
+from ds4agent.tools import running_jobs_update
 
+# Hard compaction reserve (agent-reference.md §8): a results turn must leave this much room.
+RESULT_RESERVE = 1024
+# If even the shortened results do not fit with this reserve, the turn aborts.
+MIN_RESERVE = 16
 SUMMARY_MAX_TOKENS = 4096
 SUMMARY_MIN_ROOM = 256
 TAIL_MAX_TOKENS = 50_000
@@ -50,7 +61,12 @@ SUMMARY_REQUEST = """Context compaction: the conversation above is about to be r
 Do not invent anything that did not happen. Be concise but complete."""
 
 
-def maybe_compact(worker: Any, projected: int, kind: str, *, force: bool = False) -> bool:
+def compact_threshold(ctx: int) -> int:
+    """Soft compaction triggers at 85% of ctx or when at most min(8192, ctx/4) tokens are free."""
+    return min(int(ctx * 0.85), ctx - min(8192, ctx // 4))
+
+
+def maybe_compact(worker: WorkerPort, projected: int, kind: str, *, force: bool = False) -> bool:
     """Compact when `projected` (the transcript after the next append) crosses the soft threshold,
     or always when force. Returns True when the transcript was compacted."""
     if not force and projected < compact_threshold(worker.settings.ctx):
@@ -64,9 +80,7 @@ def _tail_keep(ctx: int) -> int:
     return min(ctx // 10, TAIL_MAX_TOKENS)
 
 
-def _tail(worker: Any) -> list[int]:
-    from ds4agent.protocol.tokenizer import USER
-
+def _tail(worker: WorkerPort) -> list[int]:
     ids = worker.transcript.ids
     keep = _tail_keep(worker.settings.ctx)
     start = max(worker.transcript.system_len, len(ids) - keep)
@@ -82,11 +96,8 @@ def _clip(text: str) -> str:
     return data[:GOAL_MAX_BYTES].decode("utf-8", "ignore") + " [...]"
 
 
-def _goal_note(worker: Any, tail: list[int]) -> str:
+def _goal_note(worker: WorkerPort, tail: list[int]) -> str:
     """The user's messages that started and steer the task, verbatim, unless the tail keeps them."""
-    from ds4agent.agent.history import parse_user_part
-    from ds4agent.protocol.template import split_turns
-
     tok = worker.tok
     tail_bytes = tok.decode_bytes(tail)
     texts: list[str] = []
@@ -107,23 +118,49 @@ def _goal_note(worker: Any, tail: list[int]) -> str:
     return "\n\n".join(lines)
 
 
-def jobs_update(worker: Any) -> str:
+def jobs_update(worker: WorkerPort) -> str:
     """`Bash job update after context compaction. ...` + one observation per running job, or ""."""
-    if worker.tool_ctx is None:
-        return ""
     try:
-        from ds4agent.tools import running_jobs_update
-
         # A tool observation: its lines keep their `\n` (agent-reference.md §5).
         return running_jobs_update(worker.tool_ctx) or ""
     except Exception:  # a job table problem must not fail the turn
         return ""
 
 
-def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
-    from ds4agent.protocol import template
-    from ds4agent.protocol.tokenizer import DSML, END_THINK, EOS
+def _write_summary(worker: WorkerPort, limit: int) -> bytes | None:
+    """Sample the summary greedily after the private request (already in the live KV), streaming
+    it as CompactionDelta. It ends at EOS, `</think>`, a DSML marker or a stop token. Returns the
+    trimmed text, or None when the user interrupted."""
+    tok = worker.tok
+    io = worker.io
+    count = 0
+    t0 = time.monotonic()
+    decoder_bytes = bytearray()
+    tokens = TokenStream(worker.session, worker.sampler, limit=limit, greedy=lambda: True,
+                         should_stop=io.should_stop)
+    for token in tokens:
+        if token in (EOS, END_THINK, DSML) or tok.is_stop(token):
+            break
+        count += 1
+        data = tok.token_bytes(token)
+        decoder_bytes += data
+        # The byte-spelled DSML marker also ends the summary (reference).
+        if _DSML_BYTES in decoder_bytes[-32:]:
+            decoder_bytes = decoder_bytes[:decoder_bytes.rfind(_DSML_BYTES)]
+            break
+        io.emit(ev.CompactionDelta(data.decode("utf-8", "replace")))
+        if count % 32 == 0:
+            worker.generated = count
+            worker.decode_tps = count / max(time.monotonic() - t0, 1e-9)
+            worker.emit_status()
+    if tokens.interrupted:
+        return None
+    return template.trim(bytes(decoder_bytes))
 
+
+def compact(worker: WorkerPort, kind: str, *, projected: int | None = None) -> bool:
+    """Replace the conversation by summary + tail (see the module docstring); True when it did.
+    `projected` is the size that triggered it (kept for the trace)."""
     tok = worker.tok
     io = worker.io
     ctx = worker.settings.ctx
@@ -131,7 +168,7 @@ def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
     old_system_len = worker.transcript.system_len
     before = len(old_ids)
     io.emit(ev.CompactionStarted(kind, before))
-    worker._set_state(ev.State.COMPACTING, detail=f"{kind}: summarizing durable task state")
+    worker.set_state(ev.State.COMPACTING, detail=f"{kind}: summarizing durable task state")
 
     def fail(message: str) -> bool:
         worker.transcript.reset(old_ids, old_system_len)
@@ -165,32 +202,11 @@ def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
         return fail(f"not enough room to write a summary ({max(room, 0)} tokens free)")
     worker.transcript.extend(request)
     try:
-        if not worker._sync():
+        if not worker.sync():
             return fail("interrupted")
-        limit = min(SUMMARY_MAX_TOKENS, room)
-        from ds4agent.engine import generate
-
-        summary: list[int] = []
-        t0 = time.monotonic()
-        decoder_bytes = bytearray()
-        for token in generate(worker.session, worker.sampler, max_tokens=limit, greedy=lambda: True):
-            if io.should_stop():
-                return fail("interrupted")
-            if token in (EOS, END_THINK, DSML) or tok.is_stop(token):
-                break
-            summary.append(token)
-            data = tok.token_bytes(token)
-            decoder_bytes += data
-            # The byte-spelled DSML marker also ends the summary (reference).
-            if _DSML_BYTES in decoder_bytes[-32:]:
-                decoder_bytes = decoder_bytes[:decoder_bytes.rfind(_DSML_BYTES)]
-                break
-            io.emit(ev.CompactionDelta(data.decode("utf-8", "replace")))
-            if len(summary) % 32 == 0:
-                worker.generated = len(summary)
-                worker.decode_tps = len(summary) / max(time.monotonic() - t0, 1e-9)
-                worker.emit_status()
-        text = template.trim(bytes(decoder_bytes))
+        text = _write_summary(worker, min(SUMMARY_MAX_TOKENS, room))
+        if text is None:
+            return fail("interrupted")
         if not text:
             return fail("the model wrote an empty summary")
         worker.transcript.reset(old_ids, old_system_len)  # drop the private request
@@ -200,7 +216,7 @@ def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
         system = worker.system
         prefix = template.render_compacted_prefix(
             system.builtin, body, extra_system_text=system.extra, tools=worker.tools,
-            think_mode="think-max" if worker._system_is_max else "think",
+            think_mode="think-max" if worker.system_is_max else "think",
             ctx=ctx, tokenizer=tok,
         )
         new_ids = prefix + tail
@@ -209,23 +225,19 @@ def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
                              f"smaller than the context now ({before} tokens)")
         if len(new_ids) + SUMMARY_MIN_ROOM >= ctx:
             return fail("the summary and the kept tail do not fit the context")
-        if worker.title is None:
+        if worker.identity.title is None:
             # The title is derived from the first user message of the text (kvc-format.md §12.7);
             # after the rebuild that would be whatever turn the tail starts with. Fix it now, so a
             # session first saved after a compaction is still named after the user's request.
-            from ds4agent.sessions.store import derive_title
-
-            worker.title = derive_title(tok.decode_bytes(old_ids))
+            worker.identity.title = derive_title(tok.decode_bytes(old_ids))
         worker.transcript.reset(new_ids, len(prefix))
-        from ds4agent.agent import rewind
-
         rewind.transcript_compacted(worker)
-        if not worker._sync():
+        if not worker.sync():
             # Keep the compacted transcript: it is consistent; the next round prefills the rest.
             pass
     except Exception as err:  # an engine failure must not lose the conversation
         return fail(str(err) or type(err).__name__)
-    worker.dirty = True
+    worker.identity.dirty = True
     # Running bash jobs are re-announced (agent-reference.md §8) as one more tool result in the
     # next User turn, the first thing appended after a compaction (a user turn or a results
     # turn): chronologically after the tail, observed when that turn is rendered, so the model
@@ -235,9 +247,6 @@ def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
     io.emit(ev.CompactionDone(True, before, after, summary_tokens=len(prefix) - old_system_len,
                               tail_tokens=len(tail)))
     io.emit(ev.Notice(f"compacted context: old={before} summary+tail={after} tail={len(tail)}"))
-    if worker.trace is not None:
-        worker.trace.line(f"compaction {kind}: old={before} new={after} tail={len(tail)}")
-    from ds4agent.agent import sessionops
-
+    worker.trace.line(f"compaction {kind}: old={before} new={after} tail={len(tail)}")
     sessionops.journal_write(worker)
     return True

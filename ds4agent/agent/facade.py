@@ -10,26 +10,47 @@ on ONE worker thread owned by this object; the UI thread only puts commands on a
 the interrupt flag, and answers questions. Nothing here ever blocks the calling thread on the
 model. Methods return at once; results arrive as events.
 
-While a turn runs ("busy"), only submit (queues), interrupt, pull_queued, answer_permission,
-save (deferred to the end of the turn), list_sessions, history, set_think_mode and shutdown act;
-load / new / compact answer `Error("command requires the model to be idle: /load")`, as the
-reference does.
+The busy rule (RUNS_WHILE_BUSY below) is stated here once: while a turn or command runs, only
+submit (queues), interrupt, pull_queued, answer_permission, list_sessions, save (deferred to the
+end of the turn) and shutdown act; every other command answers
+`Error("command requires the model to be idle: /load")` and is never queued, as the reference
+does. The front ends read the same rule to refuse a command before calling (ui/commands.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import queue
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.settings import PERMISSION_MODES, THINK_MODES, AgentSettings
 from ds4agent.engine import EngineLost
 
+if TYPE_CHECKING:  # the worker (and with it the engine and the tools) is imported when an Agent is built
+    from ds4agent.agent.worker import EngineLoader, Worker
+    from ds4agent.engine import Engine
+    from ds4agent.sessions.store import SessionStore
+    from ds4agent.tools import Tool
+    from ds4agent.tools.permissions import PermissionPolicy
+
+# The busy rule (agent-reference.md §3): while the model works only these slash commands run
+# (/save is deferred to the end of the turn, /list only reads file headers, /help is the front
+# end's own); every other one is refused with idle_required() and never queued.
+RUNS_WHILE_BUSY = frozenset({"help", "save", "list"})
+
+
+def idle_required(command: str) -> str:
+    """The refusal of a command (or of its key, e.g. Ctrl+D for /quit) while the model works."""
+    return f"command requires the model to be idle: {command}"
+
+
 # How a command's unexpected failure is reported (agent-reference.md §3 wording).
 _FAILED = {"new": "new session", "load": "load", "compact": "compaction", "turn": "turn"}
+_STOP = "_stop"  # the command that ends the worker loop
 
 
 class _Pending:
@@ -47,7 +68,7 @@ class _Pending:
 class Agent:
     """The agent facade. See the module docstring.
 
-    engine: an Engine (ds4agent.engine.session API), or a callable `loader(progress) -> Engine`
+    engine: an Engine (ds4agent.engine), or a callable `loader(progress) -> Engine`
             run on the worker thread (so the UI paints while the model loads; progress(0..1)
             becomes Status(state=LOADING, progress=...)).
     store:  the session store (ds4agent.sessions.store), or None (no sessions: /save etc. answer
@@ -58,16 +79,17 @@ class Agent:
 
     def __init__(
         self,
-        engine: Any,
-        store: Any = None,
-        tools: list[Any] | None = None,
+        engine: Engine | EngineLoader,
+        store: SessionStore | None = None,
+        tools: list[Tool] | None = None,
         settings: AgentSettings | None = None,
         *,
-        policy: Any = None,
+        policy: PermissionPolicy | None = None,
     ) -> None:
         self.settings = settings or AgentSettings()
         self.events: queue.Queue[ev.Event] = queue.Queue()
-        self._commands: queue.Queue[tuple[str, tuple]] = queue.Queue()
+        # (name, run): run() executes on the worker thread; the name is for messages and /quit.
+        self._commands: queue.Queue[tuple[str, Callable[[], None]]] = queue.Queue()
         self._lock = threading.Lock()
         self._queued: list[str] = []  # messages typed while busy, in order
         self._busy = False  # a command (turn, load, ...) is running or scheduled on the worker
@@ -85,12 +107,12 @@ class Agent:
         # Deferred import keeps `import ds4agent.agent.facade` cheap (no numpy/mlx until start()).
         from ds4agent.agent.worker import Worker
 
-        self._worker = Worker(engine, store, tools, self.settings, io=self, policy=policy)
+        self._worker: Worker = Worker(engine, store, tools, self.settings, io=self, policy=policy)
 
     # ------------------------------------------------------------------ construction from the CLI
 
     @classmethod
-    def from_args(cls, args: Any) -> Agent:
+    def from_args(cls, args: argparse.Namespace) -> Agent:
         """The agent the CLI runs: model from args.model_path (loaded on the worker thread),
         store from --kv-dir, default tools, settings from the other flags."""
         from ds4agent.agent.wiring import build_from_args
@@ -101,7 +123,7 @@ class Agent:
             # Never a traceback in the UI thread: the worker reports it as a fatal Error event.
             failure = err
 
-            def engine_loader(progress: Callable[[float], None]) -> Any:
+            def engine_loader(progress: Callable[[float], None]) -> Engine:
                 raise failure
 
             return cls(engine_loader, None, [], AgentSettings.from_args(args))
@@ -124,14 +146,14 @@ class Agent:
         self._interrupt.set()
         for pending in list(self._pending.values()):
             pending.done.set()
-        self._commands.put(("_stop", ()))
+        self._commands.put((_STOP, lambda: None))
         if self._thread is not None and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
     def quit(self) -> None:
         """Leave: asks "Save current session?" (a Question event) when there are unsaved turns,
         then stops the worker and publishes Exited. Requires idle, like the reference's /quit."""
-        self._command("quit", ())
+        self._command("quit", lambda: None)
 
     @property
     def busy(self) -> bool:
@@ -163,7 +185,7 @@ class Agent:
             else:
                 self._busy = True
                 self._interrupt.clear()
-                self._commands.put(("turn", (text,)))
+                self._commands.put(("turn", lambda: self._worker.cmd_turn(text)))
                 return True
         self.emit(ev.QueueChanged(items))
         return True
@@ -221,36 +243,37 @@ class Agent:
             else:
                 deferred = False
                 self._busy = True
-                self._commands.put(("save", (title,)))
+                self._commands.put(("save", lambda: self._worker.cmd_save(title)))
         if deferred:
             self.emit(ev.Notice("save scheduled at next safe point"))
 
     def load(self, prefix: str) -> None:
         """/load PREFIX (alias /switch): save question if unsaved, then restore the session with no
         prefill; SessionLoaded carries the last turns for display."""
-        self._command("load", (prefix,))
+        self._command("load", lambda: self._worker.cmd_load(prefix))
 
     def new(self) -> None:
         """/new: save question if unsaved, then reset to the system prefix (SessionNew)."""
-        self._command("new", ())
+        self._command("new", self._worker.cmd_new)
 
     def compact(self) -> None:
         """/compact: summarise the conversation now (CompactionStarted ... CompactionDone)."""
-        self._command("compact", ())
+        self._command("compact", self._worker.cmd_compact)
 
     def rewind_points(self) -> None:
         """/rewind: publishes RewindList (the session's user turns, 1 = the first)."""
-        self._command("rewind", (None, "both"))
+        self._command("rewind", lambda: self._worker.cmd_rewind(None, "both"))
 
     def rewind(self, number: int, mode: str = "both") -> None:
         """/rewind N [both|chat|code|fork]: go back to just before user turn N (rewind.py);
         Rewound carries the turn's prompt for the input box and how much was re-prefilled."""
-        self._command("rewind", (int(number), mode))
+        number = int(number)
+        self._command("rewind", lambda: self._worker.cmd_rewind(number, mode))
 
     def fork(self, title: str = "") -> None:
         """/fork [TITLE]: save the conversation as a new session (SessionSaved); the original
         file is left untouched and later saves go to the fork."""
-        self._command("fork", (title,))
+        self._command("fork", lambda: self._worker.cmd_fork(title))
 
     def list_sessions(self) -> None:
         """/list: publishes SessionList (runs at once, busy or not: it only reads file headers)."""
@@ -269,13 +292,17 @@ class Agent:
         return str(path)
 
     def history(self, n: int = 3) -> None:
-        """/history [N]: publishes History with the last N (1..200) human turns."""
+        """/history [N]: publishes History with the last N (1..200) human turns (idle only)."""
+        if self._refused_while_busy("/history"):
+            return
         n = max(1, min(200, int(n)))
         self.emit(self._worker.history_event(n))
 
     def set_think_mode(self, mode: str) -> None:
         """think | nothink | think-max: changes the THINK token of later turns (think-max's system
-        prefix cannot change inside a session: it takes effect at /new)."""
+        prefix cannot change inside a session: it takes effect at /new). Idle only."""
+        if self._refused_while_busy("/nothink" if mode == "nothink" else "/think"):
+            return
         if mode not in THINK_MODES:
             self.emit(ev.Error(f"unknown think mode: {mode} (think, nothink, think-max)"))
             return
@@ -283,18 +310,18 @@ class Agent:
 
     def set_permission_mode(self, mode: str) -> None:
         """ask | auto | read-only for the tool calls that follow (allow-for-session grants are
-        kept). Takes effect at the next permission check, so it is safe from the UI thread: the
-        worker reads the mode only when a tool call is checked. Confirmed by a Notice and Status."""
+        kept); idle only, so no tool call is being checked meanwhile. Confirmed by a Notice and
+        Status."""
+        if self._refused_while_busy("/permissions"):
+            return
         if mode not in PERMISSION_MODES:
             self.emit(ev.Error(f"unknown permission mode: {mode} (ask, auto, read-only)"))
             return
         worker = self._worker
         worker.settings.permission = mode
-        if worker.policy is not None:  # built at startup from settings.permission
-            worker.policy.mode = mode
+        worker.policy.mode = mode
         self.emit(ev.Notice(f"permission mode: {mode}"))
-        if not self._busy:
-            worker.emit_status()
+        worker.emit_status()
 
     # ------------------------------------------------------------------ events
 
@@ -364,7 +391,16 @@ class Agent:
 
     # ------------------------------------------------------------------ internals
 
-    def _command(self, name: str, args: tuple) -> None:
+    def _refused_while_busy(self, command: str) -> bool:
+        """The busy rule for a command that runs in the caller's thread: True (and an Error
+        event) when the worker is busy."""
+        if not self._busy:
+            return False
+        self.emit(ev.Error(idle_required(command)))
+        return True
+
+    def _command(self, name: str, run: Callable[[], None]) -> None:
+        """Schedule a worker command, or refuse it by the busy rule (never queued)."""
         if self.failure is not None:
             # No worker to run it: /quit leaves at once, anything else says why it cannot run.
             self.emit(ev.Exited(1) if name == "quit" else ev.Error(f"/{name} cannot run: {self.failure}"))
@@ -376,9 +412,9 @@ class Agent:
                 busy = False
                 self._busy = True
                 self._interrupt.clear()
-                self._commands.put((name, args))
+                self._commands.put((name, run))
         if busy:
-            self.emit(ev.Error(f"command requires the model to be idle: /{name}"))
+            self.emit(ev.Error(idle_required(f"/{name}")))
 
     def _run(self) -> None:
         worker = self._worker
@@ -398,8 +434,8 @@ class Agent:
         discard: bool | None = None  # None: keep the journal if there are unsaved turns
         exit_status = 0
         while True:
-            name, args = self._commands.get()
-            if name == "_stop" or self._stopping.is_set():
+            name, run = self._commands.get()
+            if name == _STOP or self._stopping.is_set():
                 break
             try:
                 if name == "quit":
@@ -408,7 +444,7 @@ class Agent:
                         discard = True  # the user answered the save question
                         break
                 else:
-                    getattr(worker, "cmd_" + name)(*args)
+                    run()
             except EngineLost as err:
                 # The engine cannot go on (a pipeline rank died): end here, keeping the journal.
                 self.emit(ev.Error(f"{_FAILED.get(name, name)} failed: {err}", fatal=True))
@@ -483,5 +519,3 @@ class Agent:
     def drain(self) -> Iterable[ev.Event]:
         return self.poll_events()
 
-
-EngineLoader = Callable[[Callable[[float], None]], Any]

@@ -9,10 +9,14 @@ executed).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ds4agent.agent import events as ev
+from ds4agent.agent.stream import AssistantStream
 from ds4agent.protocol.template import Turn, split_turns
+
+if TYPE_CHECKING:
+    from ds4agent.protocol.tokenizer import Tokenizer
 
 _TR_OPEN = b"<tool_result>"
 _TR_CLOSE = b"</tool_result>"
@@ -41,15 +45,13 @@ def parse_user_part(data: bytes) -> tuple[list[str], str]:
     return results, _text(data[pos:])
 
 
-def is_human(tok: Any, turn: Turn) -> bool:
+def is_human(tok: Tokenizer, turn: Turn) -> bool:
     data = tok.decode_bytes(turn.user)
     results, text = parse_user_part(data)
     return not results or bool(text)
 
 
-def turn_items(tok: Any, turn: Turn) -> list[ev.HistoryItem]:
-    from ds4agent.agent.stream import AssistantStream
-
+def turn_items(tok: Tokenizer, turn: Turn) -> list[ev.HistoryItem]:
     items: list[ev.HistoryItem] = []
     results, text = parse_user_part(tok.decode_bytes(turn.user))
     for r in results:
@@ -96,7 +98,7 @@ def turn_items(tok: Any, turn: Turn) -> list[ev.HistoryItem]:
     return items
 
 
-def last_turns(tok: Any, ids: Sequence[int], system_len: int, n: int) -> list[ev.HistoryItem]:
+def last_turns(tok: Tokenizer, ids: Sequence[int], system_len: int, n: int) -> list[ev.HistoryItem]:
     """Items of the last `n` human turns and everything after them (tool rounds included)."""
     turns = split_turns(ids, system_len)
     starts = [i for i, t in enumerate(turns) if is_human(tok, t)]

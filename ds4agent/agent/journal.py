@@ -25,9 +25,9 @@ import struct
 import time
 import uuid
 import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 try:  # POSIX only (MLX runs on macOS and Linux); without fcntl every journal looks live
     import fcntl
@@ -52,7 +52,7 @@ def default_dir() -> Path:
     return Path(platformdirs.user_state_dir("ds4agent")) / "journal"
 
 
-def encode(tokens: Any, meta: dict) -> bytes:
+def encode(tokens: Sequence[int], meta: Mapping[str, object]) -> bytes:
     meta_b = json.dumps(meta, ensure_ascii=False, sort_keys=True).encode("utf-8")
     arr = np.asarray(tokens, dtype="<u4")
     body = b"".join((MAGIC, struct.pack("<II", VERSION, len(meta_b)), meta_b,
@@ -110,10 +110,10 @@ class Journal:
         if fcntl is not None:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
-    def write(self, tokens: Any, meta: dict) -> None:
+    def write(self, tokens: Sequence[int], meta: Mapping[str, object]) -> None:
         # The one atomic-replace procedure for our own files (temp beside it, fsync, rename,
         # directory fsync): a crash mid-write leaves the previous journal, never a torn one, and
-        # a link planted at the journal's name is replaced, never written through (issue 10.1).
+        # a link planted at the journal's name is replaced, never written through.
         with atomic_entry(self.path, mode=0o600) as fh:
             fh.write(encode(tokens, meta))
 

@@ -8,21 +8,22 @@ while waiting answers "n". Nothing times out into a "no" or a "yes".
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from ds4agent.agent import events as ev
+from ds4agent.agent.port import WorkerPort
+from ds4agent.tools.permissions import Answer, denied_result
 
 
-def permit(worker: Any, name: str, args: dict) -> str | None:
+def permit(worker: WorkerPort, name: str, args: Mapping[str, object]) -> str | None:
     """None when the call may run; else the result text the model gets instead."""
-    from ds4agent.tools.permissions import Answer, denied_result
-
     decision = worker.policy.check(name, args, worker.tool_ctx)
     if decision.kind == "allow":
         return None
     if decision.kind == "deny":
         return decision.result().text
     q = decision.question
+    assert q is not None  # an "ask" decision always carries its question
     options: list[tuple[str, str]] = [("y", "allow once")]
     if q.session_label:
         options.append(("s", q.session_label))

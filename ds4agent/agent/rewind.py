@@ -14,9 +14,13 @@ had (the snapshot is exact), so with greedy sampling the same prompt gives the s
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from ds4agent.agent import events as ev
+from ds4agent.agent import sessionops
+from ds4agent.agent.history import parse_user_part
+from ds4agent.agent.port import WorkerPort
+from ds4agent.protocol.template import split_turns
+from ds4agent.tools import attach
 
 MODES = ("both", "chat", "code", "fork")
 BASH_NOTE = "changes made through bash are not tracked and are not undone"
@@ -26,7 +30,7 @@ class RewindError(Exception):
     """A rewind request that cannot run; the message is one readable line."""
 
 
-def keep_boundary(worker: Any) -> None:
+def keep_boundary(worker: WorkerPort) -> None:
     """At the start of a user turn (transcript at a boundary): record when it was sent, and keep
     the engine state that holds exactly the transcript so far (the EOS that closed the previous
     round is evaluated here, one token, instead of as part of the turn's prefill)."""
@@ -36,7 +40,7 @@ def keep_boundary(worker: Any) -> None:
     if store is None:
         return
     ids = tuple(worker.transcript.ids)
-    if tuple(worker.session.tokens) != ids and not worker._sync():
+    if tuple(worker.session.tokens) != ids and not worker.sync():
         return  # interrupted: the turn's own sync reports it
     if tuple(worker.session.tokens) == ids:
         # Snapshots off this conversation's line (before a /new, /load or compaction, or an
@@ -45,22 +49,19 @@ def keep_boundary(worker: Any) -> None:
         store.keep(worker.session)
 
 
-def transcript_compacted(worker: Any) -> None:
+def transcript_compacted(worker: WorkerPort) -> None:
     """After a compaction the turns sit at new transcript positions: forget the send times, and
     seal the code checkpoints so far (a rewind to a turn after the compaction must not undo a
     write from before it, which an old position could otherwise be taken for)."""
     worker.turn_times = {}
-    if worker.checkpoints is not None:
+    if worker.identity.checkpoints is not None:
         try:
-            worker.checkpoints.seal()
+            worker.identity.checkpoints.seal()
         except OSError as err:
             worker.io.emit(ev.Notice(f"code checkpoints not sealed: {err.strerror or err}", "warning"))
 
 
-def points(worker: Any) -> list[ev.RewindPoint]:
-    from ds4agent.agent.history import parse_user_part
-    from ds4agent.protocol.template import split_turns
-
+def points(worker: WorkerPort) -> list[ev.RewindPoint]:
     tok = worker.tok
     out: list[ev.RewindPoint] = []
     for turn in split_turns(worker.transcript.ids, worker.transcript.system_len):
@@ -73,21 +74,17 @@ def points(worker: Any) -> list[ev.RewindPoint]:
     return out
 
 
-def prompt_of(worker: Any, start: int) -> str:
-    from ds4agent.agent.history import parse_user_part
-    from ds4agent.protocol.template import split_turns
-    from ds4agent.tools import attach
-
+def prompt_of(worker: WorkerPort, start: int) -> str:
     for turn in split_turns(worker.transcript.ids, start):
         return attach.strip(parse_user_part(worker.tok.decode_bytes(turn.user))[1])
     return ""
 
 
-def list_event(worker: Any) -> ev.RewindList:
+def list_event(worker: WorkerPort) -> ev.RewindList:
     return ev.RewindList(tuple(points(worker)), BASH_NOTE)
 
 
-def rewind(worker: Any, number: int, mode: str) -> ev.Rewound:
+def rewind(worker: WorkerPort, number: int, mode: str) -> ev.Rewound:
     """Go back to just before user turn `number` (1-based). Raises RewindError."""
     if mode not in MODES:
         raise RewindError(f"unknown rewind mode: {mode} ({', '.join(MODES)})")
@@ -102,18 +99,14 @@ def rewind(worker: Any, number: int, mode: str) -> ev.Rewound:
     refused: tuple[str, ...] = ()
     if mode in ("both", "code"):
         restored, refused = restore_code(worker, point.tokens)
-    if mode == "fork" and worker.dirty and worker.activity and worker.store is not None:
+    if mode == "fork" and worker.identity.unsaved_work and worker.store is not None:
         # The original goes on existing as it is now: save its unsaved turns before cutting them.
-        from ds4agent.agent import sessionops
-
         if sessionops.save(worker) is None:
             raise RewindError("fork failed: the current conversation could not be saved first")
     prefilled = 0
     if mode != "code":
         prefilled = rewind_chat(worker, point.tokens)
     if mode == "fork":
-        from ds4agent.agent import sessionops
-
         sessionops.fork(worker, None)
     event = ev.Rewound(number, mode, prompt, len(worker.transcript), prefilled, restored, refused)
     worker.io.emit(event)
@@ -134,11 +127,9 @@ def summary(event: ev.Rewound) -> str:
     return line
 
 
-def rewind_chat(worker: Any, keep: int) -> int:
+def rewind_chat(worker: WorkerPort, keep: int) -> int:
     """Cut the transcript to its first `keep` tokens and make the live state hold them; returns
     how many tokens were prefilled (0 when a snapshot served)."""
-    from ds4agent.agent import sessionops
-
     target = list(worker.transcript.ids[:keep])
     worker.transcript.reset(target, min(worker.transcript.system_len, keep))
     store = worker.snapshots
@@ -146,24 +137,23 @@ def rewind_chat(worker: Any, keep: int) -> int:
         store.restore(worker.session, target)
         store.retain_prefixes_of(target)
     worker.last_prefilled = 0
-    worker._sync()
+    worker.sync()
     prefilled = worker.last_prefilled
     worker.turn_times = {k: v for k, v in worker.turn_times.items() if k <= keep}
     worker.forget_pending_results()
     # The model no longer has the reads of the dropped turns in its context: the edit guard must
     # not trust them (it asks for a fresh read instead).
-    if worker.tool_ctx is not None:
-        worker.tool_ctx.reset_session()
-    worker.dirty = True
-    worker.activity = True
+    worker.tool_ctx.reset_session()
+    worker.identity.dirty = True
+    worker.identity.activity = True
     sessionops.journal_write(worker)
     return prefilled
 
 
-def restore_code(worker: Any, keep: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def restore_code(worker: WorkerPort, keep: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Put back the files the tools changed in the turns from transcript index `keep` on. Files
     changed since the agent last wrote them are left alone unless the user confirms."""
-    ckpt = getattr(worker, "checkpoints", None)
+    ckpt = worker.identity.checkpoints
     if ckpt is None:
         return (), ()
     plan = ckpt.plan(keep)

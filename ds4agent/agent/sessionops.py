@@ -8,64 +8,78 @@ exported state (a PayloadState-shaped object) to the store and back.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from ds4agent.agent import events as ev
+from ds4agent.agent.history import last_turns
+from ds4agent.agent.identity import SessionIdentity, checkpoints_for, meta_title, title_bytes
+from ds4agent.agent.journal import Journal
+from ds4agent.agent.port import WorkerPort
+from ds4agent.agent.prompt import build_system_text
+from ds4agent.agent.settings import AgentSettings
+from ds4agent.protocol import template
+from ds4agent.protocol.tokenizer import EOS, USER
+from ds4agent.sessions import checkpoints
+from ds4agent.sessions.index import SessionIndex, remove_session_extras
+from ds4agent.sessions.kvc import read_envelope
+from ds4agent.sessions.payload import PayloadShape
+from ds4agent.sessions.store import (
+    LoadedSession,
+    SessionStore,
+    derive_title,
+    display_text,
+    format_age,
+    normalise_title,
+)
 
 
 class SessionOpError(Exception):
     """A session command failed; the message is the user-visible reason."""
 
 
-def _shape(worker: Any) -> Any:
-    return worker.engine.payload_shape()
+def _shape(worker: WorkerPort) -> PayloadShape:
+    """The engine's layout as the store's PayloadShape (the engine does not import sessions)."""
+    s = worker.engine.payload_shape()
+    return PayloadShape(n_layers=s.n_layers, head_dim=s.head_dim, indexer_dim=s.indexer_dim, vocab=s.vocab,
+                        window=s.window, ratios=tuple(s.ratios))
 
 
-def _kv_args(worker: Any) -> dict:
-    eng = worker.engine
-    return {"model_id": int(getattr(eng, "model_id", 0)), "quant_bits": int(eng.quant_bits)}
+def _model_id(worker: WorkerPort) -> int:
+    # An engine without a model id (a test engine) is taken for the model of the files it reads.
+    return int(getattr(worker.engine, "model_id", 0))
 
 
-def display_title(title: Any) -> str:
+def _store(worker: WorkerPort) -> SessionStore:
+    if worker.store is None:
+        raise SessionOpError("no session directory")
+    return worker.store
+
+
+def display_title(title: str | bytes | None) -> str:
     """A title for display (non-UTF-8 bytes shown as U+FFFD, kvc-format.md §12.7)."""
     if title is None:
         return ""
     if isinstance(title, bytes):
-        from ds4agent.sessions.store import display_text
-
         return display_text(title)
     return str(title)
-
-
-def title_bytes(title: Any) -> bytes | None:
-    """The title exactly as stored in the trailer. The session identity is SHA-1 over these bytes
-    (kvc-format.md §12.3), so a title is never round-tripped through str: a non-UTF-8 title from a
-    ds4 file would come back with U+FFFD and re-save under a different name."""
-    if title is None or isinstance(title, bytes):
-        return title
-    return str(title).encode("utf-8", "surrogateescape")
 
 
 # ====================================================================== system prefix
 
 
-def render_system(worker: Any) -> list[int]:
-    from ds4agent.agent.prompt import build_system_text
-    from ds4agent.protocol import template
-
+def render_system(worker: WorkerPort) -> list[int]:
     s = worker.settings
     worker.system = build_system_text(s.cwd, s.system)
     for note in worker.system.notes:
         worker.io.emit(ev.Notice(note, "warning"))
     eff = s.effective_think_mode()
-    worker._system_is_max = eff == "think-max"
+    worker.system_is_max = eff == "think-max"
     return template.render_system_prefix(
         worker.system.builtin, extra_system_text=worker.system.extra, tools=worker.tools,
         think_mode=eff, ctx=s.ctx, tokenizer=worker.tok,
     )
 
 
-def start_system_prefix(worker: Any) -> bool:
+def start_system_prefix(worker: WorkerPort) -> bool:
     """Make the live KV hold the system prefix: from `sysprompt-<hex>.kv` when its exact text
     matches (no prefill), else prefill and (re)write the cache. True on a cache hit."""
     ids = render_system(worker)
@@ -73,30 +87,26 @@ def start_system_prefix(worker: Any) -> bool:
     worker.transcript.reset(ids, len(ids))
     text = worker.tok.decode_bytes(ids)
     store = worker.store
-    if worker.trace is not None:
-        worker.trace.line(f"system prefix {len(ids)} tokens")
-        worker.trace.tokens(0, ids, worker.tok.token_bytes, "sys")
+    worker.trace.line(f"system prefix {len(ids)} tokens")
+    worker.trace.tokens(0, ids, worker.tok.token_bytes, "sys")
     if store is not None and worker.settings.use_sysprompt_cache:
         try:
             payload = store.load_sysprompt(text, shape=_shape(worker), ctx=worker.settings.ctx,
-                                           **_kv_args(worker))
+                                           model_id=_model_id(worker), quant_bits=worker.engine.quant_bits)
             worker.session.import_state(payload)
             if tuple(worker.session.tokens) == tuple(ids):
-                if worker.trace is not None:
-                    worker.trace.line("sysprompt cache hit")
+                worker.trace.line("sysprompt cache hit")
                 return True
         except Exception as err:  # any failure: rebuild (kvc-format.md §12.2)
-            if worker.trace is not None:
-                worker.trace.line(f"sysprompt cache miss: {err}")
+            worker.trace.line(f"sysprompt cache miss: {err}")
         worker.io.emit(ev.Notice("Updating system prompt cache..."))
-    worker._set_state(ev.State.PREFILL, detail="system prompt")
-    worker._sync(interruptible=False)
+    worker.set_state(ev.State.PREFILL, detail="system prompt")
+    worker.sync(interruptible=False)
     if store is not None and worker.settings.use_sysprompt_cache:
         try:
             store.save_sysprompt(text, worker.session.export_state(), shape=_shape(worker),
-                                 **_kv_args(worker))
-            if worker.trace is not None:
-                worker.trace.line("sysprompt cache stored")
+                                 model_id=_model_id(worker), quant_bits=worker.engine.quant_bits)
+            worker.trace.line("sysprompt cache stored")
         except Exception as err:
             worker.io.emit(ev.Notice(f"failed to save system prompt KV: {err}", "warning"))
     return False
@@ -105,7 +115,7 @@ def start_system_prefix(worker: Any) -> bool:
 # ====================================================================== save
 
 
-def save(worker: Any, title: str | None = None) -> ev.SessionSaved | None:
+def save(worker: WorkerPort, title: str | None = None) -> ev.SessionSaved | None:
     """/save [TITLE] (kvc-format.md §12.4). Errors become Error("save failed: ...").
 
     A title (whitespace-normalised; blank means none) becomes the session's title: it is stored
@@ -115,78 +125,76 @@ def save(worker: Any, title: str | None = None) -> ev.SessionSaved | None:
     except Exception as err:  # SessionOpError, KVCError, engine errors: readable messages
         worker.io.emit(ev.Error(f"save failed: {err}"))
     finally:
-        worker._set_state(ev.State.IDLE)
+        worker.set_state(ev.State.IDLE)
     return None
 
 
-def _retitle(worker: Any, title: str | None) -> tuple[bytes | None, str | None]:
+def _retitle(worker: WorkerPort, title: str | None) -> tuple[bytes | None, str | None]:
     """The title this save writes and the file it replaces. A /save TITLE that changes the title
     changes the file name (the identity is SHA-1 of title and created_at), so the file saved under
     the old title is replaced the way a legacy source is. The worker keeps its title until the
     save succeeded."""
-    from ds4agent.sessions.store import normalise_title
-
+    identity = worker.identity
     new = normalise_title(title_bytes(title)) if title is not None else b""
-    if not new or new == worker.title:
-        return worker.title, worker.legacy_path
-    old_path = worker.legacy_path
-    if old_path is None and worker.session_id:
+    if not new or new == identity.title:
+        return identity.title, identity.legacy_path
+    old_path = identity.legacy_path
+    if old_path is None and identity.session_id:
         try:
-            old_path = str(worker.store.resolve(worker.session_id).path)
+            old_path = str(_store(worker).resolve(identity.session_id).path)
         except Exception:  # the old file is gone already: nothing to replace
             old_path = None
     return new, old_path
 
 
-def _save(worker: Any, title: str | None = None) -> ev.SessionSaved:
-    if worker.store is None:
-        raise SessionOpError("no session directory")
-    if not worker.activity:
+def _save(worker: WorkerPort, title: str | None = None) -> ev.SessionSaved:
+    store = _store(worker)
+    identity = worker.identity
+    if not identity.activity:
         raise SessionOpError("nothing to save")
-    worker._set_state(ev.State.SAVING)
+    worker.set_state(ev.State.SAVING)
     # Step 2: the live KV must hold the whole transcript (this evaluates the trailing EOS).
-    if not worker._sync(interruptible=False) or tuple(worker.session.tokens) != tuple(worker.transcript.ids):
+    if not worker.sync(interruptible=False) or tuple(worker.session.tokens) != tuple(worker.transcript.ids):
         raise SessionOpError("live KV state does not match session transcript")
-    worker._set_state(ev.State.SAVING)
+    worker.set_state(ev.State.SAVING)
     new_title, replaces = _retitle(worker, title)
     text = worker.tok.decode_bytes(worker.transcript.ids)
     payload = worker.session.export_state()
-    saved = worker.store.save_session(
-        text, payload, shape=_shape(worker), title=new_title, created_at=worker.created_at,
-        loaded_from=replaces, protect=(worker.forked_from,) if worker.forked_from else (),
-        **_kv_args(worker),
+    saved = store.save_session(
+        text, payload, shape=_shape(worker), title=new_title, created_at=identity.created_at,
+        loaded_from=replaces, protect=(identity.forked_from,) if identity.forked_from else (),
+        model_id=_model_id(worker), quant_bits=worker.engine.quant_bits,
     )
-    worker.title = title_bytes(saved.title)
-    worker.created_at = saved.created_at
-    worker.session_id = saved.id
-    worker.legacy_path = None
-    worker.dirty = False
+    identity.title = title_bytes(saved.title)
+    identity.created_at = saved.created_at
+    identity.session_id = saved.id
+    identity.legacy_path = None
+    identity.dirty = False
     _index_record(worker)
     journal_write(worker)
     event = ev.SessionSaved(saved.id, saved.id[:8], saved.n_tokens, str(saved.path),
-                             display_title(worker.title))
+                             display_title(identity.title))
     worker.io.emit(event)
     worker.io.emit(ev.Notice(saved.message))
     return event
 
 
-def _index(worker: Any) -> Any:
-    from ds4agent.sessions.index import SessionIndex
-
-    return SessionIndex(worker.store.directory)
+def _index(worker: WorkerPort) -> SessionIndex:
+    return SessionIndex(_store(worker).directory)
 
 
-def _index_record(worker: Any) -> None:
+def _index_record(worker: WorkerPort) -> None:
     """Note the save in the session index (working directory for --continue, fork parent, code
     checkpoints). Best effort: the session file is what matters, and it is written."""
+    identity = worker.identity
     try:
-        _index(worker).record(worker.session_id, cwd=worker.settings.cwd, forked_from=worker.forked_from,
-                              checkpoints=worker.checkpoints.key if worker.checkpoints is not None else "")
+        _index(worker).record(identity.session_id, cwd=worker.settings.cwd, forked_from=identity.forked_from,
+                              checkpoints=identity.checkpoints.key if identity.checkpoints is not None else "")
     except OSError as err:
         worker.io.emit(ev.Notice(f"session index not updated: {err.strerror or err}", "warning"))
 
 
-def fork(worker: Any, title: str | None) -> ev.SessionSaved | None:
+def fork(worker: WorkerPort, title: str | None) -> ev.SessionSaved | None:
     """/fork [TITLE]: save the conversation as a new session (own id and title; default: the
     current title + " (fork)"), leaving the original file untouched; later saves go to the fork."""
     if worker.store is None:
@@ -195,30 +203,26 @@ def fork(worker: Any, title: str | None) -> ev.SessionSaved | None:
     if not worker.transcript.has_user_turn():
         worker.io.emit(ev.Error("fork failed: nothing to fork yet"))
         return None
-    from ds4agent.sessions.store import normalise_title
-
-    parent = worker.session_id
+    old = worker.identity
     # Normalised as /save TITLE is: whitespace trimmed, each run of it one space.
     new_title = normalise_title(title_bytes(title)) if title else b""
     if not new_title:
-        base = worker.title
+        base = old.title
         if base is None:
-            from ds4agent.sessions.store import derive_title
-
             base = derive_title(worker.tok.decode_bytes(worker.transcript.ids))
         new_title = base + b" (fork)"
     # A new identity: SHA-1 over title and creation time (kvc-format.md §12.3). A later creation
     # second than the parent's keeps the ids apart even when the title is the same.
     created = int(time.time())
-    if worker.created_at is not None and created <= int(worker.created_at):
-        created = int(worker.created_at) + 1
-    worker.title, worker.created_at, worker.session_id = new_title, created, ""
-    worker.legacy_path = None  # never delete the original as a "legacy source"
-    worker.forked_from = parent
-    worker.activity = True
-    if worker.checkpoints is not None:
+    if old.created_at is not None and created <= int(old.created_at):
+        created = int(old.created_at) + 1
+    # No legacy path: the original must never be deleted as a "legacy source".
+    fork_identity = SessionIdentity(title=new_title, created_at=created, forked_from=old.session_id,
+                                    dirty=old.dirty, activity=True, checkpoints=old.checkpoints)
+    worker.identity = fork_identity
+    if fork_identity.checkpoints is not None:
         try:
-            worker.checkpoints = worker.checkpoints.fork()
+            fork_identity.checkpoints = fork_identity.checkpoints.fork()
         except OSError as err:
             worker.io.emit(ev.Notice(f"code checkpoints not copied to the fork: {err.strerror or err}",
                                      "warning"))
@@ -228,10 +232,10 @@ def fork(worker: Any, title: str | None) -> ev.SessionSaved | None:
 # ====================================================================== leave (save question)
 
 
-def confirm_leave(worker: Any) -> bool:
+def confirm_leave(worker: WorkerPort) -> bool:
     """Before /new, /load, quit: with unsaved turns ask "Save current session?" (y / n / c).
     True when the caller may go on."""
-    if not (worker.dirty and worker.activity and worker.transcript.has_user_turn()):
+    if not (worker.identity.unsaved_work and worker.transcript.has_user_turn()):
         return True
     key, _ = worker.io.ask(ev.Question(
         id=worker.io.new_id("save"), kind="save", question="Save current session?",
@@ -253,33 +257,22 @@ def confirm_leave(worker: Any) -> bool:
 # ====================================================================== new
 
 
-def _reset_identity(worker: Any) -> None:
+def _reset_identity(worker: WorkerPort) -> None:
     """Forget everything that belonged to the previous conversation (/new, /load, a failed
     resume): its identity, the pending job update, the lines the model had seen, and "allow for
     this session" answers (another session's work is asked about afresh)."""
-    saved_id = worker.session_id
+    old = worker.identity
     worker.forget_pending_results()
-    worker.title = None
-    worker.created_at = None
-    worker.session_id = ""
-    worker.legacy_path = None
-    worker.dirty = False
-    worker.activity = False
+    worker.identity = SessionIdentity()
     worker.turn_times = {}
-    worker.forked_from = ""
-    if worker.checkpoints is not None and not saved_id:
+    if old.checkpoints is not None and not old.session_id:
         # Checkpoints of a conversation that was never saved belong to nothing any more.
-        from ds4agent.sessions import checkpoints
-
-        checkpoints.remove(worker.checkpoints.root, worker.checkpoints.key)
-    worker.checkpoints = None
-    if worker.tool_ctx is not None:
-        worker.tool_ctx.reset_session()
-    if worker.policy is not None and hasattr(worker.policy, "reset"):
-        worker.policy.reset()
+        checkpoints.remove(old.checkpoints.root, old.checkpoints.key)
+    worker.tool_ctx.reset_session()
+    worker.policy.reset()
 
 
-def new_session(worker: Any) -> None:
+def new_session(worker: WorkerPort) -> None:
     """/new: back to the system prefix (re-rendered: AGENTS.md may have changed; its cache is
     used when the text is the same)."""
     _reset_identity(worker)
@@ -292,33 +285,32 @@ def new_session(worker: Any) -> None:
         # (2,160 tokens: seconds on a GPU, an hour at the Flash shape on a CPU).
         if worker.snapshots is not None:
             worker.snapshots.restore(worker.session, ids)
-        worker._sync(interruptible=False)  # rewinds to the prefix (snapshot) or re-prefills
+        worker.sync(interruptible=False)  # rewinds to the prefix (snapshot) or re-prefills
     else:
         start_system_prefix(worker)
     worker.system_ids = list(ids)
     worker.think_mode = worker.settings.effective_think_mode()
     journal_write(worker)
     worker.io.emit(ev.SessionNew())
-    worker._set_state(ev.State.IDLE)
+    worker.set_state(ev.State.IDLE)
 
 
 # ====================================================================== load
 
 
-def load(worker: Any, prefix: str) -> None:
+def load(worker: WorkerPort, prefix: str) -> None:
     try:
         _load(worker, prefix)
     except Exception as err:  # KVCError / EngineError: readable
         worker.io.emit(ev.Error(f"load failed: {err}"))
-    worker._set_state(ev.State.IDLE)
+    worker.set_state(ev.State.IDLE)
 
 
-def _load(worker: Any, prefix: str) -> None:
-    if worker.store is None:
-        raise SessionOpError("no session directory")
-    worker._set_state(ev.State.LOADING, detail="loading session")
-    loaded = worker.store.load_session(prefix, shape=_shape(worker), ctx=worker.settings.ctx,
-                                       **_kv_args(worker))
+def _load(worker: WorkerPort, prefix: str) -> None:
+    store = _store(worker)
+    worker.set_state(ev.State.LOADING, detail="loading session")
+    loaded = store.load_session(prefix, shape=_shape(worker), ctx=worker.settings.ctx,
+                                       model_id=_model_id(worker), quant_bits=worker.engine.quant_bits)
     prefilled = 0
     if loaded.payload is not None:
         worker.session.import_state(loaded.payload)  # validates; never half-applies
@@ -328,18 +320,13 @@ def _load(worker: Any, prefix: str) -> None:
         ids = worker.tok.rebuild_from_text(loaded.text)
         worker.io.emit(ev.Notice("this session was saved without its KV state; its text was "
                                  "re-tokenised and is prefilled now", "warning"))
-    system_len = _system_len(worker, ids)
+    system_len = _system_len(ids)
     worker.transcript.reset(ids, system_len)
     if loaded.payload is None:
-        worker._sync(interruptible=False)
+        worker.sync(interruptible=False)
         prefilled = worker.last_prefilled
     _reset_identity(worker)
-    worker.title = title_bytes(loaded.title)
-    worker.created_at = loaded.created_at
-    worker.session_id = loaded.id
-    worker.legacy_path = str(loaded.path) if loaded.legacy else None
-    worker.activity = True
-    _attach_index_entry(worker)
+    worker.identity = _loaded_identity(worker, loaded)
     if ids[:system_len] != worker.system_ids:
         worker.io.emit(ev.Notice("this session was saved with a different system prompt; it "
                                  "continues with its own", "info"))
@@ -347,48 +334,39 @@ def _load(worker: Any, prefix: str) -> None:
     worker.io.emit(ev.Notice(f"switched to session {loaded.id[:8]} ({len(ids)} tokens)"))
 
 
-def forget_deleted(worker: Any, sid: str) -> None:
+def forget_deleted(worker: WorkerPort, sid: str) -> None:
     """A session file was deleted (picker): its index entry and code checkpoints go with it."""
-    from ds4agent.sessions.index import remove_session_extras
-
-    remove_session_extras(worker.store.directory, sid, worker.settings.checkpoint_dir)
+    remove_session_extras(_store(worker).directory, sid, worker.settings.checkpoint_dir)
 
 
-def _attach_index_entry(worker: Any) -> None:
-    """A loaded session's fork parent and code checkpoints, from the session index."""
+def _loaded_identity(worker: WorkerPort, loaded: LoadedSession) -> SessionIdentity:
+    """A loaded session's identity: from its file, and its fork parent and code checkpoints from
+    the session index."""
+    identity = SessionIdentity(title=title_bytes(loaded.title), created_at=loaded.created_at,
+                               session_id=loaded.id, legacy_path=str(loaded.path) if loaded.legacy else None,
+                               activity=True)
     try:
-        entry = _index(worker).get(worker.session_id)
+        entry = _index(worker).get(identity.session_id)
     except OSError:
         entry = None
-    if entry is None:
-        return
-    worker.forked_from = entry.forked_from
-    _use_checkpoints(worker, entry.checkpoints)
+    if entry is not None:
+        identity.forked_from = entry.forked_from
+        identity.checkpoints = checkpoints_for(entry.checkpoints, worker.settings.checkpoint_dir)
+    return identity
 
 
-def _use_checkpoints(worker: Any, key: str) -> None:
-    from ds4agent.sessions.checkpoints import CodeCheckpoints
-
-    if key and all(c in "0123456789abcdef" for c in key):
-        worker.checkpoints = CodeCheckpoints(worker.settings.checkpoint_dir, key)
-
-
-def _announce_loaded(worker: Any, ids: list[int], system_len: int, *, prefilled: int,
+def _announce_loaded(worker: WorkerPort, ids: list[int], system_len: int, *, prefilled: int,
                      resumed: bool = False) -> None:
     """After /load or a resume: journal the restored transcript and show its last turns."""
-    from ds4agent.agent.history import last_turns
-
     journal_write(worker)
     history = last_turns(worker.tok, ids, system_len, 3)
-    worker.io.emit(ev.SessionLoaded(worker.session_id, worker.session_id[:8], len(ids),
-                                    display_title(worker.title), tuple(history), resumed=resumed,
-                                    prefilled=prefilled))
+    sid = worker.identity.session_id
+    worker.io.emit(ev.SessionLoaded(sid, sid[:8], len(ids), display_title(worker.identity.title), tuple(history),
+                                    resumed=resumed, prefilled=prefilled))
 
 
-def _system_len(worker: Any, ids: list[int]) -> int:
+def _system_len(ids: list[int]) -> int:
     """Length of the system prefix of a loaded transcript: everything before the first <｜User｜>."""
-    from ds4agent.protocol.tokenizer import USER
-
     try:
         return ids.index(USER)
     except ValueError:
@@ -398,15 +376,13 @@ def _system_len(worker: Any, ids: list[int]) -> int:
 # ====================================================================== --continue / --resume
 
 
-def requested_session(store: Any, settings: Any) -> str | None:
+def requested_session(store: SessionStore | None, settings: AgentSettings) -> str | None:
     """The session --continue / --resume PREFIX asks for (an id or prefix), None when neither
     was given (or --resume without a prefix: the front end's picker). SessionOpError when
     --continue finds no saved session of this directory."""
     if settings.continue_session:
         if store is None:
             raise SessionOpError("no session directory")
-        from ds4agent.sessions.index import SessionIndex
-
         sid = SessionIndex(store.directory).latest_for(settings.cwd)
         if sid is None:
             raise SessionOpError(f"no saved session of {settings.cwd} to continue")
@@ -414,12 +390,12 @@ def requested_session(store: Any, settings: Any) -> str | None:
     return settings.resume or None
 
 
-def open_requested(worker: Any) -> None:
+def open_requested(worker: WorkerPort) -> None:
     """At start, after the crash-journal offer: load the session --continue / --resume named."""
     s = worker.settings
     if not (s.continue_session or s.resume):
         return
-    if worker.activity:  # the user resumed an unsaved crashed session instead
+    if worker.identity.activity:  # the user resumed an unsaved crashed session instead
         worker.io.emit(ev.Notice("the resumed unsaved session was opened instead", "warning"))
         return
     try:
@@ -434,7 +410,7 @@ def open_requested(worker: Any) -> None:
 # ====================================================================== list
 
 
-def list_event(worker: Any) -> ev.SessionList:
+def list_event(worker: WorkerPort) -> ev.SessionList:
     store = worker.store
     if store is None:
         return ev.SessionList("", ())
@@ -453,7 +429,7 @@ def list_event(worker: Any) -> ev.SessionList:
                 size_bytes=e.file_size, last_used=e.header.last_used, created_at=e.header.created_at,
                 path=str(e.path), forked_from=parent[:8],
             ))
-        # Listed, not hidden (issue 10.11): the user sees the file and why, and can delete it.
+        # Listed, not hidden: the user sees the file and why, and can delete it.
         for broken in unreadable:
             infos.append(ev.SessionInfo(
                 id=broken.id, short_id=broken.short_id, title=broken.display_title, tokens=0,
@@ -468,10 +444,8 @@ def list_event(worker: Any) -> ev.SessionList:
 # ====================================================================== crash journal
 
 
-def _journal(worker: Any) -> Any:
+def _journal(worker: WorkerPort) -> Journal | None:
     if worker.journal is None and worker.settings.journal:
-        from ds4agent.agent.journal import Journal
-
         try:
             worker.journal = Journal(worker.settings.journal_dir)
         except OSError as err:
@@ -480,24 +454,17 @@ def _journal(worker: Any) -> Any:
     return worker.journal
 
 
-def journal_meta(worker: Any) -> dict:
+def journal_meta(worker: WorkerPort) -> dict[str, object]:
     return {
         "cwd": str(worker.settings.cwd),
         "system_len": worker.transcript.system_len,
-        # JSON holds text only: the title's exact bytes travel as hex.
-        "title_hex": worker.title.hex() if worker.title is not None else None,
-        "created_at": worker.created_at,
-        "session_id": worker.session_id,
-        "legacy_path": worker.legacy_path,
-        "dirty": bool(worker.dirty),
         "ctx": worker.settings.ctx,
         "time": int(time.time()),
-        "forked_from": worker.forked_from,
-        "checkpoints": worker.checkpoints.key if worker.checkpoints is not None else "",
+        **worker.identity.to_meta(),
     }
 
 
-def journal_write(worker: Any) -> None:
+def journal_write(worker: WorkerPort) -> None:
     j = _journal(worker)
     if j is None:
         return
@@ -507,13 +474,13 @@ def journal_write(worker: Any) -> None:
         worker.io.emit(ev.Notice(f"crash journal write failed: {err.strerror or err}", "warning"))
 
 
-def close_journal(worker: Any, *, keep: bool = False) -> None:
+def close_journal(worker: WorkerPort, *, keep: bool = False) -> None:
     if worker.journal is not None:
         worker.journal.close(keep=keep)
         worker.journal = None
 
 
-def offer_resume(worker: Any) -> None:
+def offer_resume(worker: WorkerPort) -> None:
     """At start: a journal of a crashed run in this directory with unsaved turns -> ask to resume."""
     if not worker.settings.journal:
         return
@@ -530,9 +497,7 @@ def offer_resume(worker: Any) -> None:
     if chosen is None:
         return
     age = max(0, int(time.time() - chosen.mtime))
-    from ds4agent.sessions.store import format_age
-
-    title = display_title(_meta_title(chosen.meta)) or _derive_title(worker, chosen.tokens)
+    title = display_title(meta_title(chosen.meta)) or _derive_title(worker, chosen.tokens)
     key, _ = worker.io.ask(ev.Question(
         id=worker.io.new_id("resume"), kind="resume",
         question=f"Resume the unsaved session from {format_age(age)} ({len(chosen.tokens)} tokens, "
@@ -554,60 +519,38 @@ def offer_resume(worker: Any) -> None:
     chosen.discard()
 
 
-def _meta_title(meta: dict) -> bytes | None:
-    hexed = meta.get("title_hex")
-    if isinstance(hexed, str):
-        try:
-            return bytes.fromhex(hexed)
-        except ValueError:
-            return None
-    return title_bytes(meta.get("title") or None)
-
-
-def _derive_title(worker: Any, tokens: list[int]) -> str:
-    from ds4agent.sessions.store import derive_title
-
+def _derive_title(worker: WorkerPort, tokens: list[int]) -> str:
     return derive_title(worker.tok.decode_bytes(tokens)).decode("utf-8", "replace")[:70]
 
 
-def resume(worker: Any, tokens: list[int], meta: dict) -> None:
+def resume(worker: WorkerPort, tokens: list[int], meta: dict[str, object]) -> None:
     """Restore a journalled transcript: load the nearest saved KV whose text is a prefix of it
     (no prefill for that part), then prefill only the rest."""
-    from ds4agent.protocol.tokenizer import EOS
-
     tokens = list(tokens)
-    system_len = int(meta.get("system_len", 0)) or _system_len(worker, tokens)
+    recorded = meta.get("system_len", 0)
+    system_len = (int(recorded) if isinstance(recorded, int | float | str) else 0) or _system_len(tokens)
     if len(tokens) > system_len and tokens[-1] != EOS:
         # The run died mid-round: close the assistant output as an interrupt would (§7).
         tokens.append(EOS)
     if len(tokens) >= worker.settings.ctx:
         raise SessionOpError(f"the journalled session ({len(tokens)} tokens) does not fit the context")
-    worker._set_state(ev.State.LOADING, detail="resuming session")
+    worker.set_state(ev.State.LOADING, detail="resuming session")
     base = _nearest_saved_prefix(worker, tokens)
     if base is not None:
         worker.session.import_state(base.payload)
     worker.transcript.reset(tokens, system_len)
-    worker._sync(interruptible=False)
+    worker.sync(interruptible=False)
     prefilled = worker.last_prefilled
-    worker.title = _meta_title(meta)
-    worker.created_at = meta.get("created_at") or None
-    worker.session_id = meta.get("session_id") or ""
-    worker.legacy_path = meta.get("legacy_path") or None
-    worker.forked_from = str(meta.get("forked_from") or "")
-    _use_checkpoints(worker, str(meta.get("checkpoints") or ""))
-    worker.dirty = True
-    worker.activity = True
+    worker.identity = SessionIdentity.from_meta(meta, worker.settings.checkpoint_dir)
     _announce_loaded(worker, tokens, system_len, prefilled=prefilled, resumed=True)
     worker.io.emit(ev.Notice(f"resumed the unsaved session ({len(tokens)} tokens, {prefilled} prefilled)"))
 
 
-def _nearest_saved_prefix(worker: Any, tokens: list[int]) -> Any:
+def _nearest_saved_prefix(worker: WorkerPort, tokens: list[int]) -> LoadedSession | None:
     """The saved session with the longest text that is a byte prefix of the journal's text."""
     store = worker.store
     if store is None:
         return None
-    from ds4agent.sessions.kvc import read_envelope
-
     text = worker.tok.decode_bytes(tokens)
     best = None
     try:
@@ -625,7 +568,7 @@ def _nearest_saved_prefix(worker: Any, tokens: list[int]) -> Any:
         if text.startswith(env.text):
             try:
                 best = store.load_session(e.path, shape=_shape(worker), ctx=worker.settings.ctx,
-                                          **_kv_args(worker))
+                                          model_id=_model_id(worker), quant_bits=worker.engine.quant_bits)
             except Exception:
                 continue
             if best.payload is not None:

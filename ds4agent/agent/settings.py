@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,9 +48,9 @@ class AgentSettings:
         return str(effective_think_mode(self.think_mode, self.ctx))
 
     @classmethod
-    def from_args(cls, args: Any) -> AgentSettings:
+    def from_args(cls, args: argparse.Namespace) -> AgentSettings:
         """Build from the CLI namespace (ds4agent/cli.py); missing attributes keep defaults."""
-        def get(name: str, default: Any) -> Any:
+        def get(name: str, default: Any) -> Any:  # argparse values are untyped by nature
             value = getattr(args, name, None)
             return default if value is None else value
 

@@ -9,16 +9,20 @@ so a replay shows exactly what the live stream showed.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ds4agent.agent import events as ev
 from ds4agent.protocol import dsml
+
+if TYPE_CHECKING:
+    from ds4agent.protocol.tokenizer import Tokenizer
 
 
 class AssistantStream:
     __slots__ = ("parser", "_calls_seen")
 
-    def __init__(self, tok: Any, *, thinking: bool) -> None:
+    def __init__(self, tok: Tokenizer, *, thinking: bool) -> None:
         self.parser = dsml.DsmlParser(thinking=thinking, tokenizer=tok)
         self._calls_seen = 0
 
@@ -50,7 +54,7 @@ class AssistantStream:
         return self.parser.outcome.kind == "done"
 
     @property
-    def calls(self) -> list[tuple[str, dict]]:
+    def calls(self) -> list[tuple[str, dict[str, object]]]:
         return [(c.name, c.arguments) for c in self.parser.outcome.calls]
 
     @property
@@ -59,7 +63,7 @@ class AssistantStream:
 
     @property
     def raw_block(self) -> str:
-        return bytes(self.parser._raw).decode("utf-8", "replace")
+        return self.parser.raw_block.decode("utf-8", "replace")
 
     # ------------------------------------------------------------------ events
     def feed(self, token: int, data: bytes) -> list[ev.Event]:
@@ -68,23 +72,22 @@ class AssistantStream:
     def finish(self) -> list[ev.Event]:
         return self._convert(self.parser.finish())
 
-    def _convert(self, events: list[Any]) -> list[ev.Event]:
+    def _convert(self, events: list[dsml.Event]) -> list[ev.Event]:
         out: list[ev.Event] = []
         for e in events:
-            t = type(e)
-            if t is dsml.ThinkingDelta:
+            if isinstance(e, dsml.ThinkingDelta):
                 out.append(ev.ThinkingDelta(e.text))
-            elif t is dsml.TextDelta:
+            elif isinstance(e, dsml.TextDelta):
                 out.append(ev.TextDelta(e.text))
-            elif t is dsml.ParamDelta:
+            elif isinstance(e, dsml.ParamDelta):
                 out.append(ev.ToolCallArgDelta(e.invoke, e.name, e.text))
-            elif t is dsml.InvokeStart:
+            elif isinstance(e, dsml.InvokeStart):
                 out.append(ev.ToolCallStart(e.index, e.name))
-            elif t is dsml.InvokeEnd:
+            elif isinstance(e, dsml.InvokeEnd):
                 out.append(ev.ToolCallEnd(e.call.index, e.call.name, e.call.arguments))
-            elif t is dsml.BlockError:
+            elif isinstance(e, dsml.BlockError):
                 out.append(ev.ToolCallInvalid(e.reason, raw=e.stanza, kind="error"))
-            elif t is dsml.ThinkingViolation:
+            elif isinstance(e, dsml.ThinkingViolation):
                 out.append(ev.ToolCallInvalid(dsml.THINKING_ERROR_REASON, kind="thinking"))
         return out
 
@@ -100,7 +103,7 @@ class Coalescer:
 
     __slots__ = ("_emit", "_interval", "_kind", "_key", "_parts", "_tokens", "_last")
 
-    def __init__(self, emit: Any, interval: float = 0.02) -> None:
+    def __init__(self, emit: Callable[[ev.Event], None], interval: float = 0.02) -> None:
         self._emit = emit
         self._interval = interval
         self._kind: type | None = None
@@ -110,21 +113,22 @@ class Coalescer:
         self._last = 0.0
 
     def add(self, e: ev.Event) -> None:
-        t = type(e)
-        if t is ev.ThinkingDelta or t is ev.TextDelta:
+        if isinstance(e, ev.ThinkingDelta | ev.TextDelta):
             key: tuple = ()
-        elif t is ev.ToolCallArgDelta:
+            tokens = e.tokens
+        elif isinstance(e, ev.ToolCallArgDelta):
             key = (e.index, e.param)
+            tokens = 0  # an argument's text counts no tokens of its own
         else:
             self.flush()
             self._emit(e)
             return
+        t = type(e)
         if t is not self._kind or key != self._key:
             self.flush()
             self._kind, self._key = t, key
         self._parts.append(e.text)
-        if key == ():
-            self._tokens += e.tokens
+        self._tokens += tokens
 
     def tick(self, now: float) -> None:
         if self._parts and now - self._last >= self._interval:

@@ -6,20 +6,27 @@ explicit parts without touching the real model or the user's directories.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ds4agent.agent.settings import AgentSettings
 
+if TYPE_CHECKING:
+    from ds4agent.engine import Engine
+    from ds4agent.sessions.store import SessionStore
+    from ds4agent.tools import Tool
+
 
 def engine_loader(model_path: Path, ctx: int, device: str | None = None, *, ranks: int | None = None,
-                  hosts: str | None = None, split: list[int] | None = None) -> Callable[[Callable[[float], None]], Any]:
+                  hosts: str | None = None,
+                  split: list[int] | None = None) -> Callable[[Callable[[float], None]], Engine]:
     """A loader the worker thread runs: the model with progress (0..1), in this process on `device`
     (None: the GPU when there is one) or, with `ranks` / `hosts`, split over a pipeline whose rank 0
-    is this process (engine/pipeline/launch.py)."""
+    is this process (ds4agent.engine.load_engine)."""
 
-    def load(progress: Callable[[float], None]) -> Any:
+    def load(progress: Callable[[float], None]) -> Engine:
         from ds4agent.engine import load_engine
 
         return load_engine(model_path, ctx=ctx, progress=progress, ranks=ranks, hosts=hosts, split=split,
@@ -28,13 +35,15 @@ def engine_loader(model_path: Path, ctx: int, device: str | None = None, *, rank
     return load
 
 
-def open_store(kv_dir: Path | None) -> Any:
+def open_store(kv_dir: Path | None) -> SessionStore:
     from ds4agent.sessions.store import SessionStore, default_kv_dir
 
     return SessionStore(default_kv_dir(kv_dir))
 
 
-def build_from_args(args: Any) -> tuple[Any, Any, Any, AgentSettings]:
+def build_from_args(
+    args: argparse.Namespace,
+) -> tuple[Callable[[Callable[[float], None]], Engine], SessionStore, list[Tool], AgentSettings]:
     settings = AgentSettings.from_args(args)
     model_path = Path(getattr(args, "model_path", None) or getattr(args, "model", None) or "ds4flash.gguf")
     store = open_store(settings.kv_dir)

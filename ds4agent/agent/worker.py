@@ -18,28 +18,40 @@ interrupt never leaves a half-appended unit. No tool-round limit; a per-round to
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
+from ds4agent.agent import compaction, history, permissions_glue, rewind, sessionops
 from ds4agent.agent import events as ev
+from ds4agent.agent.compaction import MIN_RESERVE, RESULT_RESERVE, compact_threshold
+from ds4agent.agent.decode import TokenStream
+from ds4agent.agent.identity import SessionIdentity
+from ds4agent.agent.journal import Journal
+from ds4agent.agent.port import AgentIO
+from ds4agent.agent.prompt import SystemText
 from ds4agent.agent.settings import AgentSettings
+from ds4agent.agent.stream import AssistantStream, Coalescer
+from ds4agent.agent.trace import Trace
 from ds4agent.agent.transcript import Transcript
-from ds4agent.engine import EngineLost
+from ds4agent.engine import EngineLost, Interrupted, Sampler
+from ds4agent.protocol import dsml, template
 from ds4agent.protocol.template import THINK_MAX_MIN_CTX
+from ds4agent.protocol.tokenizer import Tokenizer
+from ds4agent.sessions.checkpoints import CodeCheckpoints
+from ds4agent.tools import Tool, ToolContext, attach, default_tools, run_tool
+from ds4agent.tools.permissions import PermissionPolicy
 
-# Hard compaction reserve (agent-reference.md §8): a results turn must leave this much room.
-RESULT_RESERVE = 1024
-# If even the shortened results do not fit with this reserve, the turn aborts.
-MIN_RESERVE = 16
+if TYPE_CHECKING:  # the engine and the store are handed in; only their types are needed here
+    from ds4agent.engine import Engine, Session, SnapshotStore
+    from ds4agent.sessions.store import SessionStore
+
 # Status events during generation are rate-limited (the UI redraws at most ~10 Hz anyway).
 STATUS_INTERVAL = 0.25
 _THINK_MAX_TOO_SMALL = f"think-max needs a context of at least {THINK_MAX_MIN_CTX} tokens; using think"
 
-
-def compact_threshold(ctx: int) -> int:
-    """Soft compaction triggers at 85% of ctx or when at most min(8192, ctx/4) tokens are free."""
-    return min(int(ctx * 0.85), ctx - min(8192, ctx // 4))
+# A loader the worker thread runs: progress(0..1) -> the engine (facade.Agent's `engine` argument).
+EngineLoader = Callable[[Callable[[float], None]], "Engine"]
 
 
 class TurnAborted(Exception):
@@ -52,32 +64,37 @@ class RoundResult:
 
     reason: str  # "done" | "tools" | "error" | "thinking" | "interrupted" | "token_cap" | "stop_token" | "unterminated"
     generated: int = 0
-    calls: list[tuple[str, dict]] = field(default_factory=list)
+    calls: list[tuple[str, dict[str, object]]] = field(default_factory=list)
     error: str = ""
 
 
 class Worker:
-    """The agent's state and behaviour on the worker thread. `io` is the facade (events, questions,
-    the interrupt flag and the queue of messages typed while busy)."""
+    """The agent's state and behaviour on the worker thread (it implements port.WorkerPort). `io`
+    is the facade (events, questions, the interrupt flag and the queue of messages typed while
+    busy). The engine, the session, the tokenizer, the sampler and the system text exist once
+    startup() has run; nothing touches them before."""
 
-    def __init__(self, engine: Any, store: Any, tools: list[Any] | None, settings: AgentSettings, *,
-                 io: Any, policy: Any = None) -> None:
+    engine: Engine
+    session: Session
+    tok: Tokenizer
+    sampler: Sampler
+    system: SystemText
+
+    def __init__(self, engine: Engine | EngineLoader, store: SessionStore | None, tools: list[Tool] | None,
+                 settings: AgentSettings, *, io: AgentIO, policy: PermissionPolicy | None = None) -> None:
         self.settings = settings
         self.io = io
         self.store = store
         self._engine_src = engine
-        self.engine: Any = None
-        self.session: Any = None
-        self.tools = tools
-        self.policy = policy
+        self.tools: list[Tool] = list(tools) if tools is not None else default_tools()
+        self._tool_map = {t.name: t for t in self.tools}
+        self.policy = policy if policy is not None else PermissionPolicy(settings.permission)
+        self.tool_ctx = ToolContext(cwd=settings.cwd, should_stop=io.should_stop, on_write=self._checkpoint_write)
+        self.trace = Trace(None)  # disabled until startup opens --trace
         self.transcript = Transcript()
-        self.tok: Any = None
-        self.sampler: Any = None
-        self.tool_ctx: Any = None
-        self.trace: Any = None
-        self.journal: Any = None
-        self.system: Any = None  # prompt.SystemText
+        self.journal: Journal | None = None
         self.system_ids: list[int] = []
+        self.system_is_max = False  # the system prefix was rendered for think-max
         self.think_mode = settings.effective_think_mode()
         self.state = ev.State.LOADING
         self.detail = ""
@@ -85,66 +102,43 @@ class Worker:
         self.decode_tps = 0.0
         self.prefill_tps = 0.0
         self.greedy = False
-        # Session identity (kvc-format.md §12.3-12.5).
-        self.dirty = False
-        self.activity = False  # a user turn since start or /new (a loaded session counts)
-        self.title: bytes | None = None  # exact trailer bytes (identity = SHA-1 over them)
-        self.created_at: int | None = None
-        self.session_id = ""  # full 40-hex identity once saved or loaded
-        self.legacy_path: str | None = None
+        self.identity = SessionIdentity()
         # Set by a compaction: the next User turn carries the bash job update (pending_results).
         self.jobs_update_due = False
         self._jobs_update: str | None = None
         self.last_prefilled = 0
         # Rewind (rewind.py): the engine states before each user turn, and when each was sent
         # (transcript index of the turn's <｜User｜> -> epoch seconds).
-        self.snapshots: Any = None
+        self.snapshots: SnapshotStore | None = None
         self.turn_times: dict[int, float] = {}
         self.turn_at = 0  # transcript index of the current user turn
-        self.checkpoints: Any = None  # code checkpoints of this conversation (checkpoints.py)
-        self.forked_from = ""  # the session this conversation was forked from (kept on save)
 
     # ================================================================== startup / shutdown
 
     def startup(self) -> bool:
-        from ds4agent.agent import sessionops
-        from ds4agent.agent.trace import Trace
-        from ds4agent.engine import Sampler
-        from ds4agent.protocol.tokenizer import Tokenizer
-
         self.trace = Trace(self.settings.trace, on_error=lambda m: self.io.emit(ev.Notice(m, "warning")))
         self.trace.line("worker start")
         self.tok = Tokenizer.load()
         s = self.settings
         self.sampler = Sampler(temperature=s.temperature, top_p=s.top_p, min_p=s.min_p, seed=s.seed)
-        if self.tools is None:
-            from ds4agent.tools import default_tools
-
-            self.tools = default_tools()
-        self._tool_map = {t.name: t for t in self.tools}
-        from ds4agent.tools import ToolContext
-
-        self.tool_ctx = ToolContext(cwd=s.cwd, should_stop=self.io.should_stop, on_write=self._checkpoint_write)
-        if self.policy is None:
-            from ds4agent.tools.permissions import PermissionPolicy
-
-            self.policy = PermissionPolicy(s.permission)
-        self._set_state(ev.State.LOADING, detail="loading model")
-        if callable(self._engine_src) and not hasattr(self._engine_src, "new_session"):
-            def progress(fraction: float) -> None:
-                self._set_state(ev.State.LOADING, progress=float(fraction), detail="loading model")
-
-            self.engine = self._engine_src(progress)
+        self.set_state(ev.State.LOADING, detail="loading model")
+        src = self._engine_src
+        if hasattr(src, "new_session"):
+            self.engine = cast("Engine", src)
         else:
-            self.engine = self._engine_src
+            def progress(fraction: float) -> None:
+                self.set_state(ev.State.LOADING, progress=float(fraction), detail="loading model")
+
+            self.engine = src(progress)
         if s.ctx != getattr(self.engine, "ctx", s.ctx):
             s.ctx = int(self.engine.ctx)  # the engine's context is the truth
         self.think_mode = s.effective_think_mode()
         if s.think_mode == "think-max" and self.think_mode != "think-max":
             self.io.emit(ev.Notice(f"{_THINK_MAX_TOO_SMALL} (context {s.ctx})", "warning"))
         device = getattr(self.engine, "device", None)
-        if getattr(device, "notice", ""):
-            self.io.emit(ev.Notice(device.notice, "warning"))  # e.g. no GPU: running on the CPU
+        notice = str(getattr(device, "notice", "") or "")
+        if notice:
+            self.io.emit(ev.Notice(notice, "warning"))  # e.g. no GPU: running on the CPU
         self.session = self.engine.new_session()
         make_store = getattr(self.engine, "snapshot_store", None)
         self.snapshots = make_store(s.snapshot_budget) if make_store is not None else None
@@ -159,42 +153,37 @@ class Worker:
                               device=getattr(device, "label", "")))
         sessionops.offer_resume(self)
         sessionops.open_requested(self)
-        self._set_state(ev.State.IDLE)
+        self.set_state(ev.State.IDLE)
         return True
 
     def close(self, *, discard: bool | None = None) -> None:
         """Stop bash jobs, close the trace and the journal. The journal is kept when the session
         has unsaved turns and the user was not asked (a plain shutdown: terminal closed, killed
         UI): the next start offers to resume it. discard=True after the save question."""
-        from ds4agent.agent import sessionops
-
         if discard is None:
-            discard = not (self.dirty and self.activity)
-        if self.tool_ctx is not None:
-            try:
-                self.tool_ctx.close()
-            except Exception:  # shutdown must finish
-                pass
+            discard = not self.identity.unsaved_work
+        try:
+            self.tool_ctx.close()
+        except Exception:  # shutdown must finish
+            pass
         sessionops.close_journal(self, keep=not discard)
-        if self.trace is not None:
-            self.trace.line("worker stop")
-            self.trace.close()
+        self.trace.line("worker stop")
+        self.trace.close()
 
     def _checkpoint_write(self, path: str, before: bytes | None, after: bytes) -> None:
-        from ds4agent.sessions.checkpoints import CodeCheckpoints
-
-        if self.checkpoints is None:
-            self.checkpoints = CodeCheckpoints(self.settings.checkpoint_dir)
-        self.checkpoints.at = self.turn_at
+        identity = self.identity
+        if identity.checkpoints is None:
+            identity.checkpoints = CodeCheckpoints(self.settings.checkpoint_dir)
+        identity.checkpoints.at = self.turn_at
         try:
-            self.checkpoints.record(path, before, after)
+            identity.checkpoints.record(path, before, after)
         except OSError as err:  # the write itself succeeded; only its undo is lost
             self.io.emit(ev.Notice(f"code checkpoint not recorded for {path}: {err.strerror or err}",
                                    "warning"))
 
     # ================================================================== status
 
-    def _set_state(self, state: ev.State, *, progress: float | None = None, detail: str = "") -> None:
+    def set_state(self, state: ev.State, *, progress: float | None = None, detail: str = "") -> None:
         self.state = state
         self.detail = detail
         self.emit_status(progress=progress)
@@ -211,8 +200,8 @@ class Worker:
             decode_tps=round(self.decode_tps, 2),
             prefill_tps=round(self.prefill_tps, 2),
             greedy=self.greedy,
-            unsaved=self.dirty,
-            session_id=self.session_id[:8],
+            unsaved=self.identity.dirty,
+            session_id=self.identity.session_id[:8],
             title=self.title_text,
             think_mode=self.think_mode,
             permission_mode=s.permission,
@@ -221,16 +210,14 @@ class Worker:
 
     @property
     def title_text(self) -> str:
-        from ds4agent.agent.sessionops import display_title
-
-        return display_title(self.title)
+        return sessionops.display_title(self.identity.title)
 
     def set_think_mode(self, mode: str) -> None:
         """Later turns use the new THINK token. think-max's prefix lives in the system prefix, so it
         cannot be switched on inside a session (append-only): it takes effect at /new."""
         self.settings.think_mode = mode
         eff = self.settings.effective_think_mode()
-        if eff == "think-max" and not self._system_is_max:
+        if eff == "think-max" and not self.system_is_max:
             self.think_mode = "think"
             self.io.emit(ev.Notice("think-max takes effect with the next /new session", "warning"))
         elif mode == "think-max" and eff != "think-max":
@@ -241,14 +228,9 @@ class Worker:
         self.io.emit(ev.Notice(f"thinking mode: {self.think_mode}"))
         self.emit_status()
 
-    _system_is_max = False
-
     # ================================================================== one user turn
 
     def cmd_turn(self, text: str, queued: bool = False) -> None:
-        from ds4agent.agent import compaction, rewind, sessionops
-        from ds4agent.protocol import template
-
         t0 = time.monotonic()
         self.io.emit(ev.UserTurn(text, queued=queued))
         if not self.transcript.at_turn_boundary():
@@ -277,8 +259,8 @@ class Worker:
             self._trace_append(user_ids, "user")
             self.transcript.extend(user_ids)
             self._jobs_update = None  # delivered
-            self.dirty = True
-            self.activity = True
+            self.identity.dirty = True
+            self.identity.activity = True
             sessionops.journal_write(self)
             while True:
                 rounds += 1
@@ -311,14 +293,12 @@ class Worker:
         # The reference's footer after a failed turn reads `error: MSG` until the next action;
         # the agent is idle all the same (Agent.busy is what gates input).
         if error:
-            self._set_state(ev.State.ERROR, detail=error)
+            self.set_state(ev.State.ERROR, detail=error)
         else:
-            self._set_state(ev.State.IDLE)
+            self.set_state(ev.State.IDLE)
 
     def _attach(self, text: str) -> str:
         """The message with its `@path` files and directories attached (tools/attach.py)."""
-        from ds4agent.tools import attach
-
         att = attach.expand(text, self.tool_ctx)
         for note in att.notes:
             self.io.emit(ev.Notice(note, "warning"))
@@ -335,19 +315,17 @@ class Worker:
             self.transcript.append(self.tok.EOS)
 
     def _trace_append(self, ids: list[int], tag: str) -> None:
-        if self.trace is not None and self.trace.enabled:
+        if self.trace.enabled:
             self.trace.tokens(len(self.transcript), ids, self.tok.token_bytes, tag)
 
     # ------------------------------------------------------------------ sync (prefill)
 
-    def _sync(self, *, interruptible: bool = True) -> bool:
+    def sync(self, *, interruptible: bool = True) -> bool:
         """Bring the live KV up to the transcript. False when interrupted (state at a prefix)."""
-        from ds4agent.engine import Interrupted
-
         target = self.transcript.ids
         live = self.session.tokens
         if len(live) != len(target) or tuple(live) != tuple(target):
-            self._set_state(ev.State.PREFILL)
+            self.set_state(ev.State.PREFILL)
         t0 = time.monotonic()
         last = [t0]
 
@@ -369,20 +347,16 @@ class Worker:
         dt = time.monotonic() - t0
         if n and dt > 0:
             self.prefill_tps = n / dt
-        if self.trace is not None and self.trace.enabled:
+        if self.trace.enabled:
             self.trace.line(f"prefill {n} tokens in {dt:.3f}s")
         return True
 
     # ------------------------------------------------------------------ one assistant round
 
     def _round(self) -> RoundResult:
-        from ds4agent.agent import sessionops
-        from ds4agent.agent.stream import AssistantStream, Coalescer
-        from ds4agent.engine import generate
-
         tok = self.tok
         EOS = tok.EOS
-        if self.io.should_stop() or not self._sync():
+        if self.io.should_stop() or not self.sync():
             # Interrupted before the first token: an empty output, THINK_TOKEN then EOS (§7).
             self.transcript.append(EOS)
             return RoundResult("interrupted")
@@ -394,26 +368,20 @@ class Worker:
         out = Coalescer(self.io.emit)
         emit = out.add
         monotonic = time.monotonic
-        should_stop = self.io.should_stop
         is_stop = tok.is_stop
         token_bytes = tok.token_bytes
         ids = self.transcript.ids
-        trace = self.trace if (self.trace is not None and self.trace.enabled) else None
-        self._set_state(ev.State.GENERATING)
+        trace = self.trace if self.trace.enabled else None
+        # Argmax while the DSML classifier is in a structural state (§12), the user's sampler else.
+        tokens = TokenStream(self.session, self.sampler, limit=cap, greedy=lambda: stream.in_syntax,
+                             should_stop=self.io.should_stop)
+        self.set_state(ev.State.GENERATING)
         t0 = time.monotonic()
         last_status = last_journal = t0
         journal_every = self.settings.journal_interval
         n = 0
         reason = "token_cap"
-        # The engine's decode generator samples each token with the mode the stream is in after
-        # the token before it (argmax inside DSML structure), and computes the next step while
-        # this loop parses and emits. A token handed out after an interrupt was asked for is
-        # dropped, as if the interrupt had come before it was sampled.
-        for token in generate(self.session, self.sampler, max_tokens=cap,
-                            greedy=lambda: stream.in_syntax):
-            if should_stop():
-                reason = "interrupted"
-                break
+        for token in tokens:
             if is_stop(token):
                 # Never evaluated, never appended: EOS replaces it (§7).
                 reason = "stop_token"
@@ -447,6 +415,8 @@ class Worker:
                     self.decode_tps = n / (now - t0)
                     out.flush()
                     self.emit_status()
+        if tokens.interrupted:
+            reason = "interrupted"
         dt = time.monotonic() - t0
         if n and dt > 0:
             self.decode_tps = n / dt
@@ -458,19 +428,22 @@ class Worker:
             ids.append(EOS)  # the agent ends the turn (close, error, stop token, cap, interrupt)
         result = self._classify(stream, reason, n)
         if trace is not None:
-            trace.line(f"round end: {reason}, {n} tokens, {dt:.3f}s")
-            if stream.failed_thinking:
-                trace.line("dsml ignored: tool call inside thinking")
-            elif result.reason == "tools":
-                trace.line(f"dsml done: {len(result.calls)} call(s): "
-                           + ", ".join(name for name, _ in result.calls))
-            elif result.reason == "error":
-                trace.line(f"dsml error: {result.error}")
-            elif result.reason == "unterminated":
-                trace.line("dsml unterminated")
+            self._trace_round_end(trace, stream, result, reason, n, dt)
         return result
 
-    def _classify(self, stream: Any, reason: str, n: int) -> RoundResult:
+    def _trace_round_end(self, trace: Trace, stream: AssistantStream, result: RoundResult, reason: str,
+                         n: int, dt: float) -> None:
+        trace.line(f"round end: {reason}, {n} tokens, {dt:.3f}s")
+        if stream.failed_thinking:
+            trace.line("dsml ignored: tool call inside thinking")
+        elif result.reason == "tools":
+            trace.line(f"dsml done: {len(result.calls)} call(s): " + ", ".join(name for name, _ in result.calls))
+        elif result.reason == "error":
+            trace.line(f"dsml error: {result.error}")
+        elif result.reason == "unterminated":
+            trace.line("dsml unterminated")
+
+    def _classify(self, stream: AssistantStream, reason: str, n: int) -> RoundResult:
         if reason == "interrupted":
             return RoundResult("interrupted", n)  # no results turn, ever (§7)
         if stream.failed_thinking:
@@ -488,8 +461,6 @@ class Worker:
 
     def _after_round(self, result: RoundResult) -> bool:
         """Run tools / build the results turn. True when another round follows."""
-        from ds4agent.protocol import dsml
-
         if result.reason in ("error", "thinking"):
             texts = [dsml.error_result(result.error)]
             self.io.emit(ev.ToolResult(0, "", False, texts[0]))
@@ -511,9 +482,6 @@ class Worker:
         return True
 
     def _append_results(self, texts: list[str]) -> None:
-        from ds4agent.agent import compaction
-        from ds4agent.protocol import template
-
         mode = self._mode_for_prompt()
         queued = self.io.take_queued()
         if queued:
@@ -560,8 +528,6 @@ class Worker:
         (agent-reference.md §8). Observed once, when first asked for after the compaction, and
         kept until that turn is appended (rendering may be retried to fit the context)."""
         if self.jobs_update_due:
-            from ds4agent.agent import compaction
-
             self.jobs_update_due = False
             self._jobs_update = compaction.jobs_update(self) or None
         return [self._jobs_update] if self._jobs_update else []
@@ -573,11 +539,9 @@ class Worker:
 
     # ------------------------------------------------------------------ tools
 
-    def _run_calls(self, calls: list[tuple[str, dict]]) -> list[str]:
+    def _run_calls(self, calls: list[tuple[str, dict[str, object]]]) -> list[str]:
         """The result texts of a block's calls, in order. Once a message is queued or the user
         interrupts, the remaining calls are not run; a fixed text answers each of them (§9.1)."""
-        from ds4agent.protocol import template
-
         texts: list[str] = []
         for i, (name, args) in enumerate(calls):
             if self.io.has_queued():
@@ -591,24 +555,18 @@ class Worker:
             texts.append(text)
         return texts
 
-    def _run_one(self, index: int, name: str, args: dict) -> str:
-        from ds4agent.agent import permissions_glue
-        from ds4agent.protocol import template
-
+    def _run_one(self, index: int, name: str, args: Mapping[str, object]) -> str:
         if name not in self._tool_map:
             text = template.result_unknown_tool(name)
             self.io.emit(ev.ToolResult(index, name, False, text))
             return text
-        self._set_state(ev.State.TOOL, detail=name)
+        self.set_state(ev.State.TOOL, detail=name)
         refusal = permissions_glue.permit(self, name, args)
         if refusal is not None:
             self.io.emit(ev.ToolResult(index, name, False, refusal))
             return refusal
-        from ds4agent.tools import run_tool
-
         t0 = time.monotonic()
-        if self.trace is not None:
-            self.trace.line(f"tool {name} {args!r}")
+        self.trace.line(f"tool {name} {args!r}")
         result = run_tool(name, args, self.tool_ctx, self.tools)
         elapsed = time.monotonic() - t0
         self.io.emit(ev.ToolResult(index, name, bool(result.ok), result.text, result.display, round(elapsed, 3)))
@@ -617,40 +575,28 @@ class Worker:
     # ================================================================== commands other than turns
 
     def cmd_save(self, title: str | None = None) -> None:
-        from ds4agent.agent import sessionops
-
         sessionops.save(self, title)
 
     def cmd_load(self, prefix: str) -> None:
-        from ds4agent.agent import sessionops
-
         if self.confirm_leave():
             sessionops.load(self, prefix)
 
     def cmd_new(self) -> None:
-        from ds4agent.agent import sessionops
-
         if self.confirm_leave():
             sessionops.new_session(self)
 
     def cmd_compact(self) -> None:
-        from ds4agent.agent import compaction
-
         if len(self.transcript) <= self.transcript.system_len:
             self.io.emit(ev.Notice("nothing to compact"))
             return
         compaction.compact(self, "manual")
-        self._set_state(ev.State.IDLE)
+        self.set_state(ev.State.IDLE)
 
     def cmd_fork(self, title: str) -> None:
-        from ds4agent.agent import sessionops
-
         sessionops.fork(self, title or None)
 
     def cmd_rewind(self, number: int | None, mode: str) -> None:
         """/rewind: the list of user turns (number None), or go back to turn `number`."""
-        from ds4agent.agent import rewind
-
         try:
             if number is None:
                 self.io.emit(rewind.list_event(self))
@@ -658,28 +604,22 @@ class Worker:
                 rewind.rewind(self, number, mode)
         except rewind.RewindError as err:
             self.io.emit(ev.Error(str(err)))
-        self._set_state(ev.State.IDLE)
+        self.set_state(ev.State.IDLE)
 
     def confirm_leave(self) -> bool:
-        from ds4agent.agent import sessionops
-
         return sessionops.confirm_leave(self)
 
     def list_sessions_event(self) -> ev.SessionList:
-        from ds4agent.agent import sessionops
-
         return sessionops.list_event(self)
 
     def history_event(self, n: int) -> ev.History:
-        from ds4agent.agent import history
-
         items = history.last_turns(self.tok, self.transcript.snapshot(), self.transcript.system_len, n)
         # `turns` is what is shown (fewer than asked when the session is shorter), so a UI's
         # "last N user turn(s)" header tells the truth.
         return ev.History(sum(1 for i in items if i.kind == "user"), tuple(items))
 
 
-def _describe(engine: Any) -> str:
+def _describe(engine: Engine) -> str:
     describe: Callable[[], str] | None = getattr(engine, "describe", None)
     if describe is not None:
         try:

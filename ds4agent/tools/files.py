@@ -9,7 +9,7 @@ Writes are atomic (temp file in the same directory, fsync, rename, directory fsy
 file's permission bits; a symlink is written through (its target changes, the link stays).
 
 Differences from the baseline, on purpose:
-* `write` creates missing parent directories (issue 6).
+* `write` creates missing parent directories.
 * Files containing NUL bytes are refused by read/edit with a hint to use bash (the baseline shows
   them as text, which wastes context on garbage and cannot be edited safely anyway).
 * In a file whose replaced lines all end with CRLF, the LFs of `new` become CRLF, and an `old`
@@ -114,7 +114,7 @@ def atomic_write(target: str, data: bytes) -> None:
     """Replace `target` through ds4agent.fsutil's one procedure (temp file beside the real target,
     fsync, rename, directory fsync): a crash leaves the old file or the new one, never half.
     Permission bits are kept, a symlink is written through (the link keeps pointing at the new
-    file) and missing parent directories are created (`write` creates them, issue 6)."""
+    file) and missing parent directories are created (`write` creates them)."""
     fsutil.atomic_write(target, data, make_parents=True)
 
 
@@ -206,10 +206,10 @@ def _read_chunk(ctx: ToolContext, path: str, key: str, lines: list[bytes], start
     # One line longer than the whole budget is shown clipped (and is not editable by line).
     oversized = total > 0 and len(lines[a - 1]) > READ_BUDGET
     if raw:
-        body = b"".join(lines[a - 1 : b]) if total else b""
+        data = b"".join(lines[a - 1 : b]) if total else b""
         if oversized:
-            body = body[:READ_BUDGET] + f"[... line {a} clipped: {len(body)} bytes ...]".encode()
-        text = body.decode("utf-8", errors="replace")
+            data = data[:READ_BUDGET] + f"[... line {a} clipped: {len(data)} bytes ...]".encode()
+        text = data.decode("utf-8", errors="replace")
         if not text.endswith("\n"):
             text += "\n"
         if more_left:

@@ -85,7 +85,7 @@ def run_tool(
     except OSError as exc:
         where = f": {exc.filename}" if exc.filename else ""
         result = error_result(f"{exc.strerror or exc}{where}")
-    except Exception as exc:  # noqa: BLE001 - the contract: nothing escapes into the agent loop
+    except Exception as exc:  # the contract: nothing escapes into the agent loop
         # A bug or an absurd input must not take the agent down; the model sees a readable line.
         result = error_result(f"{name} failed: {type(exc).__name__}: {exc}")
     result.text = _cap(result.text)

@@ -131,6 +131,11 @@ class Scan:
 
 
 def _tokens(command: str) -> list[Word | Op]:
+    """The shell words and operators of a command line, in order.
+
+    One function of 100+ lines on purpose: it is a single character-by-character state machine
+    (quotes, escapes, `$(...)`, here-documents) whose states share the current word; split into
+    helpers, every helper would have to pass all of that state back and forth."""
     out: list[Word | Op] = []
     word: Word | None = None
     heredocs: list[tuple[Word, bool]] = []  # (delimiter word, strip tabs) waiting for the next newline

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 
 from ds4agent.agent import events as ev
-from ds4agent.ui import bridge, commands, fmt
+from ds4agent.ui import bridge, commands, dispatch, fmt
 from ds4agent.ui.history import History
 from ds4agent.ui.messages import AgentEvents, AgentFailed, AgentReady
 from ds4agent.ui.widgets.conversation import Conversation, ToolCard
@@ -110,7 +110,12 @@ class Ds4App(App):
         # question) stays. None: nothing to clear (an agent-initiated resume keeps the start-up lines).
         self._switch_mark: Any = None
         self._switch_pending = False
+        # After a rewind the view replays the turns that are left; /history is refused while the
+        # agent is busy (its busy rule), and the rewind command is still finishing when its event
+        # arrives, so the replay is asked for at the first drain that finds the agent idle.
+        self._replay_due = False
         self.events_seen = 0                   # raw agent events handled (the benchmark reads it)
+        self._event_table = self._event_handlers()
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
@@ -189,6 +194,9 @@ class Ds4App(App):
     def _drain(self) -> None:
         if self.agent is None or self._in_flight:
             return
+        if self._replay_due and not self.agent.busy:
+            self._replay_due = False
+            self.agent.history(3)
         events = self.agent.poll_events(bridge.MAX_EVENTS_PER_DRAIN)
         if events:
             self._in_flight = True
@@ -206,112 +214,163 @@ class Ds4App(App):
         for card in self.conversation.running_cards():
             card.tick()
 
-    async def _handle(self, e: ev.Event, n: int) -> None:  # one dispatch table, in order
-        conv = self.conversation
+    async def _handle(self, e: ev.Event, n: int) -> None:
+        pending = self._event_table.dispatch(e, n)
+        if pending is not None:
+            await pending
+
+    def _event_handlers(self) -> dispatch.EventTable[Awaitable[None]]:
+        """The app's side of the one event table (ui/dispatch.py): what each event does on screen."""
+        return dispatch.EventTable({
+            ev.Status: self._show_status, ev.PrefillProgress: self._show_prefill,
+            ev.ThinkingDelta: self._show_thinking, ev.TextDelta: self._show_text,
+            ev.ToolCallStart: self._show_tool_start, ev.ToolCallArgDelta: self._show_tool_arg,
+            ev.ToolCallEnd: self._show_tool_end, ev.ToolResult: self._show_tool_result,
+            ev.ToolCallInvalid: self._show_tool_invalid, ev.PermissionRequest: self._show_permission,
+            ev.Question: self._show_question, ev.UserTurn: self._show_user_turn, ev.RoundStarted: self._show_round,
+            ev.TurnEnded: self._show_turn_ended, ev.QueueChanged: self._show_queue, ev.Notice: self._show_notice,
+            ev.Error: self._show_error, ev.Ready: self._show_ready, ev.SessionSaved: self._show_saved,
+            ev.SessionLoaded: self._show_loaded, ev.SessionNew: self._show_new, ev.SessionList: self._show_session_list,
+            ev.History: self._show_history, ev.RewindList: self._show_rewind_list, ev.Rewound: self._show_rewound,
+            ev.CompactionStarted: self._show_compaction_started, ev.CompactionDelta: self._show_compaction_delta,
+            ev.CompactionDone: self._show_compaction_done, ev.Exited: self._show_exited,
+        })
+
+    async def _show_status(self, e: ev.Status, n: int) -> None:
+        self.status_model.apply_status(e)
+        self.status_bar.mark()
+
+    async def _show_prefill(self, e: ev.PrefillProgress, n: int) -> None:
+        self.status_model.apply_prefill(e)
+        self.status_bar.mark()
+
+    async def _show_thinking(self, e: ev.ThinkingDelta, n: int) -> None:
+        # n: the tokens the (merged) deltas stand for, so the block's count is exact. Whatever
+        # comes next (text, a tool card, a note, the turn's end) ends the block in Conversation.
+        await self.conversation.thinking_delta(e.text, n)
+
+    async def _show_text(self, e: ev.TextDelta, n: int) -> None:
+        await self.conversation.text_delta(e.text)
+
+    async def _show_tool_start(self, e: ev.ToolCallStart, n: int) -> None:
+        await self.conversation.tool_start(e.index, e.name)
+
+    async def _show_tool_arg(self, e: ev.ToolCallArgDelta, n: int) -> None:
+        await self.conversation.tool_arg(e.index, e.param, e.text)
+
+    async def _show_tool_end(self, e: ev.ToolCallEnd, n: int) -> None:
+        await self.conversation.tool_end(e.index, e.name, e.args)
+
+    async def _show_tool_result(self, e: ev.ToolResult, n: int) -> None:
+        self._close_stale_permission()
+        await self.conversation.tool_result(e.index, e.name, e.ok, e.text, e.display, e.elapsed)
+
+    async def _show_tool_invalid(self, e: ev.ToolCallInvalid, n: int) -> None:
+        await self.conversation.tool_invalid(e.reason, e.raw, e.kind)
+
+    async def _show_permission(self, e: ev.PermissionRequest, n: int) -> None:
+        self._ask_permission(e)
+
+    async def _show_question(self, e: ev.Question, n: int) -> None:
+        self._ask_question(e)
+
+    async def _show_user_turn(self, e: ev.UserTurn, n: int) -> None:
+        self._switch_pending = False  # the switch did not happen (cancelled or failed)
+        self._replay_due = False  # a queued message went out first: the view goes on from it
+        await self.conversation.user(e.text, queued=e.queued)
+
+    async def _show_round(self, e: ev.RoundStarted, n: int) -> None:
+        self.conversation.new_round()
+
+    async def _show_turn_ended(self, e: ev.TurnEnded, n: int) -> None:
+        self._close_stale_permission()
+        await self.conversation.end_turn()
+        note = fmt.turn_end_note(e.reason, e.error)
+        if note:
+            await self.conversation.note(*note)
+
+    async def _show_queue(self, e: ev.QueueChanged, n: int) -> None:
+        self.chips.set_items(tuple(self._pre_agent) + tuple(e.items), loading=self.loading)
+
+    async def _show_notice(self, e: ev.Notice, n: int) -> None:
+        await self.conversation.note(e.text, "warning" if e.level == "warning" else "info")
+
+    async def _show_error(self, e: ev.Error, n: int) -> None:
+        await self.conversation.note(e.text, "error")
+        if e.fatal:
+            s = self.status_model
+            s.state, s.detail = "error", e.text
+            self.startup_error = self.startup_error or e.text
+            self.status_bar.mark()
+
+    async def _show_ready(self, e: ev.Ready, n: int) -> None:
+        self.status_model.device = e.device
+        self.status_bar.mark()
+        if self.chips.items:
+            self.chips.set_items(self.chips.items)  # Esc can interrupt from now on
+        await self.conversation.note(fmt.ready_line(e.model, e.ctx), "muted")
+        if self._picker_at_ready:
+            # --resume without a prefix: the picker, as soon as there is an agent to ask. The
+            # listing runs while the worker still finishes its start-up.
+            self._picker_at_ready = False
+            self._want_picker = True
+            self.agent.list_sessions()
+
+    async def _show_saved(self, e: ev.SessionSaved, n: int) -> None:
         s = self.status_model
-        if isinstance(e, ev.Status):
-            s.apply_status(e)
-            self.status_bar.mark()
-        elif isinstance(e, ev.PrefillProgress):
-            s.apply_prefill(e)
-            self.status_bar.mark()
-        elif isinstance(e, ev.ThinkingDelta):
-            # n: the tokens the (merged) deltas stand for, so the block's count is exact. Whatever
-            # comes next (text, a tool card, a note, the turn's end) ends the block in Conversation.
-            await conv.thinking_delta(e.text, n)
-        elif isinstance(e, ev.TextDelta):
-            await conv.text_delta(e.text)
-        elif isinstance(e, ev.ToolCallStart):
-            await conv.tool_start(e.index, e.name)
-        elif isinstance(e, ev.ToolCallArgDelta):
-            await conv.tool_arg(e.index, e.param, e.text)
-        elif isinstance(e, ev.ToolCallEnd):
-            await conv.tool_end(e.index, e.name, e.args)
-        elif isinstance(e, ev.ToolResult):
-            self._close_stale_permission()
-            await conv.tool_result(e.index, e.name, e.ok, e.text, e.display, e.elapsed)
-        elif isinstance(e, ev.ToolCallInvalid):
-            await conv.tool_invalid(e.reason, e.raw, e.kind)
-        elif isinstance(e, ev.PermissionRequest):
-            self._ask_permission(e)
-        elif isinstance(e, ev.Question):
-            self._ask_question(e)
-        elif isinstance(e, ev.UserTurn):
-            self._switch_pending = False  # the switch did not happen (cancelled or failed)
-            await conv.user(e.text, queued=e.queued)
-        elif isinstance(e, ev.RoundStarted):
-            conv.new_round()
-        elif isinstance(e, ev.TurnEnded):
-            self._close_stale_permission()
-            await conv.end_turn()
-            note = fmt.turn_end_note(e.reason, e.error)
-            if note:
-                await conv.note(*note)
-        elif isinstance(e, ev.QueueChanged):
-            self.chips.set_items(tuple(self._pre_agent) + tuple(e.items), loading=self.loading)
-        elif isinstance(e, ev.Notice):
-            await conv.note(e.text, "warning" if e.level == "warning" else "info")
-        elif isinstance(e, ev.Error):
-            await conv.note(e.text, "error")
-            if e.fatal:
-                s.state, s.detail = "error", e.text
-                self.startup_error = self.startup_error or e.text
-                self.status_bar.mark()
-        elif isinstance(e, ev.Ready):
-            s.device = e.device
-            self.status_bar.mark()
-            if self.chips.items:
-                self.chips.set_items(self.chips.items)  # Esc can interrupt from now on
-            await conv.note(fmt.ready_line(e.model, e.ctx), "muted")
-            if self._picker_at_ready:
-                # --resume without a prefix: the picker, as soon as there is an agent to ask. The
-                # listing runs while the worker still finishes its start-up.
-                self._picker_at_ready = False
-                self._want_picker = True
-                self.agent.list_sessions()
-        elif isinstance(e, ev.SessionSaved):
-            s.session_id, s.title, s.dirty = e.short_id, e.title, False
-            self.status_bar.mark()
-        elif isinstance(e, ev.SessionLoaded):
-            s.switch_session(e.short_id, e.title, e.tokens)
-            self.status_bar.mark()
-            await self._clear_for_switch()
-            # The agent follows with its own "switched to session …" / "resumed …" notice.
-            heading = fmt.loaded_history_heading(e.short_id, e.title, e.history)
-            if heading:
-                await self._replay(heading, e.history)
-        elif isinstance(e, ev.SessionNew):
-            s.switch_session()
-            self.status_bar.mark()
-            await self._clear_for_switch()
-            await conv.note("new session", "info")
-        elif isinstance(e, ev.SessionList):
-            await self._session_list(e)
-        elif isinstance(e, ev.History):
-            await self._history(e)
-        elif isinstance(e, ev.RewindList):
-            await self._rewind_list(e)
-        elif isinstance(e, ev.Rewound):
-            await self._rewound(e)
-        elif isinstance(e, ev.CompactionStarted):
-            await conv.note(fmt.compacting_line(e.reason), "warning")
-        elif isinstance(e, ev.CompactionDelta):
-            await conv.compaction_delta(e.text, n)
-        elif isinstance(e, ev.CompactionDone):
-            # The agent reports the outcome itself (a Notice, or an Error "compaction failed: …").
-            conv.end_thinking(e.summary_tokens or None)
-        elif isinstance(e, ev.Exited):
-            if self._quitting:
-                self.exit(return_code=e.status)
-            else:
-                # The worker stopped on its own (a fatal startup error): keep the error readable on
-                # screen; leaving (Ctrl+D, /quit) then exits with the agent's status.
-                self._exit_status = e.status
-                s.state = "error"
-                s.detail = s.detail or "the agent stopped"
-                self.startup_error = self.startup_error or s.detail
-                self.status_bar.mark()
-                await conv.note(commands.FAILED_START_HINT, "warning")
+        s.session_id, s.title, s.dirty = e.short_id, e.title, False
+        self.status_bar.mark()
+
+    async def _show_loaded(self, e: ev.SessionLoaded, n: int) -> None:
+        self.status_model.switch_session(e.short_id, e.title, e.tokens)
+        self.status_bar.mark()
+        await self._clear_for_switch()
+        # The agent follows with its own "switched to session …" / "resumed …" notice.
+        heading = fmt.loaded_history_heading(e.short_id, e.title, e.history)
+        if heading:
+            await self._replay(heading, e.history)
+
+    async def _show_new(self, e: ev.SessionNew, n: int) -> None:
+        self.status_model.switch_session()
+        self.status_bar.mark()
+        await self._clear_for_switch()
+        await self.conversation.note("new session", "info")
+
+    async def _show_session_list(self, e: ev.SessionList, n: int) -> None:
+        await self._session_list(e)
+
+    async def _show_history(self, e: ev.History, n: int) -> None:
+        await self._history(e)
+
+    async def _show_rewind_list(self, e: ev.RewindList, n: int) -> None:
+        await self._rewind_list(e)
+
+    async def _show_rewound(self, e: ev.Rewound, n: int) -> None:
+        await self._rewound(e)
+
+    async def _show_compaction_started(self, e: ev.CompactionStarted, n: int) -> None:
+        await self.conversation.note(fmt.compacting_line(e.reason), "warning")
+
+    async def _show_compaction_delta(self, e: ev.CompactionDelta, n: int) -> None:
+        await self.conversation.compaction_delta(e.text, n)
+
+    async def _show_compaction_done(self, e: ev.CompactionDone, n: int) -> None:
+        # The agent reports the outcome itself (a Notice, or an Error "compaction failed: …").
+        self.conversation.end_thinking(e.summary_tokens or None)
+
+    async def _show_exited(self, e: ev.Exited, n: int) -> None:
+        if self._quitting:
+            self.exit(return_code=e.status)
+            return
+        # The worker stopped on its own (a fatal startup error): keep the error readable on
+        # screen; leaving (Ctrl+D, /quit) then exits with the agent's status.
+        s = self.status_model
+        self._exit_status = e.status
+        s.state = "error"
+        s.detail = s.detail or "the agent stopped"
+        self.startup_error = self.startup_error or s.detail
+        self.status_bar.mark()
+        await self.conversation.note(commands.FAILED_START_HINT, "warning")
 
     # ------------------------------------------------------------------ questions
     # Screens are imported where they are first shown: they pull in Button, Input and DataTable,
@@ -382,73 +441,71 @@ class Ds4App(App):
         return self.agent is None or bool(self.agent.busy)
 
     async def run_command(self, line: str) -> None:
-        conv = self.conversation
+        """A slash command: the shared table's agent call, or this app's own handler for it."""
         try:
-            cmd = commands.parse(line)
-            commands.check_allowed(cmd, self.busy)
-            if self.startup_error is not None:
-                commands.check_runs_after_failed_start(cmd)
+            cmd = commands.prepare(line, busy=self.busy, failed_start=self.startup_error is not None)
+            own = self._command_handlers().get(cmd.name)
+            if own is not None:
+                await own(cmd)
+            else:
+                commands.call_agent(cmd, self.agent)
         except commands.CommandError as err:
-            await conv.note(str(err), "error")
-            return
-        agent = self.agent
-        name = cmd.name
-        if name == "help":
-            self.action_help()
-        elif name == "save":
-            if agent is None:
-                await conv.note("save failed: the model is still loading", "error")
-            else:
-                agent.save(cmd.arg or None)
-        elif name == "list":
-            if agent is not None:
-                agent.list_sessions()
-        elif name == "load":
-            if cmd.arg:
-                self._mark_switch()
-                agent.load(cmd.arg)
-            else:
-                self.action_picker()
-        elif name == "history":
-            agent.history(commands.history_count(cmd.arg))
-        elif name == "new":
-            self._mark_switch()
-            agent.new()
-        elif name == "compact":
-            agent.compact()
-        elif name == "rewind":
-            try:
-                number, mode = commands.rewind_args(cmd.arg)
-            except commands.CommandError as err:
-                await conv.note(str(err), "error")
-                return
-            if number is None:
-                self.action_rewind()
-            else:
-                agent.rewind(number, mode)
-        elif name == "fork":
-            agent.fork(cmd.arg)
-        elif name in ("think", "nothink"):
-            agent.set_think_mode(commands.think_mode(cmd))  # the agent confirms with a notice and a Status event
-        elif name == "permissions":
-            await self._permissions(cmd.arg)
-        elif name == "copy":
-            answer = conv.last_answer_text
-            if not answer:
-                await conv.note("nothing to copy yet", "warning")
-            else:
-                self.copy_to_clipboard(answer)
-                await conv.note(f"copied the last answer ({len(answer)} characters)", "info")
-        elif name == "quit":
-            self.action_quit_request()
+            await self.conversation.note(str(err), "error")
 
-    async def _permissions(self, arg: str) -> None:
-        mode = arg.strip()
-        if not mode:
+    def _command_handlers(self) -> dict[str, Callable[[commands.ParsedCommand], Awaitable[None]]]:
+        """What only the app does for a command (screens, the clipboard, clearing the view)."""
+        return {"help": self._cmd_help, "save": self._cmd_save, "list": self._cmd_list, "load": self._cmd_load,
+                "new": self._cmd_new, "rewind": self._cmd_rewind, "permissions": self._cmd_permissions,
+                "copy": self._cmd_copy, "quit": self._cmd_quit}
+
+    async def _cmd_help(self, cmd: commands.ParsedCommand) -> None:
+        self.action_help()
+
+    async def _cmd_save(self, cmd: commands.ParsedCommand) -> None:
+        if self.agent is None:
+            await self.conversation.note("save failed: the model is still loading", "error")
+        else:
+            commands.call_agent(cmd, self.agent)
+
+    async def _cmd_list(self, cmd: commands.ParsedCommand) -> None:
+        if self.agent is not None:
+            commands.call_agent(cmd, self.agent)
+
+    async def _cmd_load(self, cmd: commands.ParsedCommand) -> None:
+        if cmd.arg:
+            self._mark_switch()
+            commands.call_agent(cmd, self.agent)
+        else:
+            self.action_picker()
+
+    async def _cmd_new(self, cmd: commands.ParsedCommand) -> None:
+        self._mark_switch()
+        commands.call_agent(cmd, self.agent)
+
+    async def _cmd_rewind(self, cmd: commands.ParsedCommand) -> None:
+        number, _ = commands.rewind_args(cmd.arg)
+        if number is None:
+            self.action_rewind()  # the list opens as a screen
+        else:
+            commands.call_agent(cmd, self.agent)
+
+    async def _cmd_permissions(self, cmd: commands.ParsedCommand) -> None:
+        if not cmd.arg:
             await self.conversation.note(commands.permission_mode_line(self.status_model.permission), "info")
-            return
-        # The agent checks the mode and confirms with a notice and a Status event (or an error).
-        self.agent.set_permission_mode(mode)
+        else:
+            commands.call_agent(cmd, self.agent)
+
+    async def _cmd_copy(self, cmd: commands.ParsedCommand) -> None:
+        conv = self.conversation
+        answer = conv.last_answer_text
+        if not answer:
+            await conv.note("nothing to copy yet", "warning")
+        else:
+            self.copy_to_clipboard(answer)
+            await conv.note(f"copied the last answer ({len(answer)} characters)", "info")
+
+    async def _cmd_quit(self, cmd: commands.ParsedCommand) -> None:
+        self.action_quit_request()
 
     async def _session_list(self, e: ev.SessionList) -> None:
         if self._want_picker:
@@ -485,7 +542,7 @@ class Ds4App(App):
             children = conv.children
             if children:
                 await conv.clear_through(children[-1])
-            self.agent.history(3)
+            self._replay_due = True  # see __init__
         for line in e.refused:
             await conv.note(f"not restored: {line}", "warning")
         if e.prompt and not self.input.text:

@@ -1,13 +1,24 @@
-"""Slash commands: the table, parsing and completion shared by the TUI and the plain mode.
+"""Slash commands: one table (name, usage, help, argument, agent call) shared by the TUI and plain.
 
-Pure logic only: each front end decides how to run a parsed command. The busy rule is the
-reference's (agent-reference.md §3): while the model works only /help, /save and /list run; every
-other command answers `command requires the model to be idle: CMD` and is never queued.
+    COMMANDS                 the table, in /help order; each entry says what it asks of the agent
+    prepare(line, busy=...)  parse and check a typed line (CommandError with the readable refusal)
+    call_agent(cmd, agent)   run a parsed command's agent call
+    completions, help_text, help_sections, rewind_args, history_count, think_mode
+
+A front end runs a command as `prepare`, then either its own handler for that name (what only it
+can do: a screen, the clipboard, its way of saying /help) or `call_agent`. The busy rule is the
+agent's (ds4agent.agent.RUNS_WHILE_BUSY): this module only shows it, with the agent's wording.
+Pure logic: no Textual or prompt_toolkit here.
 """
 
 from __future__ import annotations
 
+import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
+
+from ds4agent.agent import RUNS_WHILE_BUSY, idle_required
 
 # What a command takes after its name; parse() refuses anything else, so a mistyped argument is
 # said back instead of being ignored (`/new extra` must not start a new session).
@@ -17,36 +28,84 @@ WORD = "word"      # at most one word (a prefix, a mode)
 COUNT = "count"    # at most one whole number
 
 
+class CommandAgent(Protocol):
+    """What the slash commands ask of the agent (ds4agent.agent.Agent; a test's stand-in)."""
+
+    def save(self, title: str | None = None) -> None: ...
+    def list_sessions(self) -> None: ...
+    def load(self, prefix: str) -> None: ...
+    def history(self, n: int = 3) -> None: ...
+    def new(self) -> None: ...
+    def compact(self) -> None: ...
+    def rewind_points(self) -> None: ...
+    def rewind(self, number: int, mode: str = "both") -> None: ...
+    def fork(self, title: str = "") -> None: ...
+    def set_think_mode(self, mode: str) -> None: ...
+    def set_permission_mode(self, mode: str) -> None: ...
+    def quit(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ParsedCommand:
+    name: str        # canonical name (aliases resolved: exit -> quit, switch -> load)
+    arg: str         # the rest of the line, stripped
+    typed: str       # the command as typed, for messages
+
+
+AgentCall = Callable[[CommandAgent, ParsedCommand], None]
+
+
 @dataclass(frozen=True)
 class CommandSpec:
     name: str
     usage: str
     help: str
-    runs_while_busy: bool = False
     takes: str = NO_ARG
+    # What the command asks of the agent; None for a front end's own command (/help, /copy) and
+    # for aliases (they run their target's). A front end may put its own handler first.
+    agent_call: AgentCall | None = None
+
+    @property
+    def runs_while_busy(self) -> bool:
+        return ALIASES.get(self.name, self.name) in RUNS_WHILE_BUSY
+
+
+def _rewind(agent: CommandAgent, cmd: ParsedCommand) -> None:
+    number, mode = rewind_args(cmd.arg)
+    if number is None:
+        agent.rewind_points()
+    else:
+        agent.rewind(number, mode)
 
 
 COMMANDS: tuple[CommandSpec, ...] = (
-    CommandSpec("help", "/help", "commands and keys", runs_while_busy=True),
+    CommandSpec("help", "/help", "commands and keys"),
     CommandSpec("save", "/save [title]", "save the session, optionally under a new title (deferred "
-                "to the end of the turn while busy)", runs_while_busy=True, takes=TEXT),
-    CommandSpec("load", "/load [prefix]", "load a saved session (no prefix: session picker)", takes=WORD),
+                "to the end of the turn while busy)", takes=TEXT,
+                agent_call=lambda a, c: a.save(c.arg or None)),
+    CommandSpec("load", "/load [prefix]", "load a saved session (no prefix: session picker)", takes=WORD,
+                agent_call=lambda a, c: a.load(c.arg)),
     CommandSpec("switch", "/switch <prefix>", "same as /load", takes=WORD),
-    CommandSpec("list", "/list", "list saved sessions, newest first", runs_while_busy=True),
-    CommandSpec("history", "/history [N]", "replay the last N user turns (default 3)", takes=COUNT),
-    CommandSpec("new", "/new", "start a new session"),
-    CommandSpec("compact", "/compact", "summarise the conversation to free context"),
+    CommandSpec("list", "/list", "list saved sessions, newest first",
+                agent_call=lambda a, c: a.list_sessions()),
+    CommandSpec("history", "/history [N]", "replay the last N user turns (default 3)", takes=COUNT,
+                agent_call=lambda a, c: a.history(history_count(c.arg))),
+    CommandSpec("new", "/new", "start a new session", agent_call=lambda a, c: a.new()),
+    CommandSpec("compact", "/compact", "summarise the conversation to free context",
+                agent_call=lambda a, c: a.compact()),
     # Mode names in the meaning, not the usage: the usage column stays narrow (80 columns).
     CommandSpec("rewind", "/rewind [N [mode]]", "go back to before user turn N (no N: list the turns); "
-                "mode: both (the default), chat, code or fork", takes=TEXT),
+                "mode: both (the default), chat, code or fork", takes=TEXT, agent_call=_rewind),
     CommandSpec("fork", "/fork [title]", "save the conversation as a new session; later saves go there",
-                takes=TEXT),
-    CommandSpec("think", "/think", "reasoning on", takes=WORD),
-    CommandSpec("nothink", "/nothink", "reasoning off"),
+                takes=TEXT, agent_call=lambda a, c: a.fork(c.arg)),
+    # The agent checks the mode and confirms with a notice and a Status event (or an error).
+    CommandSpec("think", "/think", "reasoning on", takes=WORD,
+                agent_call=lambda a, c: a.set_think_mode(think_mode(c))),
+    CommandSpec("nothink", "/nothink", "reasoning off", agent_call=lambda a, c: a.set_think_mode(think_mode(c))),
     CommandSpec("permissions", "/permissions [mode]", "show or set the permission mode: ask, auto or "
-                "read-only", takes=WORD),
+                "read-only", takes=WORD, agent_call=lambda a, c: a.set_permission_mode(c.arg)),
     CommandSpec("copy", "/copy", "copy the last answer to the clipboard"),
-    CommandSpec("quit", "/quit", "leave (asks to save unsaved turns)"),
+    CommandSpec("quit", "/quit", "leave (asks to save unsaved turns)", agent_call=lambda a, c: a.quit()),
     CommandSpec("exit", "/exit", "same as /quit"),
 )
 
@@ -89,13 +148,6 @@ class CommandError(Exception):
     """A slash command the user typed cannot run; the message is one readable line."""
 
 
-@dataclass(frozen=True)
-class ParsedCommand:
-    name: str        # canonical name (aliases resolved: exit -> quit, switch -> load)
-    arg: str         # the rest of the line, stripped
-    typed: str       # the command as typed, for messages
-
-
 ALIASES = {"exit": "quit", "switch": "load"}
 
 
@@ -132,13 +184,9 @@ def _check_arg(spec: CommandSpec, typed: str, arg: str) -> None:
             raise CommandError(f"{typed} needs a whole number (got: {arg}); usage: {usage}") from None
 
 
-def idle_required(typed: str) -> str:
-    """The refusal of a command (or its key, e.g. Ctrl+D for /quit) while the model works."""
-    return f"command requires the model to be idle: {typed}"
-
-
 def check_allowed(cmd: ParsedCommand, busy: bool) -> None:
-    if busy and not BY_NAME[cmd.name].runs_while_busy:
+    """The agent's busy rule, said before the agent is asked (it would refuse all the same)."""
+    if busy and cmd.name not in RUNS_WHILE_BUSY:
         raise CommandError(idle_required(cmd.typed))
 
 
@@ -146,6 +194,23 @@ def check_runs_after_failed_start(cmd: ParsedCommand) -> None:
     """Once the model failed to load only /help and /quit have something to run on."""
     if cmd.name not in RUNS_AFTER_FAILED_START:
         raise CommandError(f"{cmd.typed} cannot run: {FAILED_START_HINT}")
+
+
+def prepare(line: str, *, busy: bool, failed_start: bool = False) -> ParsedCommand:
+    """A typed line as a command that may run now; CommandError (the readable refusal) else."""
+    cmd = parse(line)
+    check_allowed(cmd, busy)
+    if failed_start:
+        check_runs_after_failed_start(cmd)
+    return cmd
+
+
+def call_agent(cmd: ParsedCommand, agent: CommandAgent) -> None:
+    """Run a command's agent call (CommandError for a malformed argument, e.g. /rewind x)."""
+    call = BY_NAME[cmd.name].agent_call
+    if call is None:
+        raise CommandError(f"{cmd.typed} has nothing to ask of the agent")
+    call(agent, cmd)
 
 
 def permission_mode_line(mode: str) -> str:
@@ -197,8 +262,6 @@ def help_sections() -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
 def help_text(width: int | None = None) -> str:
     """/help as text. With a width, a long meaning wraps under its own column (not back to the
     line's start), so the two columns stay readable in a narrow terminal."""
-    import textwrap
-
     lines: list[str] = []
     for heading, rows in help_sections():
         left = max(len(what) for what, _ in rows)

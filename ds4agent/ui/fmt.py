@@ -384,7 +384,7 @@ def rewind_list_lines(points, note: str, now: float) -> list[str]:
 
 
 def resume_hint(session_id: str) -> str:
-    """How to get back to a saved session: the one place that words it (issue 10.16)."""
+    """How to get back to a saved session: the one place that words it."""
     return f"ds4agent --resume {session_id}"
 
 

@@ -16,11 +16,14 @@
 from __future__ import annotations
 
 import json
+import queue
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
 from ds4agent.agent import events as ev
+from ds4agent.ui import dispatch
 
 EXIT_OK = 0
 EXIT_FAIL = 1
@@ -67,111 +70,152 @@ def terminal_asker(err: TextIO, inp: TextIO) -> Callable[[ev.PermissionRequest],
     return ask
 
 
+class _Run:
+    """One headless task: the event handlers of the two tables and the state they share.
+
+    `control` handles what decides the run (start, questions, errors, the turn's end) in both
+    modes, and returns an exit status when the run is over; `display` shows the answer and the
+    tool activity, in text mode only (--json writes every event as it is instead)."""
+
+    def __init__(self, agent: Any, prompt: str, *, out: TextIO, err: TextIO, json_mode: bool,
+                 ask: Callable[[ev.PermissionRequest], tuple[str, str]] | None, save: bool) -> None:
+        self.agent = agent
+        self.prompt = prompt
+        self.out = out
+        self.err = err
+        self.json_mode = json_mode
+        self.ask = ask
+        self.save = save
+        self.status = EXIT_FAIL
+        self.submitted = False
+        self.at_line_start = True
+        self.wrote = False
+        # What the current round produced: a round that only thought before the token cap leaves
+        # stdout empty, and the verdict must say where the budget went.
+        self.round_text = self.round_thought = False
+        self.control: dispatch.EventTable[int | None] = dispatch.EventTable({
+            ev.Ready: self._ready, ev.PermissionRequest: self._permission, ev.Question: self._question,
+            ev.Error: self._error, ev.Exited: self._exited, ev.TurnEnded: self._turn_ended,
+            ev.RoundStarted: self._round_started, ev.ThinkingDelta: self._thinking,
+        })
+        self.display: dispatch.EventTable[None] = dispatch.EventTable({} if json_mode else {
+            ev.TextDelta: self._text,
+            ev.ToolCallEnd: lambda e, n: self.to_err(f"⏺ {_summary(e.name, e.args)}\n"),
+            ev.ToolResult: lambda e, n: self.to_err(f"  {'✓' if e.ok else '✗'} {_first_line(e.text)}\n"),
+            ev.ToolCallInvalid: lambda e, n: self.to_err(
+                f"  ✗ [{'invalid tool call: ' if e.kind == 'error' else ''}{e.reason}]\n"),
+            ev.CompactionStarted: lambda e, n: self.to_err(f"[compacting context: {e.reason}]\n"),
+            ev.Notice: self._notice,
+        })
+
+    def to_err(self, text: str) -> None:
+        # On a terminal both streams share the screen: end the answer's open line first, or the
+        # line written here is glued onto it.
+        if not self.json_mode and not self.at_line_start:
+            self.out.write("\n")
+            self.out.flush()
+            self.at_line_start = True
+        self.err.write(text)
+        self.err.flush()
+
+    def handle(self, e: ev.Event) -> int | None:
+        """Handle one event; the exit status once the run is over, else None."""
+        if self.json_mode:
+            self.out.write(json.dumps(ev.event_to_dict(e), ensure_ascii=False) + "\n")
+            self.out.flush()
+        status = self.control.dispatch(e)
+        if status is None:
+            self.display.dispatch(e)
+        return status
+
+    # ------------------------------------------------------------------ control
+    def _ready(self, e: ev.Ready, n: int) -> int | None:
+        if not self.agent.submit(self.prompt):
+            self.to_err("ds4agent: the prompt is empty\n")
+            return EXIT_FAIL
+        self.submitted = True
+        return None
+
+    def _permission(self, e: ev.PermissionRequest, n: int) -> None:
+        if self.ask is None:
+            self.agent.answer_permission(e.id, "n", "no one can answer permission questions in this run")
+        else:
+            key, message = self.ask(e)
+            self.agent.answer_permission(e.id, key, message)
+
+    def _question(self, e: ev.Question, n: int) -> None:
+        self.agent.answer_permission(e.id, "n")
+
+    def _error(self, e: ev.Error, n: int) -> int | None:
+        self.to_err(f"ds4agent: {e.text}\n")
+        return EXIT_FAIL if e.fatal else None
+
+    def _exited(self, e: ev.Exited, n: int) -> int:
+        return self.status if self.submitted else EXIT_FAIL
+
+    def _turn_ended(self, e: ev.TurnEnded, n: int) -> int:
+        if e.reason == "done":
+            self.status = EXIT_OK
+        elif e.reason == "interrupted":
+            self.status = EXIT_INTERRUPTED
+        else:
+            self.status = EXIT_FAIL
+            if not self.json_mode:
+                why = ""
+                if e.reason == "token_cap" and self.round_thought and not self.round_text:
+                    why = (": thinking used the round's whole token budget before any answer "
+                           "(raise --tokens, or use --nothink)")
+                self.to_err(f"ds4agent: the answer is incomplete ({e.reason.replace('_', ' ')}){why}\n")
+        if not self.json_mode and not self.at_line_start:
+            self.out.write("\n")
+            self.out.flush()
+        if self.save and not _save(self.agent, self.err):
+            self.status = EXIT_FAIL
+        return self.status
+
+    def _round_started(self, e: ev.RoundStarted, n: int) -> None:
+        self.round_text = self.round_thought = False
+
+    def _thinking(self, e: ev.ThinkingDelta, n: int) -> None:
+        self.round_thought = True
+
+    # ------------------------------------------------------------------ display (text mode)
+    def _text(self, e: ev.TextDelta, n: int) -> None:
+        text = e.text if self.wrote else e.text.lstrip()  # no blank lines before the answer
+        if text:
+            self.wrote = self.round_text = True
+            self.out.write(text)
+            self.out.flush()
+            self.at_line_start = text.endswith("\n")
+
+    def _notice(self, e: ev.Notice, n: int) -> None:
+        if e.level == "warning":
+            self.to_err(f"ds4agent: {e.text}\n")
+
+
 def run(agent: Any, prompt: str, *, out: TextIO, err: TextIO, json_mode: bool = False,
         ask: Callable[[ev.PermissionRequest], tuple[str, str]] | None = None,
         timeout: float | None = None, save: bool = False) -> int:
     """Start `agent`, run `prompt` as one task, stream events, return the exit status.
     save: save the session when the turn ends (a task continued with --continue / --resume, so
     the next --continue goes on from here)."""
-    import time
-
     deadline = None if timeout is None else time.monotonic() + timeout
-    status = EXIT_FAIL
-    submitted = False
-    at_line_start = True
-    wrote = False
-    # What the current round produced: a round that only thought before the token cap leaves
-    # stdout empty, and the verdict must say where the budget went.
-    round_text = round_thought = False
+    task = _Run(agent, prompt, out=out, err=err, json_mode=json_mode, ask=ask, save=save)
     agent.start()
-
-    def to_err(text: str) -> None:
-        # On a terminal both streams share the screen: end the answer's open line first, or the
-        # line written here is glued onto it.
-        nonlocal at_line_start
-        if not json_mode and not at_line_start:
-            out.write("\n")
-            out.flush()
-            at_line_start = True
-        err.write(text)
-        err.flush()
-
     try:
         while True:
             if deadline is not None and time.monotonic() > deadline:
-                to_err("ds4agent: timed out\n")
+                task.to_err("ds4agent: timed out\n")
                 return EXIT_FAIL
             try:
                 e = agent.events.get(timeout=0.1)
-            except Exception:  # queue.Empty
+            except queue.Empty:
                 if not agent.running:
-                    return status
+                    return task.status
                 continue
-            if json_mode:
-                out.write(json.dumps(ev.event_to_dict(e), ensure_ascii=False) + "\n")
-                out.flush()
-            if isinstance(e, ev.Ready):
-                if not agent.submit(prompt):
-                    to_err("ds4agent: the prompt is empty\n")
-                    return EXIT_FAIL
-                submitted = True
-            elif isinstance(e, ev.PermissionRequest):
-                if ask is None:
-                    agent.answer_permission(e.id, "n", "no one can answer permission questions in this run")
-                else:
-                    key, message = ask(e)
-                    agent.answer_permission(e.id, key, message)
-            elif isinstance(e, ev.Question):
-                agent.answer_permission(e.id, "n")
-            elif isinstance(e, ev.Error):
-                to_err(f"ds4agent: {e.text}\n")
-                if e.fatal:
-                    return EXIT_FAIL
-            elif isinstance(e, ev.Exited):
-                return status if submitted else EXIT_FAIL
-            elif isinstance(e, ev.TurnEnded):
-                if e.reason == "done":
-                    status = EXIT_OK
-                elif e.reason == "interrupted":
-                    status = EXIT_INTERRUPTED
-                else:
-                    status = EXIT_FAIL
-                    if not json_mode:
-                        why = ""
-                        if e.reason == "token_cap" and round_thought and not round_text:
-                            why = (": thinking used the round's whole token budget before any answer "
-                                   "(raise --tokens, or use --nothink)")
-                        to_err(f"ds4agent: the answer is incomplete ({e.reason.replace('_', ' ')}){why}\n")
-                if not json_mode and not at_line_start:
-                    out.write("\n")
-                    out.flush()
-                if save and not _save(agent, err):
-                    status = EXIT_FAIL
+            status = task.handle(e)
+            if status is not None:
                 return status
-            elif isinstance(e, ev.RoundStarted):
-                round_text = round_thought = False
-            elif isinstance(e, ev.ThinkingDelta):
-                round_thought = True
-            if json_mode:
-                continue
-            if isinstance(e, ev.TextDelta):
-                text = e.text if wrote else e.text.lstrip()  # no blank lines before the answer
-                if text:
-                    wrote = round_text = True
-                    out.write(text)
-                    out.flush()
-                    at_line_start = text.endswith("\n")
-            elif isinstance(e, ev.ToolCallEnd):
-                to_err(f"⏺ {_summary(e.name, e.args)}\n")
-            elif isinstance(e, ev.ToolResult):
-                mark = "✓" if e.ok else "✗"
-                to_err(f"  {mark} {_first_line(e.text)}\n")
-            elif isinstance(e, ev.ToolCallInvalid):
-                to_err(f"  ✗ [{'invalid tool call: ' if e.kind == 'error' else ''}{e.reason}]\n")
-            elif isinstance(e, ev.CompactionStarted):
-                to_err(f"[compacting context: {e.reason}]\n")
-            elif isinstance(e, ev.Notice) and e.level == "warning":
-                to_err(f"ds4agent: {e.text}\n")
     except KeyboardInterrupt:
         agent.interrupt()
         return EXIT_INTERRUPTED
@@ -182,8 +226,6 @@ def run(agent: Any, prompt: str, *, out: TextIO, err: TextIO, json_mode: bool = 
 
 def _save(agent: Any, err: TextIO, timeout: float = 600.0) -> bool:
     """Save the session now and wait for the outcome (a line on stderr either way)."""
-    import queue
-
     agent.save()
     while True:
         try:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ds4agent.agent import events as ev
-from ds4agent.ui import bridge, commands, fmt, toolview
+from ds4agent.ui import bridge, commands, dispatch, fmt, toolview
 
 # style keys -> prompt_toolkit styles (plain text in line mode)
 PT_STYLES = {
@@ -66,6 +66,7 @@ class PlainRenderer:
         self.questions: list[ev.Event] = []   # PermissionRequest / Question waiting for the front end
         self.exited: ev.Exited | None = None
         self.draft = ""  # a rewound turn's prompt, for the input line
+        self._events = self._event_handlers()
 
     def out(self, text: str, style: str = "text") -> None:
         if text:
@@ -87,106 +88,130 @@ class PlainRenderer:
             self.out("\n")
         self.mode = None
 
-    def handle(self, e: ev.Event, n: int = 1) -> None:  # one dispatch, in order
+    def handle(self, e: ev.Event, n: int = 1) -> None:
+        self._events.dispatch(e, n)
+
+    def _event_handlers(self) -> dispatch.EventTable[None]:
+        """Plain mode's side of the one event table (ui/dispatch.py)."""
+        return dispatch.EventTable({
+            ev.Status: lambda e, n: self.status.apply_status(e),
+            ev.PrefillProgress: lambda e, n: self.status.apply_prefill(e),
+            ev.UserTurn: self._user_turn, ev.ThinkingDelta: self._thinking,
+            ev.TextDelta: self._text, ev.CompactionDelta: self._text,
+            ev.ToolCallStart: lambda e, n: self.close_stream(), ev.ToolCallEnd: self._tool_end,
+            ev.ToolResult: self._tool_result, ev.ToolCallInvalid: self._tool_invalid,
+            ev.TurnEnded: self._turn_ended, ev.Notice: self._notice,
+            ev.Error: lambda e, n: self.line(f"ds4agent: {e.text}", "error"),
+            ev.Ready: self._ready, ev.SessionSaved: self._saved, ev.SessionLoaded: self._loaded,
+            ev.SessionNew: self._new, ev.SessionList: lambda e, n: self.print_sessions(e),
+            ev.RewindList: self._rewind_list, ev.Rewound: self._rewound, ev.History: self._history,
+            ev.CompactionStarted: lambda e, n: self.line(fmt.compacting_line(e.reason), "warning"),
+            # The agent reports a compaction's outcome itself (a Notice or an Error).
+            ev.CompactionDone: lambda e, n: self.close_stream(),
+            ev.PermissionRequest: self._question, ev.Question: self._question, ev.Exited: self._exited,
+        })
+
+    def _user_turn(self, e: ev.UserTurn, n: int) -> None:
+        self.close_stream()
+        self.answer_text = ""
+        self.out("\n› ", "marker")
+        self.out(e.text + ("  (sent while busy)" if e.queued else "") + "\n\n", "user")
+
+    def _thinking(self, e: ev.ThinkingDelta, n: int) -> None:
+        if self.mode != "thinking":
+            self.close_stream()
+            self.mode = "thinking"
+            self.think_started = self.clock()
+            self.think_tokens = 0
+            e_text = e.text.lstrip("\n")
+        else:
+            e_text = e.text
+        self.think_tokens += n
+        self.out(e_text, "thinking")
+
+    def _text(self, e: ev.TextDelta | ev.CompactionDelta, n: int) -> None:
+        text = e.text
+        if self.mode != "text":
+            self.close_stream()
+            text = text.lstrip()
+            if not text:
+                return
+            self.mode = "text"
+        if isinstance(e, ev.TextDelta):
+            self.answer_text += text
+        self.out(text, "text" if isinstance(e, ev.TextDelta) else "thinking")
+
+    def _tool_end(self, e: ev.ToolCallEnd, n: int) -> None:
+        self.close_stream()
+        self.out("⏺ ", "tool")
+        self.out(f"{e.name}  {toolview.tool_summary(e.name, e.args)}\n")
+
+    def _tool_result(self, e: ev.ToolResult, n: int) -> None:
+        self.close_stream()
+        failed = toolview.result_failed(e.name, e.ok, e.text, e.display)
+        status = toolview.result_status(e.name, e.ok, e.text, e.display, e.elapsed)
+        self.out(("  ✗ " if failed else "  ✓ ") + status + "\n", "fail" if failed else "ok")
+        for style, text in toolview.result_body(e.name, e.ok, e.text, e.display):
+            self.out("  │ ", "muted")
+            self.out(text + "\n", style)
+
+    def _tool_invalid(self, e: ev.ToolCallInvalid, n: int) -> None:
+        self.line(f"[{toolview.invalid_call_label(e.kind)}: {e.reason}]", "error")
+
+    def _turn_ended(self, e: ev.TurnEnded, n: int) -> None:
+        self.close_stream()
+        if self.answer_text.strip():
+            self.last_answer = self.answer_text.strip()
+        note = fmt.turn_end_note(e.reason, e.error)
+        if note:
+            self.line(*note)
+
+    def _notice(self, e: ev.Notice, n: int) -> None:
+        self.line(e.text, "warning" if e.level == "warning" else "muted")
+
+    def _ready(self, e: ev.Ready, n: int) -> None:
+        self.status.device = e.device
+        self.line(fmt.ready_line(e.model, e.ctx), "muted")
+
+    def _saved(self, e: ev.SessionSaved, n: int) -> None:
         s = self.status
-        if isinstance(e, ev.Status):
-            s.apply_status(e)
-        elif isinstance(e, ev.PrefillProgress):
-            s.apply_prefill(e)
-        elif isinstance(e, ev.UserTurn):
-            self.close_stream()
-            self.answer_text = ""
-            self.out("\n› ", "marker")
-            self.out(e.text + ("  (sent while busy)" if e.queued else "") + "\n\n", "user")
-        elif isinstance(e, ev.ThinkingDelta):
-            if self.mode != "thinking":
-                self.close_stream()
-                self.mode = "thinking"
-                self.think_started = self.clock()
-                self.think_tokens = 0
-                e_text = e.text.lstrip("\n")
-            else:
-                e_text = e.text
-            self.think_tokens += n
-            self.out(e_text, "thinking")
-        elif isinstance(e, (ev.TextDelta, ev.CompactionDelta)):
-            text = e.text
-            if self.mode != "text":
-                self.close_stream()
-                text = text.lstrip()
-                if not text:
-                    return
-                self.mode = "text"
-            if isinstance(e, ev.TextDelta):
-                self.answer_text += text
-            self.out(text, "text" if isinstance(e, ev.TextDelta) else "thinking")
-        elif isinstance(e, ev.ToolCallStart):
-            self.close_stream()
-        elif isinstance(e, ev.ToolCallEnd):
-            self.close_stream()
-            self.out("⏺ ", "tool")
-            self.out(f"{e.name}  {toolview.tool_summary(e.name, e.args)}\n")
-        elif isinstance(e, ev.ToolResult):
-            self.close_stream()
-            failed = toolview.result_failed(e.name, e.ok, e.text, e.display)
-            status = toolview.result_status(e.name, e.ok, e.text, e.display, e.elapsed)
-            self.out(("  ✗ " if failed else "  ✓ ") + status + "\n", "fail" if failed else "ok")
-            for style, text in toolview.result_body(e.name, e.ok, e.text, e.display):
-                self.out("  │ ", "muted")
-                self.out(text + "\n", style)
-        elif isinstance(e, ev.ToolCallInvalid):
-            self.line(f"[{toolview.invalid_call_label(e.kind)}: {e.reason}]", "error")
-        elif isinstance(e, ev.TurnEnded):
-            self.close_stream()
-            if self.answer_text.strip():
-                self.last_answer = self.answer_text.strip()
-            note = fmt.turn_end_note(e.reason, e.error)
-            if note:
-                self.line(*note)
-        elif isinstance(e, ev.Notice):
-            self.line(e.text, "warning" if e.level == "warning" else "muted")
-        elif isinstance(e, ev.Error):
-            self.line(f"ds4agent: {e.text}", "error")
-        elif isinstance(e, ev.Ready):
-            s.device = e.device
-            self.line(fmt.ready_line(e.model, e.ctx), "muted")
-        elif isinstance(e, ev.SessionSaved):
-            s.session_id, s.title, s.dirty = e.short_id, e.title, False
-        elif isinstance(e, ev.SessionLoaded):
-            s.switch_session(e.short_id, e.title, e.tokens)
-            # The agent follows with its own "switched to session …" / "resumed …" notice.
-            heading = fmt.loaded_history_heading(e.short_id, e.title, e.history)
-            if heading:
-                self.replay(heading, e.history)
-        elif isinstance(e, ev.SessionNew):
-            s.switch_session()
-            self.line("─" * 40 + " new session", "muted")
-        elif isinstance(e, ev.SessionList):
-            self.print_sessions(e)
-        elif isinstance(e, ev.RewindList):
-            for row in fmt.rewind_list_lines(e.points, e.note, self.now()):
-                self.line(row, "muted")
-        elif isinstance(e, ev.Rewound):
-            # The agent's notice says what happened; files left alone are listed one by one.
-            for line in e.refused:
-                self.line(f"  not restored: {line}", "warning")
-            if e.prompt:
-                self.draft = e.prompt  # back in the input (interactive), to edit and re-send
-        elif isinstance(e, ev.History):
-            if not e.items:
-                self.line(fmt.NO_HISTORY, "muted")
-            else:
-                self.replay(fmt.history_heading(e.turns), e.items)
-        elif isinstance(e, ev.CompactionStarted):
-            self.line(fmt.compacting_line(e.reason), "warning")
-        elif isinstance(e, ev.CompactionDone):
-            self.close_stream()  # the agent reports the outcome itself (a Notice or an Error)
-        elif isinstance(e, (ev.PermissionRequest, ev.Question)):
-            self.close_stream()
-            self.questions.append(e)
-        elif isinstance(e, ev.Exited):
-            self.close_stream()
-            self.exited = e
+        s.session_id, s.title, s.dirty = e.short_id, e.title, False
+
+    def _loaded(self, e: ev.SessionLoaded, n: int) -> None:
+        self.status.switch_session(e.short_id, e.title, e.tokens)
+        # The agent follows with its own "switched to session …" / "resumed …" notice.
+        heading = fmt.loaded_history_heading(e.short_id, e.title, e.history)
+        if heading:
+            self.replay(heading, e.history)
+
+    def _new(self, e: ev.SessionNew, n: int) -> None:
+        self.status.switch_session()
+        self.line("─" * 40 + " new session", "muted")
+
+    def _rewind_list(self, e: ev.RewindList, n: int) -> None:
+        for row in fmt.rewind_list_lines(e.points, e.note, self.now()):
+            self.line(row, "muted")
+
+    def _rewound(self, e: ev.Rewound, n: int) -> None:
+        # The agent's notice says what happened; files left alone are listed one by one.
+        for line in e.refused:
+            self.line(f"  not restored: {line}", "warning")
+        if e.prompt:
+            self.draft = e.prompt  # back in the input (interactive), to edit and re-send
+
+    def _history(self, e: ev.History, n: int) -> None:
+        if not e.items:
+            self.line(fmt.NO_HISTORY, "muted")
+        else:
+            self.replay(fmt.history_heading(e.turns), e.items)
+
+    def _question(self, e: ev.PermissionRequest | ev.Question, n: int) -> None:
+        self.close_stream()
+        self.questions.append(e)
+
+    def _exited(self, e: ev.Exited, n: int) -> None:
+        self.close_stream()
+        self.exited = e
 
     def replay(self, heading: str, items) -> None:
         """Saved turns between a heading and the end-of-history line (after /load, /history)."""
@@ -232,65 +257,56 @@ class PlainFrontEnd:
         return len(events)
 
     def run_command(self, line: str, *, copy: Callable[[str], bool] | None = None) -> None:
-        r = self.r
+        """A slash command: the shared table's agent call, or plain mode's own handler for it."""
+        own: dict[str, Callable[[commands.ParsedCommand], None]] = {
+            "help": self._cmd_help, "load": self._cmd_load, "new": self._cmd_new,
+            "permissions": self._cmd_permissions, "copy": lambda cmd: self._cmd_copy(copy),
+            "quit": self._cmd_quit,
+        }
         try:
-            cmd = commands.parse(line)
-            commands.check_allowed(cmd, bool(self.agent.busy))
+            cmd = commands.prepare(line, busy=bool(self.agent.busy))
+            handler = own.get(cmd.name)
+            if handler is not None:
+                handler(cmd)
+            else:
+                commands.call_agent(cmd, self.agent)
         except commands.CommandError as err:
-            r.line(str(err), "error")
-            return
-        a, name = self.agent, cmd.name
-        if name == "help":
-            r.line(commands.help_text(self.width()), "muted")
-        elif name == "save":
-            a.save(cmd.arg or None)
-        elif name == "list":
-            a.list_sessions()
-        elif name == "load":
-            if cmd.arg:
-                self.switching = True
-                a.load(cmd.arg)
-            else:
-                r.line("usage: /load <id-prefix> (saved sessions below)", "muted")
-                a.list_sessions()
-        elif name == "history":
-            a.history(commands.history_count(cmd.arg))
-        elif name == "new":
+            self.r.line(str(err), "error")
+
+    def _cmd_help(self, cmd: commands.ParsedCommand) -> None:
+        self.r.line(commands.help_text(self.width()), "muted")
+
+    def _cmd_load(self, cmd: commands.ParsedCommand) -> None:
+        if cmd.arg:
             self.switching = True
-            a.new()
-        elif name == "compact":
-            a.compact()
-        elif name == "rewind":
-            try:
-                number, mode = commands.rewind_args(cmd.arg)
-            except commands.CommandError as err:
-                r.line(str(err), "error")
-                return
-            if number is None:
-                a.rewind_points()
-            else:
-                a.rewind(number, mode)
-        elif name == "fork":
-            a.fork(cmd.arg)
-        elif name in ("think", "nothink"):
-            a.set_think_mode(commands.think_mode(cmd))
-        elif name == "permissions":
-            mode = cmd.arg.strip()
-            if not mode:
-                r.line(commands.permission_mode_line(r.status.permission), "muted")
-            else:
-                a.set_permission_mode(mode)  # the agent checks it and confirms (notice + Status)
-        elif name == "copy":
-            text = r.last_answer
-            if not text:
-                r.line("nothing to copy yet", "warning")
-            elif copy is not None and copy(text):
-                r.line(f"copied the last answer ({len(text)} characters)", "muted")
-            else:
-                r.line("copy needs a terminal (the output is not one)", "error")
-        elif name == "quit":
-            self.quitting = True
-            a.quit()
+            commands.call_agent(cmd, self.agent)
+        else:
+            self.r.line("usage: /load <id-prefix> (saved sessions below)", "muted")
+            self.agent.list_sessions()
+
+    def _cmd_new(self, cmd: commands.ParsedCommand) -> None:
+        self.switching = True
+        commands.call_agent(cmd, self.agent)
+
+    def _cmd_permissions(self, cmd: commands.ParsedCommand) -> None:
+        if not cmd.arg:
+            self.r.line(commands.permission_mode_line(self.r.status.permission), "muted")
+        else:
+            commands.call_agent(cmd, self.agent)
+
+    def _cmd_copy(self, copy: Callable[[str], bool] | None) -> None:
+        r = self.r
+        text = r.last_answer
+        if not text:
+            r.line("nothing to copy yet", "warning")
+        elif copy is not None and copy(text):
+            r.line(f"copied the last answer ({len(text)} characters)", "muted")
+        else:
+            r.line("copy needs a terminal (the output is not one)", "error")
+
+    def _cmd_quit(self, cmd: commands.ParsedCommand) -> None:
+        self.quitting = True
+        commands.call_agent(cmd, self.agent)
 
 
 def question_prompt(e: ev.Event) -> tuple[str, tuple[str, ...]]:
@@ -370,6 +386,9 @@ _QUESTION = object()
 
 
 async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by the tmux test
+    """The interactive plain front end. One long function on purpose: prompt_toolkit's key
+    bindings, the toolbar and the pump loop are closures over the same session, renderer and
+    draft, and they only make sense read together with the prompt loop that owns them."""
     from prompt_toolkit import PromptSession, print_formatted_text
     from prompt_toolkit.filters import Condition
     from prompt_toolkit.formatted_text import FormattedText

@@ -35,7 +35,7 @@ def test_rewind_lists_user_turns_and_cuts_the_conversation(tmp_path, tools):
     assert done.prefilled == 0
     assert h.ids == before_two and h.live == tuple(before_two)
     assert of(evs, ev.Notice)[-1].text == f"rewound to turn 2 (conversation): {starts[1]} tokens, 0 prefilled"
-    assert h.worker.dirty
+    assert h.worker.identity.dirty
     # The list now ends at turn 1, and the conversation goes on from there.
     assert len(of(h.command(h.agent.rewind_points), ev.RewindList)[0].points) == 1
     h.engine.add(reply("again", think="t"))
@@ -156,7 +156,7 @@ def test_rewind_fork_saves_the_earlier_point_as_a_new_session(tmp_path, tools):
 def test_deleting_a_session_removes_its_checkpoints_and_index_entry(tmp_path):
     h, work = _writer(tmp_path, answer=lambda e: "n")
     saved = of(h.command(h.agent.save), ev.SessionSaved)[0]
-    key = h.worker.checkpoints.key
+    key = h.worker.identity.checkpoints.key
     ckdir = tmp_path / "checkpoints" / key
     log = [json.loads(line) for line in (ckdir / "log.jsonl").read_text().splitlines()]
     assert [(e["path"], e["before"] is None) for e in log] == [

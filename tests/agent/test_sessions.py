@@ -168,7 +168,7 @@ def test_non_utf8_title_keeps_the_session_identity_across_load_save_and_resume(t
                                 shape=eng.payload_shape(), quant_bits=eng.quant_bits, title=title,
                                 created_at=1_760_000_000)
     assert made.id == session_identity(title, 1_760_000_000)
-    h.worker.dirty = False
+    h.worker.identity.dirty = False
     loaded = of(h.command(lambda: h.agent.load(made.id[:8])), ev.SessionLoaded)[0]
     assert loaded.title == "caf\ufffd \ufffd title"  # shown with U+FFFD ...
     h.turn("second")
@@ -223,7 +223,7 @@ def test_legacy_file_is_resaved_under_a_title_identity_and_deleted(tmp_path, too
                                 tokens=len(h.ids), hits=0, ctx_size=eng.ctx, created_at=1_700_000_000,
                                 last_used=1_700_000_000, payload_bytes=0),
               text, payload, eng.payload_shape())
-    h.worker.dirty = False
+    h.worker.identity.dirty = False
     loaded = of(h.command(lambda: h.agent.load(legacy.stem[:10])), ev.SessionLoaded)[0]
     assert loaded.title == "legacy question" and loaded.prefilled == 0
     h.turn("more")
@@ -241,7 +241,7 @@ def test_stripped_session_is_rebuilt_from_its_text_and_prefilled(tmp_path, tools
     eng, ids = h.worker.engine, h.ids
     stripped = h.store.save_session(TOK.decode_bytes(ids), None, shape=None, quant_bits=eng.quant_bits,
                                     n_tokens=len(ids), ctx=eng.ctx, created_at=1_750_000_000)
-    h.worker.dirty = False
+    h.worker.identity.dirty = False
     h.command(h.agent.new)
     evs = h.command(lambda: h.agent.load(stripped.id[:8]))
     loaded = of(evs, ev.SessionLoaded)[0]

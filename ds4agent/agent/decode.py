@@ -1,0 +1,56 @@
+"""The agent's side of the one decode loop: the engine's `generate` plus the interrupt flag.
+
+An assistant round (worker.py) and a compaction summary (compaction.py) both generate through
+`TokenStream`, which reads `ds4agent.engine.generate` (the decode primitive: it samples on the
+device and computes the next step while the caller works on a token). The caller reads the
+tokens in a `for` loop and decides what each one means; it ends generation by leaving the loop,
+and the token it stopped at is never kept in the session (its step was in flight and is dropped;
+the next sync runs it if the transcript keeps it). So an EOS, a stop token or the close of a
+DSML block costs no model step that is kept.
+
+    stream = TokenStream(session, sampler, limit=cap, greedy=lambda: parser.in_syntax,
+                         should_stop=io.should_stop)
+    for token in stream:
+        ...            # break to stop: this token is not in the session
+    stream.interrupted  # True when should_stop() ended it
+
+should_stop() is asked as each token arrives; a token that arrives after it said so is dropped,
+as if the interrupt had come before the token was sampled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ds4agent.engine import generate
+
+
+def _never() -> bool:
+    return False
+
+
+class TokenStream:
+    __slots__ = ("_session", "_sampler", "_limit", "_greedy", "_should_stop", "interrupted")
+
+    def __init__(self, session: Any, sampler: Any, *, limit: int, greedy: Callable[[], bool],
+                 should_stop: Callable[[], bool] = _never) -> None:
+        self._session = session  # the engine's Session (or a double speaking its decode seam)
+        self._sampler = sampler  # the engine's Sampler
+        self._limit = limit
+        self._greedy = greedy  # asked before every token: argmax while it says so
+        self._should_stop = should_stop
+        self.interrupted = False
+
+    def __iter__(self) -> Iterator[int]:
+        should_stop = self._should_stop
+        # closing(): leaving this loop early ends the engine's generator at once (it drops its
+        # in-flight step and settles the session), not whenever it is collected.
+        with contextlib.closing(generate(self._session, self._sampler, max_tokens=self._limit,
+                                         greedy=self._greedy)) as tokens:
+            for token in tokens:
+                if should_stop():
+                    self.interrupted = True
+                    return
+                yield token

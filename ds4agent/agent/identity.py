@@ -1,0 +1,107 @@
+"""SessionIdentity: who the live conversation is (kvc-format.md §12.3-12.5), in one place.
+
+Every field that belongs to a conversation rather than to the worker lives here, so /new, /load,
+/save, /fork, a crash resume and the journal's meta handle them as one value:
+
+    title        the exact title-trailer bytes (the identity is SHA-1 over them and created_at);
+                 None until the session has a title
+    created_at   unix seconds of the first save (None: never saved)
+    session_id   the full 40-hex identity once saved or loaded ("" before)
+    legacy_path  the file this session was loaded from when that file is to be replaced on the
+                 next save (an old-format name, or the name of a renamed title)
+    forked_from  the id of the session this conversation was forked from ("" when none)
+    dirty        the conversation has turns the saved file does not have
+    activity     a user turn since start or /new (a loaded session counts): "nothing to save" else
+    checkpoints  the code checkpoints of this conversation (sessions/checkpoints.py), or None
+
+The journal's meta (to_meta / from_meta) is JSON, so the title's exact bytes travel as hex.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import overload
+
+from ds4agent.sessions.checkpoints import CodeCheckpoints
+
+_HEX = frozenset("0123456789abcdef")
+
+
+@dataclass
+class SessionIdentity:
+    title: bytes | None = None
+    created_at: int | None = None
+    session_id: str = ""
+    legacy_path: str | None = None
+    forked_from: str = ""
+    dirty: bool = False
+    activity: bool = False
+    checkpoints: CodeCheckpoints | None = None
+
+    @property
+    def unsaved_work(self) -> bool:
+        """Turns that would be lost by leaving: what the save question and the journal ask about."""
+        return self.dirty and self.activity
+
+    def to_meta(self) -> dict[str, object]:
+        """The identity's part of the crash journal's meta (activity is implied by a journal)."""
+        return {
+            "title_hex": self.title.hex() if self.title is not None else None,
+            "created_at": self.created_at,
+            "session_id": self.session_id,
+            "legacy_path": self.legacy_path,
+            "dirty": bool(self.dirty),
+            "forked_from": self.forked_from,
+            "checkpoints": self.checkpoints.key if self.checkpoints is not None else "",
+        }
+
+    @classmethod
+    def from_meta(cls, meta: dict[str, object], checkpoint_dir: Path | None) -> SessionIdentity:
+        """The identity a journal recorded. A resumed journal always has unsaved turns (only those
+        are offered), so it is dirty and active whatever the meta says."""
+        created = meta.get("created_at")
+        legacy = meta.get("legacy_path")
+        return cls(
+            title=meta_title(meta),
+            created_at=int(created) if isinstance(created, int | float) and created else None,
+            session_id=str(meta.get("session_id") or ""),
+            legacy_path=str(legacy) if legacy else None,
+            forked_from=str(meta.get("forked_from") or ""),
+            dirty=True,
+            activity=True,
+            checkpoints=checkpoints_for(str(meta.get("checkpoints") or ""), checkpoint_dir),
+        )
+
+
+def meta_title(meta: dict[str, object]) -> bytes | None:
+    """The title a journal's meta holds: `title_hex` (exact bytes), or an older journal's text."""
+    hexed = meta.get("title_hex")
+    if isinstance(hexed, str):
+        try:
+            return bytes.fromhex(hexed)
+        except ValueError:
+            return None
+    title = meta.get("title")
+    return title_bytes(str(title)) if title else None
+
+
+@overload
+def title_bytes(title: str | bytes) -> bytes: ...
+@overload
+def title_bytes(title: None) -> None: ...
+def title_bytes(title: str | bytes | None) -> bytes | None:
+    """The title exactly as stored in the trailer. The session identity is SHA-1 over these bytes
+    (kvc-format.md §12.3), so a title is never round-tripped through str: a non-UTF-8 title from a
+    ds4 file would come back with U+FFFD and re-save under a different name."""
+    if title is None or isinstance(title, bytes):
+        return title
+    return str(title).encode("utf-8", "surrogateescape")
+
+
+def checkpoints_for(key: str, checkpoint_dir: Path | None) -> CodeCheckpoints | None:
+    """The code checkpoints under `key` (an index entry's or a journal's), None for no key or a
+    key that is not the hex a checkpoint directory is named with (never a path to follow)."""
+    if key and all(c in _HEX for c in key):
+        return CodeCheckpoints(checkpoint_dir, key)
+    return None

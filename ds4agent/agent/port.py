@@ -1,0 +1,95 @@
+"""The worker's boundary, as two small protocols: what the session commands may touch.
+
+    AgentIO      the facade's side the worker talks to: events out, questions, the interrupt flag
+                 and the messages queued while busy (facade.Agent implements it)
+    WorkerPort   the worker state and the few operations that sessionops, compaction, rewind and
+                 permissions_glue use (worker.Worker implements it)
+
+The modules over the worker are typed against WorkerPort, never against the Worker class: they
+cannot reach its private state, and the worker imports them without a circle. Everything named
+here is public on the Worker; nothing is typed Any.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from ds4agent.agent import events as ev
+
+if TYPE_CHECKING:  # types only: importing this module stays free of the engine and the tools
+    from ds4agent.agent.identity import SessionIdentity
+    from ds4agent.agent.journal import Journal
+    from ds4agent.agent.prompt import SystemText
+    from ds4agent.agent.settings import AgentSettings
+    from ds4agent.agent.trace import Trace
+    from ds4agent.agent.transcript import Transcript
+    from ds4agent.engine import Engine, Session, SnapshotStore
+    from ds4agent.engine.sampler import Sampler
+    from ds4agent.protocol.tokenizer import Tokenizer
+    from ds4agent.sessions.store import SessionStore
+    from ds4agent.tools import Tool, ToolContext
+    from ds4agent.tools.permissions import PermissionPolicy
+
+
+class AgentIO(Protocol):
+    def emit(self, event: ev.Event) -> None: ...
+
+    def ask(self, event: ev.PermissionRequest | ev.Question) -> tuple[str, str]:
+        """Publish a question and wait for (key, message); worker thread only."""
+        ...
+
+    def new_id(self, prefix: str) -> str: ...
+
+    def should_stop(self) -> bool:
+        """The user's interrupt is pending."""
+        ...
+
+    def clear_interrupt(self) -> None: ...
+
+    def has_queued(self) -> bool: ...
+
+    def take_queued(self) -> str:
+        """All messages typed while busy, joined; empties the queue."""
+        ...
+
+
+class WorkerPort(Protocol):
+    # what the worker was built with
+    settings: AgentSettings
+    io: AgentIO
+    store: SessionStore | None
+    tools: list[Tool]
+    policy: PermissionPolicy
+    tool_ctx: ToolContext
+    trace: Trace
+    # what startup made
+    engine: Engine
+    session: Session
+    tok: Tokenizer
+    sampler: Sampler
+    snapshots: SnapshotStore | None
+    journal: Journal | None
+    system: SystemText
+    system_ids: list[int]
+    system_is_max: bool  # the system prefix was rendered for think-max
+    # the conversation
+    transcript: Transcript
+    identity: SessionIdentity
+    think_mode: str
+    turn_times: dict[int, float]  # transcript index of a user turn -> when it was sent
+    turn_at: int  # transcript index of the current user turn
+    jobs_update_due: bool  # a compaction ran: the next User turn re-announces running bash jobs
+    # status figures
+    generated: int
+    decode_tps: float
+    last_prefilled: int
+
+    def sync(self, *, interruptible: bool = True) -> bool:
+        """Bring the live KV up to the transcript; False when interrupted."""
+        ...
+
+    def set_state(self, state: ev.State, *, progress: float | None = None, detail: str = "") -> None: ...
+
+    def emit_status(self, progress: float | None = None) -> None: ...
+
+    def forget_pending_results(self) -> None: ...
