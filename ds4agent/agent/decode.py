@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ds4agent.engine import generate
+
+if TYPE_CHECKING:
+    from ds4agent.engine import Sampler, Session
 
 
 def _never() -> bool:
@@ -34,10 +37,10 @@ def _never() -> bool:
 class TokenStream:
     __slots__ = ("_session", "_sampler", "_limit", "_greedy", "_should_stop", "interrupted")
 
-    def __init__(self, session: Any, sampler: Any, *, limit: int, greedy: Callable[[], bool],
+    def __init__(self, session: Session, sampler: Sampler, *, limit: int, greedy: Callable[[], bool],
                  should_stop: Callable[[], bool] = _never) -> None:
-        self._session = session  # the engine's Session (or a double speaking its decode seam)
-        self._sampler = sampler  # the engine's Sampler
+        self._session = session  # (tests: a double speaking the same decode seam)
+        self._sampler = sampler
         self._limit = limit
         self._greedy = greedy  # asked before every token: argmax while it says so
         self._should_stop = should_stop

@@ -29,7 +29,7 @@ sampling happens only for tokens that are handed out.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import mlx.core as mx
@@ -40,7 +40,7 @@ from .sampler import check_token
 
 
 def generate(session: Any, sampler: Any, *, max_tokens: int,
-           greedy: Callable[[], bool] | None = None) -> Iterator[int]:
+             greedy: Callable[[], bool] | None = None) -> Generator[int, None, None]:
     """Token ids sampled after the session's live state, at most `max_tokens` (and no more than
     the context can take: the last one is handed out without a step). `greedy()` is asked before
     each token is sampled (None: the sampler's own mode for every token).

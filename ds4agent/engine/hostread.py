@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
@@ -67,7 +67,7 @@ def to_int(a: Any) -> int:
     """One integer element (a sampled token id, a flag) read back."""
     if isinstance(a, mx.array):
         _tick(a)
-        return int(a.item())
+        return int(cast(int, a.item()))
     return int(a)
 
 
