@@ -85,30 +85,30 @@ class Linear:
     Quantised: `(wq, scales, biases)` of MLX affine 8-bit, group 32 (exact image of Q8_0,
     model.md §7), multiplied with `mx.quantized_matmul` on f32 activations.
 
-    The GPU kernel set (device.kernel_set) multiplies an F16 matrix as F16 where `half` allows
-    it: the activations are rounded to f16, MLX's half product accumulates in f32 and rounds
-    its result to f16, so a mat-vec reads 2 bytes per weight instead of widening the whole
-    matrix to f32 per call (read 2, write 4, read 4). Those roundings (relative 2^-11) are
-    inside the GPU tolerance where the output is a value (hyper-connection mixes, compressed
-    KV rows); where it decides a selection (router, indexer scores and keys) or a softmax gate
-    they flip near-ties often enough to break it on the test configs, so build_weights passes
-    half=False there (see _HALF_UNSAFE). The inputs are RMS-normalised, far from f16's range.
+    The GPU kernel set (device.kernel_set) widens an F16 matrix once, here, and keeps it as f32:
+    a decoded token then reads 4 bytes per weight instead of widening per call (read 2, write 4,
+    read 4), for 2 more bytes per weight resident (about 1 GiB at the Flash shape; the memory
+    plan counts it). Multiplying it as F16 instead (activations rounded to f16, the product's
+    result rounded to f16) was measured: max |dlogit| rose from ~1e-4 to ~1e-2 of max |logit|
+    on the test configs and the argmax flipped at near-ties on ~4% of positions, outside the
+    GPU contract (tests/engine/test_gpu_kernels.py).
     """
 
     __slots__ = ("weight", "scales", "biases", "out_features", "in_features", "_wt", "_parts", "_widen",
-                 "_cpu", "_half")
+                 "_cpu")
 
     def __init__(self, weight: mx.array, scales: mx.array | None = None,
-                 biases: mx.array | None = None, *, in_features: int | None = None, half: bool = True):
+                 biases: mx.array | None = None, *, in_features: int | None = None):
         if scales is None:
             w = weight if isinstance(weight, mx.array) else mx.array(np.asarray(weight))
             if w.ndim != 2:
                 raise ValueError(f"Linear weight must be 2-D, got shape {list(w.shape)}")
             if w.dtype not in (mx.float32, mx.float16):
                 w = w.astype(mx.float32)  # e.g. bf16: exact in f32, rare enough to keep widened
+            if w.dtype == mx.float16 and gpu_kernels():
+                w = w.astype(mx.float32)  # widened once for the GPU kernel set (class docstring)
             self._widen = w.dtype == mx.float16
             self._cpu = device.cpu_layout()
-            self._half = self._widen and half and gpu_kernels()
             if self._cpu:
                 self._wt = mx.contiguous(w.T)  # [in, out]: the stored copy (see class docstring)
                 self.weight = self._wt.T
@@ -122,7 +122,7 @@ class Linear:
         else:
             self.weight, self.scales, self.biases = weight, scales, biases
             self._wt = None
-            self._widen = self._cpu = self._half = False
+            self._widen = self._cpu = False
             self.out_features = int(weight.shape[0])
             self.in_features = int(in_features if in_features is not None else scales.shape[-1] * 32)
             # Row slices for the parallel CPU product (views: no extra memory); whether a call
@@ -143,8 +143,6 @@ class Linear:
         if self.scales is None:
             if not self._widen:
                 return x @ self._wt
-            if self._half:
-                return (x.astype(mx.float16) @ self._wt).astype(mx.float32)
             # Widen in the stored layout, so the product sees exactly the operand layout a
             # resident f32 copy would have (CPU: contiguous [in, out]; GPU: [out, in] viewed .T).
             if self._cpu:
@@ -161,7 +159,7 @@ class Linear:
     def rows(self, start: int, stop: int) -> Linear:
         """The Linear of output rows start..stop-1 (a view; used for the grouped output LoRA)."""
         if self.scales is None:
-            return Linear(self.weight[start:stop], half=self._half or not self._widen)
+            return Linear(self.weight[start:stop])
         return Linear(self.weight[start:stop], self.scales[start:stop], self.biases[start:stop],
                       in_features=self.in_features)
 
@@ -248,18 +246,13 @@ class ModelWeights:
 # ---- building ---------------------------------------------------------------------------------
 
 
-# F16 matrices whose outputs decide a selection or gate a softmax: the GPU kernel set widens
-# them to f32 per call instead of multiplying them as F16 (Linear).
-_HALF_UNSAFE = ("ffn_gate_inp.", "indexer.", "indexer_compressor_", "_compressor_gate.")
-
-
 def _as_linear(name: str, v: Any, shape: tuple[int, int]) -> Linear:
     if isinstance(v, Linear):
         lin = v
     elif isinstance(v, tuple):
         lin = Linear(*v, in_features=shape[1])
     else:
-        lin = Linear(v, half=not any(key in name for key in _HALF_UNSAFE))
+        lin = Linear(v)
     got = (lin.out_features, lin.in_features)
     if got != tuple(shape):
         raise TensorShapeError(name, tuple(shape), got)
@@ -530,9 +523,7 @@ def weights_from_tensors(config: ModelConfig, tensors: Mapping[str, Any], *,
         if name in q8_names:
             # The values are Q8_0-exact: re-encoding them gives the file's blocks bit for bit.
             return _exact_q8_affine(np.asarray(v, dtype=np.float32))
-        # F16 matrices stay F16 for the GPU kernel set, as a loaded file's do (Linear).
-        if isinstance(v, np.ndarray) and v.dtype == np.float16 and name != "token_embd.weight" \
-                and not gpu_kernels():
+        if isinstance(v, np.ndarray) and v.dtype == np.float16 and name != "token_embd.weight":
             return mx.array(v.astype(np.float32))
         return v
 
