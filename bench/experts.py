@@ -47,7 +47,7 @@ F16_FIELDS = {quant.Q2_K: (80, 82), quant.Q4_K: (0, 2), quant.IQ2_XXS: (0,)}
 def random_experts(rng: np.random.Generator, qtype: int, shape: tuple[int, int]) -> np.ndarray:
     """[256, d_out, row_bytes] random valid blocks: random bytes, f16 scales set to ~1e-3."""
     d_out, d_in = shape
-    block, size, _ = quant.BLOCK_INFO[qtype]
+    block, size, _ = quant.block_info(qtype)
     per_expert = d_out * d_in // block  # blocks
     raw = np.empty((N_EXPERTS, per_expert, size), dtype=np.uint8)
     scales = (rng.uniform(0.5, 1.0, per_expert) * 1e-3).astype(np.float16).view(np.uint8).reshape(-1, 2)

@@ -17,7 +17,7 @@ What is measured:
     the contract (architecture.md "Numerics per device"): argmax identical on >= 99% of the
     positions and max |dlogit| <= 1e-2 x max |logit|. A failure makes the exit status 1;
   * prefill tokens/s (one prompt of --prefill tokens through Session.sync) and decode tokens/s
-    (--decode greedy tokens through engine.decode, the generator the agent uses), at `small`
+    (--decode greedy tokens through engine.generate, the decode loop the agent uses), at `small`
     and at the Flash shape (`ds4agent make-test-model --config flash`, q2 experts; about 11 GB
     written to --workdir and removed afterwards unless --keep; --flash-prefill / --flash-decode
     bound its run, --no-flash skips it);
@@ -43,12 +43,15 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ds4agent.engine import hostread  # noqa: E402
-from ds4agent.engine.decode import decode  # noqa: E402
+from ds4agent.engine import (  # noqa: E402
+    Engine,  # noqa: E402
+    generate,
+    hostread,
+    load_engine,
+)
 from ds4agent.engine.device import KERNELS_ENV, choose_device, kernel_set  # noqa: E402
 from ds4agent.engine.model import Trace, forward  # noqa: E402
 from ds4agent.engine.sampler import Sampler  # noqa: E402
-from ds4agent.engine.session import Engine  # noqa: E402
 from ds4agent.engine.state import SessionState  # noqa: E402
 from ds4agent.testmodels.writer import make_test_model  # noqa: E402
 
@@ -88,7 +91,7 @@ def _set_kernels(name: str) -> None:
 
 def _load(path: Path, device: str, kernels: str, ctx: int) -> Engine:
     _set_kernels(kernels)
-    return Engine.load(path, ctx=ctx, device=device)
+    return load_engine(path, ctx=ctx, device=device)
 
 
 def _prompt(vocab: int, n: int, seed: int = 1) -> list[int]:
@@ -133,7 +136,7 @@ def speed(engine: Engine, n_prefill: int, n_decode: int) -> dict[str, float]:
     vocab = engine.config.vocab
     warm = engine.new_session()
     warm.sync(_prompt(vocab, min(8, n_prefill), seed=5))
-    for _ in decode(warm, Sampler(temperature=0.0), max_tokens=min(3, n_decode)):
+    for _ in generate(warm, Sampler(temperature=0.0), max_tokens=min(3, n_decode)):
         pass
     del warm
     s = engine.new_session()
@@ -144,7 +147,7 @@ def speed(engine: Engine, n_prefill: int, n_decode: int) -> dict[str, float]:
     reads0 = hostread.reads()
     got = 0
     t2 = time.perf_counter()
-    for _ in decode(s, Sampler(temperature=0.0), max_tokens=n_decode):
+    for _ in generate(s, Sampler(temperature=0.0), max_tokens=n_decode):
         got += 1
     t3 = time.perf_counter()
     reads = hostread.reads() - reads0

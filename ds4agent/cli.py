@@ -1,8 +1,9 @@
-"""Command line: one parser for the agent (TUI, plain, headless) and the debugging subcommands.
+"""Command line: one parser for the agent (TUI, plain, headless) and the subcommands.
 
-Every subcommand's implementation lives in the room that owns it and is imported lazily, so
-`ds4agent --help` and the subcommands that need no model start fast and never import MLX or
-Textual when they do not need them.
+The parser, and a table: subcommand name -> the module of ds4agent/commands/ whose `main(args)`
+runs it and returns the exit code. Each is imported only when run, so `ds4agent --help` and the
+subcommands that need no model start fast and never import MLX or Textual when they do not need
+them.
 """
 
 from __future__ import annotations
@@ -17,15 +18,16 @@ from ds4agent.models.catalog import FLAVOURS
 from ds4agent.models.errors import ModelError
 from ds4agent.models.locate import DEFAULT_MODEL_FILE, resolve_model_path
 
-# subcommand -> (module, function); the function takes the parsed namespace and returns an exit code.
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "tokens": ("ds4agent.commands.tokens", "main"),
-    "dump-logits": ("ds4agent.commands.dump_logits", "main"),
-    "make-test-model": ("ds4agent.testmodels.writer", "main"),
-    "kv": ("ds4agent.commands.kv", "main"),
-    "info": ("ds4agent.engine.memory", "main"),
-    "convert": ("ds4agent.engine.convert", "main"),
-    "pull": ("ds4agent.models.pull", "main"),
+# subcommand -> its module in ds4agent/commands/; its main(args) takes the parsed namespace and
+# returns the exit code.
+SUBCOMMANDS: dict[str, str] = {
+    "tokens": "ds4agent.commands.tokens",
+    "dump-logits": "ds4agent.commands.dump_logits",
+    "make-test-model": "ds4agent.commands.make_test_model",
+    "kv": "ds4agent.commands.kv",
+    "info": "ds4agent.commands.info",
+    "convert": "ds4agent.commands.convert",
+    "pull": "ds4agent.commands.pull",
 }
 
 
@@ -175,7 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="line-mode interface (prompt_toolkit) instead of the full-screen app; "
                         "the default when stdout is not a terminal")
     _add_pipeline(parser)
+    _add_subcommands(parser)
+    return parser
 
+
+def _add_subcommands(parser: argparse.ArgumentParser) -> None:
+    """The subcommands' parsers (each one's `main` is in the SUBCOMMANDS module)."""
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("tokens", help="print the token ids and texts of a text (like ds4 --dump-tokens)")
@@ -241,8 +248,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token", metavar="TOKEN", default=None,
                    help="Hugging Face token (default: $HF_TOKEN, else the one `hf auth login` saved)")
 
-    return parser
-
 
 def _call(module: str, function: str, args: argparse.Namespace) -> int:
     return int(getattr(importlib.import_module(module), function)(args) or 0)
@@ -253,8 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command is not None:
-            module, function = SUBCOMMANDS[args.command]
-            return _call(module, function, args)
+            return _call(SUBCOMMANDS[args.command], "main", args)
         check_agent_flags(args)
         args.model_path = resolve_model_path(args.model)
         if args.prompt is not None:

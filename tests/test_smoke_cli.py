@@ -21,7 +21,7 @@ def test_closed_pipe_is_a_quiet_exit(tmp_path):
     # 141 (128 + SIGPIPE) and no traceback. A stand-in subcommand raises the error deterministically
     # (how much a real pipe buffers before EPIPE depends on the kernel).
     (tmp_path / "boom.py").write_text("def main(args):\n    raise BrokenPipeError(32, 'Broken pipe')\n")
-    code = ("import sys; from ds4agent import cli; cli.SUBCOMMANDS['info'] = ('boom', 'main'); "
+    code = ("import sys; from ds4agent import cli; cli.SUBCOMMANDS['info'] = 'boom'; "
             "sys.exit(cli.main(['info', 'x']))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                        env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})

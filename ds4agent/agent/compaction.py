@@ -38,7 +38,7 @@ SUMMARY_MIN_ROOM = 256
 TAIL_MAX_TOKENS = 50_000
 GOAL_MAX_BYTES = 4000
 # The DSML marker spelled in ordinary byte tokens (not the special token) also ends a summary.
-_DSML_BYTES = "｜DSML｜".encode()  # noqa: RUF001 - U+FF5C, as the model writes it
+_DSML_BYTES = "｜DSML｜".encode()  # U+FF5C, as the model writes it
 
 SUMMARY_REQUEST = """Context compaction: the conversation above is about to be replaced by a summary, so write a durable task-state summary that lets the work continue without it. Plain text only: no tool calls, no reasoning tags, no raw file dumps. Include, as applicable:
 - the user's goals and explicit requirements, quoted when short;
@@ -116,7 +116,7 @@ def jobs_update(worker: Any) -> str:
 
         # A tool observation: its lines keep their `\n` (agent-reference.md §5).
         return running_jobs_update(worker.tool_ctx) or ""
-    except Exception:  # noqa: BLE001 - a job table problem must not fail the turn
+    except Exception:  # a job table problem must not fail the turn
         return ""
 
 
@@ -168,14 +168,14 @@ def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
         if not worker._sync():
             return fail("interrupted")
         limit = min(SUMMARY_MAX_TOKENS, room)
-        logits = worker.session.logits
+        from ds4agent.engine import generate
+
         summary: list[int] = []
         t0 = time.monotonic()
         decoder_bytes = bytearray()
-        for _ in range(limit):
+        for token in generate(worker.session, worker.sampler, max_tokens=limit, greedy=lambda: True):
             if io.should_stop():
                 return fail("interrupted")
-            token = worker.sampler.sample(logits, greedy=True)
             if token in (EOS, END_THINK, DSML) or tok.is_stop(token):
                 break
             summary.append(token)
@@ -190,7 +190,6 @@ def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
                 worker.generated = len(summary)
                 worker.decode_tps = len(summary) / max(time.monotonic() - t0, 1e-9)
                 worker.emit_status()
-            logits = worker.session.step(token)
         text = template.trim(bytes(decoder_bytes))
         if not text:
             return fail("the model wrote an empty summary")
@@ -224,7 +223,7 @@ def compact(worker: Any, kind: str, *, projected: int | None = None) -> bool:
         if not worker._sync():
             # Keep the compacted transcript: it is consistent; the next round prefills the rest.
             pass
-    except Exception as err:  # noqa: BLE001 - an engine failure must not lose the conversation
+    except Exception as err:  # an engine failure must not lose the conversation
         return fail(str(err) or type(err).__name__)
     worker.dirty = True
     # Running bash jobs are re-announced (agent-reference.md §8) as one more tool result in the

@@ -26,7 +26,7 @@ from typing import Any
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.settings import PERMISSION_MODES, THINK_MODES, AgentSettings
-from ds4agent.engine.errors import EngineLost
+from ds4agent.engine import EngineLost
 
 # How a command's unexpected failure is reported (agent-reference.md §3 wording).
 _FAILED = {"new": "new session", "load": "load", "compact": "compaction", "turn": "turn"}
@@ -97,7 +97,7 @@ class Agent:
 
         try:
             engine_loader, store, tools, settings = build_from_args(args)
-        except Exception as err:  # noqa: BLE001 - e.g. the KV directory cannot be created
+        except Exception as err:  # e.g. the KV directory cannot be created
             # Never a traceback in the UI thread: the worker reports it as a fatal Error event.
             failure = err
 
@@ -415,7 +415,7 @@ class Agent:
                 self._stopping.set()
                 exit_status = 1
                 break
-            except Exception as err:  # noqa: BLE001 - every failure becomes a readable event
+            except Exception as err:  # every failure becomes a readable event
                 self.emit(ev.Error(f"{_FAILED.get(name, name)} failed: {err}"))
             self._after_command()
         try:
@@ -447,7 +447,7 @@ class Agent:
             if save:
                 try:
                     self._worker.cmd_save(title)
-                except Exception as err:  # noqa: BLE001
+                except Exception as err:
                     self.emit(ev.Error(f"save failed: {err}"))
             with self._lock:
                 if self._stopping.is_set():
@@ -463,7 +463,7 @@ class Agent:
             self._interrupt.clear()
             try:
                 self._worker.cmd_turn(text, queued=True)
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:
                 self.emit(ev.Error(f"turn failed: {err}"))
 
     def wait_idle(self, timeout: float | None = None) -> bool:

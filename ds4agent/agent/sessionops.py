@@ -85,7 +85,7 @@ def start_system_prefix(worker: Any) -> bool:
                 if worker.trace is not None:
                     worker.trace.line("sysprompt cache hit")
                 return True
-        except Exception as err:  # noqa: BLE001 - any failure: rebuild (kvc-format.md §12.2)
+        except Exception as err:  # any failure: rebuild (kvc-format.md §12.2)
             if worker.trace is not None:
                 worker.trace.line(f"sysprompt cache miss: {err}")
         worker.io.emit(ev.Notice("Updating system prompt cache..."))
@@ -97,7 +97,7 @@ def start_system_prefix(worker: Any) -> bool:
                                  **_kv_args(worker))
             if worker.trace is not None:
                 worker.trace.line("sysprompt cache stored")
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             worker.io.emit(ev.Notice(f"failed to save system prompt KV: {err}", "warning"))
     return False
 
@@ -112,7 +112,7 @@ def save(worker: Any, title: str | None = None) -> ev.SessionSaved | None:
     in the title trailer, so it is what /list, the picker and `kv ls` show from then on."""
     try:
         return _save(worker, title)
-    except Exception as err:  # noqa: BLE001 - SessionOpError, KVCError, engine errors: readable messages
+    except Exception as err:  # SessionOpError, KVCError, engine errors: readable messages
         worker.io.emit(ev.Error(f"save failed: {err}"))
     finally:
         worker._set_state(ev.State.IDLE)
@@ -133,7 +133,7 @@ def _retitle(worker: Any, title: str | None) -> tuple[bytes | None, str | None]:
     if old_path is None and worker.session_id:
         try:
             old_path = str(worker.store.resolve(worker.session_id).path)
-        except Exception:  # noqa: BLE001 - the old file is gone already: nothing to replace
+        except Exception:  # the old file is gone already: nothing to replace
             old_path = None
     return new, old_path
 
@@ -308,7 +308,7 @@ def new_session(worker: Any) -> None:
 def load(worker: Any, prefix: str) -> None:
     try:
         _load(worker, prefix)
-    except Exception as err:  # noqa: BLE001 - KVCError / EngineError: readable
+    except Exception as err:  # KVCError / EngineError: readable
         worker.io.emit(ev.Error(f"load failed: {err}"))
     worker._set_state(ev.State.IDLE)
 
@@ -460,7 +460,7 @@ def list_event(worker: Any) -> ev.SessionList:
                 size_bytes=broken.file_size, last_used=broken.last_used, created_at=0,
                 path=str(broken.path), unreadable=broken.reason,
             ))
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         worker.io.emit(ev.Error(f"no sessions: {err}"))
     return ev.SessionList(str(getattr(store, "directory", "")), tuple(infos))
 
@@ -544,7 +544,7 @@ def offer_resume(worker: Any) -> None:
         return
     try:
         resume(worker, chosen.tokens, chosen.meta)
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         # Back to a clean new session (the live KV re-syncs to it at the next turn), and the
         # journal stays where it is: the next start offers it again, nothing is lost.
         worker.transcript.reset(worker.system_ids, len(worker.system_ids))
@@ -612,7 +612,7 @@ def _nearest_saved_prefix(worker: Any, tokens: list[int]) -> Any:
     best = None
     try:
         infos = store.list_sessions()
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
     for info in sorted(infos, key=lambda i: -i.entry.text_bytes):
         e = info.entry
@@ -620,13 +620,13 @@ def _nearest_saved_prefix(worker: Any, tokens: list[int]) -> Any:
             continue
         try:
             env = read_envelope(e.path)
-        except Exception:  # noqa: BLE001
+        except Exception:
             continue
         if text.startswith(env.text):
             try:
                 best = store.load_session(e.path, shape=_shape(worker), ctx=worker.settings.ctx,
                                           **_kv_args(worker))
-            except Exception:  # noqa: BLE001
+            except Exception:
                 continue
             if best.payload is not None:
                 return best

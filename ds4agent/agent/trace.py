@@ -46,7 +46,7 @@ class Trace:
                 # 0600 from the start: a trace holds the whole transcript (prompts, file contents,
                 # command output), so other users must never be able to read it.
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                self._file = open(fd, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+                self._file = open(fd, "a", encoding="utf-8", buffering=1)
             except OSError as err:
                 self._fail(f"cannot open trace file {path}: {err.strerror or err}")
 

@@ -17,10 +17,10 @@ def engine_loader(model_path: Path, ctx: int, device: str | None = None, *, rank
                   hosts: str | None = None, split: list[int] | None = None) -> Callable[[Callable[[float], None]], Any]:
     """A loader the worker thread runs: the model with progress (0..1), in this process on `device`
     (None: the GPU when there is one) or, with `ranks` / `hosts`, split over a pipeline whose rank 0
-    is this process (engine/pipeline_launch.py)."""
+    is this process (engine/pipeline/launch.py)."""
 
     def load(progress: Callable[[float], None]) -> Any:
-        from ds4agent.engine.pipeline.launch import load_engine
+        from ds4agent.engine import load_engine
 
         return load_engine(model_path, ctx=ctx, progress=progress, ranks=ranks, hosts=hosts, split=split,
                            device=device)

@@ -25,7 +25,7 @@ from typing import Any
 from ds4agent.agent import events as ev
 from ds4agent.agent.settings import AgentSettings
 from ds4agent.agent.transcript import Transcript
-from ds4agent.engine.errors import EngineLost
+from ds4agent.engine import EngineLost
 from ds4agent.protocol.template import THINK_MAX_MIN_CTX
 
 # Hard compaction reserve (agent-reference.md §8): a results turn must leave this much room.
@@ -109,7 +109,7 @@ class Worker:
     def startup(self) -> bool:
         from ds4agent.agent import sessionops
         from ds4agent.agent.trace import Trace
-        from ds4agent.engine.sampler import Sampler
+        from ds4agent.engine import Sampler
         from ds4agent.protocol.tokenizer import Tokenizer
 
         self.trace = Trace(self.settings.trace, on_error=lambda m: self.io.emit(ev.Notice(m, "warning")))
@@ -173,7 +173,7 @@ class Worker:
         if self.tool_ctx is not None:
             try:
                 self.tool_ctx.close()
-            except Exception:  # noqa: BLE001 - shutdown must finish
+            except Exception:  # shutdown must finish
                 pass
         sessionops.close_journal(self, keep=not discard)
         if self.trace is not None:
@@ -342,7 +342,7 @@ class Worker:
 
     def _sync(self, *, interruptible: bool = True) -> bool:
         """Bring the live KV up to the transcript. False when interrupted (state at a prefix)."""
-        from ds4agent.engine.errors import Interrupted
+        from ds4agent.engine import Interrupted
 
         target = self.transcript.ids
         live = self.session.tokens
@@ -378,6 +378,7 @@ class Worker:
     def _round(self) -> RoundResult:
         from ds4agent.agent import sessionops
         from ds4agent.agent.stream import AssistantStream, Coalescer
+        from ds4agent.engine import generate
 
         tok = self.tok
         EOS = tok.EOS
@@ -394,25 +395,25 @@ class Worker:
         emit = out.add
         monotonic = time.monotonic
         should_stop = self.io.should_stop
-        sample = self.sampler.sample
-        step = self.session.step
         is_stop = tok.is_stop
         token_bytes = tok.token_bytes
         ids = self.transcript.ids
         trace = self.trace if (self.trace is not None and self.trace.enabled) else None
-        logits = self.session.logits
         self._set_state(ev.State.GENERATING)
         t0 = time.monotonic()
         last_status = last_journal = t0
         journal_every = self.settings.journal_interval
         n = 0
         reason = "token_cap"
-        while n < cap:
+        # The engine's decode generator samples each token with the mode the stream is in after
+        # the token before it (argmax inside DSML structure), and computes the next step while
+        # this loop parses and emits. A token handed out after an interrupt was asked for is
+        # dropped, as if the interrupt had come before it was sampled.
+        for token in generate(self.session, self.sampler, max_tokens=cap,
+                            greedy=lambda: stream.in_syntax):
             if should_stop():
                 reason = "interrupted"
                 break
-            greedy = stream.in_syntax
-            token = sample(logits, greedy=greedy)
             if is_stop(token):
                 # Never evaluated, never appended: EOS replaces it (§7).
                 reason = "stop_token"
@@ -432,7 +433,6 @@ class Worker:
             if stream.closed:  # DONE or ERROR: generation stops at the close (§11.6-7)
                 reason = "closed"
                 break
-            logits = step(token)
             if n & 15 == 0:
                 now = time.monotonic()
                 if now - last_journal >= journal_every:
@@ -684,7 +684,7 @@ def _describe(engine: Any) -> str:
     if describe is not None:
         try:
             return str(describe())
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
     cfg = getattr(engine, "config", None)
     return str(getattr(cfg, "name", None) or type(engine).__name__)

@@ -19,8 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ds4agent.engine.errors import EngineError, run_file_command
+from ds4agent.engine.errors import EngineError
 from ds4agent.fsutil import atomic_file
+
+from .boundary import run_file_command
 
 
 class DumpError(EngineError):
@@ -61,8 +63,8 @@ def dump_logits(model_path: str | os.PathLike[str], tokens: list[int], *, chunk:
                 ctx: int | None = None, ranks: int | None = None, hosts=None,
                 split: list[int] | None = None) -> np.ndarray:
     """Logits after every token, float32 [len(tokens), vocab] (with `ranks` or `hosts`: on a
-    pipeline, engine/pipeline_launch.py; the same bits)."""
-    from ds4agent.engine.pipeline.launch import load_engine
+    pipeline, engine/pipeline/; the same bits)."""
+    from ds4agent.engine import load_engine
 
     if chunk is not None and chunk < 1:
         raise DumpError(f"--chunk must be at least 1 (got {chunk})")
@@ -70,7 +72,8 @@ def dump_logits(model_path: str | os.PathLike[str], tokens: list[int], *, chunk:
     ctx = ctx if ctx is not None else max(n, 1)
     if ctx < n:
         raise DumpError(f"{n} tokens do not fit --ctx {ctx}")
-    # Default: one chunk with every token (the issue's definition), whatever the ctx grid says.
+    # Default: one chunk holding every token (--chunk's documented default), whatever the ctx
+    # grid says.
     engine = load_engine(model_path, ctx=ctx, chunk=chunk or max(n, 1), ranks=ranks, hosts=hosts,
                          split=split)
     try:
@@ -89,7 +92,7 @@ def main(args) -> int:
     from ds4agent.models.locate import resolve_model_path
 
     def action() -> str:
-        # Whether the model fits this machine is Engine.load's first check (info.check_fits),
+        # Whether the model fits this machine is load_engine's first check (memory.check_fits),
         # made from the tensor directory before any weight is read.
         try:
             model = resolve_model_path(args.model)

@@ -99,7 +99,7 @@ def cmd_ls(store: SessionStore, out: TextIO) -> int:
         h = info.entry.header
         rows.append((info.entry.short_id, h.reason_name, h.last_used, str(h.tokens), info.entry.file_size,
                      info.display_title))
-    for broken in unreadable:  # listed with the reason, not hidden (issue 10.11)
+    for broken in unreadable:  # listed with the reason, not hidden: the user can still rm it
         rows.append((broken.short_id, "unreadable", broken.last_used, "?", broken.file_size,
                      broken.display_title))
     for entry in store.entries():  # server checkpoints

@@ -1,6 +1,6 @@
-"""The one decode primitive: a generator of token ids over a Session.
+"""The one decode primitive: `generate`, a generator of token ids over a Session.
 
-    for token in decode(session, sampler, max_tokens=cap, greedy=lambda: parser.in_syntax):
+    for token in generate(session, sampler, max_tokens=cap, greedy=lambda: parser.in_syntax):
         ...  # parse, emit events; `break` to stop (interrupt, stop token, closing tag)
 
 How a token moves (mlx-lm's generate_step pattern, with the sample as a graph of its own):
@@ -39,7 +39,7 @@ from .hostread import to_int
 from .sampler import check_token
 
 
-def decode(session: Any, sampler: Any, *, max_tokens: int,
+def generate(session: Any, sampler: Any, *, max_tokens: int,
            greedy: Callable[[], bool] | None = None) -> Iterator[int]:
     """Token ids sampled after the session's live state, at most `max_tokens` (and no more than
     the context can take: the last one is handed out without a step). `greedy()` is asked before
@@ -61,12 +61,17 @@ def decode(session: Any, sampler: Any, *, max_tokens: int,
             # The key is evaluated with its token: it must not grow into a graph token by token.
             mx.async_eval(token, sampler.key)
             last = n >= max_tokens or len(session) + 1 > ctx
-            pending = None if last else session.dispatch(token)
+            # An error code (negative id, sampler.py) must never index the embedding on the
+            # device; the step it feeds is dropped when the code is read just below.
+            pending = None if last else session.dispatch(mx.maximum(token, 0))
             tok = check_token(to_int(token))
             yield tok
             if pending is None:
                 return
             session.accept(pending, tok)
-            logits = pending.logits
+            logits = session.next_logits
     finally:
+        # Nothing lazy or in flight may outlive the generator: the session and the sampler may
+        # next be used from another thread (session.py's module doc).
         session.settle()
+        mx.eval(sampler.key)

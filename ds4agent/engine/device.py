@@ -37,7 +37,7 @@ def _available(backend: str) -> bool:
     module = getattr(mx, backend, None)  # an MLX build may lack the module altogether
     try:
         return bool(module is not None and module.is_available())
-    except Exception:  # noqa: BLE001 - a broken driver is "no GPU", not a crash
+    except Exception:  # a broken driver is "no GPU", not a crash
         return False
 
 
@@ -113,7 +113,7 @@ def use_device(requested: str | None = None) -> Device:
 
 
 def current_device() -> Device:
-    """The device MLX computes on now (for an engine built without Engine.load)."""
+    """The device MLX computes on now (for an engine built without load_engine)."""
     if mx.default_device() == mx.cpu:
         return Device("cpu", "CPU")
     return Device("gpu", f"{gpu_backend() or 'unknown'} GPU")

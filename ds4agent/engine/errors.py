@@ -90,28 +90,3 @@ class StateError(EngineError):
 
 def _fmt(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(int(d)) for d in shape) + "]"
-
-
-def run_file_command(action, *, failure: str) -> int:
-    """The error boundary of the engine's file-writing subcommands (make-test-model, dump-logits,
-    convert): `action()` does the work and returns the success line for stdout. A bad model file
-    (ModelFileError) is exit 1, any other readable EngineError exit 2 (bad input); an OSError is
-    exit 1 with `failure` ("cannot write OUT") and the system's reason. One line on stderr, never
-    a traceback."""
-    import sys
-
-    try:
-        line = action()
-    except ModelFileError as err:
-        # The model file itself is bad (truncated, a wrong tensor type or shape, a missing
-        # tensor, or too big for this machine): exit 1, as a failed file operation (issue 13).
-        print(f"ds4agent: {err}", file=sys.stderr)
-        return 1
-    except EngineError as err:
-        print(f"ds4agent: {err}", file=sys.stderr)
-        return 2
-    except OSError as err:
-        print(f"ds4agent: {failure}: {err.strerror or err}", file=sys.stderr)
-        return 1
-    print(line)
-    return 0

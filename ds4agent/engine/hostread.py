@@ -17,6 +17,7 @@ and host-side tables are already on the host).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
@@ -26,10 +27,20 @@ import numpy as np
 # link thread) and a lost increment would make the count a lie. A read costs far more than this.
 _lock = threading.Lock()
 _count = 0
+# Diagnostic hook (bench/decode.py): called with each MLX array just before it is read, so a
+# benchmark can see the graph pieces a read cuts a token into. None in normal use.
+_hook: Callable[[mx.array], None] | None = None
 
 
-def _tick() -> None:
+def set_read_hook(fn: Callable[[mx.array], None] | None) -> None:
+    global _hook
+    _hook = fn
+
+
+def _tick(a: mx.array) -> None:
     global _count
+    if _hook is not None:
+        _hook(a)
     with _lock:
         _count += 1
 
@@ -43,7 +54,7 @@ def to_host(a: Any, dtype: Any = None, *, view: bool = False) -> np.ndarray:
     """`a` as a numpy array (dtype converted if given). view=True: a read-only view of the
     evaluated MLX buffer where numpy can make one (no copy), for read-once hot paths."""
     if isinstance(a, mx.array):
-        _tick()
+        _tick(a)
         if view:
             out = np.asarray(a, dtype=dtype)
             out.flags.writeable = False
@@ -55,13 +66,13 @@ def to_host(a: Any, dtype: Any = None, *, view: bool = False) -> np.ndarray:
 def to_int(a: Any) -> int:
     """One integer element (a sampled token id, a flag) read back."""
     if isinstance(a, mx.array):
-        _tick()
+        _tick(a)
         return int(a.item())
     return int(a)
 
 
 def to_bool(a: Any) -> bool:
     if isinstance(a, mx.array):
-        _tick()
+        _tick(a)
         return bool(a.item())
     return bool(a)

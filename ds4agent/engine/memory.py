@@ -1,9 +1,14 @@
-"""`ds4agent info MODEL [--ctx N]`: a model's shape, quant types, sizes and memory estimate.
+"""What a model needs in memory: the memory plan, the fit check, and a file's description by group.
+
+    plan = memory_plan(gf.tensors.values(), cfg, ctx)   # MemoryPlan: weights, experts, state, working
+    check_fits(plan, path)                              # ModelFileError when it cannot start here
+    rank_plans(tensors, cfg, ctx, ranges)               # one plan per pipeline rank
+    info = model_info(path, ctx=ctx)                    # ModelInfo: shape, groups, types, plan
 
 Reads only the GGUF header, metadata and tensor directory (never tensor data), so it answers
 instantly even for an 81 GB file; a directory written by `ds4agent convert` is described from its
 config.json and safetensors headers. Memory is estimated the way the engine holds each tensor
-(weights.py / experts/):
+(weights.py / experts/), by `memory_bytes`:
 
     routed experts (Q2_K/Q4_K/IQ2_XXS)  raw blocks, as in the file (memory-mapped; what decode
                                          touches is paged in, Metal keeps them resident)
@@ -16,18 +21,22 @@ config.json and safetensors headers. Memory is estimated the way the engine hold
     tensors the engine does not read     not counted (e.g. a file's optional MTP block)
 
 plus the session state for `ctx` tokens, by the DSV4 payload size formula (kvc-format.md §9.6,
-generalised to any config): the engine's live state holds exactly those arrays.
+generalised to any config): the engine's live state holds exactly those arrays. `ds4agent info`
+prints these figures (commands/info.py).
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from .chunks import chunk_cap
+from .config import ModelConfig
 from .errors import ConfigError, EngineError
+from .layout import tensor_table
+from .state import LayerState
 
 # tensor-name groups, in display order
 GROUPS = (
@@ -58,14 +67,14 @@ class ModelInfo:
     file_bytes: int
     mode: str  # "flash" | "test" | "invalid"
     problem: str  # the strict-validation message when mode == "invalid"
-    config: object  # ModelConfig
+    config: ModelConfig
     groups: list[GroupInfo]
     types: dict[str, tuple[int, int]]  # type -> (tensor count, bytes)
     n_tensors: int
     ctx: int
     state_bytes: int
     plan: MemoryPlan | None = None
-    note: str = ""  # what a generated test file is (flashmodel.FLASH_TEST_KEY), else empty
+    note: str = ""  # what a generated test file is (config.FLASH_TEST_KEY), else empty
 
     @property
     def weights_memory(self) -> int:
@@ -91,22 +100,11 @@ def payload_bytes(cfg, tokens: int) -> int:
 
 def layers_state_bytes(cfg, tokens: int, layers: range) -> int:
     """The per-layer part of payload_bytes for `layers` (a pipeline rank holds only its own)."""
-    t = int(tokens)
-    total = 0
-    rows = min(t, cfg.window)
-    for layer in layers:
-        r = cfg.ratios[layer]
-        total += rows * cfg.head_dim * 4
-        if r == 0:
-            continue
-        coff = cfg.coff(layer)
-        total += (t // r) * cfg.head_dim * 4 + 2 * (coff * r) * (coff * cfg.head_dim) * 4
-        if r == 4:
-            total += (t // 4) * cfg.indexer_dim * 4 + 2 * 8 * (2 * cfg.indexer_dim) * 4
-    return total
+    return sum(LayerState.state_bytes(cfg, layer, int(tokens)) for layer in layers)
 
 
-def _memory_bytes(name: str, type_name: str, n_elements: int, nbytes: int) -> int:
+def memory_bytes(name: str, type_name: str, n_elements: int, nbytes: int) -> int:
+    """Bytes the engine holds for one tensor of the file (the table in the module docstring)."""
     if "_exps." in name:
         return nbytes if type_name != "F16" else n_elements * 4  # dense test experts widen to f32
     if type_name == "Q8_0":
@@ -137,10 +135,9 @@ def working_bytes(cfg, ctx: int) -> int:
     """MLX temporaries of one prefill chunk (the largest step): per chunk row, the query heads
     (q, its RoPE and norm: ~3 x H x Dh), the hyper-connection streams (~4 x hc x E), the routed
     experts' gate/up/mid/down rows (~4 x U x F) in f32, plus two groups of dequantised experts
-    (experts.DEFAULT_GROUP_BYTES each, one per CPU stream) and the logits row. An estimate that
-    the Flash-shape benchmark checks against the measured peak."""
-    from .session import chunk_cap
-
+    (the device path dequantises experts.portable.DEFAULT_GROUP_BYTES at a time; the CPU kernels decode
+    into a small buffer, so there the two groups are a margin) and the logits row. An estimate
+    that the Flash-shape benchmark checks against the measured peak."""
     rows = chunk_cap(ctx)
     per_row = 4 * (3 * cfg.n_heads * cfg.head_dim + 4 * cfg.hc_count * cfg.dim
                    + 4 * cfg.n_experts_used * cfg.expert_ffn)
@@ -149,7 +146,7 @@ def working_bytes(cfg, ctx: int) -> int:
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """Expected resident memory of a run (issue 13 item 3), by part."""
+    """Expected resident memory of a run, by part."""
 
     weights: int  # non-expert tensors as the engine holds them
     experts: int  # routed-expert file bytes that can be paged in (distinct ranges)
@@ -168,8 +165,6 @@ class MemoryPlan:
 
 def memory_plan(tensors, cfg, ctx: int) -> MemoryPlan:
     """The plan for a model's tensor directory (`GGUFFile.tensors.values()`) at `ctx`."""
-    from ds4agent.testmodels.writer import tensor_table
-
     wanted = {spec.name for spec in tensor_table(cfg)}  # what the loader reads (check_directory's set)
     weights, expert_ranges = 0, []
     for ti in tensors:
@@ -178,13 +173,13 @@ def memory_plan(tensors, cfg, ctx: int) -> MemoryPlan:
         if "_exps." in ti.name and ti.type_name not in ("F16", "F32"):
             expert_ranges.append((ti.offset, ti.offset + ti.nbytes))
         else:
-            weights += _memory_bytes(ti.name, ti.type_name, ti.n_elements, ti.nbytes)
+            weights += memory_bytes(ti.name, ti.type_name, ti.n_elements, ti.nbytes)
     return MemoryPlan(weights=weights, experts=_distinct_bytes(expert_ranges),
                       state=payload_bytes(cfg, ctx), working=working_bytes(cfg, ctx))
 
 
 def rank_plans(tensors, cfg, ctx: int, ranges: list[tuple[int, int]]) -> list[MemoryPlan]:
-    """The memory plan of each rank of a pipeline (engine/pipeline.py): its tensors (its layers,
+    """The memory plan of each rank of a pipeline (engine/pipeline/): its tensors (its layers,
     the embedding on rank 0, the head on the last rank), its layers' state at `ctx` (rank 0 also
     the token ids and the logits row) and one chunk's working buffers."""
     from .weights import tensor_in_range
@@ -198,17 +193,6 @@ def rank_plans(tensors, cfg, ctx: int, ranges: list[tuple[int, int]]) -> list[Me
     return plans
 
 
-def format_rank_plans(ranges: list[tuple[int, int]], plans: list[MemoryPlan], ctx: int) -> str:
-    lines = [f"pipeline    {len(ranges)} ranks (memory per rank at --ctx {ctx}):"]
-    for k, ((a, b), p) in enumerate(zip(ranges, plans, strict=True)):
-        extra = " + embedding" if k == 0 else ""
-        extra += " + output head" if k == len(ranges) - 1 else ""
-        lines.append(f"            rank {k}: layers {a}-{b - 1}{extra}: weights {_size(p.weights)}, routed "
-                     f"experts {_size(p.experts)}, state {_size(p.state)}, working {_size(p.working)}; "
-                     f"peak {_size(p.peak)}")
-    return "\n".join(lines)
-
-
 def check_fits(plan: MemoryPlan, path, ram: int | None = None) -> None:
     """Refuse, before any weight is read, a model that cannot fit this machine's memory: an
     80 GB model on a 64 GB machine would swap for minutes and then be killed, which is worse
@@ -220,18 +204,15 @@ def check_fits(plan: MemoryPlan, path, ram: int | None = None) -> None:
     ram = (machine_ram() or 0) if ram is None else ram
     if ram and plan.to_start > ram:
         raise ModelFileError(
-            f"{path}: the model needs about {_size(plan.to_start)} of memory to run (weights "
-            f"{_size(plan.weights)}, routed experts {_size(plan.experts)}, working buffers "
-            f"{_size(plan.working)}) but this machine has {_size(ram)}; it needs a machine with "
+            f"{path}: the model needs about {binary_size(plan.to_start)} of memory to run (weights "
+            f"{binary_size(plan.weights)}, routed experts {binary_size(plan.experts)}, working buffers "
+            f"{binary_size(plan.working)}) but this machine has {binary_size(ram)}; it needs a machine with "
             "more memory (`ds4agent pull` lists each model's RAM)")
 
 
 def model_info(path, *, ctx: int = 100_000) -> ModelInfo:
     """Inspect a GGUF model (header and directory only). Raises EngineError subclasses."""
-    from ds4agent.testmodels.flash import FLASH_TEST_KEY
-    from ds4agent.testmodels.writer import TEST_MODEL_KEY
-
-    from .config import from_metadata
+    from .config import FLASH_TEST_KEY, gguf_config, model_mode
     from .gguf import GGUFFile
 
     if ctx < 1:
@@ -240,16 +221,15 @@ def model_info(path, *, ctx: int = 100_000) -> ModelInfo:
     if path.is_dir():
         return _directory_info(path, ctx)
     with GGUFFile.open(path) as gf:
-        types = {k: gf.array_types.get(k, v) for k, v in gf.value_types.items()}
-        mode, problem = ("test" if gf.metadata.get(TEST_MODEL_KEY) else "flash"), ""
+        mode, problem = model_mode(gf.metadata), ""
         try:
-            cfg = from_metadata(gf.metadata, mode=mode, types=types)
+            cfg = gguf_config(gf, mode=mode)
         except ConfigError as err:
             if mode == "test":
                 raise
             # Still describe the file (permissively) and say why the engine would refuse it.
             mode, problem = "invalid", str(err)
-            cfg = from_metadata(gf.metadata, mode="test", types=types)
+            cfg = gguf_config(gf, mode="test")
         groups = {name: GroupInfo(name) for name, _ in GROUPS}
         other = GroupInfo("other")
         by_type: dict[str, list[int]] = {}
@@ -258,7 +238,7 @@ def model_info(path, *, ctx: int = 100_000) -> ModelInfo:
             t = ti.type_name
             g.types[t] = g.types.get(t, 0) + 1
             g.file_bytes += ti.nbytes
-            g.memory_bytes += _memory_bytes(ti.name, t, ti.n_elements, ti.nbytes)
+            g.memory_bytes += memory_bytes(ti.name, t, ti.n_elements, ti.nbytes)
             g.params += ti.n_elements
             entry = by_type.setdefault(t, [0, 0])
             entry[0] += 1
@@ -333,101 +313,9 @@ def _directory_info(path: Path, ctx: int) -> ModelInfo:
     )
 
 
-def _count(n: int) -> str:
-    return f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
-
-
-def _size(n: int) -> str:
+def binary_size(n: int) -> str:
+    """Bytes in binary units with two decimals ("1.50 GiB"), as the plan's figures are shown."""
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{n} B"
-
-
-def _ratio_summary(ratios) -> str:
-    counts: dict[int, int] = {}
-    for r in ratios:
-        counts[r] = counts.get(r, 0) + 1
-    return ", ".join(f"{n} x {r}" for r, n in sorted(counts.items()))
-
-
-def format_info(info: ModelInfo, device=None) -> str:
-    """The report; `device` (device.Device) adds the line saying where the engine would compute."""
-    c = info.config
-    kind = {
-        "flash": "DeepSeek V4 Flash (strict metadata check passed)",
-        "test": "ds4agent test model (permissive metadata check)",
-        "invalid": f"NOT loadable as DS4 Flash: {info.problem}",
-    }[info.mode]
-    lines = [
-        f"model       {info.path} ({_size(info.file_bytes)}, {info.n_tensors} tensors, "
-        f"{_count(info.params)} parameters)",
-        f"kind        {kind}",
-        # One line: the tensor sizes below are the real model's, the file holds far less.
-        *([f"test file   {info.note}; not a trained model, the sizes below are the tensors' as "
-           f"in a real file"] if info.note else []),
-        *([f"device      {device.label}" + (f" · {device.notice}" if device.notice else "")] if device else []),
-        f"shape       {c.n_layers} layers, width {c.dim}, vocab {c.vocab}, {c.n_heads} query heads x "
-        f"{c.head_dim} (RoPE on the last {c.rope_dim}), 1 KV head",
-        f"attention   q LoRA {c.q_lora_rank}, output {c.out_groups} groups x {c.out_lora_rank}, window "
-        f"{c.window}, compress ratios {_ratio_summary(c.ratios)}; indexer {c.indexer_heads} x "
-        f"{c.indexer_dim} top-{c.indexer_top_k}",
-        f"experts     {c.n_experts} routed ({c.n_experts_used} used, width {c.expert_ffn}), "
-        f"{c.n_shared_experts} shared, {c.n_hash_layers} hash-routed layers",
-        "quant types " + ", ".join(
-            f"{t} {n} tensors {_size(b)}" for t, (n, b) in sorted(info.types.items(), key=lambda kv: -kv[1][1])
-        ),
-        "",
-        f"{'tensors':<22}{'types':<28}{'file':>12}{'in memory':>12}",
-    ]
-    for g in info.groups:
-        types = "+".join(f"{t}" for t in sorted(g.types, key=lambda t: -g.types[t]))
-        lines.append(f"{g.name:<22}{types:<28}{_size(g.file_bytes):>12}{_size(g.memory_bytes):>12}")
-    plan = info.plan
-    assert plan is not None  # model_info always plans
-    from ..models.fit import machine_ram
-
-    ram = machine_ram() or 0
-    verdict = ("" if not ram else
-               f"; this machine has {_size(ram)}: " + ("fits" if plan.peak <= ram else
-                                                       "fits to start, not with a full context"
-                                                       if plan.to_start <= ram else "DOES NOT FIT"))
-    lines += [
-        "",
-        f"memory      weights as the engine holds them {_size(plan.weights)} (F16 kept, Q8_0 as MLX "
-        "affine 8-bit)",
-        f"            routed experts {_size(plan.experts)}"
-        + (" (MLX arrays)" if info.path.is_dir() else " memory-mapped (paged in as experts are used)"),
-        f"            session state at --ctx {info.ctx}: {_size(plan.state)} when full (it grows with "
-        "the tokens used; kvc-format.md 9.6)",
-        f"            working buffers for one prefill chunk: about {_size(plan.working)}",
-        f"            expected peak at --ctx {info.ctx}: {_size(plan.peak)}{verdict}",
-    ]
-    return "\n".join(lines)
-
-
-def main(args) -> int:
-    """`ds4agent info MODEL [--ctx N] [--pipeline N [--pipeline-split L,..]]`."""
-    from .device import choose_device
-
-    try:
-        info = model_info(args.model_path, ctx=args.ctx)
-        device = choose_device(getattr(args, "device", None))
-        text = format_info(info, device)
-        if getattr(args, "pipeline", None) is not None:
-            text += "\n\n" + _pipeline_text(args, info)
-    except EngineError as err:
-        print(f"ds4agent: {err}", file=sys.stderr)
-        return 2
-    print(text)
-    return 0
-
-
-def _pipeline_text(args, info: ModelInfo) -> str:
-    from .gguf import GGUFFile
-    from .pipeline.rank0 import plan_ranges
-
-    ranges = plan_ranges(args.model_path, args.pipeline, getattr(args, "pipeline_split", None))
-    with GGUFFile.open(args.model_path) as gf:
-        plans = rank_plans(gf.tensors.values(), info.config, info.ctx, ranges)
-    return format_rank_plans(ranges, plans, info.ctx)

@@ -33,12 +33,13 @@ from functools import lru_cache
 import mlx.core as mx
 import numpy as np
 
+from ds4agent.statelayout import FILL_KV, FILL_SCORE
+
 from . import ops
 from .config import ModelConfig
 from .device import gpu_kernels
-from .errors import EngineError
 from .hostread import to_host
-from .state import FILL_KV, FILL_SCORE, LayerState, SessionState
+from .state import LayerState, SessionState, check_token_ids
 from .weights import AttentionWeights, CompressorWeights, FFNWeights, HCWeights, LayerWeights, ModelWeights
 
 F32 = mx.float32
@@ -537,7 +538,7 @@ def run_layers(layer_weights: Sequence[LayerWeights], c: ModelConfig, layer_stat
                profile: Profile | None = None) -> tuple[mx.array, tuple[LayerState, ...]]:
     """Layers first_layer.. (as many as `layer_weights`) on R [n, hc, E] at positions p0..:
     (R after them, their new states). `forward` runs every layer through this; a pipeline rank
-    runs its own contiguous range (engine/pipeline.py), so both run the same per-layer math."""
+    runs its own contiguous range (engine/pipeline/), so both run the same per-layer math."""
     n = R.shape[0]
     new_layers = []
     for li, (lw, lay) in enumerate(zip(layer_weights, layer_states, strict=True), start=first_layer):
@@ -567,17 +568,11 @@ def forward(weights: ModelWeights, config: ModelConfig, state: SessionState,
     indexer masks and expert selections for tests.
     """
     c = config
-    if isinstance(tokens, mx.array):
-        tok_list = [int(t) for t in to_host(tokens).reshape(-1)]
-    else:
-        tok_list = [int(t) for t in tokens]
+    tok_list = check_token_ids(to_host(tokens).reshape(-1).tolist() if isinstance(tokens, mx.array)
+                               else tokens, c.vocab)
     n = len(tok_list)
     if n == 0:
         return mx.zeros((0, c.vocab), dtype=F32), state
-    bad = [t for t in tok_list if not 0 <= t < c.vocab]
-    if bad:
-        # An out-of-range id would silently gather garbage rows of the embedding.
-        raise EngineError(f"token id {bad[0]} is outside the vocabulary 0..{c.vocab - 1}")
     toks = mx.array(np.asarray(tok_list, dtype=np.int32))
     logits, new_layers = build(weights, c, state, toks, rounding=rounding, last_only=last_only,
                                trace=trace, profile=profile)

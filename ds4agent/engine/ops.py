@@ -13,6 +13,7 @@ code, ties to the even code" because the code's last bit is the grid index's las
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import lru_cache
 
 import mlx.core as mx
@@ -260,7 +261,7 @@ def sinkhorn_eager(c: mx.array, iters: int, eps: float) -> mx.array:
     return c
 
 
-_SINKHORN_COMPILED: dict[tuple[int, float], object] = {}
+_SINKHORN_COMPILED: dict[tuple[int, float], Callable[[mx.array], mx.array]] = {}
 
 
 def sinkhorn(c: mx.array, iters: int, eps: float) -> mx.array:
@@ -279,7 +280,7 @@ def sinkhorn(c: mx.array, iters: int, eps: float) -> mx.array:
     return fn(c)
 
 
-def _compile_checked(f):
+def _compile_checked(f: Callable[[mx.array], mx.array]) -> Callable[[mx.array], mx.array]:
     """mx.compile(f, shapeless=True) if it works and matches f bit for bit on a probe, else f."""
     try:
         cf = mx.compile(f, shapeless=True)
@@ -287,7 +288,7 @@ def _compile_checked(f):
         a, b = cf(probe), f(probe)
         if to_bool(mx.array_equal(a, b)):
             return cf
-    except Exception:  # noqa: BLE001 - any failure means: stay eager
+    except Exception:  # any failure means: stay eager
         pass
     return f
 

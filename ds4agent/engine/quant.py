@@ -29,6 +29,7 @@ import numpy as np
 
 from ds4agent.engine.device import gpu_kernels
 from ds4agent.engine.errors import EngineError
+from ds4agent.engine.gguf import GGML_TYPES
 from ds4agent.engine.hostread import to_host
 
 # GGML type ids (model.md §7)
@@ -37,13 +38,6 @@ Q2_K = 10
 Q4_K = 12
 IQ2_XXS = 16
 
-# type id -> (weights per block, bytes per block, name)
-BLOCK_INFO: dict[int, tuple[int, int, str]] = {
-    Q8_0: (32, 34, "Q8_0"),
-    Q2_K: (256, 84, "Q2_K"),
-    Q4_K: (256, 144, "Q4_K"),
-    IQ2_XXS: (256, 66, "IQ2_XXS"),
-}
 EXPERT_TYPES = (Q2_K, Q4_K, IQ2_XXS, Q8_0)
 
 
@@ -52,12 +46,18 @@ class QuantError(EngineError):
 
 
 def type_name(qtype: int) -> str:
-    return BLOCK_INFO[qtype][2] if qtype in BLOCK_INFO else f"GGML type {qtype}"
+    return GGML_TYPES[qtype].name if qtype in GGML_TYPES else f"GGML type {qtype}"
+
+
+def block_info(qtype: int) -> tuple[int, int, str]:
+    """(weights per block, bytes per block, name) of a GGML type id (the table is gguf.py's)."""
+    t = GGML_TYPES[qtype]
+    return t.block, t.nbytes, t.name
 
 
 def row_bytes(qtype: int, n: int) -> int:
     """Bytes of one row of `n` weights (n along ne0) stored as `qtype` blocks."""
-    block, size, name = BLOCK_INFO[qtype]
+    block, size, name = block_info(qtype)
     if n % block:
         raise QuantError(f"a {name} row needs a multiple of {block} weights, got {n}")
     return n // block * size
@@ -99,6 +99,13 @@ def q8_0_to_affine(raw: np.ndarray, shape) -> tuple[mx.array, mx.array, mx.array
     # so the byte sequence viewed as little-endian uint32 is exactly its packing.
     wq = codes.reshape(*shape[:-1], n_in).view("<u4")
     return mx.array(wq), mx.array(d), mx.array(d * np.float32(-128.0))
+
+
+def load_q8_0(gf, name: str, *, shape=None) -> tuple[mx.array, mx.array, mx.array]:
+    """A Q8_0 tensor of an open GGUFFile as MLX affine 8-bit, group 32: (wq uint32, scales f32,
+    biases f32), validated by type and (row-major) shape first."""
+    ti = gf.check(name, shape=shape, types=("Q8_0",))
+    return q8_0_to_affine(gf.raw(name), ti.shape)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,7 +254,7 @@ def dequantize(raw: mx.array | np.ndarray, qtype: int, shape) -> mx.array:
     if qtype not in _DEQUANT:
         raise QuantError(f"no dequantiser for {type_name(qtype)}")
     shape = tuple(int(s) for s in shape)
-    block, size, name = BLOCK_INFO[qtype]
+    block, size, name = block_info(qtype)
     n = int(np.prod(shape))
     raw = raw if isinstance(raw, mx.array) else mx.array(np.asarray(raw))
     if raw.dtype != mx.uint8 or raw.size * block != n * size or shape[-1] % block:

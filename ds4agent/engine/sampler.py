@@ -105,20 +105,24 @@ class Sampler:
 
     # --- sampling --------------------------------------------------------------------------
     def draw(self, logits: mx.array, *, greedy: bool = False) -> mx.array:
-        """The next token id as a lazy int32 scalar (see the module doc for error codes)."""
-        z = logits.reshape(-1).astype(mx.float32)
-        nan = mx.any(mx.isnan(z))
+        """The next token id as a lazy int32 scalar (see the module doc for error codes).
+
+        Few passes over the vocabulary on purpose: on the CPU device each is a visible part of
+        a small model's token (MLX's CPU ops are not fused)."""
+        z = logits.reshape(-1)
+        if z.dtype != mx.float32:
+            z = z.astype(mx.float32)
+        top = mx.max(z)  # a NaN anywhere propagates into the max: one pass finds both
         if greedy or self.temperature == 0.0:
             tok = mx.argmax(z).astype(mx.int32)  # first maximum: ties to the lower id
         else:
             pair = mx.random.split(self._key)
             self._key, sub = pair[0], pair[1]
-            top = mx.max(z)
-            # +inf: all mass on the first maximum; tempering it would make NaNs.
-            drawn = mx.random.categorical(self._filtered(z), key=sub).astype(mx.int32)
+            drawn = mx.random.categorical(self._filtered(z, top), key=sub).astype(mx.int32)
+            # +inf: all mass on the first maximum (tempering it would make NaNs).
             tok = mx.where(top == math.inf, mx.argmax(z).astype(mx.int32), drawn)
             tok = mx.where(top == -math.inf, mx.array(NO_CANDIDATE, mx.int32), tok)
-        return mx.where(nan, mx.array(NAN_LOGITS, mx.int32), tok)
+        return mx.where(mx.isnan(top), mx.array(NAN_LOGITS, mx.int32), tok)
 
     def sample(self, logits, *, greedy: bool = False) -> int:
         """Next token id, read back (one host read). Logits: numpy or MLX, float32 [V]."""
@@ -130,24 +134,25 @@ class Sampler:
     def probabilities(self, logits) -> np.ndarray:
         """float64 [V]: the distribution a non-greedy draw samples from (zeros where filtered)."""
         z = logits if isinstance(logits, mx.array) else mx.array(np.asarray(logits, dtype=np.float32))
-        f = to_host(self._filtered(z.reshape(-1).astype(mx.float32)), np.float64)
+        z = z.reshape(-1).astype(mx.float32)
+        f = to_host(self._filtered(z, mx.max(z)), np.float64)
         e = np.exp(f - f.max())
         return e / e.sum()
 
     # --- internals -------------------------------------------------------------------------
-    def _filtered(self, z: mx.array) -> mx.array:
-        """Tempered logits with every filtered id at -inf."""
+    def _filtered(self, z: mx.array, top: mx.array) -> mx.array:
+        """Tempered logits with every filtered id at -inf; `top` = max(z)."""
         t = self.temperature
-        zt = z / t
-        top = mx.max(zt)
-        keep = zt > -math.inf
+        if t != 1.0:
+            # max(z * c) == max(z) * c exactly for c > 0 (rounding is monotonic)
+            z, top = z * (1.0 / t), top * (1.0 / t)
+        out = z
         if self.min_p > 0:
-            keep = keep & (zt - top >= math.log(self.min_p))
-        V = zt.shape[0]
+            out = mx.where(z - top >= math.log(self.min_p), z, -math.inf)
+        V = out.shape[0]
         if 0 < self.top_k < V:
-            kth = mx.min(mx.topk(zt, self.top_k))
-            keep = keep & (zt >= kth)
-        out = mx.where(keep, zt, -math.inf)
+            kth = mx.min(mx.topk(out, self.top_k))
+            out = mx.where(out >= kth, out, -math.inf)
         if self.top_p < 1.0:
             order = mx.argsort(-out)  # descending; filtered ids (-inf) last
             sorted_vals = out[order]

@@ -2,8 +2,8 @@
 
 `build_weights(config, get)` is the ONE mapping from the spec's GGUF tensor names (model.md §6.3)
 to the dataclasses model.py consumes; `get(name)` returns the tensor's value. Both the GGUF
-loader (`load_weights(gf, config)`) and the random test weights (`random_weights(config, seed)`)
-go through it, so the name mapping cannot drift between them.
+loader (`load_weights(gf, config)`) and the in-memory random weights of ds4agent.testmodels
+(`random_weights(config, seed)`) go through it, so the name mapping cannot drift between them.
 
 Name mapping (N = layer; array shapes are row-major = GGML dims reversed):
 
@@ -44,7 +44,7 @@ Values `get` may return: a numpy/MLX array (dense), a `(wq, scales, biases)` tri
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +56,9 @@ from .config import ModelConfig
 from .device import gpu_kernels
 from .errors import TensorError, TensorShapeError
 from .experts.base import dense_experts, quant_experts
+from .gguf import GGML_TYPE_IDS
 from .hostread import to_int
+from .layout import tensor_table
 
 # Quantised products on CPU run one MLX op per CPU stream over a slice of the output rows (see
 # device.cpu_streams): a single quantized_matmul uses one core. Slicing output rows changes no
@@ -74,7 +76,7 @@ class Linear:
     per call, into a temporary the product consumes: every product in the engine is f32, and
     the widening is exact (f16 -> f32 loses nothing), so the bits equal those of a resident f32
     copy while the resident cost is the file's 2 bytes per weight instead of 4 (at the Flash
-    shape that is 2 GiB instead of 4, issue 13's memory budget). The per-call copy is cheap next
+    shape that is 2 GiB instead of 4 of the memory plan). The per-call copy is cheap next
     to the product itself. On the CPU device it is stored transposed and contiguous, [in, out],
     and `weight` is a view of that: with the reference BLAS of the Linux mlx[cpu] wheel,
     `x @ Wt` on a contiguous Wt runs ~2.4x faster than `x @ W.T` on the transposed view (same
@@ -96,6 +98,11 @@ class Linear:
 
     __slots__ = ("weight", "scales", "biases", "out_features", "in_features", "_wt", "_parts", "_widen",
                  "_cpu")
+    weight: mx.array
+    scales: mx.array | None
+    biases: mx.array | None
+    _wt: mx.array | None  # dense only: the stored operand (see above)
+    _parts: tuple[tuple[mx.array, mx.array, mx.array], ...]
 
     def __init__(self, weight: mx.array, scales: mx.array | None = None,
                  biases: mx.array | None = None, *, in_features: int | None = None):
@@ -140,19 +147,21 @@ class Linear:
         return self.scales is not None
 
     def __call__(self, x: mx.array) -> mx.array:
-        if self.scales is None:
+        wt = self._wt
+        if wt is not None:  # dense
             if not self._widen:
-                return x @ self._wt
+                return x @ wt
             # Widen in the stored layout, so the product sees exactly the operand layout a
             # resident f32 copy would have (CPU: contiguous [in, out]; GPU: [out, in] viewed .T).
             if self._cpu:
-                return x @ self._wt.astype(mx.float32)
+                return x @ wt.astype(mx.float32)
             return x @ self.weight.astype(mx.float32).T
         if self._parts and (x.size // self.in_features) * self.out_features * self.in_features \
                 >= _PARALLEL_MIN_MACS:
             outs = [mx.quantized_matmul(x, wq, sc, bi, transpose=True, group_size=32, bits=8, stream=st)
                     for (wq, sc, bi), st in zip(self._parts, device.cpu_streams(len(self._parts)), strict=True)]
             return mx.concatenate(outs, axis=-1)
+        assert self.scales is not None and self.biases is not None  # quantised: affine 8-bit
         return mx.quantized_matmul(x, self.weight, self.scales, self.biases, transpose=True,
                                    group_size=32, bits=8)
 
@@ -160,7 +169,8 @@ class Linear:
         """The Linear of output rows start..stop-1 (a view; used for the grouped output LoRA)."""
         if self.scales is None:
             return Linear(self.weight[start:stop])
-        return Linear(self.weight[start:stop], self.scales[start:stop], self.biases[start:stop],
+        biases = None if self.biases is None else self.biases[start:stop]
+        return Linear(self.weight[start:stop], self.scales[start:stop], biases,
                       in_features=self.in_features)
 
     def grouped(self, x: mx.array) -> mx.array:
@@ -173,6 +183,7 @@ class Linear:
             w = (self.weight.astype(mx.float32) if self._widen else self.weight).reshape(groups, o, d)
             y = x[:, :, None, :] @ mx.swapaxes(w, -1, -2)
         else:
+            assert self.biases is not None  # quantised: affine 8-bit
             idx = mx.broadcast_to(mx.arange(groups, dtype=mx.uint32), (n, groups))
             y = mx.gather_qmm(x[:, :, None, :], self.weight.reshape(groups, o, -1),
                               self.scales.reshape(groups, o, -1), self.biases.reshape(groups, o, -1),
@@ -317,7 +328,7 @@ def build_weights(config: ModelConfig, get: Callable[[str], Any],
     `has(name)` tells whether an optional tensor exists (exp_probs_b); default: try `get` and
     treat KeyError as absent. `layer_range` (start, stop): build only those layers, plus the
     embedding when start is 0 and the output head when stop is the last layer (a pipeline
-    rank's part, engine/pipeline.py); `get` is never asked for any other tensor.
+    rank's part, engine/pipeline/); `get` is never asked for any other tensor.
     """
     c = config
     E, V, H, Dh = c.dim, c.vocab, c.n_heads, c.head_dim
@@ -443,11 +454,10 @@ def check_directory(gf, config: ModelConfig) -> None:
 
     Run over the whole tensor directory before any weight is read: a file with a wrong type in
     its last layer must be refused in milliseconds with one line naming the tensor, not after
-    minutes of loading (or mid-prefill). The names and shapes are the writer's table
-    (testmodel.tensor_table), which the load round-trip tests keep equal to build_weights'.
+    minutes of loading (or mid-prefill). The names and shapes are the canonical table
+    (layout.tensor_table), which the test-model writers also write and the load round-trip tests
+    keep equal to what build_weights reads.
     """
-    from ds4agent.testmodels.writer import tensor_table
-
     for spec in tensor_table(config):
         if spec.name.endswith("exp_probs_b.bias") and spec.name not in gf.tensors:
             continue  # optional (model.md §6.3)
@@ -457,7 +467,7 @@ def check_directory(gf, config: ModelConfig) -> None:
 def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | None = None,
                  layer_range: tuple[int, int] | None = None) -> ModelWeights:
     """Load every tensor of `config` (or of `layer_range`, see build_weights) from an open
-    GGUFFile (C2's gguf.py), validated by name.
+    GGUFFile (gguf.py), validated by name.
 
     2-D weights: F32/F16 as dense f32, Q8_0 as MLX affine 8-bit (exact). Routed experts: F16/F32
     dense (test models) or raw quantised blocks behind `experts.quant_experts`.
@@ -477,87 +487,18 @@ def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | No
         if "_exps." in name:
             if t in _PLAIN:
                 return gf.load(name, types=_PLAIN, dtype=mx.float32)
-            qtype = {v[2]: k for k, v in quant.BLOCK_INFO.items()}.get(t)
+            qtype = GGML_TYPE_IDS.get(t)
             if qtype is None or qtype not in quant.EXPERT_TYPES:
                 gf.check(name, types=("F16", "F32", "Q8_0", "Q2_K", "Q4_K", "IQ2_XXS"))
+            assert qtype is not None  # gf.check refused every type that is not an expert type
             return quant_experts(gf.raw(name), qtype, ti.shape)
         if name.endswith("tid2eid.weight"):
             return gf.load(name, types=("I32",))
         if t == "Q8_0":
-            return (*gf.load_q8_0(name), )
+            return quant.load_q8_0(gf, name)
         return gf.load(name, types=_ANY_2D if len(ti.shape) == 2 else ("F32", "F16"))
 
     def has(name: str) -> bool:
         return name in gf.tensors
 
     return build_weights(config, get, has=has, progress=progress, layer_range=layer_range)
-
-
-# ---- random test weights -------------------------------------------------------------------------
-
-
-def random_tensors(config: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
-    """The exact tensor VALUES `testmodel.make_test_model(config, seed)` writes, by name.
-
-    F16 tensors come back as float16, Q8_0 tensors dequantised (d·q, float32), I32 as int32, so an
-    engine built from these equals one loaded from the written file, and the numpy oracle reads
-    the same numbers.
-    """
-    from ds4agent.testmodels import writer as testmodel
-
-    rng = np.random.default_rng(seed)
-    out: dict[str, np.ndarray] = {}
-    for spec in testmodel.tensor_table(config):
-        v = testmodel._values(spec, config, rng)
-        if spec.ggml_type == "Q8_0":
-            blocks = testmodel._q8_0_blocks(v).reshape(-1, 34)
-            d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
-            q = blocks[:, 2:].view(np.int8).astype(np.float32)
-            v = (d * q).reshape(spec.shape)
-        elif spec.ggml_type == "F16":
-            v = v.astype(np.float16)
-        elif spec.ggml_type == "F32":
-            v = v.astype(np.float32)
-        out[spec.name] = v
-    return out
-
-
-def weights_from_tensors(config: ModelConfig, tensors: Mapping[str, Any], *,
-                         quantize_q8: bool = False,
-                         layer_range: tuple[int, int] | None = None) -> ModelWeights:
-    """ModelWeights from a name -> array mapping (e.g. `random_tensors`).
-
-    quantize_q8: store the tensors that are Q8_0 in a GGUF as MLX affine 8-bit (as a loaded file
-    does; the values are Q8_0-exact so this is lossless) instead of dense f32.
-    """
-    q8_names: set[str] = set()
-    if quantize_q8:
-        from ds4agent.testmodels import writer as testmodel
-
-        q8_names = {s.name for s in testmodel.tensor_table(config) if s.ggml_type == "Q8_0"}
-
-    def get(name: str) -> Any:
-        v = tensors[name]
-        if name in q8_names:
-            # The values are Q8_0-exact: re-encoding them gives the file's blocks bit for bit.
-            return _exact_q8_affine(np.asarray(v, dtype=np.float32))
-        if isinstance(v, np.ndarray) and v.dtype == np.float16 and name != "token_embd.weight":
-            return mx.array(v.astype(np.float32))
-        return v
-
-    return build_weights(config, get, has=lambda name: name in tensors, layer_range=layer_range)
-
-
-def _exact_q8_affine(w: np.ndarray) -> tuple[mx.array, mx.array, mx.array]:
-    """A Q8_0-representable [out, in] matrix as the exact affine-8 triple (scale d, bias -128·d)."""
-    from ds4agent.testmodels import writer as testmodel
-
-    from .quant import q8_0_to_affine
-
-    blocks = testmodel._q8_0_blocks(w)
-    return q8_0_to_affine(blocks.reshape(-1), w.shape)
-
-
-def random_weights(config: ModelConfig, seed: int = 0, *, quantize_q8: bool = True) -> ModelWeights:
-    """Deterministic random weights for `config`: the same values `make_test_model` writes."""
-    return weights_from_tensors(config, random_tensors(config, seed), quantize_q8=quantize_q8)

@@ -1,4 +1,4 @@
-"""`ds4agent pull [NAME] [--dir DIR] [--token TOKEN]`: ds4's weights from the Hugging Face Hub.
+"""Downloading ds4's weights from the Hugging Face Hub (`ds4agent pull`, commands/pull.py).
 
 The Hub's conventions come from huggingface_hub: the file URL (`hf_hub_url`, honouring
 HF_ENDPOINT), the file's metadata (`get_hf_file_metadata`: size, ETag, commit), the request
@@ -12,7 +12,10 @@ So a download goes to `<dir>/<file>.part`, one name per file: an interrupted pul
 a crash) leaves the bytes it has, and the next pull asks for the rest with an HTTP range request.
 The finished file is checked before it gets its real name: its size and the SHA-256 the Hub reports
 (the ETag of an LFS file), which huggingface_hub does not check. A mismatch removes the bytes and
-says what failed. The final path is the last line on stdout; everything else goes to stderr.
+says what failed.
+
+Nothing here writes to a terminal: `pull` hands its one-line notes to `report` and its byte counts
+to the `progress` bars it opens; the command decides where they go (stderr, tqdm bars).
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ import hashlib
 import os
 import re
 import shutil
-import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, TextIO
+from typing import BinaryIO, Protocol
 
 from ..fsutil import fsync_dir
 from . import fit
@@ -39,6 +42,39 @@ CHUNK = 1 << 20  # bytes per read when hashing: flat memory
 RETRIES = 5  # attempts in a row that bring no new byte before a pull gives up
 RETRY_DELAY_S = 2.0  # between attempts after a dropped connection
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class ProgressBar(Protocol):
+    """What pull needs of a progress bar (tqdm's names): a context manager counting bytes."""
+
+    def __enter__(self) -> ProgressBar: ...
+    def __exit__(self, *exc: object) -> None: ...
+    def update(self, n: int) -> object: ...
+    def reset(self, total: int | None = None) -> object: ...
+
+
+#: Opens a bar: (description, total bytes, bytes already there) -> ProgressBar.
+Progress = Callable[[str, int, int], ProgressBar]
+
+
+class _NoBar:
+    """The bar of a pull that shows none."""
+
+    def __enter__(self) -> _NoBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, n: int) -> None:
+        return None
+
+    def reset(self, total: int | None = None) -> None:
+        return None
+
+
+def no_progress(desc: str, total: int, initial: int) -> ProgressBar:
+    return _NoBar()
 
 
 @dataclass(frozen=True)
@@ -123,9 +159,11 @@ def _first_line(err: BaseException) -> str:
 
 
 def pull(name: str, *, directory: str | os.PathLike[str] | None = None, token: str | None = None,
-         err: TextIO | None = None) -> Path:
-    """Download flavour `name` into the model directory (resuming a partial file); return its path."""
-    err = err or sys.stderr
+         report: Callable[[str], None] = lambda line: None, progress: Progress = no_progress) -> Path:
+    """Download flavour `name` into the model directory (resuming a partial file); return its path.
+
+    `report(line)` gets each note (already downloaded, the RAM warning, what is being fetched);
+    `progress` opens the download and verification bars."""
     f = flavour(name)
     where = model_dir(directory)
     final = where / f.filename
@@ -133,11 +171,11 @@ def pull(name: str, *, directory: str | os.PathLike[str] | None = None, token: s
         # Only a verified download is ever renamed to this name. Touching it makes it the newest
         # model, so the default lookup (locate.py) runs what the user pulled last.
         os.utime(final)
-        print(f"already downloaded: {f.name}", file=err)
+        report(f"already downloaded: {f.name}")
         return final
     problem = fit.fit_problem(f.ram_bytes or 0, fit.machine_ram(), what=f.name)
     if problem:
-        print(f"warning: {problem}; it will not run on this machine (downloading anyway)", file=err)
+        report(f"warning: {problem}; it will not run on this machine (downloading anyway)")
     try:
         where.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -153,13 +191,13 @@ def pull(name: str, *, directory: str | os.PathLike[str] | None = None, token: s
                             f"more ({human_bytes(remote.size)} in all) and {human_bytes(free)} is free")
         commit = f" @ {remote.commit[:10]}" if remote.commit else ""
         verb = f"resuming at {human_bytes(have)} of" if have else "downloading"
-        print(f"{verb} {f.filename} ({human_bytes(remote.size)}) from {HUB_REPO}{commit}", file=err)
-        _download(remote, fh, have, token)
-        _verify(part, remote, err)
+        report(f"{verb} {f.filename} ({human_bytes(remote.size)}) from {HUB_REPO}{commit}")
+        _download(remote, fh, have, token, progress)
+        _verify(part, remote, report, progress)
         os.replace(part, final)
     fsync_dir(where)
     if not f.runnable:
-        print(f"{f.name} is the optional speculative-decoding part; ds4agent does not use it yet", file=err)
+        report(f"{f.name} is the optional speculative-decoding part; ds4agent does not use it yet")
     return final
 
 
@@ -198,18 +236,16 @@ def _usable_part(fh: BinaryIO, size: int) -> int:
     return have
 
 
-def _download(remote: RemoteFile, fh: BinaryIO, have: int, token: str | None) -> None:
+def _download(remote: RemoteFile, fh: BinaryIO, have: int, token: str | None, progress: Progress) -> None:
     """Append the missing bytes, asking for them with a range request; retry a dropped connection
     from where it stopped."""
     import httpx2
-    from huggingface_hub.utils import tqdm
 
     if have >= remote.size:
         return
     headers = _headers(token)
     stalled = 0  # attempts in a row that failed without a new byte
-    with tqdm(total=remote.size, initial=have, unit="B", unit_scale=True, unit_divisor=1024,
-              desc="download", file=sys.stderr) as bar:
+    with progress("download", remote.size, have) as bar:
         while have < remote.size:
             before = have
             try:
@@ -223,7 +259,7 @@ def _download(remote: RemoteFile, fh: BinaryIO, have: int, token: str | None) ->
                 time.sleep(RETRY_DELAY_S)
 
 
-def _fetch_rest(remote: RemoteFile, fh: BinaryIO, have: int, headers: dict[str, str], bar) -> int:
+def _fetch_rest(remote: RemoteFile, fh: BinaryIO, have: int, headers: dict[str, str], bar: ProgressBar) -> int:
     from huggingface_hub import get_session
     from huggingface_hub.constants import HF_HUB_DOWNLOAD_TIMEOUT
     from huggingface_hub.utils import hf_raise_for_status
@@ -273,22 +309,19 @@ def _hub_errors_for_download(remote: RemoteFile):
         raise PullError(f"the download of {remote.url} failed with HTTP {code}: {_first_line(err)}") from None
 
 
-def _verify(part: Path, remote: RemoteFile, err: TextIO) -> None:
+def _verify(part: Path, remote: RemoteFile, report: Callable[[str], None], progress: Progress) -> None:
     """Size, then SHA-256; a file that fails either is removed (its bytes cannot be trusted, and
     resuming after wrong bytes would only append more to them)."""
-    from huggingface_hub.utils import tqdm
-
     size = part.stat().st_size
     if size != remote.size:
         part.unlink()
         raise PullError(f"size check failed for {part.name[: -len(PART_SUFFIX)]}: got {size} bytes, the "
                         f"Hub says {remote.size}; the partial download was removed, run the pull again")
     if remote.sha256 is None:
-        print("note: the Hub reports no SHA-256 for this file; only its size was checked", file=err)
+        report("note: the Hub reports no SHA-256 for this file; only its size was checked")
         return
     digest = hashlib.sha256()
-    with open(part, "rb") as fh, tqdm(total=size, unit="B", unit_scale=True, unit_divisor=1024,
-                                      desc="verify SHA-256", file=sys.stderr) as bar:
+    with open(part, "rb") as fh, progress("verify SHA-256", size, 0) as bar:
         while block := fh.read(CHUNK):
             digest.update(block)
             bar.update(len(block))
@@ -320,26 +353,3 @@ def listing(directory: str | os.PathLike[str] | None = None) -> str:
         lines.append(f"this machine has {human_bytes(ram)} of RAM")
     lines.append(f"download one with: ds4agent pull NAME (e.g. ds4agent pull {RECOMMENDED.name})")
     return "\n".join(lines)
-
-
-def main(args) -> int:
-    """`ds4agent pull [NAME] [--dir DIR] [--token TOKEN]`."""
-    if not args.name:
-        print(listing(args.dir))
-        return 0
-    try:
-        path = pull(args.name, directory=args.dir, token=args.token)
-    except PullError as err:
-        print(f"ds4agent: {err}", file=sys.stderr)
-        return 1
-    except OSError as err:  # the disk filled up or the directory went away mid-download
-        where = f" ({err.filename})" if err.filename else ""
-        print(f"ds4agent: pull failed: {err.strerror or err}{where}; the bytes written so far are "
-              "kept, run the same command again to continue", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("\nds4agent: pull interrupted; run the same command again to continue where it stopped",
-              file=sys.stderr)
-        return 130
-    print(os.path.abspath(path))  # absolute: ready to paste into --model from any directory
-    return 0

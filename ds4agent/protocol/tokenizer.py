@@ -164,7 +164,7 @@ class Tokenizer:
         u2b = {c: b for b, c in b2u.items()}
         tb: list[bytes] = []
         for s in strings:
-            if "｜" in s:  # noqa: RUF001 - the full-width bar is the point
+            if "｜" in s:  # the full-width bar is the point
                 tb.append(s.encode("utf-8"))
                 continue
             try:

@@ -1,4 +1,4 @@
-"""Flash-shape test files: ds4's exact tensor table, random weights, shared data regions (issue 13).
+"""Flash-shape test files: ds4's exact tensor table, random weights, shared data regions.
 
     layout = plan_layout(flash_config(), "q2")      # tensor table, offsets, sizes; writes nothing
     write_flash_model(path, flash_config(), experts="q2", seed=0)
@@ -7,7 +7,7 @@ The file has exactly the tensor names, shapes and types of ds4's files of one fl
 §6.3: q2 = IQ2_XXS gate/up and Q2_K down routed experts, q4 = Q4_K for all three; Q8_0 attention,
 shared experts and output head; F16 embedding, hyper-connection mixers, compressors, indexer and
 router; F32 norms and vectors; I32 tid2eid), the real `deepseek4.*` metadata of the config, the
-DeepSeek V4 tokenizer (gguf_vocab.py) and NO test-model marker: a Flash-config file takes the
+DeepSeek V4 tokenizer (protocol/gguf_vocab.py) and NO test-model marker: a Flash-config file takes the
 engine's strict path, exactly as a real file does.
 
 Why it fits on an ordinary disk (about 4.5 GiB for q2, 6.4 GiB for q4, against 81 / 153 GB for the
@@ -25,7 +25,7 @@ real files): GGUF tensor offsets are free, so tensors may share bytes.
 The tensor directory, and so `ds4agent info`'s per-group sizes, describe the full 81 GB model; the
 key FLASH_TEST_KEY (which no validation reads) says what the file is.
 
-Values follow testmodel's scaling rules (N(0, 1/fan_in) matrices, half-scale experts, norms ~1,
+Values follow values.py's scaling rules (N(0, 1/fan_in) matrices, half-scale experts, norms ~1,
 small hyper-connection mixers), so activations stay finite and varied through any depth. Quantised
 expert blocks are valid blocks of their type with random codes and small f16 scales chosen so the
 dequantised weights are zero-mean with the expert scale 0.5/sqrt(fan_in) (see `_expert_blocks`).
@@ -47,28 +47,20 @@ from pathlib import Path
 
 import numpy as np
 
-from ds4agent.engine.config import ModelConfig
+from ds4agent.engine.config import FLASH_TEST_KEY, ModelConfig
 from ds4agent.engine.errors import EngineError
+from ds4agent.engine.gguf import block_of
+from ds4agent.engine.layout import ARCH, TensorSpec, tensor_table
 from ds4agent.fsutil import atomic_path
-from ds4agent.testmodels.writer import ARCH, TensorSpec, _add_metadata, _encode, _values, tensor_table
 
-#: Says what the file is; read by `ds4agent info` only (validation ignores unknown keys).
-FLASH_TEST_KEY = "ds4agent.flash_test_file"
+from .values import add_config_metadata, encode, fill_kind, random_values
 
-#: routed-expert tensor types of each flavour (model.md §6.3)
-EXPERT_TYPES: dict[str, dict[str, str]] = {
-    "q2": {"ffn_gate_exps": "IQ2_XXS", "ffn_up_exps": "IQ2_XXS", "ffn_down_exps": "Q2_K"},
-    "q4": {"ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q4_K", "ffn_down_exps": "Q4_K"},
-}
 POOL = 4  # variants of each large per-layer matrix
 ALIGN = 32  # GGUF default alignment (the file writes no general.alignment, like ds4's)
 CHUNK_ELEMS = 1 << 23  # values generated per step (32 MB of f32)
 HEADER_RESERVE = 64 << 20  # metadata (tokenizer ~5 MB) + tensor directory, with room to spare
-MAX_FILE_BYTES = 12 << 30  # the disk budget of issue 13 for the Flash config
+MAX_FILE_BYTES = 12 << 30  # the disk budget of a Flash-config file: it must fit an ordinary disk
 
-# type -> (weights per block, bytes per block)
-_BLOCKS = {"F32": (1, 4), "F16": (1, 2), "I32": (1, 4), "Q8_0": (32, 34), "Q2_K": (256, 84),
-           "Q4_K": (256, 144), "IQ2_XXS": (256, 66)}
 _EXPERT_QUANTS = ("IQ2_XXS", "Q2_K", "Q4_K")
 # Per-layer matrices that are pooled (the large ones); the router stays per layer.
 _POOLED_KINDS = ("linear", "expert")
@@ -119,37 +111,26 @@ class Layout:
 
 
 def tensor_bytes(ggml_type: str, shape: tuple[int, ...]) -> int:
-    block, size = _BLOCKS[ggml_type]
+    _, block, size = block_of(ggml_type)
     n = int(np.prod(shape))
     if shape[-1] % block:
         raise EngineError(f"a {ggml_type} row needs a multiple of {block} values, got {shape[-1]}")
     return n // block * size
 
 
-def _typed_table(cfg: ModelConfig, experts: str) -> list[TensorSpec]:
-    types = EXPERT_TYPES[experts]
-    out = []
-    for spec in tensor_table(cfg):
-        role = _LAYER_PREFIX.sub("", spec.name).split(".")[0]
-        out.append(replace(spec, ggml_type=types[role]) if role in types else spec)
-    return out
-
-
 def plan_layout(cfg: ModelConfig, experts: str = "q2") -> Layout:
     """Where every tensor of `cfg` lives in the data section (see the module docstring)."""
-    if experts not in EXPERT_TYPES:
-        raise EngineError(f"unknown expert flavour {experts!r} (choose from {', '.join(EXPERT_TYPES)})")
     regions: dict[object, Region] = {}
     seen: dict[tuple, int] = {}
     tensors: list[Placement] = []
     end = 0
-    for spec in _typed_table(cfg, experts):
+    for spec in tensor_table(cfg, experts):  # refuses an unknown flavour
         m = _LAYER_PREFIX.match(spec.name)
         role = _LAYER_PREFIX.sub("", spec.name)
         key: object
         if m and "_exps." in spec.name:
             key = ("shared", role)
-        elif m and spec.init in _POOLED_KINDS and not role.startswith("ffn_gate_inp"):
+        elif m and fill_kind(spec.name) in _POOLED_KINDS and not role.startswith("ffn_gate_inp"):
             k = seen.get((role, spec.shape), 0)
             seen[(role, spec.shape)] = k + 1
             key = ("pool", role, spec.shape, k % POOL)
@@ -181,7 +162,7 @@ def _raw_expert_blocks(qtype: str, n: int, base: float, rng: np.random.Generator
     Q2_K      sub-block scale s in 1..15 and min m = s with dmin = 1.5·d: w = d·s·(q - 1.5).
     Q4_K      6-bit scale s in 4..31, min m = 2s with dmin = 3.75·d: w = d·s·(q - 7.5).
     """
-    _, size = _BLOCKS[qtype]
+    size = block_of(qtype).nbytes
     out = rng.integers(0, 256, (n, size), dtype=np.uint8)  # the codes
     d = np.float32(base) * rng.uniform(0.75, 1.25, n).astype(np.float32)
     if qtype == "IQ2_XXS":
@@ -217,7 +198,7 @@ def _unit_rms(qtype: str) -> float:
 
 
 def expert_scale(qtype: str, fan_in: int) -> float:
-    """Base block scale giving weights of RMS 0.5/sqrt(fan_in) (testmodel's expert scale)."""
+    """Base block scale giving weights of RMS 0.5/sqrt(fan_in) (values.py's expert scale)."""
     return 0.5 * fan_in**-0.5 / _unit_rms(qtype)
 
 
@@ -226,7 +207,7 @@ def _chunks(region: Region, cfg: ModelConfig, seed: int) -> Iterator[np.ndarray]
     rng = np.random.default_rng([seed, region.index])
     spec = region.spec
     if spec.ggml_type in _EXPERT_QUANTS:
-        block, size = _BLOCKS[spec.ggml_type]
+        _, block, size = block_of(spec.ggml_type)
         n_blocks = region.nbytes // size
         base = expert_scale(spec.ggml_type, spec.shape[-1])
         step = max(1, CHUNK_ELEMS // block)
@@ -235,11 +216,11 @@ def _chunks(region: Region, cfg: ModelConfig, seed: int) -> Iterator[np.ndarray]
         return
     rows, rest = spec.shape[0], spec.shape[1:]
     # tid2eid draws n_experts keys per row; everything else draws one value per element
-    per_row = cfg.n_experts if spec.init == "tid2eid" else int(np.prod(rest, dtype=np.int64))
+    per_row = cfg.n_experts if fill_kind(spec.name) == "tid2eid" else int(np.prod(rest, dtype=np.int64))
     step = rows if not rest else max(1, CHUNK_ELEMS // max(1, per_row))
     for r0 in range(0, rows, step):
         part = replace(spec, shape=(min(step, rows - r0), *rest)) if rest else spec
-        yield np.ascontiguousarray(_encode(part, _values(part, cfg, rng)))
+        yield np.ascontiguousarray(encode(part, random_values(part, cfg, rng)))
 
 
 # ---- writing ---------------------------------------------------------------------------------
@@ -298,7 +279,7 @@ def write_flash_model(path: str | os.PathLike[str], cfg: ModelConfig, *, experts
             writer.add_name(f"ds4agent Flash-shape test model ({experts}, seed {seed}, shared expert data)")
             writer.add_quantization_version(2)
             writer.add_string(FLASH_TEST_KEY, describe(experts, seed))
-            _add_metadata(writer, cfg)
+            add_config_metadata(writer, cfg)
             for key, value, vtype, sub in tokenizer_metadata():
                 writer.add_key_value(key, value, vtype, sub_type=sub)
             # Registered only so the header counts them; the directory itself is written below

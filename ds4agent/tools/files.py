@@ -390,15 +390,15 @@ def _apply(change: Change, ctx: ToolContext) -> ToolResult:
     if ctx.on_write is not None:
         try:
             ctx.on_write(key, undo, change.after)
-        except Exception:  # noqa: BLE001 - see the docstring; the agent reports its own failures
+        except Exception:  # see the docstring; the agent reports its own failures
             pass
     try:
         _record(change, ctx, key)
-    except Exception:  # noqa: BLE001 - see the docstring
+    except Exception:  # see the docstring
         ctx.seen.replace(key, ())  # unknown state: line edits must read the file again
     try:
         display: object = change.diff()
-    except Exception as exc:  # noqa: BLE001 - see the docstring
+    except Exception as exc:  # see the docstring
         first = change.result_text.split("\n", 1)[0]
         display = TextDisplay(summary=f"{first} (no diff: {type(exc).__name__})", body=change.result_text)
     return ToolResult(change.result_text, display=display)

@@ -152,7 +152,7 @@ class Ds4App(App):
         try:
             agent = self.agent_factory()  # type: ignore[misc]
             agent.start()
-        except Exception as err:  # noqa: BLE001 - shown as one readable line, never a traceback
+        except Exception as err:  # shown as one readable line, never a traceback
             self.post_message(AgentFailed(str(err) or type(err).__name__))
             return
         self.post_message(AgentReady(agent))
@@ -206,7 +206,7 @@ class Ds4App(App):
         for card in self.conversation.running_cards():
             card.tick()
 
-    async def _handle(self, e: ev.Event, n: int) -> None:  # noqa: C901 - one dispatch table, in order
+    async def _handle(self, e: ev.Event, n: int) -> None:  # one dispatch table, in order
         conv = self.conversation
         s = self.status_model
         if isinstance(e, ev.Status):
@@ -514,7 +514,7 @@ class Ds4App(App):
             return "deleting sessions is not available in this build (use: ds4agent kv rm PREFIX)"
         try:
             delete(session_id)
-        except Exception as err:  # noqa: BLE001 - one readable line
+        except Exception as err:  # one readable line
             return f"delete failed: {err}"
         return None
 

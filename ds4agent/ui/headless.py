@@ -207,7 +207,7 @@ def main(args: Any) -> int:
     err = sys.stderr
     try:
         loader, store, tools, settings = build_from_args(args)
-    except Exception as exc:  # noqa: BLE001 - e.g. the KV directory cannot be created
+    except Exception as exc:  # e.g. the KV directory cannot be created
         err.write(f"ds4agent: {exc}\n")
         return EXIT_FAIL
     settings.journal = False
@@ -221,7 +221,7 @@ def main(args: Any) -> int:
         target = requested_session(store, settings)
         if target is not None and store is not None:
             settings.resume, settings.continue_session = store.resolve(target).id, False
-    except Exception as exc:  # noqa: BLE001 - SessionOpError, KVCStoreError: readable
+    except Exception as exc:  # SessionOpError, KVCStoreError: readable
         err.write(f"ds4agent: cannot continue: {exc}\n")
         return EXIT_FAIL
     ask = None

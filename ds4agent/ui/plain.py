@@ -87,7 +87,7 @@ class PlainRenderer:
             self.out("\n")
         self.mode = None
 
-    def handle(self, e: ev.Event, n: int = 1) -> None:  # noqa: C901 - one dispatch, in order
+    def handle(self, e: ev.Event, n: int = 1) -> None:  # one dispatch, in order
         s = self.status
         if isinstance(e, ev.Status):
             s.apply_status(e)

@@ -34,6 +34,6 @@ def tools():
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """The tiny DS4-architecture test model (real vocab, random weights)."""
-    from ds4agent.testmodels.writer import make_test_model
+    from ds4agent.testmodels import make_test_model
 
     return make_test_model(tmp_path_factory.mktemp("model") / "tiny.gguf", config="tiny", seed=0)

@@ -4,7 +4,7 @@ Written from the spec, not from ds4agent/engine/model.py: it follows the streami
 literally (one token at a time, the compressor state exactly as §4.4 describes it, including the
 row copy of ratio-4 windows), uses code tables for the E4M3/E2M1 roundings and the popcount
 definition of the Hadamard transform. It reads the weights by their GGUF tensor names
-(`ds4agent.engine.weights.random_tensors`), dequantised, as float64.
+(`ds4agent.testmodels.random_weights.random_tensors`), dequantised, as float64.
 
 `rounding=False` turns off the three rounding simulations (f16 rows, fp8sim, the fp4 step of
 qat) exactly like the engine's test switch.

@@ -12,7 +12,7 @@ import pytest
 from ds4agent.engine.config import test_config
 from ds4agent.engine.model import forward
 from ds4agent.engine.state import SessionState
-from ds4agent.engine.weights import random_weights
+from ds4agent.testmodels.random_weights import random_weights
 
 N = 56  # micro: window 8, ratio-4 groups, ratio-16 rows 0..2, indexer pruning from p = 19
 

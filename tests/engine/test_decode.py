@@ -12,11 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ds4agent.engine import hostread
-from ds4agent.engine.decode import decode
+from ds4agent.engine import generate, hostread, load_engine
 from ds4agent.engine.errors import EngineError
 from ds4agent.engine.sampler import Sampler
-from ds4agent.engine.session import Engine
 from ds4agent.testmodels.writer import make_test_model
 
 CTX = 64
@@ -26,7 +24,7 @@ N = 12
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     path = make_test_model(tmp_path_factory.mktemp("decode") / "micro.gguf", "micro", seed=5)
-    return Engine.load(path, ctx=CTX, chunk=8)
+    return load_engine(path, ctx=CTX, chunk=8)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +46,7 @@ def _state_bytes(session) -> dict[str, bytes]:
 
 def _step_loop(engine, prompt, sampler, n, greedy_at=()):
     """Today's decode: sample from host logits, step, repeat (the last token is not stepped,
-    as decode() leaves it: see its module doc)."""
+    as generate() leaves it: see engine/decode.py)."""
     s = engine.new_session()
     s.sync(prompt)
     out = []
@@ -64,7 +62,7 @@ def _generator(engine, prompt, sampler, n, greedy_at=()):
     s = engine.new_session()
     s.sync(prompt)
     out: list[int] = []
-    for tok in decode(s, sampler, max_tokens=n, greedy=lambda: len(out) in greedy_at):
+    for tok in generate(s, sampler, max_tokens=n, greedy=lambda: len(out) in greedy_at):
         out.append(tok)
     return out, s
 
@@ -94,7 +92,7 @@ def test_rng_state_saved_and_loaded_mid_run_continues_the_same_tokens(engine, pr
     s = engine.new_session()
     s.sync(prompt)
     head = []
-    for tok in decode(s, first, max_tokens=5):
+    for tok in generate(s, first, max_tokens=5):
         head.append(tok)
     saved_rng, payload = first.rng_state, s.export_state()
     resumed = engine.new_session()
@@ -102,7 +100,7 @@ def test_rng_state_saved_and_loaded_mid_run_continues_the_same_tokens(engine, pr
     resumed.sync(tuple(prompt) + tuple(head))  # the last handed-out token is not in the state yet
     second = Sampler(temperature=1.5, min_p=0.0, seed=0)
     second.rng_state = saved_rng
-    tail = list(decode(resumed, second, max_tokens=N - 5))
+    tail = list(generate(resumed, second, max_tokens=N - 5))
     assert head + tail == full
 
 
@@ -111,7 +109,7 @@ def _stop_after(engine, prompt, k, how):
     s = engine.new_session()
     s.sync(prompt)
     got: list[int] = []
-    gen = decode(s, Sampler(temperature=0.0), max_tokens=N)
+    gen = generate(s, Sampler(temperature=0.0), max_tokens=N)
     if how == "break":
         for tok in gen:
             got.append(tok)
@@ -141,7 +139,7 @@ def test_stopping_during_a_speculative_step_leaves_the_session_as_at_the_handout
     ref.sync(tuple(prompt) + tuple(got[:-1]))
     assert _state_bytes(s) == _state_bytes(ref)
     # And the session goes on from there as if nothing had been in flight.
-    nxt = list(decode(s, Sampler(temperature=0.0), max_tokens=3))
+    nxt = list(generate(s, Sampler(temperature=0.0), max_tokens=3))
     ref_all, _ = _generator(engine, prompt, Sampler(temperature=0.0), k - 1 + 3)
     assert got[:-1] + nxt == ref_all
 
@@ -149,23 +147,23 @@ def test_stopping_during_a_speculative_step_leaves_the_session_as_at_the_handout
 def test_token_cap_and_full_context(engine, prompt):
     s = engine.new_session()
     s.sync(prompt)
-    assert list(decode(s, Sampler(temperature=0.0), max_tokens=0)) == []
-    got = list(decode(s, Sampler(temperature=0.0), max_tokens=3))
+    assert list(generate(s, Sampler(temperature=0.0), max_tokens=0)) == []
+    got = list(generate(s, Sampler(temperature=0.0), max_tokens=3))
     assert len(got) == 3 and s.tokens == tuple(prompt) + tuple(got[:2])
     # ctx - 2 tokens live: one more step fits (ctx - 1), the token after it is handed out without
     # a step (there is no position left for it), and then the generator ends.
     full = engine.new_session()
     full.sync((tuple(prompt) * 4)[:CTX - 2])
-    out = list(decode(full, Sampler(temperature=0.0), max_tokens=100))
+    out = list(generate(full, Sampler(temperature=0.0), max_tokens=100))
     assert len(out) == 3 and len(full) == CTX
 
 
 def test_decode_needs_logits_and_an_unchanged_session(engine, prompt):
     with pytest.raises(EngineError, match="no tokens"):
-        next(decode(engine.new_session(), Sampler(temperature=0.0), max_tokens=4))
+        next(generate(engine.new_session(), Sampler(temperature=0.0), max_tokens=4))
     s = engine.new_session()
     s.sync(prompt)
-    gen = decode(s, Sampler(temperature=0.0), max_tokens=4)
+    gen = generate(s, Sampler(temperature=0.0), max_tokens=4)
     next(gen)
     s.sync(prompt[:10])  # someone else drove the session while a step was in flight
     with pytest.raises(EngineError, match="changed while a decode step"):
@@ -177,7 +175,7 @@ def _reads_per_token(engine, prompt, loop: str) -> float:
     s.sync(prompt)
     sampler = Sampler(temperature=1.0, seed=1)
     if loop == "generator":
-        gen = decode(s, sampler, max_tokens=N + 1)  # every counted token gets its step
+        gen = generate(s, sampler, max_tokens=N + 1)  # every counted token gets its step
         next(gen)  # start-up outside the count
         before = hostread.reads()
         for _ in range(N - 1):
@@ -195,7 +193,7 @@ def quant_engine(tmp_path_factory):
     from tests.weights.quantmodel import Q2_TYPES, quant_config, write_quant_model
 
     path = write_quant_model(tmp_path_factory.mktemp("decode") / "q2.gguf", quant_config(), Q2_TYPES)
-    return Engine.load(path, ctx=CTX, chunk=8)
+    return load_engine(path, ctx=CTX, chunk=8)
 
 
 def test_host_reads_are_counted_per_decoded_token(engine, quant_engine, prompt):
@@ -208,3 +206,36 @@ def test_host_reads_are_counted_per_decoded_token(engine, quant_engine, prompt):
     gen = _reads_per_token(quant_engine, prompt, "generator")
     assert gen > 1.0
     assert gen == _reads_per_token(quant_engine, prompt, "step loop") - 1.0
+
+
+def test_nan_logits_are_a_sampler_error_and_never_index_the_embedding(engine):
+    import mlx.core as mx
+
+    from ds4agent.engine.sampler import SamplerError
+
+    class NanSession:
+        """The decode seam over logits that hold a NaN; records the ids it was asked to step."""
+
+        def __init__(self):
+            self.engine = engine
+            self.next_logits = mx.array(np.array([0.0, np.nan, 1.0], np.float32))
+            self.fed: list[int] = []
+            self.accepted = 0
+
+        def __len__(self):
+            return 1
+
+        def dispatch(self, token):
+            self.fed.append(int(token.item()))
+            return object()
+
+        def accept(self, pending, token):
+            self.accepted += 1
+
+        def settle(self):
+            pass
+
+    s = NanSession()
+    with pytest.raises(SamplerError, match="NaN"):
+        next(generate(s, Sampler(seed=0), max_tokens=4))
+    assert s.fed == [0] and s.accepted == 0  # the step got a valid id and was never accepted

@@ -17,7 +17,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from ds4agent.engine import hostread, quant
+from ds4agent.engine import hostread, load_engine, quant
 from ds4agent.engine.config import test_config
 from ds4agent.engine.device import KERNELS_ENV, kernel_set
 from ds4agent.engine.errors import EngineError, TensorError
@@ -25,7 +25,7 @@ from ds4agent.engine.experts.portable import QuantExperts
 from ds4agent.engine.model import Trace, _route, forward
 from ds4agent.engine.session import Engine
 from ds4agent.engine.state import SessionState
-from ds4agent.engine.weights import random_tensors, weights_from_tensors
+from ds4agent.testmodels.random_weights import random_tensors, weights_from_tensors
 from ds4agent.testmodels.writer import make_test_model
 from tests.weights.quantmodel import Q2_TYPES, quant_config, write_quant_model
 
@@ -100,7 +100,7 @@ def tokens():
 
 def _load(path, name: str, chunk: int | None = None) -> Engine:
     with kernels(name):
-        return Engine.load(path, ctx=256, chunk=chunk, device="cpu")
+        return load_engine(path, ctx=256, chunk=chunk, device="cpu")
 
 
 def test_gpu_kernel_set_stays_within_bounds_across_chunk_sizes(micro_file, tokens):
@@ -175,7 +175,7 @@ def test_a_bad_kernel_switch_is_refused_before_loading(micro_file):
     with kernels("cpu"):
         os.environ[KERNELS_ENV] = "tpu"
         with pytest.raises(EngineError, match=f"{KERNELS_ENV} must be cpu or gpu"):
-            Engine.load(micro_file, ctx=64, device="cpu")
+            load_engine(micro_file, ctx=64, device="cpu")
 
 
 # ---- quantised routed experts on the GPU kernel set ---------------------------------------------
@@ -220,7 +220,7 @@ def test_device_id_expert_products_equal_the_dequantised_products(qtype):
     W[id] @ x of the bit-exact dequantised weights, with no read back."""
     rng = np.random.default_rng(qtype)
     e, d_out, d_in = 5, 16, 256
-    block, size, _ = quant.BLOCK_INFO[qtype]
+    block, size, _ = quant.block_info(qtype)
     raw = rng.integers(0, 256, size=(e, d_out, d_in // block * size), dtype=np.uint8)
     scale_at = {quant.Q2_K: (80, 82), quant.Q4_K: (0, 2), quant.IQ2_XXS: (0,), quant.Q8_0: (0,)}[qtype]
     blocks = raw.reshape(-1, size)

@@ -16,7 +16,7 @@ import pytest
 from ds4agent.engine.config import test_config
 from ds4agent.engine.model import Trace, forward
 from ds4agent.engine.state import SessionState
-from ds4agent.engine.weights import random_tensors, weights_from_tensors
+from ds4agent.testmodels.random_weights import random_tensors, weights_from_tensors
 from tests.engine.reference import Reference
 
 

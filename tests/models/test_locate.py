@@ -97,7 +97,7 @@ def test_startup_refuses_a_model_larger_than_ram_before_loading(clean_env, monke
     """The refusal is the engine's, from the tensor directory, before any weight is read."""
     from ds4agent import cli
     from ds4agent.engine import weights
-    from ds4agent.testmodels.writer import make_test_model
+    from ds4agent.testmodels import make_test_model
 
     model = make_test_model(tmp_path / "m.gguf", "micro")
     monkeypatch.setattr(fit, "machine_ram", lambda: 1000)  # bytes

@@ -1,4 +1,4 @@
-"""The Flash-shape test file (issue 13, item 1): ds4's tensor table, types, metadata and tokenizer,
+"""The Flash-shape test file: ds4's tensor table, types, metadata and tokenizer,
 random weights in shared data regions.
 
 A full-size file (4 GiB) is too big for a unit test, so the writer's one code path is exercised on
@@ -18,15 +18,15 @@ import numpy as np
 import pytest
 
 from ds4agent import cli
-from ds4agent.engine import quant
-from ds4agent.engine.config import flash_config, flash_ratio, from_metadata
+from ds4agent.commands.info import format_info
+from ds4agent.engine import Engine, quant
+from ds4agent.engine.config import FLASH_TEST_KEY, TEST_MODEL_KEY, flash_config, flash_ratio, from_metadata
 from ds4agent.engine.gguf import GGUFFile
-from ds4agent.engine.memory import format_info, model_info
-from ds4agent.engine.session import Engine
+from ds4agent.engine.layout import tensor_table
+from ds4agent.engine.memory import model_info
 from ds4agent.engine.weights import load_weights
 from ds4agent.protocol.tokenizer import Tokenizer
-from ds4agent.testmodels import flash as flashmodel
-from ds4agent.testmodels.writer import TEST_MODEL_KEY, make_test_model, tensor_table
+from ds4agent.testmodels import flash, make_test_model
 
 GIB = 1 << 30
 Q8_ROLES = ("attn_q_a.", "attn_q_b.", "attn_kv.", "attn_output_a.", "attn_output_b.", "_shexp.")
@@ -125,7 +125,7 @@ def test_expert_blocks_are_valid_and_scaled_like_the_test_models(q2_file, name):
         ref = gguf.quants.dequantize(raw, qtype)  # the reference dequantiser
         assert ref.shape == ti.shape and np.isfinite(ref).all()
         rms = float(np.sqrt(np.mean(ref.astype(np.float64) ** 2)))
-        want = 0.5 / np.sqrt(ti.shape[-1])  # testmodel's expert scale
+        want = 0.5 / np.sqrt(ti.shape[-1])  # the test models' expert scale
         assert 0.85 * want < rms < 1.15 * want
         assert abs(float(ref.mean())) < 0.02 * rms
         per_expert = np.sqrt(np.mean(ref.astype(np.float64) ** 2, axis=(1, 2)))
@@ -143,7 +143,7 @@ def test_tokenizer_is_embedded_as_ds4s_files_carry_it(q2_file, q2_reader):
         assert len(tokens) == 129280
         assert tokens == [tok.token_string(i) for i in range(129280)]
         assert (tokens[0], tokens[1], tokens[128803], tokens[128825]) == \
-            ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "｜DSML｜")  # noqa: RUF001
+            ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "｜DSML｜")  # the full-width bar (U+FF5C) is the protocol's
         types = m["tokenizer.ggml.token_type"]
         assert len(types) == 129280 and gf.array_types["tokenizer.ggml.token_type"].name == "INT32"
         assert (types[0], types[1], types[128803], types[128821], types[128825], types[1000]) == \
@@ -154,7 +154,7 @@ def test_tokenizer_is_embedded_as_ds4s_files_carry_it(q2_file, q2_reader):
                 m["tokenizer.ggml.padding_token_id"]) == (0, 1, 1)
         assert gf.value_types["tokenizer.ggml.bos_token_id"].name == "UINT32"
     field = q2_reader.get_field("tokenizer.ggml.tokens")
-    assert len(field.data) == 129280 and field.contents(128804) == "<｜Assistant｜>"  # noqa: RUF001
+    assert len(field.data) == 129280 and field.contents(128804) == "<｜Assistant｜>"  # the full-width bar (U+FF5C) is the protocol's
 
 
 def test_no_test_model_marker_and_info_says_what_the_file_is(q2_file):
@@ -207,21 +207,21 @@ def test_q4_flavour_is_deterministic_per_seed(tmp_path):
 @pytest.mark.parametrize("experts", ["q2", "q4"])
 def test_full_size_layout_is_ds4s_table_within_12_gib(experts):
     cfg = flash_config()
-    layout = flashmodel.plan_layout(cfg, experts)
+    layout = flash.plan_layout(cfg, experts)
     table = tensor_table(cfg)
     assert [p.spec.name for p in layout.tensors] == [s.name for s in table]
     assert len(layout.tensors) == 1328
     for p, spec in zip(layout.tensors, table, strict=True):
         assert p.spec.shape == spec.shape
         assert p.spec.ggml_type == expected_type(spec.name, experts), spec.name
-        assert p.nbytes == flashmodel.tensor_bytes(p.spec.ggml_type, p.spec.shape)
+        assert p.nbytes == flash.tensor_bytes(p.spec.ggml_type, p.spec.shape)
         # a shared region holds data of exactly this tensor's type and shape
         assert (p.region.spec.ggml_type, p.region.spec.shape) == (p.spec.ggml_type, p.spec.shape)
     regions = layout.regions
-    assert all(r.offset % flashmodel.ALIGN == 0 for r in regions)
+    assert all(r.offset % flash.ALIGN == 0 for r in regions)
     assert all(a.offset + a.nbytes <= b.offset for a, b in zip(regions, regions[1:], strict=False))
     assert regions[-1].offset + regions[-1].nbytes <= layout.data_bytes
-    assert layout.max_file_bytes <= flashmodel.MAX_FILE_BYTES
+    assert layout.max_file_bytes <= flash.MAX_FILE_BYTES
     routed = sum(p.nbytes for p in layout.tensors if "_exps." in p.spec.name)
     assert routed == {"q2": 77_913_391_104, "q4": 155_826_782_208}[experts]  # 72.6 / 145.1 GiB
     lo, hi = {"q2": (3.8, 4.3), "q4": (5.5, 6.0)}[experts]  # the file: 4.05 / 5.74 GiB
@@ -230,7 +230,7 @@ def test_full_size_layout_is_ds4s_table_within_12_gib(experts):
 
 def test_strict_check_ignores_the_description_and_tokenizer_keys():
     meta = flash_config().to_metadata() | {
-        flashmodel.FLASH_TEST_KEY: flashmodel.describe("q2", 0),
+        FLASH_TEST_KEY: flash.describe("q2", 0),
         "general.name": "ds4agent Flash-shape test model (q2, seed 0, shared expert data)",
         "tokenizer.ggml.pre": "joyai-llm",
     }
@@ -242,7 +242,7 @@ def test_cli_refuses_experts_without_flash_and_a_too_small_disk(tmp_path, capsys
     assert cli.main(["make-test-model", str(out), "--config", "tiny", "--experts", "q2"]) == 2
     assert "--experts applies to --config flash" in capsys.readouterr().err
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(flashmodel.shutil, "disk_usage", lambda _p: usage(100 * GIB, 99 * GIB, GIB))
+    monkeypatch.setattr(flash.shutil, "disk_usage", lambda _p: usage(100 * GIB, 99 * GIB, GIB))
     assert cli.main(["make-test-model", str(out), "--config", "flash"]) == 2
     err = capsys.readouterr().err
     assert "not enough free disk space" in err and "1.0 GiB free" in err

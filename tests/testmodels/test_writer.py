@@ -10,64 +10,10 @@ import stat
 import pytest
 
 from ds4agent import cli
-from ds4agent.engine.config import flash_config, from_metadata, test_config
+from ds4agent.engine.config import TEST_MODEL_KEY, from_metadata, test_config
 from ds4agent.engine.gguf import GGUFFile
-from ds4agent.testmodels.writer import TEST_MODEL_KEY, make_test_model, tensor_table
-
-# GGML dims (ne0 first) copied from model.md §6.3 for the Flash shape.
-FLASH_DIMS = {
-    "token_embd.weight": ("F16", (4096, 129280)),
-    "output_hc_fn.weight": ("F16", (16384, 4)),
-    "output_hc_scale.weight": ("F32", (1,)),
-    "output_hc_base.weight": ("F32", (4,)),
-    "output_norm.weight": ("F32", (4096,)),
-    "output.weight": ("Q8_0", (4096, 129280)),
-    "blk.5.hc_attn_fn.weight": ("F16", (16384, 24)),
-    "blk.5.hc_ffn_scale.weight": ("F32", (3,)),
-    "blk.5.hc_ffn_base.weight": ("F32", (24,)),
-    "blk.0.attn_q_a.weight": ("Q8_0", (4096, 1024)),
-    "blk.0.attn_q_a_norm.weight": ("F32", (1024,)),
-    "blk.0.attn_q_b.weight": ("Q8_0", (1024, 32768)),
-    "blk.0.attn_kv.weight": ("Q8_0", (4096, 512)),
-    "blk.0.attn_kv_a_norm.weight": ("F32", (512,)),
-    "blk.0.attn_sinks.weight": ("F32", (64,)),
-    "blk.0.attn_output_a.weight": ("Q8_0", (4096, 8192)),
-    "blk.0.attn_output_b.weight": ("Q8_0", (8192, 4096)),
-    "blk.2.attn_compressor_ape.weight": ("F16", (1024, 4)),
-    "blk.3.attn_compressor_ape.weight": ("F16", (512, 128)),
-    "blk.2.attn_compressor_kv.weight": ("F16", (4096, 1024)),
-    "blk.3.attn_compressor_gate.weight": ("F16", (4096, 512)),
-    "blk.3.attn_compressor_norm.weight": ("F32", (512,)),
-    "blk.42.indexer.attn_q_b.weight": ("F16", (1024, 8192)),
-    "blk.42.indexer.proj.weight": ("F16", (4096, 64)),
-    "blk.42.indexer_compressor_ape.weight": ("F16", (256, 4)),
-    "blk.42.indexer_compressor_kv.weight": ("F16", (4096, 256)),
-    "blk.42.indexer_compressor_norm.weight": ("F32", (128,)),
-    "blk.7.ffn_gate_inp.weight": ("F16", (4096, 256)),
-    "blk.7.exp_probs_b.bias": ("F32", (256,)),
-    "blk.2.ffn_gate_tid2eid.weight": ("I32", (6, 129280)),
-    "blk.7.ffn_gate_exps.weight": (None, (4096, 2048, 256)),
-    "blk.7.ffn_down_exps.weight": (None, (2048, 4096, 256)),
-    "blk.7.ffn_up_shexp.weight": ("Q8_0", (4096, 2048)),
-    "blk.7.ffn_down_shexp.weight": ("Q8_0", (2048, 4096)),
-}
-
-
-def test_tensor_table_matches_the_flash_spec():
-    table = {t.name: t for t in tensor_table(flash_config())}
-    for name, (typ, dims) in FLASH_DIMS.items():
-        spec = table[name]
-        assert spec.shape == tuple(reversed(dims)), name
-        if typ is not None:
-            assert spec.ggml_type == typ, name
-    # presence rules: compressor iff ratio != 0, indexer iff ratio 4, tid2eid iff hash layer
-    assert "blk.1.attn_compressor_kv.weight" not in table
-    assert "blk.3.indexer.proj.weight" not in table
-    assert "blk.3.ffn_gate_tid2eid.weight" not in table and "blk.2.exp_probs_b.bias" not in table
-    per_layer = {0: 24, 2: 34, 3: 28}  # dense / ratio 4 / ratio 128
-    for layer, count in per_layer.items():
-        assert sum(n.startswith(f"blk.{layer}.") for n in table) == count
-    assert len(table) == 6 + 2 * 24 + 21 * 34 + 20 * 28
+from ds4agent.engine.layout import tensor_table
+from ds4agent.testmodels import make_test_model
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +77,7 @@ def test_cli_make_test_model(tmp_path, capsys):
 
 
 def test_written_atomically_with_ordinary_permissions(tmp_path, monkeypatch):
-    from ds4agent.testmodels import writer as testmodel
+    from ds4agent.testmodels import writer
 
     umask = os.umask(0)
     os.umask(umask)
@@ -146,8 +92,8 @@ def test_written_atomically_with_ordinary_permissions(tmp_path, monkeypatch):
             raise OSError(28, "No space left on device")
         return real_encode(spec, values)
 
-    real_encode = testmodel._encode
-    monkeypatch.setattr(testmodel, "_encode", failing_encode)
+    real_encode = writer.encode
+    monkeypatch.setattr(writer, "encode", failing_encode)
     with pytest.raises(OSError):
         make_test_model(out, "micro", seed=2)
     assert out.read_bytes() == before  # the old file is kept whole

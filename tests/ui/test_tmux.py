@@ -21,7 +21,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    from ds4agent.testmodels.writer import make_test_model
+    from ds4agent.testmodels import make_test_model
 
     return Path(make_test_model(tmp_path_factory.mktemp("model") / "tiny.gguf", config="tiny", seed=0))
 

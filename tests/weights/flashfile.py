@@ -14,7 +14,8 @@ import gguf
 import numpy as np
 
 from ds4agent.engine import config as config_mod
-from ds4agent.testmodels import writer as testmodel
+from ds4agent.engine.layout import tensor_table
+from ds4agent.testmodels.values import add_config_metadata
 
 Q2_EXPERT_TYPES = {"ffn_gate_exps": "IQ2_XXS", "ffn_up_exps": "IQ2_XXS", "ffn_down_exps": "Q2_K"}
 
@@ -30,11 +31,11 @@ def write_sparse_flash(path: Path, *, metadata_overrides: dict | None = None,
                        expert_types: dict[str, str] = Q2_EXPERT_TYPES) -> Path:
     cfg = config_mod.flash_config()
     w = gguf.GGUFWriter(str(path), "deepseek4")
-    testmodel._add_metadata(w, cfg)
+    add_config_metadata(w, cfg)
     for key, value in (metadata_overrides or {}).items():
         w.kv_data[0][key] = gguf.GGUFValue(value, gguf.GGUFValueType.UINT32)
     total = 0
-    for spec in testmodel.tensor_table(cfg):
+    for spec in tensor_table(cfg):
         t = expert_type(spec.name, expert_types) or spec.ggml_type
         qt = gguf.GGMLQuantizationType[t]
         block, size = gguf.GGML_QUANT_SIZES[qt]

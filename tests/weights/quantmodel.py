@@ -1,7 +1,7 @@
 """Tiny DS4 test GGUFs whose routed experts are real 2/4-bit GGUF blocks.
 
 `write_quant_model(path, cfg, expert_types, seed, dequantised=False)` writes the same tensors as
-`testmodel.make_test_model` except the routed experts, which are random blocks of the given types
+`ds4agent.testmodels.make_test_model` except the routed experts, which are random blocks of the given types
 (random bytes are valid blocks; the f16 scale fields are set so the dequantised weights have the
 test model's usual magnitude). With `dequantised=True` the very same experts are stored as F32
 values from `gguf.quants.dequantize`: the reference twin of the quantised file.
@@ -15,8 +15,9 @@ import gguf
 import numpy as np
 
 from ds4agent.engine import quant
-from ds4agent.engine.config import ModelConfig, test_config
-from ds4agent.testmodels import writer as testmodel
+from ds4agent.engine.config import TEST_MODEL_KEY, ModelConfig, test_config
+from ds4agent.engine.layout import ARCH, tensor_table
+from ds4agent.testmodels import values as tm_values
 from tests.weights.conftest import random_blocks
 
 # typical |w| of a block per unit of its f16 scale fields (chosen so w ~ 0.5/sqrt(fan_in))
@@ -42,20 +43,20 @@ def write_quant_model(path: Path, cfg: ModelConfig, expert_types: dict[str, int]
                       expert_seed: int = 1, dequantised: bool = False) -> Path:
     rng = np.random.default_rng(seed)
     blocks_rng = np.random.default_rng(expert_seed)
-    w = gguf.GGUFWriter(str(path), testmodel.ARCH)
-    w.add_bool(testmodel.TEST_MODEL_KEY, True)
-    testmodel._add_metadata(w, cfg)
-    for spec in testmodel.tensor_table(cfg):
-        values = testmodel._values(spec, cfg, rng)  # keep the stream identical for every tensor
+    w = gguf.GGUFWriter(str(path), ARCH)
+    w.add_bool(TEST_MODEL_KEY, True)
+    tm_values.add_config_metadata(w, cfg)
+    for spec in tensor_table(cfg):
+        values = tm_values.random_values(spec, cfg, rng)  # keep the stream identical for every tensor
         qtype = _expert_qtype(spec.name, expert_types)
         if qtype is None:
-            data = testmodel._encode(spec, values)
+            data = tm_values.encode(spec, values)
             if spec.ggml_type == "Q8_0":
                 w.add_tensor(spec.name, data, raw_shape=data.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
             else:
                 w.add_tensor(spec.name, data)
             continue
-        block, size, _ = quant.BLOCK_INFO[qtype]
+        block, size, _ = quant.block_info(qtype)
         fan_in = spec.shape[-1]
         scale = 0.5 / np.sqrt(fan_in) / _MAGNITUDE[qtype]
         n_blocks = int(np.prod(spec.shape)) // block

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 from gguf.quants import dequantize as gguf_dequantize
 
-from ds4agent.engine import device, quant
-from ds4agent.engine.errors import EngineError
+from ds4agent.engine import EngineError, device, quant
 from ds4agent.engine.experts.base import ExpertWeights, dense_experts, quant_experts
 from ds4agent.engine.experts.portable import QuantExperts
 from tests.weights.conftest import GGML, random_blocks
@@ -17,7 +16,7 @@ E, D_OUT, D_IN = 5, 24, 512
 
 
 def _expert_raw(rng, qtype, e=E, d_out=D_OUT, d_in=D_IN):
-    block, size, _ = quant.BLOCK_INFO[qtype]
+    block, size, _ = quant.block_info(qtype)
     raw = random_blocks(rng, qtype, e * d_out * d_in // block, scale=0.02)
     ref = gguf_dequantize(raw, GGML[qtype]).reshape(e, d_out, d_in)
     return raw.reshape(e, d_out, d_in // block * size), ref

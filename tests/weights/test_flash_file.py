@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from ds4agent.cli import main as cli_main
+from ds4agent.commands.info import format_info
+from ds4agent.engine import ConfigError, quant
 from ds4agent.engine import config as config_mod
-from ds4agent.engine import quant
-from ds4agent.engine.errors import ConfigError
 from ds4agent.engine.experts.base import quant_experts
 from ds4agent.engine.experts.portable import QuantExperts
 from ds4agent.engine.gguf import GGUFFile
-from ds4agent.engine.memory import format_info, model_info, payload_bytes
+from ds4agent.engine.memory import model_info, payload_bytes
 from tests.weights.flashfile import write_sparse_flash
 
 GIB = 1 << 30
@@ -119,7 +119,7 @@ def test_info_errors_are_one_line(tmp_path, capsys):
 
 
 def test_info_on_a_test_model(tmp_path, capsys):
-    from ds4agent.testmodels.writer import make_test_model
+    from ds4agent.testmodels import make_test_model
 
     path = make_test_model(tmp_path / "micro.gguf", config="micro")
     info = model_info(path, ctx=64)

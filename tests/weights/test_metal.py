@@ -89,7 +89,7 @@ def c_kernels(tmp_path_factory):
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: quant.type_name(t))
 def test_kernel_chunk_decoders_bit_exact_as_c(c_kernels, rng, qtype):
-    size = quant.BLOCK_INFO[qtype][1]
+    size = quant.block_info(qtype)[1]
     raw = random_blocks(rng, qtype, 400, scale=0.9)
     raw[:5] = random_blocks(rng, qtype, 5, scale=60000.0)  # large finite scales
     want = gguf_dequantize(raw, gguf.GGMLQuantizationType(qtype)).reshape(-1)
@@ -118,7 +118,7 @@ def test_metal_self_check_passes(qtype):
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: quant.type_name(t))
 def test_metal_dequant_bit_exact(rng, qtype):
     e, d_out, d_in = 3, 16, 512
-    size = quant.BLOCK_INFO[qtype][1]
+    size = quant.block_info(qtype)[1]
     raw = random_blocks(rng, qtype, e * d_out * d_in // 256, scale=0.5)
     want = gguf_dequantize(raw, gguf.GGMLQuantizationType(qtype)).reshape(e, d_out, d_in)
     ex = metal_experts.MetalExperts(raw.reshape(e, d_out, d_in // 256 * size), qtype, (e, d_out, d_in))
@@ -130,7 +130,7 @@ def test_metal_dequant_bit_exact(rng, qtype):
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: quant.type_name(t))
 def test_metal_matvec_and_matmat_match_reference(rng, qtype):
     e, d_out, d_in = 6, 40, 1024
-    size = quant.BLOCK_INFO[qtype][1]
+    size = quant.block_info(qtype)[1]
     raw = random_blocks(rng, qtype, e * d_out * d_in // 256, scale=0.02)
     ref = gguf_dequantize(raw, gguf.GGMLQuantizationType(qtype)).reshape(e, d_out, d_in).astype(np.float64)
     ex = metal_experts.MetalExperts(raw.reshape(e, d_out, d_in // 256 * size), qtype, (e, d_out, d_in))

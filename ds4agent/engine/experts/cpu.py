@@ -9,7 +9,7 @@ Why compiled kernels (numba). Each weight is used once per token, so the cost is
 one multiply-add; with MLX or numpy ops each of those steps is a separate pass over a float32
 temporary, and on the Linux CPU build MLX's product is a reference BLAS that adds one product at
 a time. Measured at Flash's real shape (bench/experts.py, 2 cores), no arrangement of those ops
-read more than 0.38 GB/s of IQ2_XXS or 0.48 GB/s of Q2_K (issue 13 asks 0.5). A kernel decodes
+read more than 0.38 GB/s of IQ2_XXS or 0.48 GB/s of Q2_K (decode at the Flash shape needs 0.5). A kernel decodes
 a block of 16 rows into a small buffer that stays in L1 and multiplies it at once, and releases
 the GIL, so the two worker threads run together.
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -67,7 +67,7 @@ def products(rows: np.ndarray, qtype: int, d_in: int, xs: np.ndarray) -> np.ndar
     -> [n, R] float32, out[i, r] = the in-order dot product of dequantised row r with xs[i]."""
     if qtype not in quant.EXPERT_TYPES:
         raise quant.QuantError(f"no CPU expert product for {quant.type_name(qtype)}")
-    block, size, name = quant.BLOCK_INFO[qtype]
+    block, size, name = quant.block_info(qtype)
     rb = quant.row_bytes(qtype, d_in)
     rows = np.asarray(rows)  # a memmap slice as a plain view (the kernels take ndarrays)
     if rows.ndim != 2 or rows.shape[1] != rb or rows.dtype != np.uint8:
@@ -105,7 +105,7 @@ class Workers:
             # An idle worker must not keep its last task (the experts, the call's inputs) alive.
             del fn, done
 
-    def run(self, fns: list[Callable[[], Any]]) -> list[Any]:
+    def run(self, fns: Sequence[Callable[[], Any]]) -> list[Any]:
         done: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in fns]
         for box, fn, d in zip(self._inbox, fns, done, strict=False):
             box.put((fn, d))

@@ -178,7 +178,7 @@ def self_check(qtype: int) -> str | None:
     try:
         rng = np.random.default_rng(12345)
         e, d_out, d_in = 2, 4, 512
-        block, size, name = quant.BLOCK_INFO[qtype]
+        block, size, name = quant.block_info(qtype)
         raw = rng.integers(0, 256, size=(e * d_out * d_in // block, size), dtype=np.uint8)
         for off in {quant.Q2_K: (80, 82), quant.Q4_K: (0, 2), quant.IQ2_XXS: (0,)}[qtype]:
             raw[:, off : off + 2] = np.full((len(raw), 1), np.float16(0.01)).view(np.uint8)
@@ -213,7 +213,7 @@ class MetalExperts(QuantExperts):
         self._template = [
             ("D_IN", self.d_in), ("D_OUT", self.d_out),
             ("ROW_BYTES", quant.row_bytes(self.qtype, self.d_in)),
-            ("BLOCK_BYTES", quant.BLOCK_INFO[self.qtype][1]),
+            ("BLOCK_BYTES", quant.block_info(self.qtype)[1]),
         ]
 
     def dequantize(self, experts) -> mx.array:

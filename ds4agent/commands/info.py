@@ -1,0 +1,115 @@
+"""`ds4agent info MODEL [--ctx N] [--pipeline N]`: a model's shape, quant types, sizes and memory plan.
+
+The figures are the engine's (engine/memory.py: model_info, memory_plan, rank_plans); this module
+only lays them out as the report and prints it. Exit 2 with one line for a file the engine cannot
+describe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ds4agent.engine.device import Device, choose_device
+from ds4agent.engine.errors import EngineError
+from ds4agent.engine.gguf import GGUFFile
+from ds4agent.engine.memory import MemoryPlan, ModelInfo, binary_size, model_info, rank_plans
+from ds4agent.engine.pipeline.split import plan_ranges
+from ds4agent.models.fit import machine_ram
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
+
+
+def _ratio_summary(ratios) -> str:
+    counts: dict[int, int] = {}
+    for r in ratios:
+        counts[r] = counts.get(r, 0) + 1
+    return ", ".join(f"{n} x {r}" for r, n in sorted(counts.items()))
+
+
+def format_rank_plans(ranges: list[tuple[int, int]], plans: list[MemoryPlan], ctx: int) -> str:
+    lines = [f"pipeline    {len(ranges)} ranks (memory per rank at --ctx {ctx}):"]
+    for k, ((a, b), p) in enumerate(zip(ranges, plans, strict=True)):
+        extra = " + embedding" if k == 0 else ""
+        extra += " + output head" if k == len(ranges) - 1 else ""
+        lines.append(f"            rank {k}: layers {a}-{b - 1}{extra}: weights {binary_size(p.weights)}, routed "
+                     f"experts {binary_size(p.experts)}, state {binary_size(p.state)}, working {binary_size(p.working)}; "
+                     f"peak {binary_size(p.peak)}")
+    return "\n".join(lines)
+
+
+def format_info(info: ModelInfo, device: Device | None = None) -> str:
+    """The report; `device` (device.Device) adds the line saying where the engine would compute."""
+    c = info.config
+    kind = {
+        "flash": "DeepSeek V4 Flash (strict metadata check passed)",
+        "test": "ds4agent test model (permissive metadata check)",
+        "invalid": f"NOT loadable as DS4 Flash: {info.problem}",
+    }[info.mode]
+    lines = [
+        f"model       {info.path} ({binary_size(info.file_bytes)}, {info.n_tensors} tensors, "
+        f"{_count(info.params)} parameters)",
+        f"kind        {kind}",
+        # One line: the tensor sizes below are the real model's, the file holds far less.
+        *([f"test file   {info.note}; not a trained model, the sizes below are the tensors' as "
+           f"in a real file"] if info.note else []),
+        *([f"device      {device.label}" + (f" · {device.notice}" if device.notice else "")] if device else []),
+        f"shape       {c.n_layers} layers, width {c.dim}, vocab {c.vocab}, {c.n_heads} query heads x "
+        f"{c.head_dim} (RoPE on the last {c.rope_dim}), 1 KV head",
+        f"attention   q LoRA {c.q_lora_rank}, output {c.out_groups} groups x {c.out_lora_rank}, window "
+        f"{c.window}, compress ratios {_ratio_summary(c.ratios)}; indexer {c.indexer_heads} x "
+        f"{c.indexer_dim} top-{c.indexer_top_k}",
+        f"experts     {c.n_experts} routed ({c.n_experts_used} used, width {c.expert_ffn}), "
+        f"{c.n_shared_experts} shared, {c.n_hash_layers} hash-routed layers",
+        "quant types " + ", ".join(
+            f"{t} {n} tensors {binary_size(b)}" for t, (n, b) in sorted(info.types.items(), key=lambda kv: -kv[1][1])
+        ),
+        "",
+        f"{'tensors':<22}{'types':<28}{'file':>12}{'in memory':>12}",
+    ]
+    for g in info.groups:
+        types = "+".join(f"{t}" for t in sorted(g.types, key=lambda t: -g.types[t]))
+        lines.append(f"{g.name:<22}{types:<28}{binary_size(g.file_bytes):>12}{binary_size(g.memory_bytes):>12}")
+    plan = info.plan
+    assert plan is not None  # model_info always plans
+    ram = machine_ram() or 0
+    verdict = ("" if not ram else
+               f"; this machine has {binary_size(ram)}: " + ("fits" if plan.peak <= ram else
+                                                       "fits to start, not with a full context"
+                                                       if plan.to_start <= ram else "DOES NOT FIT"))
+    lines += [
+        "",
+        f"memory      weights as the engine holds them {binary_size(plan.weights)} (F16 kept, Q8_0 as MLX "
+        "affine 8-bit)",
+        f"            routed experts {binary_size(plan.experts)}"
+        + (" (MLX arrays)" if info.path.is_dir() else " memory-mapped (paged in as experts are used)"),
+        f"            session state at --ctx {info.ctx}: {binary_size(plan.state)} when full (it grows with "
+        "the tokens used; kvc-format.md 9.6)",
+        f"            working buffers for one prefill chunk: about {binary_size(plan.working)}",
+        f"            expected peak at --ctx {info.ctx}: {binary_size(plan.peak)}{verdict}",
+    ]
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    """`ds4agent info MODEL [--ctx N] [--pipeline N [--pipeline-split L,..]]`."""
+    try:
+        info = model_info(args.model_path, ctx=args.ctx)
+        device = choose_device(getattr(args, "device", None))
+        text = format_info(info, device)
+        if getattr(args, "pipeline", None) is not None:
+            text += "\n\n" + _pipeline_text(args, info)
+    except EngineError as err:
+        print(f"ds4agent: {err}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0
+
+
+def _pipeline_text(args: argparse.Namespace, info: ModelInfo) -> str:
+    ranges = plan_ranges(args.model_path, args.pipeline, getattr(args, "pipeline_split", None))
+    with GGUFFile.open(args.model_path) as gf:
+        plans = rank_plans(gf.tensors.values(), info.config, info.ctx, ranges)
+    return format_rank_plans(ranges, plans, info.ctx)

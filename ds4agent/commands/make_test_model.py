@@ -1,0 +1,26 @@
+"""`ds4agent make-test-model OUT.gguf [--config NAME] [--experts q2|q4] [--seed N]`."""
+
+from __future__ import annotations
+
+import argparse
+
+from ds4agent.engine.errors import EngineError
+from ds4agent.testmodels import make_test_model
+
+from .boundary import run_file_command
+
+
+def main(args: argparse.Namespace) -> int:
+    experts = getattr(args, "experts", None)
+
+    def action() -> str:
+        # A small config with quantised experts and no marker would be refused by the engine's
+        # strict check: from the command line, the quantised layout is the Flash file's.
+        if experts is not None and args.config != "flash":
+            raise EngineError("--experts applies to --config flash (the Flash-shape test file)")
+        out = make_test_model(args.out, config=args.config, seed=args.seed, experts=experts)
+        flavour = f", {experts or 'q2'} experts" if args.config == "flash" else ""
+        return (f"wrote {out} ({args.config}{flavour}, seed {args.seed}, "
+                f"{out.stat().st_size / 1e6:.1f} MB)")
+
+    return run_file_command(action, failure=f"cannot write {args.out}")
