@@ -226,6 +226,7 @@ def _verify_line(result: VerifyResult) -> str:
     name = _name(result.path.name)
     if not result.ok:
         return f"INVALID  {name}  {result.error}"
+    assert result.envelope is not None  # a valid file always has its envelope
     h = result.envelope.header
     note = ""
     if result.payload is not None and not result.payload.layers_checked:

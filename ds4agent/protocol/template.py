@@ -40,7 +40,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, overload
 
 from ds4agent.protocol.tokenizer import (
     ASSISTANT,
@@ -131,6 +131,10 @@ _WS = " \t\n\v\f\r"  # exactly the six C-locale isspace bytes (§3); Unicode spa
 _WS_B = _WS.encode()
 
 
+@overload
+def trim(text: str) -> str: ...
+@overload
+def trim(text: bytes) -> bytes: ...
 def trim(text: str | bytes) -> str | bytes:
     """Strip leading/trailing 0x20, 0x09-0x0D only (U+00A0, U+3000, ... stay)."""
     return text.strip(_WS_B) if isinstance(text, bytes | bytearray) else text.strip(_WS)

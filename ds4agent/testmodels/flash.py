@@ -298,6 +298,6 @@ def write_flash_model(path: str | os.PathLike[str], cfg: ModelConfig, *, experts
             for region in layout.regions:
                 fh.seek(start + region.offset)
                 for chunk in _chunks(region, cfg, seed):
-                    fh.write(memoryview(chunk).cast("B"))
+                    fh.write(chunk.data.cast("B"))  # the chunk is C-contiguous: its bytes as they are
             fh.truncate(start + layout.data_bytes)
     return path
