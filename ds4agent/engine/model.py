@@ -428,8 +428,11 @@ def attention_block(aw: AttentionWeights, c: ModelConfig, layer: int, x: mx.arra
     o = attention_core(c, q, k_all, r0, p0, aw.sinks, comp, r, index_inputs, masks)
     o = ops.rope_tail(o, cos[:, None, :], sin[:, None, :], inverse=True)
     G, hpg = c.out_groups, c.heads_per_group
-    z = mx.concatenate([aw.out_a[g](o[:, g * hpg:(g + 1) * hpg].reshape(n, hpg * Dh)) for g in range(G)],
-                       axis=-1)
+    if gpu_kernels() and aw.out_a_all is not None:
+        z = aw.out_a_all.grouped(o.reshape(n, G, hpg * Dh))
+    else:
+        z = mx.concatenate([aw.out_a[g](o[:, g * hpg:(g + 1) * hpg].reshape(n, hpg * Dh)) for g in range(G)],
+                           axis=-1)
     y = aw.out_b(z)
     return y, LayerState(**new)
 

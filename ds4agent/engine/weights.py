@@ -173,6 +173,23 @@ class Linear:
         return Linear(self.weight[start:stop], self.scales[start:stop], biases,
                       in_features=self.in_features)
 
+    def grouped(self, x: mx.array) -> mx.array:
+        """x [n, G, in] -> [n, G·(out/G)]: input group g times output rows g·O..(g+1)·O - 1
+        (O = out/G), i.e. the G row-slice products `rows()` gives, as one batched op (the GPU
+        kernel set's grouped output LoRA: one kernel launch instead of G products and a concat)."""
+        n, groups, d = (int(s) for s in x.shape)
+        o = self.out_features // groups
+        if self.scales is None:
+            w = (self.weight.astype(mx.float32) if self._widen else self.weight).reshape(groups, o, d)
+            y = x[:, :, None, :] @ mx.swapaxes(w, -1, -2)
+        else:
+            assert self.biases is not None  # quantised: affine 8-bit
+            idx = mx.broadcast_to(mx.arange(groups, dtype=mx.uint32), (n, groups))
+            y = mx.gather_qmm(x[:, :, None, :], self.weight.reshape(groups, o, -1),
+                              self.scales.reshape(groups, o, -1), self.biases.reshape(groups, o, -1),
+                              rhs_indices=idx, transpose=True, group_size=32, bits=8)
+        return y.reshape(n, groups * o)
+
     def dense(self) -> mx.array:
         """float32 [out, in] (widened or dequantised if needed)."""
         if self.scales is None:
@@ -215,6 +232,7 @@ class AttentionWeights:
     out_b: Linear
     compressor: CompressorWeights | None  # ratio != 0
     indexer: IndexerWeights | None  # ratio == 4
+    out_a_all: Linear | None = None  # attn_output_a whole (the slices are views of it): Linear.grouped
 
 
 @dataclass(frozen=True)
@@ -365,6 +383,7 @@ def build_weights(config: ModelConfig, get: Callable[[str], Any],
             kv_norm=arr(f"{b}attn_kv_a_norm.weight", (Dh,)),
             sinks=arr(f"{b}attn_sinks.weight", (H,)),
             out_a=tuple(out_a_full.rows(O * g, O * g + O) for g in range(G)),
+            out_a_all=out_a_full,
             out_b=lin(f"{b}attn_output_b.weight", (E, G * O)),
             compressor=compressor(f"{b}attn_compressor", r, coff, Dh) if r != 0 else None,
             indexer=IndexerWeights(

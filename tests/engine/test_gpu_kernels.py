@@ -239,3 +239,20 @@ def test_device_id_expert_products_equal_the_dequantised_products(qtype):
     want = np.einsum("pkoi,pi->pko", w[np.array(ids)].astype(np.float64), np.array(x).astype(np.float64))
     assert got.shape == (2, 3, d_out)
     assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_the_grouped_output_lora_is_the_row_slice_products(quantized):
+    """Linear.grouped (one batched op) equals the G row-slice products the CPU path runs."""
+    from ds4agent.engine.weights import Linear
+
+    rng = np.random.default_rng(11)
+    groups, o, d, n = 4, 24, 64, 3
+    w = mx.array((rng.standard_normal((groups * o, d)) * 0.1).astype(np.float32))
+    with kernels("gpu"):
+        lin = Linear(*mx.quantize(w, group_size=32, bits=8), in_features=d) if quantized else Linear(w)
+        x = mx.array(rng.standard_normal((n, groups, d)).astype(np.float32))
+        got = np.array(lin.grouped(x))
+        want = np.concatenate([np.array(lin.rows(g * o, (g + 1) * o)(x[:, g])) for g in range(groups)], axis=-1)
+    assert got.shape == (n, groups * o)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
