@@ -329,6 +329,10 @@ def build_weights(config: ModelConfig, get: Callable[[str], Any],
     treat KeyError as absent. `layer_range` (start, stop): build only those layers, plus the
     embedding when start is 0 and the output head when stop is the last layer (a pipeline
     rank's part, engine/pipeline/); `get` is never asked for any other tensor.
+
+    One long function on purpose: it is the tensor table read in order, one block per part of a
+    layer (attention, compressor, indexer, hyper-connections, router, experts); each block needs
+    the same config, getters and layer prefix, which helpers would only pass around.
     """
     c = config
     E, V, H, Dh = c.dim, c.vocab, c.n_heads, c.head_dim
