@@ -12,12 +12,17 @@ from collections.abc import Mapping
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.port import WorkerPort
+from ds4agent.tools import Tool
+from ds4agent.tools.mcp import McpTool
 from ds4agent.tools.permissions import Answer, denied_result
 
 
-def permit(worker: WorkerPort, name: str, args: Mapping[str, object]) -> str | None:
-    """None when the call may run; else the result text the model gets instead."""
-    decision = worker.policy.check(name, args, worker.tool_ctx)
+def permit(worker: WorkerPort, tool: Tool, args: Mapping[str, object]) -> str | None:
+    """None when the call may run; else the result text the model gets instead. A tool of an MCP
+    server is judged by what it declares about itself (its hints)."""
+    name = tool.name
+    hints = tool.hints if isinstance(tool, McpTool) else None
+    decision = worker.policy.check(name, args, worker.tool_ctx, hints=hints)
     if decision.kind == "allow":
         return None
     if decision.kind == "deny":

@@ -22,10 +22,17 @@ Modes (the command line's --permission):
 
 Reading tools (read, more, search, list, bash_status, bash_stop) never ask: stopping a job the
 model started or looking at files changes nothing.
+
+Tools from MCP servers (check(..., hints=ToolHints(...))): a tool that declares itself read-only
+(readOnlyHint) is treated like a reading tool in every mode. Any other one asks in ask mode (allow
+once / allow that tool for this session / deny, the arguments shown), is refused in read-only mode,
+and runs without a question in auto mode unless it declares itself destructive (destructiveHint).
+The hints are the server's word, not a guarantee; the user chose to configure the server.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,11 +45,20 @@ from ds4agent.tools.files import plan_change
 from ds4agent.tools.results import DiffDisplay, TextDisplay, ToolError, ToolResult, error_text
 from ds4agent.tools.shellscan import command_programs, scan
 
-__all__ = ["Answer", "Choice", "Decision", "PermissionPolicy", "Question", "command_programs", "denied_result"]
+__all__ = ["Answer", "Choice", "Decision", "PermissionPolicy", "Question", "ToolHints", "command_programs",
+           "denied_result"]
 
 MODES = ("ask", "auto", "read-only")
 FILE_TOOLS = frozenset({"write", "edit"})
 ASKING_TOOLS = FILE_TOOLS | {"bash"}
+
+@dataclass(frozen=True)
+class ToolHints:
+    """What a tool from an MCP server declares about itself (hints, as the MCP spec calls them)."""
+
+    read_only: bool = False
+    destructive: bool = False
+
 
 class Choice(StrEnum):
     ONCE = "once"
@@ -80,7 +96,7 @@ class Question:
     tool: str
     title: str
     preview: str
-    preview_kind: Literal["command", "diff"]
+    preview_kind: Literal["command", "diff", "arguments"]
     session_label: str | None
     scope: tuple[str, ...] = ()
     outside_workspace: bool = False
@@ -142,7 +158,11 @@ class PermissionPolicy:
         if self.mode not in MODES:
             raise ValueError(f"unknown permission mode {self.mode!r}; use one of: {', '.join(MODES)}")
 
-    def check(self, tool_name: str, args: Mapping[str, Any], ctx: ToolContext) -> Decision:
+    def check(self, tool_name: str, args: Mapping[str, Any], ctx: ToolContext, *,
+              hints: ToolHints | None = None) -> Decision:
+        """hints: given for a tool of an MCP server (None: one of ds4agent's own tools)."""
+        if hints is not None:
+            return self._check_external(tool_name, args, hints)
         if tool_name not in ASKING_TOOLS or self.mode == "auto":
             return ALLOW
         if self.mode == "read-only":
@@ -211,6 +231,25 @@ class PermissionPolicy:
             outside_workspace=outside,
             path=target,
             diff=diff,
+        )
+        return Decision("ask", question=q)
+
+    def _check_external(self, tool_name: str, args: Mapping[str, Any], hints: ToolHints) -> Decision:
+        if hints.read_only:
+            return ALLOW
+        if self.mode == "read-only":
+            return Decision("deny", f"{tool_name} is not allowed in read-only mode: this MCP tool does not "
+                                    "declare itself read-only")
+        if tool_name in self.allowed_tools or (self.mode == "auto" and not hints.destructive):
+            return ALLOW
+        what = "MCP tool" if not hints.destructive else "MCP tool (it declares itself destructive)"
+        q = Question(
+            tool=tool_name,
+            title=f"Allow the {what} `{tool_name}`?",
+            preview=json.dumps(dict(args), indent=2, ensure_ascii=False, default=str),
+            preview_kind="arguments",
+            session_label=f"allow `{tool_name}` for this session",
+            scope=("tool", tool_name),
         )
         return Decision("ask", question=q)
 
