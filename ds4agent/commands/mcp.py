@@ -44,7 +44,9 @@ def _hints(read_only: bool, destructive: bool) -> str:
     return " [read-only]" if read_only else " [destructive]" if destructive else ""
 
 
-def list_servers(cwd: Path, config_dir: Path | None, timeout: float, out: TextIO) -> int:
+def list_servers(cwd: Path, config_dir: Path | None, timeout: float, out: TextIO,
+                 log_dir: Path | None = None) -> int:
+    """The report on `out`; the exit status. config_dir / log_dir None: ds4agent's own."""
     config = load_config(cwd, config_dir)
     status = 0
     user_file = config.user_path if config.user_path is not None and config.user_path.exists() else None
@@ -64,7 +66,7 @@ def list_servers(cwd: Path, config_dir: Path | None, timeout: float, out: TextIO
         if not (config.project and config.project.servers):
             out.write("\nno MCP servers configured\n")
         return status
-    hub = McpServers(servers, cwd=cwd, log_dir=config.log_dir or default_log_dir(), start_timeout=timeout)
+    hub = McpServers(servers, cwd=cwd, log_dir=log_dir or default_log_dir(), start_timeout=timeout)
     try:
         hub.start()
         hub.wait_started(timeout + 5.0)

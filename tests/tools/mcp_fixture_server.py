@@ -6,7 +6,8 @@ Tools (listed one per page, so the client has to follow the cursor):
     lookup(key, delay=0)       read-only: the value of `key` ("red" -> "#ff0000"); "image" adds an
                                image block, an unknown key is an isError result; delay=seconds first
     write_note(path, text)     destructive: writes `text` to `path` (relative to the server's cwd)
---exit-after-calls N: the process exits after answering N calls (a server that dies mid-session).
+--exit-after-calls N: the process exits shortly after answering its Nth call (a server that dies
+between calls).
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def main() -> None:
     async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
         nonlocal calls
         calls += 1
-        if exit_after and calls > exit_after:
-            os._exit(7)  # dies without answering: the client sees its connection close
+        if exit_after and calls >= exit_after:
+            asyncio.get_running_loop().call_later(0.3, os._exit, 7)  # after this answer is sent
         args = params.arguments or {}
         if params.name == "lookup":
             await asyncio.sleep(float(args.get("delay", 0)))
