@@ -16,6 +16,8 @@ Public modules with their own API:
     attach.py       expand(text, ctx) / strip(text): `@path` attachments
     files.py        plan_change() (what a write/edit would do, for previews)
     shellscan.py    scan(command, cwd): the programs a command runs, the writes that always ask
+    mcp/            tools from the user's MCP servers: load_config, McpServers, mcp_tools (its
+                    own package; importing it does not import the SDK)
 
 Internal modules: registry.py (the table), context.py, results.py, args.py (argument coercion),
 jobs.py (background processes), bash.py, listing.py, search.py, regular.py and regex_worker.py

@@ -17,7 +17,9 @@ interrupted call is cancelled, and the SDK tells the server (notifications/cance
 Failure is never a crash: a server that cannot be spawned, fails the handshake, does not answer
 within the start timeout, or exits later becomes FAILED with a readable reason (its stderr's last
 line appended), `on_notice` is told once, and its tools are gone from tools(). A server's stderr
-goes to `log_dir/NAME.log`, never to the terminal the UI draws on.
+goes to `log_dir/NAME.log`, never to the terminal the UI draws on. The servers are programs the
+user configured, run as the user (like an editor's or Claude Code's); the OS sandbox is for the
+model's bash jobs, not for them.
 
 Importing this module is cheap; the SDK (a second or more of imports) is loaded when an
 McpServers is made, so an agent without MCP servers never pays for it.
@@ -65,6 +67,9 @@ class McpServers:
         self.start_timeout = start_timeout
         self._on_notice = on_notice
         self._loop = asyncio.new_event_loop()
+        # asyncio's default handler logs stray task errors to stderr (under the UI): every failure
+        # that matters is already a server state or a call's error.
+        self._loop.set_exception_handler(lambda loop, context: None)
         self._thread: threading.Thread | None = None
         self._conns: dict[str, Connection] = {
             c.name: Connection(c, cwd=Path(cwd), log_dir=Path(log_dir) if log_dir is not None else None,
