@@ -31,8 +31,8 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from ds4agent.engine.session import Engine
-from ds4agent.engine.weights import cpu_parts
+from ds4agent.engine import load_engine
+from ds4agent.engine.device import cpu_parts
 from ds4agent.testmodels import make_test_model
 
 PREFILL_TARGET = 0.25
@@ -183,7 +183,7 @@ def main(argv=None) -> int:
                   f"({path.stat().st_size / 1e6:.0f} MB)")
         ctx = args.prefill + args.decode + 1
         t0 = time.perf_counter()
-        engine = Engine.load(path, ctx=ctx)
+        engine = load_engine(path, ctx=ctx)
         print(f"load: {time.perf_counter() - t0:.2f}s  device: {mx.default_device()}  "
               f"chunk: {engine.chunk}  CPU streams per large Q8_0 product: {cpu_parts()}")
         cfg = engine.config

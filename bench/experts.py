@@ -4,7 +4,7 @@ One decode step multiplies one row by 6 selected experts out of 256, for gate/up
 2048 outputs of 4096 inputs) and down ([4096, 2048]). Measured side by side in one run:
   * ours:  `ExpertWeights.gather_matmul` of the backend `quant_experts` picks here (on a CPU the
            portable backend: compiled kernels that decode the blocks bit-exactly and sum in
-           the dense f32 product's order, cpu_experts.py) for IQ2_XXS gate/up and Q2_K down
+           the dense f32 product's order, engine/experts/cpu.py) for IQ2_XXS gate/up and Q2_K down
            (the q2 file), Q4_K gate/up and down (the q4 file);
   * mlx:   MLX's own `gather_qmm` over the same shape in its affine 4-bit and 2-bit formats
            (group 64): what MLX's quantised kernels read here, as a reference point.
@@ -31,7 +31,7 @@ import mlx.core as mx
 import numpy as np
 
 from ds4agent.engine import quant
-from ds4agent.engine.experts.portable import quant_experts
+from ds4agent.engine.experts.base import quant_experts
 
 N_EXPERTS, TOP_K = 256, 6
 GATE, DOWN = (2048, 4096), (4096, 2048)  # (d_out, d_in)
@@ -47,7 +47,7 @@ F16_FIELDS = {quant.Q2_K: (80, 82), quant.Q4_K: (0, 2), quant.IQ2_XXS: (0,)}
 def random_experts(rng: np.random.Generator, qtype: int, shape: tuple[int, int]) -> np.ndarray:
     """[256, d_out, row_bytes] random valid blocks: random bytes, f16 scales set to ~1e-3."""
     d_out, d_in = shape
-    block, size, _ = quant.BLOCK_INFO[qtype]
+    block, size, _ = quant.block_info(qtype)
     per_expert = d_out * d_in // block  # blocks
     raw = np.empty((N_EXPERTS, per_expert, size), dtype=np.uint8)
     scales = (rng.uniform(0.5, 1.0, per_expert) * 1e-3).astype(np.float16).view(np.uint8).reshape(-1, 2)

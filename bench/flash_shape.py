@@ -6,7 +6,7 @@
 Without --model it writes the Flash-shape test file (`ds4agent make-test-model --config flash`,
 about 4 GiB) into a temporary directory and removes it afterwards. One run prints:
 
-* load time to the first token (Engine.load + one token);
+* load time to the first token (load_engine + one token);
 * prefill tokens/s over --prefill tokens (one chunk on the absolute grid);
 * decode ms/token (median of --decode steps);
 * where a decoded token's time goes (model.Profile: each section evaluated on its own, its graph
@@ -42,10 +42,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from ds4agent.engine import Engine, load_engine  # noqa: E402
 from ds4agent.engine import model as model_mod  # noqa: E402
 from ds4agent.engine.gguf import GGUFFile  # noqa: E402
 from ds4agent.engine.sampler import Sampler  # noqa: E402
-from ds4agent.engine.session import Engine  # noqa: E402
 
 GiB = 1 << 30
 RATIO_TARGET = 1.5
@@ -157,7 +157,7 @@ def main() -> int:
 def run(path: Path, args) -> int:
     rng = np.random.default_rng(1)
     t0 = time.perf_counter()
-    engine = Engine.load(path, ctx=args.ctx)
+    engine = load_engine(path, ctx=args.ctx)
     t_load = time.perf_counter() - t0
     V = engine.config.vocab
     s = engine.new_session()

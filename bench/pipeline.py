@@ -34,22 +34,21 @@ from pathlib import Path
 
 import numpy as np
 
+from ds4agent.engine import load_engine
 from ds4agent.engine.config import flash_config
-from ds4agent.engine.pipeline import rank0 as pipeline
-from ds4agent.engine.pipeline.launch import launch
+from ds4agent.engine.pipeline import wire
 from ds4agent.engine.pipeline.ring import Link, free_ports
-from ds4agent.engine.session import Engine
 from ds4agent.testmodels import make_test_model
 
 ADDED_FRACTION = 0.10
 PER_BOUNDARY_S = 0.002
-_HEADER_BYTES = 4 * pipeline._HEADER  # one command header (int32s)
+_HEADER_BYTES = 4 * wire.HEADER  # one command header (int32s)
 # Sustained TCP bandwidth of the links between two Macs, for the projection: assumptions.
 LINKS = (("10 Gb Ethernet", 1.1e9), ("Thunderbolt IP", 2.5e9))
 
 
 def bytes_per_token(config, ranks: int) -> dict[str, int]:
-    """What one decode step sends, by kind (the protocol in engine/pipeline.py)."""
+    """What one decode step sends, by kind (the protocol in engine/pipeline/wire.py)."""
     hops = ranks - 1  # commands and tokens go 0 -> 1 -> ... -> N-1; R crosses each boundary
     return {"command + token id": hops * (_HEADER_BYTES + 4),
             "activations R": hops * config.hc_count * config.dim * 4,
@@ -133,9 +132,9 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = make_test_model(Path(tmp) / f"{args.config}.gguf", args.config, seed=0)
         prompt = np.random.default_rng(1).integers(100, 120_000, args.prompt).tolist()
-        one = Engine.load(path, ctx=ctx)
+        one = load_engine(path, ctx=ctx)
         config = one.config
-        two = launch(path, ctx=ctx, ranks=2)
+        two = load_engine(path, ctx=ctx, ranks=2)
         try:
             ranges = two.ranges
             s_one, s_two = one.new_session(), two.new_session()

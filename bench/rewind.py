@@ -24,8 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ds4agent.engine.session import Engine
-from ds4agent.engine.snapshots import SnapshotStore
+from ds4agent.engine import SnapshotStore, load_engine
 from ds4agent.testmodels import make_test_model
 
 TARGET = 100.0
@@ -38,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     n = args.tokens
     with tempfile.TemporaryDirectory() as tmp:
         model = make_test_model(Path(tmp) / "small.gguf", config="small", seed=0)
-        engine = Engine.load(model, ctx=2 * n)
+        engine = load_engine(model, ctx=2 * n)
         rng = np.random.default_rng(0)
         ids = [int(t) for t in rng.integers(0, engine.config.vocab, size=n + 64)]
         prefix = ids[:n]

@@ -189,7 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="line-mode interface (prompt_toolkit) instead of the full-screen app; "
                         "the default when stdout is not a terminal")
     _add_pipeline(parser)
+    _add_subcommands(parser)
+    return parser
 
+
+def _add_subcommands(parser: argparse.ArgumentParser) -> None:
+    """The subcommands' parsers (each one's `main` is in the SUBCOMMANDS module)."""
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_mcp(parser, sub)
 
@@ -255,8 +260,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where models are kept (default: $DS4AGENT_MODEL_DIR, else ~/.ds4/models)")
     p.add_argument("--token", metavar="TOKEN", default=None,
                    help="Hugging Face token (default: $HF_TOKEN, else the one `hf auth login` saved)")
-
-    return parser
 
 
 def _call(module: str, function: str, args: argparse.Namespace) -> int:

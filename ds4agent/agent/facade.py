@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.settings import PERMISSION_MODES, THINK_MODES, AgentSettings
-from ds4agent.engine.errors import EngineLost
+from ds4agent.engine import EngineLost
 
 if TYPE_CHECKING:  # the worker (and with it the engine and the tools) is imported when an Agent is built
     from ds4agent.agent.worker import EngineLoader, Worker
-    from ds4agent.engine.session import Engine
+    from ds4agent.engine import Engine
     from ds4agent.sessions.store import SessionStore
     from ds4agent.tools import Tool
     from ds4agent.tools.mcp import McpConfig
@@ -69,7 +69,7 @@ class _Pending:
 class Agent:
     """The agent facade. See the module docstring.
 
-    engine: an Engine (ds4agent.engine.session API), or a callable `loader(progress) -> Engine`
+    engine: an Engine (ds4agent.engine), or a callable `loader(progress) -> Engine`
             run on the worker thread (so the UI paints while the model loads; progress(0..1)
             becomes Status(state=LOADING, progress=...)).
     store:  the session store (ds4agent.sessions.store), or None (no sessions: /save etc. answer

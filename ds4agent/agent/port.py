@@ -23,9 +23,8 @@ if TYPE_CHECKING:  # types only: importing this module stays free of the engine 
     from ds4agent.agent.settings import AgentSettings
     from ds4agent.agent.trace import Trace
     from ds4agent.agent.transcript import Transcript
+    from ds4agent.engine import Engine, Session, SnapshotStore
     from ds4agent.engine.sampler import Sampler
-    from ds4agent.engine.session import Engine, Session
-    from ds4agent.engine.snapshots import SnapshotStore
     from ds4agent.protocol.tokenizer import Tokenizer
     from ds4agent.sessions.store import SessionStore
     from ds4agent.tools import Tool, ToolContext

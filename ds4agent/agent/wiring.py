@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from ds4agent.agent.settings import AgentSettings
 
 if TYPE_CHECKING:
-    from ds4agent.engine.session import Engine
+    from ds4agent.engine import Engine
     from ds4agent.sessions.store import SessionStore
     from ds4agent.tools import Tool
     from ds4agent.tools.mcp import McpConfig
@@ -25,10 +25,10 @@ def engine_loader(model_path: Path, ctx: int, device: str | None = None, *, rank
                   split: list[int] | None = None) -> Callable[[Callable[[float], None]], Engine]:
     """A loader the worker thread runs: the model with progress (0..1), in this process on `device`
     (None: the GPU when there is one) or, with `ranks` / `hosts`, split over a pipeline whose rank 0
-    is this process (engine/pipeline_launch.py)."""
+    is this process (ds4agent.engine.load_engine)."""
 
     def load(progress: Callable[[float], None]) -> Engine:
-        from ds4agent.engine.pipeline.launch import load_engine
+        from ds4agent.engine import load_engine
 
         return load_engine(model_path, ctx=ctx, progress=progress, ranks=ranks, hosts=hosts, split=split,
                            device=device)

@@ -34,7 +34,7 @@ from ds4agent.agent.settings import AgentSettings
 from ds4agent.agent.stream import AssistantStream, Coalescer
 from ds4agent.agent.trace import Trace
 from ds4agent.agent.transcript import Transcript
-from ds4agent.engine.errors import EngineLost, Interrupted
+from ds4agent.engine import EngineLost, Interrupted
 from ds4agent.engine.sampler import Sampler
 from ds4agent.protocol import dsml, template
 from ds4agent.protocol.template import THINK_MAX_MIN_CTX
@@ -45,8 +45,7 @@ from ds4agent.tools.mcp import McpConfig, McpServers, missing_tool_text
 from ds4agent.tools.permissions import PermissionPolicy
 
 if TYPE_CHECKING:  # the engine and the store are handed in; only their types are needed here
-    from ds4agent.engine.session import Engine, Session
-    from ds4agent.engine.snapshots import SnapshotStore
+    from ds4agent.engine import Engine, Session, SnapshotStore
     from ds4agent.sessions.store import SessionStore
 
 # Status events during generation are rate-limited (the UI redraws at most ~10 Hz anyway).

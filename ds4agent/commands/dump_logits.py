@@ -64,7 +64,7 @@ def dump_logits(model_path: str | os.PathLike[str], tokens: list[int], *, chunk:
                 split: list[int] | None = None) -> np.ndarray:
     """Logits after every token, float32 [len(tokens), vocab] (with `ranks` or `hosts`: on a
     pipeline, engine/pipeline/; the same bits)."""
-    from ds4agent.engine.pipeline.launch import load_engine
+    from ds4agent.engine import load_engine
 
     if chunk is not None and chunk < 1:
         raise DumpError(f"--chunk must be at least 1 (got {chunk})")
@@ -92,7 +92,7 @@ def main(args) -> int:
     from ds4agent.models.locate import resolve_model_path
 
     def action() -> str:
-        # Whether the model fits this machine is Engine.load's first check (memory.check_fits),
+        # Whether the model fits this machine is load_engine's first check (memory.check_fits),
         # made from the tensor directory before any weight is read.
         try:
             model = resolve_model_path(args.model)

@@ -14,7 +14,7 @@ from ds4agent.engine.device import Device, choose_device
 from ds4agent.engine.errors import EngineError
 from ds4agent.engine.gguf import GGUFFile
 from ds4agent.engine.memory import MemoryPlan, ModelInfo, binary_size, model_info, rank_plans
-from ds4agent.engine.pipeline.rank0 import plan_ranges
+from ds4agent.engine.pipeline.split import plan_ranges
 from ds4agent.models.fit import machine_ram
 
 

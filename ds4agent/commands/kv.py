@@ -99,7 +99,7 @@ def cmd_ls(store: SessionStore, out: TextIO) -> int:
         h = info.entry.header
         rows.append((info.entry.short_id, h.reason_name, h.last_used, str(h.tokens), info.entry.file_size,
                      info.display_title))
-    for broken in unreadable:  # listed with the reason, not hidden (issue 10.11)
+    for broken in unreadable:  # listed with the reason, not hidden: the user can still rm it
         rows.append((broken.short_id, "unreadable", broken.last_used, "?", broken.file_size,
                      broken.display_title))
     for entry in store.entries():  # server checkpoints
@@ -226,6 +226,7 @@ def _verify_line(result: VerifyResult) -> str:
     name = _name(result.path.name)
     if not result.ok:
         return f"INVALID  {name}  {result.error}"
+    assert result.envelope is not None  # a valid file always has its envelope
     h = result.envelope.header
     note = ""
     if result.payload is not None and not result.payload.layers_checked:

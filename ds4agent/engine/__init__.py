@@ -1,0 +1,85 @@
+"""The engine: inference only. Tokens in, logits and state out; no policy, no printing.
+
+It owns the model's math (config, ops, model), reading weight files (gguf, quant, weights,
+experts/, convert), the device choice, the memory plan, the live session state and its snapshots,
+the prefill chunk grid, sampling, and pipeline parallelism (pipeline/). It imports neither
+`protocol`, `sessions`, `agent` nor `testmodels`: it hands out and accepts a PayloadState-shaped
+object (arrays + header fields) that the agent passes to `sessions`.
+
+Public names (consumers import these from `ds4agent.engine`, not from the modules):
+
+    load_engine(path, ctx=..., ...)  -> Engine     loader.py: one process or a pipeline
+    Engine                                         a loaded model (session.py)
+    Session                                        one live KV state: sync, step, snapshot, rewind,
+                                                   export_state, import_state (session.py)
+    Snapshot                                       an O(1) handle on a session state (state.py)
+    SnapshotStore                                  turn snapshots sharing their rows (snapshots.py)
+    EngineError and its subclasses                 errors.py: every refusal, one readable line
+
+The model classes load lazily (PEP 562 `__getattr__`): importing the errors, or a module that
+needs only the config (`make-test-model`, the command line's help), does not start MLX.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .errors import (
+    ConfigError,
+    ContextOverflowError,
+    EngineError,
+    EngineLost,
+    Interrupted,
+    MissingTensorError,
+    ModelFileError,
+    PipelineError,
+    StateError,
+    TensorError,
+    TensorShapeError,
+    TensorTypeError,
+)
+
+if TYPE_CHECKING:
+    from .loader import load_engine
+    from .session import Engine, Session
+    from .snapshots import SnapshotStore
+    from .state import Snapshot
+
+# public name -> the module (of this package) that defines it
+_LAZY = {
+    "load_engine": "loader",
+    "Engine": "session",
+    "Session": "session",
+    "Snapshot": "state",
+    "SnapshotStore": "snapshots",
+}
+
+__all__ = [
+    "ConfigError",
+    "ContextOverflowError",
+    "Engine",
+    "EngineError",
+    "EngineLost",
+    "Interrupted",
+    "MissingTensorError",
+    "ModelFileError",
+    "PipelineError",
+    "Session",
+    "Snapshot",
+    "SnapshotStore",
+    "StateError",
+    "TensorError",
+    "TensorShapeError",
+    "TensorTypeError",
+    "load_engine",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value

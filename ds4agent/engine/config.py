@@ -26,13 +26,17 @@ handed wherever a payload shape is expected.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from ds4agent import statelayout
+
 from .errors import ConfigError
+from .gguf import GGUFFile
 
 PREFIX = "deepseek4."
 
@@ -103,7 +107,7 @@ class ModelConfig:
 
     def coff(self, layer: int) -> int:
         """Compressor lanes: 2 (overlapping windows) iff ratio 4, else 1 (model.md §1.1)."""
-        return 2 if self.ratios[layer] == 4 else 1
+        return statelayout.coff(self.ratios[layer])
 
     def is_hash_layer(self, layer: int) -> bool:
         return layer < self.n_hash_layers
@@ -228,7 +232,7 @@ def _type_name(t: Any) -> str | None:
             from gguf import GGUFValueType
 
             return GGUFValueType(t).name.upper()
-        except Exception:  # noqa: BLE001 - unknown type id: report it as a number
+        except Exception:  # unknown type id: report it as a number
             return str(t)
     return str(t).upper()
 
@@ -283,6 +287,31 @@ def from_metadata(
         _check_flash(cfg)
     validate(cfg)
     return cfg
+
+
+def model_mode(metadata: Mapping[str, Any]) -> str:
+    """"test" for a file written by make-test-model (TEST_MODEL_KEY), else "flash"."""
+    return "test" if metadata.get(TEST_MODEL_KEY) else "flash"
+
+
+def gguf_config(gf: GGUFFile, *, mode: str | None = None) -> ModelConfig:
+    """The ModelConfig of an open GGUF file, validated in `mode` (default: the file's own,
+    model_mode), with the §6.2 type rules (the value types the file declares)."""
+    types = {k: gf.array_types.get(k, v) for k, v in gf.value_types.items()}
+    return from_metadata(gf.metadata, mode=mode or model_mode(gf.metadata), types=types,
+                         name=str(gf.metadata.get("general.name", "")))
+
+
+def open_model(path: str | os.PathLike[str]) -> tuple[GGUFFile, ModelConfig]:
+    """Open a GGUF model file and read its config (the one way every caller does it: the loader,
+    the pipeline's layer split, `info`, `dump-logits`). The caller closes the file; on an error
+    it is closed here."""
+    gf = GGUFFile.open(path)
+    try:
+        return gf, gguf_config(gf)
+    except BaseException:
+        gf.close()
+        raise
 
 
 def _convert(key: str, raw: Any, kind: str, tname: str | None) -> Any:
@@ -428,14 +457,14 @@ def validate(cfg: ModelConfig) -> None:
          f"{cfg.n_hash_layers} exceeds block_count {cfg.n_layers}")
     for i, c in enumerate(cfg.swiglu_clamp):
         need(c > 0, "swiglu_clamp_exp", f"entry {i} must be a positive clamp value (got {c})")
-    for key, v in (("rope.freq_base", cfg.rope_base),
+    for key, value in (("rope.freq_base", cfg.rope_base),
                    ("attention.compress_rope_freq_base", cfg.compress_rope_base),
                    ("rope.scaling.factor", cfg.yarn_factor),
                    ("rope.scaling.yarn_beta_fast", cfg.yarn_beta_fast),
                    ("rope.scaling.yarn_beta_slow", cfg.yarn_beta_slow),
                    ("attention.layer_norm_rms_epsilon", cfg.rms_eps),
                    ("hyper_connection.epsilon", cfg.hc_eps)):
-        need(v > 0, key, f"must be positive (got {v:g})")
+        need(value > 0, key, f"must be positive (got {value:g})")
     need(cfg.compress_rope_base > 1 and cfg.rope_base > 1, "rope.freq_base", "must exceed 1")
 
 
@@ -443,7 +472,7 @@ def validate(cfg: ModelConfig) -> None:
 
 
 def _test(name: str, **kw: Any) -> ModelConfig:
-    base = dict(
+    base: dict[str, Any] = dict(
         hc_count=4, hc_sinkhorn_iters=20, hc_eps=1e-6, rope_base=10000.0,
         compress_rope_base=160000.0, yarn_factor=16.0, yarn_orig_ctx=65536, yarn_beta_fast=32.0,
         yarn_beta_slow=1.0, rms_eps=1e-6, expert_weights_scale=1.5, n_kv_heads=1,

@@ -19,7 +19,7 @@ a `config.json` describing the quantised tensors. The repacks are lossless reint
   Dequantising the output with `mx.dequantize(..., mode=...)` gives exactly the source values
   (tests/weights/test_convert.py). Routed experts are stacked to [n_experts, out, in/8].
 
-`load_converted(path)` is the engine's loader for such a directory (Engine.load takes a directory).
+`load_converted(path)` is the engine's loader for such a directory (loader.load_engine takes a directory).
 """
 
 from __future__ import annotations
@@ -246,18 +246,9 @@ def _to_mx(dt: str, arr: np.ndarray):
     return mx.array(np.ascontiguousarray(arr))
 
 
-def convert(src, out, *, progress: Callable[[str], None] | None = None) -> Path:
-    """Convert the checkpoint in `src` into a new directory `out` (atomically: built in a
-    temporary sibling and renamed). Returns `out`."""
-    import mlx.core as mx
-
-    src, out = Path(src), Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConvertError(f"{out} already exists and is not empty; choose a new output directory")
-    where = open_checkpoint(src)
-    say = progress or (lambda _msg: None)
-
-    # Group tensors: top-level, per layer, routed experts per (layer, projection).
+def _group_tensors(where: dict[str, SafeTensorsFile]):
+    """The checkpoint's tensor names grouped as the output files are: (top-level names, names per
+    layer, routed experts per (layer, projection) by expert id, names with no canonical name)."""
     layers: dict[int, list[str]] = {}
     top: list[str] = []
     experts: dict[tuple[int, str], dict[int, str]] = {}
@@ -278,7 +269,68 @@ def convert(src, out, *, progress: Callable[[str], None] | None = None) -> Path:
             top.append(name)
     for layer, _ in experts:
         layers.setdefault(layer, [])
+    return top, layers, experts, skipped
 
+
+def _stack_experts(where: dict[str, SafeTensorsFile], layer: int, proj: str,
+                   by_id: dict[int, str]) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """One layer's routed experts of one projection, repacked to mxfp4 and stacked:
+    (codes [n_exp, out, in/8], scales, the [n_exp, out, in] shape)."""
+    n_exp = max(by_id) + 1
+    if sorted(by_id) != list(range(n_exp)):
+        raise ConvertError(f"layer {layer} {proj}: routed experts are not numbered 0..{n_exp - 1}")
+    wqs, scs = [], []
+    for e in range(n_exp):
+        wname = by_id[e]
+        sname = wname[: -len(".weight")] + ".scale"
+        dt, w = where[wname].get(wname)
+        if dt not in ("I8", "U8") or sname not in where:
+            raise ConvertError(f"routed expert {wname!r} is {dt}, expected packed FP4 (I8) with a scale")
+        wq, sc = fp4_to_mxfp4(w, where[sname].get(sname)[1])
+        wqs.append(wq)
+        scs.append(sc)
+    d_out, d_in = wqs[0].shape[0], wqs[0].shape[1] * 8
+    return np.stack(wqs), np.stack(scs), [n_exp, d_out, d_in]
+
+
+def _converted_config(src: Path, quant: dict[str, dict], skipped: list[str]) -> dict:
+    """The output's config.json: the repacked tensors' modes and the model's GGUF-style metadata
+    read from the source's config.json (or why it could not be)."""
+    config = {
+        "format": "ds4agent-mlx",
+        "version": 1,
+        "source": str(src),
+        "quantization": quant,
+        "skipped": sorted(skipped),
+    }
+    src_config = src / "config.json"
+    if src_config.exists():
+        try:
+            config["source_config"] = json.loads(src_config.read_text())
+        except ValueError:
+            raise ConvertError(f"{src_config} is not valid JSON") from None
+        try:
+            config["metadata"] = hf_metadata(config["source_config"])
+        except ConvertError as err:  # still a valid conversion; the engine will say why it refuses
+            config["metadata_error"] = str(err)
+        # test fixtures mark themselves so the engine validates them permissively (as GGUF test models)
+        config["test_model"] = bool(config["source_config"].get("ds4agent_test_model", False))
+    else:
+        config["metadata_error"] = f"{src_config} is missing"
+    return config
+
+
+def convert(src, out, *, progress: Callable[[str], None] | None = None) -> Path:
+    """Convert the checkpoint in `src` into a new directory `out` (atomically: built in a
+    temporary sibling and renamed). Returns `out`."""
+    import mlx.core as mx
+
+    src, out = Path(src), Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConvertError(f"{out} already exists and is not empty; choose a new output directory")
+    where = open_checkpoint(src)
+    say = progress or (lambda _msg: None)
+    top, layers, experts, skipped = _group_tensors(where)
     quant: dict[str, dict] = {}
 
     def put(arrays: dict, official: str, canon: str) -> None:
@@ -317,46 +369,13 @@ def convert(src, out, *, progress: Callable[[str], None] | None = None) -> Path:
                 by_id = experts.get((layer, proj))
                 if not by_id:
                     continue
-                n_exp = max(by_id) + 1
-                if sorted(by_id) != list(range(n_exp)):
-                    raise ConvertError(f"layer {layer} {proj}: routed experts are not numbered 0..{n_exp - 1}")
-                wqs, scs = [], []
-                for e in range(n_exp):
-                    wname = by_id[e]
-                    sname = wname[: -len(".weight")] + ".scale"
-                    dt, w = where[wname].get(wname)
-                    if dt not in ("I8", "U8") or sname not in where:
-                        raise ConvertError(f"routed expert {wname!r} is {dt}, expected packed FP4 (I8) with a scale")
-                    wq, sc = fp4_to_mxfp4(w, where[sname].get(sname)[1])
-                    wqs.append(wq)
-                    scs.append(sc)
+                wq, sc, shape = _stack_experts(where, layer, proj, by_id)
                 canon = f"blk.{layer}.{_EXPERT_NAME[proj]}"
-                arrays[canon] = mx.array(np.stack(wqs))
-                arrays[canon[: -len(".weight")] + ".scales"] = mx.array(np.stack(scs))
-                d_out, d_in = wqs[0].shape[0], wqs[0].shape[1] * 8
-                quant[canon] = {"mode": "mxfp4", "group_size": MX_GROUP, "bits": 4, "shape": [n_exp, d_out, d_in]}
+                arrays[canon] = mx.array(wq)
+                arrays[canon[: -len(".weight")] + ".scales"] = mx.array(sc)
+                quant[canon] = {"mode": "mxfp4", "group_size": MX_GROUP, "bits": 4, "shape": shape}
             save(f"model-layer-{layer:03d}.safetensors", arrays)
-        config = {
-            "format": "ds4agent-mlx",
-            "version": 1,
-            "source": str(src),
-            "quantization": quant,
-            "skipped": sorted(skipped),
-        }
-        src_config = src / "config.json"
-        if src_config.exists():
-            try:
-                config["source_config"] = json.loads(src_config.read_text())
-            except ValueError:
-                raise ConvertError(f"{src_config} is not valid JSON") from None
-            try:
-                config["metadata"] = hf_metadata(config["source_config"])
-            except ConvertError as err:  # still a valid conversion; the engine will say why it refuses
-                config["metadata_error"] = str(err)
-            # test fixtures mark themselves so the engine validates them permissively (as GGUF test models)
-            config["test_model"] = bool(config["source_config"].get("ds4agent_test_model", False))
-        else:
-            config["metadata_error"] = f"{src_config} is missing"
+        config = _converted_config(src, quant, skipped)
         (tmp / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True))
         (tmp / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}, indent=1))
         _make_durable(tmp)
@@ -488,7 +507,7 @@ def read_converted_config(path: Path) -> dict:
 def load_converted(path, *, progress: Callable[[float], None] | None = None):
     """(ModelConfig, ModelWeights, quant_bits) of a directory written by `convert`.
 
-    The engine's hook for MLX directories (session.Engine.load): FP8 projections run as `mxfp8`
+    The engine's hook for MLX directories (loader.load_engine): FP8 projections run as `mxfp8`
     quantized matmuls, FP4 routed experts as `mxfp4` gather_qmm, everything else dense.
     """
     import mlx.core as mx

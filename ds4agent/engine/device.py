@@ -1,8 +1,8 @@
 """Which device the engine computes on: the GPU when MLX has one (Metal on Apple Silicon, CUDA
 through MLX's CUDA build on Linux), else the CPU; `--device cpu|gpu` overrides.
 
-The choice is made once, at the top of Engine.load, because the weights' layout follows the
-default device (weights.cpu_layout). Asking for a GPU that is not there is never a crash: the
+The choice is made once, at the top of loader.load_engine, because the weights' layout follows the
+default device (cpu_layout below). Asking for a GPU that is not there is never a crash: the
 engine runs on the CPU and says so in one line (the CUDA extra on a machine without a usable
 NVIDIA GPU lands here too).
 """
@@ -10,6 +10,7 @@ NVIDIA GPU lands here too).
 from __future__ import annotations
 
 import importlib.metadata
+import os
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -81,7 +82,37 @@ def use_device(requested: str | None = None) -> Device:
 
 
 def current_device() -> Device:
-    """The device MLX computes on now (for an engine built without Engine.load)."""
+    """The device MLX computes on now (for an engine built without load_engine)."""
     if mx.default_device() == mx.cpu:
         return Device("cpu", "CPU")
     return Device("gpu", f"{gpu_backend() or 'unknown'} GPU")
+
+
+# ---- the CPU facts the weights and the expert kernels follow ----------------------------------
+
+_MAX_PARTS = 8
+# ThreadLocalStream objects: every thread that drives the engine gets its own CPU streams (safe
+# when two threads run sessions at once). MLX keeps a stream's worker thread for the life of the
+# process, as it does every thread's default stream, so drive the engine from long-lived threads
+# (the agent has one worker), not a fresh thread per call.
+_STREAMS: list = []
+
+
+def cpu_layout() -> bool:
+    """Whether dense weights take the CPU layout (transposed, contiguous; see weights.Linear)."""
+    return mx.default_device() == mx.cpu
+
+
+def cpu_parts() -> int:
+    """How many parts a large CPU product is split into (1 = no splitting, and always 1 on a GPU):
+    CPU streams for a quantised weights.Linear, worker threads for the routed-expert kernels."""
+    if not cpu_layout():
+        return 1
+    return max(1, min(_MAX_PARTS, os.cpu_count() or 1))
+
+
+def cpu_streams(k: int) -> list:
+    """k CPU streams, each its own MLX worker thread (thread-local: valid on any calling thread)."""
+    while len(_STREAMS) < k:
+        _STREAMS.append(mx.new_thread_local_stream(mx.cpu))
+    return _STREAMS[:k]

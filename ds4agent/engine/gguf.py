@@ -12,7 +12,7 @@ no resident memory for tensors never touched). The public surface is deliberatel
     gf.raw("output.weight")                   # zero-copy uint8 view of the tensor's bytes
     gf.numpy("output_norm.weight")            # zero-copy typed view (F32/F16/I32/... plain types)
     gf.load("output_norm.weight", shape=(64,), types=("F32",))   -> mx.array, validated
-    gf.load_q8_0("output.weight", shape=(V, E))  -> (wq, scales, biases) for mx.quantized_matmul
+    quant.load_q8_0(gf, "output.weight", shape=(V, E))  -> (wq, scales, biases) for mx.quantized_matmul
 
 Shapes: GGML lists dims ne0-first (`TensorInfo.dims`); `TensorInfo.shape` is the row-major array
 shape (reversed dims), which is what every validation and every array here uses.
@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -70,9 +70,16 @@ _NUMPY_SCALAR: dict[int, str] = {
     ValueType.UINT64: "<u8", ValueType.INT64: "<i8", ValueType.FLOAT64: "<f8",
 }
 
+class GGMLType(NamedTuple):
+    name: str
+    block: int  # weights per block (1 for the plain types)
+    nbytes: int  # bytes per block
+
+
 # GGML tensor types: id -> (name, elements per block, bytes per block). The ids and block sizes
-# are ggml's; a type outside this table cannot be sized, so the file is refused at open.
-GGML_TYPES: dict[int, tuple[str, int, int]] = {
+# are ggml's; a type outside this table cannot be sized, so the file is refused at open. The one
+# block table: quant.py, the directory check, the memory plan and the test-model writers read it.
+_TABLE: dict[int, tuple[str, int, int]] = {
     0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
     6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36),
     10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
@@ -82,7 +89,13 @@ GGML_TYPES: dict[int, tuple[str, int, int]] = {
     26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
     30: ("BF16", 1, 2),
 }
-GGML_TYPE_IDS: dict[str, int] = {name: tid for tid, (name, _, _) in GGML_TYPES.items()}
+GGML_TYPES: dict[int, GGMLType] = {tid: GGMLType(*row) for tid, row in _TABLE.items()}
+GGML_TYPE_IDS: dict[str, int] = {t.name: tid for tid, t in GGML_TYPES.items()}
+
+
+def block_of(type_name: str) -> GGMLType:
+    """The block layout of a GGML type by name ("Q8_0", "F16", ...)."""
+    return GGML_TYPES[GGML_TYPE_IDS[type_name]]
 
 # Plain (one element per block) types that `numpy()` can view directly.
 _PLAIN_DTYPES: dict[str, str] = {
@@ -426,19 +439,6 @@ class GGUFFile:
             arr = arr.astype(dtype)
         return arr
 
-    def load_q8_0(self, name: str, *, shape: Sequence[int] | None = None):
-        """Load a Q8_0 tensor as MLX affine 8-bit, group 32: (wq uint32, scales f32, biases f32)."""
-        ti = self.check(name, shape=shape, types=("Q8_0",))
-        return q8_0_to_affine(self.raw(name), ti.shape)
-
 
 def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     return GGUFFile.open(path)
-
-
-def q8_0_to_affine(raw: np.ndarray, shape: Sequence[int]):
-    """Q8_0 blocks -> MLX affine 8-bit (group 32), exactly (model.md §7): `quant.q8_0_to_affine`,
-    the one implementation. Imported on use, so reading a GGUF's metadata (info) loads no MLX."""
-    from .quant import q8_0_to_affine as convert  # noqa: PLC0415
-
-    return convert(raw, tuple(shape))

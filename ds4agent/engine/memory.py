@@ -8,7 +8,7 @@
 Reads only the GGUF header, metadata and tensor directory (never tensor data), so it answers
 instantly even for an 81 GB file; a directory written by `ds4agent convert` is described from its
 config.json and safetensors headers. Memory is estimated the way the engine holds each tensor
-(weights.py / experts/), by `tensor_memory_bytes`:
+(weights.py / experts/), by `memory_bytes`:
 
     routed experts (Q2_K/Q4_K/IQ2_XXS)  raw blocks, as in the file (memory-mapped; what decode
                                          touches is paged in, Metal keeps them resident)
@@ -31,8 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .chunks import chunk_cap
+from .config import ModelConfig
 from .errors import ConfigError, EngineError
 from .layout import tensor_table
+from .state import LayerState
 
 # tensor-name groups, in display order
 GROUPS = (
@@ -63,7 +66,7 @@ class ModelInfo:
     file_bytes: int
     mode: str  # "flash" | "test" | "invalid"
     problem: str  # the strict-validation message when mode == "invalid"
-    config: object  # ModelConfig
+    config: ModelConfig
     groups: list[GroupInfo]
     types: dict[str, tuple[int, int]]  # type -> (tensor count, bytes)
     n_tensors: int
@@ -96,22 +99,10 @@ def payload_bytes(cfg, tokens: int) -> int:
 
 def layers_state_bytes(cfg, tokens: int, layers: range) -> int:
     """The per-layer part of payload_bytes for `layers` (a pipeline rank holds only its own)."""
-    t = int(tokens)
-    total = 0
-    rows = min(t, cfg.window)
-    for layer in layers:
-        r = cfg.ratios[layer]
-        total += rows * cfg.head_dim * 4
-        if r == 0:
-            continue
-        coff = cfg.coff(layer)
-        total += (t // r) * cfg.head_dim * 4 + 2 * (coff * r) * (coff * cfg.head_dim) * 4
-        if r == 4:
-            total += (t // 4) * cfg.indexer_dim * 4 + 2 * 8 * (2 * cfg.indexer_dim) * 4
-    return total
+    return sum(LayerState.state_bytes(cfg, layer, int(tokens)) for layer in layers)
 
 
-def tensor_memory_bytes(name: str, type_name: str, n_elements: int, nbytes: int) -> int:
+def memory_bytes(name: str, type_name: str, n_elements: int, nbytes: int) -> int:
     """Bytes the engine holds for one tensor of the file (the table in the module docstring)."""
     if "_exps." in name:
         return nbytes if type_name != "F16" else n_elements * 4  # dense test experts widen to f32
@@ -143,8 +134,6 @@ def working_bytes(cfg, ctx: int) -> int:
     (the device path dequantises experts.DEFAULT_GROUP_BYTES at a time; the CPU kernels decode
     into a small buffer, so there the two groups are a margin) and the logits row. An estimate
     that the Flash-shape benchmark checks against the measured peak."""
-    from .session import chunk_cap
-
     rows = chunk_cap(ctx)
     per_row = 4 * (3 * cfg.n_heads * cfg.head_dim + 4 * cfg.hc_count * cfg.dim
                    + 4 * cfg.n_experts_used * cfg.expert_ffn)
@@ -180,7 +169,7 @@ def memory_plan(tensors, cfg, ctx: int) -> MemoryPlan:
         if "_exps." in ti.name and ti.type_name not in ("F16", "F32"):
             expert_ranges.append((ti.offset, ti.offset + ti.nbytes))
         else:
-            weights += tensor_memory_bytes(ti.name, ti.type_name, ti.n_elements, ti.nbytes)
+            weights += memory_bytes(ti.name, ti.type_name, ti.n_elements, ti.nbytes)
     return MemoryPlan(weights=weights, experts=_distinct_bytes(expert_ranges),
                       state=payload_bytes(cfg, ctx), working=working_bytes(cfg, ctx))
 
@@ -219,7 +208,7 @@ def check_fits(plan: MemoryPlan, path, ram: int | None = None) -> None:
 
 def model_info(path, *, ctx: int = 100_000) -> ModelInfo:
     """Inspect a GGUF model (header and directory only). Raises EngineError subclasses."""
-    from .config import FLASH_TEST_KEY, TEST_MODEL_KEY, from_metadata
+    from .config import FLASH_TEST_KEY, gguf_config, model_mode
     from .gguf import GGUFFile
 
     if ctx < 1:
@@ -228,16 +217,15 @@ def model_info(path, *, ctx: int = 100_000) -> ModelInfo:
     if path.is_dir():
         return _directory_info(path, ctx)
     with GGUFFile.open(path) as gf:
-        types = {k: gf.array_types.get(k, v) for k, v in gf.value_types.items()}
-        mode, problem = ("test" if gf.metadata.get(TEST_MODEL_KEY) else "flash"), ""
+        mode, problem = model_mode(gf.metadata), ""
         try:
-            cfg = from_metadata(gf.metadata, mode=mode, types=types)
+            cfg = gguf_config(gf, mode=mode)
         except ConfigError as err:
             if mode == "test":
                 raise
             # Still describe the file (permissively) and say why the engine would refuse it.
             mode, problem = "invalid", str(err)
-            cfg = from_metadata(gf.metadata, mode="test", types=types)
+            cfg = gguf_config(gf, mode="test")
         groups = {name: GroupInfo(name) for name, _ in GROUPS}
         other = GroupInfo("other")
         by_type: dict[str, list[int]] = {}
@@ -246,7 +234,7 @@ def model_info(path, *, ctx: int = 100_000) -> ModelInfo:
             t = ti.type_name
             g.types[t] = g.types.get(t, 0) + 1
             g.file_bytes += ti.nbytes
-            g.memory_bytes += tensor_memory_bytes(ti.name, t, ti.n_elements, ti.nbytes)
+            g.memory_bytes += memory_bytes(ti.name, t, ti.n_elements, ti.nbytes)
             g.params += ti.n_elements
             entry = by_type.setdefault(t, [0, 0])
             entry[0] += 1

@@ -32,10 +32,11 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from ds4agent.statelayout import FILL_KV, FILL_SCORE
+
 from . import ops
 from .config import ModelConfig
-from .errors import EngineError
-from .state import FILL_KV, FILL_SCORE, LayerState, SessionState
+from .state import LayerState, SessionState, check_token_ids
 from .weights import AttentionWeights, CompressorWeights, FFNWeights, HCWeights, LayerWeights, ModelWeights
 
 F32 = mx.float32
@@ -537,24 +538,18 @@ def forward(weights: ModelWeights, config: ModelConfig, state: SessionState,
     indexer masks and expert selections for tests.
     """
     c = config
-    if isinstance(tokens, mx.array):
-        tok_list = [int(t) for t in np.array(tokens).reshape(-1)]
-    else:
-        tok_list = [int(t) for t in tokens]
+    tok_list = check_token_ids(np.array(tokens).reshape(-1).tolist() if isinstance(tokens, mx.array)
+                               else tokens, c.vocab)
     n = len(tok_list)
     if n == 0:
         return mx.zeros((0, c.vocab), dtype=F32), state
-    bad = [t for t in tok_list if not 0 <= t < c.vocab]
-    if bad:
-        # An out-of-range id would silently gather garbage rows of the embedding.
-        raise EngineError(f"token id {bad[0]} is outside the vocabulary 0..{c.vocab - 1}")
     toks = mx.array(np.asarray(tok_list, dtype=np.int32))
     p0 = state.n_tokens
     R = embed(weights, c, toks)
     R, new_layers = run_layers(weights.layers, c, state.layers, R, toks, p0, first_layer=0,
                                rounding=rounding, trace=trace, profile=profile)
     logits = _call(profile, "head", output_head, weights, c, R[-1:] if last_only else R)
-    new_state = SessionState(tokens=state.tokens + tuple(tok_list), logits=logits[-1],
+    new_state = SessionState(tokens=state.tokens + tok_list, logits=logits[-1],
                              layers=new_layers)
     mx.eval(logits, *new_state.arrays())
     return logits, new_state

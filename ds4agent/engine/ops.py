@@ -13,6 +13,7 @@ code, ties to the even code" because the code's last bit is the grid index's las
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import lru_cache
 
 import mlx.core as mx
@@ -182,7 +183,7 @@ def _sinkhorn_eager(c: mx.array, iters: int, eps: float) -> mx.array:
     return c
 
 
-_SINKHORN_COMPILED: dict[tuple[int, float], object] = {}
+_SINKHORN_COMPILED: dict[tuple[int, float], Callable[[mx.array], mx.array]] = {}
 
 
 def sinkhorn(c: mx.array, iters: int, eps: float) -> mx.array:
@@ -201,7 +202,7 @@ def sinkhorn(c: mx.array, iters: int, eps: float) -> mx.array:
     return fn(c)
 
 
-def _compile_checked(f):
+def _compile_checked(f: Callable[[mx.array], mx.array]) -> Callable[[mx.array], mx.array]:
     """mx.compile(f, shapeless=True) if it works and matches f bit for bit on a probe, else f."""
     try:
         cf = mx.compile(f, shapeless=True)

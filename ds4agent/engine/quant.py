@@ -28,6 +28,7 @@ import mlx.core as mx
 import numpy as np
 
 from ds4agent.engine.errors import EngineError
+from ds4agent.engine.gguf import GGML_TYPES
 
 # GGML type ids (model.md §7)
 Q8_0 = 8
@@ -35,13 +36,6 @@ Q2_K = 10
 Q4_K = 12
 IQ2_XXS = 16
 
-# type id -> (weights per block, bytes per block, name)
-BLOCK_INFO: dict[int, tuple[int, int, str]] = {
-    Q8_0: (32, 34, "Q8_0"),
-    Q2_K: (256, 84, "Q2_K"),
-    Q4_K: (256, 144, "Q4_K"),
-    IQ2_XXS: (256, 66, "IQ2_XXS"),
-}
 EXPERT_TYPES = (Q2_K, Q4_K, IQ2_XXS, Q8_0)
 
 
@@ -50,12 +44,18 @@ class QuantError(EngineError):
 
 
 def type_name(qtype: int) -> str:
-    return BLOCK_INFO[qtype][2] if qtype in BLOCK_INFO else f"GGML type {qtype}"
+    return GGML_TYPES[qtype].name if qtype in GGML_TYPES else f"GGML type {qtype}"
+
+
+def block_info(qtype: int) -> tuple[int, int, str]:
+    """(weights per block, bytes per block, name) of a GGML type id (the table is gguf.py's)."""
+    t = GGML_TYPES[qtype]
+    return t.block, t.nbytes, t.name
 
 
 def row_bytes(qtype: int, n: int) -> int:
     """Bytes of one row of `n` weights (n along ne0) stored as `qtype` blocks."""
-    block, size, name = BLOCK_INFO[qtype]
+    block, size, name = block_info(qtype)
     if n % block:
         raise QuantError(f"a {name} row needs a multiple of {block} weights, got {n}")
     return n // block * size
@@ -99,10 +99,17 @@ def q8_0_to_affine(raw: np.ndarray, shape) -> tuple[mx.array, mx.array, mx.array
     return mx.array(wq), mx.array(d), mx.array(d * np.float32(-128.0))
 
 
+def load_q8_0(gf, name: str, *, shape=None) -> tuple[mx.array, mx.array, mx.array]:
+    """A Q8_0 tensor of an open GGUFFile as MLX affine 8-bit, group 32: (wq uint32, scales f32,
+    biases f32), validated by type and (row-major) shape first."""
+    ti = gf.check(name, shape=shape, types=("Q8_0",))
+    return q8_0_to_affine(gf.raw(name), ti.shape)
+
+
 # ---------------------------------------------------------------------------------------------
 # MLX dequantisers: blocks [R, nb, size] uint8 -> float32 [R, nb * weights per block], behind
 # `dequantize` (the GPU expert path, references and tests; the CPU expert path decodes blocks in
-# its own kernels, cpu_experts.py). Op shapes are chosen for MLX's CPU kernels too: contiguous
+# its own kernels, experts/cpu.py). Op shapes are chosen for MLX's CPU kernels too: contiguous
 # operands, broadcasting a [.., 1] scale along the last axis.
 
 
@@ -180,7 +187,7 @@ def iq2xxs_tables() -> tuple[np.ndarray, np.ndarray]:
 
 
 @lru_cache(maxsize=1)
-def _iq2xxs_signed_codes() -> tuple[np.ndarray, mx.array]:
+def iq2xxs_signed_codes() -> tuple[np.ndarray, mx.array]:
     """The signed grid as int8 [256 * 128, 8]: grid row g with the signs of 7-bit code c at row
     g*128 + c (numpy, and the same table as an MLX array).
 
@@ -222,7 +229,7 @@ def _dequant_iq2_xxs(b: mx.array) -> mx.array:
     words = mx.view(mx.contiguous(body), mx.uint32).reshape(r, nb * 8, 2)
     with _COMPILED_CALL:  # dequantize may run on any thread, and MLX's compile cache is shared
         index, db = _iq2xxs_index_scale(words, _f16(b, 0))
-    table, mx_table = _iq2xxs_signed_codes()
+    table, mx_table = iq2xxs_signed_codes()
     if mx.default_device() != mx.cpu:  # MLX's gather, on the device (no host round trip)
         codes = mx_table[index].reshape(r, nb * 8, 32)
         return (db * codes.astype(mx.float32)).reshape(r, nb * 256)
@@ -245,7 +252,7 @@ def dequantize(raw: mx.array | np.ndarray, qtype: int, shape) -> mx.array:
     if qtype not in _DEQUANT:
         raise QuantError(f"no dequantiser for {type_name(qtype)}")
     shape = tuple(int(s) for s in shape)
-    block, size, name = BLOCK_INFO[qtype]
+    block, size, name = block_info(qtype)
     n = int(np.prod(shape))
     raw = raw if isinstance(raw, mx.array) else mx.array(np.asarray(raw))
     if raw.dtype != mx.uint8 or raw.size * block != n * size or shape[-1] % block:

@@ -1,6 +1,6 @@
 """Engine (weights loaded once) and Session (one live KV state): the API the agent drives.
 
-    engine = Engine.load("model.gguf", ctx=100_000, progress=lambda f: ...)
+    engine = load_engine("model.gguf", ctx=100_000, progress=lambda f: ...)   # loader.py
     s = engine.new_session()
     s.sync(tokens, progress=lambda done, total: ..., should_stop=lambda: flag)  # prefill
     logits = s.step(token)                                                       # decode
@@ -9,16 +9,12 @@
 
 Why the pieces look the way they do:
 
-* The live state is an immutable value (C1's SessionState holds MLX arrays, which never change
+* The live state is an immutable value (state.SessionState holds MLX arrays, which never change
   in place), so a snapshot is just a reference to it and rewinding is an assignment. Every
   method that changes the session computes the complete new state first and only then swaps it
   in: an exception (bad token, rejected import) never leaves a half-updated session behind, and
   an interrupted or failed prefill keeps the last completed chunk (a consistent prefix).
-* Prefill runs on a fixed absolute chunk grid (model.md §9): chunk boundaries sit on multiples
-  of the chunk cap (4096 when ctx > 4096, else ctx), and a resumed prefill first runs up to the
-  next multiple. On CPU any schedule gives identical bits; on Metal the kernel choice can depend
-  on the rows in a chunk, so a fixed grid is what makes "prefill, save, load, continue" repeat
-  the uninterrupted run exactly there too.
+* Prefill runs on the fixed absolute chunk grid of chunks.py (the reason is there).
 * `sync` keeps the longest common prefix of the live tokens and the request. When the request
   diverges inside the live state it restores the longest still-alive snapshot that is a prefix
   of the request (snapshots are tracked weakly: the caller decides what to keep) or starts from
@@ -37,36 +33,25 @@ Why the pieces look the way they do:
 
 from __future__ import annotations
 
-import contextlib
-import os
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
 import numpy as np
 
+from ds4agent import statelayout
+
+from . import model
+from .chunks import chunk_cap, chunk_grid
+from .device import current_device
 from .errors import ContextOverflowError, EngineError, Interrupted, StateError
+from .snapshots import SnapshotStore
+from .state import SessionState, Snapshot, check_token_ids, from_payload, to_payload
 
 MODEL_ID_FLASH = 0  # KVC header byte 7: 0 = DeepSeek V4 Flash (kvc-format.md §2)
-MAX_CHUNK = 4096  # model.md §9 / payload h3: the prefill chunk cap when ctx > 4096
-
-
-def chunk_cap(ctx: int) -> int:
-    """Prefill chunk cap and payload h3: 4096 when ctx > 4096, else ctx (model.md §9)."""
-    return MAX_CHUNK if ctx > MAX_CHUNK else ctx
-
-
-def chunk_grid(start: int, end: int, chunk: int) -> list[tuple[int, int]]:
-    """Chunks [p0, p1) covering [start, end) whose boundaries sit on absolute multiples of chunk."""
-    out = []
-    p = start
-    while p < end:
-        nxt = min(end, (p // chunk + 1) * chunk)
-        out.append((p, nxt))
-        p = nxt
-    return out
 
 
 @dataclass(frozen=True)
@@ -82,59 +67,7 @@ class EnginePayloadShape:
     ratios: tuple[int, ...]
 
     def coff(self, layer: int) -> int:
-        return 2 if self.ratios[layer] == 4 else 1
-
-
-@dataclass(frozen=True, eq=False)
-class Snapshot:
-    """An O(1) handle on a session state (a reference to immutable arrays, nothing copied)."""
-
-    engine_id: int
-    state: Any  # C1's SessionState (tokens, logits, per-layer arrays)
-
-    @property
-    def tokens(self) -> tuple[int, ...]:
-        return self.state.tokens
-
-
-# ---------------------------------------------------------------------------------------------
-# The seam to C1's math (model.py / state.py / weights.py), kept in one place on purpose.
-
-
-def _empty_state(config):
-    from .state import SessionState
-
-    # eval(): mx.zeros is lazy, and a lazy array cannot cross threads (module docstring).
-    return SessionState.empty(config).eval()
-
-
-def _forward(weights, config, state, tokens: Sequence[int], *, last_only: bool):
-    """(logits mx.array, new state) for a chunk of tokens appended to `state`.
-
-    last_only: only the last row of logits ([1, V]); prefill and decode need nothing else, and
-    the output head (V x E) is the largest single matrix of a small model, so skipping the other
-    rows is most of a prefill's work on the test configs. dump-logits asks for every row."""
-    from . import model
-
-    return model.forward(weights, config, state, list(tokens), last_only=last_only)
-
-
-def _state_to_payload(config, state, ctx):
-    from .state import to_payload
-
-    return to_payload(state, config, ctx=ctx)
-
-
-def _payload_to_state(config, payload):
-    from .state import from_payload
-
-    return from_payload(payload, config).eval()
-
-
-def _load_weights(gf, config, progress, layer_range=None):
-    from .weights import load_weights
-
-    return load_weights(gf, config, progress=progress, layer_range=layer_range)
+        return statelayout.coff(self.ratios[layer])
 
 
 def materialize(tree: Any) -> Any:
@@ -147,8 +80,6 @@ def materialize(tree: Any) -> Any:
     bar is) instead of the first prefill. numpy arrays (memory-mapped raw expert blocks) are left
     alone: they stay on disk until an expert is selected.
     """
-    import mlx.core as mx
-
     found: list[mx.array] = []
     seen: set[int] = set()
     stack = [tree]
@@ -186,98 +117,18 @@ class Engine:
     def __init__(self, *, config, weights, ctx: int, quant_bits: int = 2,
                  model_id: int = MODEL_ID_FLASH, path: Path | None = None,
                  chunk: int | None = None):
-        _check_sizes(ctx, chunk)
+        check_sizes(ctx, chunk)
         self.config = config
         self.weights = materialize(weights)  # usable from any thread (module docstring)
         self.ctx = int(ctx)
         self.quant_bits = int(quant_bits)
         self.model_id = int(model_id)
         self.path = path
-        from .device import current_device
-
-        self.device = current_device()  # Engine.load records the one it chose (with any notice)
+        self.device = current_device()  # load_engine records the one it chose (with any notice)
+        self.gguf: Any = None  # the open model file, kept by load_engine: expert blocks may be views into it
         # The grid cap; `chunk` overrides it (dump-logits --chunk, tests). The payload's h3 is
         # always chunk_cap(ctx), whatever this is, so saved files stay loadable by ds4.
         self.chunk = int(chunk) if chunk is not None else chunk_cap(self.ctx)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str], *, ctx: int,
-             progress: Callable[[float], None] | None = None,
-             chunk: int | None = None, device: str | None = None,
-             layer_range: tuple[int, int] | None = None) -> Engine:
-        """Open a GGUF model, validate its metadata and tensors, and load the weights.
-
-        `progress(fraction)` is called as weights load (0..1). `device`: "cpu", "gpu" or None
-        (the GPU when there is one; see device.py). Raises EngineError subclasses with readable
-        messages (missing file, not a GGUF, wrong metadata, wrong tensor type/shape).
-        `layer_range` (start, stop): load only a pipeline rank's part (engine/pipeline.py drives
-        such an engine; its own sessions cannot run the whole model).
-        """
-        from .config import TEST_MODEL_KEY, from_metadata
-        from .gguf import GGUFFile
-        from .memory import check_fits, memory_plan
-        from .weights import check_directory
-
-        path = Path(path)
-        # Refuse a bad size before reading anything: a typo in --ctx must not cost an 80 GB load.
-        _check_sizes(ctx, chunk)
-        from .device import use_device
-
-        # Before any weight is read: their layout follows the default device.
-        chosen = use_device(device)
-        if progress is not None:
-            progress(0.0)
-        if path.is_dir():  # an MLX directory written by `ds4agent convert` (WEIGHTS room's loader)
-            from .convert import load_converted
-
-            if layer_range is not None:
-                raise EngineError(f"{path}: a pipeline runs GGUF files only, not converted MLX directories")
-
-            from .memory import model_info
-
-            try:
-                plan = model_info(path, ctx=ctx).plan
-            except EngineError:
-                plan = None  # an incomplete conversion: load_converted names exactly what is missing
-            if plan is not None:
-                check_fits(plan, path)
-            config, weights, qbits = load_converted(path, progress=progress)
-            engine = _construct(cls, path, config=config, weights=weights, ctx=ctx, quant_bits=qbits,
-                                path=path, chunk=chunk)
-            engine.device = chosen
-            if progress is not None:
-                progress(1.0)
-            return engine
-        gf = GGUFFile.open(path)
-        try:
-            types = {k: gf.array_types.get(k, v) for k, v in gf.value_types.items()}
-            # Files written by make_test_model carry this marker and get the permissive test-mode
-            # checks; every other file (ds4's real weights) must pass the strict Flash checks.
-            mode = "test" if gf.metadata.get(TEST_MODEL_KEY) else "flash"
-            config = from_metadata(gf.metadata, mode=mode, types=types,
-                                   name=str(gf.metadata.get("general.name", "")))
-            # Before reading any weight: a model that cannot fit is refused with the numbers
-            # (issue 13), instead of swapping and being killed half-way through the load.
-            check_directory(gf, config)
-            tensors = gf.tensors.values()
-            if layer_range is not None:
-                from .weights import tensor_in_range
-
-                tensors = [ti for ti in tensors if tensor_in_range(ti.name, config, layer_range)]
-            check_fits(memory_plan(tensors, config, ctx), path)
-            with _memory_errors(path):  # weights materialise as they are built
-                weights = _load_weights(gf, config, progress, layer_range)
-            qbits = quant_bits_of(gf)
-            engine = _construct(cls, path, config=config, weights=weights, ctx=ctx, quant_bits=qbits,
-                                path=path, chunk=chunk)
-        except BaseException:
-            gf.close()
-            raise
-        engine.device = chosen
-        engine._gguf = gf  # keep the mapping alive: raw expert blocks may be views into it
-        if progress is not None:
-            progress(1.0)
-        return engine
 
     def payload_shape(self) -> EnginePayloadShape:
         c = self.config
@@ -290,59 +141,40 @@ class Engine:
 
     def close(self) -> None:
         """Release what the engine holds besides memory: a pipeline's other ranks
-        (engine/pipeline.py); nothing for one process."""
+        (engine/pipeline/); nothing for one process."""
 
     # The four operations a Session asks of its engine's model: a pipeline's rank 0
-    # (engine/pipeline.py) overrides them to run the other layers on the other ranks.
-    def empty_state(self):
-        return _empty_state(self.config)
+    # (pipeline/rank0.py) overrides them to run the other layers on the other ranks.
+    def empty_state(self) -> SessionState:
+        # eval(): mx.zeros is lazy, and a lazy array cannot cross threads (module docstring).
+        return SessionState.empty(self.config).eval()
 
-    def forward(self, state, tokens: Sequence[int], *, last_only: bool):
-        return _forward(self.weights, self.config, state, tokens, last_only=last_only)
+    def forward(self, state: SessionState, tokens: Sequence[int], *, last_only: bool):
+        """(logits mx.array, new state) for a chunk of tokens appended to `state`.
 
-    def state_to_payload(self, state):
-        return _state_to_payload(self.config, state, self.ctx)
+        last_only: only the last row of logits ([1, V]); prefill and decode need nothing else,
+        and the output head (V x E) is the largest single matrix of a small model, so skipping
+        the other rows is most of a prefill's work on the test configs. dump-logits asks for
+        every row."""
+        return model.forward(self.weights, self.config, state, list(tokens), last_only=last_only)
 
-    def payload_to_state(self, payload):
-        return _payload_to_state(self.config, payload)
+    def state_to_payload(self, state: SessionState) -> Any:
+        return to_payload(state, self.config, ctx=self.ctx)
 
-    def snapshot_store(self, budget_bytes: int):
+    def payload_to_state(self, payload: Any) -> SessionState:
+        return from_payload(payload, self.config).eval()
+
+    def snapshot_store(self, budget_bytes: int) -> SnapshotStore:
         """A SnapshotStore (snapshots.py): turn-boundary states sharing their append-only rows."""
-        from .snapshots import SnapshotStore
-
         return SnapshotStore(self, budget_bytes)
 
 
-@contextlib.contextmanager
-def _memory_errors(where: Path):
-    """MLX reports running out of memory while weights materialise (as they are built, and in
-    Engine.__init__'s final materialize) as RuntimeError/MemoryError: one readable line instead."""
-    try:
-        yield
-    except (RuntimeError, MemoryError) as err:
-        raise EngineError(f"{where}: cannot hold the model's weights in memory ({err or 'out of memory'})") from None
-
-
-def _construct(cls, where: Path, **kw) -> Engine:
-    """cls(**kw), whose materialize() evaluates what the loaders left lazy."""
-    with _memory_errors(where):
-        return cls(**kw)
-
-
-def _check_sizes(ctx: int, chunk: int | None) -> None:
+def check_sizes(ctx: int, chunk: int | None) -> None:
+    """Refuse a context or chunk size the engine cannot run (before anything is loaded)."""
     if ctx < 1:
         raise EngineError(f"context size must be at least 1 token (got {ctx})")
     if chunk is not None and chunk < 1:
         raise EngineError(f"prefill chunk must be at least 1 token (got {chunk})")
-
-
-def quant_bits_of(gf) -> int:
-    """KVC header quant_bits (kvc-format.md §2): 4 if layer 0's routed gate experts are Q4_K
-    (or another 4-bit type), else 2 (ds4's own rule; test models with F16 experts count as 2)."""
-    ti = gf.tensors.get("blk.0.ffn_gate_exps.weight")
-    if ti is not None and ti.type_name in ("Q4_K", "Q4_0", "Q4_1", "IQ4_XS", "IQ4_NL"):
-        return 4
-    return 2
 
 
 class Session:
@@ -383,16 +215,7 @@ class Session:
         self._logits_np = None
 
     def _check_tokens(self, tokens: Sequence[int]) -> tuple[int, ...]:
-        V = self.engine.config.vocab
-        try:
-            out = tuple(int(t) for t in tokens)
-        except (TypeError, ValueError):
-            raise EngineError("token ids must be integers") from None
-        # min/max run in C: a 100k-token transcript is checked in well under a millisecond.
-        if out and (min(out) < 0 or max(out) >= V):
-            i, t = next((i, t) for i, t in enumerate(out) if not 0 <= t < V)
-            raise EngineError(
-                f"token id {t} at position {i} is outside the vocabulary (0..{V - 1})")
+        out = check_token_ids(tokens, self.engine.config.vocab)
         if len(out) > self.engine.ctx:
             raise ContextOverflowError(len(out), self.engine.ctx)
         return out

@@ -29,11 +29,33 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import mlx.core as mx
 
-from .session import Engine, Session, Snapshot
-from .state import FILL_KV, FILL_SCORE, LayerState, SessionState
+from ds4agent.statelayout import FILL_KV, FILL_SCORE, coff, frontier_live_rows
+
+from .config import ModelConfig
+from .state import LayerState, SessionState, Snapshot
+
+
+class StoreEngine(Protocol):
+    """What the store reads of its engine (session.Engine; typed here, not imported: the
+    engine's module builds the store)."""
+
+    config: ModelConfig
+
+
+class StoreSession(Protocol):
+    """What the store asks of a session (session.Session)."""
+
+    @property
+    def tokens(self) -> tuple[int, ...]: ...
+
+    def snapshot(self) -> Snapshot: ...
+
+    def rewind(self, snap: Snapshot) -> None: ...
+
 
 F16 = mx.float16
 F32 = mx.float32
@@ -45,7 +67,7 @@ DEFAULT_BUDGET = 2 << 30  # 2 GiB: about 12 snapshots of a 100k-token Flash stat
 class _PackedLayer:
     raw: mx.array  # float16 [R, Dh]
     comp: tuple[mx.array, ...] | None  # float16 row segments, concatenated = comp
-    attn_kv: mx.array | None  # the live rows only (_live_rows)
+    attn_kv: mx.array | None  # the live rows only (statelayout.frontier_live_rows)
     attn_score: mx.array | None
     index_comp: tuple[mx.array, ...] | None
     index_kv: mx.array | None
@@ -91,16 +113,7 @@ def _concat(segs: tuple[mx.array, ...], width: int) -> mx.array:
         return mx.zeros((0, width), dtype=F32)
     if len(segs) == 1:
         return segs[0].astype(F32)
-    return mx.concatenate(segs, axis=0).astype(F32)
-
-
-def _live_rows(r: int, T: int) -> tuple[int, int]:
-    """The rows [lo, hi) of a compressor frontier that hold values after T tokens; the others
-    hold the canonical filler (state.py). Ratio 4 (and the indexer, also ratio 4): rows 0..3 are
-    the previous complete group once there is one, rows 4.. the partial group."""
-    if r == 4:
-        return (0 if T >= 4 else 4), 4 + T % 4
-    return 0, T % r
+    return mx.concatenate(list(segs), axis=0).astype(F32)
 
 
 def _trim(a: mx.array | None, lo: int, hi: int) -> mx.array | None:
@@ -128,8 +141,8 @@ def pack(state: SessionState, ratios: Sequence[int], base: PackedState | None = 
     layers = []
     for li, lay in enumerate(state.layers):
         blay = base.layers[li] if base is not None else None
-        lo, hi = _live_rows(ratios[li], T) if ratios[li] else (0, 0)
-        ilo, ihi = _live_rows(4, T)
+        lo, hi = frontier_live_rows(ratios[li], T) if ratios[li] else (0, 0)
+        ilo, ihi = frontier_live_rows(4, T)
         layers.append(_PackedLayer(
             raw=lay.raw.astype(F16),
             comp=_grow(blay.comp if blay else None, lay.comp),
@@ -148,17 +161,17 @@ def unpack(packed: PackedState, ratios: Sequence[int], head_dim: int, indexer_di
     layers = []
     for li, lay in enumerate(packed.layers):
         r = ratios[li]
-        lo = _live_rows(r, T)[0] if r else 0
-        rows = 8 if r == 4 else r
-        ilo = _live_rows(4, T)[0]
+        lo = frontier_live_rows(r, T)[0] if r else 0
+        rows = coff(r) * r  # the frontier rows (statelayout)
+        ilo = frontier_live_rows(4, T)[0]
         layers.append(LayerState(
             raw=lay.raw.astype(F32),
             comp=None if lay.comp is None else _concat(lay.comp, head_dim),
             attn_kv=_pad(lay.attn_kv, lo, rows, FILL_KV),
             attn_score=_pad(lay.attn_score, lo, rows, FILL_SCORE),
             index_comp=None if lay.index_comp is None else _concat(lay.index_comp, indexer_dim),
-            index_kv=_pad(lay.index_kv, ilo, 8, FILL_KV),
-            index_score=_pad(lay.index_score, ilo, 8, FILL_SCORE),
+            index_kv=_pad(lay.index_kv, ilo, coff(4) * 4, FILL_KV),
+            index_score=_pad(lay.index_score, ilo, coff(4) * 4, FILL_SCORE),
         ))
     # Evaluated here, on the caller's thread: a lazy state must not cross threads (session.py).
     return SessionState(packed.tokens, packed.logits, tuple(layers)).eval()
@@ -172,7 +185,7 @@ def _is_prefix(short: tuple[int, ...], long: Sequence[int]) -> bool:
 class SnapshotStore:
     """Packed states of one session's conversation, bounded by a memory budget (module docstring)."""
 
-    def __init__(self, engine: Engine, budget_bytes: int = DEFAULT_BUDGET) -> None:
+    def __init__(self, engine: StoreEngine, budget_bytes: int = DEFAULT_BUDGET) -> None:
         self.engine = engine
         self.budget_bytes = int(budget_bytes)
         self._kept: list[PackedState | Snapshot] = []  # in the order kept (handles: ReferenceSnapshotStore)
@@ -189,24 +202,25 @@ class SnapshotStore:
         """Bytes of the distinct buffers the kept snapshots hold (a shared segment counts once)."""
         seen: dict[int, int] = {}
         for p in self._kept:
-            for a in p.arrays():
+            for a in p.arrays() if isinstance(p, PackedState) else ():
                 seen[id(a)] = a.nbytes
         return sum(seen.values())
 
-    def _best(self, tokens: Sequence[int]) -> PackedState | None:
+    def _best(self, tokens: Sequence[int]) -> PackedState | Snapshot | None:
         best = None
         for p in self._kept:
             if (best is None or len(p.tokens) > len(best.tokens)) and _is_prefix(p.tokens, tokens):
                 best = p
         return best
 
-    def keep(self, session: Session) -> None:
+    def keep(self, session: StoreSession) -> None:
         """Pack the session's live state (no-op when that exact state is already kept)."""
         state = session.snapshot().state
         base = self._best(state.tokens)
         if base is not None and len(base.tokens) == len(state.tokens):
             return
         c = self.engine.config
+        assert not isinstance(base, Snapshot)  # this store keeps packed states only
         self._kept.append(pack(state, c.ratios, base))
         self._enforce_budget()
 
@@ -216,7 +230,7 @@ class SnapshotStore:
             del self._kept[1]
             self.dropped += 1
 
-    def restore(self, session: Session, tokens: Sequence[int]) -> int:
+    def restore(self, session: StoreSession, tokens: Sequence[int]) -> int:
         """Make the live state the longest kept snapshot that is a prefix of `tokens`, unless the
         live state already holds a longer prefix; returns how many tokens are now served."""
         live = session.tokens
@@ -225,6 +239,7 @@ class SnapshotStore:
         if best is None or len(best.tokens) <= n_live:
             return n_live
         c = self.engine.config
+        assert isinstance(best, PackedState)  # this store keeps packed states only
         state = unpack(best, c.ratios, c.head_dim, c.indexer_dim)
         session.rewind(Snapshot(id(self.engine), state))
         return len(best.tokens)
@@ -244,14 +259,14 @@ class ReferenceSnapshotStore(SnapshotStore):
     rank 0 holds its handle), at most `max_kept` of them, dropping the middle ones like the
     budget does (rank 0 cannot measure the other ranks' bytes)."""
 
-    def __init__(self, engine: Engine, max_kept: int = 16) -> None:
+    def __init__(self, engine: StoreEngine, max_kept: int = 16) -> None:
         super().__init__(engine, 0)
         self.max_kept = max(2, int(max_kept))
 
     def nbytes(self) -> int:
         return 0  # held on the other ranks, not here
 
-    def keep(self, session: Session) -> None:
+    def keep(self, session: StoreSession) -> None:
         snap = session.snapshot()
         base = self._best(snap.tokens)
         if base is not None and len(base.tokens) == len(snap.tokens):
@@ -261,11 +276,12 @@ class ReferenceSnapshotStore(SnapshotStore):
             del self._kept[1]
             self.dropped += 1
 
-    def restore(self, session: Session, tokens: Sequence[int]) -> int:
+    def restore(self, session: StoreSession, tokens: Sequence[int]) -> int:
         live = session.tokens
         n_live = len(live) if _is_prefix(tuple(live), tokens) else 0
         best = self._best(tokens)
         if best is None or len(best.tokens) <= n_live:
             return n_live
+        assert isinstance(best, Snapshot)  # this store keeps handles only
         session.rewind(best)
         return len(best.tokens)

@@ -2,18 +2,14 @@
 
 Immutable by construction (frozen dataclasses of immutable MLX arrays and tuples): the forward
 pass returns a NEW state and never mutates its input, so keeping a reference is an O(1)
-snapshot and rewinding is just using an older reference.
+snapshot (Snapshot) and rewinding is just using an older reference.
 
-Per layer (field names = `sessions.payload.LayerPayload`'s, so conversion is attribute for
-attribute):
-
-    raw          [R, Dh]   R = min(T, window) raw KV rows in LOGICAL order (positions T-R .. T-1),
-                           F16-exact (model.md §5)
-    comp         [T // r, Dh]         compressed rows (ratio r != 0), F16-exact
-    attn_kv      [coff·r, coff·Dh]    compressor frontier projections, f32 (kvc-format.md §9.4)
-    attn_score   [coff·r, coff·Dh]    frontier scores (APE added)
-    index_comp   [T // 4, Di]         indexer rows (ratio 4), F16-exact
-    index_kv / index_score [8, 2·Di]  indexer frontier (ratio 4)
+Per layer, a LayerState holds the arrays of ds4agent/statelayout.py (their names are
+`sessions.payload.LayerPayload`'s, so conversion is attribute for attribute); `LayerState.layout`
+gives their shapes after T tokens and `LayerState.state_bytes` their size, and every other place
+that needs them (the empty state, the import check, the pipeline's wire format, the memory plan)
+asks these two. Raw, compressed and indexer rows are F16-exact (model.md §5); the frontiers f32
+(kvc-format.md §9.4).
 
 Frontier rows outside the current partial window ALWAYS hold the canonical filler (kv 0.0,
 score -1e30), in memory as on disk: exported payloads need no fix-up and two states that hold
@@ -22,6 +18,7 @@ the same tokens are equal array for array whatever the chunk schedule was.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -29,11 +26,10 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from .config import ModelConfig
-from .errors import StateError
+from ds4agent.statelayout import FIELDS, FILL_KV, FILL_SCORE, FILLER, frontier_live_rows, layer_arrays
 
-FILL_KV = 0.0
-FILL_SCORE = -1.0e30  # not -inf: kvc-format.md §9.4 canonical filler
+from .config import ModelConfig
+from .errors import EngineError, StateError
 
 
 @dataclass(frozen=True)
@@ -47,8 +43,23 @@ class LayerState:
     index_score: mx.array | None = None
 
     def arrays(self) -> list[mx.array]:
-        return [a for a in (self.raw, self.comp, self.attn_kv, self.attn_score, self.index_comp,
-                            self.index_kv, self.index_score) if a is not None]
+        """The arrays the layer holds, in statelayout.FIELDS order."""
+        return [a for a in (getattr(self, name) for name in FIELDS) if a is not None]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays())
+
+    @staticmethod
+    def layout(config: ModelConfig, layer: int, n_tokens: int) -> list[tuple[str, int, int]]:
+        """(field, rows, columns) of layer `layer`'s arrays after n_tokens (the ones it has)."""
+        return layer_arrays(config.ratios[layer], config.head_dim, config.indexer_dim, n_tokens,
+                            min(n_tokens, config.window))
+
+    @staticmethod
+    def state_bytes(config: ModelConfig, layer: int, n_tokens: int) -> int:
+        """Bytes of layer `layer`'s state after n_tokens (every array float32)."""
+        return 4 * sum(rows * cols for _, rows, cols in LayerState.layout(config, layer, n_tokens))
 
 
 @dataclass(frozen=True)
@@ -78,24 +89,44 @@ class SessionState:
         return self
 
 
+@dataclass(frozen=True, eq=False)
+class Snapshot:
+    """An O(1) handle on a session state (a reference to immutable arrays, nothing copied).
 
-def frontier_filler(rows: int, cols: int) -> tuple[mx.array, mx.array]:
-    return (mx.full((rows, cols), FILL_KV, dtype=mx.float32),
-            mx.full((rows, cols), FILL_SCORE, dtype=mx.float32))
+    `engine_id` is id() of the Engine whose session took it: a snapshot rewinds only sessions of
+    that engine (Session.rewind checks)."""
+
+    engine_id: int
+    state: SessionState
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return self.state.tokens
+
+
+def check_token_ids(tokens: Iterable[Any], vocab: int, *,
+                    error: type[EngineError] = EngineError) -> tuple[int, ...]:
+    """`tokens` as a tuple of ints, each a valid id of a `vocab`-sized vocabulary, else `error`
+    naming the first bad id and its position (an out-of-range id would silently gather garbage
+    rows of the embedding). The one check of every door tokens come in by: a session's requests,
+    the forward pass, a pipeline's rank 0, an imported state."""
+    try:
+        out = tuple(int(t) for t in tokens)
+    except (TypeError, ValueError):
+        raise error("token ids must be integers") from None
+    # min/max run in C: a 100k-token transcript is checked in well under a millisecond.
+    if out and (min(out) < 0 or max(out) >= vocab):
+        i, t = next((i, t) for i, t in enumerate(out) if not 0 <= t < vocab)
+        raise error(f"token id {t} at position {i} is outside the vocabulary (0..{vocab - 1})")
+    return out
 
 
 def empty_layer(config: ModelConfig, layer: int) -> LayerState:
-    Dh, Di = config.head_dim, config.indexer_dim
-    r, coff = config.ratios[layer], config.coff(layer)
-    raw = mx.zeros((0, Dh), dtype=mx.float32)
-    if r == 0:
-        return LayerState(raw=raw)
-    kv, sc = frontier_filler(coff * r, coff * Dh)
-    if r != 4:
-        return LayerState(raw=raw, comp=mx.zeros((0, Dh), dtype=mx.float32), attn_kv=kv, attn_score=sc)
-    ikv, isc = frontier_filler(8, 2 * Di)
-    return LayerState(raw=raw, comp=mx.zeros((0, Dh), dtype=mx.float32), attn_kv=kv, attn_score=sc,
-                      index_comp=mx.zeros((0, Di), dtype=mx.float32), index_kv=ikv, index_score=isc)
+    """Layer `layer` before any token: no rows, frontiers all filler."""
+    arrays = {name: (mx.full((rows, cols), FILLER[name], dtype=mx.float32) if name in FILLER
+                     else mx.zeros((rows, cols), dtype=mx.float32))
+              for name, rows, cols in LayerState.layout(config, layer, 0)}
+    return LayerState(**arrays)
 
 
 # ---- payload conversion ---------------------------------------------------------------------------
@@ -117,11 +148,7 @@ def to_payload(state: SessionState, config: ModelConfig, *, ctx: int, payload_cl
     mk_p = payload_cls or SimpleNamespace
     mk_l = layer_cls or SimpleNamespace
     state.eval()
-    layers = []
-    for lay in state.layers:
-        layers.append(mk_l(raw=_np(lay.raw), comp=_np(lay.comp), attn_kv=_np(lay.attn_kv),
-                           attn_score=_np(lay.attn_score), index_comp=_np(lay.index_comp),
-                           index_kv=_np(lay.index_kv), index_score=_np(lay.index_score)))
+    layers = [mk_l(**{name: _np(getattr(lay, name)) for name in FIELDS}) for lay in state.layers]
     logits = (np.array(state.logits, dtype=np.float32) if state.logits is not None
               else np.zeros(config.vocab, dtype=np.float32))
     return mk_p(ctx=int(ctx), tokens=np.asarray(state.tokens, dtype=np.uint32), logits=logits,
@@ -144,17 +171,12 @@ def _check(name: str, a: Any, shape: tuple[int, ...]) -> np.ndarray:
 def _canonical_frontier(kv: np.ndarray, sc: np.ndarray, r: int, T: int) -> tuple[mx.array, mx.array]:
     """Overwrite the rows outside the partial window with the filler (readers must not depend on
     them: ds4 may leave stale values there, kvc-format.md §9.4)."""
+    lo, hi = frontier_live_rows(r, T)
     kv = kv.copy()
     sc = sc.copy()
-    if r == 4:
-        keep = np.zeros(8, dtype=bool)
-        keep[4:4 + T % 4] = True
-        keep[0:4] = T >= 4  # previous complete group exists once one group completed
-    else:
-        keep = np.zeros(r, dtype=bool)
-        keep[: T % r] = True
-    kv[~keep] = FILL_KV
-    sc[~keep] = FILL_SCORE
+    for a, fill in ((kv, FILL_KV), (sc, FILL_SCORE)):
+        a[:lo] = fill
+        a[hi:] = fill
     return mx.array(kv), mx.array(sc)
 
 
@@ -168,39 +190,26 @@ def from_payload(payload: Any, config: ModelConfig) -> SessionState:
     tokens = np.asarray(payload.tokens)
     if tokens.ndim != 1:
         raise StateError(f"session tokens must be 1-D, got shape {list(tokens.shape)}")
-    T = int(tokens.shape[0])
-    if T and (tokens.min() < 0 or tokens.max() >= c.vocab):
-        raise StateError(f"session state has a token id outside 0..{c.vocab - 1}")
+    token_ids = check_token_ids(tokens.tolist(), c.vocab, error=StateError)
+    T = len(token_ids)
     layers_in = list(payload.layers)
     if len(layers_in) != c.n_layers:
         raise StateError(f"session state has {len(layers_in)} layers, the model has {c.n_layers}")
     logits = None
     if T:
         logits = mx.array(_check("logits", payload.logits, (c.vocab,)))
-    Dh, Di, W = c.head_dim, c.indexer_dim, c.window
-    R = min(T, W)
     out = []
     for li, lp in enumerate(layers_in):
-        r, coff = c.ratios[li], c.coff(li)
-        raw = mx.array(_check(f"layer {li} raw", lp.raw, (R, Dh)))
+        r = c.ratios[li]
+        arrays = {name: _check(f"layer {li} {name}", getattr(lp, name, None), (rows, cols))
+                  for name, rows, cols in LayerState.layout(c, li, T)}
         if r == 0:
-            extra = [getattr(lp, k, None) for k in ("comp", "attn_kv", "index_comp")]
+            extra = [getattr(lp, name, None) for name in FIELDS if name not in arrays]
             if any(x is not None and np.asarray(x).size for x in extra):
                 raise StateError(f"session state layer {li} is dense but carries compressor arrays")
-            out.append(LayerState(raw=raw))
-            continue
-        comp = mx.array(_check(f"layer {li} comp", lp.comp, (T // r, Dh)))
-        kv = _check(f"layer {li} attn_kv", lp.attn_kv, (coff * r, coff * Dh))
-        sc = _check(f"layer {li} attn_score", lp.attn_score, (coff * r, coff * Dh))
-        akv, asc = _canonical_frontier(kv, sc, r, T)
-        if r != 4:
-            out.append(LayerState(raw=raw, comp=comp, attn_kv=akv, attn_score=asc))
-            continue
-        icomp = mx.array(_check(f"layer {li} index_comp", lp.index_comp, (T // 4, Di)))
-        ikv = _check(f"layer {li} index_kv", lp.index_kv, (8, 2 * Di))
-        isc = _check(f"layer {li} index_score", lp.index_score, (8, 2 * Di))
-        ikv_, isc_ = _canonical_frontier(ikv, isc, 4, T)
-        out.append(LayerState(raw=raw, comp=comp, attn_kv=akv, attn_score=asc, index_comp=icomp,
-                              index_kv=ikv_, index_score=isc_))
-    return SessionState(tokens=tuple(int(t) for t in tokens), logits=logits, layers=tuple(out))
-
+        layer = {name: mx.array(arrays[name]) for name in arrays if name not in FILLER}
+        for kv, score, ratio in (("attn_kv", "attn_score", r), ("index_kv", "index_score", 4)):
+            if kv in arrays:
+                layer[kv], layer[score] = _canonical_frontier(arrays[kv], arrays[score], ratio, T)
+        out.append(LayerState(**layer))
+    return SessionState(tokens=token_ids, logits=logits, layers=tuple(out))

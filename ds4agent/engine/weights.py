@@ -44,7 +44,6 @@ Values `get` may return: a numpy/MLX array (dense), a `(wq, scales, biases)` tri
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -52,43 +51,20 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from . import device, quant
 from .config import ModelConfig
 from .errors import TensorShapeError
+from .experts.base import dense_experts, quant_experts
+from .gguf import GGML_TYPE_IDS
 from .layout import tensor_table
 
-
-def cpu_layout() -> bool:
-    """Whether dense weights take the CPU layout (transposed, contiguous; see Linear)."""
-    return mx.default_device() == mx.cpu
-
-
-# Quantised products on CPU run one MLX op per CPU stream over a slice of the output rows: each
-# MLX CPU stream is its own worker thread, and a single quantized_matmul uses one core. Slicing
-# output rows changes no arithmetic (every output element is the same dot product over the same
-# input row, in the same order), so the result is bit-identical to the one-op product
-# (tests/engine/test_ops.py). Only products of at least _PARALLEL_MIN_MACS multiply-adds are
-# split: below that, the extra ops cost more than a second core gains.
+# Quantised products on CPU run one MLX op per CPU stream over a slice of the output rows (see
+# device.cpu_streams): a single quantized_matmul uses one core. Slicing output rows changes no
+# arithmetic (every output element is the same dot product over the same input row, in the same
+# order), so the result is bit-identical to the one-op product (tests/engine/test_ops.py). Only
+# products of at least _PARALLEL_MIN_MACS multiply-adds are split: below that, the extra ops cost
+# more than a second core gains.
 _PARALLEL_MIN_MACS = 1 << 22
-_MAX_PARTS = 8
-# ThreadLocalStream objects: every thread that drives the engine gets its own CPU streams (safe
-# when two threads run sessions at once). MLX keeps a stream's worker thread for the life of the
-# process, as it does every thread's default stream, so drive the engine from long-lived threads
-# (the agent has one worker), not a fresh thread per call.
-_STREAMS: list = []
-
-
-def cpu_parts() -> int:
-    """How many CPU streams a large quantised product is spread over (1 = no splitting)."""
-    if not cpu_layout():
-        return 1
-    return max(1, min(_MAX_PARTS, os.cpu_count() or 1))
-
-
-def cpu_streams(k: int) -> list:
-    """k CPU streams, each its own worker thread (thread-local: valid on any calling thread)."""
-    while len(_STREAMS) < k:
-        _STREAMS.append(mx.new_thread_local_stream(mx.cpu))
-    return _STREAMS[:k]
 
 
 class Linear:
@@ -98,7 +74,7 @@ class Linear:
     per call, into a temporary the product consumes: every product in the engine is f32, and
     the widening is exact (f16 -> f32 loses nothing), so the bits equal those of a resident f32
     copy while the resident cost is the file's 2 bytes per weight instead of 4 (at the Flash
-    shape that is 2 GiB instead of 4, issue 13's memory budget). The per-call copy is cheap next
+    shape that is 2 GiB instead of 4 of the memory plan). The per-call copy is cheap next
     to the product itself. On the CPU device it is stored transposed and contiguous, [in, out],
     and `weight` is a view of that: with the reference BLAS of the Linux mlx[cpu] wheel,
     `x @ Wt` on a contiguous Wt runs ~2.4x faster than `x @ W.T` on the transposed view (same
@@ -112,6 +88,11 @@ class Linear:
 
     __slots__ = ("weight", "scales", "biases", "out_features", "in_features", "_wt", "_parts", "_widen",
                  "_cpu")
+    weight: mx.array
+    scales: mx.array | None
+    biases: mx.array | None
+    _wt: mx.array | None  # dense only: the stored operand (see above)
+    _parts: tuple[tuple[mx.array, mx.array, mx.array], ...]
 
     def __init__(self, weight: mx.array, scales: mx.array | None = None,
                  biases: mx.array | None = None, *, in_features: int | None = None):
@@ -122,7 +103,7 @@ class Linear:
             if w.dtype not in (mx.float32, mx.float16):
                 w = w.astype(mx.float32)  # e.g. bf16: exact in f32, rare enough to keep widened
             self._widen = w.dtype == mx.float16
-            self._cpu = cpu_layout()
+            self._cpu = device.cpu_layout()
             if self._cpu:
                 self._wt = mx.contiguous(w.T)  # [in, out]: the stored copy (see class docstring)
                 self.weight = self._wt.T
@@ -141,7 +122,7 @@ class Linear:
             self.in_features = int(in_features if in_features is not None else scales.shape[-1] * 32)
             # Row slices for the parallel CPU product (views: no extra memory); whether a call
             # uses them depends on its row count too (a prefill chunk splits more products).
-            k = cpu_parts()
+            k = device.cpu_parts()
             if k > 1 and self.out_features >= 64 * k and biases is not None:
                 bounds = [self.out_features * i // k for i in range(k + 1)]
                 self._parts = tuple((weight[a:b], scales[a:b], biases[a:b])
@@ -154,19 +135,21 @@ class Linear:
         return self.scales is not None
 
     def __call__(self, x: mx.array) -> mx.array:
-        if self.scales is None:
+        wt = self._wt
+        if wt is not None:  # dense
             if not self._widen:
-                return x @ self._wt
+                return x @ wt
             # Widen in the stored layout, so the product sees exactly the operand layout a
             # resident f32 copy would have (CPU: contiguous [in, out]; GPU: [out, in] viewed .T).
             if self._cpu:
-                return x @ self._wt.astype(mx.float32)
+                return x @ wt.astype(mx.float32)
             return x @ self.weight.astype(mx.float32).T
         if self._parts and (x.size // self.in_features) * self.out_features * self.in_features \
                 >= _PARALLEL_MIN_MACS:
             outs = [mx.quantized_matmul(x, wq, sc, bi, transpose=True, group_size=32, bits=8, stream=st)
-                    for (wq, sc, bi), st in zip(self._parts, cpu_streams(len(self._parts)), strict=True)]
+                    for (wq, sc, bi), st in zip(self._parts, device.cpu_streams(len(self._parts)), strict=True)]
             return mx.concatenate(outs, axis=-1)
+        assert self.scales is not None and self.biases is not None  # quantised: affine 8-bit
         return mx.quantized_matmul(x, self.weight, self.scales, self.biases, transpose=True,
                                    group_size=32, bits=8)
 
@@ -174,7 +157,8 @@ class Linear:
         """The Linear of output rows start..stop-1 (a view; used for the grouped output LoRA)."""
         if self.scales is None:
             return Linear(self.weight[start:stop])
-        return Linear(self.weight[start:stop], self.scales[start:stop], self.biases[start:stop],
+        biases = None if self.biases is None else self.biases[start:stop]
+        return Linear(self.weight[start:stop], self.scales[start:stop], biases,
                       in_features=self.in_features)
 
     def dense(self) -> mx.array:
@@ -260,12 +244,6 @@ class ModelWeights:
 # ---- building ---------------------------------------------------------------------------------
 
 
-def _dense_experts(w: Any) -> Any:
-    from .experts.portable import dense_experts
-
-    return dense_experts(w if isinstance(w, mx.array) else mx.array(np.asarray(w)))
-
-
 def _as_linear(name: str, v: Any, shape: tuple[int, int]) -> Linear:
     if isinstance(v, Linear):
         lin = v
@@ -289,7 +267,7 @@ def _as_array(name: str, v: Any, shape: tuple[int, ...] | None, dtype=mx.float32
 
 
 def _as_experts(name: str, v: Any, shape: tuple[int, int, int]) -> Any:
-    ex = v if hasattr(v, "gather_matmul") else _dense_experts(v)
+    ex = v if hasattr(v, "gather_matmul") else dense_experts(v)
     got = (ex.n_experts, ex.d_out, ex.d_in)
     if got != tuple(shape):
         raise TensorShapeError(name, tuple(shape), got)
@@ -443,14 +421,11 @@ def check_directory(gf, config: ModelConfig) -> None:
 def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | None = None,
                  layer_range: tuple[int, int] | None = None) -> ModelWeights:
     """Load every tensor of `config` (or of `layer_range`, see build_weights) from an open
-    GGUFFile (C2's gguf.py), validated by name.
+    GGUFFile (gguf.py), validated by name.
 
     2-D weights: F32/F16 as dense f32, Q8_0 as MLX affine 8-bit (exact). Routed experts: F16/F32
     dense (test models) or raw quantised blocks behind `experts.quant_experts`.
     """
-    from . import quant
-    from .experts.portable import quant_experts
-
     def get(name: str) -> Any:
         ti = gf.info(name)
         if "_exps." in name and ti.type_name not in _PLAIN:
@@ -466,14 +441,15 @@ def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | No
         if "_exps." in name:
             if t in _PLAIN:
                 return gf.load(name, types=_PLAIN, dtype=mx.float32)
-            qtype = {v[2]: k for k, v in quant.BLOCK_INFO.items()}.get(t)
+            qtype = GGML_TYPE_IDS.get(t)
             if qtype is None or qtype not in quant.EXPERT_TYPES:
                 gf.check(name, types=("F16", "F32", "Q8_0", "Q2_K", "Q4_K", "IQ2_XXS"))
+            assert qtype is not None  # gf.check refused every type that is not an expert type
             return quant_experts(gf.raw(name), qtype, ti.shape)
         if name.endswith("tid2eid.weight"):
             return gf.load(name, types=("I32",))
         if t == "Q8_0":
-            return (*gf.load_q8_0(name), )
+            return quant.load_q8_0(gf, name)
         return gf.load(name, types=_ANY_2D if len(ti.shape) == 2 else ("F32", "F16"))
 
     def has(name: str) -> bool:

@@ -1,7 +1,7 @@
 """Will the model fit this machine? The one place that compares memory needed with memory present.
 
 `pull` warns with it (RAM below a flavour's advice, before downloading). Startup's refusal is the
-engine's (`engine.memory.check_fits`, run by Engine.load before any weight is read): it knows what
+engine's (`engine.memory.check_fits`, run by load_engine before any weight is read): it knows what
 the engine will hold of each tensor, which a file size does not (a Flash-shape test file shares
 its expert bytes; Q8_0 grows in memory). Both read the machine's RAM from `machine_ram` here.
 """

@@ -348,8 +348,8 @@ def listing(directory: str | os.PathLike[str] | None = None) -> str:
         ram = f"RAM {human_bytes(f.ram_bytes)}+" if f.ram_bytes else ""
         lines.append(f"  {f.name:<{width}}  {human_bytes(f.approx_bytes):>6}  {ram:<11}  {f.advice}"
                      + (f"  [{state}]" if state else ""))
-    ram = fit.machine_ram()
-    if ram:
-        lines.append(f"this machine has {human_bytes(ram)} of RAM")
+    here = fit.machine_ram()
+    if here:
+        lines.append(f"this machine has {human_bytes(here)} of RAM")
     lines.append(f"download one with: ds4agent pull NAME (e.g. ds4agent pull {RECOMMENDED.name})")
     return "\n".join(lines)

@@ -36,7 +36,7 @@ from ds4agent.protocol.tokenizer import DSML, END_THINK, EOS, Tokenizer
 
 # ----------------------------------------------------------------------------- constants
 
-_BAR = "｜".encode()  # noqa: RUF001 - U+FF5C, 3 bytes EF BD 9C
+_BAR = "｜".encode()  # U+FF5C, 3 bytes EF BD 9C
 MARKER_CANONICAL = b"<" + _BAR + b"DSML" + _BAR + b"tool_calls>"
 START_MARKERS = (
     MARKER_CANONICAL,

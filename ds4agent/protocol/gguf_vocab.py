@@ -41,7 +41,7 @@ NORMAL, CONTROL, USER_DEFINED = 1, 3, 4
 
 
 def _looks_special(text: str) -> bool:
-    return (text.startswith("<｜") and text.endswith("｜>")) or (  # noqa: RUF001 - the full-width bar
+    return (text.startswith("<｜") and text.endswith("｜>")) or (  # the full-width bar
         text.startswith("<|") and text.endswith("|>"))
 
 

@@ -283,11 +283,11 @@ def compacted_prefix_pieces(
 
 # ----------------------------------------------------------------------------- DSML calls
 
-_DSML = "｜DSML｜"  # noqa: RUF001
+_DSML = "｜DSML｜"  # the full-width bar (U+FF5C) is the protocol's
 PARAM_CLOSE = f"</{_DSML}parameter>"
 PARAM_CLOSE_ESCAPED = f"&lt;/{_DSML}parameter>"
 # Any tolerant close of a parameter (§8): it would end the value early, so it cannot be rendered.
-_TOLERANT_PARAM_CLOSE = re.compile(f"</{_DSML}parameter[ \t\r\n]*｜?[ \t\r\n]*>")  # noqa: RUF001
+_TOLERANT_PARAM_CLOSE = re.compile(f"</{_DSML}parameter[ \t\r\n]*｜?[ \t\r\n]*>")  # the full-width bar (U+FF5C) is the protocol's
 
 
 def escape_dsml_value(value: str) -> str:

@@ -163,8 +163,8 @@ class Tokenizer:
         to_latin1 = {ord(c): chr(b) for b, c in b2u.items()}
         u2b = {c: b for b, c in b2u.items()}
         tb: list[bytes] = []
-        for s in strings:
-            if "｜" in s:  # noqa: RUF001 - the full-width bar is the point
+        for s in self._strings:
+            if "｜" in s:  # the full-width bar is the point
                 tb.append(s.encode("utf-8"))
                 continue
             try:

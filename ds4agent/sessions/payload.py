@@ -30,6 +30,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from ds4agent import statelayout
+
 from .errors import (
     P_CHUNK,
     P_COMP_CAPACITY,
@@ -51,11 +53,9 @@ PAYLOAD_MAGIC = 0x34565344  # bytes 44 53 56 34 = "DSV4"
 PAYLOAD_VERSION = 2
 PAYLOAD_VERSION_S = 1  # in [S] files from earlier ds4 builds; otherwise byte-identical (kvc-format §13)
 
-# Canonical frontier filler (§9.4): rows outside the current partial window are never read before
-# being overwritten, but ds4agent writes fixed values there so equal states give equal bytes.
-# -1e30 (not -inf) because ds4's softmax over scores must stay finite.
-FILLER_KV = np.float32(0.0)
-FILLER_SCORE = np.float32(-1.0e30)
+# Canonical frontier filler (§9.4), as float32 (statelayout says why these values).
+FILLER_KV = np.float32(statelayout.FILL_KV)
+FILLER_SCORE = np.float32(statelayout.FILL_SCORE)
 
 # Validation without keeping the arrays (kv verify/show) reads tokens and logits in pieces of this
 # many items: T and V come from the file, and a sparse file can claim GiBs of them.
@@ -81,7 +81,7 @@ class PayloadShape:
 
     def coff(self, layer: int) -> int:
         """Lanes of the layer's compressor: 2 for ratio 4, 1 for any other non-zero ratio."""
-        return 2 if self.ratios[layer] == 4 else 1
+        return statelayout.coff(self.ratios[layer])
 
     # --- helpers around the fixed fields -------------------------------------------------------
 
@@ -116,16 +116,13 @@ class PayloadShape:
         return ctx // r + 2 if r else 0
 
     def layer_arrays(self, layer: int, n_tokens: int, raw_rows: int) -> list[tuple[str, int, int]]:
-        """(LayerPayload field, rows, columns) of one layer, in the on-disk order of §9.3."""
-        D, Di, r = self.head_dim, self.indexer_dim, self.ratios[layer]
-        arrays = [("raw", raw_rows, D)]
-        if r:
-            c = self.coff(layer)
-            n = n_tokens // r
-            arrays += [("comp", n, D), ("attn_kv", c * r, c * D), ("attn_score", c * r, c * D)]
-            if r == 4:  # the lightning indexer exists iff ratio == 4 (model.md §1)
-                arrays += [("index_comp", n, Di), ("index_kv", c * r, c * Di), ("index_score", c * r, c * Di)]
-        return arrays
+        """(LayerPayload field, rows, columns) of one layer, in the on-disk order of §9.3.
+
+        The layout is ds4agent/statelayout.py's, the one the engine's LayerState holds in memory:
+        this room may not import the engine (nor the engine this room), and reading a file must
+        not need a loaded model, so both derive it from that ground-floor module."""
+        return statelayout.layer_arrays(self.ratios[layer], self.head_dim, self.indexer_dim, n_tokens,
+                                        raw_rows)
 
 
 def as_shape(shape: object) -> PayloadShape:

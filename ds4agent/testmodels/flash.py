@@ -49,6 +49,7 @@ import numpy as np
 
 from ds4agent.engine.config import FLASH_TEST_KEY, ModelConfig
 from ds4agent.engine.errors import EngineError
+from ds4agent.engine.gguf import block_of
 from ds4agent.engine.layout import ARCH, TensorSpec, tensor_table
 from ds4agent.fsutil import atomic_path
 
@@ -60,9 +61,6 @@ CHUNK_ELEMS = 1 << 23  # values generated per step (32 MB of f32)
 HEADER_RESERVE = 64 << 20  # metadata (tokenizer ~5 MB) + tensor directory, with room to spare
 MAX_FILE_BYTES = 12 << 30  # the disk budget of a Flash-config file: it must fit an ordinary disk
 
-# type -> (weights per block, bytes per block)
-_BLOCKS = {"F32": (1, 4), "F16": (1, 2), "I32": (1, 4), "Q8_0": (32, 34), "Q2_K": (256, 84),
-           "Q4_K": (256, 144), "IQ2_XXS": (256, 66)}
 _EXPERT_QUANTS = ("IQ2_XXS", "Q2_K", "Q4_K")
 # Per-layer matrices that are pooled (the large ones); the router stays per layer.
 _POOLED_KINDS = ("linear", "expert")
@@ -113,7 +111,7 @@ class Layout:
 
 
 def tensor_bytes(ggml_type: str, shape: tuple[int, ...]) -> int:
-    block, size = _BLOCKS[ggml_type]
+    _, block, size = block_of(ggml_type)
     n = int(np.prod(shape))
     if shape[-1] % block:
         raise EngineError(f"a {ggml_type} row needs a multiple of {block} values, got {shape[-1]}")
@@ -164,7 +162,7 @@ def _raw_expert_blocks(qtype: str, n: int, base: float, rng: np.random.Generator
     Q2_K      sub-block scale s in 1..15 and min m = s with dmin = 1.5·d: w = d·s·(q - 1.5).
     Q4_K      6-bit scale s in 4..31, min m = 2s with dmin = 3.75·d: w = d·s·(q - 7.5).
     """
-    _, size = _BLOCKS[qtype]
+    size = block_of(qtype).nbytes
     out = rng.integers(0, 256, (n, size), dtype=np.uint8)  # the codes
     d = np.float32(base) * rng.uniform(0.75, 1.25, n).astype(np.float32)
     if qtype == "IQ2_XXS":
@@ -209,7 +207,7 @@ def _chunks(region: Region, cfg: ModelConfig, seed: int) -> Iterator[np.ndarray]
     rng = np.random.default_rng([seed, region.index])
     spec = region.spec
     if spec.ggml_type in _EXPERT_QUANTS:
-        block, size = _BLOCKS[spec.ggml_type]
+        _, block, size = block_of(spec.ggml_type)
         n_blocks = region.nbytes // size
         base = expert_scale(spec.ggml_type, spec.shape[-1])
         step = max(1, CHUNK_ELEMS // block)
@@ -300,6 +298,6 @@ def write_flash_model(path: str | os.PathLike[str], cfg: ModelConfig, *, experts
             for region in layout.regions:
                 fh.seek(start + region.offset)
                 for chunk in _chunks(region, cfg, seed):
-                    fh.write(memoryview(chunk).cast("B"))
+                    fh.write(chunk.data.cast("B"))  # the chunk is C-contiguous: its bytes as they are
             fh.truncate(start + layout.data_bytes)
     return path

@@ -27,8 +27,8 @@ from ds4agent.engine.errors import ConfigError, EngineError
 from ds4agent.engine.layout import ARCH, tensor_table
 from ds4agent.fsutil import atomic_path
 
-from . import values
 from .flash import write_flash_model
+from .values import add_config_metadata, encode, random_values
 
 
 def named_config(name: str) -> ModelConfig:
@@ -70,9 +70,9 @@ def make_test_model(path: str | os.PathLike[str], config: str | ModelConfig = "t
         try:
             writer.add_name(f"ds4agent test model ({cfg.name or 'custom'}, seed {seed})")
             writer.add_bool(TEST_MODEL_KEY, True)
-            values.add_config_metadata(writer, cfg)
+            add_config_metadata(writer, cfg)
             for spec in tensor_table(cfg):
-                data = values.encode(spec, values.random_values(spec, cfg, rng))
+                data = encode(spec, random_values(spec, cfg, rng))
                 if spec.ggml_type == "Q8_0":
                     writer.add_tensor(spec.name, data, raw_shape=data.shape,
                                       raw_dtype=GGMLQuantizationType.Q8_0)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, overload
 
 from ds4agent.tools.results import ToolError
 
@@ -25,7 +25,14 @@ def _first(args: Mapping[str, Any], name: str) -> Any:
     return args.get(name, _MISSING)
 
 
+@overload
+def arg_str(args: Mapping[str, Any], name: str, *, required: Literal[True]) -> str: ...
+@overload
+def arg_str(args: Mapping[str, Any], name: str, *, default: str) -> str: ...
+@overload
+def arg_str(args: Mapping[str, Any], name: str, *, required: bool = False, default: None = None) -> str | None: ...
 def arg_str(args: Mapping[str, Any], name: str, *, required: bool = False, default: str | None = None) -> str | None:
+    """Text argument: a required one raises ToolError when missing; else missing -> default."""
     value = _first(args, name)
     if value is _MISSING or value is None:
         if required:
@@ -72,6 +79,11 @@ def parse_float(value: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
+@overload
+def arg_int(args: Mapping[str, Any], name: str, default: int, lo: int | None = None, hi: int | None = None) -> int: ...
+@overload
+def arg_int(args: Mapping[str, Any], name: str, default: None, lo: int | None = None,
+            hi: int | None = None) -> int | None: ...
 def arg_int(args: Mapping[str, Any], name: str, default: int | None, lo: int | None = None, hi: int | None = None) -> int | None:
     """Integer argument: missing or unparseable -> default; parsed values are clamped to lo..hi."""
     value = _first(args, name)

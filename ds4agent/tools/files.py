@@ -206,10 +206,10 @@ def _read_chunk(ctx: ToolContext, path: str, key: str, lines: list[bytes], start
     # One line longer than the whole budget is shown clipped (and is not editable by line).
     oversized = total > 0 and len(lines[a - 1]) > READ_BUDGET
     if raw:
-        body = b"".join(lines[a - 1 : b]) if total else b""
+        data = b"".join(lines[a - 1 : b]) if total else b""
         if oversized:
-            body = body[:READ_BUDGET] + f"[... line {a} clipped: {len(body)} bytes ...]".encode()
-        text = body.decode("utf-8", errors="replace")
+            data = data[:READ_BUDGET] + f"[... line {a} clipped: {len(data)} bytes ...]".encode()
+        text = data.decode("utf-8", errors="replace")
         if not text.endswith("\n"):
             text += "\n"
         if more_left:

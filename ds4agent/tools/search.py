@@ -102,7 +102,7 @@ class SearchTool:
         except OSError as exc:
             raise ToolError(f"cannot search {path}: {exc.strerror}") from None
         if stat.S_ISDIR(st.st_mode):
-            files = ((f, os.path.relpath(f, root)) for f in _walk(str(root)))
+            files: Iterator[tuple[str, str]] = ((f, os.path.relpath(f, root)) for f in _walk(str(root)))
             shown_name = lambda rel: os.path.normpath(os.path.join(path, rel))  # noqa: E731
         else:
             refuse_unless_regular(st.st_mode, path)

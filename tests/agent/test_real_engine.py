@@ -4,7 +4,7 @@ prefills only the new suffix and continues exactly as an uninterrupted run (same
 from __future__ import annotations
 
 from ds4agent.agent import events as ev
-from ds4agent.engine.session import Engine
+from ds4agent.engine import load_engine
 from ds4agent.protocol import template
 from tests.agent.conftest import RecTool
 from tests.support.agent_harness import AgentHarness, of
@@ -29,7 +29,7 @@ def _record_prefills(h: AgentHarness) -> list[int]:
 def _agent(root, model, kv):
     # Loaded on the worker thread, as the app does: MLX arrays belong to the thread that made them.
     def loader(progress):
-        return Engine.load(model, ctx=CTX, progress=progress)
+        return load_engine(model, ctx=CTX, progress=progress)
 
     tools = [RecTool("alpha", "A1\n")]
     return AgentHarness.build(root, engine=loader, tools=tools, store=kv, round_tokens=5, seed=7,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ds4agent.agent import events as ev
-from ds4agent.engine.session import Engine
+from ds4agent.engine import load_engine
 from tests.agent.conftest import RecTool
 from tests.support.agent_harness import AgentHarness, of
 
@@ -16,7 +16,7 @@ CTX = 2048
 
 def _agent(root, model, **kw):
     def loader(progress):
-        return Engine.load(model, ctx=CTX, progress=progress)
+        return load_engine(model, ctx=CTX, progress=progress)
 
     opts = dict(engine=loader, tools=[RecTool("alpha", "A1\n")], round_tokens=6, temperature=0.0,
                 ctx=CTX, answer=lambda e: "n")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ds4agent import cli
-from ds4agent.engine.session import Engine
+from ds4agent.engine import load_engine
 from ds4agent.testmodels import make_test_model
 
 TOKENS = [3, 17, 250, 9, 9, 41, 100, 7, 300, 2, 5, 77, 12, 501, 64, 33, 1, 8, 90, 91, 92]
@@ -35,7 +35,7 @@ def test_shape_rows_and_chunk_invariance(micro_path, tmp_path):
         chunked = _dump(micro_path, tmp_path / f"c{chunk}.npy", "--chunk", chunk)
         assert np.array_equal(chunked, whole), chunk  # bit-exact on CPU (model.md §9)
     # row i = logits after token i, as a session sees them
-    s = Engine.load(micro_path, ctx=64).new_session()
+    s = load_engine(micro_path, ctx=64).new_session()
     for i in (0, 7, len(TOKENS) - 1):
         s.sync(TOKENS[: i + 1])
         assert np.array_equal(s.logits, whole[i])

@@ -1,4 +1,4 @@
-"""`ds4agent kv ls|show|verify|rm` (issue 3 item 6)."""
+"""`ds4agent kv ls|show|verify|rm`: listing, showing, verifying and removing the KV directory's files."""
 
 import io
 import os
@@ -42,7 +42,7 @@ def test_ls(tmp_path):
 
 def test_ls_empty_and_missing_dir(tmp_path, capsys):
     assert run(tmp_path, "ls") == (0, f"KV files in {tmp_path}:\n  (none)\n")
-    # a fresh install: nothing was ever saved, which is not an error (issue 10.10)
+    # a fresh install: nothing was ever saved, which is not an error
     missing = tmp_path / "missing"
     assert run(missing, "ls") == (0, f"no sessions yet (no KV directory at {missing})\n")
     assert run(missing, "verify") == (0, f"no sessions yet (no KV directory at {missing})\n")
@@ -310,7 +310,7 @@ def _peak(fn):
 
 
 def test_a_4_gib_text_claim_is_listed_shown_verified_and_removed_without_reading_it(tmp_path):
-    """Issue 10.7: a header claiming a 4 GiB text (a sparse file) costs a listing nothing."""
+    """A header claiming a 4 GiB text (a sparse file) costs a listing nothing."""
     path = sparse_session(tmp_path, 0xFFFFFFFF, head=b"<\xef\xbd\x9cUser\xef\xbd\x9c>first words")
     assert path.stat().st_blocks * 512 < 1 << 20  # really sparse
     limit = 32 << 20

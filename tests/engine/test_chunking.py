@@ -149,10 +149,10 @@ def test_random_chunk_schedules_property():
 def test_invariance_when_only_some_chunks_split_their_products(monkeypatch):
     """Large Q8_0 products on CPU are split over streams only above a size, which depends on the
     chunk's row count: a schedule mixing split and unsplit chunks must still give the same bits."""
-    from ds4agent.engine import weights
+    from ds4agent.engine import device, weights
 
     cfg = test_config("micro")
-    monkeypatch.setattr(weights, "cpu_parts", lambda: 3)
+    monkeypatch.setattr(device, "cpu_parts", lambda: 3)
     monkeypatch.setattr(weights, "_PARALLEL_MIN_MACS", cfg.vocab * cfg.dim * 4)  # head: 4+ rows
     w = random_weights(cfg, 7, quantize_q8=True)
     assert len(w.output._parts) == 3

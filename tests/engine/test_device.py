@@ -8,8 +8,8 @@ import pytest
 from ds4agent import cli
 from ds4agent.agent import events as ev
 from ds4agent.engine import device as dev
+from ds4agent.engine import load_engine
 from ds4agent.engine.errors import EngineError
-from ds4agent.engine.session import Engine
 from ds4agent.testmodels import make_test_model
 from ds4agent.ui import fmt
 from tests.support.agent_harness import AgentHarness, of
@@ -80,7 +80,7 @@ def test_engine_load_records_the_device_and_asking_for_a_missing_gpu_still_loads
     monkeypatch.setattr(dev, "_available", lambda backend: False)  # this machine has no GPU, as far as we know
     before = dev.mx.default_device()
     try:
-        engine = Engine.load(model, ctx=64, device="gpu")
+        engine = load_engine(model, ctx=64, device="gpu")
         assert engine.device.label == "CPU" and engine.device.notice.startswith("--device gpu")
         assert dev.mx.default_device() == dev.mx.cpu
         assert engine.new_session().sync([1, 2, 3]) == 3  # it runs

@@ -18,7 +18,8 @@ from ds4agent.engine.errors import (
     TensorShapeError,
     TensorTypeError,
 )
-from ds4agent.engine.gguf import GGUFFile, ValueType, q8_0_to_affine
+from ds4agent.engine.gguf import GGUFFile, ValueType
+from ds4agent.engine.quant import load_q8_0, q8_0_to_affine
 
 
 def _write(path, *, kv=(), tensors=(), alignment=None):
@@ -129,7 +130,7 @@ def test_q8_0_loads_as_exact_affine_8bit(fixture_file):
     path, src = fixture_file
     ref = gguf.quants.dequantize(src["q8"], QT.Q8_0)
     with GGUFFile.open(path) as gf:
-        wq, scales, biases = gf.load_q8_0("q8", shape=(6, 96))
+        wq, scales, biases = load_q8_0(gf, "q8", shape=(6, 96))
     assert wq.dtype == mx.uint32 and wq.shape == (6, 24) and scales.shape == (6, 3)
     deq = mx.dequantize(wq, scales, biases, group_size=32, bits=8)
     assert np.array_equal(np.array(deq), ref)  # exact, not approximately
@@ -160,9 +161,9 @@ def test_validation_errors_name_the_tensor(fixture_file):
         with pytest.raises(TensorShapeError, match=r"'f32' has shape \[5, 64\], expected \[64, 5\]"):
             gf.load("f32", shape=(64, 5))
         with pytest.raises(TensorTypeError, match="'f16' has type F16, expected Q8_0"):
-            gf.load_q8_0("f16")
+            load_q8_0(gf, "f16")
         with pytest.raises(TensorShapeError, match="'q8'"):
-            gf.load_q8_0("q8", shape=(96, 6))
+            load_q8_0(gf, "q8", shape=(96, 6))
         with pytest.raises(TensorTypeError):
             gf.numpy("q8")
 

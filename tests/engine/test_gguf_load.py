@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
+from ds4agent.engine import Engine, load_engine
 from ds4agent.engine.config import test_config
 from ds4agent.engine.errors import (
     ConfigError,
@@ -17,7 +18,6 @@ from ds4agent.engine.errors import (
     TensorTypeError,
 )
 from ds4agent.engine.gguf import GGML_TYPE_IDS, GGUFFile
-from ds4agent.engine.session import Engine
 from ds4agent.testmodels import make_test_model
 from ds4agent.testmodels.random_weights import random_weights
 
@@ -30,7 +30,7 @@ def micro_path(tmp_path_factory):
 
 
 def test_loaded_weights_equal_the_written_values(micro_path):
-    eng = Engine.load(micro_path, ctx=32)
+    eng = load_engine(micro_path, ctx=32)
     ref = random_weights(test_config("micro"), seed=4)  # the values make_test_model wrote
     w = eng.weights
     assert np.array_equal(np.array(w.token_embd), np.array(ref.token_embd))
@@ -86,8 +86,8 @@ def _rewrite(src, dst, *, replace=None, drop=None, meta=None):
 
 def test_copy_loads_identically(micro_path, tmp_path):
     copy = _rewrite(micro_path, tmp_path / "copy.gguf")
-    a = Engine.load(micro_path, ctx=32).new_session()
-    b = Engine.load(copy, ctx=32).new_session()
+    a = load_engine(micro_path, ctx=32).new_session()
+    b = load_engine(copy, ctx=32).new_session()
     a.sync(TOKENS[:5])
     b.sync(TOKENS[:5])
     assert np.array_equal(a.logits, b.logits)
@@ -98,7 +98,7 @@ def test_wrong_shape_names_the_tensor(micro_path, tmp_path):
     path = _rewrite(micro_path, tmp_path / "shape.gguf",
                     replace={"blk.1.attn_kv_a_norm.weight": (bad, None)})
     with pytest.raises(TensorShapeError, match=r"'blk\.1\.attn_kv_a_norm\.weight' has shape \[33, 32\]"):
-        Engine.load(path, ctx=32)
+        load_engine(path, ctx=32)
 
 
 def test_wrong_q8_shape_names_the_tensor(micro_path, tmp_path):
@@ -106,7 +106,7 @@ def test_wrong_q8_shape_names_the_tensor(micro_path, tmp_path):
     q = gguf.quants.quantize(src, QT.Q8_0)
     path = _rewrite(micro_path, tmp_path / "q8.gguf", replace={"blk.2.attn_kv.weight": (q, QT.Q8_0)})
     with pytest.raises(TensorShapeError, match=r"'blk\.2\.attn_kv\.weight'.*expected \[80, 32\]"):
-        Engine.load(path, ctx=32)
+        load_engine(path, ctx=32)
 
 
 def test_wrong_type_names_the_tensor(micro_path, tmp_path):
@@ -114,28 +114,28 @@ def test_wrong_type_names_the_tensor(micro_path, tmp_path):
     path = _rewrite(micro_path, tmp_path / "type.gguf",
                     replace={"blk.0.attn_kv_a_norm.weight": (ints, None)})
     with pytest.raises(TensorTypeError, match=r"'blk\.0\.attn_kv_a_norm\.weight' has type I32"):
-        Engine.load(path, ctx=32)
+        load_engine(path, ctx=32)
     assert GGML_TYPE_IDS["I32"] == 26
 
 
 def test_missing_tensor_is_named(micro_path, tmp_path):
     path = _rewrite(micro_path, tmp_path / "missing.gguf", drop="blk.3.attn_compressor_norm.weight")
     with pytest.raises(MissingTensorError, match=r"'blk\.3\.attn_compressor_norm\.weight' is missing"):
-        Engine.load(path, ctx=32)
+        load_engine(path, ctx=32)
 
 
 def test_bad_metadata_names_the_key(micro_path, tmp_path):
     path = _rewrite(micro_path, tmp_path / "meta.gguf",
                     meta={"deepseek4.attention.compress_ratios": [0, 0, 4]})
     with pytest.raises(ConfigError, match="compress_ratios has 3 entries"):
-        Engine.load(path, ctx=32)
+        load_engine(path, ctx=32)
 
 
 def test_real_files_get_the_strict_flash_checks(micro_path, tmp_path):
     """Without the test-model marker a file must be DS4 Flash: the first wrong key is named."""
     path = _rewrite(micro_path, tmp_path / "flash.gguf", meta={"ds4agent.test_model": False})
     with pytest.raises(ConfigError, match=r"not a DS4 Flash model: deepseek4\.block_count is 4, expected 43"):
-        Engine.load(path, ctx=32)
+        load_engine(path, ctx=32)
 
 
 def test_f32_dense_weights_are_accepted_in_test_mode(micro_path, tmp_path):
@@ -144,8 +144,8 @@ def test_f32_dense_weights_are_accepted_in_test_mode(micro_path, tmp_path):
         ti = gf.tensors["blk.2.attn_q_a.weight"]
         deq = gguf.quants.dequantize(np.array(gf.raw(ti.name)).reshape(ti.shape[0], -1), QT.Q8_0)
     path = _rewrite(micro_path, tmp_path / "f32.gguf", replace={ti.name: (deq, None)})
-    a = Engine.load(micro_path, ctx=32)
-    b = Engine.load(path, ctx=32)
+    a = load_engine(micro_path, ctx=32)
+    b = load_engine(path, ctx=32)
     assert not b.weights.layers[2].attn.q_a.quantized
     assert np.array_equal(np.array(a.weights.layers[2].attn.q_a.dense()),
                           np.array(b.weights.layers[2].attn.q_a.dense()))
@@ -157,7 +157,6 @@ def test_a_type_the_loader_cannot_read_there_is_refused_before_loading(tmp_path)
     arrays, so a Q8_0 one is one readable line (it used to pass the check and crash the build)."""
     from ds4agent.engine.errors import TensorTypeError
     from ds4agent.engine.gguf import GGUFFile
-    from ds4agent.engine.session import Engine
     from ds4agent.testmodels import make_test_model
 
     path = make_test_model(tmp_path / "m.gguf", "micro")
@@ -170,4 +169,4 @@ def test_a_type_the_loader_cannot_read_there_is_refused_before_loading(tmp_path)
         fh.seek(at)
         fh.write((8).to_bytes(4, "little"))
     with pytest.raises(TensorTypeError, match="'token_embd.weight' has type Q8_0, expected F32 or F16"):
-        Engine.load(path, ctx=64)
+        load_engine(path, ctx=64)

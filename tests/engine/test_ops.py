@@ -156,12 +156,12 @@ def test_dense_linear_and_experts_layout_keeps_every_bit(cpu_layout, monkeypatch
     """On CPU dense weights are stored transposed and contiguous (a faster BLAS path on the Linux
     wheel), elsewhere as [out, in]: either way the products must be the very bits of the textbook
     x @ W.T, row by row and batched, and `weight` must still read as the file's matrix."""
-    from ds4agent.engine import weights
-    from ds4agent.engine.experts.portable import dense_experts
+    from ds4agent.engine import device
+    from ds4agent.engine.experts.base import dense_experts
     from ds4agent.engine.weights import Linear
 
-    assert weights.cpu_layout() == (mx.default_device() == mx.cpu)
-    monkeypatch.setattr(weights, "cpu_layout", lambda: cpu_layout)
+    assert device.cpu_layout() == (mx.default_device() == mx.cpu)
+    monkeypatch.setattr(device, "cpu_layout", lambda: cpu_layout)
 
     rng = np.random.default_rng(3)
     w = rng.standard_normal((48, 96)).astype(np.float16)
@@ -189,13 +189,13 @@ def test_split_quantized_product_is_bit_identical(monkeypatch):
     one-op product for any number of input rows, from any thread."""
     import threading
 
-    from ds4agent.engine import weights
+    from ds4agent.engine import device, weights
 
     rng = np.random.default_rng(8)
     w = rng.standard_normal((1030, 512)).astype(np.float32) * 0.05
     wq, sc, bi = mx.quantize(mx.array(w), group_size=32, bits=8)
     monkeypatch.setattr(weights, "_PARALLEL_MIN_MACS", 1)
-    monkeypatch.setattr(weights, "cpu_parts", lambda: 3)
+    monkeypatch.setattr(device, "cpu_parts", lambda: 3)
     split = weights.Linear(wq, sc, bi, in_features=512)
     assert len(split._parts) == 3 and sum(p[0].shape[0] for p in split._parts) == 1030
     for m in (1, 5):
@@ -207,5 +207,5 @@ def test_split_quantized_product_is_bit_identical(monkeypatch):
         worker.start()
         worker.join()
         assert np.array_equal(box["y"], want)
-    monkeypatch.setattr(weights, "cpu_parts", lambda: 1)  # one core (or a GPU): one op
+    monkeypatch.setattr(device, "cpu_parts", lambda: 1)  # one core (or a GPU): one op
     assert weights.Linear(wq, sc, bi, in_features=512)._parts == ()

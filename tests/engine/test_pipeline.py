@@ -16,12 +16,14 @@ import traceback
 import numpy as np
 import pytest
 
+from ds4agent.engine import load_engine
 from ds4agent.engine.errors import PipelineError
+from ds4agent.engine.loader import load_local
 from ds4agent.engine.pipeline import launch as pipeline_launch
-from ds4agent.engine.pipeline import rank0 as pipeline
-from ds4agent.engine.pipeline.rank0 import balance, ranges_from_split
+from ds4agent.engine.pipeline import split, wire, worker
 from ds4agent.engine.pipeline.ring import free_ports
-from ds4agent.engine.session import Engine
+from ds4agent.engine.pipeline.split import balance, ranges_from_split
+from ds4agent.statelayout import FIELDS
 from ds4agent.testmodels import make_test_model
 
 # 21 tokens: past micro's window (8) and several ratio-4 and ratio-16 compressions
@@ -34,9 +36,14 @@ def micro_path(tmp_path_factory):
     return make_test_model(tmp_path_factory.mktemp("pipe") / "micro.gguf", "micro", seed=3)
 
 
+def _launch(path, **kw):
+    """A pipeline over `path` at CTX, rank 0's part loaded as loader.load_engine loads it."""
+    return pipeline_launch.launch(path, lambda layers: load_local(path, ctx=CTX, layer_range=layers), ctx=CTX, **kw)
+
+
 @pytest.fixture(scope="module")
 def single(micro_path):
-    return Engine.load(micro_path, ctx=CTX)
+    return load_engine(micro_path, ctx=CTX)
 
 
 def payload_bytes(engine, payload) -> bytes:
@@ -77,7 +84,7 @@ def in_fresh_process(fn, *args):
 
 
 def _logits_for_chunkings(path, split, chunks):
-    engine = pipeline_launch.launch(path, ctx=CTX, ranks=2, split=split)
+    engine = _launch(path, ranks=2, split=split)
     try:
         out = {"ranges": engine.ranges, "layers": len(engine.weights.layers),
                "head": engine.weights.output is not None, "embedding": engine.weights.token_embd is not None,
@@ -97,7 +104,7 @@ def _logits_for_chunkings(path, split, chunks):
 
 
 def _sessions_both_ways(path, alone_payload):
-    engine = pipeline_launch.launch(path, ctx=CTX, ranks=2)
+    engine = _launch(path, ranks=2)
     try:
         s = engine.new_session()
         s.sync(TOKENS)
@@ -111,7 +118,7 @@ def _sessions_both_ways(path, alone_payload):
 
 
 def _snapshots(path):
-    engine = pipeline_launch.launch(path, ctx=CTX, ranks=2)
+    engine = _launch(path, ranks=2)
     try:
         p = engine.new_session()
         p.sync(TOKENS[:10])
@@ -152,7 +159,7 @@ def _snapshots(path):
 
 
 def _three_ranks(path, alone_payload):
-    engine = pipeline_launch.launch(path, ctx=CTX, ranks=3, split=[1, 3])
+    engine = _launch(path, ranks=3, split=[1, 3])
     try:
         p = engine.new_session()
         p.sync(TOKENS[:15])
@@ -166,7 +173,7 @@ def _three_ranks(path, alone_payload):
 
 
 def _killed_rank(path):
-    engine = pipeline_launch.launch(path, ctx=CTX, ranks=2)
+    engine = _launch(path, ranks=2)
     try:
         p = engine.new_session()
         p.sync(TOKENS[:5])
@@ -184,7 +191,7 @@ def _killed_rank(path):
 
 
 def _hung_rank(path):
-    engine = pipeline_launch.launch(path, ctx=CTX, ranks=2, timeout=1.0)
+    engine = _launch(path, ranks=2, timeout=1.0)
     worker = engine._workers[0]
     try:
         p = engine.new_session()
@@ -298,18 +305,18 @@ def test_a_hung_rank_runs_into_the_timeout(micro_path):
 
 def test_bad_pipeline_requests_are_refused_before_anything_starts(micro_path, tmp_path):
     with pytest.raises(PipelineError, match="at least 2 ranks"):
-        pipeline_launch.launch(micro_path, ctx=CTX, ranks=1)
+        _launch(micro_path, ranks=1)
     with pytest.raises(PipelineError, match="cannot split 4 layers over 5 ranks"):
-        pipeline_launch.launch(micro_path, ctx=CTX, ranks=5)
+        _launch(micro_path, ranks=5)
     with pytest.raises(PipelineError, match=r"gives 3 ranks, not 2"):
-        pipeline_launch.launch(micro_path, ctx=CTX, ranks=2, split=[1, 2])
+        _launch(micro_path, ranks=2, split=[1, 2])
     bad = tmp_path / "hosts.json"
     bad.write_text('{"hosts": [{"ssh": "a"}]}')
     with pytest.raises(PipelineError, match="at least two hosts"):
-        pipeline_launch.launch(micro_path, ctx=CTX, hosts=bad)
+        _launch(micro_path, hosts=bad)
     bad.write_text('{"hosts": [{"ssh": "a", "ips": ["10.0.0.1"]}, {"ssh": "b"}]}')
     with pytest.raises(PipelineError, match='host 1 needs "ssh"'):
-        pipeline_launch.launch(micro_path, ctx=CTX, hosts=bad)
+        _launch(micro_path, hosts=bad)
 
 
 @pytest.mark.parametrize("layer_range", [(0, 1), (1, 3), (3, 4)])
@@ -410,7 +417,7 @@ def test_info_prints_the_memory_each_rank_needs(tmp_path, capsys):
     # the real q2 directory over a file hole: only the header is read, never tensor data
     path = write_sparse_flash(tmp_path / "ds4flash-q2.gguf")
     info = model_info(path, ctx=100_000)
-    ranges = pipeline.plan_ranges(path, 2)
+    ranges = split.plan_ranges(path, 2)
     assert ranges == [(0, 21), (21, 43)]  # balanced by bytes: the embedding tips layer 21 over
     with GGUFFile.open(path) as gf:
         plans = rank_plans(gf.tensors.values(), info.config, 100_000, ranges)
@@ -429,7 +436,7 @@ def _over_ssh(path, hosts, stub_dir):
     # `ssh HOST CMD` runs CMD here (a stand-in for the second machine), so the hosts-file path
     # is exercised end to end: the ring file written remotely, MLX_RANK set, the worker started.
     os.environ["PATH"] = f"{stub_dir}{os.pathsep}{os.environ['PATH']}"
-    engine = pipeline_launch.launch(path, ctx=CTX, hosts=hosts, port=free_ports(1)[0])
+    engine = _launch(path, hosts=hosts, port=free_ports(1)[0])
     try:
         s = engine.new_session()
         s.sync(TOKENS[:12])
@@ -466,7 +473,7 @@ def test_a_hosts_file_starts_the_other_ranks_over_ssh(micro_path, single, tmp_pa
 def _failed_start(path, hosts, stub_dir):
     os.environ["PATH"] = f"{stub_dir}{os.pathsep}{os.environ['PATH']}"
     try:
-        pipeline_launch.launch(path, ctx=CTX, hosts=hosts, port=free_ports(1)[0])
+        _launch(path, hosts=hosts, port=free_ports(1)[0])
     except PipelineError as err:
         return str(err)
     return "started"
@@ -500,7 +507,7 @@ class _ScriptedLink:
 def test_a_worker_forgets_the_states_rank_0_dropped(micro_path, single):
     from ds4agent.engine import model
 
-    part = Engine.load(micro_path, ctx=CTX, layer_range=(2, 4))
+    part = load_local(micro_path, ctx=CTX, layer_range=(2, 4))
     c = part.config
     # rank 0's side, computed here: R after layers 0-1 for two chunks
     import mlx.core as mx
@@ -516,27 +523,27 @@ def test_a_worker_forgets_the_states_rank_0_dropped(micro_path, single):
     R1, _ = r_after(TOKENS[:5], s._state)
     s.sync(TOKENS[:5])
     R2, _ = r_after(TOKENS[5:8], s._state)
-    F, X, STOP = pipeline._FORWARD, pipeline._EXPORT, pipeline._STOP
+    F, X, STOP = wire.FORWARD, wire.EXPORT, wire.STOP
     link = _ScriptedLink(1, [
         [F, 0, 1, 5, 1, 0], TOKENS[:5], R1,          # key 1 = 5 tokens
         [F, 1, 2, 3, 1, 1], [1], TOKENS[5:8], R2,    # key 2 = 8 tokens; rank 0 dropped key 1
         [X, 2, 0, 8, 0, 0],                          # export key 2: fine
         [STOP, 0, 0, 0, 0, 0],
     ])
-    pipeline.serve(link, part, [(0, 2), (2, 4)])
+    worker.serve(link, part, [(0, 2), (2, 4)])
     s.sync(TOKENS[:8])
     logits = [a for dst, a in link.sent if a.shape == (1, 512)]
     assert len(logits) == 2 and np.array_equal(logits[1][0], s.logits)
     # the export of key 2 holds layers 2-3 of the 8-token state, flattened in payload order
     full = s.export_state()
     want = np.concatenate([getattr(full.layers[li], f).reshape(-1) for li in (2, 3)
-                           for f in pipeline._LAYER_FIELDS if getattr(full.layers[li], f) is not None])
+                           for f in FIELDS if getattr(full.layers[li], f) is not None])
     assert np.array_equal(link.sent[-1][1], want)
     # key 1 is gone: asking for it now is an error (the worker kept only what rank 0 holds)
     link = _ScriptedLink(1, [[F, 0, 1, 5, 1, 0], TOKENS[:5], R1, [F, 1, 2, 3, 1, 1], [1], TOKENS[5:8], R2,
                              [X, 1, 0, 5, 0, 0]])
     with pytest.raises(KeyError):
-        pipeline.serve(link, part, [(0, 2), (2, 4)])
+        worker.serve(link, part, [(0, 2), (2, 4)])
 
 
 def test_rank_0_tells_the_other_ranks_every_state_it_drops(micro_path):
@@ -554,16 +561,16 @@ def test_rank_0_tells_the_other_ranks_every_state_it_drops(micro_path):
             self.sent.append(list(values))
 
     link = Recorder()
-    engine = PipelineEngine.attach(Engine.load(micro_path, ctx=CTX, layer_range=(0, 2)), link, [(0, 2), (2, 4)])
+    engine = PipelineEngine.attach(load_local(micro_path, ctx=CTX, layer_range=(0, 2)), link, [(0, 2), (2, 4)])
     first = engine._adopt(RankState(tokens=(1,), logits=None, layers=(), key=engine._new_key()))
     second = engine._adopt(RankState(tokens=(1, 2), logits=None, layers=(), key=engine._new_key()))
     del first
     gc.collect()
-    engine._command(pipeline._EXPORT, second.key, 0, 2)
-    assert link.sent == [[pipeline._EXPORT, 2, 0, 2, 0, 1], [1]]
+    engine._command(wire.EXPORT, second.key, 0, 2)
+    assert link.sent == [[wire.EXPORT, 2, 0, 2, 0, 1], [1]]
     # a state collected after a command went out rides with the next one
     del second
     gc.collect()
     link.sent.clear()
-    engine._command(pipeline._STOP, 0, 0, 0)
-    assert link.sent == [[pipeline._STOP, 0, 0, 0, 0, 1], [2]]
+    engine._command(wire.STOP, 0, 0, 0)
+    assert link.sent == [[wire.STOP, 0, 0, 0, 0, 1], [2]]

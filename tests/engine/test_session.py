@@ -13,9 +13,10 @@ import io
 import numpy as np
 import pytest
 
+from ds4agent.engine import Engine, load_engine
+from ds4agent.engine.chunks import chunk_cap, chunk_grid
 from ds4agent.engine.errors import ContextOverflowError, EngineError, Interrupted, StateError
 from ds4agent.engine.sampler import Sampler
-from ds4agent.engine.session import Engine, chunk_cap, chunk_grid
 from ds4agent.testmodels import make_test_model
 
 CTX = 64
@@ -30,7 +31,7 @@ def micro_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(micro_path):
-    return Engine.load(micro_path, ctx=CTX, chunk=8)
+    return load_engine(micro_path, ctx=CTX, chunk=8)
 
 
 @pytest.fixture(scope="module")
@@ -284,7 +285,7 @@ def test_context_overflow_is_an_engine_error(engine, prompt):
 def test_tiny_model_loads_with_progress(tmp_path):
     path = make_test_model(tmp_path / "tiny.gguf", "tiny", seed=0)
     fractions = []
-    eng = Engine.load(path, ctx=4096 + 1, progress=fractions.append)
+    eng = load_engine(path, ctx=4096 + 1, progress=fractions.append)
     assert fractions and fractions[-1] == 1.0 and fractions == sorted(fractions)
     assert eng.chunk == 4096 and eng.config.vocab == 129280
     s = eng.new_session()
@@ -294,19 +295,19 @@ def test_tiny_model_loads_with_progress(tmp_path):
 
 def test_load_errors_are_readable(tmp_path):
     with pytest.raises(EngineError, match="cannot open model file"):
-        Engine.load(tmp_path / "missing.gguf", ctx=16)
+        load_engine(tmp_path / "missing.gguf", ctx=16)
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a model at all, clearly")
     with pytest.raises(EngineError, match="not a GGUF file"):
-        Engine.load(bad, ctx=16)
+        load_engine(bad, ctx=16)
 
 
 def test_bad_sizes_are_refused_before_loading_anything(micro_path):
     loaded = []
     with pytest.raises(EngineError, match=r"context size must be at least 1 token \(got 0\)"):
-        Engine.load(micro_path, ctx=0, progress=loaded.append)
+        load_engine(micro_path, ctx=0, progress=loaded.append)
     with pytest.raises(EngineError, match=r"prefill chunk must be at least 1 token \(got 0\)"):
-        Engine.load(micro_path, ctx=16, chunk=0, progress=loaded.append)
+        load_engine(micro_path, ctx=16, chunk=0, progress=loaded.append)
     assert loaded == []  # refused up front: no weights were read
 
 
@@ -317,7 +318,7 @@ def test_save_resume_at_real_ratio_128_and_window_128(tmp_path):
 
     cfg = test_config("micro", ratios=(0, 0, 4, 128), window=128)
     path = make_test_model(tmp_path / "r128.gguf", cfg, seed=8)
-    eng = Engine.load(path, ctx=256, chunk=64)
+    eng = load_engine(path, ctx=256, chunk=64)
     prompt = [int(t) for t in np.random.default_rng(4).integers(0, 512, size=136)]
     ref = eng.new_session()
     ref.sync(prompt)
@@ -366,14 +367,14 @@ def test_running_out_of_memory_at_load_is_one_readable_error(micro_path, monkeyp
 
     monkeypatch.setattr(session_mod, "materialize", no_memory)
     with pytest.raises(EngineError, match=r"cannot hold the model's weights in memory \(\[malloc\] Unable"):
-        Engine.load(micro_path, ctx=16)
+        load_engine(micro_path, ctx=16)
 
 
 def test_session_state_grows_with_the_tokens_used_not_with_ctx(micro_path, prompt):
     """Issue 13: --ctx 1000000 must not cost memory up front. The state holds exactly the arrays of
     the tokens used (and chunking follows the same grid), so two contexts give equal states."""
-    small = Engine.load(micro_path, ctx=4096)
-    huge = Engine.load(micro_path, ctx=1_000_000)
+    small = load_engine(micro_path, ctx=4096)
+    huge = load_engine(micro_path, ctx=1_000_000)
     sizes = []
     for eng in (small, huge):
         s = eng.new_session()

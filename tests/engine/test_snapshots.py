@@ -15,9 +15,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from ds4agent.engine import SnapshotStore, load_engine
 from ds4agent.engine.config import flash_config
-from ds4agent.engine.session import Engine
-from ds4agent.engine.snapshots import SnapshotStore, pack, unpack
+from ds4agent.engine.snapshots import pack, unpack
 from ds4agent.engine.state import FILL_KV, FILL_SCORE, LayerState, SessionState, empty_layer
 from ds4agent.testmodels import make_test_model
 
@@ -27,7 +27,7 @@ CTX = 128
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     path = make_test_model(tmp_path_factory.mktemp("snap") / "micro.gguf", "micro", seed=5)
-    return Engine.load(path, ctx=CTX, chunk=8)
+    return load_engine(path, ctx=CTX, chunk=8)
 
 
 def _tokens(n, seed=0):

@@ -14,7 +14,7 @@ import threading
 import numpy as np
 import pytest
 
-from ds4agent.engine.session import Engine
+from ds4agent.engine import load_engine
 from ds4agent.testmodels import make_test_model
 
 TOKENS = [3, 17, 250, 9, 44, 101, 7, 500, 12, 33, 64, 2]
@@ -46,14 +46,14 @@ def model_path(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(model_path):
     """Logits after the prompt and after two decode steps, all on the main thread."""
-    s = Engine.load(model_path, ctx=32, chunk=4).new_session()
+    s = load_engine(model_path, ctx=32, chunk=4).new_session()
     s.sync(TOKENS)
     first = s.logits.copy()
     return first, s.step(5).copy(), s.step(6).copy()
 
 
 def test_engine_loaded_in_worker_runs_on_other_threads(model_path, reference):
-    engine = _in_thread(lambda: Engine.load(model_path, ctx=32, chunk=4))
+    engine = _in_thread(lambda: load_engine(model_path, ctx=32, chunk=4))
     session = _in_thread(engine.new_session)  # created on a third thread
     _in_thread(session.sync, TOKENS)  # prefill on a fourth
     assert np.array_equal(session.logits, reference[0])
@@ -62,7 +62,7 @@ def test_engine_loaded_in_worker_runs_on_other_threads(model_path, reference):
 
 
 def test_snapshot_and_import_cross_threads(model_path, reference):
-    engine = Engine.load(model_path, ctx=32, chunk=4)  # main thread this time
+    engine = load_engine(model_path, ctx=32, chunk=4)  # main thread this time
     session = engine.new_session()
     _in_thread(session.sync, TOKENS)
     snap = _in_thread(session.snapshot)

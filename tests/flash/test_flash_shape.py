@@ -105,11 +105,11 @@ def test_bad_flash_files_are_refused_in_one_line_naming_the_tensor(flash_file, t
 _SCRIPT = r"""
 import json, resource, sys
 import numpy as np
-from ds4agent.engine.session import Engine
+from ds4agent.engine import Engine, load_engine
 from ds4agent.protocol.tokenizer import Tokenizer
 from ds4agent.sessions.store import SessionStore
 path, out, kv = sys.argv[1], sys.argv[2], sys.argv[3]
-engine = Engine.load(path, ctx=32768)
+engine = load_engine(path, ctx=32768)
 tokens = [100, 2000]
 grid = engine.chunk
 whole = engine.new_session().forward_all(tokens)

@@ -9,7 +9,7 @@ from ds4agent.protocol.dsml import DsmlParser, GreedyState
 from ds4agent.protocol.template import render_assistant_output, render_dsml_block
 from ds4agent.protocol.tokenizer import DSML, END_THINK, EOS, THINK, Tokenizer
 
-B = "｜"  # noqa: RUF001
+B = "｜"  # the full-width bar (U+FF5C) is the protocol's
 M = f"<{B}DSML{B}tool_calls>"
 OPEN_INV = f"<{B}DSML{B}invoke"
 OPEN_PAR = f"<{B}DSML{B}parameter"

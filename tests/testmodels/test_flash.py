@@ -1,4 +1,4 @@
-"""The Flash-shape test file (issue 13, item 1): ds4's tensor table, types, metadata and tokenizer,
+"""The Flash-shape test file: ds4's tensor table, types, metadata and tokenizer,
 random weights in shared data regions.
 
 A full-size file (4 GiB) is too big for a unit test, so the writer's one code path is exercised on
@@ -19,12 +19,11 @@ import pytest
 
 from ds4agent import cli
 from ds4agent.commands.info import format_info
-from ds4agent.engine import quant
+from ds4agent.engine import Engine, quant
 from ds4agent.engine.config import FLASH_TEST_KEY, TEST_MODEL_KEY, flash_config, flash_ratio, from_metadata
 from ds4agent.engine.gguf import GGUFFile
 from ds4agent.engine.layout import tensor_table
 from ds4agent.engine.memory import model_info
-from ds4agent.engine.session import Engine
 from ds4agent.engine.weights import load_weights
 from ds4agent.protocol.tokenizer import Tokenizer
 from ds4agent.testmodels import flash, make_test_model
@@ -144,7 +143,7 @@ def test_tokenizer_is_embedded_as_ds4s_files_carry_it(q2_file, q2_reader):
         assert len(tokens) == 129280
         assert tokens == [tok.token_string(i) for i in range(129280)]
         assert (tokens[0], tokens[1], tokens[128803], tokens[128825]) == \
-            ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "｜DSML｜")  # noqa: RUF001
+            ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "｜DSML｜")  # the full-width bar (U+FF5C) is the protocol's
         types = m["tokenizer.ggml.token_type"]
         assert len(types) == 129280 and gf.array_types["tokenizer.ggml.token_type"].name == "INT32"
         assert (types[0], types[1], types[128803], types[128821], types[128825], types[1000]) == \
@@ -155,7 +154,7 @@ def test_tokenizer_is_embedded_as_ds4s_files_carry_it(q2_file, q2_reader):
                 m["tokenizer.ggml.padding_token_id"]) == (0, 1, 1)
         assert gf.value_types["tokenizer.ggml.bos_token_id"].name == "UINT32"
     field = q2_reader.get_field("tokenizer.ggml.tokens")
-    assert len(field.data) == 129280 and field.contents(128804) == "<｜Assistant｜>"  # noqa: RUF001
+    assert len(field.data) == 129280 and field.contents(128804) == "<｜Assistant｜>"  # the full-width bar (U+FF5C) is the protocol's
 
 
 def test_no_test_model_marker_and_info_says_what_the_file_is(q2_file):

@@ -77,7 +77,7 @@ def test_cli_make_test_model(tmp_path, capsys):
 
 
 def test_written_atomically_with_ordinary_permissions(tmp_path, monkeypatch):
-    from ds4agent.testmodels import values
+    from ds4agent.testmodels import writer
 
     umask = os.umask(0)
     os.umask(umask)
@@ -92,8 +92,8 @@ def test_written_atomically_with_ordinary_permissions(tmp_path, monkeypatch):
             raise OSError(28, "No space left on device")
         return real_encode(spec, values)
 
-    real_encode = values.encode
-    monkeypatch.setattr(values, "encode", failing_encode)
+    real_encode = writer.encode
+    monkeypatch.setattr(writer, "encode", failing_encode)
     with pytest.raises(OSError):
         make_test_model(out, "micro", seed=2)
     assert out.read_bytes() == before  # the old file is kept whole

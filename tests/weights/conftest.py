@@ -32,7 +32,7 @@ def random_blocks(rng: np.random.Generator, qtype: int, n_blocks: int, *, scale:
     inf/nan. With `scale` set they are replaced by finite f16 values of about that magnitude (and
     random sign), which also keeps matmul results in a sane range; with scale=None they stay raw.
     """
-    size = quant.BLOCK_INFO[qtype][1]
+    size = quant.block_info(qtype)[1]
     raw = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
     if scale is not None:
         for off in F16_FIELDS[qtype]:

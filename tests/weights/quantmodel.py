@@ -56,7 +56,7 @@ def write_quant_model(path: Path, cfg: ModelConfig, expert_types: dict[str, int]
             else:
                 w.add_tensor(spec.name, data)
             continue
-        block, size, _ = quant.BLOCK_INFO[qtype]
+        block, size, _ = quant.block_info(qtype)
         fan_in = spec.shape[-1]
         scale = 0.5 / np.sqrt(fan_in) / _MAGNITUDE[qtype]
         n_blocks = int(np.prod(spec.shape)) // block

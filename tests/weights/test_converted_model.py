@@ -1,5 +1,5 @@
 """End to end: a tiny model in the official DeepSeek layout (FP8 block-scaled projections, FP4
-experts, BF16/F32/I64 rest) -> `convert` -> Engine.load(directory) gives the logits of the same
+experts, BF16/F32/I64 rest) -> `convert` -> load_engine(directory) gives the logits of the same
 model run from the exactly dequantised float32 weights."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import threading
 import numpy as np
 import pytest
 
+from ds4agent.engine import Engine, load_engine
 from ds4agent.engine import convert as cv
 from ds4agent.engine.config import test_config
 from ds4agent.engine.experts.portable import MxExperts
 from ds4agent.engine.layout import tensor_table
-from ds4agent.engine.session import Engine
 from ds4agent.testmodels.random_weights import random_tensors, weights_from_tensors
 
 FP8_FAMILIES = ("attn_q_a.", "attn_q_b.", "attn_kv.", "attn_output_a.", "attn_output_b.", "_shexp.",
@@ -125,7 +125,7 @@ def test_converted_directory_runs_like_the_dequantised_model(tmp_path):
     assert {s.name for s in tensor_table(cfg)}  # the canonical table drives the fixture
     _, ref = _official_checkpoint(cfg, tmp_path / "official")
     out = cv.convert(tmp_path / "official", tmp_path / "mlx")
-    conv = Engine.load(out, ctx=64)
+    conv = load_engine(out, ctx=64)
     assert conv.config == cfg and conv.quant_bits == 4
     assert isinstance(conv.weights.layers[0].ffn.down_exps, MxExperts)
     assert conv.weights.layers[0].attn.q_a.mode == "mxfp8"
@@ -154,7 +154,7 @@ def test_metadata_errors_are_readable(tmp_path):
     from ds4agent.engine.errors import ModelFileError
 
     with pytest.raises(ModelFileError, match="no model metadata"):
-        Engine.load(out, ctx=16)
+        load_engine(out, ctx=16)
 
 
 def test_info_describes_a_converted_directory(tmp_path, capsys):

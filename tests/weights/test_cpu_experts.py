@@ -15,7 +15,7 @@ TYPES = [quant.IQ2_XXS, quant.Q2_K, quant.Q4_K, quant.Q8_0]
 
 
 def _rows(rng, qtype, n_rows, d_in, scale=0.02):
-    block, size, _ = quant.BLOCK_INFO[qtype]
+    block, size, _ = quant.block_info(qtype)
     raw = random_blocks(rng, qtype, n_rows * d_in // block, scale=scale).reshape(n_rows, d_in // block * size)
     return raw, gguf_dequantize(raw, GGML[qtype]).reshape(n_rows, d_in)
 
@@ -48,7 +48,7 @@ def test_edge_scales_decode_like_gguf(rng, qtype):
     """f16 scale fields at their edges (+-0, subnormals, the smallest normal, 65504) decode and
     multiply like gguf's weights summed in order."""
     edges = np.array([0x0000, 0x8000, 0x0001, 0x03FF, 0x0400, 0x3C00, 0x7BFF, 0xFBFF], dtype=np.uint16)
-    block, size, _ = quant.BLOCK_INFO[qtype]
+    block, size, _ = quant.block_info(qtype)
     d_in = 256
     n_rows = 17
     blocks = random_blocks(rng, qtype, n_rows * d_in // block, scale=None)
@@ -86,5 +86,5 @@ def test_bad_rows_and_inputs_are_refused():
         cpu_experts.products(np.zeros((2, 143), np.uint8), quant.Q4_K, 256, np.zeros((1, 256), np.float32))
     with pytest.raises(quant.QuantError, match=r"expert inputs must be float32 \[n, 256\]"):
         cpu_experts.products(np.zeros((2, 144), np.uint8), quant.Q4_K, 256, np.zeros((1, 255), np.float32))
-    with pytest.raises(quant.QuantError, match="no CPU expert product for GGML type 3"):
+    with pytest.raises(quant.QuantError, match="no CPU expert product for Q4_1"):
         cpu_experts.products(np.zeros((2, 18), np.uint8), 3, 32, np.zeros((1, 32), np.float32))

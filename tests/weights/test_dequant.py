@@ -19,7 +19,7 @@ EDGE_F16 = np.array([0x0000, 0x8000, 0x0001, 0x03FF, 0x0400, 0x3C00, 0x7BFF, 0xF
 
 
 def _ours(raw: np.ndarray, qtype: int) -> np.ndarray:
-    block = quant.BLOCK_INFO[qtype][0]
+    block = quant.block_info(qtype)[0]
     return np.array(quant.dequantize(raw, qtype, (raw.shape[0], block)))
 
 
@@ -63,7 +63,7 @@ def test_edge_scales_bit_exact(rng, qtype):
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: quant.type_name(t))
 def test_tensor_shape_and_errors(rng, qtype):
-    block, size, _ = quant.BLOCK_INFO[qtype]
+    block, size, _ = quant.block_info(qtype)
     raw = random_blocks(rng, qtype, 3 * 2 * 2).reshape(3, 2, 2 * size)  # [experts, out, row_bytes]
     got = quant.dequantize(mx.array(raw), qtype, (3, 2, 2 * block))
     want = gguf_dequantize(raw.reshape(-1, size), GGML[qtype]).reshape(3, 2, 2 * block)

@@ -7,16 +7,17 @@ import numpy as np
 import pytest
 from gguf.quants import dequantize as gguf_dequantize
 
-from ds4agent.engine import quant
+from ds4agent.engine import device, quant
 from ds4agent.engine.errors import EngineError
-from ds4agent.engine.experts.portable import ExpertWeights, QuantExperts, dense_experts, quant_experts
+from ds4agent.engine.experts.base import ExpertWeights, dense_experts, quant_experts
+from ds4agent.engine.experts.portable import QuantExperts
 from tests.weights.conftest import GGML, random_blocks
 
 E, D_OUT, D_IN = 5, 24, 512
 
 
 def _expert_raw(rng, qtype, e=E, d_out=D_OUT, d_in=D_IN):
-    block, size, _ = quant.BLOCK_INFO[qtype]
+    block, size, _ = quant.block_info(qtype)
     raw = random_blocks(rng, qtype, e * d_out * d_in // block, scale=0.02)
     ref = gguf_dequantize(raw, GGML[qtype]).reshape(e, d_out, d_in)
     return raw.reshape(e, d_out, d_in // block * size), ref
@@ -91,9 +92,8 @@ def test_portable_backend_equals_dense_over_dequantised(rng, qtype):
 @pytest.fixture
 def whole_expert_path(monkeypatch):
     """The whole-expert (GPU) path of QuantExperts, run here on the CPU: the same ops."""
-    from ds4agent.engine.experts import portable as experts_mod
 
-    monkeypatch.setattr(experts_mod, "cpu_layout", lambda: False)
+    monkeypatch.setattr(device, "cpu_layout", lambda: False)
 
 
 @pytest.fixture
@@ -151,19 +151,18 @@ def test_parallel_cpu_streams_give_the_one_op_bits(rng, monkeypatch, small_tiles
     for decode and prefill shapes, from another thread too."""
     import threading
 
-    from ds4agent.engine.experts import portable as experts_mod
 
     qtype = quant.IQ2_XXS
     raw, ref = _expert_raw(rng, qtype, e=6)
     x = mx.array(rng.standard_normal((5, D_IN)).astype(np.float32))
     ids = mx.array(rng.integers(0, 6, size=(5, 3)))
-    monkeypatch.setattr(experts_mod, "cpu_parts", lambda: 1)
+    monkeypatch.setattr(device, "cpu_parts", lambda: 1)
     single = QuantExperts(raw, qtype, (6, D_OUT, D_IN))
     grouped = QuantExperts(raw, qtype, (6, D_OUT, D_IN), group_bytes=D_OUT * D_IN * 4)
     want = np.array(single.gather_matmul(x, ids))
     want_one = np.array(single.gather_matmul(x[:1], ids[:1]))
     assert np.array_equal(np.array(grouped.gather_matmul(x, ids)), want)
-    monkeypatch.setattr(experts_mod, "cpu_parts", lambda: parts)
+    monkeypatch.setattr(device, "cpu_parts", lambda: parts)
     assert np.array_equal(np.array(single.gather_matmul(x, ids)), want)  # split over streams
     assert np.array_equal(np.array(single.gather_matmul(x[:1], ids[:1])), want_one)  # decode
     assert np.array_equal(np.array(grouped.gather_matmul(x, ids)), want)  # rounds of groups
@@ -181,9 +180,8 @@ def test_cpu_tiles_equal_the_dense_product_bit_for_bit(rng, monkeypatch, small_t
     """The CPU path (tiles of rows, split over worker threads) gives the dense f32 product's bits
     for every call shape: more rows than experts, an expert repeated within a row, per-slot (3-D)
     inputs, and a row alone equals the same row inside a chunk (chunk invariance)."""
-    from ds4agent.engine.experts import portable as experts_mod
 
-    monkeypatch.setattr(experts_mod, "cpu_parts", lambda: parts)
+    monkeypatch.setattr(device, "cpu_parts", lambda: parts)
     raw, ref = _expert_raw(rng, qtype)
     q = quant_experts(raw, qtype, (E, D_OUT, D_IN), backend="portable")
     dense = dense_experts(mx.array(ref))
@@ -234,7 +232,7 @@ def test_cpu_tiles_at_flash_width_equal_the_dense_product(rng, monkeypatch):
     from ds4agent.engine.experts import portable as experts_mod
 
     monkeypatch.setattr(experts_mod, "TILE_ROWS", 3)
-    monkeypatch.setattr(experts_mod, "cpu_parts", lambda: 2)
+    monkeypatch.setattr(device, "cpu_parts", lambda: 2)
     for qtype in (quant.IQ2_XXS, quant.Q4_K):
         raw, ref = _expert_raw(rng, qtype, e=3, d_out=10, d_in=4096)
         q = QuantExperts(raw, qtype, (3, 10, 4096))
@@ -246,9 +244,8 @@ def test_cpu_tiles_at_flash_width_equal_the_dense_product(rng, monkeypatch):
 
 def test_cpu_worker_errors_reach_the_caller_and_leave_the_workers_serving(rng, monkeypatch, small_tiles):
     from ds4agent.engine.experts import cpu as cpu_experts
-    from ds4agent.engine.experts import portable as experts_mod
 
-    monkeypatch.setattr(experts_mod, "cpu_parts", lambda: 2)
+    monkeypatch.setattr(device, "cpu_parts", lambda: 2)
     raw, ref = _expert_raw(rng, quant.Q2_K)
     q = QuantExperts(raw, quant.Q2_K, (E, D_OUT, D_IN))
     x = mx.array(rng.standard_normal((2, D_IN)).astype(np.float32))
@@ -271,9 +268,8 @@ def test_cpu_workers_keep_nothing_of_a_finished_call(rng, monkeypatch, small_til
     import gc
     import weakref
 
-    from ds4agent.engine.experts import portable as experts_mod
 
-    monkeypatch.setattr(experts_mod, "cpu_parts", lambda: 2)
+    monkeypatch.setattr(device, "cpu_parts", lambda: 2)
     raw, _ = _expert_raw(rng, quant.Q4_K)
     q = QuantExperts(raw, quant.Q4_K, (E, D_OUT, D_IN))
     mx.eval(q.gather_matmul(mx.ones((1, D_IN)), mx.array([[0, 2]])))

@@ -15,7 +15,8 @@ from ds4agent.commands.info import format_info
 from ds4agent.engine import config as config_mod
 from ds4agent.engine import quant
 from ds4agent.engine.errors import ConfigError
-from ds4agent.engine.experts.portable import QuantExperts, quant_experts
+from ds4agent.engine.experts.base import quant_experts
+from ds4agent.engine.experts.portable import QuantExperts
 from ds4agent.engine.gguf import GGUFFile
 from ds4agent.engine.memory import model_info, payload_bytes
 from tests.weights.flashfile import write_sparse_flash

@@ -22,7 +22,8 @@ from gguf.quants import dequantize as gguf_dequantize
 
 from ds4agent.engine import quant
 from ds4agent.engine.experts import metal as metal_experts
-from ds4agent.engine.experts.portable import QuantExperts, quant_experts
+from ds4agent.engine.experts.base import quant_experts
+from ds4agent.engine.experts.portable import QuantExperts
 from tests.weights.conftest import random_blocks
 
 TYPES = [quant.IQ2_XXS, quant.Q2_K, quant.Q4_K]
@@ -88,7 +89,7 @@ def c_kernels(tmp_path_factory):
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: quant.type_name(t))
 def test_kernel_chunk_decoders_bit_exact_as_c(c_kernels, rng, qtype):
-    size = quant.BLOCK_INFO[qtype][1]
+    size = quant.block_info(qtype)[1]
     raw = random_blocks(rng, qtype, 400, scale=0.9)
     raw[:5] = random_blocks(rng, qtype, 5, scale=60000.0)  # large finite scales
     want = gguf_dequantize(raw, gguf.GGMLQuantizationType(qtype)).reshape(-1)
@@ -117,7 +118,7 @@ def test_metal_self_check_passes(qtype):
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: quant.type_name(t))
 def test_metal_dequant_bit_exact(rng, qtype):
     e, d_out, d_in = 3, 16, 512
-    size = quant.BLOCK_INFO[qtype][1]
+    size = quant.block_info(qtype)[1]
     raw = random_blocks(rng, qtype, e * d_out * d_in // 256, scale=0.5)
     want = gguf_dequantize(raw, gguf.GGMLQuantizationType(qtype)).reshape(e, d_out, d_in)
     ex = metal_experts.MetalExperts(raw.reshape(e, d_out, d_in // 256 * size), qtype, (e, d_out, d_in))
@@ -129,7 +130,7 @@ def test_metal_dequant_bit_exact(rng, qtype):
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: quant.type_name(t))
 def test_metal_matvec_and_matmat_match_reference(rng, qtype):
     e, d_out, d_in = 6, 40, 1024
-    size = quant.BLOCK_INFO[qtype][1]
+    size = quant.block_info(qtype)[1]
     raw = random_blocks(rng, qtype, e * d_out * d_in // 256, scale=0.02)
     ref = gguf_dequantize(raw, gguf.GGMLQuantizationType(qtype)).reshape(e, d_out, d_in).astype(np.float64)
     ex = metal_experts.MetalExperts(raw.reshape(e, d_out, d_in // 256 * size), qtype, (e, d_out, d_in))
@@ -142,9 +143,9 @@ def test_metal_matvec_and_matmat_match_reference(rng, qtype):
 
 
 def test_auto_falls_back_to_portable_when_the_kernel_check_fails(rng, monkeypatch):
-    from ds4agent.engine.experts import portable as experts
+    from ds4agent.engine.experts import base
 
-    monkeypatch.setattr(experts, "_metal_available", lambda: True)
+    monkeypatch.setattr(base, "metal_available", lambda: True)
     monkeypatch.setattr(metal_experts, "self_check", lambda qtype: "the Q4_K Metal kernels failed: boom")
     raw = random_blocks(rng, quant.Q4_K, 4).reshape(2, 2, 144)
     with pytest.warns(RuntimeWarning, match="boom; using the portable MLX expert backend"):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ds4agent.engine import load_engine
 from ds4agent.engine.experts.portable import DenseExperts, QuantExperts
-from ds4agent.engine.session import Engine
 from tests.weights.quantmodel import Q2_TYPES, Q4_TYPES, quant_config, write_quant_model
 
 TOKENS = [int(t) for t in np.random.default_rng(7).integers(3, 500, 37)]
@@ -23,7 +23,7 @@ def test_quantised_experts_match_dequantised_twin(tmp_path, cfg, flavour, types,
     qpath = write_quant_model(tmp_path / f"{flavour}.gguf", cfg, types)
     fpath = write_quant_model(tmp_path / f"{flavour}-f32.gguf", cfg, types, dequantised=True)
     assert qpath.stat().st_size < fpath.stat().st_size / 3  # the experts really are 2/4-bit blocks
-    q, f = Engine.load(qpath, ctx=64), Engine.load(fpath, ctx=64)
+    q, f = load_engine(qpath, ctx=64), load_engine(fpath, ctx=64)
     ffn = q.weights.layers[-1].ffn
     assert all(isinstance(e, QuantExperts) for e in (ffn.gate_exps, ffn.up_exps, ffn.down_exps))
     assert ffn.down_exps.qtype == types["ffn_down_exps"]
@@ -45,8 +45,8 @@ def test_quantised_experts_match_dequantised_twin(tmp_path, cfg, flavour, types,
 
 def test_experts_matter(tmp_path, cfg):
     """Different expert blocks give different logits: the quantised experts are really used."""
-    a = Engine.load(write_quant_model(tmp_path / "a.gguf", cfg, Q2_TYPES, expert_seed=1), ctx=64)
-    b = Engine.load(write_quant_model(tmp_path / "b.gguf", cfg, Q2_TYPES, expert_seed=2), ctx=64)
+    a = load_engine(write_quant_model(tmp_path / "a.gguf", cfg, Q2_TYPES, expert_seed=1), ctx=64)
+    b = load_engine(write_quant_model(tmp_path / "b.gguf", cfg, Q2_TYPES, expert_seed=2), ctx=64)
     sa, sb = a.new_session(), b.new_session()
     sa.sync(TOKENS[:10])
     sb.sync(TOKENS[:10])

@@ -2,7 +2,8 @@
 
 One call multiplies R output rows of one expert (their raw blocks [R, row_bytes] uint8, e.g. a
 slice of the memory-mapped tensor) by n input rows. It is the CPU half of `QuantExperts`
-(experts.py), which splits a decode or prefill call into row ranges over worker threads.
+(experts/portable.py), which splits a decode or prefill call into row ranges over the worker
+threads of `workers(n)`.
 
 Why compiled kernels (numba). Each weight is used once per token, so the cost is decoding it and
 one multiply-add; with MLX or numpy ops each of those steps is a separate pass over a float32
@@ -28,7 +29,11 @@ The 16 rows of a block are 16 independent sums (one per SIMD lane), never a spli
 
 from __future__ import annotations
 
+import queue
+import threading
+from collections.abc import Callable, Sequence
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -40,7 +45,7 @@ def _tables() -> tuple[np.ndarray, np.ndarray]:
     """(f16 -> f32 for all 65,536 bit patterns, the signed IQ2_XXS codebook as float32
     [256 * 128 * 8]: entry (g*128 + c)*8 + p = position p of grid row g under sign code c)."""
     f16 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
-    table, _ = quant._iq2xxs_signed_codes()
+    table, _ = quant.iq2xxs_signed_codes()
     return f16, np.ascontiguousarray(table.astype(np.float32).reshape(-1))
 
 
@@ -48,7 +53,7 @@ _KIND = {quant.IQ2_XXS: 0, quant.Q2_K: 1, quant.Q4_K: 2, quant.Q8_0: 3}
 
 
 def _kernel():
-    """The compiled kernel (cpu_kernels.py). numba is imported, and the kernel compiled or loaded
+    """The compiled kernel (experts/cpu_kernels.py). numba is imported, and the kernel compiled or loaded
     from numba's on-disk cache, on first use only: a process on a GPU never pays for it (numba
     and its LLVM take about 120 MB once loaded). Concurrent first calls are safe: Python's import
     lock makes the second wait for the module, numba's compiler lock for the compilation."""
@@ -62,7 +67,7 @@ def products(rows: np.ndarray, qtype: int, d_in: int, xs: np.ndarray) -> np.ndar
     -> [n, R] float32, out[i, r] = the in-order dot product of dequantised row r with xs[i]."""
     if qtype not in quant.EXPERT_TYPES:
         raise quant.QuantError(f"no CPU expert product for {quant.type_name(qtype)}")
-    block, size, name = quant.BLOCK_INFO[qtype]
+    block, size, name = quant.block_info(qtype)
     rb = quant.row_bytes(qtype, d_in)
     rows = np.asarray(rows)  # a memmap slice as a plain view (the kernels take ndarrays)
     if rows.ndim != 2 or rows.shape[1] != rb or rows.dtype != np.uint8:
@@ -75,3 +80,49 @@ def products(rows: np.ndarray, qtype: int, d_in: int, xs: np.ndarray) -> np.ndar
     f16, grid = _tables()
     _kernel()(rows, xs, out, _KIND[qtype], f16, grid)
     return out
+
+
+class Workers:
+    """Long-lived daemon threads for the CPU expert path: `run(fns)` calls fns[i] on thread i and
+    returns their results (re-raising the first error).
+
+    Made once and never joined: a decode step makes three expert calls per layer, and starting
+    threads for each would cost about as much as a small call's work."""
+
+    def __init__(self, n: int):
+        self._inbox: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(n)]
+        for box in self._inbox:
+            threading.Thread(target=self._serve, args=(box,), daemon=True, name="ds4-experts").start()
+
+    @staticmethod
+    def _serve(box: queue.SimpleQueue) -> None:
+        while True:
+            fn, done = box.get()
+            try:
+                done.put((True, fn()))
+            except BaseException as err:  # handed to the caller, which re-raises it
+                done.put((False, err))
+            # An idle worker must not keep its last task (the experts, the call's inputs) alive.
+            del fn, done
+
+    def run(self, fns: Sequence[Callable[[], Any]]) -> list[Any]:
+        done: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in fns]
+        for box, fn, d in zip(self._inbox, fns, done, strict=False):
+            box.put((fn, d))
+        results = [d.get() for d in done]
+        for ok, value in results:
+            if not ok:
+                raise value
+        return [value for _, value in results]
+
+
+_WORKERS: dict[int, Workers] = {}
+_WORKERS_LOCK = threading.Lock()
+
+
+def workers(n: int) -> Workers:
+    """The process's pool of `n` expert worker threads (made on first use, then reused)."""
+    with _WORKERS_LOCK:
+        if n not in _WORKERS:
+            _WORKERS[n] = Workers(n)
+        return _WORKERS[n]

@@ -1,4 +1,4 @@
-"""numba kernels of the CPU routed-expert product (cpu_experts.py has the contract and the why).
+"""numba kernels of the CPU routed-expert product (experts/cpu.py has the contract and the why).
 
 Imported on first use only (importing numba and loading its cached machine code takes a moment).
 `expert_rows(rows, x, out, kind, f16, grid)`: out[m, r] = the in-order float32 dot product of row r

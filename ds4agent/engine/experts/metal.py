@@ -1,6 +1,6 @@
 """Metal kernels for routed experts in IQ2_XXS, Q2_K and Q4_K (macOS, `mx.fast.metal_kernel`).
 
-Selected by `experts.quant_experts()` only where `mx.metal.is_available()`; elsewhere this module
+Selected by `experts.base.quant_experts()` only where `mx.metal.is_available()`; elsewhere this module
 is never imported for use (tests/weights/test_metal.py runs it wherever a Metal device exists).
 
 Two kernels per type, both built on one device function that dequantises a "chunk" of 32
@@ -27,7 +27,7 @@ import numpy as np
 
 from ds4agent.engine import quant
 from ds4agent.engine.errors import EngineError
-from ds4agent.engine.experts.portable import QuantExperts, _check_call
+from ds4agent.engine.experts.portable import QuantExperts, check_call
 
 _HEADER = r"""
 inline float ds4_f16(const device uint8_t* p) {
@@ -174,7 +174,7 @@ def self_check(qtype: int) -> str | None:
     try:
         rng = np.random.default_rng(12345)
         e, d_out, d_in = 2, 4, 512
-        block, size, name = quant.BLOCK_INFO[qtype]
+        block, size, name = quant.block_info(qtype)
         raw = rng.integers(0, 256, size=(e * d_out * d_in // block, size), dtype=np.uint8)
         for off in {quant.Q2_K: (80, 82), quant.Q4_K: (0, 2), quant.IQ2_XXS: (0,)}[qtype]:
             raw[:, off : off + 2] = np.full((len(raw), 1), np.float16(0.01)).view(np.uint8)
@@ -209,7 +209,7 @@ class MetalExperts(QuantExperts):
         self._template = [
             ("D_IN", self.d_in), ("D_OUT", self.d_out),
             ("ROW_BYTES", quant.row_bytes(self.qtype, self.d_in)),
-            ("BLOCK_BYTES", quant.BLOCK_INFO[self.qtype][1]),
+            ("BLOCK_BYTES", quant.block_info(self.qtype)[1]),
         ]
 
     def dequantize(self, experts) -> mx.array:
@@ -241,7 +241,7 @@ class MetalExperts(QuantExperts):
         return out
 
     def gather_matmul(self, x: mx.array, expert_ids: mx.array) -> mx.array:
-        n, k = _check_call(self, x, expert_ids)
+        n, k = check_call(self, x, expert_ids)
         ids = np.array(expert_ids)
         if ids.size and (ids.min() < 0 or ids.max() >= self.n_experts):
             raise EngineError(f"expert id out of range 0..{self.n_experts - 1}")

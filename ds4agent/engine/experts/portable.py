@@ -1,99 +1,37 @@
-"""Routed experts behind one interface: `ExpertWeights.gather_matmul(x, expert_ids)`.
+"""The MLX expert backends (experts/base.py has the interface and chooses among them).
 
-Backends:
-  * `dense_experts(w)`      float weights [n_experts, d_out, d_in] (test models, dequantised refs);
-  * `QuantExperts`          raw GGUF blocks [n_experts, d_out, row_bytes] (Q2_K, Q4_K, IQ2_XXS,
-                            Q8_0) kept quantised; only the experts a call selects are read. On a
-                            CPU, compiled kernels (cpu_experts.py) decode and multiply them block by
-                            block, the output rows split over one worker thread per core; on a GPU,
-                            MLX ops dequantise a bounded group of whole experts at a time;
-  * Metal kernels (`ds4agent.engine.metal_experts`), chosen by `quant_experts()` only where
-    `mx.metal.is_available()`.
+  * `DenseExperts`   float weights [n_experts, d_out, d_in] (test models, dequantised refs);
+  * `MxExperts`      MLX microscaled formats (`mxfp4`, from `ds4agent convert`);
+  * `QuantExperts`   raw GGUF blocks [n_experts, d_out, row_bytes] (Q2_K, Q4_K, IQ2_XXS, Q8_0) kept
+                     quantised; only the experts a call selects are read. On a CPU, compiled
+                     kernels (experts/cpu.py) decode and multiply them block by block, the output
+                     rows split over one worker thread per core; on a GPU, MLX ops dequantise a
+                     bounded group of whole experts at a time. experts/metal.py subclasses it.
 
 Exactness contract (chunk invariance, model.md §9): every (row, slot) product is computed as its
 own 1-row matrix product (`mx.gather_mm` with M = 1 per batch element), so a row's result does
 not depend on which other rows share the call (chunk size, token-by-token decode) nor on how
-experts are grouped. The portable quantised backend dequantises bit-exactly (quant.py), so it
-gives the same bits as `dense_experts` over the dequantised float32 weights. (Its CPU kernels
-compute every output as the in-order float32 dot product, which is what the CPU BLAS computes
-for a 1-row product; the tests hold it to `dense_experts` bit for bit.)
+experts are grouped. The quantised backend dequantises bit-exactly (quant.py), so it gives the
+same bits as `DenseExperts` over the dequantised float32 weights. (Its CPU kernels compute every
+output as the in-order float32 dot product, which is what the CPU BLAS computes for a 1-row
+product; the tests hold it to `DenseExperts` bit for bit.)
 """
 
 from __future__ import annotations
 
 import functools
-import queue
-import threading
-import warnings
-from typing import Protocol, runtime_checkable
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
-from ds4agent.engine import quant
+from ds4agent.engine import device, quant
 from ds4agent.engine.errors import EngineError
-from ds4agent.engine.experts import cpu as cpu_experts
-from ds4agent.engine.weights import cpu_layout, cpu_parts
+from ds4agent.engine.experts import cpu
 
 
-class _Workers:
-    """Long-lived daemon threads for the CPU expert path: `run(fns)` calls fns[i] on thread i and
-    returns their results (re-raising the first error).
-
-    Made once and never joined: a decode step makes three expert calls per layer, and starting
-    threads for each would cost about as much as a small call's work."""
-
-    def __init__(self, n: int):
-        self._inbox = [queue.SimpleQueue() for _ in range(n)]
-        for box in self._inbox:
-            threading.Thread(target=self._serve, args=(box,), daemon=True, name="ds4-experts").start()
-
-    @staticmethod
-    def _serve(box: queue.SimpleQueue) -> None:
-        while True:
-            fn, done = box.get()
-            try:
-                done.put((True, fn()))
-            except BaseException as err:  # handed to the caller, which re-raises it
-                done.put((False, err))
-            # An idle worker must not keep its last task (the experts, the call's inputs) alive.
-            del fn, done
-
-    def run(self, fns: list) -> list:
-        done = [queue.SimpleQueue() for _ in fns]
-        for box, fn, d in zip(self._inbox, fns, done, strict=False):
-            box.put((fn, d))
-        results = [d.get() for d in done]
-        for ok, value in results:
-            if not ok:
-                raise value
-        return [value for _, value in results]
-
-
-_WORKERS: dict[int, _Workers] = {}
-_WORKERS_LOCK = threading.Lock()
-
-
-def _workers(n: int) -> _Workers:
-    with _WORKERS_LOCK:
-        if n not in _WORKERS:
-            _WORKERS[n] = _Workers(n)
-        return _WORKERS[n]
-
-
-@runtime_checkable
-class ExpertWeights(Protocol):
-    n_experts: int
-    d_in: int
-    d_out: int
-
-    def gather_matmul(self, x: mx.array, expert_ids: mx.array) -> mx.array:
-        """x [N, d_in] (or [N, k, d_in]: one input per slot) float32, expert_ids [N, k] int
-        -> [N, k, d_out] float32 (row n, slot j = W[expert_ids[n, j]] @ x[n] (or x[n, j]))."""
-        ...
-
-
-def _check_call(ex: ExpertWeights, x: mx.array, ids: mx.array) -> tuple[int, int]:
+def check_call(ex: Any, x: mx.array, ids: mx.array) -> tuple[int, int]:
+    """(N, k) of a `gather_matmul` call on `ex` (any backend: it reads d_in), or EngineError."""
     if ids.ndim != 2:
         raise EngineError(f"expert_ids must be [N, k], got shape {list(ids.shape)}")
     n, k = ids.shape
@@ -124,9 +62,7 @@ class DenseExperts:
         # stored as contiguous [E, d_in, d_out] (`w` is a view of it): gather_mm on a contiguous
         # right-hand side is ~2.3x faster with the Linux wheel's reference BLAS, with bit-identical
         # results (see weights.Linear); a GPU keeps [E, d_out, d_in].
-        from ds4agent.engine.weights import cpu_layout
-
-        if cpu_layout():
+        if device.cpu_layout():
             self._wt = mx.contiguous(mx.swapaxes(w.astype(mx.float32), -1, -2))
             self.w = mx.swapaxes(self._wt, -1, -2)
         else:
@@ -135,14 +71,9 @@ class DenseExperts:
         self.n_experts, self.d_out, self.d_in = (int(s) for s in w.shape)
 
     def gather_matmul(self, x: mx.array, expert_ids: mx.array) -> mx.array:
-        n, k = _check_call(self, x, expert_ids)
+        n, k = check_call(self, x, expert_ids)
         out = mx.gather_mm(_slot_inputs(x, n, k), self._wt, rhs_indices=expert_ids.astype(mx.uint32))
         return out.reshape(n, k, self.d_out)
-
-
-def dense_experts(w: mx.array) -> ExpertWeights:
-    """w [n_experts, d_out, d_in] (f32/f16) -> the dense backend."""
-    return DenseExperts(w)
 
 
 class MxExperts:
@@ -161,7 +92,7 @@ class MxExperts:
             raise EngineError(f"{mode} experts: {self.d_in} inputs do not match {scales.shape[2]} scale groups of 32")
 
     def gather_matmul(self, x: mx.array, expert_ids: mx.array) -> mx.array:
-        n, k = _check_call(self, x, expert_ids)
+        n, k = check_call(self, x, expert_ids)
         out = mx.gather_qmm(_slot_inputs(x, n, k), self.wq, self.scales, rhs_indices=expert_ids.astype(mx.uint32),
                             transpose=True, group_size=32, bits=self.bits, mode=self.mode)
         return out.reshape(n, k, self.d_out)
@@ -171,7 +102,7 @@ class MxExperts:
 # can select every expert: 256 Flash experts of 2048 x 4096 would be 8 GiB as f32). Decode
 # (6 experts, 32 MiB each) fits in one group.
 DEFAULT_GROUP_BYTES = 256 << 20
-# Output rows per `cpu_experts.products` call on the CPU path. The kernel reads a row's blocks in
+# Output rows per `cpu.products` call on the CPU path. The kernel reads a row's blocks in
 # place (a memory-mapped expert is paged in as it is read); a range only bounds one call's work.
 TILE_ROWS = 1024
 
@@ -219,11 +150,11 @@ class QuantExperts:
         return quant.dequantize(self._raw_of(experts), self.qtype, (len(experts), self.d_out, self.d_in))
 
     def gather_matmul(self, x: mx.array, expert_ids: mx.array) -> mx.array:
-        n, k = _check_call(self, x, expert_ids)
+        n, k = check_call(self, x, expert_ids)
         ids = np.array(expert_ids).astype(np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self.n_experts):
             raise EngineError(f"expert id out of range 0..{self.n_experts - 1}")
-        if cpu_layout():
+        if device.cpu_layout():
             return self._tiled(x, ids, n, k)
         a = _slot_inputs(x, n, k)
         used = np.unique(ids)
@@ -236,13 +167,13 @@ class QuantExperts:
         return self._grouped(x, ids, n, k, groups)
 
     def _tiled(self, x: mx.array, ids: np.ndarray, n: int, k: int) -> mx.array:
-        """The CPU path: `cpu_experts.products` straight from the selected experts' blocks (a
+        """The CPU path: `cpu.products` straight from the selected experts' blocks (a
         memory-mapped tensor is read row range by row range, only the selected experts), in the
         dense product's order, bit for bit; nothing is dequantised as a whole expert.
 
-        The output rows are split into `cpu_parts()` ranges, each served by its own worker thread
+        The output rows are split into `device.cpu_parts()` ranges, each served by its own worker thread
         (the kernels release the GIL), TILE_ROWS rows at a time. A row's bits do not depend on the
-        range, the split or the other rows sharing its expert (cpu_experts.py), so neither does
+        range, the split or the other rows sharing its expert (experts/cpu.py), so neither does
         the result.
         """
         src = np.array(x.astype(mx.float32), dtype=np.float32).reshape(-1, self.d_in)
@@ -253,13 +184,13 @@ class QuantExperts:
         pairs = [order[b0:b1] for b0, b1 in zip(bounds, bounds[1:], strict=False)]  # by expert
         inputs = [np.ascontiguousarray(src[p // k if x.ndim == 2 else p]) for p in pairs]
         out = np.empty((n * k, self.d_out), np.float32)  # the workers fill disjoint column ranges
-        parts = max(1, min(cpu_parts(), self.d_out))
+        parts = max(1, min(device.cpu_parts(), self.d_out))
         cuts = [self.d_out * i // parts for i in range(parts + 1)]
         jobs = [functools.partial(self._part, used, inputs, pairs, out, cuts[i], cuts[i + 1]) for i in range(parts)]
         if parts == 1:
             jobs[0]()
         else:
-            _workers(parts).run(jobs)
+            cpu.workers(parts).run(jobs)
         return mx.array(out).reshape(n, k, self.d_out)
 
     def _part(self, used: np.ndarray, inputs: list, pairs: list, out: np.ndarray, r0: int, r1: int) -> None:
@@ -267,7 +198,7 @@ class QuantExperts:
         for e, expert in enumerate(used):
             for t0 in range(r0, r1, TILE_ROWS):
                 t1 = min(t0 + TILE_ROWS, r1)
-                out[pairs[e], t0:t1] = cpu_experts.products(self._rows_of(int(expert), t0, t1), self.qtype,
+                out[pairs[e], t0:t1] = cpu.products(self._rows_of(int(expert), t0, t1), self.qtype,
                                                             self.d_in, inputs[e])
 
     def _grouped(self, x: mx.array, ids: np.ndarray, n: int, k: int, groups: list[np.ndarray]) -> mx.array:
@@ -296,32 +227,3 @@ class QuantExperts:
         inverse = np.empty(n * k, dtype=np.uint32)
         inverse[np.concatenate(order)] = np.arange(n * k, dtype=np.uint32)
         return mx.take(mx.concatenate(outs, axis=0), mx.array(inverse), axis=0).reshape(n, k, self.d_out)
-
-
-def quant_experts(raw, qtype: int, shape, *, backend: str = "auto") -> ExpertWeights:
-    """The backend for raw expert blocks: Metal kernels where a Metal device exists (IQ2_XXS,
-    Q2_K, Q4_K), else the portable MLX backend. backend: "auto" | "portable" | "metal"."""
-    if backend not in ("auto", "portable", "metal"):
-        raise EngineError(f"unknown expert backend {backend!r}")
-    want_metal = backend == "metal" or (
-        backend == "auto" and qtype in (quant.Q2_K, quant.Q4_K, quant.IQ2_XXS) and _metal_available()
-    )
-    if want_metal:
-        from ds4agent.engine.experts.metal import MetalExperts, self_check
-
-        if backend == "metal":
-            return MetalExperts(raw, qtype, shape)
-        problem = self_check(qtype)
-        if problem is None:
-            return MetalExperts(raw, qtype, shape)
-        # Robust choice: a kernel that fails its one-time check must not take the engine down;
-        # the portable backend computes the same values (slower).
-        warnings.warn(f"{problem}; using the portable MLX expert backend", RuntimeWarning, stacklevel=2)
-    return QuantExperts(raw, qtype, shape)
-
-
-def _metal_available() -> bool:
-    try:
-        return bool(mx.metal.is_available())
-    except Exception:  # an MLX build without the metal module
-        return False

@@ -1,9 +1,9 @@
-"""Starting a pipeline's ranks (engine/pipeline.py): local processes or one per host over ssh.
+"""Starting a pipeline's ranks: local processes or one per host over ssh.
 
-    engine = load_engine(model, ctx=..., ranks=2)          # one process when ranks/hosts are None
-    engine = launch(model, ctx=..., hosts="hosts.json")    # an mlx.launch hosts file
+    engine = load_engine(model, ctx=..., ranks=2)          # loader.py: one process when ranks/hosts are None
+    engine = load_engine(model, ctx=..., hosts="hosts.json")   # an mlx.launch hosts file
 
-This process is rank 0. Every other rank is `python -m ds4agent.engine.pipeline.launch MODEL ...`
+This process is rank 0. Every other rank is `python -m ds4agent.engine.pipeline.worker MODEL ...`
 with MLX_RANK / MLX_HOSTFILE set (as mlx.launch sets them): locally a child process, on a host of
 the hosts file started over ssh, as mlx.launch does (the app keeps this terminal, so ds4agent
 starts them itself). A worker prints "ready" once its layers are loaded; rank 0 joins the ring
@@ -24,10 +24,11 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..errors import EngineError, PipelineError
+from ..errors import PipelineError
 from ..session import Engine
-from .rank0 import PipelineEngine, plan_ranges, serve
+from .rank0 import PipelineEngine
 from .ring import CONNECT_TIMEOUT_S, TIMEOUT_S, Link, free_ports, joined
+from .split import plan_ranges
 
 
 def read_hosts(path) -> list[dict]:
@@ -50,44 +51,27 @@ def read_hosts(path) -> list[dict]:
     return hosts
 
 
-def load_engine(model_path, *, ctx: int, chunk: int | None = None,
-                progress: Callable[[float], None] | None = None, ranks: int | None = None, hosts=None,
-                split: Sequence[int] | None = None, device: str | None = None) -> Engine:
-    """The engine a command runs: one process (Engine.load on `device`), or a pipeline when
-    `ranks` (local processes) or `hosts` (an mlx.launch hosts file) is given. Call close() when
-    done. A pipeline's ranks each take their machine's default device (its GPU when it has one):
-    `device` is refused there rather than applied to rank 0 alone."""
-    if ranks is None and hosts is None:
-        if split:
-            raise PipelineError("a pipeline split needs --pipeline N or --hosts FILE")
-        return Engine.load(model_path, ctx=ctx, chunk=chunk, progress=progress, device=device)
-    if device is not None:
-        raise PipelineError("--device does not apply to a pipeline: each rank computes on its machine's "
-                            "GPU when it has one, else its CPU")
-    return launch(model_path, ctx=ctx, ranks=ranks, hosts=hosts, split=split, chunk=chunk,
-                  progress=progress)
-
-
 def worker_command(model_path, ctx: int, ranges: Sequence[tuple[int, int]], timeout: float) -> list[str]:
     split = ",".join(str(a) for a, _ in ranges[1:])
-    return [sys.executable, "-m", "ds4agent.engine.pipeline.launch", str(Path(model_path).resolve()),
+    return [sys.executable, "-m", "ds4agent.engine.pipeline.worker", str(Path(model_path).resolve()),
             "--ctx", str(ctx), "--split", split, "--timeout", str(timeout)]
 
 
-def launch(model_path, *, ctx: int, ranks: int | None = None, hosts=None,
-           split: Sequence[int] | None = None, chunk: int | None = None,
-           progress: Callable[[float], None] | None = None, timeout: float = TIMEOUT_S,
-           port: int | None = None) -> PipelineEngine:
+def launch(model_path, load_part: Callable[[tuple[int, int]], Engine], *, ctx: int,
+           ranks: int | None = None, hosts=None, split: Sequence[int] | None = None,
+           timeout: float = TIMEOUT_S, port: int | None = None) -> PipelineEngine:
     """Start a pipeline: `ranks` local processes on 127.0.0.1, or one rank per host of an
     `mlx.launch` hosts file (`hosts`; rank k>0 started over ssh, as mlx.launch does, with the
     same Python and model paths as here; the ring listens on `port` + rank, default 5930).
-    This process is rank 0. Returns rank 0's engine."""
+    This process is rank 0: `load_part(layer_range)` loads its layers (loader.load_engine passes
+    its one-process loader; taken as an argument because the loader is what calls this).
+    Returns rank 0's engine."""
     if (ranks is None) == (hosts is None):
         raise PipelineError("a pipeline needs either a number of local ranks or a hosts file")
     if joined():
         raise PipelineError("this process already joined a pipeline (MLX keeps one ring per process)")
     host_list = read_hosts(hosts) if hosts is not None else None
-    n = len(host_list) if host_list is not None else int(ranks)
+    n = len(host_list) if host_list is not None else int(ranks or 0)
     if n < 2:
         raise PipelineError(f"a pipeline needs at least 2 ranks (got {n})")
     ranges = plan_ranges(model_path, n, split)
@@ -128,7 +112,7 @@ def launch(model_path, *, ctx: int, ranks: int | None = None, hosts=None,
             workers.append(subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                             stderr=log))
             log.close()
-        part = Engine.load(model_path, ctx=ctx, chunk=chunk, progress=progress, layer_range=ranges[0])
+        part = load_part(ranges[0])
 
         def lost() -> str:
             return next((f"rank {k} exited (status {p.poll()})" for k, p in enumerate(workers, start=1)
@@ -159,7 +143,8 @@ def _wait_ready(workers: Sequence[subprocess.Popen], timeout: float) -> None:
     GIL, so while it waits nothing else in this process runs, not even a timeout; a rank that
     never comes would hang rank 0 for good. Each worker prints one "ready" line first."""
     end = time.monotonic() + timeout
-    waiting = {p.stdout.fileno(): (k, p) for k, p in enumerate(workers, start=1)}
+    streams = {k: p.stdout for k, p in enumerate(workers, start=1) if p.stdout is not None}  # all: PIPE
+    waiting = {streams[k].fileno(): (k, p) for k, p in enumerate(workers, start=1)}
     while waiting:
         left = end - time.monotonic()
         if left <= 0:
@@ -168,7 +153,7 @@ def _wait_ready(workers: Sequence[subprocess.Popen], timeout: float) -> None:
         ready, _, _ = select.select(list(waiting), [], [], min(left, 0.5))
         for fd in ready:
             k, p = waiting.pop(fd)
-            line = p.stdout.readline()
+            line = streams[k].readline()
             if line.strip() != b"ready":
                 p.wait()
                 raise PipelineError(f"pipeline rank {k} exited (status {p.returncode}) before it was ready")
@@ -188,39 +173,3 @@ def _worker_report(workers: Sequence[subprocess.Popen], log_dir: str) -> str:
         tail = [t for t in tail if not t.startswith("[ring]")]
         lines.append(f"rank {k} exited (status {code})" + (": " + " / ".join(tail) if tail else ""))
     return "; ".join(lines)
-
-
-def worker_main(argv: Sequence[str] | None = None) -> int:
-    """`python -m ds4agent.engine.pipeline.launch MODEL --ctx N --split S --timeout T`: one worker rank
-    (MLX_RANK / MLX_HOSTFILE in the environment, as launch() or mlx.launch set them)."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="ds4agent-pipeline-rank")
-    p.add_argument("model")
-    p.add_argument("--ctx", type=int, required=True)
-    p.add_argument("--split", required=True)
-    p.add_argument("--timeout", type=float, default=TIMEOUT_S)
-    args = p.parse_args(argv)
-    rank = int(os.environ.get("MLX_RANK", "-1"))
-    split = [int(s) for s in args.split.split(",") if s]
-    try:
-        from ..gguf import GGUFFile  # noqa: F401  (import errors show before the ring starts)
-
-        ranges = plan_ranges(args.model, len(split) + 1, split)
-        if not 1 <= rank < len(ranges):
-            raise PipelineError(f"MLX_RANK={rank} is not a worker rank of {len(ranges)}")
-        part = Engine.load(args.model, ctx=args.ctx, layer_range=ranges[rank])
-        print("ready", flush=True)  # launch() joins the ring only once every rank is here
-        link = Link(rank, os.environ.get("MLX_HOSTFILE", ""), connect_timeout=max(args.timeout, CONNECT_TIMEOUT_S))
-        serve(link, part, ranges, timeout=args.timeout)
-    except (EngineError, RuntimeError) as err:
-        print(f"ds4agent pipeline rank {rank}: {err}", file=sys.stderr, flush=True)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    code = worker_main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # skip MLX's C++ teardown (cli.entry explains why)
