@@ -22,7 +22,7 @@ import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, TextIO
 
 import anyio
 from mcp import Client, StdioServerParameters, stdio_client
@@ -150,7 +150,7 @@ class _EndWatch:
 
 
 @contextlib.asynccontextmanager
-async def _watched_stdio(params: StdioServerParameters, errlog: IO[str],
+async def _watched_stdio(params: StdioServerParameters, errlog: TextIO,
                          on_end: Callable[[], None]) -> AsyncIterator[tuple[Any, Any]]:
     async with stdio_client(params, errlog=errlog) as (read, write):
         yield _EndWatch(read, on_end), write
