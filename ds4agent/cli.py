@@ -13,6 +13,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from ds4agent.models.catalog import FLAVOURS
 from ds4agent.models.errors import ModelError
@@ -28,6 +29,7 @@ SUBCOMMANDS: dict[str, str] = {
     "info": "ds4agent.commands.info",
     "convert": "ds4agent.commands.convert",
     "pull": "ds4agent.commands.pull",
+    "mcp": "ds4agent.commands.mcp",
 }
 
 
@@ -99,6 +101,16 @@ def _add_pipeline(parser: argparse.ArgumentParser) -> None:
                        "each (this machine is the first; the others are started over ssh)")
     parser.add_argument("--pipeline-split", metavar="L1[,L2..]", default=None, type=_split,
                         help="first layer of ranks 1.. (default: balanced by weight bytes)")
+
+
+def _add_mcp(parser: argparse.ArgumentParser, sub: Any) -> None:
+    parser.add_argument("--no-mcp", action="store_true", dest="no_mcp",
+                        help="start none of the MCP servers of mcp.json / .mcp.json")
+    p = sub.add_parser("mcp", help="the MCP servers of the user's mcp.json and the project's .mcp.json")
+    q = p.add_subparsers(dest="mcp_command", metavar="ACTION", required=True).add_parser(
+        "list", help="show each server, whether it starts, and its tools")
+    q.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="how long to wait for each server to start (default: 30)")
 
 
 def _split(text: str) -> list[int]:
@@ -184,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     """The subcommands' parsers (each one's `main` is in the SUBCOMMANDS module)."""
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_mcp(parser, sub)
 
     p = sub.add_parser("tokens", help="print the token ids and texts of a text (like ds4 --dump-tokens)")
     src = p.add_mutually_exclusive_group(required=True)

@@ -19,6 +19,7 @@ Modules:
     compaction.py  the compaction thresholds and procedure
     rewind.py      going back to an earlier user turn (conversation, code, both, fork)
     permissions_glue.py  the policy's questions as events
+    mcp_glue.py    MCP servers: the project-file question, start / join / stop, their tools
     decode.py      TokenStream: the one decode loop (a round and a compaction summary)
     stream.py      one round's tokens -> events (over protocol.dsml); Coalescer
     transcript.py  the append-only transcript

@@ -223,7 +223,9 @@ class PermissionRequest(Event):
     question: str
     detail: str = ""
     options: tuple[tuple[str, str], ...] = ()
-    preview_kind: str = "command"  # "command" (detail is a shell command) | "diff" (unified diff)
+    # "command" (detail is a shell command) | "diff" (unified diff) | "arguments" (an MCP tool's
+    # arguments as indented JSON)
+    preview_kind: str = "command"
     diff: Any = None  # the tools' DiffDisplay for write/edit (numbered lines), else None
     outside_workspace: bool = False
 
@@ -234,7 +236,9 @@ class Question(Event):
 
     kind: "save" ("Save current session?" before /new, /load, quit with unsaved turns;
     options y / n / c = cancel, stay), "continue" (the save failed: "Continue anyway?" y / n),
-    or "resume" (a crash journal was found; y resumes it, n discards it).
+    "resume" (a crash journal was found; y resumes it, n discards it), or "mcp" (at start: the
+    project's .mcp.json is not approved yet; y starts its servers and is remembered for this file,
+    n skips them this time, d refuses the file for good).
     """
 
     id: str

@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # the worker (and with it the engine and the tools) is import
     from ds4agent.engine import Engine
     from ds4agent.sessions.store import SessionStore
     from ds4agent.tools import Tool
+    from ds4agent.tools.mcp import McpConfig
     from ds4agent.tools.permissions import PermissionPolicy
 
 # The busy rule (agent-reference.md §3): while the model works only these slash commands run
@@ -75,6 +76,8 @@ class Agent:
             an error; the system prefix is prefilled instead of cached).
     tools:  a list of Tool objects (ds4agent.tools), or None for ds4agent.tools.default_tools().
     policy: a PermissionPolicy, or None to build one from settings.permission.
+    mcp:    the MCP servers' configuration (ds4agent.tools.mcp.load_config), or None for none:
+            started at startup, their tools added after `tools`.
     """
 
     def __init__(
@@ -85,6 +88,7 @@ class Agent:
         settings: AgentSettings | None = None,
         *,
         policy: PermissionPolicy | None = None,
+        mcp: McpConfig | None = None,
     ) -> None:
         self.settings = settings or AgentSettings()
         self.events: queue.Queue[ev.Event] = queue.Queue()
@@ -107,18 +111,19 @@ class Agent:
         # Deferred import keeps `import ds4agent.agent.facade` cheap (no numpy/mlx until start()).
         from ds4agent.agent.worker import Worker
 
-        self._worker: Worker = Worker(engine, store, tools, self.settings, io=self, policy=policy)
+        self._worker: Worker = Worker(engine, store, tools, self.settings, io=self, policy=policy, mcp=mcp)
 
     # ------------------------------------------------------------------ construction from the CLI
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Agent:
         """The agent the CLI runs: model from args.model_path (loaded on the worker thread),
-        store from --kv-dir, default tools, settings from the other flags."""
+        store from --kv-dir, default tools, the MCP servers of the user's and the project's
+        configuration, settings from the other flags."""
         from ds4agent.agent.wiring import build_from_args
 
         try:
-            engine_loader, store, tools, settings = build_from_args(args)
+            engine_loader, store, tools, settings, mcp = build_from_args(args)
         except Exception as err:  # e.g. the KV directory cannot be created
             # Never a traceback in the UI thread: the worker reports it as a fatal Error event.
             failure = err
@@ -127,7 +132,7 @@ class Agent:
                 raise failure
 
             return cls(engine_loader, None, [], AgentSettings.from_args(args))
-        return cls(engine_loader, store, tools, settings)
+        return cls(engine_loader, store, tools, settings, mcp=mcp)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.port import WorkerPort
-from ds4agent.tools import BashDisplay, ToolResult, run_tool
+from ds4agent.tools import BashDisplay, Tool, ToolResult, run_tool
+from ds4agent.tools.mcp import McpTool
 from ds4agent.tools.permissions import Answer, Choice, Question, denied_result
 from ds4agent.tools.sandbox import availability
 
@@ -31,9 +32,12 @@ def start_notices(worker: WorkerPort) -> list[str]:
     return [f"no OS sandbox for bash commands: {why}" + (f"; {then}" if then else "")]
 
 
-def permit(worker: WorkerPort, name: str, args: Mapping[str, object]) -> str | None:
-    """None when the call may run; else the result text the model gets instead."""
-    decision = worker.policy.check(name, args, worker.tool_ctx)
+def permit(worker: WorkerPort, tool: Tool, args: Mapping[str, object]) -> str | None:
+    """None when the call may run; else the result text the model gets instead. A tool of an MCP
+    server is judged by what it declares about itself (its hints)."""
+    name = tool.name
+    hints = tool.hints if isinstance(tool, McpTool) else None
+    decision = worker.policy.check(name, args, worker.tool_ctx, hints=hints)
     if decision.kind == "allow":
         return None
     if decision.kind == "deny" or decision.question is None:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # types only: importing this module stays free of the engine 
     from ds4agent.protocol.tokenizer import Tokenizer
     from ds4agent.sessions.store import SessionStore
     from ds4agent.tools import Tool, ToolContext
+    from ds4agent.tools.mcp import McpConfig, McpServers
     from ds4agent.tools.permissions import PermissionPolicy
 
 
@@ -57,11 +58,12 @@ class WorkerPort(Protocol):
     settings: AgentSettings
     io: AgentIO
     store: SessionStore | None
-    tools: list[Tool]
     policy: PermissionPolicy
     tool_ctx: ToolContext
     trace: Trace
+    mcp_config: McpConfig | None  # the MCP servers to start (None: none)
     # what startup made
+    mcp: McpServers | None  # the running MCP servers
     engine: Engine
     session: Session
     tok: Tokenizer
@@ -82,6 +84,11 @@ class WorkerPort(Protocol):
     generated: int
     decode_tps: float
     last_prefilled: int
+
+    @property
+    def tools(self) -> list[Tool]:
+        """The callable tools: ds4agent's own, then the running MCP servers' (the system prompt's order)."""
+        ...
 
     def sync(self, *, interruptible: bool = True) -> bool:
         """Bring the live KV up to the transcript; False when interrupted."""

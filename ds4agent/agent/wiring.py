@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ds4agent.engine import Engine
     from ds4agent.sessions.store import SessionStore
     from ds4agent.tools import Tool
+    from ds4agent.tools.mcp import McpConfig
 
 
 def engine_loader(model_path: Path, ctx: int, device: str | None = None, *, ranks: int | None = None,
@@ -43,13 +44,17 @@ def open_store(kv_dir: Path | None) -> SessionStore:
 
 def build_from_args(
     args: argparse.Namespace,
-) -> tuple[Callable[[Callable[[float], None]], Engine], SessionStore, list[Tool], AgentSettings]:
+) -> tuple[Callable[[Callable[[float], None]], Engine], SessionStore, list[Tool], AgentSettings, McpConfig | None]:
     settings = AgentSettings.from_args(args)
     model_path = Path(getattr(args, "model_path", None) or getattr(args, "model", None) or "ds4flash.gguf")
     store = open_store(settings.kv_dir)
     from ds4agent.tools import default_tools
+    from ds4agent.tools.mcp import load_config
+
+    # --no-mcp: none of the configured MCP servers (a diagnostic switch, like --no-sysprompt-cache).
+    mcp = None if getattr(args, "no_mcp", False) else load_config(settings.cwd)
 
     pipeline = {k: v for k, v in (("ranks", getattr(args, "pipeline", None)), ("hosts", getattr(args, "hosts", None)),
                                   ("split", getattr(args, "pipeline_split", None))) if v is not None}
     return (engine_loader(model_path, settings.ctx, getattr(args, "device", None), **pipeline), store,
-            default_tools(), settings)
+            default_tools(), settings, mcp)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
-from ds4agent.agent import compaction, history, permissions_glue, rewind, sessionops
+from ds4agent.agent import compaction, history, mcp_glue, permissions_glue, rewind, sessionops
 from ds4agent.agent import events as ev
 from ds4agent.agent.compaction import MIN_RESERVE, RESULT_RESERVE, compact_threshold
 from ds4agent.agent.decode import TokenStream
@@ -40,6 +40,7 @@ from ds4agent.protocol.template import THINK_MAX_MIN_CTX
 from ds4agent.protocol.tokenizer import Tokenizer
 from ds4agent.sessions.checkpoints import CodeCheckpoints
 from ds4agent.tools import Tool, ToolContext, attach, default_tools, run_tool
+from ds4agent.tools.mcp import McpConfig, McpServers, missing_tool_text
 from ds4agent.tools.permissions import PermissionPolicy
 
 if TYPE_CHECKING:  # the engine and the store are handed in; only their types are needed here
@@ -81,13 +82,15 @@ class Worker:
     system: SystemText
 
     def __init__(self, engine: Engine | EngineLoader, store: SessionStore | None, tools: list[Tool] | None,
-                 settings: AgentSettings, *, io: AgentIO, policy: PermissionPolicy | None = None) -> None:
+                 settings: AgentSettings, *, io: AgentIO, policy: PermissionPolicy | None = None,
+                 mcp: McpConfig | None = None) -> None:
         self.settings = settings
         self.io = io
         self.store = store
         self._engine_src = engine
-        self.tools: list[Tool] = list(tools) if tools is not None else default_tools()
-        self._tool_map = {t.name: t for t in self.tools}
+        self.builtin_tools: list[Tool] = list(tools) if tools is not None else default_tools()
+        self.mcp_config = mcp
+        self.mcp: McpServers | None = None  # started by startup() when mcp names servers
         self.policy = policy if policy is not None else PermissionPolicy(settings.permission)
         self.tool_ctx = ToolContext(cwd=settings.cwd, should_stop=io.should_stop, on_write=self._checkpoint_write)
         self.trace = Trace(None)  # disabled until startup opens --trace
@@ -115,9 +118,22 @@ class Worker:
 
     # ================================================================== startup / shutdown
 
+    @property
+    def tools(self) -> list[Tool]:
+        return self.builtin_tools + list(mcp_glue.tools(self))
+
     def startup(self) -> bool:
+        try:
+            return self._startup()
+        except BaseException:
+            mcp_glue.stop(self)  # no server outlives a start that failed
+            raise
+
+    def _startup(self) -> bool:
         self.trace = Trace(self.settings.trace, on_error=lambda m: self.io.emit(ev.Notice(m, "warning")))
         self.trace.line("worker start")
+        # Asked before the model loads; the servers then start while it loads.
+        mcp_glue.start(self)
         self.tok = Tokenizer.load()
         s = self.settings
         self.sampler = Sampler(temperature=s.temperature, top_p=s.top_p, min_p=s.min_p, seed=s.seed)
@@ -144,6 +160,7 @@ class Worker:
         self.snapshots = make_store(s.snapshot_budget) if make_store is not None else None
         for note in getattr(self.store, "notices", ()):  # e.g. a KV directory open to other users
             self.io.emit(ev.Notice(note, "warning"))
+        mcp_glue.join(self)  # the servers' tools are part of the system prefix
         cached = sessionops.start_system_prefix(self)
         if self.snapshots is not None and tuple(self.session.tokens) == tuple(self.transcript.ids):
             # The system prefix is where every conversation of this run starts: going back in a
@@ -166,6 +183,10 @@ class Worker:
             discard = not self.identity.unsaved_work
         try:
             self.tool_ctx.close()
+        except Exception:  # shutdown must finish
+            pass
+        try:
+            mcp_glue.stop(self)
         except Exception:  # shutdown must finish
             pass
         sessionops.close_journal(self, keep=not discard)
@@ -558,18 +579,22 @@ class Worker:
         return texts
 
     def _run_one(self, index: int, name: str, args: Mapping[str, object]) -> str:
-        if name not in self._tool_map:
-            text = template.result_unknown_tool(name)
+        tools = self.tools
+        tool = next((t for t in tools if t.name == name), None)
+        if tool is None:
+            # A `server__tool` of an MCP server that is not running (a session saved with it and
+            # loaded without it, or a server that died) says so; anything else is unknown.
+            text = missing_tool_text(name, self.mcp) or template.result_unknown_tool(name)
             self.io.emit(ev.ToolResult(index, name, False, text))
             return text
         self.set_state(ev.State.TOOL, detail=name)
-        refusal = permissions_glue.permit(self, name, args)
+        refusal = permissions_glue.permit(self, tool, args)
         if refusal is not None:
             self.io.emit(ev.ToolResult(index, name, False, refusal))
             return refusal
         t0 = time.monotonic()
         self.trace.line(f"tool {name} {args!r}")
-        result = run_tool(name, args, self.tool_ctx, self.tools)
+        result = run_tool(name, args, self.tool_ctx, tools)
         result = permissions_glue.after_run(self, name, args, result)
         elapsed = time.monotonic() - t0
         self.io.emit(ev.ToolResult(index, name, bool(result.ok), result.text, result.display, round(elapsed, 3)))

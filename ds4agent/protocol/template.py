@@ -210,7 +210,14 @@ def system_prefix_pieces(
         # Extra system text comes from the CLI / AGENTS.md: untrusted, never a special token.
         pieces += [Text("\n\n", trusted=True), Text(extra)]
     if tools:
-        pieces.append(Text("\n\n" + tools_block(tools), trusted=True))
+        # The block's fixed text is ours (trusted); the schema lines are not: a tool from an MCP
+        # server brings its own name, description and schema, and a special string in them must
+        # stay plain text. ds4agent's own lines hold none, so their ids are the same either way.
+        pieces += [
+            Text("\n\n" + TOOLS_BLOCK_HEAD, trusted=True),
+            Text("\n".join(tool_schema_line(t) for t in tools)),
+            Text(TOOLS_BLOCK_TAIL, trusted=True),
+        ]
     return pieces
 
 

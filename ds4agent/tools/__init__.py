@@ -19,6 +19,8 @@ Public modules with their own API:
     shellscan.py    scan(command, cwd): the programs a command runs, the writes that always ask
     sandbox.py      the OS boundary around every bash job: availability(), Grants (what the user
                     allowed beyond it, ToolContext.sandbox), refusals read from a job's output
+    mcp/            tools from the user's MCP servers: load_config, McpServers, mcp_tools (its
+                    own package; importing it does not import the SDK)
 
 Internal modules: registry.py (the table), context.py, results.py, args.py (argument coercion),
 jobs.py (background processes), bash.py, listing.py, beneath.py (opening and replacing files

@@ -24,6 +24,12 @@ Modes (the command line's --permission):
 Reading tools (read, more, search, list, bash_status, bash_stop) never ask: stopping a job the
 model started or looking at files changes nothing.
 
+Tools from MCP servers (check(..., hints=ToolHints(...))): a tool that declares itself read-only
+(readOnlyHint) is treated like a reading tool in every mode. Any other one asks in ask mode (allow
+once / allow that tool for this session / deny, the arguments shown), is refused in read-only mode,
+and runs without a question in auto mode unless it declares itself destructive (destructiveHint).
+The hints are the server's word, not a guarantee; the user chose to configure the server.
+
 The OS sandbox (tools/sandbox.py) bounds what every bash job can do, whatever the answers: the
 questions decide what to ask, the sandbox what can happen. When it refused something, escalation()
 gives the one question for that command: run it again outside the sandbox (once), or, when only
@@ -34,6 +40,7 @@ over 64 KiB is asked about without being read.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -47,7 +54,8 @@ from ds4agent.tools.results import DiffDisplay, TextDisplay, ToolError, ToolResu
 from ds4agent.tools.sandbox import Refusal, availability
 from ds4agent.tools.shellscan import command_programs, scan
 
-__all__ = ["Answer", "Choice", "Decision", "PermissionPolicy", "Question", "command_programs", "denied_result"]
+__all__ = ["Answer", "Choice", "Decision", "PermissionPolicy", "Question", "ToolHints", "command_programs",
+           "denied_result"]
 
 MODES = ("ask", "auto", "read-only")
 FILE_TOOLS = frozenset({"write", "edit"})
@@ -55,6 +63,14 @@ ASKING_TOOLS = FILE_TOOLS | {"bash"}
 MAX_SCANNED_COMMAND = 64 * 1024  # longer commands are asked about as they are, never read
 GIT_METADATA_QUESTION = ("Allow git to write its metadata (.git/) for this session? That also lets commands "
                          "write git hooks and settings, which run code on later git commands.")
+
+@dataclass(frozen=True)
+class ToolHints:
+    """What a tool from an MCP server declares about itself (hints, as the MCP spec calls them)."""
+
+    read_only: bool = False
+    destructive: bool = False
+
 
 class Choice(StrEnum):
     ONCE = "once"
@@ -92,7 +108,7 @@ class Question:
     tool: str
     title: str
     preview: str
-    preview_kind: Literal["command", "diff"]
+    preview_kind: Literal["command", "diff", "arguments"]
     session_label: str | None
     scope: tuple[str, ...] = ()
     outside_workspace: bool = False
@@ -154,11 +170,15 @@ class PermissionPolicy:
         if self.mode not in MODES:
             raise ValueError(f"unknown permission mode {self.mode!r}; use one of: {', '.join(MODES)}")
 
-    def check(self, tool_name: str, args: Mapping[str, Any], ctx: ToolContext) -> Decision:
+    def check(self, tool_name: str, args: Mapping[str, Any], ctx: ToolContext, *,
+              hints: ToolHints | None = None) -> Decision:
         """Never raises: a call that cannot even be checked (a path with a NUL byte, an input the
-        readers choke on) is refused with the reason, which is the safe side of every doubt."""
+        readers choke on) is refused with the reason, which is the safe side of every doubt.
+        hints: given for a tool of an MCP server (None: one of ds4agent's own tools)."""
         ctx.approved = None  # an approval covers only the call checked just before it runs
         try:
+            if hints is not None:
+                return self._check_external(tool_name, args, hints)
             return self._decide(tool_name, args, ctx)
         except ToolError as err:
             return Decision("deny", err.message)
@@ -250,6 +270,25 @@ class PermissionPolicy:
             outside_workspace=outside,
             path=target,
             diff=diff,
+        )
+        return Decision("ask", question=q)
+
+    def _check_external(self, tool_name: str, args: Mapping[str, Any], hints: ToolHints) -> Decision:
+        if hints.read_only:
+            return ALLOW
+        if self.mode == "read-only":
+            return Decision("deny", f"{tool_name} is not allowed in read-only mode: this MCP tool does not "
+                                    "declare itself read-only")
+        if tool_name in self.allowed_tools or (self.mode == "auto" and not hints.destructive):
+            return ALLOW
+        what = "MCP tool" if not hints.destructive else "MCP tool (it declares itself destructive)"
+        q = Question(
+            tool=tool_name,
+            title=f"Allow the {what} `{tool_name}`?",
+            preview=json.dumps(dict(args), indent=2, ensure_ascii=False, default=str),
+            preview_kind="arguments",
+            session_label=f"allow `{tool_name}` for this session",
+            scope=("tool", tool_name),
         )
         return Decision("ask", question=q)
 

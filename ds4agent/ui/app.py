@@ -402,8 +402,8 @@ class Ds4App(App):
         # never "discard" for the resume question, and nothing for a save question without cancel.
         escape = "c" if "c" in keys else ("n" if e.kind == "continue" else None)
         # The save / continue questions answer a command the user just gave (/quit, /new):
-        # typing "y" right after it is meant for them. The resume question opens on its own.
-        screen = GuardedQuestionScreen if e.kind == "resume" else QuestionScreen
+        # typing "y" right after it is meant for them. The resume and MCP questions open on their own.
+        screen = GuardedQuestionScreen if e.kind in ("resume", "mcp") else QuestionScreen
 
         def answered(key: str | None) -> None:
             if self.agent is not None and key is not None:

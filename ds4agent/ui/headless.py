@@ -248,7 +248,7 @@ def main(args: Any) -> int:
 
     err = sys.stderr
     try:
-        loader, store, tools, settings = build_from_args(args)
+        loader, store, tools, settings, mcp = build_from_args(args)
     except Exception as exc:  # e.g. the KV directory cannot be created
         err.write(f"ds4agent: {exc}\n")
         return EXIT_FAIL
@@ -274,6 +274,6 @@ def main(args: Any) -> int:
             err.write("ds4agent: no terminal to ask permission questions on: running read-only "
                       "(use --permission auto to allow commands and file changes)\n")
             settings.permission = "read-only"
-    agent = Agent(loader, store, tools, settings)
+    agent = Agent(loader, store, tools, settings, mcp=mcp)
     return run(agent, args.prompt, out=sys.stdout, err=err, json_mode=bool(getattr(args, "json_events", False)),
                ask=ask, save=bool(settings.resume))

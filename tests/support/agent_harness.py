@@ -50,6 +50,7 @@ class AgentHarness:
         store: Any = "default",
         answer: Answerer | None = None,
         start: bool = True,
+        mcp: Any = None,
         **settings: Any,
     ) -> AgentHarness:
         from ds4agent.sessions.store import SessionStore
@@ -70,7 +71,7 @@ class AgentHarness:
         opts = dict(ctx=ctx, cwd=root / "work", journal_dir=root / "journal", permission="auto",
                     seed=1, checkpoint_dir=root / "checkpoints")
         opts.update(settings)
-        agent = Agent(engine, store, list(tools) if tools is not None else None, AgentSettings(**opts))
+        agent = Agent(engine, store, list(tools) if tools is not None else None, AgentSettings(**opts), mcp=mcp)
         h = cls(agent, engine, store, root, answer or (lambda e: None))
         if start:
             h.start()

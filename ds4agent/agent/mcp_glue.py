@@ -1,0 +1,110 @@
+"""The agent's side of MCP servers: the project-file question, starting, joining, stopping.
+
+    start(worker)   at startup, before the model loads: warn about configuration errors, ask about
+                    an unapproved project `.mcp.json` (remembered by the file's hash), then spawn
+                    the servers in the background (they start while the model loads)
+    join(worker)    before the system prompt is rendered: wait for the servers (each bounded by
+                    its start timeout), say which ones serve how many tools
+    tools(worker)   the MCP tools now callable (the running servers' tools)
+    stop(worker)    at exit
+
+The tool set is fixed where the system prefix is rendered (start, /new, compaction): a server
+that comes up late joins at the next /new, and one that dies mid-session leaves its tools in the
+prompt, where calls to them get a tool error that says the server is not running.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ds4agent.agent import events as ev
+from ds4agent.agent.port import WorkerPort
+from ds4agent.tools.mcp import (
+    Approvals,
+    McpConfig,
+    McpServers,
+    McpTool,
+    ServerState,
+    default_log_dir,
+    mcp_tools,
+)
+from ds4agent.tools.mcp.config import McpConfigError
+
+if TYPE_CHECKING:
+    from ds4agent.tools.mcp import ProjectFile
+
+# The worker waits at most this long beyond the model load for servers still starting.
+JOIN_TIMEOUT = 30.0
+
+
+def _approve(worker: WorkerPort, config: McpConfig, project: ProjectFile) -> bool:
+    approvals = Approvals(config.config_dir)
+    try:
+        known = approvals.answer(project)
+    except McpConfigError as err:
+        worker.io.emit(ev.Notice(f"MCP approvals unreadable, asking again: {err}", "warning"))
+        known = None
+    if known is not None:
+        return known
+    listed = "; ".join(f"`{s.name}`: {s.command_line()}" for s in project.servers)
+    key, _ = worker.io.ask(ev.Question(
+        id=worker.io.new_id("mcp"), kind="mcp",
+        question=f"This project's {project.path.name} starts MCP servers ({listed}). Start them?",
+        options=(("y", "yes, for this file"), ("n", "not now"), ("d", "never for this file")),
+    ))
+    if key in ("y", "d"):
+        try:
+            approvals.remember(project, key == "y")
+        except OSError as err:
+            worker.io.emit(ev.Notice(f"MCP approval not remembered: {err.strerror or err}", "warning"))
+    if key != "y":
+        worker.io.emit(ev.Notice(f"the MCP servers of {project.path} are not started", "warning"))
+    return key == "y"
+
+
+def start(worker: WorkerPort) -> None:
+    config = worker.mcp_config
+    if config is None:
+        return
+    for problem in config.errors:
+        worker.io.emit(ev.Notice(f"MCP configuration: {problem}", "warning"))
+    project = config.project
+    use_project = project is not None and bool(project.servers) and _approve(worker, config, project)
+    servers = config.servers(use_project)
+    if not servers:
+        return
+    io = worker.io
+
+    def notice(text: str) -> None:
+        io.emit(ev.Notice(text, "warning"))
+
+    hub = McpServers(servers, cwd=worker.settings.cwd, log_dir=config.log_dir or default_log_dir(),
+                     on_notice=notice)
+    worker.mcp = hub
+    hub.start()
+
+
+def join(worker: WorkerPort) -> None:
+    hub = worker.mcp
+    if hub is None:
+        return
+    hub.wait_started(JOIN_TIMEOUT)
+    ready = []
+    for status in hub.statuses():
+        if status.state is ServerState.READY:
+            ready.append(f"{status.config.name} ({len(status.tools)} tool{'' if len(status.tools) == 1 else 's'})")
+        elif status.state is ServerState.STARTING:
+            worker.io.emit(ev.Notice(f"MCP server `{status.config.name}` is still starting; its tools join "
+                                     "with the next /new session", "warning"))
+    if ready:
+        worker.io.emit(ev.Notice("MCP servers: " + ", ".join(ready)))
+
+
+def tools(worker: WorkerPort) -> list[McpTool]:
+    return mcp_tools(worker.mcp) if worker.mcp is not None else []
+
+
+def stop(worker: WorkerPort) -> None:
+    hub, worker.mcp = worker.mcp, None
+    if hub is not None:
+        hub.close()
