@@ -354,7 +354,8 @@ class Agent:
             return bool(self._queued)
 
     def take_queued(self) -> str:
-        """All queued messages joined with blank lines (§9.1); empties the queue."""
+        """All queued messages as one text (template.join_queued: numbered when several); empties
+        the queue."""
         with self._lock:
             text = self._pop_queued_locked()
         if text:
@@ -362,8 +363,11 @@ class Agent:
         return text
 
     def _pop_queued_locked(self) -> str:
-        """The queue joined with blank lines ("" when empty) and emptied; the caller holds _lock."""
-        text = "\n\n".join(self._queued)
+        """The queue as one text ("" when empty) and emptied; the caller holds _lock."""
+        # The renderer's rule; imported here so that importing the facade stays cheap.
+        from ds4agent.protocol.template import join_queued
+
+        text = join_queued(self._queued)
         self._queued.clear()
         return text
 

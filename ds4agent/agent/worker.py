@@ -540,19 +540,17 @@ class Worker:
     # ------------------------------------------------------------------ tools
 
     def _run_calls(self, calls: list[tuple[str, dict[str, object]]]) -> list[str]:
-        """The result texts of a block's calls, in order. Once a message is queued or the user
-        interrupts, the remaining calls are not run; a fixed text answers each of them (§9.1)."""
+        """The result texts of a block's calls, in order. A message typed meanwhile never stops a
+        call: it follows this round's results (_append_results). Once the user interrupts, the
+        remaining calls are not run; a fixed text answers each of them."""
         texts: list[str] = []
         for i, (name, args) in enumerate(calls):
-            if self.io.has_queued():
-                text = template.RESULT_NOT_RUN_NEW_MESSAGE
-            elif self.io.should_stop():
+            if self.io.should_stop():
                 text = template.RESULT_NOT_RUN_INTERRUPTED
+                self.io.emit(ev.ToolResult(i, name, False, text))
+                texts.append(text)
             else:
                 texts.append(self._run_one(i, name, args))
-                continue
-            self.io.emit(ev.ToolResult(i, name, False, text))
-            texts.append(text)
         return texts
 
     def _run_one(self, index: int, name: str, args: Mapping[str, object]) -> str:

@@ -108,8 +108,8 @@ TOOLS_BLOCK_TAIL = "\n\nYou MUST strictly follow the above defined tool name and
 COMPACTION_HEAD = "\n\n[ds4-agent compacted earlier conversation. Durable task-state summary follows.]\n"
 COMPACTION_TAIL = "[End compacted summary. Recent conversation continues verbatim below.]\n\n"
 
-# §9: the loop's own result texts (exact, no trailing LF).
-RESULT_NOT_RUN_NEW_MESSAGE = "Tool call not executed: the user sent a new message."
+# §9: the loop's own result text (exact, no trailing LF). A message typed while the model works
+# never stops a call (it follows the results turn); only an interrupt does.
 RESULT_NOT_RUN_INTERRUPTED = "Tool call not executed: the user interrupted."
 
 
@@ -141,10 +141,15 @@ def trim(text: str | bytes) -> str | bytes:
 
 
 def join_queued(messages: str | Iterable[str]) -> str:
-    """Queued text (§9.1): each message trimmed, empty ones dropped, joined with a blank line."""
+    """Queued text (§9.1): each message trimmed, empty ones dropped. One message is sent as typed;
+    several are numbered ("Queued user message 1:\n..."), a blank line between them, so the model
+    can tell where one ends and the next begins (what ds4-agent sends)."""
     if isinstance(messages, str):
         messages = (messages,)
-    return "\n\n".join(t for t in (trim(m) for m in messages) if t)
+    texts = [t for t in (trim(m) for m in messages) if t]
+    if len(texts) == 1:
+        return texts[0]
+    return "\n\n".join(f"Queued user message {i}:\n{t}" for i, t in enumerate(texts, 1))
 
 
 def effective_think_mode(mode: str | ThinkMode, ctx: int) -> ThinkMode:
