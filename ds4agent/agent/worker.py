@@ -273,7 +273,8 @@ class Worker:
                 more = self._after_round(result)
                 sessionops.journal_write(self)
                 if not more:
-                    reason = result.reason if result.reason not in ("tools", "error", "thinking") else "done"
+                    reason = result.reason if result.reason not in ("tools", "error", "thinking",
+                                                                    "unterminated") else "done"
                     break
         except EngineLost:
             # No later turn can run (a pipeline rank is gone): journal what the turn got so far,
@@ -461,8 +462,14 @@ class Worker:
 
     def _after_round(self, result: RoundResult) -> bool:
         """Run tools / build the results turn. True when another round follows."""
-        if result.reason in ("error", "thinking"):
+        if result.reason == "thinking":
             texts = [dsml.error_result(result.error)]
+            self.io.emit(ev.ToolResult(0, "", False, texts[0]))
+        elif result.reason in ("error", "unterminated"):
+            # Malformed, stray or incomplete DSML: the error and the exact syntax, and the turn
+            # goes on (the model usually gets it right the next round).
+            reason = result.error if result.reason == "error" else dsml.INCOMPLETE_REASON
+            texts = [dsml.syntax_error_result(reason)]
             self.io.emit(ev.ToolResult(0, "", False, texts[0]))
         elif result.reason == "tools":
             texts = self._run_calls(result.calls)

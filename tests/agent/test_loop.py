@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ds4agent.agent import events as ev
-from ds4agent.protocol import template
+from ds4agent.protocol import dsml, template
 from ds4agent.protocol.tokenizer import ASSISTANT, EOS, THINK, USER, Tokenizer
 from tests.agent.conftest import RecTool
 from tests.support.agent_harness import AgentHarness, of
@@ -67,7 +67,8 @@ def test_malformed_block_gives_error_result_and_next_round(tmp_path, tools):
     assert tools[0].calls == [] and tools[1].calls == []
     inv = of(evs, ev.ToolCallInvalid)
     assert inv and inv[0].kind == "error" and inv[0].reason.startswith("unexpected DSML tag")
-    expected = f"<｜User｜><tool_result>Tool error: invalid DSML tool call: {inv[0].reason}</tool_result>"
+    expected = (f"<｜User｜><tool_result>Tool error: invalid DSML tool call: {inv[0].reason}\n\n"
+                f"{dsml.SYNTAX_REMINDER}</tool_result>")
     assert expected.encode() in h.text()
     assert of(evs, ev.TurnEnded)[-1].rounds == 2
     h.stop()
@@ -336,4 +337,43 @@ def test_startup_failure_is_a_fatal_error_and_an_error_status(tmp_path):
     assert err.fatal and err.text == "startup failed: no such model file"
     assert of(h.events, ev.Status)[-1].state == ev.State.ERROR
     assert of(h.events, ev.Exited)[-1].status == 1
+    h.stop()
+
+
+def test_bare_invoke_without_the_block_is_parsed_and_run(tmp_path, tools):
+    bare = text_ids('Reading.\n<｜DSML｜invoke name="alpha">\n<｜DSML｜parameter name="x" string="true">7'
+                    '</｜DSML｜parameter>\n</｜DSML｜invoke>') + text_ids("\nGARBAGE")
+    h = AgentHarness.build(tmp_path, [text_ids("Plan.</think>") + bare, reply("Done.", think="")],
+                           tools=tools)
+    evs = h.turn("go")
+    assert tools[0].calls == [{"x": "7"}]
+    assert b"GARBAGE" not in h.text()  # generation stops at the invoke's close
+    assert "</｜DSML｜invoke><｜end▁of▁sentence｜><｜User｜><tool_result>A1\n</tool_result>".encode() in h.text()
+    assert [(r.name, r.ok) for r in of(evs, ev.ToolResult)] == [("alpha", True)]
+    assert of(evs, ev.TurnEnded)[-1].rounds == 2
+    h.stop()
+
+
+def test_incomplete_block_gets_the_syntax_reminder_and_the_turn_continues(tmp_path, tools):
+    cut = text_ids('Plan.</think>Try.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="alpha">\n') + [EOS]
+    h = AgentHarness.build(tmp_path, [cut, reply("Second try.", think="")], tools=tools)
+    evs = h.turn("go")
+    assert tools[0].calls == []
+    result = dsml.syntax_error_result(dsml.INCOMPLETE_REASON)
+    assert result.endswith(dsml.SYNTAX_REMINDER)
+    assert f"<｜User｜><tool_result>{result}</tool_result><｜Assistant｜><think>".encode() in h.text()
+    assert h.text().endswith("Second try.<｜end▁of▁sentence｜>".encode())
+    end = of(evs, ev.TurnEnded)[-1]
+    assert (end.reason, end.rounds) == ("done", 2)
+    h.stop()
+
+
+def test_stray_dsml_tag_in_text_is_a_tool_error_with_the_reminder(tmp_path, tools):
+    stray = text_ids('Plan.</think>Value </｜DSML｜parameter> here') + [EOS]
+    h = AgentHarness.build(tmp_path, [stray, reply("Ok.", think="")], tools=tools)
+    evs = h.turn("go")
+    inv = of(evs, ev.ToolCallInvalid)
+    assert inv and inv[0].reason == "unexpected DSML tag: </｜DSML｜parameter>"
+    assert dsml.syntax_error_result(inv[0].reason).encode() in h.text()
+    assert of(evs, ev.TurnEnded)[-1].rounds == 2
     h.stop()
