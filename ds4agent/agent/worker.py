@@ -37,7 +37,7 @@ from ds4agent.agent.transcript import Transcript
 from ds4agent.engine import EngineLost, Interrupted, Sampler
 from ds4agent.protocol import dsml, template
 from ds4agent.protocol.template import THINK_MAX_MIN_CTX
-from ds4agent.protocol.tokenizer import Tokenizer
+from ds4agent.protocol.tokenizer import Piece, Tokenizer
 from ds4agent.sessions.checkpoints import CodeCheckpoints
 from ds4agent.tools import Tool, ToolContext, attach, default_tools, run_tool
 from ds4agent.tools.permissions import PermissionPolicy
@@ -46,6 +46,9 @@ if TYPE_CHECKING:  # the engine and the store are handed in; only their types ar
     from ds4agent.engine import Engine, Session, SnapshotStore
     from ds4agent.sessions.store import SessionStore
 
+# The system prompt is appended again once this many transcript tokens have passed since it last
+# appeared (as ds4-agent does), so the tool rules never drift out of the model's attention.
+SYSTEM_REMINDER_INTERVAL = 50_000
 # Status events during generation are rate-limited (the UI redraws at most ~10 Hz anyway).
 STATUS_INTERVAL = 0.25
 _THINK_MAX_TOO_SMALL = f"think-max needs a context of at least {THINK_MAX_MIN_CTX} tokens; using think"
@@ -253,8 +256,18 @@ class Worker:
                 # result, and the message follows it (the results + text form of §9.1).
                 user_ids = template.render_tool_results(update, queued=text, think_mode=self._mode_for_prompt(),
                                                         tokenizer=self.tok)
-            if len(self.transcript) + len(user_ids) + 1 >= self.settings.ctx:
+            # Deep in a long session: the system prompt again, in front of the <｜User｜>.
+            lead, reminded = self._lead(len(user_ids))
+            # Its own BPE run (a special token on either side), so appended before the turn: the
+            # turn itself still starts at its <｜User｜> (rewind points, turn times).
+            lead_ids = self.tok.encode_pieces(lead)
+            if len(self.transcript) + len(lead_ids) + len(user_ids) + 1 >= self.settings.ctx:
                 raise TurnAborted("context full: the message does not fit the context")
+            if lead_ids:
+                self._trace_append(lead_ids, "system")
+                self.transcript.extend(lead_ids)
+                if reminded:
+                    self.transcript.system_seen_at = len(self.transcript)
             rewind.keep_boundary(self)
             self._trace_append(user_ids, "user")
             self.transcript.extend(user_ids)
@@ -297,6 +310,19 @@ class Worker:
             self.set_state(ev.State.ERROR, detail=error)
         else:
             self.set_state(ev.State.IDLE)
+
+    def _lead(self, unit_len: int) -> tuple[list[Piece], bool]:
+        """What goes in front of the next unit's <｜User｜>: the system prompt again when
+        SYSTEM_REMINDER_INTERVAL tokens have passed since it last appeared. Returns (pieces,
+        whether the reminder is among them)."""
+        lead: list[Piece] = []
+        since = len(self.transcript) + unit_len - self.transcript.system_seen_at
+        reminded = since >= SYSTEM_REMINDER_INTERVAL
+        if reminded:
+            self.trace.line(f"system prompt reminder after {since} tokens")
+            lead += template.system_reminder_pieces(self.system.builtin, extra_system_text=self.system.extra,
+                                                    tools=self.tools)
+        return lead, reminded
 
     def _attach(self, text: str) -> str:
         """The message with its `@path` files and directories attached (tools/attach.py)."""
@@ -494,11 +520,11 @@ class Worker:
         if queued:
             queued = self._attach(queued)
 
-        def render(ts: list[str]) -> list[int]:
+        def render(ts: list[str], lead: list[Piece] | None = None) -> list[int]:
             # pending_results(): the bash job update when a compaction just ran (also one run
             # inside this function), after the results of this round's calls.
             return template.render_tool_results(ts + self.pending_results(), queued=queued, think_mode=mode,
-                                                tokenizer=self.tok)
+                                                tokenizer=self.tok, lead=lead or ())
 
         ids = render(texts)
         projected = len(self.transcript) + len(ids)
@@ -524,10 +550,19 @@ class Worker:
         else:
             compaction.maybe_compact(self, projected, "soft")
             ids = render(texts)
+        lead, reminded = self._lead(len(ids))
+        if reminded:
+            with_lead = render(texts, lead)
+            if len(self.transcript) + len(with_lead) + RESULT_RESERVE < self.settings.ctx:
+                ids = with_lead  # else the reminder waits for a unit it fits beside
+            else:
+                reminded = False
         if queued:
             self.io.emit(ev.UserTurn(queued, queued=True))
         self._trace_append(ids, "results")
         self.transcript.extend(ids)
+        if reminded:
+            self.transcript.system_seen_at = len(self.transcript)
         self._jobs_update = None  # delivered
 
     def pending_results(self) -> list[str]:
