@@ -279,6 +279,11 @@ class Agent:
         """/list: publishes SessionList (runs at once, busy or not: it only reads file headers)."""
         self.emit(self._worker.list_sessions_event())
 
+    def delete(self, prefix: str) -> None:
+        """/del PREFIX: asks "Delete session ...?" (a Question), then deletes the file; refuses
+        the live session while it has unsaved turns. Idle only."""
+        self._command("del", lambda: self._worker.cmd_delete(prefix))
+
     def delete_session(self, prefix: str) -> str:
         """Delete a saved session by id prefix (the picker's `d`); runs in the caller's thread (it
         only unlinks a file). Returns the deleted path; raises the store's KVCError (readable)."""

@@ -621,6 +621,10 @@ class Worker:
         if self.confirm_leave():
             sessionops.load(self, prefix)
 
+    def cmd_delete(self, prefix: str) -> None:
+        sessionops.delete(self, prefix)
+        self.set_state(ev.State.IDLE)
+
     def cmd_new(self) -> None:
         if self.confirm_leave():
             sessionops.new_session(self)

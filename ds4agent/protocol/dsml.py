@@ -45,8 +45,7 @@ START_MARKERS = (
 )
 _OPEN = b"<" + _BAR + b"DSML" + _BAR  # "<｜DSML｜"
 _CLOSE = b"</" + _BAR + b"DSML" + _BAR  # "</｜DSML｜"
-# An invoke without the enclosing tool_calls block (the model forgets the outer tag): it still
-# counts as a call, a one-invoke block that ends at its `</｜DSML｜invoke>`.
+# An invoke without the tool_calls block around it still counts: a one-invoke block.
 BARE_INVOKE = _OPEN + b"invoke"
 # Outside a block, the start of any other DSML tag is stray DSML: a tool error, not text.
 _STRAY = (_OPEN, _CLOSE)
@@ -69,16 +68,10 @@ THINKING_NOTE = f"[tool call ignored: {THINKING_ERROR_REASON}]"
 UNTERMINATED_NOTE = "[tool call interrupted]"
 
 
-# After every DSML error the model is shown the exact form once more: the error alone often
-# leads to the same mistake in the next round.
-SYNTAX_REMINDER = (
-    "Write tool calls exactly like this:\n"
-    "<｜DSML｜tool_calls>\n"
-    '<｜DSML｜invoke name="$TOOL_NAME">\n'
-    '<｜DSML｜parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</｜DSML｜parameter>\n'
-    "</｜DSML｜invoke>\n"
-    "</｜DSML｜tool_calls>"
-)
+# Shown after a DSML syntax error: the error alone often brings the same mistake again.
+SYNTAX_REMINDER = ("Write tool calls exactly like this:\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"$TOOL_NAME\">\n"
+                   '<｜DSML｜parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</｜DSML｜parameter>\n'
+                   "</｜DSML｜invoke>\n</｜DSML｜tool_calls>")
 
 
 def error_result(reason: str) -> str:
@@ -89,8 +82,6 @@ def error_result(reason: str) -> str:
 def syntax_error_result(reason: str) -> str:
     """A malformed, stray or incomplete block's result: the error, then the syntax reminder."""
     return f"{error_result(reason)}\n\n{SYNTAX_REMINDER}"
-
-
 INCOMPLETE_REASON = "the tool call block ended before its closing tag"
 
 
@@ -564,8 +555,7 @@ class DsmlParser:
             self.block_open = True
             rest = buf[at:]
             self._raw += rest
-            # A bare invoke is parsed as the invoke tag of a one-invoke block; any other tag is
-            # parsed the same way, so the error names the whole tag ("unexpected DSML tag: ...").
+            # Parsed as a one-invoke block (any other tag then fails naming the whole tag).
             self._bare = True
             if bare:
                 out.append(BlockStart(BARE_INVOKE))
@@ -604,18 +594,17 @@ class DsmlParser:
 
     @staticmethod
     def _find_stray(buf: bytes, before: int) -> tuple[int, bool] | None:
-        """The first DSML tag start in `buf` before a complete start marker at `before` (-1: none),
-        as (position, is a bare invoke); None when there is none or it may still grow into a
-        start marker or a bare invoke (more bytes decide)."""
+        """(position, is a bare invoke) of the first DSML tag before a start marker at `before`
+        (-1: none); None when there is none, or it may still grow into a start marker."""
         limit = len(buf) if before < 0 else before
         found = -1
         for tag in _STRAY:
             i = buf.find(tag, 0, limit + len(tag) - 1)
             if i >= 0 and i < limit and (found < 0 or i < found):
                 found = i
-        if found < 0:
+        rest = buf[found:] if found >= 0 else b""
+        if not rest:
             return None
-        rest = buf[found:]
         if rest.startswith(BARE_INVOKE):
             return found, True
         if any(m.startswith(rest) for m in (MARKER_CANONICAL, BARE_INVOKE)):
