@@ -24,7 +24,7 @@ def engine_loader(model_path: Path, ctx: int, device: str | None = None, *, rank
                   split: list[int] | None = None) -> Callable[[Callable[[float], None]], Engine]:
     """A loader the worker thread runs: the model with progress (0..1), in this process on `device`
     (None: the GPU when there is one) or, with `ranks` / `hosts`, split over a pipeline whose rank 0
-    is this process (ds4agent.engine.load_engine, engine/pipeline/launch.py)."""
+    is this process (ds4agent.engine.load_engine)."""
 
     def load(progress: Callable[[float], None]) -> Engine:
         from ds4agent.engine import load_engine
