@@ -284,6 +284,11 @@ class Agent:
         """/list: publishes SessionList (runs at once, busy or not: it only reads file headers)."""
         self.emit(self._worker.list_sessions_event())
 
+    def delete(self, prefix: str) -> None:
+        """/del PREFIX: asks "Delete session ...?" (a Question), then deletes the file; refuses
+        the live session while it has unsaved turns. Idle only."""
+        self._command("del", lambda: self._worker.cmd_delete(prefix))
+
     def delete_session(self, prefix: str) -> str:
         """Delete a saved session by id prefix (the picker's `d`); runs in the caller's thread (it
         only unlinks a file). Returns the deleted path; raises the store's KVCError (readable)."""
@@ -359,7 +364,8 @@ class Agent:
             return bool(self._queued)
 
     def take_queued(self) -> str:
-        """All queued messages joined with blank lines (§9.1); empties the queue."""
+        """All queued messages as one text (template.join_queued: numbered when several); empties
+        the queue."""
         with self._lock:
             text = self._pop_queued_locked()
         if text:
@@ -367,8 +373,11 @@ class Agent:
         return text
 
     def _pop_queued_locked(self) -> str:
-        """The queue joined with blank lines ("" when empty) and emptied; the caller holds _lock."""
-        text = "\n\n".join(self._queued)
+        """The queue as one text ("" when empty) and emptied; the caller holds _lock."""
+        # The renderer's rule; imported here so that importing the facade stays cheap.
+        from ds4agent.protocol.template import join_queued
+
+        text = join_queued(self._queued)
         self._queued.clear()
         return text
 

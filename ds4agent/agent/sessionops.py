@@ -333,6 +333,41 @@ def _load(worker: WorkerPort, prefix: str) -> None:
     worker.io.emit(ev.Notice(f"switched to session {loaded.id[:8]} ({len(ids)} tokens)"))
 
 
+def delete(worker: WorkerPort, prefix: str) -> None:
+    """/del PREFIX: one saved session, after a y/n question. The live session is refused while it
+    has unsaved turns (deleting its file would leave them nowhere); deleted with none, its next
+    save writes the file again."""
+    try:
+        store = _store(worker)
+        if not prefix:
+            raise SessionOpError("usage: /del <id-prefix>")
+        entry = store.find_session(prefix)
+        identity = worker.identity
+        live = bool(identity.session_id) and entry.id == identity.session_id
+        if live and identity.unsaved_work:
+            raise SessionOpError(f"session {entry.short_id} is the live session and has unsaved turns "
+                                 "(/save them, or /new first)")
+        # An unreadable file has its reason as its title; a readable one its stored title.
+        title = entry.display_title if hasattr(entry, "reason") else store.describe(entry).display_title
+    except Exception as err:  # SessionOpError, KVCError: readable
+        worker.io.emit(ev.Error(f"delete failed: {err}"))
+        return
+    key, _ = worker.io.ask(ev.Question(
+        id=worker.io.new_id("delete"), kind="delete", question=f'Delete session {entry.short_id} "{title}"?',
+        options=(("y", "delete"), ("n", "keep")),
+    ))
+    if key != "y":
+        worker.io.emit(ev.Notice(f"session {entry.short_id} kept"))
+        return
+    try:
+        path = store.delete(entry.id)
+        forget_deleted(worker, path.stem)
+    except Exception as err:
+        worker.io.emit(ev.Error(f"delete failed: {err}"))
+        return
+    worker.io.emit(ev.Notice(f"deleted session {entry.short_id}"))
+
+
 def forget_deleted(worker: WorkerPort, sid: str) -> None:
     """A session file was deleted (picker): its index entry and code checkpoints go with it."""
     remove_session_extras(_store(worker).directory, sid, worker.settings.checkpoint_dir)

@@ -21,11 +21,15 @@ from ds4agent.protocol.tokenizer import EOS, USER
 class Transcript:
     """Token ids of the whole session, append-only. `system_len`: tokens of the system prefix."""
 
-    __slots__ = ("ids", "system_len")
+    __slots__ = ("ids", "system_len", "system_seen_at")
 
     def __init__(self, ids: Iterable[int] = (), system_len: int = 0) -> None:
         self.ids: list[int] = list(ids)
         self.system_len = system_len
+        # Where the system prompt last appeared: the system prefix, a reminder (worker.py), or a
+        # rebuild (load, compaction, rewind count as a fresh start: the next reminder comes a
+        # whole interval later).
+        self.system_seen_at = len(self.ids)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -40,6 +44,7 @@ class Transcript:
         """Replace the transcript (new session, load, compaction): the only non-append operation."""
         self.ids = list(ids)
         self.system_len = system_len
+        self.system_seen_at = len(self.ids)
 
     def snapshot(self) -> tuple[int, ...]:
         return tuple(self.ids)

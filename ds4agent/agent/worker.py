@@ -37,7 +37,7 @@ from ds4agent.agent.transcript import Transcript
 from ds4agent.engine import EngineLost, Interrupted, Sampler
 from ds4agent.protocol import dsml, template
 from ds4agent.protocol.template import THINK_MAX_MIN_CTX
-from ds4agent.protocol.tokenizer import Tokenizer
+from ds4agent.protocol.tokenizer import Piece, Tokenizer
 from ds4agent.sessions.checkpoints import CodeCheckpoints
 from ds4agent.tools import Tool, ToolContext, attach, default_tools, run_tool
 from ds4agent.tools.mcp import McpConfig, McpServers, missing_tool_text
@@ -47,6 +47,9 @@ if TYPE_CHECKING:  # the engine and the store are handed in; only their types ar
     from ds4agent.engine import Engine, Session, SnapshotStore
     from ds4agent.sessions.store import SessionStore
 
+# The system prompt is appended again once this many transcript tokens have passed since it last
+# appeared (as ds4-agent does), so the tool rules never drift out of the model's attention.
+SYSTEM_REMINDER_INTERVAL = 50_000
 # Status events during generation are rate-limited (the UI redraws at most ~10 Hz anyway).
 STATUS_INTERVAL = 0.25
 _THINK_MAX_TOO_SMALL = f"think-max needs a context of at least {THINK_MAX_MIN_CTX} tokens; using think"
@@ -276,8 +279,18 @@ class Worker:
                 # result, and the message follows it (the results + text form of §9.1).
                 user_ids = template.render_tool_results(update, queued=text, think_mode=self._mode_for_prompt(),
                                                         tokenizer=self.tok)
-            if len(self.transcript) + len(user_ids) + 1 >= self.settings.ctx:
+            # Deep in a long session: the system prompt again, in front of the <｜User｜>.
+            lead, reminded = self._lead(len(user_ids))
+            # Its own BPE run (a special token on either side), so appended before the turn: the
+            # turn itself still starts at its <｜User｜> (rewind points, turn times).
+            lead_ids = self.tok.encode_pieces(lead)
+            if len(self.transcript) + len(lead_ids) + len(user_ids) + 1 >= self.settings.ctx:
                 raise TurnAborted("context full: the message does not fit the context")
+            if lead_ids:
+                self._trace_append(lead_ids, "system")
+                self.transcript.extend(lead_ids)
+                if reminded:
+                    self.transcript.system_seen_at = len(self.transcript)
             rewind.keep_boundary(self)
             self._trace_append(user_ids, "user")
             self.transcript.extend(user_ids)
@@ -296,7 +309,8 @@ class Worker:
                 more = self._after_round(result)
                 sessionops.journal_write(self)
                 if not more:
-                    reason = result.reason if result.reason not in ("tools", "error", "thinking") else "done"
+                    reason = result.reason if result.reason not in ("tools", "error", "thinking",
+                                                                    "unterminated") else "done"
                     break
         except EngineLost:
             # No later turn can run (a pipeline rank is gone): journal what the turn got so far,
@@ -319,6 +333,19 @@ class Worker:
             self.set_state(ev.State.ERROR, detail=error)
         else:
             self.set_state(ev.State.IDLE)
+
+    def _lead(self, unit_len: int) -> tuple[list[Piece], bool]:
+        """What goes in front of the next unit's <｜User｜>: the system prompt again when
+        SYSTEM_REMINDER_INTERVAL tokens have passed since it last appeared. Returns (pieces,
+        whether the reminder is among them)."""
+        lead: list[Piece] = []
+        since = len(self.transcript) + unit_len - self.transcript.system_seen_at
+        reminded = since >= SYSTEM_REMINDER_INTERVAL
+        if reminded:
+            self.trace.line(f"system prompt reminder after {since} tokens")
+            lead += template.system_reminder_pieces(self.system.builtin, extra_system_text=self.system.extra,
+                                                    tools=self.tools)
+        return lead, reminded
 
     def _attach(self, text: str) -> str:
         """The message with its `@path` files and directories attached (tools/attach.py)."""
@@ -484,8 +511,14 @@ class Worker:
 
     def _after_round(self, result: RoundResult) -> bool:
         """Run tools / build the results turn. True when another round follows."""
-        if result.reason in ("error", "thinking"):
+        if result.reason == "thinking":
             texts = [dsml.error_result(result.error)]
+            self.io.emit(ev.ToolResult(0, "", False, texts[0]))
+        elif result.reason in ("error", "unterminated"):
+            # Malformed, stray or incomplete DSML: the error and the exact syntax, and the turn
+            # goes on (the model usually gets it right the next round).
+            reason = result.error if result.reason == "error" else dsml.INCOMPLETE_REASON
+            texts = [dsml.syntax_error_result(reason)]
             self.io.emit(ev.ToolResult(0, "", False, texts[0]))
         elif result.reason == "tools":
             texts = self._run_calls(result.calls)
@@ -510,11 +543,11 @@ class Worker:
         if queued:
             queued = self._attach(queued)
 
-        def render(ts: list[str]) -> list[int]:
+        def render(ts: list[str], lead: list[Piece] | None = None) -> list[int]:
             # pending_results(): the bash job update when a compaction just ran (also one run
             # inside this function), after the results of this round's calls.
             return template.render_tool_results(ts + self.pending_results(), queued=queued, think_mode=mode,
-                                                tokenizer=self.tok)
+                                                tokenizer=self.tok, lead=lead or ())
 
         ids = render(texts)
         projected = len(self.transcript) + len(ids)
@@ -540,10 +573,19 @@ class Worker:
         else:
             compaction.maybe_compact(self, projected, "soft")
             ids = render(texts)
+        lead, reminded = self._lead(len(ids))
+        if reminded:
+            with_lead = render(texts, lead)
+            if len(self.transcript) + len(with_lead) + RESULT_RESERVE < self.settings.ctx:
+                ids = with_lead  # else the reminder waits for a unit it fits beside
+            else:
+                reminded = False
         if queued:
             self.io.emit(ev.UserTurn(queued, queued=True))
         self._trace_append(ids, "results")
         self.transcript.extend(ids)
+        if reminded:
+            self.transcript.system_seen_at = len(self.transcript)
         self._jobs_update = None  # delivered
 
     def pending_results(self) -> list[str]:
@@ -563,19 +605,17 @@ class Worker:
     # ------------------------------------------------------------------ tools
 
     def _run_calls(self, calls: list[tuple[str, dict[str, object]]]) -> list[str]:
-        """The result texts of a block's calls, in order. Once a message is queued or the user
-        interrupts, the remaining calls are not run; a fixed text answers each of them (§9.1)."""
+        """The result texts of a block's calls, in order. A message typed meanwhile never stops a
+        call: it follows this round's results (_append_results). Once the user interrupts, the
+        remaining calls are not run; a fixed text answers each of them."""
         texts: list[str] = []
         for i, (name, args) in enumerate(calls):
-            if self.io.has_queued():
-                text = template.RESULT_NOT_RUN_NEW_MESSAGE
-            elif self.io.should_stop():
+            if self.io.should_stop():
                 text = template.RESULT_NOT_RUN_INTERRUPTED
+                self.io.emit(ev.ToolResult(i, name, False, text))
+                texts.append(text)
             else:
                 texts.append(self._run_one(i, name, args))
-                continue
-            self.io.emit(ev.ToolResult(i, name, False, text))
-            texts.append(text)
         return texts
 
     def _run_one(self, index: int, name: str, args: Mapping[str, object]) -> str:
@@ -608,6 +648,10 @@ class Worker:
     def cmd_load(self, prefix: str) -> None:
         if self.confirm_leave():
             sessionops.load(self, prefix)
+
+    def cmd_delete(self, prefix: str) -> None:
+        sessionops.delete(self, prefix)
+        self.set_state(ev.State.IDLE)
 
     def cmd_new(self) -> None:
         if self.confirm_leave():

@@ -43,9 +43,13 @@ START_MARKERS = (
     b"<DSML" + _BAR + b"tool_calls>",  # first bar missing (a typo the model makes)
     b"<|DSML|tool_calls>",  # ASCII bars
 )
-_MAX_MARKER = max(len(m) for m in START_MARKERS)
 _OPEN = b"<" + _BAR + b"DSML" + _BAR  # "<｜DSML｜"
 _CLOSE = b"</" + _BAR + b"DSML" + _BAR  # "</｜DSML｜"
+# An invoke without the tool_calls block around it still counts: a one-invoke block.
+BARE_INVOKE = _OPEN + b"invoke"
+# Outside a block, the start of any other DSML tag is stray DSML: a tool error, not text.
+_STRAY = (_OPEN, _CLOSE)
+_MAX_MARKER = max(len(m) for m in (*START_MARKERS, BARE_INVOKE, *_STRAY))
 _PARAM_CLOSE_HEAD = _CLOSE + b"parameter"
 _PARAM_CLOSE_ESCAPED = b"&lt;" + _PARAM_CLOSE_HEAD[1:] + b">"
 _PARAM_CLOSE = _PARAM_CLOSE_HEAD + b">"
@@ -64,9 +68,21 @@ THINKING_NOTE = f"[tool call ignored: {THINKING_ERROR_REASON}]"
 UNTERMINATED_NOTE = "[tool call interrupted]"
 
 
+# Shown after a DSML syntax error: the error alone often brings the same mistake again.
+SYNTAX_REMINDER = ("Write tool calls exactly like this:\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"$TOOL_NAME\">\n"
+                   '<｜DSML｜parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</｜DSML｜parameter>\n'
+                   "</｜DSML｜invoke>\n</｜DSML｜tool_calls>")
+
+
 def error_result(reason: str) -> str:
     """The single tool result a failed round gives the model (§11.7)."""
     return f"Tool error: invalid DSML tool call: {reason}"
+
+
+def syntax_error_result(reason: str) -> str:
+    """A malformed, stray or incomplete block's result: the error, then the syntax reminder."""
+    return f"{error_result(reason)}\n\n{SYNTAX_REMINDER}"
+INCOMPLETE_REASON = "the tool call block ended before its closing tag"
 
 
 class GreedyState(Enum):
@@ -217,7 +233,8 @@ class RoundOutcome:
 
     @property
     def failure_result(self) -> str | None:
-        """The single result of a failed round (thinking rule or ERROR), else None."""
+        """The parser's error text of a failed round (thinking rule or ERROR), else None; the agent
+        adds the syntax reminder to a syntax error (syntax_error_result)."""
         if self.thinking_violation:
             return error_result(THINKING_ERROR_REASON)
         if self.kind == "error":
@@ -382,6 +399,7 @@ class DsmlParser:
         self._sub = _BETWEEN
         self._item = bytearray()
         self._in_invoke = False
+        self._bare = False  # the block began with a bare invoke (no tool_calls tag around it)
         self._invoke_name = ""
         self._invoke_params: list[Param] = []
         self._calls: list[ToolCall] = []
@@ -527,6 +545,22 @@ class DsmlParser:
             i = buf.find(m)
             if i >= 0 and (best < 0 or i < best):
                 best, marker = i, m
+        stray = self._find_stray(buf, best)
+        if stray is not None:
+            at, bare = stray
+            t = self._text_dec.decode(buf[:at], True)
+            if t:
+                out.append(TextDelta(t))
+            self._held = b""
+            self.block_open = True
+            rest = buf[at:]
+            self._raw += rest
+            # Parsed as a one-invoke block (any other tag then fails naming the whole tag).
+            self._bare = True
+            if bare:
+                out.append(BlockStart(BARE_INVOKE))
+            self._feed_block(rest, out)
+            return
         if best >= 0:
             self._held = b""
             t = self._text_dec.decode(buf[:best], True)
@@ -548,7 +582,7 @@ class DsmlParser:
         i = buf.find(b"<", start)
         while i >= 0:
             tail = buf[i:]
-            if any(m.startswith(tail) for m in START_MARKERS):
+            if any(m.startswith(tail) for m in (*START_MARKERS, BARE_INVOKE, *_STRAY)):
                 hold = len(tail)
                 break
             i = buf.find(b"<", i + 1)
@@ -557,6 +591,25 @@ class DsmlParser:
         t = self._text_dec.decode(emit)
         if t:
             out.append(TextDelta(t))
+
+    @staticmethod
+    def _find_stray(buf: bytes, before: int) -> tuple[int, bool] | None:
+        """(position, is a bare invoke) of the first DSML tag before a start marker at `before`
+        (-1: none); None when there is none, or it may still grow into a start marker."""
+        limit = len(buf) if before < 0 else before
+        found = -1
+        for tag in _STRAY:
+            i = buf.find(tag, 0, limit + len(tag) - 1)
+            if i >= 0 and i < limit and (found < 0 or i < found):
+                found = i
+        rest = buf[found:] if found >= 0 else b""
+        if not rest:
+            return None
+        if rest.startswith(BARE_INVOKE):
+            return found, True
+        if any(m.startswith(rest) for m in (MARKER_CANONICAL, BARE_INVOKE)):
+            return None  # e.g. "<｜DSML｜too": wait for the rest of the tag
+        return found, False
 
     # ------------------------------------------------------------------ the block
     def _feed_block(self, data: bytes, out: list[Event]) -> None:
@@ -642,6 +695,10 @@ class DsmlParser:
             return
         if kind == "close" and name == b"invoke":
             self._end_invoke(out)
+            if self._bare:
+                # A bare invoke is a block of its one call: done at its close.
+                self._result = "done"
+                out.append(BlockDone(tuple(self._calls), after))
             return
         self._fail(unexpected, out)
 

@@ -9,11 +9,13 @@ Public API (ids are list[int]; `think_mode` is "think" | "nothink" | "think-max"
 
     render_system_prefix(system_text, *, extra_system_text="", tools=(), think_mode="think", ctx) -> ids
         BOS [Think-Max prefix] SYSTEM_TEXT ["\\n\\n" extra] ["\\n\\n" TOOLS_BLOCK]
-    render_user_turn(text, *, think_mode) -> ids
-        <｜User｜> trimmed text <｜Assistant｜> THINK_TOKEN   (EmptyMessageError when empty after trimming)
-    render_tool_results(results, *, queued=(), think_mode) -> ids
+    render_user_turn(text, *, think_mode, lead=()) -> ids
+        [lead] <｜User｜> trimmed text <｜Assistant｜> THINK_TOKEN   (EmptyMessageError when empty after trimming)
+    render_tool_results(results, *, queued=(), think_mode, lead=()) -> ids
         <｜User｜><tool_result>R1</tool_result>\\n\\n<tool_result>R2</tool_result>[\\n\\nqueued]<｜Assistant｜>THINK
     render_assistant_end() -> [EOS]
+    system_reminder_pieces(system_text, *, extra_system_text, tools)
+        the `lead` of a turn: the system prompt again (long sessions)
     render_compacted_prefix(system_text, summary, *, extra_system_text="", tools=(), think_mode, ctx) -> ids
         the system prefix + the compaction wrapper lines + summary; the kept tail's ids follow it.
     render_dsml_block(calls) -> str          canonical "\\n\\n<｜DSML｜tool_calls>\\n...</｜DSML｜tool_calls>"
@@ -104,12 +106,17 @@ TOOLS_BLOCK_HEAD = (
 )
 TOOLS_BLOCK_TAIL = "\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n"
 
+# The system prompt once more, deep in a long session (agent/worker.py decides when), between
+# two trusted wrapper lines.
+SYSTEM_REMINDER_HEAD = "[System prompt reminder follows.]\n"
+SYSTEM_REMINDER_TAIL = "\n[End of system prompt reminder.]\n"
+
 # agent-reference.md §8 (trusted wrapper lines; the summary between them is untrusted).
 COMPACTION_HEAD = "\n\n[ds4-agent compacted earlier conversation. Durable task-state summary follows.]\n"
 COMPACTION_TAIL = "[End compacted summary. Recent conversation continues verbatim below.]\n\n"
 
-# §9: the loop's own result texts (exact, no trailing LF).
-RESULT_NOT_RUN_NEW_MESSAGE = "Tool call not executed: the user sent a new message."
+# §9: the loop's own result text (exact, no trailing LF). A message typed while the model works
+# never stops a call (it follows the results turn); only an interrupt does.
 RESULT_NOT_RUN_INTERRUPTED = "Tool call not executed: the user interrupted."
 
 
@@ -141,10 +148,15 @@ def trim(text: str | bytes) -> str | bytes:
 
 
 def join_queued(messages: str | Iterable[str]) -> str:
-    """Queued text (§9.1): each message trimmed, empty ones dropped, joined with a blank line."""
+    """Queued text (§9.1): each message trimmed, empty ones dropped. One message is sent as typed;
+    several are numbered ("Queued user message 1:\n..."), a blank line between them, so the model
+    can tell where one ends and the next begins (what ds4-agent sends)."""
     if isinstance(messages, str):
         messages = (messages,)
-    return "\n\n".join(t for t in (trim(m) for m in messages) if t)
+    texts = [t for t in (trim(m) for m in messages) if t]
+    if len(texts) == 1:
+        return texts[0]
+    return "\n\n".join(f"Queued user message {i}:\n{t}" for i, t in enumerate(texts, 1))
 
 
 def effective_think_mode(mode: str | ThinkMode, ctx: int) -> ThinkMode:
@@ -221,11 +233,25 @@ def system_prefix_pieces(
     return pieces
 
 
-def user_turn_pieces(text: str | bytes, *, think_mode: str | ThinkMode) -> list[Piece]:
+def system_reminder_pieces(
+    system_text: str, *, extra_system_text: str = "", tools: Sequence[Any] = ()
+) -> list[Piece]:
+    """The system prompt again (system text, extra text, tools block; no BOS, no Think-Max prefix,
+    which belong to the start only) between the reminder's wrapper lines. It goes in front of a
+    unit's <｜User｜> (the `lead` of a user or results turn): right after the previous EOS, so its
+    BPE run starts at a special token and the appended ids equal the whole text's tokenisation."""
+    body = system_prefix_pieces(system_text, extra_system_text=extra_system_text, tools=tools,
+                                think_mode=ThinkMode.THINK, ctx=0)[1:]
+    return [Text(SYSTEM_REMINDER_HEAD, trusted=True), *body, Text(SYSTEM_REMINDER_TAIL, trusted=True)]
+
+
+def user_turn_pieces(text: str | bytes, *, think_mode: str | ThinkMode,
+                     lead: Sequence[Piece] = ()) -> list[Piece]:
+    """`lead`: system text placed before the turn's <｜User｜> (system_reminder_pieces)."""
     body = trim(text)
     if not body:
         raise EmptyMessageError("empty message (only whitespace) is not submitted")
-    return [USER, Text(body), ASSISTANT, think_token(think_mode)]
+    return [*lead, USER, Text(body), ASSISTANT, think_token(think_mode)]
 
 
 _TR_CLOSE = b"</tool_result>"
@@ -242,10 +268,11 @@ def tool_results_pieces(
     *,
     queued: str | Sequence[str] = (),
     think_mode: str | ThinkMode,
+    lead: Sequence[Piece] = (),
 ) -> list[Piece]:
     if not results:
         raise TemplateError("a results turn needs at least one result")
-    pieces: list[Piece] = [USER]
+    pieces: list[Piece] = [*lead, USER]
     for i, r in enumerate(results):
         # Results are untrusted whatever produced them (the loop's own texts included) and never trimmed.
         pieces += [
@@ -388,9 +415,10 @@ def render_system_prefix(
 
 
 def render_user_turn(
-    text: str | bytes, *, think_mode: str | ThinkMode, tokenizer: Tokenizer | None = None
+    text: str | bytes, *, think_mode: str | ThinkMode, tokenizer: Tokenizer | None = None,
+    lead: Sequence[Piece] = (),
 ) -> list[int]:
-    return _tok(tokenizer).encode_pieces(user_turn_pieces(text, think_mode=think_mode))
+    return _tok(tokenizer).encode_pieces(user_turn_pieces(text, think_mode=think_mode, lead=lead))
 
 
 def render_tool_results(
@@ -399,8 +427,10 @@ def render_tool_results(
     queued: str | Sequence[str] = (),
     think_mode: str | ThinkMode,
     tokenizer: Tokenizer | None = None,
+    lead: Sequence[Piece] = (),
 ) -> list[int]:
-    return _tok(tokenizer).encode_pieces(tool_results_pieces(results, queued=queued, think_mode=think_mode))
+    return _tok(tokenizer).encode_pieces(tool_results_pieces(results, queued=queued, think_mode=think_mode,
+                                                             lead=lead))
 
 
 def render_assistant_end() -> list[int]:

@@ -449,6 +449,10 @@ class Ds4App(App):
                 await own(cmd)
             else:
                 commands.call_agent(cmd, self.agent)
+        except commands.UnknownCommand as err:
+            await self.conversation.note(str(err), "error")
+            if not self.input.text:
+                self.input.set_text(line.strip())  # to correct and send again
         except commands.CommandError as err:
             await self.conversation.note(str(err), "error")
 

@@ -13,6 +13,7 @@ Pure logic: no Textual or prompt_toolkit here.
 
 from __future__ import annotations
 
+import difflib
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ class CommandAgent(Protocol):
     def save(self, title: str | None = None) -> None: ...
     def list_sessions(self) -> None: ...
     def load(self, prefix: str) -> None: ...
+    def delete(self, prefix: str) -> None: ...
     def history(self, n: int = 3) -> None: ...
     def new(self) -> None: ...
     def compact(self) -> None: ...
@@ -86,6 +88,8 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("load", "/load [prefix]", "load a saved session (no prefix: session picker)", takes=WORD,
                 agent_call=lambda a, c: a.load(c.arg)),
     CommandSpec("switch", "/switch <prefix>", "same as /load", takes=WORD),
+    CommandSpec("del", "/del <prefix>", "delete a saved session (asks first; never the live one with "
+                "unsaved turns)", takes=WORD, agent_call=lambda a, c: a.delete(c.arg)),
     CommandSpec("list", "/list", "list saved sessions, newest first",
                 agent_call=lambda a, c: a.list_sessions()),
     CommandSpec("history", "/history [N]", "replay the last N user turns (default 3)", takes=COUNT,
@@ -148,6 +152,10 @@ class CommandError(Exception):
     """A slash command the user typed cannot run; the message is one readable line."""
 
 
+class UnknownCommand(CommandError):
+    """A name that is not in the table; the front end puts the typed line back in the input."""
+
+
 ALIASES = {"exit": "quit", "switch": "load"}
 
 
@@ -163,7 +171,9 @@ def parse(text: str) -> ParsedCommand:
     head, _, rest = line.partition(" ")
     name = head[1:].lower()
     if name not in BY_NAME:
-        raise CommandError(f"unknown command: {head}")
+        close = difflib.get_close_matches(name, list(BY_NAME), n=1)
+        hint = f"did you mean /{close[0]}? " if close else ""
+        raise UnknownCommand(f"unknown command: {head} ({hint}/help lists the commands)")
     arg = rest.strip()
     _check_arg(BY_NAME[name], head, arg)
     return ParsedCommand(ALIASES.get(name, name), arg, head)

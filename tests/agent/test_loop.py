@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from ds4agent.agent import events as ev
-from ds4agent.protocol import template
+from ds4agent.protocol import dsml, template
 from ds4agent.protocol.tokenizer import ASSISTANT, EOS, THINK, USER, Tokenizer
 from tests.agent.conftest import RecTool
 from tests.support.agent_harness import AgentHarness, of
 from tests.support.scripted_engine import reply, text_ids
 
 TOK = Tokenizer.load()
-NOT_RUN = "Tool call not executed: the user sent a new message."
+INTERRUPTED = "Tool call not executed: the user interrupted."
 
 
 def after_last_eos_before(h: AgentHarness, n_back: int = 1) -> bytes:
@@ -67,7 +67,8 @@ def test_malformed_block_gives_error_result_and_next_round(tmp_path, tools):
     assert tools[0].calls == [] and tools[1].calls == []
     inv = of(evs, ev.ToolCallInvalid)
     assert inv and inv[0].kind == "error" and inv[0].reason.startswith("unexpected DSML tag")
-    expected = f"<｜User｜><tool_result>Tool error: invalid DSML tool call: {inv[0].reason}</tool_result>"
+    expected = (f"<｜User｜><tool_result>Tool error: invalid DSML tool call: {inv[0].reason}\n\n"
+                f"{dsml.SYNTAX_REMINDER}</tool_result>")
     assert expected.encode() in h.text()
     assert of(evs, ev.TurnEnded)[-1].rounds == 2
     h.stop()
@@ -175,7 +176,7 @@ def test_interrupt_mid_generation_then_save_load_restores(tmp_path, tools):
     h2.stop()
 
 
-def test_queued_message_during_generation_reaches_results_turn(tmp_path, tools):
+def test_queued_message_during_generation_runs_the_calls_then_follows_their_results(tmp_path, tools):
     calls = [("alpha", {"x": "1"}), ("beta", {"x": "2"})]
     h = AgentHarness.build(tmp_path, [reply("", think="t", calls=calls), reply("Fine.", think="")],
                            tools=tools)
@@ -188,8 +189,9 @@ def test_queued_message_during_generation_reaches_results_turn(tmp_path, tools):
 
     h.engine.on_step = hook
     evs = h.turn("test it")
-    assert tools[0].calls == [] and tools[1].calls == []
-    expected = (f"<｜User｜><tool_result>{NOT_RUN}</tool_result>\n\n<tool_result>{NOT_RUN}</tool_result>"
+    # A queued message never costs a tool: both calls ran, the message follows their results.
+    assert tools[0].calls == [{"x": "1"}] and tools[1].calls == [{"x": "2"}]
+    expected = ("<｜User｜><tool_result>A1\n</tool_result>\n\n<tool_result>B1\n</tool_result>"
                 "\n\nUse pytest instead.<｜Assistant｜><think>").encode()
     assert expected in h.text()
     assert [e.queued for e in of(evs, ev.UserTurn)] == [False, True]
@@ -198,17 +200,37 @@ def test_queued_message_during_generation_reaches_results_turn(tmp_path, tools):
     h.stop()
 
 
-def test_queued_during_first_invoke(tmp_path):
+def test_message_queued_during_a_tool_call_lands_after_its_result_with_the_next_call_run(tmp_path):
     holder: list[AgentHarness] = []
     a = RecTool("alpha", fn=lambda args: (holder[0].agent.submit("Stop and use B."), "R1\n")[1])
     b = RecTool("beta", "R2\n")
     h = AgentHarness.build(tmp_path, [reply("", think="t", calls=[("alpha", {}), ("beta", {})]),
                                       reply("Ok.", think="")], tools=[a, b])
     holder.append(h)
+    evs = h.turn("go")
+    assert len(a.calls) == 1 and len(b.calls) == 1
+    expected = ("<｜User｜><tool_result>R1\n</tool_result>\n\n<tool_result>R2\n</tool_result>"
+                "\n\nStop and use B.<｜Assistant｜><think></think>Ok.").encode()
+    assert expected in h.text()
+    assert [(r.name, r.ok) for r in of(evs, ev.ToolResult)] == [("alpha", True), ("beta", True)]
+    h.stop()
+
+
+def test_several_queued_messages_are_numbered_after_the_results(tmp_path):
+    holder: list[AgentHarness] = []
+
+    def first(args):
+        holder[0].agent.submit("one")
+        holder[0].agent.submit("  two  ")
+        return "R1\n"
+
+    a = RecTool("alpha", fn=first)
+    h = AgentHarness.build(tmp_path, [reply("", think="t", calls=[("alpha", {})]), reply("Ok.", think="")],
+                           tools=[a])
+    holder.append(h)
     h.turn("go")
-    assert len(a.calls) == 1 and b.calls == []
-    expected = (f"<｜User｜><tool_result>R1\n</tool_result>\n\n<tool_result>{NOT_RUN}</tool_result>"
-                "\n\nStop and use B.<｜Assistant｜><think>").encode()
+    expected = ("<tool_result>R1\n</tool_result>\n\nQueued user message 1:\none\n\n"
+                "Queued user message 2:\ntwo<｜Assistant｜><think>").encode()
     assert expected in h.text()
     h.stop()
 
@@ -285,8 +307,8 @@ def test_interrupt_during_tool_with_queued_text_runs_next_round(tmp_path):
                                       reply("Understood.", think="")], tools=[a, b])
     holder.append(h)
     evs = h.turn("go")
-    assert b.calls == []
-    expected = (f"<tool_result>R1\n</tool_result>\n\n<tool_result>{NOT_RUN}</tool_result>\n\n"
+    assert b.calls == []  # the interrupt (not the message) stopped the second call
+    expected = (f"<tool_result>R1\n</tool_result>\n\n<tool_result>{INTERRUPTED}</tool_result>\n\n"
                 "Do B differently.<｜Assistant｜><think></think>Understood.<｜end▁of▁sentence｜>").encode()
     assert h.text().endswith(expected)
     assert of(evs, ev.TurnEnded)[-1].rounds == 2
@@ -316,4 +338,43 @@ def test_startup_failure_is_a_fatal_error_and_an_error_status(tmp_path):
     assert err.fatal and err.text == "startup failed: no such model file"
     assert of(h.events, ev.Status)[-1].state == ev.State.ERROR
     assert of(h.events, ev.Exited)[-1].status == 1
+    h.stop()
+
+
+def test_bare_invoke_without_the_block_is_parsed_and_run(tmp_path, tools):
+    bare = text_ids('Reading.\n<｜DSML｜invoke name="alpha">\n<｜DSML｜parameter name="x" string="true">7'
+                    '</｜DSML｜parameter>\n</｜DSML｜invoke>') + text_ids("\nGARBAGE")
+    h = AgentHarness.build(tmp_path, [text_ids("Plan.</think>") + bare, reply("Done.", think="")],
+                           tools=tools)
+    evs = h.turn("go")
+    assert tools[0].calls == [{"x": "7"}]
+    assert b"GARBAGE" not in h.text()  # generation stops at the invoke's close
+    assert "</｜DSML｜invoke><｜end▁of▁sentence｜><｜User｜><tool_result>A1\n</tool_result>".encode() in h.text()
+    assert [(r.name, r.ok) for r in of(evs, ev.ToolResult)] == [("alpha", True)]
+    assert of(evs, ev.TurnEnded)[-1].rounds == 2
+    h.stop()
+
+
+def test_incomplete_block_gets_the_syntax_reminder_and_the_turn_continues(tmp_path, tools):
+    cut = text_ids('Plan.</think>Try.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="alpha">\n') + [EOS]
+    h = AgentHarness.build(tmp_path, [cut, reply("Second try.", think="")], tools=tools)
+    evs = h.turn("go")
+    assert tools[0].calls == []
+    result = dsml.syntax_error_result(dsml.INCOMPLETE_REASON)
+    assert result.endswith(dsml.SYNTAX_REMINDER)
+    assert f"<｜User｜><tool_result>{result}</tool_result><｜Assistant｜><think>".encode() in h.text()
+    assert h.text().endswith("Second try.<｜end▁of▁sentence｜>".encode())
+    end = of(evs, ev.TurnEnded)[-1]
+    assert (end.reason, end.rounds) == ("done", 2)
+    h.stop()
+
+
+def test_stray_dsml_tag_in_text_is_a_tool_error_with_the_reminder(tmp_path, tools):
+    stray = text_ids('Plan.</think>Value </｜DSML｜parameter> here') + [EOS]
+    h = AgentHarness.build(tmp_path, [stray, reply("Ok.", think="")], tools=tools)
+    evs = h.turn("go")
+    inv = of(evs, ev.ToolCallInvalid)
+    assert inv and inv[0].reason == "unexpected DSML tag: </｜DSML｜parameter>"
+    assert dsml.syntax_error_result(inv[0].reason).encode() in h.text()
+    assert of(evs, ev.TurnEnded)[-1].rounds == 2
     h.stop()

@@ -424,3 +424,27 @@ def test_fuzz_token_ids_never_raise(thinking, ids):
             assert isinstance(e, _EVENT_TYPES)
         _ = p.in_syntax
     p.finish()
+
+
+def test_bare_invoke_is_a_one_call_block_in_any_chunking():
+    text = (f'Now.\n{OPEN_INV} name="read">\n{OPEN_PAR} name="path" string="true">a.py{CLOSE_PAR}\n'
+            f'{CLOSE_INV}\nafter')
+    data = text.encode()
+    for size in (1, 2, 5, len(data)):
+        p = DsmlParser(thinking=False)
+        events = [e for i in range(0, len(data), size) for e in p.feed(None, data[i:i + size])]
+        events += p.finish()
+        assert p.stop and p.outcome.kind == "done"
+        assert _got(p.outcome) == [("read", {"path": "a.py"})]
+        assert "".join(e.text for e in events if isinstance(e, D.TextDelta)) == "Now.\n"
+        assert [e.marker for e in events if isinstance(e, D.BlockStart)] == [D.BARE_INVOKE]
+
+
+def test_stray_dsml_outside_a_block_is_an_error_naming_the_tag():
+    p, events = run([f"text {CLOSE_PAR} more"])
+    assert p.outcome.kind == "error" and p.outcome.error == f"unexpected DSML tag: {CLOSE_PAR}"
+    # A tag that may still become a start marker is held back, not an error.
+    p = DsmlParser(thinking=False)
+    p.feed(None, f"x <{B}DSML{B}too".encode())
+    assert not p.stop and not p.block_open
+    assert D.syntax_error_result("r") == "Tool error: invalid DSML tool call: r\n\n" + D.SYNTAX_REMINDER

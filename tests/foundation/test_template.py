@@ -110,7 +110,8 @@ def test_trimming_only_c_isspace(tok):
     assert tok.decode_bytes(ids[1:-2]) == "\u00a0hi\u3000".encode()
     with pytest.raises(TP.EmptyMessageError):
         TP.render_user_turn(" \n\t", think_mode="think", tokenizer=tok)
-    assert TP.join_queued([" a ", "\n", "b\n"]) == "a\n\nb"
+    assert TP.join_queued([" a ", "\n", "b\n"]) == "Queued user message 1:\na\n\nQueued user message 2:\nb"
+    assert TP.join_queued([" a \n", "\n"]) == "a"  # one message goes as typed (trimmed)
     # extra system text: trimmed, omitted with its \n\n when empty, untrusted
     p = TP.render_system_prefix("S", extra_system_text="  \n", ctx=1000, tokenizer=tok)
     assert tok.decode_bytes(p) == "<｜begin▁of▁sentence｜>S".encode()
@@ -155,11 +156,11 @@ def test_tools_block_exact_and_schema_lines(tok):
 
 
 def test_results_turn_escaping_joins_and_queued_example(tok):
-    nr = TP.RESULT_NOT_RUN_NEW_MESSAGE
+    nr = TP.RESULT_NOT_RUN_INTERRUPTED
     ids = TP.render_tool_results([nr, nr], queued=["Use pytest instead."], think_mode="think", tokenizer=tok)
     assert tok.decode_bytes(ids) == (
-        "<｜User｜><tool_result>Tool call not executed: the user sent a new message.</tool_result>\n\n"
-        "<tool_result>Tool call not executed: the user sent a new message.</tool_result>\n\n"
+        "<｜User｜><tool_result>Tool call not executed: the user interrupted.</tool_result>\n\n"
+        "<tool_result>Tool call not executed: the user interrupted.</tool_result>\n\n"
         "Use pytest instead.<｜Assistant｜><think>").encode()
     ids = TP.render_tool_results([R1, nr], queued="  Use pytest instead.\n", think_mode="think", tokenizer=tok)
     assert tok.decode_bytes(ids) == (

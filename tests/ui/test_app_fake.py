@@ -197,7 +197,10 @@ async def test_slash_commands_busy_rule_copy_help_and_unknown():
         await send(pilot, app, "/save")
         await send(pilot, app, "/bogus")
         await wait_until(pilot, lambda: len(_notes(app)) >= 2)
-        assert _notes(app) == ["command requires the model to be idle: /compact", "unknown command: /bogus"]
+        assert _notes(app) == ["command requires the model to be idle: /compact",
+                               "unknown command: /bogus (/help lists the commands)"]
+        assert app.input.text == "/bogus"  # put back to correct and send again
+        app.input.set_text("")
         assert ("save",) in agent.calls and ("compact",) not in agent.calls
         agent.busy = False
         await send(pilot, app, "/copy")

@@ -1,0 +1,65 @@
+"""/del: asks first, deletes one session, refuses the live one while it has unsaved turns."""
+
+from __future__ import annotations
+
+from ds4agent.agent import events as ev
+from ds4agent.ui import commands
+from tests.support.agent_harness import AgentHarness, of
+from tests.support.scripted_engine import reply
+
+
+def _saved(tmp_path, answer):
+    h = AgentHarness.build(tmp_path, [reply("one", think="t"), reply("two", think="t")], answer=answer)
+    h.turn("first session")
+    sid = of(h.command(h.agent.save), ev.SessionSaved)[0].id
+    return h, sid
+
+
+def test_del_asks_and_deletes_only_after_yes(tmp_path):
+    answers = iter(["n", "y"])
+    h, sid = _saved(tmp_path, answer=lambda e: next(answers) if isinstance(e, ev.Question) else None)
+    evs = h.command(lambda: h.agent.delete(sid[:6]))
+    q = of(evs, ev.Question)[0]
+    assert q.kind == "delete" and q.question == f'Delete session {sid[:8]} "first session"?'
+    assert (h.store.directory / f"{sid}.kv").exists()
+    assert of(evs, ev.Notice)[-1].text == f"session {sid[:8]} kept"
+    evs = h.command(lambda: h.agent.delete(sid[:6]))
+    assert not (h.store.directory / f"{sid}.kv").exists()
+    assert of(evs, ev.Notice)[-1].text == f"deleted session {sid[:8]}"
+    h.stop()
+
+
+def test_del_refuses_the_live_session_with_unsaved_turns(tmp_path):
+    h, sid = _saved(tmp_path, answer=lambda e: "y")
+    h.turn("more")  # unsaved now
+    evs = h.command(lambda: h.agent.delete(sid[:8]))
+    assert not of(evs, ev.Question)
+    err = of(evs, ev.Error)[-1].text
+    assert err.startswith(f"delete failed: session {sid[:8]} is the live session and has unsaved turns")
+    assert (h.store.directory / f"{sid}.kv").exists()
+    evs = h.command(lambda: h.agent.delete("ffffffff"))
+    assert of(evs, ev.Error)[-1].text == "delete failed: no saved session matches ffffffff"
+    h.stop()
+
+
+def test_del_is_in_the_table_and_unknown_commands_hint():
+    cmd = commands.prepare("/del 0f33", busy=False)
+    assert (cmd.name, cmd.arg) == ("del", "0f33")
+    calls = []
+
+    class Stub:
+        def delete(self, prefix):
+            calls.append(prefix)
+
+    commands.call_agent(cmd, Stub())
+    assert calls == ["0f33"]
+    try:
+        commands.prepare("/lsit", busy=False)
+    except commands.UnknownCommand as err:
+        assert str(err) == "unknown command: /lsit (did you mean /list? /help lists the commands)"
+    else:
+        raise AssertionError("not refused")
+    try:
+        commands.prepare("/zzzz", busy=False)
+    except commands.UnknownCommand as err:
+        assert str(err) == "unknown command: /zzzz (/help lists the commands)"
