@@ -7,6 +7,7 @@ exported state (a PayloadState-shaped object) to the store and back.
 
 from __future__ import annotations
 
+import os
 import time
 
 from ds4agent.agent import events as ev
@@ -296,6 +297,20 @@ def new_session(worker: WorkerPort) -> None:
 
 
 # ====================================================================== load
+
+
+def check_load_target(worker: WorkerPort, prefix: str) -> bool:
+    """Whether `prefix` names a session that can be loaded; the readable reason as an Error else.
+    Asked before the save question, so `/load zzz` never asks to save first and then fails."""
+    try:
+        store = _store(worker)
+        if os.sep not in prefix and not prefix.endswith(".kv"):
+            store.resolve(prefix)
+    except Exception as err:  # KVCStoreError, SessionOpError: readable
+        worker.io.emit(ev.Error(f"load failed: {err}"))
+        worker.set_state(ev.State.IDLE)
+        return False
+    return True
 
 
 def load(worker: WorkerPort, prefix: str) -> None:

@@ -459,10 +459,15 @@ async def test_questions_that_pop_up_while_typing_are_not_answered_by_the_typing
         # a permission question opens while the user is still typing a follow-up message
         agent.emit(ev.PermissionRequest("p-1", "bash", "Allow bash?", "rm -rf build"))
         await wait_until(pilot, lambda: isinstance(app.screen, PermissionScreen))
-        await pilot.press("y", "s", "enter")      # "yes" would have allowed it, Enter would have too
+        await pilot.press("y", "s")               # "yes" would have allowed it
         await pilot.pause(0.05)
         assert agent.answers == [] and isinstance(app.screen, PermissionScreen)
         assert app.input.text == "says"           # the typing went on into the editor
+        agent.busy = True
+        await pilot.press("!", "backspace", "enter")  # Enter sends the line, as it was meant to
+        await wait_until(pilot, lambda: ("submit", "says") in agent.calls)
+        assert agent.answers == [] and isinstance(app.screen, PermissionScreen) and app.input.text == ""
+        await pilot.press("s", "a", "y", "s")
         clock.t += 0.6                            # the user stops, reads, answers
         await pilot.press("enter")                # no button has the focus: Enter picks nothing
         await pilot.pause(0.05)
@@ -475,12 +480,23 @@ async def test_questions_that_pop_up_while_typing_are_not_answered_by_the_typing
         await wait_until(pilot, lambda: isinstance(app.screen, QuestionScreen))
         await pilot.press("n", "e")
         clock.t += 0.6
+        # a pause since the last key is not enough: the question itself must have been visible
+        # that long (a save question that opens while the user types on after /load)
+        agent.emit(ev.Question("q-3", "save", "Save current session?", (("y", "save"), ("n", "don't save"),
+                                                                       ("c", "cancel"))))
+        await wait_until(pilot, lambda: len(app.screen_stack) == 3)
+        await pilot.press("c")
+        await pilot.pause(0.05)
+        assert agent.answers == [("p-1", "n", "")] and len(app.screen_stack) == 3
+        clock.t += 0.6
+        await pilot.press("c")
+        await wait_until(pilot, lambda: agent.answers[-1] == ("q-3", "c", ""))
         await pilot.press("escape", "enter")
         await pilot.pause(0.05)
-        assert agent.answers == [("p-1", "n", "")] and isinstance(app.screen, QuestionScreen)
+        assert agent.answers == [("p-1", "n", ""), ("q-3", "c", "")] and isinstance(app.screen, QuestionScreen)
         await pilot.press("y")
         await wait_until(pilot, lambda: agent.answers[-1] == ("q-2", "y", ""))
-        assert app.input.text == "saysone"
+        assert app.input.text == "saysonec"  # the "c" typed too early went on into the editor
 
 
 async def test_a_long_diff_in_the_permission_question_scrolls_with_the_keys():
