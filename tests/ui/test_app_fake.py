@@ -273,12 +273,27 @@ async def test_picker_filters_and_deletes_with_confirmation():
         assert [s.short_id for s in picker.rows] == ["bbbb2222", "aaaa1111"]  # newest first
         text = screen_text(app)
         assert "1m ago" in text and "14.2k" in text and "3.0 MiB" in text
-        for key in "flaky":
-            await pilot.press(key)
-        await pilot.pause(0.05)
+        assert "Load a session from /tmp/kv" in text and "ctrl+d: delete" in text
+        # the filter accumulates across pauses (the field gaining the focus must not select what
+        # was typed, for the next key to replace); "d" is a filter letter, not delete
+        await pilot.press("d", "e")
+        await pilot.pause()
+        assert picker.query_one("#picker-filter").value == "de" and agent.deleted == []
+        await pilot.press("down")  # back to the table: Backspace still edits the filter
+        await pilot.press("backspace", "backspace", "f", "l")
+        await pilot.pause()
+        await pilot.press("a", "k")
+        await pilot.pause()
+        await pilot.press("y")
+        await pilot.pause()
+        assert picker.query_one("#picker-filter").value == "flaky"
         assert [s.short_id for s in picker.rows] == ["aaaa1111"]
+        await pilot.press("ctrl+d")  # from the filter field too
+        await wait_until(pilot, lambda: isinstance(app.screen, QuestionScreen))
+        await pilot.press("n")
+        await wait_until(pilot, lambda: app.screen is picker)
         await pilot.press("down")  # back to the table
-        await pilot.press("d")
+        await pilot.press("delete")
         await wait_until(pilot, lambda: isinstance(app.screen, QuestionScreen))
         assert "Delete session aaaa1111" in app.screen.question
         # someone typing a filter that starts with "d" ("dsml⏎") must not delete by Enter
