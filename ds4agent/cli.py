@@ -62,6 +62,28 @@ def check_agent_flags(args: argparse.Namespace) -> None:
         raise UsageError(problems[0])
 
 
+def recorded_model(args: argparse.Namespace) -> str | None:
+    """For --resume PREFIX / --continue without a model: the model the session was saved with
+    (the session index records it), so the exit line's "ds4agent --resume ID" works as printed.
+    Said on stderr; None when there is no such record or the file is gone (the usual lookup)."""
+    if not (args.resume or args.continue_session):
+        return None
+    from ds4agent.sessions.index import SessionIndex, find_entry
+    from ds4agent.sessions.store import default_kv_dir
+
+    kv_dir = default_kv_dir(args.kv_dir)
+    if args.continue_session:
+        sid = SessionIndex(kv_dir).latest_for(os.getcwd())
+        found = (sid, SessionIndex(kv_dir).get(sid)) if sid else None
+    else:
+        found = find_entry(kv_dir, args.resume)
+    if found is None or found[1] is None or not found[1].model or not os.path.exists(found[1].model):
+        return None
+    sid, entry = found
+    print(f"ds4agent: session {sid[:8]} was saved with {entry.model}; using that model", file=sys.stderr)
+    return entry.model
+
+
 def _add_kv_dir(parser: argparse.ArgumentParser, default: object = None) -> None:
     parser.add_argument(
         "--kv-dir",
@@ -260,6 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is not None:
             return _call(SUBCOMMANDS[args.command], "main", args)
         check_agent_flags(args)
+        if args.model is None and not os.environ.get("DS4AGENT_MODEL"):
+            args.model = recorded_model(args)
         args.model_path = resolve_model_path(args.model)
         if args.prompt is not None:
             return _call("ds4agent.ui.headless", "main", args)

@@ -17,6 +17,7 @@ from ds4agent.agent.journal import Journal
 from ds4agent.agent.port import WorkerPort
 from ds4agent.agent.prompt import build_system_text
 from ds4agent.agent.settings import AgentSettings
+from ds4agent.models.fingerprint import model_name, same_model
 from ds4agent.protocol import template
 from ds4agent.protocol.tokenizer import EOS, USER
 from ds4agent.sessions import checkpoints
@@ -190,7 +191,8 @@ def _index_record(worker: WorkerPort) -> None:
     identity = worker.identity
     try:
         _index(worker).record(identity.session_id, cwd=worker.settings.cwd, forked_from=identity.forked_from,
-                              checkpoints=identity.checkpoints.key if identity.checkpoints is not None else "")
+                              checkpoints=identity.checkpoints.key if identity.checkpoints is not None else "",
+                              model=worker.settings.model_path, fingerprint=worker.settings.model_fingerprint)
     except OSError as err:
         worker.io.emit(ev.Notice(f"session index not updated: {err.strerror or err}", "warning"))
 
@@ -304,13 +306,37 @@ def check_load_target(worker: WorkerPort, prefix: str) -> bool:
     Asked before the save question, so `/load zzz` never asks to save first and then fails."""
     try:
         store = _store(worker)
-        if os.sep not in prefix and not prefix.endswith(".kv"):
-            store.resolve(prefix)
+        if os.sep in prefix or prefix.endswith(".kv"):
+            return True
+        sid = store.resolve(prefix).id
     except Exception as err:  # KVCStoreError, SessionOpError: readable
         worker.io.emit(ev.Error(f"load failed: {err}"))
         worker.set_state(ev.State.IDLE)
         return False
-    return True
+    return _same_model_or_agreed(worker, sid)
+
+
+def _same_model_or_agreed(worker: WorkerPort, sid: str) -> bool:
+    """A session made with other weights of the same shape would load (the KVC shape check
+    passes) and then be re-saved as if it belonged here: that is the user's decision."""
+    try:
+        entry = _index(worker).get(sid)
+    except OSError:
+        entry = None
+    here = worker.settings.model_fingerprint
+    if entry is None or same_model(entry.fingerprint, here):
+        return True
+    key, _ = worker.io.ask(ev.Question(
+        id=worker.io.new_id("model"), kind="continue",
+        question=(f"Session {sid[:8]} was made with another model ({model_name(entry.fingerprint)}, "
+                  f"{entry.model or 'path unknown'}); load it into this one ({model_name(here)})?"),
+        options=(("y", "load anyway"), ("n", "don't load")),
+    ))
+    if key == "y":
+        return True
+    worker.io.emit(ev.Error(f"load cancelled: session {sid[:8]} belongs to another model"))
+    worker.set_state(ev.State.IDLE)
+    return False
 
 
 def load(worker: WorkerPort, prefix: str) -> None:
@@ -418,7 +444,7 @@ def open_requested(worker: WorkerPort) -> None:
     except SessionOpError as err:
         worker.io.emit(ev.Error(f"cannot continue: {err}"))
         return
-    if target:
+    if target and check_load_target(worker, target):
         load(worker, target)
 
 

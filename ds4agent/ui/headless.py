@@ -88,6 +88,9 @@ class _Run:
         self.save = save
         self.status = EXIT_FAIL
         self.submitted = False
+        # A run that continues a session (--resume / --continue) until it is loaded: if the load
+        # fails or is declined, the task stops instead of running (and saving) in a fresh session.
+        self.resuming = save
         self.at_line_start = True
         self.wrote = False
         # What the current round produced: a round that only thought before the token cap leaves
@@ -97,6 +100,7 @@ class _Run:
             ev.Ready: self._ready, ev.PermissionRequest: self._permission, ev.Question: self._question,
             ev.Error: self._error, ev.Exited: self._exited, ev.TurnEnded: self._turn_ended,
             ev.RoundStarted: self._round_started, ev.ThinkingDelta: self._thinking,
+            ev.SessionLoaded: self._loaded,
         })
         self.display: dispatch.EventTable[None] = dispatch.EventTable({} if json_mode else {
             ev.TextDelta: self._text,
@@ -146,8 +150,14 @@ class _Run:
     def _question(self, e: ev.Question, n: int) -> None:
         self.agent.answer_permission(e.id, "n")
 
+    def _loaded(self, e: ev.SessionLoaded, n: int) -> None:
+        self.resuming = False
+
     def _error(self, e: ev.Error, n: int) -> int | None:
         self.to_err(f"ds4agent: {e.text}\n")
+        if self.resuming:
+            self.to_err("ds4agent: cannot continue: the session did not load; nothing was run\n")
+            return EXIT_FAIL
         return EXIT_FAIL if e.fatal else None
 
     def _exited(self, e: ev.Exited, n: int) -> int:
