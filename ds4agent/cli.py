@@ -58,6 +58,13 @@ def check_agent_flags(args: argparse.Namespace) -> None:
         problems.append(f"--top-p must be greater than 0 and at most 1 (got {args.top_p})")
     if not (math.isfinite(args.min_p) and 0 <= args.min_p <= 1):
         problems.append(f"--min-p must be between 0 and 1 (got {args.min_p})")
+    if args.prompt is not None and not args.prompt.strip():
+        problems.append("-p needs a prompt (got an empty one)")
+    if args.json_events and args.prompt is None:
+        problems.append("--json needs -p PROMPT (it is the headless event stream)")
+    pipeline = getattr(args, "pipeline", None)
+    if pipeline is not None and pipeline < 1:
+        problems.append(f"--pipeline must be at least 1 process (got {pipeline})")
     if problems:
         raise UsageError(problems[0])
 
@@ -139,6 +146,15 @@ def _interactive_help(columns: int) -> str:
     return "in the app and in --plain mode (/help, F1):\n" + help_text(columns)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ds4agent")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     import shutil
     import textwrap
@@ -155,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
             "sessions. Without a subcommand it starts the terminal app in the current directory.",
             max(40, columns - 2)),
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     _add_model(parser)
     _add_kv_dir(parser)
     _add_device(parser)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.port import WorkerPort
-from ds4agent.tools.permissions import Answer, denied_result
+from ds4agent.tools.permissions import READ_ONLY_REFUSAL, Answer, denied_result
 
 
 def permit(worker: WorkerPort, name: str, args: Mapping[str, object]) -> str | None:
@@ -49,3 +49,8 @@ def permit(worker: WorkerPort, name: str, args: Mapping[str, object]) -> str | N
     if answer.allowed:
         return None
     return denied_result(answer).text
+
+
+def refused_as_read_only(result: ev.ToolResult) -> bool:
+    """Whether a tool result is the read-only mode's refusal (headless says why only then)."""
+    return not result.ok and READ_ONLY_REFUSAL in result.text
