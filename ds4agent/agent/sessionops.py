@@ -14,6 +14,7 @@ from ds4agent.agent import events as ev
 from ds4agent.agent.history import last_turns
 from ds4agent.agent.identity import SessionIdentity, checkpoints_for, meta_title, title_bytes
 from ds4agent.agent.journal import Journal
+from ds4agent.agent.journal import default_dir as journal_default_dir
 from ds4agent.agent.port import WorkerPort
 from ds4agent.agent.prompt import build_system_text
 from ds4agent.agent.settings import AgentSettings
@@ -491,7 +492,9 @@ def _journal(worker: WorkerPort) -> Journal | None:
             worker.journal = Journal(worker.settings.journal_dir)
         except OSError as err:
             worker.settings.journal = False
-            worker.io.emit(ev.Notice(f"crash journal disabled: {err.strerror or err}", "warning"))
+            where = worker.settings.journal_dir or journal_default_dir()
+            worker.io.emit(ev.Notice(f"crash journal disabled: cannot use {where}: {err.strerror or err}",
+                                     "warning"))
     return worker.journal
 
 

@@ -181,7 +181,7 @@ class Ds4App(App):
         if dropped:
             self.chips.set_items(())
             await self.conversation.note(
-                f"{dropped} queued message{'' if dropped == 1 else 's'} not sent: the model failed to load", "error")
+                f"{dropped} queued message{'' if dropped == 1 else 's'} not sent: the agent could not start", "error")
         await self.conversation.note(commands.FAILED_START_HINT, "warning")
 
     async def on_unmount(self) -> None:

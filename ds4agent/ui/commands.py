@@ -136,7 +136,7 @@ ESC_ESC_WINDOW_S = 0.8
 
 
 # After a failed start: what still works, said once on screen and in every refusal.
-FAILED_START_HINT = "the model failed to load: leave with /quit, Ctrl+D or Ctrl+C twice"
+FAILED_START_HINT = "the agent could not start (the reason is above): leave with /quit, Ctrl+D or Ctrl+C twice"
 RUNS_AFTER_FAILED_START = frozenset({"help", "quit"})
 
 
@@ -191,7 +191,7 @@ def check_allowed(cmd: ParsedCommand, busy: bool) -> None:
 
 
 def check_runs_after_failed_start(cmd: ParsedCommand) -> None:
-    """Once the model failed to load only /help and /quit have something to run on."""
+    """Once the agent could not start only /help and /quit have something to run on."""
     if cmd.name not in RUNS_AFTER_FAILED_START:
         raise CommandError(f"{cmd.typed} cannot run: {FAILED_START_HINT}")
 

@@ -304,3 +304,13 @@ def test_save_with_a_title_sets_the_sessions_title_everywhere(tmp_path, tools):
     assert last.title == "Renamed while busy" and last.tokens == len(h.ids)
     assert sessions() == [(last.id, b"Renamed while busy")]
     h.stop()
+
+
+def test_an_unusable_crash_journal_directory_is_named(tmp_path, tools):
+    (tmp_path / "journal").write_text("a file where the journal directory should be")
+    h = AgentHarness.build(tmp_path, [reply("A1", think="t")], tools=tools)
+    evs = h.events + h.turn("hello")
+    warnings = [n.text for n in of(evs, ev.Notice) if n.text.startswith("crash journal disabled")]
+    assert warnings == [f"crash journal disabled: cannot use {tmp_path / 'journal'}: File exists"] or \
+        warnings == [f"crash journal disabled: cannot use {tmp_path / 'journal'}: Not a directory"]
+    h.stop()

@@ -449,7 +449,7 @@ async def test_agent_that_cannot_be_built_is_one_error_line_and_exit_status_1():
     async with app.run_test(size=(100, 20)) as pilot:
         await wait_until(pilot, lambda: app.status_model.state == "error")
         assert _notes(app) == ["ds4agent: cannot create KV directory: Permission denied",
-                               "the model failed to load: leave with /quit, Ctrl+D or Ctrl+C twice"]
+                               "the agent could not start (the reason is above): leave with /quit, Ctrl+D or Ctrl+C twice"]
         await pilot.press("ctrl+d")
         await wait_until(pilot, lambda: not app.is_running)
     assert app.return_code == 1

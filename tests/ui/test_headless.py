@@ -116,14 +116,15 @@ def test_unusable_kv_dir_is_one_readable_line(tmp_path, capsys):
     args.model_path = tmp_path / "none.gguf"
     assert headless.main(args) == 1
     err = capsys.readouterr().err
-    assert err.startswith("ds4agent: cannot create KV directory") and "Traceback" not in err
+    assert err.startswith(f"ds4agent: KV directory {tmp_path / 'file' / 'kv'} cannot be created: "
+                          f"{tmp_path / 'file'} is a file") and "Traceback" not in err
     agent = Agent.from_args(args)  # the UI path: no exception in the caller, a fatal event instead
     agent.start()
     got = []
     while not any(isinstance(e, events.Exited) for e in got):
         got.append(agent.events.get(timeout=10))
     fatal = [e for e in got if isinstance(e, events.Error)]
-    assert fatal[0].fatal and fatal[0].text.startswith("startup failed: cannot create KV directory")
+    assert fatal[0].fatal and fatal[0].text.startswith("startup failed: KV directory")
 
 
 class _Terminal(io.StringIO):
