@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ds4agent.tools.jobs import JobTable
+from ds4agent.tools.results import ToolError
+from ds4agent.tools.sandbox import Grants
 
 
 class SeenLines:
@@ -81,15 +83,24 @@ class ToolContext:
     seen: SeenLines = field(default_factory=SeenLines)
     last_read: ReadCursor | None = None
     jobs: JobTable = field(default_factory=JobTable)
+    # What the user allowed bash jobs beyond the sandbox's boundary (tools/sandbox.py).
+    sandbox: Grants = field(default_factory=Grants)
     # Told of every file write/edit after it succeeded: (absolute path, content before or None
     # when the file did not exist, content written). The agent's code checkpoints listen here.
     on_write: Callable[[str, bytes | None, bytes], None] | None = None
+    # Set by the permission policy for the call it just checked (a files.Approval: the real path
+    # it judged, the change the question showed); the write/edit tool takes it and refuses to
+    # write when the file or its path changed since. Any other call's check clears it.
+    approved: object | None = None
 
     def __post_init__(self) -> None:
         self.cwd = Path(self.cwd)
 
     def resolve(self, path: str) -> Path:
-        """The absolute path of a model-supplied path (relative ones are relative to cwd)."""
+        """The absolute path of a model-supplied path (relative ones are relative to cwd). A NUL
+        byte cannot be in a path (the OS call would raise ValueError): a tool error instead."""
+        if "\0" in path:
+            raise ToolError("invalid path: it contains a NUL byte")
         p = Path(os.path.expanduser(path))
         return p if p.is_absolute() else self.cwd / p
 
@@ -98,8 +109,10 @@ class ToolContext:
         return os.path.realpath(self.resolve(str(path)))
 
     def reset_session(self) -> None:
-        """On /new and /switch: forget seen lines (bash jobs and the `more` cursor survive)."""
+        """On /new and /switch: forget seen lines and what the user allowed bash jobs beyond the
+        sandbox (bash jobs and the `more` cursor survive)."""
         self.seen.clear()
+        self.sandbox = Grants()
 
     def close(self) -> None:
         """Agent shutdown: stop every running bash job and remove the output files still kept."""

@@ -17,11 +17,19 @@ Modes (the command line's --permission):
   the program was allowed for the session, and offer no session scope: for bash that means a
   command whose redirections, tee/cp/mv/rm/install/dd of=/find -delete/... targets or git settings
   go there (tools/shellscan.py reads them; a command it cannot read is never covered either).
-* auto: no questions (the reference agent's behaviour).
+* auto: no questions (the reference agent's behaviour); bash jobs still run inside the OS sandbox,
+  and what it refuses stays refused (nobody is asked).
 * read-only: write, edit and bash are refused with a tool error the model can act on.
 
 Reading tools (read, more, search, list, bash_status, bash_stop) never ask: stopping a job the
 model started or looking at files changes nothing.
+
+The OS sandbox (tools/sandbox.py) bounds what every bash job can do, whatever the answers: the
+questions decide what to ask, the sandbox what can happen. When it refused something, escalation()
+gives the one question for that command: run it again outside the sandbox (once), or, when only
+git metadata was refused, let git write `.git/` (hooks included) once or for the session. Where
+there is no sandbox, every bash command asks and no session answer covers a program. A command
+over 64 KiB is asked about without being read.
 """
 
 from __future__ import annotations
@@ -34,8 +42,9 @@ from typing import Any, Literal
 
 from ds4agent.tools.args import arg_str
 from ds4agent.tools.context import ToolContext
-from ds4agent.tools.files import plan_change
+from ds4agent.tools.files import approve, plan_change
 from ds4agent.tools.results import DiffDisplay, TextDisplay, ToolError, ToolResult, error_text
+from ds4agent.tools.sandbox import Refusal, availability
 from ds4agent.tools.shellscan import command_programs, scan
 
 __all__ = ["Answer", "Choice", "Decision", "PermissionPolicy", "Question", "command_programs", "denied_result"]
@@ -44,6 +53,9 @@ MODES = ("ask", "auto", "read-only")
 READ_ONLY_REFUSAL = "is not allowed in read-only mode"  # in every read-only refusal (headless reads it)
 FILE_TOOLS = frozenset({"write", "edit"})
 ASKING_TOOLS = FILE_TOOLS | {"bash"}
+MAX_SCANNED_COMMAND = 64 * 1024  # longer commands are asked about as they are, never read
+GIT_METADATA_QUESTION = ("Allow git to write its metadata (.git/) for this session? That also lets commands "
+                         "write git hooks and settings, which run code on later git commands.")
 
 class Choice(StrEnum):
     ONCE = "once"
@@ -144,6 +156,18 @@ class PermissionPolicy:
             raise ValueError(f"unknown permission mode {self.mode!r}; use one of: {', '.join(MODES)}")
 
     def check(self, tool_name: str, args: Mapping[str, Any], ctx: ToolContext) -> Decision:
+        """Never raises: a call that cannot even be checked (a path with a NUL byte, an input the
+        readers choke on) is refused with the reason, which is the safe side of every doubt."""
+        ctx.approved = None  # an approval covers only the call checked just before it runs
+        try:
+            return self._decide(tool_name, args, ctx)
+        except ToolError as err:
+            return Decision("deny", err.message)
+        except Exception as err:  # noqa: BLE001 - see the docstring
+            return Decision("deny", f"{tool_name} refused: its permission check failed "
+                                    f"({type(err).__name__}: {err})")
+
+    def _decide(self, tool_name: str, args: Mapping[str, Any], ctx: ToolContext) -> Decision:
         if tool_name not in ASKING_TOOLS or self.mode == "auto":
             return ALLOW
         if self.mode == "read-only":
@@ -158,7 +182,16 @@ class PermissionPolicy:
 
     def _check_bash(self, args: Mapping[str, Any], ctx: ToolContext) -> Decision:
         command = arg_str(args, "command") or ""
-        found = scan(command, ctx.cwd)
+        if len(command) > MAX_SCANNED_COMMAND:
+            return Decision("ask", question=Question(
+                tool="bash", title=f"Run this shell command ({len(command)} characters, too long to read)?",
+                preview=command, preview_kind="command", session_label=None))
+        if not availability().available:
+            # Nothing bounds what the command does: the user sees each one.
+            return Decision("ask", question=Question(
+                tool="bash", title="Run this shell command? (no OS sandbox here: it can write anywhere)",
+                preview=command, preview_kind="command", session_label=None))
+        found = scan(command, ctx.cwd, ctx.should_stop)
         programs = found.programs if found is not None else ()
         risky = found.risky_writes if found is not None else ()
         if risky:
@@ -185,19 +218,25 @@ class PermissionPolicy:
         path = arg_str(args, "path")
         if path is None or not path.strip():
             return ALLOW  # the tool itself reports the missing path; nothing can be written
-        target = os.path.realpath(ctx.resolve(path))
+        target = ctx.abs_key(path)  # ToolError for a NUL byte: refused by check()
         root = os.path.realpath(ctx.cwd)
         outside = not _inside(target, root)
         # Hooks and config in .git/ run code on the next git command: never covered by a session answer.
         in_git = not outside and ".git" in os.path.relpath(target, root).split(os.sep)
+        # The tool holds its run to what is judged here: this real path (a directory swapped for a
+        # link afterwards cannot move the write elsewhere) and, when asked, the diff shown.
         if tool_name in self.allowed_tools and not outside and not in_git:
+            approve(ctx, tool_name, args, target)
             return ALLOW
         try:
             change = plan_change(tool_name, args, ctx)
         except ToolError:
             # The call would fail without touching the file (guard refusal, no match, ...): let it
-            # run so the model gets the specific error; there is nothing for the user to approve.
+            # run so the model gets the specific error; there is nothing for the user to approve
+            # (and should it succeed by the time it runs, it is refused: nobody was asked).
+            approve(ctx, tool_name, args, target, planned_ok=False)
             return ALLOW
+        approve(ctx, tool_name, args, target, change)
         diff = change.diff()
         verb = "Create" if change.creates else ("Overwrite" if tool_name == "write" else "Edit")
         where = " (outside the working directory)" if outside else " (inside .git/)" if in_git else ""
@@ -214,6 +253,20 @@ class PermissionPolicy:
             diff=diff,
         )
         return Decision("ask", question=q)
+
+    def escalation(self, command: str, refused: tuple[Refusal, ...]) -> Question | None:
+        """The question after the sandbox refused part of a command (None: nobody is asked, in
+        auto and read-only modes the boundary simply holds)."""
+        if self.mode != "ask" or not refused:
+            return None
+        if all(r.in_git for r in refused):
+            return Question(tool="bash", title=GIT_METADATA_QUESTION, preview=command, preview_kind="command",
+                            session_label="allow git metadata writes for this session", scope=("git",))
+        paths = ", ".join(r.path for r in refused[:3]) + (" and more" if len(refused) > 3 else "")
+        return Question(tool="bash", title=f"The sandbox refused writing to {paths}. Run this command again "
+                        "outside the sandbox (it can then write anywhere)?", preview=command,
+                        preview_kind="command", session_label=None, outside_workspace=True,
+                        scope=("outside",))
 
     def remember(self, question: Question, answer: Answer) -> None:
         """Record a session answer; once and deny leave nothing behind."""
