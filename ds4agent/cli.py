@@ -286,6 +286,8 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
                    help="where models are kept (default: $DS4AGENT_MODEL_DIR, else ~/.ds4/models)")
     p.add_argument("--token", metavar="TOKEN", default=None,
                    help="Hugging Face token (default: $HF_TOKEN, else the one `hf auth login` saved)")
+    p.add_argument("--yes", action="store_true",
+                   help="download even a model this machine does not have the memory to run")
 
 
 def _call(module: str, function: str, args: argparse.Namespace) -> int:

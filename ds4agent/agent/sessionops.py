@@ -229,7 +229,11 @@ def fork(worker: WorkerPort, title: str | None) -> ev.SessionSaved | None:
         except OSError as err:
             worker.io.emit(ev.Notice(f"code checkpoints not copied to the fork: {err.strerror or err}",
                                      "warning"))
-    return save(worker)
+    saved = save(worker)
+    if saved is not None:
+        parent = old.session_id[:8] if old.session_id else "the unsaved conversation"
+        worker.io.emit(ev.Notice(f"forked {saved.short_id} from {parent}"))
+    return saved
 
 
 # ====================================================================== leave (save question)
