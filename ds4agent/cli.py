@@ -60,8 +60,37 @@ def check_agent_flags(args: argparse.Namespace) -> None:
         problems.append(f"--top-p must be greater than 0 and at most 1 (got {args.top_p})")
     if not (math.isfinite(args.min_p) and 0 <= args.min_p <= 1):
         problems.append(f"--min-p must be between 0 and 1 (got {args.min_p})")
+    if args.prompt is not None and not args.prompt.strip():
+        problems.append("-p needs a prompt (got an empty one)")
+    if args.json_events and args.prompt is None:
+        problems.append("--json needs -p PROMPT (it is the headless event stream)")
+    pipeline = getattr(args, "pipeline", None)
+    if pipeline is not None and pipeline < 1:
+        problems.append(f"--pipeline must be at least 1 process (got {pipeline})")
     if problems:
         raise UsageError(problems[0])
+
+
+def recorded_model(args: argparse.Namespace) -> str | None:
+    """For --resume PREFIX / --continue without a model: the model the session was saved with
+    (the session index records it), so the exit line's "ds4agent --resume ID" works as printed.
+    Said on stderr; None when there is no such record or the file is gone (the usual lookup)."""
+    if not (args.resume or args.continue_session):
+        return None
+    from ds4agent.sessions.index import SessionIndex, find_entry
+    from ds4agent.sessions.store import default_kv_dir
+
+    kv_dir = default_kv_dir(args.kv_dir)
+    if args.continue_session:
+        sid = SessionIndex(kv_dir).latest_for(os.getcwd())
+        found = (sid, SessionIndex(kv_dir).get(sid)) if sid else None
+    else:
+        found = find_entry(kv_dir, args.resume)
+    if found is None or found[1] is None or not found[1].model or not os.path.exists(found[1].model):
+        return None
+    sid, entry = found
+    print(f"ds4agent: session {sid[:8]} was saved with {entry.model}; using that model", file=sys.stderr)
+    return entry.model
 
 
 def _add_kv_dir(parser: argparse.ArgumentParser, default: object = None) -> None:
@@ -129,6 +158,15 @@ def _interactive_help(columns: int) -> str:
     return "in the app and in --plain mode (/help, F1):\n" + help_text(columns)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ds4agent")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     import shutil
     import textwrap
@@ -145,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
             "sessions. Without a subcommand it starts the terminal app in the current directory.",
             max(40, columns - 2)),
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     _add_model(parser)
     _add_kv_dir(parser)
     _add_device(parser)
@@ -260,6 +299,8 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
                    help="where models are kept (default: $DS4AGENT_MODEL_DIR, else ~/.ds4/models)")
     p.add_argument("--token", metavar="TOKEN", default=None,
                    help="Hugging Face token (default: $HF_TOKEN, else the one `hf auth login` saved)")
+    p.add_argument("--yes", action="store_true",
+                   help="download even a model this machine does not have the memory to run")
 
 
 def _call(module: str, function: str, args: argparse.Namespace) -> int:
@@ -273,6 +314,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is not None:
             return _call(SUBCOMMANDS[args.command], "main", args)
         check_agent_flags(args)
+        if args.model is None and not os.environ.get("DS4AGENT_MODEL"):
+            args.model = recorded_model(args)
         args.model_path = resolve_model_path(args.model)
         if args.prompt is not None:
             return _call("ds4agent.ui.headless", "main", args)

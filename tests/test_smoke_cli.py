@@ -89,3 +89,29 @@ def test_help_fits_an_80_column_terminal():
     assert max(len(line) for line in out.splitlines()) <= 80
     assert "  /save [title]        save the session, optionally under a new title" in out
     assert "Ctrl+O" in out  # the keys are listed too
+
+
+def test_flags_behave_like_other_tools(tmp_path, monkeypatch, capsys):
+    """--version; -p "" and --json without -p are usage errors (exit 2, one line), as is
+    --pipeline 0, all before any model work (no model exists here)."""
+    import pytest
+
+    from ds4agent.cli import main
+
+    monkeypatch.delenv("DS4AGENT_MODEL", raising=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("ds4agent ") and out.strip() != "ds4agent"
+    cases = {
+        ("-p", ""): "-p needs a prompt (got an empty one)",
+        ("-p", "  "): "-p needs a prompt (got an empty one)",
+        ("--json",): "--json needs -p PROMPT",
+        ("--pipeline", "0", "-p", "hi"): "--pipeline must be at least 1 process (got 0)",
+    }
+    for flags, expected in cases.items():
+        assert main(list(flags)) == 2, flags
+        err = capsys.readouterr().err
+        assert err.startswith(f"ds4agent: {expected}") and err.count("\n") == 1, (flags, err)

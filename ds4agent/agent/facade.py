@@ -484,7 +484,7 @@ class Agent:
         if dropped:
             self.emit(ev.QueueChanged(()))
             self.emit(ev.Error(f"{dropped} queued message{'' if dropped == 1 else 's'} not sent: "
-                               "the model failed to load"))
+                               "the agent could not start"))
         self.emit(ev.Exited(1))
 
     def _after_command(self) -> None:

@@ -17,7 +17,7 @@ from ds4agent.agent import events as ev
 from ds4agent.agent.port import WorkerPort
 from ds4agent.tools import BashDisplay, Tool, ToolResult, run_tool
 from ds4agent.tools.mcp import McpTool
-from ds4agent.tools.permissions import Answer, Choice, Question, denied_result
+from ds4agent.tools.permissions import READ_ONLY_REFUSAL, Answer, Choice, Question, denied_result
 from ds4agent.tools.sandbox import availability
 
 
@@ -104,3 +104,8 @@ def _ask(worker: WorkerPort, name: str, q: Question) -> Answer:
     if key == "s" and q.session_label:
         return Answer.session()
     return Answer.deny(message)
+
+
+def refused_as_read_only(result: ev.ToolResult) -> bool:
+    """Whether a tool result is the read-only mode's refusal (headless says why only then)."""
+    return not result.ok and READ_ONLY_REFUSAL in result.text

@@ -7,15 +7,18 @@ exported state (a PayloadState-shaped object) to the store and back.
 
 from __future__ import annotations
 
+import os
 import time
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.history import last_turns
 from ds4agent.agent.identity import SessionIdentity, checkpoints_for, meta_title, title_bytes
 from ds4agent.agent.journal import Journal
+from ds4agent.agent.journal import default_dir as journal_default_dir
 from ds4agent.agent.port import WorkerPort
 from ds4agent.agent.prompt import build_system_text
 from ds4agent.agent.settings import AgentSettings
+from ds4agent.models.fingerprint import model_name, same_model
 from ds4agent.protocol import template
 from ds4agent.protocol.tokenizer import EOS, USER
 from ds4agent.sessions import checkpoints
@@ -188,7 +191,8 @@ def _index_record(worker: WorkerPort) -> None:
     identity = worker.identity
     try:
         _index(worker).record(identity.session_id, cwd=worker.settings.cwd, forked_from=identity.forked_from,
-                              checkpoints=identity.checkpoints.key if identity.checkpoints is not None else "")
+                              checkpoints=identity.checkpoints.key if identity.checkpoints is not None else "",
+                              model=worker.settings.model_path, fingerprint=worker.settings.model_fingerprint)
     except OSError as err:
         worker.io.emit(ev.Notice(f"session index not updated: {err.strerror or err}", "warning"))
 
@@ -225,7 +229,11 @@ def fork(worker: WorkerPort, title: str | None) -> ev.SessionSaved | None:
         except OSError as err:
             worker.io.emit(ev.Notice(f"code checkpoints not copied to the fork: {err.strerror or err}",
                                      "warning"))
-    return save(worker)
+    saved = save(worker)
+    if saved is not None:
+        parent = old.session_id[:8] if old.session_id else "the unsaved conversation"
+        worker.io.emit(ev.Notice(f"forked {saved.short_id} from {parent}"))
+    return saved
 
 
 # ====================================================================== leave (save question)
@@ -295,6 +303,44 @@ def new_session(worker: WorkerPort) -> None:
 
 
 # ====================================================================== load
+
+
+def check_load_target(worker: WorkerPort, prefix: str) -> bool:
+    """Whether `prefix` names a session that can be loaded; the readable reason as an Error else.
+    Asked before the save question, so `/load zzz` never asks to save first and then fails."""
+    try:
+        store = _store(worker)
+        if os.sep in prefix or prefix.endswith(".kv"):
+            return True
+        sid = store.resolve(prefix).id
+    except Exception as err:  # KVCStoreError, SessionOpError: readable
+        worker.io.emit(ev.Error(f"load failed: {err}"))
+        worker.set_state(ev.State.IDLE)
+        return False
+    return _same_model_or_agreed(worker, sid)
+
+
+def _same_model_or_agreed(worker: WorkerPort, sid: str) -> bool:
+    """A session made with other weights of the same shape would load (the KVC shape check
+    passes) and then be re-saved as if it belonged here: that is the user's decision."""
+    try:
+        entry = _index(worker).get(sid)
+    except OSError:
+        entry = None
+    here = worker.settings.model_fingerprint
+    if entry is None or same_model(entry.fingerprint, here):
+        return True
+    key, _ = worker.io.ask(ev.Question(
+        id=worker.io.new_id("model"), kind="continue",
+        question=(f"Session {sid[:8]} was made with another model ({model_name(entry.fingerprint)}, "
+                  f"{entry.model or 'path unknown'}); load it into this one ({model_name(here)})?"),
+        options=(("y", "load anyway"), ("n", "don't load")),
+    ))
+    if key == "y":
+        return True
+    worker.io.emit(ev.Error(f"load cancelled: session {sid[:8]} belongs to another model"))
+    worker.set_state(ev.State.IDLE)
+    return False
 
 
 def load(worker: WorkerPort, prefix: str) -> None:
@@ -437,7 +483,7 @@ def open_requested(worker: WorkerPort) -> None:
     except SessionOpError as err:
         worker.io.emit(ev.Error(f"cannot continue: {err}"))
         return
-    if target:
+    if target and check_load_target(worker, target):
         load(worker, target)
 
 
@@ -484,7 +530,9 @@ def _journal(worker: WorkerPort) -> Journal | None:
             worker.journal = Journal(worker.settings.journal_dir)
         except OSError as err:
             worker.settings.journal = False
-            worker.io.emit(ev.Notice(f"crash journal disabled: {err.strerror or err}", "warning"))
+            where = worker.settings.journal_dir or journal_default_dir()
+            worker.io.emit(ev.Notice(f"crash journal disabled: cannot use {where}: {err.strerror or err}",
+                                     "warning"))
     return worker.journal
 
 

@@ -39,6 +39,9 @@ class AgentSettings:
     # resume == "" means "let me choose": the front end opens its picker.
     continue_session: bool = False
     resume: str | None = None
+    # The model this run loads (recorded with each save, for --resume and the fingerprint check).
+    model_path: str = ""
+    model_fingerprint: str = ""
 
     def effective_think_mode(self) -> str:
         """think-max silently becomes think below 384K of context: the renderer's own rule

@@ -47,6 +47,10 @@ def build_from_args(
 ) -> tuple[Callable[[Callable[[float], None]], Engine], SessionStore, list[Tool], AgentSettings, McpConfig | None]:
     settings = AgentSettings.from_args(args)
     model_path = Path(getattr(args, "model_path", None) or getattr(args, "model", None) or "ds4flash.gguf")
+    from ds4agent.models.fingerprint import fingerprint
+
+    settings.model_path = str(model_path.expanduser().resolve())
+    settings.model_fingerprint = fingerprint(model_path)
     store = open_store(settings.kv_dir)
     from ds4agent.tools import default_tools
     from ds4agent.tools.mcp import load_config

@@ -646,7 +646,7 @@ class Worker:
         sessionops.save(self, title)
 
     def cmd_load(self, prefix: str) -> None:
-        if self.confirm_leave():
+        if sessionops.check_load_target(self, prefix) and self.confirm_leave():
             sessionops.load(self, prefix)
 
     def cmd_delete(self, prefix: str) -> None:

@@ -88,7 +88,7 @@ def format_info(info: ModelInfo, device: Device | None = None) -> str:
         f"            routed experts {binary_size(plan.experts)}"
         + (" (MLX arrays)" if info.path.is_dir() else " memory-mapped (paged in as experts are used)"),
         f"            session state at --ctx {info.ctx}: {binary_size(plan.state)} when full (it grows with "
-        "the tokens used; kvc-format.md 9.6)",
+        "the tokens used)",
         f"            working buffers for one prefill chunk: about {binary_size(plan.working)}",
         f"            expected peak at --ctx {info.ctx}: {binary_size(plan.peak)}{verdict}",
     ]

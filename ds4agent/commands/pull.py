@@ -26,12 +26,24 @@ def _bar(desc: str, total: int, initial: int) -> ProgressBar:
                 file=sys.stderr)
 
 
+def _confirm(problem: str, yes: bool) -> bool:
+    """Download anyway? --yes says so; on a terminal the user is asked; else no."""
+    if yes:
+        print(f"ds4agent: warning: {problem} (downloading anyway: --yes)", file=sys.stderr)
+        return True
+    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+        return False
+    print(f"ds4agent: {problem}. Download it anyway? [y/N] ", end="", file=sys.stderr, flush=True)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
 def main(args: argparse.Namespace) -> int:
     if not args.name:
         print(listing(args.dir))
         return 0
     try:
-        path = pull(args.name, directory=args.dir, token=args.token, report=_note, progress=_bar)
+        path = pull(args.name, directory=args.dir, token=args.token, report=_note, progress=_bar,
+                    confirm=lambda problem: _confirm(problem, bool(getattr(args, "yes", False))))
     except PullError as err:
         print(f"ds4agent: {err}", file=sys.stderr)
         return 1

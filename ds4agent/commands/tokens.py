@@ -53,5 +53,5 @@ def main(args: Namespace) -> int:
     if lines:
         out.write("\n".join(lines) + "\n")
     out.flush()
-    print(f"{len(ids)} tokens", file=sys.stderr)
+    print(f"{len(ids)} token{'' if len(ids) == 1 else 's'}", file=sys.stderr)
     return 0

@@ -198,7 +198,7 @@ class _RateWatch:
 
 def pull(name: str, *, directory: str | os.PathLike[str] | None = None, token: str | None = None,
          report: Callable[[str], None] = lambda line: None, progress: Progress = no_progress,
-         floor: RateFloor = RateFloor()) -> Path:
+         floor: RateFloor = RateFloor(), confirm: Callable[[str], bool] = lambda problem: False) -> Path:
     """Download flavour `name` into the model directory (resuming a partial file); return its path.
 
     `report(line)` gets each note (already downloaded, the RAM warning, what is being fetched);
@@ -214,8 +214,10 @@ def pull(name: str, *, directory: str | os.PathLike[str] | None = None, token: s
         report(f"already downloaded: {f.name}")
         return final
     problem = fit.fit_problem(f.ram_bytes or 0, fit.machine_ram(), what=f.name)
-    if problem:
-        report(f"warning: {problem}; it will not run on this machine (downloading anyway)")
+    # A download this machine cannot run (tens of GB) is the user's decision, asked before any byte.
+    if problem and not confirm(f"{problem}; it will not run on this machine"):
+        raise PullError(f"not downloaded: {problem}; it will not run on this machine "
+                        "(pass --yes to download it anyway)")
     try:
         where.mkdir(parents=True, exist_ok=True)
     except OSError as e:

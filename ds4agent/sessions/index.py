@@ -29,6 +29,8 @@ class IndexEntry:
     saved_at: float = 0.0
     forked_from: str = ""  # full id of the parent session ("" when not a fork)
     checkpoints: str = ""  # key of the code checkpoint directory ("" when none)
+    model: str = ""  # absolute path of the model it was saved with (--resume uses it without --model)
+    fingerprint: str = ""  # models.fingerprint of that model (a resume into another one warns)
 
 
 def index_path(kv_dir: str | os.PathLike[str]) -> Path:
@@ -55,7 +57,8 @@ class SessionIndex:
                 try:
                     out[sid] = IndexEntry(str(fields.get("cwd", "")), float(fields.get("saved_at", 0)),
                                           str(fields.get("forked_from", "")),
-                                          str(fields.get("checkpoints", "")))
+                                          str(fields.get("checkpoints", "")),
+                                          str(fields.get("model", "")), str(fields.get("fingerprint", "")))
                 except (TypeError, ValueError):
                     continue
         return out
@@ -75,13 +78,16 @@ class SessionIndex:
         return (self.kv_dir / f"{sid}.kv").exists()
 
     def record(self, sid: str, *, cwd: str | os.PathLike[str], forked_from: str = "",
-               checkpoints: str = "", now: float | None = None) -> None:
+               checkpoints: str = "", model: str = "", fingerprint: str = "",
+               now: float | None = None) -> None:
         """Note a save of session `sid` (keeps an earlier forked_from); prunes dead entries."""
         entries = {k: v for k, v in self.read().items() if k == sid or self._alive(k)}
         old = entries.get(sid)
         entries[sid] = IndexEntry(str(cwd), time.time() if now is None else float(now),
                                   forked_from or (old.forked_from if old else ""),
-                                  checkpoints or (old.checkpoints if old else ""))
+                                  checkpoints or (old.checkpoints if old else ""),
+                                  model or (old.model if old else ""),
+                                  fingerprint or (old.fingerprint if old else ""))
         self._write(entries)
 
     def forget(self, sid: str) -> IndexEntry | None:
@@ -100,6 +106,13 @@ class SessionIndex:
                 if best is None or e.saved_at > best[0]:
                     best = (e.saved_at, sid)
         return best[1] if best else None
+
+
+def find_entry(kv_dir: str | os.PathLike[str], prefix: str) -> tuple[str, IndexEntry] | None:
+    """The one entry whose session id starts with `prefix` (case-insensitive), None if not one."""
+    p = prefix.lower()
+    found = [(sid, e) for sid, e in SessionIndex(kv_dir).read().items() if p and sid.startswith(p)]
+    return found[0] if len(found) == 1 else None
 
 
 def remove_session_extras(kv_dir: str | os.PathLike[str], sid: str,

@@ -335,6 +335,15 @@ def eviction_score(header: KVCHeader, file_size: int, now: float, *, supersedes:
 # the store
 
 
+def _file_in_the_way(directory: Path) -> Path | None:
+    """The path itself or the nearest existing ancestor when that is not a directory (a file
+    where the KV directory should be: said as such, not as the OS's bare "Not a directory")."""
+    probe = directory
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return probe if probe.exists() and not probe.is_dir() else None
+
+
 def _mkdir_0700(directory: Path) -> None:
     """`mkdir -p` where every directory created gets mode 0700 (§4). Path.mkdir(parents=True)
     would give the parents the default mode, leaving e.g. ~/.ds4 world-readable."""
@@ -364,6 +373,10 @@ class SessionStore:
         # them as warnings at startup).
         self.notices: list[str] = []
         if create:
+            blocker = _file_in_the_way(self.directory)
+            if blocker is not None:
+                what = "is a file" if blocker == self.directory else f"cannot be created: {blocker} is a file"
+                raise KVCIOError(f"KV directory {self.directory} {what}, not a directory", path=self.directory)
             try:
                 _mkdir_0700(self.directory)
             except OSError as err:

@@ -58,6 +58,7 @@ __all__ = ["Answer", "Choice", "Decision", "PermissionPolicy", "Question", "Tool
            "denied_result"]
 
 MODES = ("ask", "auto", "read-only")
+READ_ONLY_REFUSAL = "is not allowed in read-only mode"  # in every read-only refusal (headless reads it)
 FILE_TOOLS = frozenset({"write", "edit"})
 ASKING_TOOLS = FILE_TOOLS | {"bash"}
 MAX_SCANNED_COMMAND = 64 * 1024  # longer commands are asked about as they are, never read
@@ -191,9 +192,9 @@ class PermissionPolicy:
             return ALLOW
         if self.mode == "read-only":
             if tool_name == "bash":
-                return Decision("deny", "bash is not allowed in read-only mode: no commands can be run in "
+                return Decision("deny", f"bash {READ_ONLY_REFUSAL}: no commands can be run in "
                                         "this session; use read, search and list instead")
-            return Decision("deny", f"{tool_name} is not allowed in read-only mode: files cannot be "
+            return Decision("deny", f"{tool_name} {READ_ONLY_REFUSAL}: files cannot be "
                                     "changed in this session")
         if tool_name == "bash":
             return self._check_bash(args, ctx)

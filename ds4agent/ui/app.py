@@ -181,7 +181,7 @@ class Ds4App(App):
         if dropped:
             self.chips.set_items(())
             await self.conversation.note(
-                f"{dropped} queued message{'' if dropped == 1 else 's'} not sent: the model failed to load", "error")
+                f"{dropped} queued message{'' if dropped == 1 else 's'} not sent: the agent could not start", "error")
         await self.conversation.note(commands.FAILED_START_HINT, "warning")
 
     async def on_unmount(self) -> None:
@@ -394,16 +394,15 @@ class Ds4App(App):
             self.screen.dismiss(None)
 
     def _ask_question(self, e: ev.Question) -> None:
-        from ds4agent.ui.screens.question import GuardedQuestionScreen, QuestionScreen
+        from ds4agent.ui.screens.question import GuardedQuestionScreen
 
         keys = [k for k, _ in e.options] or ["y", "n"]
         options = e.options or (("y", "yes"), ("n", "no"))
         # Esc means "not now": cancel (stay) where offered, "n" for "Continue anyway?" (= stay);
         # never "discard" for the resume question, and nothing for a save question without cancel.
         escape = "c" if "c" in keys else ("n" if e.kind == "continue" else None)
-        # The save / continue questions answer a command the user just gave (/quit, /new):
-        # typing "y" right after it is meant for them. The resume and MCP questions open on their own.
-        screen = GuardedQuestionScreen if e.kind in ("resume", "mcp") else QuestionScreen
+        # Every agent question is guarded: even the save question of a command the user just gave
+        # (/load, /new) opens while the next line may already be on its way.
 
         def answered(key: str | None) -> None:
             if self.agent is not None and key is not None:
@@ -411,7 +410,7 @@ class Ds4App(App):
                 if e.kind == "save" and key == "c":
                     self._quitting = False
 
-        self.push_screen(screen(e.question, options, escape_key=escape), answered)
+        self.push_screen(GuardedQuestionScreen(e.question, options, escape_key=escape), answered)
 
     # ------------------------------------------------------------------ input
     def on_text_area_changed(self, event) -> None:

@@ -131,6 +131,18 @@ KEYS_HELP: tuple[tuple[str, str], ...] = (
     ("F1", "this help (also /help)"),
 )
 
+# Plain mode is a line editor: no screens, no cards, no thinking blocks to fold. Its keys are only
+# those its key bindings handle (plain.run_interactive), so /help there lists nothing that does not work.
+PLAIN_KEYS_HELP: tuple[tuple[str, str], ...] = (
+    ("Enter", "send (queue while the model works)"),
+    ("Ctrl+J", "new line"),
+    ("Esc", "interrupt now (while the model works)"),
+    ("Ctrl+C", "interrupt; on an empty idle prompt twice: quit"),
+    ("Ctrl+D", "quit on an empty line (asks to save unsaved turns)"),
+    ("Ctrl+X", "pull the last queued message back into the editor"),
+    ("Up / Down", "input history"),
+    ("Tab", "complete a /command or an @path"),
+)
 
 # A second Ctrl+C on an empty idle prompt within this many seconds quits (both front ends).
 QUIT_WINDOW_S = 2.0
@@ -140,7 +152,7 @@ ESC_ESC_WINDOW_S = 0.8
 
 
 # After a failed start: what still works, said once on screen and in every refusal.
-FAILED_START_HINT = "the model failed to load: leave with /quit, Ctrl+D or Ctrl+C twice"
+FAILED_START_HINT = "the agent could not start (the reason is above): leave with /quit, Ctrl+D or Ctrl+C twice"
 RUNS_AFTER_FAILED_START = frozenset({"help", "quit"})
 
 
@@ -201,7 +213,7 @@ def check_allowed(cmd: ParsedCommand, busy: bool) -> None:
 
 
 def check_runs_after_failed_start(cmd: ParsedCommand) -> None:
-    """Once the model failed to load only /help and /quit have something to run on."""
+    """Once the agent could not start only /help and /quit have something to run on."""
     if cmd.name not in RUNS_AFTER_FAILED_START:
         raise CommandError(f"{cmd.typed} cannot run: {FAILED_START_HINT}")
 
@@ -264,16 +276,19 @@ def rewind_args(arg: str) -> tuple[int | None, str]:
     return int(parts[0]), mode
 
 
-def help_sections() -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
-    """/help's content: (heading, ((what, meaning), ...)) for the commands and for the keys."""
+def help_sections(plain: bool = False) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
+    """/help's content: (heading, ((what, meaning), ...)) for the commands and for the keys;
+    plain: plain mode's keys (every command works in both front ends)."""
+    if plain:
+        return (("commands", tuple((c.usage, c.help) for c in COMMANDS)), ("keys", PLAIN_KEYS_HELP))
     return (("commands", tuple((c.usage, c.help) for c in COMMANDS)), ("keys", KEYS_HELP))
 
 
-def help_text(width: int | None = None) -> str:
+def help_text(width: int | None = None, *, plain: bool = False) -> str:
     """/help as text. With a width, a long meaning wraps under its own column (not back to the
     line's start), so the two columns stay readable in a narrow terminal."""
     lines: list[str] = []
-    for heading, rows in help_sections():
+    for heading, rows in help_sections(plain):
         left = max(len(what) for what, _ in rows)
         lines.append(f"{heading}:")
         room = (width - left - 4) if width else 0

@@ -285,15 +285,24 @@ def saved_segment(s: StatusState) -> str:
     return "unsaved ●" if s.dirty else "saved ✓"
 
 
-def status_line(s: StatusState) -> str:
-    """The whole status bar as one plain line (plain mode; the TUI colours the same segments)."""
-    parts = [state_segment(s), ctx_segment(s)]
+def status_line(s: StatusState, width: int | None = None) -> str:
+    """The whole status bar as one plain line (plain mode; the TUI colours the same segments).
+    With a width it fits: the speeds go first, then the think and permission modes (the device
+    stays), and what still does not fit ends in "…"."""
     speed = speed_segment(s)
-    if speed:
-        parts.append(speed)
-    parts.append(saved_segment(s))
-    parts.append(modes_segment(s))
-    return " · ".join(parts)
+    full = [state_segment(s), ctx_segment(s), *([speed] if speed else []), saved_segment(s), modes_segment(s)]
+    ctx_short = ctx_segment(s).split(" (compact at")[0]  # the meter and percentage without the threshold
+    tries = [full, [p for p in full if p != speed],
+             [state_segment(s), ctx_segment(s), saved_segment(s), s.device],
+             [state_segment(s), ctx_short, saved_segment(s), s.device],
+             [state_segment(s), " ".join(w for w in ctx_short.split() if w[0] not in "█·"),  # no meter
+              saved_segment(s), s.device]]
+    line = ""
+    for parts in tries:
+        line = " · ".join(p for p in parts if p)
+        if width is None or cells(line) <= width:
+            return line
+    return fit(line, width)
 
 
 def modes_segment(s: StatusState) -> str:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from ds4agent.agent import events as ev
+from ds4agent.agent.permissions_glue import refused_as_read_only
 from ds4agent.ui import dispatch
 
 EXIT_OK = 0
@@ -88,6 +89,10 @@ class _Run:
         self.save = save
         self.status = EXIT_FAIL
         self.submitted = False
+        # A run that continues a session (--resume / --continue) until it is loaded: if the load
+        # fails or is declined, the task stops instead of running (and saving) in a fresh session.
+        self.resuming = save
+        self.read_only_fallback = False  # run(): say why at the first refusal (once)
         self.at_line_start = True
         self.wrote = False
         # What the current round produced: a round that only thought before the token cap leaves
@@ -97,6 +102,7 @@ class _Run:
             ev.Ready: self._ready, ev.PermissionRequest: self._permission, ev.Question: self._question,
             ev.Error: self._error, ev.Exited: self._exited, ev.TurnEnded: self._turn_ended,
             ev.RoundStarted: self._round_started, ev.ThinkingDelta: self._thinking,
+            ev.SessionLoaded: self._loaded, ev.ToolResult: self._tool_result,
         })
         self.display: dispatch.EventTable[None] = dispatch.EventTable({} if json_mode else {
             ev.TextDelta: self._text,
@@ -146,8 +152,20 @@ class _Run:
     def _question(self, e: ev.Question, n: int) -> None:
         self.agent.answer_permission(e.id, "n")
 
+    def _tool_result(self, e: ev.ToolResult, n: int) -> None:
+        if self.read_only_fallback and refused_as_read_only(e):
+            self.read_only_fallback = False
+            self.to_err("ds4agent: no terminal to ask permission questions on: running read-only "
+                        "(use --permission auto to allow commands and file changes)\n")
+
+    def _loaded(self, e: ev.SessionLoaded, n: int) -> None:
+        self.resuming = False
+
     def _error(self, e: ev.Error, n: int) -> int | None:
         self.to_err(f"ds4agent: {e.text}\n")
+        if self.resuming:
+            self.to_err("ds4agent: cannot continue: the session did not load; nothing was run\n")
+            return EXIT_FAIL
         return EXIT_FAIL if e.fatal else None
 
     def _exited(self, e: ev.Exited, n: int) -> int:
@@ -195,12 +213,14 @@ class _Run:
 
 def run(agent: Any, prompt: str, *, out: TextIO, err: TextIO, json_mode: bool = False,
         ask: Callable[[ev.PermissionRequest], tuple[str, str]] | None = None,
-        timeout: float | None = None, save: bool = False) -> int:
+        timeout: float | None = None, save: bool = False, read_only_fallback: bool = False) -> int:
     """Start `agent`, run `prompt` as one task, stream events, return the exit status.
     save: save the session when the turn ends (a task continued with --continue / --resume, so
-    the next --continue goes on from here)."""
+    the next --continue goes on from here); read_only_fallback: the run is read-only because no
+    terminal could answer questions, which is said once a tool call is refused for it."""
     deadline = None if timeout is None else time.monotonic() + timeout
     task = _Run(agent, prompt, out=out, err=err, json_mode=json_mode, ask=ask, save=save)
+    task.read_only_fallback = read_only_fallback
     agent.start()
     try:
         while True:
@@ -267,13 +287,13 @@ def main(args: Any) -> int:
         err.write(f"ds4agent: cannot continue: {exc}\n")
         return EXIT_FAIL
     ask = None
+    read_only_fallback = False
     if settings.permission == "ask":
         if sys.stdin.isatty() and sys.stderr.isatty():
             ask = terminal_asker(err, sys.stdin)
         else:
-            err.write("ds4agent: no terminal to ask permission questions on: running read-only "
-                      "(use --permission auto to allow commands and file changes)\n")
             settings.permission = "read-only"
+            read_only_fallback = True
     agent = Agent(loader, store, tools, settings, mcp=mcp)
     return run(agent, args.prompt, out=sys.stdout, err=err, json_mode=bool(getattr(args, "json_events", False)),
-               ask=ask, save=bool(settings.resume))
+               ask=ask, save=bool(settings.resume), read_only_fallback=read_only_fallback)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import shutil
 import sys
 import time
@@ -22,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ds4agent.agent import events as ev
-from ds4agent.ui import bridge, commands, dispatch, fmt, toolview
+from ds4agent.ui import bridge, commands, dispatch, fmt, mentions, toolview
 
 # style keys -> prompt_toolkit styles (plain text in line mode)
 PT_STYLES = {
@@ -274,7 +275,7 @@ class PlainFrontEnd:
             self.r.line(str(err), "error")
 
     def _cmd_help(self, cmd: commands.ParsedCommand) -> None:
-        self.r.line(commands.help_text(self.width()), "muted")
+        self.r.line(commands.help_text(self.width(), plain=True), "muted")
 
     def _cmd_load(self, cmd: commands.ParsedCommand) -> None:
         if cmd.arg:
@@ -307,6 +308,17 @@ class PlainFrontEnd:
     def _cmd_quit(self, cmd: commands.ParsedCommand) -> None:
         self.quitting = True
         commands.call_agent(cmd, self.agent)
+
+
+def completions_for(text_before_cursor: str, cwd: str) -> list[tuple[str, int, str]]:
+    """Tab in plain mode: (replacement, start offset from the cursor, description) for a /command
+    being typed as the line's first word, or an @path under the cursor."""
+    if text_before_cursor.startswith("/") and " " not in text_before_cursor:
+        return [("/" + c.name, -len(text_before_cursor), c.help) for c in commands.completions(text_before_cursor)]
+    partial = mentions.mention_at_cursor(text_before_cursor)
+    if partial is None:
+        return []
+    return [("@" + path, -len(partial) - 1, "") for path in mentions.candidates(cwd, partial)]
 
 
 def question_prompt(e: ev.Event) -> tuple[str, tuple[str, ...]]:
@@ -385,11 +397,27 @@ _QUIT = object()
 _QUESTION = object()
 
 
+def _completer_class():
+    from prompt_toolkit.completion import Completer, Completion
+
+    class Completions(Completer):
+        def __init__(self, cwd: str) -> None:
+            self.cwd = cwd
+
+        def get_completions(self, document, complete_event):
+            for text, start, meta in completions_for(document.text_before_cursor, self.cwd):
+                yield Completion(text, start_position=start, display_meta=meta)
+
+    return Completions
+
+
 async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by the tmux test
     """The interactive plain front end. One long function on purpose: prompt_toolkit's key
     bindings, the toolbar and the pump loop are closures over the same session, renderer and
     draft, and they only make sense read together with the prompt loop that owns them."""
     from prompt_toolkit import PromptSession, print_formatted_text
+
+    PlainCompleter = _completer_class()
     from prompt_toolkit.filters import Condition
     from prompt_toolkit.formatted_text import FormattedText
     from prompt_toolkit.history import InMemoryHistory
@@ -465,12 +493,14 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
         agent.interrupt()
 
     def toolbar():
-        return FormattedText([("reverse", " " + fmt.status_line(r.status) + " ")])
+        width = shutil.get_terminal_size().columns
+        return FormattedText([("reverse", " " + fmt.status_line(r.status, width - 2) + " ")])
 
     # erase_when_done: the line typed at the prompt is wiped when it is sent; what stays in the
     # scrollback is the renderer's one echo of it ("› text" when it reaches the model).
     session: PromptSession = PromptSession(
         history=pt_history, key_bindings=kb, bottom_toolbar=toolbar, refresh_interval=0.2,
+        completer=PlainCompleter(os.getcwd()), complete_while_typing=False,
         multiline=False, enable_open_in_editor=False, erase_when_done=True,
     )
     ask_now = asyncio.Event()

@@ -118,6 +118,7 @@ def test_fork_leaves_the_original_untouched_and_later_saves_go_to_the_fork(tmp_p
     evs = h.command(lambda: h.agent.fork("my fork"))
     forked = of(evs, ev.SessionSaved)[0]
     assert forked.id != original.id and forked.title == "my fork"
+    assert of(evs, ev.Notice)[-1].text == f"forked {forked.short_id} from {original.short_id}"
     h.engine.add(reply("A4", think="t"))
     h.turn("fourth")
     again = of(h.command(h.agent.save), ev.SessionSaved)[0]

@@ -96,6 +96,17 @@ def test_save_question_on_new_when_dirty(tmp_path, tools):
     h.stop()
 
 
+def test_load_of_an_unknown_prefix_fails_before_the_save_question(tmp_path, tools):
+    h = AgentHarness.build(tmp_path, [reply("A1", think="t")], tools=tools, answer=lambda e: "n")
+    h.turn("hello")
+    before = h.ids
+    evs = h.command(lambda: h.agent.load("ffff"))
+    assert of(evs, ev.Question) == []
+    assert of(evs, ev.Error)[0].text == "load failed: no saved session matches ffff"
+    assert h.ids == before and of(h.command(h.agent.new), ev.Question)[0].kind == "save"  # still unsaved
+    h.stop()
+
+
 def test_save_while_busy_is_deferred_to_turn_end(tmp_path, tools):
     h = AgentHarness.build(tmp_path, [reply("some words here", think="t")], tools=tools)
     done = []
@@ -292,4 +303,14 @@ def test_save_with_a_title_sets_the_sessions_title_everywhere(tmp_path, tools):
     last = of(evs, ev.SessionSaved)[-1]
     assert last.title == "Renamed while busy" and last.tokens == len(h.ids)
     assert sessions() == [(last.id, b"Renamed while busy")]
+    h.stop()
+
+
+def test_an_unusable_crash_journal_directory_is_named(tmp_path, tools):
+    (tmp_path / "journal").write_text("a file where the journal directory should be")
+    h = AgentHarness.build(tmp_path, [reply("A1", think="t")], tools=tools)
+    evs = h.events + h.turn("hello")
+    warnings = [n.text for n in of(evs, ev.Notice) if n.text.startswith("crash journal disabled")]
+    assert warnings == [f"crash journal disabled: cannot use {tmp_path / 'journal'}: File exists"] or \
+        warnings == [f"crash journal disabled: cannot use {tmp_path / 'journal'}: Not a directory"]
     h.stop()

@@ -225,12 +225,16 @@ def test_concurrent_pull_of_the_same_file_is_refused(hub, tmp_path):
             pull.pull("q2-imatrix")
 
 
-def test_ram_below_the_flavours_need_warns_but_downloads(hub, monkeypatch):
+def test_ram_below_the_flavours_need_asks_before_downloading(hub, monkeypatch, tmp_path):
     monkeypatch.setattr(fit, "machine_ram", lambda: 64 * catalog.GB)
-    notes: list[str] = []
-    assert pull.pull("q2-imatrix", report=notes.append).read_bytes() == DATA
-    assert notes[0].startswith("warning: q2-imatrix needs about 96 GB of memory and this machine has "
-                               "64 GB of RAM")
+    asked: list[str] = []
+    with pytest.raises(PullError, match="^not downloaded: q2-imatrix needs about 96 GB of memory and this "
+                       "machine has 64 GB of RAM; it will not run on this machine \\(pass --yes"):
+        pull.pull("q2-imatrix", confirm=lambda problem: asked.append(problem) or False)
+    assert asked == ["q2-imatrix needs about 96 GB of memory and this machine has 64 GB of RAM; it will not "
+                     "run on this machine"]
+    assert not list(_models(tmp_path).glob("*.gguf*"))  # nothing was written
+    assert pull.pull("q2-imatrix", confirm=lambda problem: True).read_bytes() == DATA
 
 
 def test_mtp_is_downloaded_with_a_note_that_it_is_not_used(hub):

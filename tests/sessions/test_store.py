@@ -96,13 +96,14 @@ def test_directory_that_cannot_be_created(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(KVCIOError) as info:
         SessionStore(tmp_path / "file" / "kv")
-    assert str(info.value) == f"cannot create KV directory {tmp_path / 'file' / 'kv'}: Not a directory"
+    assert str(info.value) == (f"KV directory {tmp_path / 'file' / 'kv'} cannot be created: "
+                               f"{tmp_path / 'file'} is a file, not a directory")
     assert info.value.with_path() == str(info.value)  # not "<dir>: ... <dir>: ..."
 
 
 def test_directory_path_that_is_a_file(tmp_path):
     (tmp_path / "f").write_text("x")
-    with pytest.raises(KVCIOError, match="^cannot create KV directory .*f: Not a directory$"):
+    with pytest.raises(KVCIOError, match="^KV directory .*f is a file, not a directory$"):
         SessionStore(tmp_path / "f")
 
 

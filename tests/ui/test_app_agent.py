@@ -231,7 +231,7 @@ async def test_picker_deletes_a_saved_session_after_confirmation(tmp_path):
         saved = list((tmp_path / "kv").glob("*.kv"))
         await pilot.press("ctrl+l")
         await wait_until(pilot, lambda: isinstance(app.screen, SessionPicker), what="picker")
-        await pilot.press("d")
+        await pilot.press("ctrl+d")
         from ds4agent.ui.screens.question import QuestionScreen
 
         await wait_until(pilot, lambda: isinstance(app.screen, QuestionScreen))

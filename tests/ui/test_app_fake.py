@@ -276,12 +276,27 @@ async def test_picker_filters_and_deletes_with_confirmation():
         assert [s.short_id for s in picker.rows] == ["bbbb2222", "aaaa1111"]  # newest first
         text = screen_text(app)
         assert "1m ago" in text and "14.2k" in text and "3.0 MiB" in text
-        for key in "flaky":
-            await pilot.press(key)
-        await pilot.pause(0.05)
+        assert "Load a session from /tmp/kv" in text and "ctrl+d: delete" in text
+        # the filter accumulates across pauses (the field gaining the focus must not select what
+        # was typed, for the next key to replace); "d" is a filter letter, not delete
+        await pilot.press("d", "e")
+        await pilot.pause()
+        assert picker.query_one("#picker-filter").value == "de" and agent.deleted == []
+        await pilot.press("down")  # back to the table: Backspace still edits the filter
+        await pilot.press("backspace", "backspace", "f", "l")
+        await pilot.pause()
+        await pilot.press("a", "k")
+        await pilot.pause()
+        await pilot.press("y")
+        await pilot.pause()
+        assert picker.query_one("#picker-filter").value == "flaky"
         assert [s.short_id for s in picker.rows] == ["aaaa1111"]
+        await pilot.press("ctrl+d")  # from the filter field too
+        await wait_until(pilot, lambda: isinstance(app.screen, QuestionScreen))
+        await pilot.press("n")
+        await wait_until(pilot, lambda: app.screen is picker)
         await pilot.press("down")  # back to the table
-        await pilot.press("d")
+        await pilot.press("delete")
         await wait_until(pilot, lambda: isinstance(app.screen, QuestionScreen))
         assert "Delete session aaaa1111" in app.screen.question
         # someone typing a filter that starts with "d" ("dsml⏎") must not delete by Enter
@@ -437,7 +452,7 @@ async def test_agent_that_cannot_be_built_is_one_error_line_and_exit_status_1():
     async with app.run_test(size=(100, 20)) as pilot:
         await wait_until(pilot, lambda: app.status_model.state == "error")
         assert _notes(app) == ["ds4agent: cannot create KV directory: Permission denied",
-                               "the model failed to load: leave with /quit, Ctrl+D or Ctrl+C twice"]
+                               "the agent could not start (the reason is above): leave with /quit, Ctrl+D or Ctrl+C twice"]
         await pilot.press("ctrl+d")
         await wait_until(pilot, lambda: not app.is_running)
     assert app.return_code == 1
@@ -462,10 +477,15 @@ async def test_questions_that_pop_up_while_typing_are_not_answered_by_the_typing
         # a permission question opens while the user is still typing a follow-up message
         agent.emit(ev.PermissionRequest("p-1", "bash", "Allow bash?", "rm -rf build"))
         await wait_until(pilot, lambda: isinstance(app.screen, PermissionScreen))
-        await pilot.press("y", "s", "enter")      # "yes" would have allowed it, Enter would have too
+        await pilot.press("y", "s")               # "yes" would have allowed it
         await pilot.pause(0.05)
         assert agent.answers == [] and isinstance(app.screen, PermissionScreen)
         assert app.input.text == "says"           # the typing went on into the editor
+        agent.busy = True
+        await pilot.press("!", "backspace", "enter")  # Enter sends the line, as it was meant to
+        await wait_until(pilot, lambda: ("submit", "says") in agent.calls)
+        assert agent.answers == [] and isinstance(app.screen, PermissionScreen) and app.input.text == ""
+        await pilot.press("s", "a", "y", "s")
         clock.t += 0.6                            # the user stops, reads, answers
         await pilot.press("enter")                # no button has the focus: Enter picks nothing
         await pilot.pause(0.05)
@@ -478,12 +498,23 @@ async def test_questions_that_pop_up_while_typing_are_not_answered_by_the_typing
         await wait_until(pilot, lambda: isinstance(app.screen, QuestionScreen))
         await pilot.press("n", "e")
         clock.t += 0.6
+        # a pause since the last key is not enough: the question itself must have been visible
+        # that long (a save question that opens while the user types on after /load)
+        agent.emit(ev.Question("q-3", "save", "Save current session?", (("y", "save"), ("n", "don't save"),
+                                                                       ("c", "cancel"))))
+        await wait_until(pilot, lambda: len(app.screen_stack) == 3)
+        await pilot.press("c")
+        await pilot.pause(0.05)
+        assert agent.answers == [("p-1", "n", "")] and len(app.screen_stack) == 3
+        clock.t += 0.6
+        await pilot.press("c")
+        await wait_until(pilot, lambda: agent.answers[-1] == ("q-3", "c", ""))
         await pilot.press("escape", "enter")
         await pilot.pause(0.05)
-        assert agent.answers == [("p-1", "n", "")] and isinstance(app.screen, QuestionScreen)
+        assert agent.answers == [("p-1", "n", ""), ("q-3", "c", "")] and isinstance(app.screen, QuestionScreen)
         await pilot.press("y")
         await wait_until(pilot, lambda: agent.answers[-1] == ("q-2", "y", ""))
-        assert app.input.text == "saysone"
+        assert app.input.text == "saysonec"  # the "c" typed too early went on into the editor
 
 
 async def test_a_long_diff_in_the_permission_question_scrolls_with_the_keys():

@@ -109,3 +109,24 @@ def test_picker_fork_note_shrinks_before_the_title_does():
     # An 80-column picker leaves the title about 25 cells: the parent's id gives way to the title.
     cell = _title_cell("Fix the retry test", "aaaa1111", 25)
     assert cell == "Fix the retry…  (fork)" and len(cell) <= 25
+
+
+async def test_the_rewind_list_starts_on_the_last_turn_stops_at_its_ends_and_shows_its_keys():
+    from ds4agent.agent import events as ev
+    from ds4agent.ui.screens.rewind import RewindScreen as Screen
+    from tests.ui.conftest import make_fake_app
+
+    points = tuple(ev.RewindPoint(n, 1_700_000_000.0 - 60 * (4 - n), f"question {n}\nmore", 100 * n)
+                   for n in (1, 2, 3))
+    app, agent = make_fake_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        app.push_screen(Screen(points, now=lambda: 1_700_000_000.0))
+        await wait_until(pilot, lambda: isinstance(app.screen, Screen))
+        turns = app.screen.query_one("#rewind-turns")
+        assert turns.highlighted == 2
+        text = screen_text(app)
+        assert "  3  1m ago    question 3" in text and "↑↓: choose · enter: pick · esc: back" in text
+        await pilot.press("down")
+        assert turns.highlighted == 2  # no wrap to the first turn
+        await pilot.press("up", "up", "up")
+        assert turns.highlighted == 0

@@ -66,5 +66,5 @@ def test_the_busy_rule_shown_is_the_agents():
         commands.prepare("/switch ab", busy=True)
     with pytest.raises(commands.CommandError, match="^usage: /rewind"):
         commands.call_agent(commands.prepare("/rewind x", busy=False), _Recorder())
-    with pytest.raises(commands.CommandError, match="cannot run: the model failed to load"):
+    with pytest.raises(commands.CommandError, match="cannot run: the agent could not start"):
         commands.prepare("/new", busy=False, failed_start=True)

@@ -11,7 +11,7 @@ from ds4agent.ui.history import History
 from ds4agent.ui.widgets.conversation import Note
 from tests.ui.conftest import send, wait_until
 
-HINT = "the model failed to load: leave with /quit, Ctrl+D or Ctrl+C twice"
+HINT = "the agent could not start (the reason is above): leave with /quit, Ctrl+D or Ctrl+C twice"
 
 
 def _notes(app) -> list[str]:
@@ -48,7 +48,7 @@ async def test_messages_typed_before_and_after_a_failed_start_are_answered_not_q
         assert app.startup_error == "startup failed: /models/x.gguf: not a GGUF file (only 8 bytes)"
         assert app.chips.items == ()
         notes = _notes(app)
-        assert "1 queued message not sent: the model failed to load" in notes
+        assert "1 queued message not sent: the agent could not start" in notes
         await send(pilot, app, "are you there")
         await wait_until(pilot, lambda: _notes(app)[-1].startswith("not sent:"))
         assert _notes(app)[-1] == f"not sent: {HINT}"

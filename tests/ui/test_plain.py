@@ -108,3 +108,38 @@ def test_leaving_says_where_the_work_is(tmp_path):
     stdout = io.StringIO()
     run_lines(agent, io.StringIO(""), stdout, poll=0.005)
     assert "saved" not in stdout.getvalue()
+
+
+def test_plain_help_lists_only_what_works_in_a_line_editor():
+    from ds4agent.ui import commands
+
+    text = commands.help_text(80, plain=True)
+    assert "/load" in text and "Tab" in text and "Ctrl+X" in text
+    for absent in ("Ctrl+T", "Ctrl+O", "Ctrl+L", "Esc Esc", "PageUp", "F1", "Shift+Enter"):
+        assert absent not in text, absent
+    assert all(len(line) <= 80 for line in text.splitlines())
+
+
+def test_tab_completes_commands_and_mentioned_paths(tmp_path):
+    from ds4agent.ui.plain import completions_for
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "setup.py").write_text("")
+    got = completions_for("/lo", str(tmp_path))
+    assert [(text, start) for text, start, _ in got] == [("/load", -3)]
+    assert completions_for("/load 3f", str(tmp_path)) == []
+    got = completions_for("look at @s", str(tmp_path))
+    assert [(text, start) for text, start, _ in got] == [("@setup.py", -2), ("@src/", -2)]
+    assert completions_for("plain words", str(tmp_path)) == []
+
+
+def test_the_status_line_fits_80_columns_keeping_the_device():
+    from ds4agent.ui import fmt
+
+    s = fmt.StatusState(state="generating", gen_tokens=1234, decode_tps=23.1, last_prefill_tps=812.0,
+                        last_decode_tps=23.1, ctx_used=14200, ctx_total=100_000, dirty=True, device="CPU",
+                        think_mode="think-max")
+    assert len(fmt.status_line(s)) > 80
+    line = fmt.status_line(s, 78)
+    assert len(line) <= 78 and line.startswith("generating 1234 tokens") and line.endswith("CPU")
+    assert fmt.status_line(s, 30).endswith("…") and len(fmt.status_line(s, 30)) <= 30

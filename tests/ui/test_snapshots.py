@@ -222,3 +222,31 @@ def test_snapshot_failed_start_80x24(snap_compare):
         await _settle(pilot, app, lambda: app.startup_error is not None)
 
     assert snap_compare(app, terminal_size=SMALL, run_before=run_before)
+
+
+def test_snapshot_slash_menu_80x24(snap_compare):
+    app, agent = make_fake_app()
+
+    async def run_before(pilot):
+        agent.emit(status("idle"))
+        await pilot.press("/")
+        await _settle(pilot, app)
+
+    assert snap_compare(app, terminal_size=SMALL, run_before=run_before)
+
+
+def test_snapshot_rewind_list_80x24(snap_compare):
+    from ds4agent.ui.screens.rewind import RewindScreen
+
+    app, agent = make_fake_app()
+    now = 1_700_000_000.0
+    points = tuple(ev.RewindPoint(n, now - 600 * (5 - n), text, 1000 * n) for n, text in enumerate(
+        ("Fix the flaky retry test in tests/test_client.py", "Now make the backoff cap configurable "
+         "from the settings file and document it in the README", "Run the whole suite"), start=1))
+
+    async def run_before(pilot):
+        agent.emit(status("idle"))
+        app.push_screen(RewindScreen(points, "changes made through bash are not undone", now=lambda: now))
+        await _settle(pilot, app, lambda: len(app.screen_stack) > 1)
+
+    assert snap_compare(app, terminal_size=SMALL, run_before=run_before)

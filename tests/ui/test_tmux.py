@@ -9,6 +9,7 @@ install it, see the UI report); the model is the tiny random test model the engi
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+READ_PAUSE_S = 1.0  # longer than the app's typeahead grace: a key after it answers a question
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +106,48 @@ def test_tui_in_tmux_prompt_answer_status_and_quit(tmp_path, tiny_model):
         tmux.type("/quit")
         tmux.key("Enter")
         tmux.wait_for(lambda s: "Save current session?" in s, "save question")
+        time.sleep(READ_PAUSE_S)  # a person reads the question: keys typed at once go to the editor
         tmux.key("n")
         tmux.wait_for(lambda s: "EXITED-0" in s, "exit status 0")
+    finally:
+        tmux.kill()
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install -y tmux)")
+def test_lines_typed_on_after_a_command_that_asks_do_not_answer_the_question(tmp_path, tiny_model):
+    work = tmp_path / "work"
+    work.mkdir()
+    tmux = Tmux(_env(tmp_path))
+    command = (f"cd {work} && {sys.executable} -m ds4agent.cli --model {tiny_model} --ctx 4096 --tokens 8 "
+               f"--kv-dir {tmp_path / 'kv'} --seed 7 --nothink; echo EXITED-$?; sleep 30")
+    try:
+        tmux.run("-f", "/dev/null", "new-session", "-d", "-s", "app", "-x", "120", "-y", "30", command)
+        tmux.run("resize-window", "-t", "app", "-x", "120", "-y", "30")
+        tmux.wait_for(lambda s: _status_line(s).startswith("idle"), "model loaded and idle")
+        tmux.type("say hi\r")
+        tmux.wait_for(lambda s: "› say hi" in s and _status_line(s).startswith("idle")
+                      and "unsaved ●" in _status_line(s), "the answer")
+        tmux.type("/save\r")
+        screen = tmux.wait_for(lambda s: "saved session " in s and "saved ✓" in _status_line(s), "saved")
+        saved = re.search(r"saved session ([0-9a-f]{8})", screen).group(1)
+        tmux.type("more\r")
+        tmux.wait_for(lambda s: "› more" in s and _status_line(s).startswith("idle")
+                      and "unsaved ●" in _status_line(s), "the second answer")
+        # A typist who goes on: /load opens "Save current session? [y] [n] [c]" while the next
+        # lines are still being typed (a key every 0.1 s); their n and c must not answer it.
+        tmux.type(f"/load {saved}\r")
+        for ch in "/list\rnice catch\r":
+            tmux.type(ch)
+            time.sleep(0.1)
+        screen = tmux.wait_for(lambda s: "Save current session?" in s and "saved sessions in" in s,
+                               "the question, and /list ran")
+        time.sleep(READ_PAUSE_S)
+        assert "Save current session?" in tmux.screen()  # not answered by the typing
+        tmux.key("Escape")  # Esc = cancel: stay in this session
+        screen = tmux.wait_for(lambda s: "› nice catch" in s and _status_line(s).startswith("idle"),
+                               "the queued message ran after the question")
+        assert "Save current session?" not in screen and "loaded session" not in screen
+        assert "unsaved ●" in _status_line(screen)
     finally:
         tmux.kill()
 

@@ -4,16 +4,23 @@ MODALS_TCSS = Path(__file__).with_name("modals.tcss")
 
 
 class TypeaheadGuard:
-    """For questions that open on their own, under the user's fingers: a permission question in the
-    middle of a turn, the resume question at start-up. Keys typed for the editor must not answer
-    them ("one" typed while the model loads would answer "n: discard" to the resume question;
-    "yes" typed as a follow-up would allow a bash command), so while the user is still typing,
-    i.e. less than `app.typeahead_grace` seconds after the previous key, a key does not answer:
-    a printable character goes on into the editor, where it was meant to go, and the next key
-    after a pause answers. Such screens also focus no button, so Enter never picks one.
+    """For every question that opens under the user's fingers: a permission question in the
+    middle of a turn, the resume question at start-up, the save question of /load, /new or /quit.
+    Keys typed for the editor must not answer them ("/rewind 9" typed right after "/load 3f2a"
+    would answer "n: don't save"; "yes" typed as a follow-up would allow a bash command). A key
+    answers only once the question has been on screen for `app.typeahead_grace` seconds and the
+    user paused that long since the previous key; before that it goes where it was meant to go,
+    the editor: a character is inserted, Backspace deletes, Enter sends the line (as it would
+    have a moment earlier, before the question appeared: a message is queued, a command runs or
+    is refused by the busy rule). Such screens focus no button, so Enter never picks one.
+    Each screen calls `mark_opened()` from its on_mount.
     """
 
     AUTO_FOCUS = ""  # "" focuses nothing (None would mean the app's default: the first button)
+    opened_at = float("-inf")
+
+    def mark_opened(self) -> None:
+        self.opened_at = self.app.clock()  # type: ignore[attr-defined]
 
     def swallow_typeahead(self, event) -> bool:
         app = self.app  # type: ignore[attr-defined]
@@ -21,11 +28,15 @@ class TypeaheadGuard:
         if grace <= 0:
             return False
         now = app.clock()
-        if now - getattr(app, "last_typing", float("-inf")) >= grace:
+        if now - getattr(app, "last_typing", float("-inf")) >= grace and now - self.opened_at >= grace:
             return False
         app.last_typing = now
         event.stop()
         event.prevent_default()
-        if event.is_printable and event.character:
+        if event.key == "enter":
+            app.input.send()
+        elif event.key == "backspace":
+            app.input.action_delete_left()
+        elif event.is_printable and event.character:
             app.input.insert(event.character)
         return True

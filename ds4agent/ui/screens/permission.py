@@ -63,6 +63,7 @@ class PermissionScreen(TypeaheadGuard, ModalScreen[tuple[str, str]]):
             yield Input(placeholder="message to the model (Enter to deny)", id="deny-message")
 
     def on_mount(self) -> None:
+        self.mark_opened()
         self.query_one("#deny-message", Input).display = False
 
     def on_key(self, event) -> None:

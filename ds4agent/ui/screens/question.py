@@ -46,7 +46,10 @@ class QuestionScreen(ModalScreen[str]):
 
 
 class GuardedQuestionScreen(TypeaheadGuard, QuestionScreen):
-    """A question the user did not just ask for (the resume question): typing does not answer it."""
+    """A question the agent asks (resume, save, continue): typing does not answer it."""
+
+    def on_mount(self) -> None:
+        self.mark_opened()
 
     def on_key(self, event) -> None:
         # Textual then runs QuestionScreen.on_key too (handlers run along the MRO) unless the key

@@ -30,6 +30,22 @@ ACTIONS: tuple[tuple[str, str], ...] = (
 )
 
 
+class HistoryList(OptionList):
+    """An option list that stops at its ends: Down on the last turn stays there (a history, not a
+    ring: wrapping to the first turn would put the oldest point under a hurried Enter)."""
+
+    def action_cursor_down(self) -> None:
+        if self.highlighted is None or self.highlighted < self.option_count - 1:
+            super().action_cursor_down()
+
+    def action_cursor_up(self) -> None:
+        if self.highlighted is None or self.highlighted > 0:
+            super().action_cursor_up()
+
+
+KEYS_HINT = "↑↓: choose · enter: pick · esc: back"
+
+
 class RewindScreen(ModalScreen[tuple[int, str] | None]):
     """Dismisses with (turn number, mode) or None."""
 
@@ -48,11 +64,12 @@ class RewindScreen(ModalScreen[tuple[int, str] | None]):
             yield Static(Content.from_markup("[b]Rewind[/] [$text-muted]to before which message?[/]"),
                          classes="title", id="rewind-title")
             now = self._now()
-            yield OptionList(*[Option(rewind_point_line(p, now), id=f"turn-{p.number}") for p in self.points],
-                             id="rewind-turns")
-            yield OptionList(*[Option(label, id=f"mode-{mode}") for mode, label in ACTIONS],
-                             id="rewind-actions")
+            yield HistoryList(*[Option(rewind_point_line(p, now), id=f"turn-{p.number}") for p in self.points],
+                              id="rewind-turns")
+            yield HistoryList(*[Option(label, id=f"mode-{mode}") for mode, label in ACTIONS],
+                              id="rewind-actions")
             yield Static(Content.from_markup("[$text-muted]$n[/]", n=self.note.capitalize()), id="rewind-note")
+            yield Static(KEYS_HINT, classes="hint")
 
     def on_mount(self) -> None:
         turns = self.query_one("#rewind-turns", OptionList)

@@ -1,8 +1,10 @@
 """Session picker (/load without a prefix, Ctrl+L): a filterable table of saved sessions, newest first.
 
-The table has the focus: Enter loads the highlighted session, `d` deletes it (after a y/n
-confirmation), Esc closes. Typing any other character starts the filter (title or id); Enter in the
-filter loads the highlighted row, Down goes back to the table.
+The table has the focus: Enter loads the highlighted session, Ctrl+D (or Delete in the table)
+deletes it after a y/n confirmation, Esc closes. Typing any character adds to the filter (title or
+id), which keeps what was typed until it is edited or cleared (Backspace works from the table too);
+Enter in the filter loads the highlighted row, Down goes back to the table. No letter deletes: a
+filter may start with any of them.
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ class SessionPicker(ModalScreen[str | None]):
     CSS_PATH = MODALS_TCSS
     BINDINGS = [
         Binding("escape", "close", "close"),
-        Binding("d", "delete", "delete", show=False),
+        # priority: the filter field would take Ctrl+D as "delete right"
+        Binding("ctrl+d", "delete", "delete", show=False, priority=True),
+        Binding("delete", "delete", "delete", show=False),
     ]
 
     def __init__(self, sessions: Sequence[Any], *, directory: str = "",
@@ -59,11 +63,13 @@ class SessionPicker(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog picker"):
-            yield Static(Content.from_markup("[b]Load a session[/] [$text-muted]$d[/]", d=self.directory),
+            yield Static(Content.from_markup("[b]Load a session from[/] [$text-muted]$d[/]", d=self.directory),
                          classes="title")
-            yield Input(placeholder="filter by title or id", id="picker-filter")
+            # select_on_focus off: the field takes the focus at the first typed key, and selecting
+            # its text then would let the next key (after a pause) replace what was typed so far.
+            yield Input(placeholder="filter by title or id", id="picker-filter", select_on_focus=False)
             yield DataTable(id="picker-table", cursor_type="row", zebra_stripes=True)
-            yield Static("enter: load · d: delete · type: filter · esc: close", classes="hint")
+            yield Static("enter: load · ctrl+d: delete · type: filter · esc: close", classes="hint")
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
@@ -120,9 +126,13 @@ class SessionPicker(ModalScreen[str | None]):
                 event.stop()
                 self.query_one(DataTable).focus()
             return
-        if event.is_printable and event.character and event.character not in ("d",):
+        if event.key == "backspace" and filt.value:
+            event.stop()
+            filt.value = filt.value[:-1]
+        elif event.is_printable and event.character:
             event.stop()
             filt.focus()
+            filt.cursor_position = len(filt.value)
             filt.insert_text_at_cursor(event.character)
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:

@@ -9,6 +9,8 @@ send (bracketed paste).
 
 from __future__ import annotations
 
+import textwrap
+
 from textual import events
 from textual.binding import Binding
 from textual.content import Content
@@ -198,9 +200,14 @@ class CommandHints(Static):
         self.display = bool(matches)
         if matches:
             width = max(len(c.usage) for c in matches)
-            lines = [
-                Content.from_markup("[b $accent]$u[/]  [$text-muted]$h[/]", u=c.usage.ljust(width), h=c.help)
-                for c in matches
-            ]
+            # A long description wraps under its own column, not back under the command names
+            # (80 columns): the lines are wrapped here, to the room the column has.
+            room = max(20, (self.size.width or self.app.size.width - 2) - width - 3)
+            lines = []
+            for c in matches:
+                parts = textwrap.wrap(c.help, room) or [""]
+                lines.append(Content.from_markup("[b $accent]$u[/]  [$text-muted]$h[/]", u=c.usage.ljust(width),
+                                                 h=parts[0]))
+                lines += [Content.styled(" " * (width + 2) + part, "$text-muted") for part in parts[1:]]
             lines.append(Content.styled("tab: complete", "$text-muted"))
             self.update(Content("\n").join(lines))
