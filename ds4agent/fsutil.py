@@ -13,10 +13,12 @@ file is removed on any failure.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import secrets
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -140,3 +142,119 @@ def atomic_write(target: str | os.PathLike[str], data: bytes, *, mode: int | Non
     """Replace `target` with `data` atomically (see atomic_path)."""
     with atomic_file(target, mode=mode, make_parents=make_parents) as fh:
         fh.write(data)
+
+
+def short_name(name: str, limit: int = 150) -> str:
+    """`name` cut to at most `limit` bytes of UTF-8 (whole characters), for temp names built from
+    it: a file name may be 255 bytes long, its temp name must still fit."""
+    return name.encode("utf-8", "surrogateescape")[:limit].decode("utf-8", "ignore")
+
+
+@contextlib.contextmanager
+def atomic_entry_at(dir_fd: int, name: str, *, mode: int, prefix: str | None = None,
+                    before_replace: Callable[[], None] | None = None) -> Iterator[BinaryIO]:
+    """atomic_entry for the entry `name` of the directory open at `dir_fd` (a descriptor the caller
+    reached without following links): the temp file is made in that very directory
+    (O_CREAT|O_EXCL|O_NOFOLLOW), written, chmodded and fsynced through its descriptor, then
+    renamed over `name` relative to the same descriptor, so no path is looked up again by name
+    from the root. `before_replace` runs after the data is durable and just before the rename; an
+    exception from it (the caller found the target changed) removes the temp file and leaves the
+    target untouched. prefix: the temp file's name before its random part (default `.<name>.`)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        tmp = f"{prefix if prefix is not None else '.' + short_name(name) + '.'}{secrets.token_hex(4)}{TEMP_SUFFIX}"
+        try:
+            fd = os.open(tmp, flags, 0o600, dir_fd=dir_fd)
+            break
+        except FileExistsError:
+            continue
+    try:
+        with os.fdopen(fd, "wb", buffering=1 << 20) as fh:
+            yield fh
+            fh.flush()
+            os.fchmod(fh.fileno(), mode)
+            os.fsync(fh.fileno())
+        if before_replace is not None:
+            before_replace()
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    fsync_dir_at(dir_fd)
+
+
+def fsync_dir_at(dir_fd: int) -> None:
+    """fsync_dir for a directory open at `dir_fd` (which may be an O_PATH descriptor: fsync needs
+    a real one, so "." is opened relative to it)."""
+    try:
+        fd = os.open(".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0), dir_fd=dir_fd)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# O_PATH (Linux) opens a directory only to walk it: no read permission needed, nothing read.
+_WALK = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_LIST = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+class PathChanged(OSError):
+    """open_dir_beneath met a symbolic link where the resolved path had a directory."""
+
+    def __init__(self, component: str) -> None:
+        super().__init__(f"{component} is a symbolic link, not a directory")
+        self.component = component
+
+
+def lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
+    """The entry `name` of the directory open at `dir_fd`, links not followed; None: no entry."""
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def open_dir_beneath(real: str, *, create: bool = False, listable: bool = False) -> int:
+    """A descriptor of the directory at the absolute, already resolved path `real`, opened from `/`
+    one component at a time with O_NOFOLLOW|O_DIRECTORY relative to the parent's descriptor
+    (openat): a resolved path has no link in it, so a link met here was put there after the path
+    was resolved, and is refused (PathChanged) instead of followed. This is openat2's
+    RESOLVE_NO_SYMLINKS by hand, the same on every kernel and on macOS.
+
+    create: missing directories are made on the way. listable: the last one is opened for reading
+    its entries (else O_PATH where there is one: walking needs no read permission). Other errors
+    are the OSError of the failing open (FileNotFoundError, NotADirectoryError for a file)."""
+    parts = [p for p in real.split(os.sep) if p]
+    fd = os.open("/", _LIST if listable and not parts else _WALK)
+    try:
+        done = "/"
+        for i, part in enumerate(parts):
+            flags = _LIST if listable and i == len(parts) - 1 else _WALK
+            try:
+                try:
+                    nxt = os.open(part, flags, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o777, dir_fd=fd)
+                    nxt = os.open(part, flags, dir_fd=fd)
+            except OSError as err:
+                if err.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+                    st = lstat_at(fd, part)
+                    if st is not None and stat.S_ISLNK(st.st_mode):
+                        raise PathChanged(os.path.join(done, part)) from None
+                raise
+            os.close(fd)
+            fd = nxt
+            done = os.path.join(done, part)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise

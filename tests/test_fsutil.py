@@ -51,3 +51,35 @@ def test_atomic_entry_replaces_a_symlink_instead_of_writing_through_it(tmp_path)
         raise RuntimeError("disk full")
     assert link.read_bytes() == b"new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["own.kv", "victim"]
+
+
+def test_atomic_entry_at_replaces_an_entry_of_a_long_name_without_following_a_link(tmp_path):
+    import os
+
+    from ds4agent.fsutil import atomic_entry_at, open_dir_beneath
+
+    name = "é" * 127 + "x"  # 255 bytes: the longest name a filesystem takes
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (tmp_path / name).symlink_to(victim)
+    fd = open_dir_beneath(str(tmp_path))
+    try:
+        with atomic_entry_at(fd, name, mode=0o640) as f:
+            f.write(b"new")
+    finally:
+        os.close(fd)
+    assert (tmp_path / name).read_bytes() == b"new" and not (tmp_path / name).is_symlink()
+    assert victim.read_text() == "keep" and oct(os.stat(tmp_path / name).st_mode & 0o777) == "0o640"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, "victim"])
+
+
+def test_open_dir_beneath_refuses_a_link_on_the_way(tmp_path):
+    import pytest
+
+    from ds4agent.fsutil import PathChanged, open_dir_beneath
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(PathChanged) as err:
+        open_dir_beneath(str(tmp_path / "link" / "deeper"), create=True)
+    assert err.value.component == str(tmp_path / "link") and not (tmp_path / "real" / "deeper").exists()

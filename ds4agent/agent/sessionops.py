@@ -162,8 +162,7 @@ def _save(worker: WorkerPort, title: str | None = None) -> ev.SessionSaved:
     payload = worker.session.export_state()
     saved = store.save_session(
         text, payload, shape=_shape(worker), title=new_title, created_at=identity.created_at,
-        loaded_from=replaces, protect=(identity.forked_from,) if identity.forked_from else (),
-        model_id=_model_id(worker), quant_bits=worker.engine.quant_bits,
+        loaded_from=replaces, model_id=_model_id(worker), quant_bits=worker.engine.quant_bits,
     )
     identity.title = title_bytes(saved.title)
     identity.created_at = saved.created_at

@@ -16,9 +16,10 @@ Public API (what the agent uses):
         reason 6, ext 0x08 (title trailer), name = SHA1(title || u64le(created_at)).kv, atomic.
         title None -> derived from `text` (§12.7); created_at None -> now. Keep the returned
         .title/.created_at for re-saves (the name stays stable). After the rename it deletes
-        `loaded_from` (a legacy source file with another name) and every other reason-6 file whose
-        text is a strict byte prefix of `text`. payload None writes a stripped session (n_tokens, ctx
-        required). SavedSession.message == "saved session <8 hex> (<N> tokens)".
+        `loaded_from` (this session's own legacy source file, or its file under an old title) and
+        nothing else: another session is never deleted by a save, even when its text is a prefix
+        of `text` (a /fork kept as a bookmark). payload None writes a stripped session (n_tokens,
+        ctx required). SavedSession.message == "saved session <8 hex> (<N> tokens)".
     store.load_session(target, *, shape, ctx, model_id, quant_bits) -> LoadedSession
         target: a 1-40 hex id prefix or a path to a .kv file. Runs chain 8.3 (session kind).
         LoadedSession: text, payload (None for a stripped session: re-tokenise `text` and prefill),
@@ -53,7 +54,7 @@ import re
 import stat
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -238,7 +239,7 @@ class SavedSession:
     title: bytes
     created_at: int
     n_tokens: int
-    deleted: tuple[Path, ...]  # ancestors and the legacy source removed after the save
+    deleted: tuple[Path, ...]  # this session's own earlier file (legacy source, old title) removed
 
     @property
     def message(self) -> str:
@@ -545,9 +546,8 @@ class SessionStore:
                      quant_bits: int, title: bytes | str | None = None, created_at: int | None = None,
                      loaded_from: str | os.PathLike[str] | None = None, model_id: int = 0,
                      n_tokens: int | None = None, ctx: int | None = None,
-                     now: int | None = None, protect: Sequence[str] = ()) -> SavedSession:
-        """Write `dir/<identity>.kv` (§12.4 steps 3-5); see the module docstring. `protect`: ids
-        never deleted as ancestors (a fork's original session stays untouched, issue 11)."""
+                     now: int | None = None) -> SavedSession:
+        """Write `dir/<identity>.kv` (§12.4 steps 3-5); see the module docstring."""
         now = self._now() if now is None else int(now)
         text = bytes(text)
         if isinstance(title, str):
@@ -566,43 +566,29 @@ class SessionStore:
                            tokens=tokens, hits=0, ctx_size=ctx, created_at=created_at, last_used=now,
                            payload_bytes=0)
         write_kvc(path, header, text, payload, shape, title)
-        deleted = self._delete_ancestors(path, text, loaded_from, protect)
+        deleted = self._delete_ancestors(path, loaded_from)
         return SavedSession(ident, path, title, created_at, tokens, tuple(deleted))
 
-    def _delete_ancestors(self, written: Path, text: bytes, loaded_from,
-                          protect: Sequence[str] = ()) -> list[Path]:
-        """§12.4 step 5: the legacy source file, then reason-6 files whose text is a strict byte
-        prefix of `text`. Never the file just written (samefile: case-insensitive filesystems
-        see `ABC…kv` and `abc…kv` as one file), never other reasons or sysprompt caches."""
+    def _delete_ancestors(self, written: Path, loaded_from) -> list[Path]:
+        """§12.4 step 5, narrowed: only the legacy file this very session was loaded from (it was
+        just re-saved under its new identity), never the file just written (samefile:
+        case-insensitive filesystems see `ABC…kv` and `abc…kv` as one file).
+
+        kvc-format.md also deletes every other reason-6 file whose text is a strict prefix of the
+        new text, as "earlier checkpoints of the same conversation". In ds4agent a conversation
+        keeps one identity across saves, so such a file is always another session: a /fork kept as
+        a bookmark, a session loaded and continued elsewhere. Deleting it would lose a session the
+        user never deleted, so prefix files are left alone; the user deletes sessions."""
         deleted: list[Path] = []
-
-        def same(a: Path) -> bool:
-            try:
-                return os.path.samefile(a, written)
-            except OSError:
-                return False
-
         if loaded_from is not None and self._is_own_session_file(Path(loaded_from)):
             src = Path(loaded_from)
-            if not same(src) and self._unlink(src):
-                deleted.append(src)
-        for entry in self.entries():
-            if (entry.header.reason != REASON_SESSION or entry.text_bytes >= len(text)
-                    or entry.header.payload_abi == PAYLOAD_ABI_S or same(entry.path)
-                    or entry.id in protect):
-                # [S] files may still be used by an earlier ds4 (§13), and a fork's original
-                # goes on existing (issue 11): neither is deleted as an ancestor.
-                continue
             try:
-                with open(entry.path, "rb") as f:
-                    f.seek(PREFIX_BYTES)
-                    stored = f.read(entry.text_bytes)
+                same = os.path.samefile(src, written)
             except OSError:
-                continue
-            if len(stored) == entry.text_bytes and text.startswith(stored) and self._unlink(entry.path):
-                deleted.append(entry.path)
-        if deleted:
-            fsync_dir(self.directory)
+                same = False
+            if not same and self._unlink(src):
+                deleted.append(src)
+                fsync_dir(self.directory)
         return deleted
 
     def _is_own_session_file(self, path: Path) -> bool:

@@ -14,12 +14,14 @@ Public modules with their own API:
     permissions.py  PermissionPolicy(mode).check(tool, args, ctx) -> Decision; Answer; Question;
                     denied_result()
     attach.py       expand(text, ctx) / strip(text): `@path` attachments
-    files.py        plan_change() (what a write/edit would do, for previews)
+    files.py        plan_change() (what a write/edit would do, for previews), approve() (the
+                    policy's record of what it judged, which the write/edit run is held to)
     shellscan.py    scan(command, cwd): the programs a command runs, the writes that always ask
 
 Internal modules: registry.py (the table), context.py, results.py, args.py (argument coercion),
-jobs.py (background processes), bash.py, listing.py, search.py, regular.py and regex_worker.py
-(regular files only; a regex run in a killable child process).
+jobs.py (background processes), bash.py, listing.py, search.py, beneath.py (opening and replacing
+files beneath their resolved path, no link followed), regular.py and regex_worker.py (regular
+files only; a regex run in a killable child process).
 
 Importing this package imports nothing heavy (no engine, no UI).
 """

@@ -57,7 +57,7 @@ def expand(text: str, ctx: ToolContext) -> Attachments:
         written = m.group(1)
         # "see @a.py." : the sentence's full stop is not part of the name (unless it is).
         for name in (written, written.rstrip(_TRAILING)):
-            if name and os.path.lexists(ctx.resolve(name)):
+            if name and "\0" not in name and os.path.lexists(ctx.resolve(name)):  # NUL: no file
                 break
         else:
             continue

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ds4agent.tools.jobs import JobTable
+from ds4agent.tools.results import ToolError
 
 
 class SeenLines:
@@ -84,12 +85,19 @@ class ToolContext:
     # Told of every file write/edit after it succeeded: (absolute path, content before or None
     # when the file did not exist, content written). The agent's code checkpoints listen here.
     on_write: Callable[[str, bytes | None, bytes], None] | None = None
+    # Set by the permission policy for the call it just checked (a files.Approval: the real path
+    # it judged, the change the question showed); the write/edit tool takes it and refuses to
+    # write when the file or its path changed since. Any other call's check clears it.
+    approved: object | None = None
 
     def __post_init__(self) -> None:
         self.cwd = Path(self.cwd)
 
     def resolve(self, path: str) -> Path:
-        """The absolute path of a model-supplied path (relative ones are relative to cwd)."""
+        """The absolute path of a model-supplied path (relative ones are relative to cwd). A NUL
+        byte cannot be in a path (the OS call would raise ValueError): a tool error instead."""
+        if "\0" in path:
+            raise ToolError("invalid path: it contains a NUL byte")
         p = Path(os.path.expanduser(path))
         return p if p.is_absolute() else self.cwd / p
 

@@ -6,37 +6,45 @@ only on lines shown to the model (by read, search, write or an edit's context bl
 still matches the file, so the model never overwrites lines it has not seen or that moved.
 
 Writes are atomic (temp file in the same directory, fsync, rename, directory fsync) and keep the
-file's permission bits; a symlink is written through (its target changes, the link stays).
+file's permission bits; a symlink is written through (its target changes, the link stays). The
+path is resolved once, when the change is planned (and judged by the permission policy); the write
+walks that real path without following links and replaces the file only if it is still in the
+state the change was planned on (tools/beneath.py), so a link or an edit slipped in between the
+question and the write is refused, never written through.
 
 Differences from the baseline, on purpose:
 * `write` creates missing parent directories.
 * Files containing NUL bytes are refused by read/edit with a hint to use bash (the baseline shows
   them as text, which wastes context on garbage and cannot be edited safely anyway).
-* In a file whose replaced lines all end with CRLF, the LFs of `new` become CRLF, and an `old`
-  text written with LF also matches the CRLF form: the model only ever sees the decorated lines
-  without terminators, so it cannot type the CRs itself.
+* The LFs of `new` become the ending of the lines they replace (CRLF or a lone CR; the file's
+  most common ending where those lines have none), and an `old` text written with LF matches the
+  file's form, never half of a CRLF pair: the model only ever sees the decorated lines without
+  terminators, so it cannot type the CRs itself.
 * A failed unique-match edit shows the closest candidate lines (numbered; they count as shown, so
-  the model can edit them by line at once) and the number of occurrences.
+  the model can edit them by line at once) and the number of occurrences; that search does
+  bounded work on any input and stops on interrupt.
 """
 
 from __future__ import annotations
 
 import bisect
 import difflib
-import os
+import heapq
+import json
 import re
-import stat
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ds4agent import fsutil
 from ds4agent.tools.args import arg_bool, arg_int, arg_str
+from ds4agent.tools.beneath import FileState, open_file, replace_file, state_at
 from ds4agent.tools.context import ReadCursor, ToolContext
-from ds4agent.tools.regular import open_regular, refuse_unless_regular
 from ds4agent.tools.results import RESULT_CAP_BYTES, DiffDisplay, DiffLine, TextDisplay, ToolError, ToolResult
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
+# A write over a larger file keeps no copy of it for /rewind (a sparse file may claim terabytes).
+UNDO_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_CHUNK = 500
 MAX_CHUNK = 100_000
 CONTEXT_BEFORE = 5
@@ -85,37 +93,32 @@ def numbered(lines: list[bytes], first: int, last: int) -> str:
 
 
 def load_file(ctx: ToolContext, path: str) -> tuple[str, bytes]:
-    """(guard key, bytes) of an existing regular text file within the size limit; ToolError otherwise
-    (a FIFO or a device is refused before it is opened: reading one would block or never end)."""
-    full = ctx.resolve(path)
+    """(guard key, bytes) of an existing regular text file within the size limit; ToolError otherwise."""
+    key, data, _ = load_file_state(ctx, path)
+    return key, data
+
+
+def load_file_state(ctx: ToolContext, path: str) -> tuple[str, bytes, FileState]:
+    """load_file plus the state the file had when it was read (a change planned on these bytes is
+    written only over that state). The file is opened beneath its real path (tools/beneath.py);
+    a FIFO or a device is refused before it is opened: reading one would block or never end."""
+    key = ctx.abs_key(path)
     try:
-        st = os.stat(full)
+        f, st = open_file(key, path)
     except OSError as exc:
         raise ToolError(f"cannot open {path}: {exc.strerror}") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise ToolError(f"{path} is a directory; use the list tool to see its entries")
-    refuse_unless_regular(st.st_mode, path)
-    if st.st_size > MAX_FILE_BYTES:
-        raise ToolError(f"file too large: {path} exceeds {MAX_FILE_BYTES} bytes")
-    try:
-        f, _ = open_regular(full, path)
-        with f:
+    with f:
+        if st.st_size > MAX_FILE_BYTES:
+            raise ToolError(f"file too large: {path} exceeds {MAX_FILE_BYTES} bytes")
+        try:
             data = f.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise ToolError(f"cannot read {path}: {exc.strerror}") from None
+        except OSError as exc:
+            raise ToolError(f"cannot read {path}: {exc.strerror}") from None
     if len(data) > MAX_FILE_BYTES:
         raise ToolError(f"file too large: {path} exceeds {MAX_FILE_BYTES} bytes")
     if b"\0" in data:
         raise ToolError(f"binary file: {path} contains NUL bytes; inspect it with bash (for example xxd or file)")
-    return ctx.abs_key(path), data
-
-
-def atomic_write(target: str, data: bytes) -> None:
-    """Replace `target` through ds4agent.fsutil's one procedure (temp file beside the real target,
-    fsync, rename, directory fsync): a crash leaves the old file or the new one, never half.
-    Permission bits are kept, a symlink is written through (the link keeps pointing at the new
-    file) and missing parent directories are created (`write` creates them)."""
-    fsutil.atomic_write(target, data, make_parents=True)
+    return key, data, FileState.of(st)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -307,6 +310,9 @@ class Change:
     keep_after: int | None = None
     # The file exists but its content is not shown (why, in words): the preview has no diff.
     before_unshown: str | None = None
+    # What stood at the real path when the change was planned (None: no file): the write is
+    # refused when the file is not in this state any more at the moment of the rename.
+    state: FileState | None = None
 
     @property
     def creates(self) -> bool:
@@ -318,35 +324,38 @@ class Change:
         return make_diff(self.path, self.before, self.after)
 
 
-def _current_content(full: str, path: str) -> tuple[bytes | None, str | None]:
-    """What a write will replace, for its diff: (bytes, None) for a text file within the read/edit
-    limits; (None, None) when there is no file yet; (None, why) when the file exists but cannot be
-    shown (too large, binary, unreadable): the write still may replace it, the preview just has no
-    diff. A directory, FIFO or device is refused: write replaces regular files only, and reading
-    one to preview it would block or never end."""
+def _current_content(key: str, path: str) -> tuple[bytes | None, str | None, FileState | None]:
+    """What a write will replace, for its diff, and the state it was found in: (bytes, None) for a
+    text file within the read/edit limits; (None, None) when there is no file yet; (None, why) when
+    the file exists but cannot be shown (too large, binary, unreadable): the write still may
+    replace it, the preview just has no diff. A directory, FIFO or device is refused: write
+    replaces regular files only, and reading one to preview it would block or never end."""
     try:
-        st = os.stat(full)
-    except FileNotFoundError:
-        return None, None
+        state = state_at(key, path)
     except OSError as exc:
-        return None, f"cannot look at the current file: {exc.strerror}"
-    if stat.S_ISDIR(st.st_mode):
-        raise ToolError(f"{path} is a directory")
-    refuse_unless_regular(st.st_mode, path)
+        return None, f"cannot look at the current file: {exc.strerror}", None
+    if state is None:
+        return None, None, None
     too_large = f"the current file ({{size}} bytes) is over the {MAX_FILE_BYTES} byte limit of read/edit and is not shown"
-    if st.st_size > MAX_FILE_BYTES:
-        return None, too_large.format(size=st.st_size)
     try:
-        f, _ = open_regular(full, path)
-        with f:
-            data = f.read(MAX_FILE_BYTES + 1)
+        f, st = open_file(key, path, list_hint=False)
+    except FileNotFoundError:
+        return None, None, None
     except OSError as exc:
-        return None, f"cannot read the current file: {exc.strerror}"
+        return None, f"cannot read the current file: {exc.strerror}", state
+    with f:
+        state = FileState.of(st)
+        if st.st_size > MAX_FILE_BYTES:
+            return None, too_large.format(size=st.st_size), state
+        try:
+            data = f.read(MAX_FILE_BYTES + 1)
+        except OSError as exc:
+            return None, f"cannot read the current file: {exc.strerror}", state
     if len(data) > MAX_FILE_BYTES:  # it grew since the stat
-        return None, too_large.format(size=len(data))
+        return None, too_large.format(size=len(data)), state
     if b"\0" in data:
-        return None, f"the current file ({len(data)} bytes) is binary and is not shown"
-    return data, None
+        return None, f"the current file ({len(data)} bytes) is binary and is not shown", state
+    return data, None, state
 
 
 def plan_write(args: Mapping[str, Any], ctx: ToolContext) -> Change:
@@ -354,44 +363,61 @@ def plan_write(args: Mapping[str, Any], ctx: ToolContext) -> Change:
     content = arg_str(args, "content", required=True)
     if not path.strip():
         raise ToolError("empty path")
-    before, unshown = _current_content(str(ctx.resolve(path)), path)
+    key = ctx.abs_key(path)
+    before, unshown, state = _current_content(key, path)
     after = content.encode("utf-8")
-    return Change(path=path, key=ctx.abs_key(path), before=before, after=after, before_unshown=unshown,
+    return Change(path=path, key=key, before=before, after=after, before_unshown=unshown, state=state,
                   result_text=f"Wrote {len(after)} bytes to {path}\n")
 
 
-def _content_before(change: Change, ctx: ToolContext) -> bytes | None:
-    """What the file holds before the write, for the code checkpoint (on_write). The preview may
-    have left it unread (too large, binary: before is None then, as for a new file), but undoing
-    the write must put those bytes back, not delete the file: read them here, whole."""
+def _content_before(change: Change) -> tuple[bytes | None, bool]:
+    """What the file holds before the write, for the code checkpoint (on_write), and whether a copy
+    is kept at all. The preview may have left it unread (too large, binary: before is None then,
+    as for a new file), but undoing the write must put those bytes back, not delete the file: read
+    them here, whole, up to UNDO_MAX_BYTES. A larger file (a sparse file may claim terabytes) is
+    not copied: the write goes ahead without a checkpoint and its result says so."""
     if change.before is not None or change.before_unshown is None:
-        return change.before
+        return change.before, True
+    if change.state is not None and change.state.size > UNDO_MAX_BYTES:
+        return None, False
     try:
-        f, _ = open_regular(ctx.resolve(change.path), change.path)
+        f, st = open_file(change.key, change.path)
         with f:
-            return f.read()
+            if FileState.of(st) != change.state:
+                raise ToolError("it changed since the change was planned")
+            data = f.read(UNDO_MAX_BYTES + 1)
     except (OSError, ToolError) as exc:
         # Without the old bytes a /rewind could not undo the write (it would remove the file):
         # refused before anything is changed.
-        raise ToolError(f"cannot keep a copy of {change.path} for /rewind: {exc}") from None
+        why = exc.message if isinstance(exc, ToolError) else exc.strerror or exc
+        raise ToolError(f"cannot keep a copy of {change.path} for /rewind: {why}") from None
+    if len(data) > UNDO_MAX_BYTES:  # grew since the stat; the state check at the write refuses it
+        return None, False
+    return data, True
 
 
 def _apply(change: Change, ctx: ToolContext) -> ToolResult:
     """Write the change, then tell what happened to the file. Only a failed write is a failure:
     once the file is replaced, trouble with the bookkeeping after it (the guard's records, the
     diff for the UI: both scale with the file and can run out of memory) must not make the model
-    believe the file is unchanged."""
-    undo = _content_before(change, ctx) if ctx.on_write is not None else change.before
+    believe the file is unchanged. The write goes to the real path the change was planned on,
+    beneath (no link followed), and only over the state the change was planned against."""
+    undo, kept = _content_before(change) if ctx.on_write is not None else (change.before, True)
     try:
-        atomic_write(str(ctx.resolve(change.path)), change.after)
+        replace_file(change.key, change.after, change.path, make_parents=True, expect=change.state)
     except OSError as exc:
         raise ToolError(f"cannot write {change.path}: {exc.strerror or exc}") from None
-    key = ctx.abs_key(change.path)  # the file exists now, so symlinks resolve
-    if ctx.on_write is not None:
+    key = change.key
+    if ctx.on_write is not None and kept:
         try:
             ctx.on_write(key, undo, change.after)
         except Exception:  # see the docstring; the agent reports its own failures
             pass
+    if not kept:
+        size = change.state.size if change.state is not None else 0
+        change.result_text += (f"Note: the old {change.path} ({size} bytes) is over the "
+                               f"{UNDO_MAX_BYTES >> 20} MiB limit of code checkpoints: no copy was "
+                               "kept, /rewind cannot restore it.\n")
     try:
         _record(change, ctx, key)
     except Exception:  # see the docstring
@@ -402,6 +428,63 @@ def _apply(change: Change, ctx: ToolContext) -> ToolResult:
         first = change.result_text.split("\n", 1)[0]
         display = TextDisplay(summary=f"{first} (no diff: {type(exc).__name__})", body=change.result_text)
     return ToolResult(change.result_text, display=display)
+
+
+# --------------------------------------------------------------------------------------------------
+# Approvals: what the permission question showed is what gets written
+
+
+@dataclass(frozen=True)
+class Approval:
+    """What the permission policy judged for one write/edit call: the real path (inside the tree
+    or not) and, when it asked, the change the question showed. planned_ok False: planning failed
+    at the check (nothing to approve), so a run that now succeeds was never asked about."""
+
+    tool: str
+    args: str  # the call's arguments, canonical JSON
+    key: str
+    change: Change | None = None
+    planned_ok: bool = True
+
+
+def _args_text(args: Mapping[str, Any]) -> str:
+    return json.dumps(dict(args), sort_keys=True, default=str)
+
+
+def approve(ctx: ToolContext, tool: str, args: Mapping[str, Any], key: str, change: Change | None = None,
+            *, planned_ok: bool = True) -> None:
+    """The permission policy's record of what it allowed (or asked about) for the next call."""
+    ctx.approved = Approval(tool, _args_text(args), key, change, planned_ok)
+
+
+def _take_approval(ctx: ToolContext, tool: str, args: Mapping[str, Any]) -> Approval | None:
+    approval, ctx.approved = ctx.approved, None
+    if isinstance(approval, Approval) and approval.tool == tool and approval.args == _args_text(args):
+        return approval
+    return None
+
+
+def _planned(tool: str, args: Mapping[str, Any], ctx: ToolContext) -> Change:
+    """Plan the call again at the moment it runs and hold it to what was approved: the same real
+    path, and the same file content and state as the question's diff. Anything else is refused,
+    with nothing written."""
+    approval = _take_approval(ctx, tool, args)
+    change = plan_write(args, ctx) if tool == "write" else plan_edit(args, ctx)
+    if approval is None:
+        return change
+    if not approval.planned_ok:
+        raise ToolError(f"{change.path} changed since the permission check (the call could not be "
+                        "planned then); nothing was written. Call the tool again")
+    if change.key != approval.key:
+        raise ToolError(f"{change.path} now leads to {change.key}, not to {approval.key} as when the "
+                        "permission was checked (a directory or link on the way was replaced); "
+                        "nothing was written")
+    shown = approval.change
+    if shown is not None and (shown.state != change.state or shown.before != change.before
+                              or shown.after != change.after):
+        raise ToolError(f"{change.path} changed since the diff was shown to the user; nothing was "
+                        "written. Read the file again and redo the change")
+    return change
 
 
 def _record(change: Change, ctx: ToolContext, key: str) -> None:
@@ -432,7 +515,7 @@ class WriteTool:
     mutates = True
 
     def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
-        return _apply(plan_write(args, ctx), ctx)
+        return _apply(_planned("write", args, ctx), ctx)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -442,13 +525,54 @@ class WriteTool:
 _RANGE = re.compile(r"^\s*(\d+)\s*[:\-]\s*(\d+)\s*$")
 
 
-def _is_crlf_block(lines: list[bytes]) -> bool:
-    ends = [x for x in lines if x.endswith((b"\n", b"\r"))]
-    return bool(ends) and all(x.endswith(b"\r\n") for x in ends)
+# Line endings. The model sees lines without their terminators and types new text with LF only;
+# in a CRLF or CR-only file its LFs are written as the file's own ending, and its old text is
+# matched in that form, so an edit neither inserts LF-only lines nor doubles a CR.
 
 
-def _to_crlf(data: bytes) -> bytes:
-    return re.sub(rb"(?<!\r)\n", b"\r\n", data)
+def _eol_of(line: bytes) -> bytes:
+    """A line's terminator (b"" for a last line without one)."""
+    if line.endswith(b"\r\n"):
+        return b"\r\n"
+    return line[-1:] if line.endswith((b"\n", b"\r")) else b""
+
+
+def _file_eol(lines: list[bytes]) -> bytes:
+    """The ending most of the file's lines use (LF for a file without any, or on a tie with LF)."""
+    counts = {b"\n": 0, b"\r\n": 0, b"\r": 0}
+    for x in lines:
+        end = _eol_of(x)
+        if end:
+            counts[end] += 1
+    best = max(counts.values())
+    return b"\n" if counts[b"\n"] == best else b"\r\n" if counts[b"\r\n"] == best else b"\r"
+
+
+def _region_eol(lines: list[bytes], a: int, b: int) -> bytes:
+    """The ending new text takes where it replaces lines a..b (1-based): the one those lines all
+    use; else (none of them ends a line: the file's last line) the previous line's; else the
+    file's."""
+    ends = {_eol_of(x) for x in lines[a - 1 : b]} - {b""}
+    if len(ends) == 1:
+        return ends.pop()
+    if not ends and a > 1 and _eol_of(lines[a - 2]):
+        return _eol_of(lines[a - 2])
+    return _file_eol(lines)
+
+
+_LONE_LF = re.compile(rb"(?<!\r)\n")
+
+
+def _to_eol(data: bytes, eol: bytes) -> bytes:
+    """The LFs of typed text (those not already part of a CRLF) as `eol`."""
+    return data if eol == b"\n" else _LONE_LF.sub(eol, data)
+
+
+def _splits_crlf(data: bytes, off: int, n: int) -> bool:
+    """A match that starts on the LF of a CRLF or ends on its CR would cut the pair in two."""
+    starts_inside = off > 0 and data[off - 1 : off] == b"\r" and data[off : off + 1] == b"\n"
+    ends_inside = data[off + n - 1 : off + n] == b"\r" and data[off + n : off + n + 1] == b"\n"
+    return starts_inside or ends_inside
 
 
 def _numbered_clipped(lines: list[bytes], nums: list[int], indent: str = "") -> tuple[str, list[tuple[int, bytes]]]:
@@ -534,32 +658,72 @@ def _line_range(args: Mapping[str, Any]) -> tuple[int, int] | None:
     return None
 
 
-def _candidates(lines: list[bytes], old: str, limit: int = 3) -> list[tuple[int, int, float]]:
-    """Closest windows of len(old lines) lines: (first line, last line, similarity), best first."""
+# The near-match search is bounded on any input. Lines worth scoring are found by C-speed
+# substring search for the rarest words of old's first line (each counted and found with
+# bytes.count/find: linear in the file), at most NEAR_LINES of them; without such a word only the
+# first NEAR_LINES lines are scored. A line is scored by its first NEAR_CLIP characters (a
+# character-count overlap, linear), and the full SequenceMatcher (quadratic in its inputs) runs
+# only on the NEAR_FULL best windows, clipped to NEAR_WINDOW characters. The interrupt is polled
+# every NEAR_POLL lines.
+NEAR_CLIP = 500
+NEAR_LINES = 4096
+NEAR_FULL = 6
+NEAR_WINDOW = 300
+NEAR_POLL = 512
+_WORD = re.compile(r"\w{3,}")
+
+
+def _lines_to_score(data: bytes, starts: list[int], first: str) -> list[int]:
+    """0-based numbers of the lines the near-match search scores (see above)."""
+    words = {w.encode("utf-8") for w in _WORD.findall(first)}
+    anchors = sorted((n, w) for w in words if (n := data.count(w)))[:3]
+    if not anchors:
+        return list(range(min(len(starts), NEAR_LINES)))
+    picked: dict[int, None] = {}
+    for _, word in anchors:
+        pos = data.find(word)
+        while pos >= 0 and len(picked) < NEAR_LINES:
+            n = bisect.bisect_right(starts, pos) - 1
+            picked[n] = None
+            nxt = starts[n + 1] if n + 1 < len(starts) else len(data)
+            pos = data.find(word, nxt)  # the next line holding it
+    return sorted(picked)
+
+
+def _candidates(data: bytes, lines: list[bytes], old: str, should_stop: Callable[[], bool] = lambda: False,
+                limit: int = 3) -> list[tuple[int, int, float]] | None:
+    """Closest windows of len(old lines) lines: (first line, last line, similarity), best first;
+    None when interrupted."""
     want = old.split("\n")
     if want and want[-1] == "":
         want.pop()
     k = max(1, len(want))
-    texts = [line_text(x) for x in lines]
-    if not texts:
+    if not lines:
         return []
-    first = want[0].strip() if want else ""
-    # Cheap prefilter on the first line, then a full comparison of the best windows only, so a big
-    # file does not cost a quadratic number of SequenceMatcher runs.
-    sm = difflib.SequenceMatcher(autojunk=False)
-    sm.set_seq2(first)
-    scored = []
-    for i, t in enumerate(texts):
-        sm.set_seq1(t.strip())
-        if sm.real_quick_ratio() < 0.3:
-            continue
-        scored.append((sm.quick_ratio(), i))
-    scored.sort(reverse=True)
-    target = "\n".join(want)
+    first = want[0].strip()[:NEAR_CLIP] if want else ""
+    # difflib's quick_ratio (2 * common characters / total length, counted as multisets), with
+    # the counting done by Counter in C.
+    want_counts = Counter(first)
+    scored: list[tuple[float, int]] = []
+    for done, i in enumerate(_lines_to_score(data, _line_starts(lines), first)):
+        if done % NEAR_POLL == 0 and should_stop():
+            return None
+        text = lines[i][: 4 * NEAR_CLIP].decode("utf-8", errors="replace").strip()[:NEAR_CLIP]
+        total = len(text) + len(first)
+        if not total or 2 * min(len(text), len(first)) < 0.3 * total:
+            continue  # real_quick_ratio: the lengths alone rule it out
+        score = 2 * sum((Counter(text) & want_counts).values()) / total
+        if score >= 0.3:
+            scored.append((score, -i))
+    target = "\n".join(w[:NEAR_CLIP] for w in want)[:NEAR_WINDOW]
     best: list[tuple[int, int, float]] = []
-    for _, i in scored[:30]:
-        j = min(len(texts), i + k)
-        ratio = difflib.SequenceMatcher(None, "\n".join(texts[i:j]), target, autojunk=False).ratio()
+    for _, neg in heapq.nlargest(NEAR_FULL, scored):
+        if should_stop():
+            return None
+        i = -neg
+        j = min(len(lines), i + k)
+        window = "\n".join(line_text(x[: 4 * NEAR_CLIP])[:NEAR_CLIP] for x in lines[i:j])[:NEAR_WINDOW]
+        ratio = difflib.SequenceMatcher(None, window, target, autojunk=False).ratio()
         best.append((i + 1, j, ratio))
     best.sort(key=lambda t: (-t[2], t[0]))
     picked: list[tuple[int, int, float]] = []
@@ -593,33 +757,47 @@ def _line_at(starts: list[int], offset: int) -> int:
     return bisect.bisect_right(starts, offset)
 
 
-def _occurrences(data: bytes, needle: bytes) -> list[int]:
-    """Every start offset of needle, overlapping ones included ("aa" occurs twice in "aaa": an
-    ambiguous replacement, so it must not count as unique)."""
-    out, pos = [], data.find(needle)
+MAX_OCCURRENCES = 1000
+
+
+def _occurrences(data: bytes, needle: bytes) -> tuple[list[int], bool]:
+    """Start offsets of needle, overlapping ones included ("aa" occurs twice in "aaa": an
+    ambiguous replacement, so it must not count as unique), and whether there were more than the
+    MAX_OCCURRENCES listed (a one-byte needle in a 16 MiB file must not build millions)."""
+    out: list[int] = []
+    pos = data.find(needle)
     while pos >= 0:
+        if len(out) == MAX_OCCURRENCES:
+            return out, True
         out.append(pos)
         pos = data.find(needle, pos + 1)
-    return out
+    return out, False
 
 
 def _plan_replace(ctx: ToolContext, path: str, key: str, data: bytes, old_s: str, new_s: str) -> Change:
     if old_s == "":
         raise ToolError("old text is empty; give the exact text to replace, or use line/range plus new")
     lines = split_lines(data)
-    old_b, new_b = old_s.encode("utf-8"), new_s.encode("utf-8")
-    offsets = _occurrences(data, old_b)
-    if not offsets and b"\r\n" in data and b"\n" in old_b:
-        crlf_old = _to_crlf(old_b)
-        crlf_offsets = _occurrences(data, crlf_old)
-        if crlf_offsets:
-            old_b, new_b, offsets = crlf_old, _to_crlf(new_b), crlf_offsets
+    typed, new_b = old_s.encode("utf-8"), new_s.encode("utf-8")
+    # The forms old may take in the file: with the file's own ending first, as typed, then the
+    # other endings (a mixed file); the first form found is the one meant.
+    eol = _file_eol(lines)
+    forms = [_to_eol(typed, eol), typed, _to_eol(typed, b"\r\n"), _to_eol(typed, b"\r")] if b"\n" in typed else [typed]
+    old_b, offsets, more = typed, [], False
+    for form in dict.fromkeys(forms):
+        found, more = _occurrences(data, form)
+        found = [o for o in found if not _splits_crlf(data, o, len(form))]
+        if found:
+            old_b, offsets = form, found
+            break
     count = len(offsets)
     if count == 0:
         shown: list[tuple[str, int, bytes]] = []
         msg = f"old text not found in {path} (0 occurrences; the match is exact and case-sensitive)."
-        cands = _candidates(lines, old_s)
-        if cands:
+        cands = _candidates(data, lines, old_s, ctx.should_stop)
+        if cands is None:
+            msg += " The search for close candidates was interrupted.\n"
+        elif cands:
             msg += " Closest candidates:\n"
             for a, b, r in cands:
                 where = f"line {a}" if a == b else f"lines {a}-{b}"
@@ -633,7 +811,7 @@ def _plan_replace(ctx: ToolContext, path: str, key: str, data: bytes, old_s: str
         listed = ", ".join(str(n) for n in nums[:20]) + (", ..." if len(nums) > 20 else "")
         msg = (
             f"old text is not unique; read the target lines and retry with line/range plus new "
-            f"({count} occurrences in {path}, starting at lines {listed}):\n"
+            f"({'more than ' if more else ''}{count} occurrences in {path}, starting at lines {listed}):\n"
         )
         for n in nums[:5]:
             msg += _show(lines, n, n, key, shown)
@@ -641,8 +819,7 @@ def _plan_replace(ctx: ToolContext, path: str, key: str, data: bytes, old_s: str
     off = offsets[0]
     a = _line_at(starts, off)
     b = _line_at(starts, off + len(old_b) - 1)
-    if _is_crlf_block(lines[a - 1 : b]):
-        new_b = _to_crlf(new_b)
+    new_b = _to_eol(new_b, _region_eol(lines, a, b))
     after = data[:off] + new_b + data[off + len(old_b) :]
     new_lines = split_lines(after)
     d = len(new_lines) - len(lines)
@@ -662,10 +839,16 @@ def _plan_replace(ctx: ToolContext, path: str, key: str, data: bytes, old_s: str
 def plan_edit(args: Mapping[str, Any], ctx: ToolContext) -> Change:
     """Validate an edit call and compute the new file bytes and result text; writes nothing."""
     path = arg_str(args, "path", required=True)
+    key, data, state = load_file_state(ctx, path)
+    change = _plan_edit_of(args, ctx, path, key, data)
+    change.state = state
+    return change
+
+
+def _plan_edit_of(args: Mapping[str, Any], ctx: ToolContext, path: str, key: str, data: bytes) -> Change:
     old = arg_str(args, "old")
     new = arg_str(args, "new")
     rng = arg_str(args, "range")
-    key, data = load_file(ctx, path)
     if old is not None:
         return _plan_replace(ctx, path, key, data, old, new if new is not None else "")
     lines = split_lines(data)
@@ -673,8 +856,7 @@ def plan_edit(args: Mapping[str, Any], ctx: ToolContext) -> Change:
         if new is None:
             raise ToolError("line/range edit requires explicit new text; use new=\"\" only when deleting")
         new_b = new.encode("utf-8")
-        if _is_crlf_block(lines):
-            new_b = _to_crlf(new_b)
+        new_b = _to_eol(new_b, _file_eol(lines))
         new_lines = split_lines(new_b)
         ctx_text, _ = _context_block(path, new_lines, 1, len(new_lines))
         return Change(path=path, key=key, before=data, after=new_b,
@@ -691,12 +873,11 @@ def plan_edit(args: Mapping[str, Any], ctx: ToolContext) -> Change:
     block = lines[a - 1 : b]
     new_b = new.encode("utf-8")
     if new_b:
-        if _is_crlf_block(block):
-            new_b = _to_crlf(new_b)
+        new_b = _to_eol(new_b, _region_eol(lines, a, b))
         last = block[-1]
-        if last.endswith((b"\n", b"\r")) and not new_b.endswith((b"\n", b"\r")):
+        if _eol_of(last) and not new_b.endswith((b"\n", b"\r")):
             # The replaced block ended a line; keep the next line on its own line.
-            new_b += b"\r\n" if last.endswith(b"\r\n") else last[-1:]
+            new_b += _eol_of(last)
     after = b"".join(lines[: a - 1]) + new_b + b"".join(lines[b:])
     new_lines = split_lines(after)
     k = len(split_lines(new_b))
@@ -733,7 +914,7 @@ class EditTool:
     mutates = True
 
     def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
-        return _apply(plan_edit(args, ctx), ctx)
+        return _apply(_planned("edit", args, ctx), ctx)
 
 
 def plan_change(tool_name: str, args: Mapping[str, Any], ctx: ToolContext) -> Change:

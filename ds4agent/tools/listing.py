@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ds4agent.tools.args import arg_str
+from ds4agent.tools.beneath import open_dir
 from ds4agent.tools.context import ToolContext
 from ds4agent.tools.results import TextDisplay, ToolError, ToolResult
 
@@ -40,19 +41,26 @@ class ListTool:
 
     def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
         path = arg_str(args, "path", default="") or "."
-        root = ctx.resolve(path)
+        # Opened beneath its real path (tools/beneath.py) and read through that one descriptor:
+        # the entries listed and their types are of the same directory, whatever is swapped in.
         try:
-            names = sorted(os.listdir(root))
+            fd = open_dir(ctx.abs_key(path), path, listable=True)
         except OSError as exc:
             raise ToolError(f"opendir failed: {exc.strerror}") from None
-        lines = [f"{path}:\n"]
-        for name in names[:MAX_ENTRIES]:
-            try:
-                st = os.lstat(os.path.join(root, name))
-                t, size = _type_char(st.st_mode), st.st_size
-            except OSError:
-                t, size = "?", 0
-            lines.append(f"{t} {size:>10} {name}{'/' if t == 'd' else ''}\n")
+        try:
+            names = sorted(os.listdir(fd))
+            lines = [f"{path}:\n"]
+            for name in names[:MAX_ENTRIES]:
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    t, size = _type_char(st.st_mode), st.st_size
+                except OSError:
+                    t, size = "?", 0
+                lines.append(f"{t} {size:>10} {name}{'/' if t == 'd' else ''}\n")
+        except OSError as exc:
+            raise ToolError(f"opendir failed: {exc.strerror}") from None
+        finally:
+            os.close(fd)
         if len(names) > MAX_ENTRIES:
             lines.append("... more entries omitted ...\n")
         text = "".join(lines)

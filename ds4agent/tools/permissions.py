@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from ds4agent.tools.args import arg_str
 from ds4agent.tools.context import ToolContext
-from ds4agent.tools.files import plan_change
+from ds4agent.tools.files import approve, plan_change
 from ds4agent.tools.results import DiffDisplay, TextDisplay, ToolError, ToolResult, error_text
 from ds4agent.tools.shellscan import command_programs, scan
 
@@ -143,6 +143,18 @@ class PermissionPolicy:
             raise ValueError(f"unknown permission mode {self.mode!r}; use one of: {', '.join(MODES)}")
 
     def check(self, tool_name: str, args: Mapping[str, Any], ctx: ToolContext) -> Decision:
+        """Never raises: a call that cannot even be checked (a path with a NUL byte, an input the
+        readers choke on) is refused with the reason, which is the safe side of every doubt."""
+        ctx.approved = None  # an approval covers only the call checked just before it runs
+        try:
+            return self._decide(tool_name, args, ctx)
+        except ToolError as err:
+            return Decision("deny", err.message)
+        except Exception as err:  # noqa: BLE001 - see the docstring
+            return Decision("deny", f"{tool_name} refused: its permission check failed "
+                                    f"({type(err).__name__}: {err})")
+
+    def _decide(self, tool_name: str, args: Mapping[str, Any], ctx: ToolContext) -> Decision:
         if tool_name not in ASKING_TOOLS or self.mode == "auto":
             return ALLOW
         if self.mode == "read-only":
@@ -184,19 +196,25 @@ class PermissionPolicy:
         path = arg_str(args, "path")
         if path is None or not path.strip():
             return ALLOW  # the tool itself reports the missing path; nothing can be written
-        target = os.path.realpath(ctx.resolve(path))
+        target = ctx.abs_key(path)  # ToolError for a NUL byte: refused by check()
         root = os.path.realpath(ctx.cwd)
         outside = not _inside(target, root)
         # Hooks and config in .git/ run code on the next git command: never covered by a session answer.
         in_git = not outside and ".git" in os.path.relpath(target, root).split(os.sep)
+        # The tool holds its run to what is judged here: this real path (a directory swapped for a
+        # link afterwards cannot move the write elsewhere) and, when asked, the diff shown.
         if tool_name in self.allowed_tools and not outside and not in_git:
+            approve(ctx, tool_name, args, target)
             return ALLOW
         try:
             change = plan_change(tool_name, args, ctx)
         except ToolError:
             # The call would fail without touching the file (guard refusal, no match, ...): let it
-            # run so the model gets the specific error; there is nothing for the user to approve.
+            # run so the model gets the specific error; there is nothing for the user to approve
+            # (and should it succeed by the time it runs, it is refused: nobody was asked).
+            approve(ctx, tool_name, args, target, planned_ok=False)
             return ALLOW
+        approve(ctx, tool_name, args, target, change)
         diff = change.diff()
         verb = "Create" if change.creates else ("Overwrite" if tool_name == "write" else "Edit")
         where = " (outside the working directory)" if outside else " (inside .git/)" if in_git else ""

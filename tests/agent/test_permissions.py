@@ -89,3 +89,44 @@ def test_session_answers_are_forgotten_on_new_and_load(tmp_path):
         h.engine.add(_write_calls("c.txt"), reply("ok", think=""))
         assert len(of(h.turn("once more"), ev.PermissionRequest)) == 1
     h.stop()
+
+
+def test_a_directory_swapped_for_a_link_while_the_question_waits_is_not_written_through(tmp_path):
+    """The user is asked about sub/a.txt inside the tree; while the question waits, sub becomes a
+    link to a directory outside. The write the user allowed does not land there."""
+    import os
+
+    work, outside = tmp_path / "work", tmp_path / "outside"
+    outside.mkdir()
+
+    def swap_then_allow(e):
+        os.rename(work / "sub", work / "sub.old")
+        os.symlink(outside, work / "sub")
+        return "y"
+
+    h = AgentHarness.build(tmp_path, [_write_calls("sub/a.txt"), reply("done", think="")],
+                           tools=default_tools(), permission="ask", answer=swap_then_allow)
+    (work / "sub").mkdir()
+    evs = h.turn("write it")
+    assert len(of(evs, ev.PermissionRequest)) == 1
+    res = of(evs, ev.ToolResult)[0]
+    assert not res.ok and "nothing was written" in res.text
+    assert list(outside.iterdir()) == [] and list((work / "sub.old").iterdir()) == []
+    h.stop()
+
+
+def test_a_file_edited_while_the_question_waits_is_not_overwritten(tmp_path):
+    work = tmp_path / "work"
+
+    def edit_then_allow(e):
+        (work / "a.txt").write_text("the user's own text\n")
+        return "y"
+
+    h = AgentHarness.build(tmp_path, [_write_calls("a.txt"), reply("done", think="")],
+                           tools=default_tools(), permission="ask", answer=edit_then_allow)
+    (work / "a.txt").write_text("before\n")
+    evs = h.turn("write it")
+    res = of(evs, ev.ToolResult)[0]
+    assert not res.ok and "changed since the diff was shown" in res.text
+    assert (work / "a.txt").read_text() == "the user's own text\n"
+    h.stop()

@@ -189,3 +189,20 @@ def test_retitling_a_fork_replaces_the_fork_file_only_and_lists_beside_unreadabl
         "ab000000": ("(unreadable session: invalid KV header)", "", "invalid KV header"),
     }
     h.stop()
+
+
+def test_a_fork_kept_as_a_bookmark_survives_a_later_save_of_its_parent(tmp_path, tools):
+    h, _ = _three_turns(tmp_path, tools=tools)
+    parent = of(h.command(h.agent.save), ev.SessionSaved)[0]
+    bookmark = of(h.command(lambda: h.agent.fork("bookmark")), ev.SessionSaved)[0]
+    bookmark_bytes = (tmp_path / "kv" / f"{bookmark.id}.kv").read_bytes()
+    # Back to the parent, one more turn, saved: the bookmark's text is now a strict prefix of it.
+    assert of(h.command(lambda: h.agent.load(parent.id[:8])), ev.SessionLoaded)
+    h.engine.add(reply("A4", think="t"))
+    h.turn("fourth")
+    again = of(h.command(h.agent.save), ev.SessionSaved)[0]
+    assert again.id == parent.id and again.tokens > bookmark.tokens
+    assert (tmp_path / "kv" / f"{bookmark.id}.kv").read_bytes() == bookmark_bytes
+    listed = {s.id for s in of(h.command(h.agent.list_sessions), ev.SessionList)[0].sessions}
+    assert listed == {parent.id, bookmark.id}
+    h.stop()

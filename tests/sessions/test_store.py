@@ -142,23 +142,25 @@ def test_resave_keeps_the_name_and_created_at(store, clock):
     assert (h.created_at, h.last_used, h.tokens) == (first.created_at, clock.t, 9)
 
 
-def test_save_deletes_strict_prefix_ancestors_only(store, clock):
+def test_a_save_never_deletes_another_session_whose_text_is_a_prefix(store, clock):
+    """A /fork kept as a bookmark (its text a prefix of the parent's later text), or any other
+    session: a save deletes no file but this session's own earlier one."""
     t1 = session_text("conv")
     a = save(store, t1, T=3)
     clock.t += 1
     b = save(store, t1 + b" more", T=4, title=b"explicit other title")  # different identity, longer text
-    same_text = save(store, t1 + b" more", T=4, title=b"twin")  # equal text: not a strict prefix
+    same_text = save(store, t1 + b" more", T=4, title=b"twin")
     unrelated = save(store, session_text("other conversation"), T=5)
-    # a server checkpoint (reason 2) whose text is also a prefix: never deleted by an agent save
     cp_path = store.directory / (text_sha1(t1) + ".kv")
     write_kvc(cp_path, KVCHeader(2, 2, 0, 0, 3, 0, CTX, 1, 1, 0), t1, random_state(TINY, 3, CTX), TINY)
     cache = store.save_sysprompt(t1[:10], random_state(TINY, 2, CTX), shape=TINY, quant_bits=2)
     clock.t += 1
     final = save(store, t1 + b" more and more", T=6, title=b"final")
-    assert b.deleted == (a.path,) and same_text.deleted == ()
-    assert set(final.deleted) == {b.path, same_text.path}
+    assert b.deleted == same_text.deleted == final.deleted == ()
     names = {p.name for p in store.directory.iterdir()}
-    assert names == {final.path.name, unrelated.path.name, cp_path.name, cache.name}
+    assert names == {a.path.name, b.path.name, same_text.path.name, final.path.name, unrelated.path.name,
+                     cp_path.name, cache.name}
+    assert {s.id for s in store.list_sessions()} == {a.id, b.id, same_text.id, final.id, unrelated.id}
 
 
 def test_save_deletes_the_legacy_source(store, clock):
@@ -636,8 +638,7 @@ def test_s_session_is_listed_loaded_and_resaved_in_the_current_layout(store, clo
 
 
 def test_s_files_are_never_deleted_as_prefix_ancestors(store, clock):
-    """The strict-prefix rule deletes earlier checkpoints of a conversation; an [S] file may belong
-    to an earlier ds4 sharing the directory, so it is kept like the load source."""
+    """An [S] file may belong to an earlier ds4 sharing the directory: kept like any session."""
     text = session_text("shared")
     s_path, _ = write_s_session(store, text)
     saved = save(store, text + b" and more", title=b"shared")

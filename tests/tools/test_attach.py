@@ -43,3 +43,10 @@ def test_what_cannot_be_attached_is_left_as_text_with_a_note(tmp_path):
                          "inspect it with bash (for example xxd or file)"]
     assert "top secret" not in att.text and att.text.count("@a.py:\n") == 1
     assert expand("no mentions here", ctx).text == "no mentions here"
+
+
+def test_a_nul_byte_in_a_mention_is_plain_text(tmp_path):
+    ctx = _ctx(tmp_path)
+    out = expand("look at @a.py\0x and @a.py", ctx)
+    assert out.attached == ["a.py"] and out.notes == []
+    ctx.close()

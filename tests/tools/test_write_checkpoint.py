@@ -45,3 +45,28 @@ def test_a_fifo_where_the_agent_wrote_is_a_conflict_not_a_hang(call, ctx, tmp_pa
     assert plan.clean == () and [c.reason for c in plan.conflicts] == ["no longer a regular file"]
     assert restored == () and refused == (f"{ctx.cwd / 'f.txt'}: no longer a regular file",)
     assert not (ctx.cwd / "f.txt").is_file()  # left alone without confirmation
+
+
+def test_a_write_over_a_huge_sparse_file_keeps_no_copy_and_says_so(call, ctx, tmp_path, within):
+    big = ctx.cwd / "sparse.img"
+    with open(big, "wb") as f:
+        f.truncate(1 << 40)  # a terabyte of holes: copying it would fill the disk
+    ckpt = _recording(ctx, tmp_path)
+    with within(10):
+        r = call("write", path="sparse.img", content="small now\n")
+    assert r.ok, r.text
+    assert r.text.startswith("Wrote 10 bytes to sparse.img\n")
+    assert f"Note: the old sparse.img ({1 << 40} bytes) is over the 64 MiB limit of code checkpoints" in r.text
+    assert big.read_bytes() == b"small now\n"
+    # Nothing recorded: no copy of the terabyte, and no entry that would "undo" it to nothing.
+    assert ckpt.entries() == [] and not (ckpt.dir / "objects").exists()
+
+
+def test_a_write_over_a_file_within_the_limit_is_still_undoable(call, ctx, tmp_path):
+    old = b"\x00" + b"x" * (20 << 20)  # binary and over read/edit's limit, under the checkpoint's
+    (ctx.cwd / "blob").write_bytes(old)
+    ckpt = _recording(ctx, tmp_path)
+    r = call("write", path="blob", content="y\n")
+    assert r.ok and "Note:" not in r.text
+    ckpt.apply(ckpt.plan(5))
+    assert (ctx.cwd / "blob").read_bytes() == old
