@@ -11,6 +11,7 @@ the close of a DSML block costs no model step.
     for token in stream:
         ...            # break to stop before this token is evaluated
     stream.interrupted  # True when should_stop() ended it (before the next token was sampled)
+    stream.force(ids)   # the next tokens are these ids, not sampled (the agent writes them itself)
 
 Narrow on purpose (session, sampling, a generator), so it can move into the engine as its decode
 primitive without changing its callers.
@@ -18,7 +19,8 @@ primitive without changing its callers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 
@@ -40,7 +42,7 @@ def _never() -> bool:
 
 
 class TokenStream:
-    __slots__ = ("_session", "_sampler", "_limit", "_greedy", "_should_stop", "interrupted")
+    __slots__ = ("_session", "_sampler", "_limit", "_greedy", "_should_stop", "_forced", "interrupted")
 
     def __init__(self, session: Stepping, sampler: Sampling, *, limit: int, greedy: Callable[[], bool],
                  should_stop: Callable[[], bool] = _never) -> None:
@@ -49,7 +51,14 @@ class TokenStream:
         self._limit = limit
         self._greedy = greedy  # asked before every token: argmax while it says so
         self._should_stop = should_stop
+        self._forced: deque[int] = deque()
         self.interrupted = False
+
+    def force(self, tokens: Iterable[int]) -> None:
+        """Hand out these ids next instead of sampling. A forced token is stepped, counted against
+        the limit and interruptible exactly like a sampled one: the transcript cannot tell them
+        apart, and the model conditions on it as on its own output."""
+        self._forced.extend(tokens)
 
     def __iter__(self) -> Iterator[int]:
         session = self._session
@@ -61,6 +70,7 @@ class TokenStream:
             if should_stop():
                 self.interrupted = True
                 return
-            token = sample(logits, greedy=greedy())
+            forced = self._forced
+            token = forced.popleft() if forced else sample(logits, greedy=greedy())
             yield token
             logits = session.step(token)

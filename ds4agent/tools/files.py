@@ -1,9 +1,10 @@
 """read, more, write, edit: file access with the seen-lines guard (agent-reference.md §5.4-5.7).
 
 Lines split on LF, CRLF or a lone CR; every line keeps its own terminator in the file bytes, so an
-edit never changes the endings of lines it did not touch. The guard: a line/range edit is allowed
-only on lines shown to the model (by read, search, write or an edit's context block) whose CRC32
-still matches the file, so the model never overwrites lines it has not seen or that moved.
+edit never changes the endings of lines it did not touch. An edit replaces the span `old` selects:
+text found exactly once, or HEAD[upto]TAIL (select_old). The guard: that span must lie in lines
+shown to the model (by read, search, write or an edit's context block) whose CRC32 still matches
+the file, so the model never overwrites lines it has not seen or that moved.
 
 Writes are atomic (temp file in the same directory, fsync, rename, directory fsync) and keep the
 file's permission bits; a symlink is written through (its target changes, the link stays). The
@@ -20,9 +21,11 @@ Differences from the baseline, on purpose:
   most common ending where those lines have none), and an `old` text written with LF matches the
   file's form, never half of a CRLF pair: the model only ever sees the decorated lines without
   terminators, so it cannot type the CRs itself.
-* A failed unique-match edit shows the closest candidate lines (numbered; they count as shown, so
-  the model can edit them by line at once) and the number of occurrences; that search does
-  bounded work on any input and stops on interrupt.
+* A failed match shows the closest candidate lines (numbered; they count as shown, so the model
+  can copy them into old at once) and the number of occurrences; that search does bounded work on
+  any input and stops on interrupt.
+* No line-number edits: the model names the text it replaces (and, for a long span, only its
+  first and last lines), which survives the line shifts of earlier edits.
 """
 
 from __future__ import annotations
@@ -40,7 +43,15 @@ from typing import Any
 from ds4agent.tools.args import arg_bool, arg_int, arg_str
 from ds4agent.tools.beneath import FileState, open_file, replace_file, state_at
 from ds4agent.tools.context import ReadCursor, ToolContext
-from ds4agent.tools.results import RESULT_CAP_BYTES, DiffDisplay, DiffLine, TextDisplay, ToolError, ToolResult
+from ds4agent.tools.results import (
+    RESULT_CAP_BYTES,
+    DiffDisplay,
+    DiffLine,
+    TextDisplay,
+    ToolError,
+    ToolResult,
+    error_text,
+)
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
 # A write over a larger file keeps no copy of it for /rewind (a sparse file may claim terabytes).
@@ -522,9 +533,6 @@ class WriteTool:
 # edit
 
 
-_RANGE = re.compile(r"^\s*(\d+)\s*[:\-]\s*(\d+)\s*$")
-
-
 # Line endings. The model sees lines without their terminators and types new text with LF only;
 # in a CRLF or CR-only file its LFs are written as the file's own ending, and its old text is
 # matched in that form, so an edit neither inserts LF-only lines nor doubles a CR.
@@ -614,48 +622,22 @@ def _shift_note(b: int, d: int) -> str:
         return ""
     return (
         f"Line shift: old lines after {b} moved by {d:+d} (old line {b + 1} is now line {b + 1 + d}). "
-        "Lines shown below are safe for immediate line/range editing; read again before editing "
-        "other shifted lines.\n"
+        "Lines shown below count as read; read again before editing other shifted lines.\n"
     )
 
 
 def _guard(ctx: ToolContext, key: str, path: str, lines: list[bytes], a: int, b: int) -> None:
-    rec = ctx.seen.get(key)
-    if not rec:
-        raise ToolError(f"line edit requires a recent read/search of {path}; read the range before editing")
+    """Lines a..b must all have been shown to the model since they last changed."""
+    rec = ctx.seen.get(key) or {}
     for n in range(a, b + 1):
         crc = rec.get(n)
         if crc is None:
             raise ToolError(
-                f"line {n} of {path} was not shown recently or moved after an edit; "
-                "read this range again before editing"
+                f"old covers line {n} of {path}, which was not shown recently or moved after an edit; "
+                f"read lines {a}-{b} again before editing"
             )
         if crc != ctx.seen.crc(lines[n - 1]):
-            raise ToolError(f"file changed around line {n} of {path}; read this range again before editing")
-
-
-def _line_range(args: Mapping[str, Any]) -> tuple[int, int] | None:
-    """(A, B) from range / line / start_line+end_line; None when none was given."""
-    rng = arg_str(args, "range")
-    if rng is not None and rng.strip():
-        m = _RANGE.match(rng)
-        if not m:
-            raise ToolError("invalid range; use START:END, for example 10:20")
-        a, b = int(m.group(1)), int(m.group(2))
-        if a < 1 or b < a:
-            raise ToolError("invalid range; use START:END, for example 10:20")
-        return a, b
-    line = arg_int(args, "line", None)
-    if line is not None:
-        return line, line
-    start = arg_int(args, "start_line", None)
-    if start is not None:
-        end = arg_int(args, "end_line", None)
-        end = start if end is None else end
-        if end < start:
-            raise ToolError("invalid range; use START:END, for example 10:20")
-        return start, end
-    return None
+            raise ToolError(f"file changed around line {n} of {path}; read lines {a}-{b} again before editing")
 
 
 # The near-match search is bounded on any input. Lines worth scoring are found by C-speed
@@ -760,12 +742,12 @@ def _line_at(starts: list[int], offset: int) -> int:
 MAX_OCCURRENCES = 1000
 
 
-def _occurrences(data: bytes, needle: bytes) -> tuple[list[int], bool]:
+def _occurrences(data: bytes, needle: bytes, lo: int = 0) -> tuple[list[int], bool]:
     """Start offsets of needle, overlapping ones included ("aa" occurs twice in "aaa": an
     ambiguous replacement, so it must not count as unique), and whether there were more than the
     MAX_OCCURRENCES listed (a one-byte needle in a 16 MiB file must not build millions)."""
     out: list[int] = []
-    pos = data.find(needle)
+    pos = data.find(needle, lo)
     while pos >= 0:
         if len(out) == MAX_OCCURRENCES:
             return out, True
@@ -774,59 +756,170 @@ def _occurrences(data: bytes, needle: bytes) -> tuple[list[int], bool]:
     return out, False
 
 
-def _plan_replace(ctx: ToolContext, path: str, key: str, data: bytes, old_s: str, new_s: str) -> Change:
-    if old_s == "":
-        raise ToolError("old text is empty; give the exact text to replace, or use line/range plus new")
-    lines = split_lines(data)
-    typed, new_b = old_s.encode("utf-8"), new_s.encode("utf-8")
-    # The forms old may take in the file: with the file's own ending first, as typed, then the
-    # other endings (a mixed file); the first form found is the one meant.
+UPTO = "[upto]"
+# The streamed start of `old` after which the agent writes `[upto]` itself (agent/edit_assist.py):
+# long enough and spread over enough lines that the model has clearly chosen its place.
+UPTO_MIN_BYTES = 64
+UPTO_MIN_LINES = 2
+
+
+def _find(data: bytes, lines: list[bytes], text: str, lo: int = 0) -> tuple[bytes, list[int], bool]:
+    """(the form found, its start offsets at or after lo, more than listed) of typed text in the
+    file. The forms old may take: with the file's own ending first, as typed, then the other
+    endings (a mixed file); the first form found is the one meant."""
+    typed = text.encode("utf-8")
     eol = _file_eol(lines)
     forms = [_to_eol(typed, eol), typed, _to_eol(typed, b"\r\n"), _to_eol(typed, b"\r")] if b"\n" in typed else [typed]
-    old_b, offsets, more = typed, [], False
     for form in dict.fromkeys(forms):
-        found, more = _occurrences(data, form)
+        found, more = _occurrences(data, form, lo)
         found = [o for o in found if not _splits_crlf(data, o, len(form))]
         if found:
-            old_b, offsets = form, found
-            break
-    count = len(offsets)
-    if count == 0:
-        shown: list[tuple[str, int, bytes]] = []
-        msg = f"old text not found in {path} (0 occurrences; the match is exact and case-sensitive)."
-        cands = _candidates(data, lines, old_s, ctx.should_stop)
-        if cands is None:
-            msg += " The search for close candidates was interrupted.\n"
-        elif cands:
-            msg += " Closest candidates:\n"
-            for a, b, r in cands:
-                where = f"line {a}" if a == b else f"lines {a}-{b}"
-                msg += f"  {where} ({r:.0%} similar):\n" + _show(lines, a, b, key, shown)
-            msg += "Retry with old copied exactly from these lines, or edit them by line/range plus new.\n"
-        raise ToolError(msg, shown=shown)
+            return form, found, more
+    return typed, [], False
+
+
+def upto_ready(data: bytes, prefix: str) -> bool:
+    """Whether the streamed start of `old` already picks its place: at least UPTO_MIN_BYTES,
+    UPTO_MIN_LINES lines with text, ending at a line end, no [upto] yet, and found exactly once
+    in the file. The rest of old would then be copied for nothing: HEAD[upto]TAIL says it in a
+    line or two."""
+    if not prefix.endswith("\n") or UPTO in prefix or len(prefix.encode("utf-8")) < UPTO_MIN_BYTES:
+        return False
+    if sum(1 for ln in prefix.split("\n") if ln.strip()) < UPTO_MIN_LINES:
+        return False
+    _, offsets, _ = _find(data, split_lines(data), prefix)
+    return len(offsets) == 1
+
+
+def _not_found(ctx: ToolContext, path: str, key: str, data: bytes, lines: list[bytes], what: str,
+               needle: str) -> ToolError:
+    shown: list[tuple[str, int, bytes]] = []
+    msg = f"{what} not found in {path} (0 occurrences; the match is exact and case-sensitive)."
+    cands = _candidates(data, lines, needle, ctx.should_stop)
+    if cands is None:
+        msg += " The search for close candidates was interrupted.\n"
+    elif cands:
+        msg += " Closest candidates:\n"
+        for a, b, r in cands:
+            where = f"line {a}" if a == b else f"lines {a}-{b}"
+            msg += f"  {where} ({r:.0%} similar):\n" + _show(lines, a, b, key, shown)
+        msg += "Retry with old copied exactly from these lines.\n"
+    else:
+        msg += "\n"
+    return ToolError(msg, shown=shown)
+
+
+def _not_unique(path: str, key: str, lines: list[bytes], what: str, offsets: list[int], more: bool,
+                hint: str) -> ToolError:
+    shown: list[tuple[str, int, bytes]] = []
     starts = _line_starts(lines)
-    if count > 1:
-        shown = []
-        nums = list(dict.fromkeys(_line_at(starts, o) for o in offsets))
-        listed = ", ".join(str(n) for n in nums[:20]) + (", ..." if len(nums) > 20 else "")
-        msg = (
-            f"old text is not unique; read the target lines and retry with line/range plus new "
-            f"({'more than ' if more else ''}{count} occurrences in {path}, starting at lines {listed}):\n"
-        )
-        for n in nums[:5]:
-            msg += _show(lines, n, n, key, shown)
-        raise ToolError(msg, shown=shown)
-    off = offsets[0]
+    nums = list(dict.fromkeys(_line_at(starts, o) for o in offsets))
+    listed = ", ".join(str(n) for n in nums[:20]) + (", ..." if len(nums) > 20 else "")
+    count = len(offsets)
+    msg = (f"{what} is not unique ({'more than ' if more else ''}{count} occurrences in {path}, "
+           f"starting at lines {listed}); {hint}:\n")
+    for n in nums[:5]:
+        msg += _show(lines, n, n, key, shown)
+    return ToolError(msg, shown=shown)
+
+
+_WIDEN = "add lines around it until it occurs once, or write old as HEAD[upto]TAIL"
+
+
+def select_old(ctx: ToolContext, path: str, key: str, data: bytes, old: str) -> tuple[int, int]:
+    """The byte span [start, end) of the file that `old` selects; ToolError saying why not.
+
+    old matches exactly once, or is written HEAD[upto]TAIL: HEAD found once in the file, TAIL
+    found once after HEAD, the span running from the start of HEAD to the end of TAIL (the
+    newlines right after [upto] are not part of TAIL; an empty TAIL ends the span with HEAD,
+    which is what a model means when [upto] came just as its old was complete). The span must
+    lie in lines the model has seen since they last changed (the guard): an edit never
+    overwrites text the model has not read."""
+    if old == "":
+        raise ToolError("old text is empty; give the exact text to replace (read the file first)")
+    rec = ctx.seen.get(key)
+    if not rec:
+        # Before any candidate is shown: the model gets no content of a file it has not read.
+        raise ToolError(f"edit requires a recent read/search of {path}; read the lines before editing")
+    lines = split_lines(data)
+    form, offsets, more = _find(data, lines, old)
+    if len(offsets) == 1:
+        span = offsets[0], offsets[0] + len(form)
+    elif UPTO in old:
+        head, _, tail = old.partition(UPTO)
+        tail = tail.lstrip("\r\n")
+        if head == "":
+            raise ToolError("HEAD[upto]TAIL needs the text of the first lines to replace before [upto]")
+        hform, hoffs, hmore = _find(data, lines, head)
+        if not hoffs:
+            raise _not_found(ctx, path, key, data, lines, "HEAD (old before [upto])", head)
+        if len(hoffs) > 1:
+            raise _not_unique(path, key, lines, "HEAD (old before [upto])", hoffs, hmore,
+                              "add lines to HEAD until it occurs once")
+        head_end = hoffs[0] + len(hform)
+        if tail == "":
+            span = hoffs[0], head_end
+        else:
+            tform, toffs, tmore = _find(data, lines, tail, head_end)
+            if not toffs:
+                where = _line_at(_line_starts(lines), head_end - 1)
+                err = _not_found(ctx, path, key, data, lines, f"TAIL (old after [upto]) after HEAD (line {where})",
+                                 tail)
+                raise err
+            if len(toffs) > 1:
+                raise _not_unique(path, key, lines, "TAIL (old after [upto]) after HEAD", toffs, tmore,
+                                  "add lines to TAIL until its first occurrence after HEAD is the only one")
+            span = hoffs[0], toffs[0] + len(tform)
+    elif not offsets:
+        raise _not_found(ctx, path, key, data, lines, "old text", old)
+    else:
+        raise _not_unique(path, key, lines, "old text", offsets, more, _WIDEN)
+    starts = _line_starts(lines)
+    _guard(ctx, key, path, lines, _line_at(starts, span[0]), _line_at(starts, span[1] - 1))
+    return span
+
+
+def check_old(ctx: ToolContext, path: str, old: str) -> str | None:
+    """None when `old` selects a span of the file at `path` (select_old), else the result text
+    the edit would give; the lines it shows are recorded as seen, as the tool's own failure would.
+    The agent asks this as soon as old is complete, before the model writes `new`."""
+    try:
+        key, data = load_file(ctx, path)
+        select_old(ctx, path, key, data, old)
+    except ToolError as err:
+        for k, n, raw in err.shown:
+            ctx.seen.record(k, [(n, raw)])
+        return error_text(err.message)
+    return None
+
+
+def upto_ready_at(ctx: ToolContext, path: str) -> Callable[[str], bool] | None:
+    """upto_ready over the file at `path` as it is now, read once; None when the file cannot be
+    read or the model has read none of it (nothing is done with a file the model has not seen)."""
+    try:
+        key = ctx.abs_key(path)
+        if not ctx.seen.get(key):
+            return None
+        _, data = load_file(ctx, path)
+    except ToolError:
+        return None
+    return lambda prefix: upto_ready(data, prefix)
+
+
+def _plan_replace(ctx: ToolContext, path: str, key: str, data: bytes, old_s: str, new_s: str) -> Change:
+    lines = split_lines(data)
+    off, end = select_old(ctx, path, key, data, old_s)
+    starts = _line_starts(lines)
     a = _line_at(starts, off)
-    b = _line_at(starts, off + len(old_b) - 1)
-    new_b = _to_eol(new_b, _region_eol(lines, a, b))
-    after = data[:off] + new_b + data[off + len(old_b) :]
+    b = _line_at(starts, end - 1)
+    new_b = _to_eol(new_s.encode("utf-8"), _region_eol(lines, a, b))
+    after = data[:off] + new_b + data[end:]
     new_lines = split_lines(after)
     d = len(new_lines) - len(lines)
     k = max(0, (b - a + 1) + d)
     ctx_text, ctx_lines = _context_block(path, new_lines, a, k)
     text = (
-        f"Edited {path} using old/new replacement\n"
+        f"Edited {path}\n"
         f"Touched old lines {a}-{b}; current post-edit context follows.\n"
         + _shift_note(b, d)
         + ctx_text
@@ -839,77 +932,32 @@ def _plan_replace(ctx: ToolContext, path: str, key: str, data: bytes, old_s: str
 def plan_edit(args: Mapping[str, Any], ctx: ToolContext) -> Change:
     """Validate an edit call and compute the new file bytes and result text; writes nothing."""
     path = arg_str(args, "path", required=True)
-    key, data, state = load_file_state(ctx, path)
-    change = _plan_edit_of(args, ctx, path, key, data)
-    change.state = state
-    return change
-
-
-def _plan_edit_of(args: Mapping[str, Any], ctx: ToolContext, path: str, key: str, data: bytes) -> Change:
     old = arg_str(args, "old")
     new = arg_str(args, "new")
-    rng = arg_str(args, "range")
-    if old is not None:
-        return _plan_replace(ctx, path, key, data, old, new if new is not None else "")
-    lines = split_lines(data)
-    if rng is not None and rng.strip().lower() == "all":
-        if new is None:
-            raise ToolError("line/range edit requires explicit new text; use new=\"\" only when deleting")
-        new_b = new.encode("utf-8")
-        new_b = _to_eol(new_b, _file_eol(lines))
-        new_lines = split_lines(new_b)
-        ctx_text, _ = _context_block(path, new_lines, 1, len(new_lines))
-        return Change(path=path, key=key, before=data, after=new_b,
-                      result_text=f"Edited {path} range=all\n" + ctx_text, record=None)
-    span = _line_range(args)
-    if span is None:
-        raise ToolError('edit requires old/new, line+new, range+new, or range="all"+new')
-    if new is None:
-        raise ToolError("line/range edit requires explicit new text; use new=\"\" only when deleting")
-    a, b = span
-    if a < 1 or b > len(lines):
-        raise ToolError("edit line range is outside the file")
-    _guard(ctx, key, path, lines, a, b)
-    block = lines[a - 1 : b]
-    new_b = new.encode("utf-8")
-    if new_b:
-        new_b = _to_eol(new_b, _region_eol(lines, a, b))
-        last = block[-1]
-        if _eol_of(last) and not new_b.endswith((b"\n", b"\r")):
-            # The replaced block ended a line; keep the next line on its own line.
-            new_b += _eol_of(last)
-    after = b"".join(lines[: a - 1]) + new_b + b"".join(lines[b:])
-    new_lines = split_lines(after)
-    k = len(split_lines(new_b))
-    d = k - (b - a + 1)
-    ctx_text, ctx_lines = _context_block(path, new_lines, a, k)
-    text = f"Edited {path} lines {a}-{b}\n" + _shift_note(b, d) + ctx_text
-    region = [(n, new_lines[n - 1]) for n in range(a, a + k)]
-    return Change(path=path, key=key, before=data, after=after, result_text=text,
-                  record=region + ctx_lines, keep_below=a, keep_after=b if d == 0 else None)
+    if old is None or new is None:
+        raise ToolError('edit requires path, old and new (new="" deletes the old text)')
+    key, data, state = load_file_state(ctx, path)
+    change = _plan_replace(ctx, path, key, data, old, new)
+    change.state = state
+    return change
 
 
 class EditTool:
     name = "edit"
     description = (
-        "Change an existing file. Preferred: replace lines you have read by number with "
-        "range=\"START:END\" (or line=N) plus new; new=\"\" deletes them. Lines not read since they "
-        "last changed are refused: read them again. Alternatively old (exact text that occurs once) "
-        "plus new, or range=\"all\" plus new to rewrite the whole file. The result shows the edited "
-        "region with current line numbers."
+        "Replace text in an existing file you have read: old is the exact text to replace (it must "
+        "occur once), new the replacement (\"\" deletes). For a long span write old as "
+        "HEAD[upto]TAIL: the first lines, [upto], then the last lines; the span runs from HEAD to "
+        "the end of TAIL. The result shows the edited region with current line numbers."
     )
     schema = {
         "type": "object",
         "properties": {
             "path": {"type": "string"},
-            "range": {"type": "string", "description": "START:END line range, or all"},
-            "line": {"type": "integer", "description": "a single line number"},
-            "start_line": {"type": "integer"},
-            "end_line": {"type": "integer"},
-            "old": {"type": "string", "description": "exact text to replace (must occur once)"},
+            "old": {"type": "string", "description": "exact text to replace (once in the file), or HEAD[upto]TAIL"},
             "new": {"type": "string", "description": "replacement text"},
         },
-        "required": ["path"],
+        "required": ["path", "old", "new"],
     }
     mutates = True
 
