@@ -932,11 +932,11 @@ def _plan_replace(ctx: ToolContext, path: str, key: str, data: bytes, old_s: str
 def plan_edit(args: Mapping[str, Any], ctx: ToolContext) -> Change:
     """Validate an edit call and compute the new file bytes and result text; writes nothing."""
     path = arg_str(args, "path", required=True)
+    key, data, state = load_file_state(ctx, path)  # no such file, a FIFO, ...: said first
     old = arg_str(args, "old")
     new = arg_str(args, "new")
     if old is None or new is None:
         raise ToolError('edit requires path, old and new (new="" deletes the old text)')
-    key, data, state = load_file_state(ctx, path)
     change = _plan_replace(ctx, path, key, data, old, new)
     change.state = state
     return change
