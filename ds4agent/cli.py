@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, str] = {
     "info": "ds4agent.commands.info",
     "convert": "ds4agent.commands.convert",
     "pull": "ds4agent.commands.pull",
+    "verify": "ds4agent.commands.verify",
 }
 
 
@@ -239,6 +240,13 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("convert", help="convert the official DeepSeek-V4-Flash safetensors to an MLX directory")
     p.add_argument("source", help="directory of the official checkpoint (safetensors)")
     p.add_argument("out", help="output directory")
+
+    p = sub.add_parser("verify", help="check a model against recorded greedy continuations (ds4's test vectors)")
+    p.add_argument("model_path", nargs="?", metavar="MODEL", default=None,
+                   help=f"model weights (default: $DS4AGENT_MODEL, else {DEFAULT_MODEL_FILE})")
+    p.add_argument("--vectors", metavar="DIR", required=True,
+                   help="vector directory: manifest.json, prompts/*.txt, official/*.official.json")
+    p.add_argument("--ctx", type=int, default=None, help="context size (default: enough for the longest case)")
 
     p = sub.add_parser("pull", help="download a model from the Hugging Face Hub (no NAME: list them)")
     p.add_argument("name", nargs="?", metavar="NAME", choices=[f.name for f in FLAVOURS],
