@@ -130,7 +130,7 @@ def main() -> int:
             tb(t)
         decode_s = time.perf_counter() - t0
         # For scale (not part of the loop's overhead): the real sampler on a full logit row.
-        from ds4agent.engine.sampler import Sampler
+        from ds4agent.engine import Sampler
 
         row = bare.logits.copy()
         sampler = Sampler(seed=1)

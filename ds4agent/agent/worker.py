@@ -35,8 +35,7 @@ from ds4agent.agent.settings import AgentSettings
 from ds4agent.agent.stream import AssistantStream, Coalescer
 from ds4agent.agent.trace import Trace
 from ds4agent.agent.transcript import Transcript
-from ds4agent.engine import EngineLost, Interrupted
-from ds4agent.engine.sampler import Sampler
+from ds4agent.engine import EngineLost, Interrupted, Sampler
 from ds4agent.protocol import dsml, template
 from ds4agent.protocol.template import THINK_MAX_MIN_CTX
 from ds4agent.protocol.tokenizer import Tokenizer

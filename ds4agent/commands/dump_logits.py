@@ -14,6 +14,7 @@ The .npy is written atomically (ds4agent.fsutil: temp beside the target, fsync, 
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
@@ -87,7 +88,7 @@ def save_npy_atomic(path: str | os.PathLike[str], array: np.ndarray) -> None:
         np.save(fh, array)
 
 
-def main(args) -> int:
+def main(args: argparse.Namespace) -> int:
     from ds4agent.models.errors import ModelError
     from ds4agent.models.locate import resolve_model_path
 

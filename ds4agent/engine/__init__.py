@@ -14,6 +14,8 @@ Public names (consumers import these from `ds4agent.engine`, not from the module
                                                    export_state, import_state (session.py)
     Snapshot                                       an O(1) handle on a session state (state.py)
     SnapshotStore                                  turn snapshots sharing their rows (snapshots.py)
+    Sampler                                        greedy / temperature / top-k / top-p / min-p with
+                                                   a saveable RNG state (sampler.py)
     EngineError and its subclasses                 errors.py: every refusal, one readable line
 
 The model classes load lazily (PEP 562 `__getattr__`): importing the errors, or a module that
@@ -42,6 +44,7 @@ from .errors import (
 
 if TYPE_CHECKING:
     from .loader import load_engine
+    from .sampler import Sampler
     from .session import Engine, Session
     from .snapshots import SnapshotStore
     from .state import Snapshot
@@ -53,6 +56,7 @@ _LAZY = {
     "Session": "session",
     "Snapshot": "state",
     "SnapshotStore": "snapshots",
+    "Sampler": "sampler",
 }
 
 __all__ = [
@@ -65,6 +69,7 @@ __all__ = [
     "MissingTensorError",
     "ModelFileError",
     "PipelineError",
+    "Sampler",
     "Session",
     "Snapshot",
     "SnapshotStore",

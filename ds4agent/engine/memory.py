@@ -131,7 +131,7 @@ def working_bytes(cfg, ctx: int) -> int:
     """MLX temporaries of one prefill chunk (the largest step): per chunk row, the query heads
     (q, its RoPE and norm: ~3 x H x Dh), the hyper-connection streams (~4 x hc x E), the routed
     experts' gate/up/mid/down rows (~4 x U x F) in f32, plus two groups of dequantised experts
-    (the device path dequantises experts.DEFAULT_GROUP_BYTES at a time; the CPU kernels decode
+    (the device path dequantises experts.portable.DEFAULT_GROUP_BYTES at a time; the CPU kernels decode
     into a small buffer, so there the two groups are a margin) and the logits row. An estimate
     that the Flash-shape benchmark checks against the measured peak."""
     rows = chunk_cap(ctx)

@@ -508,7 +508,7 @@ def run_layers(layer_weights: Sequence[LayerWeights], c: ModelConfig, layer_stat
                profile: Profile | None = None) -> tuple[mx.array, tuple[LayerState, ...]]:
     """Layers first_layer.. (as many as `layer_weights`) on R [n, hc, E] at positions p0..:
     (R after them, their new states). `forward` runs every layer through this; a pipeline rank
-    runs its own contiguous range (engine/pipeline.py), so both run the same per-layer math."""
+    runs its own contiguous range (engine/pipeline/), so both run the same per-layer math."""
     n = R.shape[0]
     new_layers = []
     for li, (lw, lay) in enumerate(zip(layer_weights, layer_states, strict=True), start=first_layer):

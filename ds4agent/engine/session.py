@@ -44,10 +44,10 @@ import numpy as np
 
 from ds4agent import statelayout
 
-from . import model
 from .chunks import chunk_cap, chunk_grid
 from .device import current_device
 from .errors import ContextOverflowError, EngineError, Interrupted, StateError
+from .model import forward as forward_pass
 from .snapshots import SnapshotStore
 from .state import SessionState, Snapshot, check_token_ids, from_payload, to_payload
 
@@ -156,7 +156,7 @@ class Engine:
         and the output head (V x E) is the largest single matrix of a small model, so skipping
         the other rows is most of a prefill's work on the test configs. dump-logits asks for
         every row."""
-        return model.forward(self.weights, self.config, state, list(tokens), last_only=last_only)
+        return forward_pass(self.weights, self.config, state, list(tokens), last_only=last_only)
 
     def state_to_payload(self, state: SessionState) -> Any:
         return to_payload(state, self.config, ctx=self.ctx)

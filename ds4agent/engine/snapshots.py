@@ -254,7 +254,7 @@ class SnapshotStore:
 
 class ReferenceSnapshotStore(SnapshotStore):
     """The same store for an engine whose states cannot be packed here: a pipeline's rank 0
-    (engine/pipeline.py) holds handles whose layer arrays live on the other ranks. It keeps
+    (pipeline/rank0.py) holds handles whose layer arrays live on the other ranks. It keeps
     `Session.snapshot()` handles instead (O(1); each rank keeps a state's arrays for as long as
     rank 0 holds its handle), at most `max_kept` of them, dropping the middle ones like the
     budget does (rank 0 cannot measure the other ranks' bytes)."""

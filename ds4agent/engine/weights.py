@@ -283,7 +283,7 @@ def build_weights(config: ModelConfig, get: Callable[[str], Any],
     `has(name)` tells whether an optional tensor exists (exp_probs_b); default: try `get` and
     treat KeyError as absent. `layer_range` (start, stop): build only those layers, plus the
     embedding when start is 0 and the output head when stop is the last layer (a pipeline
-    rank's part, engine/pipeline.py); `get` is never asked for any other tensor.
+    rank's part, engine/pipeline/); `get` is never asked for any other tensor.
     """
     c = config
     E, V, H, Dh = c.dim, c.vocab, c.n_heads, c.head_dim

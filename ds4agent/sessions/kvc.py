@@ -373,7 +373,7 @@ def _open(path: Path) -> tuple[BinaryIO, int]:
         # stat first: opening a FIFO (or a device) named *.kv for reading would block forever
         if not stat.S_ISREG(os.stat(path).st_mode):
             raise KVCIOError("not a regular file", path=path)
-        f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by the caller
+        f = open(path, "rb", buffering=0)  # closed by the caller
     except OSError as err:
         raise _strerror(err, path) from None
     try:

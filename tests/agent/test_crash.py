@@ -138,7 +138,7 @@ def test_a_link_at_the_journal_name_is_replaced_not_written_through(tmp_path):
 
 
 def test_failed_resume_keeps_the_journal_and_starts_clean(tmp_path, tools, monkeypatch):
-    from ds4agent.engine.errors import EngineError
+    from ds4agent.engine import EngineError
     from ds4agent.protocol.tokenizer import USER
     from tests.support.scripted_engine import ScriptedSession
 
@@ -185,5 +185,5 @@ def test_a_finished_round_is_journalled_before_its_tools_run(tmp_path):
     [during] = seen
     assert h.text().startswith(during)
     assert b"look around" in during and b"Let me look." in during
-    assert "｜DSML｜invoke".encode() in during  # noqa: RUF001 - the call that was running
+    assert "｜DSML｜invoke".encode() in during  # the call that was running
     h.stop()

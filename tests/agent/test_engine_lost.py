@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.journal import decode
-from ds4agent.engine.errors import EngineLost
+from ds4agent.engine import EngineLost
 from ds4agent.protocol.tokenizer import EOS
 from tests.support.agent_harness import AgentHarness, of
 from tests.support.scripted_engine import reply

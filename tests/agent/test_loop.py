@@ -45,29 +45,29 @@ def test_multi_call_block_runs_in_order_and_stops_at_close(tmp_path, tools):
     assert tools[0].calls == [{"x": "1"}] and tools[1].calls == [{"x": "2", "n": 5}]
     assert b"GARBAGE" not in h.text()
     text = h.text()
-    block_end = "</｜DSML｜tool_calls>".encode() + "<｜end▁of▁sentence｜>".encode()  # noqa: RUF001
+    block_end = "</｜DSML｜tool_calls>".encode() + "<｜end▁of▁sentence｜>".encode()
     assert text.count(block_end) == 1
-    results = ("<｜User｜><tool_result>A1\n</tool_result>\n\n<tool_result>B1\n</tool_result>"  # noqa: RUF001
-               "<｜Assistant｜><think>").encode()  # noqa: RUF001
+    results = ("<｜User｜><tool_result>A1\n</tool_result>\n\n<tool_result>B1\n</tool_result>"
+               "<｜Assistant｜><think>").encode()
     assert results in text
     assert [e.name for e in of(evs, ev.ToolCallStart)] == ["alpha", "beta"]
     assert [e.args for e in of(evs, ev.ToolCallEnd)] == [{"x": "1"}, {"x": "2", "n": 5}]
     assert [(r.index, r.name, r.ok, r.text) for r in of(evs, ev.ToolResult)] == [
         (0, "alpha", True, "A1\n"), (1, "beta", True, "B1\n")]
     assert of(evs, ev.TurnEnded)[-1].rounds == 2
-    assert text.endswith("Both ran.<｜end▁of▁sentence｜>".encode())  # noqa: RUF001
+    assert text.endswith("Both ran.<｜end▁of▁sentence｜>".encode())
     h.stop()
 
 
 def test_malformed_block_gives_error_result_and_next_round(tmp_path, tools):
-    bad = text_ids('Try.\n\n<｜DSML｜tool_calls>\n<｜DSML｜parameter name="x" string="true">1</｜DSML｜parameter>')  # noqa: RUF001
+    bad = text_ids('Try.\n\n<｜DSML｜tool_calls>\n<｜DSML｜parameter name="x" string="true">1</｜DSML｜parameter>')
     h = AgentHarness.build(tmp_path, [text_ids("Plan.</think>") + bad, reply("Sorry.", think="")],
                            tools=tools)
     evs = h.turn("go")
     assert tools[0].calls == [] and tools[1].calls == []
     inv = of(evs, ev.ToolCallInvalid)
     assert inv and inv[0].kind == "error" and inv[0].reason.startswith("unexpected DSML tag")
-    expected = f"<｜User｜><tool_result>Tool error: invalid DSML tool call: {inv[0].reason}</tool_result>"  # noqa: RUF001
+    expected = f"<｜User｜><tool_result>Tool error: invalid DSML tool call: {inv[0].reason}</tool_result>"
     assert expected.encode() in h.text()
     assert of(evs, ev.TurnEnded)[-1].rounds == 2
     h.stop()
@@ -96,7 +96,7 @@ def test_unknown_tool_and_stop_token(tmp_path, tools):
     h = AgentHarness.build(tmp_path, [first, second], tools=tools)
     evs = h.turn("go")
     assert b"<tool_result>Tool error: unknown tool: nosuch</tool_result>" in h.text()
-    assert h.text().endswith("Partial<｜end▁of▁sentence｜>".encode())  # noqa: RUF001
+    assert h.text().endswith("Partial<｜end▁of▁sentence｜>".encode())
     assert h.ids.count(USER) == 2  # the sampled <｜User｜> was never appended
     assert any("generation stopped" in n.text for n in of(evs, ev.Notice))
     assert of(evs, ev.TurnEnded)[-1].reason == "stop_token"
@@ -188,8 +188,8 @@ def test_queued_message_during_generation_reaches_results_turn(tmp_path, tools):
     h.engine.on_step = hook
     evs = h.turn("test it")
     assert tools[0].calls == [] and tools[1].calls == []
-    expected = (f"<｜User｜><tool_result>{NOT_RUN}</tool_result>\n\n<tool_result>{NOT_RUN}</tool_result>"  # noqa: RUF001
-                "\n\nUse pytest instead.<｜Assistant｜><think>").encode()  # noqa: RUF001
+    expected = (f"<｜User｜><tool_result>{NOT_RUN}</tool_result>\n\n<tool_result>{NOT_RUN}</tool_result>"
+                "\n\nUse pytest instead.<｜Assistant｜><think>").encode()
     assert expected in h.text()
     assert [e.queued for e in of(evs, ev.UserTurn)] == [False, True]
     assert of(evs, ev.QueueChanged)[-1].items == ()
@@ -206,8 +206,8 @@ def test_queued_during_first_invoke(tmp_path):
     holder.append(h)
     h.turn("go")
     assert len(a.calls) == 1 and b.calls == []
-    expected = (f"<｜User｜><tool_result>R1\n</tool_result>\n\n<tool_result>{NOT_RUN}</tool_result>"  # noqa: RUF001
-                "\n\nStop and use B.<｜Assistant｜><think>").encode()  # noqa: RUF001
+    expected = (f"<｜User｜><tool_result>R1\n</tool_result>\n\n<tool_result>{NOT_RUN}</tool_result>"
+                "\n\nStop and use B.<｜Assistant｜><think>").encode()
     assert expected in h.text()
     h.stop()
 
@@ -222,14 +222,14 @@ def test_interrupt_during_tool_without_queue_ends_turn(tmp_path):
     evs = h.turn("go")
     assert b.calls == []
     tail = ("<tool_result>R1\n</tool_result>\n\n<tool_result>Tool call not executed: the user "
-            "interrupted.</tool_result><｜Assistant｜><think><｜end▁of▁sentence｜>").encode()  # noqa: RUF001
+            "interrupted.</tool_result><｜Assistant｜><think><｜end▁of▁sentence｜>").encode()
     assert h.text().endswith(tail)
     assert h.engine.responses_started == 1  # the next round produced nothing
     assert of(evs, ev.TurnEnded)[-1].reason == "done"
     # Nothing persists: the next turn runs normally.
     h.engine.add(reply("Back.", think=""))
     h.turn("again")
-    assert h.text().endswith("Back.<｜end▁of▁sentence｜>".encode())  # noqa: RUF001
+    assert h.text().endswith("Back.<｜end▁of▁sentence｜>".encode())
     h.stop()
 
 
@@ -247,7 +247,7 @@ def test_queued_text_after_plain_answer_is_next_turn(tmp_path, tools):
     evs = h.turn("q1")
     assert [(u.text, u.queued) for u in of(evs, ev.UserTurn)] == [("q1", False), ("follow-up", True)]
     assert len(of(evs, ev.TurnEnded)) == 2
-    assert "<｜end▁of▁sentence｜><｜User｜>follow-up<｜Assistant｜><think></think>Second.".encode() in h.text()  # noqa: RUF001
+    assert "<｜end▁of▁sentence｜><｜User｜>follow-up<｜Assistant｜><think></think>Second.".encode() in h.text()
     h.stop()
 
 
@@ -286,7 +286,7 @@ def test_interrupt_during_tool_with_queued_text_runs_next_round(tmp_path):
     evs = h.turn("go")
     assert b.calls == []
     expected = (f"<tool_result>R1\n</tool_result>\n\n<tool_result>{NOT_RUN}</tool_result>\n\n"
-                "Do B differently.<｜Assistant｜><think></think>Understood.<｜end▁of▁sentence｜>").encode()  # noqa: RUF001
+                "Do B differently.<｜Assistant｜><think></think>Understood.<｜end▁of▁sentence｜>").encode()
     assert h.text().endswith(expected)
     assert of(evs, ev.TurnEnded)[-1].rounds == 2
     h.stop()

@@ -130,7 +130,7 @@ def test_new_failure_is_readable_and_think_mode_switches(tmp_path, tools):
     assert of(evs, ev.Status)[-1].think_mode == "nothink"
     h.engine.add(reply("B", think=None))
     h.turn("x")
-    assert h.text().endswith("<｜Assistant｜></think>B<｜end▁of▁sentence｜>".encode())  # noqa: RUF001
+    assert h.text().endswith("<｜Assistant｜></think>B<｜end▁of▁sentence｜>".encode())
     h.stop()
 
 

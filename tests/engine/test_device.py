@@ -7,9 +7,8 @@ import pytest
 
 from ds4agent import cli
 from ds4agent.agent import events as ev
+from ds4agent.engine import EngineError, load_engine
 from ds4agent.engine import device as dev
-from ds4agent.engine import load_engine
-from ds4agent.engine.errors import EngineError
 from ds4agent.testmodels import make_test_model
 from ds4agent.ui import fmt
 from tests.support.agent_harness import AgentHarness, of

@@ -11,13 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFValueType as VT
 
-from ds4agent.engine.errors import (
-    EngineError,
-    MissingTensorError,
-    ModelFileError,
-    TensorShapeError,
-    TensorTypeError,
-)
+from ds4agent.engine import EngineError, MissingTensorError, ModelFileError, TensorShapeError, TensorTypeError
 from ds4agent.engine.gguf import GGUFFile, ValueType
 from ds4agent.engine.quant import load_q8_0, q8_0_to_affine
 

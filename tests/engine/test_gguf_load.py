@@ -9,14 +9,15 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from ds4agent.engine import Engine, load_engine
-from ds4agent.engine.config import test_config
-from ds4agent.engine.errors import (
+from ds4agent.engine import (
     ConfigError,
+    Engine,
     MissingTensorError,
     TensorShapeError,
     TensorTypeError,
+    load_engine,
 )
+from ds4agent.engine.config import test_config
 from ds4agent.engine.gguf import GGML_TYPE_IDS, GGUFFile
 from ds4agent.testmodels import make_test_model
 from ds4agent.testmodels.random_weights import random_weights
@@ -155,7 +156,7 @@ def test_f32_dense_weights_are_accepted_in_test_mode(micro_path, tmp_path):
 def test_a_type_the_loader_cannot_read_there_is_refused_before_loading(tmp_path):
     """check_directory follows how each tensor is read: the embedding and APE tables are plain
     arrays, so a Q8_0 one is one readable line (it used to pass the check and crash the build)."""
-    from ds4agent.engine.errors import TensorTypeError
+    from ds4agent.engine import TensorTypeError
     from ds4agent.engine.gguf import GGUFFile
     from ds4agent.testmodels import make_test_model
 

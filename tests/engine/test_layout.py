@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from ds4agent.engine import EngineError
 from ds4agent.engine.config import flash_config, test_config
-from ds4agent.engine.errors import EngineError
 from ds4agent.engine.layout import EXPERT_TYPES, tensor_table
 
 # GGML dims (ne0 first) copied from model.md §6.3 for the Flash shape.

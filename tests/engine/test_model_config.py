@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from ds4agent.engine import ConfigError
 from ds4agent.engine.config import (
     PREFIX,
     TEST_CONFIGS,
@@ -11,7 +12,6 @@ from ds4agent.engine.config import (
     from_metadata,
     test_config,
 )
-from ds4agent.engine.errors import ConfigError
 
 
 def test_flash_metadata_round_trips_and_derived_values():

@@ -6,8 +6,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from ds4agent.engine import EngineError
 from ds4agent.engine.config import test_config
-from ds4agent.engine.errors import EngineError
 from ds4agent.engine.model import _indexer_slots, _top_u, ffn_block, forward
 from ds4agent.engine.state import SessionState
 from ds4agent.testmodels.random_weights import random_weights

@@ -8,8 +8,8 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
+from ds4agent.engine import StateError
 from ds4agent.engine.config import test_config
-from ds4agent.engine.errors import StateError
 from ds4agent.engine.model import forward
 from ds4agent.engine.state import SessionState, from_payload, to_payload
 from ds4agent.sessions.payload import LayerPayload, PayloadState

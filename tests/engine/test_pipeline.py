@@ -16,8 +16,7 @@ import traceback
 import numpy as np
 import pytest
 
-from ds4agent.engine import load_engine
-from ds4agent.engine.errors import PipelineError
+from ds4agent.engine import PipelineError, load_engine
 from ds4agent.engine.loader import load_local
 from ds4agent.engine.pipeline import launch as pipeline_launch
 from ds4agent.engine.pipeline import split, wire, worker
@@ -131,7 +130,7 @@ def _snapshots(path):
         out = {"after_rewind": after_rewind, "diverged": p.logits.copy(),
                "bytes": payload_bytes(engine, p.export_state()), "reused": p.prefilled_total}
         # an interrupt stops every rank at a chunk boundary; the next sync goes on from there
-        from ds4agent.engine.errors import Interrupted
+        from ds4agent.engine import Interrupted
 
         engine.chunk = 4
         q, asked = engine.new_session(), []
@@ -385,7 +384,7 @@ def test_the_headless_agent_samples_the_same_tokens_on_a_pipeline(tmp_path):
     import subprocess
     import sys
 
-    from ds4agent.engine.errors import EngineLost
+    from ds4agent.engine import EngineLost
 
     assert issubclass(PipelineError, EngineLost)  # the agent ends the session on it (journal first)
     model = make_test_model(tmp_path / "tiny.gguf", "tiny", seed=2)

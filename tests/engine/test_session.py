@@ -13,10 +13,16 @@ import io
 import numpy as np
 import pytest
 
-from ds4agent.engine import Engine, load_engine
+from ds4agent.engine import (
+    ContextOverflowError,
+    Engine,
+    EngineError,
+    Interrupted,
+    Sampler,
+    StateError,
+    load_engine,
+)
 from ds4agent.engine.chunks import chunk_cap, chunk_grid
-from ds4agent.engine.errors import ContextOverflowError, EngineError, Interrupted, StateError
-from ds4agent.engine.sampler import Sampler
 from ds4agent.testmodels import make_test_model
 
 CTX = 64

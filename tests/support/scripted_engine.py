@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ds4agent.engine.errors import ContextOverflowError, Interrupted, StateError
+from ds4agent.engine import ContextOverflowError, Interrupted, StateError
 from ds4agent.protocol.tokenizer import ASSISTANT, END_THINK, EOS, THINK, VOCAB_SIZE, Tokenizer
 from ds4agent.sessions.payload import LayerPayload, PayloadShape, PayloadState
 

@@ -151,7 +151,7 @@ def test_metadata_errors_are_readable(tmp_path):
     src.mkdir()
     cv.write_safetensors(src / "a.safetensors", {"norm.weight": ("F32", np.ones(4, np.float32))})
     out = cv.convert(src, tmp_path / "out")  # no config.json: converts, but cannot be loaded
-    from ds4agent.engine.errors import ModelFileError
+    from ds4agent.engine import ModelFileError
 
     with pytest.raises(ModelFileError, match="no model metadata"):
         load_engine(out, ctx=16)

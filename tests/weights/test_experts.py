@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 from gguf.quants import dequantize as gguf_dequantize
 
-from ds4agent.engine import device, quant
-from ds4agent.engine.errors import EngineError
+from ds4agent.engine import EngineError, device, quant
 from ds4agent.engine.experts.base import ExpertWeights, dense_experts, quant_experts
 from ds4agent.engine.experts.portable import QuantExperts
 from tests.weights.conftest import GGML, random_blocks

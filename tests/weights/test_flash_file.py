@@ -12,9 +12,8 @@ import pytest
 
 from ds4agent.cli import main as cli_main
 from ds4agent.commands.info import format_info
+from ds4agent.engine import ConfigError, quant
 from ds4agent.engine import config as config_mod
-from ds4agent.engine import quant
-from ds4agent.engine.errors import ConfigError
 from ds4agent.engine.experts.base import quant_experts
 from ds4agent.engine.experts.portable import QuantExperts
 from ds4agent.engine.gguf import GGUFFile

@@ -9,7 +9,7 @@ Why compiled kernels (numba). Each weight is used once per token, so the cost is
 one multiply-add; with MLX or numpy ops each of those steps is a separate pass over a float32
 temporary, and on the Linux CPU build MLX's product is a reference BLAS that adds one product at
 a time. Measured at Flash's real shape (bench/experts.py, 2 cores), no arrangement of those ops
-read more than 0.38 GB/s of IQ2_XXS or 0.48 GB/s of Q2_K (issue 13 asks 0.5). A kernel decodes
+read more than 0.38 GB/s of IQ2_XXS or 0.48 GB/s of Q2_K (decode at the Flash shape needs 0.5). A kernel decodes
 a block of 16 rows into a small buffer that stays in L1 and multiplies it at once, and releases
 the GIL, so the two worker threads run together.
 

@@ -98,7 +98,7 @@ def launch(model_path, load_part: Callable[[tuple[int, int]], Engine], *, ctx: i
 
     try:
         for k in range(1, n):
-            log = open(os.path.join(logs.name, f"rank{k}.log"), "wb")  # noqa: SIM115 (kept by Popen)
+            log = open(os.path.join(logs.name, f"rank{k}.log"), "wb")  # kept by Popen
             env = {**os.environ, "MLX_RANK": str(k), "MLX_HOSTFILE": hostfile}
             if host_list is None:
                 argv = cmd

@@ -1,4 +1,4 @@
-"""This process's place in MLX's distributed ring (the transport of engine/pipeline.py).
+"""This process's place in MLX's distributed ring (the transport of engine/pipeline/).
 
     link = Link(rank, hostfile)          # join: hostfile = JSON list of each rank's ["ip:port"]
     link.send(array, dst, "what")        # to a neighbour in the ring
