@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ds4agent.protocol import dsml
-from ds4agent.tools import ToolContext, files
+from ds4agent.tools import ToolContext, files, oldtext
 
 EDIT_TOOL = "edit"
 
@@ -34,7 +34,7 @@ class EditAssist:
 
     def __init__(self, ctx: ToolContext, encode: Callable[[str], list[int]]) -> None:
         self._ctx = ctx
-        self._upto_ids = tuple(encode(files.UPTO + "\n"))
+        self._upto_ids = tuple(encode(oldtext.UPTO + "\n"))
         self._invoke: str | None = None
         self._index = -1
         self._path: str | None = None
@@ -79,7 +79,7 @@ class EditAssist:
                 or self._path is None):
             return ()
         prefix = "".join(self._old)
-        if not prefix.endswith("\n") or len(prefix) < files.UPTO_MIN_BYTES // 4:
+        if not prefix.endswith("\n") or len(prefix) < oldtext.UPTO_MIN_BYTES // 4:
             return ()  # cheap refusals before the file is read
         if self._ready is None:
             self._ready = files.upto_ready_at(self._ctx, self._path) or (lambda _p: False)

@@ -15,10 +15,14 @@ Public modules with their own API:
                     denied_result()
     attach.py       expand(text, ctx) / strip(text): `@path` attachments
     files.py        plan_change() (what a write/edit would do, for previews), approve() (the
-                    policy's record of what it judged, which the write/edit run is held to)
+                    policy's record of what it judged, which the write/edit run is held to);
+                    check_old() and upto_ready_at() (the agent's help while an edit streams)
+    oldtext.py      select_old(): the span an edit's old selects (exact once, or HEAD[upto]TAIL,
+                    within lines read); upto_ready(); UPTO
     shellscan.py    scan(command, cwd): the programs a command runs, the writes that always ask
 
 Internal modules: registry.py (the table), context.py, results.py, args.py (argument coercion),
+textlines.py (lines and line endings of file bytes),
 jobs.py (background processes), bash.py, listing.py, search.py, beneath.py (opening and replacing
 files beneath their resolved path, no link followed), regular.py and regex_worker.py (regular
 files only; a regex run in a killable child process).

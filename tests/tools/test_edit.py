@@ -1,7 +1,7 @@
 """edit: path, old and new; old found once, or HEAD[upto]TAIL; the span within lines read."""
 
 from ds4agent.tools import run_tool
-from ds4agent.tools.files import UPTO_MIN_BYTES, upto_ready
+from ds4agent.tools.oldtext import UPTO_MIN_BYTES, upto_ready
 
 
 def _lines(n):

@@ -7,9 +7,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-import ds4agent.tools.files as files
+import ds4agent.tools.oldtext as oldtext
 from ds4agent.tools import ToolContext
 from ds4agent.tools import run_tool as _run
+from ds4agent.tools.textlines import line_starts
 
 
 def run_tool(name, args, ctx):
@@ -127,19 +128,19 @@ def test_near_match_search_on_a_large_file_does_bounded_work(ctx, within, monkey
     with within(60):  # a guard against a hang, not a speed target
         r = run_tool("edit", {"path": "big.txt", "old": old, "new": "y"}, ctx)
     assert not r.ok and "old text not found in big.txt" in r.text
-    assert len(rec.sizes) <= files.NEAR_FULL
-    assert all(a <= files.NEAR_WINDOW and b <= files.NEAR_WINDOW for a, b in rec.sizes)
+    assert len(rec.sizes) <= oldtext.NEAR_FULL
+    assert all(a <= oldtext.NEAR_WINDOW and b <= oldtext.NEAR_WINDOW for a, b in rec.sizes)
 
 
 def test_the_near_match_search_scores_a_bounded_number_of_lines(monkeypatch):
     lines = [b"value = compute(alpha, beta)\n"] * 100_000
     data = b"".join(lines)
-    picked = files._lines_to_score(data, files._line_starts(lines), "value = compute(alpha, gamma)")
-    assert len(picked) == files.NEAR_LINES and picked == list(range(files.NEAR_LINES))
+    picked = oldtext.lines_to_score(data, line_starts(lines), "value = compute(alpha, gamma)")
+    assert len(picked) == oldtext.NEAR_LINES and picked == list(range(oldtext.NEAR_LINES))
     # A rare word finds its line anywhere in the file.
     lines[77_777] = b"value = rare_name(alpha)\n"
     data = b"".join(lines)
-    picked = files._lines_to_score(data, files._line_starts(lines), "rare_name(alpha)")
+    picked = oldtext.lines_to_score(data, line_starts(lines), "rare_name(alpha)")
     assert 77_777 in picked
 
 
@@ -154,4 +155,4 @@ def test_the_near_match_search_stops_on_interrupt(ctx, stop):
 def test_a_one_byte_old_in_a_large_file_is_counted_up_to_a_bound(ctx):
     (ctx.cwd / "big.txt").write_bytes(b"ab\n" * 1_000_000)
     r = run_tool("edit", {"path": "big.txt", "old": "a", "new": "c"}, ctx)
-    assert not r.ok and f"more than {files.MAX_OCCURRENCES} occurrences in big.txt" in r.text
+    assert not r.ok and f"more than {oldtext.MAX_OCCURRENCES} occurrences in big.txt" in r.text
