@@ -21,6 +21,8 @@ Modules:
     permissions_glue.py  the policy's questions as events
     decode.py      TokenStream: the one decode loop (a round and a compaction summary)
     stream.py      one round's tokens -> events (over protocol.dsml); Coalescer
+    edit_assist.py the forced [upto] and the preflight stop while the model writes an edit
+    verify.py      checking a model against recorded greedy continuations (`ds4agent verify`)
     transcript.py  the append-only transcript
     history.py     replaying saved turns for display
     events.py      the typed events
