@@ -42,8 +42,12 @@ class OracleSampler:
     def __init__(self, worker) -> None:
         self.worker = worker
 
-    def sample(self, logits, *, greedy: bool = False) -> int:
-        return self.worker.session._hot
+    key = None  # the decode generator evaluates the key with each token; none here
+
+    def draw(self, logits, *, greedy: bool = False):
+        import mlx.core as mx
+
+        return mx.array(self.worker.session._hot, dtype=mx.int32)
 
     def reseed(self, seed=None) -> None:
         pass

@@ -1,40 +1,35 @@
-"""The one decode loop: sample a token, hand it out, step the session with it; repeat.
+"""The agent's side of the one decode loop: the engine's `generate` plus the interrupt flag.
 
 An assistant round (worker.py) and a compaction summary (compaction.py) both generate through
-`TokenStream`. The caller reads the tokens in a `for` loop and decides what each one means; it
-ends generation by leaving the loop, and the token it stopped at is never evaluated (the session
-is stepped with a token only when the caller asks for the next one). So an EOS, a stop token or
-the close of a DSML block costs no model step.
+`TokenStream`, which reads `ds4agent.engine.generate` (the decode primitive: it samples on the
+device and computes the next step while the caller works on a token). The caller reads the
+tokens in a `for` loop and decides what each one means; it ends generation by leaving the loop,
+and the token it stopped at is never kept in the session (its step was in flight and is dropped;
+the next sync runs it if the transcript keeps it). So an EOS, a stop token or the close of a
+DSML block costs no model step that is kept.
 
     stream = TokenStream(session, sampler, limit=cap, greedy=lambda: parser.in_syntax,
                          should_stop=io.should_stop)
     for token in stream:
-        ...            # break to stop before this token is evaluated
-    stream.interrupted  # True when should_stop() ended it (before the next token was sampled)
+        ...            # break to stop: this token is not in the session
+    stream.interrupted  # True when should_stop() ended it
     stream.force(ids)   # the next tokens are these ids, not sampled (the agent writes them itself)
 
-Narrow on purpose (session, sampling, a generator), so it can move into the engine as its decode
-primitive without changing its callers.
+should_stop() is asked as each token arrives; a token that arrives after it said so is dropped,
+as if the interrupt had come before the token was sampled.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol
+from typing import TYPE_CHECKING
 
+from ds4agent.engine import generate
 
-class Stepping(Protocol):
-    """The two things decoding needs of a session: the current logits and one step."""
-
-    @property
-    def logits(self) -> object: ...
-
-    def step(self, token: int) -> object: ...
-
-
-class Sampling(Protocol):
-    def sample(self, logits: object, *, greedy: bool = False) -> int: ...
+if TYPE_CHECKING:
+    from ds4agent.engine import Sampler, Session
 
 
 def _never() -> bool:
@@ -44,9 +39,9 @@ def _never() -> bool:
 class TokenStream:
     __slots__ = ("_session", "_sampler", "_limit", "_greedy", "_should_stop", "_forced", "interrupted")
 
-    def __init__(self, session: Stepping, sampler: Sampling, *, limit: int, greedy: Callable[[], bool],
+    def __init__(self, session: Session, sampler: Sampler, *, limit: int, greedy: Callable[[], bool],
                  should_stop: Callable[[], bool] = _never) -> None:
-        self._session = session
+        self._session = session  # (tests: a double speaking the same decode seam)
         self._sampler = sampler
         self._limit = limit
         self._greedy = greedy  # asked before every token: argmax while it says so
@@ -60,17 +55,17 @@ class TokenStream:
         apart, and the model conditions on it as on its own output."""
         self._forced.extend(tokens)
 
+    def _next_forced(self) -> int | None:
+        return self._forced.popleft() if self._forced else None
+
     def __iter__(self) -> Iterator[int]:
-        session = self._session
-        sample = self._sampler.sample
-        greedy = self._greedy
         should_stop = self._should_stop
-        logits = session.logits
-        for _ in range(self._limit):
-            if should_stop():
-                self.interrupted = True
-                return
-            forced = self._forced
-            token = forced.popleft() if forced else sample(logits, greedy=greedy())
-            yield token
-            logits = session.step(token)
+        # closing(): leaving this loop early ends the engine's generator at once (it drops its
+        # in-flight step and settles the session), not whenever it is collected.
+        with contextlib.closing(generate(self._session, self._sampler, max_tokens=self._limit,
+                                         greedy=self._greedy, forced=self._next_forced)) as tokens:
+            for token in tokens:
+                if should_stop():
+                    self.interrupted = True
+                    return
+                yield token

@@ -4,6 +4,9 @@ The policy decides allow / deny / ask; on ask the worker publishes a PermissionR
 for `Agent.answer_permission(id, key)`: "y" allow once, "s" allow for this session (when the
 policy offers a session scope), "n" deny (an optional message goes to the model). An interrupt
 while waiting answers "n". Nothing times out into a "no" or a "yes".
+
+After a bash job, after_run() asks the sandbox's one question for a command it refused (see
+PermissionPolicy.escalation) and runs the command again when the user allows it.
 """
 
 from __future__ import annotations
@@ -12,7 +15,20 @@ from collections.abc import Mapping
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.port import WorkerPort
-from ds4agent.tools.permissions import Answer, denied_result
+from ds4agent.tools import BashDisplay, ToolResult, run_tool
+from ds4agent.tools.permissions import Answer, Choice, Question, denied_result
+from ds4agent.tools.sandbox import availability
+
+
+def start_notices(worker: WorkerPort) -> list[str]:
+    """Said once at start: bash commands run without an OS sandbox here."""
+    avail = availability()
+    if avail.available:
+        return []
+    then = {"ask": "every command asks before it runs",
+            "auto": "--permission auto runs them unconfined, without asking"}.get(worker.policy.mode, "")
+    why = avail.detail.removeprefix("none ").strip("()")
+    return [f"no OS sandbox for bash commands: {why}" + (f"; {then}" if then else "")]
 
 
 def permit(worker: WorkerPort, name: str, args: Mapping[str, object]) -> str | None:
@@ -20,10 +36,50 @@ def permit(worker: WorkerPort, name: str, args: Mapping[str, object]) -> str | N
     decision = worker.policy.check(name, args, worker.tool_ctx)
     if decision.kind == "allow":
         return None
-    if decision.kind == "deny":
+    if decision.kind == "deny" or decision.question is None:
         return decision.result().text
-    q = decision.question
-    assert q is not None  # an "ask" decision always carries its question
+    answer = _ask(worker, name, decision.question)
+    worker.policy.remember(decision.question, answer)
+    if answer.allowed:
+        return None
+    return denied_result(answer).text
+
+
+def after_run(worker: WorkerPort, name: str, args: Mapping[str, object], result: ToolResult) -> ToolResult:
+    """After a bash job the sandbox refused something: the one question for that command (run it
+    again outside the sandbox; for git metadata, let git write .git/ once or for the session), and
+    the second run's result when the user allowed it."""
+    refused = result.sandbox_refusals
+    display = result.display
+    # (Not after bash_stop: the model ended that command; running it again is not what it asked.)
+    if not refused or not isinstance(display, BashDisplay) or name not in ("bash", "bash_status"):
+        return result
+    q = worker.policy.escalation(display.command, refused)
+    if q is None:
+        return result
+    answer = _ask(worker, "bash", q)
+    if not answer.allowed:
+        said = f"; the user says: {answer.message.strip()}" if answer.message.strip() else ""
+        return ToolResult(result.text + f"The user did not allow it outside the sandbox{said}\n", ok=False,
+                          display=display)
+    grants = worker.tool_ctx.sandbox
+    if q.scope == ("git",):
+        if answer.choice is Choice.SESSION:
+            grants.git_writable = True
+            done = "The user allowed git to write its metadata for this session; the command ran again:\n"
+        else:
+            grants.git_once = True
+            done = "The user allowed git to write its metadata this once; the command ran again:\n"
+    else:
+        grants.outside_once = True
+        done = "The user allowed this command outside the sandbox; it ran again:\n"
+    rerun = {k: v for k, v in args.items() if k in ("timeout_sec", "refresh_sec")} if name == "bash" else {}
+    again = run_tool("bash", {**rerun, "command": display.command}, worker.tool_ctx, worker.tools)
+    return ToolResult(done + again.text, ok=again.ok, display=again.display)
+
+
+def _ask(worker: WorkerPort, name: str, q: Question) -> Answer:
+    """Publish the question, wait for the key: "y" once, "s" session (when offered), else deny."""
     options: list[tuple[str, str]] = [("y", "allow once")]
     if q.session_label:
         options.append(("s", q.session_label))
@@ -40,12 +96,7 @@ def permit(worker: WorkerPort, name: str, args: Mapping[str, object]) -> str | N
     )
     key, message = worker.io.ask(request)
     if key == "y":
-        answer = Answer.once()
-    elif key == "s" and q.session_label:
-        answer = Answer.session()
-    else:
-        answer = Answer.deny(message)
-    worker.policy.remember(q, answer)
-    if answer.allowed:
-        return None
-    return denied_result(answer).text
+        return Answer.once()
+    if key == "s" and q.session_label:
+        return Answer.session()
+    return Answer.deny(message)

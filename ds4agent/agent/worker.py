@@ -153,6 +153,8 @@ class Worker:
             # The system prefix is where every conversation of this run starts: going back in a
             # loaded or resumed session re-prefills from here at worst, never from token 0.
             self.snapshots.keep(self.session)
+        for note in permissions_glue.start_notices(self):
+            self.io.emit(ev.Notice(note, "warning"))
         self.io.emit(ev.Ready(model=_describe(self.engine), ctx=s.ctx, sysprompt_cached=cached,
                               device=getattr(device, "label", "")))
         sessionops.offer_resume(self)
@@ -591,6 +593,7 @@ class Worker:
         t0 = time.monotonic()
         self.trace.line(f"tool {name} {args!r}")
         result = run_tool(name, args, self.tool_ctx, self.tools)
+        result = permissions_glue.after_run(self, name, args, result)
         elapsed = time.monotonic() - t0
         self.io.emit(ev.ToolResult(index, name, bool(result.ok), result.text, result.display, round(elapsed, 3)))
         return result.text

@@ -1,4 +1,5 @@
-"""`ds4agent info MODEL [--ctx N] [--pipeline N]`: a model's shape, quant types, sizes and memory plan.
+"""`ds4agent info MODEL [--ctx N] [--pipeline N]`: a model's shape, quant types, sizes and memory plan,
+and whether bash commands run in an OS sandbox here.
 
 The figures are the engine's (engine/memory.py: model_info, memory_plan, rank_plans); this module
 only lays them out as the report and prints it. Exit 2 with one line for a file the engine cannot
@@ -16,6 +17,7 @@ from ds4agent.engine.gguf import GGUFFile
 from ds4agent.engine.memory import MemoryPlan, ModelInfo, binary_size, model_info, rank_plans
 from ds4agent.engine.pipeline.split import plan_ranges
 from ds4agent.models.fit import machine_ram
+from ds4agent.tools.sandbox import availability
 
 
 def _count(n: int) -> str:
@@ -99,6 +101,8 @@ def main(args: argparse.Namespace) -> int:
         info = model_info(args.model_path, ctx=args.ctx)
         device = choose_device(getattr(args, "device", None))
         text = format_info(info, device)
+        # Whether bash commands run in an OS sandbox here (the agent says it at start too).
+        text += f"\nsandbox     {availability().detail}"
         if getattr(args, "pipeline", None) is not None:
             text += "\n\n" + _pipeline_text(args, info)
     except EngineError as err:

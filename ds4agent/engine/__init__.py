@@ -15,7 +15,10 @@ Public names (consumers import these from `ds4agent.engine`, not from the module
     Snapshot                                       an O(1) handle on a session state (state.py)
     SnapshotStore                                  turn snapshots sharing their rows (snapshots.py)
     Sampler                                        greedy / temperature / top-k / top-p / min-p with
-                                                   a saveable RNG state (sampler.py)
+                                                   a saveable RNG state, on the device (sampler.py)
+    generate(session, sampler, max_tokens=, greedy=)  the one decode loop: a generator of token
+                                                   ids, the next step computing while the caller
+                                                   works on a token (decode.py)
     EngineError and its subclasses                 errors.py: every refusal, one readable line
 
 The model classes load lazily (PEP 562 `__getattr__`): importing the errors, or a module that
@@ -43,6 +46,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from .decode import generate
     from .loader import load_engine
     from .sampler import Sampler
     from .session import Engine, Session
@@ -57,6 +61,7 @@ _LAZY = {
     "Snapshot": "state",
     "SnapshotStore": "snapshots",
     "Sampler": "sampler",
+    "generate": "decode",
 }
 
 __all__ = [
@@ -77,6 +82,7 @@ __all__ = [
     "TensorError",
     "TensorShapeError",
     "TensorTypeError",
+    "generate",
     "load_engine",
 ]
 

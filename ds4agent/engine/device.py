@@ -18,6 +18,10 @@ import mlx.core as mx
 from .errors import EngineError
 
 CHOICES = ("cpu", "gpu")
+KERNEL_SETS = ("cpu", "gpu")
+# Diagnostic switch: which kernel set graphs are built from, whatever the device (CI runs the GPU
+# kernel set on the CPU device to check its agreement with the reference without a GPU).
+KERNELS_ENV = "DS4AGENT_KERNELS"
 # The distributions of MLX's CUDA build (what `pip install 'ds4agent[cuda]'` brings in).
 _CUDA_DISTRIBUTIONS = ("mlx-cuda-12", "mlx-cuda-13", "mlx-cuda")
 
@@ -74,8 +78,35 @@ def choose_device(requested: str | None = None) -> Device:
     return Device("cpu", "CPU")
 
 
+def kernel_set() -> str:
+    """"cpu" or "gpu": the kernel set the engine builds its graphs from.
+
+    cpu: the bit-exact reference (in-order sums, float64 norm accumulation, host-side expert
+    kernels that read the selected ids); the default on the CPU device. gpu: MLX's native kernels
+    (mx.fast norms, F16 matrices as F16, fused elementwise chains, routed experts resident on the
+    device and selected by device ids, no device->host read inside a decoded token); the default
+    on a GPU, agreeing with the reference within the stated tolerances
+    (tests/engine/test_gpu_kernels.py). `DS4AGENT_KERNELS=cpu|gpu` overrides the choice.
+
+    Read on every call (a dict lookup): weights take their stored form from it when they are
+    built, ops pick their kernels from it as a graph is built, so set it before loading.
+    """
+    forced = os.environ.get(KERNELS_ENV, "").strip().lower()
+    if forced:
+        if forced not in KERNEL_SETS:
+            raise EngineError(f"{KERNELS_ENV} must be cpu or gpu, not {forced!r}")
+        return forced
+    return "cpu" if mx.default_device() == mx.cpu else "gpu"
+
+
+def gpu_kernels() -> bool:
+    """Whether graphs are built from the GPU kernel set (see kernel_set)."""
+    return kernel_set() == "gpu"
+
+
 def use_device(requested: str | None = None) -> Device:
     """Choose the device and make it MLX's default for the arrays that follow."""
+    kernel_set()  # a bad DS4AGENT_KERNELS is refused here, before anything is loaded
     device = choose_device(requested)
     mx.set_default_device(mx.gpu if device.kind == "gpu" else mx.cpu)
     return device
@@ -99,8 +130,9 @@ _STREAMS: list = []
 
 
 def cpu_layout() -> bool:
-    """Whether dense weights take the CPU layout (transposed, contiguous; see weights.Linear)."""
-    return mx.default_device() == mx.cpu
+    """Whether dense weights take the CPU layout (transposed, contiguous; see weights.Linear):
+    the CPU kernel set's (the GPU kernel set keeps the GPU layout on any device)."""
+    return not gpu_kernels()
 
 
 def cpu_parts() -> int:

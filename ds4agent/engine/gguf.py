@@ -40,6 +40,16 @@ from .errors import MissingTensorError, ModelFileError, TensorShapeError, Tensor
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 
+# Bounds on what the header may claim, checked before anything is looped over or allocated. The
+# file's size alone bounds nothing real: a sparse file of a few KiB on disk can be a terabyte
+# long, and every "fits in the file" check passes while a 67M-entry array asks for gigabytes of
+# Python objects and minutes of parsing. Each bound is far beyond any real model (DeepSeek V4
+# Flash: ~50 keys, ~1,300 tensors, a 129,280-token vocabulary, ~5 MB of metadata and directory).
+MAX_HEADER_BYTES = 64 << 20  # the metadata and the tensor directory together
+MAX_METADATA_KEYS = 1 << 16
+MAX_TENSORS = 1 << 20
+MAX_ARRAY_ITEMS = 1 << 22  # all metadata array elements together (a string array's included)
+
 
 class ValueType(IntEnum):
     UINT8 = 0
@@ -164,16 +174,29 @@ class LazyStrings(Sequence[str]):
 
 
 class _Cursor:
-    """Bounds-checked little-endian parser over the mapped file (errors name what was cut)."""
+    """Bounds-checked little-endian parser over the mapped file's header (errors name what was
+    cut). Every read is bounded by the end of the file and by MAX_HEADER_BYTES, so no length the
+    file claims (a string's, an array's) can make the parser copy or walk more than that."""
 
     def __init__(self, buf: memoryview, path: Path):
         self.buf = buf
         self.pos = 0
         self.path = path
+        self.items_left = MAX_ARRAY_ITEMS
 
     def need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > len(self.buf):
             raise ModelFileError(f"{self.path}: truncated GGUF file (while reading {what})")
+        if self.pos + n > MAX_HEADER_BYTES:
+            raise ModelFileError(f"{self.path}: GGUF header too large (while reading {what}: its metadata "
+                                 f"and tensor directory would exceed {MAX_HEADER_BYTES >> 20} MiB)")
+
+    def take_items(self, count: int, what: str) -> None:
+        """Account for `count` array elements before they are parsed or allocated."""
+        if count > self.items_left:
+            raise ModelFileError(f"{self.path}: GGUF metadata array {what} has {count} elements, more than "
+                                 f"the {MAX_ARRAY_ITEMS} all arrays together may hold")
+        self.items_left -= count
 
     def unpack(self, fmt: str, size: int, what: str):
         self.need(size, what)
@@ -246,6 +269,9 @@ class GGUFFile:
         # counts before looping over them (a corrupt header must not spin for hours).
         if n_kv * 12 + n_tensors * 28 > self.file_size:
             raise ModelFileError(f"{self.path}: truncated GGUF file (header counts exceed the file)")
+        if n_kv > MAX_METADATA_KEYS or n_tensors > MAX_TENSORS:
+            raise ModelFileError(f"{self.path}: GGUF header claims {n_kv} metadata keys and {n_tensors} tensors "
+                                 f"(at most {MAX_METADATA_KEYS} and {MAX_TENSORS})")
         for _ in range(n_kv):
             key = cur.string("metadata key")
             vtype = cur.u32(f"type of {key!r}")
@@ -317,6 +343,7 @@ class GGUFFile:
             raise ModelFileError(f"{self.path}: nested array {key!r} is not supported")
         size = _SCALAR[et][1]
         cur.need(count * size, key)
+        cur.take_items(count, repr(key))
         arr = np.frombuffer(self._buf, dtype=_NUMPY_SCALAR[et], count=count, offset=cur.pos)
         cur.pos += count * size
         if et == ValueType.BOOL:
@@ -325,24 +352,24 @@ class GGUFFile:
 
     def _read_string_array(self, cur: _Cursor, count: int, key: str) -> LazyStrings:
         # Walk the length prefixes only; decoding waits until someone reads the strings.
-        if count * 8 > len(self._buf) - cur.pos:
-            raise ModelFileError(f"{self.path}: truncated GGUF file (while reading {key})")
+        cur.need(count * 8, key)  # each string takes at least its 8-byte length
+        cur.take_items(count, repr(key))
         offsets = np.empty(count, dtype=np.int64)
         lengths = np.empty(count, dtype=np.int64)
-        buf, pos, end = self._buf, cur.pos, len(self._buf)
+        buf, pos, end = self._buf, cur.pos, min(len(self._buf), MAX_HEADER_BYTES)
         unpack = struct.Struct("<Q").unpack_from
         for i in range(count):
             if pos + 8 > end:
-                raise ModelFileError(f"{self.path}: truncated GGUF file (while reading {key})")
+                cur.pos = pos
+                cur.need(8, key)  # raises: truncated, or past the header bound
             (n,) = unpack(buf, pos)
             pos += 8
             if n > end - pos:  # checked before storing: a corrupt length may exceed int64
-                raise ModelFileError(f"{self.path}: truncated GGUF file (while reading {key})")
+                cur.pos = pos
+                cur.need(n, key)
             offsets[i] = pos
             lengths[i] = n
             pos += n
-        if pos > end:
-            raise ModelFileError(f"{self.path}: truncated GGUF file (while reading {key})")
         cur.pos = pos
         return LazyStrings(buf, offsets, lengths)
 

@@ -15,7 +15,8 @@ config.json and safetensors headers. Memory is estimated the way the engine hold
     Q8_0 matrices                        MLX affine 8-bit + f32 scale and bias per 32 weights:
                                          40 bytes per 34-byte block
     F16 matrices and the embedding       as in the file (weights.Linear widens per call); only
-                                         the small APE tables are widened to f32 at load
+                                         the small APE tables are widened to f32 at load. The GPU
+                                         kernel set (device.kernel_set) holds F16 matrices as f32
     F32 / I32                            as in the file
     tensors the engine does not read     not counted (e.g. a file's optional MTP block)
 
@@ -110,8 +111,11 @@ def memory_bytes(name: str, type_name: str, n_elements: int, nbytes: int) -> int
         return n_elements // 32 * 40
     if type_name == "F16":
         # Matrices and the embedding stay F16 (weights.Linear widens per call); only the small
-        # APE tables are widened to f32 at load.
-        return n_elements * 4 if "_ape." in name else nbytes
+        # APE tables are widened to f32 at load, and the GPU kernel set's matrices (Linear).
+        from .device import gpu_kernels
+
+        widened = "_ape." in name or (name != "token_embd.weight" and gpu_kernels())
+        return n_elements * 4 if widened else nbytes
     return nbytes
 
 

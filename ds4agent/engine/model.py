@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import mlx.core as mx
 import numpy as np
@@ -36,6 +37,8 @@ from ds4agent.statelayout import FILL_KV, FILL_SCORE
 
 from . import ops
 from .config import ModelConfig
+from .device import gpu_kernels
+from .hostread import to_host
 from .state import LayerState, SessionState, check_token_ids
 from .weights import AttentionWeights, CompressorWeights, FFNWeights, HCWeights, LayerWeights, ModelWeights
 
@@ -144,14 +147,27 @@ def hc_pre(w: HCWeights, R: mx.array, c: ModelConfig) -> tuple[mx.array, mx.arra
     n, hc, E = R.shape
     flat = ops.rms_norm(R.reshape(n, hc * E), None, c.rms_eps)
     mix = w.fn(flat)
-    s = w.scale
-    b = w.base
-    pre = mx.sigmoid(mix[:, :hc] * s[0] + b[:hc]) + c.hc_eps
+    if gpu_kernels():  # the whole mixing chain, Sinkhorn included, as one compiled function
+        return _hc_mix_fused(hc, c.hc_sinkhorn_iters, c.hc_eps)(mix, w.scale, w.base, R)
+    return _hc_mix(mix, w.scale, w.base, R, hc, c.hc_eps,
+                   lambda comb: ops.sinkhorn(comb, c.hc_sinkhorn_iters, c.hc_eps))
+
+
+def _hc_mix(mix: mx.array, s: mx.array, b: mx.array, R: mx.array, hc: int, eps: float,
+            sinkhorn) -> tuple[mx.array, mx.array, mx.array]:
+    n = R.shape[0]
+    pre = mx.sigmoid(mix[:, :hc] * s[0] + b[:hc]) + eps
     post = 2.0 * mx.sigmoid(mix[:, hc:2 * hc] * s[1] + b[hc:2 * hc])
     comb = (mix[:, 2 * hc:] * s[2] + b[2 * hc:]).reshape(n, hc, hc)
-    C = ops.sinkhorn(comb, c.hc_sinkhorn_iters, c.hc_eps)
+    C = sinkhorn(comb)
     x = mx.sum(pre[:, :, None] * R, axis=1)
     return x, post, C
+
+
+@lru_cache(maxsize=8)
+def _hc_mix_fused(hc: int, iters: int, eps: float):
+    return ops.fused(lambda mix, s, b, R: _hc_mix(mix, s, b, R, hc, eps,
+                                                  lambda comb: ops.sinkhorn_eager(comb, iters, eps)))
 
 
 def hc_post(R: mx.array, y: mx.array, post: mx.array, C: mx.array) -> mx.array:
@@ -269,7 +285,7 @@ def _indexer_slots(c: ModelConfig, iq: mx.array, iw: mx.array, keys: mx.array,
     idx = mx.where(pr, sel, base_idx)
     valid = mx.where(pr, True, base_valid)
     if trace_masks is not None:
-        m = np.array(mask)
+        m = to_host(mask)
         m[~prune] = (ar_c[None, :] < n_vis[:, None])[~prune]
         trace_masks.append(m)
     return idx.astype(mx.int32), valid
@@ -412,8 +428,11 @@ def attention_block(aw: AttentionWeights, c: ModelConfig, layer: int, x: mx.arra
     o = attention_core(c, q, k_all, r0, p0, aw.sinks, comp, r, index_inputs, masks)
     o = ops.rope_tail(o, cos[:, None, :], sin[:, None, :], inverse=True)
     G, hpg = c.out_groups, c.heads_per_group
-    z = mx.concatenate([aw.out_a[g](o[:, g * hpg:(g + 1) * hpg].reshape(n, hpg * Dh)) for g in range(G)],
-                       axis=-1)
+    if gpu_kernels() and aw.out_a_all is not None:
+        z = aw.out_a_all.grouped(o.reshape(n, G, hpg * Dh))
+    else:
+        z = mx.concatenate([aw.out_a[g](o[:, g * hpg:(g + 1) * hpg].reshape(n, hpg * Dh)) for g in range(G)],
+                           axis=-1)
     y = aw.out_b(z)
     return y, LayerState(**new)
 
@@ -423,7 +442,13 @@ def attention_block(aw: AttentionWeights, c: ModelConfig, layer: int, x: mx.arra
 
 def _top_u(score: mx.array, U: int) -> mx.array:
     """Indices [n, U] of the U largest entries per row, by descending score, ties to the lower
-    index (exact: U rounds of max + lowest index attaining it)."""
+    index (exact: U rounds of max + lowest index attaining it).
+
+    GPU kernel set: one sort instead of 4·U small ops. Its ids are a permutation's, so always
+    in 0..n_experts-1, even for NaN scores (where the exact rounds would give n_experts);
+    exact ties (measure zero for real scores) may pick either index."""
+    if gpu_kernels():
+        return mx.argsort(-score, axis=-1)[:, :U].astype(mx.int32)
     ne = score.shape[-1]
     ar = mx.arange(ne, dtype=mx.int32)
     picks = []
@@ -447,9 +472,12 @@ def _route(fw: FFNWeights, c: ModelConfig, layer: int, h: mx.array,
         sel = _top_u(prob + fw.bias if fw.bias is not None else prob, U)
     sel = sel.astype(mx.int32)
     pw = mx.take_along_axis(prob, sel, axis=-1)  # [n, U]
-    total = pw[:, 0]
-    for k in range(1, U):  # selection order
-        total = total + pw[:, k]
+    if gpu_kernels():
+        total = mx.sum(pw, axis=-1)
+    else:
+        total = pw[:, 0]
+        for k in range(1, U):  # selection order
+            total = total + pw[:, k]
     return sel, pw / mx.maximum(total, 6.103515625e-5)[:, None] * c.expert_weights_scale
 
 
@@ -458,6 +486,8 @@ def _routed(fw: FFNWeights, U: int, clamp: float, h: mx.array, sel: mx.array, wt
     u = fw.up_exps.gather_matmul(h, sel)
     mid = ops.swiglu(g, u, clamp) * wts[:, :, None]  # [n, U, F]
     down = fw.down_exps.gather_matmul(mid, sel)  # [n, U, E]
+    if gpu_kernels():
+        return mx.sum(down, axis=1)
     routed = down[:, 0]
     for k in range(1, U):  # selection order
         routed = routed + down[:, k]
@@ -476,8 +506,8 @@ def ffn_block(fw: FFNWeights, c: ModelConfig, layer: int, x: mx.array, tokens: m
     h = ops.rms_norm(x, fw.norm, c.rms_eps)
     sel, wts = _call(profile, "router", _route, fw, c, layer, h, tokens)
     if trace is not None:
-        trace.experts.setdefault(layer, []).append(np.array(sel))
-        trace.expert_weights.setdefault(layer, []).append(np.array(wts))
+        trace.experts.setdefault(layer, []).append(to_host(sel))
+        trace.expert_weights.setdefault(layer, []).append(to_host(wts))
     routed = _call(profile, "routed experts", _routed, fw, U, clamp, h, sel, wts)
     shared = _call(profile, "shared expert", _shared, fw, clamp, h)
     return routed + shared
@@ -538,18 +568,31 @@ def forward(weights: ModelWeights, config: ModelConfig, state: SessionState,
     indexer masks and expert selections for tests.
     """
     c = config
-    tok_list = check_token_ids(np.array(tokens).reshape(-1).tolist() if isinstance(tokens, mx.array)
+    tok_list = check_token_ids(to_host(tokens).reshape(-1).tolist() if isinstance(tokens, mx.array)
                                else tokens, c.vocab)
     n = len(tok_list)
     if n == 0:
         return mx.zeros((0, c.vocab), dtype=F32), state
     toks = mx.array(np.asarray(tok_list, dtype=np.int32))
+    logits, new_layers = build(weights, c, state, toks, rounding=rounding, last_only=last_only,
+                               trace=trace, profile=profile)
+    new_state = SessionState(tokens=state.tokens + tuple(tok_list), logits=logits[-1],
+                             layers=new_layers)
+    mx.eval(logits, *new_state.arrays())
+    return logits, new_state
+
+
+def build(weights: ModelWeights, config: ModelConfig, state: SessionState, toks: mx.array, *,
+          rounding: bool = True, last_only: bool = False, trace: Trace | None = None,
+          profile: Profile | None = None) -> tuple[mx.array, tuple[LayerState, ...]]:
+    """The graph of `forward` over device token ids toks [n] int32: (logits, new layer states),
+    unevaluated for decode (n = 1; prefill evaluates layer by layer in run_layers). Reads no
+    id back: decode.py passes the sampler's lazy id straight in. The caller guarantees the ids
+    are in the vocabulary (the sampler can only draw such ids; `forward` checks host lists)."""
+    c = config
     p0 = state.n_tokens
     R = embed(weights, c, toks)
     R, new_layers = run_layers(weights.layers, c, state.layers, R, toks, p0, first_layer=0,
                                rounding=rounding, trace=trace, profile=profile)
     logits = _call(profile, "head", output_head, weights, c, R[-1:] if last_only else R)
-    new_state = SessionState(tokens=state.tokens + tok_list, logits=logits[-1],
-                             layers=new_layers)
-    mx.eval(logits, *new_state.arrays())
-    return logits, new_state
+    return logits, new_layers

@@ -19,7 +19,46 @@ from functools import lru_cache
 import mlx.core as mx
 import numpy as np
 
+from .device import gpu_kernels
+from .hostread import to_bool
+
 F32 = mx.float32
+
+
+# ---- the GPU kernel set's fused chains -------------------------------------------------------
+#
+# On a GPU a decoded token's speed is decided by how many small kernels it launches; an
+# elementwise chain compiled with mx.compile runs as one. Only the GPU kernel set uses these
+# (device.kernel_set): the CPU reference keeps its eager ops, bit for bit as they always were.
+# A function that fails to compile (an MLX build without the compiler for this backend) stays
+# eager for the whole process.
+
+
+class _Fused:
+    """f compiled on first use (mx.compile, shape-specialised unless `shapeless`), else f."""
+
+    def __init__(self, f, *, shapeless: bool = False):
+        self._f = f
+        self._shapeless = shapeless
+        self._fn = None
+
+    def __call__(self, *args):
+        if self._fn is None:
+            try:
+                cf = mx.compile(self._f, shapeless=self._shapeless)
+                out = cf(*args)
+                self._fn = cf
+                return out
+            except Exception:  # noqa: BLE001 - no compiler here: the eager chain, same math
+                self._fn = self._f
+        return self._fn(*args)
+
+
+def fused(f=None, *, shapeless: bool = False):
+    """Decorator: the GPU kernel set's compiled version of an elementwise chain."""
+    if f is None:
+        return lambda g: _Fused(g, shapeless=shapeless)
+    return _Fused(f, shapeless=shapeless)
 
 
 # ---- accumulation rule -------------------------------------------------------------------------
@@ -40,7 +79,11 @@ def rms_scale(x: mx.array, eps: float) -> mx.array:
 
 
 def rms_norm(x: mx.array, w: mx.array | None, eps: float) -> mx.array:
-    """RMSNorm(x; w) = x · (1/sqrt(mean(x²) + eps)) · w; RMSNorm₀ when w is None."""
+    """RMSNorm(x; w) = x · (1/sqrt(mean(x²) + eps)) · w; RMSNorm₀ when w is None.
+
+    GPU kernel set: MLX's fused kernel (f32 accumulation of Σx², one launch)."""
+    if gpu_kernels():
+        return mx.fast.rms_norm(x, w, eps)
     y = x * rms_scale(x, eps)
     return y if w is None else y * w
 
@@ -48,21 +91,38 @@ def rms_norm(x: mx.array, w: mx.array | None, eps: float) -> mx.array:
 # ---- activations -------------------------------------------------------------------------------
 
 
-def softplus(z: mx.array) -> mx.array:
-    """z if z > 20; e^z if z < -20; log1p(e^z) otherwise (model.md §3)."""
+def _softplus(z: mx.array) -> mx.array:
     mid = mx.log1p(mx.exp(mx.clip(z, -20.0, 20.0)))
     return mx.where(z > 20.0, z, mx.where(z < -20.0, mx.exp(z), mid))
+
+
+_softplus_fused = fused(_softplus, shapeless=True)
+
+
+def softplus(z: mx.array) -> mx.array:
+    """z if z > 20; e^z if z < -20; log1p(e^z) otherwise (model.md §3)."""
+    return _softplus_fused(z) if gpu_kernels() else _softplus(z)
 
 
 def silu(z: mx.array) -> mx.array:
     return z * mx.sigmoid(z)
 
 
-def swiglu(g: mx.array, u: mx.array, clamp: float) -> mx.array:
-    """silu(min(g, c)) · clamp(u, -c, c) (the per-layer swiglu clamp VALUE c)."""
+def _swiglu(g: mx.array, u: mx.array, clamp: mx.array | float) -> mx.array:
     g = mx.minimum(g, clamp)
     u = mx.clip(u, -clamp, clamp)
     return silu(g) * u
+
+
+_swiglu_fused = fused(_swiglu, shapeless=True)
+
+
+def swiglu(g: mx.array, u: mx.array, clamp: float) -> mx.array:
+    """silu(min(g, c)) · clamp(u, -c, c) (the per-layer swiglu clamp VALUE c)."""
+    if gpu_kernels():
+        # the clamp as an array: one compiled function for every layer's value
+        return _swiglu_fused(g, u, mx.array(clamp, dtype=F32))
+    return _swiglu(g, u, clamp)
 
 
 # ---- exact float bit helpers -------------------------------------------------------------------
@@ -113,6 +173,17 @@ def e2m1(v: mx.array) -> mx.array:
 def fp8sim(x: mx.array, n_blocks_dims: int) -> mx.array:
     """E4M3 simulation on the first `n_blocks_dims` values of the last axis, blocks of 64
     (model.md §3): amax floor 1e-4, scale 2^ceil(log2(amax/448)); the tail is untouched."""
+    if gpu_kernels():
+        return _fp8sim_fused(n_blocks_dims)(x)
+    return _fp8sim(x, n_blocks_dims)
+
+
+@lru_cache(maxsize=16)
+def _fp8sim_fused(n_blocks_dims: int):
+    return fused(lambda x: _fp8sim(x, n_blocks_dims))
+
+
+def _fp8sim(x: mx.array, n_blocks_dims: int) -> mx.array:
     dn = n_blocks_dims
     head = x[..., :dn]
     shape = head.shape
@@ -131,12 +202,19 @@ _FP4_FLOOR = 6.0 * 2.0**-126
 
 def fp4sim(x: mx.array) -> mx.array:
     """E2M1 simulation on blocks of 32 along the last axis (model.md §3)."""
+    return _fp4sim_fused(x) if gpu_kernels() else _fp4sim(x)
+
+
+def _fp4sim(x: mx.array) -> mx.array:
     shape = x.shape
     b = x.reshape(*shape[:-1], shape[-1] // 32, 32)
     amax = mx.maximum(mx.max(mx.abs(b), axis=-1, keepdims=True), mx.array(_FP4_FLOOR, dtype=F32))
     s = pow2_ceil(amax / 6.0)
     q = e2m1(mx.clip(b / s, -6.0, 6.0)) * s
     return q.reshape(shape)
+
+
+_fp4sim_fused = fused(_fp4sim)
 
 
 # ---- Hadamard ------------------------------------------------------------------------------------
@@ -174,7 +252,7 @@ def qat(x: mx.array, rounding: bool = True) -> mx.array:
 # ---- hyper-connections -------------------------------------------------------------------------
 
 
-def _sinkhorn_eager(c: mx.array, iters: int, eps: float) -> mx.array:
+def sinkhorn_eager(c: mx.array, iters: int, eps: float) -> mx.array:
     c = mx.softmax(c, axis=-1) + eps
     c = c / (mx.sum(c, axis=-2, keepdims=True) + eps)
     for _ in range(iters - 1):
@@ -198,7 +276,7 @@ def sinkhorn(c: mx.array, iters: int, eps: float) -> mx.array:
     key = (iters, float(eps))
     fn = _SINKHORN_COMPILED.get(key)
     if fn is None:
-        fn = _SINKHORN_COMPILED[key] = _compile_checked(lambda x: _sinkhorn_eager(x, iters, eps))
+        fn = _SINKHORN_COMPILED[key] = _compile_checked(lambda x: sinkhorn_eager(x, iters, eps))
     return fn(c)
 
 
@@ -208,7 +286,7 @@ def _compile_checked(f: Callable[[mx.array], mx.array]) -> Callable[[mx.array], 
         cf = mx.compile(f, shapeless=True)
         probe = mx.array(np.linspace(-3.0, 3.0, 48, dtype=np.float32).reshape(3, 4, 4))
         a, b = cf(probe), f(probe)
-        if bool(mx.array_equal(a, b).item()):
+        if to_bool(mx.array_equal(a, b)):
             return cf
     except Exception:  # any failure means: stay eager
         pass
@@ -240,6 +318,17 @@ def rope_tables(freqs: np.ndarray, positions: np.ndarray) -> tuple[mx.array, mx.
 def rope_tail(x: mx.array, cos: mx.array, sin: mx.array, inverse: bool = False) -> mx.array:
     """Rotate the last Dr values of x as adjacent pairs (GGML normal mode); cos/sin broadcast
     against x[..., Dr/2]. Inverse rotation uses -θ."""
+    if gpu_kernels():
+        return _rope_fused(inverse)(x, cos, sin)
+    return _rope_tail(x, cos, sin, inverse)
+
+
+@lru_cache(maxsize=2)
+def _rope_fused(inverse: bool):
+    return fused(lambda x, cos, sin: _rope_tail(x, cos, sin, inverse))
+
+
+def _rope_tail(x: mx.array, cos: mx.array, sin: mx.array, inverse: bool) -> mx.array:
     half = cos.shape[-1]
     dr = 2 * half
     d = x.shape[-1]

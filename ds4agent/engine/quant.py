@@ -27,8 +27,10 @@ from functools import lru_cache
 import mlx.core as mx
 import numpy as np
 
+from ds4agent.engine.device import gpu_kernels
 from ds4agent.engine.errors import EngineError
 from ds4agent.engine.gguf import GGML_TYPES
+from ds4agent.engine.hostread import to_host
 
 # GGML type ids (model.md §7)
 Q8_0 = 8
@@ -230,14 +232,14 @@ def _dequant_iq2_xxs(b: mx.array) -> mx.array:
     with _COMPILED_CALL:  # dequantize may run on any thread, and MLX's compile cache is shared
         index, db = _iq2xxs_index_scale(words, _f16(b, 0))
     table, mx_table = iq2xxs_signed_codes()
-    if mx.default_device() != mx.cpu:  # MLX's gather, on the device (no host round trip)
+    if mx.default_device() != mx.cpu or gpu_kernels():  # MLX's gather, on the device (no host round trip)
         codes = mx_table[index].reshape(r, nb * 8, 32)
         return (db * codes.astype(mx.float32)).reshape(r, nb * 256)
-    # On the CPU the lookup is numpy's `take` (about 7x faster here than MLX's CPU gather, which
+    # On the CPU (CPU kernel set) the lookup is numpy's `take` (about 7x faster here than MLX's CPU gather, which
     # pays per index) and the codes are widened to f32 as they are copied into MLX (one pass
     # instead of a copy and an astype). The same table, the same values.
     mx.eval(index, db)
-    codes_np = np.take(table.view(np.uint64).reshape(-1), np.array(index, copy=False)).view(np.int8)
+    codes_np = np.take(table.view(np.uint64).reshape(-1), to_host(index, view=True)).view(np.int8)
     return (db * mx.array(codes_np.reshape(r, nb * 8, 32), dtype=mx.float32)).reshape(r, nb * 256)
 
 

@@ -1,23 +1,29 @@
-"""Token sampler: greedy, temperature, top-k, min-p, top-p, with an explicit 64-bit RNG state.
+"""Token sampler on the device: greedy, temperature, min-p, top-k, top-p, with a saveable RNG state.
+
+`draw(logits, greedy=...)` builds a small MLX graph over the logits (an mx.array [V], still being
+computed is fine) and returns the token id as a lazy int32 scalar: nothing is read back, so the
+decode loop (decode.py) can hand the id straight to the next forward pass and read it once.
 
 Pipeline for one token (logits float32 [V]):
-  1. greedy (per-call override, temperature 0) -> argmax, ties to the lower id; no RNG draw.
+  1. greedy (per-call override, or temperature 0) -> argmax, ties to the lower id; no RNG draw.
   2. temperature T scales the logits; every filter below sees the tempered distribution p, so a
-     filter describes the distribution that is actually sampled (with the default T = 1 the order
-     of temperature and filters does not matter).
-  3. min-p: keep ids with p_i >= min_p * p_max, i.e. logit_i >= max + T*ln(min_p) -- one vectorised
-     compare over V, which also shrinks the candidate set before anything is sorted or
-     exponentiated (the usual case costs O(V) compares plus O(c log c) on c candidates).
-  4. top-k (0 = off): the k most likely candidates, ties to the lower id.
-  5. top-p (1 = off): the shortest prefix of the candidates (descending p, ties to the lower id)
-     whose mass reaches top_p of the remaining mass; at least one id is kept.
-  6. one uniform draw u in [0, 1) from the RNG picks from the cumulative distribution.
+     filter describes the distribution that is actually sampled.
+  3. min-p: keep ids with p_i >= min_p * p_max, i.e. z_i/T >= max/T + ln(min_p).
+  4. top-k (0 = off): keep ids whose value is at least the k-th largest (ties at the boundary
+     are all kept: a device-side cut by id would need a sort of the whole vocabulary).
+  5. top-p (1 = off): sort the survivors by descending p and keep the shortest prefix whose mass
+     reaches top_p of the survivors' mass (at least one id); again ties at the cut are kept.
+  6. one categorical draw from the survivors with a fresh subkey (MLX's Gumbel-max sampler).
 
-The RNG is SplitMix64 (Steele, Lea, Flood 2014): its whole state is one 64-bit integer that
-advances by a constant, so `rng_state` can be saved and restored exactly and is portable across
-machines and Python/numpy versions (numpy's generators are not a plain int). Every sampled
-(non-greedy) token consumes exactly one draw, so a restored state reproduces the same tokens.
-Probabilities are computed in float64 from float32 logits, deterministically for a given input.
+RNG: an MLX PRNG key (two uint32 words). Every sampled (non-greedy) token splits the key once,
+so the state after n sampled tokens is a pure function of the seed and n: `rng_state` is that
+key as one 64-bit int (`mx.random.key(seed)` is exactly [seed >> 32, seed & 0xffffffff], so a
+seed and a state are the same kind of value) and assigning it back reproduces the same tokens on
+the same device. Reading `rng_state` is one host read (only on save, never per token).
+
+Bad logits (NaN anywhere, or nothing left to sample) cannot be checked on the host without a
+read per token, so the graph folds them into the id: -1 for NaN, -2 for no candidate; `sample`
+and decode.py turn those into a SamplerError when the id is read.
 """
 
 from __future__ import annotations
@@ -25,25 +31,32 @@ from __future__ import annotations
 import math
 import secrets
 
+import mlx.core as mx
 import numpy as np
 
 from ds4agent.engine.errors import EngineError
+from ds4agent.engine.hostread import to_host, to_int
 
 _MASK64 = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
+NAN_LOGITS = -1  # id the graph returns when the logits hold a NaN
+NO_CANDIDATE = -2  # id the graph returns when every logit is -inf
 
 
 class SamplerError(EngineError, ValueError):
     """Invalid sampler settings or logits (the message names the setting)."""
 
 
-def splitmix64(state: int) -> tuple[int, int]:
-    """One SplitMix64 step: (new_state, 64-bit output)."""
-    state = (state + _GOLDEN) & _MASK64
-    z = state
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return state, z ^ (z >> 31)
+def check_token(token: int) -> int:
+    """A drawn id as read back: the id itself, or the SamplerError its error code stands for."""
+    if token == NAN_LOGITS:
+        raise SamplerError("logits contain NaN")
+    if token == NO_CANDIDATE:
+        raise SamplerError("every logit is -inf: nothing can be sampled")
+    return token
+
+
+def _key_of(state: int) -> mx.array:
+    return mx.array([(state >> 32) & 0xFFFFFFFF, state & 0xFFFFFFFF], dtype=mx.uint32)
 
 
 class Sampler:
@@ -54,7 +67,7 @@ class Sampler:
         self.top_p = float(top_p)
         self.min_p = float(min_p)
         self._check_settings()
-        self._state = 0
+        self._key = _key_of(0)
         self.reseed(seed)
 
     def _check_settings(self) -> None:
@@ -71,115 +84,81 @@ class Sampler:
     @property
     def rng_state(self) -> int:
         """The whole RNG state: an int in [0, 2**64). Save it; assign it back to resume."""
-        return self._state
+        hi, lo = (int(v) for v in to_host(self._key))
+        return (hi << 32) | lo
 
     @rng_state.setter
     def rng_state(self, value: int) -> None:
         value = int(value)
         if not 0 <= value <= _MASK64:
             raise SamplerError(f"RNG state must be a 64-bit unsigned integer, got {value}")
-        self._state = value
+        self._key = _key_of(value)
 
     def reseed(self, seed: int | None = None) -> None:
         """Start the RNG from `seed` (any int, taken mod 2**64); None draws a random seed."""
-        self._state = secrets.randbits(64) if seed is None else int(seed) & _MASK64
+        self._key = _key_of(secrets.randbits(64) if seed is None else int(seed) & _MASK64)
 
-    def random(self) -> float:
-        """A uniform float in [0, 1) with 53 random bits; advances the state by one step."""
-        self._state, z = splitmix64(self._state)
-        return (z >> 11) * (1.0 / (1 << 53))
+    @property
+    def key(self) -> mx.array:
+        """The current key (lazy between draws): decode.py evaluates it with the token it drew."""
+        return self._key
 
     # --- sampling --------------------------------------------------------------------------
-    def candidates(self, logits) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, probabilities) of the distribution a non-greedy sample draws from, ids in
-        descending probability (ties: lower id first), probabilities float64 summing to 1."""
-        ids, p = self._distribution(logits)
-        order = np.lexsort((ids, -p))
-        return ids[order], p[order]
+    def draw(self, logits: mx.array, *, greedy: bool = False) -> mx.array:
+        """The next token id as a lazy int32 scalar (see the module doc for error codes).
+
+        Few passes over the vocabulary on purpose: on the CPU device each is a visible part of
+        a small model's token (MLX's CPU ops are not fused)."""
+        z = logits.reshape(-1)
+        if z.dtype != mx.float32:
+            z = z.astype(mx.float32)
+        top = mx.max(z)  # a NaN anywhere propagates into the max: one pass finds both
+        if greedy or self.temperature == 0.0:
+            tok = mx.argmax(z).astype(mx.int32)  # first maximum: ties to the lower id
+        else:
+            pair = mx.random.split(self._key)
+            self._key, sub = pair[0], pair[1]
+            drawn = mx.random.categorical(self._filtered(z, top), key=sub).astype(mx.int32)
+            # +inf: all mass on the first maximum (tempering it would make NaNs).
+            tok = mx.where(top == math.inf, mx.argmax(z).astype(mx.int32), drawn)
+            tok = mx.where(top == -math.inf, mx.array(NO_CANDIDATE, mx.int32), tok)
+        return mx.where(mx.isnan(top), mx.array(NAN_LOGITS, mx.int32), tok)
 
     def sample(self, logits, *, greedy: bool = False) -> int:
-        """Next token id. `greedy=True` (DSML structure) or temperature 0 -> argmax, no draw."""
-        if greedy or self.temperature == 0.0:
-            return self._argmax(logits)
-        ids, p = self._distribution(logits)
-        u = self.random()
-        if len(ids) == 1:
-            return int(ids[0])
-        j = int(np.searchsorted(np.cumsum(p), u, side="right"))
-        return int(ids[min(j, len(ids) - 1)])
-
-    # --- internals -------------------------------------------------------------------------
-    @staticmethod
-    def _as_logits(logits) -> np.ndarray:
-        z = np.asarray(logits, dtype=np.float32).reshape(-1)
+        """Next token id, read back (one host read). Logits: numpy or MLX, float32 [V]."""
+        z = logits if isinstance(logits, mx.array) else mx.array(np.asarray(logits, dtype=np.float32))
         if z.size == 0:
             raise SamplerError("cannot sample from empty logits")
-        return z
+        return check_token(to_int(self.draw(z, greedy=greedy)))
 
-    def _argmax(self, logits) -> int:
-        z = self._as_logits(logits)
-        i = int(np.argmax(z))  # first maximum = lowest id; a NaN anywhere would be returned first
-        if math.isnan(float(z[i])):
-            raise SamplerError("logits contain NaN")
-        return i
+    def probabilities(self, logits) -> np.ndarray:
+        """float64 [V]: the distribution a non-greedy draw samples from (zeros where filtered)."""
+        z = logits if isinstance(logits, mx.array) else mx.array(np.asarray(logits, dtype=np.float32))
+        z = z.reshape(-1).astype(mx.float32)
+        f = to_host(self._filtered(z, mx.max(z)), np.float64)
+        e = np.exp(f - f.max())
+        return e / e.sum()
 
-    def _distribution(self, logits) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, p) after every filter, p float64 normalised. The order of ids is deterministic
-        (ascending id, or by descending p where top-k/top-p needed an order); the draw walks the
-        cumulative sum in that order."""
-        z = self._as_logits(logits)
-        top = float(z.max())  # NaN anywhere propagates into the max: one pass over V checks both
-        if math.isnan(top):
-            raise SamplerError("logits contain NaN")
-        if top == -math.inf:
-            raise SamplerError("every logit is -inf: nothing can be sampled")
+    # --- internals -------------------------------------------------------------------------
+    def _filtered(self, z: mx.array, top: mx.array) -> mx.array:
+        """Tempered logits with every filtered id at -inf; `top` = max(z)."""
         t = self.temperature
-        if top == math.inf or t == 0.0:  # all mass on the first maximum
-            return np.array([int(np.argmax(z))], dtype=np.int64), np.ones(1)
+        if t != 1.0:
+            # max(z * c) == max(z) * c exactly for c > 0 (rounding is monotonic)
+            z, top = z * (1.0 / t), top * (1.0 / t)
+        out = z
         if self.min_p > 0:
-            # float32 pre-filter one ulp below the cut, so rounding the cut cannot drop a survivor;
-            # the exact test is then done in float64 on the (few) survivors
-            log_min_p = math.log(self.min_p)
-            cut = np.nextafter(np.float32(top + t * log_min_p), np.float32(-np.inf))
-            ids = np.flatnonzero(z >= cut)
-            vals = z[ids].astype(np.float64)
-            keep = (vals - top) / t >= log_min_p
-            ids, vals = ids[keep], vals[keep]
-        else:
-            ids = np.flatnonzero(z > -np.inf)
-            vals = z[ids].astype(np.float64)
-        if self.top_k and len(ids) > self.top_k:
-            ids, vals = _top_by_value(ids, vals, self.top_k)
-        p = np.exp((vals - top) / t)
-        if self.top_p < 1.0 and len(ids) > 1:
-            ids, p = _top_p_prefix(ids, p, self.top_p)
-        return ids.astype(np.int64), p / p.sum()
-
-
-def _top_by_value(ids: np.ndarray, vals: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """The m largest values (ties to the lower id), sorted descending. Partition first, so only
-    the m winners (plus ties at the boundary) are sorted."""
-    kth = np.partition(vals, len(vals) - m)[len(vals) - m]
-    keep = vals >= kth  # all ties at the boundary; the stable order below cuts them by id
-    ids, vals = ids[keep], vals[keep]
-    order = np.lexsort((ids, -vals))[:m]
-    return ids[order], vals[order]
-
-
-def _top_p_prefix(ids: np.ndarray, p: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
-    """Shortest prefix (descending p, ties to the lower id) whose mass reaches top_p of the total.
-
-    Sorting 129280 candidates costs milliseconds, so grow a partitioned head (64, 512, ...) until
-    it holds the needed mass, and sort only that head."""
-    target = top_p * p.sum()
-    m = 64
-    while True:
-        if m >= len(ids):
-            hi, hp = _top_by_value(ids, p, len(ids))
-        else:
-            hi, hp = _top_by_value(ids, p, m)
-        cum = np.cumsum(hp)
-        if cum[-1] >= target or m >= len(ids):
-            n = min(int(np.searchsorted(cum, target, side="left")) + 1, len(hi))
-            return hi[:n], hp[:n]
-        m *= 8
+            out = mx.where(z - top >= math.log(self.min_p), z, -math.inf)
+        V = out.shape[0]
+        if 0 < self.top_k < V:
+            kth = mx.min(mx.topk(out, self.top_k))
+            out = mx.where(out >= kth, out, -math.inf)
+        if self.top_p < 1.0:
+            order = mx.argsort(-out)  # descending; filtered ids (-inf) last
+            sorted_vals = out[order]
+            p = mx.softmax(sorted_vals)
+            before = mx.cumsum(p) - p  # mass strictly ahead of each id
+            kept = before < self.top_p  # the first id is always kept (nothing ahead of it)
+            cut = mx.min(mx.where(kept, sorted_vals, math.inf))
+            out = mx.where(out >= cut, out, -math.inf)
+        return out

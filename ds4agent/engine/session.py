@@ -3,7 +3,8 @@
     engine = load_engine("model.gguf", ctx=100_000, progress=lambda f: ...)   # loader.py
     s = engine.new_session()
     s.sync(tokens, progress=lambda done, total: ..., should_stop=lambda: flag)  # prefill
-    logits = s.step(token)                                                       # decode
+    for tok in decode(s, sampler, max_tokens=n, greedy=...): ...                 # decode.py
+    logits = s.step(token)                                     # one token, logits read back
     snap = s.snapshot(); ...; s.rewind(snap)                                     # O(1)
     payload = s.export_state(); other.import_state(payload)                      # exact resume
 
@@ -47,6 +48,8 @@ from ds4agent import statelayout
 from .chunks import chunk_cap, chunk_grid
 from .device import current_device
 from .errors import ContextOverflowError, EngineError, Interrupted, StateError
+from .hostread import to_host
+from .model import build
 from .model import forward as forward_pass
 from .snapshots import SnapshotStore
 from .state import SessionState, Snapshot, check_token_ids, from_payload, to_payload
@@ -68,6 +71,19 @@ class EnginePayloadShape:
 
     def coff(self, layer: int) -> int:
         return statelayout.coff(self.ratios[layer])
+
+
+@dataclass(frozen=True, eq=False)
+class PendingStep:
+    """A decode step on its way through the device, kept off the session until accepted.
+
+    base: the state it extends (the live state when it was dispatched); logits: mx.array [V]
+    after the token (being computed); finish(token_id): the new state (the id is known on the
+    host only once read, and a state records its tokens as ints)."""
+
+    base: Any
+    logits: Any
+    finish: Callable[[int], Any]
 
 
 def materialize(tree: Any) -> Any:
@@ -158,6 +174,20 @@ class Engine:
         every row."""
         return forward_pass(self.weights, self.config, state, list(tokens), last_only=last_only)
 
+    def decode_step(self, state: SessionState, token: Any) -> PendingStep:
+        """Dispatch one decode step whose token id is still on the device (the sampler's lazy
+        int32 scalar): the graph is built and handed to the device with mx.async_eval, nothing is
+        read back and `state` is untouched. decode.py accepts or drops the result."""
+        logits, layers = build(self.weights, self.config, state, token.reshape(1).astype(mx.int32),
+                               last_only=True)
+        logits = logits[0]
+        mx.async_eval(logits, *[a for lay in layers for a in lay.arrays()])
+
+        def finish(tok: int) -> SessionState:
+            return SessionState(tokens=state.tokens + (tok,), logits=logits, layers=layers)
+
+        return PendingStep(base=state, logits=logits, finish=finish)
+
     def state_to_payload(self, state: SessionState) -> Any:
         return to_payload(state, self.config, ctx=self.ctx)
 
@@ -200,9 +230,7 @@ class Session:
         if self._logits_np is None:
             # A read-only view of the evaluated MLX buffer, not a copy: this runs once per decoded
             # token, MLX arrays never change in place, and the view keeps its array alive.
-            arr = np.asarray(self._state.logits, dtype=np.float32)
-            arr.flags.writeable = False
-            self._logits_np = arr
+            self._logits_np = to_host(self._state.logits, np.float32, view=True)
         return self._logits_np
 
     def __len__(self) -> int:
@@ -259,13 +287,41 @@ class Session:
         return done
 
     def step(self, token: int) -> np.ndarray:
-        """Decode one token (a chunk of one) and return the new logits (float32 [V])."""
+        """Decode one token (a chunk of one) and return the new logits (float32 [V]).
+
+        Synchronous and read back: for tests, tools and benchmarks. Generation runs through
+        decode.py, which keeps the token on the device and the next step in flight."""
         (tok,) = self._check_tokens([token])
         if len(self._state.tokens) + 1 > self.engine.ctx:
             raise ContextOverflowError(len(self._state.tokens) + 1, self.engine.ctx)
         _, state = self._run(self._state, (tok,))
         self._commit(state)
         return self.logits  # type: ignore[return-value]
+
+    # ---------------------------------------------------------- the decode primitive's seam
+    # decode.py drives these four; nothing else should (Session.step is the one-token call).
+    @property
+    def next_logits(self):
+        """mx.array [V]: the logits after the last live token, on the device (None if empty)."""
+        return self._state.logits
+
+    def dispatch(self, token) -> PendingStep:
+        """Start decoding a device-side token id after the live state (which stays as it is)."""
+        if len(self._state.tokens) + 1 > self.engine.ctx:
+            raise ContextOverflowError(len(self._state.tokens) + 1, self.engine.ctx)
+        return self.engine.decode_step(self._state, token)
+
+    def accept(self, step: PendingStep, token: int) -> None:
+        """Make a dispatched step live: `token` is its id, read back by the caller."""
+        if step.base is not self._state:
+            raise EngineError("the session changed while a decode step was in flight")
+        self._commit(step.finish(int(token)))
+        self.prefilled_total += 1
+
+    def settle(self) -> None:
+        """Wait for the live state's arrays: accepted steps are still being computed when they are
+        accepted (that is the overlap), and a lazy or in-flight array must not cross threads."""
+        self._state.eval()
 
     def forward_all(self, tokens: Sequence[int]) -> np.ndarray:
         """Prefill `tokens` after the live state on the chunk grid and return every row of logits
@@ -277,7 +333,7 @@ class Session:
         rows = []
         for p0, p1 in chunk_grid(len(self._state.tokens), len(target), self.engine.chunk):
             logits, state = self._run(self._state, target[p0:p1], last_only=False)
-            rows.append(np.array(logits, dtype=np.float32).reshape(p1 - p0, -1))
+            rows.append(to_host(logits, np.float32).reshape(p1 - p0, -1))
             self._commit(state)
         if not rows:
             return np.zeros((0, self.engine.config.vocab), dtype=np.float32)

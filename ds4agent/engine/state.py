@@ -30,6 +30,7 @@ from ds4agent.statelayout import FIELDS, FILL_KV, FILL_SCORE, FILLER, frontier_l
 
 from .config import ModelConfig
 from .errors import EngineError, StateError
+from .hostread import to_host
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ def empty_layer(config: ModelConfig, layer: int) -> LayerState:
 def _np(a: mx.array | None) -> np.ndarray | None:
     if a is None:
         return None
-    return np.array(a, dtype=np.float32, copy=True)
+    return to_host(a, np.float32)
 
 
 def to_payload(state: SessionState, config: ModelConfig, *, ctx: int, payload_cls: Any = None,
@@ -149,7 +150,7 @@ def to_payload(state: SessionState, config: ModelConfig, *, ctx: int, payload_cl
     mk_l = layer_cls or SimpleNamespace
     state.eval()
     layers = [mk_l(**{name: _np(getattr(lay, name)) for name in FIELDS}) for lay in state.layers]
-    logits = (np.array(state.logits, dtype=np.float32) if state.logits is not None
+    logits = (to_host(state.logits, np.float32) if state.logits is not None
               else np.zeros(config.vocab, dtype=np.float32))
     return mk_p(ctx=int(ctx), tokens=np.asarray(state.tokens, dtype=np.uint32), logits=logits,
                 layers=layers)

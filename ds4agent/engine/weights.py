@@ -53,9 +53,11 @@ import numpy as np
 
 from . import device, quant
 from .config import ModelConfig
-from .errors import TensorShapeError
+from .device import gpu_kernels
+from .errors import TensorError, TensorShapeError
 from .experts.base import dense_experts, quant_experts
 from .gguf import GGML_TYPE_IDS
+from .hostread import to_int
 from .layout import tensor_table
 
 # Quantised products on CPU run one MLX op per CPU stream over a slice of the output rows (see
@@ -84,6 +86,14 @@ class Linear:
     tensor's conversion temporaries at a time (not the whole model's graph).
     Quantised: `(wq, scales, biases)` of MLX affine 8-bit, group 32 (exact image of Q8_0,
     model.md §7), multiplied with `mx.quantized_matmul` on f32 activations.
+
+    The GPU kernel set (device.kernel_set) widens an F16 matrix once, here, and keeps it as f32:
+    a decoded token then reads 4 bytes per weight instead of widening per call (read 2, write 4,
+    read 4), for 2 more bytes per weight resident (about 1 GiB at the Flash shape; the memory
+    plan counts it). Multiplying it as F16 instead (activations rounded to f16, the product's
+    result rounded to f16) was measured: max |dlogit| rose from ~1e-4 to ~1e-2 of max |logit|
+    on the test configs and the argmax flipped at near-ties on ~4% of positions, outside the
+    GPU contract (tests/engine/test_gpu_kernels.py).
     """
 
     __slots__ = ("weight", "scales", "biases", "out_features", "in_features", "_wt", "_parts", "_widen",
@@ -102,6 +112,8 @@ class Linear:
                 raise ValueError(f"Linear weight must be 2-D, got shape {list(w.shape)}")
             if w.dtype not in (mx.float32, mx.float16):
                 w = w.astype(mx.float32)  # e.g. bf16: exact in f32, rare enough to keep widened
+            if w.dtype == mx.float16 and gpu_kernels():
+                w = w.astype(mx.float32)  # widened once for the GPU kernel set (class docstring)
             self._widen = w.dtype == mx.float16
             self._cpu = device.cpu_layout()
             if self._cpu:
@@ -161,6 +173,23 @@ class Linear:
         return Linear(self.weight[start:stop], self.scales[start:stop], biases,
                       in_features=self.in_features)
 
+    def grouped(self, x: mx.array) -> mx.array:
+        """x [n, G, in] -> [n, G·(out/G)]: input group g times output rows g·O..(g+1)·O - 1
+        (O = out/G), i.e. the G row-slice products `rows()` gives, as one batched op (the GPU
+        kernel set's grouped output LoRA: one kernel launch instead of G products and a concat)."""
+        n, groups, d = (int(s) for s in x.shape)
+        o = self.out_features // groups
+        if self.scales is None:
+            w = (self.weight.astype(mx.float32) if self._widen else self.weight).reshape(groups, o, d)
+            y = x[:, :, None, :] @ mx.swapaxes(w, -1, -2)
+        else:
+            assert self.biases is not None  # quantised: affine 8-bit
+            idx = mx.broadcast_to(mx.arange(groups, dtype=mx.uint32), (n, groups))
+            y = mx.gather_qmm(x[:, :, None, :], self.weight.reshape(groups, o, -1),
+                              self.scales.reshape(groups, o, -1), self.biases.reshape(groups, o, -1),
+                              rhs_indices=idx, transpose=True, group_size=32, bits=8)
+        return y.reshape(n, groups * o)
+
     def dense(self) -> mx.array:
         """float32 [out, in] (widened or dequantised if needed)."""
         if self.scales is None:
@@ -203,6 +232,7 @@ class AttentionWeights:
     out_b: Linear
     compressor: CompressorWeights | None  # ratio != 0
     indexer: IndexerWeights | None  # ratio == 4
+    out_a_all: Linear | None = None  # attn_output_a whole (the slices are views of it): Linear.grouped
 
 
 @dataclass(frozen=True)
@@ -274,6 +304,21 @@ def _as_experts(name: str, v: Any, shape: tuple[int, int, int]) -> Any:
     return ex
 
 
+def _expert_table(name: str, table: mx.array, n_experts: int) -> mx.array:
+    """A hash layer's token -> expert table, its ids checked once here (a host read at load).
+
+    The router's other ids come from a top-k over n_experts scores, in range by construction; so
+    with this check no expert id can leave 0..n_experts-1, and the expert backends take device
+    ids unchecked (a GPU gather does not bounds-check: a bad id would read foreign memory)."""
+    if table.size:
+        lo, hi = to_int(mx.min(table)), to_int(mx.max(table))
+        if lo < 0 or hi >= n_experts:
+            bad = lo if lo < 0 else hi
+            raise TensorError(f"tensor {name} maps a token to expert {bad}, outside 0..{n_experts - 1}",
+                              tensor=name)
+    return table
+
+
 def build_weights(config: ModelConfig, get: Callable[[str], Any],
                   has: Callable[[str], bool] | None = None,
                   progress: Callable[[float], None] | None = None,
@@ -338,6 +383,7 @@ def build_weights(config: ModelConfig, get: Callable[[str], Any],
             kv_norm=arr(f"{b}attn_kv_a_norm.weight", (Dh,)),
             sinks=arr(f"{b}attn_sinks.weight", (H,)),
             out_a=tuple(out_a_full.rows(O * g, O * g + O) for g in range(G)),
+            out_a_all=out_a_full,
             out_b=lin(f"{b}attn_output_b.weight", (E, G * O)),
             compressor=compressor(f"{b}attn_compressor", r, coff, Dh) if r != 0 else None,
             indexer=IndexerWeights(
@@ -351,8 +397,8 @@ def build_weights(config: ModelConfig, get: Callable[[str], Any],
             norm=arr(f"{b}ffn_norm.weight", (E,)),
             gate_inp=lin(f"{b}ffn_gate_inp.weight", (NE, E)),
             bias=_as_array(f"{b}exp_probs_b.bias", bias, (NE,)) if bias is not None else None,
-            tid2eid=arr(f"{b}ffn_gate_tid2eid.weight", (V, U), mx.int32)
-            if c.is_hash_layer(li) else None,
+            tid2eid=_expert_table(f"{b}ffn_gate_tid2eid.weight", arr(f"{b}ffn_gate_tid2eid.weight", (V, U), mx.int32),
+                                  NE) if c.is_hash_layer(li) else None,
             gate_exps=_as_experts(f"{b}ffn_gate_exps.weight", get(f"{b}ffn_gate_exps.weight"), (NE, F, E)),
             up_exps=_as_experts(f"{b}ffn_up_exps.weight", get(f"{b}ffn_up_exps.weight"), (NE, F, E)),
             down_exps=_as_experts(f"{b}ffn_down_exps.weight", get(f"{b}ffn_down_exps.weight"), (NE, E, F)),

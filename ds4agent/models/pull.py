@@ -41,6 +41,11 @@ from .locate import PART_SUFFIX, model_dir
 CHUNK = 1 << 20  # bytes per read when hashing: flat memory
 RETRIES = 5  # attempts in a row that bring no new byte before a pull gives up
 RETRY_DELAY_S = 2.0  # between attempts after a dropped connection
+# A server that keeps the connection open but sends (almost) nothing would hold a pull for ever:
+# the HTTP read timeout only fires on total silence, and a byte every few seconds resets it. Less
+# than MIN_RATE bytes/s over any STALL_WINDOW_S is a stall: the pull gives up and keeps its bytes.
+MIN_RATE = 16 * 1024
+STALL_WINDOW_S = 60.0
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -158,12 +163,47 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
+@dataclass(frozen=True)
+class RateFloor:
+    """The slowest transfer a pull accepts: at least `min_rate` bytes/s over each `window_s`."""
+
+    min_rate: int = MIN_RATE
+    window_s: float = STALL_WINDOW_S
+
+
+class _RateWatch:
+    """Counts the bytes of one response in consecutive windows; raises PullError when a whole
+    window brought fewer than the floor asks for."""
+
+    def __init__(self, floor: RateFloor, part_name: str, have: int) -> None:
+        self.floor = floor
+        self.part_name = part_name
+        self.have = have
+        self.start = time.monotonic()
+        self.got = 0
+
+    def arrived(self, nbytes: int) -> None:
+        self.got += nbytes
+        self.have += nbytes
+        now = time.monotonic()
+        elapsed = now - self.start
+        if elapsed < self.floor.window_s:
+            return
+        if self.got < self.floor.min_rate * elapsed:
+            raise PullError(f"the server has stalled: {human_bytes(self.got)} in the last {elapsed:.1f} s, "
+                            f"less than {human_bytes(self.floor.min_rate)}/s; the {human_bytes(self.have)} "
+                            f"downloaded are kept in {self.part_name}: run the same pull again to continue")
+        self.start, self.got = now, 0
+
+
 def pull(name: str, *, directory: str | os.PathLike[str] | None = None, token: str | None = None,
-         report: Callable[[str], None] = lambda line: None, progress: Progress = no_progress) -> Path:
+         report: Callable[[str], None] = lambda line: None, progress: Progress = no_progress,
+         floor: RateFloor = RateFloor()) -> Path:
     """Download flavour `name` into the model directory (resuming a partial file); return its path.
 
     `report(line)` gets each note (already downloaded, the RAM warning, what is being fetched);
-    `progress` opens the download and verification bars."""
+    `progress` opens the download and verification bars; `floor` is the slowest transfer accepted
+    before the pull gives up (tests shorten its window)."""
     f = flavour(name)
     where = model_dir(directory)
     final = where / f.filename
@@ -192,7 +232,7 @@ def pull(name: str, *, directory: str | os.PathLike[str] | None = None, token: s
         commit = f" @ {remote.commit[:10]}" if remote.commit else ""
         verb = f"resuming at {human_bytes(have)} of" if have else "downloading"
         report(f"{verb} {f.filename} ({human_bytes(remote.size)}) from {HUB_REPO}{commit}")
-        _download(remote, fh, have, token, progress)
+        _download(remote, fh, have, token, progress, floor, part.name)
         _verify(part, remote, report, progress)
         os.replace(part, final)
     fsync_dir(where)
@@ -236,7 +276,8 @@ def _usable_part(fh: BinaryIO, size: int) -> int:
     return have
 
 
-def _download(remote: RemoteFile, fh: BinaryIO, have: int, token: str | None, progress: Progress) -> None:
+def _download(remote: RemoteFile, fh: BinaryIO, have: int, token: str | None, progress: Progress,
+              floor: RateFloor, part_name: str) -> None:
     """Append the missing bytes, asking for them with a range request; retry a dropped connection
     from where it stopped."""
     import httpx2
@@ -249,7 +290,7 @@ def _download(remote: RemoteFile, fh: BinaryIO, have: int, token: str | None, pr
         while have < remote.size:
             before = have
             try:
-                have = _fetch_rest(remote, fh, have, headers, bar)
+                have = _fetch_rest(remote, fh, have, headers, bar, floor, part_name)
             except httpx2.TransportError as e:
                 have = os.fstat(fh.fileno()).st_size
                 stalled = 0 if have > before else stalled + 1
@@ -259,7 +300,8 @@ def _download(remote: RemoteFile, fh: BinaryIO, have: int, token: str | None, pr
                 time.sleep(RETRY_DELAY_S)
 
 
-def _fetch_rest(remote: RemoteFile, fh: BinaryIO, have: int, headers: dict[str, str], bar: ProgressBar) -> int:
+def _fetch_rest(remote: RemoteFile, fh: BinaryIO, have: int, headers: dict[str, str], bar: ProgressBar,
+                floor: RateFloor, part_name: str) -> int:
     from huggingface_hub import get_session
     from huggingface_hub.constants import HF_HUB_DOWNLOAD_TIMEOUT
     from huggingface_hub.utils import hf_raise_for_status
@@ -282,14 +324,34 @@ def _fetch_rest(remote: RemoteFile, fh: BinaryIO, have: int, headers: dict[str, 
         elif have and not response.headers.get("Content-Range", "").startswith(f"bytes {have}-"):
             raise PullError(f"the server answered a range request for bytes {have}- with "
                             f"{response.headers.get('Content-Range')!r}; not resuming from that")
+        announced = response.headers.get("Content-Length")
+        if announced is not None and announced.isdigit() and have + int(announced) > remote.size:
+            raise PullError(_too_long(remote, have + int(announced)))
+        watch = _RateWatch(floor, part_name, have)
         # As the bytes arrive (no fixed-size buffering): when the connection drops, every byte
         # received is already in the file, so the next attempt asks for exactly the rest.
-        for chunk in response.iter_bytes():
-            _write_all(fh, chunk)
-            have += len(chunk)
-            bar.update(len(chunk))
-        os.fsync(fh.fileno())
+        try:
+            for chunk in response.iter_bytes():
+                room = remote.size - have
+                if len(chunk) > room:
+                    # A body longer than the Hub advertised (no Content-Length, or one that lied):
+                    # the bytes past the advertised end never reach the file.
+                    _write_all(fh, chunk[:room])
+                    have += room
+                    raise PullError(_too_long(remote, None))
+                _write_all(fh, chunk)
+                have += len(chunk)
+                bar.update(len(chunk))
+                watch.arrived(len(chunk))
+        finally:
+            os.fsync(fh.fileno())
     return have
+
+
+def _too_long(remote: RemoteFile, claimed: int | None) -> str:
+    what = f"announced {claimed} bytes" if claimed is not None else "sent more bytes"
+    return (f"the server {what} for a file the Hub says is {remote.size} bytes long; refusing the rest "
+            "(nothing past that size was written): run the same pull again later")
 
 
 def _write_all(fh: BinaryIO, data: bytes) -> None:

@@ -109,6 +109,8 @@ P_LOGITS = "KV checkpoint has non-finite logits"
 P_COMP_ROWS = "KV checkpoint has invalid compressed row count"
 P_INDEX_ROWS = "KV checkpoint has invalid indexer row count"
 P_TRAILING = "KV checkpoint has trailing payload bytes"
+# ds4agent's own: a stand-alone check (no model to compare with) met a layout beyond any model's
+P_IMPLAUSIBLE = "KV checkpoint claims a layout no DS4 model has"
 
 # §12.4 / §12.5 store errors
 NOTHING_TO_SAVE = "nothing to save"

@@ -278,11 +278,17 @@ def read_prefix(f: BinaryIO, file_size: int) -> tuple[KVCHeader, int]:
     return KVCHeader.unpack(data), _U32.unpack_from(data, HEADER_BYTES)[0]
 
 
+# The most KTM entries a skip walks: ds4-server itself rejects a map of more than 4 x max_ids
+# (max_ids 100000) entries, so no map it uses is longer. Bounding by the bytes left alone is not
+# enough: a sparse file can claim 2^32 entries within its size, one 8-byte read each.
+KTM_MAX_ENTRIES = 4 * 100_000
+
+
 def _skip_ktm(f: BinaryIO, pos: int, file_size: int) -> tuple[int, int]:
     """Skip a KTM section at `pos` by its self-described length (§5.1 "Skipping").
 
     Returns (end offset, entry count). Every length is checked against the bytes left before
-    it is used; the server's value limits do not apply here.
+    it is used; of the server's value limits only the entry count's applies here (see above).
     """
     left = file_size - pos
     head = _read_exact(f, 8) if left >= 8 else None
@@ -290,7 +296,7 @@ def _skip_ktm(f: BinaryIO, pos: int, file_size: int) -> tuple[int, int]:
         raise KVCTrailerError(E.INVALID_KTM)
     count = _U32.unpack_from(head, 4)[0]
     left -= 8
-    if 8 * count > left:
+    if 8 * count > left or count > KTM_MAX_ENTRIES:
         raise KVCTrailerError(E.INVALID_KTM)
     for _ in range(count):
         lens = _read_exact(f, 8) if left >= 8 else None

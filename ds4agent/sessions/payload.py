@@ -37,6 +37,7 @@ from .errors import (
     P_COMP_CAPACITY,
     P_COMP_ROWS,
     P_CONTEXT,
+    P_IMPLAUSIBLE,
     P_INDEX_ROWS,
     P_LAYOUT,
     P_LOGITS,
@@ -60,6 +61,16 @@ FILLER_SCORE = np.float32(statelayout.FILL_SCORE)
 # Validation without keeping the arrays (kv verify/show) reads tokens and logits in pieces of this
 # many items: T and V come from the file, and a sparse file can claim GiBs of them.
 _SCAN_ITEMS = 1 << 20
+
+# Limits of a layout read without its model (kv verify/show). A file's size
+# bounds nothing real: a sparse file of a few KiB on disk can claim a terabyte, so a count that
+# passes every "fits in the bytes left" check may still mean 2^32 layers of Python loops and a
+# 32 GiB counts array. Far beyond any model (Flash: 43 layers, D 512, Di 128, V 129280), so no
+# real file is refused; every per-layer loop and array then stays small.
+MAX_LAYERS = 1024
+MAX_HEAD_DIM = 1 << 16
+MAX_VOCAB = 1 << 26
+MAX_TOKENS = 1 << 24  # 16x Flash's longest context; T < ctx is all a loaded session checks
 
 _PAYLOAD_HEADER = struct.Struct("<13I")
 PAYLOAD_HEADER_BYTES = _PAYLOAD_HEADER.size  # 52
@@ -410,6 +421,15 @@ class _PayloadCursor:
             raise KVCPayloadError(P_READ_FAILED) from err
 
 
+def _check_plausible(hdr: PayloadHeader) -> None:
+    """Refuse a layout beyond any model's before its counts size a loop or an array."""
+    for what, value, limit in (("layers", hdr.n_layers, MAX_LAYERS), ("head dimension", hdr.head_dim, MAX_HEAD_DIM),
+                               ("indexer dimension", hdr.indexer_dim, MAX_HEAD_DIM),
+                               ("vocabulary", hdr.vocab, MAX_VOCAB), ("tokens", hdr.n_tokens, MAX_TOKENS)):
+        if value > limit:
+            raise KVCPayloadError(f"{P_IMPLAUSIBLE} ({value} {what}, at most {limit})")
+
+
 def read_payload(
     f: BinaryIO,
     payload_bytes: int,
@@ -437,6 +457,9 @@ def read_payload(
     not record): the layout comes from the file itself; steps 4, 5 and the ratio-dependent parts of
     7/9 are skipped, counts are checked against h6 and T, and the array region must be at least
     as large as the raw/compressed/indexer rows the counts imply. keep_arrays must be False then.
+
+    One long function on purpose: it is the format's validation steps in their numbered order (each
+    marked `# step N`), and a check split away from its neighbours would hide which step rejects.
     """
     shape = as_shape(shape) if shape is not None else None
     cur = _PayloadCursor(f, payload_bytes)
@@ -457,6 +480,10 @@ def read_payload(
         if keep_arrays:
             raise ValueError("read_payload(shape=None) can only validate (keep_arrays=False)")
         cur_h4 = cur_h6 = None
+    if not keep_arrays:
+        # A stand-alone validation: ctx is the file's own and the shape maybe too, so nothing
+        # live bounds the counts the scan below walks through.
+        _check_plausible(hdr)
     if (hdr.raw_capacity == 0 or hdr.raw_rows != min(hdr.n_tokens, hdr.window)  # step 6
             or hdr.raw_rows > hdr.raw_capacity or (cur_h4 is not None and hdr.raw_rows > cur_h4)):
         raise KVCPayloadError(P_RAW_RING)

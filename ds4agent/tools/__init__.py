@@ -20,12 +20,14 @@ Public modules with their own API:
     oldtext.py      select_old(): the span an edit's old selects (exact once, or HEAD[upto]TAIL,
                     within lines read); upto_ready(); UPTO
     shellscan.py    scan(command, cwd): the programs a command runs, the writes that always ask
+    sandbox.py      the OS boundary around every bash job: availability(), Grants (what the user
+                    allowed beyond it, ToolContext.sandbox), refusals read from a job's output
 
 Internal modules: registry.py (the table), context.py, results.py, args.py (argument coercion),
 textlines.py (lines and line endings of file bytes),
-jobs.py (background processes), bash.py, listing.py, search.py, beneath.py (opening and replacing
-files beneath their resolved path, no link followed), regular.py and regex_worker.py (regular
-files only; a regex run in a killable child process).
+jobs.py (background processes), bash.py, listing.py, beneath.py (opening and replacing files
+beneath their resolved path, no link followed), regular.py (regular files only, read in bounded
+pieces), search.py (ripgrep, the `ripgrep` wheel's rg, as a killable child process).
 
 Importing this package imports nothing heavy (no engine, no UI).
 """

@@ -1,8 +1,10 @@
 """bash, bash_status, bash_stop: shell commands as background jobs (agent-reference.md §5.1-5.3).
 
-Each call starts a background job (tools/jobs.py: its own process group, stdin from /dev/null,
-stdout+stderr merged into a temp file, a watcher thread enforcing the timeout); this module turns
-jobs into observations.
+Each call starts a background job (tools/jobs.py: inside the OS sandbox, its own process group,
+stdin from /dev/null, stdout+stderr merged into a temp file bounded to its first and last 4 MiB, a
+watcher thread enforcing the timeout); this module turns jobs into observations. A finished job's
+observation ends with a `sandbox:` line when its output reports writes the sandbox refused (the
+paths, in ToolResult.sandbox_refusals, are what the permission layer asks about).
 
 Output files: an observation that cuts the output names its file (output_path) so the model can read
 the rest; such a file is kept until the agent exits (the model may come back to it at any time in
@@ -25,8 +27,9 @@ from typing import Any
 
 from ds4agent.tools.args import arg_float, arg_int, arg_str
 from ds4agent.tools.context import ToolContext, temp_dir
-from ds4agent.tools.jobs import Job, JobTable, stop_job, wait_job
+from ds4agent.tools.jobs import KEEP_HEAD, Job, JobTable, stop_job, wait_job
 from ds4agent.tools.results import BashDisplay, ToolError, ToolResult
+from ds4agent.tools.sandbox import Refusal, mentions_refusal, refusals
 
 HEAD_LINES = 100
 HEAD_BYTES = 8 * 1024
@@ -35,6 +38,7 @@ TAIL_LINES_RUNNING = 4
 TAIL_LINES_DONE = 20
 DEFAULT_TIMEOUT = 3600.0
 DEFAULT_REFRESH = 60.0
+SCAN_BYTES = 64 * 1024  # how much of each end of a finished job's output is read for refusals
 
 # --------------------------------------------------------------------------------------------------
 # Observation text
@@ -103,16 +107,13 @@ def observe(job: Job, table: JobTable) -> ToolResult:
             f"bash job={job.id} pid={job.pid} status=done elapsed_sec={elapsed:.1f} "
             f"timed_out={1 if job.timed_out else 0}\nexit_status={job.exit_status}\n"
         )
-    try:
-        size = os.path.getsize(job.output_path)
-    except OSError:
-        size = 0
-    total_lines = 0
+    job.output.flush()
+    size, total_lines = job.output.total, job.output.lines
     if size == 0:
         body, shown, kind = "<output>\n</output>\n", "", "none"
     else:
-        total_lines = _count_lines(job.output_path)
-        where = f"output_path={job.output_path} ({size} bytes, {total_lines} lines)\n"
+        kept = f"; the file keeps the first and last {KEEP_HEAD >> 20} MiB" if job.output.dropped else ""
+        where = f"output_path={job.output_path} ({size} bytes, {total_lines} lines{kept})\n"
         if not job.head_shown:
             job.head_shown = True
             data, cut = _head(job.output_path)
@@ -124,17 +125,20 @@ def observe(job: Job, table: JobTable) -> ToolResult:
                 job.path_shown = True
         else:
             n = TAIL_LINES_RUNNING if running else TAIL_LINES_DONE
-            shown = _out(_tail(job.output_path, size, n))
+            shown = _out(_tail(job.output_path, _file_size(job.output_path), n))
             body, kind = where + f"<tail -{n} {job.output_path}>\n" + shown + "</tail>\n", "tail"
             job.path_shown = True
     note = ""
+    refused: tuple[Refusal, ...] = ()
     if running:
         note = (
             f"\nUse bash_status job={job.id} to get info before refresh time; "
             f"use bash_stop job={job.id} to stop execution\n"
         )
     else:
+        note, refused = _sandbox_note(job)
         table.drop(job)
+        table.remove_temp(job)
         if not job.path_shown:
             table.remove_output(job.output_path)  # all of it was shown; the model never saw its name
     display = BashDisplay(
@@ -152,18 +156,47 @@ def observe(job: Job, table: JobTable) -> ToolResult:
         duration=elapsed,
     )
     ok = running or (job.exit_status == 0 and not job.timed_out)
-    return ToolResult(status + body + note, ok=ok, display=display)
+    return ToolResult(status + body + note, ok=ok, display=display, sandbox_refusals=refused)
 
 
-def _count_lines(path: str) -> int:
-    """Lines of the output file (a last line without LF counts), read in 1 MiB chunks: a job's
-    output may be gigabytes and is observed again at every bash_status."""
-    count, last = 0, b"\n"
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            count += chunk.count(b"\n")
-            last = chunk[-1:]
-    return count + (0 if last == b"\n" else 1)
+def _file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _sandbox_note(job: Job) -> tuple[str, tuple[Refusal, ...]]:
+    """What the sandbox refused, read from the start and the end of the output (the paths it names
+    that the boundary forbids), and the note saying so."""
+    if job.boundary is None:
+        return "", ()
+    size = _file_size(job.output_path)
+    try:
+        with open(job.output_path, "rb") as f:
+            text = f.read(SCAN_BYTES)
+            if size > 2 * SCAN_BYTES:
+                f.seek(size - SCAN_BYTES)
+                text += b"\n" + f.read(SCAN_BYTES)
+            elif size > SCAN_BYTES:
+                text += f.read()
+    except OSError:
+        return "", ()
+    output = text.decode("utf-8", errors="replace")
+    found = tuple(refusals(output, job.cwd, job.boundary))
+    if not found:
+        if job.exit_status and mentions_refusal(output):
+            # A refusal whose path the output does not name (or names relative to a directory the
+            # command moved to): say what the boundary is, without claiming it was the cause.
+            return ("sandbox: commands run in an OS sandbox that lets them write only inside the working "
+                    "directory (not .git/) and their temp directory (TMPDIR); a refusal above may come "
+                    "from it\n"), ()
+        return "", ()
+    shown = ", ".join(r.path for r in found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+    why = ("git metadata (.git/) is read-only for commands unless the user allows it"
+           if all(r.in_git for r in found) else
+           "commands may write only inside the working directory and their temp directory (TMPDIR)")
+    return f"sandbox: the OS sandbox refused writing to {shown}: {why}\n", found
 
 
 # --------------------------------------------------------------------------------------------------
@@ -213,12 +246,12 @@ class BashTool:
     mutates = True
 
     def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
-        command = arg_str(args, "command", required=True)
+        command = arg_str(args, "command", required=True) or ""
         if not command.strip():
             raise ToolError("empty command")
         timeout = arg_float(args, "timeout_sec", DEFAULT_TIMEOUT, 1.0, 86400.0)
         refresh = arg_float(args, "refresh_sec", DEFAULT_REFRESH, 1.0, 3600.0)
-        job = ctx.jobs.start(command, str(ctx.cwd), timeout, temp_dir(ctx))
+        job = ctx.jobs.start(command, str(ctx.cwd), timeout, temp_dir(ctx), str(ctx.cwd), ctx.sandbox)
         wait_job(job, refresh, ctx.should_stop)
         return observe(job, ctx.jobs)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ds4agent.tools.jobs import JobTable
 from ds4agent.tools.results import ToolError
+from ds4agent.tools.sandbox import Grants
 
 
 class SeenLines:
@@ -82,6 +83,8 @@ class ToolContext:
     seen: SeenLines = field(default_factory=SeenLines)
     last_read: ReadCursor | None = None
     jobs: JobTable = field(default_factory=JobTable)
+    # What the user allowed bash jobs beyond the sandbox's boundary (tools/sandbox.py).
+    sandbox: Grants = field(default_factory=Grants)
     # Told of every file write/edit after it succeeded: (absolute path, content before or None
     # when the file did not exist, content written). The agent's code checkpoints listen here.
     on_write: Callable[[str, bytes | None, bytes], None] | None = None
@@ -106,8 +109,10 @@ class ToolContext:
         return os.path.realpath(self.resolve(str(path)))
 
     def reset_session(self) -> None:
-        """On /new and /switch: forget seen lines (bash jobs and the `more` cursor survive)."""
+        """On /new and /switch: forget seen lines and what the user allowed bash jobs beyond the
+        sandbox (bash jobs and the `more` cursor survive)."""
         self.seen.clear()
+        self.sandbox = Grants()
 
     def close(self) -> None:
         """Agent shutdown: stop every running bash job and remove the output files still kept."""

@@ -41,6 +41,7 @@ from ds4agent.tools.args import arg_bool, arg_int, arg_str
 from ds4agent.tools.beneath import FileState, open_file, replace_file, state_at
 from ds4agent.tools.context import ReadCursor, ToolContext
 from ds4agent.tools.oldtext import select_old, upto_ready
+from ds4agent.tools.regular import read_bounded
 from ds4agent.tools.results import (
     RESULT_CAP_BYTES,
     DiffDisplay,
@@ -98,7 +99,7 @@ def load_file_state(ctx: ToolContext, path: str) -> tuple[str, bytes, FileState]
         if st.st_size > MAX_FILE_BYTES:
             raise ToolError(f"file too large: {path} exceeds {MAX_FILE_BYTES} bytes")
         try:
-            data = f.read(MAX_FILE_BYTES + 1)
+            data = read_bounded(f, MAX_FILE_BYTES + 1)
         except OSError as exc:
             raise ToolError(f"cannot read {path}: {exc.strerror}") from None
     if len(data) > MAX_FILE_BYTES:
@@ -335,7 +336,7 @@ def _current_content(key: str, path: str) -> tuple[bytes | None, str | None, Fil
         if st.st_size > MAX_FILE_BYTES:
             return None, too_large.format(size=st.st_size), state
         try:
-            data = f.read(MAX_FILE_BYTES + 1)
+            data = read_bounded(f, MAX_FILE_BYTES + 1)
         except OSError as exc:
             return None, f"cannot read the current file: {exc.strerror}", state
     if len(data) > MAX_FILE_BYTES:  # it grew since the stat
@@ -372,7 +373,7 @@ def _content_before(change: Change) -> tuple[bytes | None, bool]:
         with f:
             if FileState.of(st) != change.state:
                 raise ToolError("it changed since the change was planned")
-            data = f.read(UNDO_MAX_BYTES + 1)
+            data = read_bounded(f, UNDO_MAX_BYTES + 1)
     except (OSError, ToolError) as exc:
         # Without the old bytes a /rewind could not undo the write (it would remove the file):
         # refused before anything is changed.

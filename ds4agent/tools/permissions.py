@@ -17,11 +17,19 @@ Modes (the command line's --permission):
   the program was allowed for the session, and offer no session scope: for bash that means a
   command whose redirections, tee/cp/mv/rm/install/dd of=/find -delete/... targets or git settings
   go there (tools/shellscan.py reads them; a command it cannot read is never covered either).
-* auto: no questions (the reference agent's behaviour).
+* auto: no questions (the reference agent's behaviour); bash jobs still run inside the OS sandbox,
+  and what it refuses stays refused (nobody is asked).
 * read-only: write, edit and bash are refused with a tool error the model can act on.
 
 Reading tools (read, more, search, list, bash_status, bash_stop) never ask: stopping a job the
 model started or looking at files changes nothing.
+
+The OS sandbox (tools/sandbox.py) bounds what every bash job can do, whatever the answers: the
+questions decide what to ask, the sandbox what can happen. When it refused something, escalation()
+gives the one question for that command: run it again outside the sandbox (once), or, when only
+git metadata was refused, let git write `.git/` (hooks included) once or for the session. Where
+there is no sandbox, every bash command asks and no session answer covers a program. A command
+over 64 KiB is asked about without being read.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from ds4agent.tools.args import arg_str
 from ds4agent.tools.context import ToolContext
 from ds4agent.tools.files import approve, plan_change
 from ds4agent.tools.results import DiffDisplay, TextDisplay, ToolError, ToolResult, error_text
+from ds4agent.tools.sandbox import Refusal, availability
 from ds4agent.tools.shellscan import command_programs, scan
 
 __all__ = ["Answer", "Choice", "Decision", "PermissionPolicy", "Question", "command_programs", "denied_result"]
@@ -43,6 +52,9 @@ __all__ = ["Answer", "Choice", "Decision", "PermissionPolicy", "Question", "comm
 MODES = ("ask", "auto", "read-only")
 FILE_TOOLS = frozenset({"write", "edit"})
 ASKING_TOOLS = FILE_TOOLS | {"bash"}
+MAX_SCANNED_COMMAND = 64 * 1024  # longer commands are asked about as they are, never read
+GIT_METADATA_QUESTION = ("Allow git to write its metadata (.git/) for this session? That also lets commands "
+                         "write git hooks and settings, which run code on later git commands.")
 
 class Choice(StrEnum):
     ONCE = "once"
@@ -169,7 +181,16 @@ class PermissionPolicy:
 
     def _check_bash(self, args: Mapping[str, Any], ctx: ToolContext) -> Decision:
         command = arg_str(args, "command") or ""
-        found = scan(command, ctx.cwd)
+        if len(command) > MAX_SCANNED_COMMAND:
+            return Decision("ask", question=Question(
+                tool="bash", title=f"Run this shell command ({len(command)} characters, too long to read)?",
+                preview=command, preview_kind="command", session_label=None))
+        if not availability().available:
+            # Nothing bounds what the command does: the user sees each one.
+            return Decision("ask", question=Question(
+                tool="bash", title="Run this shell command? (no OS sandbox here: it can write anywhere)",
+                preview=command, preview_kind="command", session_label=None))
+        found = scan(command, ctx.cwd, ctx.should_stop)
         programs = found.programs if found is not None else ()
         risky = found.risky_writes if found is not None else ()
         if risky:
@@ -231,6 +252,20 @@ class PermissionPolicy:
             diff=diff,
         )
         return Decision("ask", question=q)
+
+    def escalation(self, command: str, refused: tuple[Refusal, ...]) -> Question | None:
+        """The question after the sandbox refused part of a command (None: nobody is asked, in
+        auto and read-only modes the boundary simply holds)."""
+        if self.mode != "ask" or not refused:
+            return None
+        if all(r.in_git for r in refused):
+            return Question(tool="bash", title=GIT_METADATA_QUESTION, preview=command, preview_kind="command",
+                            session_label="allow git metadata writes for this session", scope=("git",))
+        paths = ", ".join(r.path for r in refused[:3]) + (" and more" if len(refused) > 3 else "")
+        return Question(tool="bash", title=f"The sandbox refused writing to {paths}. Run this command again "
+                        "outside the sandbox (it can then write anywhere)?", preview=command,
+                        preview_kind="command", session_label=None, outside_workspace=True,
+                        scope=("outside",))
 
     def remember(self, question: Question, answer: Answer) -> None:
         """Record a session answer; once and deny leave nothing behind."""

@@ -8,6 +8,7 @@ Public API:
     describe(mode) -> str                 what a non-regular file is, in words ("a FIFO (named pipe)")
     refuse_unless_regular(mode, shown)    ToolError unless `mode` is a regular file's
     open_regular(full, shown) -> (file, st)  opened for binary reading, with its fstat
+    read_bounded(f, limit) -> bytes       at most `limit` bytes, read in modest pieces
 """
 
 from __future__ import annotations
@@ -60,3 +61,24 @@ def open_regular(full: str | os.PathLike[str], shown: str) -> tuple[BinaryIO, os
     except BaseException:
         os.close(fd)
         raise
+
+
+# Why pieces: a read asks the kernel for as many bytes as requested, and some pseudo-files refuse
+# a large request outright: /proc/sys/* answers ENOMEM ("Cannot allocate memory") to any read of
+# KMALLOC_MAX_SIZE or more (4 MiB here), whatever the file holds. Their st_size (0, or 4096 in
+# /sys) says nothing either, so the size is never taken from stat: read until end of file.
+_READ_PIECE = 64 * 1024
+
+
+def read_bounded(f: BinaryIO, limit: int) -> bytes:
+    """At most `limit` bytes of `f` from its position, in pieces of 64 KiB (a caller that wants
+    to know whether a file exceeds N bytes asks for N + 1)."""
+    parts: list[bytes] = []
+    got = 0
+    while got < limit:
+        piece = f.read(min(_READ_PIECE, limit - got))
+        if not piece:
+            break
+        parts.append(piece)
+        got += len(piece)
+    return b"".join(parts)

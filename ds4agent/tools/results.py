@@ -82,6 +82,8 @@ class ToolResult:
     text: str
     ok: bool = True
     display: object | None = None
+    # bash: the paths the OS sandbox refused (tools/sandbox.py Refusal), for the permission layer
+    sandbox_refusals: tuple = ()
 
 
 class ToolError(Exception):

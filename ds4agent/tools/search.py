@@ -1,61 +1,73 @@
 """search: find text in files under a path (agent-reference.md §5.8), in a stable order.
 
-Walks at most 24 directory levels, never follows symlinks, skips `.git` and other tool caches
-(see SKIP_DIRS), files with a NUL byte and files over 16 MiB. Unlike the baseline (directory
-order) files are visited sorted by name so the same tree always gives the same output, and a
-search cut by max_results says so. Printed lines count as shown for the edit guard. A search
-ends after SEARCH_TIME_LIMIT seconds or at the user's interrupt, keeping what it found; regex
-matching runs in a child process (regex_worker) so that both work while the regex engine runs.
+The matching runs in ripgrep (`rg`, from the `ripgrep` wheel): a finite-automaton regex engine,
+linear in the input, so no pattern can make a search wait (Python's backtracking `re` spent
+hours on ^(\\w+\\s?)+$ against a line that almost matched). The dialect is therefore Rust's
+`regex` syntax: Perl-style classes and repetition, no lookaround, no backreferences.
+
+ripgrep walks the tree: .gitignore/.ignore aware, never following symlinks, at most 24
+directory levels, sorted by name (the same tree always gives the same output), skipping files
+over 16 MiB and binary files; hidden files are searched, `.git` and the tool caches of SKIP_DIRS
+are not (an explicit path inside one of them still is). This module keeps what it always did
+with the hits: each matching file is read again here, line numbers follow split_lines (LF, CRLF
+or a lone CR: such a file is searched again from memory with those CRs as LFs; a match that only
+a lone CR makes possible, a ^ or $ beside one, is not found in the tree), a file with a NUL byte
+is skipped, the glob filter uses fnmatch on the name or the relative path, printed lines count as
+shown for the edit guard, and a search cut by max_results or the size budget says so. A search ends after SEARCH_TIME_LIMIT seconds or at the user's
+interrupt, keeping what it found: rg runs as a child process that is killed on either.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import importlib.metadata
 import os
-import re
+import select
+import shutil
 import stat
+import subprocess
+import sysconfig
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from ds4agent.tools.args import arg_bool, arg_int, arg_str
 from ds4agent.tools.context import ToolContext
 from ds4agent.tools.files import MAX_FILE_BYTES, line_text, split_lines
-from ds4agent.tools.regex_worker import RegexInterrupted, RegexTimeout, RegexWorker, RegexWorkerFailed
-from ds4agent.tools.regular import open_regular, refuse_unless_regular
+from ds4agent.tools.regular import open_regular, read_bounded, refuse_unless_regular
 from ds4agent.tools.results import RESULT_CAP_BYTES, TextDisplay, ToolError, ToolResult
 
 MAX_DEPTH = 24
 MAX_SHOWN_CHARS = 400
 BODY_BUDGET = RESULT_CAP_BYTES - 4096
-# A whole search stops after this long (results so far are kept): a regex that backtracks
-# catastrophically is killed (regex_worker), and a huge tree does not hold the model for ever.
+# A whole search stops after this long (results so far are kept): the regex engine is linear,
+# but a huge tree must not hold the model for ever.
 SEARCH_TIME_LIMIT = 30.0
-TIMEOUT_HINT = ("a regex with nested repetition such as (a+)+ can take exponential time on a line that "
-                "almost matches: simplify the regex, or narrow the path or glob")
+TIMEOUT_HINT = "narrow the path or glob"
+POLL_SEC = 0.1
 # Besides .git (the baseline's only skip): version-control and generated caches whose matches
 # would crowd out the project's own files, because sorted order visits dot-directories first.
 # An explicit path inside one of them is still searched.
 SKIP_DIRS = frozenset({".git", ".hg", ".svn", ".venv", "node_modules", "__pycache__", ".mypy_cache",
                        ".pytest_cache", ".ruff_cache", ".tox"})
+RG_MISSING = ("search needs ripgrep (the `rg` program), which the `ripgrep` package installs beside "
+              "ds4agent: reinstall ds4agent, or `pip install ripgrep`, or put rg on PATH")
 
 
-def _walk(root: str, depth: int = 0) -> Iterator[str]:
+def find_rg() -> str | None:
+    """The rg binary: the one the `ripgrep` wheel installed (its recorded location), else the
+    scripts directory of this Python, else PATH."""
     try:
-        entries = sorted(os.scandir(root), key=lambda e: e.name)
-    except OSError:
-        return
-    for entry in entries:
-        try:
-            if entry.is_symlink():
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                if entry.name not in SKIP_DIRS and depth + 1 < MAX_DEPTH:
-                    yield from _walk(entry.path, depth + 1)
-            elif entry.is_file(follow_symlinks=False):
-                yield entry.path
-        except OSError:
-            continue
+        for f in importlib.metadata.distribution("ripgrep").files or ():
+            if f.name in ("rg", "rg.exe"):
+                path = Path(str(f.locate())).resolve()
+                if os.access(path, os.X_OK):
+                    return str(path)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    scripts = sysconfig.get_path("scripts")
+    return (shutil.which("rg", path=scripts) if scripts else None) or shutil.which("rg")
 
 
 def _glob_ok(pattern: str | None, rel: str) -> bool:
@@ -64,12 +76,112 @@ def _glob_ok(pattern: str | None, rel: str) -> bool:
     return fnmatch.fnmatchcase(os.path.basename(rel), pattern) or fnmatch.fnmatchcase(rel, pattern)
 
 
+class _Stopped(Exception):
+    def __init__(self, why: str) -> None:
+        self.why = why  # "interrupted" | "timed_out"
+
+
+# rg prints `PATH NUL LINENO:` and then the line, which --max-columns=1 replaces by a short note:
+# a matching 16 MiB line costs a few bytes of output, never the line itself (nor, as --json
+# would, one record per match inside it). A name may hold any byte but NUL, so the parse takes
+# the name up to the NUL first and only then looks for the end of the record.
+_RG_OUTPUT = ["--null", "--line-number", "--no-heading", "--max-columns=1"]
+
+
+class _Ripgrep:
+    """One rg run over a tree, read as it goes: yields (path, line numbers) per matching file."""
+
+    def __init__(self, argv: list[str], deadline: float, should_stop) -> None:
+        self.deadline = deadline
+        self.should_stop = should_stop
+        self.stderr = b""
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True,
+            # Its own session: a Ctrl+C typed in a plain terminal reaches the agent, which decides.
+            start_new_session=True)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+        self.proc.wait()
+
+    def _chunks(self) -> Iterator[bytes]:
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        out, err = self.proc.stdout.fileno(), self.proc.stderr.fileno()
+        open_fds = {out, err}
+        while open_fds:
+            if self.should_stop():
+                raise _Stopped("interrupted")
+            wait = min(POLL_SEC, self.deadline - time.monotonic())
+            if wait <= 0:
+                raise _Stopped("timed_out")
+            # select() releases the GIL while it waits: the rest of the app keeps running.
+            ready, _, _ = select.select(list(open_fds), [], [], wait)
+            for fd in ready:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    open_fds.discard(fd)
+                elif fd == err:
+                    self.stderr = (self.stderr + chunk)[:4096]
+                else:
+                    yield chunk
+        self.proc.wait()
+
+    def files(self) -> Iterator[tuple[str, list[int]]]:
+        """A file's numbers are complete when the next file's first record (or the end) arrives;
+        a search stopped meanwhile still gets the file it was in the middle of."""
+        buf = b""
+        path: bytes | None = None
+        numbers: list[int] = []
+        try:
+            for chunk in self._chunks():
+                buf += chunk
+                pos = 0
+                while True:
+                    nul = buf.find(b"\0", pos)
+                    end = buf.find(b"\n", nul + 1) if nul >= 0 else -1
+                    if end < 0:
+                        break
+                    name, number = buf[pos:nul], buf[nul + 1:end].split(b":", 1)[0]
+                    pos = end + 1
+                    if name != path:
+                        if path is not None and numbers:
+                            yield os.fsdecode(path), numbers
+                        path, numbers = name, []
+                    if number.isdigit():
+                        numbers.append(int(number))
+                buf = buf[pos:]
+        except _Stopped:
+            if path is not None and numbers:
+                yield os.fsdecode(path), numbers
+            raise
+        if path is not None and numbers:
+            yield os.fsdecode(path), numbers
+
+    def error(self) -> str | None:
+        """rg's own complaint (a pattern it cannot compile), once it has ended."""
+        if self.proc.returncode == 2 and self.stderr.strip():
+            lines = [x.strip() for x in self.stderr.decode("utf-8", "replace").splitlines() if x.strip()]
+            return " ".join(x.removeprefix("rg: ") for x in lines)
+        return None
+
+
+def _lone_cr_to_lf(data: bytes) -> bytes:
+    """The same bytes with every lone CR made an LF (CRLF kept): a line break here is one for rg,
+    at the same offsets. The data holds no NUL (such files are skipped), so NUL marks CRLF."""
+    return data.replace(b"\r\n", b"\0\0").replace(b"\r", b"\n").replace(b"\0\0", b"\r\n")
+
+
 class SearchTool:
     name = "search"
     description = (
         "Search file contents under a path (default: the working directory) and print matching "
         "lines with their line numbers, which can then be edited by line. Literal text by default, "
-        "mode=\"regex\" for a regular expression; glob filters file names (for example *.py)."
+        "mode=\"regex\" for a regular expression (Rust regex syntax: no lookaround or backreferences); "
+        "glob filters file names (for example *.py)."
     )
     schema = {
         "type": "object",
@@ -101,40 +213,36 @@ class SearchTool:
             st = os.stat(root)
         except OSError as exc:
             raise ToolError(f"cannot search {path}: {exc.strerror}") from None
-        if stat.S_ISDIR(st.st_mode):
-            files: Iterator[tuple[str, str]] = ((f, os.path.relpath(f, root)) for f in _walk(str(root)))
-            shown_name = lambda rel: os.path.normpath(os.path.join(path, rel))  # noqa: E731
-        else:
+        is_dir = stat.S_ISDIR(st.st_mode)
+        if not is_dir:
             refuse_unless_regular(st.st_mode, path)
-            files = iter([(str(root), os.path.basename(path))])
-            shown_name = lambda rel: path  # noqa: E731
+        if mode != "regex" and "\n" in query:
+            return _no_matches(query)  # a line never holds a line break
+        rg = find_rg()
+        if rg is None:
+            raise ToolError(RG_MISSING)
+        # How rg matches: the same for the tree and for a file re-searched from stdin (see _search).
+        matching = ["--no-config", "--no-messages", "--crlf", "--encoding", "none", "--max-count", str(limit + 1),
+                    "--case-sensitive" if case else "--ignore-case", *(["--fixed-strings"] if mode != "regex" else []),
+                    "--regexp", query]
+        argv = [rg, *matching, *_RG_OUTPUT, "--with-filename", "--sort", "path", "--hidden",
+                "--max-filesize", str(MAX_FILE_BYTES), "--max-depth", str(MAX_DEPTH)]
+        if is_dir:
+            argv += [f"--glob=!{name}/" for name in sorted(SKIP_DIRS)]
+        argv += ["--", str(root)]
         deadline = time.monotonic() + SEARCH_TIME_LIMIT
-        if mode == "regex":
-            flags = 0 if case else re.IGNORECASE
-            try:
-                re.compile(query, flags)
-            except re.error as exc:
-                raise ToolError(f"invalid regex: {exc}") from None
-            with RegexWorker(query, flags, SEARCH_TIME_LIMIT) as worker:
-                return self._search(ctx, files, shown_name, query, pattern, context, limit, deadline,
-                                    lambda texts, want: worker.hits(texts, want, deadline, ctx.should_stop))
-        folded = query if case else query.casefold()
+        try:
+            run = _Ripgrep(argv, deadline, ctx.should_stop)
+        except OSError as exc:
+            raise ToolError(f"{RG_MISSING} ({rg}: {exc.strerror})") from None
+        try:
+            return self._search(ctx, run, [rg, *matching], str(root), path, is_dir, query, pattern, context,
+                                limit)
+        finally:
+            run.close()
 
-        def literal_hits(texts: list[str], want: int) -> list[int]:
-            # A substring test is linear in the line: no time limit is needed inside one file.
-            hits = []
-            for i, t in enumerate(texts):
-                if folded in (t if case else t.casefold()):
-                    hits.append(i)
-                    if len(hits) == want:
-                        break
-            return hits
-
-        return self._search(ctx, files, shown_name, query, pattern, context, limit, deadline, literal_hits)
-
-    def _search(self, ctx: ToolContext, files: Iterator[tuple[str, str]], shown_name: Callable[[str], str],
-                query: str, pattern: str | None, context: int, limit: int, deadline: float,
-                find: Callable[[list[str], int], list[int]]) -> ToolResult:
+    def _search(self, ctx: ToolContext, run: _Ripgrep, rg_matching: list[str], root: str, path: str,
+                is_dir: bool, query: str, pattern: str | None, context: int, limit: int) -> ToolResult:
         blocks: list[str] = []
         size = 0
         total = 0
@@ -143,47 +251,39 @@ class SearchTool:
         interrupted = False
         timed_out = False
         n_files = 0
-        for full, rel in files:
-            if ctx.should_stop():
-                interrupted = True
-                break
-            if time.monotonic() > deadline:
-                timed_out = True
-                break
-            if not _glob_ok(pattern, rel):
-                continue
-            try:
-                f, fst = open_regular(full, rel)
-                with f:
-                    if fst.st_size > MAX_FILE_BYTES:
-                        continue
-                    data = f.read(MAX_FILE_BYTES + 1)
-            except (OSError, ToolError):
-                continue  # vanished, unreadable, or no longer a regular file since the walk
-            if b"\0" in data or len(data) > MAX_FILE_BYTES:
-                continue
-            lines = split_lines(data)
-            texts = [line_text(x) for x in lines]
-            room = limit - total
-            try:
-                hits = find(texts, room + 1)  # one more than there is room for: were there more?
-            except RegexInterrupted:
-                interrupted = True
-                break
-            except RegexTimeout:
-                timed_out = True
-                break
-            except RegexWorkerFailed as exc:
-                raise ToolError(f"regex search failed: {exc}") from None
-            if len(hits) > room:
-                cut = True
-                hits = hits[:room]
-            total += len(hits)
-            if hits:
+        if ctx.should_stop():
+            raise ToolError("search interrupted by the user before any match was found")
+        try:
+            for full, numbers in run.files():
+                rel = os.path.relpath(full, root) if is_dir else os.path.basename(path)
+                if not _glob_ok(pattern, rel):
+                    continue
+                try:
+                    f, _ = open_regular(full, rel)
+                    with f:
+                        data = read_bounded(f, MAX_FILE_BYTES + 1)
+                except (OSError, ToolError):
+                    continue  # vanished, unreadable, or no longer a regular file since rg read it
+                if b"\0" in data or len(data) > MAX_FILE_BYTES:
+                    continue
+                lines = split_lines(data)
+                if b"\r" in data.replace(b"\r\n", b""):
+                    # rg's lines end at LF only; here a lone CR ends one too (old Mac files): the
+                    # file is searched again with those CRs as LFs, so the numbers are ours.
+                    numbers = _search_bytes(rg_matching, _lone_cr_to_lf(data), run.deadline)
+                hits = sorted({n - 1 for n in numbers if 0 < n <= len(lines)})
+                room = limit - total
+                if len(hits) > room:
+                    cut = True
+                    hits = hits[:room]
+                total += len(hits)
+                if not hits:
+                    continue
                 n_files += 1
                 wanted = sorted({j for i in hits for j in range(max(0, i - context), min(len(lines), i + context + 1))})
                 key = os.path.realpath(full)
-                out = [shown_name(rel) + "\n"]
+                shown = os.path.normpath(os.path.join(path, rel)) if is_dir else path
+                out = [shown + "\n"]
                 seen: list[tuple[int, bytes]] = []
                 for j in wanted:
                     if size > BODY_BUDGET:
@@ -192,7 +292,7 @@ class SearchTool:
                         over_budget = True
                         total -= sum(1 for h in hits if h >= j)
                         break
-                    t = texts[j]
+                    t = line_text(lines[j])
                     if len(t) > MAX_SHOWN_CHARS:
                         # Not recorded for the guard: the model did not see the whole line.
                         t = t[:MAX_SHOWN_CHARS] + f" [... {len(t) - MAX_SHOWN_CHARS} more chars]"
@@ -202,15 +302,21 @@ class SearchTool:
                     size += len(out[-1].encode("utf-8"))
                 ctx.seen.record(key, seen)
                 blocks.append("".join(out) + "\n")
-            if cut or over_budget:
-                break
+                if cut or over_budget:
+                    break
+        except _Stopped as stop:
+            interrupted, timed_out = stop.why == "interrupted", stop.why == "timed_out"
+        else:
+            problem = None if cut or over_budget else run.error()
+            if problem:
+                raise ToolError(f"invalid regex: {problem}" if "regex" in problem else f"search failed: {problem}")
         if total == 0 and interrupted:
             raise ToolError("search interrupted by the user before any match was found")
         if total == 0 and timed_out:
             raise ToolError(f"search timed out after {SEARCH_TIME_LIMIT:g} s before any match was found; "
                             + TIMEOUT_HINT)
         if total == 0:
-            return ToolResult("No matches\n", display=TextDisplay(summary=f"search {query!r}: no matches", body=""))
+            return _no_matches(query)
         head = f"{total} match{'es' if total != 1 else ''} shown\n\n"
         text = head + "".join(blocks)
         if interrupted:
@@ -223,3 +329,18 @@ class SearchTool:
             text += f"[search stopped at max_results={limit}; more matches exist: narrow the query, path or glob]\n"
         summary = f"search {query!r}: {total} match{'es' if total != 1 else ''} in {n_files} file{'s' if n_files != 1 else ''}"
         return ToolResult(text, display=TextDisplay(summary=summary, body=text))
+
+
+def _search_bytes(rg_matching: list[str], data: bytes, deadline: float) -> list[int]:
+    """Line numbers of the matches in `data` (one file, at most 16 MiB: linear, so it is waited
+    for up to the deadline without polling the interrupt)."""
+    try:
+        done = subprocess.run([*rg_matching, *_RG_OUTPUT, "--no-filename", "-"], input=data, capture_output=True,
+                              timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        raise _Stopped("timed_out") from None
+    return [int(x.split(b":", 1)[0]) for x in done.stdout.splitlines() if x.split(b":", 1)[0].isdigit()]
+
+
+def _no_matches(query: str) -> ToolResult:
+    return ToolResult("No matches\n", display=TextDisplay(summary=f"search {query!r}: no matches", body=""))

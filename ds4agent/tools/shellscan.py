@@ -2,7 +2,7 @@
 policy; nothing is executed).
 
 Public API:
-    scan(command, cwd) -> Scan | None
+    scan(command, cwd, should_stop=None) -> Scan | None
         None: the text cannot be analysed (command substitution, process substitution, unbalanced
         quotes, a program that runs other programs given as arguments, find -exec, git -c, ...).
         Scan.programs: the programs run, in order, without duplicates (empty: none, such as a bare
@@ -13,7 +13,9 @@ Public API:
 
 The reading is conservative: anything it does not understand makes the command opaque or its
 target risky, so the policy asks; a false "ask" costs a keypress, a false "allow" may cost the
-user's files. The lexer follows POSIX sh (the tools run `/bin/sh -c`): quotes, backslashes,
+user's files. The reading is linear in the command's length (no recursion, no backtracking
+regex over unbounded text: a sed or awk program over 4 KiB is opaque) and stops, answering None,
+when should_stop() turns true. The lexer follows POSIX sh (the tools run `/bin/sh -c`): quotes, backslashes,
 comments, here-documents, io numbers (`2>`); bash's `&>`, `>&FILE` and `<<<` are understood too.
 
 Known limits (they need the user's attention, not this module's): a program that interprets its
@@ -28,7 +30,8 @@ import glob
 import os
 import re
 import stat
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 # Programs that run other programs given as arguments: allowing them "for the session" would allow
 # anything, so a command using one of them cannot be analysed.
@@ -87,8 +90,19 @@ _SED_EXEC = re.compile(r"(?:^|[;}\s/\d$])e(?:\s|$|;|})")
 _AWK_REDIRECT = re.compile(r">>?\s*(\"[^\"]*\"|[^\s;})]+)")
 
 
+_BRACE = re.compile(r"\{([^{}]*,[^{}]*)\}")
+
+
 class Opaque(Exception):
     """The command line cannot be analysed."""
+
+
+MAX_PROGRAM_TEXT = 4096  # a longer sed/awk program is not read (its regexes could take quadratic time)
+_CHECK_EVERY = 4096  # characters or commands between two should_stop() polls
+
+
+class Stopped(Exception):
+    """should_stop() turned true while reading."""
 
 
 @dataclass
@@ -100,11 +114,24 @@ class Word:
     tilde: bool = False  # starts with an unquoted ~
     brace: bool = False  # an unquoted { (bash expands {a,b})
     quote_at: int | None = None  # where in `text` the first quoted or escaped character is
+    # While lexing: pieces joined into `text` by finish() (growing a str attribute piece by piece
+    # copies it every time: quadratic on a long word).
+    parts: list[str] = field(default_factory=list)
+    length: int = 0
+
+    def add(self, piece: str) -> None:
+        self.parts.append(piece)
+        self.length += len(piece)
+
+    def finish(self) -> None:
+        if self.parts:
+            self.text += "".join(self.parts)
+            self.parts = []
 
     def mark_quoted(self) -> None:
         self.quoted = True
         if self.quote_at is None:
-            self.quote_at = len(self.text)
+            self.quote_at = self.length
 
 
 @dataclass(frozen=True)
@@ -130,7 +157,7 @@ class Scan:
 # Lexer
 
 
-def _tokens(command: str) -> list[Word | Op]:
+def _tokens(command: str, should_stop: Callable[[], bool]) -> list[Word | Op]:
     """The shell words and operators of a command line, in order.
 
     One function of 100+ lines on purpose: it is a single character-by-character state machine
@@ -145,6 +172,7 @@ def _tokens(command: str) -> list[Word | Op]:
     def end_word() -> None:
         nonlocal word, pending_delim
         if word is not None:
+            word.finish()
             out.append(word)
             if pending_delim is not None:
                 heredocs.append((word, pending_delim))
@@ -157,7 +185,12 @@ def _tokens(command: str) -> list[Word | Op]:
             word = Word()
         return word
 
+    next_check = _CHECK_EVERY
     while i < n:
+        if i >= next_check:
+            next_check = i + _CHECK_EVERY
+            if should_stop():
+                raise Stopped
         c = command[i]
         if c in " \t\r":
             end_word()
@@ -179,7 +212,7 @@ def _tokens(command: str) -> list[Word | Op]:
             w = cur()
             w.mark_quoted()
             if i + 1 < n:
-                w.text += command[i + 1]
+                w.add(command[i + 1])
             i += 2
         elif c == "'":
             end = command.find("'", i + 1)
@@ -187,7 +220,7 @@ def _tokens(command: str) -> list[Word | Op]:
                 raise Opaque("unbalanced single quote")
             w = cur()
             w.mark_quoted()
-            w.text += command[i + 1 : end]
+            w.add(command[i + 1 : end])
             i = end + 1
         elif c == '"':
             w = cur()
@@ -201,14 +234,14 @@ def _tokens(command: str) -> list[Word | Op]:
                     i += 1
                     break
                 if d == "\\" and i + 1 < n and command[i + 1] in '$`"\\\n':
-                    w.text += command[i + 1]
+                    w.add(command[i + 1])
                     i += 2
                     continue
                 if d == "`" or (d == "$" and command[i + 1 : i + 2] == "("):
                     raise Opaque("command substitution")
                 if d == "$":
                     w.expands = True
-                w.text += d
+                w.add(d)
                 i += 1
         elif c == "`":
             raise Opaque("command substitution")
@@ -217,12 +250,14 @@ def _tokens(command: str) -> list[Word | Op]:
                 raise Opaque("command substitution")
             w = cur()
             w.expands = True
-            w.text += c
+            w.add(c)
             i += 1
         elif c in "<>" and command[i + 1 : i + 2] == "(":
             raise Opaque("process substitution")
         elif c in ";&|()<>":
             op = next(o for o in _OPERATORS if command.startswith(o, i))
+            if word is not None:
+                word.finish()
             if (op[0] in "<>" and word is not None and word.text.isdigit() and not word.quoted):
                 word = None  # an io number (2>file): part of the redirection, not a word
             end_word()
@@ -232,13 +267,13 @@ def _tokens(command: str) -> list[Word | Op]:
             i += len(op)
         else:
             w = cur()
-            if c == "~" and not w.text and not w.quoted:
+            if c == "~" and not w.length and not w.quoted:
                 w.tilde = True
             if c in "*?[":
                 w.glob = True
             if c == "{":
                 w.brace = True
-            w.text += c
+            w.add(c)
             i += 1
     end_word()
     if pending_delim is not None:
@@ -323,11 +358,15 @@ def _sets_running_variable(w: Word) -> bool:
 # Analysis
 
 
-def scan(command: str, cwd: str | os.PathLike[str]) -> Scan | None:
+def scan(command: str, cwd: str | os.PathLike[str], should_stop: Callable[[], bool] | None = None) -> Scan | None:
     try:
-        return _scan(command, os.path.realpath(cwd))
-    except Opaque:
+        return _scan(command, os.path.realpath(cwd), should_stop or _never)
+    except (Opaque, Stopped, RecursionError):
         return None
+
+
+def _never() -> bool:
+    return False
 
 
 def command_programs(command: str) -> tuple[str, ...] | None:
@@ -336,9 +375,9 @@ def command_programs(command: str) -> tuple[str, ...] | None:
     return s.programs if s is not None and s.programs else None
 
 
-def _scan(command: str, root: str) -> Scan:
-    cmds = _simple_commands(_tokens(command))
-    programs: list[str] = []
+def _scan(command: str, root: str, should_stop: Callable[[], bool]) -> Scan:
+    cmds = _simple_commands(_tokens(command, should_stop))
+    programs: dict[str, None] = {}
     risky: list[str] = []
     # `cd` moves where relative targets land; None: somewhere unknown. A HOME assignment anywhere
     # makes `~` unknown as well.
@@ -350,7 +389,9 @@ def _scan(command: str, root: str) -> Scan:
         if reason:
             risky.append(f"{word.text} ({reason})")
 
-    for cmd in cmds:
+    for count, cmd in enumerate(cmds):
+        if count % _CHECK_EVERY == _CHECK_EVERY - 1 and should_stop():
+            raise Stopped
         words = _program_words(cmd)
         declares = bool(words) and words[0].text in _DECLARING
         for w in cmd.words if declares or not words else cmd.words[: len(cmd.words) - len(words)]:
@@ -368,8 +409,7 @@ def _scan(command: str, root: str) -> Scan:
         prog = prog_word.text
         if prog_word.expands or prog_word.glob or prog in RUNNERS or os.path.basename(prog) in RUNNERS:
             raise Opaque(f"{prog} runs a program named by its arguments or not known before it runs")
-        if prog not in programs:
-            programs.append(prog)
+        programs.setdefault(prog)
         base = os.path.basename(prog)
         if base in ("cd", "pushd", "popd"):
             where = _cd(args, where, home_known) if base != "popd" else None
@@ -457,6 +497,8 @@ def _check_sed(args: list[Word], check, risky: list[str]) -> None:
     if not scripts and operands:
         scripts.append(operands.pop(0))
     for script in scripts:
+        if len(script.text) > MAX_PROGRAM_TEXT:
+            raise Opaque("a sed script too long to read")
         if _SED_EXEC.search(script.text):
             raise Opaque("a sed script that may run a command (e)")
         if _SED_WRITE.search(script.text) or script.expands:
@@ -468,6 +510,8 @@ def _check_sed(args: list[Word], check, risky: list[str]) -> None:
 
 def _check_awk(args: list[Word], check, risky: list[str]) -> None:
     for a in args:
+        if len(a.text) > MAX_PROGRAM_TEXT:
+            raise Opaque("an awk program too long to read")
         if "system" in a.text or "|" in a.text:
             raise Opaque("an awk program that runs commands")
         for m in _AWK_REDIRECT.finditer(a.text):
@@ -532,8 +576,10 @@ def _risk(word: Word, where: str | None, root: str, home_known: bool) -> str:
         return "known only when it runs"
     if word.text in _HARMLESS_TARGETS:
         return ""
-    reasons = [_path_risk(text, word, where, root, home_known)
-               for text in (_brace_alternatives(word.text) if word.brace else [word.text])]
+    alternatives = _brace_alternatives(word.text) if word.brace else [word.text]
+    if alternatives is None:
+        return "too many brace alternatives to check"
+    reasons = [_path_risk(text, word, where, root, home_known) for text in alternatives]
     return next((r for r in reasons if r), "")
 
 
@@ -568,18 +614,24 @@ def _path_risk(text: str, word: Word, where: str | None, root: str, home_known: 
     return ""
 
 
-def _brace_alternatives(text: str, limit: int = 64) -> list[str]:
-    """bash's brace expansion, enough to see every place `{a,../b}` may name (at most `limit`;
-    a word beyond that is reported as the cut text, which then resolves inside or outside)."""
-    m = re.search(r"\{([^{}]*,[^{}]*)\}", text)
-    if not m:
-        return [text]
-    out: list[str] = []
-    for alt in m.group(1).split(","):
-        out.extend(_brace_alternatives(text[: m.start()] + alt + text[m.end():], limit))
-        if len(out) >= limit:
-            break
-    return out[:limit]
+def _brace_alternatives(text: str, limit: int = 64) -> list[str] | None:
+    """bash's brace expansion, enough to see every place `{a,../b}` may name; None when there are
+    more than `limit` places (or more than 16 groups): too many to check, the write then asks."""
+    if text.count("{") > 16:
+        return None
+    pending, out = [text], []
+    while pending:  # a work list, not recursion
+        t = pending.pop()
+        m = _BRACE.search(t)
+        if not m:
+            out.append(t)
+            if len(out) > limit:
+                return None
+            continue
+        pending.extend(reversed([t[: m.start()] + alt + t[m.end():] for alt in m.group(1).split(",")]))
+        if len(pending) > limit:
+            return None
+    return out
 
 
 def _parts_below(path: str, root: str) -> list[str]:

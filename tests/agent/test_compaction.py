@@ -55,7 +55,7 @@ def test_soft_compaction_before_a_turn_keeps_goal_and_tail(tmp_path, tools):
                                               tools=tools, ctx=CTX)
     assert h.ids[:len(prefix)] == prefix
     assert h.ids[len(prefix)] == USER
-    assert text.endswith("and add tests<｜Assistant｜><think>t</think>Continuing.<｜end▁of▁sentence｜>".encode())
+    assert text.endswith("and add tests<｜Assistant｜><think>t</think>Continuing.<｜end▁of▁sentence｜>".encode())  # noqa: RUF001
     assert h.live == tuple(h.ids[:-1])
     # First saved after the compaction: still named after the user's first request.
     assert of(h.command(h.agent.save), ev.SessionSaved)[0].title == "Refactor the parser module please"
@@ -75,7 +75,7 @@ def test_hard_compaction_then_result_fits(tmp_path):
     text = h.text()
     assert b"<tool_result>row 0\n" in text and b"row 299\n</tool_result>" in text
     # The tail kept the current turn from its <｜User｜>: the request and the DSML block.
-    assert b"read the rows" in text and "｜DSML｜invoke".encode() in text
+    assert b"read the rows" in text and "｜DSML｜invoke".encode() in text  # noqa: RUF001
     assert text.endswith(b"Read it.<\xef\xbd\x9cend\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>")
     assert len(h.ids) < CTX
     h.stop()
@@ -143,7 +143,7 @@ def test_compact_never_grows_the_context_and_says_why(tmp_path, tools):
     # The session goes on from the old context.
     h.engine.add(reply("Still here.", think="t"))
     h.turn("go on")
-    assert h.text().endswith("Still here.<｜end▁of▁sentence｜>".encode())
+    assert h.text().endswith("Still here.<｜end▁of▁sentence｜>".encode())  # noqa: RUF001
     assert h.ids[:len(before)] == before
     h.stop()
 
@@ -177,7 +177,7 @@ def test_running_bash_job_is_reannounced_in_the_next_user_turn(tmp_path):
     # Announced once: the following turn is a plain message again.
     n = len(h.ids)
     h.turn("ok")
-    assert TOK.decode_bytes(h.ids[n:]).startswith("<｜User｜>ok<｜Assistant｜>".encode())
+    assert TOK.decode_bytes(h.ids[n:]).startswith("<｜User｜>ok<｜Assistant｜>".encode())  # noqa: RUF001
     h.stop()  # stops the job
 
 

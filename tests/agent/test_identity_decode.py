@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import mlx.core as mx
+
 from ds4agent.agent.decode import TokenStream
 from ds4agent.agent.identity import SessionIdentity, checkpoints_for, meta_title
 
@@ -31,27 +35,40 @@ def test_identity_meta_of_a_new_conversation_and_of_odd_journals(tmp_path):
 
 
 class _Session:
-    """Logits are the step count; records which tokens were evaluated."""
+    """The engine's decode seam over fake logits (the step count); records the tokens that were
+    accepted into the session (stepped)."""
 
     def __init__(self) -> None:
         self.stepped: list[int] = []
+        self.engine = SimpleNamespace(ctx=1000)
+
+    def __len__(self) -> int:
+        return len(self.stepped)
 
     @property
-    def logits(self) -> object:
+    def next_logits(self) -> object:
+        return mx.array(len(self.stepped))
+
+    def dispatch(self, token: object) -> object:
         return len(self.stepped)
 
-    def step(self, token: int) -> object:
+    def accept(self, pending: object, token: int) -> None:
+        assert pending == len(self.stepped)
         self.stepped.append(token)
-        return len(self.stepped)
+
+    def settle(self) -> None:
+        pass
 
 
 class _Sampler:
+    key = None
+
     def __init__(self) -> None:
         self.calls: list[tuple[object, bool]] = []
 
-    def sample(self, logits: object, *, greedy: bool = False) -> int:
-        self.calls.append((logits, greedy))
-        return 100 + len(self.calls)
+    def draw(self, logits: object, *, greedy: bool = False) -> object:
+        self.calls.append((int(logits.item()), greedy))  # type: ignore[attr-defined]
+        return mx.array(100 + len(self.calls), dtype=mx.int32)
 
 
 def test_token_stream_steps_only_the_tokens_the_caller_goes_past():
@@ -62,7 +79,7 @@ def test_token_stream_steps_only_the_tokens_the_caller_goes_past():
     for token in stream:
         got.append(token)
         if len(got) == 3:
-            break  # like an EOS: never evaluated
+            break  # like an EOS: never kept
     assert got == [101, 102, 103] and session.stepped == [101, 102]
     assert sampler.calls == [(0, True), (1, False), (2, True)]  # each token sampled on the last step's logits
     assert not stream.interrupted
@@ -70,8 +87,9 @@ def test_token_stream_steps_only_the_tokens_the_caller_goes_past():
 
 def test_token_stream_limit_and_interrupt():
     session = _Session()
+    # The last token of the cap is handed out without a step: the session holds the others.
     assert list(TokenStream(session, _Sampler(), limit=4, greedy=lambda: False)) == [101, 102, 103, 104]
-    assert session.stepped == [101, 102, 103, 104]
+    assert session.stepped == [101, 102, 103]
     stops = iter([False, False, True])
     session = _Session()
     stream = TokenStream(session, _Sampler(), limit=10, greedy=lambda: True, should_stop=lambda: next(stops))

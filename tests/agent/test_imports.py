@@ -8,7 +8,7 @@ import sys
 
 import ds4agent
 
-CORE = ("engine", "sessions", "tools", "agent")
+CORE = ("protocol", "engine", "testmodels", "sessions", "tools", "agent", "models")
 
 
 def test_core_modules_import_no_ui_toolkit():

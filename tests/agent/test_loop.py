@@ -117,16 +117,17 @@ def test_token_cap_ends_round_with_eos(tmp_path, tools):
 def test_greedy_exactly_on_structure(tmp_path, tools):
     h = AgentHarness.build(tmp_path, [reply("", think="t", calls=[("alpha", {"x": "payload text"})]),
                                       reply("ok", think="")], tools=tools)
-    flags: list[tuple[int, bool]] = []
-    real = h.worker.sampler.sample
+    drawn: list[tuple[object, bool]] = []
+    real = h.worker.sampler.draw
 
     def spy(logits, *, greedy=False):
-        t = real(logits, greedy=greedy)
-        flags.append((t, greedy))
+        t = real(logits, greedy=greedy)  # the device-side id, read after the turn
+        drawn.append((t, greedy))
         return t
 
-    h.worker.sampler.sample = spy
+    h.worker.sampler.draw = spy
     h.turn("go")
+    flags = [(int(t.item()), g) for t, g in drawn]
     # Tokens sampled while writing the payload (after the value's opening tag) are not greedy;
     # the tag tokens are.
     toks = [t for t, _ in flags]

@@ -110,8 +110,15 @@ def _sessions_both_ways(path, alone_payload):
         piped = s.export_state()
         t = engine.new_session()
         t.import_state(alone_payload)
-        return {"payload": piped, "tokens": t.tokens, "next": [t.step(77).copy(), t.step(5).copy()],
-                "bytes": payload_bytes(engine, piped)}
+        out = {"payload": piped, "tokens": t.tokens, "next": [t.step(77).copy(), t.step(5).copy()],
+               "bytes": payload_bytes(engine, piped)}
+        # the decode generator over a pipeline: the same tokens, the in-flight step dropped
+        from ds4agent.engine import generate
+        from ds4agent.engine.sampler import Sampler
+
+        out["decoded"] = list(generate(s, Sampler(temperature=0.0), max_tokens=5))
+        out["decoded_state"] = payload_bytes(engine, s.export_state())
+        return out
     finally:
         engine.close()
 
@@ -259,6 +266,11 @@ def test_sessions_are_topology_agnostic(micro_path, single):
     t.import_state(got["payload"])
     assert np.array_equal(got["next"][0], t.step(77))
     assert np.array_equal(got["next"][1], t.step(5))
+    from ds4agent.engine import generate
+    from ds4agent.engine.sampler import Sampler
+
+    assert got["decoded"] == list(generate(s, Sampler(temperature=0.0), max_tokens=5))
+    assert got["decoded_state"] == payload_bytes(single, s.export_state())
 
 
 def test_snapshots_and_rewind_reach_every_rank(micro_path, single):

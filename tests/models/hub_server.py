@@ -6,6 +6,11 @@
     with `cdn` set: the resolve endpoint answers 302 to a second server (another origin, as the
     Hub's CDN is) with X-Linked-Etag / X-Linked-Size, and the bytes come from there.
 
+Hostile answers for the pull's bounds: `overlong` bytes appended to each GET body (announced in
+Content-Length, or with `overlong_unannounced` no Content-Length at all, the body ending when the
+connection closes), and `stall_after`: the next GET sends that many bytes, then one byte per
+`drip_s` seconds (slow enough to fail a rate floor, never silent long enough for a read timeout).
+
 Every request is recorded (method, path, Range, Authorization, status, bytes sent) so tests can
 assert what the client asked for and what it was given.
 """
@@ -41,6 +46,10 @@ class HubState:
     down: bool = False
     ignore_range: bool = False
     cdn_base: str | None = None
+    overlong: bytes = b""
+    overlong_unannounced: bool = False
+    stall_after: int | None = None
+    drip_s: float = 0.05
     log: list[Seen] = field(default_factory=list)
 
     def add(self, repo: str, filename: str, data: bytes, revision: str = "main") -> None:
@@ -104,8 +113,11 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._status_only(416, {"Content-Range": f"bytes */{len(data)}"})
             status = 206
         rest = data[start:]
+        if body:
+            rest += st.overlong
         self.send_response(status)
-        self.send_header("Content-Length", str(len(rest)))
+        if not (body and st.overlong and st.overlong_unannounced):
+            self.send_header("Content-Length", str(len(rest)))
         self.send_header("ETag", f'"{sha}"')
         self.send_header("X-Repo-Commit", COMMIT)
         self.send_header("Accept-Ranges", "bytes")
@@ -116,12 +128,33 @@ class _Handler(BaseHTTPRequestHandler):
             return self._record(status)
         cut, st.cut_after = st.cut_after, None
         payload = rest if cut is None else rest[:cut]
+        stall, st.stall_after = st.stall_after, None
+        if stall is not None:
+            return self._drip(status, payload, stall)
         self.wfile.write(payload)
         self.wfile.flush()
         self._record(status, len(payload))
         if cut is not None:
             st.down = st.down_after_cut
             self.close_connection = True  # fewer bytes than Content-Length: a dropped connection
+
+
+    def _drip(self, status: int, payload: bytes, fast: int) -> None:
+        import time
+
+        self.wfile.write(payload[:fast])
+        self.wfile.flush()
+        sent = fast
+        try:
+            while sent < len(payload):
+                time.sleep(self.state.drip_s)
+                self.wfile.write(payload[sent:sent + 1])
+                self.wfile.flush()
+                sent += 1
+        except OSError:  # the client gave up and closed the connection
+            pass
+        self._record(status, sent)
+        self.close_connection = True
 
 
 class HubServer:

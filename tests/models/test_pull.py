@@ -286,3 +286,49 @@ def test_dir_flag_wins_and_the_last_line_is_an_absolute_path(hub, tmp_path, caps
     final = tmp_path / "elsewhere" / Q2.filename
     assert capsys.readouterr().out.splitlines()[-1] == str(final)
     assert final.read_bytes() == DATA and not _models(tmp_path).exists()
+
+
+# Hostile servers: a body longer than the size the Hub advertised never reaches the disk past that
+# size, and a server that drips bytes too slowly is given up on with its bytes kept for the resume.
+
+FAST_FLOOR = pull.RateFloor(min_rate=1 << 20, window_s=0.3)  # 1 MiB/s over 0.3 s
+
+
+def _part(tmp_path):
+    return _models(tmp_path) / (Q2.filename + ".part")
+
+
+def test_an_announced_overlong_body_is_refused_before_any_byte_is_written(hub, tmp_path):
+    state, _ = hub
+    state.overlong = b"EXTRA" * 100
+    with pytest.raises(PullError, match=rf"announced {len(DATA) + 500} bytes for a file the Hub says is "
+                                        rf"{len(DATA)} bytes long"):
+        pull.pull("q2-imatrix")
+    assert not _part(tmp_path).exists() and not (_models(tmp_path) / Q2.filename).exists()
+
+
+def test_an_unannounced_overlong_body_is_cut_at_the_advertised_size(hub, tmp_path):
+    state, _ = hub
+    state.overlong, state.overlong_unannounced = b"EXTRA" * 100, True
+    with pytest.raises(PullError, match=r"sent more bytes for a file the Hub says is .*nothing past that size"):
+        pull.pull("q2-imatrix")
+    kept = _part(tmp_path).read_bytes()
+    assert len(kept) <= len(DATA) and kept == DATA[: len(kept)]  # the excess never reached the disk
+    # A well-behaved server afterwards: the pull finishes and verifies.
+    state.overlong = b""
+    assert pull.pull("q2-imatrix").read_bytes() == DATA
+
+
+def test_a_stalling_server_is_given_up_on_and_the_bytes_are_kept_for_the_resume(hub, tmp_path):
+    state, _ = hub
+    fast = pull.CHUNK + 777
+    state.stall_after, state.drip_s = fast, 0.02  # then ~50 bytes/s, far under the floor
+    with pytest.raises(PullError, match=r"the server has stalled: \d+ B in the last 0\.\d s, less than 1\.0 MB/s; "
+                                        r"the .* downloaded are kept in .*\.part: run the same pull again"):
+        pull.pull("q2-imatrix", floor=FAST_FLOOR)
+    kept = _part(tmp_path).read_bytes()
+    assert fast <= len(kept) < len(DATA) and kept == DATA[: len(kept)]
+    final = pull.pull("q2-imatrix", floor=FAST_FLOOR)
+    assert final.read_bytes() == DATA and not _part(tmp_path).exists()
+    # The resume asked only for the rest (the dripping answer is logged when its thread ends).
+    assert [_resumed_at(s) for s in state.gets() if s.range] == [len(kept)]

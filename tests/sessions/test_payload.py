@@ -251,7 +251,9 @@ def test_huge_counts_never_allocate(good):
         read_payload(io.BytesIO(_set_word(good, 7, 10**9)), len(good), TINY, 2**31)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    assert peak < 1 << 20
+    # What the claims would cost if believed: gigabytes. A few MiB is the reader's own buffers plus
+    # whatever else the process happens to allocate meanwhile (the bound must not be flaky under xdist).
+    assert peak < 8 << 20
 
 
 def test_validation_without_arrays_reports_counts(good):

@@ -21,6 +21,11 @@ from tests.support.scripted_engine import ScriptedEngine
 Answerer = Callable[[ev.Event], tuple[str, str] | str | None]
 
 
+# A guard against a hung worker, not a timing check: generous, because the device sampler costs
+# milliseconds per sampled token on a loaded CPU and the longest scripted turns are thousands of
+# tokens (compaction tests), with the suite running two workers on two cores.
+GUARD_S = 180.0
+
 def answer_all(key: str) -> Answerer:
     return lambda e: key
 
@@ -72,11 +77,11 @@ class AgentHarness:
         return h
 
     # ------------------------------------------------------------------ running
-    def start(self, timeout: float = 30.0) -> list[ev.Event]:
+    def start(self, timeout: float = GUARD_S) -> list[ev.Event]:
         self.agent.start()
         return self.until(lambda e: isinstance(e, (ev.Ready, ev.Exited)), timeout=timeout) + self.settle()
 
-    def until(self, pred: Callable[[ev.Event], bool], timeout: float = 30.0) -> list[ev.Event]:
+    def until(self, pred: Callable[[ev.Event], bool], timeout: float = GUARD_S) -> list[ev.Event]:
         """Collect events (answering questions) until one satisfies pred; returns those collected."""
         got: list[ev.Event] = []
         deadline = time.monotonic() + timeout
@@ -100,7 +105,7 @@ class AgentHarness:
             key, msg = (a, "") if isinstance(a, str) else a
             self.agent.answer_permission(e.id, key, msg)
 
-    def settle(self, timeout: float = 30.0) -> list[ev.Event]:
+    def settle(self, timeout: float = GUARD_S) -> list[ev.Event]:
         """Collect until the worker is idle with nothing queued and the event queue is drained."""
         got: list[ev.Event] = []
         deadline = time.monotonic() + timeout
@@ -116,11 +121,11 @@ class AgentHarness:
                 time.sleep(0.002)
         raise AssertionError(f"agent did not settle; last events: {got[-5:]}")
 
-    def turn(self, text: str, timeout: float = 30.0) -> list[ev.Event]:
+    def turn(self, text: str, timeout: float = GUARD_S) -> list[ev.Event]:
         assert self.agent.submit(text)
         return self.settle(timeout)
 
-    def command(self, fn: Callable[[], Any], timeout: float = 30.0) -> list[ev.Event]:
+    def command(self, fn: Callable[[], Any], timeout: float = GUARD_S) -> list[ev.Event]:
         fn()
         return self.settle(timeout)
 

@@ -31,6 +31,7 @@ from ds4agent.sessions.payload import LayerPayload, PayloadShape, PayloadState
 Response = Sequence[int] | Callable[[tuple[int, ...]], Sequence[int]]
 
 # A tiny, valid payload layout (one dense layer): saving/loading through the real store works.
+_IDS = None  # mx.arange(VOCAB_SIZE), made on first use (next_logits)
 SCRIPTED_SHAPE = PayloadShape(n_layers=1, head_dim=4, indexer_dim=4, vocab=VOCAB_SIZE, window=4, ratios=(0,))
 
 
@@ -165,6 +166,39 @@ class ScriptedSession:
         """From the next token on, the response is `tokens` (a test's on_step hook answers
         tokens the agent wrote itself, as a model would go on after them)."""
         self._cursor = _Cursor(list(tokens))
+
+    # ------------------------------------------------------------------ the decode seam
+    # engine/decode.py drives these; a "dispatched" step runs only when accepted (it is instant),
+    # so on_step fires when a token is accepted, as it fired when the step loop stepped it.
+    @property
+    def next_logits(self):
+        """The offered one-hot row as a lazy MLX graph: built in microseconds, computed only by a
+        sampler that reads it (a 129,280-float copy per token would dominate a long turn)."""
+        if self.logits is None:
+            return None
+        import mlx.core as mx
+
+        global _IDS
+        if _IDS is None:
+            _IDS = mx.arange(VOCAB_SIZE, dtype=mx.int32)
+            mx.eval(_IDS)  # evaluated: usable from every thread
+        return mx.where(_IDS == self._hot, 0.0, -1e9)
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def dispatch(self, token) -> object:
+        if len(self._tokens) + 1 > self.engine.ctx:
+            raise ContextOverflowError(len(self._tokens) + 1, self.engine.ctx)
+        return (len(self._tokens), self.steps)  # O(1): a transcript may hold 100k tokens
+
+    def accept(self, pending: object, token: int) -> None:
+        if pending != (len(self._tokens), self.steps):
+            raise AssertionError("the scripted session changed while a decode step was in flight")
+        self.step(token)
+
+    def settle(self) -> None:
+        pass
 
     def snapshot(self) -> object:
         c = self._cursor

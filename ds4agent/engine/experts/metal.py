@@ -28,6 +28,7 @@ import numpy as np
 from ds4agent.engine import quant
 from ds4agent.engine.errors import EngineError
 from ds4agent.engine.experts.portable import QuantExperts, check_call
+from ds4agent.engine.hostread import to_host
 
 _HEADER = r"""
 inline float ds4_f16(const device uint8_t* p) {
@@ -160,9 +161,12 @@ def _tables() -> tuple[mx.array, mx.array]:
     return mx.array(grid.reshape(-1)), mx.array(ksigns)
 
 
-# Pairs (row, slot) per distinct expert above which dequantise + gather_mm beats the mat-vec
-# kernel (it re-decodes the expert's blocks for every pair).
-MATVEC_MAX_PAIRS_PER_EXPERT = 4
+# Rows per call up to which the mat-vec kernel runs (it re-decodes an expert's blocks for every
+# (row, slot) pair; above this, dequantising each selected expert once and multiplying wins).
+# Decided from the call's shape alone, so the ids are never read back: with k slots, n rows give
+# at most n*k pairs over at least k distinct experts, i.e. at most n pairs per expert, which is
+# what the earlier per-call rule (at most 4 pairs per distinct expert) allowed at n <= 4.
+MATVEC_MAX_ROWS = 4
 
 
 @cache
@@ -180,12 +184,12 @@ def self_check(qtype: int) -> str | None:
             raw[:, off : off + 2] = np.full((len(raw), 1), np.float16(0.01)).view(np.uint8)
         raw = raw.reshape(e, d_out, d_in // block * size)
         ex = MetalExperts(raw, qtype, (e, d_out, d_in))
-        want = np.array(quant.dequantize(mx.array(raw), qtype, (e, d_out, d_in)))
-        got = np.array(ex.dequantize([0, 1]))
+        want = to_host(quant.dequantize(mx.array(raw), qtype, (e, d_out, d_in)))
+        got = to_host(ex.dequantize([0, 1]))
         if not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
             return f"the {name} Metal dequantiser disagrees with the portable one"
         x = rng.standard_normal((1, d_in)).astype(np.float32)
-        y = np.array(ex.matvec(mx.array(np.repeat(x, 2, 0)), mx.array([0, 1])))
+        y = to_host(ex.matvec(mx.array(np.repeat(x, 2, 0)), mx.array([0, 1])))
         ref = np.einsum("eoi,i->eo", want.astype(np.float64), x[0].astype(np.float64))
         if not np.abs(y - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max()):
             return f"the {name} Metal mat-vec disagrees with the dense product"
@@ -213,15 +217,19 @@ class MetalExperts(QuantExperts):
         ]
 
     def dequantize(self, experts) -> mx.array:
-        eids = np.asarray(experts, dtype=np.uint32).reshape(-1)
+        """float32 [len(experts), d_out, d_in]; `experts` a list/numpy array or device ids."""
+        if isinstance(experts, mx.array):
+            eids = experts.reshape(-1).astype(mx.uint32)
+        else:
+            eids = mx.array(np.asarray(experts, dtype=np.uint32).reshape(-1))
         n_chunks = self.d_out * (self.d_in // 32)
         grid, ksigns = _tables()
         (out,) = _kernel(self.qtype, "dequant")(
-            inputs=[self.raw, mx.array(eids), grid, ksigns],
+            inputs=[self.raw, eids, grid, ksigns],
             template=self._template,
-            grid=(-(-n_chunks // 256) * 256, len(eids), 1),
+            grid=(-(-n_chunks // 256) * 256, int(eids.size), 1),
             threadgroup=(256, 1, 1),
-            output_shapes=[(len(eids), self.d_out, self.d_in)],
+            output_shapes=[(int(eids.size), self.d_out, self.d_in)],
             output_dtypes=[mx.float32],
         )
         return out
@@ -241,13 +249,12 @@ class MetalExperts(QuantExperts):
         return out
 
     def gather_matmul(self, x: mx.array, expert_ids: mx.array) -> mx.array:
+        """Decode and small batches: the mat-vec kernel on the router's device ids (nothing is
+        read back, no range check: the router cannot give an out-of-range id, see
+        weights._expert_table). Larger calls: dequantise (Metal kernel) + gather_mm."""
         n, k = check_call(self, x, expert_ids)
-        ids = np.array(expert_ids)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.n_experts):
-            raise EngineError(f"expert id out of range 0..{self.n_experts - 1}")
-        n_used = len(np.unique(ids))
-        if n * k > MATVEC_MAX_PAIRS_PER_EXPERT * max(1, n_used):
-            return super().gather_matmul(x, expert_ids)  # dequantise (Metal kernel) + gather_mm
+        if n > MATVEC_MAX_ROWS:
+            return super().gather_matmul(x, expert_ids)
         xs = x[:, None, :] if x.ndim == 2 else x
         xs = mx.broadcast_to(xs, (n, k, self.d_in)).reshape(n * k, self.d_in)
         return self.matvec(xs, expert_ids.reshape(-1)).reshape(n, k, self.d_out)

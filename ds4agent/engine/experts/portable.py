@@ -28,6 +28,7 @@ import numpy as np
 from ds4agent.engine import device, quant
 from ds4agent.engine.errors import EngineError
 from ds4agent.engine.experts import cpu
+from ds4agent.engine.hostread import to_host
 
 
 def check_call(ex: Any, x: mx.array, ids: mx.array) -> tuple[int, int]:
@@ -113,6 +114,17 @@ class QuantExperts:
     `raw` is [n_experts, d_out, row_bytes] uint8 (a numpy array / memmap, or an mx.array). A numpy
     memmap stays on disk: a call reads only the selected experts' bytes (an expert's rows are
     contiguous in the GGUF tensor, ne2 being the outermost dimension).
+
+    Two ways to run, fixed when the backend is made (device.kernel_set):
+      * CPU kernel set: the ids are read on the host (the compiled kernels run there anyway) and
+        the products come from the memory map, bit for bit (`_tiled`);
+      * GPU kernel set: the raw blocks are one resident device array (as the Metal backend holds
+        them) and a call takes the router's ids as a device array, never reading them: a call
+        of at most `group` (row, slot) pairs, i.e. decode, gathers each pair's expert blocks by
+        id, dequantises them on the device and multiplies (one graph, no host round trip).
+        Larger calls (prefill chunks) read the ids once to dequantise each distinct expert once,
+        a bounded group at a time (`_grouped`). No per-call range check: the router cannot give
+        an out-of-range id (top-k over n_experts scores; hash tables are checked at load).
     """
 
     def __init__(self, raw, qtype: int, shape, *, group_bytes: int = DEFAULT_GROUP_BYTES):
@@ -127,15 +139,22 @@ class QuantExperts:
                 f"{quant.type_name(qtype)} expert data of shape {list(raw.shape)} does not hold "
                 f"{self.n_experts} experts of [{self.d_out}, {self.d_in}]"
             )
-        self.raw = raw.reshape(want)
         self.expert_bytes = self.d_out * rb
         self.group = max(1, group_bytes // (self.d_out * self.d_in * 4))
+        self.host_ids = device.cpu_layout()
+        if not self.host_ids and not isinstance(raw, mx.array):
+            # Resident once, instead of copying the selected experts from the map every call.
+            raw = mx.array(np.ascontiguousarray(raw))
+            mx.eval(raw)
+        self.raw = raw.reshape(want)
 
     @property
     def nbytes(self) -> int:
         return self.n_experts * self.expert_bytes
 
-    def _raw_of(self, experts: np.ndarray) -> mx.array:
+    def _raw_of(self, experts: np.ndarray | mx.array) -> mx.array:
+        if isinstance(experts, mx.array):
+            return self.raw[experts.astype(mx.uint32)]
         if isinstance(self.raw, mx.array):
             return self.raw[mx.array(experts.astype(np.uint32))]
         return mx.array(np.take(self.raw, experts, axis=0))
@@ -145,16 +164,22 @@ class QuantExperts:
         return np.asarray(self.raw[expert, r0:r1])
 
     def dequantize(self, experts) -> mx.array:
-        """float32 [len(experts), d_out, d_in] of the given experts (bit-exact, quant.py)."""
-        experts = np.asarray(experts, dtype=np.int64).reshape(-1)
-        return quant.dequantize(self._raw_of(experts), self.qtype, (len(experts), self.d_out, self.d_in))
+        """float32 [len(experts), d_out, d_in] of the given experts (bit-exact, quant.py);
+        `experts` may be a device array (nothing is read back)."""
+        if not isinstance(experts, mx.array):
+            experts = np.asarray(experts, dtype=np.int64).reshape(-1)
+        else:
+            experts = experts.reshape(-1)
+        return quant.dequantize(self._raw_of(experts), self.qtype, (int(experts.size), self.d_out, self.d_in))
 
     def gather_matmul(self, x: mx.array, expert_ids: mx.array) -> mx.array:
         n, k = check_call(self, x, expert_ids)
-        ids = np.array(expert_ids).astype(np.int64)
+        if not self.host_ids and n * k <= self.group:
+            return self._device_pairs(x, expert_ids, n, k)
+        ids = to_host(expert_ids).astype(np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self.n_experts):
             raise EngineError(f"expert id out of range 0..{self.n_experts - 1}")
-        if device.cpu_layout():
+        if self.host_ids:
             return self._tiled(x, ids, n, k)
         a = _slot_inputs(x, n, k)
         used = np.unique(ids)
@@ -166,6 +191,14 @@ class QuantExperts:
         groups = [used[start : start + self.group] for start in range(0, len(used), self.group)]
         return self._grouped(x, ids, n, k, groups)
 
+    def _device_pairs(self, x: mx.array, expert_ids: mx.array, n: int, k: int) -> mx.array:
+        """The GPU kernel set's small call: pair p's expert dequantised from the resident blocks
+        by its device id, then one 1-row product per pair (an expert chosen twice in a call is
+        dequantised twice: at most `group` pairs, so bounded, and nothing is read back)."""
+        wt = mx.swapaxes(self.dequantize(expert_ids), -1, -2)  # [n*k, d_in, d_out]
+        pair = mx.arange(n * k, dtype=mx.uint32).reshape(n, k)
+        return mx.gather_mm(_slot_inputs(x, n, k), wt, rhs_indices=pair).reshape(n, k, self.d_out)
+
     def _tiled(self, x: mx.array, ids: np.ndarray, n: int, k: int) -> mx.array:
         """The CPU path: `cpu.products` straight from the selected experts' blocks (a
         memory-mapped tensor is read row range by row range, only the selected experts), in the
@@ -176,7 +209,7 @@ class QuantExperts:
         range, the split or the other rows sharing its expert (experts/cpu.py), so neither does
         the result.
         """
-        src = np.array(x.astype(mx.float32), dtype=np.float32).reshape(-1, self.d_in)
+        src = to_host(x.astype(mx.float32), np.float32).reshape(-1, self.d_in)
         flat = ids.reshape(-1)
         used, slot_expert = np.unique(flat, return_inverse=True)
         order = np.argsort(slot_expert, kind="stable")  # pairs grouped by expert, in pair order

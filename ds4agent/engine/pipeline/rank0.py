@@ -22,8 +22,10 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import PipelineError
+from ..hostread import to_int
 from ..model import embed, run_layers
-from ..session import Engine
+from ..sampler import check_token
+from ..session import Engine, PendingStep
 from ..snapshots import ReferenceSnapshotStore
 from ..state import SessionState, check_token_ids, empty_layer, from_payload, to_payload
 from . import wire
@@ -133,6 +135,14 @@ class PipelineEngine(Engine):
                           layers=tuple(empty_layer(c, li) for li in range(*self.ranges[0])), key=0)
         state.eval()
         return state
+
+    def decode_step(self, state: SessionState, token) -> PendingStep:
+        # The other ranks take their token ids over the ring as host ints, so a pipeline reads
+        # the id first and runs the step at once: no overlap of graph building with the device
+        # (the ring round trip dominates a pipeline's token anyway).
+        tok = check_token(to_int(token))
+        _, new = self.forward(state, [tok], last_only=True)
+        return PendingStep(base=state, logits=new.logits, finish=lambda _tok: new)
 
     # The states a PipelineEngine's sessions hold are the RankStates it made (typed as the base
     # class's SessionState, which the Session seam passes through unchanged).

@@ -28,6 +28,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import PipelineError
+from ..hostread import to_host
 
 # A receive may wait this long before the peer counts as hung (a dead peer is reported at once;
 # this is for one that stopped answering). Callers add per-token allowances.
@@ -187,7 +188,7 @@ class Link:
         self.send(mx.array(np.asarray(values, dtype=np.int32)), dst, what)
 
     def recv_ints(self, n: int, src: int, what: str, timeout: float | None = TIMEOUT_S) -> list[int]:
-        return [int(v) for v in np.array(self.recv((n,), mx.int32, src, what, timeout))]
+        return [int(v) for v in to_host(self.recv((n,), mx.int32, src, what, timeout))]
 
 
 def _ring_socket_from_left(hostfile: str, rank: int) -> int | None:

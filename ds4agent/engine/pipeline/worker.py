@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import TextIO
 
 import mlx.core as mx
 import numpy as np
@@ -105,13 +106,21 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
         if not 1 <= rank < len(ranges):
             raise PipelineError(f"MLX_RANK={rank} is not a worker rank of {len(ranges)}")
         part = load_local(args.model, ctx=args.ctx, layer_range=ranges[rank])
-        print("ready", flush=True)  # launch() joins the ring only once every rank is here
+        _tell_launcher(sys.stdout, "ready")  # launch() joins the ring only once every rank is here
         link = Link(rank, os.environ.get("MLX_HOSTFILE", ""), connect_timeout=max(args.timeout, CONNECT_TIMEOUT_S))
         serve(link, part, ranges, timeout=args.timeout)
     except (EngineError, RuntimeError) as err:
-        print(f"ds4agent pipeline rank {rank}: {err}", file=sys.stderr, flush=True)
+        _tell_launcher(sys.stderr, f"ds4agent pipeline rank {rank}: {err}")
         return 1
     return 0
+
+
+def _tell_launcher(stream: TextIO, line: str) -> None:
+    """A worker rank's stdout and stderr are pipes read by rank 0's launcher (launch.py), not a
+    terminal: "ready" is the start-up handshake, and an error line becomes the PipelineError that
+    rank 0 reports. Flushed at once: the launcher waits on these lines."""
+    stream.write(line + "\n")
+    stream.flush()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,232 @@
+"""Decode shaped for the GPU: today's step loop against the decode generator, side by side.
+
+Model: the `small` test config (4 layers, the real 129,280-token vocabulary) with ds4's q2
+routed-expert layout (IQ2_XXS gate/up, Q2_K down: real GGUF blocks, as in the Flash file), or
+the Flash test file with `--flash PATH` (made by `ds4agent make-test-model --config flash`).
+
+"today" = Session.step on the CPU kernel set with the logits sampled on the host (the decode
+before the generator); "now" = engine.generate on the GPU kernel set (DS4AGENT_KERNELS=gpu, the
+default on a GPU; on a CPU-only machine it runs on the CPU device, which is how CI checks it).
+The other two cells (generator on the CPU kernel set, step loop on the GPU one) are printed too,
+so each change's share is visible. Measured in one run:
+
+  * device->host reads per decoded token (engine/hostread counts every one);
+  * MLX primitives per decoded token and per layer: the nodes of one token's graph (forward and,
+    for the generator, the sampler's graph) counted in `mx.export_to_dot` output; where a host
+    read cuts the token into pieces, each piece is exported as the read happens and counted;
+  * overlap: the generator with a consumer that spends as long per token as building a token's
+    graph takes (it sleeps: on a small machine a spinning consumer would steal the cores the
+    CPU device computes on), against the same decode with an idle consumer;
+  * tokens/s of the step loop and of the generator, greedy, same tokens (checked).
+
+Targets (exit status 1 when one is missed): reads per token on the GPU kernel set <= 1;
+primitives per token at least 30% fewer than today; overlap wall time within 1.15x of idle;
+identical tokens.
+
+Run: .venv/bin/python bench/decode.py [--tokens 32] [--prompt 64] [--flash PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+
+from ds4agent.engine import generate, hostread, load_engine  # noqa: E402
+from ds4agent.engine.config import test_config  # noqa: E402
+from ds4agent.engine.device import KERNELS_ENV  # noqa: E402
+from ds4agent.engine.model import build  # noqa: E402
+from ds4agent.engine.sampler import Sampler  # noqa: E402
+
+READS_TARGET = 1.0
+PRIMITIVES_TARGET = 0.70  # now / today
+OVERLAP_TARGET = 1.15
+
+
+@contextlib.contextmanager
+def kernels(name: str):
+    old = os.environ.get(KERNELS_ENV)
+    os.environ[KERNELS_ENV] = name
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(KERNELS_ENV, None)
+        else:
+            os.environ[KERNELS_ENV] = old
+
+
+def _count_dot(arrays) -> int:
+    arrays = [a for a in arrays if isinstance(a, mx.array)]
+    if not arrays:
+        return 0
+    with tempfile.NamedTemporaryFile("r", suffix=".dot") as f:
+        mx.export_to_dot(f.name, *arrays)
+        return len(re.findall(r"shape=rectangle", Path(f.name).read_text()))
+
+
+def primitives_per_token(engine, session, *, with_sampler: bool) -> int:
+    """Nodes of one decoded token's graph (pieces cut by host reads included)."""
+    counted = [0]
+
+    def on_read(a):
+        counted[0] += _count_dot([a])
+
+    state = session.snapshot().state
+    hostread.set_read_hook(on_read)
+    try:
+        if with_sampler:
+            tok = Sampler(temperature=1.0, seed=0).draw(state.logits)
+        else:
+            tok = mx.array(np.array([int(np.argmax(session.logits))], np.int32))
+        logits, layers = build(engine.weights, engine.config, state, tok.reshape(1).astype(mx.int32),
+                               last_only=True)
+        outs = [logits, tok] + [a for lay in layers for a in lay.arrays()]
+        counted[0] += _count_dot(outs)
+    finally:
+        hostread.set_read_hook(None)
+    mx.eval(outs)
+    return counted[0]
+
+
+def graph_build_seconds(engine, session, reps: int = 5) -> float:
+    """Python time to build one decode step's graph (nothing evaluated inside: the generator's
+    case on the GPU kernel set), median of `reps`."""
+    state = session.snapshot().state
+    times = []
+    for _ in range(reps):
+        tok = Sampler(temperature=0.0).draw(state.logits)
+        mx.eval(tok)
+        t0 = time.perf_counter()
+        logits, layers = build(engine.weights, engine.config, state, tok.reshape(1), last_only=True)
+        times.append(time.perf_counter() - t0)
+        mx.eval(logits, *[a for lay in layers for a in lay.arrays()])
+    return statistics.median(times)
+
+
+def step_loop(engine, prompt, n):
+    s = engine.new_session()
+    s.sync(prompt)
+    sampler = Sampler(temperature=0.0)
+    out = [sampler.sample(s.logits)]
+    before = hostread.reads()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        out.append(sampler.sample(s.step(out[-1])))
+    dt = time.perf_counter() - t0
+    return out, n / dt, (hostread.reads() - before) / n, s
+
+
+def generator(engine, prompt, n, consumer_s: float = 0.0):
+    s = engine.new_session()
+    s.sync(prompt)
+    gen = generate(s, Sampler(temperature=0.0), max_tokens=n + 2)
+    out = [next(gen)]
+    before = hostread.reads()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        out.append(next(gen))
+        if consumer_s:
+            time.sleep(consumer_s)  # the consumer's work on this token (parse, events)
+    dt = time.perf_counter() - t0
+    gen.close()
+    return out, n / dt, (hostread.reads() - before) / n, s
+
+
+def run_cell(path, ctx, prompt, n, kernel_set):
+    with kernels(kernel_set):
+        engine = load_engine(path, ctx=ctx)
+        ref = engine.new_session()
+        ref.sync(prompt)
+        row = {"kernels": kernel_set, "layers": engine.config.n_layers}
+        row["prims_step"] = primitives_per_token(engine, ref, with_sampler=False)
+        row["prims_gen"] = primitives_per_token(engine, ref, with_sampler=True)
+        row["build_s"] = graph_build_seconds(engine, ref)
+        step_loop(engine, prompt, 2)  # warm-up (compiled kernels, caches)
+        row["step_tokens"], row["step_tps"], row["step_reads"], _ = step_loop(engine, prompt, n)
+        row["gen_tokens"], row["gen_tps"], row["gen_reads"], _ = generator(engine, prompt, n)
+        # Wall per token with a busy consumer over the same with an idle one; alternated and the
+        # median taken, so a burst of load from elsewhere on the machine hits both sides alike.
+        ratios = []
+        for _ in range(3):
+            _, busy_tps, _, _ = generator(engine, prompt, n, consumer_s=row["build_s"])
+            _, idle_tps, _, _ = generator(engine, prompt, n)
+            ratios.append(idle_tps / busy_tps)
+        row["overlap"] = statistics.median(ratios)
+        del engine
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, default=32, help="decoded tokens per measurement")
+    ap.add_argument("--prompt", type=int, default=64, help="prompt tokens before decoding")
+    ap.add_argument("--flash", type=Path, help="the Flash test file instead of the small model")
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.flash is not None:
+            path = args.flash
+        else:
+            from tests.weights.quantmodel import Q2_TYPES, write_quant_model
+
+            path = write_quant_model(Path(tmp) / "small-q2.gguf", test_config("small"), Q2_TYPES, seed=1)
+        ctx = max(256, args.prompt + args.tokens + 8)
+        prompt = [int(t) for t in rng.integers(0, 50_000, size=args.prompt)]
+        cpu = run_cell(path, ctx, prompt, args.tokens, "cpu")
+        gpu = run_cell(path, ctx, prompt, args.tokens, "gpu")
+
+    L = cpu["layers"]
+    print(f"decode: {'Flash file' if args.flash else 'small q2'} ({L} layers), device {mx.default_device()}, "
+          f"{args.prompt}-token prompt, {args.tokens} greedy tokens per run")
+    print(f"{'':34s}{'today: step loop':>18s}{'step loop':>12s}{'generator':>12s}{'now: generator':>16s}")
+    print(f"{'kernel set':34s}{'cpu':>18s}{'gpu':>12s}{'cpu':>12s}{'gpu':>16s}")
+    cells = [(cpu, "step"), (gpu, "step"), (cpu, "gen"), (gpu, "gen")]
+
+    def line(name, fmt, key):
+        vals = [fmt.format(row[f"{kind}_{key}"]) for row, kind in cells]
+        print(f"{name:34s}{vals[0]:>18s}{vals[1]:>12s}{vals[2]:>12s}{vals[3]:>16s}")
+
+    line("device->host reads / token", "{:.2f}", "reads")
+    print(f"{'MLX primitives / token':34s}{cpu['prims_step']:>18d}{gpu['prims_step']:>12d}"
+          f"{cpu['prims_gen']:>12d}{gpu['prims_gen']:>16d}")
+    print(f"{'MLX primitives / layer':34s}{cpu['prims_step'] / L:>18.0f}{gpu['prims_step'] / L:>12.0f}"
+          f"{cpu['prims_gen'] / L:>12.0f}{gpu['prims_gen'] / L:>16.0f}")
+    line("tokens / s", "{:.1f}", "tps")
+    print(f"{'graph building / token (ms)':34s}{cpu['build_s'] * 1e3:>18.1f}{gpu['build_s'] * 1e3:>12.1f}"
+          f"{cpu['build_s'] * 1e3:>12.1f}{gpu['build_s'] * 1e3:>16.1f}")
+    print(f"{'overlap: busy / idle consumer':34s}{'':>18s}{'':>12s}{cpu['overlap']:>12.2f}{gpu['overlap']:>16.2f}")
+
+    failures = []
+    if gpu["gen_reads"] > READS_TARGET:
+        failures.append(f"reads per token on the GPU kernel set {gpu['gen_reads']:.2f} > {READS_TARGET}")
+    ratio = gpu["prims_gen"] / cpu["prims_step"]
+    if ratio > PRIMITIVES_TARGET:
+        failures.append(f"primitives per token {gpu['prims_gen']} vs today's {cpu['prims_step']}: "
+                        f"{1 - ratio:.0%} fewer, target {1 - PRIMITIVES_TARGET:.0%}")
+    if gpu["overlap"] > OVERLAP_TARGET:
+        failures.append(f"overlap {gpu['overlap']:.2f}x > {OVERLAP_TARGET}x")
+    for row in (cpu, gpu):
+        if row["step_tokens"] != row["gen_tokens"]:
+            failures.append(f"{row['kernels']} kernel set: the generator's tokens differ from the step loop's")
+    print(f"primitives: {1 - ratio:.0%} fewer than today; tokens identical: "
+          f"{all(r['step_tokens'] == r['gen_tokens'] for r in (cpu, gpu))}")
+    for f in failures:
+        print(f"BELOW TARGET: {f}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

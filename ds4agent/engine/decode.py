@@ -1,0 +1,84 @@
+"""The one decode primitive: `generate`, a generator of token ids over a Session.
+
+    for token in generate(session, sampler, max_tokens=cap, greedy=lambda: parser.in_syntax):
+        ...  # parse, emit events; `break` to stop (interrupt, stop token, closing tag)
+
+How a token moves (mlx-lm's generate_step pattern, with the sample as a graph of its own):
+
+    sample t[n] from the logits after t[n-1]      (a small graph: sampler.draw)
+    dispatch the step of t[n]  (mx.async_eval)    (the forward pass, t[n] still on the device)
+    read t[n]                                     (the one host read of the token: it waits for
+                                                   the step of t[n-1] and the sample only)
+    yield t[n]        <- the device computes the step of t[n] while the consumer works on t[n]
+    accept the step of t[n]; ask greedy() for t[n+1]; sample; dispatch; ...
+
+So graph building and the consumer's work (DSML parsing, events) run while the device computes,
+and the sampling mode of t[n+1] is decided from t[n] (the consumer has seen t[n] before the
+generator calls `greedy()`): the greedy-for-DSML-syntax rule holds exactly.
+
+The step of a handed-out token is speculative until the consumer asks for the next token. While
+the consumer holds t[n], the session holds exactly the tokens before t[n]; it only advances when
+the consumer resumes the generator. Stopping (break, close(), an exception in the consumer, the
+token cap, a full context) drops the in-flight step, so the session ends exactly as it stood
+when the last token was handed out: the step loop's state without that token. The caller
+appends the handed-out tokens it keeps to its transcript; the next `sync` runs the rest.
+
+The RNG advances once per sampled (non-greedy) token handed out, never for a dropped step:
+sampling happens only for tokens that are handed out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from typing import Any
+
+import mlx.core as mx
+
+from .errors import EngineError
+from .hostread import to_int
+from .sampler import check_token
+
+
+def generate(session: Any, sampler: Any, *, max_tokens: int,
+             greedy: Callable[[], bool] | None = None,
+             forced: Callable[[], int | None] | None = None) -> Generator[int, None, None]:
+    """Token ids sampled after the session's live state, at most `max_tokens` (and no more than
+    the context can take: the last one is handed out without a step). `greedy()` is asked before
+    each token is sampled (None: the sampler's own mode for every token). `forced()` is asked
+    first: an id it returns is the next token instead of a sample (stepped and handed out like
+    one; the RNG does not advance), None lets the sampler draw.
+
+    The session must hold at least one token (its logits are where decoding starts) and must not
+    be driven by anything else until the generator ends."""
+    if max_tokens <= 0:
+        return
+    logits = session.next_logits
+    if logits is None:
+        raise EngineError("nothing to decode from: the session holds no tokens")
+    ctx = session.engine.ctx
+    n = 0
+    try:
+        while True:
+            f = forced() if forced is not None else None
+            if f is not None:
+                token = mx.array(check_token(int(f)), dtype=mx.int32)
+            else:
+                token = sampler.draw(logits, greedy=bool(greedy()) if greedy is not None else False)
+            n += 1
+            # The key is evaluated with its token: it must not grow into a graph token by token.
+            mx.async_eval(token, sampler.key)
+            last = n >= max_tokens or len(session) + 1 > ctx
+            # An error code (negative id, sampler.py) must never index the embedding on the
+            # device; the step it feeds is dropped when the code is read just below.
+            pending = None if last else session.dispatch(mx.maximum(token, 0))
+            tok = check_token(to_int(token))
+            yield tok
+            if pending is None:
+                return
+            session.accept(pending, tok)
+            logits = session.next_logits
+    finally:
+        # Nothing lazy or in flight may outlive the generator: the session and the sampler may
+        # next be used from another thread (session.py's module doc).
+        session.settle()
+        mx.eval(sampler.key)

@@ -1,0 +1,465 @@
+"""The OS boundary every bash job runs inside: what a command can write, whatever its text says.
+
+The permission policy decides what to ask; this module decides what can happen. A job may write
+only beneath the working tree (never into its `.git/`, unless the user allowed git to write its
+metadata for the session), in its own temporary directory (TMPDIR), in /dev/shm (POSIX semaphores
+and shared memory: Python's multiprocessing needs it, it holds no user files), /dev/null and the
+terminal devices. Reads stay open everywhere.
+
+Public API:
+    Boundary(root, temp, git_writable)   what one job may write
+    Grants                               what the user allowed beyond it (ToolContext.sandbox)
+    availability() -> Availability       is there an OS sandbox here, and which (cached per process)
+    wrap(argv, boundary) -> list[str]    the argv that runs `argv` inside the boundary
+    seatbelt_profile(boundary) -> str    the macOS profile text (sandbox-exec -p)
+    refusals(output, cwd, boundary) -> list[Refusal]   paths the output says were refused, that
+                                         the boundary forbids (the sandbox's doing, not the file's)
+    mentions_refusal(output) -> bool     whether it reports any refusal (for a note without a path)
+    handled_rights(abi)                  the Landlock rights, attr size and scopes asked of an ABI
+    git_paths(root) -> tuple[str, ...]   the tree's git metadata: its .git and where it points
+
+Linux: Landlock through a small ctypes layer of our own (three syscalls and one prctl). The bindings
+on the package index (`landlock` 1.0.0.dev5, `py-landlock` 0.1, `landlockpy` 0.2) are pre-1.0 or
+development releases, and what this needs is tiny: ABI detection and path-beneath rules. The rules
+are applied by a launcher (this file run as a script with `python -I -S`, so it imports nothing but
+the standard library) that execs the shell: the agent's process is multi-threaded, and Python code
+between fork and exec (preexec_fn) in a threaded process can deadlock. Landlock's restriction is
+inherited by every descendant and cannot be lifted.
+
+Landlock only grants (rights given on a directory hold for everything beneath it), so `.git/`
+cannot be carved out of a writable tree by a rule. The launcher therefore first enters a new user
+and mount namespace (unprivileged) and bind-mounts the tree's `.git` read-only over itself; Landlock
+then forbids the sandboxed processes to mount or unmount anything, so they cannot undo it. Where
+user namespaces are not allowed (some distributions switch them off), the tree's top-level entries
+other than `.git` get rules one by one instead: everything still works beneath them, but creating
+or removing an entry directly in the tree's top directory is then refused (and asked about).
+A nested repository's `.git` deeper in the tree is not protected (finding them would mean walking
+the tree before every command).
+
+Each job is its own Landlock domain, scoped (ABI 6) so that it cannot signal processes outside it
+(the agent, the user's editor, an earlier job: bash_stop stops those) nor reach abstract Unix
+sockets. Network access and Unix sockets on the file system (a docker or ssh-agent socket) stay
+open: the boundary is about files.
+
+macOS: a Seatbelt profile with the same rules, run through /usr/bin/sandbox-exec.
+
+Diagnostic switch: DS4AGENT_SANDBOX=off makes availability() report no sandbox (tests of the
+no-sandbox path); DS4AGENT_SANDBOX=entries skips the mount namespace (tests of the fallback).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from functools import cache
+
+SWITCH = "DS4AGENT_SANDBOX"
+SANDBOX_EXEC = "/usr/bin/sandbox-exec"
+LAUNCH_FAILED = 126  # the launcher could not build the boundary: nothing ran
+
+# Landlock ABI (include/uapi/linux/landlock.h). Rights that change the file system; reading and
+# executing are not handled, so they stay allowed everywhere.
+_FS_WRITE_FILE = 1 << 1
+_FS_REMOVE_DIR = 1 << 4
+_FS_REMOVE_FILE = 1 << 5
+_FS_MAKE_CHAR = 1 << 6
+_FS_MAKE_DIR = 1 << 7
+_FS_MAKE_REG = 1 << 8
+_FS_MAKE_SOCK = 1 << 9
+_FS_MAKE_FIFO = 1 << 10
+_FS_MAKE_BLOCK = 1 << 11
+_FS_MAKE_SYM = 1 << 12
+_FS_REFER = 1 << 13  # ABI 2: renames and links across directories (unhandled in ABI 1: always EXDEV)
+_FS_TRUNCATE = 1 << 14  # ABI 3: truncate(2) and O_TRUNC (before it, truncation was not controlled)
+_FS_IOCTL_DEV = 1 << 15  # ABI 5: ioctl on devices; handled so TIOCSTI cannot type into a terminal
+_SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6: no connecting to abstract sockets outside the sandbox
+_SCOPE_SIGNAL = 1 << 1  # ABI 6: no signals to processes outside the sandbox (the agent, the editor)
+_FS_V1 = (_FS_WRITE_FILE | _FS_REMOVE_DIR | _FS_REMOVE_FILE | _FS_MAKE_CHAR | _FS_MAKE_DIR | _FS_MAKE_REG
+          | _FS_MAKE_SOCK | _FS_MAKE_FIFO | _FS_MAKE_BLOCK | _FS_MAKE_SYM)
+_FILE_RIGHTS = _FS_WRITE_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV  # the only rights a rule on a file may hold
+_RULE_PATH_BENEATH = 1
+_CREATE_RULESET_VERSION = 1
+_PR_SET_NO_NEW_PRIVS = 38
+# The Landlock syscalls were added after the numbering was unified across architectures.
+_SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
+_CLONE_NEWNS, _CLONE_NEWUSER = 0x00020000, 0x10000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_BIND, _MS_NOATIME, _MS_NODIRATIME = 32, 4096, 1024, 2048
+_MS_REC, _MS_PRIVATE, _MS_RELATIME = 16384, 1 << 18, 1 << 21
+_ST_RELATIME = 4096
+
+# Devices a job writes as usual (output to a terminal, discarding): write only, no ioctl.
+# (/dev/stdout and /dev/fd/N reopen what the job already holds: a pipe needs no rule, and a file is
+# judged by its own path.)
+_DEVICES = ("/dev/null", "/dev/tty", "/dev/pts")
+_SHARED = ("/dev/shm",)
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """What one job may write: beneath `root` (but its git metadata only when `git_writable`), and
+    beneath `temp`."""
+
+    root: str
+    temp: str
+    git_writable: bool = False
+
+
+@dataclass
+class Grants:
+    """What the user allowed beyond the boundary, per agent: git metadata for the session, or one
+    job outside the sandbox (taken by the next job that starts)."""
+
+    git_writable: bool = False
+    git_once: bool = False
+    outside_once: bool = False
+
+    def take_outside_once(self) -> bool:
+        once, self.outside_once = self.outside_once, False
+        return once
+
+    def take_git(self) -> bool:
+        """Whether the next job may write git metadata (a one-time grant is used up)."""
+        once, self.git_once = self.git_once, False
+        return self.git_writable or once
+
+
+@dataclass(frozen=True)
+class Availability:
+    available: bool
+    kind: str  # "landlock", "seatbelt" or "" (none)
+    detail: str  # what it is, or why there is none
+
+    def describe(self) -> str:
+        return f"sandbox: {self.detail}"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    path: str
+    in_git: bool  # the path is git metadata (the user can allow that for the session)
+
+
+# --------------------------------------------------------------------------------------------------
+# Availability and the argv
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version, 0 when there is none (not Linux, not built, switched off)."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    abi = libc.syscall(ctypes.c_long(_SYS_CREATE_RULESET), None, ctypes.c_size_t(0),
+                       ctypes.c_uint32(_CREATE_RULESET_VERSION))
+    return max(0, int(abi))
+
+
+@cache
+def availability() -> Availability:
+    switch = os.environ.get(SWITCH, "")
+    if switch == "off":
+        return Availability(False, "", f"none (switched off by {SWITCH}=off)")
+    if sys.platform == "darwin":
+        if os.access(SANDBOX_EXEC, os.X_OK):
+            return Availability(True, "seatbelt", "Seatbelt (sandbox-exec)")
+        return Availability(False, "", f"none ({SANDBOX_EXEC} not found)")
+    abi = landlock_abi()
+    if abi <= 0:
+        return Availability(False, "", f"none (no Landlock in this kernel, {os.uname().release})")
+    if entries_only():
+        how = ".git read-only by rules on the tree's entries; creating entries in the tree's top directory asks"
+    else:
+        how = ".git read-only through a mount namespace"
+    return Availability(True, "landlock", f"Landlock ABI {abi} ({how})")
+
+
+@cache
+def entries_only() -> bool:
+    """Whether the tree gets rules per top-level entry (no user namespaces here, or switched so)."""
+    if os.environ.get(SWITCH) == "entries":
+        return True
+    import subprocess
+
+    try:
+        probe = subprocess.run([sys.executable, "-I", "-S", os.path.abspath(__file__), "--probe"],
+                               stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return True
+    return probe.returncode != 0
+
+
+def wrap(argv: list[str], boundary: Boundary) -> list[str]:
+    """The argv that runs `argv` inside the boundary (unchanged when there is no sandbox: the
+    policy then asks about every command)."""
+    avail = availability()
+    if avail.kind == "seatbelt":
+        return [SANDBOX_EXEC, "-p", seatbelt_profile(boundary), *argv]
+    if avail.kind == "landlock":
+        spec = {"root": boundary.root, "temp": boundary.temp, "git_writable": boundary.git_writable,
+                "entries": entries_only()}
+        return [sys.executable, "-I", "-S", os.path.abspath(__file__), json.dumps(spec), "--", *argv]
+    return list(argv)
+
+
+def git_paths(root: str) -> tuple[str, ...]:
+    """The tree's git metadata: the `.git` of the tree or of the nearest directory above it (a
+    directory, or in a linked worktree a file), and for a `.git` file the git directory it names
+    and that one's common directory (objects, refs, hooks)."""
+    here = os.path.realpath(root)
+    while True:
+        dot_git = os.path.join(here, ".git")
+        if os.path.lexists(dot_git):
+            break
+        parent = os.path.dirname(here)
+        if parent == here:
+            return ()
+        here = parent
+    out = [dot_git]
+    if os.path.isfile(dot_git) and not os.path.islink(dot_git):
+        try:
+            with open(dot_git, encoding="utf-8", errors="replace") as f:
+                line = f.read(4096).strip()
+        except OSError:
+            line = ""
+        if line.startswith("gitdir:"):
+            gitdir = os.path.realpath(os.path.join(here, line[len("gitdir:"):].strip()))
+            out.append(gitdir)
+            try:
+                with open(os.path.join(gitdir, "commondir"), encoding="utf-8", errors="replace") as f:
+                    out.append(os.path.realpath(os.path.join(gitdir, f.read(4096).strip())))
+            except OSError:
+                pass
+    return tuple(dict.fromkeys(out))
+
+
+def _quote_sbpl(path: str) -> str:
+    return '"' + path.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def seatbelt_profile(boundary: Boundary) -> str:
+    """Everything allowed but writes; writes beneath the tree and the temp dir, minus git metadata.
+    Seatbelt sees resolved paths (/private/var/...), so every path is resolved first; a later rule
+    wins over an earlier one, so the git denial comes after the tree's allowance."""
+    root, temp = os.path.realpath(boundary.root), os.path.realpath(boundary.temp)
+    lines = [
+        "(version 1)",
+        "(allow default)",
+        "(deny file-write*)",
+        "(allow file-write*",
+        f"  (subpath {_quote_sbpl(root)})",
+        f"  (subpath {_quote_sbpl(temp)})",
+        '  (literal "/dev/null") (literal "/dev/tty") (regex #"^/dev/ttys[0-9]+$") (regex #"^/dev/fd/"))',
+    ]
+    git = [os.path.realpath(p) for p in git_paths(root)]
+    if boundary.git_writable:
+        outside = [p for p in git if not _inside(p, root)]
+        if outside:
+            lines.append("(allow file-write* " + " ".join(f"(subpath {_quote_sbpl(p)})" for p in outside) + ")")
+    elif git:
+        lines.append("(deny file-write* " + " ".join(f"(subpath {_quote_sbpl(p)})" for p in git) + ")")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# Refusals read from a job's output
+
+# "PATH: Permission denied", "cannot create PATH: Permission denied", git's "Unable to create
+# 'PATH': ...", Python's "PermissionError: [Errno 13] Permission denied: 'PATH'". Landlock refuses
+# with EACCES (EXDEV for a rename it forbids), the read-only .git mount with EROFS.
+_QUOTED = re.compile(r"'([^'\n]+)'|\"([^\"\n]+)\"|‘([^’\n]+)’|`([^'`\n]+)'")
+_REASONS = r"(?:Permission denied|Operation not permitted|Read-only file system|Invalid cross-device link)"
+_DENIED = re.compile(_REASONS)
+# An unquoted path is taken only right before the reason ("cannot create ../x: Permission denied").
+_BARE = re.compile(r"(?:^|\s)([^\s:'\"‘’`]+): " + _REASONS)
+_MAX_LINES = 2000
+
+
+def mentions_refusal(output: str) -> bool:
+    """Whether the output reports a refused operation at all (named path or not)."""
+    return bool(_DENIED.search(output))
+
+
+def refusals(output: str, cwd: str, boundary: Boundary) -> list[Refusal]:
+    """The paths the output reports refused that the boundary forbids writing (so the sandbox, not
+    the file's own permissions, said no). Read from the text: the kernel leaves no other trace an
+    unprivileged process can read. A path the boundary allows is never reported."""
+    found: dict[str, Refusal] = {}
+    root = os.path.realpath(boundary.root)
+    git = [os.path.realpath(p) for p in git_paths(root)] if not boundary.git_writable else []
+    for n, line in enumerate(output.splitlines()):
+        if n >= _MAX_LINES:
+            break
+        if not _DENIED.search(line):
+            continue
+        candidates = [next(g for g in m.groups() if g) for m in _QUOTED.finditer(line)]
+        # A bare word at the very start of the line is the program reporting ("sh: x: ...").
+        candidates += [m.group(1) for m in _BARE.finditer(line) if m.start(1) > 0]
+        for text in candidates:
+            if text.startswith("[Errno"):
+                continue
+            path = os.path.normpath(os.path.join(cwd, os.path.expanduser(text)))
+            resolved = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+            in_git = any(_inside(resolved, g) or _inside(path, g) for g in git)
+            if in_git or not _writable(resolved, boundary, root):
+                found.setdefault(path, Refusal(path, in_git))
+    return list(found.values())
+
+
+def _writable(path: str, boundary: Boundary, root: str) -> bool:
+    if _inside(path, root):
+        # Without a mount namespace, the tree's top directory itself holds no rights.
+        return not (entries_only() and os.path.dirname(path) == root)
+    if _inside(path, os.path.realpath(boundary.temp)):
+        return True
+    return any(_inside(path, d) for d in (*_DEVICES, *_SHARED))
+
+
+def _inside(path: str, root: str) -> bool:
+    try:
+        return os.path.commonpath([path, root]) == root
+    except ValueError:
+        return False
+
+
+# --------------------------------------------------------------------------------------------------
+# The launcher (runs in the job's process, single-threaded, before exec)
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1  # the kernel's struct is packed: 12 bytes
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def handled_rights(abi: int) -> tuple[int, int, int]:
+    """(handled fs rights, ruleset attr size, scopes) for an ABI: each version adds fields the
+    older kernels reject, so only what this kernel knows is asked for."""
+    fs = _FS_V1
+    if abi >= 2:
+        fs |= _FS_REFER
+    if abi >= 3:
+        fs |= _FS_TRUNCATE
+    if abi >= 5:
+        fs |= _FS_IOCTL_DEV
+    size = 8 if abi < 4 else 16 if abi < 6 else 24
+    scoped = (_SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL) if abi >= 6 else 0
+    return fs, size, scoped
+
+
+def _fail(what: str) -> None:
+    os.write(2, f"ds4agent sandbox: {what}; the command was not run\n".encode())
+    os._exit(LAUNCH_FAILED)
+
+
+def _enter_mount_namespace(protected: list[str]) -> bool:
+    """Bind the git metadata read-only over itself in a private mount namespace (False when user
+    namespaces are not allowed here: the caller falls back to rules per entry)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS) != 0:
+        return False
+    # Map only ourselves: the same uid and gid inside as outside.
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+    mount = libc.mount
+    mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+    if mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        _fail(f"cannot make the mounts private: {os.strerror(ctypes.get_errno())}")
+    for path in protected:
+        p = path.encode()
+        if mount(p, p, None, _MS_BIND | _MS_REC, None) != 0:
+            _fail(f"cannot bind {path}: {os.strerror(ctypes.get_errno())}")
+        # A remount must keep the flags the outer namespace locked (nosuid, nodev, atime...).
+        f = os.statvfs(path).f_flag
+        keep = f & (_MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_NOATIME | _MS_NODIRATIME)
+        keep |= _MS_RELATIME if f & _ST_RELATIME else 0
+        if mount(None, p, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | keep, None) != 0:
+            _fail(f"cannot make {path} read-only: {os.strerror(ctypes.get_errno())}")
+    return True
+
+
+def _apply_landlock(spec: dict) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    abi = landlock_abi()
+    if abi <= 0:
+        _fail("Landlock is not available")
+    fs, size, scoped = handled_rights(abi)
+    root = os.path.realpath(spec["root"])
+    git = [os.path.realpath(p) for p in git_paths(root)]
+    inside_git = [p for p in git if _inside(p, root)]
+    allowed: list[tuple[str, int]] = [(os.path.realpath(spec["temp"]), fs)]
+    if spec["git_writable"]:
+        allowed.append((root, fs))
+        allowed += [(p, fs) for p in git if not _inside(p, root)]
+    elif not inside_git or (not spec["entries"] and _enter_mount_namespace(inside_git)):
+        allowed.append((root, fs))
+    else:
+        # No mount namespace: every top-level entry but the git metadata, one by one. Symlinks are
+        # skipped (a rule would follow them out of the tree; their targets inside have their own).
+        dot_git = os.path.join(root, ".git")
+        with os.scandir(root) as it:
+            for entry in it:
+                if entry.path != dot_git and not entry.is_symlink():
+                    allowed.append((entry.path, fs if entry.is_dir(follow_symlinks=False) else fs & _FILE_RIGHTS))
+    for dev in _DEVICES:
+        allowed.append((dev, _FS_WRITE_FILE | (fs & _FS_TRUNCATE)))
+    allowed += [(p, fs) for p in _SHARED]
+
+    attr = _RulesetAttr(fs, 0, scoped)
+    ruleset = libc.syscall(ctypes.c_long(_SYS_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(size),
+                           ctypes.c_uint32(0))
+    if ruleset < 0:
+        _fail(f"cannot create a Landlock ruleset: {os.strerror(ctypes.get_errno())}")
+    for path, rights in allowed:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            continue  # absent here (no /dev/shm, no terminal): nothing to allow
+        try:
+            if not os.path.isdir(path):
+                rights &= _FILE_RIGHTS
+            rule = _PathBeneathAttr(rights & fs, fd)
+            if libc.syscall(ctypes.c_long(_SYS_ADD_RULE), ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH),
+                            ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
+                _fail(f"cannot add a Landlock rule for {path}: {os.strerror(ctypes.get_errno())}")
+        finally:
+            os.close(fd)
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        _fail(f"cannot set no_new_privs: {os.strerror(ctypes.get_errno())}")
+    if libc.syscall(ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+        _fail(f"cannot enter the Landlock domain: {os.strerror(ctypes.get_errno())}")
+    os.close(ruleset)
+
+
+def _launch(argv: list[str]) -> None:
+    if argv == ["--probe"]:
+        os._exit(0 if _enter_mount_namespace([]) else 1)
+    if len(argv) < 3 or argv[1] != "--":
+        _fail("usage: sandbox.py SPEC -- PROGRAM [ARGS...]")
+    try:
+        _apply_landlock(json.loads(argv[0]))
+    except (OSError, ValueError, KeyError) as exc:
+        _fail(f"cannot build the boundary: {exc}")
+    try:
+        os.execv(argv[2], argv[2:])
+    except OSError as exc:
+        _fail(f"cannot run {argv[2]}: {os.strerror(exc.errno or errno.ENOENT)}")
+
+
+if __name__ == "__main__":
+    _launch(sys.argv[1:])

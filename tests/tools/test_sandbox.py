@@ -1,0 +1,327 @@
+"""The OS sandbox around bash jobs: real escape attempts through run_tool with a default ToolContext.
+
+Each attempt runs in a git work tree whose sibling directory is the "outside"; afterwards nothing
+outside and nothing in .git/ may have changed, while ordinary writes in the tree and in the job's
+TMPDIR still work. The permission policy plays no part here (run_tool runs what it is given): the
+sandbox alone holds the boundary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ds4agent.tools import ToolContext, run_tool, sandbox
+from ds4agent.tools.permissions import GIT_METADATA_QUESTION, PermissionPolicy
+
+pytestmark = pytest.mark.skipif(not sandbox.availability().available, reason="no OS sandbox on this machine")
+linux_only = pytest.mark.skipif(sandbox.availability().kind != "landlock", reason="Landlock (Linux) only")
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    """Every entry beneath root: its kind and content (or link target)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath, name)
+            rel = str(p.relative_to(root))
+            if p.is_symlink():
+                out[rel] = "link:" + os.readlink(p)
+            elif p.is_dir():
+                out[rel] = "dir"
+            else:
+                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+@pytest.fixture
+def tree(tmp_path: Path):
+    work = tmp_path / "tree"
+    outside = tmp_path / "outside"
+    work.mkdir()
+    outside.mkdir()
+    (outside / "existing").write_text("keep me\n")
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    (work / "file.txt").write_text("hello\n")
+    subprocess.run(["git", "-C", str(work), "-c", "user.name=t", "-c", "user.email=t@t", "add", "."], check=True)
+    subprocess.run(["git", "-C", str(work), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one"],
+                   check=True)
+    (work / "sub").mkdir()
+    os.symlink("../outside", work / "inlink")  # a symlink inside the tree that leads out
+    out_dir = tmp_path / "joblogs"
+    out_dir.mkdir()
+    ctx = ToolContext(cwd=work, output_dir=out_dir)
+    before = (_snapshot(outside), _snapshot(work / ".git"))
+    yield ctx, work, outside
+    ctx.close()
+    assert _snapshot(outside) == before[0], "something changed outside the tree"
+    assert _snapshot(work / ".git") == before[1], "something changed in .git/"
+
+
+def _bash(ctx: ToolContext, command: str):
+    return run_tool("bash", {"command": command, "refresh_sec": 60}, ctx)
+
+
+ESCAPES = {
+    "cr-comment": "echo ok \r# ; cp /etc/hostname ../outside/STOLEN",
+    "backslash-newline-in-quotes": 'echo "a\\\nb" > "../outside/b\\\ns"; echo x > ../outside/bs',
+    "heredoc-delimiter": 'cat > ../outside/hd <<"E\\\nOF"\nbody\nE\\\nOF\nx\nEOF\n',
+    "cdpath": "CDPATH=.. cd outside && echo x > cdpath",
+    "cd-through-in-tree-symlink": "cd inlink && echo x > via-link && echo y >> existing",
+    "for-home": "for HOME in ../outside; do echo x > ~/home; done",
+    "read-path": "read P <<EOF\n../outside/readpath\nEOF\necho x > \"$P\"",
+    "sort-o": "sort -o ../outside/sorted /etc/hostname",
+    "uniq-out": "uniq /etc/hostname ../outside/uniq",
+    "xxd-r": "xxd /etc/hostname > dump && xxd -r dump ../outside/xxd",
+    "iconv-o": "iconv -f utf-8 -t utf-8 -o ../outside/iconv /etc/hostname",
+    "gzip-k": "gzip -k ../outside/existing",
+    "git-ls-remote-upload-pack": "git ls-remote --upload-pack='touch ../outside/up; git-upload-pack' . ",
+    "git-clone-hookspath": "git clone -q -c core.hooksPath=/tmp . ../outside/clone",
+    "tar-checkpoint-exec": "tar --checkpoint=1 --checkpoint-action=exec='touch ../outside/tar' -cf /dev/null /etc/hostname",
+    "sed-e": "echo x | sed 'e touch ../outside/sed'",
+    "awk-f-stdin": "echo 'BEGIN { print \"x\" > \"../outside/awk\" }' | awk -f -",
+    "git-init-template": ("mkdir -p tpl/hooks && printf '#!/bin/sh\\ntouch ../outside/hook\\n' > tpl/hooks/post-commit"
+                          " && chmod +x tpl/hooks/post-commit && git init -q --template=tpl ."),
+    "git-init-separate-git-dir": "git init -q --separate-git-dir=../outside/sep .",
+    "tar-transform-into-hooks": ("mkdir -p x && printf '#!/bin/sh\\necho pwned\\n' > x/pre-commit && tar -cf a.tar x"
+                                 " && tar -xf a.tar --transform 's,^x,.git/hooks,'"),
+    "find-delete-head": "find . -name HEAD -delete",
+    "symlink-then-write": "ln -s ../outside l2 && echo x > l2/made-then-written",
+    # Variants of our own.
+    "python-open": "python3 -c \"open('../outside/py', 'w').write('x')\"",
+    "move-git-away": "mv .git moved-git",
+    "remove-git": "rm -rf .git",
+    "git-config-hook": "git config core.hooksPath /tmp",
+    "hard-link-into-git": "ln .git/config cfg && echo '[core] pager = touch ../outside/pg' >> cfg",
+    "unmount-git": "umount .git; umount -l .git; echo x > .git/hooks/post-checkout",
+    "new-namespace-remount": "unshare -Urm sh -c 'mount -o remount,rw .git; echo x > .git/new'",
+    "absolute-path": "echo x > \"$(cd ..; pwd)/outside/abs\"",
+    "setsid-background": "setsid sh -c 'echo x > ../outside/later' & wait",
+    "symlink-swap-dir": "mv sub sub2 && ln -s ../outside sub && echo x > sub/swap",
+    "rename-into-outside": "echo x > f && mv f ../outside/moved",
+    "truncate-outside": "truncate -s 0 ../outside/existing; : > ../outside/existing",
+    "env-cleared": "env -i /bin/sh -c 'echo x > ../outside/envi'",
+    "lessopen": "LESSOPEN='|touch ../outside/less %s' less -f /etc/hostname > /dev/null",
+    "git-alias": "git -c alias.x='!touch ../outside/alias' x",
+    "perl-e": "perl -e 'open(F, \">../outside/perl\"); print F 1'",
+    "vim-ex": "vim -es -c 'w! ../outside/vim' -c 'q!' /etc/hostname",
+    "home-dotfile": "HOME=../outside; echo x >> ~/.bashrc",
+    "git-hooks-via-config-file": "printf '[core]\\n\\thooksPath = /tmp\\n' >> .git/config",
+    "cp-into-git": "cp /etc/hostname .git/hooks/pre-commit; chmod +x .git/hooks/pre-commit",
+    "rsync-like-tar-pipe": "tar -cf - -C /etc hostname | tar -xf - -C ../outside",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ESCAPES))
+def test_escape_attempts_change_nothing_outside_or_in_git(tree, name):
+    ctx, work, outside = tree
+    result = _bash(ctx, ESCAPES[name])
+    assert "status=done" in result.text
+
+
+def test_the_system_temp_directory_is_outside_too(tree):
+    ctx, work, _ = tree
+    target = Path("/tmp") / f"ds4agent-escape-{os.getpid()}-{id(ctx)}"
+    result = _bash(ctx, f"echo x > {target}; echo y > \"$TMPDIR/ok\" && cat \"$TMPDIR/ok\"")
+    assert not target.exists()
+    assert "y\n" in result.text and [r.path for r in result.sandbox_refusals] == [str(target)]
+
+
+def test_ordinary_writes_in_the_tree_and_tmpdir_work(tree):
+    ctx, work, _ = tree
+    # Without a mount namespace the tree's top directory takes no new entries (see sandbox.py).
+    top = "sub/" if sandbox.entries_only() else ""
+    result = _bash(ctx, f'echo hi > {top}new.txt && mkdir -p {top}d/e && echo y > {top}d/e/f && echo t > "$TMPDIR/t" '
+                        f'&& cat "$TMPDIR/t" && mv {top}new.txt {top}d/ && echo > file.txt && echo > /dev/null '
+                        '&& echo done')
+    assert "exit_status=0" in result.text, result.text
+    assert "t\ndone\n" in result.text
+    assert (work / top / "d" / "new.txt").read_text() == "hi\n"
+    assert (work / top / "d" / "e" / "f").read_text() == "y\n"
+    assert (work / "file.txt").read_text() == "\n"
+
+
+def test_git_reads_work_and_a_commit_names_git_metadata(tree):
+    ctx, work, _ = tree
+    assert "exit_status=0" in _bash(ctx, "git status --short && git log --oneline").text
+    result = _bash(ctx, "git -c user.name=t -c user.email=t@t commit -q --allow-empty -m two")
+    assert "exit_status=128" in result.text
+    assert result.sandbox_refusals and all(r.in_git for r in result.sandbox_refusals)
+    assert "sandbox: the OS sandbox refused writing to " in result.text
+    assert "git metadata (.git/) is read-only" in result.text
+    q = PermissionPolicy("ask").escalation("git commit", result.sandbox_refusals)
+    assert q is not None and q.title == GIT_METADATA_QUESTION and "hooks" in q.title
+    assert q.session_label and q.scope == ("git",)
+
+
+def test_git_metadata_granted_for_the_session_lets_git_commit(tmp_path):
+    work = tmp_path / "w"
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    ctx = ToolContext(cwd=work, output_dir=tmp_path)
+    ctx.sandbox.git_writable = True
+    result = _bash(ctx, "git -c user.name=t -c user.email=t@t commit -q --allow-empty -m one && git log --oneline")
+    assert "exit_status=0" in result.text and "one" in result.text
+    ctx.reset_session()  # /new forgets it
+    result = _bash(ctx, "git -c user.name=t -c user.email=t@t commit -q --allow-empty -m two")
+    assert "exit_status=128" in result.text
+    ctx.close()
+
+
+def test_a_write_outside_is_named_in_the_result(tree):
+    ctx, work, outside = tree
+    result = _bash(ctx, "echo x > ../outside/new")
+    assert not result.ok
+    target = str(outside / "new")
+    assert [r.path for r in result.sandbox_refusals] == [target]
+    assert f"sandbox: the OS sandbox refused writing to {target}: commands may write only inside" in result.text
+    q = PermissionPolicy("ask").escalation("echo x > ../outside/new", result.sandbox_refusals)
+    assert q is not None and q.session_label is None and "outside the sandbox" in q.title
+    assert PermissionPolicy("auto").escalation("echo", result.sandbox_refusals) is None
+
+
+def test_outside_once_runs_one_job_unconfined(tmp_path):
+    work, outside = tmp_path / "w", tmp_path / "o"
+    work.mkdir()
+    outside.mkdir()
+    ctx = ToolContext(cwd=work, output_dir=tmp_path)
+    ctx.sandbox.outside_once = True
+    assert "exit_status=0" in _bash(ctx, "echo x > ../o/once").text
+    assert (outside / "once").read_text() == "x\n"
+    assert "exit_status=2" in _bash(ctx, "echo x > ../o/twice").text
+    assert not (outside / "twice").exists()
+    ctx.close()
+
+
+@linux_only
+def test_entries_fallback_keeps_git_read_only(tree, monkeypatch):
+    """Without a mount namespace: rules per top-level entry; .git stays read-only, subdirectories
+    writable, and creating a top-level entry is refused and reported."""
+    ctx, work, _ = tree
+    monkeypatch.setenv(sandbox.SWITCH, "entries")
+    sandbox.availability.cache_clear()
+    sandbox.entries_only.cache_clear()
+    try:
+        assert sandbox.entries_only()
+        assert "exit_status=0" in _bash(ctx, "echo y > sub/inside && cat file.txt").text
+        assert (work / "sub" / "inside").read_text() == "y\n"
+        assert "status=done" in _bash(ctx, ESCAPES["tar-transform-into-hooks"].replace("mkdir -p x", "mkdir -p sub/x")
+                                      .replace("-cf a.tar x", "-cf sub/a.tar -C sub x").replace("-xf a.tar", "-xf sub/a.tar")).text
+        result = _bash(ctx, "touch top-level-new")
+        assert [r.path for r in result.sandbox_refusals] == [str(work / "top-level-new")]
+    finally:
+        monkeypatch.delenv(sandbox.SWITCH)
+        sandbox.availability.cache_clear()
+        sandbox.entries_only.cache_clear()
+
+
+def test_a_job_cannot_signal_the_agent(tree):
+    ctx, _, _ = tree
+    result = _bash(ctx, f"kill -0 {os.getpid()} && echo reached || echo refused")
+    assert "refused" in result.text
+
+
+# --------------------------------------------------------------------------------------------------
+# Pure functions
+
+
+def test_seatbelt_profile_allows_the_tree_and_temp_and_denies_git(tmp_path):
+    work = tmp_path / 'we"ird'
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    text = sandbox.seatbelt_profile(sandbox.Boundary(str(work), str(tmp_path / "t")))
+    root = os.path.realpath(work).replace('"', '\\"')
+    assert text.startswith("(version 1)\n(allow default)\n(deny file-write*)\n(allow file-write*\n")
+    assert f'(subpath "{root}")' in text
+    assert f'(subpath "{os.path.realpath(tmp_path / "t")}")' in text
+    assert text.rstrip().endswith(f'(deny file-write* (subpath "{root}/.git"))')
+    granted = sandbox.seatbelt_profile(sandbox.Boundary(str(work), str(tmp_path / "t"), git_writable=True))
+    assert "(deny file-write* (subpath" not in granted
+
+
+def test_seatbelt_profile_for_a_linked_worktree_names_its_git_dirs(tmp_path):
+    main = tmp_path / "main"
+    subprocess.run(["git", "init", "-q", str(main)], check=True)
+    subprocess.run(["git", "-C", str(main), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                    "--allow-empty", "-m", "x"], check=True)
+    subprocess.run(["git", "-C", str(main), "worktree", "add", "-q", str(tmp_path / "wt")], check=True)
+    paths = sandbox.git_paths(str(tmp_path / "wt"))
+    assert paths[0] == str(tmp_path / "wt" / ".git")
+    assert os.path.realpath(main / ".git" / "worktrees" / "wt") in paths
+    assert os.path.realpath(main / ".git") in paths
+    granted = sandbox.seatbelt_profile(sandbox.Boundary(str(tmp_path / "wt"), str(tmp_path), git_writable=True))
+    assert f'(subpath "{os.path.realpath(main / ".git")}")' in granted
+
+
+def test_refusals_read_the_usual_messages(tmp_path):
+    b = sandbox.Boundary(str(tmp_path), "/tmp/job")
+    out = ("/bin/sh: 1: cannot create ../elsewhere/a: Permission denied\n"
+           "touch: cannot touch '/etc/b': Permission denied\n"
+           "PermissionError: [Errno 13] Permission denied: '/usr/c'\n"
+           "rm: cannot remove 'sub/inside': Permission denied\n"  # inside the tree: the file's own mode
+           "cp: cannot create regular file ‘/opt/d’: Operation not permitted\n")
+    got = [r.path for r in sandbox.refusals(out, str(tmp_path), b)]
+    assert got == [os.path.normpath(tmp_path / ".." / "elsewhere" / "a"), "/etc/b", "/usr/c", "/opt/d"]
+
+
+@linux_only
+def test_landlock_abi_and_handled_rights():
+    assert sandbox.landlock_abi() >= 1
+    fs1, size1, scoped1 = sandbox.handled_rights(1)
+    fs7, size7, scoped7 = sandbox.handled_rights(7)
+    assert (size1, scoped1) == (8, 0) and size7 == 24 and scoped7 == 3
+    assert fs7 & ~fs1 == (1 << 13) | (1 << 14) | (1 << 15)  # refer, truncate, ioctl_dev
+
+
+def test_switched_off_means_no_sandbox_and_every_command_asks(tmp_path, monkeypatch):
+    monkeypatch.setenv(sandbox.SWITCH, "off")
+    sandbox.availability.cache_clear()
+    try:
+        avail = sandbox.availability()
+        assert not avail.available and "switched off" in avail.describe()
+        policy = PermissionPolicy("ask", allowed_programs={"echo"})
+        ctx = ToolContext(cwd=tmp_path)
+        decision = policy.check("bash", {"command": "echo hi"}, ctx)
+        assert decision.kind == "ask" and decision.question.session_label is None
+        assert "no OS sandbox" in decision.question.title
+        assert sandbox.wrap(["/bin/sh", "-c", "true"], sandbox.Boundary(str(tmp_path), str(tmp_path))) == \
+            ["/bin/sh", "-c", "true"]
+    finally:
+        monkeypatch.delenv(sandbox.SWITCH)
+        sandbox.availability.cache_clear()
+
+
+def test_info_says_whether_there_is_a_sandbox(tmp_path, capsys, monkeypatch):
+    from ds4agent import cli
+    from ds4agent.testmodels import make_test_model
+
+    model = make_test_model(tmp_path / "micro.gguf", "micro", seed=1)
+    assert cli.main(["info", str(model)]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("sandbox ")]
+    assert lines == [f"sandbox     {sandbox.availability().detail}"]
+    assert lines[0].startswith(("sandbox     Landlock ABI", "sandbox     Seatbelt"))
+    monkeypatch.setenv(sandbox.SWITCH, "off")
+    sandbox.availability.cache_clear()
+    try:
+        assert cli.main(["info", str(model)]) == 0
+        assert "\nsandbox     none (switched off by DS4AGENT_SANDBOX=off)\n" in capsys.readouterr().out
+    finally:
+        monkeypatch.delenv(sandbox.SWITCH)
+        sandbox.availability.cache_clear()
+
+
+def test_a_tree_inside_a_repository_knows_the_repository_git_dir(tmp_path):
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "pkg").mkdir()
+    ctx = ToolContext(cwd=repo / "pkg", output_dir=tmp_path)
+    assert sandbox.git_paths(str(repo / "pkg")) == (str(repo / ".git"),)
+    commit = "git -c user.name=t -c user.email=t@t commit -q --allow-empty -m one"
+    refused = _bash(ctx, commit)
+    assert refused.sandbox_refusals and all(r.in_git for r in refused.sandbox_refusals)
+    ctx.sandbox.git_once = True
+    assert "exit_status=0" in _bash(ctx, commit).text
+    assert "exit_status=128" in _bash(ctx, commit).text  # the one-time grant is used up
+    ctx.close()
