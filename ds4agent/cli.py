@@ -17,7 +17,7 @@ from typing import Any
 
 from ds4agent.models.catalog import FLAVOURS
 from ds4agent.models.errors import ModelError
-from ds4agent.models.locate import DEFAULT_MODEL_FILE, resolve_model_path
+from ds4agent.models.locate import DEFAULT_MODEL_FILE
 
 # subcommand -> its module in ds4agent/commands/; its main(args) takes the parsed namespace and
 # returns the exit code.
@@ -30,6 +30,7 @@ SUBCOMMANDS: dict[str, str] = {
     "convert": "ds4agent.commands.convert",
     "pull": "ds4agent.commands.pull",
     "mcp": "ds4agent.commands.mcp",
+    "verify": "ds4agent.commands.verify",
 }
 
 
@@ -69,28 +70,6 @@ def check_agent_flags(args: argparse.Namespace) -> None:
         problems.append(f"--pipeline must be at least 1 process (got {pipeline})")
     if problems:
         raise UsageError(problems[0])
-
-
-def recorded_model(args: argparse.Namespace) -> str | None:
-    """For --resume PREFIX / --continue without a model: the model the session was saved with
-    (the session index records it), so the exit line's "ds4agent --resume ID" works as printed.
-    Said on stderr; None when there is no such record or the file is gone (the usual lookup)."""
-    if not (args.resume or args.continue_session):
-        return None
-    from ds4agent.sessions.index import SessionIndex, find_entry
-    from ds4agent.sessions.store import default_kv_dir
-
-    kv_dir = default_kv_dir(args.kv_dir)
-    if args.continue_session:
-        sid = SessionIndex(kv_dir).latest_for(os.getcwd())
-        found = (sid, SessionIndex(kv_dir).get(sid)) if sid else None
-    else:
-        found = find_entry(kv_dir, args.resume)
-    if found is None or found[1] is None or not found[1].model or not os.path.exists(found[1].model):
-        return None
-    sid, entry = found
-    print(f"ds4agent: session {sid[:8]} was saved with {entry.model}; using that model", file=sys.stderr)
-    return entry.model
 
 
 def _add_kv_dir(parser: argparse.ArgumentParser, default: object = None) -> None:
@@ -292,6 +271,13 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("source", help="directory of the official checkpoint (safetensors)")
     p.add_argument("out", help="output directory")
 
+    p = sub.add_parser("verify", help="check a model against recorded greedy continuations (ds4's test vectors)")
+    p.add_argument("model_path", nargs="?", metavar="MODEL", default=None,
+                   help=f"model weights (default: $DS4AGENT_MODEL, else {DEFAULT_MODEL_FILE})")
+    p.add_argument("--vectors", metavar="DIR", required=True,
+                   help="vector directory: manifest.json, prompts/*.txt, official/*.official.json")
+    p.add_argument("--ctx", type=int, default=None, help="context size (default: enough for the longest case)")
+
     p = sub.add_parser("pull", help="download a model from the Hugging Face Hub (no NAME: list them)")
     p.add_argument("name", nargs="?", metavar="NAME", choices=[f.name for f in FLAVOURS],
                    help="one of: " + ", ".join(f.name for f in FLAVOURS))
@@ -314,14 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is not None:
             return _call(SUBCOMMANDS[args.command], "main", args)
         check_agent_flags(args)
-        if args.model is None and not os.environ.get("DS4AGENT_MODEL"):
-            args.model = recorded_model(args)
-        args.model_path = resolve_model_path(args.model)
-        if args.prompt is not None:
-            return _call("ds4agent.ui.headless", "main", args)
-        if args.plain or not sys.stdout.isatty():
-            return _call("ds4agent.ui.plain", "main", args)
-        return _call("ds4agent.ui.app", "main", args)
+        return _call("ds4agent.commands.agent", "main", args)
     except (UsageError, ModelError) as err:
         print(f"ds4agent: {err}", file=sys.stderr)
         return 2

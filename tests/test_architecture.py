@@ -17,8 +17,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "ds4agent"
 # Room -> the rooms (or single modules, written room.module) it may import. fsutil is the ground
 # floor every room may use. The table is architecture.md's "Arrows" drawing, written out.
 ALLOWED: dict[str, set[str]] = {
-    # The command line's top: the subcommands, and the front ends it starts for the agent itself
-    # (its parser reads the model catalog for `pull`'s choices and the default-model lookup).
+    # The command line's top: the subcommands (the agent itself is commands/agent.py); its parser
+    # reads the model catalog for `pull`'s choices and the slash-command table for --help.
     "cli": {"commands", "ui", "models"},
     "commands": {"ui", "agent", "tools", "engine", "sessions", "models", "protocol", "testmodels"},
     "ui": {"agent"},

@@ -22,6 +22,8 @@ Modules:
     mcp_glue.py    MCP servers: the project-file question, start / join / stop, their tools
     decode.py      TokenStream: the one decode loop (a round and a compaction summary)
     stream.py      one round's tokens -> events (over protocol.dsml); Coalescer
+    edit_assist.py the forced [upto] and the preflight stop while the model writes an edit
+    verify.py      checking a model against recorded greedy continuations (`ds4agent verify`)
     transcript.py  the append-only transcript
     history.py     replaying saved turns for display
     events.py      the typed events

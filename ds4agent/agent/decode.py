@@ -13,6 +13,7 @@ DSML block costs no model step that is kept.
     for token in stream:
         ...            # break to stop: this token is not in the session
     stream.interrupted  # True when should_stop() ended it
+    stream.force(ids)   # the next tokens are these ids, not sampled (the agent writes them itself)
 
 should_stop() is asked as each token arrives; a token that arrives after it said so is dropped,
 as if the interrupt had come before the token was sampled.
@@ -21,7 +22,8 @@ as if the interrupt had come before the token was sampled.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from ds4agent.engine import generate
@@ -35,7 +37,7 @@ def _never() -> bool:
 
 
 class TokenStream:
-    __slots__ = ("_session", "_sampler", "_limit", "_greedy", "_should_stop", "interrupted")
+    __slots__ = ("_session", "_sampler", "_limit", "_greedy", "_should_stop", "_forced", "interrupted")
 
     def __init__(self, session: Session, sampler: Sampler, *, limit: int, greedy: Callable[[], bool],
                  should_stop: Callable[[], bool] = _never) -> None:
@@ -44,14 +46,24 @@ class TokenStream:
         self._limit = limit
         self._greedy = greedy  # asked before every token: argmax while it says so
         self._should_stop = should_stop
+        self._forced: deque[int] = deque()
         self.interrupted = False
+
+    def force(self, tokens: Iterable[int]) -> None:
+        """Hand out these ids next instead of sampling. A forced token is stepped, counted against
+        the limit and interruptible exactly like a sampled one: the transcript cannot tell them
+        apart, and the model conditions on it as on its own output."""
+        self._forced.extend(tokens)
+
+    def _next_forced(self) -> int | None:
+        return self._forced.popleft() if self._forced else None
 
     def __iter__(self) -> Iterator[int]:
         should_stop = self._should_stop
         # closing(): leaving this loop early ends the engine's generator at once (it drops its
         # in-flight step and settles the session), not whenever it is collected.
         with contextlib.closing(generate(self._session, self._sampler, max_tokens=self._limit,
-                                         greedy=self._greedy)) as tokens:
+                                         greedy=self._greedy, forced=self._next_forced)) as tokens:
             for token in tokens:
                 if should_stop():
                     self.interrupted = True

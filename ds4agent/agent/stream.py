@@ -20,16 +20,26 @@ if TYPE_CHECKING:
 
 
 class AssistantStream:
-    __slots__ = ("parser", "_calls_seen")
+    """watch: told of the parser's own events of every token before they are converted (the
+    agent's edit assist reads the streaming parameter values there)."""
 
-    def __init__(self, tok: Tokenizer, *, thinking: bool) -> None:
+    __slots__ = ("parser", "_calls_seen", "_watch")
+
+    def __init__(self, tok: Tokenizer, *, thinking: bool,
+                 watch: Callable[[list[dsml.Event]], None] | None = None) -> None:
         self.parser = dsml.DsmlParser(thinking=thinking, tokenizer=tok)
         self._calls_seen = 0
+        self._watch = watch
 
     # ------------------------------------------------------------------ flags the loop reads
     @property
     def in_syntax(self) -> bool:
         return self.parser.in_syntax
+
+    @property
+    def in_string_body(self) -> bool:
+        """Inside a string parameter value, with no close tag starting at its end."""
+        return self.parser.state is dsml.GreedyState.STRING_BODY
 
     @property
     def closed(self) -> bool:
@@ -67,7 +77,10 @@ class AssistantStream:
 
     # ------------------------------------------------------------------ events
     def feed(self, token: int, data: bytes) -> list[ev.Event]:
-        return self._convert(self.parser.feed(token, data))
+        events = self.parser.feed(token, data)
+        if self._watch is not None and events:
+            self._watch(events)
+        return self._convert(events)
 
     def finish(self) -> list[ev.Event]:
         return self._convert(self.parser.finish())

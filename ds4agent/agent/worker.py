@@ -26,6 +26,7 @@ from ds4agent.agent import compaction, history, mcp_glue, permissions_glue, rewi
 from ds4agent.agent import events as ev
 from ds4agent.agent.compaction import MIN_RESERVE, RESULT_RESERVE, compact_threshold
 from ds4agent.agent.decode import TokenStream
+from ds4agent.agent.edit_assist import EditAssist
 from ds4agent.agent.identity import SessionIdentity
 from ds4agent.agent.journal import Journal
 from ds4agent.agent.port import AgentIO
@@ -66,10 +67,13 @@ class TurnAborted(Exception):
 class RoundResult:
     """How one assistant round ended (prompt-and-dsml.md §11, round outcomes)."""
 
-    reason: str  # "done" | "tools" | "error" | "thinking" | "interrupted" | "token_cap" | "stop_token" | "unterminated"
+    # "done" | "tools" | "error" | "thinking" | "preflight" | "interrupted" | "token_cap" | "stop_token"
+    # | "unterminated"
+    reason: str
     generated: int = 0
     calls: list[tuple[str, dict[str, object]]] = field(default_factory=list)
     error: str = ""
+    index: int = 0  # preflight: the invoke whose old selected nothing
 
 
 class Worker:
@@ -310,7 +314,7 @@ class Worker:
                 sessionops.journal_write(self)
                 if not more:
                     reason = result.reason if result.reason not in ("tools", "error", "thinking",
-                                                                    "unterminated") else "done"
+                                                                    "unterminated", "preflight") else "done"
                     break
         except EngineLost:
             # No later turn can run (a pipeline rank is gone): journal what the turn got so far,
@@ -414,7 +418,8 @@ class Worker:
         cap = min(self.settings.round_tokens, room)
         if cap <= 0:
             raise TurnAborted("context full: no room left to generate")
-        stream = AssistantStream(tok, thinking=self._mode_for_prompt() != "nothink")
+        assist = EditAssist(self.tool_ctx, tok.encode_untrusted)
+        stream = AssistantStream(tok, thinking=self._mode_for_prompt() != "nothink", watch=assist.observe)
         out = Coalescer(self.io.emit)
         emit = out.add
         monotonic = time.monotonic
@@ -451,6 +456,14 @@ class Worker:
             if stream.closed:  # DONE or ERROR: generation stops at the close (§11.6-7)
                 reason = "closed"
                 break
+            if assist.failure is not None:  # an edit's old selects nothing: stop before its new
+                reason = "preflight"
+                break
+            forced = assist.force_now(stream.in_string_body)
+            if forced:
+                tokens.force(forced)
+                if trace is not None:
+                    trace.line(f"forced {len(forced)} token(s): [upto]")
             if n & 15 == 0:
                 now = time.monotonic()
                 if now - last_journal >= journal_every:
@@ -477,6 +490,12 @@ class Worker:
         if ids[-1] != EOS:
             ids.append(EOS)  # the agent ends the turn (close, error, stop token, cap, interrupt)
         result = self._classify(stream, reason, n)
+        if reason == "preflight" and assist.failure is not None and result.reason == "unterminated":
+            index, text = assist.failure
+            if assist.completed:
+                text += (f"The {assist.completed} call(s) before this edit in the same block were not run; "
+                         "call them again if they are still needed.\n")
+            result = RoundResult("preflight", n, error=text, index=index)
         if trace is not None:
             self._trace_round_end(trace, stream, result, reason, n, dt)
         return result
@@ -503,7 +522,8 @@ class Worker:
         if stream.done:
             return RoundResult("tools", n, calls=list(stream.calls))
         if stream.block_open:
-            self.io.emit(ev.ToolCallInvalid("tool call interrupted", raw=stream.raw_block, kind="interrupted"))
+            if reason != "preflight":
+                self.io.emit(ev.ToolCallInvalid("tool call interrupted", raw=stream.raw_block, kind="interrupted"))
             return RoundResult("unterminated", n)
         return RoundResult({"eos": "done", "closed": "done"}.get(reason, reason), n)
 
@@ -520,6 +540,9 @@ class Worker:
             reason = result.error if result.reason == "error" else dsml.INCOMPLETE_REASON
             texts = [dsml.syntax_error_result(reason)]
             self.io.emit(ev.ToolResult(0, "", False, texts[0]))
+        elif result.reason == "preflight":
+            texts = [result.error]
+            self.io.emit(ev.ToolResult(result.index, EditAssist.tool, False, result.error))
         elif result.reason == "tools":
             texts = self._run_calls(result.calls)
         else:

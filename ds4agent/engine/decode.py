@@ -40,10 +40,13 @@ from .sampler import check_token
 
 
 def generate(session: Any, sampler: Any, *, max_tokens: int,
-             greedy: Callable[[], bool] | None = None) -> Generator[int, None, None]:
+             greedy: Callable[[], bool] | None = None,
+             forced: Callable[[], int | None] | None = None) -> Generator[int, None, None]:
     """Token ids sampled after the session's live state, at most `max_tokens` (and no more than
     the context can take: the last one is handed out without a step). `greedy()` is asked before
-    each token is sampled (None: the sampler's own mode for every token).
+    each token is sampled (None: the sampler's own mode for every token). `forced()` is asked
+    first: an id it returns is the next token instead of a sample (stepped and handed out like
+    one; the RNG does not advance), None lets the sampler draw.
 
     The session must hold at least one token (its logits are where decoding starts) and must not
     be driven by anything else until the generator ends."""
@@ -56,7 +59,11 @@ def generate(session: Any, sampler: Any, *, max_tokens: int,
     n = 0
     try:
         while True:
-            token = sampler.draw(logits, greedy=bool(greedy()) if greedy is not None else False)
+            f = forced() if forced is not None else None
+            if f is not None:
+                token = mx.array(check_token(int(f)), dtype=mx.int32)
+            else:
+                token = sampler.draw(logits, greedy=bool(greedy()) if greedy is not None else False)
             n += 1
             # The key is evaluated with its token: it must not grow into a graph token by token.
             mx.async_eval(token, sampler.key)

@@ -15,7 +15,10 @@ Public modules with their own API:
                     denied_result()
     attach.py       expand(text, ctx) / strip(text): `@path` attachments
     files.py        plan_change() (what a write/edit would do, for previews), approve() (the
-                    policy's record of what it judged, which the write/edit run is held to)
+                    policy's record of what it judged, which the write/edit run is held to);
+                    check_old() and upto_ready_at() (the agent's help while an edit streams)
+    oldtext.py      select_old(): the span an edit's old selects (exact once, or HEAD[upto]TAIL,
+                    within lines read); upto_ready(); UPTO
     shellscan.py    scan(command, cwd): the programs a command runs, the writes that always ask
     sandbox.py      the OS boundary around every bash job: availability(), Grants (what the user
                     allowed beyond it, ToolContext.sandbox), refusals read from a job's output
@@ -23,6 +26,7 @@ Public modules with their own API:
                     own package; importing it does not import the SDK)
 
 Internal modules: registry.py (the table), context.py, results.py, args.py (argument coercion),
+textlines.py (lines and line endings of file bytes),
 jobs.py (background processes), bash.py, listing.py, beneath.py (opening and replacing files
 beneath their resolved path, no link followed), regular.py (regular files only, read in bounded
 pieces), search.py (ripgrep, the `ripgrep` wheel's rg, as a killable child process).

@@ -1,9 +1,10 @@
 """read, more, write, edit: file access with the seen-lines guard (agent-reference.md §5.4-5.7).
 
 Lines split on LF, CRLF or a lone CR; every line keeps its own terminator in the file bytes, so an
-edit never changes the endings of lines it did not touch. The guard: a line/range edit is allowed
-only on lines shown to the model (by read, search, write or an edit's context block) whose CRC32
-still matches the file, so the model never overwrites lines it has not seen or that moved.
+edit never changes the endings of lines it did not touch. An edit replaces the span `old` selects:
+text found exactly once, or HEAD[upto]TAIL (select_old). The guard: that span must lie in lines
+shown to the model (by read, search, write or an edit's context block) whose CRC32 still matches
+the file, so the model never overwrites lines it has not seen or that moved.
 
 Writes are atomic (temp file in the same directory, fsync, rename, directory fsync) and keep the
 file's permission bits; a symlink is written through (its target changes, the link stays). The
@@ -20,19 +21,18 @@ Differences from the baseline, on purpose:
   most common ending where those lines have none), and an `old` text written with LF matches the
   file's form, never half of a CRLF pair: the model only ever sees the decorated lines without
   terminators, so it cannot type the CRs itself.
-* A failed unique-match edit shows the closest candidate lines (numbered; they count as shown, so
-  the model can edit them by line at once) and the number of occurrences; that search does
-  bounded work on any input and stops on interrupt.
+* A failed match shows the closest candidate lines (numbered; they count as shown, so the model
+  can copy them into old at once) and the number of occurrences; that search does bounded work on
+  any input and stops on interrupt.
+* No line-number edits: the model names the text it replaces (and, for a long span, only its
+  first and last lines), which survives the line shifts of earlier edits.
 """
 
 from __future__ import annotations
 
-import bisect
 import difflib
-import heapq
 import json
 import re
-from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,8 +40,28 @@ from typing import Any
 from ds4agent.tools.args import arg_bool, arg_int, arg_str
 from ds4agent.tools.beneath import FileState, open_file, replace_file, state_at
 from ds4agent.tools.context import ReadCursor, ToolContext
+from ds4agent.tools.oldtext import select_old, upto_ready
 from ds4agent.tools.regular import read_bounded
-from ds4agent.tools.results import RESULT_CAP_BYTES, DiffDisplay, DiffLine, TextDisplay, ToolError, ToolResult
+from ds4agent.tools.results import (
+    RESULT_CAP_BYTES,
+    DiffDisplay,
+    DiffLine,
+    TextDisplay,
+    ToolError,
+    ToolResult,
+    error_text,
+)
+from ds4agent.tools.textlines import (
+    line_at,
+    line_starts,
+    line_text,
+    numbered,
+    numbered_clipped,
+    region_eol,
+    split_lines,
+    strip_eol,
+    to_eol,
+)
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
 # A write over a larger file keeps no copy of it for /rewind (a sparse file may claim terabytes).
@@ -54,43 +74,10 @@ REGION_FULL = 36
 REGION_HALF = 18
 # Room for a read's body inside the 128 KiB result cap (the header and a marker take the rest).
 READ_BUDGET = RESULT_CAP_BYTES - 2048
-# Lines in edit context and error candidates are clipped beyond this many characters.
-CLIP_CHARS = 2000
-
-_EOL = re.compile(rb"\r\n|\r|\n")
 
 
 # --------------------------------------------------------------------------------------------------
 # Lines
-
-
-def split_lines(data: bytes) -> list[bytes]:
-    """Lines with their own terminators (LF, CRLF or lone CR); a last line may have none."""
-    lines: list[bytes] = []
-    pos = 0
-    for m in _EOL.finditer(data):
-        lines.append(data[pos : m.end()])
-        pos = m.end()
-    if pos < len(data):
-        lines.append(data[pos:])
-    return lines
-
-
-def strip_eol(line: bytes) -> bytes:
-    if line.endswith(b"\r\n"):
-        return line[:-2]
-    if line.endswith((b"\n", b"\r")):
-        return line[:-1]
-    return line
-
-
-def line_text(line: bytes) -> str:
-    return strip_eol(line).decode("utf-8", errors="replace")
-
-
-def numbered(lines: list[bytes], first: int, last: int) -> str:
-    """`LINENO TEXT\\n` for lines first..last (1-based, inclusive)."""
-    return "".join(f"{n} {line_text(lines[n - 1])}\n" for n in range(first, last + 1))
 
 
 def load_file(ctx: ToolContext, path: str) -> tuple[str, bytes]:
@@ -523,72 +510,6 @@ class WriteTool:
 # edit
 
 
-_RANGE = re.compile(r"^\s*(\d+)\s*[:\-]\s*(\d+)\s*$")
-
-
-# Line endings. The model sees lines without their terminators and types new text with LF only;
-# in a CRLF or CR-only file its LFs are written as the file's own ending, and its old text is
-# matched in that form, so an edit neither inserts LF-only lines nor doubles a CR.
-
-
-def _eol_of(line: bytes) -> bytes:
-    """A line's terminator (b"" for a last line without one)."""
-    if line.endswith(b"\r\n"):
-        return b"\r\n"
-    return line[-1:] if line.endswith((b"\n", b"\r")) else b""
-
-
-def _file_eol(lines: list[bytes]) -> bytes:
-    """The ending most of the file's lines use (LF for a file without any, or on a tie with LF)."""
-    counts = {b"\n": 0, b"\r\n": 0, b"\r": 0}
-    for x in lines:
-        end = _eol_of(x)
-        if end:
-            counts[end] += 1
-    best = max(counts.values())
-    return b"\n" if counts[b"\n"] == best else b"\r\n" if counts[b"\r\n"] == best else b"\r"
-
-
-def _region_eol(lines: list[bytes], a: int, b: int) -> bytes:
-    """The ending new text takes where it replaces lines a..b (1-based): the one those lines all
-    use; else (none of them ends a line: the file's last line) the previous line's; else the
-    file's."""
-    ends = {_eol_of(x) for x in lines[a - 1 : b]} - {b""}
-    if len(ends) == 1:
-        return ends.pop()
-    if not ends and a > 1 and _eol_of(lines[a - 2]):
-        return _eol_of(lines[a - 2])
-    return _file_eol(lines)
-
-
-_LONE_LF = re.compile(rb"(?<!\r)\n")
-
-
-def _to_eol(data: bytes, eol: bytes) -> bytes:
-    """The LFs of typed text (those not already part of a CRLF) as `eol`."""
-    return data if eol == b"\n" else _LONE_LF.sub(eol, data)
-
-
-def _splits_crlf(data: bytes, off: int, n: int) -> bool:
-    """A match that starts on the LF of a CRLF or ends on its CR would cut the pair in two."""
-    starts_inside = off > 0 and data[off - 1 : off] == b"\r" and data[off : off + 1] == b"\n"
-    ends_inside = data[off + n - 1 : off + n] == b"\r" and data[off + n : off + n + 1] == b"\n"
-    return starts_inside or ends_inside
-
-
-def _numbered_clipped(lines: list[bytes], nums: list[int], indent: str = "") -> tuple[str, list[tuple[int, bytes]]]:
-    """Numbered lines for error/context blocks; a line over CLIP_CHARS is clipped and not recorded
-    for the guard (the model did not see all of it)."""
-    out: list[str] = []
-    seen: list[tuple[int, bytes]] = []
-    for n in nums:
-        t = line_text(lines[n - 1])
-        if len(t) > CLIP_CHARS:
-            t = t[:CLIP_CHARS] + f" [... {len(t) - CLIP_CHARS} more chars]"
-        else:
-            seen.append((n, lines[n - 1]))
-        out.append(f"{indent}{n} {t}\n")
-    return "".join(out), seen
 
 
 def _context_block(path: str, lines: list[bytes], start: int, count: int) -> tuple[str, list[tuple[int, bytes]]]:
@@ -601,12 +522,12 @@ def _context_block(path: str, lines: list[bytes], start: int, count: int) -> tup
     if count > REGION_FULL:
         first_end = start + REGION_HALF - 1
         last_start = start + count - REGION_HALF
-        head, seen1 = _numbered_clipped(lines, list(range(x, first_end + 1)))
-        tail, seen2 = _numbered_clipped(lines, list(range(last_start, y + 1)))
+        head, seen1 = numbered_clipped(lines, list(range(x, first_end + 1)))
+        tail, seen2 = numbered_clipped(lines, list(range(last_start, y + 1)))
         body = head + f"... {count - 2 * REGION_HALF} edited lines omitted ...\n" + tail
         seen = seen1 + seen2
     else:
-        body, seen = _numbered_clipped(lines, list(range(x, y + 1)))
+        body, seen = numbered_clipped(lines, list(range(x, y + 1)))
     return f"Current file around edit: {path} lines {x}-{y} of {total}\n" + body, seen
 
 
@@ -615,219 +536,51 @@ def _shift_note(b: int, d: int) -> str:
         return ""
     return (
         f"Line shift: old lines after {b} moved by {d:+d} (old line {b + 1} is now line {b + 1 + d}). "
-        "Lines shown below are safe for immediate line/range editing; read again before editing "
-        "other shifted lines.\n"
+        "Lines shown below count as read; read again before editing other shifted lines.\n"
     )
 
 
-def _guard(ctx: ToolContext, key: str, path: str, lines: list[bytes], a: int, b: int) -> None:
-    rec = ctx.seen.get(key)
-    if not rec:
-        raise ToolError(f"line edit requires a recent read/search of {path}; read the range before editing")
-    for n in range(a, b + 1):
-        crc = rec.get(n)
-        if crc is None:
-            raise ToolError(
-                f"line {n} of {path} was not shown recently or moved after an edit; "
-                "read this range again before editing"
-            )
-        if crc != ctx.seen.crc(lines[n - 1]):
-            raise ToolError(f"file changed around line {n} of {path}; read this range again before editing")
-
-
-def _line_range(args: Mapping[str, Any]) -> tuple[int, int] | None:
-    """(A, B) from range / line / start_line+end_line; None when none was given."""
-    rng = arg_str(args, "range")
-    if rng is not None and rng.strip():
-        m = _RANGE.match(rng)
-        if not m:
-            raise ToolError("invalid range; use START:END, for example 10:20")
-        a, b = int(m.group(1)), int(m.group(2))
-        if a < 1 or b < a:
-            raise ToolError("invalid range; use START:END, for example 10:20")
-        return a, b
-    line = arg_int(args, "line", None)
-    if line is not None:
-        return line, line
-    start = arg_int(args, "start_line", None)
-    if start is not None:
-        end = arg_int(args, "end_line", None)
-        end = start if end is None else end
-        if end < start:
-            raise ToolError("invalid range; use START:END, for example 10:20")
-        return start, end
+def check_old(ctx: ToolContext, path: str, old: str) -> str | None:
+    """None when `old` selects a span of the file at `path` (select_old), else the result text
+    the edit would give; the lines it shows are recorded as seen, as the tool's own failure would.
+    The agent asks this as soon as old is complete, before the model writes `new`."""
+    try:
+        key, data = load_file(ctx, path)
+        select_old(ctx, path, key, data, old)
+    except ToolError as err:
+        for k, n, raw in err.shown:
+            ctx.seen.record(k, [(n, raw)])
+        return error_text(err.message)
     return None
 
 
-# The near-match search is bounded on any input. Lines worth scoring are found by C-speed
-# substring search for the rarest words of old's first line (each counted and found with
-# bytes.count/find: linear in the file), at most NEAR_LINES of them; without such a word only the
-# first NEAR_LINES lines are scored. A line is scored by its first NEAR_CLIP characters (a
-# character-count overlap, linear), and the full SequenceMatcher (quadratic in its inputs) runs
-# only on the NEAR_FULL best windows, clipped to NEAR_WINDOW characters. The interrupt is polled
-# every NEAR_POLL lines.
-NEAR_CLIP = 500
-NEAR_LINES = 4096
-NEAR_FULL = 6
-NEAR_WINDOW = 300
-NEAR_POLL = 512
-_WORD = re.compile(r"\w{3,}")
-
-
-def _lines_to_score(data: bytes, starts: list[int], first: str) -> list[int]:
-    """0-based numbers of the lines the near-match search scores (see above)."""
-    words = {w.encode("utf-8") for w in _WORD.findall(first)}
-    anchors = sorted((n, w) for w in words if (n := data.count(w)))[:3]
-    if not anchors:
-        return list(range(min(len(starts), NEAR_LINES)))
-    picked: dict[int, None] = {}
-    for _, word in anchors:
-        pos = data.find(word)
-        while pos >= 0 and len(picked) < NEAR_LINES:
-            n = bisect.bisect_right(starts, pos) - 1
-            picked[n] = None
-            nxt = starts[n + 1] if n + 1 < len(starts) else len(data)
-            pos = data.find(word, nxt)  # the next line holding it
-    return sorted(picked)
-
-
-def _candidates(data: bytes, lines: list[bytes], old: str, should_stop: Callable[[], bool] = lambda: False,
-                limit: int = 3) -> list[tuple[int, int, float]] | None:
-    """Closest windows of len(old lines) lines: (first line, last line, similarity), best first;
-    None when interrupted."""
-    want = old.split("\n")
-    if want and want[-1] == "":
-        want.pop()
-    k = max(1, len(want))
-    if not lines:
-        return []
-    first = want[0].strip()[:NEAR_CLIP] if want else ""
-    # difflib's quick_ratio (2 * common characters / total length, counted as multisets), with
-    # the counting done by Counter in C.
-    want_counts = Counter(first)
-    scored: list[tuple[float, int]] = []
-    for done, i in enumerate(_lines_to_score(data, _line_starts(lines), first)):
-        if done % NEAR_POLL == 0 and should_stop():
+def upto_ready_at(ctx: ToolContext, path: str) -> Callable[[str], bool] | None:
+    """upto_ready over the file at `path` as it is now, read once; None when the file cannot be
+    read or the model has read none of it (nothing is done with a file the model has not seen)."""
+    try:
+        key = ctx.abs_key(path)
+        if not ctx.seen.get(key):
             return None
-        text = lines[i][: 4 * NEAR_CLIP].decode("utf-8", errors="replace").strip()[:NEAR_CLIP]
-        total = len(text) + len(first)
-        if not total or 2 * min(len(text), len(first)) < 0.3 * total:
-            continue  # real_quick_ratio: the lengths alone rule it out
-        score = 2 * sum((Counter(text) & want_counts).values()) / total
-        if score >= 0.3:
-            scored.append((score, -i))
-    target = "\n".join(w[:NEAR_CLIP] for w in want)[:NEAR_WINDOW]
-    best: list[tuple[int, int, float]] = []
-    for _, neg in heapq.nlargest(NEAR_FULL, scored):
-        if should_stop():
-            return None
-        i = -neg
-        j = min(len(lines), i + k)
-        window = "\n".join(line_text(x[: 4 * NEAR_CLIP])[:NEAR_CLIP] for x in lines[i:j])[:NEAR_WINDOW]
-        ratio = difflib.SequenceMatcher(None, window, target, autojunk=False).ratio()
-        best.append((i + 1, j, ratio))
-    best.sort(key=lambda t: (-t[2], t[0]))
-    picked: list[tuple[int, int, float]] = []
-    for cand in best:
-        if cand[2] < 0.4:
-            break
-        if all(cand[1] < p[0] or cand[0] > p[1] for p in picked):
-            picked.append(cand)
-        if len(picked) == limit:
-            break
-    return picked
-
-
-def _show(lines: list[bytes], a: int, b: int, key: str, shown: list[tuple[str, int, bytes]]) -> str:
-    b = min(b, a + 7)  # a candidate is shown by at most 8 lines
-    text, seen = _numbered_clipped(lines, list(range(a, b + 1)), indent="    ")
-    shown.extend((key, n, raw) for n, raw in seen)
-    return text
-
-
-def _line_starts(lines: list[bytes]) -> list[int]:
-    starts, pos = [], 0
-    for x in lines:
-        starts.append(pos)
-        pos += len(x)
-    return starts
-
-
-def _line_at(starts: list[int], offset: int) -> int:
-    """1-based number of the line containing byte `offset`."""
-    return bisect.bisect_right(starts, offset)
-
-
-MAX_OCCURRENCES = 1000
-
-
-def _occurrences(data: bytes, needle: bytes) -> tuple[list[int], bool]:
-    """Start offsets of needle, overlapping ones included ("aa" occurs twice in "aaa": an
-    ambiguous replacement, so it must not count as unique), and whether there were more than the
-    MAX_OCCURRENCES listed (a one-byte needle in a 16 MiB file must not build millions)."""
-    out: list[int] = []
-    pos = data.find(needle)
-    while pos >= 0:
-        if len(out) == MAX_OCCURRENCES:
-            return out, True
-        out.append(pos)
-        pos = data.find(needle, pos + 1)
-    return out, False
+        _, data = load_file(ctx, path)
+    except ToolError:
+        return None
+    return lambda prefix: upto_ready(data, prefix)
 
 
 def _plan_replace(ctx: ToolContext, path: str, key: str, data: bytes, old_s: str, new_s: str) -> Change:
-    if old_s == "":
-        raise ToolError("old text is empty; give the exact text to replace, or use line/range plus new")
     lines = split_lines(data)
-    typed, new_b = old_s.encode("utf-8"), new_s.encode("utf-8")
-    # The forms old may take in the file: with the file's own ending first, as typed, then the
-    # other endings (a mixed file); the first form found is the one meant.
-    eol = _file_eol(lines)
-    forms = [_to_eol(typed, eol), typed, _to_eol(typed, b"\r\n"), _to_eol(typed, b"\r")] if b"\n" in typed else [typed]
-    old_b, offsets, more = typed, [], False
-    for form in dict.fromkeys(forms):
-        found, more = _occurrences(data, form)
-        found = [o for o in found if not _splits_crlf(data, o, len(form))]
-        if found:
-            old_b, offsets = form, found
-            break
-    count = len(offsets)
-    if count == 0:
-        shown: list[tuple[str, int, bytes]] = []
-        msg = f"old text not found in {path} (0 occurrences; the match is exact and case-sensitive)."
-        cands = _candidates(data, lines, old_s, ctx.should_stop)
-        if cands is None:
-            msg += " The search for close candidates was interrupted.\n"
-        elif cands:
-            msg += " Closest candidates:\n"
-            for a, b, r in cands:
-                where = f"line {a}" if a == b else f"lines {a}-{b}"
-                msg += f"  {where} ({r:.0%} similar):\n" + _show(lines, a, b, key, shown)
-            msg += "Retry with old copied exactly from these lines, or edit them by line/range plus new.\n"
-        raise ToolError(msg, shown=shown)
-    starts = _line_starts(lines)
-    if count > 1:
-        shown = []
-        nums = list(dict.fromkeys(_line_at(starts, o) for o in offsets))
-        listed = ", ".join(str(n) for n in nums[:20]) + (", ..." if len(nums) > 20 else "")
-        msg = (
-            f"old text is not unique; read the target lines and retry with line/range plus new "
-            f"({'more than ' if more else ''}{count} occurrences in {path}, starting at lines {listed}):\n"
-        )
-        for n in nums[:5]:
-            msg += _show(lines, n, n, key, shown)
-        raise ToolError(msg, shown=shown)
-    off = offsets[0]
-    a = _line_at(starts, off)
-    b = _line_at(starts, off + len(old_b) - 1)
-    new_b = _to_eol(new_b, _region_eol(lines, a, b))
-    after = data[:off] + new_b + data[off + len(old_b) :]
+    off, end = select_old(ctx, path, key, data, old_s)
+    starts = line_starts(lines)
+    a = line_at(starts, off)
+    b = line_at(starts, end - 1)
+    new_b = to_eol(new_s.encode("utf-8"), region_eol(lines, a, b))
+    after = data[:off] + new_b + data[end:]
     new_lines = split_lines(after)
     d = len(new_lines) - len(lines)
     k = max(0, (b - a + 1) + d)
     ctx_text, ctx_lines = _context_block(path, new_lines, a, k)
     text = (
-        f"Edited {path} using old/new replacement\n"
+        f"Edited {path}\n"
         f"Touched old lines {a}-{b}; current post-edit context follows.\n"
         + _shift_note(b, d)
         + ctx_text
@@ -840,77 +593,32 @@ def _plan_replace(ctx: ToolContext, path: str, key: str, data: bytes, old_s: str
 def plan_edit(args: Mapping[str, Any], ctx: ToolContext) -> Change:
     """Validate an edit call and compute the new file bytes and result text; writes nothing."""
     path = arg_str(args, "path", required=True)
-    key, data, state = load_file_state(ctx, path)
-    change = _plan_edit_of(args, ctx, path, key, data)
-    change.state = state
-    return change
-
-
-def _plan_edit_of(args: Mapping[str, Any], ctx: ToolContext, path: str, key: str, data: bytes) -> Change:
+    key, data, state = load_file_state(ctx, path)  # no such file, a FIFO, ...: said first
     old = arg_str(args, "old")
     new = arg_str(args, "new")
-    rng = arg_str(args, "range")
-    if old is not None:
-        return _plan_replace(ctx, path, key, data, old, new if new is not None else "")
-    lines = split_lines(data)
-    if rng is not None and rng.strip().lower() == "all":
-        if new is None:
-            raise ToolError("line/range edit requires explicit new text; use new=\"\" only when deleting")
-        new_b = new.encode("utf-8")
-        new_b = _to_eol(new_b, _file_eol(lines))
-        new_lines = split_lines(new_b)
-        ctx_text, _ = _context_block(path, new_lines, 1, len(new_lines))
-        return Change(path=path, key=key, before=data, after=new_b,
-                      result_text=f"Edited {path} range=all\n" + ctx_text, record=None)
-    span = _line_range(args)
-    if span is None:
-        raise ToolError('edit requires old/new, line+new, range+new, or range="all"+new')
-    if new is None:
-        raise ToolError("line/range edit requires explicit new text; use new=\"\" only when deleting")
-    a, b = span
-    if a < 1 or b > len(lines):
-        raise ToolError("edit line range is outside the file")
-    _guard(ctx, key, path, lines, a, b)
-    block = lines[a - 1 : b]
-    new_b = new.encode("utf-8")
-    if new_b:
-        new_b = _to_eol(new_b, _region_eol(lines, a, b))
-        last = block[-1]
-        if _eol_of(last) and not new_b.endswith((b"\n", b"\r")):
-            # The replaced block ended a line; keep the next line on its own line.
-            new_b += _eol_of(last)
-    after = b"".join(lines[: a - 1]) + new_b + b"".join(lines[b:])
-    new_lines = split_lines(after)
-    k = len(split_lines(new_b))
-    d = k - (b - a + 1)
-    ctx_text, ctx_lines = _context_block(path, new_lines, a, k)
-    text = f"Edited {path} lines {a}-{b}\n" + _shift_note(b, d) + ctx_text
-    region = [(n, new_lines[n - 1]) for n in range(a, a + k)]
-    return Change(path=path, key=key, before=data, after=after, result_text=text,
-                  record=region + ctx_lines, keep_below=a, keep_after=b if d == 0 else None)
+    if old is None or new is None:
+        raise ToolError('edit requires path, old and new (new="" deletes the old text)')
+    change = _plan_replace(ctx, path, key, data, old, new)
+    change.state = state
+    return change
 
 
 class EditTool:
     name = "edit"
     description = (
-        "Change an existing file. Preferred: replace lines you have read by number with "
-        "range=\"START:END\" (or line=N) plus new; new=\"\" deletes them. Lines not read since they "
-        "last changed are refused: read them again. Alternatively old (exact text that occurs once) "
-        "plus new, or range=\"all\" plus new to rewrite the whole file. The result shows the edited "
-        "region with current line numbers."
+        "Replace text in an existing file you have read: old is the exact text to replace (it must "
+        "occur once), new the replacement (\"\" deletes). For a long span write old as "
+        "HEAD[upto]TAIL: the first lines, [upto], then the last lines; the span runs from HEAD to "
+        "the end of TAIL. The result shows the edited region with current line numbers."
     )
     schema = {
         "type": "object",
         "properties": {
             "path": {"type": "string"},
-            "range": {"type": "string", "description": "START:END line range, or all"},
-            "line": {"type": "integer", "description": "a single line number"},
-            "start_line": {"type": "integer"},
-            "end_line": {"type": "integer"},
-            "old": {"type": "string", "description": "exact text to replace (must occur once)"},
+            "old": {"type": "string", "description": "exact text to replace (once in the file), or HEAD[upto]TAIL"},
             "new": {"type": "string", "description": "replacement text"},
         },
-        "required": ["path"],
+        "required": ["path", "old", "new"],
     }
     mutates = True
 

@@ -10,7 +10,8 @@ What they share (pure logic, no Textual / prompt_toolkit imports):
     commands.py     COMMANDS: the one table of slash commands (usage, help, agent call); prepare,
                     call_agent, help_text, completions
     bridge.py       the boundary where agent events become UI work (drain, coalesce)
-    fmt.py          status line, notes and list lines; toolview.py: tool cards
+    fmt.py          status line, notes and list lines; toolview.py: tool cards; codeview.py: their
+                    code highlighted
     history.py      input history; mentions.py: @path completion
     messages.py     the Textual messages posted at the event boundary (TUI only)
 """

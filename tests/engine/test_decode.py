@@ -239,3 +239,17 @@ def test_nan_logits_are_a_sampler_error_and_never_index_the_embedding(engine):
     with pytest.raises(SamplerError, match="NaN"):
         next(generate(s, Sampler(seed=0), max_tokens=4))
     assert s.fed == [0] and s.accepted == 0  # the step got a valid id and was never accepted
+
+
+def test_forced_ids_are_stepped_like_sampled_ones(engine, prompt):
+    """forced(): the ids it returns are handed out and stepped in place of a sample; afterwards
+    decoding goes on from them, as the step loop fed the same ids would."""
+    queue = [101, 202]
+    s = engine.new_session()
+    s.sync(prompt)
+    out = list(generate(s, Sampler(temperature=0.0), max_tokens=6, greedy=lambda: True,
+                        forced=lambda: queue.pop(0) if queue else None))
+    ref = engine.new_session()
+    ref.sync([*prompt, 101, 202])
+    assert out[:3] == [101, 202, int(np.argmax(ref.logits))]
+    assert len(out) == 6 and tuple(s.tokens[len(prompt):]) == tuple(out[:-1])

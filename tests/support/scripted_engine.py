@@ -151,14 +151,21 @@ class ScriptedSession:
         self._tokens.append(token)
         self.steps += 1
         c = self._cursor
-        if c is not None and not c.off_script:
-            if c.pos < len(c.tokens) and c.tokens[c.pos] == token:
-                c.pos += 1
-            else:
-                c.off_script = True
+        if c is not None:
+            if not c.off_script:
+                if c.pos < len(c.tokens) and c.tokens[c.pos] == token:
+                    c.pos += 1
+                else:
+                    c.off_script = True
+            # Off script too: a hook may answer tokens the agent wrote itself (continue_with).
             if self.engine.on_step is not None:
                 self.engine.on_step(self, c.pos)
         return self._offer(self._next_scripted())
+
+    def continue_with(self, tokens: Sequence[int]) -> None:
+        """From the next token on, the response is `tokens` (a test's on_step hook answers
+        tokens the agent wrote itself, as a model would go on after them)."""
+        self._cursor = _Cursor(list(tokens))
 
     # ------------------------------------------------------------------ the decode seam
     # engine/decode.py drives these; a "dispatched" step runs only when accepted (it is instant),

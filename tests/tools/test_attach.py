@@ -28,8 +28,8 @@ def test_files_and_directories_are_attached_as_the_tools_show_them(tmp_path):
     assert "1" in read and "x = 1" in read
     assert strip(att.text) == "look at @a.py, and @pkg please; mail me@example.com about @nothing.txt"
     assert strip("a\n\n@b.py:\nnot an attachment of this text") == "a\n\n@b.py:\nnot an attachment of this text"
-    # The attached lines count as seen: an edit by line range goes through without a read.
-    res = run_tool("edit", {"path": "a.py", "start_line": 2, "end_line": 2, "new": "y = 3\n"}, ctx)
+    # The attached lines count as seen: an edit goes through without a read.
+    res = run_tool("edit", {"path": "a.py", "old": "y = 2\n", "new": "y = 3\n"}, ctx)
     assert res.ok, res.text
     assert (ctx.cwd / "a.py").read_text() == "x = 1\ny = 3\n"
 

@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from ds4agent.tools import run_tool
 from ds4agent.tools.permissions import Answer, PermissionPolicy
 from ds4agent.tools.shellscan import scan
 
@@ -169,6 +170,8 @@ def test_write_and_edit_into_git_are_never_covered_by_a_session_answer(ctx):
     (ctx.cwd / ".git" / "hooks").mkdir(parents=True)
     (ctx.cwd / ".git" / "config").write_text("[core]\n")
     (ctx.cwd / "a.txt").write_text("x\n")
+    run_tool("read", {"path": "a.txt"}, ctx)
+    run_tool("read", {"path": ".git/config"}, ctx)
     p = PermissionPolicy()
     for tool, args in (("write", {"path": "a.txt", "content": "y\n"}), ("edit", {"path": "a.txt", "old": "x", "new": "y"})):
         p.remember(p.check(tool, args, ctx).question, Answer.session())

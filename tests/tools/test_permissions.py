@@ -1,5 +1,6 @@
 import pytest
 
+from ds4agent.tools import run_tool
 from ds4agent.tools.permissions import Answer, PermissionPolicy, command_programs, denied_result
 
 
@@ -77,6 +78,7 @@ def test_command_programs():
 
 def test_write_asks_with_diff_and_session_answer_covers_workspace(ctx):
     (ctx.cwd / "a.txt").write_text("one\ntwo\n")
+    run_tool("read", {"path": "a.txt"}, ctx)
     p = PermissionPolicy()
     d = p.check("write", {"path": "a.txt", "content": "one\nTWO\n"}, ctx)
     q = d.question
@@ -111,8 +113,9 @@ def test_writes_outside_the_workspace_always_ask(ctx, tmp_path):
 def test_edit_that_would_fail_is_not_asked_about(ctx):
     (ctx.cwd / "a.txt").write_text("x\n")
     p = PermissionPolicy()
-    # The guard refuses this line edit (nothing read yet): the tool reports it, nothing to approve.
-    assert p.check("edit", {"path": "a.txt", "line": 1, "new": "y"}, ctx).allowed
+    # The guard refuses this edit (nothing read yet): the tool reports it, nothing to approve.
+    assert p.check("edit", {"path": "a.txt", "old": "x", "new": "y"}, ctx).allowed
+    run_tool("read", {"path": "a.txt"}, ctx)
     d = p.check("edit", {"path": "a.txt", "old": "x", "new": "y"}, ctx)
     assert d.kind == "ask" and d.question.title == "Edit a.txt?"
     assert [(x.kind, x.text) for x in d.question.diff.lines if x.kind in ("add", "remove")] == [

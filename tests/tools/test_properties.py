@@ -48,15 +48,17 @@ def test_diff_line_numbers_rebuild_both_sides(a, b):
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.text(alphabet="xyz", min_size=1, max_size=3), min_size=1, max_size=10), st.data())
-def test_line_edit_replaces_exactly_the_range(tmp_path_factory, rows, data):
+def test_upto_edit_replaces_exactly_the_span(tmp_path_factory, rows, data):
     work = tmp_path_factory.mktemp("p")
     ctx = ToolContext(cwd=work)
+    rows = [f"<{i}>{r}" for i, r in enumerate(rows)]  # each line once in the file
     (work / "f.txt").write_text("".join(r + "\n" for r in rows))
     a = data.draw(st.integers(1, len(rows)))
     b = data.draw(st.integers(a, len(rows)))
     new = data.draw(st.lists(st.text(alphabet="NM", min_size=1, max_size=2), max_size=4))
     run_tool("read", {"path": "f.txt"}, ctx)
-    r = run_tool("edit", {"path": "f.txt", "range": f"{a}:{b}", "new": "\n".join(new)}, ctx)
+    old = rows[a - 1] + "\n" + ("" if a == b else "[upto]\n" + rows[b - 1] + "\n")
+    r = run_tool("edit", {"path": "f.txt", "old": old, "new": "".join(x + "\n" for x in new)}, ctx)
     assert r.ok, r.text
     assert (work / "f.txt").read_text() == "".join(x + "\n" for x in rows[: a - 1] + new + rows[b:])
 

@@ -116,9 +116,9 @@ def test_write_through_a_symlink_keeps_the_link(call, ctx):
     assert real.read_text() == "new\n"
 
 
-def test_written_file_is_editable_by_line_at_once(call, ctx):
+def test_written_file_is_editable_at_once(call, ctx):
     call("write", path="w.txt", content="x\ny\nz\n")
-    r = call("edit", path="w.txt", line=2, new="Y")
+    r = call("edit", path="w.txt", old="y\n", new="Y\n")
     assert r.ok, r.text
     assert (ctx.cwd / "w.txt").read_text() == "x\nY\nz\n"
 
@@ -134,6 +134,6 @@ def test_big_reads_stop_at_a_line_boundary_inside_the_result_cap(call, ctx):
     assert header.endswith(f"; continue_offset={b + 1}; call the more tool with count=500 to read the next chunk")
     assert len(r.text.encode()) <= RESULT_CAP_BYTES and "tool result truncated" not in r.text
     assert r.text.endswith(f"{b} {b:05d} " + "x" * 94 + "\n")
-    assert call("edit", path="wide.txt", line=b + 1, new="no").text.startswith(
-        f"Tool error: line {b + 1} of wide.txt was not shown recently")
-    assert call("edit", path="wide.txt", line=b, new="ok").ok
+    assert call("edit", path="wide.txt", old=f"{b + 1:05d} ", new="no").text.startswith(
+        f"Tool error: old covers line {b + 1} of wide.txt, which was not shown recently")
+    assert call("edit", path="wide.txt", old=f"{b:05d} ", new="ok").ok

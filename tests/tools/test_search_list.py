@@ -21,7 +21,7 @@ def test_literal_search_sorted_and_recorded(call, ctx):
     )
     assert r.display.summary == "search 'hello': 3 matches in 2 files"
     # Printed lines count as shown for the edit guard.
-    assert call("edit", path="src/a.py", line=2, new="    return 'hi'").ok
+    assert call("edit", path="src/a.py", old="    return 'hello'", new="    return 'hi'").ok
 
 
 def test_case_insensitive_regex_glob_and_context(call, ctx):
@@ -61,8 +61,9 @@ def test_search_skips_symlinks_and_long_lines_are_clipped(call, ctx):
     r = call("search", query="needle")
     assert r.text.startswith("1 match shown\n\nt.txt\n  1 needle ")
     assert r.text.endswith(" [... 607 more chars]\n\n")
-    # A clipped line was not fully shown, so it is not editable by line.
-    assert call("edit", path="t.txt", line=1, new="x").text.startswith("Tool error: line edit requires")
+    # A clipped line was not fully shown, so it is not editable.
+    assert call("edit", path="t.txt", old="needle", new="x").text.startswith(
+        "Tool error: edit requires a recent read/search of t.txt")
 
 
 def test_list_format(call, ctx):

@@ -23,7 +23,7 @@ def fifo(ctx):
 @pytest.mark.parametrize("tool,args", [
     ("read", {"path": "pipe"}),
     ("edit", {"path": "pipe", "old": "a", "new": "b"}),
-    ("edit", {"path": "pipe", "range": "all", "new": "b"}),
+    ("edit", {"path": "pipe", "old": "a"}),
     ("write", {"path": "pipe", "content": "x"}),
     ("search", {"query": "x", "path": "pipe"}),
 ])
@@ -55,7 +55,7 @@ def test_search_of_a_tree_skips_a_fifo(call, ctx, fifo, within):
 def test_devices_are_refused(call, within, device, what):
     with within(10):
         for tool, args in [("read", {"path": device}), ("write", {"path": device, "content": "x"}),
-                           ("edit", {"path": device, "range": "all", "new": "x"}),
+                           ("edit", {"path": device, "old": "a", "new": "x"}),
                            ("search", {"query": "x", "path": device})]:
             r = call(tool, **args)
             assert r.text.startswith(f"Tool error: {device} is {what}, not a regular file"), (tool, r.text)
@@ -112,6 +112,6 @@ def test_a_failing_diff_after_the_write_does_not_report_a_failed_write(call, ctx
     assert (r.ok, r.text) == (True, "Wrote 4 bytes to a.txt\n")
     assert r.display.summary == "Wrote 4 bytes to a.txt (no diff: MemoryError)"
     assert (ctx.cwd / "a.txt").read_text() == "new\n"
-    # The guard learned the new lines all the same: a line edit needs no new read.
-    r = call("edit", path="a.txt", line=1, new="newer")
+    # The guard learned the new lines all the same: an edit needs no new read.
+    r = call("edit", path="a.txt", old="new\n", new="newer\n")
     assert (r.ok, (ctx.cwd / "a.txt").read_text()) == (True, "newer\n")

@@ -18,7 +18,7 @@ from textual.events import Click
 from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
-from ds4agent.ui import toolview
+from ds4agent.ui import codeview, toolview
 from ds4agent.ui.fmt import clip
 
 THINKING_TAIL_LINES = 4  # lines of live reasoning shown while it streams
@@ -39,11 +39,16 @@ _LINE_STYLE = {
 }
 
 
-def body_content(lines: list[tuple[str, str]]) -> Content:
-    """Card body lines, each behind a `│` rule, coloured through theme variables."""
+def body_content(lines: list[tuple[str, str]], path: str | None = None) -> Content:
+    """Card body lines, each behind a `│` rule, coloured through theme variables; with the path of
+    a write/edit, its code syntax-highlighted (ui/codeview.py)."""
+    rule = Content.from_markup("[$text-muted]│[/] ")
+    painted = codeview.code_body(lines, path, _LINE_STYLE) if path else None
+    if painted is not None:
+        return Content("\n").join(rule + line for line in painted)
     parts = []
     for style, text in lines:
-        parts.append(Content.from_markup("[$text-muted]│[/] ") + Content.styled(text, _LINE_STYLE.get(style, "")))
+        parts.append(rule + Content.styled(text, _LINE_STYLE.get(style, "")))
     return Content("\n").join(parts)
 
 
@@ -231,7 +236,8 @@ class ToolCard(Vertical):
             lines = []
         self._body.display = bool(lines)
         if lines:
-            self._body.update(body_content(lines))
+            path = (self.args or self.params).get("path") if self.tool_name in ("write", "edit") else None
+            self._body.update(body_content(lines, path if isinstance(path, str) else None))
 
 
 class InvalidCallCard(Static):
