@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 import mlx.core as mx
 import numpy as np
@@ -144,11 +143,11 @@ def _rope(config: ModelConfig) -> _Rope:
 
 def hc_pre(w: HCWeights, R: mx.array, c: ModelConfig) -> tuple[mx.array, mx.array, mx.array]:
     """R [n, hc, E] -> (sublayer input x [n, E], post [n, hc], comb C [n, hc, hc]) (§4.1)."""
+    if gpu_kernels():  # norm, mixing matrix and the whole mixing chain, Sinkhorn included
+        return _hc_pre_fused(w, c)(R)
     n, hc, E = R.shape
     flat = ops.rms_norm(R.reshape(n, hc * E), None, c.rms_eps)
     mix = w.fn(flat)
-    if gpu_kernels():  # the whole mixing chain, Sinkhorn included, as one compiled function
-        return _hc_mix_fused(hc, c.hc_sinkhorn_iters, c.hc_eps)(mix, w.scale, w.base, R)
     return _hc_mix(mix, w.scale, w.base, R, hc, c.hc_eps,
                    lambda comb: ops.sinkhorn(comb, c.hc_sinkhorn_iters, c.hc_eps))
 
@@ -164,15 +163,37 @@ def _hc_mix(mix: mx.array, s: mx.array, b: mx.array, R: mx.array, hc: int, eps: 
     return x, post, C
 
 
-@lru_cache(maxsize=8)
-def _hc_mix_fused(hc: int, iters: int, eps: float):
-    return ops.fused(lambda mix, s, b, R: _hc_mix(mix, s, b, R, hc, eps,
-                                                  lambda comb: ops.sinkhorn_eager(comb, iters, eps)))
+# The GPU kernel set's hc_pre, one compiled function per HCWeights (its weights are captured as
+# constants; keyed by id, the weights kept alive beside their function so an id is never reused
+# while its entry lives). A decoded token calls it twice per layer: compiling it whole lets MLX
+# fuse the norm's and the mix's elementwise work across what were separate small graphs.
+_HC_PRE: dict[int, tuple[HCWeights, object]] = {}
+
+
+def _hc_pre_fused(w: HCWeights, c: ModelConfig):
+    hit = _HC_PRE.get(id(w))
+    if hit is None or hit[0] is not w:
+        hc, iters, eps = c.hc_count, c.hc_sinkhorn_iters, c.hc_eps
+
+        def pre(R: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+            n, _, E = R.shape
+            mix = w.fn(ops.rms_norm(R.reshape(n, hc * E), None, c.rms_eps))
+            return _hc_mix(mix, w.scale, w.base, R, hc, eps, lambda comb: ops.sinkhorn_eager(comb, iters, eps))
+
+        hit = _HC_PRE[id(w)] = (w, ops.fused(pre))
+    return hit[1]
+
+
+def _hc_post(R: mx.array, y: mx.array, post: mx.array, C: mx.array) -> mx.array:
+    return post[:, :, None] * y[:, None, :] + mx.swapaxes(C, -1, -2) @ R
+
+
+_hc_post_fused = ops.fused(_hc_post)
 
 
 def hc_post(R: mx.array, y: mx.array, post: mx.array, C: mx.array) -> mx.array:
     """R'[j] = post[j]·y + Σ_i C[i][j]·R[i] (§4.2)."""
-    return post[:, :, None] * y[:, None, :] + mx.swapaxes(C, -1, -2) @ R
+    return _hc_post_fused(R, y, post, C) if gpu_kernels() else _hc_post(R, y, post, C)
 
 
 # ---- compressor ------------------------------------------------------------------------------------
@@ -363,12 +384,40 @@ def attention_core(c: ModelConfig, q: mx.array, k_all: mx.array, r0: int, p0: in
     return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)
 
 
+def _attn_front(aw: AttentionWeights, c: ModelConfig, rounding: bool, x: mx.array, cos: mx.array,
+                sin: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """The attention input's norms and projections: (a, q_a rows, roped q, roped kv row)."""
+    n, eps = x.shape[0], c.rms_eps
+    a = ops.rms_norm(x, aw.norm, eps)
+    qr = ops.rms_norm(aw.q_a(a), aw.q_a_norm, eps)
+    q = ops.rms_norm(aw.q_b(qr).reshape(n, c.n_heads, c.head_dim), None, eps)
+    kv = ops.rms_norm(aw.kv(a), aw.kv_norm, eps)
+    q = ops.rope_tail(q, cos[:, None, :], sin[:, None, :])
+    kv = ops.rope_tail(kv, cos, sin)
+    if rounding:
+        kv = ops.f16_round(ops.fp8sim(kv, c.nope_dim))
+    return a, qr, q, kv
+
+
+# The GPU kernel set's _attn_front, one compiled function per layer's weights (captured as
+# constants; kept alive beside their function, as _HC_PRE does).
+_ATTN_FRONT: dict[tuple[int, bool], tuple[AttentionWeights, object]] = {}
+
+
+def _attn_front_fused(aw: AttentionWeights, c: ModelConfig, rounding: bool):
+    key = (id(aw), rounding)
+    hit = _ATTN_FRONT.get(key)
+    if hit is None or hit[0] is not aw:
+        hit = _ATTN_FRONT[key] = (aw, ops.fused(lambda x, cos, sin: _attn_front(aw, c, rounding, x, cos, sin)))
+    return hit[1]
+
+
 def attention_block(aw: AttentionWeights, c: ModelConfig, layer: int, x: mx.array,
                     lay: LayerState, p0: int, rounding: bool,
                     trace: Trace | None, profile: Profile | None = None) -> tuple[mx.array, LayerState]:
     """Attention sublayer on the HC-pre input x [n, E] -> (y [n, E], new layer state)."""
     n = x.shape[0]
-    H, Dh, Dn, W = c.n_heads, c.head_dim, c.nope_dim, c.window
+    Dh, Dn, W = c.head_dim, c.nope_dim, c.window
     r = c.ratios[layer]
     eps = c.rms_eps
     rope = _rope(c)
@@ -379,14 +428,10 @@ def attention_block(aw: AttentionWeights, c: ModelConfig, layer: int, x: mx.arra
         cs, sn = rope.tables(r != 0, pos)
         return ops.rope_tail(rows, cs, sn)
 
-    a = ops.rms_norm(x, aw.norm, eps)
-    qr = ops.rms_norm(aw.q_a(a), aw.q_a_norm, eps)
-    q = ops.rms_norm(aw.q_b(qr).reshape(n, H, Dh), None, eps)
-    kv = ops.rms_norm(aw.kv(a), aw.kv_norm, eps)
-    q = ops.rope_tail(q, cos[:, None, :], sin[:, None, :])
-    kv = ops.rope_tail(kv, cos, sin)
-    if rounding:
-        kv = ops.f16_round(ops.fp8sim(kv, Dn))
+    if gpu_kernels():
+        a, qr, q, kv = _attn_front_fused(aw, c, rounding)(x, cos, sin)
+    else:
+        a, qr, q, kv = _attn_front(aw, c, rounding, x, cos, sin)
     r0 = lay.raw.shape[0]
     k_all = mx.concatenate([lay.raw, kv], axis=0) if r0 else kv
     new_raw = k_all[-min(W, p0 + n):]
@@ -482,8 +527,14 @@ def _route(fw: FFNWeights, c: ModelConfig, layer: int, h: mx.array,
 
 
 def _routed(fw: FFNWeights, U: int, clamp: float, h: mx.array, sel: mx.array, wts: mx.array) -> mx.array:
-    g = fw.gate_exps.gather_matmul(h, sel)
-    u = fw.up_exps.gather_matmul(h, sel)
+    both = None
+    if gpu_kernels() and hasattr(fw.gate_exps, "gather_matmul_with"):
+        both = fw.gate_exps.gather_matmul_with(fw.up_exps, h, sel)
+    if both is not None:
+        g, u = both
+    else:
+        g = fw.gate_exps.gather_matmul(h, sel)
+        u = fw.up_exps.gather_matmul(h, sel)
     mid = ops.swiglu(g, u, clamp) * wts[:, :, None]  # [n, U, F]
     down = fw.down_exps.gather_matmul(mid, sel)  # [n, U, E]
     if gpu_kernels():
