@@ -174,11 +174,19 @@ def _hc_pre_fused(w: HCWeights, c: ModelConfig):
     hit = _HC_PRE.get(id(w))
     if hit is None or hit[0] is not w:
         hc, iters, eps = c.hc_count, c.hc_sinkhorn_iters, c.hc_eps
+        # Each mixing column's scale (pre, post, comb: scale[0], [1], [2]) as one vector, made
+        # once: the same products as scaling each slice, without the per-call slicing.
+        col_scale = mx.concatenate([mx.broadcast_to(w.scale[i:i + 1], (m,))
+                                    for i, m in enumerate((hc, hc, hc * hc))])
+        mx.eval(col_scale)
 
         def pre(R: mx.array) -> tuple[mx.array, mx.array, mx.array]:
             n, _, E = R.shape
-            mix = w.fn(ops.rms_norm(R.reshape(n, hc * E), None, c.rms_eps))
-            return _hc_mix(mix, w.scale, w.base, R, hc, eps, lambda comb: ops.sinkhorn_eager(comb, iters, eps))
+            mix = w.fn(ops.rms_norm(R.reshape(n, hc * E), None, c.rms_eps)) * col_scale + w.base
+            pre_w = mx.sigmoid(mix[:, :hc]) + eps
+            post = 2.0 * mx.sigmoid(mix[:, hc:2 * hc])
+            C = ops.sinkhorn_eager(mix[:, 2 * hc:].reshape(n, hc, hc), iters, eps)
+            return mx.sum(pre_w[:, :, None] * R, axis=1), post, C
 
         hit = _HC_PRE[id(w)] = (w, ops.fused(pre))
     return hit[1]
@@ -549,13 +557,33 @@ def _shared(fw: FFNWeights, clamp: float, h: mx.array) -> mx.array:
     return fw.down_shexp(ops.swiglu(fw.gate_shexp(h), fw.up_shexp(h), clamp))
 
 
+# The GPU kernel set's FFN norm and router, one compiled function per layer (as _HC_PRE).
+_FFN_FRONT: dict[tuple[int, int], tuple[FFNWeights, object]] = {}
+
+
+def _ffn_front_fused(fw: FFNWeights, c: ModelConfig, layer: int):
+    key = (id(fw), layer)
+    hit = _FFN_FRONT.get(key)
+    if hit is None or hit[0] is not fw:
+
+        def front(x: mx.array, tokens: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+            h = ops.rms_norm(x, fw.norm, c.rms_eps)
+            return (h, *_route(fw, c, layer, h, tokens))
+
+        hit = _FFN_FRONT[key] = (fw, ops.fused(front))
+    return hit[1]
+
+
 def ffn_block(fw: FFNWeights, c: ModelConfig, layer: int, x: mx.array, tokens: mx.array,
               trace: Trace | None, profile: Profile | None = None) -> mx.array:
     """MoE sublayer (§4.6) on the HC-pre input x [n, E] -> y [n, E]."""
     U = c.n_experts_used
     clamp = c.swiglu_clamp[layer]
-    h = ops.rms_norm(x, fw.norm, c.rms_eps)
-    sel, wts = _call(profile, "router", _route, fw, c, layer, h, tokens)
+    if gpu_kernels() and profile is None:
+        h, sel, wts = _ffn_front_fused(fw, c, layer)(x, tokens)
+    else:
+        h = ops.rms_norm(x, fw.norm, c.rms_eps)
+        sel, wts = _call(profile, "router", _route, fw, c, layer, h, tokens)
     if trace is not None:
         trace.experts.setdefault(layer, []).append(to_host(sel))
         trace.expert_weights.setdefault(layer, []).append(to_host(wts))
@@ -569,6 +597,19 @@ def ffn_block(fw: FFNWeights, c: ModelConfig, layer: int, x: mx.array, tokens: m
 
 def output_head(w: ModelWeights, c: ModelConfig, R: mx.array) -> mx.array:
     """§4.7: HC head + output norm + output projection; R [n, hc, E] -> logits [n, V]."""
+    if gpu_kernels():
+        hit = _HEAD.get(id(w))
+        if hit is None or hit[0] is not w:
+            hit = _HEAD[id(w)] = (w, ops.fused(lambda R: _output_head(w, c, R)))
+        return hit[1](R)
+    return _output_head(w, c, R)
+
+
+# The GPU kernel set's output head, compiled per model's weights (as _HC_PRE).
+_HEAD: dict[int, tuple[ModelWeights, object]] = {}
+
+
+def _output_head(w: ModelWeights, c: ModelConfig, R: mx.array) -> mx.array:
     n, hc, E = R.shape
     flat = ops.rms_norm(R.reshape(n, hc * E), None, c.rms_eps)
     pre = w.head.fn(flat)
