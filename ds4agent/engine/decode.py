@@ -53,24 +53,55 @@ def generate(session: Any, sampler: Any, *, max_tokens: int,
     if logits is None:
         raise EngineError("nothing to decode from: the session holds no tokens")
     ctx = session.engine.ctx
-    n = 0
+    chain = getattr(session.engine, "chains_steps", False)
+
+    def mode() -> bool:
+        return bool(greedy()) if greedy is not None else False
+
+    def start(logits_: Any, greedy_now: bool, last: bool, after: Any = None) -> tuple[Any, Any]:
+        """Sample a token from lazy logits and dispatch its step (None when it is the last)."""
+        tok_ = sampler.draw(logits_, greedy=greedy_now)
+        # The key is evaluated with its token: it must not grow into a graph token by token.
+        mx.async_eval(tok_, sampler.key)
+        # An error code (negative id, sampler.py) must never index the embedding on the
+        # device; the step it feeds is dropped when the code is read.
+        if last:
+            return tok_, None
+        safe = mx.maximum(tok_, 0)
+        return tok_, session.dispatch(safe) if after is None else session.dispatch(safe, after=after)
+
+    n = 1
+    token, pending = start(logits, mode(), n >= max_tokens or len(session) + 1 > ctx)
+    spec = None  # (key before the draw, its mode, token, step): token n+1 built ahead
     try:
         while True:
-            token = sampler.draw(logits, greedy=bool(greedy()) if greedy is not None else False)
-            n += 1
-            # The key is evaluated with its token: it must not grow into a graph token by token.
-            mx.async_eval(token, sampler.key)
-            last = n >= max_tokens or len(session) + 1 > ctx
-            # An error code (negative id, sampler.py) must never index the embedding on the
-            # device; the step it feeds is dropped when the code is read just below.
-            pending = None if last else session.dispatch(mx.maximum(token, 0))
+            if chain and pending is not None:
+                # Build token n+1's sample and step now, before token n is read and handed out,
+                # so graph building runs while the device computes token n's step and the
+                # consumer's work on token n runs while the device computes this one. Its mode
+                # is a guess (decided before the consumer has seen token n); checked below.
+                key_before, guess = sampler.key, mode()
+                nxt = start(pending.logits, guess,
+                            n + 1 >= max_tokens or len(session) + 2 > ctx, after=pending)
+                spec = (key_before, guess, *nxt)
             tok = check_token(to_int(token))
             yield tok
             if pending is None:
                 return
             session.accept(pending, tok)
-            logits = session.next_logits
+            n += 1
+            now = mode()  # decided from token n, which the consumer has now seen
+            if spec is not None and spec[1] == now:
+                token, pending = spec[2], spec[3]
+            else:
+                if spec is not None:
+                    sampler.key = spec[0]  # undo the guessed draw: the RNG only moves for tokens handed out
+                token, pending = start(session.next_logits, now,
+                                       n >= max_tokens or len(session) + 1 > ctx)
+            spec = None
     finally:
+        if spec is not None:
+            sampler.key = spec[0]  # a dropped speculative token never moves the RNG
         # Nothing lazy or in flight may outlive the generator: the session and the sampler may
         # next be used from another thread (session.py's module doc).
         session.settle()
