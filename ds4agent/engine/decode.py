@@ -7,14 +7,21 @@ How a token moves (mlx-lm's generate_step pattern, with the sample as a graph of
 
     sample t[n] from the logits after t[n-1]      (a small graph: sampler.draw)
     dispatch the step of t[n]  (mx.async_eval)    (the forward pass, t[n] still on the device)
+    GPU kernel set: sample t[n+1] from the lazy logits of that step and dispatch t[n+1]'s
+                    step too, before t[n] is read (building a step reads nothing back there)
     read t[n]                                     (the one host read of the token: it waits for
                                                    the step of t[n-1] and the sample only)
-    yield t[n]        <- the device computes the step of t[n] while the consumer works on t[n]
-    accept the step of t[n]; ask greedy() for t[n+1]; sample; dispatch; ...
+    yield t[n]        <- the device computes while the consumer works on t[n]
+    accept the step of t[n]; ask greedy() for t[n+1]; ...
 
-So graph building and the consumer's work (DSML parsing, events) run while the device computes,
-and the sampling mode of t[n+1] is decided from t[n] (the consumer has seen t[n] before the
-generator calls `greedy()`): the greedy-for-DSML-syntax rule holds exactly.
+So graph building runs while the device computes the token before, the consumer's work runs
+while the device computes, and the device never waits for Python to build a graph. The sampling
+mode of t[n+1] is decided from t[n]: the mode t[n+1] was built with is a guess (greedy() before
+the consumer has seen t[n]); once the consumer has seen t[n] greedy() is asked again, and on a
+miss the guessed sample and step are dropped (the RNG key put back) and t[n+1] is sampled and
+dispatched anew. DSML syntax spans many tokens, so a miss is rare, and the rule holds exactly.
+Where building a step reads ids back (the CPU kernel set's expert kernels, a pipeline), the
+step of t[n+1] is built after the consumer is done with t[n] instead (Engine.chains_steps).
 
 The step of a handed-out token is speculative until the consumer asks for the next token. While
 the consumer holds t[n], the session holds exactly the tokens before t[n]; it only advances when
@@ -23,8 +30,8 @@ token cap, a full context) drops the in-flight step, so the session ends exactly
 when the last token was handed out: the step loop's state without that token. The caller
 appends the handed-out tokens it keeps to its transcript; the next `sync` runs the rest.
 
-The RNG advances once per sampled (non-greedy) token handed out, never for a dropped step:
-sampling happens only for tokens that are handed out.
+The RNG advances once per sampled (non-greedy) token handed out, never for a dropped step: a
+speculative draw that is not handed out is undone.
 """
 
 from __future__ import annotations
