@@ -13,7 +13,11 @@ so each change's share is visible. Measured in one run:
   * device->host reads per decoded token (engine/hostread counts every one);
   * MLX primitives per decoded token and per layer: the nodes of one token's graph (forward and,
     for the generator, the sampler's graph) counted in `mx.export_to_dot` output; where a host
-    read cuts the token into pieces, each piece is exported as the read happens and counted;
+    read cuts the token into pieces, each piece is exported as the read happens and counted.
+    The count is what is dispatched: an mx.compile'd function shows in the export as its fused
+    kernels (one node each) plus every op it could not fuse (reductions, matmuls, gathers,
+    slices), and mx.fast kernels that have no CPU implementation show as the ops they fall back
+    to on the CPU device;
   * overlap: the generator with a consumer that spends as long per token as building a token's
     graph takes (it sleeps: on a small machine a spinning consumer would steal the cores the
     CPU device computes on), against the same decode with an idle consumer;
@@ -23,7 +27,7 @@ Targets (exit status 1 when one is missed): reads per token on the GPU kernel se
 primitives per token at least 30% fewer than today; overlap wall time within 1.15x of idle;
 identical tokens.
 
-Run: .venv/bin/python bench/decode.py [--tokens 32] [--prompt 64] [--flash PATH]
+Run: .venv/bin/python bench/decode.py [--tokens 32] [--prompt 64] [--repeats 5] [--flash PATH]
 """
 
 from __future__ import annotations
@@ -145,7 +149,7 @@ def generator(engine, prompt, n, consumer_s: float = 0.0):
     return out, n / dt, (hostread.reads() - before) / n, s
 
 
-def run_cell(path, ctx, prompt, n, kernel_set):
+def run_cell(path, ctx, prompt, n, kernel_set, repeats):
     with kernels(kernel_set):
         engine = load_engine(path, ctx=ctx)
         ref = engine.new_session()
@@ -157,13 +161,18 @@ def run_cell(path, ctx, prompt, n, kernel_set):
         step_loop(engine, prompt, 2)  # warm-up (compiled kernels, caches)
         row["step_tokens"], row["step_tps"], row["step_reads"], _ = step_loop(engine, prompt, n)
         row["gen_tokens"], row["gen_tps"], row["gen_reads"], _ = generator(engine, prompt, n)
-        # Wall per token with a busy consumer over the same with an idle one; alternated and the
-        # median taken, so a burst of load from elsewhere on the machine hits both sides alike.
+        # Wall per token with a busy consumer over the same with an idle one, as pairs run back
+        # to back (which of the two goes first alternates) and the median pair taken, so a burst
+        # of load from elsewhere on the machine hits both sides of a pair alike. Every run must
+        # decode the same tokens.
         ratios = []
-        for _ in range(3):
-            _, busy_tps, _, _ = generator(engine, prompt, n, consumer_s=row["build_s"])
-            _, idle_tps, _, _ = generator(engine, prompt, n)
-            ratios.append(idle_tps / busy_tps)
+        for i in range(repeats):
+            runs = {}
+            for busy in ((True, False) if i % 2 == 0 else (False, True)):
+                runs[busy] = generator(engine, prompt, n, consumer_s=row["build_s"] if busy else 0.0)
+            for toks, _, _, _ in runs.values():
+                row["overlap_same_tokens"] = row.get("overlap_same_tokens", True) and toks == row["gen_tokens"]
+            ratios.append(runs[False][1] / runs[True][1])
         row["overlap"] = statistics.median(ratios)
         del engine
     return row
@@ -173,6 +182,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=32, help="decoded tokens per measurement")
     ap.add_argument("--prompt", type=int, default=64, help="prompt tokens before decoding")
+    ap.add_argument("--repeats", type=int, default=5, help="busy/idle consumer pairs for the overlap figure")
     ap.add_argument("--flash", type=Path, help="the Flash test file instead of the small model")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
@@ -185,8 +195,8 @@ def main(argv=None) -> int:
             path = write_quant_model(Path(tmp) / "small-q2.gguf", test_config("small"), Q2_TYPES, seed=1)
         ctx = max(256, args.prompt + args.tokens + 8)
         prompt = [int(t) for t in rng.integers(0, 50_000, size=args.prompt)]
-        cpu = run_cell(path, ctx, prompt, args.tokens, "cpu")
-        gpu = run_cell(path, ctx, prompt, args.tokens, "gpu")
+        cpu = run_cell(path, ctx, prompt, args.tokens, "cpu", args.repeats)
+        gpu = run_cell(path, ctx, prompt, args.tokens, "gpu", args.repeats)
 
     L = cpu["layers"]
     print(f"decode: {'Flash file' if args.flash else 'small q2'} ({L} layers), device {mx.default_device()}, "
@@ -219,6 +229,8 @@ def main(argv=None) -> int:
     if gpu["overlap"] > OVERLAP_TARGET:
         failures.append(f"overlap {gpu['overlap']:.2f}x > {OVERLAP_TARGET}x")
     for row in (cpu, gpu):
+        if not row["overlap_same_tokens"]:
+            failures.append(f"{row['kernels']} kernel set: the overlap runs decoded different tokens")
         if row["step_tokens"] != row["gen_tokens"]:
             failures.append(f"{row['kernels']} kernel set: the generator's tokens differ from the step loop's")
     print(f"primitives: {1 - ratio:.0%} fewer than today; tokens identical: "

@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 import mlx.core as mx
 import numpy as np
@@ -144,11 +143,11 @@ def _rope(config: ModelConfig) -> _Rope:
 
 def hc_pre(w: HCWeights, R: mx.array, c: ModelConfig) -> tuple[mx.array, mx.array, mx.array]:
     """R [n, hc, E] -> (sublayer input x [n, E], post [n, hc], comb C [n, hc, hc]) (§4.1)."""
+    if gpu_kernels():  # norm, mixing matrix and the whole mixing chain, Sinkhorn included
+        return _hc_pre_fused(w, c)(R)
     n, hc, E = R.shape
     flat = ops.rms_norm(R.reshape(n, hc * E), None, c.rms_eps)
     mix = w.fn(flat)
-    if gpu_kernels():  # the whole mixing chain, Sinkhorn included, as one compiled function
-        return _hc_mix_fused(hc, c.hc_sinkhorn_iters, c.hc_eps)(mix, w.scale, w.base, R)
     return _hc_mix(mix, w.scale, w.base, R, hc, c.hc_eps,
                    lambda comb: ops.sinkhorn(comb, c.hc_sinkhorn_iters, c.hc_eps))
 
@@ -164,15 +163,45 @@ def _hc_mix(mix: mx.array, s: mx.array, b: mx.array, R: mx.array, hc: int, eps: 
     return x, post, C
 
 
-@lru_cache(maxsize=8)
-def _hc_mix_fused(hc: int, iters: int, eps: float):
-    return ops.fused(lambda mix, s, b, R: _hc_mix(mix, s, b, R, hc, eps,
-                                                  lambda comb: ops.sinkhorn_eager(comb, iters, eps)))
+# The GPU kernel set's hc_pre, one compiled function per HCWeights (its weights are captured as
+# constants; keyed by id, the weights kept alive beside their function so an id is never reused
+# while its entry lives). A decoded token calls it twice per layer: compiling it whole lets MLX
+# fuse the norm's and the mix's elementwise work across what were separate small graphs.
+_HC_PRE: dict[int, tuple[HCWeights, object]] = {}
+
+
+def _hc_pre_fused(w: HCWeights, c: ModelConfig):
+    hit = _HC_PRE.get(id(w))
+    if hit is None or hit[0] is not w:
+        hc, iters, eps = c.hc_count, c.hc_sinkhorn_iters, c.hc_eps
+        # Each mixing column's scale (pre, post, comb: scale[0], [1], [2]) as one vector, made
+        # once: the same products as scaling each slice, without the per-call slicing.
+        col_scale = mx.concatenate([mx.broadcast_to(w.scale[i:i + 1], (m,))
+                                    for i, m in enumerate((hc, hc, hc * hc))])
+        mx.eval(col_scale)
+
+        def pre(R: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+            n, _, E = R.shape
+            mix = w.fn(ops.rms_norm(R.reshape(n, hc * E), None, c.rms_eps)) * col_scale + w.base
+            pre_w = mx.sigmoid(mix[:, :hc]) + eps
+            post = 2.0 * mx.sigmoid(mix[:, hc:2 * hc])
+            C = ops.sinkhorn_eager(mix[:, 2 * hc:].reshape(n, hc, hc), iters, eps)
+            return mx.sum(pre_w[:, :, None] * R, axis=1), post, C
+
+        hit = _HC_PRE[id(w)] = (w, ops.fused(pre))
+    return hit[1]
+
+
+def _hc_post(R: mx.array, y: mx.array, post: mx.array, C: mx.array) -> mx.array:
+    return post[:, :, None] * y[:, None, :] + mx.swapaxes(C, -1, -2) @ R
+
+
+_hc_post_fused = ops.fused(_hc_post)
 
 
 def hc_post(R: mx.array, y: mx.array, post: mx.array, C: mx.array) -> mx.array:
     """R'[j] = post[j]·y + Σ_i C[i][j]·R[i] (§4.2)."""
-    return post[:, :, None] * y[:, None, :] + mx.swapaxes(C, -1, -2) @ R
+    return _hc_post_fused(R, y, post, C) if gpu_kernels() else _hc_post(R, y, post, C)
 
 
 # ---- compressor ------------------------------------------------------------------------------------
@@ -363,12 +392,40 @@ def attention_core(c: ModelConfig, q: mx.array, k_all: mx.array, r0: int, p0: in
     return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)
 
 
+def _attn_front(aw: AttentionWeights, c: ModelConfig, rounding: bool, x: mx.array, cos: mx.array,
+                sin: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """The attention input's norms and projections: (a, q_a rows, roped q, roped kv row)."""
+    n, eps = x.shape[0], c.rms_eps
+    a = ops.rms_norm(x, aw.norm, eps)
+    qr = ops.rms_norm(aw.q_a(a), aw.q_a_norm, eps)
+    q = ops.rms_norm(aw.q_b(qr).reshape(n, c.n_heads, c.head_dim), None, eps)
+    kv = ops.rms_norm(aw.kv(a), aw.kv_norm, eps)
+    q = ops.rope_tail(q, cos[:, None, :], sin[:, None, :])
+    kv = ops.rope_tail(kv, cos, sin)
+    if rounding:
+        kv = ops.f16_round(ops.fp8sim(kv, c.nope_dim))
+    return a, qr, q, kv
+
+
+# The GPU kernel set's _attn_front, one compiled function per layer's weights (captured as
+# constants; kept alive beside their function, as _HC_PRE does).
+_ATTN_FRONT: dict[tuple[int, bool], tuple[AttentionWeights, object]] = {}
+
+
+def _attn_front_fused(aw: AttentionWeights, c: ModelConfig, rounding: bool):
+    key = (id(aw), rounding)
+    hit = _ATTN_FRONT.get(key)
+    if hit is None or hit[0] is not aw:
+        hit = _ATTN_FRONT[key] = (aw, ops.fused(lambda x, cos, sin: _attn_front(aw, c, rounding, x, cos, sin)))
+    return hit[1]
+
+
 def attention_block(aw: AttentionWeights, c: ModelConfig, layer: int, x: mx.array,
                     lay: LayerState, p0: int, rounding: bool,
                     trace: Trace | None, profile: Profile | None = None) -> tuple[mx.array, LayerState]:
     """Attention sublayer on the HC-pre input x [n, E] -> (y [n, E], new layer state)."""
     n = x.shape[0]
-    H, Dh, Dn, W = c.n_heads, c.head_dim, c.nope_dim, c.window
+    Dh, Dn, W = c.head_dim, c.nope_dim, c.window
     r = c.ratios[layer]
     eps = c.rms_eps
     rope = _rope(c)
@@ -379,14 +436,10 @@ def attention_block(aw: AttentionWeights, c: ModelConfig, layer: int, x: mx.arra
         cs, sn = rope.tables(r != 0, pos)
         return ops.rope_tail(rows, cs, sn)
 
-    a = ops.rms_norm(x, aw.norm, eps)
-    qr = ops.rms_norm(aw.q_a(a), aw.q_a_norm, eps)
-    q = ops.rms_norm(aw.q_b(qr).reshape(n, H, Dh), None, eps)
-    kv = ops.rms_norm(aw.kv(a), aw.kv_norm, eps)
-    q = ops.rope_tail(q, cos[:, None, :], sin[:, None, :])
-    kv = ops.rope_tail(kv, cos, sin)
-    if rounding:
-        kv = ops.f16_round(ops.fp8sim(kv, Dn))
+    if gpu_kernels():
+        a, qr, q, kv = _attn_front_fused(aw, c, rounding)(x, cos, sin)
+    else:
+        a, qr, q, kv = _attn_front(aw, c, rounding, x, cos, sin)
     r0 = lay.raw.shape[0]
     k_all = mx.concatenate([lay.raw, kv], axis=0) if r0 else kv
     new_raw = k_all[-min(W, p0 + n):]
@@ -482,8 +535,14 @@ def _route(fw: FFNWeights, c: ModelConfig, layer: int, h: mx.array,
 
 
 def _routed(fw: FFNWeights, U: int, clamp: float, h: mx.array, sel: mx.array, wts: mx.array) -> mx.array:
-    g = fw.gate_exps.gather_matmul(h, sel)
-    u = fw.up_exps.gather_matmul(h, sel)
+    both = None
+    if gpu_kernels() and hasattr(fw.gate_exps, "gather_matmul_with"):
+        both = fw.gate_exps.gather_matmul_with(fw.up_exps, h, sel)
+    if both is not None:
+        g, u = both
+    else:
+        g = fw.gate_exps.gather_matmul(h, sel)
+        u = fw.up_exps.gather_matmul(h, sel)
     mid = ops.swiglu(g, u, clamp) * wts[:, :, None]  # [n, U, F]
     down = fw.down_exps.gather_matmul(mid, sel)  # [n, U, E]
     if gpu_kernels():
@@ -498,13 +557,33 @@ def _shared(fw: FFNWeights, clamp: float, h: mx.array) -> mx.array:
     return fw.down_shexp(ops.swiglu(fw.gate_shexp(h), fw.up_shexp(h), clamp))
 
 
+# The GPU kernel set's FFN norm and router, one compiled function per layer (as _HC_PRE).
+_FFN_FRONT: dict[tuple[int, int], tuple[FFNWeights, object]] = {}
+
+
+def _ffn_front_fused(fw: FFNWeights, c: ModelConfig, layer: int):
+    key = (id(fw), layer)
+    hit = _FFN_FRONT.get(key)
+    if hit is None or hit[0] is not fw:
+
+        def front(x: mx.array, tokens: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+            h = ops.rms_norm(x, fw.norm, c.rms_eps)
+            return (h, *_route(fw, c, layer, h, tokens))
+
+        hit = _FFN_FRONT[key] = (fw, ops.fused(front))
+    return hit[1]
+
+
 def ffn_block(fw: FFNWeights, c: ModelConfig, layer: int, x: mx.array, tokens: mx.array,
               trace: Trace | None, profile: Profile | None = None) -> mx.array:
     """MoE sublayer (§4.6) on the HC-pre input x [n, E] -> y [n, E]."""
     U = c.n_experts_used
     clamp = c.swiglu_clamp[layer]
-    h = ops.rms_norm(x, fw.norm, c.rms_eps)
-    sel, wts = _call(profile, "router", _route, fw, c, layer, h, tokens)
+    if gpu_kernels() and profile is None:
+        h, sel, wts = _ffn_front_fused(fw, c, layer)(x, tokens)
+    else:
+        h = ops.rms_norm(x, fw.norm, c.rms_eps)
+        sel, wts = _call(profile, "router", _route, fw, c, layer, h, tokens)
     if trace is not None:
         trace.experts.setdefault(layer, []).append(to_host(sel))
         trace.expert_weights.setdefault(layer, []).append(to_host(wts))
@@ -518,6 +597,19 @@ def ffn_block(fw: FFNWeights, c: ModelConfig, layer: int, x: mx.array, tokens: m
 
 def output_head(w: ModelWeights, c: ModelConfig, R: mx.array) -> mx.array:
     """§4.7: HC head + output norm + output projection; R [n, hc, E] -> logits [n, V]."""
+    if gpu_kernels():
+        hit = _HEAD.get(id(w))
+        if hit is None or hit[0] is not w:
+            hit = _HEAD[id(w)] = (w, ops.fused(lambda R: _output_head(w, c, R)))
+        return hit[1](R)
+    return _output_head(w, c, R)
+
+
+# The GPU kernel set's output head, compiled per model's weights (as _HC_PRE).
+_HEAD: dict[int, tuple[ModelWeights, object]] = {}
+
+
+def _output_head(w: ModelWeights, c: ModelConfig, R: mx.array) -> mx.array:
     n, hc, E = R.shape
     flat = ops.rms_norm(R.reshape(n, hc * E), None, c.rms_eps)
     pre = w.head.fn(flat)

@@ -103,6 +103,11 @@ class Sampler:
         """The current key (lazy between draws): decode.py evaluates it with the token it drew."""
         return self._key
 
+    @key.setter
+    def key(self, value: mx.array) -> None:
+        """Put back a key read from `key` (decode.py undoes a speculative draw with it)."""
+        self._key = value
+
     # --- sampling --------------------------------------------------------------------------
     def draw(self, logits: mx.array, *, greedy: bool = False) -> mx.array:
         """The next token id as a lazy int32 scalar (see the module doc for error codes).

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ import numpy as np
 from ds4agent import statelayout
 
 from .chunks import chunk_cap, chunk_grid
-from .device import current_device
+from .device import current_device, gpu_kernels
 from .errors import ContextOverflowError, EngineError, Interrupted, StateError
 from .hostread import to_host
 from .model import build
@@ -84,6 +84,7 @@ class PendingStep:
     base: Any
     logits: Any
     finish: Callable[[int], Any]
+    parent: PendingStep | None = None  # the unaccepted step this one was dispatched after
 
 
 def materialize(tree: Any) -> Any:
@@ -129,6 +130,14 @@ def materialize(tree: Any) -> Any:
 
 class Engine:
     """A loaded model: config, weights and the context size sessions run with."""
+
+    @property
+    def chains_steps(self) -> bool:
+        """Whether decode.py may dispatch token n+1's step before token n is read: only where
+        building a step reads nothing back (the GPU kernel set; the CPU kernel set's expert
+        kernels read their ids while the graph is built, which would wait for token n's whole
+        step before token n is handed out). A pipeline reads the id first: False there too."""
+        return gpu_kernels()
 
     def __init__(self, *, config, weights, ctx: int, quant_bits: int = 2,
                  model_id: int = MODEL_ID_FLASH, path: Path | None = None,
@@ -216,6 +225,10 @@ class Session:
         self._logits_np: np.ndarray | None = None
         self._snapshots: list[weakref.ref[Snapshot]] = []
         self.prefilled_total = 0  # tokens ever run through the model (tests assert reuse)
+        # The last accepted decode step and the state it made: a step dispatched after it
+        # (dispatch's `after`) is accepted only while that state is still the live one.
+        self._accepted: PendingStep | None = None
+        self._accepted_state: Any = None
 
     # ------------------------------------------------------------------ read-only views
     @property
@@ -305,17 +318,32 @@ class Session:
         """mx.array [V]: the logits after the last live token, on the device (None if empty)."""
         return self._state.logits
 
-    def dispatch(self, token) -> PendingStep:
-        """Start decoding a device-side token id after the live state (which stays as it is)."""
-        if len(self._state.tokens) + 1 > self.engine.ctx:
-            raise ContextOverflowError(len(self._state.tokens) + 1, self.engine.ctx)
-        return self.engine.decode_step(self._state, token)
+    def dispatch(self, token, after: PendingStep | None = None) -> PendingStep:
+        """Start decoding a device-side token id after the live state (which stays as it is), or
+        after `after`, a step dispatched and not yet accepted (decode.py builds token n+1's step
+        before token n is read). Such a step is accepted only right after `after`."""
+        base = self._state
+        if after is not None:
+            # Its graph needs the layers and the length after `after`, not `after`'s token id
+            # (not read yet): a stand-in id holds the place; accept() records the real ones.
+            base = replace(after.finish(0), tokens=after.base.tokens + (0,))
+        if len(base.tokens) + 1 > self.engine.ctx:
+            raise ContextOverflowError(len(base.tokens) + 1, self.engine.ctx)
+        step = self.engine.decode_step(base, token)
+        return step if after is None else replace(step, parent=after)
 
     def accept(self, step: PendingStep, token: int) -> None:
         """Make a dispatched step live: `token` is its id, read back by the caller."""
-        if step.base is not self._state:
-            raise EngineError("the session changed while a decode step was in flight")
-        self._commit(step.finish(int(token)))
+        if step.parent is None:
+            if step.base is not self._state:
+                raise EngineError("the session changed while a decode step was in flight")
+            new = step.finish(int(token))
+        else:
+            if self._accepted is not step.parent or self._state is not self._accepted_state:
+                raise EngineError("the session changed while a decode step was in flight")
+            new = replace(step.finish(int(token)), tokens=self._state.tokens + (int(token),))
+        self._commit(new)
+        self._accepted, self._accepted_state = step, new
         self.prefilled_total += 1
 
     def settle(self) -> None:

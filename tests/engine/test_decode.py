@@ -9,10 +9,14 @@ as it stood when the last token was handed out. Host reads: counted through engi
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import numpy as np
 import pytest
 
 from ds4agent.engine import generate, hostread, load_engine
+from ds4agent.engine.device import KERNELS_ENV, kernel_set
 from ds4agent.engine.errors import EngineError
 from ds4agent.engine.sampler import Sampler
 from ds4agent.testmodels.writer import make_test_model
@@ -25,6 +29,37 @@ N = 12
 def engine(tmp_path_factory):
     path = make_test_model(tmp_path_factory.mktemp("decode") / "micro.gguf", "micro", seed=5)
     return load_engine(path, ctx=CTX, chunk=8)
+
+
+@pytest.fixture(scope="module", params=["cpu", "gpu"])
+def kernel_engine(request, tmp_path_factory):
+    """The micro model on each kernel set (the GPU one on the CPU device: there the generator
+    builds token n+1's step before handing out token n, and its guessed sampling mode is
+    checked once the consumer has seen token n)."""
+    path = make_test_model(tmp_path_factory.mktemp("decode") / "micro.gguf", "micro", seed=5)
+    with _kernels(request.param):
+        return load_engine(path, ctx=CTX, chunk=8, device="cpu")
+
+
+@pytest.fixture(autouse=True)
+def _kernel_set_of_the_test(request, monkeypatch):
+    # Graphs take their kernels from the environment as they are built: a test on the GPU
+    # kernel set's engine runs with it set.
+    if "kernel_engine" in request.fixturenames:
+        monkeypatch.setenv(KERNELS_ENV, request.node.callspec.params["kernel_engine"])
+
+
+@contextlib.contextmanager
+def _kernels(name):
+    old = os.environ.get(KERNELS_ENV)
+    os.environ[KERNELS_ENV] = name
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(KERNELS_ENV, None)
+        else:
+            os.environ[KERNELS_ENV] = old
 
 
 @pytest.fixture(scope="module")
@@ -67,35 +102,36 @@ def _generator(engine, prompt, sampler, n, greedy_at=()):
     return out, s
 
 
-def test_greedy_tokens_and_state_identical_to_the_step_loop(engine, prompt):
-    ref, ref_s = _step_loop(engine, prompt, Sampler(temperature=0.0), N)
-    got, got_s = _generator(engine, prompt, Sampler(temperature=0.0), N)
+def test_greedy_tokens_and_state_identical_to_the_step_loop(kernel_engine, prompt):
+    assert kernel_engine.chains_steps == (kernel_set() == "gpu")
+    ref, ref_s = _step_loop(kernel_engine, prompt, Sampler(temperature=0.0), N)
+    got, got_s = _generator(kernel_engine, prompt, Sampler(temperature=0.0), N)
     assert got == ref
     assert len(set(got)) > 1  # a real sequence, not one repeated id
     assert got_s.tokens == tuple(prompt) + tuple(ref[:-1])
     assert _state_bytes(got_s) == _state_bytes(ref_s)
 
 
-def test_seeded_sampling_matches_the_step_loop_and_repeats(engine, prompt):
+def test_seeded_sampling_matches_the_step_loop_and_repeats(kernel_engine, prompt):
     greedy_at = {2, 3, 7}  # DSML-syntax positions: argmax there, no draw
-    ref, _ = _step_loop(engine, prompt, Sampler(temperature=1.5, min_p=0.0, seed=9), N, greedy_at)
-    a, _ = _generator(engine, prompt, Sampler(temperature=1.5, min_p=0.0, seed=9), N, greedy_at)
-    b, _ = _generator(engine, prompt, Sampler(temperature=1.5, min_p=0.0, seed=9), N, greedy_at)
+    ref, _ = _step_loop(kernel_engine, prompt, Sampler(temperature=1.5, min_p=0.0, seed=9), N, greedy_at)
+    a, _ = _generator(kernel_engine, prompt, Sampler(temperature=1.5, min_p=0.0, seed=9), N, greedy_at)
+    b, _ = _generator(kernel_engine, prompt, Sampler(temperature=1.5, min_p=0.0, seed=9), N, greedy_at)
     assert a == ref == b
-    other, _ = _generator(engine, prompt, Sampler(temperature=1.5, min_p=0.0, seed=10), N, greedy_at)
+    other, _ = _generator(kernel_engine, prompt, Sampler(temperature=1.5, min_p=0.0, seed=10), N, greedy_at)
     assert other != a  # the seed matters: the test would notice a sampler that ignores it
 
 
-def test_rng_state_saved_and_loaded_mid_run_continues_the_same_tokens(engine, prompt):
-    full, _ = _generator(engine, prompt, Sampler(temperature=1.5, min_p=0.0, seed=3), N)
+def test_rng_state_saved_and_loaded_mid_run_continues_the_same_tokens(kernel_engine, prompt):
+    full, _ = _generator(kernel_engine, prompt, Sampler(temperature=1.5, min_p=0.0, seed=3), N)
     first = Sampler(temperature=1.5, min_p=0.0, seed=3)
-    s = engine.new_session()
+    s = kernel_engine.new_session()
     s.sync(prompt)
     head = []
     for tok in generate(s, first, max_tokens=5):
         head.append(tok)
     saved_rng, payload = first.rng_state, s.export_state()
-    resumed = engine.new_session()
+    resumed = kernel_engine.new_session()
     resumed.import_state(payload)
     resumed.sync(tuple(prompt) + tuple(head))  # the last handed-out token is not in the state yet
     second = Sampler(temperature=1.5, min_p=0.0, seed=0)
@@ -104,9 +140,9 @@ def test_rng_state_saved_and_loaded_mid_run_continues_the_same_tokens(engine, pr
     assert head + tail == full
 
 
-def _stop_after(engine, prompt, k, how):
+def _stop_after(kernel_engine, prompt, k, how):
     """Decode and stop after the k-th token in the named way; returns (tokens, session)."""
-    s = engine.new_session()
+    s = kernel_engine.new_session()
     s.sync(prompt)
     got: list[int] = []
     gen = generate(s, Sampler(temperature=0.0), max_tokens=N)
@@ -130,18 +166,35 @@ def _stop_after(engine, prompt, k, how):
 
 @pytest.mark.parametrize("how", ["break", "close", "raise"])
 @pytest.mark.parametrize("k", [1, 4])
-def test_stopping_during_a_speculative_step_leaves_the_session_as_at_the_handout(engine, prompt, how, k):
-    got, s = _stop_after(engine, prompt, k, how)
+def test_stopping_during_a_speculative_step_leaves_the_session_as_at_the_handout(kernel_engine, prompt, how, k):
+    got, s = _stop_after(kernel_engine, prompt, k, how)
     assert len(got) == k
     # The step of the k-th token was in flight when the consumer stopped: it is dropped.
     assert s.tokens == tuple(prompt) + tuple(got[:-1])
-    ref = engine.new_session()
+    ref = kernel_engine.new_session()
     ref.sync(tuple(prompt) + tuple(got[:-1]))
     assert _state_bytes(s) == _state_bytes(ref)
     # And the session goes on from there as if nothing had been in flight.
     nxt = list(generate(s, Sampler(temperature=0.0), max_tokens=3))
-    ref_all, _ = _generator(engine, prompt, Sampler(temperature=0.0), k - 1 + 3)
+    ref_all, _ = _generator(kernel_engine, prompt, Sampler(temperature=0.0), k - 1 + 3)
     assert got[:-1] + nxt == ref_all
+
+
+def test_stopping_leaves_the_rng_as_after_the_handed_out_tokens(kernel_engine, prompt):
+    # On the GPU kernel set token k+1 is already drawn when the consumer stops after token k:
+    # that draw is undone, so the RNG stands where k sampled tokens leave it.
+    sampler = Sampler(temperature=1.5, min_p=0.0, seed=4)
+    s = kernel_engine.new_session()
+    s.sync(prompt)
+    got = []
+    for tok in generate(s, sampler, max_tokens=N):
+        got.append(tok)
+        if len(got) == 4:
+            break
+    ref = Sampler(temperature=1.5, min_p=0.0, seed=4)
+    ref_tokens, _ = _step_loop(kernel_engine, prompt, ref, 4)
+    assert got == ref_tokens
+    assert sampler.rng_state == ref.rng_state != Sampler(temperature=1.5, min_p=0.0, seed=4).rng_state
 
 
 def test_token_cap_and_full_context(engine, prompt):

@@ -47,6 +47,10 @@ class PipelineEngine(Engine):
     """Rank 0's Engine: sessions run as on one process; the forward pass, export and import reach
     the other ranks. Build it with `launch`."""
 
+    @property
+    def chains_steps(self) -> bool:
+        return False  # decode_step reads the id first (see decode_step)
+
     link: Link
     ranges: list[tuple[int, int]]
     timeout: float
