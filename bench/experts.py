@@ -15,7 +15,7 @@ CPU ms / cores is what an idle machine would take).
 
 Weights are random valid blocks (small finite f16 scales), no model file; one tensor of 256
 experts at a time (at most 1.2 GB, the Q4_K one; peak resident about 2 GB). Exits non-zero when
-a type of ours reads less than --target GB/s (default 0.5, issue 13).
+a type of ours reads less than --target GB/s (default 0.5).
 
     python bench/experts.py [--iters N] [--target GBPS] [--prefill ROWS] [--backend auto|portable|metal]
 """

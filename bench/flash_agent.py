@@ -1,4 +1,4 @@
-"""The interactive agent at the real DS4 Flash shape (issue 13 item 2), end to end as a user runs it.
+"""The interactive agent at the real DS4 Flash shape, end to end as a user runs it.
 
     .venv/bin/python bench/flash_agent.py [--model FILE]
 

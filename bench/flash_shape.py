@@ -1,4 +1,4 @@
-"""The real DS4 Flash shape, measured (issue 13 item 4): load, prefill, decode, memory, overhead.
+"""The real DS4 Flash shape, measured: load, prefill, decode, memory, overhead.
 
     .venv/bin/python bench/flash_shape.py [--model FILE] [--experts q2|q4] [--ctx 32768]
                                           [--prefill 2048] [--decode 3]
@@ -11,7 +11,7 @@ about 4 GiB) into a temporary directory and removes it afterwards. One run print
 * decode ms/token (median of --decode steps);
 * where a decoded token's time goes (model.Profile: each section evaluated on its own, its graph
   building in Python counted apart), plus sampling;
-* peak resident memory (ru_maxrss) against issue 13's budget: 1.3 x the file's non-expert bytes
+* peak resident memory (ru_maxrss) against the memory budget: 1.3 x the file's non-expert bytes
   + the routed-expert bytes actually touched (the file mapping's resident pages at the end) +
   the session state + 2 GiB;
 * the decoded token's time against MLX's own cost for the same work: every matrix product and

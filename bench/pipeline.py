@@ -13,7 +13,7 @@ Measured:
     through ring.Link (the path the pipeline uses: select wait, link thread, MLX send/recv).
 
 Target (exit status 1 above it): added time per token <= 10% of the single-process step plus
-2 ms per rank boundary (issue 12). Then a projection for the real shape (DS4 Flash: hc 4 x width
+2 ms per rank boundary. Then a projection for the real shape (DS4 Flash: hc 4 x width
 4096, vocab 129280): the messages of one token at their real sizes, costed with the measured
 per-message times (the software path, loopback), plus their bytes over 10 Gb Ethernet or
 Thunderbolt IP at an assumed bandwidth (printed as an assumption).

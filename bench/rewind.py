@@ -1,4 +1,4 @@
-"""Rewind latency against re-prefilling the same prefix (issue 11), on the `small` test config.
+"""Rewind latency against re-prefilling the same prefix, on the `small` test config.
 
 A session prefills a 4,096-token prefix (one chunk on the fixed grid: ctx 8,192 puts the cap at
 4,096), the SnapshotStore keeps that state, and the session moves on (64 more tokens). Then:

@@ -28,8 +28,13 @@ TEMP_SUFFIX = ".tmp"
 def fsync_dir(directory: str | os.PathLike[str]) -> None:
     """Make a rename durable. Some filesystems refuse to fsync a directory: that is not worth
     failing a save over (the file itself was already fsynced), so such errors are ignored."""
+    _fsync_opened(lambda: os.open(directory, os.O_RDONLY))
+
+
+def _fsync_opened(open_dir: Callable[[], int]) -> None:
+    """fsync the directory `open_dir()` opens, ignoring what a filesystem refuses (see fsync_dir)."""
     try:
-        fd = os.open(directory, os.O_RDONLY)
+        fd = open_dir()
     except OSError:
         return
     try:
@@ -187,16 +192,7 @@ def atomic_entry_at(dir_fd: int, name: str, *, mode: int, prefix: str | None = N
 def fsync_dir_at(dir_fd: int) -> None:
     """fsync_dir for a directory open at `dir_fd` (which may be an O_PATH descriptor: fsync needs
     a real one, so "." is opened relative to it)."""
-    try:
-        fd = os.open(".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0), dir_fd=dir_fd)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    _fsync_opened(lambda: os.open(".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0), dir_fd=dir_fd))
 
 
 # O_PATH (Linux) opens a directory only to walk it: no read permission needed, nothing read.

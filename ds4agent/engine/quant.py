@@ -223,6 +223,13 @@ def _iq2xxs_index_scale(words: mx.array, d: mx.array) -> tuple[mx.array, mx.arra
     return index, db.reshape(r, nb * 8, 1)
 
 
+def device_lookup() -> bool:
+    """Whether the dequantisers are MLX ops only here (a GPU, or the GPU kernel set on the CPU
+    device): then they read nothing back and may run inside a compiled function. Otherwise the
+    IQ2_XXS codebook lookup is numpy's (see below), which needs the index on the host."""
+    return mx.default_device() != mx.cpu or gpu_kernels()
+
+
 def _dequant_iq2_xxs(b: mx.array) -> mx.array:
     r, nb = b.shape[0], b.shape[1]
     # The 16 words after each block's f16 are not 4-byte aligned: copy them out, as 32 uint16
@@ -232,7 +239,7 @@ def _dequant_iq2_xxs(b: mx.array) -> mx.array:
     with _COMPILED_CALL:  # dequantize may run on any thread, and MLX's compile cache is shared
         index, db = _iq2xxs_index_scale(words, _f16(b, 0))
     table, mx_table = iq2xxs_signed_codes()
-    if mx.default_device() != mx.cpu or gpu_kernels():  # MLX's gather, on the device (no host round trip)
+    if device_lookup():  # MLX's gather, on the device (no host round trip)
         codes = mx_table[index].reshape(r, nb * 8, 32)
         return (db * codes.astype(mx.float32)).reshape(r, nb * 256)
     # On the CPU (CPU kernel set) the lookup is numpy's `take` (about 7x faster here than MLX's CPU gather, which

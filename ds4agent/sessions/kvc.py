@@ -540,7 +540,7 @@ def verify_kvc(path: str | Path, *, quant_bits: int | None = None, shape: Payloa
                 kind = standalone_kind(path.name, None)
                 raise
             # The text is read capped, and hashed in chunks only when the name must carry its
-            # SHA-1 (step 10): the output needs a preview, and a header may claim 4 GiB (issue 10.7).
+            # SHA-1 (step 10): the output needs a preview, and a header may claim 4 GiB.
             env = _read_envelope(f, path, size, kind, text_limit=TEXT_SCAN_BYTES,
                                  hash_text=_identity_hashes_text(path.name, hdr))
             hdr = env.header
@@ -620,7 +620,7 @@ def write_kvc(
     try:
         # fsutil's atomic replace of the directory entry (§6.1): temp beside the target, fsync,
         # rename, directory fsync; the temp is removed on any failure. A symlink at `path` is
-        # replaced, never written through (issue 10.1). The temp name `<final>.tmp.<random>.tmp`
+        # replaced, never written through. The temp name `<final>.tmp.<random>.tmp`
         # keeps the `.kv.tmp.` shape that the scan rule ignores and clean_stale_temps recognises.
         with atomic_entry(path, mode=0o600, prefix=path.name + ".tmp.") as f:
             f.write(header.pack())

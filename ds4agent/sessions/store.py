@@ -215,7 +215,7 @@ class SessionInfo:
 class UnreadableSession:
     """A `<40 hex>.kv` file that may be a session but cannot be read (bad header, cut short,
     broken title trailer, no permission, not a regular file). Listed with the reason and
-    deletable by id prefix, so a damaged session does not simply vanish (issue 10.11)."""
+    deletable by id prefix, so a damaged session does not simply vanish."""
 
     path: Path
     id: str  # 40 lowercase hex, from the name
@@ -282,7 +282,7 @@ def touch(path: str | Path, now: int | None = None) -> None:
     now = int(time.time()) if now is None else int(now)
     try:
         # O_NOFOLLOW: a cache name that is a symlink would have this write land in whatever file
-        # it points at (outside the directory); such a cache is read, never written (issue 10.1).
+        # it points at (outside the directory); such a cache is read, never written.
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
         with open(fd, "r+b", buffering=0) as f:
             raw = bytearray(f.read(HEADER_BYTES))
@@ -499,7 +499,7 @@ class SessionStore:
             raise KVCStoreError("give a session id prefix")
         if not _HEX_PREFIX.fullmatch(prefix):
             # Not "invalid SHA prefix": ids are what /list shows, and `/load zzz` simply matches
-            # none of them (issue 10.17).
+            # none of them.
             raise KVCStoreError(f"no saved session matches {prefix}")
         return prefix.lower()
 

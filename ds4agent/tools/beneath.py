@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from ds4agent import fsutil
-from ds4agent.tools.regular import refuse_unless_regular
+from ds4agent.tools.regular import adopt_regular, refuse_unless_regular
 from ds4agent.tools.results import ToolError
 
 # O_NONBLOCK: a FIFO swapped in after the lstat does not block the open (the fstat refuses it).
@@ -123,13 +123,7 @@ def open_file(real: str, shown: str, *, list_hint: bool = True) -> tuple[BinaryI
             raise
     finally:
         os.close(dfd)
-    try:
-        st = os.fstat(fd)
-        refuse_unless_regular(st.st_mode, shown)
-        return os.fdopen(fd, "rb"), st
-    except BaseException:
-        os.close(fd)
-        raise
+    return adopt_regular(fd, shown)
 
 
 _UNSET = object()

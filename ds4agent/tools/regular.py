@@ -53,7 +53,12 @@ def open_regular(full: str | os.PathLike[str], shown: str) -> tuple[BinaryIO, os
     a device is never opened at all (some devices act on open), and again on the opened descriptor,
     so a name swapped in between cannot slip through."""
     refuse_unless_regular(os.stat(full).st_mode, shown)
-    fd = os.open(full, _OPEN_FLAGS)
+    return adopt_regular(os.open(full, _OPEN_FLAGS), shown)
+
+
+def adopt_regular(fd: int, shown: str) -> tuple[BinaryIO, os.stat_result]:
+    """A file object for the descriptor `fd` just opened, if it is (still) a regular file: the
+    type checked before the open is checked again on what was opened. `fd` is closed on refusal."""
     try:
         st = os.fstat(fd)
         refuse_unless_regular(st.st_mode, shown)

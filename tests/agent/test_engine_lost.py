@@ -1,4 +1,4 @@
-"""A lost engine (a pipeline rank died, issue 12) ends the session: the turn so far is journalled
+"""A lost engine (a pipeline rank died) ends the session: the turn so far is journalled
 first, the UI gets one fatal error naming the rank, and the next start offers to resume."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The built-in system text and AGENTS.md (issue 6 items 7 and 10)."""
+"""The built-in system text and AGENTS.md."""
 
 from __future__ import annotations
 

@@ -169,7 +169,7 @@ def test_deleting_a_session_removes_its_checkpoints_and_index_entry(tmp_path):
 
 
 def test_retitling_a_fork_replaces_the_fork_file_only_and_lists_beside_unreadable_files(tmp_path, tools):
-    # Issue 10 (/save TITLE renames; unreadable files listed) meets issue 11 (forks): the renamed
+    # /save TITLE renames (unreadable files listed) meets forks: the renamed
     # fork's old file goes, the original stays, the listing shows both kinds of note.
     h, starts = _three_turns(tmp_path, tools=tools)
     original = of(h.command(h.agent.save), ev.SessionSaved)[0]

@@ -1,4 +1,4 @@
-"""Session files seen from the agent (issue 10): unreadable files in /list and /load, [S] files from
+"""Session files seen from the agent: unreadable files in /list and /load, [S] files from
 earlier ds4 builds, a KV directory open to other users, a private --trace file."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ TOK = Tokenizer.load()
 
 
 def test_trace_file_is_created_private(tmp_path, tools):
-    """A trace holds the transcript: it is created 0600 whatever the umask allows (issue 10.17)."""
+    """A trace holds the transcript: it is created 0600 whatever the umask allows."""
     trace = tmp_path / "private-trace.log"
     old = os.umask(0o022)
     try:
@@ -47,7 +47,7 @@ def test_kv_directory_that_stays_open_to_others_is_reported_at_startup(tmp_path,
 
 
 def test_unreadable_session_files_are_listed_explained_and_deletable(tmp_path, tools):
-    """Issue 10.11/10.17: a damaged session file shows up in /list (and the picker) with the
+    """A damaged session file shows up in /list (and the picker) with the
     reason, /load of its prefix says why it cannot be loaded, and it can be deleted."""
     from ds4agent.ui import fmt
 
@@ -69,7 +69,7 @@ def test_unreadable_session_files_are_listed_explained_and_deletable(tmp_path, t
 
 
 def test_s_file_from_an_earlier_ds4_loads_and_the_resave_keeps_it(tmp_path, tools):
-    """Issue 10.18 / kvc-format.md §13: an [S] file (byte 20 = 0, payload version 1, no title,
+    """kvc-format.md §13: an [S] file (byte 20 = 0, payload version 1, no title,
     named SHA-1 of its text) loads like a legacy session; the next save writes an [L] file under
     the title identity and leaves the [S] file exactly as it was (an earlier ds4 may share it)."""
     from ds4agent.sessions.kvc import REASON_SESSION, KVCHeader, session_identity, text_sha1, write_kvc

@@ -1,4 +1,4 @@
-"""Pipeline parallelism (issue 12): ranks on 127.0.0.1 over MLX's ring backend give exactly the
+"""Pipeline parallelism: ranks on 127.0.0.1 over MLX's ring backend give exactly the
 model one process runs (logits, states, session bytes), and a lost rank is an error, not a hang.
 
 MLX keeps one ring per process, so every pipeline here runs with its rank 0 in a fresh (spawned)
@@ -147,7 +147,7 @@ def _snapshots(path):
             out["interrupted_at"] = q.tokens
         q.sync(TOKENS)
         out["resumed"] = q.logits.copy()
-        # the agent's turn snapshots (issue 11) on a pipeline: handles, restored exactly
+        # the agent's turn snapshots on a pipeline: handles, restored exactly
         engine.chunk = CTX
         store = engine.snapshot_store(1 << 30)
         r = engine.new_session()

@@ -377,7 +377,7 @@ def test_running_out_of_memory_at_load_is_one_readable_error(micro_path, monkeyp
 
 
 def test_session_state_grows_with_the_tokens_used_not_with_ctx(micro_path, prompt):
-    """Issue 13: --ctx 1000000 must not cost memory up front. The state holds exactly the arrays of
+    """--ctx 1000000 must not cost memory up front. The state holds exactly the arrays of
     the tokens used (and chunking follows the same grid), so two contexts give equal states."""
     small = load_engine(micro_path, ctx=4096)
     huge = load_engine(micro_path, ctx=1_000_000)

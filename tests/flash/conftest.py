@@ -1,4 +1,4 @@
-"""The real DS4 Flash shape in CI (issue 13): one Flash-shape test file per test run.
+"""The real DS4 Flash shape in CI: one Flash-shape test file per test run.
 
 Every test here runs in the xdist group "flash" (pyproject's `--dist loadgroup` puts the group on
 one worker), so at most one Flash-shape process (~11 GiB resident) runs at a time on a 23 GiB

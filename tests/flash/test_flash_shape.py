@@ -1,4 +1,4 @@
-"""The product at the real DS4 Flash shape (issue 13 items 1-3): 43 layers, width 4096, 256 experts
+"""The product at the real DS4 Flash shape: 43 layers, width 4096, 256 experts
 in ds4's q2 types, vocab 129,280, ctx 32768 — on this 2-core CPU, one Flash process at a time.
 
 What each test proves:
@@ -6,12 +6,12 @@ What each test proves:
 * a truncated file, a wrong tensor type, a missing tensor: one line naming it, exit 1, at once;
 * the engine at full shape: finite, varied logits, bit-identical whatever the chunking; a
   Flash-layout session saved, verified by `kv verify`, loaded with nothing prefilled and continued
-  exactly; peak resident memory inside issue 13's budget;
+  exactly; peak resident memory inside the memory budget;
 * the whole agent at full shape, headless `-p` (the system prompt's KV from the cache, stage.py).
 
 A token costs seconds at this shape on a 2-core CPU, so CI runs these few; the interactive flows
 at full shape (plain mode /save, /new, /load, kill -9 and crash resume; the TUI's load progress)
-are `bench/flash_agent.py`, run by hand (issue 13's closing note has its results). The same flows
+are `bench/flash_agent.py`, run by hand. The same flows
 run in CI on the tiny model (tests/agent, tests/ui).
 """
 
@@ -140,7 +140,7 @@ def test_full_shape_logits_sessions_and_memory(flash_file, tmp_path):
     """dump-logits' engine path and /save + /load at the real shape, in one process (one load):
     finite and varied logits, bit-identical for one chunk and token by token; a Flash-layout
     session file that `kv verify` accepts, whose load continues exactly like the live session
-    with nothing prefilled; and peak resident memory inside issue 13's budget."""
+    with nothing prefilled; and peak resident memory inside the memory budget."""
     from ds4agent.engine.config import flash_config
     from ds4agent.engine.gguf import GGUFFile
     from ds4agent.engine.memory import memory_plan
@@ -164,7 +164,7 @@ def test_full_shape_logits_sessions_and_memory(flash_file, tmp_path):
     with GGUFFile.open(flash_file) as gf:
         non_expert = sum(ti.nbytes for ti in gf.tensors.values() if "_exps." not in ti.name)
         plan = memory_plan(gf.tensors.values(), flash_config(), 32768)
-    # Issue 13's budget, with every routed-expert byte of the file counted as touched (an upper
+    # The memory budget, with every routed-expert byte of the file counted as touched (an upper
     # bound of what 3 tokens page in) and the live state as measured.
     budget = 1.3 * non_expert + plan.experts + facts["state"] + 2 * GiB
     peak = facts["maxrss"]

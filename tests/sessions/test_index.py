@@ -76,7 +76,7 @@ def test_sealed_checkpoints_are_never_restored(tmp_path):
 
 
 def test_index_and_checkpoint_files_are_entries_of_their_own_never_written_through_links(tmp_path):
-    # Issue 10.1 for the files issue 11 added: a link planted at their names is replaced.
+    # The rewind files too: a link planted at their names is replaced.
     kv = tmp_path / "kvcache"
     store = SessionStore(kv)
     a = _saved(store, "a task", 1_760_000_000)

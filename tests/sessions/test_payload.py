@@ -268,7 +268,7 @@ def test_validation_without_arrays_reports_counts(good):
 
 def test_validation_scans_tokens_and_logits_without_holding_them(tmp_path):
     """kv verify/show (keep_arrays=False) take T and V from the file: a sparse file claiming a
-    256 MiB logits row is checked piecewise, never allocated whole (issue 10.7)."""
+    256 MiB logits row is checked piecewise, never allocated whole."""
     import tracemalloc
 
     from ds4agent.sessions.payload import PAYLOAD_MAGIC

@@ -236,7 +236,7 @@ def test_list_newest_first_reason6_only(store, clock):
 
 def test_listing_ignores_junk_and_reports_unreadable_session_files(store, clock):
     """Junk names are ignored; a 40-hex `.kv` that cannot be read is listed apart, with the reason
-    (issue 10.11), and its prefix says why it cannot be loaded instead of "no match"."""
+   , and its prefix says why it cannot be loaded instead of "no match"."""
     good = save(store, session_text("good"))
     d = store.directory
     (d / "notes.txt").write_text("hello")
@@ -286,7 +286,7 @@ def test_resolve_errors(store, clock):
     with pytest.raises(KVCStoreError, match=f"^session prefix {common} is ambiguous$") if common else \
             pytest.raises(KVCStoreError, match="^give a session id prefix$"):
         store.resolve(common)
-    for bad in ("xyz", "zzz", "0" * 41, "12 4"):  # no id looks like that: no session matches (issue 10.17)
+    for bad in ("xyz", "zzz", "0" * 41, "12 4"):  # no id looks like that: no session matches
         with pytest.raises(KVCStoreError, match=f"^no saved session matches {bad}$"):
             store.resolve(bad)
     with pytest.raises(KVCStoreError, match="^give a session id prefix$"):
@@ -540,7 +540,7 @@ def test_fifo_named_like_a_session_is_skipped_not_opened(store):
         load(store, fifo)
 
 
-# --- symlinks and directory permissions (issue 10.1) -----------------------------------------------
+# --- symlinks and directory permissions -----------------------------------------------
 
 def test_save_replaces_a_symlinked_name_and_never_writes_through_it(store, clock, tmp_path):
     """A link planted under a name the agent writes (the sysprompt cache is rewritten at every
@@ -606,7 +606,7 @@ def test_loose_directory_that_cannot_be_tightened_is_reported(tmp_path, clock, m
                              "restricted to 0700: Operation not permitted"]
 
 
-# --- [S] files from earlier ds4 builds (kvc-format.md §13, issue 10.18) ------------------------------
+# --- [S] files from earlier ds4 builds (kvc-format.md §13) ------------------------------
 
 def write_s_session(store, text, T=4, created=1_700_000_000, seed=0):
     """What an earlier ds4-agent wrote: no title trailer, named SHA-1 of the text, byte 20 = 0,

@@ -1,5 +1,5 @@
 """Session answers cover programs and tools, never writes outside the working tree or into .git/
-(issue 10, item 6): such a command or write is asked about every time, with no session choice."""
+: such a command or write is asked about every time, with no session choice."""
 
 import os
 

@@ -1,5 +1,5 @@
 """FIFOs, devices and huge files: every file tool refuses what is not a regular file at once, and
-the write preview stays within read/edit's limits (issue 10, items 3-5)."""
+the write preview stays within read/edit's limits."""
 
 import os
 

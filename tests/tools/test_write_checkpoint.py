@@ -1,4 +1,4 @@
-"""Code checkpoints meet the file tools' hardening (issue 10 x issue 11): a write over a file the
+"""Code checkpoints meet the file tools' hardening: a write over a file the
 preview left unread (binary, too large) is undone by putting its bytes back, and a code rewind
 never opens what is no longer a regular file."""
 

@@ -12,7 +12,7 @@ from tests.ui.conftest import make_fake_app
 from tests.ui.fake_agent import status
 
 SIZE = (110, 40)
-SMALL = (80, 24)  # every screen must read well in the classic terminal size (issue 10, item 13)
+SMALL = (80, 24)  # every screen must read well in the classic terminal size
 
 
 async def _settle(pilot, app, cond=lambda: True) -> None:

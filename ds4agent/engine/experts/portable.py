@@ -202,13 +202,13 @@ class QuantExperts:
         n, k = check_call(self, x, expert_ids)
         if 2 * n * k > self.group:
             return None
-        return _pairs2_fn(self.qtype, self.d_out, self.d_in)(x, expert_ids, self.raw, other.raw)
+        return _pairs2_fn(self.qtype, self.d_out, self.d_in, quant.device_lookup())(x, expert_ids, self.raw, other.raw)
 
     def _device_pairs(self, x: mx.array, expert_ids: mx.array, n: int, k: int) -> mx.array:
         """The GPU kernel set's small call: pair p's expert dequantised from the resident blocks
         by its device id, then one 1-row product per pair (an expert chosen twice in a call is
         dequantised twice: at most `group` pairs, so bounded, and nothing is read back)."""
-        return _pairs_fn(self.qtype, self.d_out, self.d_in)(x, expert_ids, self.raw)
+        return _pairs_fn(self.qtype, self.d_out, self.d_in, quant.device_lookup())(x, expert_ids, self.raw)
 
     def _tiled(self, x: mx.array, ids: np.ndarray, n: int, k: int) -> mx.array:
         """The CPU path: `cpu.products` straight from the selected experts' blocks (a
@@ -274,10 +274,12 @@ class QuantExperts:
 
 
 @functools.lru_cache(maxsize=64)
-def _pairs_fn(qtype: int, d_out: int, d_in: int):
+def _pairs_fn(qtype: int, d_out: int, d_in: int, compiled: bool):
     """`_device_pairs` as one compiled function per expert tensor format: the dequantisation's
     bit arithmetic fuses into a few kernels instead of a few dozen small ops per call (the raw
-    blocks are an input, not a captured constant, so one function serves every layer)."""
+    blocks are an input, not a captured constant, so one function serves every layer). Plain
+    where the dequantiser reads back (the whole-expert path on the CPU kernel set: a compiled
+    function may not evaluate)."""
 
     def pairs(x: mx.array, expert_ids: mx.array, raw: mx.array) -> mx.array:
         n, k = expert_ids.shape
@@ -287,11 +289,11 @@ def _pairs_fn(qtype: int, d_out: int, d_in: int):
         out = mx.gather_mm(_slot_inputs(x, n, k), mx.swapaxes(w, -1, -2), rhs_indices=pair)
         return out.reshape(n, k, d_out)
 
-    return mx.compile(pairs)
+    return mx.compile(pairs) if compiled else pairs
 
 
 @functools.lru_cache(maxsize=64)
-def _pairs2_fn(qtype: int, d_out: int, d_in: int):
+def _pairs2_fn(qtype: int, d_out: int, d_in: int, compiled: bool):
     """Two tensors' `_device_pairs` over the same inputs and ids, dequantised as one batch."""
 
     def pairs2(x: mx.array, expert_ids: mx.array, raw_a: mx.array, raw_b: mx.array) -> tuple[mx.array, mx.array]:
@@ -304,4 +306,4 @@ def _pairs2_fn(qtype: int, d_out: int, d_in: int):
         out = out.reshape(2, n, k, d_out)
         return out[0], out[1]
 
-    return mx.compile(pairs2)
+    return mx.compile(pairs2) if compiled else pairs2
