@@ -258,7 +258,7 @@ def test_stripped_session_is_rebuilt_from_its_text_and_prefilled(tmp_path, tools
     loaded = of(evs, ev.SessionLoaded)[0]
     assert h.ids == TOK.rebuild_from_text(TOK.decode_bytes(ids)) and h.live == tuple(h.ids)
     assert loaded.prefilled == len(h.ids) - len(h.worker.system_ids)  # the system prefix KV was live
-    assert any("re-tokenised" in n.text for n in of(evs, ev.Notice))
+    assert f"stripped session: rebuilding {len(h.ids):,} tokens" in [n.text for n in of(evs, ev.Notice)]
     h.turn("next")
     saved = of(h.command(h.agent.save), ev.SessionSaved)[0]
     assert saved.id == stripped.id and h.store.resolve(saved.id).header.payload_bytes > 0
