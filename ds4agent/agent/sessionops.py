@@ -545,14 +545,18 @@ def list_event(worker: WorkerPort) -> ev.SessionList:
         index = {}
     try:
         sessions, unreadable = store.scan_sessions()
+        model_id = _model_id(worker)
         for info in sessions:
             e = info.entry
+            if e.header.model_id != model_id:
+                continue  # another model's session (the directory is shared): `kv ls --all` lists it
             parent = index[e.id].forked_from if e.id in index else ""
             infos.append(ev.SessionInfo(
                 id=e.id, short_id=e.short_id, title=display_title(info.title), tokens=e.header.tokens,
                 size_bytes=e.file_size, last_used=e.header.last_used, created_at=e.header.created_at,
-                path=str(e.path), forked_from=parent[:8],
+                path=str(e.path), forked_from=parent[:8], stripped=e.header.payload_bytes == 0,
             ))
+        infos.sort(key=lambda i: (-i.recency, i.id))
         # Listed, not hidden: the user sees the file and why, and can delete it.
         for broken in unreadable:
             infos.append(ev.SessionInfo(

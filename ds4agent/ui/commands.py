@@ -91,8 +91,8 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("switch", "/switch <prefix>", "same as /load", takes=WORD),
     CommandSpec("del", "/del <prefix>", "delete a saved session (asks first; never the live one with "
                 "unsaved turns)", takes=WORD, agent_call=lambda a, c: a.delete(c.arg)),
-    CommandSpec("strip", "/strip <prefix>", "keep a saved session's text and title, drop its KV state "
-                "(loading it prefills the text again)", takes=WORD, agent_call=lambda a, c: a.strip(c.arg)),
+    CommandSpec("strip", "/strip <prefix>", "drop a saved session's KV state, keep its text (a load "
+                "prefills it)", takes=WORD, agent_call=lambda a, c: a.strip(c.arg)),
     CommandSpec("list", "/list", "list saved sessions, newest first",
                 agent_call=lambda a, c: a.list_sessions()),
     CommandSpec("history", "/history [N]", "replay the last N user turns (default 3)", takes=COUNT,

@@ -314,3 +314,44 @@ def test_an_unusable_crash_journal_directory_is_named(tmp_path, tools):
     assert warnings == [f"crash journal disabled: cannot use {tmp_path / 'journal'}: File exists"] or \
         warnings == [f"crash journal disabled: cannot use {tmp_path / 'journal'}: Not a directory"]
     h.stop()
+
+
+def test_list_shows_this_models_sessions_newest_first_with_the_stripped_mark(tmp_path, tools):
+    """/list (and the picker, which gets the same event) shows only sessions whose header model_id
+    is the loaded model's, newest last_used first (created_at where last_used is 0), and marks the
+    stripped ones."""
+    import struct
+
+    h = AgentHarness.build(tmp_path, [reply("A1", think="t")], tools=tools)
+    h.turn("full one")
+    full = of(h.command(h.agent.save), ev.SessionSaved)[0]
+    eng = h.worker.engine
+    here = int(getattr(eng, "model_id", 0))
+
+    def stripped(title: str, *, model_id: int, created: int, used: int) -> str:
+        text = TOK.decode_bytes(h.worker.system_ids) + f"<｜User｜>{title}<｜Assistant｜></think>".encode()
+        return h.store.save_session(text, None, shape=None, quant_bits=eng.quant_bits, title=title,
+                                    n_tokens=len(TOK.rebuild_from_text(text)), ctx=eng.ctx, model_id=model_id,
+                                    created_at=created, now=used).id
+
+    old = stripped("old one", model_id=here, created=1_700_000_000, used=1_700_000_100)
+    newer = stripped("newer one", model_id=here, created=1_700_000_050, used=1_700_000_500)
+    other = stripped("other model", model_id=here + 1, created=1_700_000_000, used=1_800_000_000)
+    never_used = stripped("never used", model_id=here, created=1_700_000_300, used=1_700_000_300)
+    path = h.store.resolve(never_used).path
+    with open(path, "r+b") as f:  # a header without last_used: ordered by created_at
+        f.seek(32)
+        f.write(struct.pack("<Q", 0))
+
+    lst = of(h.command(h.agent.list_sessions), ev.SessionList)[0]
+    rows = [(s.id, s.title, s.stripped) for s in lst.sessions]
+    assert other not in [r[0] for r in rows]
+    assert rows == [(full.id, "full one", False), (newer, "newer one", True),
+                    (never_used, "never used", True), (old, "old one", True)]
+    assert [s.size_bytes for s in lst.sessions] == [h.store.resolve(r[0]).file_size for r in rows]
+    from ds4agent.ui import fmt
+
+    lines = fmt.session_list_lines(lst.directory, lst.sessions, now=1_700_000_600)
+    assert lines[3].startswith(f"  {never_used[:8]} (5m ago) never used  [") and lines[3].endswith(", stripped]")
+    assert "stripped" not in lines[1]
+    h.stop()
