@@ -355,3 +355,38 @@ def test_list_shows_this_models_sessions_newest_first_with_the_stripped_mark(tmp
     assert lines[3].startswith(f"  {never_used[:8]} (5m ago) never used  [") and lines[3].endswith(", stripped]")
     assert "stripped" not in lines[1]
     h.stop()
+
+
+def test_an_interrupted_rebuild_of_a_stripped_session_keeps_the_session_and_prefills_the_rest_later(
+        tmp_path, tools):
+    h = AgentHarness.build(tmp_path, [reply("A1", think="t"), reply("A2", think="t")], tools=tools)
+    h.turn("strip me")
+    eng, ids = h.worker.engine, h.ids
+    saved = of(h.command(h.agent.save), ev.SessionSaved)[0]
+    assert of(h.command(lambda: h.agent.strip(saved.short_id)), ev.Error) == []
+    h.command(h.agent.new)
+    eng.chunk = 2
+    session = h.worker.session
+    real = session.sync
+
+    def sync(tokens, *, progress=None, should_stop=None):
+        def interrupt_after_first_chunk(done, total):
+            progress(done, total)
+            h.agent.interrupt()  # Esc while the rebuild prefills
+        return real(tokens, progress=interrupt_after_first_chunk if progress else None, should_stop=should_stop)
+
+    session.sync = sync
+    evs = h.command(lambda: h.agent.load(saved.short_id))
+    session.sync = real
+    assert of(evs, ev.Error) == []
+    loaded = of(evs, ev.SessionLoaded)[0]
+    assert loaded.id == saved.id and loaded.prefilled == 0
+    assert h.ids == ids and len(h.live) < len(ids) and h.live == tuple(ids[: len(h.live)])
+    notice = [n.text for n in of(evs, ev.Notice) if n.text.startswith("rebuild interrupted")]
+    assert notice == [f"rebuild interrupted at {len(h.live):,} of {len(ids):,} tokens; the rest is prefilled "
+                      "with the next message"]
+    h.turn("next")  # the rest of the text and the new turn are prefilled; the turn runs
+    # (the live KV ends before the turn's closing EOS: it is evaluated with the next prefill)
+    assert h.ids[: len(ids)] == ids and len(h.live) > len(ids) and h.live == tuple(h.ids[: len(h.live)])
+    assert b"A2" in h.text(len(ids))
+    h.stop()
