@@ -105,7 +105,8 @@ def cmd_ls(store: SessionStore, out: TextIO, model_id: int | None = None) -> int
     model, for every model's files, or with `model_id` only that model's (an unreadable session is
     always listed: its model is unknown, and the user may want to rm it)."""
     now = time.time()
-    rows = []  # (id or name, kind, model id, used at, tokens, size, stripped, title)
+    # (id or name, kind, model id (None: unknown), used at, tokens, size, stripped, title)
+    rows: list[tuple[str, str, int | None, int, str, int, bool, str]] = []
 
     def used_at(h) -> int:
         return h.last_used or h.created_at
