@@ -87,7 +87,8 @@ def test_strip_twice_and_strip_of_nothing_say_why(tmp_path):
     assert h.store.resolve(sid).header.payload_bytes == 0
     evs = h.command(lambda: h.agent.strip(sid[:8]))
     assert of(evs, ev.Notice)[-1].text == f"session {sid[:8]} is already stripped"
-    assert of(h.command(lambda: h.agent.strip("ffffffff")), ev.Error)[-1].text == \
+    missing = "ffffffff"  # a variable: a literal reads to linters as str.strip's character set
+    assert of(h.command(lambda: h.agent.strip(missing)), ev.Error)[-1].text == \
         "strip failed: no saved session matches ffffffff"
     assert of(h.command(lambda: h.agent.strip("")), ev.Error)[-1].text == "strip failed: usage: /strip <id-prefix>"
     h.stop()
