@@ -28,6 +28,7 @@ from ds4agent.sessions.payload import PayloadShape
 from ds4agent.sessions.store import (
     LoadedSession,
     SessionStore,
+    UnreadableSession,
     derive_title,
     display_text,
     format_age,
@@ -403,7 +404,7 @@ def delete(worker: WorkerPort, prefix: str) -> None:
             raise SessionOpError(f"session {entry.short_id} is the live session and has unsaved turns "
                                  "(/save them, or /new first)")
         # An unreadable file has its reason as its title; a readable one its stored title.
-        title = entry.display_title if hasattr(entry, "reason") else store.describe(entry).display_title
+        title = entry.display_title if isinstance(entry, UnreadableSession) else store.describe(entry).display_title
     except Exception as err:  # SessionOpError, KVCError: readable
         worker.io.emit(ev.Error(f"delete failed: {err}"))
         return
