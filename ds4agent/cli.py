@@ -247,8 +247,12 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     # SUPPRESS: a subparser default would overwrite `ds4agent --kv-dir DIR kv ...` with None.
     _add_kv_dir(p, default=argparse.SUPPRESS)
     kv = p.add_subparsers(dest="kv_command", metavar="ACTION", required=True)
-    q = kv.add_parser("ls", help="list sessions and caches, newest first")
+    q = kv.add_parser("ls", help="list sessions and caches, newest first (every model's, or one model's)")
     _add_kv_dir(q, default=argparse.SUPPRESS)  # `kv ls --kv-dir X` too: where people type it
+    which = q.add_mutually_exclusive_group()
+    which.add_argument("--model-id", type=int, default=None, metavar="N",
+                       help="only the files of KVC model id N (0: DeepSeek V4 Flash, the model ds4agent runs)")
+    which.add_argument("--all", action="store_true", help="the files of every model (the default)")
     q = kv.add_parser("show", help="show one file's header, title, text preview and payload")
     q.add_argument("target", metavar="FILE|PREFIX")
     _add_kv_dir(q, default=argparse.SUPPRESS)

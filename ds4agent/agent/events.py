@@ -291,6 +291,12 @@ class SessionInfo:
     path: str
     forked_from: str = ""  # short id of the session this one was forked from ("" when none)
     unreadable: str = ""  # why the file cannot be read ("" for a readable session); title says so too
+    stripped: bool = False  # saved without its KV state: loading it prefills the text (kvc-format.md §12.6)
+
+    @property
+    def recency(self) -> int:
+        """What "newest first" orders by: last use, else (a header without one) creation."""
+        return self.last_used or self.created_at
 
 
 @dataclass(frozen=True)

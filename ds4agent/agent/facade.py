@@ -289,6 +289,11 @@ class Agent:
         the live session while it has unsaved turns. Idle only."""
         self._command("del", lambda: self._worker.cmd_delete(prefix))
 
+    def strip(self, prefix: str) -> None:
+        """/strip PREFIX: rewrite a saved session as a stripped file (its text and title kept, its
+        KV state dropped; loading it prefills the text again). Idle only."""
+        self._command("strip", lambda: self._worker.cmd_strip(prefix))
+
     def delete_session(self, prefix: str) -> str:
         """Delete a saved session by id prefix (the picker's `d`); runs in the caller's thread (it
         only unlinks a file). Returns the deleted path; raises the store's KVCError (readable)."""

@@ -358,21 +358,30 @@ def _load(worker: WorkerPort, prefix: str) -> None:
     loaded = store.load_session(prefix, shape=_shape(worker), ctx=worker.settings.ctx,
                                        model_id=_model_id(worker), quant_bits=worker.engine.quant_bits)
     prefilled = 0
+    rebuilt = True
     if loaded.payload is not None:
         worker.session.import_state(loaded.payload)  # validates; never half-applies
         ids = [int(t) for t in loaded.payload.tokens]
     else:
         # A stripped session: re-tokenised from its text (the trust marks are lost, §2).
         ids = worker.tok.rebuild_from_text(loaded.text)
-        worker.io.emit(ev.Notice("this session was saved without its KV state; its text was "
-                                 "re-tokenised and is prefilled now", "warning"))
+        if len(ids) >= worker.settings.ctx:
+            raise SessionOpError(f"the stripped session ({len(ids)} tokens) does not fit the context")
+        worker.io.emit(ev.Notice(f"stripped session: rebuilding {len(ids):,} tokens", "warning"))
     system_len = _system_len(ids)
     worker.transcript.reset(ids, system_len)
     if loaded.payload is None:
-        worker.sync(interruptible=False)
-        prefilled = worker.last_prefilled
+        worker.set_state(ev.State.PREFILL, detail="rebuilding stripped session")
+        # Interruptible (the prefill progress is shown): an interrupted rebuild still switches to
+        # the session, its live KV at a prefix of the text, and the next turn prefills the rest;
+        # nothing is lost and the user need not wait again from token 0.
+        rebuilt = worker.sync(interruptible=True)
+        prefilled = worker.last_prefilled if rebuilt else 0
     _reset_identity(worker)
     worker.identity = _loaded_identity(worker, loaded)
+    if not rebuilt:
+        worker.io.emit(ev.Notice(f"rebuild interrupted at {len(worker.session.tokens):,} of {len(ids):,} "
+                                 "tokens; the rest is prefilled with the next message", "warning"))
     if ids[:system_len] != worker.system_ids:
         worker.io.emit(ev.Notice("this session was saved with a different system prompt; it "
                                  "continues with its own", "info"))
@@ -413,6 +422,41 @@ def delete(worker: WorkerPort, prefix: str) -> None:
         worker.io.emit(ev.Error(f"delete failed: {err}"))
         return
     worker.io.emit(ev.Notice(f"deleted session {entry.short_id}"))
+
+
+def strip(worker: WorkerPort, prefix: str) -> None:
+    """/strip PREFIX: rewrite a saved session as a stripped file (kvc-format.md §12.6): its
+    rendered text and title kept, payload_bytes 0, tokens = the count of the re-tokenised text
+    (what a load will prefill), created_at kept (so the identity and the file name stay),
+    last_used now. The live KV is not touched: stripping the live session's file only changes
+    what a later load costs, and its next save writes the full state again."""
+    try:
+        store = _store(worker)
+        if not prefix:
+            raise SessionOpError("usage: /strip <id-prefix>")
+        entry = store.resolve(prefix)
+        header = entry.header
+        if header.payload_bytes == 0:
+            worker.io.emit(ev.Notice(f"session {entry.short_id} is already stripped"))
+            return
+        env = read_envelope(entry.path)
+        title = env.title if env.title is not None else derive_title(env.text)
+        n_tokens = len(worker.tok.rebuild_from_text(env.text))
+        # A legacy file (no title trailer) gets its identity now; the old name goes (loaded_from).
+        saved = store.save_session(env.text, None, shape=None, quant_bits=header.quant_bits, title=title,
+                                   created_at=header.created_at or None, loaded_from=entry.path,
+                                   model_id=header.model_id, n_tokens=n_tokens, ctx=header.ctx_size)
+    except Exception as err:  # SessionOpError, KVCError: readable
+        worker.io.emit(ev.Error(f"strip failed: {err}"))
+        return
+    if worker.identity.session_id == entry.id:
+        worker.identity.session_id = saved.id
+        worker.identity.legacy_path = None
+        worker.identity.title = title_bytes(saved.title)
+        worker.identity.created_at = saved.created_at
+    freed = entry.file_size - saved.path.stat().st_size
+    worker.io.emit(ev.Notice(f"stripped session {saved.id[:8]} ({n_tokens:,} tokens to rebuild on load, "
+                             f"{max(0, freed):,} bytes freed)"))
 
 
 def forget_deleted(worker: WorkerPort, sid: str) -> None:
@@ -502,14 +546,18 @@ def list_event(worker: WorkerPort) -> ev.SessionList:
         index = {}
     try:
         sessions, unreadable = store.scan_sessions()
+        model_id = _model_id(worker)
         for info in sessions:
             e = info.entry
+            if e.header.model_id != model_id:
+                continue  # another model's session (the directory is shared): `kv ls --all` lists it
             parent = index[e.id].forked_from if e.id in index else ""
             infos.append(ev.SessionInfo(
                 id=e.id, short_id=e.short_id, title=display_title(info.title), tokens=e.header.tokens,
                 size_bytes=e.file_size, last_used=e.header.last_used, created_at=e.header.created_at,
-                path=str(e.path), forked_from=parent[:8],
+                path=str(e.path), forked_from=parent[:8], stripped=e.header.payload_bytes == 0,
             ))
+        infos.sort(key=lambda i: (-i.recency, i.id))
         # Listed, not hidden: the user sees the file and why, and can delete it.
         for broken in unreadable:
             infos.append(ev.SessionInfo(

@@ -676,6 +676,10 @@ class Worker:
         sessionops.delete(self, prefix)
         self.set_state(ev.State.IDLE)
 
+    def cmd_strip(self, prefix: str) -> None:
+        sessionops.strip(self, prefix)
+        self.set_state(ev.State.IDLE)
+
     def cmd_new(self) -> None:
         if self.confirm_leave():
             sessionops.new_session(self)

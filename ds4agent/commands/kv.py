@@ -91,42 +91,68 @@ def _kv_files(directory: Path) -> list[Path]:
     return [directory / name for name in sorted(os.listdir(directory)) if name.endswith(".kv")]
 
 
-def cmd_ls(store: SessionStore, out: TextIO) -> int:
+MODEL_NAMES = {0: "flash", 1: "pro"}  # KVC header byte 7 (kvc-format.md §2)
+
+
+def _model_name(model_id: int | None) -> str:
+    if model_id is None:
+        return "?"
+    return MODEL_NAMES.get(model_id, f"id {model_id}")
+
+
+def cmd_ls(store: SessionStore, out: TextIO, model_id: int | None = None) -> int:
+    """The /list columns (id, age, tokens, size, stripped mark, title) plus the file's kind and
+    model, for every model's files, or with `model_id` only that model's (an unreadable session is
+    always listed: its model is unknown, and the user may want to rm it)."""
     now = time.time()
-    rows = []  # (id or name, kind, last_used, tokens, size, title)
+    # (id or name, kind, model id (None: unknown), used at, tokens, size, stripped, title)
+    rows: list[tuple[str, str, int | None, int, str, int, bool, str]] = []
+
+    def used_at(h) -> int:
+        return h.last_used or h.created_at
+
     sessions, unreadable = store.scan_sessions()
     for info in sessions:
         h = info.entry.header
-        rows.append((info.entry.short_id, h.reason_name, h.last_used, str(h.tokens), info.entry.file_size,
-                     info.display_title))
+        rows.append((info.entry.short_id, h.reason_name, h.model_id, used_at(h), str(h.tokens),
+                     info.entry.file_size, h.payload_bytes == 0, info.display_title))
     for broken in unreadable:  # listed with the reason, not hidden: the user can still rm it
-        rows.append((broken.short_id, "unreadable", broken.last_used, "?", broken.file_size,
+        rows.append((broken.short_id, "unreadable", None, broken.last_used, "?", broken.file_size, False,
                      broken.display_title))
     for entry in store.entries():  # server checkpoints
         h = entry.header
         if h.reason != REASON_SESSION:
-            rows.append((entry.short_id, h.reason_name, h.last_used, str(h.tokens), entry.file_size, ""))
+            rows.append((entry.short_id, h.reason_name, h.model_id, used_at(h), str(h.tokens), entry.file_size,
+                         False, ""))
     named = _kv_files(store.directory)
     for path in named:
         # is_file first: opening a FIFO named like a cache would block the listing forever
         if classify_name(path.name)[0] in ("sysprompt-hex", "sysprompt") and path.is_file():
             try:
                 h = read_header(path)
-                rows.append((path.name, h.reason_name, h.last_used, str(h.tokens), path.stat().st_size, ""))
+                rows.append((path.name, h.reason_name, h.model_id, used_at(h), str(h.tokens),
+                             path.stat().st_size, False, ""))
             except (OSError, KVCError):
                 continue
-    rows.sort(key=lambda r: -r[2])
-    print(f"KV files in {_name(store.directory)}:", file=out)
-    if not rows:
-        print("  (none)", file=out)
     # Files that are neither sessions nor caches are not listed (§8.1); say that some were skipped,
     # so a damaged file is not simply missing from the list without a hint.
     skipped = len(named) - len(rows)
+    other_models = 0
+    if model_id is not None:
+        shown = [r for r in rows if r[2] is None or r[2] == model_id]
+        other_models, rows = len(rows) - len(shown), shown
+    rows.sort(key=lambda r: -r[3])
+    which = "" if model_id is None else f" for model {_model_name(model_id)}"
+    print(f"KV files in {_name(store.directory)}{which}:", file=out)
+    if not rows:
+        print("  (none)", file=out)
     width = max((len(r[0]) for r in rows), default=8)  # cache file names are longer than short ids
-    for ident, kind, last_used, tokens, size, title in rows:
-        line = (f"  {ident:<{width}} {kind:<13} {format_age(now - last_used):>9} "
-                f"{tokens:>8} tokens {_mib(size):>11}")
-        print(line + (f"  {title}" if title else ""), file=out)
+    for ident, kind, model, used, tokens, size, stripped, title in rows:
+        line = (f"  {ident:<{width}} {kind:<13} {_model_name(model):<5} {format_age(now - used):>9} "
+                f"{tokens:>8} tokens {_mib(size):>11} {'stripped' if stripped else '':<8}")
+        print((line + (f"  {title}" if title else "")).rstrip(), file=out)
+    if other_models:
+        print(f"  ({other_models} file(s) of other models not listed: `ds4agent kv ls --all`)", file=out)
     if skipped > 0:
         print(f"  ({skipped} other .kv file(s) not listed: not valid KV files; see `ds4agent kv verify`)",
               file=out)
@@ -275,7 +301,8 @@ def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 return 0
             raise KVCError(f"no KV directory at {directory}")
         if action == "ls":
-            return cmd_ls(store, out)
+            wanted = None if getattr(args, "all", False) else getattr(args, "model_id", None)
+            return cmd_ls(store, out, wanted)
         if action == "verify":
             return cmd_verify(store, out)
         if action == "rm":

@@ -352,8 +352,10 @@ def session_list_lines(directory: str, sessions, now: float) -> list[str]:
         title = info.title if len(info.title) <= 70 else info.title[:70] + "..."
         counts = "" if getattr(info, "unreadable", "") else f"{info.tokens} tokens, "  # no tokens to count
         fork = f", fork of {info.forked_from}" if getattr(info, "forked_from", "") else ""
-        lines.append(f"  {info.short_id} ({format_age(now - info.last_used)}) {title}  "
-                     f"[{counts}{format_size(info.size_bytes)}{fork}]")
+        stripped = ", stripped" if getattr(info, "stripped", False) else ""
+        used = info.last_used or getattr(info, "created_at", 0) or now
+        lines.append(f"  {info.short_id} ({format_age(now - used)}) {title}  "
+                     f"[{counts}{format_size(info.size_bytes)}{stripped}{fork}]")
     if not sessions:
         lines.append("  (none)")
     return lines

@@ -85,3 +85,49 @@ def test_new_after_a_cached_start_restores_the_system_prefix_without_prefill(tmp
     assert b.live == tuple(b.worker.system_ids)
     assert counts and max(counts) == 0  # /new computed nothing
     b.stop()
+
+
+def test_strip_then_load_rebuilds_the_same_tokens_and_continues_exactly(tmp_path, tiny_model):
+    """/strip keeps the text and title and drops the KV payload (kvc-format.md §12.6); loading the
+    stripped file prefills the re-tokenised text, says so, and the session goes on exactly as the
+    unstripped one does (same --seed)."""
+    from ds4agent.protocol.tokenizer import Tokenizer
+    from ds4agent.sessions.kvc import read_envelope
+    from ds4agent.sessions.store import SessionStore
+
+    kv = SessionStore(tmp_path / "kv")
+    a = _agent(tmp_path / "a", tiny_model, kv)
+    a.turn("hello there")
+    a.turn("and again")
+    reference = a.ids
+    a.stop()
+
+    b = _agent(tmp_path / "b", tiny_model, kv)
+    b.turn("hello there")
+    first = b.ids
+    saved = of(b.command(b.agent.save), ev.SessionSaved)[0]
+    before = kv.resolve(saved.id)
+    assert before.header.payload_bytes > 0
+    evs = b.command(lambda: b.agent.strip(saved.short_id))
+    assert of(evs, ev.Error) == []
+    after = kv.resolve(saved.id)  # same identity: title and created_at are kept
+    env = read_envelope(after.path)
+    tok = Tokenizer.load()
+    assert after.header.payload_bytes == 0 and after.file_size < before.file_size
+    assert after.header.tokens == len(tok.rebuild_from_text(env.text)) == len(first)
+    assert after.header.created_at == before.header.created_at
+    assert after.header.last_used >= before.header.last_used
+    assert env.text == tok.decode_bytes(first) and env.title == b"hello there"
+
+    b.command(b.agent.new)
+    evs = b.command(lambda: b.agent.load(saved.short_id))
+    notices = [n.text for n in of(evs, ev.Notice)]
+    assert f"stripped session: rebuilding {len(first):,} tokens" in notices
+    progress = of(evs, ev.PrefillProgress)
+    assert progress and progress[-1].done == progress[-1].total
+    loaded = of(evs, ev.SessionLoaded)[0]
+    assert loaded.prefilled == len(first) - len(b.worker.system_ids)
+    assert b.ids == first and b.live == tuple(first)  # exactly the unstripped session's tokens
+    b.turn("and again")
+    assert b.ids == reference  # and it continues as the uninterrupted run
+    b.stop()

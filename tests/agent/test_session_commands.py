@@ -1,4 +1,5 @@
-"""/del: asks first, deletes one session, refuses the live one while it has unsaved turns."""
+"""/del asks first, deletes one session, refuses the live one while it has unsaved turns; /strip
+rewrites one without its KV state."""
 
 from __future__ import annotations
 
@@ -63,3 +64,31 @@ def test_del_is_in_the_table_and_unknown_commands_hint():
         commands.prepare("/zzzz", busy=False)
     except commands.UnknownCommand as err:
         assert str(err) == "unknown command: /zzzz (/help lists the commands)"
+
+
+def test_strip_is_in_the_table_and_reaches_the_agent():
+    cmd = commands.prepare("/strip 0f33", busy=False)
+    assert (cmd.name, cmd.arg) == ("strip", "0f33")
+    calls = []
+
+    class Stub:
+        def strip(self, prefix):
+            calls.append(prefix)
+
+    commands.call_agent(cmd, Stub())
+    assert calls == ["0f33"]
+
+
+def test_strip_twice_and_strip_of_nothing_say_why(tmp_path):
+    h, sid = _saved(tmp_path, answer=lambda e: "n")
+    evs = h.command(lambda: h.agent.strip(sid[:8]))
+    assert of(evs, ev.Error) == []
+    assert of(evs, ev.Notice)[-1].text.startswith(f"stripped session {sid[:8]} (")
+    assert h.store.resolve(sid).header.payload_bytes == 0
+    evs = h.command(lambda: h.agent.strip(sid[:8]))
+    assert of(evs, ev.Notice)[-1].text == f"session {sid[:8]} is already stripped"
+    missing = "ffffffff"  # a variable: a literal reads to linters as str.strip's character set
+    assert of(h.command(lambda: h.agent.strip(missing)), ev.Error)[-1].text == \
+        "strip failed: no saved session matches ffffffff"
+    assert of(h.command(lambda: h.agent.strip("")), ev.Error)[-1].text == "strip failed: usage: /strip <id-prefix>"
+    h.stop()

@@ -258,7 +258,7 @@ def test_stripped_session_is_rebuilt_from_its_text_and_prefilled(tmp_path, tools
     loaded = of(evs, ev.SessionLoaded)[0]
     assert h.ids == TOK.rebuild_from_text(TOK.decode_bytes(ids)) and h.live == tuple(h.ids)
     assert loaded.prefilled == len(h.ids) - len(h.worker.system_ids)  # the system prefix KV was live
-    assert any("re-tokenised" in n.text for n in of(evs, ev.Notice))
+    assert f"stripped session: rebuilding {len(h.ids):,} tokens" in [n.text for n in of(evs, ev.Notice)]
     h.turn("next")
     saved = of(h.command(h.agent.save), ev.SessionSaved)[0]
     assert saved.id == stripped.id and h.store.resolve(saved.id).header.payload_bytes > 0
@@ -313,4 +313,80 @@ def test_an_unusable_crash_journal_directory_is_named(tmp_path, tools):
     warnings = [n.text for n in of(evs, ev.Notice) if n.text.startswith("crash journal disabled")]
     assert warnings == [f"crash journal disabled: cannot use {tmp_path / 'journal'}: File exists"] or \
         warnings == [f"crash journal disabled: cannot use {tmp_path / 'journal'}: Not a directory"]
+    h.stop()
+
+
+def test_list_shows_this_models_sessions_newest_first_with_the_stripped_mark(tmp_path, tools):
+    """/list (and the picker, which gets the same event) shows only sessions whose header model_id
+    is the loaded model's, newest last_used first (created_at where last_used is 0), and marks the
+    stripped ones."""
+    import struct
+
+    h = AgentHarness.build(tmp_path, [reply("A1", think="t")], tools=tools)
+    h.turn("full one")
+    full = of(h.command(h.agent.save), ev.SessionSaved)[0]
+    eng = h.worker.engine
+    here = int(getattr(eng, "model_id", 0))
+
+    def stripped(title: str, *, model_id: int, created: int, used: int) -> str:
+        text = TOK.decode_bytes(h.worker.system_ids) + f"<｜User｜>{title}<｜Assistant｜></think>".encode()
+        return h.store.save_session(text, None, shape=None, quant_bits=eng.quant_bits, title=title,
+                                    n_tokens=len(TOK.rebuild_from_text(text)), ctx=eng.ctx, model_id=model_id,
+                                    created_at=created, now=used).id
+
+    old = stripped("old one", model_id=here, created=1_700_000_000, used=1_700_000_100)
+    newer = stripped("newer one", model_id=here, created=1_700_000_050, used=1_700_000_500)
+    other = stripped("other model", model_id=here + 1, created=1_700_000_000, used=1_800_000_000)
+    never_used = stripped("never used", model_id=here, created=1_700_000_300, used=1_700_000_300)
+    path = h.store.resolve(never_used).path
+    with open(path, "r+b") as f:  # a header without last_used: ordered by created_at
+        f.seek(32)
+        f.write(struct.pack("<Q", 0))
+
+    lst = of(h.command(h.agent.list_sessions), ev.SessionList)[0]
+    rows = [(s.id, s.title, s.stripped) for s in lst.sessions]
+    assert other not in [r[0] for r in rows]
+    assert rows == [(full.id, "full one", False), (newer, "newer one", True),
+                    (never_used, "never used", True), (old, "old one", True)]
+    assert [s.size_bytes for s in lst.sessions] == [h.store.resolve(r[0]).file_size for r in rows]
+    from ds4agent.ui import fmt
+
+    lines = fmt.session_list_lines(lst.directory, lst.sessions, now=1_700_000_600)
+    assert lines[3].startswith(f"  {never_used[:8]} (5m ago) never used  [") and lines[3].endswith(", stripped]")
+    assert "stripped" not in lines[1]
+    h.stop()
+
+
+def test_an_interrupted_rebuild_of_a_stripped_session_keeps_the_session_and_prefills_the_rest_later(
+        tmp_path, tools):
+    h = AgentHarness.build(tmp_path, [reply("A1", think="t"), reply("A2", think="t")], tools=tools)
+    h.turn("strip me")
+    eng, ids = h.worker.engine, h.ids
+    saved = of(h.command(h.agent.save), ev.SessionSaved)[0]
+    assert of(h.command(lambda: h.agent.strip(saved.short_id)), ev.Error) == []
+    h.command(h.agent.new)
+    eng.chunk = 2
+    session = h.worker.session
+    real = session.sync
+
+    def sync(tokens, *, progress=None, should_stop=None):
+        def interrupt_after_first_chunk(done, total):
+            progress(done, total)
+            h.agent.interrupt()  # Esc while the rebuild prefills
+        return real(tokens, progress=interrupt_after_first_chunk if progress else None, should_stop=should_stop)
+
+    session.sync = sync
+    evs = h.command(lambda: h.agent.load(saved.short_id))
+    session.sync = real
+    assert of(evs, ev.Error) == []
+    loaded = of(evs, ev.SessionLoaded)[0]
+    assert loaded.id == saved.id and loaded.prefilled == 0
+    assert h.ids == ids and len(h.live) < len(ids) and h.live == tuple(ids[: len(h.live)])
+    notice = [n.text for n in of(evs, ev.Notice) if n.text.startswith("rebuild interrupted")]
+    assert notice == [f"rebuild interrupted at {len(h.live):,} of {len(ids):,} tokens; the rest is prefilled "
+                      "with the next message"]
+    h.turn("next")  # the rest of the text and the new turn are prefilled; the turn runs
+    # (the live KV ends before the turn's closing EOS: it is evaluated with the next prefill)
+    assert h.ids[: len(ids)] == ids and len(h.live) > len(ids) and h.live == tuple(h.ids[: len(h.live)])
+    assert b"A2" in h.text(len(ids))
     h.stop()

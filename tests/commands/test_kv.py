@@ -337,3 +337,41 @@ def test_a_long_legacy_text_is_verified_by_hashing_it_in_pieces(tmp_path):
     assert peak < 16 << 20
     (code, out), peak = _peak(lambda: run(tmp_path, "ls"))
     assert code == 0 and "  legacy words" in out.splitlines()[1] and peak < 16 << 20
+
+
+def test_ls_shows_the_list_columns_for_every_model_or_one(tmp_path):
+    """id, kind, model, age, tokens, size, the stripped mark and the title; newest use first
+    (creation where a header has no last use); --model-id N keeps that model's files (and the
+    unreadable ones, whose model is unknown), --all every model's."""
+    store = SessionStore(tmp_path)
+    full = store.save_session(session_text("full flash"), random_state(TINY, 9, 64), shape=TINY, quant_bits=2,
+                              now=1_760_000_000)
+    stripped = store.save_session(session_text("stripped flash"), None, shape=None, quant_bits=2, n_tokens=30,
+                                  ctx=64, now=1_760_000_200)
+    pro = store.save_session(session_text("other model"), None, shape=None, quant_bits=2, n_tokens=12, ctx=64,
+                             model_id=1, created_at=1_760_000_100, now=1_760_000_100)
+    with open(pro.path, "r+b") as f:  # no last_used: ordered by its creation
+        f.seek(32)
+        f.write((0).to_bytes(8, "little"))
+    broken = tmp_path / ("ee" + "0" * 38 + ".kv")
+    broken.write_bytes(b"KVC\x01 broken")
+    os.utime(broken, (1_700_000_000, 1_700_000_000))
+
+    def rows(*argv):
+        code, out = run(tmp_path, "ls", *argv)
+        assert code == 0
+        return out.splitlines()
+
+    everything = rows()
+    assert everything == rows("--all")
+    assert everything[0] == f"KV files in {tmp_path}:"
+    assert [line.split()[0] for line in everything[1:]] == [stripped.id[:8], pro.id[:8], full.id[:8], "ee000000"]
+    assert everything[1].split()[1:3] == ["agent-session", "flash"] and everything[2].split()[2] == "pro"
+    assert "30 tokens" in everything[1] and everything[1].endswith("stripped  stripped flash")
+    assert "stripped" not in everything[3] and everything[3].endswith("full flash")
+    flash = rows("--model-id", "0")
+    assert flash[0] == f"KV files in {tmp_path} for model flash:"
+    assert [line.split()[0] for line in flash[1:-1]] == [stripped.id[:8], full.id[:8], "ee000000"]
+    assert flash[-1] == "  (1 file(s) of other models not listed: `ds4agent kv ls --all`)"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["kv", "ls", "--all", "--model-id", "0"])

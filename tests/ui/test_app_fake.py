@@ -261,6 +261,29 @@ async def test_input_history_multiline_and_newline_keys():
         assert app.input.text == "second"
 
 
+async def test_picker_orders_by_last_use_else_creation_and_marks_stripped_sessions():
+    app, agent = make_fake_app()
+    agent.sessions = [
+        ev.SessionInfo("aaaa1111" + "0" * 32, "aaaa1111", "used an hour ago", 14200, 3 << 20,
+                       1_700_000_000 - 3600, 1_600_000_000, "/kv/a"),
+        # no last_used in its header: its creation (two minutes ago) orders it
+        ev.SessionInfo("bbbb2222" + "0" * 32, "bbbb2222", "never used", 900, 4096, 0,
+                       1_700_000_000 - 120, "/kv/b", stripped=True),
+        ev.SessionInfo("cccc3333" + "0" * 32, "cccc3333", "used just now", 500, 1 << 20,
+                       1_700_000_000 - 5, 1_600_000_000, "/kv/c"),
+    ]
+    async with app.run_test(size=(110, 30)) as pilot:
+        await pilot.press("ctrl+l")
+        await wait_until(pilot, lambda: isinstance(app.screen, SessionPicker))
+        picker = app.screen
+        assert [s.short_id for s in picker.rows] == ["cccc3333", "bbbb2222", "aaaa1111"]
+        lines = {line.split()[1]: line for line in screen_text(app).splitlines()
+                 if any(sid in line for sid in ("aaaa1111", "bbbb2222", "cccc3333"))}
+        assert "900 stripped" in lines["bbbb2222"] and "2m ago" in lines["bbbb2222"]
+        assert "stripped" not in lines["aaaa1111"] and "stripped" not in lines["cccc3333"]
+        await pilot.press("escape")
+
+
 async def test_picker_filters_and_deletes_with_confirmation():
     app, agent = make_fake_app()
     agent.sessions = [

@@ -40,6 +40,17 @@ def _title_cell(title: str, parent: str, width: int) -> str:
     return fit(title, max(1, width - len(suffix))) + suffix
 
 
+def _used_at(session: Any) -> float:
+    return field(session, "last_used", default=0) or field(session, "created_at", default=0) or 0
+
+
+def _tokens_cell(session: Any) -> str:
+    """The token count, marked when the session was saved without its KV state (a load prefills
+    that many tokens)."""
+    tokens = human_count(field(session, "tokens", default=0) or 0)
+    return f"{tokens} stripped" if field(session, "stripped", default=False) else tokens
+
+
 class SessionPicker(ModalScreen[str | None]):
     """Dismisses with the chosen session id (full) or None."""
 
@@ -54,8 +65,9 @@ class SessionPicker(ModalScreen[str | None]):
     def __init__(self, sessions: Sequence[Any], *, directory: str = "",
                  delete: Callable[[str], str | None] | None = None, now: Callable[[], float] = time.time) -> None:
         super().__init__()
-        # newest first by last use (the agent already sorts; sorting again keeps the promise local)
-        self.sessions = sorted(sessions, key=lambda s: -(field(s, "last_used", default=0) or 0))
+        # newest first by last use, else creation (the agent already sorts; sorting again keeps
+        # the promise local)
+        self.sessions = sorted(sessions, key=lambda s: -_used_at(s))
         self.directory = directory
         self._delete = delete
         self._now = now
@@ -91,8 +103,8 @@ class SessionPicker(ModalScreen[str | None]):
                 continue
             self.rows.append(s)
             cells.append((sid, str(field(s, "short_id", default=sid[:8])), title or "(untitled)",
-                          format_age(now - (field(s, "last_used", default=now) or now)),
-                          human_count(field(s, "tokens", default=0) or 0),
+                          format_age(now - (_used_at(s) or now)),
+                          _tokens_cell(s),
                           format_size(field(s, "size_bytes", default=0) or 0),
                           str(field(s, "forked_from", default="") or "")))
         # The title takes what the other columns leave, so age, tokens and size always show.
