@@ -319,8 +319,11 @@ def test_the_status_bar_keeps_the_device_at_80_columns_and_cuts_what_does_not_fi
     assert bar.fitted(40).plain == "idle · saved ✓ · Metal GPU"
     s.set_state("error", "startup failed: /models/x.gguf: not a GGUF file (only 8 bytes), and more words")
     line = bar.fitted(78).plain
-    assert line == "error: startup failed: /models/x.gguf: not a GGUF file … · saved ✓ · Metal GPU"
-    assert fmt.cells(line) <= 78
+    assert line == "error: startup failed: /models/x.gguf: not a GGUF file (only 8 by… · Metal GPU"
+    assert fmt.cells(line) == 78
+    s.set_state("error", "startup failed: /models/x.gguf: not a GGUF file (only 8 bytes)")
+    # the saved mark gives way before the message is cut
+    assert bar.fitted(90).plain == "error: startup failed: /models/x.gguf: not a GGUF file (only 8 bytes) · Metal GPU"
     tiny = bar.fitted(10).plain
     assert tiny.endswith("…") and fmt.cells(tiny) == 10
 

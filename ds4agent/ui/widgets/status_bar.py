@@ -54,8 +54,8 @@ class StatusBar(Static):
     def fitted(self, width: int) -> Content:
         """The fullest status line that fits `width` cells: a narrow terminal first drops the think
         and permission modes (the header shows them too), then the last speeds, then the compaction
-        threshold, so the state, the context meter, the saved mark and the device stay readable;
-        a line that still does not fit (a long error message) is cut and ends in "…"."""
+        threshold, then the context meter, then the saved mark, so the state and the device stay
+        readable; a state that still does not fit (a long error message) is cut and ends in "…"."""
         s = self.model
         sep = Content.from_markup(" [$text-muted]·[/] ")
         state = Content.styled(fmt.state_segment(s), STATE_STYLE.get(s.state, "b"))
@@ -71,13 +71,14 @@ class StatusBar(Static):
             [state, full_ctx, saved, *device],
             [state, short_ctx, saved, *device],
             [state, saved, *device],
+            [state, *device],  # a long error message: the message itself matters most
         )
         for parts in variants:
             line = sep.join(parts)
             if width <= 0 or line.cell_length <= width:
                 return line
-        # The state (an error message) is what gets cut; the saved mark and the device stay whole.
-        tail = sep.join(["", saved, *device])
+        # The state (an error message) is what gets cut; the device stays whole.
+        tail = sep.join(["", *device]) if device else Content("")
         room = width - tail.cell_length
         if room >= 8:
             return state.truncate(room, ellipsis=True) + tail
