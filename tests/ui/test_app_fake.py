@@ -77,7 +77,11 @@ async def test_status_bar_rates_are_measured_ones_and_the_line_fits_the_width():
             await wait_until(pilot, lambda e=expected: screen_text(app).splitlines()[-1].strip() == e, what=expected)
         await pilot.resize_terminal(90, 20)
         agent.emit(status("error", detail="startup failed: /models/x.gguf: not a GGUF file (only 8 bytes)"))
-        expected = "error: startup failed: /models/x.gguf: not a GGUF file (only 8 bytes)"
+        # the context meter gives way to a long message; the saved mark stays while it fits
+        expected = "error: startup failed: /models/x.gguf: not a GGUF file (only 8 bytes) · saved ✓"
+        await wait_until(pilot, lambda: screen_text(app).splitlines()[-1].strip() == expected, what=expected)
+        await pilot.resize_terminal(50, 20)  # then the message is cut and ends in "…"
+        expected = "error: startup failed: /models/x.gguf: not a GG…"
         await wait_until(pilot, lambda: screen_text(app).splitlines()[-1].strip() == expected, what=expected)
 
 
