@@ -617,6 +617,8 @@ async def test_the_slash_menu_at_80x24_reaches_every_command_with_the_arrow_keys
             # the highlighted entry is on screen inside the menu, and the menu fits the screen
             rows = [y for y in range(region.y, region.y + region.height) if lines[y].strip().startswith(usage)]
             assert rows, (name, lines)
+            strip = app.screen._compositor.render_strips()[rows[0]]  # and drawn highlighted
+            assert any(seg.style and seg.style.reverse for seg in strip if seg.text.strip()), name
             assert region.y + region.height <= 24 - 2  # the input and the status bar stay below it
             seen.append(name)
         await pilot.press("down")  # the last entry stays: no wrap to the first
