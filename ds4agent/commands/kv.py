@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import time
 from datetime import UTC, datetime
@@ -36,8 +37,10 @@ from ds4agent.sessions.store import (
     display_text,
     format_age,
 )
+from ds4agent.ui.fmt import cells, clip, fit
 
 PREVIEW_BYTES = 400
+TITLE_MIN = 12  # `kv ls` narrows a long file name before it cuts a title shorter than this
 
 
 def _when(ts: int) -> str:
@@ -100,6 +103,45 @@ def _model_name(model_id: int | None) -> str:
     return MODEL_NAMES.get(model_id, f"id {model_id}")
 
 
+def terminal_columns() -> int:
+    """The width `kv ls` fits: $COLUMNS, else the terminal's; 0 (no limit) in a pipe, where a
+    script reading the listing gets whole titles."""
+    return shutil.get_terminal_size(fallback=(0, 0)).columns
+
+
+def fit_name_column(lines: list[tuple[str, str]], width: int, columns: int) -> list[tuple[str, str]]:
+    """Rows whose first column (after the two-space indent, `width` wide) is narrowed so that the
+    other columns and a short title fit `columns`: a cache file's long name would otherwise push
+    every session's title off an 80-column screen. A long name keeps its start, which tells the
+    kind of cache it is, and ends in "…" (`kv verify` lists whole names)."""
+    if columns <= 0 or not lines:
+        return lines
+    others = max(cells(line) for line, _ in lines) - 2 - width
+    narrow = max(8, min(width, columns - 2 - others - (2 + TITLE_MIN if any(t for _, t in lines) else 0)))
+    if narrow >= width:
+        return lines
+    out = []
+    for line, title in lines:
+        name, rest = line[2:2 + width].rstrip(), line[2 + width:]
+        if len(name) > narrow:
+            name = name[:narrow - 1] + "…"
+        out.append((f"  {name:<{narrow}}{rest}", title))
+    return out
+
+
+def fit_row(line: str, title: str, columns: int) -> str:
+    """A listing row in `columns` cells (0: no limit): the title, the last and only free-text
+    column, is cut with "…" to the room the other columns leave. A row whose other columns alone
+    are too wide (a cache file's long name in a very narrow terminal) is cut with "…" too."""
+    row = f"{line}  {title}" if title else line
+    if columns <= 0 or cells(row) <= columns:
+        return row
+    room = columns - cells(line) - 2
+    if title and room >= 1:
+        return f"{line}  {fit(title, room)}"
+    return clip(line, columns)
+
+
 def cmd_ls(store: SessionStore, out: TextIO, model_id: int | None = None) -> int:
     """The /list columns (id, age, tokens, size, stripped mark, title) plus the file's kind and
     model, for every model's files, or with `model_id` only that model's (an unreadable session is
@@ -147,10 +189,14 @@ def cmd_ls(store: SessionStore, out: TextIO, model_id: int | None = None) -> int
     if not rows:
         print("  (none)", file=out)
     width = max((len(r[0]) for r in rows), default=8)  # cache file names are longer than short ids
+    columns = terminal_columns()
+    lines = []
     for ident, kind, model, used, tokens, size, stripped, title in rows:
         line = (f"  {ident:<{width}} {kind:<13} {_model_name(model):<5} {format_age(now - used):>9} "
                 f"{tokens:>8} tokens {_mib(size):>11} {'stripped' if stripped else '':<8}")
-        print((line + (f"  {title}" if title else "")).rstrip(), file=out)
+        lines.append((line.rstrip(), title))
+    for line, title in fit_name_column(lines, width, columns):
+        print(fit_row(line, title, columns), file=out)
     if other_models:
         print(f"  ({other_models} file(s) of other models not listed: `ds4agent kv ls --all`)", file=out)
     if skipped > 0:

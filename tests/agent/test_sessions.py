@@ -265,7 +265,7 @@ def test_stripped_session_is_rebuilt_from_its_text_and_prefilled(tmp_path, tools
     h.stop()
 
 
-def test_save_with_a_title_sets_the_sessions_title_everywhere(tmp_path, tools):
+def test_save_with_a_title_sets_the_sessions_title_everywhere(tmp_path, tools, monkeypatch):
     import io
 
     from ds4agent.cli import build_parser
@@ -287,6 +287,7 @@ def test_save_with_a_title_sets_the_sessions_title_everywhere(tmp_path, tools):
     assert sessions() == [(titled.id, b"Fix the flaky test")]
     assert of(h.command(h.agent.list_sessions), ev.SessionList)[0].sessions[0].title == "Fix the flaky test"
     out = io.StringIO()
+    monkeypatch.setenv("COLUMNS", "1000")  # `kv ls` fits the terminal; whole titles here
     assert kv.main(build_parser().parse_args(["--kv-dir", str(tmp_path / "kv"), "kv", "ls"]), out=out) == 0
     assert "Fix the flaky test" in out.getvalue() and "first question" not in out.getvalue()
 

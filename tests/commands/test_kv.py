@@ -15,6 +15,12 @@ from ds4agent.sessions.store import SessionStore
 from tests.sessions.helpers import TINY, random_state, s_layout, session_text
 
 
+@pytest.fixture(autouse=True)
+def wide_terminal(monkeypatch):
+    """The listing fits $COLUMNS; tests that do not set it must not depend on the terminal they run in."""
+    monkeypatch.setenv("COLUMNS", "1000")
+
+
 def run(directory, *argv):
     args = build_parser().parse_args(["kv", "--kv-dir", str(directory), *argv])
     out = io.StringIO()
@@ -375,3 +381,30 @@ def test_ls_shows_the_list_columns_for_every_model_or_one(tmp_path):
     assert flash[-1] == "  (1 file(s) of other models not listed: `ds4agent kv ls --all`)"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["kv", "ls", "--all", "--model-id", "0"])
+
+
+def test_ls_fits_columns_cutting_titles_and_long_file_names_with_an_ellipsis(tmp_path, monkeypatch):
+    store, s = populate(tmp_path)
+    long_title = "Investigate why the integration tests for the payment gateway fail on Tuesdays only"
+    store.save_session(session_text(long_title), random_state(TINY, 9, 64), shape=TINY, quant_bits=2,
+                       now=1_760_000_200)
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out = run(tmp_path, "ls")
+    lines = out.splitlines()[1:]
+    assert code == 0 and len(lines) == 3
+    assert all(len(line) <= 80 for line in lines), lines
+    newest, cache, older = lines
+    # The title is what gives way: its start stays, the rest becomes "…".
+    assert newest.split()[1] == "agent-session" and newest.endswith("…") and "  Invest" in newest
+    name = cache.split()[0]  # a cache file's long name keeps its start
+    assert name.startswith("sysprom") and name.endswith("…") and cache.endswith("0.5 MiB")  # the size stays whole
+    assert older.split()[0] == s.id[:8] and older.endswith("…") and "  list" in older
+    monkeypatch.setenv("COLUMNS", "200")  # wide enough: nothing is cut
+    lines = run(tmp_path, "ls")[1].splitlines()
+    assert lines[3].endswith("list this ✓ session") and "sysprompt-" in lines[2] and ".kv" in lines[2]
+
+
+def test_ls_fit_row_keeps_the_other_columns_whole():
+    assert kv.fit_row("  abc  1 tokens", "a long title here", 0) == "  abc  1 tokens  a long title here"
+    assert kv.fit_row("  abc  1 tokens", "a long title here", 24) == "  abc  1 tokens  a long…"
+    assert kv.fit_row("  abc  1 tokens", "", 10) == "  abc  1 …"

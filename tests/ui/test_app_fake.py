@@ -13,7 +13,7 @@ from ds4agent.ui.screens.session_picker import SessionPicker
 from ds4agent.ui.widgets.conversation import Note, ToolCard
 from tests.ui.conftest import make_fake_app, send, wait_until
 from tests.ui.fake_agent import FakeAgent, status
-from tests.ui.screen_text import screen_text
+from tests.ui.screen_text import screen_lines, screen_text
 
 
 def _notes(app) -> list[str]:
@@ -77,7 +77,11 @@ async def test_status_bar_rates_are_measured_ones_and_the_line_fits_the_width():
             await wait_until(pilot, lambda e=expected: screen_text(app).splitlines()[-1].strip() == e, what=expected)
         await pilot.resize_terminal(90, 20)
         agent.emit(status("error", detail="startup failed: /models/x.gguf: not a GGUF file (only 8 bytes)"))
-        expected = "error: startup failed: /models/x.gguf: not a GGUF file (only 8 bytes)"
+        # the context meter gives way to a long message; the saved mark stays while it fits
+        expected = "error: startup failed: /models/x.gguf: not a GGUF file (only 8 bytes) · saved ✓"
+        await wait_until(pilot, lambda: screen_text(app).splitlines()[-1].strip() == expected, what=expected)
+        await pilot.resize_terminal(50, 20)  # then the message is cut and ends in "…"
+        expected = "error: startup failed: /models/x.gguf: not a GG…"
         await wait_until(pilot, lambda: screen_text(app).splitlines()[-1].strip() == expected, what=expected)
 
 
@@ -613,3 +617,37 @@ async def test_keys_arriving_in_one_burst_edit_in_order():
             app.post_message(events.Key(key, char))
         await wait_until(pilot, lambda: len(app.input.text) == 5, what="the burst typed")
         assert app.input.text == "xy/as"
+
+
+async def test_the_slash_menu_at_80x24_reaches_every_command_with_the_arrow_keys():
+    from ds4agent.ui import commands
+
+    app, agent = make_fake_app()
+    every = [c.name for c in commands.completions("/")]
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("/")
+        await pilot.pause(0.05)
+        hints = app.query_one("#hints")
+        assert hints.names == every and hints.highlighted() == every[0]
+        seen = []
+        for i, name in enumerate(every):
+            if i:
+                await pilot.press("down")
+                await pilot.pause(0.02)
+            assert hints.highlighted() == name
+            usage = next(c.usage for c in commands.COMMANDS if c.name == name)
+            lines, region = screen_lines(app), hints.region
+            # the highlighted entry is on screen inside the menu, and the menu fits the screen
+            rows = [y for y in range(region.y, region.y + region.height) if lines[y].strip().startswith(usage)]
+            assert rows, (name, lines)
+            strip = app.screen._compositor.render_strips()[rows[0]]  # and drawn highlighted
+            assert any(seg.style and seg.style.reverse for seg in strip if seg.text.strip()), name
+            assert region.y + region.height <= 24 - 2  # the input and the status bar stay below it
+            seen.append(name)
+        await pilot.press("down")  # the last entry stays: no wrap to the first
+        assert hints.highlighted() == every[-1] and seen == every
+        assert f"of {len(every)})" in screen_text(app)  # the window says where it is
+        assert app.input.text == "/"  # moving the highlight edits nothing
+        await pilot.press("up")
+        await pilot.press("tab")
+        assert app.input.text == "/" + every[-2]

@@ -307,3 +307,35 @@ def test_long_titles_are_cut_at_a_word_with_an_ellipsis_and_the_header_keeps_its
             assert shown == title or (shown.endswith("…") and title.startswith(shown[:-1]))
     assert fmt.header_parts("/tmp/work", "5a761e70", title, "think · ask", 78)[1] == 'session 5a761e70 "Investigate why the…"'
     assert fmt.header_parts("/tmp/work", "", "", "think · ask", 78) == ("/tmp/work", "new session")
+
+
+def test_the_status_bar_keeps_the_device_at_80_columns_and_cuts_what_does_not_fit_with_an_ellipsis():
+    from ds4agent.ui.widgets.status_bar import StatusBar
+
+    s = fmt.StatusState(state="idle", ctx_used=14200, ctx_total=100_000, last_prefill_tps=412.0,
+                        last_decode_tps=23.1, device="Metal GPU", session_id="3f2a9c1e")
+    bar = StatusBar(s)
+    assert bar.fitted(78).plain == "idle · ctx 14.2k/100k █······· 14% (compact at 85%) · saved ✓ · Metal GPU"
+    assert bar.fitted(40).plain == "idle · saved ✓ · Metal GPU"
+    s.set_state("error", "startup failed: /models/x.gguf: not a GGUF file (only 8 bytes), and more words")
+    line = bar.fitted(78).plain
+    assert line == "error: startup failed: /models/x.gguf: not a GGUF file (only 8 by… · Metal GPU"
+    assert fmt.cells(line) == 78
+    s.set_state("error", "startup failed: /models/x.gguf: not a GGUF file (only 8 bytes)")
+    # the saved mark gives way before the message is cut
+    assert bar.fitted(90).plain == "error: startup failed: /models/x.gguf: not a GGUF file (only 8 bytes) · Metal GPU"
+    tiny = bar.fitted(10).plain
+    assert tiny.endswith("…") and fmt.cells(tiny) == 10
+
+
+def test_the_header_abbreviates_a_long_directory_from_the_left():
+    deep = "/srv/build/workspaces/team-infrastructure/monorepo/services/payments/deep/project"
+    place, label = fmt.header_parts(deep, "", "", "think · ask", 78)
+    assert place.startswith("…") and place.endswith("/deep/project") and deep.endswith(place[1:])
+    assert fmt.cells(f"ds4agent ─ {place} ─ {label}") + 1 + fmt.cells("think · ask") <= 78
+    assert label == "new session"
+    # beside a session title the directory still keeps a readable tail
+    place, label = fmt.header_parts(deep, "5a761e70", "Fix the flaky retry test", "think · ask", 78)
+    assert place.startswith("…") and place.endswith("/deep/project")
+    assert fmt.cells(f"ds4agent ─ {place} ─ {label}") + 1 + fmt.cells("think · ask") <= 78
+    assert fmt.header_parts("/tmp/work", "", "", "think · ask", 78)[0] == "/tmp/work"  # short: whole

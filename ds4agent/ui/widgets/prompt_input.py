@@ -137,6 +137,8 @@ class PromptInput(TextArea):
         self.app.action_follow_tail()  # type: ignore[attr-defined]
 
     def action_history_up(self) -> None:
+        if self.app.query_one(CommandHints).move(-1):
+            return
         if self.cursor_location[0] == 0:
             entry = self.input_history.previous(self.text)
             if entry is not None:
@@ -145,6 +147,8 @@ class PromptInput(TextArea):
         self.action_cursor_up()
 
     def action_history_down(self) -> None:
+        if self.app.query_one(CommandHints).move(1):
+            return
         if self.cursor_location[0] >= self.document.line_count - 1:
             entry = self.input_history.next()
             if entry is not None:
@@ -164,7 +168,9 @@ class PromptInput(TextArea):
         matches = commands.completions(self.text)
         if not matches:
             return
-        choice = next_choice(self.text[1:], [c.name for c in matches])
+        hints = self.app.query_one(CommandHints)
+        chosen = hints.highlighted() if hints.selected > 0 else None  # moved to with Up/Down
+        choice = chosen or next_choice(self.text[1:], [c.name for c in matches])
         self.set_text("/" + choice + ("" if len(matches) > 1 else " "))
 
     def _complete_mention(self, before: str, partial: str) -> None:
@@ -177,15 +183,26 @@ class PromptInput(TextArea):
 
 
 class CommandHints(Static):
-    """Completion list shown above the input while the line is `/word`."""
+    """Completion list shown above the input while the line is `/word`.
+
+    The command menu has a highlighted entry that Up/Down move (Tab puts it in) and shows a window
+    of the entries around it: at 80×24 the whole list does not fit, and no entry may be out of
+    reach or cut off. (A window of whole entries, not a scrolled view: an entry whose description
+    wraps is never shown half.)"""
+
+    MAX_LINES = 16  # with the hint line; the CSS's max-height for #hints says the same
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__("", id=id)
         self.display = False
         self.names: list[str] = []
+        self.entries: list[list[Content]] = []  # the command menu: each entry's (wrapped) lines
+        self.selected = 0
+        self.top = 0  # the first entry in the window
 
     def show_for(self, text: str, before_cursor: str | None = None, cwd: str = ".") -> None:
         partial = mentions.mention_at_cursor(text if before_cursor is None else before_cursor)
+        self.entries = []
         if partial is not None:
             found = mentions.candidates(cwd, partial)
             self.names = found
@@ -196,18 +213,63 @@ class CommandHints(Static):
                 self.update(Content("\n").join(lines))
             return
         matches = commands.completions(text)
-        self.names = [c.name for c in matches]
+        names = [c.name for c in matches]
+        if names != self.names:
+            self.selected = self.top = 0
+        self.names = names
         self.display = bool(matches)
         if matches:
             width = max(len(c.usage) for c in matches)
             # A long description wraps under its own column, not back under the command names
             # (80 columns): the lines are wrapped here, to the room the column has.
             room = max(20, (self.size.width or self.app.size.width - 2) - width - 3)
-            lines = []
             for c in matches:
                 parts = textwrap.wrap(c.help, room) or [""]
-                lines.append(Content.from_markup("[b $accent]$u[/]  [$text-muted]$h[/]", u=c.usage.ljust(width),
-                                                 h=parts[0]))
-                lines += [Content.styled(" " * (width + 2) + part, "$text-muted") for part in parts[1:]]
-            lines.append(Content.styled("tab: complete", "$text-muted"))
-            self.update(Content("\n").join(lines))
+                entry = [Content.from_markup("[b $accent]$u[/]  [$text-muted]$h[/]", u=c.usage.ljust(width),
+                                             h=parts[0])]
+                entry += [Content.styled(" " * (width + 2) + part, "$text-muted") for part in parts[1:]]
+                self.entries.append(entry)
+            self.draw_menu()
+
+    def menu_lines(self) -> int:
+        """Lines the menu's entries may take: the CSS's maximum, less on a short screen so the
+        conversation keeps a few lines (header, border, input and status take five)."""
+        return max(3, min(self.MAX_LINES, self.app.size.height - 9)) - 1
+
+    def window(self) -> range:
+        """The entries shown: whole entries only, the highlighted one always among them."""
+        budget = self.menu_lines()
+        self.top = min(self.top, self.selected)
+        while self.top < self.selected and sum(len(e) for e in self.entries[self.top:self.selected + 1]) > budget:
+            self.top += 1
+        end, used = self.top, 0
+        while end < len(self.entries) and (end == self.top or used + len(self.entries[end]) <= budget):
+            used += len(self.entries[end])
+            end += 1
+        return range(self.top, end)
+
+    def draw_menu(self) -> None:
+        shown = self.window()
+        lines: list[Content] = []
+        for i in shown:
+            entry = self.entries[i]
+            if i == self.selected:
+                entry = [line.stylize("reverse") for line in entry]
+            lines += entry
+        keys = "↑↓ choose · tab: complete" if len(self.entries) > 1 else "tab: complete"
+        if len(shown) < len(self.entries):
+            keys += f"  ({shown.start + 1}–{shown.stop} of {len(self.entries)})"
+        lines.append(Content.styled(keys, "$text-muted"))
+        self.update(Content("\n").join(lines))
+
+    def move(self, delta: int) -> bool:
+        """Move the command menu's highlight (no wrap); False when no menu of several is shown,
+        so Up/Down keep walking the input history."""
+        if not self.display or len(self.entries) < 2:
+            return False
+        self.selected = max(0, min(len(self.entries) - 1, self.selected + delta))
+        self.draw_menu()
+        return True
+
+    def highlighted(self) -> str | None:
+        return self.names[self.selected] if self.entries and self.selected < len(self.names) else None

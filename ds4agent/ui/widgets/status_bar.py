@@ -54,7 +54,8 @@ class StatusBar(Static):
     def fitted(self, width: int) -> Content:
         """The fullest status line that fits `width` cells: a narrow terminal first drops the think
         and permission modes (the header shows them too), then the last speeds, then the compaction
-        threshold, so the state, the context meter and the saved mark always stay readable."""
+        threshold, then the context meter, then the saved mark, so the state and the device stay
+        readable; a state that still does not fit (a long error message) is cut and ends in "…"."""
         s = self.model
         sep = Content.from_markup(" [$text-muted]·[/] ")
         state = Content.styled(fmt.state_segment(s), STATE_STYLE.get(s.state, "b"))
@@ -62,19 +63,26 @@ class StatusBar(Static):
         speed = fmt.speed_segment(s)
         speed_part = [Content.styled(speed, "$text-muted")] if speed else []
         modes = Content.styled(fmt.modes_segment(s), "$text-muted")
+        device = [Content.styled(s.device, "$text-muted")] if s.device else []
         full_ctx, short_ctx = Content(fmt.ctx_segment(s)), Content(fmt.ctx_segment(s, threshold=False))
         variants = (
             [state, full_ctx, *speed_part, saved, modes],
-            [state, full_ctx, *speed_part, saved],
-            [state, full_ctx, saved],
-            [state, short_ctx, saved],
-            [state],  # a long error message: the message itself matters most
+            [state, full_ctx, *speed_part, saved, *device],
+            [state, full_ctx, saved, *device],
+            [state, short_ctx, saved, *device],
+            [state, saved, *device],
+            [state, *device],  # a long error message: the message itself matters most
         )
         for parts in variants:
             line = sep.join(parts)
             if width <= 0 or line.cell_length <= width:
                 return line
-        return line
+        # The state (an error message) is what gets cut; the device stays whole.
+        tail = sep.join(["", *device]) if device else Content("")
+        room = width - tail.cell_length
+        if room >= 8:
+            return state.truncate(room, ellipsis=True) + tail
+        return line.truncate(width, ellipsis=True)
 
     @property
     def plain(self) -> str:
