@@ -137,7 +137,7 @@ def _write_summary(worker: WorkerPort, limit: int) -> bytes | None:
     t0 = time.monotonic()
     decoder_bytes = bytearray()
     tokens = TokenStream(worker.session, worker.sampler, limit=limit, greedy=lambda: True,
-                         should_stop=io.should_stop)
+                         should_stop=io.should_stop, duty=worker.duty)
     for token in tokens:
         if token in (EOS, END_THINK, DSML) or tok.is_stop(token):
             break

@@ -35,7 +35,7 @@ from ds4agent.agent.settings import AgentSettings
 from ds4agent.agent.stream import AssistantStream, Coalescer
 from ds4agent.agent.trace import Trace
 from ds4agent.agent.transcript import Transcript
-from ds4agent.engine import EngineLost, Interrupted, Sampler
+from ds4agent.engine import DutyCycle, EngineLost, Interrupted, Sampler
 from ds4agent.protocol import dsml, template
 from ds4agent.protocol.template import THINK_MAX_MIN_CTX
 from ds4agent.protocol.tokenizer import Piece, Tokenizer
@@ -144,6 +144,8 @@ class Worker:
         self.tok = Tokenizer.load()
         s = self.settings
         self.sampler = Sampler(temperature=s.temperature, top_p=s.top_p, min_p=s.min_p, seed=s.seed)
+        # The device's duty cycle (/power, --power): rests between prefill chunks and tokens.
+        self.duty = DutyCycle(s.power)
         self.set_state(ev.State.LOADING, detail="loading model")
         src = self._engine_src
         if hasattr(src, "new_session"):
@@ -235,6 +237,7 @@ class Worker:
             title=self.title_text,
             think_mode=self.think_mode,
             permission_mode=s.permission,
+            power=self.duty.percent,
             detail=self.detail,
         ))
 
@@ -394,7 +397,8 @@ class Worker:
 
         try:
             n = self.session.sync(list(target), progress=progress,
-                                  should_stop=self.io.should_stop if interruptible else None)
+                                  should_stop=self.io.should_stop if interruptible else None,
+                                  duty=self.duty)
         except Interrupted:
             return False
         self.last_prefilled = int(n)  # what the engine really prefilled (it may rewind further back)
@@ -429,7 +433,7 @@ class Worker:
         trace = self.trace if self.trace.enabled else None
         # Argmax while the DSML classifier is in a structural state (§12), the user's sampler else.
         tokens = TokenStream(self.session, self.sampler, limit=cap, greedy=lambda: stream.in_syntax,
-                             should_stop=self.io.should_stop)
+                             should_stop=self.io.should_stop, duty=self.duty)
         self.set_state(ev.State.GENERATING)
         t0 = time.monotonic()
         last_status = last_journal = t0
