@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, cast
 
 from ds4agent.agent import compaction, history, mcp_glue, permissions_glue, rewind, sessionops
@@ -93,6 +94,10 @@ class Worker:
                  mcp: McpConfig | None = None) -> None:
         self.settings = settings
         self.io = io
+        # The device's duty cycle (/power, --power): rests between prefill chunks and tokens.
+        self.duty = DutyCycle(settings.power)
+        # The local time the first user turn gives the model (a test sets a fixed one).
+        self.local_now: Callable[[], datetime] = lambda: datetime.now().astimezone()
         self.store = store
         self._engine_src = engine
         self.builtin_tools: list[Tool] = list(tools) if tools is not None else default_tools()
@@ -144,8 +149,6 @@ class Worker:
         self.tok = Tokenizer.load()
         s = self.settings
         self.sampler = Sampler(temperature=s.temperature, top_p=s.top_p, min_p=s.min_p, seed=s.seed)
-        # The device's duty cycle (/power, --power): rests between prefill chunks and tokens.
-        self.duty = DutyCycle(s.power)
         self.set_state(ev.State.LOADING, detail="loading model")
         src = self._engine_src
         if hasattr(src, "new_session"):
@@ -273,7 +276,11 @@ class Worker:
         if self.settings.seed is not None:
             self.sampler.reseed(self.settings.seed)  # re-seeded at every user turn (reference)
         text = self._attach(text)
-        user_ids = template.render_user_turn(text, think_mode=self._mode_for_prompt(), tokenizer=self.tok)
+        # The session's first user turn opens with the local date and time (template.py says why
+        # there and not in a system unit of its own).
+        date_line = "" if self.transcript.has_user_turn() else template.session_date_line(self.local_now())
+        user_ids = template.render_user_turn(text, think_mode=self._mode_for_prompt(), tokenizer=self.tok,
+                                             date_line=date_line)
         total_generated = 0
         rounds = 0
         reason = "done"
