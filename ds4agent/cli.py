@@ -61,6 +61,8 @@ def check_agent_flags(args: argparse.Namespace) -> None:
         problems.append(f"--top-p must be greater than 0 and at most 1 (got {args.top_p})")
     if not (math.isfinite(args.min_p) and 0 <= args.min_p <= 1):
         problems.append(f"--min-p must be between 0 and 1 (got {args.min_p})")
+    if not 1 <= args.power <= 100:
+        problems.append(f"--power must be a whole number from 1 to 100 (got {args.power})")
     if args.prompt is not None and not args.prompt.strip():
         problems.append("-p needs a prompt (got an empty one)")
     if args.json_events and args.prompt is None:
@@ -185,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-p", type=float, default=1.0, dest="top_p", help="top-p (default: 1.0)")
     parser.add_argument("--min-p", type=float, default=0.05, dest="min_p", help="min-p (default: 0.05)")
     parser.add_argument("--seed", type=int, default=None, help="sampler seed (default: random)")
+    parser.add_argument("--power", type=int, default=100, metavar="N",
+                        help="let the device compute at most N%% of the time (1-100), resting "
+                        "between prefill chunks and tokens so a laptop stays cool; output is "
+                        "unchanged (default: 100)")
     parser.add_argument("--permission", choices=("ask", "auto", "read-only"), default="ask",
                         help="ask before bash and file changes (default), run everything "
                         "without asking (auto), or refuse bash and writes (read-only)")

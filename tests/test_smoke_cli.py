@@ -38,6 +38,14 @@ def test_reference_short_flags_and_defaults():
     assert (defaults.ctx, defaults.round_tokens, defaults.min_p, defaults.think_mode) == (100_000, 50_000, 0.05, "think")
 
 
+def test_power_flag_reaches_the_agent_settings():
+    from ds4agent.agent.settings import AgentSettings
+    from ds4agent.cli import build_parser
+
+    assert AgentSettings.from_args(build_parser().parse_args(["--power", "35"])).power == 35
+    assert AgentSettings.from_args(build_parser().parse_args([])).power == 100
+
+
 def test_process_entry_flushes_output_before_its_hard_exit(tmp_path):
     # entry() leaves through os._exit (see its docstring); buffered output written to a pipe must
     # still arrive in full, and the status must be main()'s.
@@ -71,6 +79,8 @@ def test_bad_agent_flags_are_one_line_usage_errors_before_any_model_work(tmp_pat
         ("--top-p", "0"): "--top-p must be greater than 0 and at most 1",
         ("--top-p", "1.5"): "--top-p must be greater than 0 and at most 1",
         ("--min-p", "-0.1"): "--min-p must be between 0 and 1",
+        ("--power", "0"): "--power must be a whole number from 1 to 100",
+        ("--power", "101"): "--power must be a whole number from 1 to 100",
     }
     for flag, expected in cases.items():
         assert main([*flag, "-p", "hi"]) == 2, flag

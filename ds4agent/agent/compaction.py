@@ -32,12 +32,11 @@ import time
 from ds4agent.agent import events as ev
 from ds4agent.agent import rewind, sessionops
 from ds4agent.agent.decode import TokenStream
-from ds4agent.agent.history import parse_user_part
+from ds4agent.agent.history import parse_user_part, session_title
 from ds4agent.agent.port import WorkerPort
 from ds4agent.protocol import template
 from ds4agent.protocol.template import split_turns
 from ds4agent.protocol.tokenizer import DSML, END_THINK, EOS, USER
-from ds4agent.sessions.store import derive_title
 from ds4agent.tools import running_jobs_update
 
 # Hard compaction reserve (agent-reference.md §8): a results turn must leave this much room.
@@ -137,7 +136,7 @@ def _write_summary(worker: WorkerPort, limit: int) -> bytes | None:
     t0 = time.monotonic()
     decoder_bytes = bytearray()
     tokens = TokenStream(worker.session, worker.sampler, limit=limit, greedy=lambda: True,
-                         should_stop=io.should_stop)
+                         should_stop=io.should_stop, duty=worker.duty)
     for token in tokens:
         if token in (EOS, END_THINK, DSML) or tok.is_stop(token):
             break
@@ -229,7 +228,7 @@ def compact(worker: WorkerPort, kind: str, *, projected: int | None = None) -> b
             # The title is derived from the first user message of the text (kvc-format.md §12.7);
             # after the rebuild that would be whatever turn the tail starts with. Fix it now, so a
             # session first saved after a compaction is still named after the user's request.
-            worker.identity.title = derive_title(tok.decode_bytes(old_ids))
+            worker.identity.title = session_title(tok.decode_bytes(old_ids))
         worker.transcript.reset(new_ids, len(prefix))
         rewind.transcript_compacted(worker)
         if not worker.sync():

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from ds4agent.engine import generate
 
 if TYPE_CHECKING:
-    from ds4agent.engine import Sampler, Session
+    from ds4agent.engine import DutyCycle, Sampler, Session
 
 
 def _never() -> bool:
@@ -37,16 +37,18 @@ def _never() -> bool:
 
 
 class TokenStream:
-    __slots__ = ("_session", "_sampler", "_limit", "_greedy", "_should_stop", "_forced", "interrupted")
+    __slots__ = ("_session", "_sampler", "_limit", "_greedy", "_should_stop", "_forced", "_duty",
+                 "interrupted")
 
     def __init__(self, session: Session, sampler: Sampler, *, limit: int, greedy: Callable[[], bool],
-                 should_stop: Callable[[], bool] = _never) -> None:
+                 should_stop: Callable[[], bool] = _never, duty: DutyCycle | None = None) -> None:
         self._session = session  # (tests: a double speaking the same decode seam)
         self._sampler = sampler
         self._limit = limit
         self._greedy = greedy  # asked before every token: argmax while it says so
         self._should_stop = should_stop
         self._forced: deque[int] = deque()
+        self._duty = duty  # rests between tokens at a power below 100 (engine/duty.py)
         self.interrupted = False
 
     def force(self, tokens: Iterable[int]) -> None:
@@ -63,7 +65,8 @@ class TokenStream:
         # closing(): leaving this loop early ends the engine's generator at once (it drops its
         # in-flight step and settles the session), not whenever it is collected.
         with contextlib.closing(generate(self._session, self._sampler, max_tokens=self._limit,
-                                         greedy=self._greedy, forced=self._next_forced)) as tokens:
+                                         greedy=self._greedy, forced=self._next_forced,
+                                         duty=self._duty)) as tokens:
             for token in tokens:
                 if should_stop():
                     self.interrupted = True

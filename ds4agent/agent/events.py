@@ -63,6 +63,7 @@ class Status(Event):
     title: the session title ("" for a new session);
     think_mode: "think" | "nothink" | "think-max" (the effective mode);
     permission_mode: "ask" | "auto" | "read-only";
+    power: the device's duty-cycle cap in percent (/power; 100: full power, no rests);
     detail: a short free text for the state (e.g. the running tool's name, an error message).
     """
 
@@ -80,6 +81,7 @@ class Status(Event):
     title: str = ""
     think_mode: str = "think"
     permission_mode: str = "ask"
+    power: int = 100
     detail: str = ""
 
 

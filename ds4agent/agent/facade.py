@@ -12,7 +12,7 @@ model. Methods return at once; results arrive as events.
 
 The busy rule (RUNS_WHILE_BUSY below) is stated here once: while a turn or command runs, only
 submit (queues), interrupt, pull_queued, answer_permission, list_sessions, save (deferred to the
-end of the turn) and shutdown act; every other command answers
+end of the turn), set_power and shutdown act; every other command answers
 `Error("command requires the model to be idle: /load")` and is never queued, as the reference
 does. The front ends read the same rule to refuse a command before calling (ui/commands.py).
 """
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.settings import PERMISSION_MODES, THINK_MODES, AgentSettings
-from ds4agent.engine import EngineLost
+from ds4agent.engine import FULL_POWER, EngineLost
 
 if TYPE_CHECKING:  # the worker (and with it the engine and the tools) is imported when an Agent is built
     from ds4agent.agent.worker import EngineLoader, Worker
@@ -41,7 +41,16 @@ if TYPE_CHECKING:  # the worker (and with it the engine and the tools) is import
 # The busy rule (agent-reference.md §3): while the model works only these slash commands run
 # (/save is deferred to the end of the turn, /list only reads file headers, /help is the front
 # end's own); every other one is refused with idle_required() and never queued.
-RUNS_WHILE_BUSY = frozenset({"help", "save", "list"})
+# /power also runs while busy: a long prefill or generation is when a laptop gets hot, and the new
+# percent is one int the engine reads at its next rest, so nothing the worker holds is touched.
+RUNS_WHILE_BUSY = frozenset({"help", "save", "list", "power"})
+
+
+def power_line(percent: int) -> str:
+    """How /power states the duty cycle (its answer and its confirmation)."""
+    if percent >= FULL_POWER:
+        return "power: 100% (full power, no rests)"
+    return f"power: {percent}% (the device rests {FULL_POWER - percent}% of the time; output unchanged)"
 
 
 def idle_required(command: str) -> str:
@@ -322,6 +331,22 @@ class Agent:
             self.emit(ev.Error(f"unknown think mode: {mode} (think, nothink, think-max)"))
             return
         self._worker.set_think_mode(mode)
+
+    def set_power(self, percent: int | None = None) -> None:
+        """/power [N]: the device computes at most N% of the time (1..100) from the next prefill
+        chunk or token on; no N says the current value. Runs while busy (RUNS_WHILE_BUSY)."""
+        worker = self._worker
+        if percent is None:
+            self.emit(ev.Notice(power_line(worker.duty.percent)))
+            return
+        if isinstance(percent, bool) or not 1 <= percent <= FULL_POWER:
+            self.emit(ev.Error(f"/power takes a whole number from 1 to {FULL_POWER} (got {percent}); "
+                               f"{FULL_POWER} is full power"))
+            return
+        worker.settings.power = percent
+        worker.duty.percent = percent
+        self.emit(ev.Notice(power_line(percent)))
+        worker.emit_status()
 
     def set_permission_mode(self, mode: str) -> None:
         """ask | auto | read-only for the tool calls that follow (allow-for-session grants are

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.stream import AssistantStream
-from ds4agent.protocol.template import Turn, split_turns
+from ds4agent.protocol.template import SESSION_DATE_HEAD, Turn, split_turns, strip_session_date
+from ds4agent.sessions.store import USER_MARK, derive_title
 
 if TYPE_CHECKING:
     from ds4agent.protocol.tokenizer import Tokenizer
@@ -33,7 +34,9 @@ def parse_user_part(data: bytes) -> tuple[list[str], str]:
     results: list[str] = []
     pos = 0
     if not data.startswith(_TR_OPEN):
-        return [], _text(data)
+        # The session's first turn opens with the date line (template.session_date_line): the
+        # agent wrote it, so history, rewind and compaction show only what the user typed.
+        return [], strip_session_date(_text(data))
     while data.startswith(_TR_OPEN, pos):
         end = data.find(_TR_CLOSE, pos + len(_TR_OPEN))
         if end < 0:
@@ -43,6 +46,19 @@ def parse_user_part(data: bytes) -> tuple[list[str], str]:
         if data.startswith(b"\n\n", pos):
             pos += 2
     return results, _text(data[pos:])
+
+
+def session_title(text: bytes) -> bytes:
+    """The title derived from a rendered transcript (store.derive_title), without the date line
+    the agent put in front of the first user message: a title says what the user asked."""
+    start = text.find(USER_MARK)
+    if start >= 0:
+        body = start + len(USER_MARK)
+        if text.startswith(SESSION_DATE_HEAD.encode(), body):
+            end = text.find(b"\n\n", body)
+            if end >= 0 and b"\n" not in text[body:end]:
+                text = text[:body] + text[end + 2:]
+    return derive_title(text)
 
 
 def is_human(tok: Tokenizer, turn: Turn) -> bool:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # types only: importing this module stays free of the engine 
     from ds4agent.agent.settings import AgentSettings
     from ds4agent.agent.trace import Trace
     from ds4agent.agent.transcript import Transcript
-    from ds4agent.engine import Engine, Sampler, Session, SnapshotStore
+    from ds4agent.engine import DutyCycle, Engine, Sampler, Session, SnapshotStore
     from ds4agent.protocol.tokenizer import Tokenizer
     from ds4agent.sessions.store import SessionStore
     from ds4agent.tools import Tool, ToolContext
@@ -68,6 +68,7 @@ class WorkerPort(Protocol):
     session: Session
     tok: Tokenizer
     sampler: Sampler
+    duty: DutyCycle  # rests between prefill chunks and decoded tokens (/power)
     snapshots: SnapshotStore | None
     journal: Journal | None
     system: SystemText

@@ -11,7 +11,7 @@ import os
 import time
 
 from ds4agent.agent import events as ev
-from ds4agent.agent.history import last_turns
+from ds4agent.agent.history import last_turns, session_title
 from ds4agent.agent.identity import SessionIdentity, checkpoints_for, meta_title, title_bytes
 from ds4agent.agent.journal import Journal
 from ds4agent.agent.journal import default_dir as journal_default_dir
@@ -29,7 +29,6 @@ from ds4agent.sessions.store import (
     LoadedSession,
     SessionStore,
     UnreadableSession,
-    derive_title,
     display_text,
     format_age,
     normalise_title,
@@ -165,7 +164,7 @@ def _save(worker: WorkerPort, title: str | None = None) -> ev.SessionSaved:
     text = worker.tok.decode_bytes(worker.transcript.ids)
     payload = worker.session.export_state()
     saved = store.save_session(
-        text, payload, shape=_shape(worker), title=new_title, created_at=identity.created_at,
+        text, payload, shape=_shape(worker), title=new_title or session_title(text), created_at=identity.created_at,
         loaded_from=replaces, model_id=_model_id(worker), quant_bits=worker.engine.quant_bits,
     )
     identity.title = title_bytes(saved.title)
@@ -213,7 +212,7 @@ def fork(worker: WorkerPort, title: str | None) -> ev.SessionSaved | None:
     if not new_title:
         base = old.title
         if base is None:
-            base = derive_title(worker.tok.decode_bytes(worker.transcript.ids))
+            base = session_title(worker.tok.decode_bytes(worker.transcript.ids))
         new_title = base + b" (fork)"
     # A new identity: SHA-1 over title and creation time (kvc-format.md §12.3). A later creation
     # second than the parent's keeps the ids apart even when the title is the same.
@@ -440,7 +439,7 @@ def strip(worker: WorkerPort, prefix: str) -> None:
             worker.io.emit(ev.Notice(f"session {entry.short_id} is already stripped"))
             return
         env = read_envelope(entry.path)
-        title = env.title if env.title is not None else derive_title(env.text)
+        title = env.title if env.title is not None else session_title(env.text)
         n_tokens = len(worker.tok.rebuild_from_text(env.text))
         # A legacy file (no title trailer) gets its identity now; the old name goes (loaded_from).
         saved = store.save_session(env.text, None, shape=None, quant_bits=header.quant_bits, title=title,
@@ -651,7 +650,7 @@ def offer_resume(worker: WorkerPort) -> None:
 
 
 def _derive_title(worker: WorkerPort, tokens: list[int]) -> str:
-    return derive_title(worker.tok.decode_bytes(tokens)).decode("utf-8", "replace")[:70]
+    return session_title(worker.tok.decode_bytes(tokens)).decode("utf-8", "replace")[:70]
 
 
 def resume(worker: WorkerPort, tokens: list[int], meta: dict[str, object]) -> None:

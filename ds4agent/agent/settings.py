@@ -22,6 +22,7 @@ class AgentSettings:
     min_p: float = 0.05
     seed: int | None = None  # re-seeded at every user turn when set (agent-reference.md §2)
     permission: str = "ask"
+    power: int = 100  # --power / /power: the device computes at most this percent of the time
     system: str | None = None  # extra system text (--system), untrusted, trimmed
     trace: Path | None = None  # --trace FILE
     cwd: Path = field(default_factory=Path.cwd)
@@ -68,6 +69,7 @@ class AgentSettings:
             min_p=float(get("min_p", 0.05)),
             seed=getattr(args, "seed", None),
             permission=get("permission", "ask"),
+            power=int(get("power", 100)),
             system=getattr(args, "system", None),
             trace=Path(trace) if trace else None,
             cwd=Path(os.getcwd()),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, cast
 
 from ds4agent.agent import compaction, history, mcp_glue, permissions_glue, rewind, sessionops
@@ -35,7 +36,7 @@ from ds4agent.agent.settings import AgentSettings
 from ds4agent.agent.stream import AssistantStream, Coalescer
 from ds4agent.agent.trace import Trace
 from ds4agent.agent.transcript import Transcript
-from ds4agent.engine import EngineLost, Interrupted, Sampler
+from ds4agent.engine import DutyCycle, EngineLost, Interrupted, Sampler
 from ds4agent.protocol import dsml, template
 from ds4agent.protocol.template import THINK_MAX_MIN_CTX
 from ds4agent.protocol.tokenizer import Piece, Tokenizer
@@ -93,6 +94,10 @@ class Worker:
                  mcp: McpConfig | None = None) -> None:
         self.settings = settings
         self.io = io
+        # The device's duty cycle (/power, --power): rests between prefill chunks and tokens.
+        self.duty = DutyCycle(settings.power)
+        # The local time the first user turn gives the model (a test sets a fixed one).
+        self.local_now: Callable[[], datetime] = lambda: datetime.now().astimezone()
         self.store = store
         self._engine_src = engine
         self.builtin_tools: list[Tool] = list(tools) if tools is not None else default_tools()
@@ -235,6 +240,7 @@ class Worker:
             title=self.title_text,
             think_mode=self.think_mode,
             permission_mode=s.permission,
+            power=self.duty.percent,
             detail=self.detail,
         ))
 
@@ -270,7 +276,11 @@ class Worker:
         if self.settings.seed is not None:
             self.sampler.reseed(self.settings.seed)  # re-seeded at every user turn (reference)
         text = self._attach(text)
-        user_ids = template.render_user_turn(text, think_mode=self._mode_for_prompt(), tokenizer=self.tok)
+        # The session's first user turn opens with the local date and time (template.py says why
+        # there and not in a system unit of its own).
+        date_line = "" if self.transcript.has_user_turn() else template.session_date_line(self.local_now())
+        user_ids = template.render_user_turn(text, think_mode=self._mode_for_prompt(), tokenizer=self.tok,
+                                             date_line=date_line)
         total_generated = 0
         rounds = 0
         reason = "done"
@@ -394,7 +404,8 @@ class Worker:
 
         try:
             n = self.session.sync(list(target), progress=progress,
-                                  should_stop=self.io.should_stop if interruptible else None)
+                                  should_stop=self.io.should_stop if interruptible else None,
+                                  duty=self.duty)
         except Interrupted:
             return False
         self.last_prefilled = int(n)  # what the engine really prefilled (it may rewind further back)
@@ -429,7 +440,7 @@ class Worker:
         trace = self.trace if self.trace.enabled else None
         # Argmax while the DSML classifier is in a structural state (§12), the user's sampler else.
         tokens = TokenStream(self.session, self.sampler, limit=cap, greedy=lambda: stream.in_syntax,
-                             should_stop=self.io.should_stop)
+                             should_stop=self.io.should_stop, duty=self.duty)
         self.set_state(ev.State.GENERATING)
         t0 = time.monotonic()
         last_status = last_journal = t0

@@ -19,6 +19,9 @@ Public names (consumers import these from `ds4agent.engine`, not from the module
     generate(session, sampler, max_tokens=, greedy=)  the one decode loop: a generator of token
                                                    ids, the next step computing while the caller
                                                    works on a token (decode.py)
+    DutyCycle(percent), FULL_POWER, check_percent  rests between prefill chunks and decoded tokens
+                                                   so the device computes at most percent% of the
+                                                   time (duty.py; no MLX)
     EngineError and its subclasses                 errors.py: every refusal, one readable line
 
 The model classes load lazily (PEP 562 `__getattr__`): importing the errors, or a module that
@@ -30,6 +33,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from .duty import FULL_POWER, DutyCycle, check_percent
 from .errors import (
     ConfigError,
     ContextOverflowError,
@@ -65,10 +69,13 @@ _LAZY = {
 }
 
 __all__ = [
+    "FULL_POWER",
     "ConfigError",
     "ContextOverflowError",
+    "DutyCycle",
     "Engine",
     "EngineError",
+    "check_percent",
     "EngineLost",
     "Interrupted",
     "MissingTensorError",

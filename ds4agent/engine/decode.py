@@ -41,6 +41,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from .duty import DutyCycle
 from .errors import EngineError
 from .hostread import to_int
 from .sampler import check_token
@@ -48,7 +49,8 @@ from .sampler import check_token
 
 def generate(session: Any, sampler: Any, *, max_tokens: int,
              greedy: Callable[[], bool] | None = None,
-             forced: Callable[[], int | None] | None = None) -> Generator[int, None, None]:
+             forced: Callable[[], int | None] | None = None,
+             duty: DutyCycle | None = None) -> Generator[int, None, None]:
     """Token ids sampled after the session's live state, at most `max_tokens` (and no more than
     the context can take: the last one is handed out without a step). `greedy()` is asked before
     each token is sampled (None: the sampler's own mode for every token). `forced()` is asked
@@ -56,6 +58,9 @@ def generate(session: Any, sampler: Any, *, max_tokens: int,
     next token instead of a sample (stepped and handed out like one; the RNG does not advance),
     None lets the sampler draw. It may consume what it returns (a queue): a token built ahead is
     always a sample, and a forced id found afterwards replaces it like a missed mode guess.
+    `duty` rests between tokens (duty.py): after the consumer is done with a token and before the
+    next step is dispatched, so the device runs out of work while it rests; the tokens and the
+    RNG are the same as without it.
 
     The session must hold at least one token (its logits are where decoding starts) and must not
     be driven by anything else until the generator ends."""
@@ -88,6 +93,8 @@ def generate(session: Any, sampler: Any, *, max_tokens: int,
         safe = mx.maximum(tok_, 0)
         return tok_, session.dispatch(safe) if after is None else session.dispatch(safe, after=after)
 
+    if duty is not None:
+        duty.begin()
     n = 1
     token, pending = start(logits, mode(), n >= max_tokens or len(session) + 1 > ctx, force=next_forced())
     spec = None  # (key before the draw, its mode, token, step): token n+1 built ahead
@@ -106,6 +113,8 @@ def generate(session: Any, sampler: Any, *, max_tokens: int,
             yield tok
             if pending is None:
                 return
+            if duty is not None:
+                duty.pause()
             session.accept(pending, tok)
             n += 1
             force = next_forced()  # both decided from token n, which the consumer has now seen

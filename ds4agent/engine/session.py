@@ -47,6 +47,7 @@ from ds4agent import statelayout
 
 from .chunks import chunk_cap, chunk_grid
 from .device import current_device, gpu_kernels
+from .duty import DutyCycle
 from .errors import ContextOverflowError, EngineError, Interrupted, StateError
 from .hostread import to_host
 from .model import build
@@ -271,13 +272,16 @@ class Session:
 
     # ------------------------------------------------------------------ prefill / decode
     def sync(self, tokens: Sequence[int], *, progress: Callable[[int, int], None] | None = None,
-             should_stop: Callable[[], bool] | None = None) -> int:
+             should_stop: Callable[[], bool] | None = None, duty: DutyCycle | None = None) -> int:
         """Make the live state hold exactly `tokens`; returns how many tokens were prefilled.
 
         Keeps the longest common prefix with the live state; prefills the rest in chunks on the
         fixed absolute grid, calling `progress(done, total)` after each chunk. `should_stop()` is
         asked before every chunk; when it says so, Interrupted is raised and the live state holds
         the prefix reached so far (a chunk boundary): the next sync continues from there.
+        `duty` rests after every chunk (duty.py). A chunk, not a layer, is the unit: a chunk's
+        layers run as one evaluated graph, and a chunk takes seconds at most, far below the time a
+        laptop takes to heat up, so resting per chunk keeps the same average load.
         """
         target = self._check_tokens(tokens)
         n = _common_prefix(self._state.tokens, target)
@@ -286,6 +290,8 @@ class Session:
         start = len(self._state.tokens)
         total = len(target) - start
         done = 0
+        if duty is not None:
+            duty.begin()
         for p0, p1 in chunk_grid(start, len(target), self.engine.chunk):
             if should_stop is not None and should_stop():
                 raise Interrupted(f"prefill interrupted after {done} of {total} tokens",
@@ -297,6 +303,8 @@ class Session:
             done += p1 - p0
             if progress is not None:
                 progress(done, total)
+            if duty is not None:
+                duty.pause()
         return done
 
     def step(self, token: int) -> np.ndarray:

@@ -9,8 +9,11 @@ Public API (ids are list[int]; `think_mode` is "think" | "nothink" | "think-max"
 
     render_system_prefix(system_text, *, extra_system_text="", tools=(), think_mode="think", ctx) -> ids
         BOS [Think-Max prefix] SYSTEM_TEXT ["\\n\\n" extra] ["\\n\\n" TOOLS_BLOCK]
-    render_user_turn(text, *, think_mode, lead=()) -> ids
-        [lead] <｜User｜> trimmed text <｜Assistant｜> THINK_TOKEN   (EmptyMessageError when empty after trimming)
+    render_user_turn(text, *, think_mode, lead=(), date_line="") -> ids
+        [lead] <｜User｜> [date_line "\\n\\n"] trimmed text <｜Assistant｜> THINK_TOKEN
+        (EmptyMessageError when the text is empty after trimming)
+    session_date_line(now) -> str ; strip_session_date(text) -> str
+        the local date and time the first user turn of a session carries, and its removal
     render_tool_results(results, *, queued=(), think_mode, lead=()) -> ids
         <｜User｜><tool_result>R1</tool_result>\\n\\n<tool_result>R2</tool_result>[\\n\\nqueued]<｜Assistant｜>THINK
     render_assistant_end() -> [EOS]
@@ -41,6 +44,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, overload
 
@@ -245,12 +249,42 @@ def system_reminder_pieces(
     return [Text(SYSTEM_REMINDER_HEAD, trusted=True), *body, Text(SYSTEM_REMINDER_TAIL, trusted=True)]
 
 
+# The local date and time, given once per session (the model has no clock of its own). It opens the
+# FIRST user turn's text, not a system unit of its own: the system prefix stays byte-identical
+# from run to run (its KV cache is keyed by that text, prompt.py), and the transcript keeps its
+# layout (system prefix, then user turns at their usual positions), which rewind points, snapshot
+# budgets, saves and loads all rely on. One line, then a blank line, then the user's message.
+SESSION_DATE_HEAD = "Current local date and time: "
+
+
+def session_date_line(now: datetime) -> str:
+    """`Current local date and time: Tuesday 2026-12-01 23:58 UTC+01:00` for an aware datetime."""
+    offset = now.strftime("%z")
+    zone = f"UTC{offset[:3]}:{offset[3:]}" if offset else "local time"
+    return f"{SESSION_DATE_HEAD}{now.strftime('%A %Y-%m-%d %H:%M')} {zone}"
+
+
+def strip_session_date(text: str) -> str:
+    """The user's own message of a turn text that may open with the session date line."""
+    if text.startswith(SESSION_DATE_HEAD):
+        line, sep, rest = text.partition("\n\n")
+        if sep and "\n" not in line:
+            return rest
+    return text
+
+
 def user_turn_pieces(text: str | bytes, *, think_mode: str | ThinkMode,
-                     lead: Sequence[Piece] = ()) -> list[Piece]:
-    """`lead`: system text placed before the turn's <｜User｜> (system_reminder_pieces)."""
+                     lead: Sequence[Piece] = (), date_line: str = "") -> list[Piece]:
+    """`lead`: system text placed before the turn's <｜User｜> (system_reminder_pieces);
+    `date_line`: session_date_line(), given on the first user turn of a session only."""
     body = trim(text)
     if not body:
         raise EmptyMessageError("empty message (only whitespace) is not submitted")
+    if date_line:
+        # One Text: the tokens are the tokenisation of the turn's whole text, as a re-render of
+        # the decoded transcript (a stripped session's rebuild) produces them.
+        head = date_line + "\n\n"
+        body = head + body if isinstance(body, str) else head.encode() + body
     return [*lead, USER, Text(body), ASSISTANT, think_token(think_mode)]
 
 
@@ -416,9 +450,10 @@ def render_system_prefix(
 
 def render_user_turn(
     text: str | bytes, *, think_mode: str | ThinkMode, tokenizer: Tokenizer | None = None,
-    lead: Sequence[Piece] = (),
+    lead: Sequence[Piece] = (), date_line: str = "",
 ) -> list[int]:
-    return _tok(tokenizer).encode_pieces(user_turn_pieces(text, think_mode=think_mode, lead=lead))
+    return _tok(tokenizer).encode_pieces(user_turn_pieces(text, think_mode=think_mode, lead=lead,
+                                                          date_line=date_line))
 
 
 def render_tool_results(

@@ -45,6 +45,7 @@ class CommandAgent(Protocol):
     def fork(self, title: str = "") -> None: ...
     def set_think_mode(self, mode: str) -> None: ...
     def set_permission_mode(self, mode: str) -> None: ...
+    def set_power(self, percent: int | None = None) -> None: ...
     def quit(self) -> None: ...
 
 
@@ -111,6 +112,10 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("nothink", "/nothink", "reasoning off", agent_call=lambda a, c: a.set_think_mode(think_mode(c))),
     CommandSpec("permissions", "/permissions [mode]", "show or set the permission mode: ask, auto or "
                 "read-only", takes=WORD, agent_call=lambda a, c: a.set_permission_mode(c.arg)),
+    # The agent checks the range (1..100) and confirms with a notice and a Status event.
+    CommandSpec("power", "/power [N]", "let the device compute at most N% of the time, 1-100 (no N: "
+                "show it): keeps a laptop cool, same output",
+                takes=COUNT, agent_call=lambda a, c: a.set_power(int(c.arg) if c.arg else None)),
     CommandSpec("copy", "/copy", "copy the last answer to the clipboard"),
     CommandSpec("quit", "/quit", "leave (asks to save unsaved turns)", agent_call=lambda a, c: a.quit()),
     CommandSpec("exit", "/exit", "same as /quit"),

@@ -173,6 +173,7 @@ class StatusState:
     compact_at: float = DEFAULT_COMPACT_AT
     permission: str = "ask"
     think_mode: str = "think"
+    power: int = 100                 # the device's duty-cycle cap (/power); shown below 100
     session_id: str = ""
     title: str = ""
     device: str = ""                 # where the engine computes ("Metal GPU", "CPU"), from Ready
@@ -211,6 +212,7 @@ class StatusState:
         self.dirty = e.unsaved
         self.session_id, self.title = e.session_id, e.title
         self.think_mode, self.permission = e.think_mode, e.permission_mode
+        self.power = e.power
 
     def apply_prefill(self, e) -> None:
         """A PrefillProgress event: the live bar, and the speed kept for the idle status line when
@@ -306,8 +308,10 @@ def status_line(s: StatusState, width: int | None = None) -> str:
 
 
 def modes_segment(s: StatusState) -> str:
-    """The think and permission modes, and the device once the engine has said which."""
-    return " · ".join(p for p in (s.think_mode, s.permission, s.device) if p)
+    """The think and permission modes, the power cap when one is set, and the device once the
+    engine has said which."""
+    power = f"power {s.power}%" if s.power < 100 else ""
+    return " · ".join(p for p in (s.think_mode, s.permission, power, s.device) if p)
 
 
 # -- lines both front ends print for the agent's events (the TUI as notes, plain mode as text) ------

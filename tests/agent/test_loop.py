@@ -6,7 +6,7 @@ from ds4agent.agent import events as ev
 from ds4agent.protocol import dsml, template
 from ds4agent.protocol.tokenizer import ASSISTANT, EOS, THINK, USER, Tokenizer
 from tests.agent.conftest import RecTool
-from tests.support.agent_harness import AgentHarness, of
+from tests.support.agent_harness import DATE_LINE, AgentHarness, of
 from tests.support.scripted_engine import reply, text_ids
 
 TOK = Tokenizer.load()
@@ -24,7 +24,7 @@ def test_plain_answer_transcript_is_exact(tmp_path, tools):
     h = AgentHarness.build(tmp_path, [reply("Hello there.", think="Greet.")], tools=tools)
     sys_len = len(h.ids)
     evs = h.turn("  hi  ")
-    expect = template.render_user_turn("hi", think_mode="think") + reply("Hello there.", think="Greet.")
+    expect = template.render_user_turn("hi", think_mode="think", date_line=DATE_LINE) + reply("Hello there.", think="Greet.")
     assert h.ids[sys_len:] == expect
     assert h.live == tuple(h.ids[:-1])  # the sampled EOS is evaluated only at the next prefill
     assert "".join(e.text for e in of(evs, ev.TextDelta)) == "Hello there."
@@ -109,7 +109,7 @@ def test_token_cap_ends_round_with_eos(tmp_path, tools):
                            tools=tools, round_tokens=4)
     sys_len = len(h.ids)
     evs = h.turn("go")
-    out = h.ids[sys_len + len(template.render_user_turn("go", think_mode="think")):]
+    out = h.ids[sys_len + len(template.render_user_turn("go", think_mode="think", date_line=DATE_LINE)):]
     assert len(out) == 5 and out[-1] == EOS
     assert of(evs, ev.TurnEnded)[-1].reason == "token_cap"
     h.stop()
@@ -155,7 +155,7 @@ def test_interrupt_mid_generation_then_save_load_restores(tmp_path, tools):
     assert of(evs, ev.TurnEnded)[-1].reason == "interrupted"
     ids = h.ids
     assert ids[-1] == EOS and ids.count(EOS) == 1
-    gen_start = len(h.worker.system_ids) + len(template.render_user_turn("talk", think_mode="think"))
+    gen_start = len(h.worker.system_ids) + len(template.render_user_turn("talk", think_mode="think", date_line=DATE_LINE))
     assert ids[gen_start:-1] == long[:len(ids) - 1 - gen_start]  # the partial output stays
     evs = h.command(h.agent.save)
     saved = of(evs, ev.SessionSaved)[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ds4agent.agent import worker as worker_module
 from ds4agent.protocol import template
 from ds4agent.protocol.tokenizer import EOS, USER, Tokenizer
-from tests.support.agent_harness import AgentHarness
+from tests.support.agent_harness import DATE_LINE, AgentHarness
 from tests.support.scripted_engine import reply
 
 TOK = Tokenizer.load()
@@ -43,7 +43,8 @@ def test_reminder_goes_between_the_eos_and_the_next_user_turn_once_per_interval(
     assert h.text().count(HEAD) == 1
     # The history and the title read the turns, never the reminder.
     turns = template.split_turns(h.ids, h.worker.transcript.system_len)
-    assert [TOK.decode_bytes(t.user) for t in turns] == [b"first", b"second", b"third", b"fourth"]
+    assert [TOK.decode_bytes(t.user) for t in turns] == [DATE_LINE.encode() + b"\n\nfirst", b"second",
+                                                         b"third", b"fourth"]
     h.stop()
 
 

@@ -68,13 +68,15 @@ def test_unreadable_session_files_are_listed_explained_and_deletable(tmp_path, t
     h.stop()
 
 
-def test_s_file_from_an_earlier_ds4_loads_and_the_resave_keeps_it(tmp_path, tools):
+def test_s_file_from_an_earlier_ds4_loads_and_the_resave_keeps_it(tmp_path, tools, monkeypatch):
     """kvc-format.md §13: an [S] file (byte 20 = 0, payload version 1, no title,
     named SHA-1 of its text) loads like a legacy session; the next save writes an [L] file under
     the title identity and leaves the [S] file exactly as it was (an earlier ds4 may share it)."""
     from ds4agent.sessions.kvc import REASON_SESSION, KVCHeader, session_identity, text_sha1, write_kvc
     from tests.sessions.helpers import s_layout
 
+    # Untitled files come from builds that gave no date line: this session's first turn has none.
+    monkeypatch.setattr("ds4agent.protocol.template.session_date_line", lambda now: "")
     h = AgentHarness.build(tmp_path, [reply("A1", think="t"), reply("A2", think="t")], tools=tools)
     h.turn("question from an old build")
     eng, payload = h.worker.engine, h.worker.session.export_state()

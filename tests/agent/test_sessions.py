@@ -220,11 +220,13 @@ def test_sysprompt_cache_is_rebuilt_for_another_quant_or_context(tmp_path, tools
     again.stop()
 
 
-def test_legacy_file_is_resaved_under_a_title_identity_and_deleted(tmp_path, tools):
+def test_legacy_file_is_resaved_under_a_title_identity_and_deleted(tmp_path, tools, monkeypatch):
     """kvc-format.md §12.5: a file without a title trailer (name = SHA1(text)) loads with a derived
     title and its header's created_at, and the next save replaces it by `<SHA1(title||created_at)>.kv`."""
     from ds4agent.sessions.kvc import REASON_SESSION, KVCHeader, session_identity, text_sha1, write_kvc
 
+    # Untitled files come from builds that gave no date line: this session's first turn has none.
+    monkeypatch.setattr("ds4agent.protocol.template.session_date_line", lambda now: "")
     h = AgentHarness.build(tmp_path, [reply("A1", think="t"), reply("A2", think="t")], tools=tools)
     h.turn("legacy question")
     eng, payload = h.worker.engine, h.worker.session.export_state()
@@ -370,11 +372,12 @@ def test_an_interrupted_rebuild_of_a_stripped_session_keeps_the_session_and_pref
     session = h.worker.session
     real = session.sync
 
-    def sync(tokens, *, progress=None, should_stop=None):
+    def sync(tokens, *, progress=None, should_stop=None, **rest):
         def interrupt_after_first_chunk(done, total):
             progress(done, total)
             h.agent.interrupt()  # Esc while the rebuild prefills
-        return real(tokens, progress=interrupt_after_first_chunk if progress else None, should_stop=should_stop)
+        return real(tokens, progress=interrupt_after_first_chunk if progress else None, should_stop=should_stop,
+                    **rest)
 
     session.sync = sync
     evs = h.command(lambda: h.agent.load(saved.short_id))

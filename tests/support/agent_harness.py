@@ -10,11 +10,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 from ds4agent.agent import Agent, AgentSettings
 from ds4agent.agent import events as ev
+from ds4agent.protocol.template import session_date_line
 from ds4agent.protocol.tokenizer import Tokenizer
 from tests.support.scripted_engine import ScriptedEngine
 
@@ -25,6 +27,10 @@ Answerer = Callable[[ev.Event], tuple[str, str] | str | None]
 # milliseconds per sampled token on a loaded CPU and the longest scripted turns are thousands of
 # tokens (compaction tests), with the suite running two workers on two cores.
 GUARD_S = 180.0
+# The local time every harness session starts at: the first user turn's date line is fixed, so
+# tests can state exact transcripts (DATE_LINE is what that turn's text opens with).
+FIXED_NOW = datetime(2026, 3, 14, 9, 26, tzinfo=timezone(timedelta(hours=1)))
+DATE_LINE = session_date_line(FIXED_NOW)
 
 def answer_all(key: str) -> Answerer:
     return lambda e: key
@@ -73,6 +79,7 @@ class AgentHarness:
         opts.update(settings)
         agent = Agent(engine, store, list(tools) if tools is not None else None, AgentSettings(**opts), mcp=mcp)
         h = cls(agent, engine, store, root, answer or (lambda e: None))
+        h.worker.local_now = lambda: FIXED_NOW
         if start:
             h.start()
         return h

@@ -106,7 +106,7 @@ class ScriptedSession:
         return c.tokens[c.pos]
 
     # ------------------------------------------------------------------ the Session API
-    def sync(self, tokens: Sequence[int], *, progress=None, should_stop=None) -> int:
+    def sync(self, tokens: Sequence[int], *, progress=None, should_stop=None, duty=None) -> int:
         tokens = tuple(tokens)
         if len(tokens) > self.engine.ctx:
             raise ContextOverflowError(len(tokens), self.engine.ctx)
@@ -120,6 +120,8 @@ class ScriptedSession:
             del live[keep:]  # rewind (the real engine restores a snapshot or re-prefills)
         done = 0
         chunk = self.engine.chunk
+        if duty is not None:
+            duty.begin()
         while done < total:
             if should_stop is not None and should_stop():
                 self.engine.prefills.append(done)
@@ -129,6 +131,8 @@ class ScriptedSession:
             self._tokens = list(tokens[: keep + done])
             if progress is not None:
                 progress(done, total)
+            if duty is not None:
+                duty.pause()  # as the engine rests after every chunk
         self.engine.prefills.append(total)
         if total or self.logits is None or _ends_with_prompt(self._tokens):
             # A generation prompt starts the next scripted response even when nothing was

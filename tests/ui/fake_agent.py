@@ -101,6 +101,9 @@ class FakeAgent:
     def set_permission_mode(self, mode: str) -> None:
         self.calls.append(("permissions", mode))
 
+    def set_power(self, percent: int | None = None) -> None:
+        self.calls.append(("power", percent))
+
     def quit(self) -> None:
         self.calls.append(("quit",))
         self.emit(ev.Exited(0))

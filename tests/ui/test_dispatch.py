@@ -52,7 +52,7 @@ class _Recorder:
     ("/new", ("new",)), ("/compact", ("compact",)), ("/rewind", ("rewind_points",)),
     ("/rewind 2 code", ("rewind", 2, "code")), ("/fork", ("fork", "")), ("/think", ("set_think_mode", "think")),
     ("/nothink", ("set_think_mode", "nothink")), ("/permissions auto", ("set_permission_mode", "auto")),
-    ("/exit", ("quit",)),
+    ("/power 40", ("set_power", 40)), ("/power", ("set_power", None)), ("/exit", ("quit",)),
 ])
 def test_each_command_makes_its_agent_call(line, call):
     agent = _Recorder()
@@ -60,8 +60,16 @@ def test_each_command_makes_its_agent_call(line, call):
     assert agent.calls == [call]
 
 
+def test_power_needs_a_whole_number_and_runs_while_busy():
+    with pytest.raises(commands.CommandError, match="^/power needs a whole number"):
+        commands.prepare("/power half", busy=False)
+    agent = _Recorder()
+    commands.call_agent(commands.prepare("/power 10", busy=True), agent)
+    assert agent.calls == [("set_power", 10)]
+
+
 def test_the_busy_rule_shown_is_the_agents():
-    assert {c.name for c in commands.COMMANDS if c.runs_while_busy} == set(RUNS_WHILE_BUSY) == {"help", "save", "list"}
+    assert {c.name for c in commands.COMMANDS if c.runs_while_busy} == set(RUNS_WHILE_BUSY) == {"help", "save", "list", "power"}
     with pytest.raises(commands.CommandError, match="^command requires the model to be idle: /switch$"):
         commands.prepare("/switch ab", busy=True)
     with pytest.raises(commands.CommandError, match="^usage: /rewind"):

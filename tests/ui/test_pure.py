@@ -31,6 +31,9 @@ def test_status_line_states():
     assert line.startswith("prefill ███·········  500/2k 25.0% 812 t/s".replace("  ", " "))
     assert "ctx 14.2k/100k" in line and "14% (compact at 85%)" in line
     assert line.endswith("saved ✓ · think · ask")
+    s.power = 40  # a power cap shows with the modes; full power says nothing
+    assert fmt.status_line(s).endswith("saved ✓ · think · ask · power 40%")
+    s.power = 100
     s.state, s.gen_tokens, s.decode_tps, s.dirty = "generating", 42, 23.14, True
     assert fmt.state_segment(s) == "generating 42 tokens 23.1 t/s"
     assert "unsaved ●" in fmt.status_line(s)
