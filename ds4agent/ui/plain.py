@@ -257,7 +257,9 @@ class PlainFrontEnd:
             self.r.handle(e, n)
         return len(events)
 
-    def run_command(self, line: str, *, copy: Callable[[str], bool] | None = None) -> None:
+    def run_command(self, line: str, *, copy: Callable[[str], bool] | None = None) -> str | None:
+        """Run a slash command; what to put back in the editor (an unknown command, to correct and
+        send again), else None."""
         """A slash command: the shared table's agent call, or plain mode's own handler for it."""
         own: dict[str, Callable[[commands.ParsedCommand], None]] = {
             "help": self._cmd_help, "load": self._cmd_load, "new": self._cmd_new,
@@ -271,8 +273,12 @@ class PlainFrontEnd:
                 handler(cmd)
             else:
                 commands.call_agent(cmd, self.agent)
+        except commands.UnknownCommand as err:
+            self.r.line(str(err), "error")
+            return line.strip()
         except commands.CommandError as err:
             self.r.line(str(err), "error")
+        return None
 
     def _cmd_help(self, cmd: commands.ParsedCommand) -> None:
         self.r.line(commands.help_text(self.width(), plain=True), "muted")
@@ -583,7 +589,7 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
                             continue
                     fe.switching = False
                     r.line(f"› {text}", "muted")  # the prompt line is erased: commands echo here
-                    fe.run_command(text, copy=copy)
+                    draft = fe.run_command(text, copy=copy) or ""  # an unknown command comes back
                     if fe.quitting:  # the save question (or the exit) comes next: no prompt in between
                         await _wait_for(lambda: r.exited is not None or bool(r.questions), timeout=10.0)
                 else:

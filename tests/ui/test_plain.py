@@ -143,3 +143,22 @@ def test_the_status_line_fits_80_columns_keeping_the_device():
     line = fmt.status_line(s, 78)
     assert len(line) <= 78 and line.startswith("generating 1234 tokens") and line.endswith("CPU")
     assert fmt.status_line(s, 30).endswith("…") and len(fmt.status_line(s, 30)) <= 30
+
+
+def test_an_unknown_command_is_refused_with_a_hint_and_comes_back_to_the_editor():
+    from ds4agent.ui.plain import PlainFrontEnd
+
+    class Lines:
+        def __init__(self):
+            self.lines = []
+
+        def line(self, text, style=""):
+            self.lines.append((text, style))
+
+    class IdleAgent:
+        busy = False
+
+    lines = Lines()
+    fe = PlainFrontEnd(IdleAgent(), lines)
+    assert fe.run_command("/lsit  ") == "/lsit"
+    assert lines.lines == [("unknown command: /lsit (did you mean /list? /help lists the commands)", "error")]
