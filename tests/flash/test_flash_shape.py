@@ -188,4 +188,6 @@ def test_agent_headless_at_full_shape(flash_file, tmp_path):
     assert "Traceback" not in r.stderr
     assert "token cap" in r.stderr  # one token allowed: the verdict says the answer was cut
     prefills = [int(n) for n in re.findall(r"prefill (\d+) tokens", trace)]
-    assert prefills and max(prefills) < 20  # only the user turn was computed, never the prefix
+    # Only the first user turn was computed (its date line and "hi": a few dozen tokens), never
+    # the 2,000-token system prefix the cache holds.
+    assert prefills and max(prefills) < 64
