@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,25 +12,9 @@ from pathlib import Path
 import pytest
 
 from ds4agent.sessions.checkpoints import CodeCheckpoints
+from tests.support.timeouts import within
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@contextlib.contextmanager
-def within(seconds: float):
-    class Hung(BaseException):
-        pass
-
-    def fire(signum, frame):
-        raise Hung(f"still running after {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def _written(ckpt: CodeCheckpoints, path: Path, before: bytes | None, after: bytes) -> None:

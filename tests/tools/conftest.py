@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from ds4agent.tools import ToolContext, run_tool
+from tests.support import timeouts
 
 
 class Stop:
@@ -39,29 +40,7 @@ def call(ctx):
     return _call
 
 
-class Hung(BaseException):
-    """Raised by `within` when a call runs past its bound. A BaseException, so run_tool's catch-all
-    (which turns every Exception into a tool error) cannot swallow it."""
-
-
 @pytest.fixture
 def within():
-    """`with within(seconds): ...` fails the test (instead of hanging the run) when the block
-    blocks or spins longer than `seconds`: SIGALRM interrupts blocking opens and the regex engine."""
-    import contextlib
-    import signal
-
-    @contextlib.contextmanager
-    def guard(seconds: float):
-        def fire(signum, frame):
-            raise Hung(f"still running after {seconds} s")
-
-        old = signal.signal(signal.SIGALRM, fire)
-        signal.setitimer(signal.ITIMER_REAL, seconds)
-        try:
-            yield
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, old)
-
-    return guard
+    """`with within(seconds): ...`: the block fails the test instead of hanging the run."""
+    return timeouts.within
