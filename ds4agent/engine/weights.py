@@ -476,10 +476,17 @@ def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | No
     2-D weights: F32/F16 as dense f32, Q8_0 as MLX affine 8-bit (exact). Routed experts: F16/F32
     dense (test models) or raw quantised blocks behind `experts.quant_experts`.
     """
+    resident: dict[tuple[int, int], mx.array] = {}  # expert blocks copied to the device (quant_experts)
+
     def get(name: str) -> Any:
         ti = gf.info(name)
         if "_exps." in name and ti.type_name not in _PLAIN:
-            return convert(name, ti)  # raw blocks stay mapped: only selected experts are read
+            value = convert(name, ti)
+            if not isinstance(getattr(value, "raw", None), mx.array):
+                return value  # raw blocks stay mapped: only selected experts are read
+            # Copied into a resident device array: the file pages the copy read are not needed.
+            gf.release(name)
+            return value
         value = convert(name, ti)
         # The value is now an MLX copy (mx.array copies host data eagerly): drop the file pages
         # this read made resident, so the model is not held twice (GGUFFile.release).
@@ -495,7 +502,7 @@ def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | No
             if qtype is None or qtype not in quant.EXPERT_TYPES:
                 gf.check(name, types=("F16", "F32", "Q8_0", "Q2_K", "Q4_K", "IQ2_XXS"))
             assert qtype is not None  # gf.check refused every type that is not an expert type
-            return quant_experts(gf.raw(name), qtype, ti.shape)
+            return quant_experts(gf.raw(name), qtype, ti.shape, shared=resident)
         if name.endswith("tid2eid.weight"):
             return gf.load(name, types=("I32",))
         if t == "Q8_0":

@@ -21,6 +21,7 @@ from ds4agent import cli
 from ds4agent.commands.info import format_info
 from ds4agent.engine import Engine, quant
 from ds4agent.engine.config import FLASH_TEST_KEY, TEST_MODEL_KEY, flash_config, flash_ratio, from_metadata
+from ds4agent.engine.device import KERNELS_ENV
 from ds4agent.engine.gguf import GGUFFile
 from ds4agent.engine.layout import tensor_table
 from ds4agent.engine.memory import model_info
@@ -182,6 +183,41 @@ def test_activations_stay_finite_and_varied_through_43_layers(q2_file):
             assert np.isfinite(logits).all()
             assert 0.3 < float(logits.std()) < 30 and float(logits.max() - logits.min()) > 3
         assert float(np.abs(a.logits - b.logits).max()) > 0.5  # the input matters
+
+
+def _buffer_address(a: mx.array) -> int:
+    return np.asarray(memoryview(a)).__array_interface__["data"][0]
+
+
+def test_gpu_kernel_set_holds_one_device_copy_per_shared_expert_region(q2_file, monkeypatch):
+    """The GPU kernel set copies expert blocks into resident device arrays. The test file points
+    every layer's gate (likewise up, down) tensor at one region: one copy per region, not one
+    per tensor (at the full shape a copy per tensor is 72 GiB for 1.7 GiB of distinct bytes),
+    and the shared copies decode what the CPU reference decodes."""
+    tokens = [0, 5, 99, 250, 3, 17]
+    with GGUFFile.open(q2_file) as gf:
+        types = {k: gf.array_types.get(k, v) for k, v in gf.value_types.items()}
+        cfg = from_metadata(gf.metadata, mode="test", types=types)
+        ref = Engine(config=cfg, weights=load_weights(gf, cfg), ctx=64).new_session()
+        ref.sync(tokens)
+        monkeypatch.setenv(KERNELS_ENV, "gpu")
+        before = mx.get_active_memory()
+        weights = load_weights(gf, cfg)
+        held = mx.get_active_memory() - before
+        kinds = {"gate": set(), "up": set(), "down": set()}
+        for layer in weights.layers:
+            for kind, addresses in kinds.items():
+                ex = getattr(layer.ffn, f"{kind}_exps")
+                assert isinstance(ex.raw, mx.array)
+                addresses.add(_buffer_address(ex.raw))
+        assert [len(a) for a in kinds.values()] == [1, 1, 1]
+        plan = model_info(q2_file).plan
+        assert held < plan.weights + plan.experts + (8 << 20)  # not 43 copies of each region
+        gpu = Engine(config=cfg, weights=weights, ctx=64).new_session()
+        gpu.sync(tokens)
+        scale = float(np.abs(ref.logits).max())
+        assert float(np.abs(gpu.logits - ref.logits).max()) <= 1e-2 * scale
+        assert int(np.argmax(gpu.logits)) == int(np.argmax(ref.logits))
 
 
 def test_q4_flavour_is_deterministic_per_seed(tmp_path):

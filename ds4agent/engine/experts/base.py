@@ -19,7 +19,7 @@ import numpy as np
 
 from ds4agent.engine.errors import EngineError
 from ds4agent.engine.experts import metal
-from ds4agent.engine.experts.portable import DenseExperts, QuantExperts
+from ds4agent.engine.experts.portable import DenseExperts, QuantExperts, resident_blocks
 
 
 @runtime_checkable
@@ -39,24 +39,37 @@ def dense_experts(w: Any) -> ExpertWeights:
     return DenseExperts(w if isinstance(w, mx.array) else mx.array(np.asarray(w)))
 
 
-def quant_experts(raw: Any, qtype: int, shape: Any, *, backend: str = "auto") -> ExpertWeights:
+def quant_experts(raw: Any, qtype: int, shape: Any, *, backend: str = "auto",
+                  shared: dict[tuple[int, int], mx.array] | None = None) -> ExpertWeights:
     """The backend for raw expert blocks: Metal kernels where a Metal device exists (IQ2_XXS,
-    Q2_K, Q4_K), else the portable MLX backend. backend: "auto" | "portable" | "metal"."""
+    Q2_K, Q4_K), else the portable MLX backend. backend: "auto" | "portable" | "metal".
+
+    shared: the loader's device copies of blocks already made, by (address, size) of the mapped
+    bytes. A backend that keeps its blocks resident reuses the copy of the same bytes instead
+    of making another: a real file has one region per tensor, but the Flash-shape test file
+    points every layer's expert tensors at one region per tensor kind, and a copy per tensor
+    would hold 72 GiB for its 1.7 GiB of distinct blocks (the memory plan counts distinct bytes).
+    """
     if backend not in ("auto", "portable", "metal"):
         raise EngineError(f"unknown expert backend {backend!r}")
     want_metal = backend == "metal" or (
         backend == "auto" and qtype in metal.METAL_TYPES and metal_available()
     )
+    cls: type[QuantExperts] = QuantExperts
     if want_metal:
-        if backend == "metal":
-            return metal.MetalExperts(raw, qtype, shape)
-        problem = metal.self_check(qtype)
+        problem = None if backend == "metal" else metal.self_check(qtype)
         if problem is None:
-            return metal.MetalExperts(raw, qtype, shape)
-        # Robust choice: a kernel that fails its one-time check must not take the engine down;
-        # the portable backend computes the same values (slower).
-        warnings.warn(f"{problem}; using the portable MLX expert backend", RuntimeWarning, stacklevel=2)
-    return QuantExperts(raw, qtype, shape)
+            cls = metal.MetalExperts
+        else:
+            # Robust choice: a kernel that fails its one-time check must not take the engine
+            # down; the portable backend computes the same values (slower).
+            warnings.warn(f"{problem}; using the portable MLX expert backend", RuntimeWarning, stacklevel=2)
+    if shared is not None and isinstance(raw, np.ndarray) and cls.keeps_resident():
+        key = (int(raw.__array_interface__["data"][0]), int(raw.nbytes))
+        if key not in shared:
+            shared[key] = resident_blocks(raw)
+        raw = shared[key]
+    return cls(raw, qtype, shape)
 
 
 def metal_available() -> bool:

@@ -207,14 +207,17 @@ class MetalExperts(QuantExperts):
         if not mx.metal.is_available():
             raise EngineError("the Metal expert backend needs a Metal GPU (mx.metal.is_available() is false)")
         super().__init__(raw, qtype, shape, **kw)
-        if not isinstance(self.raw, mx.array):
-            # The kernels index the whole tensor by expert id: it must live in an MLX buffer.
-            self.raw = mx.array(np.ascontiguousarray(self.raw))
         self._template = [
             ("D_IN", self.d_in), ("D_OUT", self.d_out),
             ("ROW_BYTES", quant.row_bytes(self.qtype, self.d_in)),
             ("BLOCK_BYTES", quant.block_info(self.qtype)[1]),
         ]
+
+    @classmethod
+    def keeps_resident(cls) -> bool:
+        # The kernels index the whole tensor by expert id: it must live in an MLX buffer, on
+        # either kernel set.
+        return True
 
     def dequantize(self, experts) -> mx.array:
         """float32 [len(experts), d_out, d_in]; `experts` a list/numpy array or device ids."""

@@ -108,6 +108,14 @@ DEFAULT_GROUP_BYTES = 256 << 20
 TILE_ROWS = 1024
 
 
+def resident_blocks(raw) -> mx.array:
+    """Raw expert blocks (numpy, or a view of the file's memory map) copied into one evaluated
+    MLX array: what a backend that keeps its blocks resident holds."""
+    out = mx.array(np.ascontiguousarray(raw))
+    mx.eval(out)
+    return out
+
+
 class QuantExperts:
     """Portable backend over raw GGUF blocks: dequantise only the selected experts, then multiply.
 
@@ -142,11 +150,17 @@ class QuantExperts:
         self.expert_bytes = self.d_out * rb
         self.group = max(1, group_bytes // (self.d_out * self.d_in * 4))
         self.host_ids = device.cpu_layout()
-        if not self.host_ids and not isinstance(raw, mx.array):
+        if self.keeps_resident() and not isinstance(raw, mx.array):
             # Resident once, instead of copying the selected experts from the map every call.
-            raw = mx.array(np.ascontiguousarray(raw))
-            mx.eval(raw)
+            raw = resident_blocks(raw)
         self.raw = raw.reshape(want)
+
+    @classmethod
+    def keeps_resident(cls) -> bool:
+        """Whether this backend holds its blocks as one device array (made at construction from
+        a numpy or memory-mapped `raw`) instead of reading them from the map: the GPU kernel set
+        does, the CPU one reads the selected experts' rows in place."""
+        return not device.cpu_layout()
 
     @property
     def nbytes(self) -> int:
