@@ -11,7 +11,8 @@ config.json and safetensors headers. Memory is estimated the way the engine hold
 (weights.py / experts/), by `memory_bytes`:
 
     routed experts (Q2_K/Q4_K/IQ2_XXS)  raw blocks, as in the file (memory-mapped; what decode
-                                         touches is paged in, Metal keeps them resident)
+                                         touches is paged in; Metal and the GPU kernel set keep
+                                         them resident, one copy per distinct file region)
     Q8_0 matrices                        MLX affine 8-bit + f32 scale and bias per 32 weights:
                                          40 bytes per 34-byte block
     F16 matrices and the embedding       as in the file (weights.Linear widens per call); only
