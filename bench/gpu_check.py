@@ -18,7 +18,7 @@ What is measured:
     positions and max |dlogit| <= 1e-2 x max |logit|. A failure makes the exit status 1;
   * prefill tokens/s (one prompt of --prefill tokens through Session.sync) and decode tokens/s
     (--decode greedy tokens through engine.generate, the decode loop the agent uses), at `small`
-    and at the Flash shape (`ds4agent make-test-model --config flash`, q2 experts; about 11 GB
+    and at the Flash shape (`ds4agent make-test-model --config flash`, q2 experts; about 4.4 GB
     written to --workdir and removed afterwards unless --keep; --flash-prefill / --flash-decode
     bound its run, --no-flash skips it);
   * device->host reads per decoded token (engine.hostread), the GPU-shaped decode's invariant;
