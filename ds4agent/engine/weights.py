@@ -480,16 +480,12 @@ def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | No
 
     def get(name: str) -> Any:
         ti = gf.info(name)
-        if "_exps." in name and ti.type_name not in _PLAIN:
-            value = convert(name, ti)
-            if not isinstance(getattr(value, "raw", None), mx.array):
-                return value  # raw blocks stay mapped: only selected experts are read
-            # Copied into a resident device array: the file pages the copy read are not needed.
-            gf.release(name)
-            return value
         value = convert(name, ti)
-        # The value is now an MLX copy (mx.array copies host data eagerly): drop the file pages
-        # this read made resident, so the model is not held twice (GGUFFile.release).
+        if "_exps." in name and ti.type_name not in _PLAIN and not isinstance(getattr(value, "raw", None), mx.array):
+            return value  # raw blocks stay mapped: only selected experts are read
+        # The value is now an MLX copy (mx.array copies host data eagerly; a backend that keeps
+        # its expert blocks resident copied them): drop the file pages this read made resident,
+        # so the model is not held twice (GGUFFile.release).
         gf.release(name)
         return value
 
