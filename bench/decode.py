@@ -33,11 +33,8 @@ Run: .venv/bin/python bench/decode.py [--tokens 32] [--prompt 64] [--repeats 5] 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import re
-import resource
 import statistics
 import subprocess
 import sys
@@ -51,28 +48,16 @@ sys.path.insert(0, str(ROOT))
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
+from bench.common import peak_rss  # noqa: E402
 from ds4agent.engine import generate, hostread, load_engine  # noqa: E402
 from ds4agent.engine.config import test_config  # noqa: E402
-from ds4agent.engine.device import KERNELS_ENV  # noqa: E402
+from ds4agent.engine.device import forced_kernel_set  # noqa: E402
 from ds4agent.engine.model import build  # noqa: E402
 from ds4agent.engine.sampler import Sampler  # noqa: E402
 
 READS_TARGET = 1.0
 PRIMITIVES_TARGET = 0.70  # now / today
 OVERLAP_TARGET = 1.15
-
-
-@contextlib.contextmanager
-def kernels(name: str):
-    old = os.environ.get(KERNELS_ENV)
-    os.environ[KERNELS_ENV] = name
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(KERNELS_ENV, None)
-        else:
-            os.environ[KERNELS_ENV] = old
 
 
 def _count_dot(arrays) -> int:
@@ -168,7 +153,7 @@ def progress(kernel_set: str, what: str, value) -> None:
 
 
 def run_cell(path, ctx, prompt, n, kernel_set, repeats):
-    with kernels(kernel_set):
+    with forced_kernel_set(kernel_set):
         t0 = time.perf_counter()
         engine = load_engine(path, ctx=ctx)
         progress(kernel_set, "load (s)", f"{time.perf_counter() - t0:.1f}")
@@ -204,13 +189,7 @@ def run_cell(path, ctx, prompt, n, kernel_set, repeats):
             ratios.append(runs[False][1] / runs[True][1])
             progress(kernel_set, f"overlap pair {i + 1}", f"{ratios[-1]:.3f}")
         row["overlap"] = statistics.median(ratios)
-        del engine, ref, prefilled
     return row
-
-
-def peak_rss_bytes() -> int:
-    # ru_maxrss is in KiB on Linux, bytes on macOS.
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
 
 
 def measure_in_child(path: Path, args, kernel_set: str) -> dict:
@@ -244,7 +223,7 @@ def main(argv=None) -> int:
         rng = np.random.default_rng(0)
         prompt = [int(t) for t in rng.integers(0, 50_000, size=args.prompt)]
         row = run_cell(args.model, ctx, prompt, args.tokens, args.cell, args.repeats)
-        row["peak_rss"] = peak_rss_bytes()
+        row["peak_rss"] = peak_rss()
         args.cell_out.write_text(json.dumps(row))
         return 0
     with tempfile.TemporaryDirectory() as tmp:

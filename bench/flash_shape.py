@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -42,6 +41,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import peak_rss  # noqa: E402
 from ds4agent.engine import Engine, load_engine  # noqa: E402
 from ds4agent.engine import model as model_mod  # noqa: E402
 from ds4agent.engine.gguf import GGUFFile  # noqa: E402
@@ -64,11 +64,6 @@ def mapped_rss(path: Path) -> int:
     except OSError:
         return 0
     return total
-
-
-def peak_rss() -> int:
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return r if sys.platform == "darwin" else r * 1024
 
 
 def non_expert_file_bytes(path: Path) -> int:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import resource
 import shutil
 import sys
 import tempfile
@@ -43,6 +42,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import peak_rss  # noqa: E402
 from ds4agent.engine import (  # noqa: E402
     Engine,  # noqa: E402
     generate,
@@ -156,9 +156,7 @@ def speed(engine: Engine, n_prefill: int, n_decode: int) -> dict[str, float]:
 
 
 def _peak() -> str:
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    rss_bytes = rss if sys.platform == "darwin" else rss * 1024  # Linux reports KiB
-    return f"MLX peak {mx.get_peak_memory() / GiB:.2f} GiB, RSS peak {rss_bytes / GiB:.2f} GiB"
+    return f"MLX peak {mx.get_peak_memory() / GiB:.2f} GiB, RSS peak {peak_rss() / GiB:.2f} GiB"
 
 
 def run_config(table: Table, name: str, path: Path, args, *, label: str, n_prefill: int, n_decode: int,

@@ -9,8 +9,10 @@ NVIDIA GPU lands here too).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -97,6 +99,21 @@ def kernel_set() -> str:
             raise EngineError(f"{KERNELS_ENV} must be cpu or gpu, not {forced!r}")
         return forced
     return "cpu" if mx.default_device() == mx.cpu else "gpu"
+
+
+@contextlib.contextmanager
+def forced_kernel_set(name: str) -> Iterator[None]:
+    """Run a block with KERNELS_ENV set to `name` ("cpu" or "gpu") and put the caller's value
+    back after it: how benchmarks and tests build one engine on each kernel set in one process."""
+    old = os.environ.get(KERNELS_ENV)
+    os.environ[KERNELS_ENV] = name
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(KERNELS_ENV, None)
+        else:
+            os.environ[KERNELS_ENV] = old
 
 
 def gpu_kernels() -> bool:

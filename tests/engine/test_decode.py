@@ -9,14 +9,11 @@ as it stood when the last token was handed out. Host reads: counted through engi
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import numpy as np
 import pytest
 
 from ds4agent.engine import generate, hostread, load_engine
-from ds4agent.engine.device import KERNELS_ENV, kernel_set
+from ds4agent.engine.device import KERNELS_ENV, forced_kernel_set, kernel_set
 from ds4agent.engine.errors import EngineError
 from ds4agent.engine.sampler import Sampler
 from ds4agent.testmodels.writer import make_test_model
@@ -37,7 +34,7 @@ def kernel_engine(request, tmp_path_factory):
     builds token n+1's step before handing out token n, and its guessed sampling mode is
     checked once the consumer has seen token n)."""
     path = make_test_model(tmp_path_factory.mktemp("decode") / "micro.gguf", "micro", seed=5)
-    with _kernels(request.param):
+    with forced_kernel_set(request.param):
         return load_engine(path, ctx=CTX, chunk=8, device="cpu")
 
 
@@ -47,19 +44,6 @@ def _kernel_set_of_the_test(request, monkeypatch):
     # kernel set's engine runs with it set.
     if "kernel_engine" in request.fixturenames:
         monkeypatch.setenv(KERNELS_ENV, request.node.callspec.params["kernel_engine"])
-
-
-@contextlib.contextmanager
-def _kernels(name):
-    old = os.environ.get(KERNELS_ENV)
-    os.environ[KERNELS_ENV] = name
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(KERNELS_ENV, None)
-        else:
-            os.environ[KERNELS_ENV] = old
 
 
 @pytest.fixture(scope="module")

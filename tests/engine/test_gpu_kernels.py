@@ -19,7 +19,7 @@ import pytest
 
 from ds4agent.engine import hostread, load_engine, quant
 from ds4agent.engine.config import test_config
-from ds4agent.engine.device import KERNELS_ENV, kernel_set
+from ds4agent.engine.device import KERNELS_ENV, forced_kernel_set, kernel_set
 from ds4agent.engine.errors import EngineError, TensorError
 from ds4agent.engine.experts.portable import QuantExperts
 from ds4agent.engine.model import Trace, _route, forward
@@ -36,16 +36,9 @@ REL_TOLERANCE = 1e-2
 @contextlib.contextmanager
 def kernels(name: str):
     """Build and run under one kernel set (the diagnostic switch), restoring the environment."""
-    old = os.environ.get(KERNELS_ENV)
-    os.environ[KERNELS_ENV] = name
-    try:
+    with forced_kernel_set(name):
         assert kernel_set() == name
         yield
-    finally:
-        if old is None:
-            os.environ.pop(KERNELS_ENV, None)
-        else:
-            os.environ[KERNELS_ENV] = old
 
 
 def _assert_agree(ref: np.ndarray, got: np.ndarray) -> None:
