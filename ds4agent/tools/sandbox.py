@@ -85,6 +85,14 @@ _FILE_RIGHTS = _FS_WRITE_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV  # the only rights 
 _RULE_PATH_BENEATH = 1
 _CREATE_RULESET_VERSION = 1
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 28, 47, 4
+# SECBIT_NOROOT (+ its lock) and SECBIT_NO_CAP_AMBIENT_RAISE (+ its lock): uid 0 gains nothing at exec.
+_SECURE_NO_ROOT = 0x01 | 0x02 | 0x40 | 0x80
+_CAPABILITY_VERSION_3 = 0x20080522
+_CAP_LAST_POSSIBLE = 63  # the kernel's last_cap is lower; dropping an unknown number is EINVAL, ignored
+# Creating device nodes is never a job's business, in the tree or anywhere (a char device node of
+# the disk in the tree would read and write the whole file system past every rule).
+_FS_DEVICES = _FS_MAKE_CHAR | _FS_MAKE_BLOCK
 # The Landlock syscalls were added after the numbering was unified across architectures.
 _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
 _CLONE_NEWNS, _CLONE_NEWUSER = 0x00020000, 0x10000000
@@ -399,15 +407,16 @@ def _apply_landlock(spec: dict) -> None:
     if abi <= 0:
         _fail("Landlock is not available")
     fs, size, scoped = handled_rights(abi)
+    grant = fs & ~_FS_DEVICES  # every handled right but making device nodes
     root = os.path.realpath(spec["root"])
     git = [os.path.realpath(p) for p in git_paths(root)]
     inside_git = [p for p in git if _inside(p, root)]
-    allowed: list[tuple[str, int]] = [(os.path.realpath(spec["temp"]), fs)]
+    allowed: list[tuple[str, int]] = [(os.path.realpath(spec["temp"]), grant)]
     if spec["git_writable"]:
-        allowed.append((root, fs))
-        allowed += [(p, fs) for p in git if not _inside(p, root)]
+        allowed.append((root, grant))
+        allowed += [(p, grant) for p in git if not _inside(p, root)]
     elif not inside_git or (not spec["entries"] and _enter_mount_namespace(inside_git)):
-        allowed.append((root, fs))
+        allowed.append((root, grant))
     else:
         # No mount namespace: every top-level entry but the git metadata, one by one. Symlinks are
         # skipped (a rule would follow them out of the tree; their targets inside have their own).
@@ -415,10 +424,10 @@ def _apply_landlock(spec: dict) -> None:
         with os.scandir(root) as it:
             for entry in it:
                 if entry.path != dot_git and not entry.is_symlink():
-                    allowed.append((entry.path, fs if entry.is_dir(follow_symlinks=False) else fs & _FILE_RIGHTS))
+                    allowed.append((entry.path, grant if entry.is_dir(follow_symlinks=False) else grant & _FILE_RIGHTS))
     for dev in _DEVICES:
         allowed.append((dev, _FS_WRITE_FILE | (fs & _FS_TRUNCATE)))
-    allowed += [(p, fs) for p in _SHARED]
+    allowed += [(p, grant) for p in _SHARED]
 
     attr = _RulesetAttr(fs, 0, scoped)
     ruleset = libc.syscall(ctypes.c_long(_SYS_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(size),
@@ -444,6 +453,38 @@ def _apply_landlock(spec: dict) -> None:
     if libc.syscall(ctypes.c_long(_SYS_RESTRICT_SELF), ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
         _fail(f"cannot enter the Landlock domain: {os.strerror(ctypes.get_errno())}")
     os.close(ruleset)
+    _drop_capabilities(libc)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def _drop_capabilities(libc) -> None:
+    """A job keeps no capability, even when the agent runs as root: with CAP_MKNOD, CAP_SYS_ADMIN,
+    CAP_DAC_OVERRIDE and the like a process can make a device node of the disk, remount, or change
+    files the rules do not name. Order matters: the bounding set first (needs CAP_SETPCAP, still
+    held), so that exec cannot give uid 0 its full set back; securebits so that uid 0 is not
+    special at exec; then ambient, and last the process's own sets. A process without the
+    capability to drop them (not root) has nothing to drop: EPERM there is fine."""
+    for cap in range(_CAP_LAST_POSSIBLE + 1):
+        if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            err = ctypes.get_errno()
+            if err == errno.EINVAL:  # past the kernel's last capability
+                break
+            if err != errno.EPERM:
+                _fail(f"cannot drop capability {cap}: {os.strerror(err)}")
+    libc.prctl(_PR_SET_SECUREBITS, _SECURE_NO_ROOT, 0, 0, 0)  # EPERM without CAP_SETPCAP: no caps to lose
+    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = _CapHeader(_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if libc.capset(ctypes.byref(header), data) != 0:
+        _fail(f"cannot clear the capabilities: {os.strerror(ctypes.get_errno())}")
 
 
 def _launch(argv: list[str]) -> None:

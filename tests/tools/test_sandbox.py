@@ -325,3 +325,36 @@ def test_a_tree_inside_a_repository_knows_the_repository_git_dir(tmp_path):
     assert "exit_status=0" in _bash(ctx, commit).text
     assert "exit_status=128" in _bash(ctx, commit).text  # the one-time grant is used up
     ctx.close()
+
+
+# --------------------------------------------------------------------------------------------------
+# Privileges: a job keeps no capability, even as root, in every mode
+
+
+def _cap_lines(text: str) -> dict[str, str]:
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in text.splitlines())
+            if k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
+
+
+@linux_only
+@pytest.mark.parametrize("mode", ["namespace", "entries", "git-granted"])
+def test_a_job_holds_no_capability_and_makes_no_device_node(tree, monkeypatch, mode):
+    ctx, work, _ = tree
+    if mode == "entries":
+        monkeypatch.setenv(sandbox.SWITCH, "entries")
+    if mode == "git-granted":
+        ctx.sandbox.git_writable = True
+    sandbox.availability.cache_clear()
+    sandbox.entries_only.cache_clear()
+    try:
+        result = _bash(ctx, "grep '^Cap' /proc/self/status; mknod sub/nullish c 1 3; mknod sub/disk b 8 0;"
+                            " mkdir -p sub/d && echo x > sub/d/f && chmod +x sub/d/f && echo made")
+    finally:
+        monkeypatch.delenv(sandbox.SWITCH, raising=False)
+        sandbox.availability.cache_clear()
+        sandbox.entries_only.cache_clear()
+    caps = _cap_lines(result.text)
+    assert caps == dict.fromkeys(("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"), "0000000000000000"), result.text
+    assert not (work / "sub" / "nullish").exists() and not (work / "sub" / "disk").exists()
+    # Ordinary work in the tree is untouched by the dropped privileges.
+    assert "made" in result.text and os.access(work / "sub" / "d" / "f", os.X_OK)
