@@ -326,6 +326,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 141
 
 
+def _forget_working_directory_imports() -> None:
+    """Drop the working directory from the import path (`python -m` puts it first). The package is
+    loaded by now and finds its own modules through its __path__; left there, a file a job writes
+    in the tree (`subprocess.py`, `numpy.py`) would be imported, unconfined, by the agent's next
+    lazy import of that name."""
+    cwd = os.getcwd()
+    sys.path[:] = [p for p in sys.path if p not in ("", ".") and os.path.abspath(p) != cwd]
+
+
 def entry() -> None:
     """The process entry point (console script and `python -m ds4agent.cli`).
 
@@ -339,6 +348,7 @@ def entry() -> None:
     """
     import atexit
 
+    _forget_working_directory_imports()
     code = main()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

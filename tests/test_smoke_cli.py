@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -125,3 +126,21 @@ def test_flags_behave_like_other_tools(tmp_path, monkeypatch, capsys):
         assert main(list(flags)) == 2, flags
         err = capsys.readouterr().err
         assert err.startswith(f"ds4agent: {expected}") and err.count("\n") == 1, (flags, err)
+
+
+def test_the_agent_never_imports_from_the_working_directory(tmp_path):
+    # `python -m ds4agent` puts the working tree first on the import path: a module a job wrote
+    # there (`zipapp.py`, `numpy.py`) would be run, unconfined, by the agent's next lazy import.
+    tree, mods = tmp_path / "tree", tmp_path / "mods"
+    tree.mkdir()
+    mods.mkdir()
+    (tree / "planted_by_a_job.py").write_text("open('PLANTED_RAN', 'w').close()\n")
+    (mods / "probe.py").write_text(
+        "def main(args):\n    try:\n        import planted_by_a_job  # noqa: F401\n    except ImportError:\n"
+        "        print('not imported')\n    return 0\n")
+    code = ("import sys; sys.path.insert(0, ''); from ds4agent import cli; cli.SUBCOMMANDS['info'] = 'probe'; "
+            "sys.argv = ['ds4agent', 'info', 'x']; cli.entry()")
+    env = {**__import__("os").environ, "PYTHONPATH": os.pathsep.join([str(mods), *sys.path])}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tree, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "not imported" and not (tree / "PLANTED_RAN").exists()

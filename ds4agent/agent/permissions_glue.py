@@ -18,7 +18,7 @@ from ds4agent.agent.port import WorkerPort
 from ds4agent.tools import BashDisplay, Tool, ToolResult, run_tool
 from ds4agent.tools.mcp import McpTool
 from ds4agent.tools.permissions import READ_ONLY_REFUSAL, Answer, Choice, Question, denied_result
-from ds4agent.tools.sandbox import availability
+from ds4agent.tools.sandbox import availability, git_paths
 
 
 def start_notices(worker: WorkerPort) -> list[str]:
@@ -58,7 +58,7 @@ def after_run(worker: WorkerPort, name: str, args: Mapping[str, object], result:
     # (Not after bash_stop: the model ended that command; running it again is not what it asked.)
     if not refused or not isinstance(display, BashDisplay) or name not in ("bash", "bash_status"):
         return result
-    q = worker.policy.escalation(display.command, refused)
+    q = worker.policy.escalation(display.command, refused, git_paths(str(worker.tool_ctx.cwd)))
     if q is None:
         return result
     answer = _ask(worker, "bash", q)

@@ -62,8 +62,12 @@ READ_ONLY_REFUSAL = "is not allowed in read-only mode"  # in every read-only ref
 FILE_TOOLS = frozenset({"write", "edit"})
 ASKING_TOOLS = FILE_TOOLS | {"bash"}
 MAX_SCANNED_COMMAND = 64 * 1024  # longer commands are asked about as they are, never read
-GIT_METADATA_QUESTION = ("Allow git to write its metadata (.git/) for this session? That also lets commands "
-                         "write git hooks and settings, which run code on later git commands.")
+def git_metadata_question(git_dirs: tuple[str, ...] = ()) -> str:
+    """The question that lets git write its metadata: it names the directories the grant opens
+    (found when the session's first job started, never from what a job wrote since)."""
+    where = ", ".join(git_dirs) if git_dirs else ".git/"
+    return (f"Allow git to write its metadata ({where})? That also lets commands write git hooks and "
+            "settings, which run code on later git commands.")
 
 @dataclass(frozen=True)
 class ToolHints:
@@ -293,13 +297,14 @@ class PermissionPolicy:
         )
         return Decision("ask", question=q)
 
-    def escalation(self, command: str, refused: tuple[Refusal, ...]) -> Question | None:
+    def escalation(self, command: str, refused: tuple[Refusal, ...],
+                   git_dirs: tuple[str, ...] = ()) -> Question | None:
         """The question after the sandbox refused part of a command (None: nobody is asked, in
         auto and read-only modes the boundary simply holds)."""
         if self.mode != "ask" or not refused:
             return None
         if all(r.in_git for r in refused):
-            return Question(tool="bash", title=GIT_METADATA_QUESTION, preview=command, preview_kind="command",
+            return Question(tool="bash", title=git_metadata_question(git_dirs), preview=command, preview_kind="command",
                             session_label="allow git metadata writes for this session", scope=("git",))
         paths = ", ".join(r.path for r in refused[:3]) + (" and more" if len(refused) > 3 else "")
         return Question(tool="bash", title=f"The sandbox refused writing to {paths}. Run this command again "

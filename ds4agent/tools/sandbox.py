@@ -195,7 +195,7 @@ def entries_only() -> bool:
     import subprocess
 
     try:
-        probe = subprocess.run([sys.executable, "-I", "-S", os.path.abspath(__file__), "--probe"],
+        probe = subprocess.run([*_launcher(), "--probe"],
                                stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return True
@@ -209,17 +209,65 @@ def wrap(argv: list[str], boundary: Boundary) -> list[str]:
     if avail.kind == "seatbelt":
         return [SANDBOX_EXEC, "-p", seatbelt_profile(boundary), *argv]
     if avail.kind == "landlock":
-        spec = {"root": boundary.root, "temp": boundary.temp, "git_writable": boundary.git_writable,
-                "entries": entries_only()}
-        return [sys.executable, "-I", "-S", os.path.abspath(__file__), json.dumps(spec), "--", *argv]
+        root = os.path.realpath(boundary.root)
+        spec = {"root": root, "temp": boundary.temp, "git_writable": boundary.git_writable,
+                "entries": entries_only(), "git": list(git_paths(root)), "protected": list(agent_code_in(root))}
+        return [*_launcher(), json.dumps(spec), "--", *argv]
     return list(argv)
+
+
+def _own_source() -> str:
+    with open(__file__, encoding="utf-8") as f:
+        return f.read()
+
+
+# What runs the launcher, fixed when the agent imports this module, before any job can run: the
+# real interpreter (a venv's python is a link to it) and the launcher's text, handed over with -c.
+# Run as a file instead, a job that rewrote this file (someone working on a checkout of ds4agent)
+# would have the next job start unconfined.
+_INTERPRETER, _SOURCE = (os.path.realpath(sys.executable), _own_source()) if __name__ != "__main__" else ("", "")
+
+
+def _launcher() -> list[str]:
+    return [_INTERPRETER, "-I", "-S", "-c", _SOURCE]
+
+
+@cache
+def agent_code() -> tuple[str, ...]:
+    """Where the code the agent itself runs outside the sandbox lives: this package, the Python
+    environment it was imported from (its site-packages, the `rg` the ripgrep wheel put in its
+    bin/) and the interpreter. Where one of them lies inside a working tree (a checkout of
+    ds4agent, a project venv holding it), jobs get it read-only like `.git`: otherwise a job could
+    rewrite code that the agent runs next, unconfined."""
+    import site
+    import sysconfig
+
+    paths = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), sys.prefix, sys.exec_prefix,
+             os.path.dirname(_INTERPRETER), sysconfig.get_path("scripts"), *site.getsitepackages()]
+    return tuple(dict.fromkeys(os.path.realpath(p) for p in paths if p))
+
+
+def agent_code_in(root: str) -> tuple[str, ...]:
+    """The places of agent_code() that lie inside the tree at `root` (usually none)."""
+    root = os.path.realpath(root)
+    inside = [p for p in agent_code() if _inside(p, root)]
+    # A place inside another is covered by it.
+    return tuple(p for p in inside if not any(q != p and _inside(p, q) for q in inside))
 
 
 def git_paths(root: str) -> tuple[str, ...]:
     """The tree's git metadata: the `.git` of the tree or of the nearest directory above it (a
     directory, or in a linked worktree a file), and for a `.git` file the git directory it names
-    and that one's common directory (objects, refs, hooks)."""
-    here = os.path.realpath(root)
+    and that one's common directory (objects, refs, hooks).
+
+    Read once per tree, the first time a job is about to start there, so before any job could
+    change it, and kept: a job that wrote a `.git` file saying `gitdir: /` must not turn the next
+    "allow git to write its metadata" into a grant of the whole file system."""
+    return _git_paths_of(os.path.realpath(root))
+
+
+@cache
+def _git_paths_of(here: str) -> tuple[str, ...]:
     while True:
         dot_git = os.path.join(here, ".git")
         if os.path.lexists(dot_git):
@@ -409,22 +457,20 @@ def _apply_landlock(spec: dict) -> None:
     fs, size, scoped = handled_rights(abi)
     grant = fs & ~_FS_DEVICES  # every handled right but making device nodes
     root = os.path.realpath(spec["root"])
-    git = [os.path.realpath(p) for p in git_paths(root)]
-    inside_git = [p for p in git if _inside(p, root)]
+    # The git metadata and the agent's own code as the agent found them (see git_paths and
+    # agent_code): never read again here, where a job may have rewritten a `.git` file.
+    git = [os.path.realpath(p) for p in spec["git"]]
+    protected = [os.path.realpath(p) for p in spec["protected"]]
     allowed: list[tuple[str, int]] = [(os.path.realpath(spec["temp"]), grant)]
     if spec["git_writable"]:
-        allowed.append((root, grant))
         allowed += [(p, grant) for p in git if not _inside(p, root)]
-    elif not inside_git or (not spec["entries"] and _enter_mount_namespace(inside_git)):
+    else:
+        protected += [p for p in git if _inside(p, root)]
+    if not protected or (not spec["entries"] and _enter_mount_namespace(protected)):
         allowed.append((root, grant))
     else:
-        # No mount namespace: every top-level entry but the git metadata, one by one. Symlinks are
-        # skipped (a rule would follow them out of the tree; their targets inside have their own).
-        dot_git = os.path.join(root, ".git")
-        with os.scandir(root) as it:
-            for entry in it:
-                if entry.path != dot_git and not entry.is_symlink():
-                    allowed.append((entry.path, grant if entry.is_dir(follow_symlinks=False) else grant & _FILE_RIGHTS))
+        # No mount namespace: rules on everything beside the protected places, one by one.
+        allowed += _rules_around(root, protected, grant)
     for dev in _DEVICES:
         allowed.append((dev, _FS_WRITE_FILE | (fs & _FS_TRUNCATE)))
     allowed += [(p, grant) for p in _SHARED]
@@ -485,6 +531,24 @@ def _drop_capabilities(libc) -> None:
     data = (_CapData * 2)()
     if libc.capset(ctypes.byref(header), data) != 0:
         _fail(f"cannot clear the capabilities: {os.strerror(ctypes.get_errno())}")
+
+
+def _rules_around(root: str, protected: list[str], grant: int) -> list[tuple[str, int]]:
+    """Rules for every entry beneath `root` except the protected places: an entry that holds one is
+    walked into, every other gets one rule for all beneath it. Symlinks are skipped (a rule would
+    follow them out of the tree; their targets inside have their own). Creating or removing an
+    entry directly in a directory on the way to a protected place is then refused (and asked)."""
+    out: list[tuple[str, int]] = []
+    with os.scandir(root) as it:
+        for entry in it:
+            if entry.is_symlink() or entry.path in protected:
+                continue
+            is_dir = entry.is_dir(follow_symlinks=False)
+            if is_dir and any(_inside(p, entry.path) for p in protected):
+                out += _rules_around(entry.path, protected, grant)
+            else:
+                out.append((entry.path, grant if is_dir else grant & _FILE_RIGHTS))
+    return out
 
 
 def _launch(argv: list[str]) -> None:

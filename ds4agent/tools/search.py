@@ -27,6 +27,7 @@ import shutil
 import stat
 import subprocess
 import sysconfig
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -37,6 +38,7 @@ from ds4agent.tools.context import ToolContext
 from ds4agent.tools.files import MAX_FILE_BYTES, line_text, split_lines
 from ds4agent.tools.regular import open_regular, read_bounded, refuse_unless_regular
 from ds4agent.tools.results import RESULT_CAP_BYTES, TextDisplay, ToolError, ToolResult
+from ds4agent.tools.sandbox import Boundary, availability, wrap
 
 MAX_DEPTH = 24
 MAX_SHOWN_CHARS = 400
@@ -221,11 +223,20 @@ class SearchTool:
         rg = find_rg()
         if rg is None:
             raise ToolError(RG_MISSING)
+        with tempfile.TemporaryDirectory(prefix="ds4agent-search-", dir=ctx.output_dir) as temp:
+            return self._run(ctx, rg, root, path, is_dir, query, pattern, context, limit, case, mode, temp)
+
+    def _run(self, ctx: ToolContext, rg: str, root: Path, path: str, is_dir: bool, query: str,
+             pattern: str | None, context: int, limit: int, case: bool, mode: str, temp: str) -> ToolResult:
+        # rg runs inside the same boundary as a bash job: the binary may lie where a job could
+        # have replaced it (a project venv in the tree, PATH), and it must then gain nothing a job
+        # does not have. It only reads, which the boundary leaves open.
+        confined = wrap([rg], Boundary(os.path.realpath(ctx.cwd), temp)) if availability().available else [rg]
         # How rg matches: the same for the tree and for a file re-searched from stdin (see _search).
         matching = ["--no-config", "--no-messages", "--crlf", "--encoding", "none", "--max-count", str(limit + 1),
                     "--case-sensitive" if case else "--ignore-case", *(["--fixed-strings"] if mode != "regex" else []),
                     "--regexp", query]
-        argv = [rg, *matching, *_RG_OUTPUT, "--with-filename", "--sort", "path", "--hidden",
+        argv = [*confined, *matching, *_RG_OUTPUT, "--with-filename", "--sort", "path", "--hidden",
                 "--max-filesize", str(MAX_FILE_BYTES), "--max-depth", str(MAX_DEPTH)]
         if is_dir:
             argv += [f"--glob=!{name}/" for name in sorted(SKIP_DIRS)]
@@ -236,7 +247,7 @@ class SearchTool:
         except OSError as exc:
             raise ToolError(f"{RG_MISSING} ({rg}: {exc.strerror})") from None
         try:
-            return self._search(ctx, run, [rg, *matching], str(root), path, is_dir, query, pattern, context,
+            return self._search(ctx, run, [*confined, *matching], str(root), path, is_dir, query, pattern, context,
                                 limit)
         finally:
             run.close()

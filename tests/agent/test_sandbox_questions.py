@@ -9,7 +9,7 @@ import pytest
 
 from ds4agent.agent import events as ev
 from ds4agent.tools import default_tools, sandbox
-from ds4agent.tools.permissions import GIT_METADATA_QUESTION
+from ds4agent.tools.permissions import git_metadata_question
 from tests.support.agent_harness import AgentHarness, of
 from tests.support.scripted_engine import reply
 
@@ -70,7 +70,7 @@ def test_git_commit_asks_about_metadata_once_for_the_session(tmp_path, monkeypat
                            tools=default_tools(), permission="ask", answer=_answers("s", "s"))
     evs = h.turn("commit")
     reqs = of(evs, ev.PermissionRequest)
-    assert [r.question for r in reqs][1:] == [GIT_METADATA_QUESTION]
+    assert [r.question for r in reqs][1:] == [git_metadata_question((str((work / ".git").resolve()),))]
     assert "hooks" in reqs[1].question and [k for k, _ in reqs[1].options] == ["y", "s", "n"]
     assert all(r.ok for r in of(evs, ev.ToolResult))
     log = subprocess.run(["git", "-C", str(work), "log", "--format=%s"], capture_output=True, text=True).stdout

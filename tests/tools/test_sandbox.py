@@ -11,12 +11,13 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from ds4agent.tools import ToolContext, run_tool, sandbox
-from ds4agent.tools.permissions import GIT_METADATA_QUESTION, PermissionPolicy
+from ds4agent.tools.permissions import PermissionPolicy, git_metadata_question
 
 pytestmark = pytest.mark.skipif(not sandbox.availability().available, reason="no OS sandbox on this machine")
 linux_only = pytest.mark.skipif(sandbox.availability().kind != "landlock", reason="Landlock (Linux) only")
@@ -153,8 +154,9 @@ def test_git_reads_work_and_a_commit_names_git_metadata(tree):
     assert result.sandbox_refusals and all(r.in_git for r in result.sandbox_refusals)
     assert "sandbox: the OS sandbox refused writing to " in result.text
     assert "git metadata (.git/) is read-only" in result.text
-    q = PermissionPolicy("ask").escalation("git commit", result.sandbox_refusals)
-    assert q is not None and q.title == GIT_METADATA_QUESTION and "hooks" in q.title
+    q = PermissionPolicy("ask").escalation("git commit", result.sandbox_refusals, sandbox.git_paths(str(work)))
+    assert q is not None and q.title == git_metadata_question((str(work / ".git"),)) and "hooks" in q.title
+    assert str(work / ".git") in q.title  # the question names what the grant opens
     assert q.session_label and q.scope == ("git",)
 
 
@@ -358,3 +360,100 @@ def test_a_job_holds_no_capability_and_makes_no_device_node(tree, monkeypatch, m
     assert not (work / "sub" / "nullish").exists() and not (work / "sub" / "disk").exists()
     # Ordinary work in the tree is untouched by the dropped privileges.
     assert "made" in result.text and os.access(work / "sub" / "d" / "f", os.X_OK)
+
+
+# --------------------------------------------------------------------------------------------------
+# Code the agent runs outside the sandbox is out of a job's reach
+
+
+@linux_only
+@pytest.mark.parametrize("mode", ["namespace", "entries", "git-granted"])
+def test_the_agents_own_code_in_the_tree_is_read_only_to_jobs(tree, monkeypatch, mode):
+    """A checkout of ds4agent, or a project venv holding it, inside the working tree: a job must
+    not rewrite what the agent itself runs next, unconfined."""
+    ctx, work, _ = tree
+    for rel in ("pkg/ds4agent/tools", ".venv/bin", "src/deep/venv/lib"):
+        (work / rel).mkdir(parents=True)
+    (work / "pkg/ds4agent/tools/sandbox.py").write_text("# launcher\n")
+    (work / ".venv/bin/rg").write_text("#!/bin/sh\n")
+    (work / "src/deep/fine").write_text("old\n")  # beside a protected place: edited in every mode
+    protected = (str(work / "pkg/ds4agent"), str(work / ".venv"), str(work / "src/deep/venv"))
+    monkeypatch.setattr(sandbox, "agent_code", lambda: protected)
+    if mode == "entries":
+        monkeypatch.setenv(sandbox.SWITCH, "entries")
+    if mode == "git-granted":
+        ctx.sandbox.git_writable = True
+    sandbox.availability.cache_clear()
+    sandbox.entries_only.cache_clear()
+    try:
+        _bash(ctx, "echo 'import os' >> pkg/ds4agent/tools/sandbox.py; echo x > .venv/bin/rg;"
+                   " rm -rf .venv/bin; mv pkg/ds4agent pkg/moved; echo y > src/deep/venv/lib/site.py")
+        result = _bash(ctx, "echo ok > src/deep/fine && mkdir -p sub/other && echo ok > sub/other/fine"
+                            " && echo ok > sub/fine && echo done")
+    finally:
+        monkeypatch.delenv(sandbox.SWITCH, raising=False)
+        sandbox.availability.cache_clear()
+        sandbox.entries_only.cache_clear()
+    assert (work / "pkg/ds4agent/tools/sandbox.py").read_text() == "# launcher\n"
+    assert (work / ".venv/bin/rg").read_text() == "#!/bin/sh\n"
+    assert not (work / "src/deep/venv/lib/site.py").exists() and not (work / "pkg/moved").exists()
+    assert "done" in result.text, result.text
+    assert all((work / rel).read_text() == "ok\n" for rel in ("src/deep/fine", "sub/other/fine", "sub/fine"))
+
+
+@linux_only
+def test_the_launcher_runs_the_text_read_at_start_not_the_file_as_it_is_now(tree, tmp_path, monkeypatch):
+    """The launcher's text is taken when the agent loads it: rewriting the file afterwards (a job in
+    a checkout of ds4agent) changes nothing about the next job's boundary."""
+    import importlib.util
+
+    ctx, work, outside = tree
+    copy = tmp_path / "copied_sandbox.py"
+    copy.write_text(Path(sandbox.__file__).read_text())
+    spec = importlib.util.spec_from_file_location("copied_sandbox", copy)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "copied_sandbox", module)
+    spec.loader.exec_module(module)
+    # The rewrite a job would make: the launcher leaves before building the boundary.
+    copy.write_text("import os, sys\nos.execv(sys.argv[-3], sys.argv[-3:])\n")
+    temp = tmp_path / "jobtemp"
+    temp.mkdir()
+    argv = module.wrap(["/bin/sh", "-c", "echo x > ../outside/escaped"], sandbox.Boundary(str(work), str(temp)))
+    assert str(copy) not in argv
+    subprocess.run(argv, cwd=work, check=False, capture_output=True)
+    assert not (outside / "escaped").exists()
+
+
+@linux_only
+def test_a_replaced_rg_runs_inside_the_sandbox(tree, monkeypatch):
+    from ds4agent.tools import search
+
+    ctx, work, outside = tree
+    fake = work / ".venv" / "bin" / "rg"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(f"#!/bin/sh\necho pwned > {outside}/from-rg\necho pwned > {work}/sub/from-rg\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(search, "find_rg", lambda: str(fake))
+    run_tool("search", {"query": "hello"}, ctx)
+    assert not (outside / "from-rg").exists()
+    assert (work / "sub" / "from-rg").read_text() == "pwned\n"  # it did run, confined like a job
+
+
+@linux_only
+def test_the_git_grant_keeps_the_git_directories_found_before_any_job(tmp_path):
+    """A job with git's grant rewrites `.git` into a file naming a directory outside (`gitdir:`):
+    the next granted job still gets only the git metadata the tree had."""
+    work, outside = tmp_path / "tree", tmp_path / "outside"
+    work.mkdir()
+    outside.mkdir()
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    ctx = ToolContext(cwd=work, output_dir=tmp_path)
+    try:
+        ctx.sandbox.git_writable = True
+        assert "exit_status=0" in _bash(ctx, f"rm -rf .git && printf 'gitdir: {outside}\\n' > .git").text
+        _bash(ctx, "echo x > ../outside/through-gitdir")
+    finally:
+        ctx.close()
+    assert not (outside / "through-gitdir").exists()
+    assert sandbox.git_paths(str(work)) == (str(work / ".git"),)

@@ -79,7 +79,7 @@ def test_a_slow_search_times_out_and_keeps_the_matches_found_before(call, ctx, t
     (ctx.cwd / "a.txt").write_text("plain words\n")
     events = tmp_path / "events"
     events.write_bytes(_records(ctx.cwd / "a.txt"))
-    pid = tmp_path / "pid"
+    pid = ctx.cwd / ".pid"  # rg runs inside the sandbox: it may write in the tree only
     monkeypatch.setattr(search, "find_rg", lambda: fake_rg(tmp_path, f"echo $$ > {pid}\ncat {events}\nexec sleep 60\n"))
     monkeypatch.setattr(search, "SEARCH_TIME_LIMIT", 0.5)
     with within(20):
@@ -100,7 +100,7 @@ def test_a_slow_search_with_nothing_found_is_a_timeout_error(call, ctx, tmp_path
 
 
 def test_an_interrupt_stops_a_running_search(call, ctx, tmp_path, monkeypatch, within):
-    started = tmp_path / "started"
+    started = ctx.cwd / ".started"  # rg runs inside the sandbox: it may write in the tree only
     monkeypatch.setattr(search, "find_rg", lambda: fake_rg(tmp_path, f"touch {started}\nexec sleep 60\n"))
     ctx.should_stop = lambda: started.exists()  # the user presses Esc once rg is running
     with within(20):
