@@ -19,6 +19,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -31,6 +32,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from ds4agent.tools.mcp.config import ServerConfig
+from ds4agent.tools.mcp.confine import confined_command
 from ds4agent.tools.mcp.model import McpCallError, RemoteTool, ServerState, ServerStatus
 from ds4agent.tools.results import TextDisplay, ToolResult, error_text
 
@@ -224,8 +226,8 @@ class Connection:
     async def serve(self) -> None:
         self.task = asyncio.current_task()
         config = self.config
-        params = StdioServerParameters(command=config.command, args=list(config.args),
-                                       env=dict(config.env) or None, cwd=self.cwd)
+        command, args, temp = confined_command(config, self.cwd)
+        params = StdioServerParameters(command=command, args=args, env=dict(config.env) or None, cwd=self.cwd)
         try:
             if self.log_path is not None:
                 self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -250,6 +252,8 @@ class Connection:
             if self.state in (ServerState.STARTING, ServerState.READY):
                 self.state = ServerState.STOPPED
             self.started.set()
+            if temp is not None:
+                shutil.rmtree(temp, ignore_errors=True)
 
     async def _list_tools(self, client: Client) -> tuple[RemoteTool, ...]:
         found: list[RemoteTool] = []
