@@ -44,6 +44,7 @@ from ds4agent.sessions.checkpoints import CodeCheckpoints
 from ds4agent.tools import Tool, ToolContext, attach, default_tools, run_tool
 from ds4agent.tools.mcp import McpConfig, McpServers, missing_tool_text
 from ds4agent.tools.permissions import PermissionPolicy
+from ds4agent.tools.sandbox_settings import SandboxSettingsError, load_allowed_sockets
 
 if TYPE_CHECKING:  # the engine and the store are handed in; only their types are needed here
     from ds4agent.engine import Engine, Session, SnapshotStore
@@ -143,6 +144,10 @@ class Worker:
 
     def _startup(self) -> bool:
         self.trace = Trace(self.settings.trace, on_error=lambda m: self.io.emit(ev.Notice(m, "warning")))
+        try:
+            self.tool_ctx.sockets = load_allowed_sockets()
+        except SandboxSettingsError as err:
+            self.io.emit(ev.Notice(f"{err}; jobs reach no Unix socket outside the tree", "warning"))
         self.trace.line("worker start")
         # Asked before the model loads; the servers then start while it loads.
         mcp_glue.start(self)

@@ -251,7 +251,7 @@ class BashTool:
             raise ToolError("empty command")
         timeout = arg_float(args, "timeout_sec", DEFAULT_TIMEOUT, 1.0, 86400.0)
         refresh = arg_float(args, "refresh_sec", DEFAULT_REFRESH, 1.0, 3600.0)
-        job = ctx.jobs.start(command, str(ctx.cwd), timeout, temp_dir(ctx), str(ctx.cwd), ctx.sandbox)
+        job = ctx.jobs.start(command, str(ctx.cwd), timeout, temp_dir(ctx), str(ctx.cwd), ctx.sandbox, ctx.sockets)
         wait_job(job, refresh, ctx.should_stop)
         return observe(job, ctx.jobs)
 

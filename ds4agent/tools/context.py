@@ -85,6 +85,8 @@ class ToolContext:
     jobs: JobTable = field(default_factory=JobTable)
     # What the user allowed bash jobs beyond the sandbox's boundary (tools/sandbox.py).
     sandbox: Grants = field(default_factory=Grants)
+    # The Unix sockets outside the tree the user allowed jobs to reach (tools/sandbox_settings.py).
+    sockets: tuple[str, ...] = ()
     # Told of every file write/edit after it succeeded: (absolute path, content before or None
     # when the file did not exist, content written). The agent's code checkpoints listen here.
     on_write: Callable[[str, bytes | None, bytes], None] | None = None

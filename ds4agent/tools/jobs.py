@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ds4agent.tools.sandbox import Boundary, Grants, availability, wrap
+from ds4agent.tools.sandbox_settings import job_environment
 
 POLL_SEC = 0.1
 STOP_GRACE_SEC = 1.0
@@ -250,9 +251,10 @@ class JobTable:
         self._lock = threading.Lock()
 
     def start(self, command: str, cwd: str, timeout: float, out_dir: str, root: str,
-              grants: Grants | None = None) -> Job:
+              grants: Grants | None = None, sockets: tuple[str, ...] = ()) -> Job:
         """Start `command` in `cwd` inside the sandbox around `root` (outside it only when the
-        grants hold a one-time permission for it)."""
+        grants hold a one-time permission for it); `sockets`: the Unix sockets outside the tree
+        the user allowed jobs to reach."""
         grants = grants if grants is not None else Grants()
         fd, path = tempfile.mkstemp(prefix="ds4agent-bash-", suffix=".log", dir=out_dir)
         temp = tempfile.mkdtemp(prefix="ds4agent-job-", dir=out_dir)
@@ -261,11 +263,11 @@ class JobTable:
         boundary = None
         git = grants.take_git()
         if availability().available and not grants.take_outside_once():
-            boundary = Boundary(os.path.realpath(root), temp, git)
+            boundary = Boundary(os.path.realpath(root), temp, git, sockets)
             argv = wrap(argv, boundary)
         read_fd, write_fd = os.pipe()
         try:
-            env = {**os.environ, **_QUIET_ENV, "TMPDIR": temp, JOB_TAG: tag}
+            env = {**job_environment(os.environ, sockets), **_QUIET_ENV, "TMPDIR": temp, JOB_TAG: tag}
             proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,

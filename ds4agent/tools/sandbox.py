@@ -54,6 +54,7 @@ import errno
 import json
 import os
 import re
+import stat
 import sys
 from dataclasses import dataclass
 from functools import cache
@@ -111,11 +112,13 @@ _SHARED = ("/dev/shm",)
 @dataclass(frozen=True)
 class Boundary:
     """What one job may write: beneath `root` (but its git metadata only when `git_writable`), and
-    beneath `temp`."""
+    beneath `temp`; the Unix sockets it may connect to besides those there (`sockets`, the user's
+    allow-list)."""
 
     root: str
     temp: str
     git_writable: bool = False
+    sockets: tuple[str, ...] = ()
 
 
 @dataclass
@@ -211,7 +214,8 @@ def wrap(argv: list[str], boundary: Boundary) -> list[str]:
     if avail.kind == "landlock":
         root = os.path.realpath(boundary.root)
         spec = {"root": root, "temp": boundary.temp, "git_writable": boundary.git_writable,
-                "entries": entries_only(), "git": list(git_paths(root)), "protected": list(agent_code_in(root))}
+                "entries": entries_only(), "git": list(git_paths(root)), "protected": list(agent_code_in(root)),
+                "sockets": [os.path.realpath(p) for p in boundary.sockets]}
         return [*_launcher(), json.dumps(spec), "--", *argv]
     return list(argv)
 
@@ -448,6 +452,87 @@ def _enter_mount_namespace(protected: list[str]) -> bool:
     return True
 
 
+def _unix_socket_paths() -> list[str]:
+    """The paths of the Unix sockets bound on this machine (its network namespace), from
+    /proc/net/unix (last column; abstract names start with '@' and are Landlock's to scope)."""
+    try:
+        with open("/proc/net/unix", encoding="utf-8", errors="replace") as f:
+            lines = f.read(1 << 22).splitlines()[1:]
+    except OSError:
+        return []
+    paths = {parts[-1] for parts in (line.split() for line in lines) if len(parts) >= 8}
+    return sorted(p for p in paths if p.startswith("/"))
+
+
+def _mask_sockets(reachable: list[str], temp: str) -> None:
+    """Hide, in the job's mount namespace, every bound Unix socket outside the tree, the job's temp
+    dir and the user's allowed sockets: an empty file is bound over it, so connect() finds no
+    socket there (ECONNREFUSED). A tmux, screen, docker, D-Bus or ssh-agent socket reached from a
+    job would run commands or reach secrets outside the boundary. Sockets that appear after the
+    job started are not hidden (a job cannot create one outside the tree itself)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    mount = libc.mount
+    mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+    blank = os.path.join(temp, ".masked-socket")
+    os.close(os.open(blank, os.O_CREAT | os.O_WRONLY, 0o400))
+    for path in _unix_socket_paths():
+        try:
+            real = os.path.realpath(path)
+            if any(_inside(real, r) for r in reachable) or not stat.S_ISSOCK(os.lstat(real).st_mode):
+                continue
+        except OSError:
+            continue  # gone, or in a directory this user cannot see into: unreachable anyway
+        if mount(blank.encode(), real.encode(), None, _MS_BIND, None) != 0:
+            _fail(f"cannot hide the socket {real}: {os.strerror(ctypes.get_errno())}")
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+# seccomp: (audit arch, socket's syscall number there); i386 reaches sockets through socketcall.
+_SECCOMP_ARCHES = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}
+_AUDIT_ARCH_I386, _NR_SOCKETCALL_I386 = 0x40000003, 102
+_X32_BIT = 0x40000000
+_AF_UNIX = 1
+
+
+def _refuse_unix_sockets() -> None:
+    """Without a mount namespace sockets cannot be hidden one by one: creating a Unix socket is
+    refused altogether (EACCES) by a seccomp filter, unless the user allowed sockets (then all stay
+    open, as the README says). socketpair() (anonymous, in-process pairs) stays allowed."""
+    arch = _SECCOMP_ARCHES.get(os.uname().machine)
+    if arch is None:
+        return  # no filter written for this architecture: the README names the limit
+    audit, nr_socket = arch
+    ld_abs, jeq, ret = 0x20, 0x15, 0x06
+    allow, deny = 0x7FFF0000, 0x00050000 | errno.EACCES
+    prog = [
+        (ld_abs, 0, 0, 4),  # arch
+        (jeq, 2, 0, _AUDIT_ARCH_I386),
+        (jeq, 3, 0, audit),
+        (ret, 0, 0, allow),
+        (ld_abs, 0, 0, 0),  # i386: no socketcall at all
+        (jeq, 6, 5, _NR_SOCKETCALL_I386),
+        (ld_abs, 0, 0, 0),  # native: socket(AF_UNIX, ...) (x32 numbers too)
+        (jeq, 1, 0, nr_socket),
+        (jeq, 0, 2, nr_socket | _X32_BIT),
+        (ld_abs, 0, 0, 16),  # args[0], low word
+        (jeq, 1, 0, _AF_UNIX),
+        (ret, 0, 0, allow),
+        (ret, 0, 0, deny),
+    ]
+    filters = (_SockFilter * len(prog))(*(_SockFilter(*f) for f in prog))
+    fprog = _SockFprog(len(prog), filters)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:
+        _fail(f"cannot install the socket filter: {os.strerror(ctypes.get_errno())}")
+
+
 def _apply_landlock(spec: dict) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
@@ -466,11 +551,15 @@ def _apply_landlock(spec: dict) -> None:
         allowed += [(p, grant) for p in git if not _inside(p, root)]
     else:
         protected += [p for p in git if _inside(p, root)]
-    if not protected or (not spec["entries"] and _enter_mount_namespace(protected)):
+    reachable = [root, os.path.realpath(spec["temp"]), *spec.get("sockets", ())]
+    if not spec["entries"] and _enter_mount_namespace(protected):
         allowed.append((root, grant))
+        _mask_sockets(reachable, os.path.realpath(spec["temp"]))
     else:
         # No mount namespace: rules on everything beside the protected places, one by one.
-        allowed += _rules_around(root, protected, grant)
+        allowed += _rules_around(root, protected, grant) if protected else [(root, grant)]
+        if not spec.get("sockets"):
+            _refuse_unix_sockets()
     for dev in _DEVICES:
         allowed.append((dev, _FS_WRITE_FILE | (fs & _FS_TRUNCATE)))
     allowed += [(p, grant) for p in _SHARED]

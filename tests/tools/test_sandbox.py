@@ -457,3 +457,84 @@ def test_the_git_grant_keeps_the_git_directories_found_before_any_job(tmp_path):
         ctx.close()
     assert not (outside / "through-gitdir").exists()
     assert sandbox.git_paths(str(work)) == (str(work / ".git"),)
+
+
+# --------------------------------------------------------------------------------------------------
+# Unix sockets outside the tree: refused unless the user allowed them
+
+
+@pytest.fixture
+def socket_server(tmp_path):
+    """A Unix socket server outside the tree (a stand-in for tmux, docker or an ssh agent): every
+    connection it accepts is recorded."""
+    import socket
+    import threading
+
+    path = tmp_path / "outside-sockets" / "server.sock"
+    path.parent.mkdir()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(8)
+    server.settimeout(0.2)
+    accepted: list[bytes] = []
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except (TimeoutError, OSError):
+                continue
+            with conn:
+                conn.settimeout(2)
+                try:
+                    accepted.append(conn.recv(100))
+                except OSError:
+                    accepted.append(b"")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield path, accepted
+    stop.set()
+    thread.join(5)
+    server.close()
+
+
+_CONNECT = ("python3 -c \"import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+            "s.sendall(b'hello'); print('connected')\" {}")
+
+
+@linux_only
+@pytest.mark.parametrize("mode", ["namespace", "entries"])
+def test_a_job_cannot_reach_a_unix_socket_outside_unless_allowed(tree, monkeypatch, socket_server, mode):
+    ctx, work, _ = tree
+    path, accepted = socket_server
+    if mode == "entries":
+        monkeypatch.setenv(sandbox.SWITCH, "entries")
+    sandbox.availability.cache_clear()
+    sandbox.entries_only.cache_clear()
+    try:
+        refused = _bash(ctx, _CONNECT.format(path))
+        # In the tree a job's own sockets work (a test suite's local server, in namespace mode).
+        local = _bash(ctx, "python3 -c \"import socket; a,b=socket.socketpair(); a.send(b'x'); print(b.recv(1))\"")
+        ctx.sockets = (str(path),)
+        allowed = _bash(ctx, _CONNECT.format(path))
+    finally:
+        monkeypatch.delenv(sandbox.SWITCH, raising=False)
+        sandbox.availability.cache_clear()
+        sandbox.entries_only.cache_clear()
+    assert "connected" not in refused.text and "exit_status=1" in refused.text, refused.text
+    assert "b'x'" in local.text
+    assert "connected" in allowed.text, allowed.text
+    assert accepted == [b"hello"]  # only the allowed job's connection reached the server
+
+
+def test_multiplexer_and_agent_variables_leave_the_job_environment(tree, monkeypatch):
+    ctx, _, _ = tree
+    monkeypatch.setenv("TMUX", "/tmp/tmux-0/default,123,0")
+    monkeypatch.setenv("SSH_AUTH_SOCK", "/tmp/ssh-x/agent.1")
+    monkeypatch.setenv("DOCKER_HOST", "unix:///run/docker.sock")
+    result = _bash(ctx, "echo T=${TMUX-unset} S=${SSH_AUTH_SOCK-unset} D=${DOCKER_HOST-unset}")
+    assert "T=unset S=unset D=unset" in result.text
+    ctx.sockets = ("/tmp/ssh-x/agent.1",)
+    assert "S=/tmp/ssh-x/agent.1" in _bash(ctx, "echo S=${SSH_AUTH_SOCK-unset}").text

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ds4agent.fsutil import atomic_write
+from ds4agent.tools.userdirs import default_config_dir
 
 PROJECT_FILE = ".mcp.json"
 USER_FILE = "mcp.json"
@@ -87,12 +88,6 @@ class McpConfig:
         if use_project and self.project is not None:
             table.update({s.name: s for s in self.project.servers})  # the project wins a clash
         return [table[name] for name in sorted(table)]
-
-
-def default_config_dir() -> Path:
-    import platformdirs
-
-    return Path(platformdirs.user_config_dir("ds4agent"))
 
 
 def default_log_dir() -> Path:
