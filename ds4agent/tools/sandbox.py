@@ -452,6 +452,65 @@ def _enter_mount_namespace(protected: list[str]) -> bool:
     return True
 
 
+# File systems whose remount a user namespace may be refused and that hold no user files.
+_PSEUDO_FS = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "devpts", "mqueue", "securityfs", "debugfs",
+                        "tracefs", "pstore", "bpf", "configfs", "fusectl", "binfmt_misc", "hugetlbfs", "nsfs"})
+
+
+def _mount_points() -> list[tuple[str, str]]:
+    """(mount point, file system type) of every mount in this namespace, from mountinfo."""
+    out = []
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            fields = line.split()
+            sep = fields.index("-")
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+            out.append((point, fields[sep + 1]))
+    return out
+
+
+def _read_only_elsewhere(writable: list[str]) -> None:
+    """Make every mount read-only in the job's namespace except the places a job may write (each
+    bound over itself first, so it is a mount of its own that keeps its rights). Landlock has no
+    right for chmod, chown, utimes or extended attributes: without this a job could set the setuid
+    bit on, or back-date, any file outside the tree it owns. Refused, it gets EROFS ("Read-only
+    file system"), which the refusal reader names like any other refusal."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    mount = libc.mount
+    mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+    keep_open = []
+    for path in writable:
+        try:
+            real = os.path.realpath(path)
+        except OSError:
+            continue
+        if not os.path.isdir(real) or any(_inside(real, k) for k in keep_open):
+            continue
+        if mount(real.encode(), real.encode(), None, _MS_BIND | _MS_REC, None) != 0:
+            _fail(f"cannot bind {real}: {os.strerror(ctypes.get_errno())}")
+        keep_open.append(real)
+    for point, fstype in _mount_points():
+        if any(_inside(point, k) for k in keep_open):
+            continue
+        try:
+            f = os.statvfs(point).f_flag
+        except OSError:
+            continue  # hidden under another mount: nothing reaches it
+        if f & os.ST_RDONLY:
+            continue
+        keep = f & (_MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_NOATIME | _MS_NODIRATIME)
+        keep |= _MS_RELATIME if f & _ST_RELATIME else 0
+        if mount(None, point.encode(), None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | keep, None) != 0:
+            if fstype not in _PSEUDO_FS:
+                _fail(f"cannot make {point} read-only: {os.strerror(ctypes.get_errno())}")
+    # The working directory was entered before the binds: through the old (now read-only) mount.
+    # Entered again by its name, it resolves through the bind.
+    try:
+        os.chdir(os.getcwd())
+    except OSError:
+        pass
+
+
 def _unix_socket_paths() -> list[str]:
     """The paths of the Unix sockets bound on this machine (its network namespace), from
     /proc/net/unix (last column; abstract names start with '@' and are Landlock's to scope)."""
@@ -554,6 +613,7 @@ def _apply_landlock(spec: dict) -> None:
     reachable = [root, os.path.realpath(spec["temp"]), *spec.get("sockets", ())]
     if not spec["entries"] and _enter_mount_namespace(protected):
         allowed.append((root, grant))
+        _read_only_elsewhere([path for path, _ in allowed if os.path.isdir(path)] + list(_SHARED))
         _mask_sockets(reachable, os.path.realpath(spec["temp"]))
     else:
         # No mount namespace: rules on everything beside the protected places, one by one.

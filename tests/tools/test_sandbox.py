@@ -538,3 +538,34 @@ def test_multiplexer_and_agent_variables_leave_the_job_environment(tree, monkeyp
     assert "T=unset S=unset D=unset" in result.text
     ctx.sockets = ("/tmp/ssh-x/agent.1",)
     assert "S=/tmp/ssh-x/agent.1" in _bash(ctx, "echo S=${SSH_AUTH_SOCK-unset}").text
+
+
+# --------------------------------------------------------------------------------------------------
+# Metadata outside the tree: modes, times, extended attributes
+
+
+def _metadata(path: Path) -> tuple:
+    st = os.lstat(path)
+    try:
+        attrs = sorted(os.listxattr(path))
+    except OSError:
+        attrs = []
+    return st.st_mode, st.st_mtime_ns, st.st_uid, attrs
+
+
+@linux_only
+@pytest.mark.parametrize("mode", ["namespace", "git-granted"])
+def test_a_job_changes_no_metadata_outside_the_tree(tree, monkeypatch, mode):
+    ctx, work, outside = tree
+    if mode == "git-granted":
+        ctx.sandbox.git_writable = True
+    target = outside / "existing"
+    before = _metadata(target), _metadata(outside)
+    result = _bash(ctx, "chmod u+s,g+w ../outside/existing; chmod 777 ../outside; touch -d 2001-01-01 ../outside/existing;"
+                        " python3 -c \"import os; os.setxattr('../outside/existing', 'user.x', b'1')\";"
+                        " chown nobody ../outside/existing;"
+                        " echo x > mine && chmod +x mine && touch -d 2001-01-01 mine && mkdir -p made && echo done")
+    assert (_metadata(target), _metadata(outside)) == before
+    assert "Read-only file system" in result.text  # what a refused job is told
+    assert "done" in result.text and os.access(work / "mine", os.X_OK)
+    assert (work / "mine").stat().st_mtime < 10**9 + 10**8  # 2001: times in the tree can be set
