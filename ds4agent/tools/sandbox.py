@@ -335,6 +335,7 @@ def seatbelt_profile(boundary: Boundary) -> str:
 _QUOTED = re.compile(r"'([^'\n]+)'|\"([^\"\n]+)\"|‘([^’\n]+)’|`([^'`\n]+)'")
 _REASONS = r"(?:Permission denied|Operation not permitted|Read-only file system|Invalid cross-device link)"
 _DENIED = re.compile(_REASONS)
+_WRITE_REFUSED = re.compile(r"(?:Read-only file system|Invalid cross-device link)")
 # An unquoted path is taken only right before the reason ("cannot create ../x: Permission denied").
 _BARE = re.compile(r"(?:^|\s)([^\s:'\"‘’`]+): " + _REASONS)
 _MAX_LINES = 2000
@@ -348,14 +349,20 @@ def mentions_refusal(output: str) -> bool:
 def refusals(output: str, cwd: str, boundary: Boundary) -> list[Refusal]:
     """The paths the output reports refused that the boundary forbids writing (so the sandbox, not
     the file's own permissions, said no). Read from the text: the kernel leaves no other trace an
-    unprivileged process can read. A path the boundary allows is never reported."""
+    unprivileged process can read. A path the boundary allows is never reported.
+
+    With a mount namespace every refused write says "Read-only file system" (or "Invalid
+    cross-device link" for a rename), since everything a job may not write is mounted read-only:
+    "Permission denied" there is a read the file's own permissions refused, not the sandbox, and
+    asking to run the command outside the sandbox would not help."""
     found: dict[str, Refusal] = {}
     root = os.path.realpath(boundary.root)
     git = [os.path.realpath(p) for p in git_paths(root)] if not boundary.git_writable else []
+    reasons = _DENIED if entries_only() else _WRITE_REFUSED
     for n, line in enumerate(output.splitlines()):
         if n >= _MAX_LINES:
             break
-        if not _DENIED.search(line):
+        if not reasons.search(line):
             continue
         candidates = [next(g for g in m.groups() if g) for m in _QUOTED.finditer(line)]
         # A bare word at the very start of the line is the program reporting ("sh: x: ...").
@@ -363,8 +370,11 @@ def refusals(output: str, cwd: str, boundary: Boundary) -> list[Refusal]:
         for text in candidates:
             if text.startswith("[Errno"):
                 continue
-            path = os.path.normpath(os.path.join(cwd, os.path.expanduser(text)))
-            resolved = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+            try:
+                path = os.path.normpath(os.path.join(cwd, os.path.expanduser(text)))
+                resolved = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+            except (OSError, ValueError):
+                continue  # a path this process may not resolve (/proc/N/root of another user's process)
             in_git = any(_inside(resolved, g) or _inside(path, g) for g in git)
             if in_git or not _writable(resolved, boundary, root):
                 found.setdefault(path, Refusal(path, in_git))

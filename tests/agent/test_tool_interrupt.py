@@ -14,7 +14,9 @@ from tests.support.scripted_engine import reply
 
 
 def test_interrupt_stops_a_running_search(tmp_path, monkeypatch):
-    started = tmp_path / "started"
+    # rg runs inside the sandbox: it may write in the working tree only.
+    (tmp_path / "work").mkdir(exist_ok=True)
+    started = tmp_path / "work" / ".started"
     slow_rg = tmp_path / "slow-rg"  # a stand-in for rg on a tree that takes minutes
     slow_rg.write_text(f"#!/bin/sh\ntouch {started}\nexec sleep 60\n")
     slow_rg.chmod(slow_rg.stat().st_mode | stat.S_IXUSR)

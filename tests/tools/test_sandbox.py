@@ -257,7 +257,9 @@ def test_seatbelt_profile_for_a_linked_worktree_names_its_git_dirs(tmp_path):
     assert f'(subpath "{os.path.realpath(main / ".git")}")' in granted
 
 
-def test_refusals_read_the_usual_messages(tmp_path):
+def test_refusals_read_the_usual_messages(tmp_path, monkeypatch):
+    """Without a mount namespace Landlock refuses with EACCES/EPERM, so those name refusals."""
+    monkeypatch.setattr(sandbox, "entries_only", lambda: True)
     b = sandbox.Boundary(str(tmp_path), "/tmp/job")
     out = ("/bin/sh: 1: cannot create ../elsewhere/a: Permission denied\n"
            "touch: cannot touch '/etc/b': Permission denied\n"
@@ -266,6 +268,35 @@ def test_refusals_read_the_usual_messages(tmp_path):
            "cp: cannot create regular file ‘/opt/d’: Operation not permitted\n")
     got = [r.path for r in sandbox.refusals(out, str(tmp_path), b)]
     assert got == [os.path.normpath(tmp_path / ".." / "elsewhere" / "a"), "/etc/b", "/usr/c", "/opt/d"]
+
+
+def test_with_a_mount_namespace_only_read_only_errors_are_refusals(tmp_path, monkeypatch):
+    """There a refused write says EROFS; "Permission denied" is a read the file's mode refused
+    (no question to run it outside), and an unresolvable /proc path is no error."""
+    monkeypatch.setattr(sandbox, "entries_only", lambda: False)
+    b = sandbox.Boundary(str(tmp_path), "/tmp/job")
+    out = ("cat: /root/secret: Permission denied\n"
+           "ls: cannot access '/proc/1/root/etc': Permission denied\n"
+           "grep: /proc/1/root/etc/shadow: Read-only file system\n"
+           "/bin/sh: 1: cannot create ../elsewhere/a: Read-only file system\n"
+           "mv: cannot move 'x' to '/opt/y': Invalid cross-device link\n")
+    got = [r.path for r in sandbox.refusals(out, str(tmp_path), b)]
+    assert got[-2:] == [os.path.normpath(tmp_path / ".." / "elsewhere" / "a"), "/opt/y"]
+    assert "/root/secret" not in got
+
+
+@linux_only
+def test_a_read_refused_by_a_files_mode_asks_nothing(tree):
+    ctx, work, outside = tree
+    secret = work.parent / "secrets" / "secret"
+    secret.parent.mkdir()
+    secret.write_text("s")
+    secret.chmod(0)
+    os.chown(secret, 65534, 65534)  # another user's file: unreadable without capabilities
+    result = _bash(ctx, f"cat {secret}; ls /proc/1/root/ > /dev/null")
+    assert "Permission denied" in result.text
+    assert result.sandbox_refusals == () or list(result.sandbox_refusals) == []
+    assert "Tool error" not in result.text
 
 
 @linux_only
