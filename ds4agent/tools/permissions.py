@@ -62,6 +62,8 @@ READ_ONLY_REFUSAL = "is not allowed in read-only mode"  # in every read-only ref
 FILE_TOOLS = frozenset({"write", "edit"})
 ASKING_TOOLS = FILE_TOOLS | {"bash"}
 MAX_SCANNED_COMMAND = 64 * 1024  # longer commands are asked about as they are, never read
+
+
 def git_metadata_question(git_dirs: tuple[str, ...] = ()) -> str:
     """The question that lets git write its metadata: it names the directories the grant opens
     (found when the session's first job started, never from what a job wrote since)."""
@@ -192,8 +194,8 @@ class PermissionPolicy:
                                     f"({type(err).__name__}: {err})")
 
     def _decide(self, tool_name: str, args: Mapping[str, Any], ctx: ToolContext) -> Decision:
-        if tool_name not in ASKING_TOOLS or self.mode == "auto":
-            return ALLOW
+        if tool_name not in ASKING_TOOLS or (self.mode == "auto" and tool_name == "bash"):
+            return ALLOW  # (auto: bash jobs are held by the sandbox alone)
         if self.mode == "read-only":
             if tool_name == "bash":
                 return Decision("deny", f"bash {READ_ONLY_REFUSAL}: no commands can be run in "
@@ -249,7 +251,8 @@ class PermissionPolicy:
         in_git = not outside and ".git" in os.path.relpath(target, root).split(os.sep)
         # The tool holds its run to what is judged here: this real path (a directory swapped for a
         # link afterwards cannot move the write elsewhere) and, when asked, the diff shown.
-        if tool_name in self.allowed_tools and not outside and not in_git:
+        # Outside the tree and in .git/ every mode asks: no sandbox holds the file tools there.
+        if (self.mode == "auto" or tool_name in self.allowed_tools) and not outside and not in_git:
             approve(ctx, tool_name, args, target)
             return ALLOW
         try:

@@ -10,10 +10,24 @@ def test_reading_tools_never_ask(mode, tool, ctx):
     assert PermissionPolicy(mode).check(tool, {"path": "/etc/passwd"}, ctx).kind == "allow"
 
 
-def test_auto_allows_everything(ctx):
+def test_auto_allows_bash_and_file_changes_in_the_tree(ctx):
     p = PermissionPolicy("auto")
     assert p.check("bash", {"command": "rm -rf build"}, ctx).allowed
-    assert p.check("write", {"path": "/tmp/elsewhere.txt", "content": "x"}, ctx).allowed
+    assert p.check("write", {"path": "notes/new.txt", "content": "x"}, ctx).allowed
+    (ctx.cwd / "a.txt").write_text("one\n")
+    assert p.check("edit", {"path": "a.txt", "old": "one", "new": "two"}, ctx).allowed
+
+
+@pytest.mark.parametrize("mode", ["ask", "auto"])
+@pytest.mark.parametrize("where", ["~/.bashrc", "../x", "/tmp/elsewhere.txt", ".git/hooks/pre-commit",
+                                   "sub/../.git/config"])
+def test_file_changes_outside_the_tree_or_in_git_ask_in_every_mode(ctx, mode, where):
+    """No sandbox holds the file tools: outside the tree and in .git/ (hooks run code) the user is
+    asked, in auto mode too, and the question offers no session-wide answer."""
+    (ctx.cwd / ".git" / "hooks").mkdir(parents=True, exist_ok=True)
+    d = PermissionPolicy(mode).check("write", {"path": where, "content": "x"}, ctx)
+    assert d.kind == "ask" and d.question is not None
+    assert d.question.session_label is None and d.question.scope == ()
 
 
 def test_read_only_refuses_writes_and_bash(ctx):
