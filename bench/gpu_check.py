@@ -112,7 +112,7 @@ def agreement(path: Path, device: str, n: int) -> dict[str, float]:
     agreement, max |dlogit| / max |logit|, how many positions exceed the bound, and at how many
     some layer routed to other experts (a near-tie the f32 arithmetic decided the other way:
     such a position's logits move by far more than rounding; it is reported, not hidden)."""
-    ref_engine = _load(path, "cpu", "cpu", ctx=max(256, 2 * n))
+    ref_engine = _load(path, "cpu", "reference", ctx=max(256, 2 * n))
     toks = _prompt(ref_engine.config.vocab, n)
     ref, ref_experts = _traced(ref_engine, toks)
     del ref_engine

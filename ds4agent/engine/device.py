@@ -20,7 +20,7 @@ import mlx.core as mx
 from .errors import EngineError
 
 CHOICES = ("cpu", "gpu")
-KERNEL_SETS = ("cpu", "gpu")
+KERNEL_SETS = ("reference", "cpu", "gpu")
 # Diagnostic switch: which kernel set graphs are built from, whatever the device (CI runs the GPU
 # kernel set on the CPU device to check its agreement with the reference without a GPU).
 KERNELS_ENV = "DS4AGENT_KERNELS"
@@ -81,29 +81,33 @@ def choose_device(requested: str | None = None) -> Device:
 
 
 def kernel_set() -> str:
-    """"cpu" or "gpu": the kernel set the engine builds its graphs from.
+    """"reference", "cpu" or "gpu": the kernel set the engine builds its graphs from.
 
-    cpu: the bit-exact reference (in-order sums, float64 norm accumulation, host-side expert
-    kernels that read the selected ids); the default on the CPU device. gpu: MLX's native kernels
-    (mx.fast norms, F16 matrices as F16, fused elementwise chains, routed experts resident on the
-    device and selected by device ids, no device->host read inside a decoded token); the default
-    on a GPU, agreeing with the reference within the stated tolerances
-    (tests/engine/test_gpu_kernels.py). `DS4AGENT_KERNELS=cpu|gpu` overrides the choice.
+    reference: the bit-exact CPU path (in-order f32 sums, float64 norm accumulation, host-side
+    expert kernels that read the selected ids): the oracle, chunk-invariance and exact-resume
+    tests run on it (docs/numerics.md). cpu: the fast CPU set, the default on the CPU device:
+    the reference's graph with its Q8_0 products on compiled kernels that round a decoded token's
+    activations to 8 bits and sum integers, and batch a prefill chunk (q8_product.py; its
+    contract: docs/numerics-fast-cpu.md). gpu: MLX's native kernels (mx.fast norms, F16 matrices
+    as F16, fused elementwise chains, routed experts resident on the device and selected by
+    device ids, no device->host read inside a decoded token); the default on a GPU, agreeing with
+    the reference within the stated tolerances (tests/engine/test_gpu_kernels.py).
+    `DS4AGENT_KERNELS=reference|cpu|gpu` overrides the choice (a diagnostic switch).
 
-    Read on every call (a dict lookup): weights take their stored form from it when they are
-    built, ops pick their kernels from it as a graph is built, so set it before loading.
+    Read when weights are built (they take their stored form and kernels from it) and as graphs
+    are built, so set it before loading.
     """
     forced = os.environ.get(KERNELS_ENV, "").strip().lower()
     if forced:
         if forced not in KERNEL_SETS:
-            raise EngineError(f"{KERNELS_ENV} must be cpu or gpu, not {forced!r}")
+            raise EngineError(f"{KERNELS_ENV} must be one of {', '.join(KERNEL_SETS)}, not {forced!r}")
         return forced
     return "cpu" if mx.default_device() == mx.cpu else "gpu"
 
 
 @contextlib.contextmanager
 def forced_kernel_set(name: str) -> Iterator[None]:
-    """Run a block with KERNELS_ENV set to `name` ("cpu" or "gpu") and put the caller's value
+    """Run a block with KERNELS_ENV set to `name` (one of KERNEL_SETS) and put the caller's value
     back after it: how benchmarks and tests build one engine on each kernel set in one process."""
     old = os.environ.get(KERNELS_ENV)
     os.environ[KERNELS_ENV] = name
@@ -119,6 +123,11 @@ def forced_kernel_set(name: str) -> Iterator[None]:
 def gpu_kernels() -> bool:
     """Whether graphs are built from the GPU kernel set (see kernel_set)."""
     return kernel_set() == "gpu"
+
+
+def fast_cpu_kernels() -> bool:
+    """Whether quantised products take the fast CPU set's compiled kernels (see kernel_set)."""
+    return kernel_set() == "cpu"
 
 
 def use_device(requested: str | None = None) -> Device:

@@ -59,6 +59,7 @@ from .experts.base import dense_experts, quant_experts
 from .gguf import GGML_TYPE_IDS
 from .hostread import to_int
 from .layout import tensor_table
+from .q8_product import Q8Product
 
 # Quantised products on CPU run one MLX op per CPU stream over a slice of the output rows (see
 # device.cpu_streams): a single quantized_matmul uses one core. Slicing output rows changes no
@@ -85,7 +86,9 @@ class Linear:
     for it). The stored form is evaluated at construction, so a loader holds at most one
     tensor's conversion temporaries at a time (not the whole model's graph).
     Quantised: `(wq, scales, biases)` of MLX affine 8-bit, group 32 (exact image of Q8_0,
-    model.md §7), multiplied with `mx.quantized_matmul` on f32 activations.
+    model.md §7), multiplied with `mx.quantized_matmul` on f32 activations, or, on the fast CPU
+    kernel set, by compiled kernels reading the same arrays (q8_product.py;
+    docs/numerics-fast-cpu.md).
 
     The GPU kernel set (device.kernel_set) widens an F16 matrix once, here, and keeps it as f32:
     a decoded token then reads 4 bytes per weight instead of widening per call (read 2, write 4,
@@ -97,7 +100,7 @@ class Linear:
     """
 
     __slots__ = ("weight", "scales", "biases", "out_features", "in_features", "_wt", "_parts", "_widen",
-                 "_cpu")
+                 "_cpu", "_fast")
     weight: mx.array
     scales: mx.array | None
     biases: mx.array | None
@@ -106,6 +109,7 @@ class Linear:
 
     def __init__(self, weight: mx.array, scales: mx.array | None = None,
                  biases: mx.array | None = None, *, in_features: int | None = None):
+        self._fast: Q8Product | None = None
         if scales is None:
             w = weight if isinstance(weight, mx.array) else mx.array(np.asarray(weight))
             if w.ndim != 2:
@@ -132,10 +136,13 @@ class Linear:
             self._widen = self._cpu = False
             self.out_features = int(weight.shape[0])
             self.in_features = int(in_features if in_features is not None else scales.shape[-1] * 32)
+            if device.fast_cpu_kernels() and biases is not None:
+                # The fast CPU set: compiled kernels over these same arrays (q8_product.py).
+                self._fast = Q8Product(weight, scales, self.in_features)
             # Row slices for the parallel CPU product (views: no extra memory); whether a call
             # uses them depends on its row count too (a prefill chunk splits more products).
             k = device.cpu_parts()
-            if k > 1 and self.out_features >= 64 * k and biases is not None:
+            if self._fast is None and k > 1 and self.out_features >= 64 * k and biases is not None:
                 bounds = [self.out_features * i // k for i in range(k + 1)]
                 self._parts = tuple((weight[a:b], scales[a:b], biases[a:b])
                                     for a, b in zip(bounds, bounds[1:], strict=False))
@@ -147,6 +154,8 @@ class Linear:
         return self.scales is not None
 
     def __call__(self, x: mx.array) -> mx.array:
+        if self._fast is not None:
+            return self._fast(x)
         wt = self._wt
         if wt is not None:  # dense
             if not self._widen:

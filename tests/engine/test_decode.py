@@ -28,7 +28,7 @@ def engine(tmp_path_factory):
     return load_engine(path, ctx=CTX, chunk=8)
 
 
-@pytest.fixture(scope="module", params=["cpu", "gpu"])
+@pytest.fixture(scope="module", params=["reference", "cpu", "gpu"])
 def kernel_engine(request, tmp_path_factory):
     """The micro model on each kernel set (the GPU one on the CPU device: there the generator
     builds token n+1's step before handing out token n, and its guessed sampling mode is

@@ -74,7 +74,7 @@ def test_gpu_kernel_set_agrees_with_the_cpu_path_on_the_oracle_configs(name):
     for seed in seeds:
         tensors = random_tensors(cfg, seed)
         toks = np.random.default_rng(seed + 1).integers(0, cfg.vocab, n).tolist()
-        ref = _logits(cfg, tensors, toks, "cpu")
+        ref = _logits(cfg, tensors, toks, "reference")
         got = _logits(cfg, tensors, toks, "gpu")
         _assert_agree(ref, got)
         # it is a different kernel set, not the reference under another name
@@ -97,7 +97,7 @@ def _load(path, name: str, chunk: int | None = None) -> Engine:
 
 
 def test_gpu_kernel_set_stays_within_bounds_across_chunk_sizes(micro_file, tokens):
-    ref = _load(micro_file, "cpu").new_session().forward_all(tokens)
+    ref = _load(micro_file, "reference").new_session().forward_all(tokens)
     for chunk in (1, 5, 8, 40):
         engine = _load(micro_file, "gpu", chunk)
         with kernels("gpu"):
@@ -105,7 +105,7 @@ def test_gpu_kernel_set_stays_within_bounds_across_chunk_sizes(micro_file, token
         _assert_agree(ref, got)
 
 
-@pytest.mark.parametrize(("first", "then"), [("cpu", "gpu"), ("gpu", "cpu")])
+@pytest.mark.parametrize(("first", "then"), [("reference", "gpu"), ("gpu", "reference")])
 def test_a_session_saved_on_one_kernel_set_continues_on_the_other(micro_file, tokens, first, then):
     saved_at = 24
     a, b = _load(micro_file, first), _load(micro_file, then)
@@ -118,8 +118,8 @@ def test_a_session_saved_on_one_kernel_set_continues_on_the_other(micro_file, to
         resumed.import_state(payload)
         assert resumed.tokens == tuple(tokens[:saved_at])
         got = [resumed.step(t).copy() for t in tokens[saved_at:]]
-    with kernels("cpu"):
-        ref_session = _load(micro_file, "cpu").new_session()
+    with kernels("reference"):
+        ref_session = _load(micro_file, "reference").new_session()
         ref_session.sync(tokens[:saved_at])
         ref = [ref_session.step(t).copy() for t in tokens[saved_at:]]
     _assert_agree(np.stack(ref), np.stack(got))
@@ -165,7 +165,7 @@ def test_a_hash_table_with_an_out_of_range_expert_is_refused_at_load():
 
 
 def test_a_bad_kernel_switch_is_refused_before_loading(micro_file):
-    with kernels("cpu"):
+    with kernels("reference"):
         os.environ[KERNELS_ENV] = "tpu"
         with pytest.raises(EngineError, match=f"{KERNELS_ENV} must be cpu or gpu"):
             load_engine(micro_file, ctx=64, device="cpu")
@@ -182,7 +182,7 @@ def q2_file(tmp_path_factory):
 def test_quantised_experts_resident_on_the_device_decode_without_reading_back(q2_file, tokens):
     """GPU kernel set: the raw blocks are one device array per tensor and a decoded token's
     graph reads nothing back (ids stay on the device); the logits agree with the CPU path."""
-    ref_engine = _load(q2_file, "cpu")
+    ref_engine = _load(q2_file, "reference")
     engine = _load(q2_file, "gpu")
     ffn = engine.weights.layers[1].ffn
     for ex in (ffn.gate_exps, ffn.up_exps, ffn.down_exps):
