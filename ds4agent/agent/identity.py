@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import overload
 
 from ds4agent.sessions.checkpoints import CodeCheckpoints
+from ds4agent.sessions.store import FileStamp
 
 _HEX = frozenset("0123456789abcdef")
 
@@ -38,6 +39,10 @@ class SessionIdentity:
     dirty: bool = False
     activity: bool = False
     checkpoints: CodeCheckpoints | None = None
+    # The session file as this process last loaded or saved it (sessions.store.file_stamp): a save
+    # that finds it changed (another instance saved the session) becomes a fork. None: not known
+    # (a new session, a journal resumed after a crash): no check.
+    file_stamp: FileStamp | None = None
 
     @property
     def unsaved_work(self) -> bool:

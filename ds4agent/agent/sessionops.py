@@ -22,11 +22,14 @@ from ds4agent.models.fingerprint import model_name, same_model
 from ds4agent.protocol import template
 from ds4agent.protocol.tokenizer import EOS, USER
 from ds4agent.sessions import checkpoints
+from ds4agent.sessions.errors import SessionChangedError
 from ds4agent.sessions.index import SessionIndex, remove_session_extras
 from ds4agent.sessions.kvc import read_envelope
 from ds4agent.sessions.payload import PayloadShape
 from ds4agent.sessions.store import (
+    FileStamp,
     LoadedSession,
+    SavedSession,
     SessionStore,
     UnreadableSession,
     display_text,
@@ -163,10 +166,27 @@ def _save(worker: WorkerPort, title: str | None = None) -> ev.SessionSaved:
     new_title, replaces = _retitle(worker, title)
     text = worker.tok.decode_bytes(worker.transcript.ids)
     payload = worker.session.export_state()
-    saved = store.save_session(
-        text, payload, shape=_shape(worker), title=new_title or session_title(text), created_at=identity.created_at,
-        loaded_from=replaces, model_id=_model_id(worker), quant_bits=worker.engine.quant_bits,
-    )
+
+    title_now = new_title or session_title(text)
+
+    def write(title: bytes, created_at: int | None, loaded_from: str | None,
+              expect: FileStamp | None) -> SavedSession:
+        return store.save_session(
+            text, payload, shape=_shape(worker), title=title, created_at=created_at, loaded_from=loaded_from,
+            model_id=_model_id(worker), quant_bits=worker.engine.quant_bits, expect=expect,
+        )
+
+    try:
+        saved = write(title_now, identity.created_at, replaces, identity.file_stamp)
+    except SessionChangedError as err:
+        # Another instance saved this session since we loaded it: its turns stay in its file, ours
+        # go to a fork (a new identity), and nothing of either is lost.
+        parent = identity.session_id
+        saved = write(title_now + b" (fork)", _fork_created_at(identity), None, None)
+        identity.forked_from = parent
+        worker.io.emit(ev.Notice(f"{err}; this conversation was saved as a fork, {saved.id[:8]}, beside it",
+                                 "warning"))
+    identity.file_stamp = saved.stamp
     identity.title = title_bytes(saved.title)
     identity.created_at = saved.created_at
     identity.session_id = saved.id
@@ -179,6 +199,16 @@ def _save(worker: WorkerPort, title: str | None = None) -> ev.SessionSaved:
     worker.io.emit(event)
     worker.io.emit(ev.Notice(saved.message))
     return event
+
+
+def _fork_created_at(parent: SessionIdentity) -> int:
+    """A fork's creation time. Its identity is SHA-1 over title and creation time (kvc-format.md
+    §12.3): a later creation second than the parent's keeps the ids apart even when the title is
+    the same."""
+    created = int(time.time())
+    if parent.created_at is not None and created <= int(parent.created_at):
+        created = int(parent.created_at) + 1
+    return created
 
 
 def _index(worker: WorkerPort) -> SessionIndex:
@@ -214,11 +244,7 @@ def fork(worker: WorkerPort, title: str | None) -> ev.SessionSaved | None:
         if base is None:
             base = session_title(worker.tok.decode_bytes(worker.transcript.ids))
         new_title = base + b" (fork)"
-    # A new identity: SHA-1 over title and creation time (kvc-format.md §12.3). A later creation
-    # second than the parent's keeps the ids apart even when the title is the same.
-    created = int(time.time())
-    if old.created_at is not None and created <= int(old.created_at):
-        created = int(old.created_at) + 1
+    created = _fork_created_at(old)
     # No legacy path: the original must never be deleted as a "legacy source".
     fork_identity = SessionIdentity(title=new_title, created_at=created, forked_from=old.session_id,
                                     dirty=old.dirty, activity=True, checkpoints=old.checkpoints)
@@ -468,7 +494,7 @@ def _loaded_identity(worker: WorkerPort, loaded: LoadedSession) -> SessionIdenti
     the session index."""
     identity = SessionIdentity(title=title_bytes(loaded.title), created_at=loaded.created_at,
                                session_id=loaded.id, legacy_path=str(loaded.path) if loaded.legacy else None,
-                               activity=True)
+                               activity=True, file_stamp=loaded.stamp)
     try:
         entry = _index(worker).get(identity.session_id)
     except OSError:

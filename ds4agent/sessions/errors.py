@@ -67,6 +67,11 @@ class KVCPayloadError(KVCError):
     """The DSV4 payload is invalid or does not fit the running model/context (§9.5, step 12)."""
 
 
+class SessionChangedError(KVCError):
+    """The session's file was rewritten since this process loaded or saved it (another instance
+    saved the same session): saving over it would lose that instance's turns."""
+
+
 class KVCWriteError(KVCError):
     """A save failed; the previous file (if any) is untouched and no temp file is left."""
 

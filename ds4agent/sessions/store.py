@@ -72,6 +72,7 @@ from .errors import (
     KVCStoreError,
     KVCTextError,
     KVCWriteError,
+    SessionChangedError,
 )
 from .kvc import (
     EXT_TITLE,
@@ -240,6 +241,7 @@ class SavedSession:
     created_at: int
     n_tokens: int
     deleted: tuple[Path, ...]  # this session's own earlier file (legacy source, old title) removed
+    stamp: FileStamp | None = None  # the file as written (see file_stamp)
 
     @property
     def message(self) -> str:
@@ -256,6 +258,21 @@ class LoadedSession:
     created_at: int
     header: KVCHeader
     legacy: bool  # loaded from a file without a title trailer (delete it at the next save)
+    stamp: FileStamp | None = None  # the file as loaded (see file_stamp)
+
+
+# What identifies one version of a file: (device, inode, size, mtime in ns). Every save writes a
+# new file and renames it into place (fsutil), so a save by anyone changes the inode.
+FileStamp = tuple[int, int, int, int]
+
+
+def file_stamp(path: str | os.PathLike[str]) -> FileStamp | None:
+    """The stamp of the file at `path` now, None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def format_age(seconds: float) -> str:
@@ -546,6 +563,7 @@ class SessionStore:
                      model_id: int, quant_bits: int) -> LoadedSession:
         """Resolve and load a session through chain 8.3; nothing is deleted or modified."""
         path = self._target_path(target)
+        stamp = file_stamp(path)  # before reading: a save landing meanwhile then counts as a change
         loaded = load_kvc(path, KIND_SESSION, shape=shape, ctx=ctx, model_id=model_id, quant_bits=quant_bits)
         env = loaded.envelope
         legacy = env.title is None
@@ -553,14 +571,19 @@ class SessionStore:
         created_at = env.header.created_at or self._now()
         form, hexid = classify_name(path.name)
         return LoadedSession(hexid or path.stem, path, env.text, loaded.payload, title, created_at,
-                             env.header, legacy)
+                             env.header, legacy, stamp)
 
     def save_session(self, text: bytes, payload: PayloadState | None, *, shape: PayloadShape | None,
                      quant_bits: int, title: bytes | str | None = None, created_at: int | None = None,
                      loaded_from: str | os.PathLike[str] | None = None, model_id: int = 0,
                      n_tokens: int | None = None, ctx: int | None = None,
-                     now: int | None = None) -> SavedSession:
-        """Write `dir/<identity>.kv` (§12.4 steps 3-5); see the module docstring."""
+                     now: int | None = None, expect: FileStamp | None = None) -> SavedSession:
+        """Write `dir/<identity>.kv` (§12.4 steps 3-5); see the module docstring.
+
+        expect: the stamp of that file as this process last loaded or wrote it. When the file
+        exists with another stamp, someone else saved this session since: SessionChangedError,
+        nothing written (the caller saves a fork instead of replacing their turns). None: no
+        check (a new session, or one whose file this process never read)."""
         now = self._now() if now is None else int(now)
         text = bytes(text)
         if isinstance(title, str):
@@ -578,9 +601,14 @@ class SessionStore:
         header = KVCHeader(quant_bits=quant_bits, reason=REASON_SESSION, ext_flags=EXT_TITLE, model_id=model_id,
                            tokens=tokens, hits=0, ctx_size=ctx, created_at=created_at, last_used=now,
                            payload_bytes=0)
+        if expect is not None:
+            found = file_stamp(path)
+            if found is not None and found != expect:
+                raise SessionChangedError(f"session {ident[:8]} was saved by another ds4agent since it was "
+                                          "loaded here", path=path)
         write_kvc(path, header, text, payload, shape, title)
         deleted = self._delete_ancestors(path, loaded_from)
-        return SavedSession(ident, path, title, created_at, tokens, tuple(deleted))
+        return SavedSession(ident, path, title, created_at, tokens, tuple(deleted), file_stamp(path))
 
     def _delete_ancestors(self, written: Path, loaded_from) -> list[Path]:
         """§12.4 step 5, narrowed: only the legacy file this very session was loaded from (it was

@@ -394,3 +394,31 @@ def test_an_interrupted_rebuild_of_a_stripped_session_keeps_the_session_and_pref
     assert h.ids[: len(ids)] == ids and len(h.live) > len(ids) and h.live == tuple(h.ids[: len(h.live)])
     assert b"A2" in h.text(len(ids))
     h.stop()
+
+
+def test_two_instances_saving_one_session_lose_no_turn(tmp_path, tools):
+    """Both resume the same session, both add a turn and save: the second finds the file
+    changed since it loaded it and saves a fork beside it; the first's turn stays in its file."""
+    h = AgentHarness.build(tmp_path, [reply("A1", think="t")], tools=tools)
+    h.turn("shared start")
+    saved = of(h.command(h.agent.save), ev.SessionSaved)[0]
+    h.stop()
+    one = AgentHarness.build(tmp_path, [reply("from one", think="t")], tools=tools, store=h.store)
+    two = AgentHarness.build(tmp_path, [reply("from two", think="t")], tools=tools, store=h.store)
+    for inst in (one, two):
+        assert of(inst.command(lambda i=inst: i.agent.load(saved.short_id)), ev.SessionLoaded)
+    one.turn("turn of one")
+    two.turn("turn of two")
+    first = of(one.command(one.agent.save), ev.SessionSaved)[0]
+    evs = two.command(two.agent.save)
+    second = of(evs, ev.SessionSaved)[0]
+    assert first.id == saved.id and second.id != saved.id
+    assert any("saved by another ds4agent" in n.text and second.short_id in n.text for n in of(evs, ev.Notice))
+    files = {p.stem: p.read_bytes() for p in (tmp_path / "kv").glob("*.kv") if not p.name.startswith("sysprompt")}
+    assert b"turn of one" in files[saved.id] and b"turn of two" not in files[saved.id]
+    assert b"turn of two" in files[second.id]
+    # A later save of the first instance still writes its own file (it wrote the current version).
+    one.turn("again one")
+    assert of(one.command(one.agent.save), ev.SessionSaved)[0].id == saved.id
+    one.stop()
+    two.stop()
