@@ -381,7 +381,8 @@ def _load(worker: WorkerPort, prefix: str) -> None:
     store = _store(worker)
     worker.set_state(ev.State.LOADING, detail="loading session")
     loaded = store.load_session(prefix, shape=_shape(worker), ctx=worker.settings.ctx,
-                                       model_id=_model_id(worker), quant_bits=worker.engine.quant_bits)
+                                model_id=_model_id(worker), quant_bits=worker.engine.quant_bits,
+                                max_text_bytes=worker.settings.ctx * worker.tok.max_token_bytes)
     prefilled = 0
     rebuilt = True
     if loaded.payload is not None:

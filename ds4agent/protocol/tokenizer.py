@@ -172,6 +172,8 @@ class Tokenizer:
             except UnicodeEncodeError:
                 tb.append(bytes(u2b[c] for c in s if c in u2b))
         self._token_bytes = tb
+        # The longest token's text: a context of n tokens holds at most n times this many bytes.
+        self.max_token_bytes = max(len(b) for b in tb)
 
     # ----------------------------------------------------------------- loading
     @classmethod

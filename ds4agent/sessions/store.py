@@ -560,9 +560,16 @@ class SessionStore:
     # --- sessions -------------------------------------------------------------------------------
 
     def load_session(self, target: str | os.PathLike[str], *, shape: PayloadShape, ctx: int,
-                     model_id: int, quant_bits: int) -> LoadedSession:
-        """Resolve and load a session through chain 8.3; nothing is deleted or modified."""
+                     model_id: int, quant_bits: int, max_text_bytes: int | None = None) -> LoadedSession:
+        """Resolve and load a session through chain 8.3; nothing is deleted or modified.
+
+        max_text_bytes: the most text a session that fits the context can hold (its tokens times
+        the longest token's bytes): a longer text is refused from its header, before a byte of it is
+        read (a stripped 512 MiB text would otherwise be read and tokenised, gigabytes and minutes,
+        only to be refused)."""
         path = self._target_path(target)
+        if max_text_bytes is not None:
+            self._check_text_size(path, max_text_bytes, ctx)
         stamp = file_stamp(path)  # before reading: a save landing meanwhile then counts as a change
         loaded = load_kvc(path, KIND_SESSION, shape=shape, ctx=ctx, model_id=model_id, quant_bits=quant_bits)
         env = loaded.envelope
@@ -572,6 +579,17 @@ class SessionStore:
         form, hexid = classify_name(path.name)
         return LoadedSession(hexid or path.stem, path, env.text, loaded.payload, title, created_at,
                              env.header, legacy, stamp)
+
+    @staticmethod
+    def _check_text_size(path: Path, max_text_bytes: int, ctx: int) -> None:
+        try:
+            with open(path, "rb") as f:
+                _, text_bytes = read_prefix(f, os.fstat(f.fileno()).st_size)
+        except OSError:
+            return  # load_kvc reports what is wrong with the file, in its words
+        if text_bytes > max_text_bytes:
+            raise KVCTextError(f"the session's text ({text_bytes:,} bytes) is longer than a context of "
+                               f"{ctx:,} tokens can hold", path=path)
 
     def save_session(self, text: bytes, payload: PayloadState | None, *, shape: PayloadShape | None,
                      quant_bits: int, title: bytes | str | None = None, created_at: int | None = None,

@@ -422,3 +422,25 @@ def test_two_instances_saving_one_session_lose_no_turn(tmp_path, tools):
     assert of(one.command(one.agent.save), ev.SessionSaved)[0].id == saved.id
     one.stop()
     two.stop()
+
+
+def test_a_stripped_text_longer_than_the_context_is_refused_before_it_is_read(tmp_path, tools, monkeypatch):
+    import tracemalloc
+
+    h = AgentHarness.build(tmp_path, [reply("A1", think="t")], tools=tools)
+    eng = h.worker.engine
+    limit = h.worker.settings.ctx * TOK.max_token_bytes
+    text = b"x" * (limit + 1)
+    stripped = h.store.save_session(text, None, shape=None, quant_bits=eng.quant_bits, n_tokens=10, ctx=eng.ctx,
+                                    created_at=1_750_000_000)
+    del text
+    read = []
+    monkeypatch.setattr(TOK, "rebuild_from_text", lambda b: read.append(len(b)) or [])
+    tracemalloc.start()
+    evs = h.command(lambda: h.agent.load(stripped.id[:8]))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    errors = [e.text for e in of(evs, ev.Error)]
+    assert errors and "longer than a context of" in errors[0]
+    assert read == [] and peak < 100 << 20  # nothing tokenised, the text never read whole
+    h.stop()
