@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.history import last_turns, session_title
@@ -20,12 +21,12 @@ from ds4agent.agent.prompt import build_system_text
 from ds4agent.agent.settings import AgentSettings
 from ds4agent.models.fingerprint import model_name, same_model
 from ds4agent.protocol import template
-from ds4agent.protocol.tokenizer import EOS, USER
+from ds4agent.protocol.tokenizer import EOS, RECOGNISED_IDS, USER
 from ds4agent.sessions import checkpoints
 from ds4agent.sessions.errors import SessionChangedError
 from ds4agent.sessions.index import SessionIndex, remove_session_extras
 from ds4agent.sessions.kvc import read_envelope
-from ds4agent.sessions.payload import PayloadShape
+from ds4agent.sessions.payload import PayloadShape, read_tokens
 from ds4agent.sessions.store import (
     FileStamp,
     LoadedSession,
@@ -467,7 +468,9 @@ def strip(worker: WorkerPort, prefix: str) -> None:
             return
         env = read_envelope(entry.path)
         title = env.title if env.title is not None else session_title(env.text)
-        n_tokens = len(worker.tok.rebuild_from_text(env.text))
+        rebuilt = worker.tok.rebuild_from_text(env.text)
+        _check_control_tokens_survive(entry.path, env.payload_offset, header.tokens, rebuilt)
+        n_tokens = len(rebuilt)
         # A legacy file (no title trailer) gets its identity now; the old name goes (loaded_from).
         saved = store.save_session(env.text, None, shape=None, quant_bits=header.quant_bits, title=title,
                                    created_at=header.created_at or None, loaded_from=entry.path,
@@ -483,6 +486,23 @@ def strip(worker: WorkerPort, prefix: str) -> None:
     freed = entry.file_size - saved.path.stat().st_size
     worker.io.emit(ev.Notice(f"stripped session {saved.id[:8]} ({n_tokens:,} tokens to rebuild on load, "
                              f"{max(0, freed):,} bytes freed)"))
+
+
+def _check_control_tokens_survive(path: Path, payload_offset: int, n_tokens: int, rebuilt: list[int]) -> None:
+    """A stripped session keeps only its text, and a load tokenises it again: every spelling of a
+    control token (`<｜User｜>`, `<｜Assistant｜>`, ...) becomes that token, where the template put
+    it or not. A file or a command's output the model read may hold such spellings as plain text;
+    rebuilt, they would forge turns. So a session is stripped only when its text gives back
+    exactly the control tokens it had, in order (the plain text between them may split into
+    other tokens: the model's own output is not always in the tokenizer's split)."""
+    with open(path, "rb") as f:
+        tokens = read_tokens(f, payload_offset, n_tokens)
+    had = [int(t) for t in tokens if int(t) in RECOGNISED_IDS]
+    would = [t for t in rebuilt if t in RECOGNISED_IDS]
+    if had != would:
+        raise SessionOpError("its text spells control tokens as plain text (a file or an output the model "
+                             "read, quoted in the conversation); rebuilt from the text they would become real "
+                             "turns, so this session is kept with its state")
 
 
 def forget_deleted(worker: WorkerPort, sid: str) -> None:

@@ -252,6 +252,16 @@ class PayloadInfo:
     layers_checked: bool
 
 
+def read_tokens(f: BinaryIO, offset: int, n_tokens: int) -> np.ndarray:
+    """The token list of the payload at `offset` (right after its header): n_tokens uint32, read
+    alone (a strip compares them with its text without reading the arrays)."""
+    f.seek(offset + PAYLOAD_HEADER_BYTES)
+    data = f.read(4 * n_tokens)
+    if len(data) != 4 * n_tokens:
+        raise _refuse("the file ends inside the token list")
+    return np.frombuffer(data, dtype="<u4").astype(np.int64)
+
+
 def _align_up(value: int, align: int) -> int:
     return (value + align - 1) // align * align
 
