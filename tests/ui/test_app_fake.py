@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from textual import events
+
 from ds4agent.agent import events as ev
 from ds4agent.tools import TextDisplay
 from ds4agent.ui.app import Ds4App
@@ -651,3 +653,26 @@ async def test_the_slash_menu_at_80x24_reaches_every_command_with_the_arrow_keys
         await pilot.press("up")
         await pilot.press("tab")
         assert app.input.text == "/" + every[-2]
+
+
+async def test_a_double_press_answers_a_question_once_and_crashes_nothing():
+    app, agent = make_fake_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        opts = (("y", "allow once"), ("s", "allow for this session"), ("n", "deny"))
+        agent.emit(ev.PermissionRequest("p-1", "bash", "Allow bash?", "make test", opts))
+        await wait_until(pilot, lambda: isinstance(app.screen, PermissionScreen))
+        # Keys queued to the dialog before the first one closed it (a real terminal's double press).
+        for key in "yyy":
+            app.screen.post_message(events.Key(key, key))
+        await wait_until(pilot, lambda: not isinstance(app.screen, PermissionScreen))
+        await pilot.pause()
+        assert agent.answers == [("p-1", "y", "")]
+        answers: list[str] = []
+        app.push_screen(QuestionScreen("Save current session?", (("y", "save"), ("n", "don't save"))),
+                        answers.append)
+        await wait_until(pilot, lambda: isinstance(app.screen, QuestionScreen))
+        for key in "nny":
+            app.screen.post_message(events.Key(key, key))
+        await wait_until(pilot, lambda: not isinstance(app.screen, QuestionScreen))
+        await pilot.pause()
+        assert answers == ["n"] and app.is_running

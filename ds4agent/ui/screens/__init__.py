@@ -40,3 +40,18 @@ class TypeaheadGuard:
         elif event.is_printable and event.character:
             app.input.insert(event.character)
         return True
+
+
+class AnswerOnce:
+    """A question answered at most once: the first key or click dismisses it; a second one (a
+    double press of `y`, a key repeat, a click landing while the screen closes) is ignored.
+    Dismissing twice would pop the screen under it (Textual: "Can't pop screen") and hand the
+    caller a second answer."""
+
+    answered = False
+
+    def answer(self, value) -> None:
+        if self.answered:
+            return
+        self.answered = True
+        self.dismiss(value)  # type: ignore[attr-defined]

@@ -14,7 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
 
 from ds4agent.ui import toolview
-from ds4agent.ui.screens import MODALS_TCSS, TypeaheadGuard
+from ds4agent.ui.screens import MODALS_TCSS, AnswerOnce, TypeaheadGuard
 from ds4agent.ui.widgets.conversation import body_content
 
 DEFAULT_OPTIONS = (("y", "allow once"), ("s", "allow for this session"), ("n", "deny"))
@@ -33,7 +33,7 @@ def detail_content(detail: str) -> Content:
     return Content("\n").join([Content(ln) for ln in lines])
 
 
-class PermissionScreen(TypeaheadGuard, ModalScreen[tuple[str, str]]):
+class PermissionScreen(AnswerOnce, TypeaheadGuard, ModalScreen[tuple[str, str]]):
     """Dismisses with (answer key, message)."""
 
     CSS_PATH = MODALS_TCSS
@@ -67,6 +67,10 @@ class PermissionScreen(TypeaheadGuard, ModalScreen[tuple[str, str]]):
         self.query_one("#deny-message", Input).display = False
 
     def on_key(self, event) -> None:
+        if self.answered:  # a second press while the screen closes: nobody's answer
+            event.stop()
+            event.prevent_default()
+            return
         if isinstance(self.focused, Input):
             if event.key == "escape":
                 event.stop()
@@ -85,7 +89,7 @@ class PermissionScreen(TypeaheadGuard, ModalScreen[tuple[str, str]]):
         key = event.character or event.key
         if key in self._keys:
             event.stop()
-            self.dismiss((key, ""))
+            self.answer((key, ""))
         elif key == "m" and "n" in self._keys:
             event.stop()
             self._ask_message()
@@ -100,10 +104,10 @@ class PermissionScreen(TypeaheadGuard, ModalScreen[tuple[str, str]]):
         if key == "m":
             self._ask_message()
         elif key:
-            self.dismiss((key, ""))
+            self.answer((key, ""))
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        self.dismiss(("n", event.value.strip()))
+        self.answer(("n", event.value.strip()))
 
     def action_noop(self) -> None:
         """Esc does not answer: a permission question never turns into a silent "no"."""

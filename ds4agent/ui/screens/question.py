@@ -8,10 +8,10 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from ds4agent.ui.screens import MODALS_TCSS, TypeaheadGuard
+from ds4agent.ui.screens import MODALS_TCSS, AnswerOnce, TypeaheadGuard
 
 
-class QuestionScreen(ModalScreen[str]):
+class QuestionScreen(AnswerOnce, ModalScreen[str]):
     """Dismisses with the chosen option key; Esc gives `escape_key` (None: Esc does nothing)."""
 
     CSS_PATH = MODALS_TCSS
@@ -31,18 +31,22 @@ class QuestionScreen(ModalScreen[str]):
                                  variant="primary" if key == "y" else "default")
 
     def on_key(self, event) -> None:
+        if self.answered:  # a second press while the screen closes: nobody's answer
+            event.stop()
+            event.prevent_default()
+            return
         key = event.character or event.key
         if event.key == "escape":
             event.stop()
             if self.escape_key is not None:
-                self.dismiss(self.escape_key)
+                self.answer(self.escape_key)
             return
         if key in {k for k, _ in self.options}:
             event.stop()
-            self.dismiss(key)
+            self.answer(key)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
-        self.dismiss((event.button.id or "").removeprefix("answer-"))
+        self.answer((event.button.id or "").removeprefix("answer-"))
 
 
 class GuardedQuestionScreen(TypeaheadGuard, QuestionScreen):
@@ -53,8 +57,9 @@ class GuardedQuestionScreen(TypeaheadGuard, QuestionScreen):
 
     def on_key(self, event) -> None:
         # Textual then runs QuestionScreen.on_key too (handlers run along the MRO) unless the key
-        # was swallowed, which prevents the default.
-        self.swallow_typeahead(event)
+        # was swallowed, which prevents the default. Once answered, keys go nowhere (AnswerOnce).
+        if not self.answered:
+            self.swallow_typeahead(event)
 
 
 class ConfirmScreen(QuestionScreen):
