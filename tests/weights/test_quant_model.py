@@ -51,3 +51,27 @@ def test_experts_matter(tmp_path, cfg):
     sa.sync(TOKENS[:10])
     sb.sync(TOKENS[:10])
     assert np.abs(sa.logits - sb.logits).max() > 1e-3
+
+
+@pytest.mark.parametrize("flavour,types", [("q2", Q2_TYPES), ("q4", Q4_TYPES)])
+def test_fast_cpu_set_on_quantised_experts_agrees_with_the_reference(tmp_path, cfg, flavour, types):
+    """The fast CPU set (its Q8_0 and expert kernels) on 2/4-bit experts, prefill and decode,
+    against the reference: argmax and logits within the contract (docs/numerics-fast-cpu.md)."""
+    from ds4agent.engine.device import forced_kernel_set
+
+    path = write_quant_model(tmp_path / f"{flavour}.gguf", cfg, types)
+    with forced_kernel_set("reference"):
+        ref = load_engine(path, ctx=64)
+    with forced_kernel_set("cpu"):
+        fast = load_engine(path, ctx=64)
+    out = []
+    for engine in (ref, fast):
+        s = engine.new_session()
+        s.sync(TOKENS[:30])
+        out.append(np.array([s.logits.copy()] + [s.step(t).copy() for t in TOKENS[30:]]))
+    want, got = out
+    per_position = np.abs(got - want).max(-1) / np.abs(want).max(-1)
+    # The micro shape (dim 256) with random weights is the harshest case for 8-bit inputs: measured
+    # argmax 6/8 and a median of 2.2e-2 (q2). A wrong kernel moves every position by ~100%.
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.6
+    assert np.median(per_position) <= 5e-2 and per_position.max() <= 0.5
