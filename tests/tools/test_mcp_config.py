@@ -136,3 +136,28 @@ def test_the_sdk_is_imported_only_when_servers_are_made():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mcp', 'mcp_types', 'pydantic')))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_server_cannot_fill_the_prompt_with_its_tool_listing():
+    from ds4agent.tools.mcp.model import (
+        MAX_DESCRIPTION_CHARS,
+        MAX_SERVER_PROMPT_BYTES,
+        RemoteTool,
+        bound_tools,
+    )
+
+    def tool(name, description="d", schema=None):
+        return RemoteTool("srv", name, description, schema or {"type": "object"}, False, False)
+
+    huge = tool("huge", "x" * (2 << 20))
+    fat_schema = tool("fat", schema={"type": "object", "description": "y" * 20_000})
+    kept, notices = bound_tools("srv", [huge, fat_schema, tool("small")])
+    assert [t.name for t in kept] == ["huge", "small"]
+    assert len(kept[0].description) < MAX_DESCRIPTION_CHARS + 40 and kept[0].description.endswith("[description cut]")
+    assert any("`huge` (2,097,152 characters) was cut" in n for n in notices)
+    assert any("tool `fat` left out" in n for n in notices)
+    many = [tool(f"t{i}", "z" * 3000) for i in range(40)]
+    kept, notices = bound_tools("srv", many)
+    assert sum(len(t.description) for t in kept) <= MAX_SERVER_PROMPT_BYTES and 0 < len(kept) < 40
+    assert notices == [f"MCP server `srv`: {40 - len(kept)} of its 40 tools left out: they would add more than 64 KiB "
+                       "to the prompt"]

@@ -33,7 +33,7 @@ from pydantic import ValidationError
 
 from ds4agent.tools.mcp.config import ServerConfig
 from ds4agent.tools.mcp.confine import confined_command
-from ds4agent.tools.mcp.model import McpCallError, RemoteTool, ServerState, ServerStatus
+from ds4agent.tools.mcp.model import McpCallError, RemoteTool, ServerState, ServerStatus, bound_tools
 from ds4agent.tools.results import TextDisplay, ToolResult, error_text
 
 # The SDK logs transport trouble through `logging`; with no handler configured Python would print
@@ -264,7 +264,10 @@ class Connection:
             cursor = page.next_cursor
             if not cursor:
                 break
-        return tuple(found)
+        kept, notices = bound_tools(self.config.name, found)
+        for notice in notices:
+            self.notify(notice)
+        return kept
 
     async def call(self, tool: str, args: dict[str, Any], timeout: float, display_name: str) -> ToolResult:
         client = self.client

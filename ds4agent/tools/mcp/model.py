@@ -9,6 +9,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -53,3 +56,38 @@ class ServerStatus:
     state: ServerState
     error: str
     tools: tuple[RemoteTool, ...]
+
+
+# What one server may add to the system prompt. Its tools' descriptions and schemas are rendered
+# into the prompt at every start: a server listing a 2 MB description would make every start
+# fail ("does not fit the context") until --no-mcp. Descriptions are cut, a tool whose schema
+# alone is too large is left out, and a server's tools stop at its budget, each with a notice.
+MAX_DESCRIPTION_CHARS = 4096
+MAX_SCHEMA_BYTES = 16 * 1024
+MAX_SERVER_PROMPT_BYTES = 64 * 1024
+
+
+def bound_tools(server: str, tools: Sequence[RemoteTool]) -> tuple[tuple[RemoteTool, ...], list[str]]:
+    """The tools a server's listing may put in the prompt, and the notices for what it may not."""
+    kept: list[RemoteTool] = []
+    notices: list[str] = []
+    used = 0
+    for i, tool in enumerate(tools):
+        description = tool.description
+        if len(description) > MAX_DESCRIPTION_CHARS:
+            notices.append(f"MCP server `{server}`: the description of `{tool.name}` ({len(description):,} "
+                           f"characters) was cut to {MAX_DESCRIPTION_CHARS:,}")
+            description = description[:MAX_DESCRIPTION_CHARS] + " [description cut]"
+        schema_bytes = len(json.dumps(tool.schema, ensure_ascii=False, default=str).encode())
+        if schema_bytes > MAX_SCHEMA_BYTES:
+            notices.append(f"MCP server `{server}`: tool `{tool.name}` left out: its input schema is "
+                           f"{schema_bytes:,} bytes (at most {MAX_SCHEMA_BYTES:,})")
+            continue
+        size = len(description.encode()) + schema_bytes
+        if used + size > MAX_SERVER_PROMPT_BYTES:
+            notices.append(f"MCP server `{server}`: {len(tools) - i} of its {len(tools)} tools left out: they "
+                           f"would add more than {MAX_SERVER_PROMPT_BYTES // 1024} KiB to the prompt")
+            break
+        used += size
+        kept.append(dataclasses.replace(tool, description=description))
+    return tuple(kept), notices
