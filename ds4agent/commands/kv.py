@@ -17,6 +17,7 @@ from typing import TextIO
 
 from ds4agent.sessions.errors import KVCError, KVCStoreError
 from ds4agent.sessions.kvc import (
+    EXT_CHECKSUM,
     EXT_KTM,
     EXT_RESERVED,
     EXT_RESPONSES_VISIBLE,
@@ -54,9 +55,10 @@ def _when(ts: int) -> str:
 
 def _ext_names(ext: int) -> str:
     names = [n for bit, n in ((EXT_KTM, "ktm"), (EXT_RESPONSES_VISIBLE, "responses-visible"),
-                              (EXT_THINKING_VISIBLE, "thinking-visible"), (EXT_TITLE, "title")) if ext & bit]
-    if ext & EXT_RESERVED:
-        names.append(f"reserved 0x{ext & EXT_RESERVED:02x}")
+                              (EXT_THINKING_VISIBLE, "thinking-visible"), (EXT_TITLE, "title"),
+                              (EXT_CHECKSUM, "checksum")) if ext & bit]
+    if ext & EXT_RESERVED & ~EXT_CHECKSUM:
+        names.append(f"reserved 0x{ext & EXT_RESERVED & ~EXT_CHECKSUM:02x}")
     return f"0x{ext:02x}" + (f" ({', '.join(names)})" if names else "")
 
 

@@ -55,6 +55,10 @@ class KVCTrailerError(KVCError):
     """KTM / session-title trailer problems, or bytes after the last section (§5)."""
 
 
+class KVCIntegrityError(KVCError):
+    """The file's bytes do not match the checksum it was written with (damaged on disk)."""
+
+
 class KVCMismatchError(KVCError):
     """The file was written by a different model or quantisation (chain 8.3 steps 7-8)."""
 
@@ -94,6 +98,8 @@ TRUNCATED_TITLE = "truncated agent session title trailer"
 EMPTY_TITLE = "empty agent session title"
 TITLE_TOO_LARGE = "agent session title is too large"
 TRAILING_BYTES = "unexpected trailing bytes"
+MISSING_CHECKSUM = "missing or invalid checksum trailer"
+CHECKSUM_MISMATCH = "the file's checksum does not match its contents: it was damaged after it was written"
 DIFFERENT_MODEL = "KV checkpoint was written for a different model"
 DIFFERENT_QUANT = "KV checkpoint was written for a different quantization"
 IDENTITY_MISMATCH = "cached session identity does not match file name"

@@ -29,6 +29,7 @@ import os
 import re
 import stat
 import struct
+import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
@@ -40,6 +41,7 @@ from .errors import (
     KVCError,
     KVCHeaderError,
     KVCIdentityError,
+    KVCIntegrityError,
     KVCIOError,
     KVCKindError,
     KVCMismatchError,
@@ -84,6 +86,17 @@ EXT_RESPONSES_VISIBLE = 0x02  # marker: text is the client-visible transcript
 EXT_THINKING_VISIBLE = 0x04  # marker
 EXT_TITLE = 0x08  # session-title trailer
 EXT_RESERVED = 0xF0  # unknown sections follow the known ones; end-of-file not checked
+# ds4agent's own section, under the first reserved bit: a CRC-32 of every byte before it (header,
+# text, payload, title). ds4 checks none of this: a bit flipped on disk in a payload loads as a
+# silently different KV state. ds4's readers stop after the payload and the sections they know
+# (ds4 8d57664: ds4_kvstore.c reads header, text and payload by their sizes; ds4_agent.c's
+# session load reads payload_bytes; neither checks the end of the file), so the files stay
+# theirs to load. Layout: the file's last 12 bytes, b"DS4C", u32 version (1), u32 CRC-32 (zlib's),
+# under the last reserved bit: any section a later ds4 adds under a lower bit comes before it.
+EXT_CHECKSUM = 0x80
+_CHECKSUM = struct.Struct("<4sII")
+_CHECKSUM_MAGIC = b"DS4C"
+_CHECKSUM_VERSION = 1
 
 # How much rendered text a listing reads (kv ls/show/verify, /list, the picker): enough for any
 # real first user message (the title) and the preview. A header may claim up to 4 GiB of text
@@ -222,6 +235,8 @@ class Envelope:
     ktm_entries: int | None  # entry count of a skipped KTM trailer (bit0), else None
     text_bytes: int
     text_digest: str | None = None  # SHA-1 of the whole text, hashed while reading a capped text
+    checksum: int | None = None  # the CRC-32 the checksum trailer holds (EXT_CHECKSUM), else None
+    checksum_offset: int = 0  # where that trailer starts: the CRC covers every byte before it
 
     @property
     def payload_offset(self) -> int:
@@ -367,11 +382,43 @@ def _read_envelope(f: BinaryIO, path: Path, file_size: int, kind: str, *,
         if title is None:
             raise KVCTrailerError(E.TRUNCATED_TITLE)
         pos += 4 + title_len
+    checksum, checksum_offset = None, 0
+    if header.ext_flags & EXT_CHECKSUM:
+        end = file_size - _CHECKSUM.size
+        raw = None
+        if end >= pos:
+            f.seek(end)
+            raw = _read_exact(f, _CHECKSUM.size)
+        magic, version, crc = _CHECKSUM.unpack(raw) if raw is not None else (b"", 0, 0)
+        if magic != _CHECKSUM_MAGIC or version != _CHECKSUM_VERSION:
+            raise KVCTrailerError(E.MISSING_CHECKSUM)
+        checksum, checksum_offset = crc, end
+        if not header.ext_flags & EXT_RESERVED & ~EXT_CHECKSUM:
+            pos += _CHECKSUM.size  # no other section: the checksum ends the file
     # A reserved ext bit announces an unknown section after the known ones: do not check the end.
-    if not header.ext_flags & EXT_RESERVED and pos != file_size:
+    if not header.ext_flags & EXT_RESERVED & ~EXT_CHECKSUM and pos != file_size:
         raise KVCTrailerError(E.TRAILING_BYTES)
     f.seek(PREFIX_BYTES + text_bytes)  # back to the payload start
-    return Envelope(path, file_size, header, text, title, ktm_entries, text_bytes, digest)
+    return Envelope(path, file_size, header, text, title, ktm_entries, text_bytes, digest, checksum, checksum_offset)
+
+
+def _check_checksum(f: BinaryIO, env: Envelope) -> None:
+    """The file's bytes before the checksum trailer against the CRC it holds (a pass over the
+    file: its pages are usually still cached from the read just made)."""
+    if env.checksum is None:
+        return
+    back = f.tell()
+    f.seek(0)
+    crc, left = 0, env.checksum_offset
+    while left:
+        chunk = _read_exact(f, min(left, _TEXT_CHUNK * 8))
+        if chunk is None:
+            raise KVCTrailerError(E.MISSING_CHECKSUM)
+        crc = zlib.crc32(chunk, crc)
+        left -= len(chunk)
+    f.seek(back)
+    if crc != env.checksum:
+        raise KVCIntegrityError(E.CHECKSUM_MISMATCH)
 
 
 def _open(path: Path) -> tuple[BinaryIO, int]:
@@ -472,6 +519,7 @@ def load_kvc(
             if kind == KIND_SYSPROMPT and expected_text is not None and env.text != expected_text:  # step 9
                 raise KVCTextError(E.SYSPROMPT_MISMATCH)
             check_identity(path, env)  # step 10
+            _check_checksum(f, env)  # ds4agent's integrity check, before the payload is parsed
             if hdr.payload_bytes == 0 and kind == KIND_SESSION:  # stripped: the caller rebuilds (§12.6)
                 return LoadedKVC(env, None)
             state = read_payload(f, hdr.payload_bytes, shape, ctx, version=hdr.payload_version)  # step 11
@@ -549,6 +597,7 @@ def verify_kvc(path: str | Path, *, quant_bits: int | None = None, shape: Payloa
             if hdr.payload_bytes and quant_bits is not None and hdr.quant_bits != quant_bits:
                 raise KVCMismatchError(E.DIFFERENT_QUANT)
             check_identity(path, env)
+            _check_checksum(f, env)
             if hdr.payload_bytes == 0 and kind == KIND_SESSION:
                 return VerifyResult(path, kind, env, None, None)  # stripped session: not rebuilt
             use_shape = as_shape(shape) if shape is not None else None
@@ -572,6 +621,21 @@ def verify_kvc(path: str | Path, *, quant_bits: int | None = None, shape: Payloa
 
 # ------------------------------------------------------------------------------------------------
 # writing (§6.1)
+
+
+class _Summing:
+    """A file being written, with the CRC-32 of everything written through it so far."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self.f = f
+        self.crc = 0
+
+    def write(self, data) -> int:
+        self.crc = zlib.crc32(data, self.crc)
+        return self.f.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.f, name)  # flush, fileno, ...: the file's own
 
 
 def write_kvc(
@@ -612,7 +676,7 @@ def write_kvc(
         header = replace(header, payload_bytes=0)
     if header.tokens == 0 or header.tokens > U32_MAX:
         raise KVCWriteError("cannot save an empty KV state (0 tokens)", path=path)
-    ext = header.ext_flags & ~EXT_TITLE | (EXT_TITLE if title is not None else 0)
+    ext = header.ext_flags & ~EXT_TITLE | (EXT_TITLE if title is not None else 0) | EXT_CHECKSUM
     # ds4agent never writes a KTM map, nor an [S] file (§13): a header read from one is re-saved
     # in the current layout.
     header = replace(header, ext_flags=ext & ~EXT_KTM, payload_abi=PAYLOAD_ABI)
@@ -622,7 +686,8 @@ def write_kvc(
         # rename, directory fsync; the temp is removed on any failure. A symlink at `path` is
         # replaced, never written through. The temp name `<final>.tmp.<random>.tmp`
         # keeps the `.kv.tmp.` shape that the scan rule ignores and clean_stale_temps recognises.
-        with atomic_entry(path, mode=0o600, prefix=path.name + ".tmp.") as f:
+        with atomic_entry(path, mode=0o600, prefix=path.name + ".tmp.") as out:
+            f = _Summing(out)
             f.write(header.pack())
             f.write(_U32.pack(len(text)))
             f.write(text)
@@ -634,6 +699,7 @@ def write_kvc(
             if title is not None:
                 f.write(_U32.pack(len(title)))
                 f.write(title)
+            out.write(_CHECKSUM.pack(_CHECKSUM_MAGIC, _CHECKSUM_VERSION, f.crc))
     except KVCError as err:
         err.path = path
         raise

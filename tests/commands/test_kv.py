@@ -9,6 +9,7 @@ import pytest
 
 from ds4agent.cli import build_parser
 from ds4agent.commands import kv
+from ds4agent.sessions import errors as E
 from ds4agent.sessions.kvc import KVCHeader, text_sha1, write_kvc
 from ds4agent.sessions.payload import FLASH_SHAPE
 from ds4agent.sessions.store import SessionStore
@@ -86,7 +87,7 @@ def test_show_session(tmp_path):
     fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line and not line.startswith(" "))
     assert fields["reason"].strip() == "6 (agent-session)"
     assert fields["tokens"].strip() == "9"
-    assert fields["ext flags"].strip() == "0x08 (title)"
+    assert fields["ext flags"].strip() == "0x88 (title, checksum)"
     assert fields["title"].strip() == "list this ✓ session"
     assert fields["trailers"].strip() == "title (21 bytes)"
     assert fields["status"].strip() == "ok"
@@ -121,13 +122,19 @@ def test_verify(tmp_path):
     assert code == 0 and out.splitlines()[-1] == "2 file(s) checked, 0 invalid"
     data = s.path.read_bytes()
     (tmp_path / ("0" * 40 + ".kv")).write_bytes(data)  # renamed copy: identity mismatch
-    s.path.write_bytes(data[:-3])  # truncated title trailer
+    s.path.write_bytes(data[:-15])  # truncated title trailer (and no checksum)
     (tmp_path / "readme.txt").write_text("not a kv file")
     code, out = run(tmp_path, "verify")
     lines = out.splitlines()
     assert code == 1 and lines[-1] == "3 file(s) checked, 2 invalid"
     assert f"INVALID  {'0' * 40}.kv  cached session identity does not match file name" in lines
     assert f"INVALID  {s.path.name}  truncated agent session title trailer" in lines
+    # One bit flipped in the payload (a disk error): ds4 would load it; the checksum says no.
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0x10
+    s.path.write_bytes(bytes(flipped))
+    code, out = run(tmp_path, "verify")
+    assert code == 1 and f"INVALID  {s.path.name}  {E.CHECKSUM_MISMATCH}" in out.splitlines()
 
 
 def test_rm(tmp_path, capsys):

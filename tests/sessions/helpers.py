@@ -87,7 +87,7 @@ def s_layout(data: bytes) -> bytes:
     """An [L] file without a title trailer turned into the [S] layout of earlier ds4 builds
     (kvc-format.md §13): header byte 20 = 0 and DSV4 payload version 1; every other byte is the
     same (checked against files ds4 itself wrote)."""
-    out = bytearray(data)
+    out = without_checksum(data) if data[6] & 0x80 else bytearray(data)
     assert out[20] == 2 and not out[6] & 0x08, "an [L] file without a title trailer"
     out[20] = 0
     text_bytes = int.from_bytes(out[48:52], "little")
@@ -95,3 +95,12 @@ def s_layout(data: bytes) -> bytes:
     assert out[version_at:version_at + 4] == b"\x02\0\0\0"
     out[version_at:version_at + 4] = b"\x01\0\0\0"
     return bytes(out)
+
+
+def without_checksum(data: bytes) -> bytearray:
+    """A file ds4agent wrote, as ds4 would have written it: its checksum trailer (the last 12
+    bytes, ext bit 0x80) removed. For tests that build another writer's file by editing ours."""
+    out = bytearray(data)
+    assert out[6] & 0x80 and out[-12:-8] == b"DS4C"
+    out[6] &= 0x7F
+    return out[:-12]

@@ -46,7 +46,7 @@ def test_fixture_file_is_valid_and_small(good, scratch):
     scratch.write_bytes(good)
     loaded = _load(scratch)
     assert loaded.envelope.title == TITLE
-    assert len(good) == 52 + len(TEXT) + payload_size(MICRO, T, CTX) + 4 + len(TITLE) < 4096
+    assert len(good) == 52 + len(TEXT) + payload_size(MICRO, T, CTX) + 4 + len(TITLE) + 12 < 4096  # + checksum
 
 
 def test_truncation_at_every_offset_is_refused(good, scratch):

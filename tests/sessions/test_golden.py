@@ -12,7 +12,7 @@ import numpy as np
 from ds4agent.sessions.kvc import KIND_SESSION, KVCHeader, load_kvc, session_identity, write_kvc
 from ds4agent.sessions.payload import PayloadState, blank_state
 
-from .helpers import MICRO, assert_states_equal
+from .helpers import MICRO, assert_states_equal, without_checksum
 
 GOLDEN = Path(__file__).parent / "data" / "micro_session.kv"
 TITLE = "golden ✓ title".encode()
@@ -47,7 +47,10 @@ def golden_bytes(tmp: Path) -> bytes:
 
 
 def test_writer_reproduces_the_golden_file(tmp_path):
-    assert golden_bytes(tmp_path) == GOLDEN.read_bytes()
+    # The golden file is what ds4 writes; ds4agent adds its checksum trailer (kvc.EXT_CHECKSUM).
+    written = golden_bytes(tmp_path)
+    assert without_checksum(written) == GOLDEN.read_bytes()
+    assert written[6] == 0x88 and written[-12:-8] == b"DS4C"
 
 
 def test_golden_file_reads_back(tmp_path):

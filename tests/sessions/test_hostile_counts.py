@@ -14,7 +14,7 @@ from ds4agent.sessions.kvc import KTM_MAX_ENTRIES, KVCHeader, read_envelope, ver
 from ds4agent.sessions.payload import PAYLOAD_MAGIC, PayloadHeader
 from ds4agent.sessions.store import SessionStore
 
-from .helpers import TINY, random_state, session_text
+from .helpers import TINY, random_state, session_text, without_checksum
 
 TEXT = b"<text>"
 
@@ -78,7 +78,7 @@ def test_a_plausible_layout_in_a_short_file_is_still_just_truncated(tmp_path):
 def _with_ktm_trailer(path, entries: int, size: int):
     """A valid session file with bit0 set and a KTM trailer claiming `entries` entries after its
     payload, the rest of the `size`-byte file a hole (so every entry reads as two zero lengths)."""
-    data = bytearray(path.read_bytes())
+    data = without_checksum(path.read_bytes())  # as ds4-server writes it
     data[6] |= 0x01  # ext_flags: KTM
     with open(path, "wb") as f:
         f.write(bytes(data) + b"KTM\x01" + struct.pack("<I", entries))
@@ -105,7 +105,7 @@ def test_a_ktm_trailer_claiming_billions_of_entries_is_refused_without_walking_t
 def test_a_ktm_trailer_at_the_servers_own_entry_limit_is_still_skipped(tmp_path):
     path = tmp_path / "cp.kv"
     write_kvc(path, KVCHeader(2, 1, 0, 0, 5, 0, 64, 1, 1, 0), TEXT, random_state(TINY, 5, 64), TINY)
-    data = bytearray(path.read_bytes())
+    data = without_checksum(path.read_bytes())  # as ds4-server writes it
     data[6] |= 0x01
     path.write_bytes(bytes(data) + b"KTM\x01" + struct.pack("<I", KTM_MAX_ENTRIES) + bytes(8 * KTM_MAX_ENTRIES))
     env = read_envelope(path)

@@ -93,7 +93,7 @@ def test_flash_round_trip_through_a_file(tmp_path, T):
                     created_at=1, last_used=2, payload_bytes=0)
     written = write_kvc(path, hdr, text, state, FLASH_SHAPE, title=b"t")
     assert written.payload_bytes == formula(T)
-    assert path.stat().st_size == 52 + len(text) + formula(T) + 4 + 1
+    assert path.stat().st_size == 52 + len(text) + formula(T) + 4 + 1 + 12  # title, checksum
     loaded = load_kvc(path, KIND_SESSION, shape=FLASH_SHAPE, ctx=ctx, model_id=0, quant_bits=2)
     assert loaded.envelope.header == written
     assert loaded.envelope.text == text and loaded.envelope.title == b"t"

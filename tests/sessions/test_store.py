@@ -129,7 +129,7 @@ def test_save_names_by_identity_and_loads_back(store, clock):
     assert saved.message == f"saved session {saved.id[:8]} (11 tokens)"
     loaded = load(store, saved.id[:6].upper())
     assert loaded.text == text and loaded.title == saved.title and not loaded.legacy
-    assert loaded.created_at == clock.t and loaded.header.reason == 6 and loaded.header.ext_flags == 0x08
+    assert loaded.created_at == clock.t and loaded.header.reason == 6 and loaded.header.ext_flags == 0x88  # title, checksum
     assert_states_equal(state, loaded.payload)
     assert load(store, saved.path).id == saved.id  # a path works too
 
@@ -246,7 +246,7 @@ def test_listing_ignores_junk_and_reports_unreadable_session_files(store, clock)
     (d / "sysprompt.kv").write_bytes(good.path.read_bytes())
     (d / ("d" * 40 + ".kv.tmp.abc123")).write_bytes(good.path.read_bytes())
     (d / ("E" * 40 + ".kv")).write_bytes(b"\xff" * 3000)
-    (d / ("f" * 40 + ".kv")).write_bytes(good.path.read_bytes()[:-2])  # title trailer cut short
+    (d / ("f" * 40 + ".kv")).write_bytes(good.path.read_bytes()[:-14])  # title trailer cut short
     checkpoint = bytearray(good.path.read_bytes()[:300])
     checkpoint[5] = 2  # a damaged server checkpoint (valid header, reason 2): not a session, not listed
     (d / ("9" * 40 + ".kv")).write_bytes(bytes(checkpoint))
@@ -644,3 +644,18 @@ def test_s_files_are_never_deleted_as_prefix_ancestors(store, clock):
     s_path, _ = write_s_session(store, text)
     saved = save(store, text + b" and more", title=b"shared")
     assert s_path.exists() and s_path not in saved.deleted
+
+
+def test_a_bit_flipped_on_disk_is_refused_at_load(tmp_path):
+    """ds4 checks no checksum: a flipped bit in the payload loads as a different KV state. ds4agent
+    writes a CRC-32 trailer (ext bit 0x80, the file's last 12 bytes) and checks it before parsing."""
+    from ds4agent.sessions.errors import KVCIntegrityError
+
+    store = SessionStore(tmp_path)
+    saved = save(store, session_text("flip"))
+    data = bytearray(saved.path.read_bytes())
+    assert data[6] & 0x80 and data[-12:-8] == b"DS4C"
+    data[len(data) // 2] ^= 0x04
+    saved.path.write_bytes(bytes(data))
+    with pytest.raises(KVCIntegrityError, match="damaged after it was written"):
+        load(store, saved.id)
