@@ -62,13 +62,18 @@ def q8_gemv(u, sc, xq, xd, xsum, out):  # pragma: no cover - compiled
     n_in = xq.shape[0]
     blocks = cols // _BLOCK
     for r in prange(rows):
+        ur = u[r]
         for n in range(n_in):
+            xr = xq[n]
             acc = np.float32(0.0)
             for b in range(blocks):
                 base = b * _BLOCK
+                # Every step truncated to int32: numba would widen an int32 sum to int64, and the
+                # loop would then run 8 lanes wide instead of becoming int16 multiply-adds
+                # (vpmaddwd / VNNI's vpdpwssd), about 2x faster.
                 s = np.int32(0)
                 for i in range(_BLOCK):
-                    s += np.int32(np.int16(u[r, base + i]) * np.int16(xq[n, base + i]))
+                    s = np.int32(s + np.int32(np.int16(ur[base + i]) * np.int16(xr[base + i])))
                 acc += sc[r, b] * xd[n, b] * np.float32(s - 128 * xsum[n, b])
             out[n, r] = acc
 
