@@ -65,9 +65,7 @@ def display_title(title: str | bytes | None) -> str:
     """A title for display (non-UTF-8 bytes shown as U+FFFD, kvc-format.md §12.7)."""
     if title is None:
         return ""
-    if isinstance(title, bytes):
-        return display_text(title)
-    return str(title)
+    return display_text(title if isinstance(title, bytes) else str(title).encode("utf-8", "surrogateescape"))
 
 
 # ====================================================================== system prefix

@@ -18,7 +18,7 @@ interrupt never leaves a half-appended unit. No tool-round limit; a per-round to
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, cast
@@ -648,6 +648,15 @@ class Worker:
         call: it follows this round's results (_append_results). Once the user interrupts, the
         remaining calls are not run; a fixed text answers each of them."""
         texts: list[str] = []
+        bad = next((why for _, args in calls if (why := _unencodable(args)) is not None), None)
+        if bad is not None:
+            # Checked for the whole block before any call runs: text that cannot be UTF-8 fails
+            # later (journal, transcript, the next prompt), after a write would have happened.
+            for i, (name, _) in enumerate(calls):
+                text = f"Tool error: invalid tool call: {bad}; no call of this block was run\n"
+                self.io.emit(ev.ToolResult(i, name, False, text))
+                texts.append(text)
+            return texts
         for i, (name, args) in enumerate(calls):
             if self.io.should_stop():
                 text = template.RESULT_NOT_RUN_INTERRUPTED
@@ -743,3 +752,28 @@ def _describe(engine: Engine) -> str:
             pass
     cfg = getattr(engine, "config", None)
     return str(getattr(cfg, "name", None) or type(engine).__name__)
+
+
+def _unencodable(value: object, where: str = "") -> str | None:
+    """Why `value` (a call's arguments) cannot be written as UTF-8: a lone surrogate (a JSON
+    "\\ud800" escape) in some string; None when it can."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            return f"argument {where or 'text'} holds a lone surrogate (U+{ord(value[err.start]):04X})"
+        return None
+    if isinstance(value, Mapping):
+        items: Iterable[tuple[object, object]] = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        name = f"{where}.{key}" if where else str(key)
+        why = _unencodable(key, name) if isinstance(key, str) else None
+        if why is None:
+            why = _unencodable(item, name)
+        if why is not None:
+            return why
+    return None

@@ -31,6 +31,20 @@ STATE_WORDS = {
 }
 
 
+# Every control character but line feed and tab, shown instead of acted on: a job's output (or a
+# file the model quotes) could otherwise move the cursor, retitle the window, set the clipboard
+# (OSC 52) or answer back through the terminal. C0 controls become their Control Pictures
+# (U+2400 + code: ESC shows as ␛), DEL ␡, C1 controls (0x9B is CSI) U+FFFD.
+_TERMINAL_SAFE = {c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A)}
+_TERMINAL_SAFE[0x7F] = 0x2421
+_TERMINAL_SAFE.update({c: 0xFFFD for c in range(0x80, 0xA0)})
+
+
+def terminal_safe(text: str) -> str:
+    """`text` with its control characters made visible (see _TERMINAL_SAFE)."""
+    return text.translate(_TERMINAL_SAFE)
+
+
 def human_count(n: int) -> str:
     """Token counts as the reference footer writes them: below 1000 exact, then `N.Nk` / `Nk`, `N.NM`."""
     n = int(n)

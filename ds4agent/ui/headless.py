@@ -25,6 +25,7 @@ from typing import Any, TextIO
 from ds4agent.agent import events as ev
 from ds4agent.agent.permissions_glue import refused_as_read_only
 from ds4agent.ui import dispatch
+from ds4agent.ui.fmt import terminal_safe
 
 EXIT_OK = 0
 EXIT_FAIL = 1
@@ -83,6 +84,7 @@ class _Run:
         self.agent = agent
         self.prompt = prompt
         self.out = out
+        self.out_is_terminal = bool(getattr(out, "isatty", lambda: False)())
         self.err = err
         self.json_mode = json_mode
         self.ask = ask
@@ -121,7 +123,7 @@ class _Run:
             self.out.write("\n")
             self.out.flush()
             self.at_line_start = True
-        self.err.write(text)
+        self.err.write(terminal_safe(text))
         self.err.flush()
 
     def handle(self, e: ev.Event) -> int | None:
@@ -202,7 +204,8 @@ class _Run:
         text = e.text if self.wrote else e.text.lstrip()  # no blank lines before the answer
         if text:
             self.wrote = self.round_text = True
-            self.out.write(text)
+            # On a terminal the answer is shown, not acted on; piped, it stays as the model wrote it.
+            self.out.write(terminal_safe(text) if self.out_is_terminal else text)
             self.out.flush()
             self.at_line_start = text.endswith("\n")
 

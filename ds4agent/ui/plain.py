@@ -71,7 +71,7 @@ class PlainRenderer:
 
     def out(self, text: str, style: str = "text") -> None:
         if text:
-            self.write(text, style)
+            self.write(fmt.terminal_safe(text), style)
             self.at_line_start = text.endswith("\n")
 
     def line(self, text: str, style: str = "text") -> None:

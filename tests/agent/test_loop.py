@@ -378,3 +378,25 @@ def test_stray_dsml_tag_in_text_is_a_tool_error_with_the_reminder(tmp_path, tool
     assert dsml.syntax_error_result(inv[0].reason).encode() in h.text()
     assert of(evs, ev.TurnEnded)[-1].rounds == 2
     h.stop()
+
+
+def test_a_lone_surrogate_in_a_call_runs_no_call_of_its_block(tmp_path, tools, monkeypatch):
+    """JSON lets a parameter spell "\\ud800": a string no file or prompt can hold. The block is
+    refused whole before anything runs (a write must not happen and then the turn fail)."""
+    import json
+    import types
+
+    from ds4agent.protocol import template
+
+    # The scripted model writes the JSON parameter with ASCII escapes, as a model may.
+    monkeypatch.setattr(template, "json", types.SimpleNamespace(
+        dumps=lambda v, **kw: json.dumps(v, **{**kw, "ensure_ascii": True}), loads=json.loads))
+    calls = [("alpha", {"x": "1"}), ("beta", {"x": ["ok", "\ud800"]})]
+    h = AgentHarness.build(tmp_path, [reply("", think="t", calls=calls), reply("Fixed.", think="")], tools=tools)
+    evs = h.turn("go")
+    assert tools[0].calls == [] and tools[1].calls == []
+    texts = [r.text for r in of(evs, ev.ToolResult)]
+    assert len(texts) == 2 and all("lone surrogate (U+D800)" in t and "no call of this block was run" in t
+                                   for t in texts)
+    assert of(evs, ev.TurnEnded)[-1].rounds == 2 and h.text().endswith("Fixed.<｜end▁of▁sentence｜>".encode())
+    h.stop()

@@ -659,3 +659,10 @@ def test_a_bit_flipped_on_disk_is_refused_at_load(tmp_path):
     saved.path.write_bytes(bytes(data))
     with pytest.raises(KVCIntegrityError, match="damaged after it was written"):
         load(store, saved.id)
+
+
+def test_titles_show_no_c1_controls_or_bidi_overrides():
+    # 0x9B is CSI to a terminal (the start of an escape sequence); U+202E reverses what follows.
+    title = "a\u009b31mred\u202egnp.exe\u2066x\u2069".encode()
+    assert display_text(title) == "a\ufffd31mred\ufffdgnp.exe\ufffdx\ufffd"
+    assert display_text("naïve — ok ✓".encode()) == "naïve — ok ✓"  # ordinary text untouched

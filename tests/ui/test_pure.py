@@ -342,3 +342,13 @@ def test_the_header_abbreviates_a_long_directory_from_the_left():
     assert place.startswith("…") and place.endswith("/deep/project")
     assert fmt.cells(f"ds4agent ─ {place} ─ {label}") + 1 + fmt.cells("think · ask") <= 78
     assert fmt.header_parts("/tmp/work", "", "", "think · ask", 78)[0] == "/tmp/work"  # short: whole
+
+
+def test_control_characters_are_shown_not_sent_to_the_terminal():
+    from ds4agent.ui.fmt import terminal_safe
+
+    # a job printing "clear the screen, set the clipboard (OSC 52), CSI as one C1 byte"
+    hostile = "ok\x1b[2J\x1b]52;c;ZXZpbA==\x07\x9b31m\tdone\n"
+    shown = terminal_safe(hostile)
+    assert "\x1b" not in shown and "\x07" not in shown and "\x9b" not in shown
+    assert shown == "ok␛[2J␛]52;c;ZXZpbA==␇\ufffd31m\tdone\n"
