@@ -110,6 +110,9 @@ def encode(spec: TensorSpec, values: np.ndarray) -> np.ndarray:
     raise AssertionError(spec.ggml_type)
 
 
+EXTRA_METADATA = {"deepseek4.expert_gating_func": 4}
+
+
 def add_config_metadata(writer: Any, cfg: ModelConfig) -> None:
     """The config's `deepseek4.*` keys on a gguf.GGUFWriter, each of the GGUF type ds4 writes."""
     from gguf import GGUFValueType as VT
@@ -127,3 +130,8 @@ def add_config_metadata(writer: Any, cfg: ModelConfig) -> None:
             writer.add_key_value(key, float(value), VT.FLOAT32)
         else:
             writer.add_key_value(key, int(value), kinds[kind])
+    # Keys ds4 does not read but llama.cpp-family loaders require of a DeepSeek-V4 file: the MoE
+    # scoring function (4: sqrt-softplus, what the router computes). Without it ik_llama.cpp
+    # refuses the file ("expects sqrtsoftplus MoE scoring"), and it cannot be a side-by-side peer.
+    for key, value in EXTRA_METADATA.items():
+        writer.add_key_value(key, value, VT.UINT32)

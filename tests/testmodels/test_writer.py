@@ -37,6 +37,9 @@ def test_written_file_has_real_metadata_and_every_tensor(micro_file):
             else:
                 assert have == want, f.name
         assert gf.value_types["deepseek4.block_count"].name == "UINT32"
+        # what llama.cpp-family loaders require of a DeepSeek-V4 file (sqrt-softplus scoring)
+        assert gf.metadata["deepseek4.expert_gating_func"] == 4
+        assert gf.value_types["deepseek4.expert_gating_func"].name == "UINT32"
         assert gf.array_types["deepseek4.attention.compress_ratios"].name == "UINT32"
         table = tensor_table(cfg)
         assert list(gf.tensors) == [t.name for t in table]
