@@ -1,0 +1,180 @@
+"""ds4agent against its peers on the same file, in one run: prefill and decode tokens/s, agreement.
+
+    .venv/bin/python bench/peers.py --ds4 BIN [--llama-bench BIN] [--model FILE] [--threads 2]
+                                    [--prompt 64] [--decode 4] [--agree 40] [--kernels cpu]
+
+Peers (built with the scripts in ../shared/peers/; this script never builds them):
+* ds4's CPU build (`ds4 --cpu`), the reference implementation: its `prefill: X t/s, generation:
+  Y t/s` line, and `--dump-logprobs` for the agreement;
+* ik_llama.cpp's `llama-bench` (optional; the file needs `deepseek4.expert_gating_func`, which
+  `ds4agent make-test-model` writes): its JSON prefill (pp) and decode (tg) rates.
+Ours runs in a child process of its own per measurement (one Flash-shape engine at a time fits
+this machine), on the kernel set `--kernels` names (DS4AGENT_KERNELS; default: the device's).
+
+Agreement: ds4 dumps `--agree` greedy steps with its top-20 logits; ours is fed the same prompt ids
+and the same selected tokens (teacher-forced) and is compared at each step: argmax equal to ds4's
+choice, and max |dlogit| over ds4's top-20 ids (the median over steps is reported).
+
+Without --model it writes the Flash-shape q2 test file (`ds4agent make-test-model --config flash`,
+4.4 GB) into a temporary directory. Exits 1 when a ratio is below its target: decode and prefill
+each >= 0.5x llama-bench's (when given), argmax agreement 100%, median max |dlogit| <= 0.137.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PEER_RATIO_TARGET = 0.5
+DLOGIT_TARGET = 0.137
+PROMPT_WORDS = ("the quick brown fox jumps over the lazy dog while a careful reader counts every "
+                "word of this sentence and ").split()
+_DS4_RATES = re.compile(r"prefill:\s*([0-9.]+)\s*t/s,\s*generation:\s*([0-9.]+)\s*t/s")
+
+
+def prompt_text(n_words: int) -> str:
+    return " ".join(PROMPT_WORDS[i % len(PROMPT_WORDS)] for i in range(n_words))
+
+
+def parse_ds4_rates(stderr: str) -> tuple[float, float]:
+    """(prefill, decode) tokens/s from ds4's last `prefill: X t/s, generation: Y t/s` line."""
+    found = _DS4_RATES.findall(stderr)
+    if not found:
+        raise RuntimeError("ds4 printed no 'prefill: X t/s, generation: Y t/s' line:\n" + stderr[-2000:])
+    prefill, decode = found[-1]
+    return float(prefill), float(decode)
+
+
+def parse_llama_bench(stdout: str) -> tuple[float, float]:
+    """(prefill, decode) tokens/s from `llama-bench -o json`: the pp and tg rows' avg_ts."""
+    rows = json.loads(stdout)
+    pp = [r["avg_ts"] for r in rows if r.get("n_prompt", 0) > 0 and r.get("n_gen", 0) == 0]
+    tg = [r["avg_ts"] for r in rows if r.get("n_gen", 0) > 0 and r.get("n_prompt", 0) == 0]
+    if not pp or not tg:
+        raise RuntimeError("llama-bench printed no pp and tg rows")
+    return float(pp[0]), float(tg[0])
+
+
+def parse_ds4_tokens(stdout: str) -> list[int]:
+    """The prompt's token ids from `ds4 --dump-tokens`: its first line `[id, id, ...]`."""
+    for line in stdout.splitlines():
+        if line.startswith("["):
+            return [int(t) for t in json.loads(line)]
+    raise RuntimeError("ds4 --dump-tokens printed no token list:\n" + stdout[-2000:])
+
+
+def run_ds4(binary: str, model: Path, threads: int, text: str, n: int, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [binary, "--cpu", "-m", str(model), "-c", "4096", "-t", str(threads), "-n", str(n), "-p", text, *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, check=True)
+
+
+def ours(model: Path, prompt_ids: list[int], decode: int, steps: list[dict] | None, kernels: str | None) -> dict:
+    """Our engine in a child process (a fresh process per measurement, like the peers)."""
+    code = (
+        "import json, sys, time; import numpy as np\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from ds4agent.engine import load_engine\n"
+        "from ds4agent.engine.device import kernel_set\n"
+        "from bench.common import peak_rss\n"
+        "job = json.loads(sys.stdin.read())\n"
+        "engine = load_engine(job['model'], ctx=4096)\n"
+        "s = engine.new_session(); t = time.perf_counter(); s.sync(job['prompt']); tp = time.perf_counter() - t\n"
+        "out = {'kernels': kernel_set(), 'prefill': len(job['prompt']) / tp}\n"
+        "if job['steps'] is None:\n"
+        "    tok = int(np.argmax(s.logits)); t = time.perf_counter()\n"
+        "    for _ in range(job['decode']): tok = int(np.argmax(s.step(tok)))\n"
+        "    out['decode'] = job['decode'] / (time.perf_counter() - t)\n"
+        "else:\n"
+        "    agree, dmax = [], []\n"
+        "    for st in job['steps']:\n"
+        "        ids = [c['token']['id'] for c in st['top_logprobs']]; want = [c['logit'] for c in st['top_logprobs']]\n"
+        "        agree.append(int(np.argmax(s.logits)) == st['selected']['id'])\n"
+        "        dmax.append(float(np.max(np.abs(s.logits[ids] - np.array(want)))))\n"
+        "        s.step(st['selected']['id'])\n"
+        "    out['agree'] = agree; out['dmax'] = dmax\n"
+        "out['rss'] = peak_rss()\n"
+        "print(json.dumps(out))\n"
+    )
+    env = dict(os.environ)
+    if kernels:
+        env["DS4AGENT_KERNELS"] = kernels
+    job = {"model": str(model), "prompt": prompt_ids, "decode": decode, "steps": steps}
+    done = subprocess.run([sys.executable, "-c", code], input=json.dumps(job), capture_output=True, text=True,
+                          env=env, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ds4", required=True, help="ds4's CPU binary (build-ds4-cpu.sh)")
+    ap.add_argument("--llama-bench", help="ik_llama.cpp's llama-bench (build-ik-llama-cpu.sh)")
+    ap.add_argument("--model", type=Path, help="a DS4 Flash GGUF (default: write the Flash-shape q2 test file)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt", type=int, default=64, help="prompt length in words (about one token each)")
+    ap.add_argument("--decode", type=int, default=4, help="decoded tokens per speed measurement")
+    ap.add_argument("--agree", type=int, default=40, help="greedy steps compared with ds4 (0: skip)")
+    ap.add_argument("--kernels", help="our kernel set (DS4AGENT_KERNELS: reference, cpu or gpu)")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="ds4agent-peers-") as tmp:
+        model = args.model
+        if model is None:
+            model = Path(tmp) / "flash_q2.gguf"
+            subprocess.run([sys.executable, "-m", "ds4agent.cli", "make-test-model", "--config", "flash",
+                            str(model)], check=True, cwd=ROOT)
+        text = prompt_text(args.prompt)
+        rows: dict[str, tuple[float, float]] = {}
+        tokens = parse_ds4_tokens(run_ds4(args.ds4, model, args.threads, text, 1, "--dump-tokens").stdout)
+        print(f"prompt: {len(tokens)} tokens (ds4's tokenisation, used by every engine)", flush=True)
+        rows["ds4 (CPU)"] = parse_ds4_rates(run_ds4(args.ds4, model, args.threads, text, args.decode).stderr)
+        print(f"ds4:          prefill {rows['ds4 (CPU)'][0]:.3g} t/s, decode {rows['ds4 (CPU)'][1]:.3g} t/s",
+              flush=True)
+        if args.llama_bench:
+            done = subprocess.run([args.llama_bench, "-m", str(model), "-t", str(args.threads), "-p",
+                                   str(len(tokens)), "-n", str(args.decode), "-r", "1", "-o", "json"],
+                                  capture_output=True, text=True, check=True)
+            rows["ik_llama.cpp"] = parse_llama_bench(done.stdout)
+            print(f"ik_llama.cpp: prefill {rows['ik_llama.cpp'][0]:.3g} t/s, decode {rows['ik_llama.cpp'][1]:.3g} t/s",
+                  flush=True)
+        mine = ours(model, tokens, args.decode, None, args.kernels)
+        rows[f"ds4agent ({mine['kernels']})"] = (mine["prefill"], mine["decode"])
+        print(f"ds4agent:     prefill {mine['prefill']:.3g} t/s, decode {mine['decode']:.3g} t/s, "
+              f"peak RSS {mine['rss'] / (1 << 30):.2f} GiB", flush=True)
+        failed = False
+        ours_row = rows[f"ds4agent ({mine['kernels']})"]
+        print(f"\n{'engine':24s}{'prefill t/s':>14s}{'decode t/s':>14s}{'ours/it prefill':>18s}{'ours/it decode':>16s}")
+        for name, (pp, tg) in rows.items():
+            print(f"{name:24s}{pp:14.3g}{tg:14.3g}{ours_row[0] / pp:18.2f}{ours_row[1] / tg:16.2f}")
+        if "ik_llama.cpp" in rows:
+            pp, tg = rows["ik_llama.cpp"]
+            for what, ratio in (("prefill", ours_row[0] / pp), ("decode", ours_row[1] / tg)):
+                if ratio < PEER_RATIO_TARGET:
+                    print(f"{what} {ratio:.2f}x ik_llama.cpp's, target >= {PEER_RATIO_TARGET}x  [SLOW]")
+                    failed = True
+        if args.agree:
+            with tempfile.NamedTemporaryFile(suffix=".json", dir=tmp, delete=False) as fh:
+                dump = fh.name
+            run_ds4(args.ds4, model, args.threads, text, args.agree, "--dump-logprobs", dump)
+            steps = json.loads(Path(dump).read_text())["steps"]
+            got = ours(model, tokens, 0, steps, args.kernels)
+            agree, median = sum(got["agree"]), statistics.median(got["dmax"])
+            ok = agree == len(steps) and median <= DLOGIT_TARGET
+            failed |= not ok
+            print(f"\nagreement with ds4 over {len(steps)} teacher-forced steps: argmax {agree}/{len(steps)}, "
+                  f"median max |dlogit| over ds4's top-20 {median:.3f} (target {DLOGIT_TARGET})"
+                  f"  [{'ok' if ok else 'FAIL'}]")
+        return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""bench/peers.py reads its peers' output: ds4's rate line and token dump, llama-bench's JSON (the
+peers themselves are never run in the suite)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import peers
+
+
+def test_ds4_rates_and_tokens_are_read_from_its_output():
+    err = "ds4: loading…\nds4: prefill: 0.17 t/s, generation: 0.16 t/s\n"
+    assert peers.parse_ds4_rates(err) == (0.17, 0.16)
+    with pytest.raises(RuntimeError, match="no 'prefill"):
+        peers.parse_ds4_rates("ds4: out of memory\n")
+    out = "[0, 128803, 1502]\n     0  <｜begin▁of▁sentence｜>\n128803  <｜User｜>\n  1502  hello\n"
+    assert peers.parse_ds4_tokens(out) == [0, 128803, 1502]
+
+
+def test_llama_bench_json_gives_prefill_and_decode_rates():
+    rows = [{"n_prompt": 64, "n_gen": 0, "avg_ts": 4.47}, {"n_prompt": 0, "n_gen": 4, "avg_ts": 1.13}]
+    assert peers.parse_llama_bench(json.dumps(rows)) == (4.47, 1.13)
+    with pytest.raises(RuntimeError):
+        peers.parse_llama_bench("[]")
+
+
+def test_the_prompt_has_the_words_asked_for():
+    assert len(peers.prompt_text(64).split()) == 64
