@@ -590,10 +590,12 @@ def list_event(worker: WorkerPort) -> ev.SessionList:
         index = {}
     try:
         sessions, unreadable = store.scan_sessions()
-        model_id = _model_id(worker)
+        # While the model loads there is no engine yet: every session is listed (the headers are
+        # all a listing reads); once loaded, only this model's.
+        model_id = _model_id(worker) if getattr(worker, "engine", None) is not None else None
         for info in sessions:
             e = info.entry
-            if e.header.model_id != model_id:
+            if model_id is not None and e.header.model_id != model_id:
                 continue  # another model's session (the directory is shared): `kv ls --all` lists it
             parent = index[e.id].forked_from if e.id in index else ""
             infos.append(ev.SessionInfo(

@@ -444,3 +444,22 @@ def test_a_stripped_text_longer_than_the_context_is_refused_before_it_is_read(tm
     assert errors and "longer than a context of" in errors[0]
     assert read == [] and peak < 100 << 20  # nothing tokenised, the text never read whole
     h.stop()
+
+
+def test_sessions_are_listed_while_the_model_still_loads(tmp_path, tools):
+    """/list needs no engine: before the model is loaded (no engine yet) every session is listed,
+    not "'Worker' object has no attribute 'engine'"."""
+    from ds4agent.agent import sessionops
+
+    h = AgentHarness.build(tmp_path, [reply("A1", think="t")], tools=tools)
+    h.turn("listed early")
+    saved = of(h.command(h.agent.save), ev.SessionSaved)[0]
+    engine = h.worker.engine
+    del h.worker.engine  # as during load_engine
+    try:
+        listing = sessionops.list_event(h.worker)
+    finally:
+        h.worker.engine = engine
+    assert [s.id for s in listing.sessions] == [saved.id]
+    assert not [e for e in h.agent.poll_events() if isinstance(e, ev.Error)]
+    h.stop()
