@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from ds4agent.agent import events as ev
 from ds4agent.agent.stream import AssistantStream
 from ds4agent.protocol.template import SESSION_DATE_HEAD, Turn, split_turns, strip_session_date
-from ds4agent.sessions.store import USER_MARK, derive_title
+from ds4agent.sessions.titles import USER_MARK, derive_title
 
 if TYPE_CHECKING:
     from ds4agent.protocol.tokenizer import Tokenizer
@@ -49,7 +49,7 @@ def parse_user_part(data: bytes) -> tuple[list[str], str]:
 
 
 def session_title(text: bytes) -> bytes:
-    """The title derived from a rendered transcript (store.derive_title), without the date line
+    """The title derived from a rendered transcript (titles.derive_title), without the date line
     the agent put in front of the first user message: a title says what the user asked."""
     start = text.find(USER_MARK)
     if start >= 0:

@@ -33,10 +33,9 @@ from ds4agent.sessions.store import (
     SavedSession,
     SessionStore,
     UnreadableSession,
-    display_text,
     format_age,
-    normalise_title,
 )
+from ds4agent.sessions.titles import display_text, normalise_title
 
 
 class SessionOpError(Exception):

@@ -30,14 +30,8 @@ from ds4agent.sessions.kvc import (
     verify_kvc,
 )
 from ds4agent.sessions.payload import FLASH_SHAPE
-from ds4agent.sessions.store import (
-    SessionStore,
-    UnreadableSession,
-    default_kv_dir,
-    derive_title,
-    display_text,
-    format_age,
-)
+from ds4agent.sessions.store import SessionStore, UnreadableSession, default_kv_dir, format_age
+from ds4agent.sessions.titles import derive_title, display_text
 from ds4agent.ui.fmt import cells, clip, fit
 
 PREVIEW_BYTES = 400

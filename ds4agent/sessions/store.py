@@ -102,23 +102,13 @@ from .kvc import (
     write_kvc,
 )
 from .payload import PayloadShape, PayloadState, read_payload
+from .titles import clip_title, derive_title, display_text
 
 ENV_KV_DIR = "DS4AGENT_KV_DIR"
 SYSPROMPT_KEEP = 8  # §12.2: keep the 8 most recently used system-prompt caches
 STALE_TEMP_SECONDS = 24 * 3600  # §6.2: another process may be mid-write on a younger temp file
-LIST_TITLE_BYTES = 70
-
-USER_MARK = "<｜User｜>".encode()
-ASSISTANT_MARK = "<｜Assistant｜>".encode()
-NO_USER_PROMPT = b"(no user prompt)"
-EMPTY_USER_PROMPT = b"(empty user prompt)"
-
 _STALE_TEMP = re.compile(r"(?:[0-9a-fA-F]{40}|sysprompt|sysprompt-[0-9a-fA-F]{16})\.kv\.tmp\..*")
 _HEX_PREFIX = re.compile(r"[0-9a-fA-F]{1,40}")
-_C_SPACE = b" \t\n\v\f\r"  # C-locale isspace: exactly these six bytes (§12.7)
-_C_SPACE_RUN = re.compile(rb"[ \t\n\v\f\r]+")
-
-
 def default_kv_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
     """--kv-dir > $DS4AGENT_KV_DIR > $HOME/.ds4/kvcache (./.ds4/kvcache without a HOME)."""
     if explicit:
@@ -132,47 +122,6 @@ def default_kv_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
 
 # ------------------------------------------------------------------------------------------------
 # titles (§12.7)
-
-
-def derive_title(text: bytes) -> bytes:
-    """The session title from rendered text: the first user message, C-whitespace normalised."""
-    start = text.find(USER_MARK)
-    if start < 0:
-        return NO_USER_PROMPT
-    start += len(USER_MARK)
-    ends = [i for i in (text.find(ASSISTANT_MARK, start), text.find(USER_MARK, start)) if i >= 0]
-    body = text[start:min(ends)] if ends else text[start:]
-    return normalise_title(body) or EMPTY_USER_PROMPT
-
-
-def normalise_title(raw: bytes) -> bytes:
-    """A title as stored: C whitespace trimmed and each run of it one space (b"" when blank).
-    Used for derived titles and for the one the user gives (/save TITLE) alike."""
-    return _C_SPACE_RUN.sub(b" ", raw.strip(_C_SPACE))
-
-
-def clip_title(title: bytes, limit: int = LIST_TITLE_BYTES) -> bytes:
-    """Cut a title after `limit` bytes without splitting a UTF-8 character, appending `...`."""
-    if len(title) <= limit:
-        return title
-    cut = limit
-    # Move back (at most 3 bytes) while the first byte cut off is a continuation byte.
-    while cut > limit - 3 and cut > 0 and 0x80 <= title[cut] <= 0xBF:
-        cut -= 1
-    return title[:cut] + b"..."
-
-
-# Shown as U+FFFD: C0 controls, DEL and the C1 controls (a terminal acts on 0x9B as CSI, the start
-# of an escape sequence), and the bidirectional overrides, embeddings and isolates, which make a
-# title read other than it is ("‮gnp.exe" shows as "exe.png").
-_UNSHOWABLE = frozenset([*range(0x20), *range(0x7F, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A)])
-
-
-def display_text(data: bytes) -> str:
-    """Bytes for display: invalid UTF-8, control characters and bidi overrides become U+FFFD;
-    never fails (§5.2). The bytes themselves (a title's identity) are left as they are."""
-    text = data.decode("utf-8", errors="replace")
-    return "".join("\ufffd" if ord(c) in _UNSHOWABLE else c for c in text)
 
 
 # ------------------------------------------------------------------------------------------------

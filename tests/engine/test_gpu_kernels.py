@@ -167,7 +167,7 @@ def test_a_hash_table_with_an_out_of_range_expert_is_refused_at_load():
 def test_a_bad_kernel_switch_is_refused_before_loading(micro_file):
     with kernels("reference"):
         os.environ[KERNELS_ENV] = "tpu"
-        with pytest.raises(EngineError, match=f"{KERNELS_ENV} must be cpu or gpu"):
+        with pytest.raises(EngineError, match=f"{KERNELS_ENV} must be one of reference, cpu, gpu"):
             load_engine(micro_file, ctx=64, device="cpu")
 
 

@@ -30,7 +30,7 @@ from ds4agent.sessions.kvc import (
     verify_kvc,
 )
 from ds4agent.sessions.payload import write_payload
-from ds4agent.sessions.store import display_text
+from ds4agent.sessions.titles import display_text
 
 from .helpers import TINY, random_state, s_layout
 

@@ -12,15 +12,13 @@ from ds4agent.sessions.kvc import KVCHeader, session_identity, text_sha1, write_
 from ds4agent.sessions.store import (
     SYSPROMPT_KEEP,
     SessionStore,
-    clip_title,
     default_kv_dir,
-    derive_title,
-    display_text,
     eviction_score,
     format_session_line,
     store_len,
     touch,
 )
+from ds4agent.sessions.titles import clip_title, derive_title, display_text
 
 from .helpers import ASSISTANT, TINY, USER, assert_states_equal, random_state, s_layout, session_text
 

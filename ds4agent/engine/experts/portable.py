@@ -150,8 +150,8 @@ class QuantExperts:
         self.expert_bytes = self.d_out * rb
         self.group = max(1, group_bytes // (self.d_out * self.d_in * 4))
         self.host_ids = device.cpu_layout()
-        # The fast CPU set's kernels, fixed at load like the rest of the weights' form.
-        self._products = cpu.fast_products if device.fast_cpu_kernels() else cpu.products
+        # The fast CPU set's kernels, chosen at load like the rest of the weights' form.
+        self._fast = device.fast_cpu_kernels()
         if self.keeps_resident() and not isinstance(raw, mx.array):
             # Resident once, instead of copying the selected experts from the map every call.
             raw = resident_blocks(raw)
@@ -258,8 +258,8 @@ class QuantExperts:
         for e, expert in enumerate(used):
             for t0 in range(r0, r1, TILE_ROWS):
                 t1 = min(t0 + TILE_ROWS, r1)
-                out[pairs[e], t0:t1] = self._products(self._rows_of(int(expert), t0, t1), self.qtype,
-                                                      self.d_in, inputs[e])
+                product = cpu.fast_products if self._fast else cpu.products
+                out[pairs[e], t0:t1] = product(self._rows_of(int(expert), t0, t1), self.qtype, self.d_in, inputs[e])
 
     def _grouped(self, x: mx.array, ids: np.ndarray, n: int, k: int, groups: list[np.ndarray]) -> mx.array:
         """Flatten to (row, slot) pairs and serve them one group of experts at a time.

@@ -43,9 +43,10 @@ def confined_command(config: ServerConfig, cwd: Path) -> tuple[str, list[str], s
     if not availability().available or (config.source != "project" and not names_the_tree(config, root)):
         return config.command, list(config.args), None
     path = dict(config.env).get("PATH", os.environ.get("PATH", os.defpath))
-    program = shutil.which(config.command, path=path) or config.command
-    if not os.path.isabs(program):
-        program = os.path.join(str(cwd), program)  # the launcher execs a path, not a PATH lookup
+    program = shutil.which(config.command, path=path) or os.path.join(str(cwd), config.command)
+    if not os.path.isfile(program):
+        # Nothing to run: started as configured, so the user reads the usual "No such file".
+        return config.command, list(config.args), None
     temp = tempfile.mkdtemp(prefix="ds4agent-mcp-")
     argv = wrap([program, *config.args], Boundary(str(root), temp))
     return argv[0], argv[1:], temp

@@ -1,0 +1,64 @@
+"""Session titles and how their bytes are shown (kvc-format.md §12.7, §5.2).
+
+    derive_title(text)      the first user message of a rendered text, whitespace normalised
+    normalise_title(raw)    C whitespace trimmed, each run one space (derived and given titles)
+    clip_title(title)       cut for a listing without splitting a UTF-8 character
+    display_text(data)      bytes for a screen: control characters and bidi overrides shown as U+FFFD
+
+A title's bytes are its identity (the file name hashes them): they are stored as given and only
+their display is cleaned.
+"""
+
+from __future__ import annotations
+
+import re
+
+LIST_TITLE_BYTES = 70
+
+USER_MARK = "<｜User｜>".encode()
+ASSISTANT_MARK = "<｜Assistant｜>".encode()
+NO_USER_PROMPT = b"(no user prompt)"
+EMPTY_USER_PROMPT = b"(empty user prompt)"
+_C_SPACE = b" \t\n\v\f\r"  # C-locale isspace: exactly these six bytes (§12.7)
+_C_SPACE_RUN = re.compile(rb"[ \t\n\v\f\r]+")
+
+
+def derive_title(text: bytes) -> bytes:
+    """The session title from rendered text: the first user message, C-whitespace normalised."""
+    start = text.find(USER_MARK)
+    if start < 0:
+        return NO_USER_PROMPT
+    start += len(USER_MARK)
+    ends = [i for i in (text.find(ASSISTANT_MARK, start), text.find(USER_MARK, start)) if i >= 0]
+    body = text[start:min(ends)] if ends else text[start:]
+    return normalise_title(body) or EMPTY_USER_PROMPT
+
+
+def normalise_title(raw: bytes) -> bytes:
+    """A title as stored: C whitespace trimmed and each run of it one space (b"" when blank).
+    Used for derived titles and for the one the user gives (/save TITLE) alike."""
+    return _C_SPACE_RUN.sub(b" ", raw.strip(_C_SPACE))
+
+
+def clip_title(title: bytes, limit: int = LIST_TITLE_BYTES) -> bytes:
+    """Cut a title after `limit` bytes without splitting a UTF-8 character, appending `...`."""
+    if len(title) <= limit:
+        return title
+    cut = limit
+    # Move back (at most 3 bytes) while the first byte cut off is a continuation byte.
+    while cut > limit - 3 and cut > 0 and 0x80 <= title[cut] <= 0xBF:
+        cut -= 1
+    return title[:cut] + b"..."
+
+
+# Shown as U+FFFD: C0 controls, DEL and the C1 controls (a terminal acts on 0x9B as CSI, the start
+# of an escape sequence), and the bidirectional overrides, embeddings and isolates, which make a
+# title read other than it is ("‮gnp.exe" shows as "exe.png").
+_UNSHOWABLE = frozenset([*range(0x20), *range(0x7F, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A)])
+
+
+def display_text(data: bytes) -> str:
+    """Bytes for display: invalid UTF-8, control characters and bidi overrides become U+FFFD;
+    never fails (§5.2). The bytes themselves (a title's identity) are left as they are."""
+    text = data.decode("utf-8", errors="replace")
+    return "".join("\ufffd" if ord(c) in _UNSHOWABLE else c for c in text)
