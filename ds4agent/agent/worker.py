@@ -42,6 +42,7 @@ from ds4agent.protocol.template import THINK_MAX_MIN_CTX
 from ds4agent.protocol.tokenizer import Piece, Tokenizer
 from ds4agent.sessions.checkpoints import CodeCheckpoints
 from ds4agent.tools import Tool, ToolContext, attach, default_tools, run_tool
+from ds4agent.tools.leftovers import remove_stale_temps
 from ds4agent.tools.mcp import McpConfig, McpServers, missing_tool_text
 from ds4agent.tools.permissions import PermissionPolicy
 from ds4agent.tools.sandbox_settings import SandboxSettingsError, load_allowed_sockets
@@ -151,6 +152,9 @@ class Worker:
         self.trace.line("worker start")
         # Asked before the model loads; the servers then start while it loads.
         mcp_glue.start(self)
+        # Temp files of a write killed in an earlier run (crash, kill -9) go before any tool runs.
+        for path in remove_stale_temps(self.settings.cwd):
+            self.trace.line(f"removed a stale write temp {path}")
         self.tok = Tokenizer.load()
         s = self.settings
         self.sampler = Sampler(temperature=s.temperature, top_p=s.top_p, min_p=s.min_p, seed=s.seed)
