@@ -35,14 +35,15 @@ def _half(row, at, f16):  # pragma: no cover - compiled
 @_jit
 def iq2_xxs_rows(rows, x, out, f16, sgrid):  # pragma: no cover - compiled
     """66-byte blocks of 256: f16 d, then 8 groups of 32: four grid-row bytes (a), four 7-bit sign
-    codes and a 4-bit scale ls (b); w = d·(0.5 + ls)/4 · signed grid (sgrid: int8 [256·128·8])."""
+    codes and a 4-bit scale ls (b); w = d·(0.5 + ls)/4 · signed grid (sgrid: int8 [256·128·8]).
+    The 8 products of a grid row are one expression (scalars the compiler keeps in registers and
+    vectorises; a small accumulator array here ran at half the speed)."""
     n, cols = x.shape
-    acc = np.zeros(8, np.float32)
-    part = np.zeros(8, np.float32)
     for r in range(rows.shape[0]):
         row = rows[r]
         for m in range(n):
-            acc[:] = 0.0
+            xm = x[m]
+            total = np.float32(0.0)
             for b in range(cols // 256):
                 o = b * 66
                 d = _half(row, o, f16)
@@ -50,16 +51,17 @@ def iq2_xxs_rows(rows, x, out, f16, sgrid):  # pragma: no cover - compiled
                     a = _u32(row, o + 2 + 8 * g)
                     bits = _u32(row, o + 6 + 8 * g)
                     db = d * (np.float32(0.5) + np.float32(bits >> np.uint32(28))) * np.float32(0.25)
-                    part[:] = 0.0
+                    s = np.float32(0.0)
                     for j in range(4):
                         at = np.int64((((a >> np.uint32(8 * j)) & np.uint32(255)) << np.uint32(7))
                                       | ((bits >> np.uint32(7 * j)) & np.uint32(127))) * 8
                         k = b * 256 + g * 32 + j * 8
-                        for p in range(8):
-                            part[p] += np.float32(sgrid[at + p]) * x[m, k + p]
-                    for p in range(8):
-                        acc[p] += db * part[p]
-            out[m, r] = acc.sum()
+                        s += (np.float32(sgrid[at]) * xm[k] + np.float32(sgrid[at + 1]) * xm[k + 1]
+                              + np.float32(sgrid[at + 2]) * xm[k + 2] + np.float32(sgrid[at + 3]) * xm[k + 3]
+                              + np.float32(sgrid[at + 4]) * xm[k + 4] + np.float32(sgrid[at + 5]) * xm[k + 5]
+                              + np.float32(sgrid[at + 6]) * xm[k + 6] + np.float32(sgrid[at + 7]) * xm[k + 7])
+                    total += db * s
+            out[m, r] = total
 
 
 @_jit
