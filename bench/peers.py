@@ -42,8 +42,14 @@ PROMPT_WORDS = ("the quick brown fox jumps over the lazy dog while a careful rea
 _DS4_RATES = re.compile(r"prefill:\s*([0-9.]+)\s*t/s,\s*generation:\s*([0-9.]+)\s*t/s")
 
 
+# A prompt already rendered as a chat: ds4 then tokenises it as it stands, for generation and for
+# --dump-tokens alike (plain text it wraps in its chat template for generation but not for the token
+# dump, and the agreement would compare two different prompts).
+RENDERED = "<｜begin▁of▁sentence｜><｜User｜>{}<｜Assistant｜></think>"
+
+
 def prompt_text(n_words: int) -> str:
-    return " ".join(PROMPT_WORDS[i % len(PROMPT_WORDS)] for i in range(n_words))
+    return RENDERED.format(" ".join(PROMPT_WORDS[i % len(PROMPT_WORDS)] for i in range(n_words)))
 
 
 def parse_ds4_rates(stderr: str) -> tuple[float, float]:

@@ -26,5 +26,7 @@ def test_llama_bench_json_gives_prefill_and_decode_rates():
         peers.parse_llama_bench("[]")
 
 
-def test_the_prompt_has_the_words_asked_for():
-    assert len(peers.prompt_text(64).split()) == 64
+def test_the_prompt_is_a_rendered_chat_with_the_words_asked_for():
+    text = peers.prompt_text(64)
+    assert text.startswith("<｜begin▁of▁sentence｜><｜User｜>") and text.endswith("<｜Assistant｜></think>")
+    assert len(text.split("<｜User｜>")[1].split("<｜Assistant｜>")[0].split()) == 64
