@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
+
+from ds4agent.fsutil import atomic_write
 
 MAX_ENTRIES = 512
 
@@ -53,12 +54,11 @@ class History:
             self._write()
 
     def _write(self) -> None:
+        # ASCII JSON: a file name that is not UTF-8 (an @mention of it) reaches the text as a lone
+        # surrogate (os.fsdecode), which UTF-8 cannot encode; "\udcff" escapes it and reads back.
+        data = json.dumps(self.entries).encode("ascii")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".history-", dir=self.path.parent)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.entries, f, ensure_ascii=False)
-            os.replace(tmp, self.path)
+            atomic_write(self.path, data, make_parents=True)
         except OSError:
             pass  # history is a convenience; a read-only home must not break sending
 

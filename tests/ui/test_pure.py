@@ -352,3 +352,13 @@ def test_control_characters_are_shown_not_sent_to_the_terminal():
     shown = terminal_safe(hostile)
     assert "\x1b" not in shown and "\x07" not in shown and "\x9b" not in shown
     assert shown == "ok␛[2J␛]52;c;ZXZpbA==␇\ufffd31m\tdone\n"
+
+
+def test_history_keeps_a_mention_of_a_file_name_that_is_not_utf8(tmp_path):
+    import os
+
+    text = "look at @" + os.fsdecode(b"caf\xe9.txt")  # a Latin-1 name: a lone surrogate in the text
+    h = History(tmp_path / "history.json")
+    h.add(text)
+    assert History(tmp_path / "history.json").entries == [text]
+    assert list(tmp_path.iterdir()) == [tmp_path / "history.json"]  # no temporary file left behind
