@@ -191,7 +191,10 @@ def parse(text: str) -> ParsedCommand:
     head, _, rest = line.partition(" ")
     name = head[1:].lower()
     if name not in BY_NAME:
-        close = difflib.get_close_matches(name, list(BY_NAME), n=1)
+        # A typo keeps about the length ("/lsit"), a shortening is a prefix ("/hist"); a word of
+        # another length is another word, not a typo ("/model" is not "/del").
+        close = [n for n in BY_NAME if name and n.startswith(name)] or difflib.get_close_matches(
+            name, [n for n in BY_NAME if abs(len(n) - len(name)) <= 1], n=1)
         hint = f"did you mean /{close[0]}? " if close else ""
         raise UnknownCommand(f"unknown command: {head} ({hint}/help lists the commands)")
     arg = rest.strip()

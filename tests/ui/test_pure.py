@@ -362,3 +362,18 @@ def test_history_keeps_a_mention_of_a_file_name_that_is_not_utf8(tmp_path):
     h.add(text)
     assert History(tmp_path / "history.json").entries == [text]
     assert list(tmp_path.iterdir()) == [tmp_path / "history.json"]  # no temporary file left behind
+
+
+def test_an_unknown_command_suggests_a_typo_fix_or_a_prefix_never_a_word_of_another_length():
+    import pytest
+
+    from ds4agent.ui import commands
+
+    def message(text: str) -> str:
+        with pytest.raises(commands.UnknownCommand) as err:
+            commands.parse(text)
+        return str(err.value)
+
+    assert message("/model") == "unknown command: /model (/help lists the commands)"
+    assert message("/lsit") == "unknown command: /lsit (did you mean /list? /help lists the commands)"
+    assert message("/perm") == "unknown command: /perm (did you mean /permissions? /help lists the commands)"
