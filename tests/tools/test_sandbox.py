@@ -8,6 +8,7 @@ sandbox alone holds the boundary.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
@@ -65,6 +66,24 @@ def tree(tmp_path: Path):
 
 def _bash(ctx: ToolContext, command: str):
     return run_tool("bash", {"command": command, "refresh_sec": 60}, ctx)
+
+
+@contextlib.contextmanager
+def _mode(ctx: ToolContext, monkeypatch, mode: str):
+    """The jobs of `ctx` in one of the sandbox's modes: "namespace" (the default here),
+    "entries" (no user namespace: rules per entry) or "git-granted" (git may write .git/)."""
+    if mode == "entries":
+        monkeypatch.setenv(sandbox.SWITCH, "entries")
+    if mode == "git-granted":
+        ctx.sandbox.git_writable = True
+    sandbox.availability.cache_clear()
+    sandbox.entries_only.cache_clear()
+    try:
+        yield
+    finally:
+        monkeypatch.delenv(sandbox.SWITCH, raising=False)
+        sandbox.availability.cache_clear()
+        sandbox.entries_only.cache_clear()
 
 
 ESCAPES = {
@@ -373,19 +392,9 @@ def _cap_lines(text: str) -> dict[str, str]:
 @pytest.mark.parametrize("mode", ["namespace", "entries", "git-granted"])
 def test_a_job_holds_no_capability_and_makes_no_device_node(tree, monkeypatch, mode):
     ctx, work, _ = tree
-    if mode == "entries":
-        monkeypatch.setenv(sandbox.SWITCH, "entries")
-    if mode == "git-granted":
-        ctx.sandbox.git_writable = True
-    sandbox.availability.cache_clear()
-    sandbox.entries_only.cache_clear()
-    try:
+    with _mode(ctx, monkeypatch, mode):
         result = _bash(ctx, "grep '^Cap' /proc/self/status; mknod sub/nullish c 1 3; mknod sub/disk b 8 0;"
                             " mkdir -p sub/d && echo x > sub/d/f && chmod +x sub/d/f && echo made")
-    finally:
-        monkeypatch.delenv(sandbox.SWITCH, raising=False)
-        sandbox.availability.cache_clear()
-        sandbox.entries_only.cache_clear()
     caps = _cap_lines(result.text)
     assert caps == dict.fromkeys(("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"), "0000000000000000"), result.text
     assert not (work / "sub" / "nullish").exists() and not (work / "sub" / "disk").exists()
@@ -410,21 +419,11 @@ def test_the_agents_own_code_in_the_tree_is_read_only_to_jobs(tree, monkeypatch,
     (work / "src/deep/fine").write_text("old\n")  # beside a protected place: edited in every mode
     protected = (str(work / "pkg/ds4agent"), str(work / ".venv"), str(work / "src/deep/venv"))
     monkeypatch.setattr(sandbox, "agent_code", lambda: protected)
-    if mode == "entries":
-        monkeypatch.setenv(sandbox.SWITCH, "entries")
-    if mode == "git-granted":
-        ctx.sandbox.git_writable = True
-    sandbox.availability.cache_clear()
-    sandbox.entries_only.cache_clear()
-    try:
+    with _mode(ctx, monkeypatch, mode):
         _bash(ctx, "echo 'import os' >> pkg/ds4agent/tools/sandbox.py; echo x > .venv/bin/rg;"
                    " rm -rf .venv/bin; mv pkg/ds4agent pkg/moved; echo y > src/deep/venv/lib/site.py")
         result = _bash(ctx, "echo ok > src/deep/fine && mkdir -p sub/other && echo ok > sub/other/fine"
                             " && echo ok > sub/fine && echo done")
-    finally:
-        monkeypatch.delenv(sandbox.SWITCH, raising=False)
-        sandbox.availability.cache_clear()
-        sandbox.entries_only.cache_clear()
     assert (work / "pkg/ds4agent/tools/sandbox.py").read_text() == "# launcher\n"
     assert (work / ".venv/bin/rg").read_text() == "#!/bin/sh\n"
     assert not (work / "src/deep/venv/lib/site.py").exists() and not (work / "pkg/moved").exists()
@@ -540,20 +539,12 @@ _CONNECT = ("python3 -c \"import socket,sys; s=socket.socket(socket.AF_UNIX); s.
 def test_a_job_cannot_reach_a_unix_socket_outside_unless_allowed(tree, monkeypatch, socket_server, mode):
     ctx, work, _ = tree
     path, accepted = socket_server
-    if mode == "entries":
-        monkeypatch.setenv(sandbox.SWITCH, "entries")
-    sandbox.availability.cache_clear()
-    sandbox.entries_only.cache_clear()
-    try:
+    with _mode(ctx, monkeypatch, mode):
         refused = _bash(ctx, _CONNECT.format(path))
-        # In the tree a job's own sockets work (a test suite's local server, in namespace mode).
+        # A job's own socket pairs work (multiprocessing, test suites).
         local = _bash(ctx, "python3 -c \"import socket; a,b=socket.socketpair(); a.send(b'x'); print(b.recv(1))\"")
         ctx.sockets = (str(path),)
         allowed = _bash(ctx, _CONNECT.format(path))
-    finally:
-        monkeypatch.delenv(sandbox.SWITCH, raising=False)
-        sandbox.availability.cache_clear()
-        sandbox.entries_only.cache_clear()
     assert "connected" not in refused.text and "exit_status=1" in refused.text, refused.text
     assert "b'x'" in local.text
     assert "connected" in allowed.text, allowed.text

@@ -73,6 +73,17 @@ def _q2_k(row, o, lane, w, f16, values):
 
 
 @_jit
+def scale_min_k4(row, o, sub):
+    """(scale, min) of sub-block `sub` of the Q4_K block at `o`: 6-bit values packed in 12 bytes
+    (ggml's get_scale_min_k4 layout)."""
+    if sub < 4:
+        return np.int64(row[o + 4 + sub]) & 63, np.int64(row[o + 8 + sub]) & 63
+    sc = (np.int64(row[o + 8 + sub]) & 15) | ((np.int64(row[o + sub]) >> 6) << 4)
+    mn = (np.int64(row[o + 8 + sub]) >> 4) | ((np.int64(row[o + 4 + sub]) >> 6) << 4)
+    return sc, mn
+
+
+@_jit
 def _q4_k(row, o, lane, w, f16, values):
     # 144 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins (ggml's get_scale_min_k4),
     # qs[128]: chunk c of 32 bytes holds sub-block 2c in its low nibbles, 2c+1 in its high ones.
@@ -80,12 +91,7 @@ def _q4_k(row, o, lane, w, f16, values):
     d = _half(row, o, f16)
     dmin = _half(row, o + 2, f16)
     for sub in range(8):
-        if sub < 4:
-            sc = np.int64(row[o + 4 + sub]) & 63
-            mn = np.int64(row[o + 8 + sub]) & 63
-        else:
-            sc = (np.int64(row[o + 8 + sub]) & 15) | ((np.int64(row[o + sub]) >> 6) << 4)
-            mn = (np.int64(row[o + 8 + sub]) >> 4) | ((np.int64(row[o + 4 + sub]) >> 6) << 4)
+        sc, mn = scale_min_k4(row, o, sub)
         dl = d * np.float32(sc)
         ml = dmin * np.float32(mn)
         for q in range(16):
@@ -143,7 +149,7 @@ def expert_rows(rows, x, out, kind, f16, grid):
                 out[m, r0 + lane] = acc[m, lane]
 
 
-for _kernel in (_u32, _half, _iq2_xxs, _q2_k, _q4_k, _q8_0, expert_rows):
+for _kernel in (_u32, _half, _iq2_xxs, _q2_k, scale_min_k4, _q4_k, _q8_0, expert_rows):
     # Keep the machine code on disk (beside this module, else in numba's user cache): later
     # processes load it in milliseconds instead of compiling for about a second. Where no such
     # place is writable numba refuses to cache, and each process compiles instead.

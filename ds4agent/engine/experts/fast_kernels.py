@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ds4agent.engine.experts.cpu_kernels import scale_min_k4
+
 _jit = njit(nogil=True, fastmath=True, cache=True)
 
 
@@ -107,12 +109,7 @@ def q4_k_rows(rows, x, out, f16):  # pragma: no cover - compiled
                 d = _half(row, o, f16)
                 dmin = _half(row, o + 2, f16)
                 for sub in range(8):
-                    if sub < 4:
-                        sc = np.int64(row[o + 4 + sub]) & 63
-                        mn = np.int64(row[o + 8 + sub]) & 63
-                    else:
-                        sc = (np.int64(row[o + 8 + sub]) & 15) | ((np.int64(row[o + sub]) >> 6) << 4)
-                        mn = (np.int64(row[o + 8 + sub]) >> 4) | ((np.int64(row[o + 4 + sub]) >> 6) << 4)
+                    sc, mn = scale_min_k4(row, o, sub)
                     at = o + 16 + (sub // 2) * 32
                     shift = 4 * (sub % 2)
                     k = b * 256 + sub * 32
