@@ -488,7 +488,7 @@ def _read_only_elsewhere(writable: list[str]) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     mount = libc.mount
     mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
-    keep_open = []
+    keep_open: list[str] = []
     for path in writable:
         try:
             real = os.path.realpath(path)
