@@ -1,0 +1,291 @@
+"""The fast CPU kernel set's matrices: quantised activations, integer dot products, every core.
+
+    m = QuantMatrix.from_blocks(raw, ggml_type, rows, cols)   # GGUF bytes (an mmap view is fine)
+    m = QuantMatrix.from_dense(w)                              # F16/F32 [rows, cols]
+    y = m.matmul(x)                                            # x [n, cols] f32 -> [n, rows] f32
+    e = ExpertMatrix.from_blocks(raw, ggml_type, n_experts, rows, cols)
+    y = e.matmul(x, ids)                # x [n, cols] or [n, k, cols], ids [n, k] -> [n, k, rows]
+
+The exact float32 path (weights.Linear, experts/cpu.py) stays the reference; this is the fast
+set. docs/numerics-fast-cpu.md is its contract; in short:
+  * activations are rounded per block to 8 bits as ds4's CPU path rounds them (Q8_0-style blocks
+    of 32 for Q8_0 weights, Q8_K-style blocks of 256 for Q2_K, Q4_K and IQ2_XXS), and each block
+    product is an exact integer sum scaled by one float multiply (qkernels.py has the formulas);
+  * deterministic, and independent of the thread count, the row split and the batch: row r of
+    token t is computed by the same code in the same order whatever else shares the call, so
+    decode equals a one-token prefill bit for bit and a chunked prefill equals an unchunked one
+    (chunk invariance holds for the products);
+  * F16/F32 matrices are multiplied in float32 (no activation rounding), in a fixed lane order;
+  * agreement with the dequantised float32 product: the bounds of docs/numerics-fast-cpu.md,
+    held by tests/engine/test_qmatrix.py.
+
+Threads: a product's output rows are split into `device.cpu_parts()` contiguous ranges, one per
+worker thread (experts/cpu.py's pool; the kernels release the GIL). Small products run on the
+calling thread (the result is the same).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from ds4agent.engine import device, quant
+from ds4agent.engine.errors import EngineError
+from ds4agent.engine.experts import cpu as cpu_experts
+
+F32, F16 = 0, 1
+BLOCK_TYPES = (quant.Q8_0, quant.Q2_K, quant.Q4_K, quant.IQ2_XXS)
+# Multiply-adds below which a product runs on the calling thread: handing work to the pool
+# costs tens of microseconds, more than a small product.
+_PARALLEL_MIN_MACS = 1 << 18
+
+
+class QuantMatrixError(EngineError):
+    """A matrix or an input that the fast kernels cannot take (type, shape, dtype)."""
+
+
+def _kernels():
+    """qkernels, imported on first use (numba loads its cached machine code then)."""
+    from ds4agent.engine import qkernels
+
+    return qkernels
+
+
+@functools.lru_cache(maxsize=1)
+def _tables() -> tuple[np.ndarray, np.ndarray]:
+    """(f16 -> f32 for all 65,536 bit patterns, the signed IQ2_XXS grid int8 [256 * 128, 8])."""
+    f16 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    signed, _ = quant.iq2xxs_signed_codes()
+    return f16, np.ascontiguousarray(signed)
+
+
+def _as_blocks(raw: Any, qtype: int, n_rows: int, cols: int) -> np.ndarray:
+    """raw GGUF bytes -> a uint8 [n_rows, row_bytes] view (no copy when raw is contiguous)."""
+    if qtype not in BLOCK_TYPES:
+        raise QuantMatrixError(f"no fast CPU kernel for {quant.type_name(qtype)}")
+    try:
+        rb = quant.row_bytes(qtype, cols)
+    except quant.QuantError as err:
+        raise QuantMatrixError(str(err)) from None
+    buf = np.asarray(raw)
+    if buf.dtype != np.uint8 or buf.size != n_rows * rb:
+        raise QuantMatrixError(f"{quant.type_name(qtype)} data for {n_rows} rows of {cols} must be "
+                               f"{n_rows * rb} uint8 bytes, got {buf.size} ({buf.dtype})")
+    return np.ascontiguousarray(buf.reshape(n_rows, rb))
+
+
+def _repack_q8_0(blocks: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q8_0 rows [R, nb*34] -> (codes int8 [R, cols], scales f32 [R, nb]): the codes of a row
+    contiguous (the kernel's dot products read 32 at a time, aligned), the f16 scales widened
+    once (exact) instead of per block per call."""
+    r = blocks.shape[0]
+    b = blocks.reshape(r, cols // 32, 34)
+    codes = np.ascontiguousarray(b[:, :, 2:]).view(np.int8).reshape(r, cols)
+    scales = np.ascontiguousarray(b[:, :, :2]).view(np.float16).astype(np.float32).reshape(r, cols // 32)
+    return codes, scales
+
+
+def _check_input(x: Any, cols: int) -> np.ndarray:
+    xa = np.asarray(x)
+    if xa.ndim != 2 or xa.shape[1] != cols:
+        raise QuantMatrixError(f"input must be [n, {cols}], got {list(xa.shape)}")
+    return np.ascontiguousarray(xa, dtype=np.float32)
+
+
+class _Activations:
+    """One call's inputs rounded once for every row of the product (see qkernels)."""
+
+    __slots__ = ("xq", "xd", "bsums", "x")
+
+    def __init__(self, x: np.ndarray, kind: str):
+        k = _kernels()
+        n, cols = x.shape
+        self.x = x
+        self.xq = self.xd = self.bsums = None
+        if kind == "q8_0":
+            self.xq = np.empty((n, cols), np.int8)
+            self.xd = np.empty((n, cols // 32), np.float32)
+            k.quantize_q8_0(x, self.xq, self.xd)
+        elif kind == "q8_k":
+            self.xq = np.empty((n, cols), np.int8)
+            self.xd = np.empty((n, cols // 256), np.float32)
+            self.bsums = np.empty((n, cols // 16), np.int32)
+            k.quantize_q8_k(x, self.xq, self.xd, self.bsums)
+
+    def take(self, rows: np.ndarray) -> _Activations:
+        """The activations of input rows `rows` (a gather: quantising again would give the same)."""
+        out = _Activations.__new__(_Activations)
+        out.x = self.x[rows]
+        out.xq = None if self.xq is None else self.xq[rows]
+        out.xd = None if self.xd is None else self.xd[rows]
+        out.bsums = None if self.bsums is None else self.bsums[rows]
+        return out
+
+
+def _activation_kind(qtype: int) -> str:
+    if qtype == quant.Q8_0:
+        return "q8_0"
+    if qtype in (quant.Q2_K, quant.Q4_K, quant.IQ2_XXS):
+        return "q8_k"
+    return "f32"
+
+
+def _run_rows(fn, rows: int, work: int) -> None:
+    """fn(r0, r1) over [0, rows) split into one contiguous range per worker thread."""
+    parts = max(1, min(device.cpu_parts(), rows))
+    if parts == 1 or work < _PARALLEL_MIN_MACS:
+        fn(0, rows)
+        return
+    cuts = [rows * i // parts for i in range(parts + 1)]
+    cpu_experts.workers(parts).run([functools.partial(fn, cuts[i], cuts[i + 1]) for i in range(parts)])
+
+
+def activation_error_bound(ggml_type: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The contract's bound on |fast product - x @ w.T| (float64 [n, rows]) for dequantised
+    weights w [rows, cols] and inputs x [n, cols] (computed in numpy, independently of the kernels).
+
+    Rounding an activation block of the type's size (32 for Q8_0, 256 otherwise) with step
+    d = max|x|/127 moves each element by at most d/2, so the integer product is the exact product
+    of w with an x' where |x - x'| <= d/2 element-wise: |w| @ (d/2) bounds that part. The float
+    steps (the per-block scale multiplies and the in-order accumulation, and the weights' own
+    rounding in the dequantiser) add at most (blocks + 8) * 2^-23 * (|w| @ |x|) with a factor of
+    two to spare. Dense (F16/F32) matrices round no activation: only the float part applies.
+    """
+    w64 = np.abs(np.asarray(w, dtype=np.float64))
+    x64 = np.asarray(x, dtype=np.float64)
+    n, cols = x64.shape
+    if ggml_type in BLOCK_TYPES:
+        size = 32 if ggml_type == quant.Q8_0 else 256
+        amax = np.abs(x64).reshape(n, cols // size, size).max(axis=2)
+        step = np.repeat(amax / 127.0, size, axis=1) * (0.5 * (1 + 2.0 ** -20))
+        blocks = cols // size
+    else:
+        step = np.zeros_like(x64)
+        blocks = cols // 16
+    return step @ w64.T + (blocks + 8) * 2.0 ** -23 * (np.abs(x64) @ w64.T) + 1e-30
+
+
+class QuantMatrix:
+    """A [rows, cols] weight matrix for the fast CPU products (see the module docstring).
+
+    Storage: Q8_0 is repacked at load into contiguous int8 codes + f32 scales (36 bytes per 32
+    weights, the file's 34 plus 2; nbytes counts it); Q2_K, Q4_K and IQ2_XXS are used in place
+    (a view of `raw`: the file's pages, nbytes 0); F16/F32 are held as f32 (a copy).
+    """
+
+    def __init__(self, ggml_type: int, rows: int, cols: int, arrays: tuple[np.ndarray, ...], nbytes: int):
+        self.ggml_type, self.rows, self.cols = int(ggml_type), int(rows), int(cols)
+        self._arrays = arrays
+        self.nbytes = int(nbytes)
+        self._kind = _activation_kind(self.ggml_type)
+
+    @classmethod
+    def from_blocks(cls, raw: Any, ggml_type: int, rows: int, cols: int) -> QuantMatrix:
+        """raw: the tensor's GGUF bytes (uint8, e.g. a view of the file's memory map)."""
+        blocks = _as_blocks(raw, ggml_type, rows, cols)
+        if ggml_type == quant.Q8_0:
+            codes, scales = _repack_q8_0(blocks, cols)
+            return cls(ggml_type, rows, cols, (codes, scales), codes.nbytes + scales.nbytes)
+        return cls(ggml_type, rows, cols, (blocks,), 0)
+
+    @classmethod
+    def from_dense(cls, w: Any) -> QuantMatrix:
+        """w: f16 or f32 [rows, cols]; multiplied in float32 (exact widening of f16)."""
+        wa = np.asarray(w)
+        if wa.ndim != 2 or wa.dtype not in (np.float16, np.float32):
+            raise QuantMatrixError(f"a dense matrix must be f16/f32 [rows, cols], got {list(wa.shape)} ({wa.dtype})")
+        w32 = np.ascontiguousarray(wa, dtype=np.float32)
+        qtype = F16 if wa.dtype == np.float16 else F32
+        return cls(qtype, wa.shape[0], wa.shape[1], (w32,), w32.nbytes)
+
+    def matmul(self, x: Any) -> np.ndarray:
+        """x [n, cols] float32 -> [n, rows] float32."""
+        xa = _check_input(x, self.cols)
+        out = np.empty((xa.shape[0], self.rows), np.float32)
+        if xa.shape[0]:
+            self.rows_into(_Activations(xa, self._kind), out, parallel=True)
+        return out
+
+    def rows_into(self, act: _Activations, out: np.ndarray, *, parallel: bool) -> None:
+        """out[:, r] for every row r, from prepared activations (ExpertMatrix shares this)."""
+        fn = functools.partial(self._range, act, out)
+        if parallel:
+            _run_rows(fn, self.rows, out.shape[0] * self.rows * self.cols)
+        else:
+            fn(0, self.rows)
+
+    def _range(self, act: _Activations, out: np.ndarray, r0: int, r1: int) -> None:
+        k = _kernels()
+        f16, signed = _tables()
+        t = self.ggml_type
+        if t == quant.Q8_0:
+            k.q8_0_rows(self._arrays[0], self._arrays[1], act.xq, act.xd, out, r0, r1)
+        elif t == quant.Q2_K:
+            k.q2_k_rows(self._arrays[0], act.xq, act.xd, act.bsums, out, r0, r1, f16)
+        elif t == quant.Q4_K:
+            k.q4_k_rows(self._arrays[0], act.xq, act.xd, act.bsums, out, r0, r1, f16)
+        elif t == quant.IQ2_XXS:
+            k.iq2_xxs_rows(self._arrays[0], act.xq, act.xd, out, r0, r1, f16, signed)
+        else:
+            k.dense_rows(self._arrays[0], act.x, out, r0, r1)
+
+
+class ExpertMatrix:
+    """Routed experts [n_experts, rows, cols]. K-quant and IQ2_XXS blocks are used in place (a
+    view of `raw`: only the experts a call selects are read; nbytes 0, the file's pages); Q8_0
+    experts are repacked as QuantMatrix does (nbytes counts the copy)."""
+
+    def __init__(self, ggml_type: int, n_experts: int, rows: int, cols: int, arrays: tuple[np.ndarray, ...],
+                 nbytes: int):
+        self.ggml_type, self.n_experts, self.rows, self.cols = int(ggml_type), int(n_experts), int(rows), int(cols)
+        self._arrays = arrays  # each [n_experts, rows, ...]
+        self.nbytes = int(nbytes)
+        self._kind = _activation_kind(self.ggml_type)
+
+    @classmethod
+    def from_blocks(cls, raw: Any, ggml_type: int, n_experts: int, rows: int, cols: int) -> ExpertMatrix:
+        one = QuantMatrix.from_blocks(raw, ggml_type, n_experts * rows, cols)
+        arrays = tuple(a.reshape(n_experts, rows, -1) for a in one._arrays)
+        return cls(ggml_type, n_experts, rows, cols, arrays, one.nbytes)
+
+    def expert(self, e: int) -> QuantMatrix:
+        """Expert e as a QuantMatrix (a view of its part of the storage)."""
+        return QuantMatrix(self.ggml_type, self.rows, self.cols, tuple(a[e] for a in self._arrays), 0)
+
+    def matmul(self, x: Any, ids: Any) -> np.ndarray:
+        """x [n, cols] (one input per token) or [n, k, cols] (one per slot) float32, ids [n, k]
+        -> [n, k, rows]: out[t, j] = W[ids[t, j]] @ x[t] (or x[t, j])."""
+        ida = np.asarray(ids)
+        if ida.ndim != 2 or not np.issubdtype(ida.dtype, np.integer):
+            raise QuantMatrixError(f"expert ids must be integer [n, k], got {list(ida.shape)} ({ida.dtype})")
+        n, k = ida.shape
+        xa = np.asarray(x)
+        if xa.shape not in ((n, self.cols), (n, k, self.cols)):
+            raise QuantMatrixError(f"expert input must be [{n}, {self.cols}] or [{n}, {k}, {self.cols}], "
+                                   f"got {list(xa.shape)}")
+        flat = ida.reshape(-1).astype(np.int64)
+        if flat.size and (flat.min() < 0 or flat.max() >= self.n_experts):
+            raise QuantMatrixError(f"expert id out of range 0..{self.n_experts - 1}")
+        out = np.empty((n * k, self.rows), np.float32)
+        if not flat.size:
+            return out.reshape(n, k, self.rows)
+        per_slot = xa.ndim == 3
+        act = _Activations(np.ascontiguousarray(xa.reshape(-1, self.cols), dtype=np.float32), self._kind)
+        used, inverse = np.unique(flat, return_inverse=True)
+        order = np.argsort(inverse, kind="stable")  # pairs grouped by expert, in pair order
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(inverse, minlength=len(used)))])
+        groups = []
+        for e, b0, b1 in zip(used, bounds[:-1], bounds[1:], strict=True):
+            pairs = order[b0:b1]
+            groups.append((self.expert(int(e)), pairs, act.take(pairs if per_slot else pairs // k)))
+
+        def part(r0: int, r1: int) -> None:
+            for mat, pairs, a in groups:
+                tmp = np.empty((len(pairs), self.rows), np.float32)
+                mat._range(a, tmp, r0, r1)
+                out[pairs, r0:r1] = tmp[:, r0:r1]
+
+        _run_rows(part, self.rows, n * k * self.rows * self.cols)
+        return out.reshape(n, k, self.rows)

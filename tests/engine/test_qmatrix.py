@@ -1,0 +1,151 @@
+"""The fast CPU kernel set (engine/qmatrix.py, qkernels.py) against its contract
+(docs/numerics-fast-cpu.md): every product within the stated bound of the dequantised float32
+product, deterministic, independent of the thread count and of the batch (decode = one-token
+prefill), the routed experts equal to their experts' single products."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from ds4agent.engine import quant
+from ds4agent.engine.device import cpu_parts
+from ds4agent.engine.experts.base import quant_experts
+from ds4agent.engine.qmatrix import ExpertMatrix, QuantMatrix, QuantMatrixError, activation_error_bound
+from tests.weights.conftest import random_blocks
+
+TYPES = (quant.Q8_0, quant.Q2_K, quant.Q4_K, quant.IQ2_XXS)
+
+
+def _matrix(rng, qtype: int, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """(raw blocks, dequantised float32 [rows, cols]) of a random valid matrix."""
+    block = quant.block_info(qtype)[0]
+    raw = random_blocks(rng, qtype, rows * cols // block).reshape(-1)
+    return raw, np.array(quant.dequantize(raw, qtype, (rows, cols)))
+
+
+def _inputs(rng, n: int, cols: int) -> np.ndarray:
+    # mixed magnitudes per block, a zero block and an exact tie of |max| (the awkward cases of
+    # the activation rounding)
+    x = (rng.standard_normal((n, cols)) * rng.choice([0.01, 1.0, 30.0], size=(n, 1))).astype(np.float32)
+    if cols >= 64:
+        x[0, :32] = 0.0
+        x[-1, 40], x[-1, 41] = 1000.0, -1000.0
+    return x
+
+
+def _check_bound(qtype: int, w: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
+    """Assert |y - x W^T| <= the stated bound element-wise; return the largest ratio to it."""
+    ref = x.astype(np.float64) @ w.T.astype(np.float64)
+    bound = activation_error_bound(qtype, w, x)
+    err = np.abs(y.astype(np.float64) - ref)
+    assert np.all(err <= bound), float(np.max(err - bound))
+    return float(np.max(err / np.maximum(bound, 1e-30)))
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=quant.type_name)
+@pytest.mark.parametrize(("rows", "cols", "n"), [(1, 256, 1), (37, 512, 7), (19, 768, 1), (64, 1024, 3)])
+def test_matmul_within_bound_of_dequantised_product(qtype, rows, cols, n):
+    rng = np.random.default_rng(rows * 1000 + n)
+    raw, w = _matrix(rng, qtype, rows, cols)
+    m = QuantMatrix.from_blocks(raw, qtype, rows, cols)
+    x = _inputs(rng, n, cols)
+    y = m.matmul(x)
+    assert y.shape == (n, rows) and y.dtype == np.float32
+    _check_bound(qtype, w, x, y)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=quant.type_name)
+def test_batch_rows_equal_single_token_products_bit_for_bit(qtype):
+    rng = np.random.default_rng(5)
+    raw, _ = _matrix(rng, qtype, 33, 512)
+    m = QuantMatrix.from_blocks(raw, qtype, 33, 512)
+    x = _inputs(rng, 9, 512)
+    batch = m.matmul(x)
+    for t in range(9):
+        assert np.array_equal(m.matmul(x[t : t + 1])[0], batch[t])
+    assert np.array_equal(m.matmul(x[3:7]), batch[3:7])  # a chunk of the batch
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=quant.type_name)
+def test_results_do_not_depend_on_thread_count(qtype, monkeypatch):
+    rng = np.random.default_rng(6)
+    raw, _ = _matrix(rng, qtype, 300, 1024)
+    m = QuantMatrix.from_blocks(raw, qtype, 300, 1024)
+    x = _inputs(rng, 4, 1024)
+    runs = []
+    for parts in (1, 2, 3):
+        monkeypatch.setattr("ds4agent.engine.device.cpu_parts", lambda p=parts: p)
+        runs.append(m.matmul(x))
+    assert np.array_equal(runs[0], runs[1]) and np.array_equal(runs[0], runs[2])
+    assert np.array_equal(runs[0], m.matmul(x))  # deterministic
+
+
+def test_dense_matrix_is_float32_product():
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((5, 100)).astype(np.float16)
+    m = QuantMatrix.from_dense(w)
+    x = rng.standard_normal((3, 100)).astype(np.float32)
+    ref = x.astype(np.float64) @ w.T.astype(np.float64)
+    y = m.matmul(x)
+    tol = 1e-6 * (np.abs(x).astype(np.float64) @ np.abs(w.T).astype(np.float64))
+    assert np.all(np.abs(y - ref) <= tol)
+    assert np.array_equal(m.matmul(x[1:2])[0], y[1])
+    assert m.nbytes == 5 * 100 * 4
+
+
+def test_q8_0_matrix_reports_its_repacked_bytes():
+    rng = np.random.default_rng(8)
+    raw, _ = _matrix(rng, quant.Q8_0, 4, 64)
+    assert QuantMatrix.from_blocks(raw, quant.Q8_0, 4, 64).nbytes == 4 * 64 + 4 * 2 * 4
+
+
+def test_bad_inputs_are_refused_clearly():
+    rng = np.random.default_rng(9)
+    raw, _ = _matrix(rng, quant.Q2_K, 2, 256)
+    with pytest.raises(QuantMatrixError, match="must be 168 uint8 bytes"):
+        QuantMatrix.from_blocks(raw[:-1], quant.Q2_K, 2, 256)
+    with pytest.raises(QuantMatrixError, match="multiple of 256"):
+        QuantMatrix.from_blocks(raw, quant.Q2_K, 2, 300)
+    m = QuantMatrix.from_blocks(raw, quant.Q2_K, 2, 256)
+    with pytest.raises(QuantMatrixError, match=r"input must be \[n, 256\]"):
+        m.matmul(np.zeros((1, 128), np.float32))
+    with pytest.raises(QuantMatrixError, match="no fast CPU kernel"):
+        QuantMatrix.from_blocks(raw, 2, 2, 256)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=quant.type_name)
+def test_routed_experts_equal_their_single_products(qtype):
+    rng = np.random.default_rng(10)
+    n_experts, rows, cols, n, k = 256, 24, 512, 5, 6
+    raw, _ = _matrix(rng, qtype, n_experts * rows, cols)
+    em = ExpertMatrix.from_blocks(raw, qtype, n_experts, rows, cols)
+    ids = np.stack([rng.choice(n_experts, k, replace=False) for _ in range(n)])
+    ids[1] = ids[0]  # two tokens on the same experts: grouped into one read
+    x = _inputs(rng, n, cols)
+    y = em.matmul(x, ids)
+    x3 = _inputs(rng, n * k, cols).reshape(n, k, cols)
+    y3 = em.matmul(x3, ids)
+    for t in range(n):
+        for j in range(k):
+            single = em.expert(int(ids[t, j]))
+            assert np.array_equal(y[t, j], single.matmul(x[t : t + 1])[0])
+            assert np.array_equal(y3[t, j], single.matmul(x3[t, j : j + 1])[0])
+    with pytest.raises(QuantMatrixError, match="out of range"):
+        em.matmul(x, np.full((n, k), n_experts))
+
+
+def test_fast_expert_backend_through_the_factory():
+    rng = np.random.default_rng(11)
+    raw, w = _matrix(rng, quant.IQ2_XXS, 8 * 16, 256)
+    ex = quant_experts(raw.reshape(8, 16, -1), quant.IQ2_XXS, (8, 16, 256), backend="fast")
+    x = _inputs(rng, 3, 256)
+    ids = np.array([[0, 7], [3, 3], [5, 1]])
+    out = np.array(ex.gather_matmul(mx.array(x), mx.array(ids)))
+    assert out.shape == (3, 2, 16)
+    w3 = w.reshape(8, 16, 256)
+    for t in range(3):
+        for j in range(2):
+            _check_bound(quant.IQ2_XXS, w3[ids[t, j]], x[t : t + 1], out[t, j][None])
+    assert cpu_parts() >= 1
