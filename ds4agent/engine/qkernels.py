@@ -27,6 +27,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ds4agent.engine import qsimd
+
 _jit = njit(nogil=True, cache=True)
 
 
@@ -34,8 +36,9 @@ _jit = njit(nogil=True, cache=True)
 
 
 @_jit
-def quantize_q8_0(x, xq, xd):
-    """x [n, cols] f32 (cols % 32 == 0) -> xq [n, cols] int8, xd [n, cols // 32] f32."""
+def quantize_q8_0(x, xq, xd, xs):
+    """x [n, cols] f32 (cols % 32 == 0) -> xq [n, cols] int8, xd [n, cols // 32] f32,
+    xs [n, cols // 32] int32 (each block's code sum)."""
     n, cols = x.shape
     for t in range(n):
         for b in range(cols // 32):
@@ -52,12 +55,16 @@ def quantize_q8_0(x, xq, xd):
                 v = np.rint(x[t, o + i] * inv)
                 v = min(max(v, np.float32(-128.0)), np.float32(127.0))
                 xq[t, o + i] = np.int8(v)
+            s = 0
+            for i in range(32):
+                s += np.int32(xq[t, o + i])
+            xs[t, b] = s
 
 
 @_jit
-def quantize_q8_k(x, xq, xd, bsums):
+def quantize_q8_k(x, xq, xd, bsums, x16):
     """x [n, cols] f32 (cols % 256 == 0) -> xq [n, cols] int8, xd [n, cols // 256] f32,
-    bsums [n, cols // 16] int32."""
+    bsums [n, cols // 16] int32, x16 [n, cols] int16 (xq widened, for the 16-bit products)."""
     n, cols = x.shape
     for t in range(n):
         for b in range(cols // 256):
@@ -87,32 +94,28 @@ def quantize_q8_k(x, xq, xd, bsums):
                     s += np.int32(xq[t, o + 16 * j + i])
                 bsums[t, b * 16 + j] = s
             xd[t, b] = np.float32(1.0) / iscale
+        qsimd.widen_s8(xq, t * cols, x16, t * cols, cols)
 
 
 # ---- products ---------------------------------------------------------------------------------
+# Each kernel walks its rows one at a time: the row's blocks are decoded once (into `buf`, in
+# L1) and then multiplied with every token's activations, so a batch reads each weight once.
+# Offsets passed to the qsimd intrinsics are flat element offsets into C-contiguous arrays.
 
 
 @_jit
-def q8_0_rows(wq, wd, xq, xd, out, r0, r1):
-    """wq [rows, cols] int8, wd [rows, cols // 32] f32 (Q8_0 repacked) -> out[:, r0:r1]."""
-    n = xq.shape[0]
-    nb = wd.shape[1]
+def q8_0_rows(wu, wd, xq, xd, xs, out, r0, r1):
+    """wu [rows, cols] uint8 (Q8_0 codes + 128), wd [rows, cols // 32] f32; xs [n, cols // 32]
+    int32 = the activation blocks' code sums (u8 x s8 products: sum (q+128)*x - 128*sum x)."""
+    n, cols = xq.shape
+    nb = cols // 32
     for r in range(r0, r1):
         for t in range(n):
             acc = np.float32(0.0)
             for b in range(nb):
-                o = b * 32
-                s = 0
-                for i in range(32):
-                    s += np.int32(wq[r, o + i]) * np.int32(xq[t, o + i])
+                s = qsimd.dot_us32(wu, r * cols + 32 * b, xq, t * cols + 32 * b) - 128 * xs[t, b]
                 acc += (wd[r, b] * xd[t, b]) * np.float32(s)
             out[t, r] = acc
-
-
-@_jit
-def _u32(row, at):
-    return (np.uint32(row[at]) | (np.uint32(row[at + 1]) << np.uint32(8))
-            | (np.uint32(row[at + 2]) << np.uint32(16)) | (np.uint32(row[at + 3]) << np.uint32(24)))
 
 
 @_jit
@@ -121,101 +124,67 @@ def _half(row, at, f16):
 
 
 @_jit
-def q2_k_rows(raw, xq, xd, bsums, out, r0, r1, f16):
-    """raw [rows, nb * 84] uint8 (Q2_K blocks) -> out[:, r0:r1]."""
-    n = xq.shape[0]
-    nb = raw.shape[1] // 84
+def q2_k_rows(raw, x16, xd, bsums, out, r0, r1, f16):
+    """raw [rows, nb * 84] uint8 (Q2_K blocks), x16 [n, cols] int16 (the Q8_K codes, widened)
+    -> out[:, r0:r1]."""
+    n, cols = x16.shape
+    nb = cols // 256
+    buf = np.empty(cols, np.int16)
     for r in range(r0, r1):
         row = raw[r]
+        rb = r * raw.shape[1]
+        for b in range(nb):
+            qsimd.q2_k_unpack(row, 84 * b, buf, 256 * b)
         for t in range(n):
             acc = np.float32(0.0)
             for b in range(nb):
-                o = b * 84
-                x0 = b * 256
-                summs = 0
-                for j in range(16):
-                    summs += np.int32(row[o + j] >> 4) * bsums[t, b * 16 + j]
-                isum = 0
-                for h in range(2):
-                    for s in range(4):
-                        for second in range(2):
-                            sub = h * 8 + s * 2 + second
-                            at = o + 16 + h * 32 + second * 16
-                            xo = x0 + h * 128 + s * 32 + second * 16
-                            d16 = 0
-                            for i in range(16):
-                                d16 += np.int32((row[at + i] >> (2 * s)) & 3) * np.int32(xq[t, xo + i])
-                            isum += np.int32(row[o + sub] & 15) * d16
-                dall = xd[t, b] * _half(row, o + 80, f16)
-                dmin = xd[t, b] * _half(row, o + 82, f16)
+                isum = qsimd.dot_i16_256(buf, 256 * b, x16, t * cols + 256 * b)
+                summs = qsimd.dot_hi_nibble16(raw, rb + 84 * b, bsums, (t * nb + b) * 16)
+                dall = xd[t, b] * _half(row, 84 * b + 80, f16)
+                dmin = xd[t, b] * _half(row, 84 * b + 82, f16)
                 acc += dall * np.float32(isum) - dmin * np.float32(summs)
             out[t, r] = acc
 
 
 @_jit
-def _q4_scale_min(row, o, j):
-    if j < 4:
-        return np.int32(row[o + 4 + j] & 63), np.int32(row[o + 8 + j] & 63)
-    sc = np.int32(row[o + 8 + j] & 15) | (np.int32(row[o + j] >> 6) << 4)
-    mn = np.int32(row[o + 8 + j] >> 4) | (np.int32(row[o + 4 + j] >> 6) << 4)
-    return sc, mn
-
-
-@_jit
-def q4_k_rows(raw, xq, xd, bsums, out, r0, r1, f16):
+def q4_k_rows(raw, x16, xd, bsums, out, r0, r1, f16):
     """raw [rows, nb * 144] uint8 (Q4_K blocks) -> out[:, r0:r1]."""
-    n = xq.shape[0]
-    nb = raw.shape[1] // 144
+    n, cols = x16.shape
+    nb = cols // 256
+    buf = np.empty(cols, np.int16)
+    mn = np.empty(nb * 8, np.int32)
     for r in range(r0, r1):
         row = raw[r]
+        for b in range(nb):
+            qsimd.q4_k_unpack(row, 144 * b, buf, 256 * b, mn, 8 * b)
         for t in range(n):
             acc = np.float32(0.0)
             for b in range(nb):
-                o = b * 144
-                x0 = b * 256
+                isum = qsimd.dot_i16_256(buf, 256 * b, x16, t * cols + 256 * b)
                 summs = 0
-                isum = 0
                 for j in range(8):
-                    sc, mn = _q4_scale_min(row, o, j)
-                    summs += mn * (bsums[t, b * 16 + 2 * j] + bsums[t, b * 16 + 2 * j + 1])
-                    at = o + 16 + (j // 2) * 32
-                    shift = 4 * (j % 2)
-                    d32 = 0
-                    for i in range(32):
-                        d32 += np.int32((row[at + i] >> shift) & 15) * np.int32(xq[t, x0 + 32 * j + i])
-                    isum += sc * d32
-                dall = xd[t, b] * _half(row, o, f16)
-                dmin = xd[t, b] * _half(row, o + 2, f16)
+                    summs += mn[8 * b + j] * (bsums[t, 16 * b + 2 * j] + bsums[t, 16 * b + 2 * j + 1])
+                dall = xd[t, b] * _half(row, 144 * b, f16)
+                dmin = xd[t, b] * _half(row, 144 * b + 2, f16)
                 acc += dall * np.float32(isum) - dmin * np.float32(summs)
             out[t, r] = acc
 
 
 @_jit
-def iq2_xxs_rows(raw, xq, xd, out, r0, r1, f16, signed):
-    """raw [rows, nb * 66] uint8 (IQ2_XXS blocks), signed [256 * 128, 8] int8 (the signed grid,
-    quant.iq2xxs_signed_codes) -> out[:, r0:r1]."""
-    n = xq.shape[0]
-    nb = raw.shape[1] // 66
+def iq2_xxs_rows(raw, x16, xd, out, r0, r1, f16, grid):
+    """raw [rows, nb * 66] uint8 (IQ2_XXS blocks), grid: qsimd.iq2_xxs_unpack's -> out[:, r0:r1]."""
+    n, cols = x16.shape
+    nb = cols // 256
+    buf = np.empty(cols, np.int16)
     for r in range(r0, r1):
         row = raw[r]
+        for b in range(nb):
+            qsimd.iq2_xxs_unpack(row, 66 * b, grid, buf, 256 * b)
         for t in range(n):
             acc = np.float32(0.0)
             for b in range(nb):
-                o = b * 66
-                x0 = b * 256
-                bsum = 0
-                for g in range(8):
-                    a = _u32(row, o + 2 + 8 * g)
-                    bb = _u32(row, o + 6 + 8 * g)
-                    s32 = 0
-                    for j in range(4):
-                        at = np.int64((((a >> np.uint32(8 * j)) & np.uint32(255)) << np.uint32(7))
-                                      | ((bb >> np.uint32(7 * j)) & np.uint32(127)))
-                        xo = x0 + g * 32 + j * 8
-                        for p in range(8):
-                            s32 += np.int32(signed[at, p]) * np.int32(xq[t, xo + p])
-                    bsum += np.int32(2 * (bb >> np.uint32(28)) + 1) * s32
-                acc += (_half(row, o, f16) * xd[t, b]) * np.float32(bsum)
+                bsum = qsimd.dot_i16_256(buf, 256 * b, x16, t * cols + 256 * b)
+                acc += (_half(row, 66 * b, f16) * xd[t, b]) * np.float32(bsum)
             out[t, r] = np.float32(0.125) * acc
 
 

@@ -55,10 +55,11 @@ def _kernels():
 
 @functools.lru_cache(maxsize=1)
 def _tables() -> tuple[np.ndarray, np.ndarray]:
-    """(f16 -> f32 for all 65,536 bit patterns, the signed IQ2_XXS grid int8 [256 * 128, 8])."""
+    """(f16 -> f32 for all 65,536 bit patterns, the IQ2_XXS grid of qsimd.iq2_xxs_unpack: 256
+    rows of 8 magnitudes, one uint64 each)."""
     f16 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
-    signed, _ = quant.iq2xxs_signed_codes()
-    return f16, np.ascontiguousarray(signed)
+    grid, _ = quant.iq2xxs_tables()
+    return f16, np.ascontiguousarray(grid.astype(np.uint8).reshape(256, 8)).view(np.uint64).reshape(-1)
 
 
 def _as_blocks(raw: Any, qtype: int, n_rows: int, cols: int) -> np.ndarray:
@@ -82,7 +83,8 @@ def _repack_q8_0(blocks: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]
     once (exact) instead of per block per call."""
     r = blocks.shape[0]
     b = blocks.reshape(r, cols // 32, 34)
-    codes = np.ascontiguousarray(b[:, :, 2:]).view(np.int8).reshape(r, cols)
+    codes = np.ascontiguousarray(b[:, :, 2:]).reshape(r, cols)
+    codes ^= np.uint8(0x80)  # + 128: the kernels multiply unsigned codes by signed activations
     scales = np.ascontiguousarray(b[:, :, :2]).view(np.float16).astype(np.float32).reshape(r, cols // 32)
     return codes, scales
 
@@ -97,22 +99,24 @@ def _check_input(x: Any, cols: int) -> np.ndarray:
 class _Activations:
     """One call's inputs rounded once for every row of the product (see qkernels)."""
 
-    __slots__ = ("xq", "xd", "bsums", "x")
+    __slots__ = ("xq", "xd", "bsums", "x", "x16")
 
     def __init__(self, x: np.ndarray, kind: str):
         k = _kernels()
         n, cols = x.shape
         self.x = x
-        self.xq = self.xd = self.bsums = None
+        self.xq = self.xd = self.bsums = self.x16 = None
         if kind == "q8_0":
             self.xq = np.empty((n, cols), np.int8)
             self.xd = np.empty((n, cols // 32), np.float32)
-            k.quantize_q8_0(x, self.xq, self.xd)
+            self.bsums = np.empty((n, cols // 32), np.int32)
+            k.quantize_q8_0(x, self.xq, self.xd, self.bsums)
         elif kind == "q8_k":
             self.xq = np.empty((n, cols), np.int8)
             self.xd = np.empty((n, cols // 256), np.float32)
             self.bsums = np.empty((n, cols // 16), np.int32)
-            k.quantize_q8_k(x, self.xq, self.xd, self.bsums)
+            self.x16 = np.empty((n, cols), np.int16)
+            k.quantize_q8_k(x, self.xq, self.xd, self.bsums, self.x16)
 
     def take(self, rows: np.ndarray) -> _Activations:
         """The activations of input rows `rows` (a gather: quantising again would give the same)."""
@@ -121,6 +125,7 @@ class _Activations:
         out.xq = None if self.xq is None else self.xq[rows]
         out.xd = None if self.xd is None else self.xd[rows]
         out.bsums = None if self.bsums is None else self.bsums[rows]
+        out.x16 = None if self.x16 is None else self.x16[rows]
         return out
 
 
@@ -221,13 +226,13 @@ class QuantMatrix:
         f16, signed = _tables()
         t = self.ggml_type
         if t == quant.Q8_0:
-            k.q8_0_rows(self._arrays[0], self._arrays[1], act.xq, act.xd, out, r0, r1)
+            k.q8_0_rows(self._arrays[0], self._arrays[1], act.xq, act.xd, act.bsums, out, r0, r1)
         elif t == quant.Q2_K:
-            k.q2_k_rows(self._arrays[0], act.xq, act.xd, act.bsums, out, r0, r1, f16)
+            k.q2_k_rows(self._arrays[0], act.x16, act.xd, act.bsums, out, r0, r1, f16)
         elif t == quant.Q4_K:
-            k.q4_k_rows(self._arrays[0], act.xq, act.xd, act.bsums, out, r0, r1, f16)
+            k.q4_k_rows(self._arrays[0], act.x16, act.xd, act.bsums, out, r0, r1, f16)
         elif t == quant.IQ2_XXS:
-            k.iq2_xxs_rows(self._arrays[0], act.xq, act.xd, out, r0, r1, f16, signed)
+            k.iq2_xxs_rows(self._arrays[0], act.x16, act.xd, out, r0, r1, f16, signed)
         else:
             k.dense_rows(self._arrays[0], act.x, out, r0, r1)
 
