@@ -99,18 +99,20 @@ def quantize_q8_k(x, xq, xd, bsums, x16):
 
 # ---- products ---------------------------------------------------------------------------------
 # Each kernel walks its rows one at a time: the row's blocks are decoded once (into `buf`, in
-# L1) and then multiplied with every token's activations, so a batch reads each weight once.
-# Offsets passed to the qsimd intrinsics are flat element offsets into C-contiguous arrays.
+# L1) and then multiplied with the activations of tokens t0..t1, so a batch reads each weight
+# once. Offsets passed to the qsimd intrinsics are flat element offsets into C-contiguous arrays.
+
+Q8_0, Q2_K, Q4_K, IQ2_XXS = 8, 10, 12, 16  # GGML type ids (quant.py)
 
 
 @_jit
-def q8_0_rows(wu, wd, xq, xd, xs, out, r0, r1):
-    """wu [rows, cols] uint8 (Q8_0 codes + 128), wd [rows, cols // 32] f32; xs [n, cols // 32]
-    int32 = the activation blocks' code sums (u8 x s8 products: sum (q+128)*x - 128*sum x)."""
-    n, cols = xq.shape
+def _q8_0_rows(wu, wd, xq, xd, xs, out, r0, r1, t0, t1):
+    # wu [rows, cols] uint8 (Q8_0 codes + 128), wd [rows, cols // 32] f32; xs: the activation
+    # blocks' code sums (u8 x s8 products: sum (q + 128) * x - 128 * sum x = sum q * x)
+    cols = xq.shape[1]
     nb = cols // 32
     for r in range(r0, r1):
-        for t in range(n):
+        for t in range(t0, t1):
             acc = np.float32(0.0)
             for b in range(nb):
                 s = qsimd.dot_us32(wu, r * cols + 32 * b, xq, t * cols + 32 * b) - 128 * xs[t, b]
@@ -124,10 +126,9 @@ def _half(row, at, f16):
 
 
 @_jit
-def q2_k_rows(raw, x16, xd, bsums, out, r0, r1, f16):
-    """raw [rows, nb * 84] uint8 (Q2_K blocks), x16 [n, cols] int16 (the Q8_K codes, widened)
-    -> out[:, r0:r1]."""
-    n, cols = x16.shape
+def _q2_k_rows(raw, x16, xd, bsums, out, r0, r1, t0, t1, f16):
+    # raw [rows, nb * 84] uint8 (Q2_K blocks), x16: the Q8_K codes widened to int16
+    cols = x16.shape[1]
     nb = cols // 256
     buf = np.empty(cols, np.int16)
     for r in range(r0, r1):
@@ -135,7 +136,7 @@ def q2_k_rows(raw, x16, xd, bsums, out, r0, r1, f16):
         rb = r * raw.shape[1]
         for b in range(nb):
             qsimd.q2_k_unpack(row, 84 * b, buf, 256 * b)
-        for t in range(n):
+        for t in range(t0, t1):
             acc = np.float32(0.0)
             for b in range(nb):
                 isum = qsimd.dot_i16_256(buf, 256 * b, x16, t * cols + 256 * b)
@@ -147,9 +148,9 @@ def q2_k_rows(raw, x16, xd, bsums, out, r0, r1, f16):
 
 
 @_jit
-def q4_k_rows(raw, x16, xd, bsums, out, r0, r1, f16):
-    """raw [rows, nb * 144] uint8 (Q4_K blocks) -> out[:, r0:r1]."""
-    n, cols = x16.shape
+def _q4_k_rows(raw, x16, xd, bsums, out, r0, r1, t0, t1, f16):
+    # raw [rows, nb * 144] uint8 (Q4_K blocks)
+    cols = x16.shape[1]
     nb = cols // 256
     buf = np.empty(cols, np.int16)
     mn = np.empty(nb * 8, np.int32)
@@ -157,7 +158,7 @@ def q4_k_rows(raw, x16, xd, bsums, out, r0, r1, f16):
         row = raw[r]
         for b in range(nb):
             qsimd.q4_k_unpack(row, 144 * b, buf, 256 * b, mn, 8 * b)
-        for t in range(n):
+        for t in range(t0, t1):
             acc = np.float32(0.0)
             for b in range(nb):
                 isum = qsimd.dot_i16_256(buf, 256 * b, x16, t * cols + 256 * b)
@@ -171,21 +172,49 @@ def q4_k_rows(raw, x16, xd, bsums, out, r0, r1, f16):
 
 
 @_jit
-def iq2_xxs_rows(raw, x16, xd, out, r0, r1, f16, grid):
-    """raw [rows, nb * 66] uint8 (IQ2_XXS blocks), grid: qsimd.iq2_xxs_unpack's -> out[:, r0:r1]."""
-    n, cols = x16.shape
+def _iq2_xxs_rows(raw, x16, xd, out, r0, r1, t0, t1, f16, grid):
+    # raw [rows, nb * 66] uint8 (IQ2_XXS blocks), grid: qsimd.iq2_xxs_unpack's table
+    cols = x16.shape[1]
     nb = cols // 256
     buf = np.empty(cols, np.int16)
     for r in range(r0, r1):
         row = raw[r]
         for b in range(nb):
             qsimd.iq2_xxs_unpack(row, 66 * b, grid, buf, 256 * b)
-        for t in range(n):
+        for t in range(t0, t1):
             acc = np.float32(0.0)
             for b in range(nb):
                 bsum = qsimd.dot_i16_256(buf, 256 * b, x16, t * cols + 256 * b)
                 acc += (_half(row, 66 * b, f16) * xd[t, b]) * np.float32(bsum)
             out[t, r] = np.float32(0.125) * acc
+
+
+@_jit
+def matrix_rows(kind, w, aux, xq, x16, xd, xs, out, r0, r1, t0, t1, f16, grid):
+    """out[t, r] for rows r0..r1 and tokens t0..t1 of a quantised matrix of GGML type `kind`.
+
+    w [rows, ...] uint8: Q8_0 codes + 128 (then aux = the f32 block scales [rows, cols // 32]),
+    or the raw blocks of the other types (aux unused). Activations (quantize_q8_0 /
+    quantize_q8_k's): xq int8, x16 int16 (Q8_K only), xd f32 scales, xs int32 sums (Q8_0: per
+    block of 32; Q8_K: bsums per 16). f16: the f16 -> f32 table; grid: the IQ2_XXS grid.
+    """
+    if kind == Q8_0:
+        _q8_0_rows(w, aux, xq, xd, xs, out, r0, r1, t0, t1)
+    elif kind == Q2_K:
+        _q2_k_rows(w, x16, xd, xs, out, r0, r1, t0, t1, f16)
+    elif kind == Q4_K:
+        _q4_k_rows(w, x16, xd, xs, out, r0, r1, t0, t1, f16)
+    else:
+        _iq2_xxs_rows(w, x16, xd, out, r0, r1, t0, t1, f16, grid)
+
+
+@_jit
+def expert_rows(kind, w, aux, used, starts, xq, x16, xd, xs, out, r0, r1, f16, grid):
+    """matrix_rows over routed experts: w / aux [n_experts, rows, ...]; expert used[i] takes
+    the activation rows starts[i]..starts[i+1] (the call's (token, slot) pairs grouped by expert)."""
+    for i in range(used.shape[0]):
+        e = used[i]
+        matrix_rows(kind, w[e], aux[e], xq, x16, xd, xs, out, r0, r1, starts[i], starts[i + 1], f16, grid)
 
 
 @_jit

@@ -96,37 +96,38 @@ def _check_input(x: Any, cols: int) -> np.ndarray:
     return np.ascontiguousarray(xa, dtype=np.float32)
 
 
-class _Activations:
-    """One call's inputs rounded once for every row of the product (see qkernels)."""
+class Activations:
+    """One call's inputs rounded once for every row of the product (see qkernels): xq int8 codes,
+    xd f32 block scales, xs int32 sums (Q8_0: per block of 32; Q8_K: per 16), x16 the codes
+    widened to int16 (Q8_K only); `x` the float inputs (dense matrices use them as they are)."""
 
-    __slots__ = ("xq", "xd", "bsums", "x", "x16")
+    __slots__ = ("kind", "x", "xq", "x16", "xd", "xs")
 
     def __init__(self, x: np.ndarray, kind: str):
-        k = _kernels()
         n, cols = x.shape
-        self.x = x
-        self.xq = self.xd = self.bsums = self.x16 = None
+        self.kind, self.x = kind, x
+        self.xq, self.x16 = np.empty((n, cols), np.int8), _NO_X16
         if kind == "q8_0":
-            self.xq = np.empty((n, cols), np.int8)
             self.xd = np.empty((n, cols // 32), np.float32)
-            self.bsums = np.empty((n, cols // 32), np.int32)
-            k.quantize_q8_0(x, self.xq, self.xd, self.bsums)
+            self.xs = np.empty((n, cols // 32), np.int32)
+            _kernels().quantize_q8_0(x, self.xq, self.xd, self.xs)
         elif kind == "q8_k":
-            self.xq = np.empty((n, cols), np.int8)
             self.xd = np.empty((n, cols // 256), np.float32)
-            self.bsums = np.empty((n, cols // 16), np.int32)
+            self.xs = np.empty((n, cols // 16), np.int32)
             self.x16 = np.empty((n, cols), np.int16)
-            k.quantize_q8_k(x, self.xq, self.xd, self.bsums, self.x16)
+            _kernels().quantize_q8_k(x, self.xq, self.xd, self.xs, self.x16)
 
-    def take(self, rows: np.ndarray) -> _Activations:
-        """The activations of input rows `rows` (a gather: quantising again would give the same)."""
-        out = _Activations.__new__(_Activations)
-        out.x = self.x[rows]
-        out.xq = None if self.xq is None else self.xq[rows]
-        out.xd = None if self.xd is None else self.xd[rows]
-        out.bsums = None if self.bsums is None else self.bsums[rows]
-        out.x16 = None if self.x16 is None else self.x16[rows]
+    def take(self, rows: np.ndarray) -> Activations:
+        """The activations of input rows `rows` (a gather: rounding again would give the same)."""
+        out = Activations.__new__(Activations)
+        out.kind, out.x = self.kind, self.x[rows]
+        if self.kind != "f32":
+            out.xq, out.xd, out.xs = self.xq[rows], self.xd[rows], self.xs[rows]
+            out.x16 = self.x16[rows] if self.kind == "q8_k" else _NO_X16
         return out
+
+
+_NO_X16 = np.zeros((1, 1), np.int16)  # the int16 codes a Q8_0 product does not use
 
 
 def _activation_kind(qtype: int) -> str:
@@ -175,16 +176,16 @@ def activation_error_bound(ggml_type: int, w: np.ndarray, x: np.ndarray) -> np.n
 class QuantMatrix:
     """A [rows, cols] weight matrix for the fast CPU products (see the module docstring).
 
-    Storage: Q8_0 is repacked at load into contiguous int8 codes + f32 scales (36 bytes per 32
-    weights, the file's 34 plus 2; nbytes counts it); Q2_K, Q4_K and IQ2_XXS are used in place
-    (a view of `raw`: the file's pages, nbytes 0); F16/F32 are held as f32 (a copy).
+    Storage: Q8_0 is repacked at load into contiguous codes (+128, as uint8) and f32 scales (36
+    bytes per 32 weights, the file's 34 plus 2; nbytes counts it); Q2_K, Q4_K and IQ2_XXS are
+    used in place (a view of `raw`: the file's pages, nbytes 0); F16/F32 are held as f32 (a copy).
     """
 
-    def __init__(self, ggml_type: int, rows: int, cols: int, arrays: tuple[np.ndarray, ...], nbytes: int):
+    def __init__(self, ggml_type: int, rows: int, cols: int, w: np.ndarray, aux: np.ndarray, nbytes: int):
         self.ggml_type, self.rows, self.cols = int(ggml_type), int(rows), int(cols)
-        self._arrays = arrays
+        self.w, self.aux = w, aux  # see qkernels.matrix_rows
         self.nbytes = int(nbytes)
-        self._kind = _activation_kind(self.ggml_type)
+        self.kind = _activation_kind(self.ggml_type)
 
     @classmethod
     def from_blocks(cls, raw: Any, ggml_type: int, rows: int, cols: int) -> QuantMatrix:
@@ -192,8 +193,8 @@ class QuantMatrix:
         blocks = _as_blocks(raw, ggml_type, rows, cols)
         if ggml_type == quant.Q8_0:
             codes, scales = _repack_q8_0(blocks, cols)
-            return cls(ggml_type, rows, cols, (codes, scales), codes.nbytes + scales.nbytes)
-        return cls(ggml_type, rows, cols, (blocks,), 0)
+            return cls(ggml_type, rows, cols, codes, scales, codes.nbytes + scales.nbytes)
+        return cls(ggml_type, rows, cols, blocks, np.zeros((1, 1), np.float32), 0)
 
     @classmethod
     def from_dense(cls, w: Any) -> QuantMatrix:
@@ -203,38 +204,26 @@ class QuantMatrix:
             raise QuantMatrixError(f"a dense matrix must be f16/f32 [rows, cols], got {list(wa.shape)} ({wa.dtype})")
         w32 = np.ascontiguousarray(wa, dtype=np.float32)
         qtype = F16 if wa.dtype == np.float16 else F32
-        return cls(qtype, wa.shape[0], wa.shape[1], (w32,), w32.nbytes)
+        return cls(qtype, wa.shape[0], wa.shape[1], w32, np.zeros((1, 1), np.float32), w32.nbytes)
 
     def matmul(self, x: Any) -> np.ndarray:
         """x [n, cols] float32 -> [n, rows] float32."""
         xa = _check_input(x, self.cols)
         out = np.empty((xa.shape[0], self.rows), np.float32)
         if xa.shape[0]:
-            self.rows_into(_Activations(xa, self._kind), out, parallel=True)
+            act = Activations(xa, self.kind)
+            _run_rows(functools.partial(self.rows_into, act, out), self.rows, out.size * self.cols)
         return out
 
-    def rows_into(self, act: _Activations, out: np.ndarray, *, parallel: bool) -> None:
-        """out[:, r] for every row r, from prepared activations (ExpertMatrix shares this)."""
-        fn = functools.partial(self._range, act, out)
-        if parallel:
-            _run_rows(fn, self.rows, out.shape[0] * self.rows * self.cols)
-        else:
-            fn(0, self.rows)
-
-    def _range(self, act: _Activations, out: np.ndarray, r0: int, r1: int) -> None:
+    def rows_into(self, act: Activations, out: np.ndarray, r0: int, r1: int) -> None:
+        """out[t, r] for rows r0..r1 and every token t of `act` (prepared for this matrix)."""
         k = _kernels()
-        f16, signed = _tables()
-        t = self.ggml_type
-        if t == quant.Q8_0:
-            k.q8_0_rows(self._arrays[0], self._arrays[1], act.xq, act.xd, act.bsums, out, r0, r1)
-        elif t == quant.Q2_K:
-            k.q2_k_rows(self._arrays[0], act.x16, act.xd, act.bsums, out, r0, r1, f16)
-        elif t == quant.Q4_K:
-            k.q4_k_rows(self._arrays[0], act.x16, act.xd, act.bsums, out, r0, r1, f16)
-        elif t == quant.IQ2_XXS:
-            k.iq2_xxs_rows(self._arrays[0], act.x16, act.xd, out, r0, r1, f16, signed)
-        else:
-            k.dense_rows(self._arrays[0], act.x, out, r0, r1)
+        if self.kind == "f32":
+            k.dense_rows(self.w, act.x, out, r0, r1)
+            return
+        f16, grid = _tables()
+        k.matrix_rows(self.ggml_type, self.w, self.aux, act.xq, act.x16, act.xd, act.xs, out, r0, r1,
+                      0, out.shape[0], f16, grid)
 
 
 class ExpertMatrix:
@@ -242,26 +231,38 @@ class ExpertMatrix:
     view of `raw`: only the experts a call selects are read; nbytes 0, the file's pages); Q8_0
     experts are repacked as QuantMatrix does (nbytes counts the copy)."""
 
-    def __init__(self, ggml_type: int, n_experts: int, rows: int, cols: int, arrays: tuple[np.ndarray, ...],
-                 nbytes: int):
-        self.ggml_type, self.n_experts, self.rows, self.cols = int(ggml_type), int(n_experts), int(rows), int(cols)
-        self._arrays = arrays  # each [n_experts, rows, ...]
-        self.nbytes = int(nbytes)
-        self._kind = _activation_kind(self.ggml_type)
+    def __init__(self, one: QuantMatrix, n_experts: int, rows: int):
+        self.ggml_type, self.n_experts, self.rows, self.cols = one.ggml_type, int(n_experts), int(rows), one.cols
+        self.w = one.w.reshape(n_experts, rows, -1)
+        aux = one.aux if one.aux.shape[0] == n_experts * rows else np.zeros((n_experts, 1), np.float32)
+        self.aux = aux.reshape(n_experts, aux.shape[0] // n_experts, -1)
+        self.nbytes = one.nbytes
+        self.kind = one.kind
 
     @classmethod
     def from_blocks(cls, raw: Any, ggml_type: int, n_experts: int, rows: int, cols: int) -> ExpertMatrix:
-        one = QuantMatrix.from_blocks(raw, ggml_type, n_experts * rows, cols)
-        arrays = tuple(a.reshape(n_experts, rows, -1) for a in one._arrays)
-        return cls(ggml_type, n_experts, rows, cols, arrays, one.nbytes)
+        return cls(QuantMatrix.from_blocks(raw, ggml_type, n_experts * rows, cols), n_experts, rows)
 
     def expert(self, e: int) -> QuantMatrix:
         """Expert e as a QuantMatrix (a view of its part of the storage)."""
-        return QuantMatrix(self.ggml_type, self.rows, self.cols, tuple(a[e] for a in self._arrays), 0)
+        aux = self.aux[e] if self.ggml_type == quant.Q8_0 else self.aux[0]
+        return QuantMatrix(self.ggml_type, self.rows, self.cols, self.w[e], aux, 0)
 
     def matmul(self, x: Any, ids: Any) -> np.ndarray:
         """x [n, cols] (one input per token) or [n, k, cols] (one per slot) float32, ids [n, k]
         -> [n, k, rows]: out[t, j] = W[ids[t, j]] @ x[t] (or x[t, j])."""
+        return self.matmul_many((self,), x, ids)[0]
+
+    def matmul_pair(self, other: ExpertMatrix, x: Any, ids: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(self.matmul(x, ids), other.matmul(x, ids)), bit for bit, from one rounding of x and
+        one hand-off to the worker threads (a layer's gate and up projections)."""
+        a, b = self.matmul_many((self, other), x, ids)
+        return a, b
+
+    def matmul_many(self, mats: tuple[ExpertMatrix, ...], x: Any, ids: Any) -> list[np.ndarray]:
+        """matmul of each of `mats` (same type and shape as self) over the same x and ids."""
+        if any((m.ggml_type, m.rows, m.cols) != (self.ggml_type, self.rows, self.cols) for m in mats):
+            raise QuantMatrixError("matrices multiplied together must share type and shape")
         ida = np.asarray(ids)
         if ida.ndim != 2 or not np.issubdtype(ida.dtype, np.integer):
             raise QuantMatrixError(f"expert ids must be integer [n, k], got {list(ida.shape)} ({ida.dtype})")
@@ -273,24 +274,28 @@ class ExpertMatrix:
         flat = ida.reshape(-1).astype(np.int64)
         if flat.size and (flat.min() < 0 or flat.max() >= self.n_experts):
             raise QuantMatrixError(f"expert id out of range 0..{self.n_experts - 1}")
-        out = np.empty((n * k, self.rows), np.float32)
         if not flat.size:
-            return out.reshape(n, k, self.rows)
-        per_slot = xa.ndim == 3
-        act = _Activations(np.ascontiguousarray(xa.reshape(-1, self.cols), dtype=np.float32), self._kind)
+            return [np.empty((n, k, self.rows), np.float32) for _ in mats]
         used, inverse = np.unique(flat, return_inverse=True)
         order = np.argsort(inverse, kind="stable")  # pairs grouped by expert, in pair order
-        bounds = np.concatenate([[0], np.cumsum(np.bincount(inverse, minlength=len(used)))])
-        groups = []
-        for e, b0, b1 in zip(used, bounds[:-1], bounds[1:], strict=True):
-            pairs = order[b0:b1]
-            groups.append((self.expert(int(e)), pairs, act.take(pairs if per_slot else pairs // k)))
+        starts = np.concatenate([[0], np.cumsum(np.bincount(inverse, minlength=len(used)))]).astype(np.int64)
+        rows_of = order if xa.ndim == 3 else order // k  # the input row of each grouped pair
+        act = Activations(np.ascontiguousarray(xa.reshape(-1, self.cols), dtype=np.float32), self.kind)
+        if len(rows_of) != act.x.shape[0] or np.any(rows_of != np.arange(len(rows_of))):
+            act = act.take(rows_of)
+        grouped = [np.empty((n * k, self.rows), np.float32) for _ in mats]
+        f16, grid = _tables()
+        kern = _kernels()
 
         def part(r0: int, r1: int) -> None:
-            for mat, pairs, a in groups:
-                tmp = np.empty((len(pairs), self.rows), np.float32)
-                mat._range(a, tmp, r0, r1)
-                out[pairs, r0:r1] = tmp[:, r0:r1]
+            for m, out in zip(mats, grouped, strict=True):
+                kern.expert_rows(m.ggml_type, m.w, m.aux, used, starts, act.xq, act.x16, act.xd, act.xs, out,
+                                 r0, r1, f16, grid)
 
-        _run_rows(part, self.rows, n * k * self.rows * self.cols)
-        return out.reshape(n, k, self.rows)
+        _run_rows(part, self.rows, len(mats) * n * k * self.rows * self.cols)
+        results = []
+        for out in grouped:
+            res = np.empty_like(out)
+            res[order] = out
+            results.append(res.reshape(n, k, self.rows))
+        return results
