@@ -5,6 +5,11 @@
     y = m.matmul(x)                                            # x [n, cols] f32 -> [n, rows] f32
     e = ExpertMatrix.from_blocks(raw, ggml_type, n_experts, rows, cols)
     y = e.matmul(x, ids)                # x [n, cols] or [n, k, cols], ids [n, k] -> [n, k, rows]
+    g, u = gate.matmul_pair(up, x, ids)  # two tensors, one activation rounding
+    y = routed_ffn(gate, up, down, x, ids, weights, clamp)  # a layer's routed experts -> [n, dim]
+
+A grouped product (attention's output projection A: group g's rows take group g's input) is an
+ExpertMatrix with one "expert" per group: matmul(x [n, G, cols], ids = [[0, 1, ..., G-1]] * n).
 
 The exact float32 path (weights.Linear, experts/cpu.py) stays the reference; this is the fast
 set. docs/numerics-fast-cpu.md is its contract; in short:
@@ -29,9 +34,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import mlx.core as mx
 import numpy as np
 
-from ds4agent.engine import device, quant
+from ds4agent.engine import device, ops, quant
 from ds4agent.engine.errors import EngineError
 from ds4agent.engine.experts import cpu as cpu_experts
 
@@ -299,3 +305,20 @@ class ExpertMatrix:
             res[order] = out
             results.append(res.reshape(n, k, self.rows))
         return results
+
+
+def routed_ffn(gate: ExpertMatrix, up: ExpertMatrix, down: ExpertMatrix, x: Any, ids: Any, weights: Any,
+               clamp: float) -> np.ndarray:
+    """A layer's routed experts in one call: x [n, dim] f32, ids [n, k], weights [n, k] f32 ->
+    [n, dim] f32 = sum over slots j (in selection order) of
+    down[ids[:, j]] @ (swiglu(gate[ids[:, j]] @ x, up[ids[:, j]] @ x, clamp) * weights[:, j]),
+    the SwiGLU and the weighting computed by ops.swiglu and an f32 multiply as the model does.
+    Gate and up share one rounding of x and one hand-off to the worker threads."""
+    g, u = gate.matmul_pair(up, x, ids)
+    w = np.asarray(weights, dtype=np.float32)
+    mid = ops.swiglu(mx.array(g), mx.array(u), clamp) * mx.array(w)[:, :, None]
+    per_slot = down.matmul(np.asarray(mid, dtype=np.float32), ids)
+    total = per_slot[:, 0].copy()
+    for j in range(1, per_slot.shape[1]):
+        total += per_slot[:, j]
+    return total

@@ -9,10 +9,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from ds4agent.engine import quant
+from ds4agent.engine import ops, quant
 from ds4agent.engine.device import cpu_parts
 from ds4agent.engine.experts.base import quant_experts
-from ds4agent.engine.qmatrix import ExpertMatrix, QuantMatrix, QuantMatrixError, activation_error_bound
+from ds4agent.engine.experts.fast import FastExperts, fast_routed_ffn
+from ds4agent.engine.qmatrix import ExpertMatrix, QuantMatrix, QuantMatrixError, activation_error_bound, routed_ffn
 from tests.weights.conftest import random_blocks
 
 TYPES = (quant.Q8_0, quant.Q2_K, quant.Q4_K, quant.IQ2_XXS)
@@ -149,3 +150,29 @@ def test_fast_expert_backend_through_the_factory():
         for j in range(2):
             _check_bound(quant.IQ2_XXS, w3[ids[t, j]], x[t : t + 1], out[t, j][None])
     assert cpu_parts() >= 1
+
+
+def test_gate_up_pair_equals_two_calls_and_routed_ffn_composes_them():
+    rng = np.random.default_rng(12)
+    n_experts, dim, ffn, n, k = 16, 512, 256, 4, 3
+    gate = ExpertMatrix.from_blocks(_matrix(rng, quant.IQ2_XXS, n_experts * ffn, dim)[0], quant.IQ2_XXS,
+                                    n_experts, ffn, dim)
+    up = ExpertMatrix.from_blocks(_matrix(rng, quant.IQ2_XXS, n_experts * ffn, dim)[0], quant.IQ2_XXS,
+                                  n_experts, ffn, dim)
+    down = ExpertMatrix.from_blocks(_matrix(rng, quant.Q2_K, n_experts * dim, ffn)[0], quant.Q2_K,
+                                    n_experts, dim, ffn)
+    x = _inputs(rng, n, dim)
+    ids = np.stack([rng.choice(n_experts, k, replace=False) for _ in range(n)])
+    wts = rng.uniform(0.1, 1.0, (n, k)).astype(np.float32)
+    g, u = gate.matmul_pair(up, x, ids)
+    assert np.array_equal(g, gate.matmul(x, ids)) and np.array_equal(u, up.matmul(x, ids))
+    clamp = 0.5
+    mid = np.array(ops.swiglu(mx.array(g), mx.array(u), clamp) * mx.array(wts)[:, :, None])
+    per_slot = down.matmul(mid, ids)
+    want = per_slot[:, 0] + per_slot[:, 1] + per_slot[:, 2]
+    assert np.array_equal(routed_ffn(gate, up, down, x, ids, wts, clamp), want)
+    fast = [FastExperts(m.w, m.ggml_type, (m.n_experts, m.rows, m.cols)) for m in (gate, up, down)]
+    got = fast_routed_ffn(*fast, mx.array(x), mx.array(ids), mx.array(wts), clamp)
+    assert np.array_equal(np.array(got), want)
+    pair = fast[0].gather_matmul_with(fast[1], mx.array(x), mx.array(ids))
+    assert np.array_equal(np.array(pair[0]), g) and np.array_equal(np.array(pair[1]), u)
