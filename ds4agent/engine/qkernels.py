@@ -17,8 +17,8 @@ float steps below are in this order, from +0, one rounding each, no fused multip
           isum = sum_j sc_j * dot16_j, summs = sum_j m_j * bsums_j (16 sub-blocks)
   Q4_K    as Q2_K with 8 sub-blocks of 32: summs = sum_j m_j * (bsums_2j + bsums_2j+1)
   IQ2_XXS acc += (d*xd) * float(sum_g (2 s_g + 1) * dot32_g); result = 0.125 * acc
-  F16/F32 16 lane sums: lane l adds w_c*x_c for c = l, l+16, ... in order; then lanes summed
-          pairwise (l with l+8, then +4, +2, +1).
+  F16/F32 16 lane sums: lane l adds w_c*x_c for c = l, l+16, ... in order (an f16 weight
+          widened exactly); then lanes summed pairwise (l with l+8, then +4, +2, +1).
 These are ds4's CPU formulas (its portable C path) for the quantised types.
 """
 
@@ -219,15 +219,8 @@ def expert_rows(kind, w, aux, used, starts, xq, x16, xd, xs, out, r0, r1, f16, g
 
 @_jit
 def dense_rows(w, x, out, r0, r1):
-    """w [rows, cols] f32 -> out[:, r0:r1] (16 lane sums, see the module docstring)."""
+    """w [rows, cols] f32, or f16 as uint16 bits -> out[:, r0:r1] (qsimd.dot_f32_lanes's order)."""
     n, cols = x.shape
-    lanes = np.empty(16, np.float32)
     for r in range(r0, r1):
         for t in range(n):
-            lanes[:] = 0.0
-            for c in range(cols):
-                lanes[c % 16] += w[r, c] * x[t, c]
-            for width in (8, 4, 2, 1):
-                for lane in range(width):
-                    lanes[lane] += lanes[lane + width]
-            out[t, r] = lanes[0]
+            out[t, r] = qsimd.dot_f32_lanes(w, r * cols, x, t * cols, cols)

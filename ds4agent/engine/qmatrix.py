@@ -184,7 +184,7 @@ class QuantMatrix:
 
     Storage: Q8_0 is repacked at load into contiguous codes (+128, as uint8) and f32 scales (36
     bytes per 32 weights, the file's 34 plus 2; nbytes counts it); Q2_K, Q4_K and IQ2_XXS are
-    used in place (a view of `raw`: the file's pages, nbytes 0); F16/F32 are held as f32 (a copy).
+    used in place (a view of `raw`: the file's pages, nbytes 0); F16/F32 are held as they are.
     """
 
     def __init__(self, ggml_type: int, rows: int, cols: int, w: np.ndarray, aux: np.ndarray, nbytes: int):
@@ -204,13 +204,16 @@ class QuantMatrix:
 
     @classmethod
     def from_dense(cls, w: Any) -> QuantMatrix:
-        """w: f16 or f32 [rows, cols]; multiplied in float32 (exact widening of f16)."""
+        """w: f16 or f32 [rows, cols]; multiplied in float32 (f16 widened exactly in the kernel).
+        Kept as given (nbytes counts it: 2 or 4 bytes per weight; a view when already C-contiguous)."""
         wa = np.asarray(w)
         if wa.ndim != 2 or wa.dtype not in (np.float16, np.float32):
             raise QuantMatrixError(f"a dense matrix must be f16/f32 [rows, cols], got {list(wa.shape)} ({wa.dtype})")
-        w32 = np.ascontiguousarray(wa, dtype=np.float32)
-        qtype = F16 if wa.dtype == np.float16 else F32
-        return cls(qtype, wa.shape[0], wa.shape[1], w32, np.zeros((1, 1), np.float32), w32.nbytes)
+        if wa.dtype == np.float16:  # kept as f16 (its bits as uint16), widened in the kernel
+            w = np.ascontiguousarray(wa).view(np.uint16)
+            return cls(F16, wa.shape[0], wa.shape[1], w, np.zeros((1, 1), np.float32), w.nbytes)
+        w = np.ascontiguousarray(wa)
+        return cls(F32, wa.shape[0], wa.shape[1], w, np.zeros((1, 1), np.float32), w.nbytes)
 
     def matmul(self, x: Any) -> np.ndarray:
         """x [n, cols] float32 -> [n, rows] float32."""

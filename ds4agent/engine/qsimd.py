@@ -263,3 +263,44 @@ def iq2_xxs_unpack(typingctx, raw, o, grid, buf, bo):
         return context.get_dummy_value()
 
     return types.void(raw, o, grid, buf, bo), codegen
+
+
+_F32, _F16 = ir.FloatType(), ir.HalfType()
+
+
+@intrinsic
+def dot_f32_lanes(typingctx, w, wo, x, xo, n):
+    """sum over i < n of w[wo+i] * x[xo+i] in float32: w f32, or f16 given as uint16 bits
+    (widened exactly); 16 lane sums (lane l adds the products i = l, l+16, ... in order, each
+    product and sum rounded once: no fused multiply-add), then lanes l and l+8 added, then
+    l and l+4, l+2, l+1. The order is fixed by this IR, not by the compiler."""
+    half = w.dtype == types.uint16
+
+    def codegen(context, builder, sig, args):
+        pw = _ptr(context, builder, sig.args[0], args[0], args[1])
+        px = _ptr(context, builder, sig.args[2], args[2], args[3])
+        if half:
+            pw = builder.bitcast(pw, _F16.as_pointer())
+        count = args[4]
+        full = builder.and_(count, ir.Constant(_I64, -16))
+        lanes = cgutils.alloca_once(builder, _vec(_F32, 16))
+        builder.store(ir.Constant(_vec(_F32, 16), [0.0] * 16), lanes)
+        with cgutils.for_range_slice(builder, ir.Constant(_I64, 0), full, ir.Constant(_I64, 16)) as (i, _):
+            wv = _load(builder, builder.gep(pw, [i]), _F16 if half else _F32, 16)
+            if half:
+                wv = builder.fpext(wv, _vec(_F32, 16))
+            xv = _load(builder, builder.gep(px, [i]), _F32, 16)
+            builder.store(builder.fadd(builder.load(lanes), builder.fmul(wv, xv)), lanes)
+        scalar = builder.bitcast(lanes, _F32.as_pointer())
+        with cgutils.for_range_slice(builder, full, count, ir.Constant(_I64, 1)) as (i, _):
+            wi = builder.load(builder.gep(pw, [i]))
+            if half:
+                wi = builder.fpext(wi, _F32)
+            slot = builder.gep(scalar, [builder.sub(i, full)])
+            builder.store(builder.fadd(builder.load(slot), builder.fmul(wi, builder.load(builder.gep(px, [i])))), slot)
+        v = builder.load(lanes)
+        for width in (8, 4, 2, 1):
+            v = builder.fadd(_shuffle(builder, v, v, range(width)), _shuffle(builder, v, v, range(width, 2 * width)))
+        return builder.extract_element(v, ir.Constant(_I32, 0))
+
+    return types.float32(w, wo, x, xo, n), codegen

@@ -13,7 +13,13 @@ from ds4agent.engine import ops, quant
 from ds4agent.engine.device import cpu_parts
 from ds4agent.engine.experts.base import quant_experts
 from ds4agent.engine.experts.fast import FastExperts, fast_routed_ffn
-from ds4agent.engine.qmatrix import ExpertMatrix, QuantMatrix, QuantMatrixError, activation_error_bound, routed_ffn
+from ds4agent.engine.qmatrix import (
+    ExpertMatrix,
+    QuantMatrix,
+    QuantMatrixError,
+    activation_error_bound,
+    routed_ffn,
+)
 from tests.weights.conftest import random_blocks
 
 TYPES = (quant.Q8_0, quant.Q2_K, quant.Q4_K, quant.IQ2_XXS)
@@ -83,17 +89,32 @@ def test_results_do_not_depend_on_thread_count(qtype, monkeypatch):
     assert np.array_equal(runs[0], m.matmul(x))  # deterministic
 
 
-def test_dense_matrix_is_float32_product():
+def _lane_order_product(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The dense contract's order, in numpy float32: 16 lane sums, then pairwise."""
+    w32, x32 = w.astype(np.float32), x.astype(np.float32)
+    out = np.empty((x.shape[0], w.shape[0]), np.float32)
+    for t in range(x.shape[0]):
+        for r in range(w.shape[0]):
+            lanes = np.zeros(16, np.float32)
+            for c in range(w.shape[1]):
+                lanes[c % 16] = lanes[c % 16] + w32[r, c] * x32[t, c]
+            for width in (8, 4, 2, 1):
+                lanes[:width] = lanes[:width] + lanes[width : 2 * width]
+            out[t, r] = lanes[0]
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_dense_matrix_sums_in_the_stated_order(dtype):
     rng = np.random.default_rng(7)
-    w = rng.standard_normal((5, 100)).astype(np.float16)
+    w = rng.standard_normal((5, 100)).astype(dtype)  # 100 = 6 full chunks of 16 and a tail of 4
     m = QuantMatrix.from_dense(w)
     x = rng.standard_normal((3, 100)).astype(np.float32)
-    ref = x.astype(np.float64) @ w.T.astype(np.float64)
     y = m.matmul(x)
-    tol = 1e-6 * (np.abs(x).astype(np.float64) @ np.abs(w.T).astype(np.float64))
-    assert np.all(np.abs(y - ref) <= tol)
+    assert np.array_equal(y, _lane_order_product(w, x))
+    _check_bound(0, w.astype(np.float32), x, y)
     assert np.array_equal(m.matmul(x[1:2])[0], y[1])
-    assert m.nbytes == 5 * 100 * 4
+    assert m.nbytes == 5 * 100 * np.dtype(dtype).itemsize
 
 
 def test_q8_0_matrix_reports_its_repacked_bytes():
