@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 from ds4agent.engine import ops, quant
+from ds4agent.engine.config import test_config
 from ds4agent.engine.device import cpu_parts
 from ds4agent.engine.experts.base import quant_experts
 from ds4agent.engine.experts.fast import FastExperts, fast_routed_ffn
+from ds4agent.engine.layout import tensor_table
 from ds4agent.engine.qmatrix import (
     ExpertMatrix,
     QuantMatrix,
@@ -20,7 +22,10 @@ from ds4agent.engine.qmatrix import (
     activation_error_bound,
     routed_ffn,
 )
+from ds4agent.testmodels import values as tm_values
 from tests.weights.conftest import random_blocks
+from tests.weights.quantmodel import _MAGNITUDE as MAGNITUDE
+from tests.weights.quantmodel import Q2_TYPES, Q4_TYPES, quant_config
 
 TYPES = (quant.Q8_0, quant.Q2_K, quant.Q4_K, quant.IQ2_XXS)
 
@@ -197,3 +202,63 @@ def test_gate_up_pair_equals_two_calls_and_routed_ffn_composes_them():
     assert np.array_equal(np.array(got), want)
     pair = fast[0].gather_matmul_with(fast[1], mx.array(x), mx.array(ids))
     assert np.array_equal(np.array(pair[0]), g) and np.array_equal(np.array(pair[1]), u)
+
+
+# The contract's measured agreement on the test models' own tensors (docs/numerics-fast-cpu.md):
+# max over tokens of max |y - ref| / max |ref|, with gaussian activations.
+REL_LIMIT = {"Q8_0": 0.02, "IQ2_XXS": 0.03, "Q2_K": 0.03, "Q4_K": 0.03, "F16": 1e-5}
+
+
+def _relative(y: np.ndarray, ref: np.ndarray) -> float:
+    return float((np.abs(y - ref).max(axis=1) / np.abs(ref).max(axis=1)).max())
+
+
+@pytest.mark.parametrize("base", ["tiny", "small"])
+def test_model_tensors_agree_with_the_dequantised_product(base):
+    cfg = test_config(base)
+    seen = set()
+    for i, spec in enumerate(tensor_table(cfg)):
+        # layers 0 and 2 (a hash and a compressed layer's kinds) and the head: every kind of matrix;
+        # the small model's largest (its vocabulary-wide head) is left to the tiny one
+        if len(spec.shape) != 2 or spec.ggml_type not in ("Q8_0", "F16") or spec.name == "token_embd.weight" \
+                or (spec.name.startswith("blk.") and not spec.name.startswith(("blk.0.", "blk.2."))) \
+                or spec.shape[0] * spec.shape[1] > 1 << 21:
+            continue
+        data = tm_values.encode(spec, tm_values.random_values(spec, cfg, np.random.default_rng(i)))
+        rows, cols = spec.shape
+        if spec.ggml_type == "Q8_0":
+            m = QuantMatrix.from_blocks(data.reshape(-1), quant.Q8_0, rows, cols)
+            w = np.array(quant.dequantize(data.reshape(-1), quant.Q8_0, (rows, cols)))
+        else:
+            m, w = QuantMatrix.from_dense(data), data.astype(np.float32)
+        x = np.random.default_rng(1).standard_normal((3, cols)).astype(np.float32)
+        y = m.matmul(x)
+        _check_bound(m.ggml_type, w, x, y)
+        assert _relative(y, x.astype(np.float64) @ w.T.astype(np.float64)) <= REL_LIMIT[spec.ggml_type], spec.name
+        seen.add(spec.ggml_type)
+    assert seen == {"Q8_0", "F16"}
+
+
+@pytest.mark.parametrize("base", ["tiny", "small"])
+@pytest.mark.parametrize("types", [Q2_TYPES, Q4_TYPES], ids=["q2", "q4"])
+def test_model_expert_tensors_agree_with_the_dequantised_product(base, types):
+    cfg = quant_config(base)
+    rng = np.random.default_rng(2)
+    for spec in tensor_table(cfg):
+        if spec.role not in types or not spec.name.startswith("blk.0."):
+            continue
+        qtype = types[spec.role]
+        n_experts, rows, cols = spec.shape
+        raw = random_blocks(rng, qtype, n_experts * rows * cols // 256,
+                            scale=0.5 / np.sqrt(cols) / MAGNITUDE[qtype]).reshape(-1)
+        em = ExpertMatrix.from_blocks(raw, qtype, n_experts, rows, cols)
+        w = np.array(quant.dequantize(raw, qtype, (n_experts, rows, cols)))
+        x = rng.standard_normal((3, cols)).astype(np.float32)
+        ids = np.stack([rng.choice(n_experts, cfg.n_experts_used, replace=False) for _ in range(3)])
+        y = em.matmul(x, ids)
+        for t in range(3):
+            for j in range(ids.shape[1]):
+                we = w[ids[t, j]]
+                _check_bound(qtype, we, x[t : t + 1], y[t, j][None])
+                ref = x[t : t + 1].astype(np.float64) @ we.T.astype(np.float64)
+                assert _relative(y[t, j][None], ref) <= REL_LIMIT[quant.type_name(qtype)], spec.name
