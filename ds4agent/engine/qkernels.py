@@ -106,18 +106,27 @@ Q8_0, Q2_K, Q4_K, IQ2_XXS = 8, 10, 12, 16  # GGML type ids (quant.py)
 
 
 @_jit
-def _q8_0_rows(wu, wd, xq, xd, xs, out, r0, r1, t0, t1):
-    # wu [rows, cols] uint8 (Q8_0 codes + 128), wd [rows, cols // 32] f32; xs: the activation
-    # blocks' code sums (u8 x s8 products: sum (q + 128) * x - 128 * sum x = sum q * x)
+def _q8_0_rows(wi, wd, xq, xd, xs, out, r0, r1, t0, t1):
+    # wi [groups, nb * 512] uint8: 16 rows interleaved (qsimd's Q8_0 layout, codes + 128),
+    # wd [groups, nb * 16] f32; xs: the activation blocks' code sums (sum (q + 128) * x - 128 *
+    # sum x = sum q * x). Tokens four at a time (the weights read once per four), then one by one.
+    rows = out.shape[1]
     cols = xq.shape[1]
     nb = cols // 32
-    for r in range(r0, r1):
-        for t in range(t0, t1):
-            acc = np.float32(0.0)
-            for b in range(nb):
-                s = qsimd.dot_us32(wu, r * cols + 32 * b, xq, t * cols + 32 * b) - 128 * xs[t, b]
-                acc += (wd[r, b] * xd[t, b]) * np.float32(s)
-            out[t, r] = acc
+    res = np.empty(64, np.float32)
+    for g in range(r0 // 16, (r1 + 15) // 16):
+        lo, hi = max(r0, 16 * g), min(r1, 16 * g + 16, rows)
+        t = t0
+        while t < t1:
+            count = 4 if t + 4 <= t1 else 1
+            if count == 4:
+                qsimd.q8_0_group4(wi, g * nb * 512, wd, g * nb * 16, xq, t * cols, xd, xs, t * nb, nb, cols, res)
+            else:
+                qsimd.q8_0_group1(wi, g * nb * 512, wd, g * nb * 16, xq, t * cols, xd, xs, t * nb, nb, cols, res)
+            for j in range(count):
+                for r in range(lo, hi):
+                    out[t + j, r] = res[16 * j + r - 16 * g]
+            t += count
 
 
 @_jit
@@ -193,8 +202,9 @@ def _iq2_xxs_rows(raw, x16, xd, out, r0, r1, t0, t1, f16, grid):
 def matrix_rows(kind, w, aux, xq, x16, xd, xs, out, r0, r1, t0, t1, f16, grid):
     """out[t, r] for rows r0..r1 and tokens t0..t1 of a quantised matrix of GGML type `kind`.
 
-    w [rows, ...] uint8: Q8_0 codes + 128 (then aux = the f32 block scales [rows, cols // 32]),
-    or the raw blocks of the other types (aux unused). Activations (quantize_q8_0 /
+    w uint8: Q8_0 codes + 128 in qsimd's interleaved layout [row groups of 16, ...] (then aux =
+    the f32 block scales [groups, nb * 16]; row ranges must start at a multiple of 16), or the
+    raw blocks [rows, ...] of the other types (aux unused). Activations (quantize_q8_0 /
     quantize_q8_k's): xq int8, x16 int16 (Q8_K only), xd f32 scales, xs int32 sums (Q8_0: per
     block of 32; Q8_K: bsums per 16). f16: the f16 -> f32 table; grid: the IQ2_XXS grid.
     """

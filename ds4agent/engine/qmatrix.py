@@ -86,16 +86,21 @@ def _as_blocks(raw: Any, qtype: int, n_rows: int, cols: int) -> np.ndarray:
     return np.ascontiguousarray(buf.reshape(n_rows, rb))
 
 
-def _repack_q8_0(blocks: np.ndarray, cols: int) -> tuple[np.ndarray, np.ndarray]:
-    """Q8_0 rows [R, nb*34] -> (codes int8 [R, cols], scales f32 [R, nb]): the codes of a row
-    contiguous (the kernel's dot products read 32 at a time, aligned), the f16 scales widened
-    once (exact) instead of per block per call."""
-    r = blocks.shape[0]
-    b = blocks.reshape(r, cols // 32, 34)
-    codes = np.ascontiguousarray(b[:, :, 2:]).reshape(r, cols)
-    codes ^= np.uint8(0x80)  # + 128: the kernels multiply unsigned codes by signed activations
-    scales = np.ascontiguousarray(b[:, :, :2]).view(np.float16).astype(np.float32).reshape(r, cols // 32)
-    return codes, scales
+def _repack_q8_0(blocks: np.ndarray, n_mats: int, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q8_0 rows [n_mats * rows, nb * 34] -> qsimd's interleaved layout per matrix: codes + 128
+    as uint8 [n_mats, groups, nb * 512] (groups of 16 rows; a last partial group padded with
+    zero weights), f16 scales widened once (exact) to f32 [n_mats, groups, nb * 16]."""
+    nb, groups = cols // 32, -(-rows // 16)
+    b = blocks.reshape(n_mats, rows, nb, 34)
+    codes = np.full((n_mats, groups * 16, nb, 32), 0x80, np.uint8)
+    codes[:, :rows] = b[..., 2:] ^ np.uint8(0x80)  # + 128: unsigned codes times signed activations
+    scales = np.zeros((n_mats, groups * 16, nb), np.float32)
+    scales[:, :rows] = np.ascontiguousarray(b[..., :2]).view(np.float16)[..., 0]
+    # [m, g, 16 rows, nb, 8 runs, 4] -> [m, g, nb, 8 runs, 16 rows, 4]
+    codes = codes.reshape(n_mats, groups, 16, nb, 8, 4).transpose(0, 1, 3, 4, 2, 5)
+    scales = scales.reshape(n_mats, groups, 16, nb).transpose(0, 1, 3, 2)
+    return (np.ascontiguousarray(codes).reshape(n_mats, groups, nb * 512),
+            np.ascontiguousarray(scales).reshape(n_mats, groups, nb * 16))
 
 
 def _check_input(x: Any, cols: int) -> np.ndarray:
@@ -147,13 +152,15 @@ def _activation_kind(qtype: int) -> str:
     return "f32"
 
 
-def _run_rows(fn, rows: int, work: int) -> None:
-    """fn(r0, r1) over [0, rows) split into one contiguous range per worker thread."""
-    parts = max(1, min(device.cpu_parts(), rows))
+def _run_rows(fn, rows: int, work: int, align: int = 1) -> None:
+    """fn(r0, r1) over [0, rows) split into one contiguous range per worker thread (each range
+    starting at a multiple of `align`)."""
+    units = -(-rows // align)
+    parts = max(1, min(device.cpu_parts(), units))
     if parts == 1 or work < _PARALLEL_MIN_MACS:
         fn(0, rows)
         return
-    cuts = [rows * i // parts for i in range(parts + 1)]
+    cuts = [min(rows, units * i // parts * align) for i in range(parts + 1)]
     cpu_experts.workers(parts).run([functools.partial(fn, cuts[i], cuts[i + 1]) for i in range(parts)])
 
 
@@ -185,8 +192,9 @@ def activation_error_bound(ggml_type: int, w: np.ndarray, x: np.ndarray) -> np.n
 class QuantMatrix:
     """A [rows, cols] weight matrix for the fast CPU products (see the module docstring).
 
-    Storage: Q8_0 is repacked at load into contiguous codes (+128, as uint8) and f32 scales (36
-    bytes per 32 weights, the file's 34 plus 2; nbytes counts it); Q2_K, Q4_K and IQ2_XXS are
+    Storage: Q8_0 is repacked at load into groups of 16 interleaved rows (codes + 128, uint8) and
+    f32 scales (36 bytes per 32 weights, the file's 34 plus 2, and a last group padded to 16
+    rows; nbytes counts it); Q2_K, Q4_K and IQ2_XXS are
     used in place (a view of `raw`: the file's pages, nbytes 0); F16/F32 are held as they are.
     """
 
@@ -195,14 +203,15 @@ class QuantMatrix:
         self.w, self.aux = w, aux  # see qkernels.matrix_rows
         self.nbytes = int(nbytes)
         self.kind = _activation_kind(self.ggml_type)
+        self.align = 16 if self.ggml_type == quant.Q8_0 else 1  # Q8_0 rows come in groups of 16
 
     @classmethod
     def from_blocks(cls, raw: Any, ggml_type: int, rows: int, cols: int) -> QuantMatrix:
         """raw: the tensor's GGUF bytes (uint8, e.g. a view of the file's memory map)."""
         blocks = _as_blocks(raw, ggml_type, rows, cols)
         if ggml_type == quant.Q8_0:
-            codes, scales = _repack_q8_0(blocks, cols)
-            return cls(ggml_type, rows, cols, codes, scales, codes.nbytes + scales.nbytes)
+            codes, scales = _repack_q8_0(blocks, 1, rows, cols)
+            return cls(ggml_type, rows, cols, codes[0], scales[0], codes.nbytes + scales.nbytes)
         return cls(ggml_type, rows, cols, blocks, np.zeros((1, 1), np.float32), 0)
 
     @classmethod
@@ -224,7 +233,7 @@ class QuantMatrix:
         out = np.empty((xa.shape[0], self.rows), np.float32)
         if xa.shape[0]:
             act = Activations(xa, self.kind)
-            _run_rows(functools.partial(self.rows_into, act, out), self.rows, out.size * self.cols)
+            _run_rows(functools.partial(self.rows_into, act, out), self.rows, out.size * self.cols, self.align)
         return out
 
     def rows_into(self, act: Activations, out: np.ndarray, r0: int, r1: int) -> None:
@@ -243,17 +252,22 @@ class ExpertMatrix:
     view of `raw`: only the experts a call selects are read; nbytes 0, the file's pages); Q8_0
     experts are repacked as QuantMatrix does (nbytes counts the copy)."""
 
-    def __init__(self, one: QuantMatrix, n_experts: int, rows: int):
-        self.ggml_type, self.n_experts, self.rows, self.cols = one.ggml_type, int(n_experts), int(rows), one.cols
-        self.w = one.w.reshape(n_experts, rows, -1)
-        aux = one.aux if one.aux.shape[0] == n_experts * rows else np.zeros((n_experts, 1), np.float32)
-        self.aux = aux.reshape(n_experts, aux.shape[0] // n_experts, -1)
-        self.nbytes = one.nbytes
-        self.kind = one.kind
+    def __init__(self, ggml_type: int, n_experts: int, rows: int, cols: int, w: np.ndarray, aux: np.ndarray,
+                 nbytes: int):
+        self.ggml_type, self.n_experts, self.rows, self.cols = int(ggml_type), int(n_experts), int(rows), int(cols)
+        self.w, self.aux = w, aux  # [n_experts, ...] each (aux [n_experts, 1, 1] where unused)
+        self.nbytes = int(nbytes)
+        self.kind = _activation_kind(self.ggml_type)
+        self.align = 16 if self.ggml_type == quant.Q8_0 else 1
 
     @classmethod
     def from_blocks(cls, raw: Any, ggml_type: int, n_experts: int, rows: int, cols: int) -> ExpertMatrix:
-        return cls(QuantMatrix.from_blocks(raw, ggml_type, n_experts * rows, cols), n_experts, rows)
+        blocks = _as_blocks(raw, ggml_type, n_experts * rows, cols)
+        if ggml_type == quant.Q8_0:
+            codes, scales = _repack_q8_0(blocks, n_experts, rows, cols)
+            return cls(ggml_type, n_experts, rows, cols, codes, scales, codes.nbytes + scales.nbytes)
+        return cls(ggml_type, n_experts, rows, cols, blocks.reshape(n_experts, rows, -1),
+                   np.zeros((n_experts, 1, 1), np.float32), 0)
 
     def expert(self, e: int) -> QuantMatrix:
         """Expert e as a QuantMatrix (a view of its part of the storage)."""
@@ -304,7 +318,7 @@ class ExpertMatrix:
                 kern.expert_rows(m.ggml_type, m.w, m.aux, used, starts, act.xq, act.x16, act.xd, act.xs, out,
                                  r0, r1, f16, grid)
 
-        _run_rows(part, self.rows, len(mats) * n * k * self.rows * self.cols)
+        _run_rows(part, self.rows, len(mats) * n * k * self.rows * self.cols, self.align)
         results = []
         for out in grouped:
             res = np.empty_like(out)

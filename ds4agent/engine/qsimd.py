@@ -18,6 +18,10 @@ bounds checks: the kernels keep every access inside the arrays they pass).
     dot_i16_256(a, ao, b, bo)         sum over i < 256 of i16 a[ao+i] * i16 b[bo+i] -> int32
     widen_s8(a, ao, b, bo, n)         b[bo:bo+n] = int16(a[ao:ao+n]) (n a multiple of 64)
 
+Q8_0 with rows interleaved (see the section at the end):
+    q8_0_group1 / q8_0_group4(wi, wo, wd, wdo, xq, xo, xd, xs, so, nb, cols, res)
+                                      16 rows x 1 (or 4) tokens, every block, to res (f32)
+
 Block decoders: one weight block at raw[o] -> 256 int16 weights (scale folded in, still integer)
 in input order at buf[bo:], so a token's block product is one `dot_i16_256`:
     q2_k_unpack(raw, o, buf, bo)      2-bit code * 4-bit scale (<= 45)
@@ -29,6 +33,7 @@ in input order at buf[bo:], so a token's block product is one `dot_i16_256`:
 
 from __future__ import annotations
 
+import llvmlite.binding as ll
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
@@ -304,3 +309,74 @@ def dot_f32_lanes(typingctx, w, wo, x, xo, n):
         return builder.extract_element(v, ir.Constant(_I32, 0))
 
     return types.float32(w, wo, x, xo, n), codegen
+
+
+# ---- Q8_0 rows interleaved for the 4-byte dot-product instruction -------------------------------
+# A group of 16 rows is stored block by block as 8 runs of 64 bytes: run q of block b holds, for
+# each of the 16 rows, its 4 codes 32b + 4q .. 32b + 4q + 3 (as code + 128, unsigned). One 64-byte
+# load then meets one 4-byte piece of the activations (broadcast) and one u8 x s8 4-way dot
+# instruction adds 16 rows' partial sums at once: no horizontal sums at all.
+
+_VNNI = bool(ll.get_host_cpu_features().get("avx512vnni")) and bool(ll.get_host_cpu_features().get("avx512bw"))
+
+
+def _dot4(builder, acc, w64, x4):
+    """acc <16 x i32> + per lane l: sum over i < 4 of u8 w64[4l+i] * s8 x4[4l+i] (<64 x i8> each)."""
+    if _VNNI:
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_vec(_I32, 16), [_vec(_I32, 16)] * 3), "llvm.x86.avx512.vpdpbusd.512")
+        return builder.call(fn, [acc, builder.bitcast(w64, _vec(_I32, 16)), builder.bitcast(x4, _vec(_I32, 16))])
+    prod = builder.mul(builder.zext(w64, _vec(_I32, 64)), builder.sext(x4, _vec(_I32, 64)))
+    pairs = builder.add(_shuffle(builder, prod, prod, range(0, 64, 2)), _shuffle(builder, prod, prod, range(1, 64, 2)))
+    quads = builder.add(_shuffle(builder, pairs, pairs, range(0, 32, 2)), _shuffle(builder, pairs, pairs, range(1, 32, 2)))
+    return builder.add(acc, quads)
+
+
+def _splat(builder, value, t, n: int):
+    v = builder.insert_element(ir.Constant(_vec(t, n), None), value, ir.Constant(_I32, 0))
+    return _shuffle(builder, v, v, [0] * n)
+
+
+def _q8_0_group(tokens: int):
+    @intrinsic
+    def q8_0_group(typingctx, wi, wo, wd, wdo, xq, xo, xd, xs, so, nb, cols, res):
+        # rows of one group x `tokens` consecutive tokens: res[16j + l] = row l, token j:
+        # from +0, per block b: acc += (wd[l, b] * xd[j, b]) * float(dot - 128 * xs[j, b])
+        def codegen(context, builder, sig, args):
+            wi_, wo_, wd_, wdo_, xq_, xo_, xd_, xs_, so_, nb_, cols_, res_ = args
+            pw = _ptr(context, builder, sig.args[0], wi_, wo_)
+            pwd = _ptr(context, builder, sig.args[2], wd_, wdo_)
+            px = _ptr(context, builder, sig.args[4], xq_, xo_)
+            pxd = _ptr(context, builder, sig.args[6], xd_, so_)
+            pxs = _ptr(context, builder, sig.args[7], xs_, so_)
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(_vec(_F32, 16), [0.0] * 16)) for _ in range(tokens)]
+            with cgutils.for_range(builder, nb_) as loop:
+                b = loop.index
+                sums = [ir.Constant(_vec(_I32, 16), [0] * 16)] * tokens
+                wblock = builder.gep(pw, [builder.mul(b, ir.Constant(_I64, 512))])
+                for q in range(8):
+                    w64 = _load(builder, builder.gep(wblock, [ir.Constant(_I64, 64 * q)]), _I8, 64)
+                    for j in range(tokens):
+                        at = builder.add(builder.mul(ir.Constant(_I64, j), cols_),
+                                         builder.add(builder.mul(b, ir.Constant(_I64, 32)), ir.Constant(_I64, 4 * q)))
+                        x4 = builder.load(builder.bitcast(builder.gep(px, [at]), _I32.as_pointer()), align=1)
+                        sums[j] = _dot4(builder, sums[j], w64, builder.bitcast(_splat(builder, x4, _I32, 16), _vec(_I8, 64)))
+                wdv = _load(builder, builder.gep(pwd, [builder.mul(b, ir.Constant(_I64, 16))]), _F32, 16)
+                for j in range(tokens):
+                    sb = builder.add(builder.mul(ir.Constant(_I64, j), nb_), b)
+                    corr = builder.mul(builder.load(builder.gep(pxs, [sb])), ir.Constant(_I32, 128))
+                    isum = builder.sub(sums[j], _splat(builder, corr, _I32, 16))
+                    scale = builder.fmul(wdv, _splat(builder, builder.load(builder.gep(pxd, [sb])), _F32, 16))
+                    term = builder.fmul(scale, builder.sitofp(isum, _vec(_F32, 16)))
+                    builder.store(builder.fadd(builder.load(accs[j]), term), accs[j])
+            pres = _ptr(context, builder, sig.args[11], res_, ir.Constant(_I64, 0))
+            for j in range(tokens):
+                _store(builder, builder.load(accs[j]), builder.gep(pres, [ir.Constant(_I64, 16 * j)]), _F32, 16)
+            return context.get_dummy_value()
+
+        return types.void(wi, wo, wd, wdo, xq, xo, xd, xs, so, nb, cols, res), codegen
+
+    return q8_0_group
+
+
+q8_0_group1, q8_0_group4 = _q8_0_group(1), _q8_0_group(4)

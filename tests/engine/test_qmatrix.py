@@ -124,8 +124,10 @@ def test_dense_matrix_sums_in_the_stated_order(dtype):
 
 def test_q8_0_matrix_reports_its_repacked_bytes():
     rng = np.random.default_rng(8)
+    raw, _ = _matrix(rng, quant.Q8_0, 32, 64)
+    assert QuantMatrix.from_blocks(raw, quant.Q8_0, 32, 64).nbytes == 32 * 64 + 32 * 2 * 4  # 36 per 32
     raw, _ = _matrix(rng, quant.Q8_0, 4, 64)
-    assert QuantMatrix.from_blocks(raw, quant.Q8_0, 4, 64).nbytes == 4 * 64 + 4 * 2 * 4
+    assert QuantMatrix.from_blocks(raw, quant.Q8_0, 4, 64).nbytes == 16 * 64 + 16 * 2 * 4  # a padded group
 
 
 def test_bad_inputs_are_refused_clearly():
