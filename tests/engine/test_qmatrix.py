@@ -264,3 +264,81 @@ def test_model_expert_tensors_agree_with_the_dequantised_product(base, types):
                 _check_bound(qtype, we, x[t : t + 1], y[t, j][None])
                 ref = x[t : t + 1].astype(np.float64) @ we.T.astype(np.float64)
                 assert _relative(y[t, j][None], ref) <= REL_LIMIT[quant.type_name(qtype)], spec.name
+
+
+# ---- the contract's formulas, emulated in numpy float32 (written from ds4's portable C path) ----
+
+
+def _ds4_q8_0_activations(x: np.ndarray):
+    """ds4's quantize_q8_0_activation: d = amax/127, q = lrintf(x * (1/d)) clamped."""
+    blocks = x.reshape(-1, 32).astype(np.float32)
+    d = (np.abs(blocks).max(axis=1) / np.float32(127.0)).astype(np.float32)
+    inv = np.where(d != 0, np.float32(1.0) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    q = np.clip(np.rint(blocks * inv[:, None]), -128, 127).astype(np.int64)
+    return q.reshape(x.shape), d
+
+
+def _ds4_q8_k_activations(x: np.ndarray):
+    """ds4's ds4_quantize_row_q8_K: the first value of largest magnitude m, iscale = -127/m."""
+    blocks = x.reshape(-1, 256).astype(np.float32)
+    m = blocks[np.arange(len(blocks)), np.argmax(np.abs(blocks), axis=1)]
+    iscale = np.where(m != 0, np.float32(-127.0) / np.where(m != 0, m, 1), 0).astype(np.float32)
+    q = np.clip(np.rint(iscale[:, None] * blocks), -128, 127).astype(np.int64)
+    d = np.where(m != 0, np.float32(1.0) / np.where(iscale != 0, iscale, 1), 0).astype(np.float32)
+    return q.reshape(x.shape), d
+
+
+def _f16(b: np.ndarray) -> np.float32:
+    return np.float32(b[:2].copy().view(np.float16)[0])
+
+
+def _formula_row(qtype: int, row: np.ndarray, x: np.ndarray) -> np.float32:
+    """One output of the fast product, step by step in float32 (docs/numerics-fast-cpu.md)."""
+    acc = np.float32(0.0)
+    if qtype == quant.Q8_0:
+        q, d = _ds4_q8_0_activations(x)
+        for b in range(len(d)):
+            blk = row[34 * b : 34 * b + 34]
+            s = int(np.dot(blk[2:].view(np.int8).astype(np.int64), q[32 * b : 32 * b + 32]))
+            acc = np.float32(acc + np.float32(_f16(blk) * d[b]) * np.float32(s))
+        return acc
+    q, d = _ds4_q8_k_activations(x)
+    size = quant.block_info(qtype)[1]
+    w = np.array(quant.dequantize(row, qtype, (1, len(x))))[0]  # for the integer codes below
+    for b in range(len(d)):
+        blk, qb = row[size * b : size * (b + 1)], q[256 * b : 256 * (b + 1)]
+        if qtype == quant.IQ2_XXS:
+            # w = d * (0.5 + s) / 4 * signed grid: the integer (2s + 1) * grid = w * 8 / d exactly
+            ints = np.rint(w[256 * b : 256 * (b + 1)] * 8 / _f16(blk)).astype(np.int64)
+            acc = np.float32(acc + np.float32(_f16(blk) * d[b]) * np.float32(int(np.dot(ints, qb))))
+            continue
+        if qtype == quant.Q2_K:
+            sc, mn = blk[:16] & 15, blk[:16] >> 4
+            codes = np.concatenate([(blk[16 + 32 * h : 48 + 32 * h] >> (2 * s)) & 3 for h in range(2) for s in range(4)])
+            scale_of = np.repeat(sc, 16).astype(np.int64)
+            summs = int(np.dot(mn.astype(np.int64), qb.reshape(16, 16).sum(axis=1)))
+            dd, dmin = _f16(blk[80:]), _f16(blk[82:])
+        else:  # Q4_K
+            s = blk[4:16].astype(np.int64)
+            sc = np.array([s[j] & 63 if j < 4 else (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4) for j in range(8)])
+            mn = np.array([s[j + 4] & 63 if j < 4 else (s[j + 4] >> 4) | ((s[j] >> 6) << 4) for j in range(8)])
+            codes = np.concatenate([(blk[16 + 32 * c : 48 + 32 * c] >> (4 * p)) & 15 for c in range(4) for p in range(2)])
+            scale_of = np.repeat(sc, 32)
+            summs = int(np.dot(mn, qb.reshape(8, 32).sum(axis=1)))
+            dd, dmin = _f16(blk[0:]), _f16(blk[2:])
+        isum = int(np.dot(codes.astype(np.int64) * scale_of, qb))
+        acc = np.float32(acc + np.float32(np.float32(d[b] * dd) * np.float32(isum) - np.float32(d[b] * dmin)
+                                          * np.float32(summs)))
+    return np.float32(0.125) * acc if qtype == quant.IQ2_XXS else acc
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=quant.type_name)
+def test_products_follow_the_stated_formulas_bit_for_bit(qtype):
+    rng = np.random.default_rng(13)
+    rows, cols = 5, 512
+    raw, _ = _matrix(rng, qtype, rows, cols)
+    x = _inputs(rng, 3, cols)
+    y = QuantMatrix.from_blocks(raw, qtype, rows, cols).matmul(x)
+    per_row = raw.reshape(rows, -1)
+    want = np.array([[_formula_row(qtype, per_row[r], x[t]) for r in range(rows)] for t in range(3)], np.float32)
+    assert np.array_equal(y, want)
