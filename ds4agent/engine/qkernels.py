@@ -103,6 +103,9 @@ def quantize_q8_k(x, xq, xd, bsums, x16):
 # once. Offsets passed to the qsimd intrinsics are flat element offsets into C-contiguous arrays.
 
 Q8_0, Q2_K, Q4_K, IQ2_XXS = 8, 10, 12, 16  # GGML type ids (quant.py)
+# Up to this many tokens on a row range, an IQ2_XXS row is multiplied straight from its blocks
+# (qsimd.iq2_xxs_dot); more, and decoding each block once to 16-bit weights pays.
+IQ2_FUSED_TOKENS = 1
 
 
 @_jit
@@ -181,10 +184,20 @@ def _q4_k_rows(raw, x16, xd, bsums, out, r0, r1, t0, t1, f16):
 
 
 @_jit
-def _iq2_xxs_rows(raw, x16, xd, out, r0, r1, t0, t1, f16, grid):
+def _iq2_xxs_rows(raw, xq, x16, xd, out, r0, r1, t0, t1, f16, grid):
     # raw [rows, nb * 66] uint8 (IQ2_XXS blocks), grid: qsimd.iq2_xxs_unpack's table
     cols = x16.shape[1]
     nb = cols // 256
+    if t1 - t0 <= IQ2_FUSED_TOKENS:  # few tokens: no decoded copy (the same integers)
+        for r in range(r0, r1):
+            row = raw[r]
+            for t in range(t0, t1):
+                acc = np.float32(0.0)
+                for b in range(nb):
+                    bsum = qsimd.iq2_xxs_dot(row, 66 * b, grid, xq, t * cols + 256 * b)
+                    acc += (_half(row, 66 * b, f16) * xd[t, b]) * np.float32(bsum)
+                out[t, r] = np.float32(0.125) * acc
+        return
     buf = np.empty(cols, np.int16)
     for r in range(r0, r1):
         row = raw[r]
@@ -215,7 +228,7 @@ def matrix_rows(kind, w, aux, xq, x16, xd, xs, out, r0, r1, t0, t1, f16, grid):
     elif kind == Q4_K:
         _q4_k_rows(w, x16, xd, xs, out, r0, r1, t0, t1, f16)
     else:
-        _iq2_xxs_rows(w, x16, xd, out, r0, r1, t0, t1, f16, grid)
+        _iq2_xxs_rows(w, xq, x16, xd, out, r0, r1, t0, t1, f16, grid)
 
 
 @_jit

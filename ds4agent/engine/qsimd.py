@@ -230,36 +230,45 @@ def q4_k_unpack(typingctx, raw, o, buf, bo, mins, mo):
     return types.void(raw, o, buf, bo, mins, mo), codegen
 
 
+def _iq2_magnitudes_signs(context, builder, grid_type, grid, base):
+    """An IQ2_XXS block at `base` -> (magnitudes <256 x i8> unsigned, negative <256 x i1>).
+
+    The 32 grid-row loads are scalar, indexed by bytes loaded straight from the block (moving
+    indices out of a vector register costs more); the signs are computed for all 256 weights at
+    once: 7-bit code j of b_g, plus a parity bit that makes the count of negative signs even."""
+    table = context.make_array(grid_type)(context, builder, grid).data
+    mags = ir.Constant(_vec(_I64, 32), None)
+    for k in range(32):
+        row = builder.zext(builder.load(builder.gep(base, [ir.Constant(_I64, 2 + 8 * (k // 4) + k % 4)])), _I64)
+        mags = builder.insert_element(mags, builder.load(builder.gep(table, [row])), ir.Constant(_I32, k))
+    words = _load(builder, builder.gep(base, [ir.Constant(_I64, 2)]), _I32, 16)
+    b = _shuffle(builder, words, words, range(1, 16, 2))
+    b32 = _shuffle(builder, b, b, [k // 4 for k in range(32)])
+    codes = builder.and_(builder.lshr(b32, _const(_I32, [7 * (k % 4) for k in range(32)])), _const(_I32, [127] * 32))
+    codes = builder.trunc(codes, _vec(_I8, 32))
+    popcount = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(_I8, 32), [_vec(_I8, 32)]),
+                                              "llvm.ctpop.v32i8")
+    parity = builder.and_(builder.call(popcount, [codes]), _const(_I8, [1] * 32))
+    sign_bits = builder.or_(codes, builder.shl(parity, _const(_I8, [7] * 32)))
+    spread = _shuffle(builder, sign_bits, sign_bits, [k // 8 for k in range(256)])
+    negative = builder.icmp_unsigned("!=", builder.and_(spread, _const(_I8, [1 << (k % 8) for k in range(256)])),
+                                     _const(_I8, [0] * 256))
+    return builder.bitcast(mags, _vec(_I8, 256)), negative
+
+
 @intrinsic
 def iq2_xxs_unpack(typingctx, raw, o, grid, buf, bo):
     # IQ2_XXS block: f16 d, then 8 groups of 32 weights, each two little-endian u32: a (four
     # grid-row bytes), b (four 7-bit sign codes at bits 0, 7, 14, 21; a 4-bit scale at 28).
     # Run k = 4g + j of 8 weights: magnitudes = grid row (byte j of a_g), signs = sign code j of
     # b_g plus a parity bit that makes the count of negative signs even.
-    # grid [256] uint64: the 8 u8 magnitudes of each row (2 KiB: stays in L1). The 32 row loads
-    # are scalar, indexed by bytes loaded straight from the block (moving indices out of a
-    # vector register cost more); the signs are computed for all 256 weights at once.
+    # grid [256] uint64: the 8 u8 magnitudes of each row (2 KiB: stays in L1).
     def codegen(context, builder, sig, args):
         base = _ptr(context, builder, sig.args[0], args[0], args[1])
-        table = context.make_array(sig.args[2])(context, builder, args[2]).data
-        mags = ir.Constant(_vec(_I64, 32), None)
-        for k in range(32):
-            row = builder.zext(builder.load(builder.gep(base, [ir.Constant(_I64, 2 + 8 * (k // 4) + k % 4)])), _I64)
-            mags = builder.insert_element(mags, builder.load(builder.gep(table, [row])), ir.Constant(_I32, k))
-        mags = builder.bitcast(mags, _vec(_I8, 256))
+        mags, negative = _iq2_magnitudes_signs(context, builder, sig.args[2], args[2], base)
+        signed = builder.select(negative, builder.sub(_const(_I8, [0] * 256), mags), mags)
         words = _load(builder, builder.gep(base, [ir.Constant(_I64, 2)]), _I32, 16)
         b = _shuffle(builder, words, words, range(1, 16, 2))
-        b32 = _shuffle(builder, b, b, [k // 4 for k in range(32)])
-        codes = builder.and_(builder.lshr(b32, _const(_I32, [7 * (k % 4) for k in range(32)])), _const(_I32, [127] * 32))
-        codes = builder.trunc(codes, _vec(_I8, 32))
-        popcount = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(_I8, 32), [_vec(_I8, 32)]),
-                                                  "llvm.ctpop.v32i8")
-        parity = builder.and_(builder.call(popcount, [codes]), _const(_I8, [1] * 32))
-        sign_bits = builder.or_(codes, builder.shl(parity, _const(_I8, [7] * 32)))
-        spread = _shuffle(builder, sign_bits, sign_bits, [k // 8 for k in range(256)])
-        negative = builder.icmp_unsigned("!=", builder.and_(spread, _const(_I8, [1 << (k % 8) for k in range(256)])),
-                                         _const(_I8, [0] * 256))
-        signed = builder.select(negative, builder.sub(_const(_I8, [0] * 256), mags), mags)
         ls = builder.add(builder.shl(builder.lshr(b, _const(_I32, [28] * 8)), _const(_I32, [1] * 8)), _const(_I32, [1] * 8))
         ls = builder.trunc(ls, _vec(_I16, 8))
         scale = _shuffle(builder, ls, ls, [k // 32 for k in range(256)])
@@ -380,3 +389,41 @@ def _q8_0_group(tokens: int):
 
 
 q8_0_group1, q8_0_group4 = _q8_0_group(1), _q8_0_group(4)
+
+
+@intrinsic
+def iq2_xxs_dot(typingctx, raw, o, grid, xq, xo):
+    """One IQ2_XXS block at raw[o] times the int8 codes xq[xo:xo+256] without a decoded copy:
+    sum over groups g of (2 s_g + 1) * sum_i |grid value_i| * (x_i with the weight's sign), the
+    same exact integer as iq2_xxs_unpack + dot_i16_256 (used for decode, where a decoded block
+    would serve one token only). The signs go onto the activations, so the products are unsigned
+    magnitudes (<= 43) times signed codes: the 4-way u8 x s8 dot instruction where the CPU has it."""
+    def codegen(context, builder, sig, args):
+        base = _ptr(context, builder, sig.args[0], args[0], args[1])
+        mags, negative = _iq2_magnitudes_signs(context, builder, sig.args[2], args[2], base)
+        x = _load(builder, _ptr(context, builder, sig.args[3], args[3], args[4]), _I8, 256)
+        xs = builder.select(negative, builder.sub(_const(_I8, [0] * 256), x), x)
+        words = _load(builder, builder.gep(base, [ir.Constant(_I64, 2)]), _I32, 16)
+        b = _shuffle(builder, words, words, range(1, 16, 2))
+        ls = builder.add(builder.shl(builder.lshr(b, _const(_I32, [28] * 8)), _const(_I32, [1] * 8)), _const(_I32, [1] * 8))
+        if _VNNI:
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_vec(_I32, 16), [_vec(_I32, 16)] * 3), "llvm.x86.avx512.vpdpbusd.512")
+            acc = None
+            for h in range(4):  # groups 2h and 2h + 1: lanes 0..7 and 8..15
+                m = builder.bitcast(_shuffle(builder, mags, mags, range(64 * h, 64 * h + 64)), _vec(_I32, 16))
+                v = builder.bitcast(_shuffle(builder, xs, xs, range(64 * h, 64 * h + 64)), _vec(_I32, 16))
+                part = builder.call(fn, [ir.Constant(_vec(_I32, 16), [0] * 16), m, v])
+                scale = _shuffle(builder, ls, ls, [2 * h + (lane >= 8) for lane in range(16)])
+                part = builder.mul(part, scale)
+                acc = part if acc is None else builder.add(acc, part)
+            return _reduce(builder, acc, 16)
+        total = ir.Constant(_I32, 0)
+        for g in range(8):
+            m = builder.zext(_shuffle(builder, mags, mags, range(32 * g, 32 * g + 32)), _vec(_I32, 32))
+            v = builder.sext(_shuffle(builder, xs, xs, range(32 * g, 32 * g + 32)), _vec(_I32, 32))
+            dot = _reduce(builder, builder.mul(m, v), 32)
+            total = builder.add(total, builder.mul(dot, builder.extract_element(ls, ir.Constant(_I32, g))))
+        return total
+
+    return types.int32(raw, o, grid, xq, xo), codegen
