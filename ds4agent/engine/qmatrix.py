@@ -64,7 +64,7 @@ def _kernels():
 
 @functools.lru_cache(maxsize=1)
 def _tables() -> tuple[np.ndarray, np.ndarray]:
-    """(f16 -> f32 for all 65,536 bit patterns, the IQ2_XXS grid of qsimd.iq2_xxs_unpack: 256
+    """(f16 -> f32 for all 65,536 bit patterns, the IQ2_XXS grid of qkernels.iq2_xxs_unpack: 256
     rows of 8 magnitudes, one uint64 each)."""
     f16 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
     grid, _ = quant.iq2xxs_tables()
@@ -87,7 +87,7 @@ def _as_blocks(raw: Any, qtype: int, n_rows: int, cols: int) -> np.ndarray:
 
 
 def _repack_q8_0(blocks: np.ndarray, n_mats: int, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
-    """Q8_0 rows [n_mats * rows, nb * 34] -> qsimd's interleaved layout per matrix: codes + 128
+    """Q8_0 rows [n_mats * rows, nb * 34] -> qkernels' interleaved Q8_0 layout per matrix: codes + 128
     as uint8 [n_mats, groups, nb * 512] (groups of 16 rows; a last partial group padded with
     zero weights), f16 scales widened once (exact) to f32 [n_mats, groups, nb * 16]."""
     nb, groups = cols // 32, -(-rows // 16)
