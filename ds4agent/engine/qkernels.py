@@ -54,6 +54,8 @@ in input order at buf[bo:], so a token's block product is one `dot_i16_256`:
     iq2_xxs_unpack(raw, o, grid, buf, bo)  signed grid value * (2 * 4-bit scale + 1)
                                       (|v| <= 43 * 31); grid: the 256 grid rows as uint64
     iq2_xxs_dot(raw, o, grid, xq, xo) one IQ2_XXS block times 256 int8 codes, no decoded copy
+    q2_k_dot(raw, o, xq, xo)          the same for Q2_K (sum_j scale_j * dot16_j)
+    q4_k_dot(raw, o, xq, xo, mins, mo)  the same for Q4_K (and its mins, as q4_k_unpack)
 Dense: dot_f32_lanes(w, wo, x, xo, n)  the F16/F32 lane-order dot product -> float32
 """
 
@@ -172,6 +174,35 @@ def q2_k_unpack(typingctx, raw, o, buf, bo):
     return types.void(raw, o, buf, bo), codegen
 
 
+def _q4_k_scales_mins(context, builder, base, mins_type, mins, mo):
+    """A Q4_K block's 8 six-bit scales (<8 x i16>, returned) and mins (stored to mins[mo:mo+8]
+    as int32), unpacked from its 12 bytes at base + 4 as ggml packs them."""
+    sb = builder.zext(_load(builder, builder.gep(base, [ir.Constant(_I64, 4)]), _I8, 12), _vec(_I16, 12))
+
+    def pick(idx):
+        return _shuffle(builder, sb, sb, idx)
+
+    def mask(v, m):
+        return builder.and_(v, _const(_I16, [m] * 8))
+
+    def shr(v, k):
+        return builder.lshr(v, _const(_I16, [k] * 8))
+
+    def shl(v, k):
+        return builder.shl(v, _const(_I16, [k] * 8))
+
+    lo = pick([0, 1, 2, 3, 4, 5, 6, 7])  # s[j] and s[j+4], j < 4
+    hi = pick([8, 9, 10, 11, 8, 9, 10, 11])  # s[j+4], j >= 4
+    top = pick([0, 1, 2, 3, 0, 1, 2, 3])  # s[j-4], j >= 4
+    top_m = pick([4, 5, 6, 7, 4, 5, 6, 7])  # s[j], j >= 4
+    sc_hi = builder.or_(mask(hi, 15), shl(shr(top, 6), 4))
+    mn_hi = builder.or_(shr(hi, 4), shl(shr(top_m, 6), 4))
+    lo6 = mask(lo, 63)
+    mns = _shuffle(builder, lo6, mn_hi, [4, 5, 6, 7, 12, 13, 14, 15])
+    _store(builder, builder.zext(mns, _vec(_I32, 8)), _ptr(context, builder, mins_type, mins, mo), _I32, 8)
+    return _shuffle(builder, lo6, sc_hi, [0, 1, 2, 3, 12, 13, 14, 15])
+
+
 @intrinsic
 def q4_k_unpack(typingctx, raw, o, buf, bo, mins, mo):
     # Q4_K block: d, dmin, 12 bytes of 6-bit scales and mins (ggml's packing: for j < 4,
@@ -180,31 +211,7 @@ def q4_k_unpack(typingctx, raw, o, buf, bo, mins, mo):
     # (qs[32c..]) holds sub-block 2c (inputs 64c..) in its low nibbles, 2c + 1 in its high ones.
     def codegen(context, builder, sig, args):
         base = _ptr(context, builder, sig.args[0], args[0], args[1])
-        sb = builder.zext(_load(builder, builder.gep(base, [ir.Constant(_I64, 4)]), _I8, 12), _vec(_I16, 12))
-
-        def pick(idx):
-            return _shuffle(builder, sb, sb, idx)
-
-        def mask(v, m):
-            return builder.and_(v, _const(_I16, [m] * 8))
-
-        def shr(v, k):
-            return builder.lshr(v, _const(_I16, [k] * 8))
-
-        def shl(v, k):
-            return builder.shl(v, _const(_I16, [k] * 8))
-
-        lo = pick([0, 1, 2, 3, 4, 5, 6, 7])  # s[j] and s[j+4], j < 4
-        hi = pick([8, 9, 10, 11, 8, 9, 10, 11])  # s[j+4], j >= 4
-        top = pick([0, 1, 2, 3, 0, 1, 2, 3])  # s[j-4], j >= 4
-        top_m = pick([4, 5, 6, 7, 4, 5, 6, 7])  # s[j], j >= 4
-        sc_hi = builder.or_(mask(hi, 15), shl(shr(top, 6), 4))
-        mn_hi = builder.or_(shr(hi, 4), shl(shr(top_m, 6), 4))
-        lo6 = mask(lo, 63)
-        scales = _shuffle(builder, lo6, sc_hi, [0, 1, 2, 3, 12, 13, 14, 15])
-        mns = _shuffle(builder, lo6, mn_hi, [4, 5, 6, 7, 12, 13, 14, 15])
-        _store(builder, builder.zext(mns, _vec(_I32, 8)),
-               _ptr(context, builder, sig.args[4], args[4], args[5]), _I32, 8)
+        scales = _q4_k_scales_mins(context, builder, base, sig.args[4], args[4], args[5])
         out = _ptr(context, builder, sig.args[2], args[2], args[3])
         for c in range(4):
             v = builder.zext(_load(builder, builder.gep(base, [ir.Constant(_I64, 16 + 32 * c)]), _I8, 32),
@@ -381,6 +388,53 @@ q8_0_group1, q8_0_group4 = _q8_0_group(1), _q8_0_group(4)
 
 
 @intrinsic
+def q2_k_dot(typingctx, raw, o, xq, xo):
+    """One Q2_K block at raw[o] times the int8 codes xq[xo:xo+256] without a decoded copy:
+    sum_j scale_j * dot16_j, the same exact integer as q2_k_unpack + dot_i16_256 (for decode).
+    The products code * scale (<= 45) are unsigned bytes: the 4-way u8 x s8 dot applies."""
+    def codegen(context, builder, sig, args):
+        base = _ptr(context, builder, sig.args[0], args[0], args[1])
+        px = _ptr(context, builder, sig.args[2], args[2], args[3])
+        scales = builder.and_(_load(builder, base, _I8, 16), _const(_I8, [15] * 16))
+        qs = _load(builder, builder.gep(base, [ir.Constant(_I64, 16)]), _I8, 64)
+        acc = ir.Constant(_vec(_I32, 16), [0] * 16)
+        for s in range(4):  # as in q2_k_unpack: 64 weights per shift, inputs 32s.. and 128 + 32s..
+            codes = builder.and_(builder.lshr(qs, _const(_I8, [2 * s] * 64)), _const(_I8, [3] * 64))
+            sc = _shuffle(builder, scales, scales, [(p // 32) * 8 + 2 * s + (p % 32 >= 16) for p in range(64)])
+            lo = _load(builder, builder.gep(px, [ir.Constant(_I64, 32 * s)]), _I8, 32)
+            hi = _load(builder, builder.gep(px, [ir.Constant(_I64, 128 + 32 * s)]), _I8, 32)
+            acc = _dot4(builder, acc, builder.mul(codes, sc), _shuffle(builder, lo, hi, range(64)))
+        return _reduce(builder, acc, 16)
+
+    return types.int32(raw, o, xq, xo), codegen
+
+
+@intrinsic
+def q4_k_dot(typingctx, raw, o, xq, xo, mins, mo):
+    """One Q4_K block at raw[o] times the int8 codes xq[xo:xo+256] without a decoded copy:
+    sum_j scale_j * dot32_j (the mins to mins[mo:mo+8], as q4_k_unpack), the same exact integer
+    as q4_k_unpack + dot_i16_256 (for decode). Chunk c's low and high nibbles (sub-blocks 2c and
+    2c + 1, inputs 64c..64c+63) meet 64 contiguous codes in one 4-way dot: lanes 0..7 sum the low
+    sub-block, 8..15 the high one, then each lane is scaled by its sub-block's scale."""
+    def codegen(context, builder, sig, args):
+        base = _ptr(context, builder, sig.args[0], args[0], args[1])
+        px = _ptr(context, builder, sig.args[2], args[2], args[3])
+        scales = builder.zext(_q4_k_scales_mins(context, builder, base, sig.args[4], args[4], args[5]), _vec(_I32, 8))
+        acc = None
+        for c in range(4):
+            v = _load(builder, builder.gep(base, [ir.Constant(_I64, 16 + 32 * c)]), _I8, 32)
+            codes = _shuffle(builder, builder.and_(v, _const(_I8, [15] * 32)), builder.lshr(v, _const(_I8, [4] * 32)),
+                             range(64))
+            x = _load(builder, builder.gep(px, [ir.Constant(_I64, 64 * c)]), _I8, 64)
+            part = _dot4(builder, ir.Constant(_vec(_I32, 16), [0] * 16), codes, x)
+            part = builder.mul(part, _shuffle(builder, scales, scales, [2 * c + (lane >= 8) for lane in range(16)]))
+            acc = part if acc is None else builder.add(acc, part)
+        return _reduce(builder, acc, 16)
+
+    return types.int32(raw, o, xq, xo, mins, mo), codegen
+
+
+@intrinsic
 def iq2_xxs_dot(typingctx, raw, o, grid, xq, xo):
     """One IQ2_XXS block at raw[o] times the int8 codes xq[xo:xo+256] without a decoded copy:
     sum over groups g of (2 s_g + 1) * sum_i |grid value_i| * (x_i with the weight's sign), the
@@ -492,9 +546,10 @@ def quantize_q8_k(x, xq, xd, bsums, x16):
 # once. Offsets passed to the intrinsics above are flat element offsets into C-contiguous arrays.
 
 Q8_0, Q2_K, Q4_K, IQ2_XXS = 8, 10, 12, 16  # GGML type ids (quant.py)
-# Up to this many tokens on a row range, an IQ2_XXS row is multiplied straight from its blocks
-# (iq2_xxs_dot); more, and decoding each block once to 16-bit weights pays.
-IQ2_FUSED_TOKENS = 1
+# Up to this many tokens on a row range, IQ2_XXS, Q2_K and Q4_K rows are multiplied straight from
+# their blocks (iq2_xxs_dot, q2_k_dot, q4_k_dot); more, and decoding each block once to 16-bit
+# weights pays.
+FUSED_TOKENS = 1
 
 
 @_jit
@@ -527,20 +582,25 @@ def _half(row, at, f16):
 
 
 @_jit
-def _q2_k_rows(raw, x16, xd, bsums, out, r0, r1, t0, t1, f16):
+def _q2_k_rows(raw, xq, x16, xd, bsums, out, r0, r1, t0, t1, f16):
     # raw [rows, nb * 84] uint8 (Q2_K blocks), x16: the Q8_K codes widened to int16
     cols = x16.shape[1]
     nb = cols // 256
+    fused = t1 - t0 <= FUSED_TOKENS  # few tokens: no decoded copy (the same integers)
     buf = np.empty(cols, np.int16)
     for r in range(r0, r1):
         row = raw[r]
         rb = r * raw.shape[1]
-        for b in range(nb):
-            q2_k_unpack(row, 84 * b, buf, 256 * b)
+        if not fused:
+            for b in range(nb):
+                q2_k_unpack(row, 84 * b, buf, 256 * b)
         for t in range(t0, t1):
             acc = np.float32(0.0)
             for b in range(nb):
-                isum = dot_i16_256(buf, 256 * b, x16, t * cols + 256 * b)
+                if fused:
+                    isum = q2_k_dot(row, 84 * b, xq, t * cols + 256 * b)
+                else:
+                    isum = dot_i16_256(buf, 256 * b, x16, t * cols + 256 * b)
                 summs = dot_hi_nibble16(raw, rb + 84 * b, bsums, (t * nb + b) * 16)
                 dall = xd[t, b] * _half(row, 84 * b + 80, f16)
                 dmin = xd[t, b] * _half(row, 84 * b + 82, f16)
@@ -549,20 +609,25 @@ def _q2_k_rows(raw, x16, xd, bsums, out, r0, r1, t0, t1, f16):
 
 
 @_jit
-def _q4_k_rows(raw, x16, xd, bsums, out, r0, r1, t0, t1, f16):
+def _q4_k_rows(raw, xq, x16, xd, bsums, out, r0, r1, t0, t1, f16):
     # raw [rows, nb * 144] uint8 (Q4_K blocks)
     cols = x16.shape[1]
     nb = cols // 256
+    fused = t1 - t0 <= FUSED_TOKENS  # few tokens: no decoded copy (the same integers)
     buf = np.empty(cols, np.int16)
     mn = np.empty(nb * 8, np.int32)
     for r in range(r0, r1):
         row = raw[r]
-        for b in range(nb):
-            q4_k_unpack(row, 144 * b, buf, 256 * b, mn, 8 * b)
+        if not fused:
+            for b in range(nb):
+                q4_k_unpack(row, 144 * b, buf, 256 * b, mn, 8 * b)
         for t in range(t0, t1):
             acc = np.float32(0.0)
             for b in range(nb):
-                isum = dot_i16_256(buf, 256 * b, x16, t * cols + 256 * b)
+                if fused:
+                    isum = q4_k_dot(row, 144 * b, xq, t * cols + 256 * b, mn, 8 * b)
+                else:
+                    isum = dot_i16_256(buf, 256 * b, x16, t * cols + 256 * b)
                 summs = 0
                 for j in range(8):
                     summs += mn[8 * b + j] * (bsums[t, 16 * b + 2 * j] + bsums[t, 16 * b + 2 * j + 1])
@@ -577,7 +642,7 @@ def _iq2_xxs_rows(raw, xq, x16, xd, out, r0, r1, t0, t1, f16, grid):
     # raw [rows, nb * 66] uint8 (IQ2_XXS blocks), grid: iq2_xxs_unpack's table
     cols = x16.shape[1]
     nb = cols // 256
-    if t1 - t0 <= IQ2_FUSED_TOKENS:  # few tokens: no decoded copy (the same integers)
+    if t1 - t0 <= FUSED_TOKENS:  # few tokens: no decoded copy (the same integers)
         for r in range(r0, r1):
             row = raw[r]
             for t in range(t0, t1):
@@ -613,9 +678,9 @@ def matrix_rows(kind, w, aux, xq, x16, xd, xs, out, r0, r1, t0, t1, f16, grid):
     if kind == Q8_0:
         _q8_0_rows(w, aux, xq, xd, xs, out, r0, r1, t0, t1)
     elif kind == Q2_K:
-        _q2_k_rows(w, x16, xd, xs, out, r0, r1, t0, t1, f16)
+        _q2_k_rows(w, xq, x16, xd, xs, out, r0, r1, t0, t1, f16)
     elif kind == Q4_K:
-        _q4_k_rows(w, x16, xd, xs, out, r0, r1, t0, t1, f16)
+        _q4_k_rows(w, xq, x16, xd, xs, out, r0, r1, t0, t1, f16)
     else:
         _iq2_xxs_rows(w, xq, x16, xd, out, r0, r1, t0, t1, f16, grid)
 
