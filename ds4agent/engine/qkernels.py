@@ -546,10 +546,11 @@ def quantize_q8_k(x, xq, xd, bsums, x16):
 # once. Offsets passed to the intrinsics above are flat element offsets into C-contiguous arrays.
 
 Q8_0, Q2_K, Q4_K, IQ2_XXS = 8, 10, 12, 16  # GGML type ids (quant.py)
-# Up to this many tokens on a row range, IQ2_XXS, Q2_K and Q4_K rows are multiplied straight from
-# their blocks (iq2_xxs_dot, q2_k_dot, q4_k_dot); more, and decoding each block once to 16-bit
-# weights pays.
-FUSED_TOKENS = 1
+# Up to this many tokens on a row range, rows are multiplied straight from their blocks
+# (iq2_xxs_dot, q2_k_dot, q4_k_dot); more, and decoding each block once to 16-bit weights pays.
+# Measured on one core at Flash's expert shapes (bench/experts.py's machine): the decoded path
+# costs about two fused tokens for IQ2_XXS, three for Q2_K, eight for Q4_K.
+IQ2_FUSED_TOKENS, Q2_FUSED_TOKENS, Q4_FUSED_TOKENS = 1, 3, 8
 
 
 @_jit
@@ -586,7 +587,7 @@ def _q2_k_rows(raw, xq, x16, xd, bsums, out, r0, r1, t0, t1, f16):
     # raw [rows, nb * 84] uint8 (Q2_K blocks), x16: the Q8_K codes widened to int16
     cols = x16.shape[1]
     nb = cols // 256
-    fused = t1 - t0 <= FUSED_TOKENS  # few tokens: no decoded copy (the same integers)
+    fused = t1 - t0 <= Q2_FUSED_TOKENS  # few tokens: no decoded copy (the same integers)
     buf = np.empty(cols, np.int16)
     for r in range(r0, r1):
         row = raw[r]
@@ -613,7 +614,7 @@ def _q4_k_rows(raw, xq, x16, xd, bsums, out, r0, r1, t0, t1, f16):
     # raw [rows, nb * 144] uint8 (Q4_K blocks)
     cols = x16.shape[1]
     nb = cols // 256
-    fused = t1 - t0 <= FUSED_TOKENS  # few tokens: no decoded copy (the same integers)
+    fused = t1 - t0 <= Q4_FUSED_TOKENS  # few tokens: no decoded copy (the same integers)
     buf = np.empty(cols, np.int16)
     mn = np.empty(nb * 8, np.int32)
     for r in range(r0, r1):
@@ -642,7 +643,7 @@ def _iq2_xxs_rows(raw, xq, x16, xd, out, r0, r1, t0, t1, f16, grid):
     # raw [rows, nb * 66] uint8 (IQ2_XXS blocks), grid: iq2_xxs_unpack's table
     cols = x16.shape[1]
     nb = cols // 256
-    if t1 - t0 <= FUSED_TOKENS:  # few tokens: no decoded copy (the same integers)
+    if t1 - t0 <= IQ2_FUSED_TOKENS:  # few tokens: no decoded copy (the same integers)
         for r in range(r0, r1):
             row = raw[r]
             for t in range(t0, t1):
