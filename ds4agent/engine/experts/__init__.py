@@ -6,4 +6,5 @@
                  (raw GGUF blocks, dequantised bit-exactly)
     cpu.py       the CPU path of QuantExperts: compiled kernels (cpu_kernels.py) over raw blocks
     metal.py     Metal kernels for IQ2_XXS / Q2_K / Q4_K (macOS)
+    fast.py      FastExperts: the fast CPU kernel set (8-bit activations, integer dots; qmatrix.py)
 """

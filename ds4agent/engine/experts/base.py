@@ -3,10 +3,11 @@
     ExpertWeights                       what model.py multiplies: gather_matmul(x, expert_ids)
     dense_experts(w)                    float weights -> DenseExperts
     quant_experts(raw, qtype, shape)    raw GGUF blocks -> Metal kernels where a Metal device
-                                        exists and passes its self-check, else QuantExperts
+                                        exists and passes its self-check, else QuantExperts;
+                                        backend="fast": FastExperts (the fast CPU kernel set)
 
-The backends live in portable.py (MLX; its QuantExperts runs the CPU kernels of cpu.py on a CPU)
-and metal.py; they satisfy the protocol structurally and never import this module.
+The backends live in portable.py (MLX; its QuantExperts runs the CPU kernels of cpu.py on a CPU),
+metal.py and fast.py (8-bit activations, integer dot products: qmatrix.py); they satisfy the protocol structurally and never import this module.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 
 from ds4agent.engine.errors import EngineError
 from ds4agent.engine.experts import metal
+from ds4agent.engine.experts.fast import FastExperts
 from ds4agent.engine.experts.portable import DenseExperts, QuantExperts, resident_blocks
 
 
@@ -42,7 +44,8 @@ def dense_experts(w: Any) -> ExpertWeights:
 def quant_experts(raw: Any, qtype: int, shape: Any, *, backend: str = "auto",
                   shared: dict[tuple[int, int], mx.array] | None = None) -> ExpertWeights:
     """The backend for raw expert blocks: Metal kernels where a Metal device exists (IQ2_XXS,
-    Q2_K, Q4_K), else the portable MLX backend. backend: "auto" | "portable" | "metal".
+    Q2_K, Q4_K), else the portable MLX backend. backend: "auto" | "portable" | "metal" | "fast"
+    (the fast CPU kernel set's backend, experts/fast.py: blocks read in place from the map).
 
     shared: the loader's device copies of blocks already made, by (address, size) of the mapped
     bytes. A backend that keeps its blocks resident reuses the copy of the same bytes instead
@@ -50,8 +53,10 @@ def quant_experts(raw: Any, qtype: int, shape: Any, *, backend: str = "auto",
     points every layer's expert tensors at one region per tensor kind, and a copy per tensor
     would hold 72 GiB for its 1.7 GiB of distinct blocks (the memory plan counts distinct bytes).
     """
-    if backend not in ("auto", "portable", "metal"):
+    if backend not in ("auto", "portable", "metal", "fast"):
         raise EngineError(f"unknown expert backend {backend!r}")
+    if backend == "fast":
+        return FastExperts(raw, qtype, shape)
     want_metal = backend == "metal" or (
         backend == "auto" and qtype in metal.METAL_TYPES and metal_available()
     )

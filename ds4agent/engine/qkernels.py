@@ -1,0 +1,704 @@
+"""numba kernels of the fast CPU kernel set (qmatrix.py has the public objects and the contract).
+
+Imported on first use only (numba and its cached machine code take a moment to load). Every
+kernel is compiled `nogil` and works on a range of output rows [r0, r1) and of tokens [t0, t1),
+so qmatrix.py splits a product into row ranges over worker threads; a row's result never
+depends on the range it falls in, nor on the other tokens (the same float steps, in the same
+order; only exact integers are shared).
+
+Activations (`quantize_q8_0`, `quantize_q8_k`) are rounded as ds4's CPU path rounds them:
+  Q8_0 (blocks of 32):  d = amax/127, q = rint(x/d) (half to even), clamped to [-128, 127]
+  Q8_K (blocks of 256): m = the element of largest |x| (its sign kept, the first on a tie),
+                        iscale = -127/m, q = rint(iscale*x) clamped, d = 1/iscale,
+                        bsums[j] = sum of q over elements 16j..16j+15.
+Products (per output (token t, row r); integer sums are exact, so their order is free; the
+float steps below are in this order, from +0, one rounding each, no fused multiply-add):
+  Q8_0    acc += (wd_b * xd_b) * float(sum_i wq_i * xq_i)                   per block b of 32
+  Q2_K    acc += (xd*d) * float(isum) - (xd*dmin) * float(summs)            per block of 256
+          isum = sum_j sc_j * dot16_j, summs = sum_j m_j * bsums_j (16 sub-blocks)
+  Q4_K    as Q2_K with 8 sub-blocks of 32: summs = sum_j m_j * (bsums_2j + bsums_2j+1)
+  IQ2_XXS acc += (d*xd) * float(sum_g (2 s_g + 1) * dot32_g); result = 0.125 * acc
+  F16/F32 16 lane sums: lane l adds w_c*x_c for c = l, l+16, ... in order (an f16 weight
+          widened exactly); then lanes summed pairwise (l with l+8, then +4, +2, +1).
+These are ds4's CPU formulas (its portable C path) for the quantised types.
+
+Vector building blocks (the first half of this module) are LLVM IR, as numba intrinsics. Why IR
+and not plain numba loops: numba types every integer operation as int64, so a loop over int8
+codes never becomes the 8-bit SIMD products the speed needs (measured: 1-2 GB/s of Q8_0 codes per
+core as loops, ~20 as IR). The IR is generic LLVM (vectors, shuffles, `llvm.vector.reduce.add`):
+LLVM picks the host's instructions when numba compiles (AVX-512 VNNI's 4-way u8 x s8 dot from a
+u8 x s8 reduction, ARM's dot products), and it is correct on every target; the one
+target-specific call (`vpdpbusd`, for the Q8_0 and IQ2_XXS 4-way dots) is used only when the
+host has AVX-512 VNNI, with the same integers from generic IR elsewhere. Every vector operation
+is on integers, so results are exact whatever instructions are chosen. Intrinsics take arrays and
+flat element offsets into C-contiguous arrays (no bounds checks: the kernels keep every access
+inside the arrays they pass).
+
+Why one module: numba's on-disk cache is keyed by the source file of each jitted function, not by
+the intrinsics it inlines, so the intrinsics live in the same file as the kernels (a change to
+either invalidates the cache).
+
+    dot_hi_nibble16(a, ao, s, so)     sum over i < 16 of (u8 a[ao+i] >> 4) * i32 s[so+i] -> int32
+    dot_i16_256(a, ao, b, bo)         sum over i < 256 of i16 a[ao+i] * i16 b[bo+i] -> int32
+    widen_s8(a, ao, b, bo, n)         b[bo:bo+n] = int16(a[ao:ao+n]) (n a multiple of 64)
+
+Q8_0 with rows interleaved (see the section at the end):
+    q8_0_group1 / q8_0_group4(wi, wo, wd, wdo, xq, xo, xd, xs, so, nb, cols, res)
+                                      16 rows x 1 (or 4) tokens, every block, to res (f32)
+
+Block decoders: one weight block at raw[o] -> 256 int16 weights (scale folded in, still integer)
+in input order at buf[bo:], so a token's block product is one `dot_i16_256`:
+    q2_k_unpack(raw, o, buf, bo)      2-bit code * 4-bit scale (<= 45)
+    q4_k_unpack(raw, o, buf, bo, mins, mo)  4-bit code * 6-bit scale (<= 945); the 8 six-bit
+                                      mins to mins[mo:mo+8] (int32)
+    iq2_xxs_unpack(raw, o, grid, buf, bo)  signed grid value * (2 * 4-bit scale + 1)
+                                      (|v| <= 43 * 31); grid: the 256 grid rows as uint64
+    iq2_xxs_dot(raw, o, grid, xq, xo) one IQ2_XXS block times 256 int8 codes, no decoded copy
+    q2_k_dot(raw, o, xq, xo)          the same for Q2_K (sum_j scale_j * dot16_j)
+    q4_k_dot(raw, o, xq, xo, mins, mo)  the same for Q4_K (and its mins, as q4_k_unpack)
+Dense: dot_f32_lanes(w, wo, x, xo, n)  the F16/F32 lane-order dot product -> float32
+"""
+
+from __future__ import annotations
+
+import llvmlite.binding as ll
+import numpy as np
+from llvmlite import ir
+from numba import njit
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+_I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+
+
+def _vec(t: ir.Type, n: int) -> ir.VectorType:
+    return ir.VectorType(t, n)
+
+
+def _ptr(context, builder, aty, arr, off):
+    """Address of element `off` of the array value `arr` (of numba type `aty`)."""
+    return builder.gep(context.make_array(aty)(context, builder, arr).data, [off])
+
+
+def _load(builder, p, t: ir.Type, n: int):
+    """n elements of type t from p as one vector (unaligned)."""
+    return builder.load(builder.bitcast(p, _vec(t, n).as_pointer()), align=1)
+
+
+def _store(builder, v, p, t: ir.Type, n: int) -> None:
+    builder.store(v, builder.bitcast(p, _vec(t, n).as_pointer()), align=1)
+
+
+def _reduce(builder, v, n: int):
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32, [_vec(_I32, n)]),
+                                        f"llvm.vector.reduce.add.v{n}i32")
+    return builder.call(fn, [v])
+
+
+def _const(t: ir.Type, values) -> ir.Constant:
+    values = list(values)
+    return ir.Constant(_vec(t, len(values)), values)
+
+
+def _shuffle(builder, a, b, idx):
+    return builder.shuffle_vector(a, b, _const(_I32, idx))
+
+
+@intrinsic
+def dot_hi_nibble16(typingctx, a, ao, s, so):
+    def codegen(context, builder, sig, args):
+        va = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _I8, 16)
+        hi = builder.zext(builder.lshr(va, _const(_I8, [4] * 16)), _vec(_I32, 16))
+        vs = _load(builder, _ptr(context, builder, sig.args[2], args[2], args[3]), _I32, 16)
+        return _reduce(builder, builder.mul(hi, vs), 16)
+
+    return types.int32(a, ao, s, so), codegen
+
+
+def _pairs(builder, a, b, n: int):
+    """a, b <n x i16> -> <n/2 x i32>: lane k = a[2k]*b[2k] + a[2k+1]*b[2k+1] (exact; the shape
+    of a 16-bit multiply-add instruction)."""
+    prod = builder.mul(builder.sext(a, _vec(_I32, n)), builder.sext(b, _vec(_I32, n)))
+    return builder.add(_shuffle(builder, prod, prod, range(0, n, 2)), _shuffle(builder, prod, prod, range(1, n, 2)))
+
+
+@intrinsic
+def dot_i16_256(typingctx, a, ao, b, bo):
+    def codegen(context, builder, sig, args):
+        pa = _ptr(context, builder, sig.args[0], args[0], args[1])
+        pb = _ptr(context, builder, sig.args[2], args[2], args[3])
+        acc = None
+        for c in range(8):
+            off = [ir.Constant(_I64, 32 * c)]
+            part = _pairs(builder, _load(builder, builder.gep(pa, off), _I16, 32),
+                          _load(builder, builder.gep(pb, off), _I16, 32), 32)
+            acc = part if acc is None else builder.add(acc, part)
+        return _reduce(builder, acc, 16)
+
+    return types.int32(a, ao, b, bo), codegen
+
+
+@intrinsic
+def widen_s8(typingctx, a, ao, b, bo, n):
+    def codegen(context, builder, sig, args):
+        pa = _ptr(context, builder, sig.args[0], args[0], args[1])
+        pb = _ptr(context, builder, sig.args[2], args[2], args[3])
+        with cgutils.for_range_slice(builder, ir.Constant(_I64, 0), args[4], ir.Constant(_I64, 64)) as (i, _):
+            v = builder.sext(_load(builder, builder.gep(pa, [i]), _I8, 64), _vec(_I16, 64))
+            _store(builder, v, builder.gep(pb, [i]), _I16, 64)
+        return context.get_dummy_value()
+
+    return types.void(a, ao, b, bo, n), codegen
+
+
+@intrinsic
+def q2_k_unpack(typingctx, raw, o, buf, bo):
+    # Q2_K block: scales[16] (low nibble: scale of sub-block j of 16 weights), qs[64], d, dmin.
+    # Byte l of half h (qs[32h + l]) holds weights 128h + 32s + l at bit shift 2s, l < 32; the
+    # weight's sub-block is 8h + 2s + (l >= 16). For each shift s the 64 code bytes give 64
+    # weights: 32 at input 32s.. (h = 0), 32 at 128 + 32s.. (h = 1).
+    def codegen(context, builder, sig, args):
+        base = _ptr(context, builder, sig.args[0], args[0], args[1])
+        scales = builder.and_(_load(builder, base, _I8, 16), _const(_I8, [15] * 16))
+        qs = _load(builder, builder.gep(base, [ir.Constant(_I64, 16)]), _I8, 64)
+        out = _ptr(context, builder, sig.args[2], args[2], args[3])
+        for s in range(4):
+            codes = builder.and_(builder.lshr(qs, _const(_I8, [2 * s] * 64)), _const(_I8, [3] * 64))
+            sc = _shuffle(builder, scales, scales, [(p // 32) * 8 + 2 * s + (p % 32 >= 16) for p in range(64)])
+            prod = builder.zext(builder.mul(codes, sc), _vec(_I16, 64))  # <= 3 * 15: exact in a byte
+            for h in range(2):
+                half = _shuffle(builder, prod, prod, range(32 * h, 32 * h + 32))
+                _store(builder, half, builder.gep(out, [ir.Constant(_I64, 128 * h + 32 * s)]), _I16, 32)
+        return context.get_dummy_value()
+
+    return types.void(raw, o, buf, bo), codegen
+
+
+def _q4_k_scales_mins(context, builder, base, mins_type, mins, mo):
+    """A Q4_K block's 8 six-bit scales (<8 x i16>, returned) and mins (stored to mins[mo:mo+8]
+    as int32), unpacked from its 12 bytes at base + 4 as ggml packs them."""
+    sb = builder.zext(_load(builder, builder.gep(base, [ir.Constant(_I64, 4)]), _I8, 12), _vec(_I16, 12))
+
+    def pick(idx):
+        return _shuffle(builder, sb, sb, idx)
+
+    def mask(v, m):
+        return builder.and_(v, _const(_I16, [m] * 8))
+
+    def shr(v, k):
+        return builder.lshr(v, _const(_I16, [k] * 8))
+
+    def shl(v, k):
+        return builder.shl(v, _const(_I16, [k] * 8))
+
+    lo = pick([0, 1, 2, 3, 4, 5, 6, 7])  # s[j] and s[j+4], j < 4
+    hi = pick([8, 9, 10, 11, 8, 9, 10, 11])  # s[j+4], j >= 4
+    top = pick([0, 1, 2, 3, 0, 1, 2, 3])  # s[j-4], j >= 4
+    top_m = pick([4, 5, 6, 7, 4, 5, 6, 7])  # s[j], j >= 4
+    sc_hi = builder.or_(mask(hi, 15), shl(shr(top, 6), 4))
+    mn_hi = builder.or_(shr(hi, 4), shl(shr(top_m, 6), 4))
+    lo6 = mask(lo, 63)
+    mns = _shuffle(builder, lo6, mn_hi, [4, 5, 6, 7, 12, 13, 14, 15])
+    _store(builder, builder.zext(mns, _vec(_I32, 8)), _ptr(context, builder, mins_type, mins, mo), _I32, 8)
+    return _shuffle(builder, lo6, sc_hi, [0, 1, 2, 3, 12, 13, 14, 15])
+
+
+@intrinsic
+def q4_k_unpack(typingctx, raw, o, buf, bo, mins, mo):
+    # Q4_K block: d, dmin, 12 bytes of 6-bit scales and mins (ggml's packing: for j < 4,
+    # scale j = s[j] & 63 and min j = s[j+4] & 63; for j >= 4, scale j = (s[j+4] & 15) |
+    # (s[j-4] >> 6) << 4 and min j = (s[j+4] >> 4) | (s[j] >> 6) << 4), then qs[128]: chunk c
+    # (qs[32c..]) holds sub-block 2c (inputs 64c..) in its low nibbles, 2c + 1 in its high ones.
+    def codegen(context, builder, sig, args):
+        base = _ptr(context, builder, sig.args[0], args[0], args[1])
+        scales = _q4_k_scales_mins(context, builder, base, sig.args[4], args[4], args[5])
+        out = _ptr(context, builder, sig.args[2], args[2], args[3])
+        for c in range(4):
+            v = builder.zext(_load(builder, builder.gep(base, [ir.Constant(_I64, 16 + 32 * c)]), _I8, 32),
+                             _vec(_I16, 32))
+            for part in range(2):
+                codes = builder.and_(v, _const(_I16, [15] * 32)) if part == 0 else builder.lshr(v, _const(_I16, [4] * 32))
+                sc = _shuffle(builder, scales, scales, [2 * c + part] * 32)
+                _store(builder, builder.mul(codes, sc), builder.gep(out, [ir.Constant(_I64, 64 * c + 32 * part)]),
+                       _I16, 32)
+        return context.get_dummy_value()
+
+    return types.void(raw, o, buf, bo, mins, mo), codegen
+
+
+def _iq2_magnitudes_signs(context, builder, grid_type, grid, base):
+    """An IQ2_XXS block at `base` -> (magnitudes <256 x i8> unsigned, negative <256 x i1>).
+
+    The 32 grid-row loads are scalar, indexed by bytes loaded straight from the block (moving
+    indices out of a vector register costs more); the signs are computed for all 256 weights at
+    once: 7-bit code j of b_g, plus a parity bit that makes the count of negative signs even."""
+    table = context.make_array(grid_type)(context, builder, grid).data
+    mags = ir.Constant(_vec(_I64, 32), None)
+    for k in range(32):
+        row = builder.zext(builder.load(builder.gep(base, [ir.Constant(_I64, 2 + 8 * (k // 4) + k % 4)])), _I64)
+        mags = builder.insert_element(mags, builder.load(builder.gep(table, [row])), ir.Constant(_I32, k))
+    words = _load(builder, builder.gep(base, [ir.Constant(_I64, 2)]), _I32, 16)
+    b = _shuffle(builder, words, words, range(1, 16, 2))
+    b32 = _shuffle(builder, b, b, [k // 4 for k in range(32)])
+    codes = builder.and_(builder.lshr(b32, _const(_I32, [7 * (k % 4) for k in range(32)])), _const(_I32, [127] * 32))
+    codes = builder.trunc(codes, _vec(_I8, 32))
+    popcount = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(_I8, 32), [_vec(_I8, 32)]),
+                                              "llvm.ctpop.v32i8")
+    parity = builder.and_(builder.call(popcount, [codes]), _const(_I8, [1] * 32))
+    sign_bits = builder.or_(codes, builder.shl(parity, _const(_I8, [7] * 32)))
+    spread = _shuffle(builder, sign_bits, sign_bits, [k // 8 for k in range(256)])
+    negative = builder.icmp_unsigned("!=", builder.and_(spread, _const(_I8, [1 << (k % 8) for k in range(256)])),
+                                     _const(_I8, [0] * 256))
+    return builder.bitcast(mags, _vec(_I8, 256)), negative
+
+
+@intrinsic
+def iq2_xxs_unpack(typingctx, raw, o, grid, buf, bo):
+    # IQ2_XXS block: f16 d, then 8 groups of 32 weights, each two little-endian u32: a (four
+    # grid-row bytes), b (four 7-bit sign codes at bits 0, 7, 14, 21; a 4-bit scale at 28).
+    # Run k = 4g + j of 8 weights: magnitudes = grid row (byte j of a_g), signs = sign code j of
+    # b_g plus a parity bit that makes the count of negative signs even.
+    # grid [256] uint64: the 8 u8 magnitudes of each row (2 KiB: stays in L1).
+    def codegen(context, builder, sig, args):
+        base = _ptr(context, builder, sig.args[0], args[0], args[1])
+        mags, negative = _iq2_magnitudes_signs(context, builder, sig.args[2], args[2], base)
+        signed = builder.select(negative, builder.sub(_const(_I8, [0] * 256), mags), mags)
+        words = _load(builder, builder.gep(base, [ir.Constant(_I64, 2)]), _I32, 16)
+        b = _shuffle(builder, words, words, range(1, 16, 2))
+        ls = builder.add(builder.shl(builder.lshr(b, _const(_I32, [28] * 8)), _const(_I32, [1] * 8)), _const(_I32, [1] * 8))
+        ls = builder.trunc(ls, _vec(_I16, 8))
+        scale = _shuffle(builder, ls, ls, [k // 32 for k in range(256)])
+        values = builder.mul(builder.sext(signed, _vec(_I16, 256)), scale)
+        _store(builder, values, _ptr(context, builder, sig.args[3], args[3], args[4]), _I16, 256)
+        return context.get_dummy_value()
+
+    return types.void(raw, o, grid, buf, bo), codegen
+
+
+_F32, _F16 = ir.FloatType(), ir.HalfType()
+
+
+@intrinsic
+def dot_f32_lanes(typingctx, w, wo, x, xo, n):
+    """sum over i < n of w[wo+i] * x[xo+i] in float32: w f32, or f16 given as uint16 bits
+    (widened exactly); 16 lane sums (lane l adds the products i = l, l+16, ... in order, each
+    product and sum rounded once: no fused multiply-add), then lanes l and l+8 added, then
+    l and l+4, l+2, l+1. The order is fixed by this IR, not by the compiler."""
+    half = w.dtype == types.uint16
+
+    def codegen(context, builder, sig, args):
+        pw = _ptr(context, builder, sig.args[0], args[0], args[1])
+        px = _ptr(context, builder, sig.args[2], args[2], args[3])
+        if half:
+            pw = builder.bitcast(pw, _F16.as_pointer())
+        count = args[4]
+        full = builder.and_(count, ir.Constant(_I64, -16))
+        lanes = cgutils.alloca_once(builder, _vec(_F32, 16))
+        builder.store(ir.Constant(_vec(_F32, 16), [0.0] * 16), lanes)
+        with cgutils.for_range_slice(builder, ir.Constant(_I64, 0), full, ir.Constant(_I64, 16)) as (i, _):
+            wv = _load(builder, builder.gep(pw, [i]), _F16 if half else _F32, 16)
+            if half:
+                wv = builder.fpext(wv, _vec(_F32, 16))
+            xv = _load(builder, builder.gep(px, [i]), _F32, 16)
+            builder.store(builder.fadd(builder.load(lanes), builder.fmul(wv, xv)), lanes)
+        scalar = builder.bitcast(lanes, _F32.as_pointer())
+        with cgutils.for_range_slice(builder, full, count, ir.Constant(_I64, 1)) as (i, _):
+            wi = builder.load(builder.gep(pw, [i]))
+            if half:
+                wi = builder.fpext(wi, _F32)
+            slot = builder.gep(scalar, [builder.sub(i, full)])
+            builder.store(builder.fadd(builder.load(slot), builder.fmul(wi, builder.load(builder.gep(px, [i])))), slot)
+        v = builder.load(lanes)
+        for width in (8, 4, 2, 1):
+            v = builder.fadd(_shuffle(builder, v, v, range(width)), _shuffle(builder, v, v, range(width, 2 * width)))
+        return builder.extract_element(v, ir.Constant(_I32, 0))
+
+    return types.float32(w, wo, x, xo, n), codegen
+
+
+# ---- Q8_0 rows interleaved for the 4-byte dot-product instruction -------------------------------
+# A group of 16 rows is stored block by block as 8 runs of 64 bytes: run q of block b holds, for
+# each of the 16 rows, its 4 codes 32b + 4q .. 32b + 4q + 3 (as code + 128, unsigned). One 64-byte
+# load then meets one 4-byte piece of the activations (broadcast) and one u8 x s8 4-way dot
+# instruction adds 16 rows' partial sums at once: no horizontal sums at all.
+
+_VNNI = bool(ll.get_host_cpu_features().get("avx512vnni")) and bool(ll.get_host_cpu_features().get("avx512bw"))
+
+
+def _dot4(builder, acc, w64, x4):
+    """acc <16 x i32> + per lane l: sum over i < 4 of u8 w64[4l+i] * s8 x4[4l+i] (<64 x i8> each)."""
+    if _VNNI:
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_vec(_I32, 16), [_vec(_I32, 16)] * 3), "llvm.x86.avx512.vpdpbusd.512")
+        return builder.call(fn, [acc, builder.bitcast(w64, _vec(_I32, 16)), builder.bitcast(x4, _vec(_I32, 16))])
+    prod = builder.mul(builder.zext(w64, _vec(_I32, 64)), builder.sext(x4, _vec(_I32, 64)))
+    pairs = builder.add(_shuffle(builder, prod, prod, range(0, 64, 2)), _shuffle(builder, prod, prod, range(1, 64, 2)))
+    quads = builder.add(_shuffle(builder, pairs, pairs, range(0, 32, 2)), _shuffle(builder, pairs, pairs, range(1, 32, 2)))
+    return builder.add(acc, quads)
+
+
+def _splat(builder, value, t, n: int):
+    v = builder.insert_element(ir.Constant(_vec(t, n), None), value, ir.Constant(_I32, 0))
+    return _shuffle(builder, v, v, [0] * n)
+
+
+def _q8_0_group(tokens: int):
+    @intrinsic
+    def q8_0_group(typingctx, wi, wo, wd, wdo, xq, xo, xd, xs, so, nb, cols, res):
+        # rows of one group x `tokens` consecutive tokens: res[16j + l] = row l, token j:
+        # from +0, per block b: acc += (wd[l, b] * xd[j, b]) * float(dot - 128 * xs[j, b])
+        def codegen(context, builder, sig, args):
+            wi_, wo_, wd_, wdo_, xq_, xo_, xd_, xs_, so_, nb_, cols_, res_ = args
+            pw = _ptr(context, builder, sig.args[0], wi_, wo_)
+            pwd = _ptr(context, builder, sig.args[2], wd_, wdo_)
+            px = _ptr(context, builder, sig.args[4], xq_, xo_)
+            pxd = _ptr(context, builder, sig.args[6], xd_, so_)
+            pxs = _ptr(context, builder, sig.args[7], xs_, so_)
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(_vec(_F32, 16), [0.0] * 16)) for _ in range(tokens)]
+            with cgutils.for_range(builder, nb_) as loop:
+                b = loop.index
+                sums = [ir.Constant(_vec(_I32, 16), [0] * 16)] * tokens
+                wblock = builder.gep(pw, [builder.mul(b, ir.Constant(_I64, 512))])
+                for q in range(8):
+                    w64 = _load(builder, builder.gep(wblock, [ir.Constant(_I64, 64 * q)]), _I8, 64)
+                    for j in range(tokens):
+                        at = builder.add(builder.mul(ir.Constant(_I64, j), cols_),
+                                         builder.add(builder.mul(b, ir.Constant(_I64, 32)), ir.Constant(_I64, 4 * q)))
+                        x4 = builder.load(builder.bitcast(builder.gep(px, [at]), _I32.as_pointer()), align=1)
+                        sums[j] = _dot4(builder, sums[j], w64, builder.bitcast(_splat(builder, x4, _I32, 16), _vec(_I8, 64)))
+                wdv = _load(builder, builder.gep(pwd, [builder.mul(b, ir.Constant(_I64, 16))]), _F32, 16)
+                for j in range(tokens):
+                    sb = builder.add(builder.mul(ir.Constant(_I64, j), nb_), b)
+                    corr = builder.mul(builder.load(builder.gep(pxs, [sb])), ir.Constant(_I32, 128))
+                    isum = builder.sub(sums[j], _splat(builder, corr, _I32, 16))
+                    scale = builder.fmul(wdv, _splat(builder, builder.load(builder.gep(pxd, [sb])), _F32, 16))
+                    term = builder.fmul(scale, builder.sitofp(isum, _vec(_F32, 16)))
+                    builder.store(builder.fadd(builder.load(accs[j]), term), accs[j])
+            pres = _ptr(context, builder, sig.args[11], res_, ir.Constant(_I64, 0))
+            for j in range(tokens):
+                _store(builder, builder.load(accs[j]), builder.gep(pres, [ir.Constant(_I64, 16 * j)]), _F32, 16)
+            return context.get_dummy_value()
+
+        return types.void(wi, wo, wd, wdo, xq, xo, xd, xs, so, nb, cols, res), codegen
+
+    return q8_0_group
+
+
+q8_0_group1, q8_0_group4 = _q8_0_group(1), _q8_0_group(4)
+
+
+@intrinsic
+def q2_k_dot(typingctx, raw, o, xq, xo):
+    """One Q2_K block at raw[o] times the int8 codes xq[xo:xo+256] without a decoded copy:
+    sum_j scale_j * dot16_j, the same exact integer as q2_k_unpack + dot_i16_256 (for decode).
+    The products code * scale (<= 45) are unsigned bytes: the 4-way u8 x s8 dot applies."""
+    def codegen(context, builder, sig, args):
+        base = _ptr(context, builder, sig.args[0], args[0], args[1])
+        px = _ptr(context, builder, sig.args[2], args[2], args[3])
+        scales = builder.and_(_load(builder, base, _I8, 16), _const(_I8, [15] * 16))
+        qs = _load(builder, builder.gep(base, [ir.Constant(_I64, 16)]), _I8, 64)
+        acc = ir.Constant(_vec(_I32, 16), [0] * 16)
+        for s in range(4):  # as in q2_k_unpack: 64 weights per shift, inputs 32s.. and 128 + 32s..
+            codes = builder.and_(builder.lshr(qs, _const(_I8, [2 * s] * 64)), _const(_I8, [3] * 64))
+            sc = _shuffle(builder, scales, scales, [(p // 32) * 8 + 2 * s + (p % 32 >= 16) for p in range(64)])
+            lo = _load(builder, builder.gep(px, [ir.Constant(_I64, 32 * s)]), _I8, 32)
+            hi = _load(builder, builder.gep(px, [ir.Constant(_I64, 128 + 32 * s)]), _I8, 32)
+            acc = _dot4(builder, acc, builder.mul(codes, sc), _shuffle(builder, lo, hi, range(64)))
+        return _reduce(builder, acc, 16)
+
+    return types.int32(raw, o, xq, xo), codegen
+
+
+@intrinsic
+def q4_k_dot(typingctx, raw, o, xq, xo, mins, mo):
+    """One Q4_K block at raw[o] times the int8 codes xq[xo:xo+256] without a decoded copy:
+    sum_j scale_j * dot32_j (the mins to mins[mo:mo+8], as q4_k_unpack), the same exact integer
+    as q4_k_unpack + dot_i16_256 (for decode). Chunk c's low and high nibbles (sub-blocks 2c and
+    2c + 1, inputs 64c..64c+63) meet 64 contiguous codes in one 4-way dot: lanes 0..7 sum the low
+    sub-block, 8..15 the high one, then each lane is scaled by its sub-block's scale."""
+    def codegen(context, builder, sig, args):
+        base = _ptr(context, builder, sig.args[0], args[0], args[1])
+        px = _ptr(context, builder, sig.args[2], args[2], args[3])
+        scales = builder.zext(_q4_k_scales_mins(context, builder, base, sig.args[4], args[4], args[5]), _vec(_I32, 8))
+        acc = None
+        for c in range(4):
+            v = _load(builder, builder.gep(base, [ir.Constant(_I64, 16 + 32 * c)]), _I8, 32)
+            codes = _shuffle(builder, builder.and_(v, _const(_I8, [15] * 32)), builder.lshr(v, _const(_I8, [4] * 32)),
+                             range(64))
+            x = _load(builder, builder.gep(px, [ir.Constant(_I64, 64 * c)]), _I8, 64)
+            part = _dot4(builder, ir.Constant(_vec(_I32, 16), [0] * 16), codes, x)
+            part = builder.mul(part, _shuffle(builder, scales, scales, [2 * c + (lane >= 8) for lane in range(16)]))
+            acc = part if acc is None else builder.add(acc, part)
+        return _reduce(builder, acc, 16)
+
+    return types.int32(raw, o, xq, xo, mins, mo), codegen
+
+
+@intrinsic
+def iq2_xxs_dot(typingctx, raw, o, grid, xq, xo):
+    """One IQ2_XXS block at raw[o] times the int8 codes xq[xo:xo+256] without a decoded copy:
+    sum over groups g of (2 s_g + 1) * sum_i |grid value_i| * (x_i with the weight's sign), the
+    same exact integer as iq2_xxs_unpack + dot_i16_256 (used for decode, where a decoded block
+    would serve one token only). The signs go onto the activations, so the products are unsigned
+    magnitudes (<= 43) times signed codes: the 4-way u8 x s8 dot instruction where the CPU has it."""
+    def codegen(context, builder, sig, args):
+        base = _ptr(context, builder, sig.args[0], args[0], args[1])
+        mags, negative = _iq2_magnitudes_signs(context, builder, sig.args[2], args[2], base)
+        x = _load(builder, _ptr(context, builder, sig.args[3], args[3], args[4]), _I8, 256)
+        xs = builder.select(negative, builder.sub(_const(_I8, [0] * 256), x), x)
+        words = _load(builder, builder.gep(base, [ir.Constant(_I64, 2)]), _I32, 16)
+        b = _shuffle(builder, words, words, range(1, 16, 2))
+        ls = builder.add(builder.shl(builder.lshr(b, _const(_I32, [28] * 8)), _const(_I32, [1] * 8)), _const(_I32, [1] * 8))
+        if _VNNI:
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_vec(_I32, 16), [_vec(_I32, 16)] * 3), "llvm.x86.avx512.vpdpbusd.512")
+            acc = None
+            for h in range(4):  # groups 2h and 2h + 1: lanes 0..7 and 8..15
+                m = builder.bitcast(_shuffle(builder, mags, mags, range(64 * h, 64 * h + 64)), _vec(_I32, 16))
+                v = builder.bitcast(_shuffle(builder, xs, xs, range(64 * h, 64 * h + 64)), _vec(_I32, 16))
+                part = builder.call(fn, [ir.Constant(_vec(_I32, 16), [0] * 16), m, v])
+                scale = _shuffle(builder, ls, ls, [2 * h + (lane >= 8) for lane in range(16)])
+                part = builder.mul(part, scale)
+                acc = part if acc is None else builder.add(acc, part)
+            return _reduce(builder, acc, 16)
+        total = ir.Constant(_I32, 0)
+        for g in range(8):
+            m = builder.zext(_shuffle(builder, mags, mags, range(32 * g, 32 * g + 32)), _vec(_I32, 32))
+            v = builder.sext(_shuffle(builder, xs, xs, range(32 * g, 32 * g + 32)), _vec(_I32, 32))
+            dot = _reduce(builder, builder.mul(m, v), 32)
+            total = builder.add(total, builder.mul(dot, builder.extract_element(ls, ir.Constant(_I32, g))))
+        return total
+
+    return types.int32(raw, o, grid, xq, xo), codegen
+
+
+_jit = njit(nogil=True, cache=True)
+
+
+# ---- activations ------------------------------------------------------------------------------
+
+
+@_jit
+def quantize_q8_0(x, xq, xd, xs):
+    """x [n, cols] f32 (cols % 32 == 0) -> xq [n, cols] int8, xd [n, cols // 32] f32,
+    xs [n, cols // 32] int32 (each block's code sum)."""
+    n, cols = x.shape
+    for t in range(n):
+        for b in range(cols // 32):
+            o = b * 32
+            amax = np.float32(0.0)
+            for i in range(32):
+                a = abs(x[t, o + i])
+                if a > amax:
+                    amax = a
+            d = amax / np.float32(127.0)
+            inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
+            xd[t, b] = d
+            for i in range(32):
+                v = np.rint(x[t, o + i] * inv)
+                v = min(max(v, np.float32(-128.0)), np.float32(127.0))
+                xq[t, o + i] = np.int8(v)
+            s = 0
+            for i in range(32):
+                s += np.int32(xq[t, o + i])
+            xs[t, b] = s
+
+
+@_jit
+def quantize_q8_k(x, xq, xd, bsums, x16):
+    """x [n, cols] f32 (cols % 256 == 0) -> xq [n, cols] int8, xd [n, cols // 256] f32,
+    bsums [n, cols // 16] int32, x16 [n, cols] int16 (xq widened, for the 16-bit products)."""
+    n, cols = x.shape
+    for t in range(n):
+        for b in range(cols // 256):
+            o = b * 256
+            amax = np.float32(0.0)
+            m = np.float32(0.0)
+            for i in range(256):
+                a = abs(x[t, o + i])
+                if a > amax:
+                    amax = a
+                    m = x[t, o + i]
+            if amax == 0:
+                xd[t, b] = 0.0
+                for i in range(256):
+                    xq[t, o + i] = 0
+                for j in range(16):
+                    bsums[t, b * 16 + j] = 0
+                continue
+            iscale = np.float32(-127.0) / m
+            for i in range(256):
+                v = np.rint(iscale * x[t, o + i])
+                v = min(max(v, np.float32(-128.0)), np.float32(127.0))
+                xq[t, o + i] = np.int8(v)
+            for j in range(16):
+                s = 0
+                for i in range(16):
+                    s += np.int32(xq[t, o + 16 * j + i])
+                bsums[t, b * 16 + j] = s
+            xd[t, b] = np.float32(1.0) / iscale
+        widen_s8(xq, t * cols, x16, t * cols, cols)
+
+
+# ---- products ---------------------------------------------------------------------------------
+# Each kernel walks its rows one at a time: the row's blocks are decoded once (into `buf`, in
+# L1) and then multiplied with the activations of tokens t0..t1, so a batch reads each weight
+# once. Offsets passed to the intrinsics above are flat element offsets into C-contiguous arrays.
+
+Q8_0, Q2_K, Q4_K, IQ2_XXS = 8, 10, 12, 16  # GGML type ids (quant.py)
+# Up to this many tokens on a row range, rows are multiplied straight from their blocks
+# (iq2_xxs_dot, q2_k_dot, q4_k_dot); more, and decoding each block once to 16-bit weights pays.
+# Measured on one core at Flash's expert shapes (bench/experts.py's machine): the decoded path
+# costs about two fused tokens for IQ2_XXS, three for Q2_K, eight for Q4_K.
+IQ2_FUSED_TOKENS, Q2_FUSED_TOKENS, Q4_FUSED_TOKENS = 1, 3, 8
+
+
+@_jit
+def _q8_0_rows(wi, wd, xq, xd, xs, out, r0, r1, t0, t1):
+    # wi [groups, nb * 512] uint8: 16 rows interleaved (the Q8_0 layout, codes + 128),
+    # wd [groups, nb * 16] f32; xs: the activation blocks' code sums (sum (q + 128) * x - 128 *
+    # sum x = sum q * x). Tokens four at a time (the weights read once per four), then one by one.
+    rows = out.shape[1]
+    cols = xq.shape[1]
+    nb = cols // 32
+    res = np.empty(64, np.float32)
+    for g in range(r0 // 16, (r1 + 15) // 16):
+        lo, hi = max(r0, 16 * g), min(r1, 16 * g + 16, rows)
+        t = t0
+        while t < t1:
+            count = 4 if t + 4 <= t1 else 1
+            if count == 4:
+                q8_0_group4(wi, g * nb * 512, wd, g * nb * 16, xq, t * cols, xd, xs, t * nb, nb, cols, res)
+            else:
+                q8_0_group1(wi, g * nb * 512, wd, g * nb * 16, xq, t * cols, xd, xs, t * nb, nb, cols, res)
+            for j in range(count):
+                for r in range(lo, hi):
+                    out[t + j, r] = res[16 * j + r - 16 * g]
+            t += count
+
+
+@_jit
+def _half(row, at, f16):
+    return f16[np.int64(row[at]) | (np.int64(row[at + 1]) << 8)]
+
+
+@_jit
+def _q2_k_rows(raw, xq, x16, xd, bsums, out, r0, r1, t0, t1, f16):
+    # raw [rows, nb * 84] uint8 (Q2_K blocks), x16: the Q8_K codes widened to int16
+    cols = x16.shape[1]
+    nb = cols // 256
+    fused = t1 - t0 <= Q2_FUSED_TOKENS  # few tokens: no decoded copy (the same integers)
+    buf = np.empty(cols, np.int16)
+    for r in range(r0, r1):
+        row = raw[r]
+        rb = r * raw.shape[1]
+        if not fused:
+            for b in range(nb):
+                q2_k_unpack(row, 84 * b, buf, 256 * b)
+        for t in range(t0, t1):
+            acc = np.float32(0.0)
+            for b in range(nb):
+                if fused:
+                    isum = q2_k_dot(row, 84 * b, xq, t * cols + 256 * b)
+                else:
+                    isum = dot_i16_256(buf, 256 * b, x16, t * cols + 256 * b)
+                summs = dot_hi_nibble16(raw, rb + 84 * b, bsums, (t * nb + b) * 16)
+                dall = xd[t, b] * _half(row, 84 * b + 80, f16)
+                dmin = xd[t, b] * _half(row, 84 * b + 82, f16)
+                acc += dall * np.float32(isum) - dmin * np.float32(summs)
+            out[t, r] = acc
+
+
+@_jit
+def _q4_k_rows(raw, xq, x16, xd, bsums, out, r0, r1, t0, t1, f16):
+    # raw [rows, nb * 144] uint8 (Q4_K blocks)
+    cols = x16.shape[1]
+    nb = cols // 256
+    fused = t1 - t0 <= Q4_FUSED_TOKENS  # few tokens: no decoded copy (the same integers)
+    buf = np.empty(cols, np.int16)
+    mn = np.empty(nb * 8, np.int32)
+    for r in range(r0, r1):
+        row = raw[r]
+        if not fused:
+            for b in range(nb):
+                q4_k_unpack(row, 144 * b, buf, 256 * b, mn, 8 * b)
+        for t in range(t0, t1):
+            acc = np.float32(0.0)
+            for b in range(nb):
+                if fused:
+                    isum = q4_k_dot(row, 144 * b, xq, t * cols + 256 * b, mn, 8 * b)
+                else:
+                    isum = dot_i16_256(buf, 256 * b, x16, t * cols + 256 * b)
+                summs = 0
+                for j in range(8):
+                    summs += mn[8 * b + j] * (bsums[t, 16 * b + 2 * j] + bsums[t, 16 * b + 2 * j + 1])
+                dall = xd[t, b] * _half(row, 144 * b, f16)
+                dmin = xd[t, b] * _half(row, 144 * b + 2, f16)
+                acc += dall * np.float32(isum) - dmin * np.float32(summs)
+            out[t, r] = acc
+
+
+@_jit
+def _iq2_xxs_rows(raw, xq, x16, xd, out, r0, r1, t0, t1, f16, grid):
+    # raw [rows, nb * 66] uint8 (IQ2_XXS blocks), grid: iq2_xxs_unpack's table
+    cols = x16.shape[1]
+    nb = cols // 256
+    if t1 - t0 <= IQ2_FUSED_TOKENS:  # few tokens: no decoded copy (the same integers)
+        for r in range(r0, r1):
+            row = raw[r]
+            for t in range(t0, t1):
+                acc = np.float32(0.0)
+                for b in range(nb):
+                    bsum = iq2_xxs_dot(row, 66 * b, grid, xq, t * cols + 256 * b)
+                    acc += (_half(row, 66 * b, f16) * xd[t, b]) * np.float32(bsum)
+                out[t, r] = np.float32(0.125) * acc
+        return
+    buf = np.empty(cols, np.int16)
+    for r in range(r0, r1):
+        row = raw[r]
+        for b in range(nb):
+            iq2_xxs_unpack(row, 66 * b, grid, buf, 256 * b)
+        for t in range(t0, t1):
+            acc = np.float32(0.0)
+            for b in range(nb):
+                bsum = dot_i16_256(buf, 256 * b, x16, t * cols + 256 * b)
+                acc += (_half(row, 66 * b, f16) * xd[t, b]) * np.float32(bsum)
+            out[t, r] = np.float32(0.125) * acc
+
+
+@_jit
+def matrix_rows(kind, w, aux, xq, x16, xd, xs, out, r0, r1, t0, t1, f16, grid):
+    """out[t, r] for rows r0..r1 and tokens t0..t1 of a quantised matrix of GGML type `kind`.
+
+    w uint8: Q8_0 codes + 128 in the interleaved layout [row groups of 16, ...] (then aux =
+    the f32 block scales [groups, nb * 16]; row ranges must start at a multiple of 16), or the
+    raw blocks [rows, ...] of the other types (aux unused). Activations (quantize_q8_0 /
+    quantize_q8_k's): xq int8, x16 int16 (Q8_K only), xd f32 scales, xs int32 sums (Q8_0: per
+    block of 32; Q8_K: bsums per 16). f16: the f16 -> f32 table; grid: the IQ2_XXS grid.
+    """
+    if kind == Q8_0:
+        _q8_0_rows(w, aux, xq, xd, xs, out, r0, r1, t0, t1)
+    elif kind == Q2_K:
+        _q2_k_rows(w, xq, x16, xd, xs, out, r0, r1, t0, t1, f16)
+    elif kind == Q4_K:
+        _q4_k_rows(w, xq, x16, xd, xs, out, r0, r1, t0, t1, f16)
+    else:
+        _iq2_xxs_rows(w, xq, x16, xd, out, r0, r1, t0, t1, f16, grid)
+
+
+@_jit
+def expert_rows(kind, w, aux, used, starts, xq, x16, xd, xs, out, r0, r1, f16, grid):
+    """matrix_rows over routed experts: w / aux [n_experts, rows, ...]; expert used[i] takes
+    the activation rows starts[i]..starts[i+1] (the call's (token, slot) pairs grouped by expert)."""
+    for i in range(used.shape[0]):
+        e = used[i]
+        matrix_rows(kind, w[e], aux[e], xq, x16, xd, xs, out, r0, r1, starts[i], starts[i + 1], f16, grid)
+
+
+@_jit
+def dense_rows(w, x, out, r0, r1):
+    """w [rows, cols] f32, or f16 as uint16 bits -> out[:, r0:r1] (dot_f32_lanes's order)."""
+    n, cols = x.shape
+    for r in range(r0, r1):
+        for t in range(n):
+            out[t, r] = dot_f32_lanes(w, r * cols, x, t * cols, cols)

@@ -1,0 +1,344 @@
+"""The fast CPU kernel set's matrices: quantised activations, integer dot products, every core.
+
+    m = QuantMatrix.from_blocks(raw, ggml_type, rows, cols)   # GGUF bytes (an mmap view is fine)
+    m = QuantMatrix.from_dense(w)                              # F16/F32 [rows, cols]
+    y = m.matmul(x)                                            # x [n, cols] f32 -> [n, rows] f32
+    e = ExpertMatrix.from_blocks(raw, ggml_type, n_experts, rows, cols)
+    y = e.matmul(x, ids)                # x [n, cols] or [n, k, cols], ids [n, k] -> [n, k, rows]
+    g, u = gate.matmul_pair(up, x, ids)  # two tensors, one activation rounding
+    y = routed_ffn(gate, up, down, x, ids, weights, clamp)  # a layer's routed experts -> [n, dim]
+
+A grouped product (attention's output projection A: group g's rows take group g's input) is an
+ExpertMatrix with one "expert" per group: matmul(x [n, G, cols], ids = [[0, 1, ..., G-1]] * n).
+
+The exact float32 path (weights.Linear, experts/cpu.py) stays the reference; this is the fast
+set. docs/numerics-fast-cpu.md is its contract; in short:
+  * activations are rounded per block to 8 bits as ds4's CPU path rounds them (Q8_0-style blocks
+    of 32 for Q8_0 weights, Q8_K-style blocks of 256 for Q2_K, Q4_K and IQ2_XXS), and each block
+    product is an exact integer sum scaled by one float multiply (qkernels.py has the formulas);
+  * deterministic, and independent of the thread count, the row split and the batch: row r of
+    token t is computed by the same code in the same order whatever else shares the call, so
+    decode equals a one-token prefill bit for bit and a chunked prefill equals an unchunked one
+    (chunk invariance holds for the products);
+  * F16/F32 matrices are multiplied in float32 (no activation rounding), in a fixed lane order;
+  * agreement with the dequantised float32 product: within `activation_error_bound` for every
+    output (about 1 % of the largest output with gaussian activations), held by
+    tests/engine/test_qmatrix.py on random blocks and on the test models' tensors.
+Memory: Q8_0 repacked (36 bytes per 32 weights, the file has 34); the other block types used in
+place from the caller's bytes (the file's map); F16 kept as F16.
+
+Threads: a product's output rows are split into `device.cpu_parts()` contiguous ranges, one per
+worker thread (experts/cpu.py's pool; the kernels release the GIL). Small products run on the
+calling thread (the result is the same).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from ds4agent.engine import device, ops, quant
+from ds4agent.engine.errors import EngineError
+from ds4agent.engine.experts import cpu as cpu_experts
+
+F32, F16 = 0, 1
+BLOCK_TYPES = (quant.Q8_0, quant.Q2_K, quant.Q4_K, quant.IQ2_XXS)
+# Multiply-adds below which a product runs on the calling thread: handing work to the pool
+# costs tens of microseconds, more than a small product.
+_PARALLEL_MIN_MACS = 1 << 18
+
+
+class QuantMatrixError(EngineError):
+    """A matrix or an input that the fast kernels cannot take (type, shape, dtype)."""
+
+
+def _kernels():
+    """qkernels, imported on first use (numba loads its cached machine code then)."""
+    from ds4agent.engine import qkernels
+
+    return qkernels
+
+
+@functools.lru_cache(maxsize=1)
+def _tables() -> tuple[np.ndarray, np.ndarray]:
+    """(f16 -> f32 for all 65,536 bit patterns, the IQ2_XXS grid of qkernels.iq2_xxs_unpack: 256
+    rows of 8 magnitudes, one uint64 each)."""
+    f16 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    grid, _ = quant.iq2xxs_tables()
+    return f16, np.ascontiguousarray(grid.astype(np.uint8).reshape(256, 8)).view(np.uint64).reshape(-1)
+
+
+def _as_blocks(raw: Any, qtype: int, n_rows: int, cols: int) -> np.ndarray:
+    """raw GGUF bytes -> a uint8 [n_rows, row_bytes] view (no copy when raw is contiguous)."""
+    if qtype not in BLOCK_TYPES:
+        raise QuantMatrixError(f"no fast CPU kernel for {quant.type_name(qtype)}")
+    try:
+        rb = quant.row_bytes(qtype, cols)
+    except quant.QuantError as err:
+        raise QuantMatrixError(str(err)) from None
+    buf = np.asarray(raw)
+    if buf.dtype != np.uint8 or buf.size != n_rows * rb:
+        raise QuantMatrixError(f"{quant.type_name(qtype)} data for {n_rows} rows of {cols} must be "
+                               f"{n_rows * rb} uint8 bytes, got {buf.size} ({buf.dtype})")
+    return np.ascontiguousarray(buf.reshape(n_rows, rb))
+
+
+def _repack_q8_0(blocks: np.ndarray, n_mats: int, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q8_0 rows [n_mats * rows, nb * 34] -> qkernels' interleaved Q8_0 layout per matrix: codes + 128
+    as uint8 [n_mats, groups, nb * 512] (groups of 16 rows; a last partial group padded with
+    zero weights), f16 scales widened once (exact) to f32 [n_mats, groups, nb * 16]."""
+    nb, groups = cols // 32, -(-rows // 16)
+    b = blocks.reshape(n_mats, rows, nb, 34)
+    codes = np.full((n_mats, groups * 16, nb, 32), 0x80, np.uint8)
+    codes[:, :rows] = b[..., 2:] ^ np.uint8(0x80)  # + 128: unsigned codes times signed activations
+    scales = np.zeros((n_mats, groups * 16, nb), np.float32)
+    scales[:, :rows] = np.ascontiguousarray(b[..., :2]).view(np.float16)[..., 0]
+    # [m, g, 16 rows, nb, 8 runs, 4] -> [m, g, nb, 8 runs, 16 rows, 4]
+    codes = codes.reshape(n_mats, groups, 16, nb, 8, 4).transpose(0, 1, 3, 4, 2, 5)
+    scales = scales.reshape(n_mats, groups, 16, nb).transpose(0, 1, 3, 2)
+    return (np.ascontiguousarray(codes).reshape(n_mats, groups, nb * 512),
+            np.ascontiguousarray(scales).reshape(n_mats, groups, nb * 16))
+
+
+def _check_input(x: Any, cols: int) -> np.ndarray:
+    xa = np.asarray(x)
+    if xa.ndim != 2 or xa.shape[1] != cols:
+        raise QuantMatrixError(f"input must be [n, {cols}], got {list(xa.shape)}")
+    return np.ascontiguousarray(xa, dtype=np.float32)
+
+
+class Activations:
+    """One call's inputs rounded once for every row of the product (see qkernels): xq int8 codes,
+    xd f32 block scales, xs int32 sums (Q8_0: per block of 32; Q8_K: per 16), x16 the codes
+    widened to int16 (Q8_K only); `x` the float inputs (dense matrices use them as they are)."""
+
+    __slots__ = ("kind", "x", "xq", "x16", "xd", "xs")
+
+    def __init__(self, x: np.ndarray, kind: str):
+        n, cols = x.shape
+        self.kind, self.x = kind, x
+        self.xq, self.x16 = np.empty((n, cols), np.int8), _NO_X16
+        if kind == "q8_0":
+            self.xd = np.empty((n, cols // 32), np.float32)
+            self.xs = np.empty((n, cols // 32), np.int32)
+            _kernels().quantize_q8_0(x, self.xq, self.xd, self.xs)
+        elif kind == "q8_k":
+            self.xd = np.empty((n, cols // 256), np.float32)
+            self.xs = np.empty((n, cols // 16), np.int32)
+            self.x16 = np.empty((n, cols), np.int16)
+            _kernels().quantize_q8_k(x, self.xq, self.xd, self.xs, self.x16)
+
+    def take(self, rows: np.ndarray) -> Activations:
+        """The activations of input rows `rows` (a gather: rounding again would give the same)."""
+        out = Activations.__new__(Activations)
+        out.kind, out.x = self.kind, self.x[rows]
+        if self.kind != "f32":
+            out.xq, out.xd, out.xs = self.xq[rows], self.xd[rows], self.xs[rows]
+            out.x16 = self.x16[rows] if self.kind == "q8_k" else _NO_X16
+        return out
+
+
+_NO_X16 = np.zeros((1, 1), np.int16)  # the int16 codes a Q8_0 product does not use
+
+
+def _activation_kind(qtype: int) -> str:
+    if qtype == quant.Q8_0:
+        return "q8_0"
+    if qtype in (quant.Q2_K, quant.Q4_K, quant.IQ2_XXS):
+        return "q8_k"
+    return "f32"
+
+
+def _run_rows(fn, rows: int, work: int, align: int = 1) -> None:
+    """fn(r0, r1) over [0, rows) split into one contiguous range per worker thread (each range
+    starting at a multiple of `align`)."""
+    units = -(-rows // align)
+    parts = max(1, min(device.cpu_parts(), units))
+    if parts == 1 or work < _PARALLEL_MIN_MACS:
+        fn(0, rows)
+        return
+    cuts = [min(rows, units * i // parts * align) for i in range(parts + 1)]
+    cpu_experts.workers(parts).run([functools.partial(fn, cuts[i], cuts[i + 1]) for i in range(parts)])
+
+
+def activation_error_bound(ggml_type: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The contract's bound on |fast product - x @ w.T| (float64 [n, rows]) for dequantised
+    weights w [rows, cols] and inputs x [n, cols] (computed in numpy, independently of the kernels).
+
+    Rounding an activation block of the type's size (32 for Q8_0, 256 otherwise) with step
+    d = max|x|/127 moves each element by at most d/2, so the integer product is the exact product
+    of w with an x' where |x - x'| <= d/2 element-wise: |w| @ (d/2) bounds that part. The float
+    steps (the per-block scale multiplies and the in-order accumulation, and the weights' own
+    rounding in the dequantiser) add at most (blocks + 8) * 2^-23 * (|w| @ |x|) with a factor of
+    two to spare. Dense (F16/F32) matrices round no activation: only the float part applies.
+    """
+    w64 = np.abs(np.asarray(w, dtype=np.float64))
+    x64 = np.asarray(x, dtype=np.float64)
+    n, cols = x64.shape
+    if ggml_type in BLOCK_TYPES:
+        size = 32 if ggml_type == quant.Q8_0 else 256
+        amax = np.abs(x64).reshape(n, cols // size, size).max(axis=2)
+        step = np.repeat(amax / 127.0, size, axis=1) * (0.5 * (1 + 2.0 ** -20))
+        blocks = cols // size
+    else:
+        step = np.zeros_like(x64)
+        blocks = cols // 16
+    return step @ w64.T + (blocks + 8) * 2.0 ** -23 * (np.abs(x64) @ w64.T) + 1e-30
+
+
+class QuantMatrix:
+    """A [rows, cols] weight matrix for the fast CPU products (see the module docstring).
+
+    Storage: Q8_0 is repacked at load into groups of 16 interleaved rows (codes + 128, uint8) and
+    f32 scales (36 bytes per 32 weights, the file's 34 plus 2, and a last group padded to 16
+    rows; nbytes counts it); Q2_K, Q4_K and IQ2_XXS are
+    used in place (a view of `raw`: the file's pages, nbytes 0); F16/F32 are held as they are.
+    """
+
+    def __init__(self, ggml_type: int, rows: int, cols: int, w: np.ndarray, aux: np.ndarray, nbytes: int):
+        self.ggml_type, self.rows, self.cols = int(ggml_type), int(rows), int(cols)
+        self.w, self.aux = w, aux  # see qkernels.matrix_rows
+        self.nbytes = int(nbytes)
+        self.kind = _activation_kind(self.ggml_type)
+        self.align = 16 if self.ggml_type == quant.Q8_0 else 1  # Q8_0 rows come in groups of 16
+
+    @classmethod
+    def from_blocks(cls, raw: Any, ggml_type: int, rows: int, cols: int) -> QuantMatrix:
+        """raw: the tensor's GGUF bytes (uint8, e.g. a view of the file's memory map)."""
+        blocks = _as_blocks(raw, ggml_type, rows, cols)
+        if ggml_type == quant.Q8_0:
+            codes, scales = _repack_q8_0(blocks, 1, rows, cols)
+            return cls(ggml_type, rows, cols, codes[0], scales[0], codes.nbytes + scales.nbytes)
+        return cls(ggml_type, rows, cols, blocks, np.zeros((1, 1), np.float32), 0)
+
+    @classmethod
+    def from_dense(cls, w: Any) -> QuantMatrix:
+        """w: f16 or f32 [rows, cols]; multiplied in float32 (f16 widened exactly in the kernel).
+        Kept as given (nbytes counts it: 2 or 4 bytes per weight; a view when already C-contiguous)."""
+        wa = np.asarray(w)
+        if wa.ndim != 2 or wa.dtype not in (np.float16, np.float32):
+            raise QuantMatrixError(f"a dense matrix must be f16/f32 [rows, cols], got {list(wa.shape)} ({wa.dtype})")
+        if wa.dtype == np.float16:  # kept as f16 (its bits as uint16), widened in the kernel
+            w = np.ascontiguousarray(wa).view(np.uint16)
+            return cls(F16, wa.shape[0], wa.shape[1], w, np.zeros((1, 1), np.float32), w.nbytes)
+        w = np.ascontiguousarray(wa)
+        return cls(F32, wa.shape[0], wa.shape[1], w, np.zeros((1, 1), np.float32), w.nbytes)
+
+    def matmul(self, x: Any) -> np.ndarray:
+        """x [n, cols] float32 -> [n, rows] float32."""
+        xa = _check_input(x, self.cols)
+        out = np.empty((xa.shape[0], self.rows), np.float32)
+        if xa.shape[0]:
+            act = Activations(xa, self.kind)
+            _run_rows(functools.partial(self.rows_into, act, out), self.rows, out.size * self.cols, self.align)
+        return out
+
+    def rows_into(self, act: Activations, out: np.ndarray, r0: int, r1: int) -> None:
+        """out[t, r] for rows r0..r1 and every token t of `act` (prepared for this matrix)."""
+        k = _kernels()
+        if self.kind == "f32":
+            k.dense_rows(self.w, act.x, out, r0, r1)
+            return
+        f16, grid = _tables()
+        k.matrix_rows(self.ggml_type, self.w, self.aux, act.xq, act.x16, act.xd, act.xs, out, r0, r1,
+                      0, out.shape[0], f16, grid)
+
+
+class ExpertMatrix:
+    """Routed experts [n_experts, rows, cols]. K-quant and IQ2_XXS blocks are used in place (a
+    view of `raw`: only the experts a call selects are read; nbytes 0, the file's pages); Q8_0
+    experts are repacked as QuantMatrix does (nbytes counts the copy)."""
+
+    def __init__(self, ggml_type: int, n_experts: int, rows: int, cols: int, w: np.ndarray, aux: np.ndarray,
+                 nbytes: int):
+        self.ggml_type, self.n_experts, self.rows, self.cols = int(ggml_type), int(n_experts), int(rows), int(cols)
+        self.w, self.aux = w, aux  # [n_experts, ...] each (aux [n_experts, 1, 1] where unused)
+        self.nbytes = int(nbytes)
+        self.kind = _activation_kind(self.ggml_type)
+        self.align = 16 if self.ggml_type == quant.Q8_0 else 1
+
+    @classmethod
+    def from_blocks(cls, raw: Any, ggml_type: int, n_experts: int, rows: int, cols: int) -> ExpertMatrix:
+        blocks = _as_blocks(raw, ggml_type, n_experts * rows, cols)
+        if ggml_type == quant.Q8_0:
+            codes, scales = _repack_q8_0(blocks, n_experts, rows, cols)
+            return cls(ggml_type, n_experts, rows, cols, codes, scales, codes.nbytes + scales.nbytes)
+        return cls(ggml_type, n_experts, rows, cols, blocks.reshape(n_experts, rows, -1),
+                   np.zeros((n_experts, 1, 1), np.float32), 0)
+
+    def expert(self, e: int) -> QuantMatrix:
+        """Expert e as a QuantMatrix (a view of its part of the storage)."""
+        aux = self.aux[e] if self.ggml_type == quant.Q8_0 else self.aux[0]
+        return QuantMatrix(self.ggml_type, self.rows, self.cols, self.w[e], aux, 0)
+
+    def matmul(self, x: Any, ids: Any) -> np.ndarray:
+        """x [n, cols] (one input per token) or [n, k, cols] (one per slot) float32, ids [n, k]
+        -> [n, k, rows]: out[t, j] = W[ids[t, j]] @ x[t] (or x[t, j])."""
+        return self.matmul_many((self,), x, ids)[0]
+
+    def matmul_pair(self, other: ExpertMatrix, x: Any, ids: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(self.matmul(x, ids), other.matmul(x, ids)), bit for bit, from one rounding of x and
+        one hand-off to the worker threads (a layer's gate and up projections)."""
+        a, b = self.matmul_many((self, other), x, ids)
+        return a, b
+
+    def matmul_many(self, mats: tuple[ExpertMatrix, ...], x: Any, ids: Any) -> list[np.ndarray]:
+        """matmul of each of `mats` (same type and shape as self) over the same x and ids."""
+        if any((m.ggml_type, m.rows, m.cols) != (self.ggml_type, self.rows, self.cols) for m in mats):
+            raise QuantMatrixError("matrices multiplied together must share type and shape")
+        ida = np.asarray(ids)
+        if ida.ndim != 2 or not np.issubdtype(ida.dtype, np.integer):
+            raise QuantMatrixError(f"expert ids must be integer [n, k], got {list(ida.shape)} ({ida.dtype})")
+        n, k = ida.shape
+        xa = np.asarray(x)
+        if xa.shape not in ((n, self.cols), (n, k, self.cols)):
+            raise QuantMatrixError(f"expert input must be [{n}, {self.cols}] or [{n}, {k}, {self.cols}], "
+                                   f"got {list(xa.shape)}")
+        flat = ida.reshape(-1).astype(np.int64)
+        if flat.size and (flat.min() < 0 or flat.max() >= self.n_experts):
+            raise QuantMatrixError(f"expert id out of range 0..{self.n_experts - 1}")
+        if not flat.size:
+            return [np.empty((n, k, self.rows), np.float32) for _ in mats]
+        used, inverse = np.unique(flat, return_inverse=True)
+        order = np.argsort(inverse, kind="stable")  # pairs grouped by expert, in pair order
+        starts = np.concatenate([[0], np.cumsum(np.bincount(inverse, minlength=len(used)))]).astype(np.int64)
+        rows_of = order if xa.ndim == 3 else order // k  # the input row of each grouped pair
+        act = Activations(np.ascontiguousarray(xa.reshape(-1, self.cols), dtype=np.float32), self.kind)
+        if len(rows_of) != act.x.shape[0] or np.any(rows_of != np.arange(len(rows_of))):
+            act = act.take(rows_of)
+        grouped = [np.empty((n * k, self.rows), np.float32) for _ in mats]
+        f16, grid = _tables()
+        kern = _kernels()
+
+        def part(r0: int, r1: int) -> None:
+            for m, out in zip(mats, grouped, strict=True):
+                kern.expert_rows(m.ggml_type, m.w, m.aux, used, starts, act.xq, act.x16, act.xd, act.xs, out,
+                                 r0, r1, f16, grid)
+
+        _run_rows(part, self.rows, len(mats) * n * k * self.rows * self.cols, self.align)
+        results = []
+        for out in grouped:
+            res = np.empty_like(out)
+            res[order] = out
+            results.append(res.reshape(n, k, self.rows))
+        return results
+
+
+def routed_ffn(gate: ExpertMatrix, up: ExpertMatrix, down: ExpertMatrix, x: Any, ids: Any, weights: Any,
+               clamp: float) -> np.ndarray:
+    """A layer's routed experts in one call: x [n, dim] f32, ids [n, k], weights [n, k] f32 ->
+    [n, dim] f32 = sum over slots j (in selection order) of
+    down[ids[:, j]] @ (swiglu(gate[ids[:, j]] @ x, up[ids[:, j]] @ x, clamp) * weights[:, j]),
+    the SwiGLU and the weighting computed by ops.swiglu and an f32 multiply as the model does.
+    Gate and up share one rounding of x and one hand-off to the worker threads."""
+    g, u = gate.matmul_pair(up, x, ids)
+    w = np.asarray(weights, dtype=np.float32)
+    mid = ops.swiglu(mx.array(g), mx.array(u), clamp) * mx.array(w)[:, :, None]
+    per_slot = down.matmul(np.asarray(mid, dtype=np.float32), ids)
+    total = per_slot[:, 0].copy()
+    for j in range(1, per_slot.shape[1]):
+        total += per_slot[:, j]
+    return total

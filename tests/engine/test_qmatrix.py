@@ -1,0 +1,344 @@
+"""The fast CPU kernel set (engine/qmatrix.py, qkernels.py) against its contract
+(docs/numerics-fast-cpu.md): every product within the stated bound of the dequantised float32
+product, deterministic, independent of the thread count and of the batch (decode = one-token
+prefill), the routed experts equal to their experts' single products."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from ds4agent.engine import ops, quant
+from ds4agent.engine.config import test_config
+from ds4agent.engine.device import cpu_parts
+from ds4agent.engine.experts.base import quant_experts
+from ds4agent.engine.experts.fast import FastExperts, fast_routed_ffn
+from ds4agent.engine.layout import tensor_table
+from ds4agent.engine.qmatrix import (
+    ExpertMatrix,
+    QuantMatrix,
+    QuantMatrixError,
+    activation_error_bound,
+    routed_ffn,
+)
+from ds4agent.testmodels import values as tm_values
+from tests.weights.conftest import random_blocks
+from tests.weights.quantmodel import _MAGNITUDE as MAGNITUDE
+from tests.weights.quantmodel import Q2_TYPES, Q4_TYPES, quant_config
+
+TYPES = (quant.Q8_0, quant.Q2_K, quant.Q4_K, quant.IQ2_XXS)
+
+
+def _matrix(rng, qtype: int, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """(raw blocks, dequantised float32 [rows, cols]) of a random valid matrix."""
+    block = quant.block_info(qtype)[0]
+    raw = random_blocks(rng, qtype, rows * cols // block).reshape(-1)
+    return raw, np.array(quant.dequantize(raw, qtype, (rows, cols)))
+
+
+def _inputs(rng, n: int, cols: int) -> np.ndarray:
+    # mixed magnitudes per block, a zero block and an exact tie of |max| (the awkward cases of
+    # the activation rounding)
+    x = (rng.standard_normal((n, cols)) * rng.choice([0.01, 1.0, 30.0], size=(n, 1))).astype(np.float32)
+    if cols >= 64:
+        x[0, :32] = 0.0
+        x[-1, 40], x[-1, 41] = 1000.0, -1000.0
+    return x
+
+
+def _check_bound(qtype: int, w: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
+    """Assert |y - x W^T| <= the stated bound element-wise; return the largest ratio to it."""
+    ref = x.astype(np.float64) @ w.T.astype(np.float64)
+    bound = activation_error_bound(qtype, w, x)
+    err = np.abs(y.astype(np.float64) - ref)
+    assert np.all(err <= bound), float(np.max(err - bound))
+    return float(np.max(err / np.maximum(bound, 1e-30)))
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=quant.type_name)
+@pytest.mark.parametrize(("rows", "cols", "n"), [(1, 256, 1), (37, 512, 7), (19, 768, 1), (64, 1024, 3)])
+def test_matmul_within_bound_of_dequantised_product(qtype, rows, cols, n):
+    rng = np.random.default_rng(rows * 1000 + n)
+    raw, w = _matrix(rng, qtype, rows, cols)
+    m = QuantMatrix.from_blocks(raw, qtype, rows, cols)
+    x = _inputs(rng, n, cols)
+    y = m.matmul(x)
+    assert y.shape == (n, rows) and y.dtype == np.float32
+    _check_bound(qtype, w, x, y)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=quant.type_name)
+def test_batch_rows_equal_single_token_products_bit_for_bit(qtype):
+    rng = np.random.default_rng(5)
+    raw, _ = _matrix(rng, qtype, 33, 512)
+    m = QuantMatrix.from_blocks(raw, qtype, 33, 512)
+    x = _inputs(rng, 9, 512)
+    batch = m.matmul(x)
+    for t in range(9):
+        assert np.array_equal(m.matmul(x[t : t + 1])[0], batch[t])
+    assert np.array_equal(m.matmul(x[3:7]), batch[3:7])  # a chunk of the batch
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=quant.type_name)
+def test_results_do_not_depend_on_thread_count(qtype, monkeypatch):
+    rng = np.random.default_rng(6)
+    raw, _ = _matrix(rng, qtype, 300, 1024)
+    m = QuantMatrix.from_blocks(raw, qtype, 300, 1024)
+    x = _inputs(rng, 4, 1024)
+    runs = []
+    for parts in (1, 2, 3):
+        monkeypatch.setattr("ds4agent.engine.device.cpu_parts", lambda p=parts: p)
+        runs.append(m.matmul(x))
+    assert np.array_equal(runs[0], runs[1]) and np.array_equal(runs[0], runs[2])
+    assert np.array_equal(runs[0], m.matmul(x))  # deterministic
+
+
+def _lane_order_product(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The dense contract's order, in numpy float32: 16 lane sums, then pairwise."""
+    w32, x32 = w.astype(np.float32), x.astype(np.float32)
+    out = np.empty((x.shape[0], w.shape[0]), np.float32)
+    for t in range(x.shape[0]):
+        for r in range(w.shape[0]):
+            lanes = np.zeros(16, np.float32)
+            for c in range(w.shape[1]):
+                lanes[c % 16] = lanes[c % 16] + w32[r, c] * x32[t, c]
+            for width in (8, 4, 2, 1):
+                lanes[:width] = lanes[:width] + lanes[width : 2 * width]
+            out[t, r] = lanes[0]
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_dense_matrix_sums_in_the_stated_order(dtype):
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((5, 100)).astype(dtype)  # 100 = 6 full chunks of 16 and a tail of 4
+    m = QuantMatrix.from_dense(w)
+    x = rng.standard_normal((3, 100)).astype(np.float32)
+    y = m.matmul(x)
+    assert np.array_equal(y, _lane_order_product(w, x))
+    _check_bound(0, w.astype(np.float32), x, y)
+    assert np.array_equal(m.matmul(x[1:2])[0], y[1])
+    assert m.nbytes == 5 * 100 * np.dtype(dtype).itemsize
+
+
+def test_q8_0_matrix_reports_its_repacked_bytes():
+    rng = np.random.default_rng(8)
+    raw, _ = _matrix(rng, quant.Q8_0, 32, 64)
+    assert QuantMatrix.from_blocks(raw, quant.Q8_0, 32, 64).nbytes == 32 * 64 + 32 * 2 * 4  # 36 per 32
+    raw, _ = _matrix(rng, quant.Q8_0, 4, 64)
+    assert QuantMatrix.from_blocks(raw, quant.Q8_0, 4, 64).nbytes == 16 * 64 + 16 * 2 * 4  # a padded group
+
+
+def test_bad_inputs_are_refused_clearly():
+    rng = np.random.default_rng(9)
+    raw, _ = _matrix(rng, quant.Q2_K, 2, 256)
+    with pytest.raises(QuantMatrixError, match="must be 168 uint8 bytes"):
+        QuantMatrix.from_blocks(raw[:-1], quant.Q2_K, 2, 256)
+    with pytest.raises(QuantMatrixError, match="multiple of 256"):
+        QuantMatrix.from_blocks(raw, quant.Q2_K, 2, 300)
+    m = QuantMatrix.from_blocks(raw, quant.Q2_K, 2, 256)
+    with pytest.raises(QuantMatrixError, match=r"input must be \[n, 256\]"):
+        m.matmul(np.zeros((1, 128), np.float32))
+    with pytest.raises(QuantMatrixError, match="no fast CPU kernel"):
+        QuantMatrix.from_blocks(raw, 2, 2, 256)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=quant.type_name)
+def test_routed_experts_equal_their_single_products(qtype):
+    rng = np.random.default_rng(10)
+    n_experts, rows, cols, n, k = 256, 24, 512, 5, 6
+    raw, _ = _matrix(rng, qtype, n_experts * rows, cols)
+    em = ExpertMatrix.from_blocks(raw, qtype, n_experts, rows, cols)
+    ids = np.stack([rng.choice(n_experts, k, replace=False) for _ in range(n)])
+    ids[1] = ids[0]  # two tokens on the same experts: grouped into one read
+    x = _inputs(rng, n, cols)
+    y = em.matmul(x, ids)
+    x3 = _inputs(rng, n * k, cols).reshape(n, k, cols)
+    y3 = em.matmul(x3, ids)
+    for t in range(n):
+        for j in range(k):
+            single = em.expert(int(ids[t, j]))
+            assert np.array_equal(y[t, j], single.matmul(x[t : t + 1])[0])
+            assert np.array_equal(y3[t, j], single.matmul(x3[t, j : j + 1])[0])
+    with pytest.raises(QuantMatrixError, match="out of range"):
+        em.matmul(x, np.full((n, k), n_experts))
+
+
+def test_fast_expert_backend_through_the_factory():
+    rng = np.random.default_rng(11)
+    raw, w = _matrix(rng, quant.IQ2_XXS, 8 * 16, 256)
+    ex = quant_experts(raw.reshape(8, 16, -1), quant.IQ2_XXS, (8, 16, 256), backend="fast")
+    x = _inputs(rng, 3, 256)
+    ids = np.array([[0, 7], [3, 3], [5, 1]])
+    out = np.array(ex.gather_matmul(mx.array(x), mx.array(ids)))
+    assert out.shape == (3, 2, 16)
+    w3 = w.reshape(8, 16, 256)
+    for t in range(3):
+        for j in range(2):
+            _check_bound(quant.IQ2_XXS, w3[ids[t, j]], x[t : t + 1], out[t, j][None])
+    assert cpu_parts() >= 1
+
+
+def test_gate_up_pair_equals_two_calls_and_routed_ffn_composes_them():
+    rng = np.random.default_rng(12)
+    n_experts, dim, ffn, n, k = 16, 512, 256, 4, 3
+    gate = ExpertMatrix.from_blocks(_matrix(rng, quant.IQ2_XXS, n_experts * ffn, dim)[0], quant.IQ2_XXS,
+                                    n_experts, ffn, dim)
+    up = ExpertMatrix.from_blocks(_matrix(rng, quant.IQ2_XXS, n_experts * ffn, dim)[0], quant.IQ2_XXS,
+                                  n_experts, ffn, dim)
+    down = ExpertMatrix.from_blocks(_matrix(rng, quant.Q2_K, n_experts * dim, ffn)[0], quant.Q2_K,
+                                    n_experts, dim, ffn)
+    x = _inputs(rng, n, dim)
+    ids = np.stack([rng.choice(n_experts, k, replace=False) for _ in range(n)])
+    wts = rng.uniform(0.1, 1.0, (n, k)).astype(np.float32)
+    g, u = gate.matmul_pair(up, x, ids)
+    assert np.array_equal(g, gate.matmul(x, ids)) and np.array_equal(u, up.matmul(x, ids))
+    clamp = 0.5
+    mid = np.array(ops.swiglu(mx.array(g), mx.array(u), clamp) * mx.array(wts)[:, :, None])
+    per_slot = down.matmul(mid, ids)
+    want = per_slot[:, 0] + per_slot[:, 1] + per_slot[:, 2]
+    assert np.array_equal(routed_ffn(gate, up, down, x, ids, wts, clamp), want)
+    fast = [FastExperts(m.w, m.ggml_type, (m.n_experts, m.rows, m.cols)) for m in (gate, up, down)]
+    got = fast_routed_ffn(*fast, mx.array(x), mx.array(ids), mx.array(wts), clamp)
+    assert np.array_equal(np.array(got), want)
+    pair = fast[0].gather_matmul_with(fast[1], mx.array(x), mx.array(ids))
+    assert np.array_equal(np.array(pair[0]), g) and np.array_equal(np.array(pair[1]), u)
+
+
+# The contract's measured agreement on the test models' own tensors (docs/numerics-fast-cpu.md):
+# max over tokens of max |y - ref| / max |ref|, with gaussian activations.
+REL_LIMIT = {"Q8_0": 0.02, "IQ2_XXS": 0.03, "Q2_K": 0.03, "Q4_K": 0.03, "F16": 1e-5}
+
+
+def _relative(y: np.ndarray, ref: np.ndarray) -> float:
+    return float((np.abs(y - ref).max(axis=1) / np.abs(ref).max(axis=1)).max())
+
+
+@pytest.mark.parametrize("base", ["tiny", "small"])
+def test_model_tensors_agree_with_the_dequantised_product(base):
+    cfg = test_config(base)
+    seen = set()
+    for i, spec in enumerate(tensor_table(cfg)):
+        # layers 0 and 2 (a hash and a compressed layer's kinds) and the head: every kind of matrix;
+        # the small model's largest (its vocabulary-wide head) is left to the tiny one
+        if len(spec.shape) != 2 or spec.ggml_type not in ("Q8_0", "F16") or spec.name == "token_embd.weight" \
+                or (spec.name.startswith("blk.") and not spec.name.startswith(("blk.0.", "blk.2."))) \
+                or spec.shape[0] * spec.shape[1] > 1 << 21:
+            continue
+        data = tm_values.encode(spec, tm_values.random_values(spec, cfg, np.random.default_rng(i)))
+        rows, cols = spec.shape
+        if spec.ggml_type == "Q8_0":
+            m = QuantMatrix.from_blocks(data.reshape(-1), quant.Q8_0, rows, cols)
+            w = np.array(quant.dequantize(data.reshape(-1), quant.Q8_0, (rows, cols)))
+        else:
+            m, w = QuantMatrix.from_dense(data), data.astype(np.float32)
+        x = np.random.default_rng(1).standard_normal((3, cols)).astype(np.float32)
+        y = m.matmul(x)
+        _check_bound(m.ggml_type, w, x, y)
+        assert _relative(y, x.astype(np.float64) @ w.T.astype(np.float64)) <= REL_LIMIT[spec.ggml_type], spec.name
+        seen.add(spec.ggml_type)
+    assert seen == {"Q8_0", "F16"}
+
+
+@pytest.mark.parametrize("base", ["tiny", "small"])
+@pytest.mark.parametrize("types", [Q2_TYPES, Q4_TYPES], ids=["q2", "q4"])
+def test_model_expert_tensors_agree_with_the_dequantised_product(base, types):
+    cfg = quant_config(base)
+    rng = np.random.default_rng(2)
+    for spec in tensor_table(cfg):
+        if spec.role not in types or not spec.name.startswith("blk.0."):
+            continue
+        qtype = types[spec.role]
+        n_experts, rows, cols = spec.shape
+        raw = random_blocks(rng, qtype, n_experts * rows * cols // 256,
+                            scale=0.5 / np.sqrt(cols) / MAGNITUDE[qtype]).reshape(-1)
+        em = ExpertMatrix.from_blocks(raw, qtype, n_experts, rows, cols)
+        w = np.array(quant.dequantize(raw, qtype, (n_experts, rows, cols)))
+        x = rng.standard_normal((3, cols)).astype(np.float32)
+        ids = np.stack([rng.choice(n_experts, cfg.n_experts_used, replace=False) for _ in range(3)])
+        y = em.matmul(x, ids)
+        for t in range(3):
+            for j in range(ids.shape[1]):
+                we = w[ids[t, j]]
+                _check_bound(qtype, we, x[t : t + 1], y[t, j][None])
+                ref = x[t : t + 1].astype(np.float64) @ we.T.astype(np.float64)
+                assert _relative(y[t, j][None], ref) <= REL_LIMIT[quant.type_name(qtype)], spec.name
+
+
+# ---- the contract's formulas, emulated in numpy float32 (written from ds4's portable C path) ----
+
+
+def _ds4_q8_0_activations(x: np.ndarray):
+    """ds4's quantize_q8_0_activation: d = amax/127, q = lrintf(x * (1/d)) clamped."""
+    blocks = x.reshape(-1, 32).astype(np.float32)
+    d = (np.abs(blocks).max(axis=1) / np.float32(127.0)).astype(np.float32)
+    inv = np.where(d != 0, np.float32(1.0) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    q = np.clip(np.rint(blocks * inv[:, None]), -128, 127).astype(np.int64)
+    return q.reshape(x.shape), d
+
+
+def _ds4_q8_k_activations(x: np.ndarray):
+    """ds4's ds4_quantize_row_q8_K: the first value of largest magnitude m, iscale = -127/m."""
+    blocks = x.reshape(-1, 256).astype(np.float32)
+    m = blocks[np.arange(len(blocks)), np.argmax(np.abs(blocks), axis=1)]
+    iscale = np.where(m != 0, np.float32(-127.0) / np.where(m != 0, m, 1), 0).astype(np.float32)
+    q = np.clip(np.rint(iscale[:, None] * blocks), -128, 127).astype(np.int64)
+    d = np.where(m != 0, np.float32(1.0) / np.where(iscale != 0, iscale, 1), 0).astype(np.float32)
+    return q.reshape(x.shape), d
+
+
+def _f16(b: np.ndarray) -> np.float32:
+    return np.float32(b[:2].copy().view(np.float16)[0])
+
+
+def _formula_row(qtype: int, row: np.ndarray, x: np.ndarray) -> np.float32:
+    """One output of the fast product, step by step in float32 (docs/numerics-fast-cpu.md)."""
+    acc = np.float32(0.0)
+    if qtype == quant.Q8_0:
+        q, d = _ds4_q8_0_activations(x)
+        for b in range(len(d)):
+            blk = row[34 * b : 34 * b + 34]
+            s = int(np.dot(blk[2:].view(np.int8).astype(np.int64), q[32 * b : 32 * b + 32]))
+            acc = np.float32(acc + np.float32(_f16(blk) * d[b]) * np.float32(s))
+        return acc
+    q, d = _ds4_q8_k_activations(x)
+    size = quant.block_info(qtype)[1]
+    w = np.array(quant.dequantize(row, qtype, (1, len(x))))[0]  # for the integer codes below
+    for b in range(len(d)):
+        blk, qb = row[size * b : size * (b + 1)], q[256 * b : 256 * (b + 1)]
+        if qtype == quant.IQ2_XXS:
+            # w = d * (0.5 + s) / 4 * signed grid: the integer (2s + 1) * grid = w * 8 / d exactly
+            ints = np.rint(w[256 * b : 256 * (b + 1)] * 8 / _f16(blk)).astype(np.int64)
+            acc = np.float32(acc + np.float32(_f16(blk) * d[b]) * np.float32(int(np.dot(ints, qb))))
+            continue
+        if qtype == quant.Q2_K:
+            sc, mn = blk[:16] & 15, blk[:16] >> 4
+            codes = np.concatenate([(blk[16 + 32 * h : 48 + 32 * h] >> (2 * s)) & 3 for h in range(2) for s in range(4)])
+            scale_of = np.repeat(sc, 16).astype(np.int64)
+            summs = int(np.dot(mn.astype(np.int64), qb.reshape(16, 16).sum(axis=1)))
+            dd, dmin = _f16(blk[80:]), _f16(blk[82:])
+        else:  # Q4_K
+            s = blk[4:16].astype(np.int64)
+            sc = np.array([s[j] & 63 if j < 4 else (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4) for j in range(8)])
+            mn = np.array([s[j + 4] & 63 if j < 4 else (s[j + 4] >> 4) | ((s[j] >> 6) << 4) for j in range(8)])
+            codes = np.concatenate([(blk[16 + 32 * c : 48 + 32 * c] >> (4 * p)) & 15 for c in range(4) for p in range(2)])
+            scale_of = np.repeat(sc, 32)
+            summs = int(np.dot(mn, qb.reshape(8, 32).sum(axis=1)))
+            dd, dmin = _f16(blk[0:]), _f16(blk[2:])
+        isum = int(np.dot(codes.astype(np.int64) * scale_of, qb))
+        acc = np.float32(acc + np.float32(np.float32(d[b] * dd) * np.float32(isum) - np.float32(d[b] * dmin)
+                                          * np.float32(summs)))
+    return np.float32(0.125) * acc if qtype == quant.IQ2_XXS else acc
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=quant.type_name)
+def test_products_follow_the_stated_formulas_bit_for_bit(qtype):
+    rng = np.random.default_rng(13)
+    rows, cols = 5, 512
+    raw, _ = _matrix(rng, qtype, rows, cols)
+    x = _inputs(rng, 3, cols)
+    y = QuantMatrix.from_blocks(raw, qtype, rows, cols).matmul(x)
+    per_row = raw.reshape(rows, -1)
+    want = np.array([[_formula_row(qtype, per_row[r], x[t]) for r in range(rows)] for t in range(3)], np.float32)
+    assert np.array_equal(y, want)
