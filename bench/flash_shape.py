@@ -90,7 +90,11 @@ def decode_products(engine: Engine, n_tokens: int):
         for hc in (lw.hc_attn, lw.hc_ffn):
             out.append(("hc", hc.fn, vec(n * E)))
         out += [("attn", a.q_a, vec(E)), ("attn", a.q_b, vec(Q)), ("attn", a.kv, vec(E))]
-        out += [("attn", a.out_a[g], vec(a.out_a[g].in_features)) for g in range(G)]
+        if a.out_a:  # reference and GPU sets: one product per group
+            out += [("attn", a.out_a[g], vec(a.out_a[g].in_features)) for g in range(G)]
+        else:  # the fast CPU set: every group in one call
+            grouped_in = mx.array(rng.standard_normal((1, G, a.out_a_all.in_features)).astype(np.float32))
+            out.append(("attn", a.out_a_all.grouped, grouped_in))
         out.append(("attn", a.out_b, vec(a.out_b.in_features)))
         if r:
             out += [("comp", a.compressor.kv, vec(E)), ("comp", a.compressor.gate, vec(E))]

@@ -10,6 +10,7 @@ NVIDIA GPU lands here too).
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import os
 from collections.abc import Iterator
@@ -85,17 +86,17 @@ def kernel_set() -> str:
 
     reference: the bit-exact CPU path (in-order f32 sums, float64 norm accumulation, host-side
     expert kernels that read the selected ids): the oracle, chunk-invariance and exact-resume
-    tests run on it (docs/numerics.md). cpu: the fast CPU set, the default on the CPU device:
-    the reference's graph with its Q8_0 products on compiled kernels that round a decoded token's
-    activations to 8 bits and sum integers, and batch a prefill chunk (q8_product.py; its
-    contract: docs/numerics-fast-cpu.md). gpu: MLX's native kernels (mx.fast norms, F16 matrices
+    tests run on it (executors/reference.py). cpu: the fast CPU set, the default on the CPU
+    device: every matrix product on compiled kernels that round activations to 8 bits per block
+    and sum integers, on all cores, a prefill chunk's tokens per weight read (executors/fast_cpu.py,
+    qmatrix.py; its contract: docs/numerics-fast-cpu.md). gpu: MLX's native kernels (mx.fast norms, F16 matrices
     as F16, fused elementwise chains, routed experts resident on the device and selected by
     device ids, no device->host read inside a decoded token); the default on a GPU, agreeing with
     the reference within the stated tolerances (tests/engine/test_gpu_kernels.py).
     `DS4AGENT_KERNELS=reference|cpu|gpu` overrides the choice (a diagnostic switch).
 
-    Read when weights are built (they take their stored form and kernels from it) and as graphs
-    are built, so set it before loading.
+    Read once when weights are built: they take their stored form from it and carry it
+    (ModelWeights.kernels), and graphs are built by that set's executor. Set it before loading.
     """
     forced = os.environ.get(KERNELS_ENV, "").strip().lower()
     if forced:
@@ -123,11 +124,6 @@ def forced_kernel_set(name: str) -> Iterator[None]:
 def gpu_kernels() -> bool:
     """Whether graphs are built from the GPU kernel set (see kernel_set)."""
     return kernel_set() == "gpu"
-
-
-def fast_cpu_kernels() -> bool:
-    """Whether quantised products take the fast CPU set's compiled kernels (see kernel_set)."""
-    return kernel_set() == "cpu"
 
 
 def use_device(requested: str | None = None) -> Device:
@@ -161,11 +157,11 @@ def cpu_layout() -> bool:
     return not gpu_kernels()
 
 
+@functools.cache
 def cpu_parts() -> int:
-    """How many parts a large CPU product is split into (1 = no splitting, and always 1 on a GPU):
-    CPU streams for a quantised weights.Linear, worker threads for the routed-expert kernels."""
-    if not cpu_layout():
-        return 1
+    """How many parts a large CPU product is split into (1 = no splitting): CPU streams for a
+    quantised weights.Linear, worker threads for the expert kernels and the fast CPU kernels.
+    The CPU count, read once (products ask per call)."""
     return max(1, min(_MAX_PARTS, os.cpu_count() or 1))
 
 

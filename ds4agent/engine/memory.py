@@ -113,9 +113,9 @@ def memory_bytes(name: str, type_name: str, n_elements: int, nbytes: int) -> int
     if type_name == "F16":
         # Matrices and the embedding stay F16 (weights.Linear widens per call); only the small
         # APE tables are widened to f32 at load, and the GPU kernel set's matrices (Linear).
-        from .device import gpu_kernels
+        from .device import kernel_set
 
-        widened = "_ape." in name or (name != "token_embd.weight" and gpu_kernels())
+        widened = "_ape." in name or (name != "token_embd.weight" and kernel_set() == "gpu")
         return n_elements * 4 if widened else nbytes
     return nbytes
 

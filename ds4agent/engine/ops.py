@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 
 import mlx.core as mx
 import numpy as np
 
-from .device import gpu_kernels
 from .hostread import to_bool
 
 F32 = mx.float32
@@ -29,7 +29,8 @@ F32 = mx.float32
 #
 # On a GPU a decoded token's speed is decided by how many small kernels it launches; an
 # elementwise chain compiled with mx.compile runs as one. Only the GPU kernel set uses these
-# (device.kernel_set): the CPU reference keeps its eager ops, bit for bit as they always were.
+# (FUSED below, picked by the GPU executor): the exact ops keep their eager form, bit for bit as
+# they always were.
 # A function that fails to compile (an MLX build without the compiler for this backend) stays
 # eager for the whole process.
 
@@ -79,11 +80,7 @@ def rms_scale(x: mx.array, eps: float) -> mx.array:
 
 
 def rms_norm(x: mx.array, w: mx.array | None, eps: float) -> mx.array:
-    """RMSNorm(x; w) = x · (1/sqrt(mean(x²) + eps)) · w; RMSNorm₀ when w is None.
-
-    GPU kernel set: MLX's fused kernel (f32 accumulation of Σx², one launch)."""
-    if gpu_kernels():
-        return mx.fast.rms_norm(x, w, eps)
+    """RMSNorm(x; w) = x · (1/sqrt(mean(x²) + eps)) · w; RMSNorm₀ when w is None."""
     y = x * rms_scale(x, eps)
     return y if w is None else y * w
 
@@ -101,7 +98,7 @@ _softplus_fused = fused(_softplus, shapeless=True)
 
 def softplus(z: mx.array) -> mx.array:
     """z if z > 20; e^z if z < -20; log1p(e^z) otherwise (model.md §3)."""
-    return _softplus_fused(z) if gpu_kernels() else _softplus(z)
+    return _softplus(z)
 
 
 def silu(z: mx.array) -> mx.array:
@@ -119,10 +116,12 @@ _swiglu_fused = fused(_swiglu, shapeless=True)
 
 def swiglu(g: mx.array, u: mx.array, clamp: float) -> mx.array:
     """silu(min(g, c)) · clamp(u, -c, c) (the per-layer swiglu clamp VALUE c)."""
-    if gpu_kernels():
-        # the clamp as an array: one compiled function for every layer's value
-        return _swiglu_fused(g, u, mx.array(clamp, dtype=F32))
     return _swiglu(g, u, clamp)
+
+
+def _swiglu_gpu(g: mx.array, u: mx.array, clamp: float) -> mx.array:
+    # the clamp as an array: one compiled function for every layer's value
+    return _swiglu_fused(g, u, mx.array(clamp, dtype=F32))
 
 
 # ---- exact float bit helpers -------------------------------------------------------------------
@@ -173,9 +172,11 @@ def e2m1(v: mx.array) -> mx.array:
 def fp8sim(x: mx.array, n_blocks_dims: int) -> mx.array:
     """E4M3 simulation on the first `n_blocks_dims` values of the last axis, blocks of 64
     (model.md §3): amax floor 1e-4, scale 2^ceil(log2(amax/448)); the tail is untouched."""
-    if gpu_kernels():
-        return _fp8sim_fused(n_blocks_dims)(x)
     return _fp8sim(x, n_blocks_dims)
+
+
+def _fp8sim_gpu(x: mx.array, n_blocks_dims: int) -> mx.array:
+    return _fp8sim_fused(n_blocks_dims)(x)
 
 
 @lru_cache(maxsize=16)
@@ -202,7 +203,7 @@ _FP4_FLOOR = 6.0 * 2.0**-126
 
 def fp4sim(x: mx.array) -> mx.array:
     """E2M1 simulation on blocks of 32 along the last axis (model.md §3)."""
-    return _fp4sim_fused(x) if gpu_kernels() else _fp4sim(x)
+    return _fp4sim(x)
 
 
 def _fp4sim(x: mx.array) -> mx.array:
@@ -247,6 +248,11 @@ def qat(x: mx.array, rounding: bool = True) -> mx.array:
     """Indexer QAT: Hadamard, then fp4sim (skipped when the rounding simulations are off)."""
     y = hadamard(x)
     return fp4sim(y) if rounding else y
+
+
+def _qat_gpu(x: mx.array, rounding: bool = True) -> mx.array:
+    y = hadamard(x)
+    return _fp4sim_fused(y) if rounding else y
 
 
 # ---- hyper-connections -------------------------------------------------------------------------
@@ -318,9 +324,11 @@ def rope_tables(freqs: np.ndarray, positions: np.ndarray) -> tuple[mx.array, mx.
 def rope_tail(x: mx.array, cos: mx.array, sin: mx.array, inverse: bool = False) -> mx.array:
     """Rotate the last Dr values of x as adjacent pairs (GGML normal mode); cos/sin broadcast
     against x[..., Dr/2]. Inverse rotation uses -θ."""
-    if gpu_kernels():
-        return _rope_fused(inverse)(x, cos, sin)
     return _rope_tail(x, cos, sin, inverse)
+
+
+def _rope_tail_gpu(x: mx.array, cos: mx.array, sin: mx.array, inverse: bool = False) -> mx.array:
+    return _rope_fused(inverse)(x, cos, sin)
 
 
 @lru_cache(maxsize=2)
@@ -342,3 +350,27 @@ def _rope_tail(x: mx.array, cos: mx.array, sin: mx.array, inverse: bool) -> mx.a
     if dr == d:
         return rot
     return mx.concatenate([x[..., : d - dr], rot], axis=-1)
+
+
+# ---- the primitive sets the executors build graphs from --------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpSet:
+    """The primitives whose form differs between kernel sets. EXACT: the eager ops above (the
+    reference, and the fast CPU set, whose difference lies in its matrix products only). FUSED:
+    the GPU kernel set's (MLX's fused RMSNorm with f32 accumulation, compiled elementwise chains),
+    agreeing with EXACT within the GPU contract. An executor holds one; the layer code calls
+    `ops.rms_norm(...)` through it, so no graph-building step asks which set runs."""
+
+    rms_norm: Callable[[mx.array, mx.array | None, float], mx.array]
+    softplus: Callable[[mx.array], mx.array]
+    swiglu: Callable[[mx.array, mx.array, float], mx.array]
+    fp8sim: Callable[[mx.array, int], mx.array]
+    rope_tail: Callable[..., mx.array]
+    qat: Callable[..., mx.array]
+
+
+EXACT = OpSet(rms_norm=rms_norm, softplus=softplus, swiglu=swiglu, fp8sim=fp8sim, rope_tail=rope_tail, qat=qat)
+FUSED = OpSet(rms_norm=mx.fast.rms_norm, softplus=_softplus_fused, swiglu=_swiglu_gpu, fp8sim=_fp8sim_gpu,
+              rope_tail=_rope_tail_gpu, qat=_qat_gpu)

@@ -27,7 +27,6 @@ from functools import lru_cache
 import mlx.core as mx
 import numpy as np
 
-from ds4agent.engine.device import gpu_kernels
 from ds4agent.engine.errors import EngineError
 from ds4agent.engine.gguf import GGML_TYPES
 from ds4agent.engine.hostread import to_host
@@ -223,14 +222,7 @@ def _iq2xxs_index_scale(words: mx.array, d: mx.array) -> tuple[mx.array, mx.arra
     return index, db.reshape(r, nb * 8, 1)
 
 
-def device_lookup() -> bool:
-    """Whether the dequantisers are MLX ops only here (a GPU, or the GPU kernel set on the CPU
-    device): then they read nothing back and may run inside a compiled function. Otherwise the
-    IQ2_XXS codebook lookup is numpy's (see below), which needs the index on the host."""
-    return mx.default_device() != mx.cpu or gpu_kernels()
-
-
-def _dequant_iq2_xxs(b: mx.array) -> mx.array:
+def _dequant_iq2_xxs(b: mx.array, on_device: bool = False) -> mx.array:
     r, nb = b.shape[0], b.shape[1]
     # The 16 words after each block's f16 are not 4-byte aligned: copy them out, as 32 uint16
     # of the 33 in a block (a 66-byte block is 2-byte aligned; half the elements of a byte copy).
@@ -239,7 +231,7 @@ def _dequant_iq2_xxs(b: mx.array) -> mx.array:
     with _COMPILED_CALL:  # dequantize may run on any thread, and MLX's compile cache is shared
         index, db = _iq2xxs_index_scale(words, _f16(b, 0))
     table, mx_table = iq2xxs_signed_codes()
-    if device_lookup():  # MLX's gather, on the device (no host round trip)
+    if on_device:  # MLX's gather, on the device (no host round trip)
         codes = mx_table[index].reshape(r, nb * 8, 32)
         return (db * codes.astype(mx.float32)).reshape(r, nb * 256)
     # On the CPU (CPU kernel set) the lookup is numpy's `take` (about 7x faster here than MLX's CPU gather, which
@@ -253,11 +245,17 @@ def _dequant_iq2_xxs(b: mx.array) -> mx.array:
 _DEQUANT = {Q8_0: _dequant_q8_0, Q2_K: _dequant_q2_k, Q4_K: _dequant_q4_k, IQ2_XXS: _dequant_iq2_xxs}
 
 
-def dequantize(raw: mx.array | np.ndarray, qtype: int, shape) -> mx.array:
+def dequantize(raw: mx.array | np.ndarray, qtype: int, shape, *, on_device: bool | None = None) -> mx.array:
     """Raw blocks of a tensor with array-order `shape` (last dim = ne0) -> float32 `shape`.
 
     `raw` may have any shape whose byte count matches (e.g. [experts, out, row_bytes]).
+    on_device: whether the dequantiser must be MLX ops only (it then reads nothing back and may
+    run inside a compiled function: a GPU, or the GPU kernel set on the CPU device); else the
+    IQ2_XXS codebook lookup is numpy's, which needs the index on the host. Default: whether MLX
+    computes on a GPU.
     """
+    if on_device is None:
+        on_device = mx.default_device() != mx.cpu
     if qtype not in _DEQUANT:
         raise QuantError(f"no dequantiser for {type_name(qtype)}")
     shape = tuple(int(s) for s in shape)
@@ -267,4 +265,6 @@ def dequantize(raw: mx.array | np.ndarray, qtype: int, shape) -> mx.array:
     if raw.dtype != mx.uint8 or raw.size * block != n * size or shape[-1] % block:
         raise QuantError(f"{name} data of {raw.size} bytes ({raw.dtype}) does not hold shape {list(shape)}")
     r = n // shape[-1]
-    return _DEQUANT[qtype](raw.reshape(r, shape[-1] // block, size)).reshape(shape)
+    blocks = raw.reshape(r, shape[-1] // block, size)
+    out = _dequant_iq2_xxs(blocks, on_device) if qtype == IQ2_XXS else _DEQUANT[qtype](blocks)
+    return out.reshape(shape)

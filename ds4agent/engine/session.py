@@ -46,7 +46,7 @@ import numpy as np
 from ds4agent import statelayout
 
 from .chunks import chunk_cap, chunk_grid
-from .device import current_device, gpu_kernels
+from .device import current_device
 from .duty import DutyCycle
 from .errors import ContextOverflowError, EngineError, Interrupted, StateError
 from .hostread import to_host
@@ -138,7 +138,7 @@ class Engine:
         building a step reads nothing back (the GPU kernel set; the CPU kernel set's expert
         kernels read their ids while the graph is built, which would wait for token n's whole
         step before token n is handed out). A pipeline reads the id first: False there too."""
-        return gpu_kernels()
+        return self.weights.kernels == "gpu"
 
     def __init__(self, *, config, weights, ctx: int, quant_bits: int = 2,
                  model_id: int = MODEL_ID_FLASH, path: Path | None = None,

@@ -45,7 +45,7 @@ Values `get` may return: a numpy/MLX array (dense), a `(wq, scales, biases)` tri
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -53,13 +53,12 @@ import numpy as np
 
 from . import device, quant
 from .config import ModelConfig
-from .device import gpu_kernels
 from .errors import TensorError, TensorShapeError
 from .experts.base import dense_experts, quant_experts
+from .fast_linear import FastLinear
 from .gguf import GGML_TYPE_IDS
 from .hostread import to_int
 from .layout import tensor_table
-from .q8_product import Q8Product
 
 # Quantised products on CPU run one MLX op per CPU stream over a slice of the output rows (see
 # device.cpu_streams): a single quantized_matmul uses one core. Slicing output rows changes no
@@ -86,11 +85,11 @@ class Linear:
     for it). The stored form is evaluated at construction, so a loader holds at most one
     tensor's conversion temporaries at a time (not the whole model's graph).
     Quantised: `(wq, scales, biases)` of MLX affine 8-bit, group 32 (exact image of Q8_0,
-    model.md §7), multiplied with `mx.quantized_matmul` on f32 activations, or, on the fast CPU
-    kernel set, by compiled kernels reading the same arrays (q8_product.py;
-    docs/numerics-fast-cpu.md).
+    model.md §7), multiplied with `mx.quantized_matmul` on f32 activations. (The fast CPU kernel
+    set multiplies through fast_linear.FastLinear instead: build_weights makes those.)
 
-    The GPU kernel set (device.kernel_set) widens an F16 matrix once, here, and keeps it as f32:
+    `kernels` is the kernel set the weights are built for (device.KERNEL_SETS; default: the one
+    device.kernel_set() names now), fixed here. The GPU kernel set widens an F16 matrix once, here, and keeps it as f32:
     a decoded token then reads 4 bytes per weight instead of widening per call (read 2, write 4,
     read 4), for 2 more bytes per weight resident (about 1 GiB at the Flash shape; the memory
     plan counts it). Multiplying it as F16 instead (activations rounded to f16, the product's
@@ -100,7 +99,7 @@ class Linear:
     """
 
     __slots__ = ("weight", "scales", "biases", "out_features", "in_features", "_wt", "_parts", "_widen",
-                 "_cpu", "_fast")
+                 "_cpu", "_kernels")
     weight: mx.array
     scales: mx.array | None
     biases: mx.array | None
@@ -108,18 +107,20 @@ class Linear:
     _parts: tuple[tuple[mx.array, mx.array, mx.array], ...]
 
     def __init__(self, weight: mx.array, scales: mx.array | None = None,
-                 biases: mx.array | None = None, *, in_features: int | None = None):
-        self._fast: Q8Product | None = None
+                 biases: mx.array | None = None, *, in_features: int | None = None,
+                 kernels: str | None = None):
+        self._kernels = kernels or device.kernel_set()
+        gpu_set = self._kernels == "gpu"
         if scales is None:
             w = weight if isinstance(weight, mx.array) else mx.array(np.asarray(weight))
             if w.ndim != 2:
                 raise ValueError(f"Linear weight must be 2-D, got shape {list(w.shape)}")
             if w.dtype not in (mx.float32, mx.float16):
                 w = w.astype(mx.float32)  # e.g. bf16: exact in f32, rare enough to keep widened
-            if w.dtype == mx.float16 and gpu_kernels():
+            if w.dtype == mx.float16 and gpu_set:
                 w = w.astype(mx.float32)  # widened once for the GPU kernel set (class docstring)
             self._widen = w.dtype == mx.float16
-            self._cpu = device.cpu_layout()
+            self._cpu = not gpu_set  # the CPU layout (class docstring); the GPU set keeps the GPU's
             if self._cpu:
                 self._wt = mx.contiguous(w.T)  # [in, out]: the stored copy (see class docstring)
                 self.weight = self._wt.T
@@ -136,13 +137,10 @@ class Linear:
             self._widen = self._cpu = False
             self.out_features = int(weight.shape[0])
             self.in_features = int(in_features if in_features is not None else scales.shape[-1] * 32)
-            if device.fast_cpu_kernels() and biases is not None:
-                # The fast CPU set: compiled kernels over these same arrays (q8_product.py).
-                self._fast = Q8Product(weight, scales, self.in_features)
             # Row slices for the parallel CPU product (views: no extra memory); whether a call
             # uses them depends on its row count too (a prefill chunk splits more products).
-            k = device.cpu_parts()
-            if self._fast is None and k > 1 and self.out_features >= 64 * k and biases is not None:
+            k = 1 if gpu_set else device.cpu_parts()
+            if k > 1 and self.out_features >= 64 * k and biases is not None:
                 bounds = [self.out_features * i // k for i in range(k + 1)]
                 self._parts = tuple((weight[a:b], scales[a:b], biases[a:b])
                                     for a, b in zip(bounds, bounds[1:], strict=False))
@@ -154,8 +152,6 @@ class Linear:
         return self.scales is not None
 
     def __call__(self, x: mx.array) -> mx.array:
-        if self._fast is not None:
-            return self._fast(x)
         wt = self._wt
         if wt is not None:  # dense
             if not self._widen:
@@ -176,11 +172,12 @@ class Linear:
 
     def rows(self, start: int, stop: int) -> Linear:
         """The Linear of output rows start..stop-1 (a view; used for the grouped output LoRA)."""
+        kernels = self._kernels
         if self.scales is None:
-            return Linear(self.weight[start:stop])
+            return Linear(self.weight[start:stop], kernels=kernels)
         biases = None if self.biases is None else self.biases[start:stop]
         return Linear(self.weight[start:stop], self.scales[start:stop], biases,
-                      in_features=self.in_features)
+                      in_features=self.in_features, kernels=kernels)
 
     def grouped(self, x: mx.array) -> mx.array:
         """x [n, G, in] -> [n, G·(out/G)]: input group g times output rows g·O..(g+1)·O - 1
@@ -206,56 +203,69 @@ class Linear:
         return mx.dequantize(self.weight, self.scales, self.biases, group_size=32, bits=8)
 
 
+# A dense layer of the weights: weights.Linear (the reference and GPU kernel sets) or
+# fast_linear.FastLinear (the fast CPU set); both are called as f(x) and offer grouped(x).
+DenseLayer = Linear | FastLinear
+
+# `compiled`: an executor's compiled functions of these weights (the GPU executor's fused graphs
+# capture the weights as constants), owned by the weights they close over so they live and die
+# together; never compared or hashed.
+_COMPILED = dict(default_factory=dict, compare=False, repr=False)
+
+
 @dataclass(frozen=True)
 class HCWeights:
-    fn: Linear  # n·E -> n(2+n) (layers) or n (output head)
+    fn: DenseLayer  # n·E -> n(2+n) (layers) or n (output head)
     scale: mx.array  # [3] (layers) or [1] (head)
     base: mx.array  # [n(2+n)] or [n]
+    compiled: dict = field(**_COMPILED)
 
 
 @dataclass(frozen=True)
 class CompressorWeights:
-    kv: Linear  # E -> coff·d
-    gate: Linear  # E -> coff·d
+    kv: DenseLayer  # E -> coff·d
+    gate: DenseLayer  # E -> coff·d
     ape: mx.array  # [r, coff·d] f32
     norm: mx.array  # [d]
 
 
 @dataclass(frozen=True)
 class IndexerWeights:
-    q_b: Linear  # Q -> Hi·Di
-    proj: Linear  # E -> Hi
+    q_b: DenseLayer  # Q -> Hi·Di
+    proj: DenseLayer  # E -> Hi
     compressor: CompressorWeights
 
 
 @dataclass(frozen=True)
 class AttentionWeights:
     norm: mx.array
-    q_a: Linear
+    q_a: DenseLayer
     q_a_norm: mx.array
-    q_b: Linear
-    kv: Linear
+    q_b: DenseLayer
+    kv: DenseLayer
     kv_norm: mx.array
     sinks: mx.array  # [H]
-    out_a: tuple[Linear, ...]  # G row slices of attn_output_a, each (H/G)·Dh -> O
-    out_b: Linear
+    out_a: tuple[DenseLayer, ...]  # G row slices of attn_output_a, each (H/G)·Dh -> O
+    out_b: DenseLayer
     compressor: CompressorWeights | None  # ratio != 0
     indexer: IndexerWeights | None  # ratio == 4
-    out_a_all: Linear | None = None  # attn_output_a whole (the slices are views of it): Linear.grouped
+    out_a_all: DenseLayer | None = None  # attn_output_a whole (the slices are views of it): Linear.grouped
+    compiled: dict = field(**_COMPILED)
 
 
 @dataclass(frozen=True)
 class FFNWeights:
     norm: mx.array
-    gate_inp: Linear
+    gate_inp: DenseLayer
     bias: mx.array | None  # exp_probs_b (selection only)
     tid2eid: mx.array | None  # [V, U] int32 on hash layers
     gate_exps: Any  # ExpertWeights
     up_exps: Any
     down_exps: Any
-    gate_shexp: Linear
-    up_shexp: Linear
-    down_shexp: Linear
+    gate_shexp: DenseLayer
+    up_shexp: DenseLayer
+    down_shexp: DenseLayer
+    compiled: dict = field(**_COMPILED)
 
 
 @dataclass(frozen=True)
@@ -276,20 +286,28 @@ class ModelWeights:
     layers: tuple[LayerWeights, ...]
     head: HCWeights | None  # output_hc_{fn,scale,base}
     output_norm: mx.array | None
-    output: Linear | None
+    output: DenseLayer | None
     first_layer: int = 0
+    kernels: str = "reference"  # the kernel set the weights were built for (device.KERNEL_SETS)
+    compiled: dict = field(**_COMPILED)
 
 
 # ---- building ---------------------------------------------------------------------------------
 
 
-def _as_linear(name: str, v: Any, shape: tuple[int, int]) -> Linear:
-    if isinstance(v, Linear):
+def _as_linear(name: str, v: Any, shape: tuple[int, int], kernels: str, groups: int = 1) -> DenseLayer:
+    """A dense layer of the kernel set `kernels` from what `get` returned (module docstring).
+    groups > 1: a matrix multiplied by groups (attention's output projection A), which the fast
+    CPU set keeps in its grouped form."""
+    lin: DenseLayer
+    if isinstance(v, (Linear, FastLinear)):
         lin = v
+    elif kernels == "cpu":
+        lin = FastLinear.from_affine(*v, groups=groups) if isinstance(v, tuple) else FastLinear.from_dense(v, groups)
     elif isinstance(v, tuple):
-        lin = Linear(*v, in_features=shape[1])
+        lin = Linear(*v, in_features=shape[1], kernels=kernels)
     else:
-        lin = Linear(v)
+        lin = Linear(v, kernels=kernels)
     got = (lin.out_features, lin.in_features)
     if got != tuple(shape):
         raise TensorShapeError(name, tuple(shape), got)
@@ -331,8 +349,9 @@ def _expert_table(name: str, table: mx.array, n_experts: int) -> mx.array:
 def build_weights(config: ModelConfig, get: Callable[[str], Any],
                   has: Callable[[str], bool] | None = None,
                   progress: Callable[[float], None] | None = None,
-                  layer_range: tuple[int, int] | None = None) -> ModelWeights:
-    """Build ModelWeights from `get(name)` under the canonical names (see module docstring).
+                  layer_range: tuple[int, int] | None = None, kernels: str | None = None) -> ModelWeights:
+    """Build ModelWeights from `get(name)` under the canonical names (see module docstring), for
+    the kernel set `kernels` (default: device.kernel_set(), read once here; the weights carry it).
 
     `has(name)` tells whether an optional tensor exists (exp_probs_b); default: try `get` and
     treat KeyError as absent. `layer_range` (start, stop): build only those layers, plus the
@@ -349,6 +368,8 @@ def build_weights(config: ModelConfig, get: Callable[[str], Any],
     n, mix = c.hc_count, c.hc_mix
     Hi, Di = c.indexer_heads, c.indexer_dim
     NE, U, F = c.n_experts, c.n_experts_used, c.expert_ffn
+    kernels = kernels or device.kernel_set()
+    fast = kernels == "cpu"
 
     def opt(name: str) -> Any | None:
         if has is not None:
@@ -358,8 +379,8 @@ def build_weights(config: ModelConfig, get: Callable[[str], Any],
         except KeyError:
             return None
 
-    def lin(name: str, shape: tuple[int, int]) -> Linear:
-        return _as_linear(name, get(name), shape)
+    def lin(name: str, shape: tuple[int, int], groups: int = 1) -> DenseLayer:
+        return _as_linear(name, get(name), shape, kernels, groups)
 
     def arr(name: str, shape: tuple[int, ...], dtype=mx.float32) -> mx.array:
         return _as_array(name, get(name), shape, dtype)
@@ -386,7 +407,9 @@ def build_weights(config: ModelConfig, get: Callable[[str], Any],
     for li in range(start, stop):
         b = f"blk.{li}."
         r, coff = c.ratios[li], c.coff(li)
-        out_a_full = lin(f"{b}attn_output_a.weight", (G * O, (H // G) * Dh))
+        # The fast CPU set multiplies attn_output_a by groups in one call (its grouped form); the
+        # other sets keep G row-slice views beside the whole matrix.
+        out_a_full = lin(f"{b}attn_output_a.weight", (G * O, (H // G) * Dh), G if fast else 1)
         attn = AttentionWeights(
             norm=arr(f"{b}attn_norm.weight", (E,)),
             q_a=lin(f"{b}attn_q_a.weight", (Q, E)),
@@ -395,7 +418,7 @@ def build_weights(config: ModelConfig, get: Callable[[str], Any],
             kv=lin(f"{b}attn_kv.weight", (Dh, E)),
             kv_norm=arr(f"{b}attn_kv_a_norm.weight", (Dh,)),
             sinks=arr(f"{b}attn_sinks.weight", (H,)),
-            out_a=tuple(out_a_full.rows(O * g, O * g + O) for g in range(G)),
+            out_a=() if fast else tuple(out_a_full.rows(O * g, O * g + O) for g in range(G)),
             out_a_all=out_a_full,
             out_b=lin(f"{b}attn_output_b.weight", (E, G * O)),
             compressor=compressor(f"{b}attn_compressor", r, coff, Dh) if r != 0 else None,
@@ -432,6 +455,7 @@ def build_weights(config: ModelConfig, get: Callable[[str], Any],
         output_norm=arr("output_norm.weight", (E,)) if last else None,
         output=lin("output.weight", (V, E)) if last else None,
         first_layer=start,
+        kernels=kernels,
     )
 
 
@@ -478,13 +502,15 @@ def check_directory(gf, config: ModelConfig) -> None:
 
 
 def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | None = None,
-                 layer_range: tuple[int, int] | None = None) -> ModelWeights:
+                 layer_range: tuple[int, int] | None = None, kernels: str | None = None) -> ModelWeights:
     """Load every tensor of `config` (or of `layer_range`, see build_weights) from an open
-    GGUFFile (gguf.py), validated by name.
+    GGUFFile (gguf.py), validated by name, for the kernel set `kernels` (as build_weights).
 
-    2-D weights: F32/F16 as dense f32, Q8_0 as MLX affine 8-bit (exact). Routed experts: F16/F32
-    dense (test models) or raw quantised blocks behind `experts.quant_experts`.
+    2-D weights: F32/F16 as dense f32, Q8_0 as MLX affine 8-bit (exact); on the fast CPU set both
+    as fast_linear.FastLinear (Q8_0 blocks repacked, F16 kept). Routed experts: F16/F32 dense
+    (test models) or raw quantised blocks behind `experts.quant_experts`.
     """
+    kernels = kernels or device.kernel_set()
     resident: dict[tuple[int, int], mx.array] = {}  # expert blocks copied to the device (quant_experts)
 
     def get(name: str) -> Any:
@@ -507,9 +533,18 @@ def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | No
             if qtype is None or qtype not in quant.EXPERT_TYPES:
                 gf.check(name, types=("F16", "F32", "Q8_0", "Q2_K", "Q4_K", "IQ2_XXS"))
             assert qtype is not None  # gf.check refused every type that is not an expert type
-            return quant_experts(gf.raw(name), qtype, ti.shape, shared=resident)
+            return quant_experts(gf.raw(name), qtype, ti.shape, shared=resident,
+                                 backend="fast" if kernels == "cpu" else "auto")
         if name.endswith("tid2eid.weight"):
             return gf.load(name, types=("I32",))
+        if kernels == "cpu" and len(ti.shape) == 2 and t in _ANY_2D and not name.endswith("_ape.weight") \
+                and name != "token_embd.weight":
+            groups = config.out_groups if name.endswith("attn_output_a.weight") else 1
+            if t == "Q8_0":
+                rows, cols = (int(s) for s in ti.shape)
+                return FastLinear.from_q8_0_blocks(gf.raw(name), rows, cols, groups)
+            gf.check(name, types=("F32", "F16"))
+            return FastLinear.from_dense(np.array(gf.numpy(name)), groups)  # a copy: the pages are released
         if t == "Q8_0":
             return quant.load_q8_0(gf, name)
         return gf.load(name, types=_ANY_2D if len(ti.shape) == 2 else ("F32", "F16"))
@@ -517,4 +552,4 @@ def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | No
     def has(name: str) -> bool:
         return name in gf.tensors
 
-    return build_weights(config, get, has=has, progress=progress, layer_range=layer_range)
+    return build_weights(config, get, has=has, progress=progress, layer_range=layer_range, kernels=kernels)

@@ -109,20 +109,20 @@ def test_invariance_across_many_attention_blocks(monkeypatch):
     """Tiny block sizes force several query blocks and compressed-row blocks per chunk (the real
     sizes only split at long contexts): results stay bit-identical across chunk schedules, and
     the query blocking itself never changes a value (each query is computed on its own)."""
-    from ds4agent.engine import model
+    from ds4agent.engine import layers
 
     cfg = test_config("micro", ratios=(0, 0, 4, 4), indexer_top_k=6)
     cfg2 = test_config("micro", ratios=(0, 2, 4, 3))
     for c in (cfg, cfg2):
         w = random_weights(c, 3)
         toks = np.random.default_rng(4).integers(0, c.vocab, 45).tolist()
-        monkeypatch.setattr(model, "_COMP_BLOCK", 4)
-        monkeypatch.setattr(model, "_QUERY_BLOCK", 5)
+        monkeypatch.setattr(layers, "_COMP_BLOCK", 4)
+        monkeypatch.setattr(layers, "_QUERY_BLOCK", 5)
         one, s_one = _run_schedule(c, w, toks, [45])
         parts, s_parts = _run_schedule(c, w, toks, [6, 1, 17, 2, 19])
         assert np.array_equal(one, parts)
         _assert_states_equal(s_one, s_parts)
-        monkeypatch.setattr(model, "_QUERY_BLOCK", 256)
+        monkeypatch.setattr(layers, "_QUERY_BLOCK", 256)
         again, _ = _run_schedule(c, w, toks, [45])
         assert np.array_equal(one, again)
 

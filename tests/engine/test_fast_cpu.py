@@ -1,78 +1,17 @@
-"""The fast CPU kernel set (the default on the CPU device): its Q8_0 products against the exact
-product, and its contract at model level (docs/numerics-fast-cpu.md): agreement with the
-reference, decode = one-token prefill, resume exact, deterministic."""
+"""The fast CPU kernel set (the default on the CPU device) at model level: its contract
+(docs/numerics-fast-cpu.md): agreement with the reference, decode = one-token prefill, resume
+exact, deterministic. Its products alone: tests/engine/test_qmatrix.py."""
 
 from __future__ import annotations
 
 import io
 
-import mlx.core as mx
-import numba
 import numpy as np
 import pytest
 
 from ds4agent.engine import load_engine
 from ds4agent.engine.device import forced_kernel_set
-from ds4agent.engine.q8_product import GEMV_MAX_ROWS, Q8Product
 from ds4agent.testmodels import make_test_model
-
-# Bounds of the contract, as max |y - y_exact| / max |y_exact| of one product (measured on random
-# Gaussian weights and inputs: 8-bit inputs about 6e-3, f32 inputs about 5e-7).
-DECODE_PRODUCT_BOUND = 2e-2
-PREFILL_PRODUCT_BOUND = 1e-5
-
-
-def _q8_matrix(rows: int, cols: int, seed: int) -> tuple[mx.array, mx.array, np.ndarray]:
-    """A Q8_0-like matrix as the engine holds it (affine 8-bit, bias -128·scale) and its exact f32."""
-    rng = np.random.default_rng(seed)
-    q = rng.integers(-127, 128, size=(rows, cols)).astype(np.int8)
-    d = (rng.random((rows, cols // 32)) * 0.01 + 1e-4).astype(np.float32)
-    wq = mx.array((q.view(np.uint8) ^ 0x80).view(np.uint32).reshape(rows, cols // 4))
-    dense = (q.astype(np.float32).reshape(rows, cols // 32, 32) * d[..., None]).reshape(rows, cols)
-    return wq, mx.array(d), dense
-
-
-def _rel(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.abs(got - want).max() / np.abs(want).max())
-
-
-@pytest.mark.parametrize(("rows", "cols"), [(1, 32), (5, 96), (64, 4096), (203, 256)])
-@pytest.mark.parametrize("n", [1, 2, 3, 7, 64])
-def test_q8_products_agree_with_the_exact_product(rows, cols, n):
-    wq, d, dense = _q8_matrix(rows, cols, seed=rows + cols)
-    x = np.random.default_rng(n).standard_normal((n, cols)).astype(np.float32)
-    got = np.asarray(Q8Product(wq, d, cols)(mx.array(x)))
-    want = x.astype(np.float64) @ dense.T.astype(np.float64)
-    assert got.shape == (n, rows)
-    bound = DECODE_PRODUCT_BOUND if n <= GEMV_MAX_ROWS else PREFILL_PRODUCT_BOUND
-    assert _rel(got, want) <= bound
-
-
-def test_q8_product_keeps_leading_axes_and_reads_the_matrix_in_place():
-    wq, d, dense = _q8_matrix(8, 64, seed=1)
-    product = Q8Product(wq, d, 64)
-    assert np.shares_memory(product.codes, np.asarray(wq))  # no copy of the weights
-    x = np.random.default_rng(0).standard_normal((2, 3, 64)).astype(np.float32)
-    got = np.asarray(product(mx.array(x)))
-    assert got.shape == (2, 3, 8)
-    assert _rel(got, x @ dense.T) <= PREFILL_PRODUCT_BOUND
-
-
-@pytest.mark.parametrize("n", [1, 9])
-def test_q8_products_do_not_depend_on_the_thread_count(n):
-    wq, d, _ = _q8_matrix(67, 512, seed=3)
-    x = mx.array(np.random.default_rng(5).standard_normal((n, 512)).astype(np.float32))
-    product = Q8Product(wq, d, 512)
-    before = numba.get_num_threads()
-    try:
-        numba.set_num_threads(1)
-        one = np.asarray(product(x))
-        numba.set_num_threads(max(2, before))
-        many = np.asarray(product(x))
-    finally:
-        numba.set_num_threads(before)
-    assert np.array_equal(one, many)
-
 
 # ---- the contract at model level ----------------------------------------------------------------
 
@@ -104,8 +43,8 @@ def _decode(session, n: int) -> list[np.ndarray]:
 
 
 def test_fast_set_agrees_with_the_reference(engines, prompt):
-    """Prefill (f32 inputs) and decode (8-bit inputs) against the exact reference: the argmax
-    of every position and the logits within the contract's bound."""
+    """Prefill and decode (both with 8-bit activations, as ds4's CPU path) against the exact
+    reference: the argmax of every position and the logits within the contract's bound."""
     ref, fast = engines
     a = ref.new_session().forward_all(prompt)
     b = fast.new_session().forward_all(prompt)
@@ -115,8 +54,10 @@ def test_fast_set_agrees_with_the_reference(engines, prompt):
           f" within 1e-2: {(per_position <= 1e-2).mean():.3f}")
     # Random weights have near-ties in their routers: where the rounding decides one the other
     # way, that position's logits move by far more than rounding (as on the GPU set).
+    # Measured on the tiny model: argmax 0.975, per-position median 1.9e-2 (8-bit activations at
+    # every product of every layer; a wrong kernel moves every position by ~100%).
     assert agree >= 0.95
-    assert np.median(per_position) <= 2e-3 and (per_position <= 1e-2).mean() >= 0.9
+    assert np.median(per_position) <= 3e-2 and per_position.max() <= 0.1
     # Decode with 8-bit inputs, both fed the same tokens (a free-running decode diverges at the
     # first flipped near-tie and compares nothing after it).
     s_ref, s_fast = ref.new_session(), fast.new_session()

@@ -21,8 +21,9 @@ from ds4agent.engine import hostread, load_engine, quant
 from ds4agent.engine.config import test_config
 from ds4agent.engine.device import KERNELS_ENV, forced_kernel_set, kernel_set
 from ds4agent.engine.errors import EngineError, TensorError
+from ds4agent.engine.executors import executor_for
 from ds4agent.engine.experts.portable import QuantExperts
-from ds4agent.engine.model import Trace, _route, forward
+from ds4agent.engine.model import Trace, forward
 from ds4agent.engine.session import Engine
 from ds4agent.engine.state import SessionState
 from ds4agent.testmodels.random_weights import random_tensors, weights_from_tensors
@@ -141,7 +142,7 @@ def test_the_router_never_yields_an_out_of_range_expert_id():
         h[3] = np.nan
         h[4, ::2] = -np.inf
         for layer in range(cfg.n_layers):
-            sel, _ = _route(w.layers[layer].ffn, cfg, layer, mx.array(h), toks)
+            sel, _ = executor_for(w.kernels).route(w.layers[layer].ffn, cfg, layer, mx.array(h), toks)
             ids = np.array(sel)
             assert ids.shape == (n, cfg.n_experts_used)
             assert ids.min() >= 0 and ids.max() < cfg.n_experts, layer

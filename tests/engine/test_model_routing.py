@@ -8,7 +8,9 @@ import pytest
 
 from ds4agent.engine import EngineError
 from ds4agent.engine.config import test_config
-from ds4agent.engine.model import _indexer_slots, _top_u, ffn_block, forward
+from ds4agent.engine.executors import executor_for
+from ds4agent.engine.layers import ffn_block, indexer_slots
+from ds4agent.engine.model import forward
 from ds4agent.engine.state import SessionState
 from ds4agent.testmodels.random_weights import random_weights
 
@@ -20,7 +22,7 @@ def _slots(values, n_vis, K):
     keys[:, 0] = values
     iq = np.zeros((1, 1, 32), dtype=np.float32)
     iq[0, 0, 0] = 1.0
-    idx, valid = _indexer_slots(cfg, mx.array(iq), mx.ones((1, 1)), mx.array(keys),
+    idx, valid = indexer_slots(cfg, mx.array(iq), mx.ones((1, 1)), mx.array(keys),
                                 np.array([n_vis]), None)
     idx, valid = np.array(idx)[0], np.array(valid)[0]
     return sorted(idx[valid].tolist())
@@ -48,7 +50,7 @@ def test_indexer_selection_is_a_set_independent_of_row_order():
 
 def test_top_u_orders_by_score_and_breaks_ties_to_the_lower_index():
     s = mx.array([[1.0, 3.0, 3.0, 2.0, 3.0], [0.0, 0.0, 0.0, 0.0, 0.0]])
-    np.testing.assert_array_equal(np.array(_top_u(s, 3)), [[1, 2, 4], [0, 1, 2]])
+    np.testing.assert_array_equal(np.array(executor_for("reference").top_u(s, 3)), [[1, 2, 4], [0, 1, 2]])
 
 
 @pytest.mark.parametrize("layer", [0, 3])
@@ -62,7 +64,7 @@ def test_routing_weights_sum_to_scale_and_hash_layers_ignore_the_bias(layer):
     from ds4agent.engine.model import Trace
 
     tr = Trace.new()
-    ffn_block(fw, cfg, layer, x, toks, tr)
+    ffn_block(executor_for("reference"), fw, cfg, layer, x, toks, tr)
     sel = tr.experts[layer][0]
     np.testing.assert_allclose(tr.expert_weights[layer][0].sum(axis=-1), 1.5, rtol=1e-6)
     if layer < cfg.n_hash_layers:
@@ -75,7 +77,7 @@ def test_routing_weights_sum_to_scale_and_hash_layers_ignore_the_bias(layer):
         bias = np.zeros(cfg.n_experts, dtype=np.float32)
         bias[5] = 100.0
         tr2 = Trace.new()
-        y_biased = ffn_block(replace(fw, bias=mx.array(bias)), cfg, layer, x, toks, tr2)
+        y_biased = ffn_block(executor_for("reference"), replace(fw, bias=mx.array(bias)), cfg, layer, x, toks, tr2)
         assert (tr2.experts[layer][0][:, 0] == 5).all()
         assert np.isfinite(np.array(y_biased)).all()
 

@@ -527,7 +527,7 @@ def test_a_worker_forgets_the_states_rank_0_dropped(micro_path, single):
         toks = mx.array(np.asarray(tokens, dtype=np.int32))
         R, layers = model.run_layers(single.weights.layers[:2], c, state.layers[:2],
                                      model.embed(single.weights, c, toks), toks, state.n_tokens,
-                                     first_layer=0)
+                                     first_layer=0, kernels=single.weights.kernels)
         return np.array(R), state
 
     s = single.new_session()

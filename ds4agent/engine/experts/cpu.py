@@ -82,42 +82,6 @@ def products(rows: np.ndarray, qtype: int, d_in: int, xs: np.ndarray) -> np.ndar
     return out
 
 
-# Up to this many inputs per call an IQ2_XXS row is multiplied by fast_kernels (one pass per
-# input); beyond it the exact kernel's 16-row decode, shared by every input, costs less. The
-# K-quants' fast kernel is faster at every batch size measured (bench/experts.py).
-FAST_IQ2_MAX_INPUTS = 2
-
-
-@lru_cache(maxsize=1)
-def _signed_grid() -> np.ndarray:
-    table, _ = quant.iq2xxs_signed_codes()
-    return np.ascontiguousarray(table.astype(np.int8).reshape(-1))
-
-
-def fast_products(rows: np.ndarray, qtype: int, d_in: int, xs: np.ndarray) -> np.ndarray:
-    """The fast CPU set's `products` (same arguments and shapes): f32 sums reassociated, weights
-    never decoded to a buffer (experts/fast_kernels.py; docs/numerics-fast-cpu.md). Q8_0 experts
-    (test files) and IQ2_XXS calls with many inputs take the exact `products`."""
-    kernel = {quant.IQ2_XXS: "iq2_xxs_rows", quant.Q2_K: "q2_k_rows", quant.Q4_K: "q4_k_rows"}.get(qtype)
-    if kernel is None or d_in % 256 or (qtype == quant.IQ2_XXS and len(xs) > FAST_IQ2_MAX_INPUTS):
-        return products(rows, qtype, d_in, xs)
-    from ds4agent.engine.experts import fast_kernels
-
-    rows = np.asarray(rows)
-    rb = quant.row_bytes(qtype, d_in)
-    if rows.ndim != 2 or rows.shape[1] != rb or rows.dtype != np.uint8:
-        raise quant.QuantError(f"{quant.type_name(qtype)} rows of {d_in} weights must be uint8 [R, {rb}], "
-                               f"got {list(rows.shape)} ({rows.dtype})")
-    xs = np.ascontiguousarray(xs, dtype=np.float32)
-    out = np.empty((xs.shape[0], rows.shape[0]), np.float32)
-    f16, _ = _tables()
-    if qtype == quant.IQ2_XXS:
-        fast_kernels.iq2_xxs_rows(rows, xs, out, f16, _signed_grid())
-    else:
-        getattr(fast_kernels, kernel)(rows, xs, out, f16)
-    return out
-
-
 class Workers:
     """Long-lived daemon threads for the CPU expert path: `run(fns)` calls fns[i] on thread i and
     returns their results (re-raising the first error).

@@ -150,8 +150,6 @@ class QuantExperts:
         self.expert_bytes = self.d_out * rb
         self.group = max(1, group_bytes // (self.d_out * self.d_in * 4))
         self.host_ids = device.cpu_layout()
-        # The fast CPU set's kernels, chosen at load like the rest of the weights' form.
-        self._fast = device.fast_cpu_kernels()
         if self.keeps_resident() and not isinstance(raw, mx.array):
             # Resident once, instead of copying the selected experts from the map every call.
             raw = resident_blocks(raw)
@@ -186,7 +184,8 @@ class QuantExperts:
             experts = np.asarray(experts, dtype=np.int64).reshape(-1)
         else:
             experts = experts.reshape(-1)
-        return quant.dequantize(self._raw_of(experts), self.qtype, (int(experts.size), self.d_out, self.d_in))
+        return quant.dequantize(self._raw_of(experts), self.qtype, (int(experts.size), self.d_out, self.d_in),
+                                on_device=not self.host_ids)
 
     def gather_matmul(self, x: mx.array, expert_ids: mx.array) -> mx.array:
         n, k = check_call(self, x, expert_ids)
@@ -218,13 +217,13 @@ class QuantExperts:
         n, k = check_call(self, x, expert_ids)
         if 2 * n * k > self.group:
             return None
-        return _pairs2_fn(self.qtype, self.d_out, self.d_in, quant.device_lookup())(x, expert_ids, self.raw, other.raw)
+        return _pairs2_fn(self.qtype, self.d_out, self.d_in, not self.host_ids)(x, expert_ids, self.raw, other.raw)
 
     def _device_pairs(self, x: mx.array, expert_ids: mx.array, n: int, k: int) -> mx.array:
         """The GPU kernel set's small call: pair p's expert dequantised from the resident blocks
         by its device id, then one 1-row product per pair (an expert chosen twice in a call is
         dequantised twice: at most `group` pairs, so bounded, and nothing is read back)."""
-        return _pairs_fn(self.qtype, self.d_out, self.d_in, quant.device_lookup())(x, expert_ids, self.raw)
+        return _pairs_fn(self.qtype, self.d_out, self.d_in, not self.host_ids)(x, expert_ids, self.raw)
 
     def _tiled(self, x: mx.array, ids: np.ndarray, n: int, k: int) -> mx.array:
         """The CPU path: `cpu.products` straight from the selected experts' blocks (a
@@ -258,8 +257,7 @@ class QuantExperts:
         for e, expert in enumerate(used):
             for t0 in range(r0, r1, TILE_ROWS):
                 t1 = min(t0 + TILE_ROWS, r1)
-                product = cpu.fast_products if self._fast else cpu.products
-                out[pairs[e], t0:t1] = product(self._rows_of(int(expert), t0, t1), self.qtype, self.d_in, inputs[e])
+                out[pairs[e], t0:t1] = cpu.products(self._rows_of(int(expert), t0, t1), self.qtype, self.d_in, inputs[e])
 
     def _grouped(self, x: mx.array, ids: np.ndarray, n: int, k: int, groups: list[np.ndarray]) -> mx.array:
         """Flatten to (row, slot) pairs and serve them one group of experts at a time.
@@ -300,7 +298,7 @@ def _pairs_fn(qtype: int, d_out: int, d_in: int, compiled: bool):
     def pairs(x: mx.array, expert_ids: mx.array, raw: mx.array) -> mx.array:
         n, k = expert_ids.shape
         flat = expert_ids.reshape(-1).astype(mx.uint32)
-        w = quant.dequantize(raw[flat], qtype, (n * k, d_out, d_in))
+        w = quant.dequantize(raw[flat], qtype, (n * k, d_out, d_in), on_device=compiled)
         pair = mx.arange(n * k, dtype=mx.uint32).reshape(n, k)
         out = mx.gather_mm(_slot_inputs(x, n, k), mx.swapaxes(w, -1, -2), rhs_indices=pair)
         return out.reshape(n, k, d_out)
@@ -316,7 +314,7 @@ def _pairs2_fn(qtype: int, d_out: int, d_in: int, compiled: bool):
         n, k = expert_ids.shape
         flat = expert_ids.reshape(-1).astype(mx.uint32)
         both = mx.concatenate([raw_a[flat], raw_b[flat]], axis=0)
-        w = quant.dequantize(both, qtype, (2 * n * k, d_out, d_in))
+        w = quant.dequantize(both, qtype, (2 * n * k, d_out, d_in), on_device=compiled)
         pair = mx.arange(2 * n * k, dtype=mx.uint32).reshape(2, n, k)
         out = mx.gather_mm(_slot_inputs(x, n, k), mx.swapaxes(w, -1, -2), rhs_indices=pair)
         out = out.reshape(2, n, k, d_out)

@@ -167,7 +167,7 @@ class PipelineEngine(Engine):
             toks = mx.array(np.asarray(toks_list, dtype=np.int32))
             R = embed(self.weights, c, toks)
             R, layers = run_layers(self.weights.layers, c, state.layers, R, toks, state.n_tokens,
-                                   first_layer=0)
+                                   first_layer=0, kernels=self.weights.kernels)
             mx.eval(R, *[a for lay in layers for a in lay.arrays()])
             self.link.send(R, 1, "sending activations to rank 1")
             rows = 1 if last_only else n

@@ -57,7 +57,8 @@ def serve(link: Link, part: Engine, ranges: Sequence[tuple[int, int]], *,
             R = link.recv((n, c.hc_count, c.dim), mx.float32, rank - 1, "waiting for activations",
                           timeout + wire.PER_TOKEN_S * n * rank)
             toks = mx.array(np.asarray(toks_list, dtype=np.int32))
-            R, layers = run_layers(w.layers, c, state.layers, R, toks, state.n_tokens, first_layer=mine[0])
+            R, layers = run_layers(w.layers, c, state.layers, R, toks, state.n_tokens, first_layer=mine[0],
+                                   kernels=w.kernels)
             new_state = SessionState(tokens=state.tokens + tuple(toks_list), logits=None, layers=layers)
             if last:
                 logits = output_head(w, c, R[-1:] if flag else R)

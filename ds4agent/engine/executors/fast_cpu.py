@@ -1,0 +1,37 @@
+"""The fast CPU executor: every matrix product on the fast CPU kernels (docs/numerics-fast-cpu.md).
+
+The layer plan and the primitives are the reference's (ops.EXACT): what differs is the products.
+Its weights are built for the fast set (weights.build_weights with kernels="cpu"): dense layers
+are fast_linear.FastLinear (8-bit activations and integer block dots for Q8_0, a fixed-order f32
+product for F16/F32) and routed experts experts.fast.FastExperts. Two steps take a whole call
+here instead of the reference's pieces:
+  * a layer's routed experts in one call (gate and up from one activation rounding, the SwiGLU,
+    the weighting, down, the slot sum in selection order: qmatrix.routed_ffn);
+  * attention's output projection A over all groups in one call (FastLinear.grouped).
+Every product of a token runs on all cores, and a prefill chunk multiplies all its tokens per
+weight read, so prefill per token is far cheaper than decode.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from ..experts.fast import FastExperts, fast_routed_ffn
+from ..weights import AttentionWeights, FFNWeights
+from .reference import ReferenceExecutor
+
+
+class FastCpuExecutor(ReferenceExecutor):
+    name = "cpu"
+
+    def out_a(self, aw: AttentionWeights, o: mx.array) -> mx.array:
+        if aw.out_a_all is None:
+            return super().out_a(aw, o)
+        return aw.out_a_all.grouped(o)
+
+    def routed(self, fw: FFNWeights, U: int, clamp: float, h: mx.array, sel: mx.array,
+               wts: mx.array) -> mx.array:
+        g, u, d = fw.gate_exps, fw.up_exps, fw.down_exps
+        if isinstance(g, FastExperts) and isinstance(u, FastExperts) and isinstance(d, FastExperts):
+            return fast_routed_ffn(g, u, d, h, sel, wts, clamp)
+        return super().routed(fw, U, clamp, h, sel, wts)  # dense test experts
