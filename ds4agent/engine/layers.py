@@ -26,8 +26,8 @@ from .weights import AttentionWeights, CompressorWeights, FFNWeights
 F32 = mx.float32
 NEG_INF = float("-inf")
 _COMP_BLOCK = 64  # compressed rows per attention block on non-indexer layers (see model.py's doc)
-_QUERY_BLOCK = 256  # queries per attention block (bounds the gathered K/V memory)
-_INDEX_SCORE_BUDGET = 256 << 20  # bytes of indexer score temporaries per query block
+QUERY_BLOCK = 256  # queries per attention block (bounds the gathered K/V memory)
+INDEX_SCORE_BUDGET = 256 << 20  # bytes of indexer score temporaries per query block
 
 
 @dataclass
@@ -252,10 +252,10 @@ def attention_core(c: ModelConfig, q: mx.array, k_all: mx.array, r0: int, p0: in
     scale = mx.array(1.0 / math.sqrt(Dh), dtype=F32)
     C = 0 if comp is None else comp.shape[0]
     sink = sinks.reshape(1, H, 1)
-    qb = _QUERY_BLOCK
+    qb = QUERY_BLOCK
     if ratio == 4 and index_inputs is not None and C:
         per_query = c.indexer_heads * C * 4 * 2  # [Hi, C] f32 scores and their relu·w product
-        qb = max(1, min(qb, _INDEX_SCORE_BUDGET // max(per_query, 1)))
+        qb = max(1, min(qb, INDEX_SCORE_BUDGET // max(per_query, 1)))
     comp_pad = None
     if C and ratio != 4:
         nblk = -(-C // _COMP_BLOCK)
@@ -366,7 +366,7 @@ def attention_block(ex, aw: AttentionWeights, c: ModelConfig, layer: int, x: mx.
                 index_inputs = (iq, iweights, icomp)
             if trace is not None:
                 masks = trace.indexer.setdefault(layer, [])
-    o = attention_core(c, q, k_all, r0, p0, aw.sinks, comp, r, index_inputs, masks)
+    o = ex.attend(c, q, k_all, r0, p0, aw.sinks, comp, r, index_inputs, masks)
     o = xo.rope_tail(o, cos[:, None, :], sin[:, None, :], inverse=True)
     z = ex.out_a(aw, o.reshape(n, c.out_groups, c.heads_per_group * Dh))
     y = aw.out_b(z)

@@ -702,3 +702,40 @@ def dense_rows(w, x, out, r0, r1):
     for r in range(r0, r1):
         for t in range(n):
             out[t, r] = dot_f32_lanes(w, r * cols, x, t * cols, cols)
+
+
+@_jit
+def attend_units(q, keys, slots, sinks, scale, out, u0, u1):
+    """Attention of (query, head) units u0..u1 (u = t * H + h) over the key rows each query sees.
+
+    q [n, H, D] f32; keys [R, D] f32 (keys and values are the same rows); slots [n, S] int32: the
+    rows of `keys` query t sees, -1 where a slot is empty; sinks [H]; out [n, H, D]. Per unit:
+    scores s_j = dot_f32_lanes(key_j, q) * scale; m = max(sink, s_j); e_j = exp(s_j - m) in f32;
+    out = (sum_j e_j * key_j, in slot order) / (exp(sink - m) + sum_j e_j, in slot order). A unit's
+    result depends on its query and rows alone, never on the other units of the call."""
+    n, H, D = q.shape
+    S = slots.shape[1]
+    sc = np.empty(S, np.float32)
+    acc = np.empty(D, np.float32)
+    for u in range(u0, u1):
+        t, h = u // H, u % H
+        m = sinks[h]
+        qo = (t * H + h) * D
+        for j in range(S):
+            r = slots[t, j]
+            if r >= 0:
+                s = np.float32(dot_f32_lanes(keys, r * D, q, qo, D) * scale)
+                sc[j] = s
+                if s > m:
+                    m = s
+        denom = np.float32(np.exp(np.float32(sinks[h] - m)))
+        acc[:] = 0.0
+        for j in range(S):
+            r = slots[t, j]
+            if r >= 0:
+                e = np.float32(np.exp(np.float32(sc[j] - m)))
+                denom = np.float32(denom + e)
+                for d in range(D):
+                    acc[d] = np.float32(acc[d] + np.float32(e * keys[r, d]))
+        for d in range(D):
+            out[t, h, d] = np.float32(acc[d] / denom)

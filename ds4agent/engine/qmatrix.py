@@ -152,7 +152,7 @@ def _activation_kind(qtype: int) -> str:
     return "f32"
 
 
-def _run_rows(fn, rows: int, work: int, align: int = 1) -> None:
+def run_rows(fn, rows: int, work: int, align: int = 1) -> None:
     """fn(r0, r1) over [0, rows) split into one contiguous range per worker thread (each range
     starting at a multiple of `align`)."""
     units = -(-rows // align)
@@ -233,7 +233,7 @@ class QuantMatrix:
         out = np.empty((xa.shape[0], self.rows), np.float32)
         if xa.shape[0]:
             act = Activations(xa, self.kind)
-            _run_rows(functools.partial(self.rows_into, act, out), self.rows, out.size * self.cols, self.align)
+            run_rows(functools.partial(self.rows_into, act, out), self.rows, out.size * self.cols, self.align)
         return out
 
     def rows_into(self, act: Activations, out: np.ndarray, r0: int, r1: int) -> None:
@@ -318,7 +318,7 @@ class ExpertMatrix:
                 kern.expert_rows(m.ggml_type, m.w, m.aux, used, starts, act.xq, act.x16, act.xd, act.xs, out,
                                  r0, r1, f16, grid)
 
-        _run_rows(part, self.rows, len(mats) * n * k * self.rows * self.cols, self.align)
+        run_rows(part, self.rows, len(mats) * n * k * self.rows * self.cols, self.align)
         results = []
         for out in grouped:
             res = np.empty_like(out)

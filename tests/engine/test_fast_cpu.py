@@ -101,3 +101,17 @@ def test_fast_set_resumes_exactly_and_repeats_itself(engines, prompt, tmp_path):
     rerun = fast.new_session()
     rerun.sync(prompt)
     assert all(np.array_equal(x, y) for x, y in zip(_decode(rerun, 5), cont, strict=True))
+
+
+def test_fast_set_is_chunk_invariant(engines, prompt):
+    """Any chunk schedule gives the same bits on the fast set: every product and the attention
+    compute a token's result from that token alone (fast_attention.py, qmatrix.py)."""
+    _, fast = engines
+    whole = fast.new_session()
+    whole.sync(prompt)  # chunks of 32 + 8
+    pieces = fast.new_session()
+    for end in (7, 19, 20, 33, len(prompt)):
+        pieces.sync(prompt[:end])
+    assert np.array_equal(whole.logits, pieces.logits)
+    for a, b in zip(whole._state.arrays(), pieces._state.arrays(), strict=True):
+        assert np.array_equal(np.array(a), np.array(b))

@@ -8,7 +8,8 @@ here instead of the reference's pieces:
   * a layer's routed experts in one call (gate and up from one activation rounding, the SwiGLU,
     the weighting, down, the slot sum in selection order: qmatrix.routed_ffn);
   * attention's output projection A over all groups in one call (FastLinear.grouped).
-Every product of a token runs on all cores, and a prefill chunk multiplies all its tokens per
+The attention core runs each query over exactly the rows it sees (fast_attention.py) instead of
+the reference's fixed-length masked slot sets. Every product of a token runs on all cores, and a prefill chunk multiplies all its tokens per
 weight read, so prefill per token is far cheaper than decode.
 """
 
@@ -16,13 +17,20 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from ..config import ModelConfig
 from ..experts.fast import FastExperts, fast_routed_ffn
+from ..fast_attention import attend
 from ..weights import AttentionWeights, FFNWeights
 from .reference import ReferenceExecutor
 
 
 class FastCpuExecutor(ReferenceExecutor):
     name = "cpu"
+
+    def attend(self, c: ModelConfig, q: mx.array, k_all: mx.array, r0: int, p0: int, sinks: mx.array,
+               comp: mx.array | None, ratio: int, index_inputs=None, trace_masks: list | None = None) -> mx.array:
+        """Each query over exactly the rows it sees, on every core (fast_attention.py)."""
+        return attend(c, q, k_all, r0, p0, sinks, comp, ratio, index_inputs, trace_masks)
 
     def out_a(self, aw: AttentionWeights, o: mx.array) -> mx.array:
         if aw.out_a_all is None:

@@ -15,6 +15,7 @@ import mlx.core as mx
 
 from .. import ops
 from ..config import ModelConfig
+from ..layers import attention_core
 from ..ops import OpSet
 from ..weights import AttentionWeights, FFNWeights, HCWeights, ModelWeights
 
@@ -58,6 +59,11 @@ class ReferenceExecutor:
         if rounding:
             kv = ops.f16_round(xo.fp8sim(kv, c.nope_dim))
         return a, qr, q, kv
+
+    def attend(self, c: ModelConfig, q: mx.array, k_all: mx.array, r0: int, p0: int, sinks: mx.array,
+               comp: mx.array | None, ratio: int, index_inputs=None, trace_masks: list | None = None) -> mx.array:
+        """The attention core (layers.attention_core: fixed-length masked slot sets)."""
+        return attention_core(c, q, k_all, r0, p0, sinks, comp, ratio, index_inputs, trace_masks)
 
     def out_a(self, aw: AttentionWeights, o: mx.array) -> mx.array:
         """Output projection A by groups: o [n, G, (H/G)·Dh] -> [n, G·O], group g's slice of

@@ -1,0 +1,78 @@
+"""The fast CPU executor's attention core: each query over the rows it sees, on every core.
+
+Same attention as layers.attention_core (model.md §4.3 step 7: the raw window, the compressed rows
+visible at the query's position, for ratio-4 layers the indexer's top-k once it prunes, the sink
+in the softmax), computed per (query, head) by a compiled kernel (qkernels.attend_units) over
+exactly the rows the query sees. The reference instead gathers fixed-length slot sets (W raw
+slots, K indexer slots) and masks the invisible ones, which keeps its float sums chunk-invariant
+but, on the CPU, costs most of a decoded token and far more of a prefill chunk (a 64-query
+ratio-4 block multiplied 512 slots per query while 16 were visible).
+
+The fast set's contract (docs/numerics-fast-cpu.md): a query's output depends on that query and
+its rows alone, in a fixed order (the raw slots oldest first, then the compressed rows in row
+order), so decode equals a one-token prefill bit for bit and any chunk schedule gives the same
+bits; against the reference it differs only by float reassociation (sums in another order).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import mlx.core as mx
+import numpy as np
+
+from .config import ModelConfig
+from .hostread import to_host
+from .layers import INDEX_SCORE_BUDGET, QUERY_BLOCK, indexer_slots
+from .qmatrix import run_rows
+
+
+def _comp_slots(c: ModelConfig, ratio: int, p0: int, n: int, comp: mx.array, base: int,
+                index_inputs, trace_masks: list | None) -> np.ndarray:
+    """[n, S] rows of the key table (compressed rows start at `base`) each query sees, -1 empty."""
+    C = comp.shape[0]
+    pos = np.arange(p0, p0 + n)
+    n_vis = (pos + 1) // ratio
+    if ratio != 4:
+        cols = np.arange(int(n_vis.max()) if n else 0)
+        return np.where(cols[None, :] < n_vis[:, None], cols[None, :] + base, -1)
+    # ratio 4: the indexer's selection (layers.indexer_slots: rows 0..K-1 masked beyond what a
+    # query sees until it prunes, then its top K), in query blocks bounded as the reference's.
+    qb = QUERY_BLOCK
+    if index_inputs is not None:
+        qb = max(1, min(qb, INDEX_SCORE_BUDGET // max(c.indexer_heads * C * 8, 1)))
+    parts = []
+    for i0 in range(0, n, qb):
+        i1 = min(n, i0 + qb)
+        if index_inputs is not None:
+            iq, iw, keys = index_inputs
+            idx, valid = indexer_slots(c, iq[i0:i1], iw[i0:i1], keys, n_vis[i0:i1], trace_masks)
+        else:
+            idx, valid = indexer_slots(c, None, None, comp, n_vis[i0:i1], trace_masks)
+        parts.append(np.where(to_host(valid), to_host(idx) + base, -1))
+    return np.concatenate(parts, axis=0)
+
+
+def attend(c: ModelConfig, q: mx.array, k_all: mx.array, r0: int, p0: int, sinks: mx.array,
+           comp: mx.array | None, ratio: int, index_inputs=None, trace_masks: list | None = None) -> mx.array:
+    """layers.attention_core's arguments and result: o [n, H, Dh] of queries q [n, H, Dh]."""
+    from . import qkernels
+
+    n, H, D = (int(s) for s in q.shape)
+    W = c.window
+    raw = np.arange(n)[:, None] + np.arange(W)[None, :] + (r0 - W + 1)  # k_all rows, oldest first
+    slots = np.where(raw >= 0, raw, -1)
+    table = [to_host(k_all, np.float32)]
+    if comp is not None and comp.shape[0] and ratio:
+        table.append(to_host(comp, np.float32))
+        extra = _comp_slots(c, ratio, p0, n, comp, table[0].shape[0], index_inputs, trace_masks)
+        slots = np.concatenate([slots, extra], axis=1)
+    keys = np.ascontiguousarray(np.concatenate(table) if len(table) > 1 else table[0])
+    qh = np.ascontiguousarray(to_host(q, np.float32))
+    sh = np.ascontiguousarray(to_host(sinks, np.float32))
+    slots = np.ascontiguousarray(slots, dtype=np.int32)
+    out = np.empty((n, H, D), np.float32)
+    scale = np.float32(1.0 / np.sqrt(np.float32(D)))
+    run_rows(functools.partial(qkernels.attend_units, qh, keys, slots, sh, scale, out), n * H,
+             n * H * slots.shape[1] * D * 2)
+    return mx.array(out)
