@@ -83,7 +83,7 @@ class FastLinear:
         return self.matrix.nbytes
 
     def __call__(self, x: mx.array) -> mx.array:
-        if self.groups > 1:
+        if self.groups > 1 or not isinstance(self.matrix, QuantMatrix):
             raise TypeError("a grouped FastLinear multiplies through grouped()")
         lead = tuple(x.shape[:-1])
         xh = to_host(x.astype(F32), np.float32).reshape(-1, self.in_features)

@@ -194,7 +194,7 @@ def compressor_step(xo: OpSet, cw: CompressorWeights, a: mx.array, p0: int, r: i
 # ---- attention -------------------------------------------------------------------------------------
 
 
-def indexer_slots(c: ModelConfig, iq: mx.array, iw: mx.array, keys: mx.array,
+def indexer_slots(c: ModelConfig, iq: mx.array | None, iw: mx.array | None, keys: mx.array,
                    n_vis: np.ndarray, trace_masks: list | None) -> tuple[mx.array, mx.array]:
     """Per-query compressed-row slots for a ratio-4 layer (§4.5): (idx [nb, K] int32 rows in
     ascending order, valid [nb, K] bool). Queries that see <= K rows get rows 0..K-1 (masked
@@ -211,6 +211,7 @@ def indexer_slots(c: ModelConfig, iq: mx.array, iw: mx.array, keys: mx.array,
         if trace_masks is not None:
             trace_masks.append(np.arange(C)[None, :] < n_vis[:, None])
         return base_idx, base_valid
+    assert iq is not None and iw is not None  # a query prunes only once index_inputs exist
     Hi = c.indexer_heads
     s = (iq.reshape(nb * Hi, -1) @ keys.T).reshape(nb, Hi, C)
     score = mx.sum(mx.maximum(s, 0.0) * iw[:, :, None], axis=1)  # [nb, C]
@@ -258,6 +259,7 @@ def attention_core(c: ModelConfig, q: mx.array, k_all: mx.array, r0: int, p0: in
         qb = max(1, min(qb, INDEX_SCORE_BUDGET // max(per_query, 1)))
     comp_pad = None
     if C and ratio != 4:
+        assert comp is not None  # C > 0
         nblk = -(-C // _COMP_BLOCK)
         pad = nblk * _COMP_BLOCK - C
         comp_pad = mx.concatenate([comp, mx.zeros((pad, Dh), dtype=F32)], axis=0) if pad else comp
@@ -274,9 +276,10 @@ def attention_core(c: ModelConfig, q: mx.array, k_all: mx.array, r0: int, p0: in
         s_raw = (qi @ mx.swapaxes(kb, -1, -2)) * scale  # [nb, H, W]
         s_raw = mx.where(mx.array(valid)[:, None, :], s_raw, NEG_INF)
         m = mx.maximum(mx.max(s_raw, axis=-1, keepdims=True), sink)
-        n_vis = (pos + 1) // ratio if ratio else None
+        n_vis = (pos + 1) // ratio if ratio else np.zeros_like(pos)
         s_c = kc = None
         if C and ratio == 4:
+            assert comp is not None  # C > 0
             if index_inputs is not None:
                 iq, iw, keys = index_inputs
                 cidx, cvalid = indexer_slots(c, iq[i0:i1], iw[i0:i1], keys, n_vis, trace_masks)
@@ -287,6 +290,7 @@ def attention_core(c: ModelConfig, q: mx.array, k_all: mx.array, r0: int, p0: in
             s_c = mx.where(cvalid[:, None, :], s_c, NEG_INF)
             m = mx.maximum(m, mx.max(s_c, axis=-1, keepdims=True))
         elif C:
+            assert comp_pad is not None  # C > 0 and ratio != 4
             cpad = comp_pad.shape[0]
             s_c = (qi.reshape(nb * H, Dh) @ comp_pad.T).reshape(nb, H, cpad) * scale
             cvalid = mx.array(np.arange(cpad)[None, :] < n_vis[:, None])
@@ -296,10 +300,12 @@ def attention_core(c: ModelConfig, q: mx.array, k_all: mx.array, r0: int, p0: in
         denom = mx.exp(sink - m) + mx.sum(e_raw, axis=-1, keepdims=True)
         o = e_raw @ kb  # [nb, H, Dh]
         if s_c is not None and ratio == 4:
+            assert kc is not None  # set with s_c
             e_c = mx.exp(s_c - m)
             denom = denom + mx.sum(e_c, axis=-1, keepdims=True)
             o = o + e_c @ kc
         elif s_c is not None:
+            assert comp_pad is not None  # as above
             e_c = mx.exp(s_c - m)
             for b0 in range(0, comp_pad.shape[0], _COMP_BLOCK):
                 eb = e_c[:, :, b0:b0 + _COMP_BLOCK]
@@ -337,6 +343,10 @@ def attention_block(ex, aw: AttentionWeights, c: ModelConfig, layer: int, x: mx.
     index_inputs = None
     masks: list | None = None
     if r != 0:
+        # A compressed layer has a compressor and its state; a ratio-4 layer an indexer too.
+        assert aw.compressor is not None and lay.comp is not None and lay.attn_kv is not None
+        assert lay.attn_score is not None
+
         def finish_attn(rows: mx.array) -> mx.array:
             return ops.f16_round(xo.fp8sim(rows, Dn)) if rounding else rows
 
@@ -347,6 +357,8 @@ def attention_block(ex, aw: AttentionWeights, c: ModelConfig, layer: int, x: mx.
         new.update(comp=comp, attn_kv=akv, attn_score=asc)
         if r == 4:
             iw_ = aw.indexer
+            assert iw_ is not None and lay.index_comp is not None and lay.index_kv is not None
+            assert lay.index_score is not None
 
             def finish_index(rows: mx.array) -> mx.array:
                 y = xo.qat(rows, rounding)

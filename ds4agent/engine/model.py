@@ -54,6 +54,7 @@ def output_head(weights: ModelWeights, config: ModelConfig, R: mx.array) -> mx.a
 
 def embed(weights: ModelWeights, c: ModelConfig, toks: mx.array) -> mx.array:
     """Token ids [n] -> the hyper-connection input R [n, hc, E] (f32; every stream = the embedding)."""
+    assert weights.token_embd is not None  # weights that include layer 0
     x0 = weights.token_embd[toks].astype(F32)
     return mx.broadcast_to(x0[:, None, :], (toks.shape[0], c.hc_count, c.dim))
 

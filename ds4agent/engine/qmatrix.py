@@ -97,10 +97,10 @@ def _repack_q8_0(blocks: np.ndarray, n_mats: int, rows: int, cols: int) -> tuple
     scales = np.zeros((n_mats, groups * 16, nb), np.float32)
     scales[:, :rows] = np.ascontiguousarray(b[..., :2]).view(np.float16)[..., 0]
     # [m, g, 16 rows, nb, 8 runs, 4] -> [m, g, nb, 8 runs, 16 rows, 4]
-    codes = codes.reshape(n_mats, groups, 16, nb, 8, 4).transpose(0, 1, 3, 4, 2, 5)
-    scales = scales.reshape(n_mats, groups, 16, nb).transpose(0, 1, 3, 2)
-    return (np.ascontiguousarray(codes).reshape(n_mats, groups, nb * 512),
-            np.ascontiguousarray(scales).reshape(n_mats, groups, nb * 16))
+    runs = codes.reshape(n_mats, groups, 16, nb, 8, 4).transpose(0, 1, 3, 4, 2, 5)
+    by_block = scales.reshape(n_mats, groups, 16, nb).transpose(0, 1, 3, 2)
+    return (np.ascontiguousarray(runs).reshape(n_mats, groups, nb * 512),
+            np.ascontiguousarray(by_block).reshape(n_mats, groups, nb * 16))
 
 
 def _check_input(x: Any, cols: int) -> np.ndarray:

@@ -210,7 +210,6 @@ DenseLayer = Linear | FastLinear
 # `compiled`: an executor's compiled functions of these weights (the GPU executor's fused graphs
 # capture the weights as constants), owned by the weights they close over so they live and die
 # together; never compared or hashed.
-_COMPILED = dict(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -218,7 +217,7 @@ class HCWeights:
     fn: DenseLayer  # n·E -> n(2+n) (layers) or n (output head)
     scale: mx.array  # [3] (layers) or [1] (head)
     base: mx.array  # [n(2+n)] or [n]
-    compiled: dict = field(**_COMPILED)
+    compiled: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -250,7 +249,7 @@ class AttentionWeights:
     compressor: CompressorWeights | None  # ratio != 0
     indexer: IndexerWeights | None  # ratio == 4
     out_a_all: DenseLayer | None = None  # attn_output_a whole (the slices are views of it): Linear.grouped
-    compiled: dict = field(**_COMPILED)
+    compiled: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -265,7 +264,7 @@ class FFNWeights:
     gate_shexp: DenseLayer
     up_shexp: DenseLayer
     down_shexp: DenseLayer
-    compiled: dict = field(**_COMPILED)
+    compiled: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -289,7 +288,7 @@ class ModelWeights:
     output: DenseLayer | None
     first_layer: int = 0
     kernels: str = "reference"  # the kernel set the weights were built for (device.KERNEL_SETS)
-    compiled: dict = field(**_COMPILED)
+    compiled: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 # ---- building ---------------------------------------------------------------------------------
@@ -303,7 +302,11 @@ def _as_linear(name: str, v: Any, shape: tuple[int, int], kernels: str, groups: 
     if isinstance(v, (Linear, FastLinear)):
         lin = v
     elif kernels == "cpu":
-        lin = FastLinear.from_affine(*v, groups=groups) if isinstance(v, tuple) else FastLinear.from_dense(v, groups)
+        if isinstance(v, tuple):
+            wq, scales, biases = v
+            lin = FastLinear.from_affine(wq, scales, biases, groups=groups)
+        else:
+            lin = FastLinear.from_dense(v, groups)
     elif isinstance(v, tuple):
         lin = Linear(*v, in_features=shape[1], kernels=kernels)
     else:
@@ -418,7 +421,8 @@ def build_weights(config: ModelConfig, get: Callable[[str], Any],
             kv=lin(f"{b}attn_kv.weight", (Dh, E)),
             kv_norm=arr(f"{b}attn_kv_a_norm.weight", (Dh,)),
             sinks=arr(f"{b}attn_sinks.weight", (H,)),
-            out_a=() if fast else tuple(out_a_full.rows(O * g, O * g + O) for g in range(G)),
+            out_a=() if isinstance(out_a_full, FastLinear) else tuple(out_a_full.rows(O * g, O * g + O)
+                                                                     for g in range(G)),
             out_a_all=out_a_full,
             out_b=lin(f"{b}attn_output_b.weight", (E, G * O)),
             compressor=compressor(f"{b}attn_compressor", r, coff, Dh) if r != 0 else None,

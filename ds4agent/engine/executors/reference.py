@@ -98,6 +98,7 @@ class ReferenceExecutor:
         """Router (§4.6): (selected experts [n, U] int32, their weights [n, U])."""
         prob = mx.sqrt(self.ops.softplus(fw.gate_inp(h)))
         if c.is_hash_layer(layer):
+            assert fw.tid2eid is not None  # every hash layer has its table
             sel = fw.tid2eid[tokens]  # router bias unused on hash layers
         else:
             sel = self.top_u(prob + fw.bias if fw.bias is not None else prob, c.n_experts_used)
@@ -129,6 +130,7 @@ class ReferenceExecutor:
         """§4.7: HC head + output norm + output projection; R [n, hc, E] -> logits [n, V]."""
         n, hc, E = R.shape
         xo = self.ops
+        assert w.head is not None and w.output is not None  # weights that include the last layer
         flat = xo.rms_norm(R.reshape(n, hc * E), None, c.rms_eps)
         pre = w.head.fn(flat)
         wts = mx.sigmoid(pre * w.head.scale[0] + w.head.base) + c.hc_eps
