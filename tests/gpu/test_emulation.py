@@ -13,6 +13,8 @@ of the exact dot product, which is the bound asserted (with n = d_in).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+from pathlib import Path
 
 import gguf
 import mlx.core as mx
@@ -26,6 +28,7 @@ from tests.gpu import harness
 from tests.weights.conftest import random_blocks
 
 TYPES = [quant.IQ2_XXS, quant.Q2_K, quant.Q4_K]
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
 BACKENDS = list(gpu.BACKENDS)
 # (experts, d_out, d_in, pairs): one row of one expert; tails (37 rows: a partial last
 # threadgroup; 768 inputs: 24 chunks, fewer than the 32 lanes, and a row of 3 blocks); decode at
@@ -183,3 +186,23 @@ def test_emulated_backend_end_to_end(emulator, monkeypatch):
             xs = x if per_slot else np.broadcast_to(x[:, None, :], (n, k, d_in))
             want = np.einsum("nkoi,nki->nko", w[ids], xs.astype(np.float64))
             assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+
+
+def test_emulated_gpu_check_expert_rows(emulator, monkeypatch, capsys):
+    """bench/gpu_check.py's expert-kernel rows, with the kernels emulated (a small shape): what a
+    lent GPU runs, dry-run here, so the script's own checks are right before a GPU sees them."""
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    monkeypatch.setattr(gpu, "run", lambda call, inputs: [
+        mx.array(o) for o in emulator.run(call, [np.array(a) for a in inputs])])
+    monkeypatch.setattr(gpu_check, "_median_time", lambda fn, repeats=20: (mx.eval(fn()), 1e-3)[1])
+    table = gpu_check.Table()
+    gpu_check.expert_kernels(table, "cuda", d_out=8, d_in=512)
+    rows = {r[0]: r for r in table.rows}
+    for name in ("IQ2_XXS", "Q2_K", "Q4_K"):
+        assert rows[f"experts {name}: self-check"][3] == "ok"
+        assert rows[f"experts {name}: prefill kernel vs quant.py"][1:] == ("bit-exact", "bit-exact", "ok")
+        assert rows[f"experts {name}: decode kernel error / bound"][3] == "ok"
+        assert f"experts {name}: decode kernel (k=6, 8x512)" in rows
+    assert not table.failed
