@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import mmap
 import os
 import re
 import shutil
@@ -344,17 +345,40 @@ class Emulator:
         for k, inst in enumerate(todo):
             self._libs[inst] = (lib, k)
 
-    def run(self, call: KernelCall, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    def run(self, call: KernelCall, inputs: list[np.ndarray], *, guard: bool = False) -> list[np.ndarray]:
         """The outputs of `call` on `inputs` (numpy arrays; outputs start as NaN, so an element
-        the kernel never writes shows)."""
+        the kernel never writes shows). guard: every buffer ends where an inaccessible page
+        begins, so a read or write past its end kills the process (SIGSEGV): run guarded
+        launches in a child process."""
         inst = instance(call, inputs)
         self.prepare([inst])
         lib, k = self._libs[inst]
-        arrays = [np.ascontiguousarray(a) for a in inputs]
-        outs = [np.full(s, np.nan, d) for s, d in zip(call.output_shapes, call.output_dtypes, strict=True)]
+        place = _guarded if guard else np.ascontiguousarray
+        arrays = [place(a) for a in inputs]
+        outs = [place(np.full(s, np.nan, d)) for s, d in zip(call.output_shapes, call.output_dtypes, strict=True)]
         ptrs = (ctypes.c_void_p * 16)(*[a.ctypes.data for a in arrays + outs])
         err = ctypes.create_string_buffer(512)
         rc = getattr(lib, f"ds4emu_launch_{k}")(ptrs, err, 512)
         if rc:
             raise EmulationError(err.value.decode())
         return outs
+
+
+_GUARDS: list[mmap.mmap] = []  # kept alive with the arrays that live in them
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _guarded(a: np.ndarray) -> np.ndarray:
+    """A copy of `a` whose last byte is followed by an inaccessible page."""
+    page = mmap.PAGESIZE
+    data = np.ascontiguousarray(a)
+    pages = -(-max(data.nbytes, 1) // page)
+    m = mmap.mmap(-1, (pages + 1) * page)
+    _GUARDS.append(m)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    if _libc.mprotect(ctypes.c_void_p(base + pages * page), page, 0) != 0:
+        raise OSError(ctypes.get_errno(), "mprotect failed")
+    out = np.frombuffer(m, dtype=data.dtype, count=data.size, offset=pages * page - data.nbytes)
+    out = out.reshape(data.shape)
+    out[...] = data
+    return out

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import gguf
@@ -28,7 +31,8 @@ from tests.gpu import harness
 from tests.weights.conftest import random_blocks
 
 TYPES = [quant.IQ2_XXS, quant.Q2_K, quant.Q4_K]
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "bench" / "gpu_check.py"
 BACKENDS = list(gpu.BACKENDS)
 # (experts, d_out, d_in, pairs): one row of one expert; tails (37 rows: a partial last
 # threadgroup; 768 inputs: 24 chunks, fewer than the 32 lanes, and a row of 3 blocks); decode at
@@ -206,3 +210,31 @@ def test_emulated_gpu_check_expert_rows(emulator, monkeypatch, capsys):
         assert rows[f"experts {name}: decode kernel error / bound"][3] == "ok"
         assert f"experts {name}: decode kernel (k=6, 8x512)" in rows
     assert not table.failed
+
+
+def guarded_main(broken: bool) -> None:
+    """Run every tail-shape case with each buffer ending at an inaccessible page (a child
+    process: an access past a buffer's end kills it). broken: the prefill kernel's bound check
+    off by one (`>=` -> `>`), which reads and writes one chunk past its buffers."""
+    emu = harness.Emulator(harness.compiler())
+    cases = [_matvec_case(b, t, (6, 37, 768, 12)) for b in BACKENDS for t in TYPES]
+    cases += [_dequant_case(b, t, (6, 37, 768, 6)) for b in BACKENDS for t in TYPES]
+    for call, inputs, _ in cases:
+        if broken:
+            call = dataclasses.replace(call, source=call.source.replace("if (c >= uint32_t(", "if (c > uint32_t("))
+        emu.run(call, inputs, guard=True)
+    print("guarded runs done")
+
+
+def _guarded_child(broken: bool) -> subprocess.CompletedProcess:
+    code = f"from tests.gpu.test_emulation import guarded_main; guarded_main({broken})"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_emulated_kernels_stay_inside_their_buffers(emulator):
+    r = _guarded_child(broken=False)
+    assert r.returncode == 0 and "guarded runs done" in r.stdout, r.stderr[-2000:]
+    r = _guarded_child(broken=True)  # the guard pages catch an off-by-one bound check
+    assert r.returncode == -11, (r.returncode, r.stderr[-2000:])
