@@ -17,7 +17,7 @@ Weights are random valid blocks (small finite f16 scales), no model file; one te
 experts at a time (at most 1.2 GB, the Q4_K one; peak resident about 2 GB). Exits non-zero when
 a type of ours reads less than --target GB/s (default 0.5).
 
-    python bench/experts.py [--iters N] [--target GBPS] [--prefill ROWS] [--backend auto|portable|metal]
+    python bench/experts.py [--iters N] [--target GBPS] [--prefill ROWS] [--backend auto|portable|gpu]
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     ap.add_argument("--target", type=float, default=0.5, help="GB/s every type of ours must reach")
     ap.add_argument("--prefill", type=int, default=0, metavar="ROWS",
                     help="also time one prefill chunk of ROWS rows (context, no target)")
-    ap.add_argument("--backend", default="auto", choices=("auto", "portable", "metal"))
+    ap.add_argument("--backend", default="auto", choices=("auto", "portable", "gpu"))
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     print(f"routed-expert decode call: 1 row x {TOP_K} of {N_EXPERTS} experts, device {mx.default_device()}, "
