@@ -191,7 +191,11 @@ def cuda_source(call: KernelCall, inputs: list[np.ndarray]) -> tuple[str, str]:
 # ---- the emulator -------------------------------------------------------------------------------
 
 
+NO_COMPILER = "tooling: no C++ compiler (g++, c++ or clang++; or $CXX) to emulate the GPU kernels with"
+
+
 def compiler() -> str | None:
+    """The C++ compiler the emulator uses ($CXX, else g++, c++ or clang++), or None."""
     return shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++") or shutil.which("clang++")
 
 

@@ -48,7 +48,7 @@ DEQUANT_SHAPES = [(256, 8, 512, 256), (6, 37, 768, 3)]
 def emulator():
     cxx = harness.compiler()
     if cxx is None:
-        pytest.skip("tooling: no C++ compiler (g++, c++ or clang++) to emulate the GPU kernels with")
+        pytest.skip(harness.NO_COMPILER)
     emu = harness.Emulator(cxx)
     cases = [_matvec_case(b, t, s) for b in BACKENDS for t in TYPES for s in MATVEC_SHAPES]
     cases += [_dequant_case(b, t, s) for b in BACKENDS for t in TYPES for s in DEQUANT_SHAPES]
@@ -238,3 +238,36 @@ def test_emulated_kernels_stay_inside_their_buffers(emulator):
     assert r.returncode == 0 and "guarded runs done" in r.stdout, r.stderr[-2000:]
     r = _guarded_child(broken=True)  # the guard pages catch an off-by-one bound check
     assert r.returncode == -11, (r.returncode, r.stderr[-2000:])
+
+
+@pytest.mark.parametrize("kind", ["matvec", "dequant"])
+def test_emulation_wraps_metal_source_as_mlx_does(kind, tmp_path, capfd):
+    """The Metal translation unit the harness emulates is, character for character, the one the
+    installed MLX generates (its metal_kernel prints it with verbose=True; exporting a function
+    records a Metal kernel without a Metal device)."""
+    if kind == "matvec":
+        call, inputs, _ = _matvec_case("metal", quant.Q4_K, (6, 37, 768, 6))  # ids in constant memory
+    else:
+        call, inputs, _ = _dequant_case("metal", quant.IQ2_XXS, (256, 8, 512, 256))
+    kernel = mx.fast.metal_kernel(name=call.name, input_names=list(call.input_names),
+                                  output_names=list(call.output_names), source=call.source, header=call.header)
+
+    def launch(*arrays):
+        return kernel(inputs=list(arrays), template=list(call.template), grid=call.grid,
+                      threadgroup=call.threadgroup, output_shapes=[list(s) for s in call.output_shapes],
+                      output_dtypes=[getattr(mx, d) for d in call.output_dtypes], verbose=True)[0]
+
+    try:
+        mx.export_function(str(tmp_path / "k.mlxfn"), launch, *[mx.array(a) for a in inputs])
+    except Exception as err:  # an MLX without export tracing of Metal kernels
+        pytest.skip(f"tooling: this MLX ({mx.__version__}) cannot record a Metal kernel without Metal: {err}")
+    printed = capfd.readouterr().out
+    mlx_text = printed.split("```\n", 1)[1].rsplit("\n```", 1)[0]
+    assert mlx_text == harness.metal_source(call, inputs)[1]
+
+
+def test_emulation_without_a_compiler_finds_none(monkeypatch):
+    """No compiler: the emulation tests skip with harness.NO_COMPILER instead of failing."""
+    monkeypatch.setattr(harness.shutil, "which", lambda name: None)
+    assert harness.compiler() is None
+    assert "no C++ compiler" in harness.NO_COMPILER
