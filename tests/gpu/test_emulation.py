@@ -37,8 +37,8 @@ BACKENDS = list(gpu.BACKENDS)
 # (experts, d_out, d_in, pairs): one row of one expert; tails (37 rows: a partial last
 # threadgroup; 768 inputs: 24 chunks, fewer than the 32 lanes, and a row of 3 blocks); decode at
 # k = 6 (fewer than 8 ids: Metal's constant address space) and two tokens (12 pairs) over all
-# 256 experts.
-MATVEC_SHAPES = [(1, 1, 256, 1), (6, 37, 768, 12), (256, 8, 512, 6), (256, 8, 512, 12)]
+# 256 experts; 1280 inputs: 40 chunks, so 8 lanes take a second chunk and 24 do not.
+MATVEC_SHAPES = [(1, 1, 256, 1), (6, 37, 768, 12), (256, 8, 512, 6), (256, 8, 512, 12), (3, 5, 1280, 2)]
 # (experts, d_out, d_in, selected): every one of 256 experts; a tail (888 chunks, not a multiple
 # of the 256-thread group) of fewer than 8 experts.
 DEQUANT_SHAPES = [(256, 8, 512, 256), (6, 37, 768, 3)]
