@@ -22,7 +22,12 @@ What is measured:
     written to --workdir and removed afterwards unless --keep; --flash-prefill / --flash-decode
     bound its run, --no-flash skips it);
   * device->host reads per decoded token (engine.hostread), the GPU-shaped decode's invariant;
-  * peak memory: MLX's peak allocation (device memory on a GPU) and the process's peak RSS.
+  * peak memory: MLX's peak allocation (device memory on a GPU) and the process's peak RSS;
+  * the routed-expert kernels (engine/experts/gpu.py, the same sources the emulation tests run
+    on the CPU): each type's kernels compiled through MLX on this GPU, their self-check, the
+    prefill kernel against quant.py's dequantisation (bit for bit) and the decode kernel against
+    the dequantised product (the emulation tests' bound) at the Flash expert shape, k = 6, and
+    their times (GB/s of blocks read by the decode kernel).
 """
 
 from __future__ import annotations
@@ -48,8 +53,10 @@ from ds4agent.engine import (  # noqa: E402
     generate,
     hostread,
     load_engine,
+    quant,  # noqa: E402
 )
 from ds4agent.engine.device import KERNELS_ENV, choose_device, kernel_set  # noqa: E402
+from ds4agent.engine.experts import gpu  # noqa: E402
 from ds4agent.engine.model import Trace, forward  # noqa: E402
 from ds4agent.engine.sampler import Sampler  # noqa: E402
 from ds4agent.engine.state import SessionState  # noqa: E402
@@ -185,6 +192,52 @@ def run_config(table: Table, name: str, path: Path, args, *, label: str, n_prefi
     gc.collect()
 
 
+def _median_time(fn, repeats: int = 20) -> float:
+    mx.eval(fn())  # compile and warm up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        mx.eval(fn())
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def expert_kernels(table: Table, backend: str, d_out: int = 2048, d_in: int = 4096, k: int = 6) -> None:
+    """The GPU expert kernels of every type on this GPU, at the Flash expert shape."""
+    rng = np.random.default_rng(0)
+    for qtype in gpu.GPU_TYPES:
+        name = quant.type_name(qtype)
+        problem = gpu.self_check(qtype, backend)
+        table.add(f"experts {name}: self-check", problem or "passed", "passed", problem is None)
+        if problem:
+            continue
+        e = 32  # enough experts to spread the ids; the tensor's size does not change a kernel's work
+        block, size, _ = quant.block_info(qtype)
+        raw = rng.integers(0, 256, size=(e * d_out * d_in // block, size), dtype=np.uint8)
+        for off in {quant.Q2_K: (80, 82), quant.Q4_K: (0, 2), quant.IQ2_XXS: (0,)}[qtype]:
+            raw[:, off : off + 2] = np.full((len(raw), 1), np.float16(0.001)).view(np.uint8)
+        raw = raw.reshape(e, d_out, d_in // block * size)
+        ex = gpu.GpuExperts(raw, qtype, (e, d_out, d_in), backend=backend)
+        ids = rng.choice(e, k, replace=False)
+        want = np.array(quant.dequantize(mx.array(raw[ids]), qtype, (k, d_out, d_in)))
+        got = np.array(ex.dequantize(mx.array(ids.astype(np.uint32))))
+        exact = bool(np.array_equal(got.view(np.uint32), want.view(np.uint32)))
+        table.add(f"experts {name}: prefill kernel vs quant.py", "bit-exact" if exact else "DIFFERS",
+                  "bit-exact", exact)
+        x = rng.standard_normal((1, d_in)).astype(np.float32)
+        y = np.array(ex.gather_matmul(mx.array(x), mx.array(ids[None, :])))[0]
+        terms = want.astype(np.float64) * x[0].astype(np.float64)
+        err = float((np.abs(y - terms.sum(-1)) / ((d_in + 1) * 2.0**-24 * np.abs(terms).sum(-1) + 1e-37)).max())
+        table.add(f"experts {name}: decode kernel error / bound", f"{err:.3f}", "<= 1", err <= 1.0)
+        xs, eids = mx.array(np.repeat(x, k, 0)), mx.array(ids.astype(np.uint32))
+        t = _median_time(lambda ex=ex, xs=xs, eids=eids: ex.matvec(xs, eids))
+        read = gpu.read_bytes(qtype, d_in, d_out, k)
+        table.add(f"experts {name}: decode kernel (k={k}, {d_out}x{d_in})",
+                  f"{t * 1e6:.0f} us, {read / t / 1e9:.0f} GB/s")
+        t = _median_time(lambda ex=ex, eids=eids: ex.dequantize(eids), repeats=5)
+        table.add(f"experts {name}: prefill kernel ({k} experts)", f"{t * 1e3:.2f} ms")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
@@ -229,6 +282,12 @@ def _check(args) -> int:
                                                 ("device_name", "architecture", "memory_size")))
         except Exception:  # noqa: BLE001 - informative only
             pass
+
+    backend = gpu.available_backend() if dev.kind == "gpu" else None
+    if backend is None:
+        table.add("expert kernels", "not run: no Metal or CUDA GPU (tests/gpu emulates them on the CPU)")
+    else:
+        expert_kernels(table, backend)
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="ds4-gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)

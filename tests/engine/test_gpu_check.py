@@ -31,7 +31,8 @@ def test_dry_run_prints_one_table_and_passes(gpu_check, tmp_path, capsys, monkey
     table = out[out.index(" check "):]
     for row in ("device", "CPU (MLX", "kernel set of the GPU run", "tiny: argmax agreement (12 positions)",
                 "tiny: max |dlogit| / max |logit|", "tiny: prefill", "tiny: decode",
-                "tiny: host reads per decoded token", "tiny: peak memory"):
+                "tiny: host reads per decoded token", "tiny: peak memory",
+                "expert kernels", "not run: no Metal or CUDA GPU"):
         assert row in table, row
     assert "flash" not in table
     assert "FAIL" not in table and out.rstrip().endswith("verdict: ok")

@@ -5,6 +5,6 @@
     portable.py  MLX backends: DenseExperts (float), MxExperts (MLX microscaled), QuantExperts
                  (raw GGUF blocks, dequantised bit-exactly)
     cpu.py       the CPU path of QuantExperts: compiled kernels (cpu_kernels.py) over raw blocks
-    metal.py     Metal kernels for IQ2_XXS / Q2_K / Q4_K (macOS)
+    gpu.py       Metal and CUDA kernels for IQ2_XXS / Q2_K / Q4_K (sources in kernels/)
     fast.py      FastExperts: the fast CPU kernel set (8-bit activations, integer dots; qmatrix.py)
 """

@@ -2,12 +2,13 @@
 
     ExpertWeights                       what model.py multiplies: gather_matmul(x, expert_ids)
     dense_experts(w)                    float weights -> DenseExperts
-    quant_experts(raw, qtype, shape)    raw GGUF blocks -> Metal kernels where a Metal device
-                                        exists and passes its self-check, else QuantExperts;
-                                        backend="fast": FastExperts (the fast CPU kernel set)
+    quant_experts(raw, qtype, shape)    raw GGUF blocks -> the GPU kernels (gpu.py) where MLX has
+                                        a Metal or CUDA GPU and they pass their self-check, else
+                                        QuantExperts; backend="fast": FastExperts (the fast CPU set)
 
 The backends live in portable.py (MLX; its QuantExperts runs the CPU kernels of cpu.py on a CPU),
-metal.py and fast.py (8-bit activations, integer dot products: qmatrix.py); they satisfy the protocol structurally and never import this module.
+gpu.py and fast.py (8-bit activations, integer dot products: qmatrix.py); they satisfy the
+protocol structurally and never import this module.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from ds4agent.engine.errors import EngineError
-from ds4agent.engine.experts import metal
+from ds4agent.engine.experts import gpu
 from ds4agent.engine.experts.fast import FastExperts
 from ds4agent.engine.experts.portable import DenseExperts, QuantExperts, resident_blocks
 
@@ -43,9 +44,9 @@ def dense_experts(w: Any) -> ExpertWeights:
 
 def quant_experts(raw: Any, qtype: int, shape: Any, *, backend: str = "auto",
                   shared: dict[tuple[int, int], mx.array] | None = None) -> ExpertWeights:
-    """The backend for raw expert blocks: Metal kernels where a Metal device exists (IQ2_XXS,
-    Q2_K, Q4_K), else the portable MLX backend. backend: "auto" | "portable" | "metal" | "fast"
-    (the fast CPU kernel set's backend, experts/fast.py: blocks read in place from the map).
+    """The backend for raw expert blocks: the GPU kernels where MLX has a Metal or CUDA GPU
+    (IQ2_XXS, Q2_K, Q4_K), else the portable MLX backend. backend: "auto" | "portable" | "gpu" |
+    "fast" (the fast CPU kernel set's backend, experts/fast.py: blocks read in place from the map).
 
     shared: the loader's device copies of blocks already made, by (address, size) of the mapped
     bytes. A backend that keeps its blocks resident reuses the copy of the same bytes instead
@@ -53,18 +54,17 @@ def quant_experts(raw: Any, qtype: int, shape: Any, *, backend: str = "auto",
     points every layer's expert tensors at one region per tensor kind, and a copy per tensor
     would hold 72 GiB for its 1.7 GiB of distinct blocks (the memory plan counts distinct bytes).
     """
-    if backend not in ("auto", "portable", "metal", "fast"):
+    if backend not in ("auto", "portable", "gpu", "fast"):
         raise EngineError(f"unknown expert backend {backend!r}")
     if backend == "fast":
         return FastExperts(raw, qtype, shape)
-    want_metal = backend == "metal" or (
-        backend == "auto" and qtype in metal.METAL_TYPES and metal_available()
-    )
+    where = gpu.available_backend()
+    want_gpu = backend == "gpu" or (backend == "auto" and qtype in gpu.GPU_TYPES and where is not None)
     cls: type[QuantExperts] = QuantExperts
-    if want_metal:
-        problem = None if backend == "metal" else metal.self_check(qtype)
+    if want_gpu:
+        problem = None if backend == "gpu" else gpu.self_check(qtype, where or "")
         if problem is None:
-            cls = metal.MetalExperts
+            cls = gpu.GpuExperts
         else:
             # Robust choice: a kernel that fails its one-time check must not take the engine
             # down; the portable backend computes the same values (slower).
@@ -76,9 +76,3 @@ def quant_experts(raw: Any, qtype: int, shape: Any, *, backend: str = "auto",
         raw = shared[key]
     return cls(raw, qtype, shape)
 
-
-def metal_available() -> bool:
-    try:
-        return bool(mx.metal.is_available())
-    except Exception:  # an MLX build without the metal module
-        return False

@@ -6,7 +6,7 @@
                      quantised; only the experts a call selects are read. On a CPU, compiled
                      kernels (experts/cpu.py) decode and multiply them block by block, the output
                      rows split over one worker thread per core; on a GPU, MLX ops dequantise a
-                     bounded group of whole experts at a time. experts/metal.py subclasses it.
+                     bounded group of whole experts at a time. experts/gpu.py subclasses it.
 
 Exactness contract (chunk invariance, model.md §9): every (row, slot) product is computed as its
 own 1-row matrix product (`mx.gather_mm` with M = 1 per batch element), so a row's result does
