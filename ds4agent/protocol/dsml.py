@@ -74,6 +74,10 @@ __all__ = [
 
 _BAR = "｜".encode()  # U+FF5C, 3 bytes EF BD 9C
 MARKER_CANONICAL = b"<" + _BAR + b"DSML" + _BAR + b"tool_calls>"
+# The spec (prompt-and-dsml.md §11.2) also opens a block at the two typo markers below. They hold no
+# whole ｜DSML｜, so they can never carry the special token that makes a block real (module docstring):
+# they stay listed, and always read as text. The boundary wins over the spec here on purpose: a block
+# the model did not mark with the special token would be text it quoted, and quoted text must not run.
 START_MARKERS = (
     MARKER_CANONICAL,
     b"<DSML" + _BAR + b"tool_calls>",  # first bar missing (a typo the model makes)
