@@ -304,8 +304,19 @@ _MAX_LINES = 2000
 
 
 def mentions_refusal(output: str) -> bool:
-    """Whether the output reports a refused operation at all (named path or not)."""
-    return bool(_DENIED.search(output))
+    """Whether the output reports an operation the sandbox may have refused without naming a path
+    (a note then says what the boundary is): with a mount namespace only EROFS and EXDEV can be its
+    doing (see refusals); a line that names its path is refusals()' to judge."""
+    reasons = _DENIED if entries_only() else _WRITE_REFUSED
+    return any(reasons.search(line) and not _candidates(line) for line in output.splitlines()[:_MAX_LINES])
+
+
+def _candidates(line: str) -> list[str]:
+    """The paths a refusal line names: quoted, or bare right before the reason."""
+    found = [next(g for g in m.groups() if g) for m in _QUOTED.finditer(line)]
+    # A bare word at the very start of the line is the program reporting ("sh: x: ...").
+    found += [m.group(1) for m in _BARE.finditer(line) if m.start(1) > 0]
+    return [text for text in found if not text.startswith("[Errno")]
 
 
 def refusals(output: str, cwd: str, boundary: Boundary) -> list[Refusal]:
@@ -316,7 +327,9 @@ def refusals(output: str, cwd: str, boundary: Boundary) -> list[Refusal]:
     With a mount namespace every refused write says "Read-only file system" (or "Invalid
     cross-device link" for a rename), since everything a job may not write is mounted read-only:
     "Permission denied" there is a read the file's own permissions refused, not the sandbox, and
-    asking to run the command outside the sandbox would not help."""
+    asking to run the command outside the sandbox would not help. Without one, Landlock's EACCES
+    reads like a read the file's mode refused: such a line counts only where the file's own mode
+    would have let this user write it (so the sandbox is what said no), and never under /proc."""
     found: dict[str, Refusal] = {}
     root = os.path.realpath(boundary.root)
     git = [os.path.realpath(p) for p in git_paths(root)] if not boundary.git_writable else []
@@ -326,21 +339,43 @@ def refusals(output: str, cwd: str, boundary: Boundary) -> list[Refusal]:
             break
         if not reasons.search(line):
             continue
-        candidates = [next(g for g in m.groups() if g) for m in _QUOTED.finditer(line)]
-        # A bare word at the very start of the line is the program reporting ("sh: x: ...").
-        candidates += [m.group(1) for m in _BARE.finditer(line) if m.start(1) > 0]
-        for text in candidates:
-            if text.startswith("[Errno"):
-                continue
+        for text in _candidates(line):
             try:
                 path = os.path.normpath(os.path.join(cwd, os.path.expanduser(text)))
                 resolved = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
             except (OSError, ValueError):
                 continue  # a path this process may not resolve (/proc/N/root of another user's process)
             in_git = any(inside(resolved, g) or inside(path, g) for g in git)
-            if in_git or not _writable(resolved, boundary, root):
-                found.setdefault(path, Refusal(path, in_git))
+            if not in_git and (_writable(resolved, boundary, root) or reasons is _DENIED
+                               and not _WRITE_REFUSED.search(line) and not _mode_allows_write(resolved)):
+                continue
+            found.setdefault(path, Refusal(path, in_git))
     return list(found.values())
+
+
+def _mode_allows_write(path: str) -> bool:
+    """Whether the file's own mode lets this user write it (create it, when it is absent), leaving
+    capabilities aside as a job has none. /proc is never the user's files."""
+    if inside(path, "/proc"):
+        return False
+    need = 0o2
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        need = 0o3
+        try:
+            st = os.stat(os.path.dirname(path))
+        except OSError:
+            return False
+    except OSError:
+        return False
+    if st.st_uid == os.geteuid():
+        bits = st.st_mode >> 6
+    elif st.st_gid == os.getegid() or st.st_gid in os.getgroups():
+        bits = st.st_mode >> 3
+    else:
+        bits = st.st_mode
+    return bits & need == need
 
 
 def _writable(path: str, boundary: Boundary, root: str) -> bool:

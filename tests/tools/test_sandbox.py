@@ -277,16 +277,25 @@ def test_seatbelt_profile_for_a_linked_worktree_names_its_git_dirs(tmp_path):
 
 
 def test_refusals_read_the_usual_messages(tmp_path, monkeypatch):
-    """Without a mount namespace Landlock refuses with EACCES/EPERM, so those name refusals."""
+    """Without a mount namespace Landlock refuses with EACCES/EPERM, so those name refusals (where
+    the file's own mode would have let the user write: else it was no sandbox's doing)."""
     monkeypatch.setattr(sandbox, "entries_only", lambda: True)
-    b = sandbox.Boundary(str(tmp_path), "/tmp/job")
-    out = ("/bin/sh: 1: cannot create ../elsewhere/a: Permission denied\n"
-           "touch: cannot touch '/etc/b': Permission denied\n"
-           "PermissionError: [Errno 13] Permission denied: '/usr/c'\n"
+    tree, o = tmp_path / "tree", tmp_path / "o"
+    (tree / "sub").mkdir(parents=True)
+    o.mkdir()
+    (o / "c").write_text("")
+    (o / "locked").write_text("")
+    (o / "locked").chmod(0o444)
+    b = sandbox.Boundary(str(tree), "/tmp/job")
+    out = ("/bin/sh: 1: cannot create ../o/a: Permission denied\n"
+           f"touch: cannot touch '{o}/b': Permission denied\n"
+           f"PermissionError: [Errno 13] Permission denied: '{o}/c'\n"
            "rm: cannot remove 'sub/inside': Permission denied\n"  # inside the tree: the file's own mode
-           "cp: cannot create regular file ‘/opt/d’: Operation not permitted\n")
-    got = [r.path for r in sandbox.refusals(out, str(tmp_path), b)]
-    assert got == [os.path.normpath(tmp_path / ".." / "elsewhere" / "a"), "/etc/b", "/usr/c", "/opt/d"]
+           f"cp: cannot create regular file ‘{o}/d’: Operation not permitted\n"
+           f"cat: {o}/locked: Permission denied\n"  # its own mode refuses writing: not the sandbox
+           "ls: cannot access '/proc/1/root/etc': Permission denied\n")
+    got = [r.path for r in sandbox.refusals(out, str(tree), b)]
+    assert got == [str(o / "a"), str(o / "b"), str(o / "c"), str(o / "d")]
 
 
 def test_with_a_mount_namespace_only_read_only_errors_are_refusals(tmp_path, monkeypatch):

@@ -173,3 +173,19 @@ def test_a_foreign_abi_kills_the_job(place, code):
                           "f = ctypes.CFUNCTYPE(ctypes.c_long)(ctypes.addressof(ctypes.c_char.from_buffer(m)))\n"
                           "print('returned', f())\n") + "; echo status=$?")
     assert "status=159" in text and "returned" not in text, text  # 128 + SIGSYS
+
+
+def test_a_read_refused_by_a_files_mode_or_proc_is_no_sandbox_refusal(place):
+    """A read the file's own mode refuses, or a /proc/N/root path, is not the sandbox's doing: no
+    refusal named, no question to run the command outside, no tool error."""
+    ctx, work, outside = place
+    secret = work.parent / "secrets" / "secret"
+    secret.parent.mkdir()
+    secret.write_text("s")
+    secret.chmod(0)
+    os.chown(secret, 65534, 65534)  # another user's file: unreadable without capabilities
+    result = run_tool("bash", {"command": f"cat {secret}; ls /proc/1/root/ > /dev/null; cat /proc/1/root/etc/shadow;"
+                                          " exit 1", "refresh_sec": 60}, ctx)
+    assert "Permission denied" in result.text
+    assert list(result.sandbox_refusals) == [], result.sandbox_refusals
+    assert "Tool error" not in result.text and "sandbox:" not in result.text
