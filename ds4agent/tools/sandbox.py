@@ -14,17 +14,21 @@ Public API:
     seatbelt_profile(boundary) -> str    the macOS profile text (sandbox-exec -p)
     refusals(output, cwd, boundary) -> list[Refusal]   paths the output says were refused, that
                                          the boundary forbids (the sandbox's doing, not the file's)
-    mentions_refusal(output) -> bool     whether it reports any refusal (for a note without a path)
+    mentions_refusal(output) -> bool     whether it reports a refusal naming no path (for a note)
     handled_rights(abi)                  the Landlock rights, attr size and scopes asked of an ABI
     git_paths(root) -> tuple[str, ...]   the tree's git metadata: its .git and where it points
 
 Linux: Landlock through a small ctypes layer of our own (three syscalls and one prctl). The bindings
 on the package index (`landlock` 1.0.0.dev5, `py-landlock` 0.1, `landlockpy` 0.2) are pre-1.0 or
 development releases, and what this needs is tiny: ABI detection and path-beneath rules. The rules
-are applied by a launcher (this file run as a script with `python -I -S`, so it imports nothing but
-the standard library) that execs the shell: the agent's process is multi-threaded, and Python code
-between fork and exec (preexec_fn) in a threaded process can deadlock. Landlock's restriction is
-inherited by every descendant and cannot be lifted.
+are applied by a launcher (launcher.py and seccomp.py, their text read when this module is imported
+and run with `python -I -S -c`, so it imports nothing but the standard library) that execs the
+shell: the agent's process is multi-threaded, and Python code between fork and exec (preexec_fn)
+in a threaded process can deadlock. Landlock's restriction is inherited by every descendant and
+cannot be lifted. Landlock has no right for metadata (chmod, chown, utimes, xattrs): in the mount
+namespace every mount but the writable places is read-only, and without one a seccomp supervisor
+answers those calls (seccomp.py). Both modes run under the seccomp filter (io_uring refused,
+foreign ABIs killed).
 
 Landlock only grants (rights given on a directory hold for everything beneath it), so `.git/`
 cannot be carved out of a writable tree by a rule. The launcher therefore first enters a new user
@@ -38,8 +42,9 @@ the tree before every command).
 
 Each job is its own Landlock domain, scoped (ABI 6) so that it cannot signal processes outside it
 (the agent, the user's editor, an earlier job: bash_stop stops those) nor reach abstract Unix
-sockets. Network access and Unix sockets on the file system (a docker or ssh-agent socket) stay
-open: the boundary is about files.
+sockets. Bound Unix sockets outside the tree are hidden in the mount namespace (without one,
+creating Unix sockets is refused by the seccomp filter) unless the user allowed them; the network
+stays open: the boundary is about files.
 
 macOS: a Seatbelt profile with the same rules, run through /usr/bin/sandbox-exec.
 

@@ -72,6 +72,35 @@ def _py(code: str) -> str:
     return "python3 -c " + "'" + code.replace("'", "'\"'\"'") + "'"
 
 
+OWN_LISTENER = """\
+import ctypes, fcntl, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+class I(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+class P(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(I))]
+code = [(0x20, 0, 0, 0), (0x15, 2, 0, 90), (0x15, 1, 0, 268), (0x06, 0, 0, 0x7FFF0000), (0x06, 0, 0, 0x7FC00000)]
+prog = P(len(code), (I * len(code))(*(I(*c) for c in code)))
+libc.prctl(38, 1, 0, 0, 0)
+fd = libc.syscall(317, 1, 8, ctypes.byref(prog))
+print("own listener", fd, ctypes.get_errno(), flush=True)
+if fd < 0:
+    sys.exit(0)
+pid = os.fork()
+if pid == 0:
+    try:
+        os.chmod(sys.argv[1], 0o777); print("chmod returned", flush=True)
+    except OSError as e:
+        print("chmod refused", e.errno, flush=True)
+    os._exit(0)
+buf = bytearray(80)
+fcntl.ioctl(fd, 0xC0502100, buf, True)
+nid = struct.unpack_from("=Q", buf)[0]
+fcntl.ioctl(fd, 0xC0182101, bytearray(struct.pack("=QqiI", nid, 0, 0, 1)), True)  # CONTINUE
+os.waitpid(pid, 0)
+"""
+
 # Each tries to change metadata outside the tree or in .git/; the fixture checks nothing changed.
 VARIANTS = {
     "coreutils": "chmod 4777 ../outside/existing; chmod 700 ../outside; chgrp 0 ../outside/existing;"
@@ -121,6 +150,9 @@ VARIANTS = {
                                 "if os.fork() == 0:\n"
                                 "    go(); os._exit(0)\n"
                                 "os.wait()\n"),
+    # A listener of its own answering CONTINUE would take the notification before the supervisor's
+    # (the newest filter's listener gets it): the kernel allows one listener per filter chain (EBUSY).
+    "own-seccomp-listener": _py(OWN_LISTENER) + " ../outside/existing",
 }
 
 
