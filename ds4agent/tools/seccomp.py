@@ -225,7 +225,7 @@ def _serve_one(listener: int, meta: dict, places: _Places) -> None:
         error = _handle(listener, nid, tid, meta[nr], args, places)
     except OSError as exc:
         error = exc.errno or errno.EPERM
-    except (KeyError, ValueError, OverflowError):
+    except Exception:  # whatever the call held, the supervisor keeps serving: the job is refused
         error = errno.EINVAL
     try:
         fcntl.ioctl(listener, _NOTIF_SEND, bytearray(_RESP.pack(nid, 0, -error, 0)), True)
