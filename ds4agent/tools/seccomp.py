@@ -194,7 +194,7 @@ class _Places:
     def __init__(self, spec: dict) -> None:
         real = os.path.realpath
         self.root = real(spec["root"])
-        self.open = [real(spec["temp"]), "/dev/shm"]
+        self.open = [real(spec["temp"])]
         git = [real(p) for p in spec["git"]]
         self.closed = [real(p) for p in spec["protected"]]
         if spec["git_writable"]:
@@ -205,7 +205,8 @@ class _Places:
     def allow(self, path: str) -> bool:
         if not path.startswith("/") or path.endswith(" (deleted)"):
             return False
-        if any(_beneath(path, p) for p in self.open):
+        # /dev/shm is shared with the whole machine: what is in it, not the directory itself.
+        if any(_beneath(path, p) for p in self.open) or path.startswith("/dev/shm/"):
             return True
         return _beneath(path, self.root) and not any(_beneath(path, p) for p in self.closed)
 

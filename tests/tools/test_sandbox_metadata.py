@@ -221,3 +221,16 @@ def test_a_read_refused_by_a_files_mode_or_proc_is_no_sandbox_refusal(place):
     assert "Permission denied" in result.text
     assert list(result.sandbox_refusals) == [], result.sandbox_refusals
     assert "Tool error" not in result.text and "sandbox:" not in result.text
+
+
+@pytest.mark.parametrize("place", ["entries"], indirect=True)
+def test_dev_shm_itself_keeps_its_metadata_without_a_namespace(place):
+    """What is in /dev/shm is the job's to change, not the machine-wide directory itself (the
+    supervisor's rule; with a namespace /dev/shm is a writable mount, see the README)."""
+    ctx, work, outside = place
+    before = os.stat("/dev/shm")
+    text = _bash(ctx, "f=/dev/shm/ds4agent-test-$$; echo x > $f && chmod 600 $f && touch -d @978307200 $f"
+                      " && stat -c %a:%Y $f; rm -f $f; touch -d @978307200 /dev/shm")
+    after = os.stat("/dev/shm")  # its mtime moves as entries come and go, never to 2001
+    assert after.st_mode == before.st_mode and after.st_mtime > 978307200 + 10**8
+    assert "600:978307200" in text, text
