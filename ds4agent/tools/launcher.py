@@ -214,6 +214,19 @@ def _read_only_elsewhere(writable: list[str]) -> None:
         pass
 
 
+def _private_shared() -> None:
+    """A fresh tmpfs of the job's own on /dev/shm: its semaphores and shared memory work, and the
+    machine's /dev/shm (its entries, and the directory's own mode and times, which a job running as
+    root would own) stays out of reach. Where the kernel refuses the mount, the machine's /dev/shm
+    stays writable as before."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    mount = libc.mount
+    mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+    for path in SHARED:
+        if os.path.isdir(path):
+            mount(b"tmpfs", path.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, b"mode=1777,size=50%")
+
+
 def _unix_socket_paths() -> list[str]:
     """The paths of the Unix sockets bound on this machine (its network namespace), from
     /proc/net/unix (last column; abstract names start with '@' and are Landlock's to scope)."""
@@ -273,6 +286,7 @@ def _apply_landlock(spec: dict) -> tuple[int, bool]:
     namespaced = not spec["entries"] and _enter_mount_namespace(protected)
     if namespaced:
         allowed.append((root, grant))
+        _private_shared()
         _read_only_elsewhere([path for path, _ in allowed if os.path.isdir(path)] + list(SHARED))
         _mask_sockets(reachable, os.path.realpath(spec["temp"]))
     else:

@@ -3,8 +3,8 @@
 The permission policy decides what to ask; this module decides what can happen. A job may write
 only beneath the working tree (never into its `.git/`, unless the user allowed git to write its
 metadata for the session), in its own temporary directory (TMPDIR), in /dev/shm (POSIX semaphores
-and shared memory: Python's multiprocessing needs it, it holds no user files), /dev/null and the
-terminal devices. Reads stay open everywhere.
+and shared memory: Python's multiprocessing needs it, it holds no user files; with a mount namespace
+a private tmpfs per job), /dev/null and the terminal devices. Reads stay open everywhere.
 
 Public API:
     Boundary(root, temp, git_writable)   what one job may write

@@ -223,10 +223,9 @@ def test_a_read_refused_by_a_files_mode_or_proc_is_no_sandbox_refusal(place):
     assert "Tool error" not in result.text and "sandbox:" not in result.text
 
 
-@pytest.mark.parametrize("place", ["entries"], indirect=True)
-def test_dev_shm_itself_keeps_its_metadata_without_a_namespace(place):
-    """What is in /dev/shm is the job's to change, not the machine-wide directory itself (the
-    supervisor's rule; with a namespace /dev/shm is a writable mount, see the README)."""
+def test_dev_shm_itself_keeps_its_metadata(place):
+    """What is in /dev/shm is the job's to change, not the machine-wide directory itself: with a
+    namespace the job gets a /dev/shm of its own, without one the supervisor refuses the directory."""
     ctx, work, outside = place
     before = os.stat("/dev/shm")
     text = _bash(ctx, "f=/dev/shm/ds4agent-test-$$; echo x > $f && chmod 600 $f && touch -d @978307200 $f"
