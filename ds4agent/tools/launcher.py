@@ -23,6 +23,7 @@ import errno
 import json
 import os
 import re
+import signal
 import stat
 import sys
 
@@ -53,6 +54,7 @@ _FILE_RIGHTS = _FS_WRITE_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV  # the only rights 
 _RULE_PATH_BENEATH = 1
 _CREATE_RULESET_VERSION = 1
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_PDEATHSIG = 1
 _PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 24, 28, 47, 4
 # SECBIT_NOROOT (+ its lock) and SECBIT_NO_CAP_AMBIENT_RAISE (+ its lock): uid 0 gains nothing at exec.
 _SECURE_NO_ROOT = 0x01 | 0x02 | 0x40 | 0x80
@@ -411,9 +413,15 @@ def _supervised(spec: dict, ruleset: int, machine: str) -> None:
     import socket
 
     mine, theirs = socket.socketpair()
+    parent = os.getpid()
     child = os.fork()
     if child == 0:
         mine.close()
+        # Whatever kills the supervisor (SIGKILL to its pid alone) kills the job too: a job left
+        # running without it would get ENOSYS for its metadata calls and nobody to stop it.
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(LAUNCH_FAILED)
         _restrict_self(ruleset)
         os.close(ruleset)
         listener = seccomp.install(machine, refuse_sockets=not spec.get("sockets"), supervise=True)

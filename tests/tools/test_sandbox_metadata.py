@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -233,3 +234,33 @@ def test_dev_shm_itself_keeps_its_metadata(place):
     after = os.stat("/dev/shm")  # its mtime moves as entries come and go, never to 2001
     assert after.st_mode == before.st_mode and after.st_mtime > 978307200 + 10**8
     assert "600:978307200" in text, text
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # dead, not yet reaped
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize("place", ["entries"], indirect=True)
+def test_a_job_dies_with_its_supervisor(place, tmp_path):
+    """SIGKILL to the process the agent started (the supervisor, without a namespace) ends the job
+    too: none is left running with nobody to answer its metadata calls or to stop it."""
+    from tests.support.timeouts import within
+
+    ctx, work, outside = place
+    temp = tmp_path / "jobtemp"
+    temp.mkdir()
+    argv = sandbox.wrap(["/bin/sh", "-c", "echo $$ > sub/pid; exec sleep 60"], sandbox.Boundary(str(work), str(temp)))
+    proc = subprocess.Popen(argv, cwd=work, start_new_session=True)
+    with within(20):
+        while not (work / "sub" / "pid").exists() or not (work / "sub" / "pid").read_text().strip():
+            time.sleep(0.01)  # polling, bounded by within()
+        job = int((work / "sub" / "pid").read_text())
+        assert job != proc.pid  # the job is the supervisor's child
+        os.kill(proc.pid, 9)
+        proc.wait()
+        while not _gone(job):
+            time.sleep(0.01)
