@@ -102,8 +102,9 @@ def program(machine: str, refuse_sockets: bool, supervise: bool) -> list[tuple[i
         code += [("jeq", nr, "notify", None) for nr in sorted(meta)]
         code += [("jeq", nr, "enosys", None) for nr in _NEWER_METADATA]
     if refuse_sockets:
+        # args[0], the domain, low word; past the label the accumulator still holds the number.
         code += [("jeq", nr_socket, None, "skip_socket"), ("ld", 16), ("jeq", _AF_UNIX, "eacces", "allow"),
-                 ("label", "skip_socket"), ]
+                 ("label", "skip_socket")]
     if supervise:
         code += [("jeq", nr_ioctl, None, "allow"), ("ld", 24)]  # args[1], the request, low word
         code += [("jeq", req, "eperm", None) for req in _SETFLAGS_IOCTLS]
