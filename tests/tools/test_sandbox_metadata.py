@@ -142,6 +142,9 @@ VARIANTS = {
                                  "print('exchange', libc.renameat2(-100, b'sub/mine', -100, b'.git/HEAD', 2))\n")
                            + "; chmod 777 sub/mine"),
     "chattr": "chattr +d ../outside/existing; chattr +A .git/config",
+    "symlinks-into-git": ("ln -s ../.git/config sub/gl; ln -s ../.git sub/gd; chmod 777 sub/gl sub/gd; touch -d 2001-01-01"
+                          " sub/gl sub/gd/HEAD; mv .git sub/moved; chmod 700 sub/gd/; "
+                          + _py("import os\nos.setxattr('sub/gl', 'user.x', b'1')")),
     "threads-and-children": _py("import os, threading\n"
                                 "def go():\n"
                                 "    try: os.chmod('../outside/existing', 0o777)\n"
