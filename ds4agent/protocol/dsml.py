@@ -15,7 +15,10 @@ list of small frozen events; between tokens it reads `parser.in_syntax` (sample 
 
 Design notes (why it looks like this):
 * Ids drive the thinking gate (only token 128822 leaves thinking, and only once); bytes drive markers and
-  blocks, so `｜DSML｜` works whether it came as token 128825 or as ordinary tokens.
+  blocks. A block starts only where the `｜DSML｜` of its first tag was sampled as the special token
+  128825: DSML the model quotes as plain text (ordinary tokens: an explanation, a file it repeats) is
+  text and never runs, so the two typo markers, which hold no whole `｜DSML｜`, are text too.
+  `special_tokens_only=False` drops that rule (bytes fed without ids: the byte grammar's tests).
 * Outside a block, bytes that could still grow into a start marker are held back (never shown), but the
   held tail is at most one marker long, so nothing is rescanned: each token costs O(token + marker).
 * Inside a block the parser is a byte state machine: between items / inside a tag / inside a value.
@@ -32,12 +35,49 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from ds4agent.protocol.dsml_events import (  # re-exported: the parser's vocabulary
+    INCOMPLETE_REASON,
+    SYNTAX_REMINDER,
+    THINKING_ERROR_REASON,
+    THINKING_NOTE,
+    UNTERMINATED_NOTE,
+    BlockDone,
+    BlockError,
+    BlockStart,
+    Event,
+    InvokeEnd,
+    InvokeStart,
+    Param,
+    ParamDelta,
+    ParamEnd,
+    ParamStart,
+    RoundOutcome,
+    TextDelta,
+    ThinkingDelta,
+    ThinkingEnd,
+    ThinkingViolation,
+    ToolCall,
+    error_result,
+    syntax_error_result,
+)
 from ds4agent.protocol.tokenizer import DSML, END_THINK, EOS, Tokenizer
+
+__all__ = [
+    "BARE_INVOKE", "INCOMPLETE_REASON", "ITEM_CUT", "ITEM_FOREIGN_LIMIT", "ITEM_LIMIT", "MARKER_CANONICAL",
+    "START_MARKERS", "SYNTAX_REMINDER", "THINKING_ERROR_REASON", "THINKING_NOTE", "UNTERMINATED_NOTE",
+    "BlockDone", "BlockError", "BlockStart", "DsmlParseError", "DsmlParser", "Event", "GreedyState",
+    "InvokeEnd", "InvokeStart", "Param", "ParamDelta", "ParamEnd", "ParamStart", "RoundOutcome", "TextDelta",
+    "ThinkingDelta", "ThinkingEnd", "ThinkingViolation", "ToolCall", "error_result", "syntax_error_result",
+]
 
 # ----------------------------------------------------------------------------- constants
 
 _BAR = "｜".encode()  # U+FF5C, 3 bytes EF BD 9C
 MARKER_CANONICAL = b"<" + _BAR + b"DSML" + _BAR + b"tool_calls>"
+# The spec (prompt-and-dsml.md §11.2) also opens a block at the two typo markers below. They hold no
+# whole ｜DSML｜, so they can never carry the special token that makes a block real (module docstring):
+# they stay listed, and always read as text. The boundary wins over the spec here on purpose: a block
+# the model did not mark with the special token would be text it quoted, and quoted text must not run.
 START_MARKERS = (
     MARKER_CANONICAL,
     b"<DSML" + _BAR + b"tool_calls>",  # first bar missing (a typo the model makes)
@@ -63,27 +103,6 @@ ITEM_CUT = 80  # an ERROR shows at most this many bytes of the offending item
 ITEM_FOREIGN_LIMIT = 80  # an item that cannot be a DSML tag is reported after this many bytes
 ITEM_LIMIT = 256  # any item without '>' is reported after this many bytes
 
-THINKING_ERROR_REASON = "tool calling is not allowed inside <think></think>"
-THINKING_NOTE = f"[tool call ignored: {THINKING_ERROR_REASON}]"
-UNTERMINATED_NOTE = "[tool call interrupted]"
-
-
-# Shown after a DSML syntax error: the error alone often brings the same mistake again.
-SYNTAX_REMINDER = ("Write tool calls exactly like this:\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"$TOOL_NAME\">\n"
-                   '<｜DSML｜parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</｜DSML｜parameter>\n'
-                   "</｜DSML｜invoke>\n</｜DSML｜tool_calls>")
-
-
-def error_result(reason: str) -> str:
-    """The single tool result a failed round gives the model (§11.7)."""
-    return f"Tool error: invalid DSML tool call: {reason}"
-
-
-def syntax_error_result(reason: str) -> str:
-    """A malformed, stray or incomplete block's result: the error, then the syntax reminder."""
-    return f"{error_result(reason)}\n\n{SYNTAX_REMINDER}"
-INCOMPLETE_REASON = "the tool call block ended before its closing tag"
-
 
 class GreedyState(Enum):
     """§12 sampling classes. STRUCTURAL and JSON_STRUCTURAL sample with argmax."""
@@ -98,152 +117,6 @@ class GreedyState(Enum):
 _GREEDY = frozenset((GreedyState.STRUCTURAL, GreedyState.JSON_STRUCTURAL))
 _PAYLOAD = frozenset((GreedyState.STRING_BODY, GreedyState.JSON_STRING, GreedyState.JSON_STRUCTURAL))
 
-
-# ----------------------------------------------------------------------------- parsed data
-
-@dataclass(frozen=True, slots=True)
-class Param:
-    name: str
-    value: Any  # str for string values; the parsed JSON for string="false" (raw text when invalid)
-    raw: str  # the value text after unescaping (what a JSON parse was tried on)
-    is_json: bool
-    json_error: str | None = None  # why a string="false" value was kept as raw text
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    index: int
-    name: str
-    params: tuple[Param, ...]
-
-    @property
-    def arguments(self) -> dict[str, Any]:
-        """name -> value; for a repeated parameter name the first one wins (§8)."""
-        args: dict[str, Any] = {}
-        for p in self.params:
-            args.setdefault(p.name, p.value)
-        return args
-
-
-# ----------------------------------------------------------------------------- events
-
-@dataclass(frozen=True, slots=True)
-class ThinkingDelta:
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class ThinkingEnd:
-    """Token </think> (128822) left thinking."""
-
-
-@dataclass(frozen=True, slots=True)
-class TextDelta:
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class ThinkingViolation:
-    """A DSML marker inside thinking: the round is failed (shown once)."""
-
-    note: str = THINKING_NOTE
-
-
-@dataclass(frozen=True, slots=True)
-class BlockStart:
-    """A start marker completed outside thinking; the tool_calls block is open."""
-
-    marker: bytes  # the marker as sampled (canonical or a tolerated typo)
-
-
-@dataclass(frozen=True, slots=True)
-class InvokeStart:
-    index: int
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class ParamStart:
-    invoke: int
-    name: str
-    is_json: bool
-
-
-@dataclass(frozen=True, slots=True)
-class ParamDelta:
-    invoke: int
-    name: str
-    text: str  # raw value text as sampled (for display; the final value is in ParamEnd)
-
-
-@dataclass(frozen=True, slots=True)
-class ParamEnd:
-    invoke: int
-    param: Param
-
-
-@dataclass(frozen=True, slots=True)
-class InvokeEnd:
-    call: ToolCall
-
-
-@dataclass(frozen=True, slots=True)
-class BlockDone:
-    """`</｜DSML｜tool_calls>` closed the block: stop sampling, append EOS, run the calls."""
-
-    calls: tuple[ToolCall, ...]
-    trailing: bytes  # bytes of the closing token after '>' (kept in the transcript, never parsed)
-
-
-@dataclass(frozen=True, slots=True)
-class BlockError:
-    """A malformed block: stop sampling, append EOS, give the model `result` (nothing of the block runs)."""
-
-    reason: str
-    stanza: str  # the raw block text up to the error, for display
-
-    @property
-    def result(self) -> str:
-        return error_result(self.reason)
-
-    @property
-    def note(self) -> str:
-        return f"[invalid tool call: {self.reason}]"
-
-
-Event = (
-    ThinkingDelta | ThinkingEnd | TextDelta | ThinkingViolation | BlockStart | InvokeStart | ParamStart
-    | ParamDelta | ParamEnd | InvokeEnd | BlockDone | BlockError
-)
-
-
-@dataclass(frozen=True, slots=True)
-class RoundOutcome:
-    """What the round produced, once it is over.
-
-    kind: "none" (no block), "done" (a complete block: run `calls`), "error" (malformed block),
-    "unterminated" (a block still open when the round ended). `thinking_violation` overrides them all:
-    then the only result is `failure_result` (unless the round was interrupted, which adds no results turn).
-    """
-
-    kind: str
-    calls: tuple[ToolCall, ...] = ()
-    error: str | None = None
-    thinking_violation: bool = False
-
-    @property
-    def failure_result(self) -> str | None:
-        """The parser's error text of a failed round (thinking rule or ERROR), else None; the agent
-        adds the syntax reminder to a syntax error (syntax_error_result)."""
-        if self.thinking_violation:
-            return error_result(THINKING_ERROR_REASON)
-        if self.kind == "error":
-            return error_result(self.error or "")
-        return None
-
-    @property
-    def runs_tools(self) -> bool:
-        return self.kind == "done" and not self.thinking_violation
 
 
 class DsmlParseError(Exception):
@@ -386,8 +259,11 @@ class _Value:
 class DsmlParser:
     """Streaming parser for one round. See the module docstring."""
 
-    def __init__(self, *, thinking: bool, tokenizer: Tokenizer | None = None):
+    def __init__(self, *, thinking: bool, tokenizer: Tokenizer | None = None, special_tokens_only: bool = True):
         self._tok = tokenizer
+        self._tokens_only = special_tokens_only
+        self._text_end = 0  # bytes fed as visible text so far (outside thinking, before a block)
+        self._dsml_at: set[int] = set()  # where among them the DSML token's bytes begin
         self.in_thinking = thinking
         self.thinking_violation = False
         self._think_tail = b""
@@ -498,7 +374,11 @@ class DsmlParser:
             self._raw += data
             self._feed_block(data, out)
         else:
-            self._feed_text(data, out)
+            base = self._text_end - len(self._held)
+            if token_id == DSML:
+                self._dsml_at.add(self._text_end)
+            self._text_end += len(data)
+            self._feed_text(data, out, base)
         return out
 
     def finish(self) -> list[Event]:
@@ -531,7 +411,22 @@ class DsmlParser:
             out.append(ThinkingDelta(t))
 
     # ------------------------------------------------------------------ visible text and start markers
-    def _feed_text(self, data: bytes, out: list[Event]) -> None:
+    def _tag_at(self, base: int, i: int, tag: bytes) -> bool:
+        """Whether `tag` found at buf[i] counts: its `｜DSML｜` was the special token (see the module
+        docstring); every spelling counts with special_tokens_only=False."""
+        if not self._tokens_only:
+            return True
+        bar = tag.find(_BAR + b"DSML" + _BAR)
+        return bar >= 0 and base + i + bar in self._dsml_at
+
+    def _find_tag(self, buf: bytes, base: int, tag: bytes, end: int | None = None) -> int:
+        """The first position of `tag` in buf[:end] that counts (_tag_at), else -1."""
+        i = buf.find(tag, 0, end)
+        while i >= 0 and not self._tag_at(base, i, tag):
+            i = buf.find(tag, i + 1, end)
+        return i
+
+    def _feed_text(self, data: bytes, out: list[Event], base: int) -> None:
         buf = self._held + data if self._held else data
         if b"<" not in buf:  # fast path: no marker can start here
             self._held = b""
@@ -542,10 +437,10 @@ class DsmlParser:
         best = -1
         marker = b""
         for m in START_MARKERS:
-            i = buf.find(m)
+            i = self._find_tag(buf, base, m)
             if i >= 0 and (best < 0 or i < best):
                 best, marker = i, m
-        stray = self._find_stray(buf, best)
+        stray = self._find_stray(buf, best, base)
         if stray is not None:
             at, bare = stray
             t = self._text_dec.decode(buf[:at], True)
@@ -592,14 +487,13 @@ class DsmlParser:
         if t:
             out.append(TextDelta(t))
 
-    @staticmethod
-    def _find_stray(buf: bytes, before: int) -> tuple[int, bool] | None:
+    def _find_stray(self, buf: bytes, before: int, base: int) -> tuple[int, bool] | None:
         """(position, is a bare invoke) of the first DSML tag before a start marker at `before`
         (-1: none); None when there is none, or it may still grow into a start marker."""
         limit = len(buf) if before < 0 else before
         found = -1
         for tag in _STRAY:
-            i = buf.find(tag, 0, limit + len(tag) - 1)
+            i = self._find_tag(buf, base, tag, limit + len(tag) - 1)
             if i >= 0 and i < limit and (found < 0 or i < found):
                 found = i
         rest = buf[found:] if found >= 0 else b""

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import re
 
+from ds4agent.textsafe import UNSHOWABLE
+
 LIST_TITLE_BYTES = 70
 
 USER_MARK = "<｜User｜>".encode()
@@ -51,14 +53,9 @@ def clip_title(title: bytes, limit: int = LIST_TITLE_BYTES) -> bytes:
     return title[:cut] + b"..."
 
 
-# Shown as U+FFFD: C0 controls, DEL and the C1 controls (a terminal acts on 0x9B as CSI, the start
-# of an escape sequence), and the bidirectional overrides, embeddings and isolates, which make a
-# title read other than it is ("‮gnp.exe" shows as "exe.png").
-_UNSHOWABLE = frozenset([*range(0x20), *range(0x7F, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A)])
-
-
 def display_text(data: bytes) -> str:
     """Bytes for display: invalid UTF-8, control characters and bidi overrides become U+FFFD;
     never fails (§5.2). The bytes themselves (a title's identity) are left as they are."""
     text = data.decode("utf-8", errors="replace")
-    return "".join("\ufffd" if ord(c) in _UNSHOWABLE else c for c in text)
+    # LF and tab too: a title is one line (textsafe.UNSHOWABLE is the rule for everything else).
+    return "".join("\ufffd" if ord(c) in UNSHOWABLE or c in "\n\t" else c for c in text)

@@ -25,6 +25,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from ds4agent.textsafe import escape_controls
 from ds4agent.tools.args import arg_float, arg_int, arg_str
 from ds4agent.tools.context import ToolContext, temp_dir
 from ds4agent.tools.jobs import KEEP_HEAD, Job, JobTable, stop_job, wait_job
@@ -89,7 +90,10 @@ def _tail(path: str, size: int, n: int) -> bytes:
 
 
 def _out(data: bytes) -> str:
-    text = data.decode("utf-8", errors="replace")
+    # What a job prints reaches terminals (the UI, headless stderr) as well as the model: its control
+    # characters (escape sequences, a lone CR overwriting a line, C1, bidi controls) are shown as
+    # their escapes, `\x1b[2J`, never acted on (textsafe.py holds the rule).
+    text = escape_controls(data.decode("utf-8", errors="replace"))
     return text if text.endswith("\n") or not text else text + "\n"
 
 
@@ -192,7 +196,7 @@ def _sandbox_note(job: Job) -> tuple[str, tuple[Refusal, ...]]:
                     "directory (not .git/) and their temp directory (TMPDIR); a refusal above may come "
                     "from it\n"), ()
         return "", ()
-    shown = ", ".join(r.path for r in found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+    shown = ", ".join(escape_controls(r.path) for r in found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
     why = ("git metadata (.git/) is read-only for commands unless the user allows it"
            if all(r.in_git for r in found) else
            "commands may write only inside the working directory and their temp directory (TMPDIR)")

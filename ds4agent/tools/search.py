@@ -24,6 +24,7 @@ import importlib.metadata
 import os
 import select
 import shutil
+import signal
 import stat
 import subprocess
 import sysconfig
@@ -41,6 +42,7 @@ from ds4agent.tools.results import RESULT_CAP_BYTES, TextDisplay, ToolError, Too
 from ds4agent.tools.sandbox import Boundary, availability, wrap
 
 MAX_DEPTH = 24
+KILL_GRACE = 1.0  # seconds between SIGTERM and SIGKILL when a search is stopped
 MAX_SHOWN_CHARS = 400
 BODY_BUDGET = RESULT_CAP_BYTES - 4096
 # A whole search stops after this long (results so far are kept): the regex engine is linear,
@@ -104,7 +106,19 @@ class _Ripgrep:
 
     def close(self) -> None:
         if self.proc.poll() is None:
-            self.proc.kill()
+            # The whole group: without a mount namespace rg runs as a child of the sandbox's
+            # supervisor, and killing only the process started here would leave it running.
+            # SIGTERM first: the supervisor then reaps rg before it exits; SIGKILL if that lags.
+            for sig, grace in ((signal.SIGTERM, KILL_GRACE), (signal.SIGKILL, None)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except OSError:
+                    self.proc.kill()
+                try:
+                    self.proc.wait(grace)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
         for stream in (self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 stream.close()

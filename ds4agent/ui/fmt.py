@@ -11,6 +11,8 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
+from ds4agent import textsafe
+
 # Context share at which the agent's soft compaction starts (agent-reference.md §8). The status bar
 # draws the threshold; the agent may report its own value in a status event, which then wins.
 DEFAULT_COMPACT_AT = 0.85
@@ -31,18 +33,8 @@ STATE_WORDS = {
 }
 
 
-# Every control character but line feed and tab, shown instead of acted on: a job's output (or a
-# file the model quotes) could otherwise move the cursor, retitle the window, set the clipboard
-# (OSC 52) or answer back through the terminal. C0 controls become their Control Pictures
-# (U+2400 + code: ESC shows as ␛), DEL ␡, C1 controls (0x9B is CSI) U+FFFD.
-_TERMINAL_SAFE = {c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A)}
-_TERMINAL_SAFE[0x7F] = 0x2421
-_TERMINAL_SAFE.update({c: 0xFFFD for c in range(0x80, 0xA0)})
-
-
-def terminal_safe(text: str) -> str:
-    """`text` with its control characters made visible (see _TERMINAL_SAFE)."""
-    return text.translate(_TERMINAL_SAFE)
+# One rule for what reaches a terminal, shared with job output and titles (textsafe.py).
+terminal_safe = textsafe.terminal_safe
 
 
 def human_count(n: int) -> str:

@@ -400,3 +400,24 @@ def test_a_lone_surrogate_in_a_call_runs_no_call_of_its_block(tmp_path, tools, m
                                    for t in texts)
     assert of(evs, ev.TurnEnded)[-1].rounds == 2 and h.text().endswith("Fixed.<｜end▁of▁sentence｜>".encode())
     h.stop()
+
+
+def test_dsml_written_with_ordinary_tokens_is_text_that_never_runs_and_replays_as_text(tmp_path, tools):
+    """A model quoting a block (plain BPE, no ｜DSML｜ special token) has made no call: nothing runs,
+    the text is shown, and the saved session re-parses to the same text on load."""
+    quoted = template.render_dsml_block([("alpha", {"x": "1"})])
+    plain = text_ids("Plan.</think>Like this:") + TOK.encode_untrusted(quoted) + [EOS]
+    assert TOK.DSML not in plain
+    h = AgentHarness.build(tmp_path, [plain, reply("A2", think="t")], tools=tools, answer=lambda e: "y")
+    evs = h.turn("show me")
+    assert tools[0].calls == [] and of(evs, ev.ToolCallStart) == [] and of(evs, ev.ToolCallInvalid) == []
+    shown = "".join(e.text for e in of(evs, ev.TextDelta))
+    assert shown == "Like this:" + quoted
+    assert of(evs, ev.TurnEnded)[-1].rounds == 1
+    saved = of(h.command(h.agent.save), ev.SessionSaved)[0]
+    full = h.ids
+    h.command(h.agent.new)
+    loaded = of(h.command(lambda: h.agent.load(saved.short_id)), ev.SessionLoaded)[0]
+    assert h.ids == full
+    assert [(i.kind, i.text) for i in loaded.history if i.kind in ("text", "tool_call")] == [("text", shown)]
+    h.stop()

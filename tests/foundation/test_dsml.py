@@ -19,8 +19,9 @@ CLOSE_TC = f"</{B}DSML{B}tool_calls>"
 
 
 def run(chunks, *, thinking=False, ids=False):
-    """Feed chunks (bytes/str, or token ids when ids=True); stop at DONE/ERROR like the agent does."""
-    p = DsmlParser(thinking=thinking)
+    """Feed chunks (bytes/str, or token ids when ids=True); stop at DONE/ERROR like the agent does.
+    Bytes fed without ids are read by the byte grammar alone (every `｜DSML｜` spelling counts)."""
+    p = DsmlParser(thinking=thinking, special_tokens_only=ids)
     events = []
     for c in chunks:
         if ids:
@@ -141,7 +142,7 @@ def test_plain_tool_calls_tag_is_text_and_partial_markers_flush():
     assert p.outcome.kind == "none"
     assert text_of(events) == "<tool_calls>x</tool_calls> and <｜DSML｜tool_cal"
     # a held-back prefix that turns out not to be a marker is shown once decided
-    p = DsmlParser(thinking=False)
+    p = DsmlParser(thinking=False, special_tokens_only=False)
     assert text_of(p.feed(None, "a <｜DS".encode())) == "a "
     assert text_of(p.feed(None, b"X")) == "<｜DSX"
 
@@ -309,7 +310,7 @@ def test_failed_close_candidates_stay_in_value():
 def test_done_keeps_trailing_bytes_and_stops():
     tok = Tokenizer.load()
     ids = tok.encode_trusted(f'{M}\n{OPEN_INV} name="a">\n{CLOSE_INV}\n</{B}DSML{B}tool_calls') + [1018]
-    p = DsmlParser(thinking=False)
+    p = DsmlParser(thinking=False, special_tokens_only=False)
     events = [e for t in ids for e in p.feed(t)]
     done = [e for e in events if isinstance(e, D.BlockDone)]
     assert len(done) == 1 and done[0].trailing == b"\n" and p.stop
@@ -318,7 +319,7 @@ def test_done_keeps_trailing_bytes_and_stops():
 
 
 def test_eos_and_stop_tokens_give_no_events_and_leave_block_unterminated():
-    p = DsmlParser(thinking=False)
+    p = DsmlParser(thinking=False, special_tokens_only=False)
     p.feed(None, (M + "\n").encode())
     for t in (EOS, 0, 2, 128803, 128804, 128805, 128806, 128000):
         assert p.feed(t) == []
@@ -331,7 +332,7 @@ def test_eos_and_stop_tokens_give_no_events_and_leave_block_unterminated():
 # ------------------------------------------------------------------ greedy classifier
 
 def _states_by_byte(raw: bytes):
-    p = DsmlParser(thinking=False)
+    p = DsmlParser(thinking=False, special_tokens_only=False)
     states = []
     for i in range(len(raw)):
         p.feed(None, raw[i:i + 1])
@@ -377,14 +378,14 @@ def test_greedy_states_at_every_position():
     assert st_[-2] is S and st_[-1] is O  # DONE
     # the state never depends on how the bytes were split into tokens
     for i in range(0, len(raw), 7):
-        p = DsmlParser(thinking=False)
+        p = DsmlParser(thinking=False, special_tokens_only=False)
         p.feed(None, raw[: i + 1])
         assert p.state is st_[i], i
     assert D.DsmlParser(thinking=True).state is O
 
 
 def test_in_syntax_and_in_payload_flags():
-    p = DsmlParser(thinking=False)
+    p = DsmlParser(thinking=False, special_tokens_only=False)
     p.feed(None, f'{M}{OPEN_INV} name="a">'.encode())
     assert p.in_syntax and not p.in_payload
     p.feed(None, f'{OPEN_PAR} name="v" string="true">ab'.encode())
@@ -404,7 +405,7 @@ _frag = st.sampled_from([M, OPEN_INV, OPEN_PAR, CLOSE_PAR, CLOSE_INV, CLOSE_TC, 
 @settings(max_examples=120, deadline=None)
 @given(st.booleans(), st.lists(st.one_of(st.binary(max_size=6), _frag), max_size=40))
 def test_fuzz_bytes_never_raise(thinking, chunks):
-    p = DsmlParser(thinking=thinking)
+    p = DsmlParser(thinking=thinking, special_tokens_only=False)
     for c in chunks:
         for e in p.feed(None, c):
             assert isinstance(e, _EVENT_TYPES)
@@ -418,7 +419,7 @@ def test_fuzz_bytes_never_raise(thinking, chunks):
                                           st.sampled_from([DSML, END_THINK, THINK, 30, 32, 1018, 28217])),
                                max_size=60))
 def test_fuzz_token_ids_never_raise(thinking, ids):
-    p = DsmlParser(thinking=thinking)
+    p = DsmlParser(thinking=thinking, special_tokens_only=False)
     for t in ids:
         for e in p.feed(t):
             assert isinstance(e, _EVENT_TYPES)
@@ -431,7 +432,7 @@ def test_bare_invoke_is_a_one_call_block_in_any_chunking():
             f'{CLOSE_INV}\nafter')
     data = text.encode()
     for size in (1, 2, 5, len(data)):
-        p = DsmlParser(thinking=False)
+        p = DsmlParser(thinking=False, special_tokens_only=False)
         events = [e for i in range(0, len(data), size) for e in p.feed(None, data[i:i + size])]
         events += p.finish()
         assert p.stop and p.outcome.kind == "done"
@@ -444,7 +445,34 @@ def test_stray_dsml_outside_a_block_is_an_error_naming_the_tag():
     p, events = run([f"text {CLOSE_PAR} more"])
     assert p.outcome.kind == "error" and p.outcome.error == f"unexpected DSML tag: {CLOSE_PAR}"
     # A tag that may still become a start marker is held back, not an error.
-    p = DsmlParser(thinking=False)
+    p = DsmlParser(thinking=False, special_tokens_only=False)
     p.feed(None, f"x <{B}DSML{B}too".encode())
     assert not p.stop and not p.block_open
     assert D.syntax_error_result("r") == "Tool error: invalid DSML tool call: r\n\n" + D.SYNTAX_REMINDER
+
+
+# ------------------------------------------------------------------ only the special token starts a block
+
+def test_dsml_quoted_as_plain_text_is_text_and_never_runs():
+    """The model writing a block with ordinary tokens (an explanation, a file it repeats: no DSML
+    token) gets text, no call; the same block with the DSML token runs."""
+    tok = Tokenizer.load()
+    body = (f'{M}\n{OPEN_INV} name="bash">\n{OPEN_PAR} name="command" string="true">rm -rf ~'
+            f"{CLOSE_PAR}\n{CLOSE_INV}\n{CLOSE_TC}")
+    quoted = "Here is how a call looks:\n\n" + body
+    plain_ids = tok.encode_untrusted(quoted)
+    assert DSML not in plain_ids
+    p, events = run(plain_ids, ids=True)
+    assert p.outcome.kind == "none" and not p.block_open
+    assert text_of(events) == quoted
+    for stray in (f"{OPEN_INV} name=\"bash\">", CLOSE_TC, "<DSML｜tool_calls>", "<|DSML|tool_calls>"):
+        p, events = run(tok.encode_untrusted("see " + stray + " here"), ids=True)
+        assert p.outcome.kind == "none" and text_of(events) == "see " + stray + " here"
+    real_ids = tok.encode_trusted(body)
+    assert real_ids.count(DSML) == 6
+    p, _ = run(real_ids, ids=True)
+    assert p.outcome.kind == "done" and p.outcome.calls[0].arguments == {"command": "rm -rf ~"}
+    # A quoted block first, then a real one: only the real one runs.
+    p, events = run(plain_ids + tok.encode_trusted("\n\n" + body.replace("rm -rf ~", "ls")), ids=True)
+    assert p.outcome.kind == "done" and p.outcome.calls[0].arguments == {"command": "ls"}
+    assert text_of(events).startswith(quoted)

@@ -182,3 +182,22 @@ def test_output_files_named_to_the_model_are_kept_until_the_agent_exits(call, ct
     assert os.path.exists(big) and os.path.exists(running)
     ctx.close()
     assert list(ctx.output_dir.iterdir()) == []
+
+
+def test_escape_sequences_a_job_prints_are_shown_escaped_never_sent_to_a_terminal(call):
+    """A job printing a screen clear, a window-title OSC, a bell, a lone CR, a C1 CSI and a bidi
+    override: the observation and the UI's output hold their escapes; LF and tab stay."""
+    r = call("bash", command=r"printf '\033[2J\033]0;pwned\007ok\r\n\tx\rover\302\2331m\342\200\256txt\n'")
+    expect = "\\x1b[2J\\x1b]0;pwned\\x07ok\n\tx\\x0dover\\x9b1m\\u202etxt\n"
+    assert r.display.output == expect
+    assert "<output>\n" + expect + "</output>\n" in r.text
+    assert not any(c in r.text + r.display.output for c in "\x1b\x07\r\x9b\u202e")
+
+
+def test_the_rule_for_terminals_is_one_set_shared_by_job_output_titles_and_the_plain_ui():
+    from ds4agent.sessions.titles import display_text
+    from ds4agent.ui.fmt import terminal_safe
+
+    hostile = "a\x1b[2J\x07\x9b\u202e\u2066b\tc"
+    assert terminal_safe(hostile) == "a\u241b[2J\u2407\ufffd\ufffd\ufffdb\tc"
+    assert display_text(hostile.encode()) == "a\ufffd[2J\ufffd\ufffd\ufffd\ufffdb\ufffdc"

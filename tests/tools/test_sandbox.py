@@ -277,16 +277,25 @@ def test_seatbelt_profile_for_a_linked_worktree_names_its_git_dirs(tmp_path):
 
 
 def test_refusals_read_the_usual_messages(tmp_path, monkeypatch):
-    """Without a mount namespace Landlock refuses with EACCES/EPERM, so those name refusals."""
+    """Without a mount namespace Landlock refuses with EACCES/EPERM, so those name refusals (where
+    the file's own mode would have let the user write: else it was no sandbox's doing)."""
     monkeypatch.setattr(sandbox, "entries_only", lambda: True)
-    b = sandbox.Boundary(str(tmp_path), "/tmp/job")
-    out = ("/bin/sh: 1: cannot create ../elsewhere/a: Permission denied\n"
-           "touch: cannot touch '/etc/b': Permission denied\n"
-           "PermissionError: [Errno 13] Permission denied: '/usr/c'\n"
+    tree, o = tmp_path / "tree", tmp_path / "o"
+    (tree / "sub").mkdir(parents=True)
+    o.mkdir()
+    (o / "c").write_text("")
+    (o / "locked").write_text("")
+    (o / "locked").chmod(0o444)
+    b = sandbox.Boundary(str(tree), "/tmp/job")
+    out = ("/bin/sh: 1: cannot create ../o/a: Permission denied\n"
+           f"touch: cannot touch '{o}/b': Permission denied\n"
+           f"PermissionError: [Errno 13] Permission denied: '{o}/c'\n"
            "rm: cannot remove 'sub/inside': Permission denied\n"  # inside the tree: the file's own mode
-           "cp: cannot create regular file ‘/opt/d’: Operation not permitted\n")
-    got = [r.path for r in sandbox.refusals(out, str(tmp_path), b)]
-    assert got == [os.path.normpath(tmp_path / ".." / "elsewhere" / "a"), "/etc/b", "/usr/c", "/opt/d"]
+           f"cp: cannot create regular file ‘{o}/d’: Operation not permitted\n"
+           f"cat: {o}/locked: Permission denied\n"  # its own mode refuses writing: not the sandbox
+           "ls: cannot access '/proc/1/root/etc': Permission denied\n")
+    got = [r.path for r in sandbox.refusals(out, str(tree), b)]
+    assert got == [str(o / "a"), str(o / "b"), str(o / "c"), str(o / "d")]
 
 
 def test_with_a_mount_namespace_only_read_only_errors_are_refusals(tmp_path, monkeypatch):
@@ -433,24 +442,27 @@ def test_the_agents_own_code_in_the_tree_is_read_only_to_jobs(tree, monkeypatch,
 
 @linux_only
 def test_the_launcher_runs_the_text_read_at_start_not_the_file_as_it_is_now(tree, tmp_path, monkeypatch):
-    """The launcher's text is taken when the agent loads it: rewriting the file afterwards (a job in
-    a checkout of ds4agent) changes nothing about the next job's boundary."""
+    """The launcher's text (launcher.py and seccomp.py) is taken when the agent loads sandbox.py:
+    rewriting those files afterwards (a job in a checkout of ds4agent) changes nothing about the
+    next job's boundary."""
     import importlib.util
 
     ctx, work, outside = tree
-    copy = tmp_path / "copied_sandbox.py"
-    copy.write_text(Path(sandbox.__file__).read_text())
-    spec = importlib.util.spec_from_file_location("copied_sandbox", copy)
+    here = Path(sandbox.__file__).parent
+    for name in ("sandbox", "launcher", "seccomp"):
+        (tmp_path / f"{name}.py").write_text((here / f"{name}.py").read_text())
+    spec = importlib.util.spec_from_file_location("copied_sandbox", tmp_path / "sandbox.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "copied_sandbox", module)
     spec.loader.exec_module(module)
     # The rewrite a job would make: the launcher leaves before building the boundary.
-    copy.write_text("import os, sys\nos.execv(sys.argv[-3], sys.argv[-3:])\n")
+    (tmp_path / "launcher.py").write_text("import os, sys\ndef main(argv):\n    os.execv(argv[2], argv[2:])\n")
+    (tmp_path / "seccomp.py").write_text("")
     temp = tmp_path / "jobtemp"
     temp.mkdir()
     argv = module.wrap(["/bin/sh", "-c", "echo x > ../outside/escaped"], sandbox.Boundary(str(work), str(temp)))
-    assert str(copy) not in argv
+    assert not any(a.endswith(".py") for a in argv)  # text, not files to run
     subprocess.run(argv, cwd=work, check=False, capture_output=True)
     assert not (outside / "escaped").exists()
 
@@ -576,18 +588,21 @@ def _metadata(path: Path) -> tuple:
 
 
 @linux_only
-@pytest.mark.parametrize("mode", ["namespace", "git-granted"])
+@pytest.mark.parametrize("mode", ["namespace", "entries", "git-granted"])
 def test_a_job_changes_no_metadata_outside_the_tree(tree, monkeypatch, mode):
+    """chmod (setuid included), touch -d, setxattr, chown outside the tree: refused with EROFS in
+    every mode (read-only mounts in the namespace, the seccomp supervisor without one), while the
+    same calls in the tree work."""
     ctx, work, outside = tree
-    if mode == "git-granted":
-        ctx.sandbox.git_writable = True
     target = outside / "existing"
     before = _metadata(target), _metadata(outside)
-    result = _bash(ctx, "chmod u+s,g+w ../outside/existing; chmod 777 ../outside; touch -d 2001-01-01 ../outside/existing;"
-                        " python3 -c \"import os; os.setxattr('../outside/existing', 'user.x', b'1')\";"
-                        " chown nobody ../outside/existing;"
-                        " echo x > mine && chmod +x mine && touch -d 2001-01-01 mine && mkdir -p made && echo done")
+    with _mode(ctx, monkeypatch, mode):
+        result = _bash(ctx, "chmod u+s,g+w ../outside/existing; chmod 777 ../outside; touch -d 2001-01-01 ../outside/existing;"
+                            " python3 -c \"import os; os.setxattr('../outside/existing', 'user.x', b'1')\";"
+                            " chown nobody ../outside/existing;"
+                            " echo x > sub/mine && chmod +x sub/mine && touch -d 2001-01-01 sub/mine && mkdir -p sub/made"
+                            " && echo done")
     assert (_metadata(target), _metadata(outside)) == before
     assert "Read-only file system" in result.text  # what a refused job is told
-    assert "done" in result.text and os.access(work / "mine", os.X_OK)
-    assert (work / "mine").stat().st_mtime < 10**9 + 10**8  # 2001: times in the tree can be set
+    assert "done" in result.text and os.access(work / "sub/mine", os.X_OK)
+    assert (work / "sub/mine").stat().st_mtime < 10**9 + 10**8  # 2001: times in the tree can be set

@@ -1,4 +1,5 @@
-"""One MCP server over stdio, on the official SDK; the only module here that imports it.
+"""One MCP server over stdio, on the official SDK; with stdio.py (the transport) the only modules
+here that import it.
 
     Connection(config, cwd=..., log_dir=..., start_timeout=..., notify=...)
         await serve()                 spawn, initialise, list the tools (following the cursor), then
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import anyio
-from mcp import Client, StdioServerParameters, stdio_client
+from mcp import Client, StdioServerParameters
 from mcp import types as mt
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
@@ -34,6 +35,7 @@ from pydantic import ValidationError
 from ds4agent.tools.mcp.config import ServerConfig
 from ds4agent.tools.mcp.confine import confined_command
 from ds4agent.tools.mcp.model import McpCallError, RemoteTool, ServerState, ServerStatus, bound_tools
+from ds4agent.tools.mcp.stdio import stdio_transport
 from ds4agent.tools.results import TextDisplay, ToolResult, error_text
 
 # The SDK logs transport trouble through `logging`; with no handler configured Python would print
@@ -154,7 +156,7 @@ class _EndWatch:
 @contextlib.asynccontextmanager
 async def _watched_stdio(params: StdioServerParameters, errlog: TextIO,
                          on_end: Callable[[], None]) -> AsyncIterator[tuple[Any, Any]]:
-    async with stdio_client(params, errlog=errlog) as (read, write):
+    async with stdio_transport(params, errlog) as (read, write):
         yield _EndWatch(read, on_end), write
 
 
