@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from ds4agent.agent import events as ev
-from ds4agent.agent.settings import PERMISSION_MODES, THINK_MODES, AgentSettings
+from ds4agent.agent.settings import PERMISSION_MODES, AgentSettings, think_mode_named
 from ds4agent.engine import FULL_POWER, EngineLost
 
 if TYPE_CHECKING:  # the worker (and with it the engine and the tools) is imported when an Agent is built
@@ -323,12 +323,15 @@ class Agent:
         self.emit(self._worker.history_event(n))
 
     def set_think_mode(self, mode: str) -> None:
-        """think | nothink | think-max: changes the THINK token of later turns (think-max's system
-        prefix cannot change inside a session: it takes effect at /new). Idle only."""
+        """think | nothink | think-max, or a level 0 | 1 | 2 (/think N): changes the THINK token of
+        later turns (think-max's system prefix cannot change inside a session: it takes effect at
+        /new). Idle only."""
         if self._refused_while_busy("/nothink" if mode == "nothink" else "/think"):
             return
-        if mode not in THINK_MODES:
-            self.emit(ev.Error(f"unknown think mode: {mode} (think, nothink, think-max)"))
+        try:
+            mode = think_mode_named(mode)
+        except ValueError as err:
+            self.emit(ev.Error(str(err)))
             return
         self._worker.set_think_mode(mode)
 

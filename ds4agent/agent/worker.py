@@ -102,11 +102,12 @@ class Worker:
         self.local_now: Callable[[], datetime] = lambda: datetime.now().astimezone()
         self.store = store
         self._engine_src = engine
-        self.builtin_tools: list[Tool] = list(tools) if tools is not None else default_tools()
+        self.builtin_tools: list[Tool] = list(tools) if tools is not None else default_tools(settings.edit_upto)
         self.mcp_config = mcp
         self.mcp: McpServers | None = None  # started by startup() when mcp names servers
         self.policy = policy if policy is not None else PermissionPolicy(settings.permission)
-        self.tool_ctx = ToolContext(cwd=settings.cwd, should_stop=io.should_stop, on_write=self._checkpoint_write)
+        self.tool_ctx = ToolContext(cwd=settings.cwd, should_stop=io.should_stop, on_write=self._checkpoint_write,
+                                    edit_upto=settings.edit_upto)
         self.trace = Trace(None)  # disabled until startup opens --trace
         self.transcript = Transcript()
         self.journal: Journal | None = None

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ds4agent.agent import RUNS_WHILE_BUSY, idle_required
+from ds4agent.agent.settings import think_mode_named as think_mode_named  # re-exported for --think-level
 
 # What a command takes after its name; parse() refuses anything else, so a mistyped argument is
 # said back instead of being ignored (`/new extra` must not start a new session).
@@ -107,7 +108,7 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("fork", "/fork [title]", "save the conversation as a new session; later saves go there",
                 takes=TEXT, agent_call=lambda a, c: a.fork(c.arg)),
     # The agent checks the mode and confirms with a notice and a Status event (or an error).
-    CommandSpec("think", "/think", "reasoning on", takes=WORD,
+    CommandSpec("think", "/think [N]", "reasoning on; N: level 0 off, 1 on, 2 max", takes=WORD,
                 agent_call=lambda a, c: a.set_think_mode(think_mode(c))),
     CommandSpec("nothink", "/nothink", "reasoning off", agent_call=lambda a, c: a.set_think_mode(think_mode(c))),
     CommandSpec("permissions", "/permissions [mode]", "show or set the permission mode: ask, auto or "
