@@ -204,9 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="let the device compute at most N%% of the time (1-100), resting "
                         "between prefill chunks and tokens so a laptop stays cool; output is "
                         "unchanged (default: 100)")
-    parser.add_argument("--permission", choices=("ask", "auto", "read-only"), default="ask",
+    parser.add_argument("--permission", choices=("ask", "auto", "read-only", "plan"), default="ask",
                         help="ask before bash and file changes (default), run everything "
-                        "without asking (auto), or refuse bash and writes (read-only)")
+                        "without asking (auto), refuse bash and writes (read-only), or plan "
+                        "first: read and propose, change nothing until you approve (plan; "
+                        "/plan or Shift+Tab in the app)")
     parser.add_argument("--edit-upto", action="store_true", dest="edit_upto",
                         help="let edits select a long span as HEAD[upto]TAIL (the agent writes "
                         "[upto] once the first lines are unique); default: exact old text only")

@@ -352,19 +352,25 @@ class Agent:
         worker.emit_status()
 
     def set_permission_mode(self, mode: str) -> None:
-        """ask | auto | read-only for the tool calls that follow (allow-for-session grants are
-        kept); idle only, so no tool call is being checked meanwhile. Confirmed by a Notice and
+        """ask | auto | read-only | plan for the tool calls that follow (allow-for-session grants
+        are kept); idle only, so no tool call is being checked meanwhile. Confirmed by a Notice and
         Status."""
         if self._refused_while_busy("/permissions"):
             return
         if mode not in PERMISSION_MODES:
-            self.emit(ev.Error(f"unknown permission mode: {mode} (ask, auto, read-only)"))
+            self.emit(ev.Error(f"unknown permission mode: {mode} ({', '.join(PERMISSION_MODES)})"))
             return
-        worker = self._worker
-        worker.settings.permission = mode
-        worker.policy.mode = mode
-        self.emit(ev.Notice(f"permission mode: {mode}"))
-        worker.emit_status()
+        from ds4agent.agent import plan  # (the worker's side: imported once an Agent exists)
+
+        plan.switch(self._worker, mode)
+
+    def toggle_plan(self) -> None:
+        """/plan and Shift+Tab: into plan mode (agent/plan.py), or back to the mode it left. Idle only."""
+        if self._refused_while_busy("/plan"):
+            return
+        from ds4agent.agent import plan
+
+        plan.toggle(self._worker)
 
     # ------------------------------------------------------------------ events
 
@@ -523,6 +529,10 @@ class Agent:
     def _after_command(self) -> None:
         """End of a command on the worker: run a deferred save, then either start the next turn
         with the queued text or go idle."""
+        from ds4agent.agent import todos
+
+        # A load, rewind, new session or compaction may have brought another task list.
+        todos.publish(self._worker)
         while True:
             with self._lock:
                 save, title = self._save_deferred, self._save_title

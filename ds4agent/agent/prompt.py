@@ -42,6 +42,9 @@ _SYSTEM_TEMPLATE = """You are ds4agent, a coding agent. You work in the user's p
 - `bash` runs one shell command in the project directory; it waits up to refresh_sec seconds, then leaves the job running in the background. Use `bash_status` to see a running job's progress and `bash_stop` to end it. Long builds or test runs: set a sensible refresh_sec and timeout_sec.
 - Commands have no terminal input: use non-interactive flags.
 
+## Task list
+- For a job of several steps, keep a task list with `todo` (the whole list each call: [ ] pending, [>] in progress, [x] done); the user sees it. Mark a task in progress when you start it and done when it is done. Skip it for small questions.
+
 ## Rules
 - Follow the tool call syntax and the parameter schemas exactly.
 - Inference is local and not fast: prefill runs at a few hundred tokens per second and generation at tens of tokens per second. Read only what you need, keep outputs small, and prefer {small_edits} to copying long text or rewriting files.

@@ -13,7 +13,7 @@ THINK_MODES = ("think", "nothink", "think-max")
 # reasoning-effort forms (prompt-and-dsml.md §4): none (</think> opens the answer), high (<think>)
 # and max (<think> plus the Think-Max prefix). ds4-server maps low/medium/high/xhigh all to high.
 THINK_LEVELS = ("nothink", "think", "think-max")
-PERMISSION_MODES = ("ask", "auto", "read-only")
+PERMISSION_MODES = ("ask", "auto", "read-only", "plan")
 
 
 @dataclass

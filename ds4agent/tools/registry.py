@@ -24,6 +24,7 @@ from ds4agent.tools.results import (
     error_result,
 )
 from ds4agent.tools.search import SearchTool
+from ds4agent.tools.todo import TodoTool
 
 
 @runtime_checkable
@@ -49,6 +50,7 @@ def default_tools(edit_upto: bool = False) -> list[Tool]:
         EditTool(upto=edit_upto),
         SearchTool(),
         ListTool(),
+        TodoTool(),
     ]
 
 

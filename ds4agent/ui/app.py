@@ -35,6 +35,7 @@ from ds4agent.ui.widgets.conversation import Conversation, ToolCard
 from ds4agent.ui.widgets.prompt_input import CommandHints, PromptInput
 from ds4agent.ui.widgets.queue_chips import QueueChips
 from ds4agent.ui.widgets.status_bar import HeaderLine, StatusBar
+from ds4agent.ui.widgets.todos import TodoPanel
 
 SPINNER_INTERVAL = 0.125  # 8 Hz: the only animation faster than 4 Hz (ui.md)
 # A question that opens on its own (permission, resume) ignores keys until the user has paused
@@ -55,6 +56,9 @@ class Ds4App(App):
         Binding("escape", "escape", "interrupt", show=False),
         Binding("ctrl+x", "pull_queued", "pull back", show=False),
         Binding("ctrl+t", "toggle_thinking", "thinking", show=False),
+        Binding("ctrl+g", "toggle_todos", "tasks", show=False),
+        # Priority: the input (a TextArea) would otherwise take Shift+Tab as "focus previous".
+        Binding("shift+tab", "toggle_plan", "plan mode", show=False, priority=True),
         Binding("ctrl+o", "toggle_card", "tool card", show=False),
         Binding("ctrl+l", "picker", "sessions", show=False),
         Binding("f1", "help", "help", show=False),
@@ -123,6 +127,7 @@ class Ds4App(App):
         yield Conversation(clock=self.clock, id="conversation")
         with Vertical(id="bottom"):
             yield CommandHints(id="hints")
+            yield TodoPanel(id="todos")
             yield QueueChips(id="queue")
             yield PromptInput(self.history, cwd=self.cwd, id="input")
         yield StatusBar(self.status_model, id="status")
@@ -234,7 +239,11 @@ class Ds4App(App):
             ev.History: self._show_history, ev.RewindList: self._show_rewind_list, ev.Rewound: self._show_rewound,
             ev.CompactionStarted: self._show_compaction_started, ev.CompactionDelta: self._show_compaction_delta,
             ev.CompactionDone: self._show_compaction_done, ev.Exited: self._show_exited,
+            ev.TodoList: self._show_todos,
         })
+
+    async def _show_todos(self, e: ev.TodoList, n: int) -> None:
+        self.query_one(TodoPanel).set_items(e.items)
 
     async def _show_status(self, e: ev.Status, n: int) -> None:
         self.status_model.apply_status(e)
@@ -617,6 +626,15 @@ class Ds4App(App):
 
     def action_toggle_thinking(self) -> None:
         self.conversation.toggle_thinking()
+
+    def action_toggle_todos(self) -> None:
+        self.query_one(TodoPanel).toggle()
+
+    def action_toggle_plan(self) -> None:
+        if self.screen is not self.screen_stack[0]:
+            self.screen.focus_previous()  # in a dialog Shift+Tab keeps its usual meaning
+        elif self.agent is not None:
+            self.agent.toggle_plan()
 
     def action_toggle_card(self) -> None:
         focused = self.focused

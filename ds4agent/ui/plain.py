@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ds4agent.agent import events as ev
-from ds4agent.ui import bridge, commands, dispatch, fmt, mentions, toolview
+from ds4agent.ui import bridge, commands, dispatch, fmt, mentions, todo_panel, toolview
 
 # style keys -> prompt_toolkit styles (plain text in line mode)
 PT_STYLES = {
@@ -110,7 +110,14 @@ class PlainRenderer:
             # The agent reports a compaction's outcome itself (a Notice or an Error).
             ev.CompactionDone: lambda e, n: self.close_stream(),
             ev.PermissionRequest: self._question, ev.Question: self._question, ev.Exited: self._exited,
+            ev.TodoList: self._todos,
         })
+
+    def _todos(self, e: ev.TodoList, n: int) -> None:
+        """The whole list each time it changes (a line editor has no panel to update)."""
+        self.close_stream()
+        for style, text in todo_panel.lines(e.items, 78, max_rows=len(e.items)):
+            self.line(text, "muted" if style in ("done", "more", "header") else "text")
 
     def _user_turn(self, e: ev.UserTurn, n: int) -> None:
         self.close_stream()
@@ -497,6 +504,10 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
     @kb.add("escape", eager=True, filter=busy)
     def _(event) -> None:
         agent.interrupt()
+
+    @kb.add("s-tab")
+    def _(event) -> None:
+        agent.toggle_plan()  # refused with a message while the model works (the busy rule)
 
     def toolbar():
         width = shutil.get_terminal_size().columns
