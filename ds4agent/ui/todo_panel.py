@@ -17,7 +17,7 @@ from ds4agent.ui.fmt import fit
 
 MARKS = {"done": "✔", "in_progress": "▶", "pending": "○"}
 STYLES = {"done": "done", "in_progress": "active", "pending": "pending"}
-MAX_ROWS = 6  # task rows the open panel shows at most (the header and a "more" row come on top)
+MAX_ROWS = 5  # task rows the open panel shows at most (the header and a "more" row come on top)
 
 
 def summary(items: Sequence[Any]) -> str:
