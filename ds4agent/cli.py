@@ -209,6 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "without asking (auto), refuse bash and writes (read-only), or plan "
                         "first: read and propose, change nothing until you approve (plan; "
                         "/plan or Shift+Tab in the app)")
+    parser.add_argument("--notify", choices=("auto", "bell", "osc", "off"), default=None,
+                        help="ring the terminal when a long turn ends or a question waits: BEL "
+                        "plus a desktop notification where the terminal shows one (auto, the "
+                        "default), BEL only, OSC 9 always, or off; also notify.json in the "
+                        "config directory")
+    parser.add_argument("--notify-after", type=float, default=None, metavar="SECONDS", dest="notify_after",
+                        help="ring when a turn ran at least this long (default: 30)")
     parser.add_argument("--edit-upto", action="store_true", dest="edit_upto",
                         help="let edits select a long span as HEAD[upto]TAIL (the agent writes "
                         "[upto] once the first lines are unique); default: exact old text only")

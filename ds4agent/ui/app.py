@@ -31,6 +31,7 @@ from ds4agent.agent import events as ev
 from ds4agent.ui import bridge, commands, dispatch, fmt
 from ds4agent.ui.history import History
 from ds4agent.ui.messages import AgentEvents, AgentFailed, AgentReady
+from ds4agent.ui.notify import Notifier
 from ds4agent.ui.widgets.conversation import Conversation, ToolCard
 from ds4agent.ui.widgets.prompt_input import CommandHints, PromptInput
 from ds4agent.ui.widgets.queue_chips import QueueChips
@@ -79,6 +80,7 @@ class Ds4App(App):
         permission: str = "ask",
         typeahead_grace: float = TYPEAHEAD_GRACE_S,
         open_picker: bool = False,
+        notifier: Notifier | None = None,
     ) -> None:
         super().__init__()
         if agent is None and agent_factory is None:
@@ -92,6 +94,7 @@ class Ds4App(App):
         self.now = now
         self.animate = animate
         self.typeahead_grace = typeahead_grace
+        self.notifier = notifier  # rings the terminal when a long turn ends or a question waits
         self.last_typing = float("-inf")        # clock() of the last key typed (screens/TypeaheadGuard)
         self.status_model = fmt.StatusState(ctx_total=ctx, think_mode=think_mode, permission=permission)
         self._pre_agent: list[str] = []       # sent before the agent object existed
@@ -220,6 +223,9 @@ class Ds4App(App):
             card.tick()
 
     async def _handle(self, e: ev.Event, n: int) -> None:
+        ring = self.notifier.on_event(e) if self.notifier is not None else ""
+        if ring and not self.is_headless and self._driver is not None:
+            self._driver.write(ring)  # as App.bell() writes its BEL
         pending = self._event_table.dispatch(e, n)
         if pending is not None:
             await pending
@@ -722,9 +728,17 @@ class Ds4App(App):
 def main(args) -> int:
     """`ds4agent` with no subcommand: the full-screen app in the current directory."""
     from ds4agent.agent.facade import Agent
+    from ds4agent.agent.notify_config import NotifyConfigError
+    from ds4agent.ui.notify import from_args
 
+    try:
+        notifier = from_args(args, os.environ)
+    except NotifyConfigError as err:
+        print(f"ds4agent: {err}", file=sys.stderr)
+        return 2
     app = Ds4App(
         lambda: Agent.from_args(args),
+        notifier=notifier,
         ctx=getattr(args, "ctx", 0) or 0,
         think_mode=getattr(args, "think_mode", "think") or "think",
         permission=getattr(args, "permission", "ask") or "ask",
