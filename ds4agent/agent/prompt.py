@@ -43,7 +43,7 @@ _SYSTEM_TEMPLATE = """You are ds4agent, a coding agent. You work in the user's p
 - Commands have no terminal input: use non-interactive flags.
 
 ## Task list
-- For a job of several steps, keep a task list with `todo` (the whole list each call: [ ] pending, [>] in progress, [x] done); the user sees it. Mark a task in progress when you start it and done when it is done. Skip it for small questions.
+- For a job of several steps, keep the user's task list current with `todo`; skip it for small questions.
 
 ## Rules
 - Follow the tool call syntax and the parameter schemas exactly.

@@ -140,16 +140,13 @@ def parse_items(value: Any) -> tuple[TodoItem, ...]:
 class TodoTool:
     name = "todo"
     description = (
-        "Keep a task list for a job with several steps, shown to the user. Send the whole list each "
-        "time, one task per line: [ ] pending, [>] in progress, [x] done. Update it as you start and "
-        "finish tasks; items=\"\" clears it."
+        "Set the task list shown to the user: the whole list, one task per line, [ ] pending, "
+        "[>] in progress, [x] done. Update it as you start and finish tasks."
     )
     schema = {
         "type": "object",
         "properties": {
-            "items": {"type": "string",
-                      "description": "the whole list, one task per line, e.g. \"[x] read the parser\\n[>] fix "
-                                     "the bug\\n[ ] run the tests\""},
+            "items": {"type": "string", "description": "e.g. \"[x] read the parser\\n[>] fix the bug\""},
         },
         "required": ["items"],
     }
