@@ -48,9 +48,10 @@ def lines(items: Sequence[Any], width: int, max_rows: int = MAX_ROWS, *, collaps
         return out
     start, end = _window(items, max_rows)
     if start:
-        out.append(("more", fit(f"  … {start} done above", width)))
+        out.append(("more", "  " + fit(f"… {start} done above", width - 2)))
     for item in items[start:end]:
-        out.append((STYLES.get(item.status, "pending"), fit(f"  {MARKS.get(item.status, '○')} {item.text}", width)))
+        row = fit(f"{MARKS.get(item.status, '○')} {item.text}", width - 2)
+        out.append((STYLES.get(item.status, "pending"), "  " + row))
     if end < len(items):
-        out.append(("more", fit(f"  … {len(items) - end} more", width)))
+        out.append(("more", "  " + fit(f"… {len(items) - end} more", width - 2)))
     return out
