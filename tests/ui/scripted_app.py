@@ -8,12 +8,15 @@ session store and the journal. No model file, no network: the screens are what i
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
+from ds4agent.agent.notify_config import NotifyConfig
 from ds4agent.tools import default_tools
 from ds4agent.ui.app import Ds4App
 from ds4agent.ui.history import History
+from ds4agent.ui.notify import Notifier
 from tests.support.agent_harness import AgentHarness
 from tests.support.scripted_engine import reply
 
@@ -37,7 +40,7 @@ def main(scenario: str, root: str) -> int:
     settings, script = SCENARIOS[scenario]
     h = AgentHarness.build(Path(root), script, tools=default_tools(), start=False, **settings)
     app = Ds4App(agent=h.agent, cwd=str(h.root / "work"), history=History(persist=False),
-                 permission=settings["permission"])
+                 permission=settings["permission"], notifier=Notifier(NotifyConfig(), os.environ))
     app.run()
     return int(app.return_code or 0)
 

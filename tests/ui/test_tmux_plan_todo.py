@@ -24,6 +24,9 @@ def _start(tmp_path: Path, scenario: str) -> Tmux:
                "echo EXITED-$?; sleep 30")
     tmux.run("-f", "/dev/null", "new-session", "-d", "-s", "app", "-x", "80", "-y", "24", command)
     tmux.run("resize-window", "-t", "app", "-x", "80", "-y", "24")
+    # A bell from the app (ui/notify.py) leaves a file behind: tmux runs the hook on every BEL.
+    tmux.run("set-option", "-g", "bell-action", "any")
+    tmux.run("set-hook", "-g", "alert-bell", f"run-shell 'touch {tmp_path / 'bell'}'")
     tmux.wait_for(lambda s: _status_line(s).startswith("idle"), "the agent ready and idle", timeout=60)
     return tmux
 
@@ -52,8 +55,11 @@ def test_plan_approval_at_80x24(tmp_path):
     try:
         assert _header(tmux.screen()).endswith("think · plan")
         tmux.type("accept size suffixes\r")
+        assert not (tmp_path / "bell").exists()
         screen = tmux.wait_for(lambda s: "Approve this plan?" in s, "the plan approval")
         _fits(screen)
+        # A question waits: the terminal was rung (BEL; tmux is no desktop-notification terminal).
+        tmux.wait_for(lambda s: (tmp_path / "bell").exists(), "the bell", timeout=30)
         for part in ("Approve this plan?", "1. Read src/parser.py", "3. Add tests for each suffix",
                      "[y] approve: carry it out, asking before changes",
                      "[a] approve: carry it out without asking (auto)",
