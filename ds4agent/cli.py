@@ -131,6 +131,16 @@ def _split(text: str) -> list[int]:
                                          "comma-separated (e.g. 22)") from None
 
 
+def _think_level(text: str) -> str:
+    # The agent's mapping, through the command table (the CLI does not import the agent room).
+    from ds4agent.ui.commands import think_mode_named
+
+    try:
+        return think_mode_named(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def _interactive_help(columns: int) -> str:
     """The slash commands and keys, from the one table both front ends use (ds4agent/ui/commands.py
     is pure logic: importing it pulls in no Textual), wrapped to the terminal."""
@@ -182,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     think.add_argument("--think-max", dest="think_mode", action="store_const", const="think-max",
                        help="maximum reasoning effort (needs a context of at least 393216 tokens; "
                        "falls back to --think below that)")
+    think.add_argument("--think-level", dest="think_mode", type=_think_level, metavar="N",
+                       help="thinking level: 0 off, 1 on (high effort), 2 maximum (the three "
+                       "reasoning-effort forms of DeepSeek V4's template); /think N in the app")
     parser.set_defaults(think_mode="think")
     parser.add_argument("--temp", type=float, default=1.0, help="sampling temperature (default: 1.0)")
     parser.add_argument("--top-p", type=float, default=1.0, dest="top_p", help="top-p (default: 1.0)")
@@ -191,9 +204,21 @@ def build_parser() -> argparse.ArgumentParser:
                         help="let the device compute at most N%% of the time (1-100), resting "
                         "between prefill chunks and tokens so a laptop stays cool; output is "
                         "unchanged (default: 100)")
-    parser.add_argument("--permission", choices=("ask", "auto", "read-only"), default="ask",
+    parser.add_argument("--permission", choices=("ask", "auto", "read-only", "plan"), default="ask",
                         help="ask before bash and file changes (default), run everything "
-                        "without asking (auto), or refuse bash and writes (read-only)")
+                        "without asking (auto), refuse bash and writes (read-only), or plan "
+                        "first: read and propose, change nothing until you approve (plan; "
+                        "/plan or Shift+Tab in the app)")
+    parser.add_argument("--notify", choices=("auto", "bell", "osc", "off"), default=None,
+                        help="ring the terminal when a long turn ends or a question waits: BEL "
+                        "plus a desktop notification where the terminal shows one (auto, the "
+                        "default), BEL only, OSC 9 always, or off; also notify.json in the "
+                        "config directory")
+    parser.add_argument("--notify-after", type=float, default=None, metavar="SECONDS", dest="notify_after",
+                        help="ring when a turn ran at least this long (default: 30)")
+    parser.add_argument("--edit-upto", action="store_true", dest="edit_upto",
+                        help="let edits select a long span as HEAD[upto]TAIL (the agent writes "
+                        "[upto] once the first lines are unique); default: exact old text only")
     parser.add_argument("-sys", "--system", metavar="TEXT", default=None,
                         help="extra system text appended to the built-in instructions")
     parser.add_argument("--trace", metavar="FILE", default=None,

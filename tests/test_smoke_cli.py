@@ -5,7 +5,7 @@ import sys
 
 def test_help_lists_every_subcommand_and_agent_flag():
     out = subprocess.run([sys.executable, "-m", "ds4agent.cli", "--help"], capture_output=True, text=True, check=True).stdout
-    for word in ("tokens", "dump-logits", "make-test-model", "kv", "info", "convert", "--model", "--ctx", "--permission", "--plain", "--kv-dir", "/load [prefix]", "/compact"):
+    for word in ("tokens", "dump-logits", "make-test-model", "kv", "info", "convert", "--model", "--ctx", "--permission", "--plain", "--kv-dir", "/load [prefix]", "/compact", "--edit-upto", "--think-level", "/think [N]", "--notify", "--notify-after", "/plan", "plan"):
         assert word in out
 
 

@@ -22,7 +22,10 @@ Modules:
     mcp_glue.py    MCP servers: the project-file question, start / join / stop, their tools
     decode.py      TokenStream: the one decode loop (a round and a compaction summary)
     stream.py      one round's tokens -> events (over protocol.dsml); Coalescer
-    edit_assist.py the forced [upto] and the preflight stop while the model writes an edit
+    edit_assist.py the forced [upto] (--edit-upto) and the preflight stop while the model writes an edit
+    plan.py        plan mode: the note the model gets, the approval question, the mode switch
+    todos.py       the model's task list, read back from the transcript and published as events
+    notify_config.py  when and how the front ends ring the terminal (notify.json, --notify)
     verify.py      checking a model against recorded greedy continuations (`ds4agent verify`)
     transcript.py  the append-only transcript
     history.py     replaying saved turns for display

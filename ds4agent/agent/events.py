@@ -62,7 +62,7 @@ class Status(Event):
     session_id: first 8 hex of the saved name, "" when never saved/loaded;
     title: the session title ("" for a new session);
     think_mode: "think" | "nothink" | "think-max" (the effective mode);
-    permission_mode: "ask" | "auto" | "read-only";
+    permission_mode: "ask" | "auto" | "read-only" | "plan";
     power: the device's duty-cycle cap in percent (/power; 100: full power, no rests);
     detail: a short free text for the state (e.g. the running tool's name, an error message).
     """
@@ -408,6 +408,15 @@ class QueueChanged(Event):
     """The messages typed while busy, in order (empty tuple when the queue was taken)."""
 
     items: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TodoList(Event):
+    """The model's task list changed (its todo tool), or a load / rewind / new session brought
+    another one: items are the tools' TodoItem(text, status), status pending | in_progress | done.
+    The whole list every time; () when there is none."""
+
+    items: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from ds4agent.agent import events as ev
-from ds4agent.agent.settings import PERMISSION_MODES, THINK_MODES, AgentSettings
+from ds4agent.agent.settings import PERMISSION_MODES, AgentSettings, think_mode_named
 from ds4agent.engine import FULL_POWER, EngineLost
 
 if TYPE_CHECKING:  # the worker (and with it the engine and the tools) is imported when an Agent is built
@@ -323,12 +323,15 @@ class Agent:
         self.emit(self._worker.history_event(n))
 
     def set_think_mode(self, mode: str) -> None:
-        """think | nothink | think-max: changes the THINK token of later turns (think-max's system
-        prefix cannot change inside a session: it takes effect at /new). Idle only."""
+        """think | nothink | think-max, or a level 0 | 1 | 2 (/think N): changes the THINK token of
+        later turns (think-max's system prefix cannot change inside a session: it takes effect at
+        /new). Idle only."""
         if self._refused_while_busy("/nothink" if mode == "nothink" else "/think"):
             return
-        if mode not in THINK_MODES:
-            self.emit(ev.Error(f"unknown think mode: {mode} (think, nothink, think-max)"))
+        try:
+            mode = think_mode_named(mode)
+        except ValueError as err:
+            self.emit(ev.Error(str(err)))
             return
         self._worker.set_think_mode(mode)
 
@@ -349,19 +352,25 @@ class Agent:
         worker.emit_status()
 
     def set_permission_mode(self, mode: str) -> None:
-        """ask | auto | read-only for the tool calls that follow (allow-for-session grants are
-        kept); idle only, so no tool call is being checked meanwhile. Confirmed by a Notice and
+        """ask | auto | read-only | plan for the tool calls that follow (allow-for-session grants
+        are kept); idle only, so no tool call is being checked meanwhile. Confirmed by a Notice and
         Status."""
         if self._refused_while_busy("/permissions"):
             return
         if mode not in PERMISSION_MODES:
-            self.emit(ev.Error(f"unknown permission mode: {mode} (ask, auto, read-only)"))
+            self.emit(ev.Error(f"unknown permission mode: {mode} ({', '.join(PERMISSION_MODES)})"))
             return
-        worker = self._worker
-        worker.settings.permission = mode
-        worker.policy.mode = mode
-        self.emit(ev.Notice(f"permission mode: {mode}"))
-        worker.emit_status()
+        from ds4agent.agent import plan  # (the worker's side: imported once an Agent exists)
+
+        plan.switch(self._worker, mode)
+
+    def toggle_plan(self) -> None:
+        """/plan and Shift+Tab: into plan mode (agent/plan.py), or back to the mode it left. Idle only."""
+        if self._refused_while_busy("/plan"):
+            return
+        from ds4agent.agent import plan
+
+        plan.toggle(self._worker)
 
     # ------------------------------------------------------------------ events
 
@@ -520,6 +529,10 @@ class Agent:
     def _after_command(self) -> None:
         """End of a command on the worker: run a deferred save, then either start the next turn
         with the queued text or go idle."""
+        from ds4agent.agent import todos
+
+        # A load, rewind, new session or compaction may have brought another task list.
+        todos.publish(self._worker)
         while True:
             with self._lock:
                 save, title = self._save_deferred, self._save_title

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # types only: importing this module stays free of the engine 
     from ds4agent.tools import Tool, ToolContext
     from ds4agent.tools.mcp import McpConfig, McpServers
     from ds4agent.tools.permissions import PermissionPolicy
+    from ds4agent.tools.todo import TodoItem
 
 
 class AgentIO(Protocol):
@@ -81,6 +82,8 @@ class WorkerPort(Protocol):
     turn_times: dict[int, float]  # transcript index of a user turn -> when it was sent
     turn_at: int  # transcript index of the current user turn
     jobs_update_due: bool  # a compaction ran: the next User turn re-announces running bash jobs
+    todo_list: tuple[TodoItem, ...]  # the model's task list as last published (todos.py)
+    plan_return: str  # the permission mode plan mode returns to (plan.py)
     # status figures
     generated: int
     decode_tps: float

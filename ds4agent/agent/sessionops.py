@@ -72,7 +72,7 @@ def display_title(title: str | bytes | None) -> str:
 
 def render_system(worker: WorkerPort) -> list[int]:
     s = worker.settings
-    worker.system = build_system_text(s.cwd, s.system)
+    worker.system = build_system_text(s.cwd, s.system, edit_upto=s.edit_upto)
     for note in worker.system.notes:
         worker.io.emit(ev.Notice(note, "warning"))
     eff = s.effective_think_mode()

@@ -9,7 +9,11 @@ from pathlib import Path
 from typing import Any
 
 THINK_MODES = ("think", "nothink", "think-max")
-PERMISSION_MODES = ("ask", "auto", "read-only")
+# The thinking levels /think N and --think-level N name: DeepSeek V4's template has exactly three
+# reasoning-effort forms (prompt-and-dsml.md §4): none (</think> opens the answer), high (<think>)
+# and max (<think> plus the Think-Max prefix). ds4-server maps low/medium/high/xhigh all to high.
+THINK_LEVELS = ("nothink", "think", "think-max")
+PERMISSION_MODES = ("ask", "auto", "read-only", "plan")
 
 
 @dataclass
@@ -22,6 +26,9 @@ class AgentSettings:
     min_p: float = 0.05
     seed: int | None = None  # re-seeded at every user turn when set (agent-reference.md §2)
     permission: str = "ask"
+    # --edit-upto: the edit tool also takes old as HEAD[upto]TAIL (and the agent writes [upto]
+    # itself once the streamed old is unique); off, old is exact text only.
+    edit_upto: bool = False
     power: int = 100  # --power / /power: the device computes at most this percent of the time
     system: str | None = None  # extra system text (--system), untrusted, trimmed
     trace: Path | None = None  # --trace FILE
@@ -51,6 +58,11 @@ class AgentSettings:
 
         return str(effective_think_mode(self.think_mode, self.ctx))
 
+    @property
+    def think_level(self) -> int:
+        """The requested mode as its level (0 nothink, 1 think, 2 think-max)."""
+        return THINK_LEVELS.index(self.think_mode)
+
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> AgentSettings:
         """Build from the CLI namespace (ds4agent/cli.py); missing attributes keep defaults."""
@@ -69,6 +81,7 @@ class AgentSettings:
             min_p=float(get("min_p", 0.05)),
             seed=getattr(args, "seed", None),
             permission=get("permission", "ask"),
+            edit_upto=bool(getattr(args, "edit_upto", False)),
             power=int(get("power", 100)),
             system=getattr(args, "system", None),
             trace=Path(trace) if trace else None,
@@ -77,3 +90,15 @@ class AgentSettings:
             continue_session=bool(getattr(args, "continue_session", False)),
             resume=getattr(args, "resume", None),
         )
+
+
+def think_mode_named(word: str) -> str:
+    """The think mode a /think argument or --think-level value names: a level 0-2 or a mode name;
+    ValueError (readable) for anything else."""
+    word = word.strip().lower()
+    if word.isdigit() and int(word) < len(THINK_LEVELS):
+        return THINK_LEVELS[int(word)]
+    if word in THINK_MODES:
+        return word
+    raise ValueError(f"unknown thinking level: {word!r} (0 nothink, 1 think, 2 think-max; "
+                     "DeepSeek V4 has these three reasoning-effort forms)")

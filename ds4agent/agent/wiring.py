@@ -61,4 +61,4 @@ def build_from_args(
     pipeline = {k: v for k, v in (("ranks", getattr(args, "pipeline", None)), ("hosts", getattr(args, "hosts", None)),
                                   ("split", getattr(args, "pipeline_split", None))) if v is not None}
     return (engine_loader(model_path, settings.ctx, getattr(args, "device", None), **pipeline), store,
-            default_tools(), settings, mcp)
+            default_tools(settings.edit_upto), settings, mcp)

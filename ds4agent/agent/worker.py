@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, cast
 
-from ds4agent.agent import compaction, history, mcp_glue, permissions_glue, rewind, sessionops
+from ds4agent.agent import compaction, history, mcp_glue, permissions_glue, plan, rewind, sessionops, todos
 from ds4agent.agent import events as ev
 from ds4agent.agent.compaction import MIN_RESERVE, RESULT_RESERVE, compact_threshold
 from ds4agent.agent.decode import TokenStream
@@ -46,6 +46,7 @@ from ds4agent.tools.leftovers import remove_stale_temps
 from ds4agent.tools.mcp import McpConfig, McpServers, missing_tool_text
 from ds4agent.tools.permissions import PermissionPolicy
 from ds4agent.tools.sandbox_settings import SandboxSettingsError, load_allowed_sockets
+from ds4agent.tools.todo import TodoItem
 
 if TYPE_CHECKING:  # the engine and the store are handed in; only their types are needed here
     from ds4agent.engine import Engine, Session, SnapshotStore
@@ -102,11 +103,12 @@ class Worker:
         self.local_now: Callable[[], datetime] = lambda: datetime.now().astimezone()
         self.store = store
         self._engine_src = engine
-        self.builtin_tools: list[Tool] = list(tools) if tools is not None else default_tools()
+        self.builtin_tools: list[Tool] = list(tools) if tools is not None else default_tools(settings.edit_upto)
         self.mcp_config = mcp
         self.mcp: McpServers | None = None  # started by startup() when mcp names servers
         self.policy = policy if policy is not None else PermissionPolicy(settings.permission)
-        self.tool_ctx = ToolContext(cwd=settings.cwd, should_stop=io.should_stop, on_write=self._checkpoint_write)
+        self.tool_ctx = ToolContext(cwd=settings.cwd, should_stop=io.should_stop, on_write=self._checkpoint_write,
+                                    edit_upto=settings.edit_upto)
         self.trace = Trace(None)  # disabled until startup opens --trace
         self.transcript = Transcript()
         self.journal: Journal | None = None
@@ -129,6 +131,8 @@ class Worker:
         self.snapshots: SnapshotStore | None = None
         self.turn_times: dict[int, float] = {}
         self.turn_at = 0  # transcript index of the current user turn
+        self.todo_list: tuple[TodoItem, ...] = ()  # the model's task list as last published (todos.py)
+        self.plan_return = "ask"  # the permission mode plan mode returns to (plan.py)
 
     # ================================================================== startup / shutdown
 
@@ -193,6 +197,7 @@ class Worker:
                               device=getattr(device, "label", "")))
         sessionops.offer_resume(self)
         sessionops.open_requested(self)
+        todos.publish(self)
         self.set_state(ev.State.IDLE)
         return True
 
@@ -284,7 +289,7 @@ class Worker:
             self.transcript.append(self.tok.EOS)
         if self.settings.seed is not None:
             self.sampler.reseed(self.settings.seed)  # re-seeded at every user turn (reference)
-        text = self._attach(text)
+        text = plan.decorate(self, self._attach(text))
         # The session's first user turn opens with the local date and time (template.py says why
         # there and not in a system unit of its own).
         date_line = "" if self.transcript.has_user_turn() else template.session_date_line(self.local_now())
@@ -356,6 +361,9 @@ class Worker:
             self.set_state(ev.State.ERROR, detail=error)
         else:
             self.set_state(ev.State.IDLE)
+        follow = plan.review(self, reason)  # plan mode: the user approves or sends the plan back
+        if follow is not None:
+            self.cmd_turn(follow)
 
     def _lead(self, unit_len: int) -> tuple[list[Piece], bool]:
         """What goes in front of the next unit's <｜User｜>: the system prompt again when
@@ -690,6 +698,7 @@ class Worker:
         result = permissions_glue.after_run(self, name, args, result)
         elapsed = time.monotonic() - t0
         self.io.emit(ev.ToolResult(index, name, bool(result.ok), result.text, result.display, round(elapsed, 3)))
+        todos.after_tool(self, result.display)
         return result.text
 
     # ================================================================== commands other than turns

@@ -22,6 +22,7 @@ Public modules with their own API:
     shellscan.py    scan(command, cwd): the programs a command runs, the writes that always ask
     sandbox.py      the OS boundary around every bash job: availability(), Grants (what the user
                     allowed beyond it, ToolContext.sandbox), refusals read from a job's output
+    todo.py         the model's task list: TodoTool, TodoItem, TodoDisplay, items_from_result()
     mcp/            tools from the user's MCP servers: load_config, McpServers, mcp_tools (its
                     own package; importing it does not import the SDK)
 

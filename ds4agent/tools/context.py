@@ -94,6 +94,9 @@ class ToolContext:
     # it judged, the change the question showed); the write/edit tool takes it and refuses to
     # write when the file or its path changed since. Any other call's check clears it.
     approved: object | None = None
+    # --edit-upto: an edit's old may be HEAD[upto]TAIL (off by default: exact text only, since the
+    # model reached for [upto] where the exact text was the better choice).
+    edit_upto: bool = False
 
     def __post_init__(self) -> None:
         self.cwd = Path(self.cwd)

@@ -556,7 +556,10 @@ def check_old(ctx: ToolContext, path: str, old: str) -> str | None:
 
 def upto_ready_at(ctx: ToolContext, path: str) -> Callable[[str], bool] | None:
     """upto_ready over the file at `path` as it is now, read once; None when the file cannot be
-    read or the model has read none of it (nothing is done with a file the model has not seen)."""
+    read, the model has read none of it (nothing is done with a file the model has not seen), or
+    [upto] is off (--edit-upto not given)."""
+    if not ctx.edit_upto:
+        return None
     try:
         key = ctx.abs_key(path)
         if not ctx.seen.get(key):
@@ -603,24 +606,39 @@ def plan_edit(args: Mapping[str, Any], ctx: ToolContext) -> Change:
     return change
 
 
+_EDIT_EXACT = (
+    "Replace text in an existing file you have read: old is the exact text to replace (it must "
+    "occur once), new the replacement (\"\" deletes). The result shows the edited region with "
+    "current line numbers."
+)
+_EDIT_UPTO = (
+    "Replace text in an existing file you have read: old is the exact text to replace (it must "
+    "occur once), new the replacement (\"\" deletes). For a long span write old as "
+    "HEAD[upto]TAIL: the first lines, [upto], then the last lines; the span runs from HEAD to "
+    "the end of TAIL. The result shows the edited region with current line numbers."
+)
+
+
 class EditTool:
+    """edit: exact old -> new; with upto=True (--edit-upto) old may also be HEAD[upto]TAIL. The
+    description and schema say which, so the system prompt's bytes (and its KV cache key) differ
+    between the two; the ToolContext's edit_upto decides what select_old accepts."""
+
     name = "edit"
-    description = (
-        "Replace text in an existing file you have read: old is the exact text to replace (it must "
-        "occur once), new the replacement (\"\" deletes). For a long span write old as "
-        "HEAD[upto]TAIL: the first lines, [upto], then the last lines; the span runs from HEAD to "
-        "the end of TAIL. The result shows the edited region with current line numbers."
-    )
-    schema = {
-        "type": "object",
-        "properties": {
-            "path": {"type": "string"},
-            "old": {"type": "string", "description": "exact text to replace (once in the file), or HEAD[upto]TAIL"},
-            "new": {"type": "string", "description": "replacement text"},
-        },
-        "required": ["path", "old", "new"],
-    }
     mutates = True
+
+    def __init__(self, upto: bool = False) -> None:
+        self.description = _EDIT_UPTO if upto else _EDIT_EXACT
+        old_doc = "exact text to replace (once in the file)" + (", or HEAD[upto]TAIL" if upto else "")
+        self.schema = {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string"},
+                "old": {"type": "string", "description": old_doc},
+                "new": {"type": "string", "description": "replacement text"},
+            },
+            "required": ["path", "old", "new"],
+        }
 
     def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
         return _apply(_planned("edit", args, ctx), ctx)

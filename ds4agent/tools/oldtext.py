@@ -226,14 +226,15 @@ def _not_unique(path: str, key: str, lines: list[bytes], what: str, offsets: lis
     return ToolError(msg, shown=shown)
 
 
-_WIDEN = "add lines around it until it occurs once, or write old as HEAD[upto]TAIL"
+_WIDEN = "add lines around it until it occurs once"
+_WIDEN_UPTO = _WIDEN + ", or write old as HEAD[upto]TAIL"
 
 
 def select_old(ctx: ToolContext, path: str, key: str, data: bytes, old: str) -> tuple[int, int]:
     """The byte span [start, end) of the file that `old` selects; ToolError saying why not.
 
-    old matches exactly once, or is written HEAD[upto]TAIL: HEAD found once in the file, TAIL
-    found once after HEAD, the span running from the start of HEAD to the end of TAIL (the
+    old matches exactly once, or (only with ctx.edit_upto: --edit-upto) is written HEAD[upto]TAIL:
+    HEAD found once in the file, TAIL found once after HEAD, the span running from the start of HEAD to the end of TAIL (the
     newlines right after [upto] are not part of TAIL; an empty TAIL ends the span with HEAD,
     which is what a model means when [upto] came just as its old was complete). The span must
     lie in lines the model has seen since they last changed (the guard): an edit never
@@ -248,7 +249,7 @@ def select_old(ctx: ToolContext, path: str, key: str, data: bytes, old: str) -> 
     form, offsets, more = _find(data, lines, old)
     if len(offsets) == 1:
         span = offsets[0], offsets[0] + len(form)
-    elif UPTO in old:
+    elif ctx.edit_upto and UPTO in old:
         head, _, tail = old.partition(UPTO)
         tail = tail.lstrip("\r\n")
         if head == "":
@@ -274,9 +275,13 @@ def select_old(ctx: ToolContext, path: str, key: str, data: bytes, old: str) -> 
                                   "add lines to TAIL until its first occurrence after HEAD is the only one")
             span = hoffs[0], toffs[0] + len(tform)
     elif not offsets:
-        raise _not_found(ctx, path, key, data, lines, "old text", old)
+        err = _not_found(ctx, path, key, data, lines, "old text", old)
+        if UPTO in old:  # the model wrote the form this run does not offer: say so once
+            err.message += (f"{UPTO} is plain text here: give old as the exact text (HEAD{UPTO}TAIL "
+                            "selection is off; the user enables it with --edit-upto).\n")
+        raise err
     else:
-        raise _not_unique(path, key, lines, "old text", offsets, more, _WIDEN)
+        raise _not_unique(path, key, lines, "old text", offsets, more, _WIDEN_UPTO if ctx.edit_upto else _WIDEN)
     starts = line_starts(lines)
     guard(ctx, key, path, lines, line_at(starts, span[0]), line_at(starts, span[1] - 1))
     return span

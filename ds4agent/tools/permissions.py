@@ -20,6 +20,8 @@ Modes (the command line's --permission):
 * auto: no questions (the reference agent's behaviour); bash jobs still run inside the OS sandbox,
   and what it refuses stays refused (nobody is asked).
 * read-only: write, edit and bash are refused with a tool error the model can act on.
+* plan: the same refusals, worded for planning (agent/plan.py): the model investigates and
+  answers with a plan the user approves before anything changes.
 
 Reading tools (read, more, search, list, bash_status, bash_stop) never ask: stopping a job the
 model started or looking at files changes nothing.
@@ -57,8 +59,10 @@ from ds4agent.tools.shellscan import command_programs, scan
 __all__ = ["Answer", "Choice", "Decision", "PermissionPolicy", "Question", "ToolHints", "command_programs",
            "denied_result"]
 
-MODES = ("ask", "auto", "read-only")
+MODES = ("ask", "auto", "read-only", "plan")
 READ_ONLY_REFUSAL = "is not allowed in read-only mode"  # in every read-only refusal (headless reads it)
+PLAN_REFUSAL = "is not allowed in plan mode"
+_PLAN_NEXT = "investigate with read, search and list, then answer with your plan for the user to approve"
 FILE_TOOLS = frozenset({"write", "edit"})
 ASKING_TOOLS = FILE_TOOLS | {"bash"}
 MAX_SCANNED_COMMAND = 64 * 1024  # longer commands are asked about as they are, never read
@@ -196,6 +200,9 @@ class PermissionPolicy:
     def _decide(self, tool_name: str, args: Mapping[str, Any], ctx: ToolContext) -> Decision:
         if tool_name not in ASKING_TOOLS or (self.mode == "auto" and tool_name == "bash"):
             return ALLOW  # (auto: bash jobs are held by the sandbox alone)
+        if self.mode == "plan":
+            what = "no commands can be run" if tool_name == "bash" else "no file can be changed"
+            return Decision("deny", f"{tool_name} {PLAN_REFUSAL}: {what} while planning; {_PLAN_NEXT}")
         if self.mode == "read-only":
             if tool_name == "bash":
                 return Decision("deny", f"bash {READ_ONLY_REFUSAL}: no commands can be run in "
@@ -284,6 +291,9 @@ class PermissionPolicy:
     def _check_external(self, tool_name: str, args: Mapping[str, Any], hints: ToolHints) -> Decision:
         if hints.read_only:
             return ALLOW
+        if self.mode == "plan":
+            return Decision("deny", f"{tool_name} {PLAN_REFUSAL}: this MCP tool does not declare itself "
+                                    f"read-only; {_PLAN_NEXT}")
         if self.mode == "read-only":
             return Decision("deny", f"{tool_name} is not allowed in read-only mode: this MCP tool does not "
                                     "declare itself read-only")

@@ -1,7 +1,7 @@
 """The tool table and the one way to run a call.
 
     Tool                                      protocol: name, description, schema, mutates, run(args, ctx)
-    default_tools() -> list[Tool]             the fixed, stable registry order (the system prompt's bytes;
+    default_tools(edit_upto) -> list[Tool]    the fixed, stable registry order (the system prompt's bytes;
                                               ds4agent.protocol.template.tool_schema_line renders each line)
     run_tool(name, args, ctx, tools=None)     never raises: every failure becomes a "Tool error: ..." result
 """
@@ -24,6 +24,7 @@ from ds4agent.tools.results import (
     error_result,
 )
 from ds4agent.tools.search import SearchTool
+from ds4agent.tools.todo import TodoTool
 
 
 @runtime_checkable
@@ -36,8 +37,9 @@ class Tool(Protocol):
     def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult: ...
 
 
-def default_tools() -> list[Tool]:
-    """The registry, in the fixed order that the system prompt's tools block renders (byte-stable)."""
+def default_tools(edit_upto: bool = False) -> list[Tool]:
+    """The registry, in the fixed order that the system prompt's tools block renders (byte-stable).
+    edit_upto (--edit-upto): the edit tool describes HEAD[upto]TAIL selection."""
     return [
         BashTool(),
         BashStatusTool(),
@@ -45,9 +47,10 @@ def default_tools() -> list[Tool]:
         ReadTool(),
         MoreTool(),
         WriteTool(),
-        EditTool(),
+        EditTool(upto=edit_upto),
         SearchTool(),
         ListTool(),
+        TodoTool(),
     ]
 
 

@@ -31,10 +31,12 @@ from ds4agent.agent import events as ev
 from ds4agent.ui import bridge, commands, dispatch, fmt
 from ds4agent.ui.history import History
 from ds4agent.ui.messages import AgentEvents, AgentFailed, AgentReady
+from ds4agent.ui.notify import Notifier
 from ds4agent.ui.widgets.conversation import Conversation, ToolCard
 from ds4agent.ui.widgets.prompt_input import CommandHints, PromptInput
 from ds4agent.ui.widgets.queue_chips import QueueChips
 from ds4agent.ui.widgets.status_bar import HeaderLine, StatusBar
+from ds4agent.ui.widgets.todos import TodoPanel
 
 SPINNER_INTERVAL = 0.125  # 8 Hz: the only animation faster than 4 Hz (ui.md)
 # A question that opens on its own (permission, resume) ignores keys until the user has paused
@@ -55,6 +57,9 @@ class Ds4App(App):
         Binding("escape", "escape", "interrupt", show=False),
         Binding("ctrl+x", "pull_queued", "pull back", show=False),
         Binding("ctrl+t", "toggle_thinking", "thinking", show=False),
+        Binding("ctrl+g", "toggle_todos", "tasks", show=False),
+        # Priority: the input (a TextArea) would otherwise take Shift+Tab as "focus previous".
+        Binding("shift+tab", "toggle_plan", "plan mode", show=False, priority=True),
         Binding("ctrl+o", "toggle_card", "tool card", show=False),
         Binding("ctrl+l", "picker", "sessions", show=False),
         Binding("f1", "help", "help", show=False),
@@ -75,6 +80,7 @@ class Ds4App(App):
         permission: str = "ask",
         typeahead_grace: float = TYPEAHEAD_GRACE_S,
         open_picker: bool = False,
+        notifier: Notifier | None = None,
     ) -> None:
         super().__init__()
         if agent is None and agent_factory is None:
@@ -88,6 +94,7 @@ class Ds4App(App):
         self.now = now
         self.animate = animate
         self.typeahead_grace = typeahead_grace
+        self.notifier = notifier  # rings the terminal when a long turn ends or a question waits
         self.last_typing = float("-inf")        # clock() of the last key typed (screens/TypeaheadGuard)
         self.status_model = fmt.StatusState(ctx_total=ctx, think_mode=think_mode, permission=permission)
         self._pre_agent: list[str] = []       # sent before the agent object existed
@@ -123,6 +130,7 @@ class Ds4App(App):
         yield Conversation(clock=self.clock, id="conversation")
         with Vertical(id="bottom"):
             yield CommandHints(id="hints")
+            yield TodoPanel(id="todos")
             yield QueueChips(id="queue")
             yield PromptInput(self.history, cwd=self.cwd, id="input")
         yield StatusBar(self.status_model, id="status")
@@ -215,6 +223,9 @@ class Ds4App(App):
             card.tick()
 
     async def _handle(self, e: ev.Event, n: int) -> None:
+        ring = self.notifier.on_event(e) if self.notifier is not None else ""
+        if ring and not self.is_headless and self._driver is not None:
+            self._driver.write(ring)  # as App.bell() writes its BEL
         pending = self._event_table.dispatch(e, n)
         if pending is not None:
             await pending
@@ -234,7 +245,11 @@ class Ds4App(App):
             ev.History: self._show_history, ev.RewindList: self._show_rewind_list, ev.Rewound: self._show_rewound,
             ev.CompactionStarted: self._show_compaction_started, ev.CompactionDelta: self._show_compaction_delta,
             ev.CompactionDone: self._show_compaction_done, ev.Exited: self._show_exited,
+            ev.TodoList: self._show_todos,
         })
+
+    async def _show_todos(self, e: ev.TodoList, n: int) -> None:
+        self.query_one(TodoPanel).set_items(e.items)
 
     async def _show_status(self, e: ev.Status, n: int) -> None:
         self.status_model.apply_status(e)
@@ -618,6 +633,15 @@ class Ds4App(App):
     def action_toggle_thinking(self) -> None:
         self.conversation.toggle_thinking()
 
+    def action_toggle_todos(self) -> None:
+        self.query_one(TodoPanel).toggle()
+
+    def action_toggle_plan(self) -> None:
+        if self.screen is not self.screen_stack[0]:
+            self.screen.focus_previous()  # in a dialog Shift+Tab keeps its usual meaning
+        elif self.agent is not None:
+            self.agent.toggle_plan()
+
     def action_toggle_card(self) -> None:
         focused = self.focused
         if not self.conversation.toggle_card(focused if isinstance(focused, ToolCard) else None):
@@ -704,9 +728,17 @@ class Ds4App(App):
 def main(args) -> int:
     """`ds4agent` with no subcommand: the full-screen app in the current directory."""
     from ds4agent.agent.facade import Agent
+    from ds4agent.agent.notify_config import NotifyConfigError
+    from ds4agent.ui.notify import from_args
 
+    try:
+        notifier = from_args(args, os.environ)
+    except NotifyConfigError as err:
+        print(f"ds4agent: {err}", file=sys.stderr)
+        return 2
     app = Ds4App(
         lambda: Agent.from_args(args),
+        notifier=notifier,
         ctx=getattr(args, "ctx", 0) or 0,
         think_mode=getattr(args, "think_mode", "think") or "think",
         permission=getattr(args, "permission", "ask") or "ask",

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ds4agent.agent import RUNS_WHILE_BUSY, idle_required
+from ds4agent.agent.settings import think_mode_named as think_mode_named  # re-exported for --think-level
 
 # What a command takes after its name; parse() refuses anything else, so a mistyped argument is
 # said back instead of being ignored (`/new extra` must not start a new session).
@@ -45,6 +46,7 @@ class CommandAgent(Protocol):
     def fork(self, title: str = "") -> None: ...
     def set_think_mode(self, mode: str) -> None: ...
     def set_permission_mode(self, mode: str) -> None: ...
+    def toggle_plan(self) -> None: ...
     def set_power(self, percent: int | None = None) -> None: ...
     def quit(self) -> None: ...
 
@@ -107,11 +109,13 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("fork", "/fork [title]", "save the conversation as a new session; later saves go there",
                 takes=TEXT, agent_call=lambda a, c: a.fork(c.arg)),
     # The agent checks the mode and confirms with a notice and a Status event (or an error).
-    CommandSpec("think", "/think", "reasoning on", takes=WORD,
+    CommandSpec("think", "/think [N]", "reasoning on; N: level 0 off, 1 on, 2 max", takes=WORD,
                 agent_call=lambda a, c: a.set_think_mode(think_mode(c))),
     CommandSpec("nothink", "/nothink", "reasoning off", agent_call=lambda a, c: a.set_think_mode(think_mode(c))),
-    CommandSpec("permissions", "/permissions [mode]", "show or set the permission mode: ask, auto or "
-                "read-only", takes=WORD, agent_call=lambda a, c: a.set_permission_mode(c.arg)),
+    CommandSpec("permissions", "/permissions [mode]", "show or set the permission mode: ask, auto, "
+                "read-only or plan", takes=WORD, agent_call=lambda a, c: a.set_permission_mode(c.arg)),
+    CommandSpec("plan", "/plan", "plan mode on / off (Shift+Tab): the model reads and proposes a plan; "
+                "nothing changes until you approve it", agent_call=lambda a, c: a.toggle_plan()),
     # The agent checks the range (1..100) and confirms with a notice and a Status event.
     CommandSpec("power", "/power [N]", "let the device compute at most N% of the time, 1-100 (no N: "
                 "show it): keeps a laptop cool, same output",
@@ -133,6 +137,8 @@ KEYS_HELP: tuple[tuple[str, str], ...] = (
     ("Up / Down", "input history (at the first / last line)"),
     ("PageUp / PageDown", "scroll the conversation; End follows the tail again"),
     ("Ctrl+T", "expand / collapse thinking"),
+    ("Shift+Tab", "plan mode on / off (also /plan)"),
+    ("Ctrl+G", "expand / collapse the task list"),
     ("Ctrl+O", "expand / collapse the last tool card (or click a card)"),
     ("Ctrl+L", "session picker"),
     ("Esc Esc", "on an empty idle prompt: rewind to an earlier turn"),
@@ -150,6 +156,7 @@ PLAIN_KEYS_HELP: tuple[tuple[str, str], ...] = (
     ("Ctrl+X", "pull the last queued message back into the editor"),
     ("Up / Down", "input history"),
     ("Tab", "complete a /command or an @path"),
+    ("Shift+Tab", "plan mode on / off (also /plan)"),
 )
 
 # A second Ctrl+C on an empty idle prompt within this many seconds quits (both front ends).

@@ -63,7 +63,8 @@ def terminal_asker(err: TextIO, inp: TextIO) -> Callable[[ev.PermissionRequest],
             key = line.strip().lower()[:1]
             if key in {k for k, _ in req.options}:
                 message = ""
-                if key == "n":
+                if key in ("n", "m"):  # m (a plan sent back with comments) is a deny with a message
+                    key = "n"
                     err.write("message for the model (optional): ")
                     err.flush()
                     message = inp.readline().strip()
@@ -145,7 +146,11 @@ class _Run:
         return None
 
     def _permission(self, e: ev.PermissionRequest, n: int) -> None:
-        if self.ask is None:
+        if e.tool == "plan" and self.ask is None:
+            # The plan is the run's answer (already on stdout): nobody approves it here, and a
+            # message would send it back for another round.
+            self.agent.answer_permission(e.id, "n")
+        elif self.ask is None:
             self.agent.answer_permission(e.id, "n", "no one can answer permission questions in this run")
         else:
             key, message = self.ask(e)

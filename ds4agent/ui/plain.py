@@ -23,7 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ds4agent.agent import events as ev
-from ds4agent.ui import bridge, commands, dispatch, fmt, mentions, toolview
+from ds4agent.ui import bridge, commands, dispatch, fmt, mentions, todo_panel, toolview
+from ds4agent.ui.notify import Notifier
 
 # style keys -> prompt_toolkit styles (plain text in line mode)
 PT_STYLES = {
@@ -110,7 +111,14 @@ class PlainRenderer:
             # The agent reports a compaction's outcome itself (a Notice or an Error).
             ev.CompactionDone: lambda e, n: self.close_stream(),
             ev.PermissionRequest: self._question, ev.Question: self._question, ev.Exited: self._exited,
+            ev.TodoList: self._todos,
         })
+
+    def _todos(self, e: ev.TodoList, n: int) -> None:
+        """The whole list each time it changes (a line editor has no panel to update)."""
+        self.close_stream()
+        for style, text in todo_panel.lines(e.items, 78, max_rows=len(e.items)):
+            self.line(text, "muted" if style in ("done", "more", "header") else "text")
 
     def _user_turn(self, e: ev.UserTurn, n: int) -> None:
         self.close_stream()
@@ -250,10 +258,15 @@ class PlainFrontEnd:
         # prompt waits for it instead of being refused as "requires the model to be idle".
         self.switching = False
         self.width: Callable[[], int | None] = lambda: None  # the terminal's columns, when there is one
+        # Interactive runs ring the terminal (ui/notify.py) through `ring`; line mode does not.
+        self.notifier: Notifier | None = None
+        self.ring: Callable[[str], None] = lambda seq: None
 
     def pump(self) -> int:
         events = self.agent.poll_events(bridge.MAX_EVENTS_PER_DRAIN)
         for e, n in bridge.coalesce(events):
+            if self.notifier is not None and (seq := self.notifier.on_event(e)):
+                self.ring(seq)
             self.r.handle(e, n)
         return len(events)
 
@@ -417,7 +430,7 @@ def _completer_class():
     return Completions
 
 
-async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by the tmux test
+async def run_interactive(agent: Any, notifier: Notifier | None = None) -> int:  # pragma: no cover - exercised by the tmux test
     """The interactive plain front end. One long function on purpose: prompt_toolkit's key
     bindings, the toolbar and the pump loop are closures over the same session, renderer and
     draft, and they only make sense read together with the prompt loop that owns them."""
@@ -451,6 +464,15 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
     r = PlainRenderer(write)
     fe = PlainFrontEnd(agent, r)
     fe.width = lambda: shutil.get_terminal_size().columns
+    fe.notifier = notifier
+
+    def ring(seq: str) -> None:
+        # Past patch_stdout, straight to the terminal: the sequence prints nothing, and the
+        # proxy would hold it until a newline.
+        sys.__stdout__.write(seq)
+        sys.__stdout__.flush()
+
+    fe.ring = ring
     saved_history = History()
     pt_history = InMemoryHistory()
     for entry in saved_history.entries:
@@ -497,6 +519,10 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
     @kb.add("escape", eager=True, filter=busy)
     def _(event) -> None:
         agent.interrupt()
+
+    @kb.add("s-tab")
+    def _(event) -> None:
+        agent.toggle_plan()  # refused with a message while the model works (the busy rule)
 
     def toolbar():
         width = shutil.get_terminal_size().columns
@@ -619,5 +645,13 @@ def main(args) -> int:
         agent.list_sessions()
         agent.emit(ev.Notice("choose a session to resume: /load PREFIX"))
     if sys.stdin.isatty() and sys.stdout.isatty():
-        return asyncio.run(run_interactive(agent))
+        from ds4agent.agent.notify_config import NotifyConfigError
+        from ds4agent.ui.notify import from_args
+
+        try:
+            notifier = from_args(args, os.environ)
+        except NotifyConfigError as err:
+            print(f"ds4agent: {err}", file=sys.stderr)
+            return 2
+        return asyncio.run(run_interactive(agent, notifier))
     return run_lines(agent, sys.stdin, sys.stdout)

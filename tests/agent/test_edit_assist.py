@@ -2,6 +2,7 @@
 
 from ds4agent.agent import events as ev
 from ds4agent.protocol.tokenizer import Tokenizer
+from ds4agent.sessions.store import SessionStore
 from tests.support.agent_harness import AgentHarness, of
 from tests.support.scripted_engine import reply, text_ids
 
@@ -10,8 +11,9 @@ LINES = [f"entry_{i} = compute(alpha, {i})\n" for i in range(1, 11)]
 UPTO_IDS = TOK.encode_untrusted("[upto]\n")
 
 
-def _harness(tmp_path, script):
-    h = AgentHarness.build(tmp_path, [reply("", think="t", calls=[("read", {"path": "src.py"})]), *script])
+def _harness(tmp_path, script, edit_upto=True):
+    h = AgentHarness.build(tmp_path, [reply("", think="t", calls=[("read", {"path": "src.py"})]), *script],
+                           edit_upto=edit_upto)
     (h.root / "work" / "src.py").write_text("".join(LINES))
     return h
 
@@ -84,3 +86,30 @@ def test_no_preflight_and_no_forcing_for_a_file_not_read(tmp_path):
     assert _sub(h.ids[_last_round(h.ids):], UPTO_IDS) < 0
     result = [e for e in of(evs, ev.ToolResult) if e.name == "edit"][0]
     assert result.text == "Tool error: edit requires a recent read/search of src.py; read the lines before editing\n"
+
+
+def test_without_edit_upto_nothing_is_forced_and_the_exact_old_is_copied(tmp_path):
+    full_old = "".join(LINES[1:7])
+    copy = reply("", think="t", calls=[("edit", {"path": "src.py", "old": full_old, "new": "replaced\n"})])
+    h = _harness(tmp_path, [copy, reply("Done.", think="")], edit_upto=False)
+    evs = h.turn("replace lines 2 to 7")
+    assert _sub(h.ids, UPTO_IDS) < 0  # neither the system prompt nor the round holds [upto]
+    old_text = "".join(e.text for e in of(evs, ev.ToolCallArgDelta) if e.param == "old")
+    assert old_text == full_old
+    assert (h.root / "work" / "src.py").read_text() == LINES[0] + "replaced\n" + "".join(LINES[7:])
+
+
+def test_the_system_prompt_cache_keys_on_edit_upto(tmp_path):
+    """The [upto] paragraph and the edit schema are part of the system prefix, so each setting
+    has its own sysprompt-*.kv: switching --edit-upto never loads the other's KV state."""
+    kv = tmp_path / "kv"
+    texts = {}
+    for flag in (False, True, False):
+        h = AgentHarness.build(tmp_path / str(flag), [], store=SessionStore(kv), edit_upto=flag)
+        texts[flag] = h.text()
+        hit = [e for e in h.events if isinstance(e, ev.Ready)][0].sysprompt_cached
+        h.stop()
+        if flag is False and len(texts) == 2:
+            assert hit  # the third start finds the first one's file
+    assert (b"[upto]" in texts[True]) and (b"[upto]" not in texts[False])
+    assert len(list(kv.glob("sysprompt-*.kv"))) == 2

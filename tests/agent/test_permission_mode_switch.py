@@ -39,6 +39,6 @@ def test_switching_modes_changes_later_permission_checks(tmp_path):
 def test_unknown_mode_is_a_readable_error_and_changes_nothing(tmp_path):
     h = AgentHarness.build(tmp_path, [], permission="ask")
     evs = h.command(lambda: h.agent.set_permission_mode("yolo"))
-    assert [e.text for e in of(evs, ev.Error)] == ["unknown permission mode: yolo (ask, auto, read-only)"]
+    assert [e.text for e in of(evs, ev.Error)] == ["unknown permission mode: yolo (ask, auto, read-only, plan)"]
     assert h.worker.policy.mode == "ask" and h.worker.settings.permission == "ask"
     h.stop()

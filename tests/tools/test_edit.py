@@ -72,6 +72,7 @@ def test_path_old_and_new_are_all_required(call, ctx):
 
 
 def test_upto_selects_from_head_to_the_end_of_tail(call, ctx):
+    ctx.edit_upto = True  # --edit-upto
     p = _setup(ctx)
     call("read", path="f.txt")
     r = call("edit", path="f.txt", old="line 3\n[upto]\nline 6\n", new="X\n")
@@ -81,6 +82,7 @@ def test_upto_selects_from_head_to_the_end_of_tail(call, ctx):
 
 
 def test_newlines_after_upto_are_not_part_of_tail_and_an_empty_tail_ends_with_head(call, ctx):
+    ctx.edit_upto = True  # --edit-upto
     p = _setup(ctx, n=8)
     call("read", path="f.txt")
     assert call("edit", path="f.txt", old="line 2\n[upto]\n\n\nline 4", new="Y").ok
@@ -91,6 +93,7 @@ def test_newlines_after_upto_are_not_part_of_tail_and_an_empty_tail_ends_with_he
 
 
 def test_head_must_be_unique_and_tail_unique_after_head(call, ctx):
+    ctx.edit_upto = True  # --edit-upto
     p = ctx.cwd / "u.txt"
     body = "a\nx\nb\nend\nc\nx\nend\nd\n"
     p.write_text(body)
@@ -116,6 +119,7 @@ def test_head_must_be_unique_and_tail_unique_after_head(call, ctx):
 
 
 def test_a_literal_unique_old_wins_over_upto(call, ctx):
+    ctx.edit_upto = True  # --edit-upto
     p = ctx.cwd / "doc.md"
     p.write_text("write HEAD[upto]TAIL\nother\n")
     call("read", path="doc.md")
@@ -145,9 +149,13 @@ def test_old_not_unique_reports_count_and_lines(call, ctx):
     r = call("edit", path="h.py", old="x = 1", new="x = 9")
     assert r.text == (
         "Tool error: old text is not unique (3 occurrences in h.py, starting at lines 1, 3, 5); add lines "
-        "around it until it occurs once, or write old as HEAD[upto]TAIL:\n"
+        "around it until it occurs once:\n"
         "    1 x = 1\n    3 x = 1\n    5 x = 1\n"
     )
+    ctx.edit_upto = True  # --edit-upto: the hint names the form this run accepts
+    r = call("edit", path="h.py", old="x = 1", new="x = 9")
+    assert r.text.startswith("Tool error: old text is not unique (3 occurrences in h.py, starting at lines 1, "
+                             "3, 5); add lines around it until it occurs once, or write old as HEAD[upto]TAIL:\n")
     assert call("edit", path="h.py", old="y = 2\nx = 1\n", new="y = 2\nx = 9\n").ok
     assert p.read_text() == "x = 1\ny = 2\nx = 9\nz = 3\nx = 1\n"
 
@@ -174,6 +182,7 @@ def test_context_lines_count_as_read_after_an_edit(call, ctx):
 
 
 def test_crlf_file_keeps_its_line_endings(call, ctx):
+    ctx.edit_upto = True
     p = ctx.cwd / "win.txt"
     p.write_bytes(b"one\r\ntwo\r\nthree\r\n")
     call("read", path="win.txt")
@@ -218,3 +227,29 @@ def test_upto_ready_rules():
     assert not upto_ready(body + two.encode(), two)  # found twice
     assert not upto_ready(body, two + "[upto]\n")  # already written
     assert not upto_ready(body, "\n\n" + two.replace("value_3", "nothing"))  # not in the file
+
+
+def test_without_edit_upto_upto_is_plain_text_and_the_error_says_how_to_enable_it(call, ctx):
+    p = _setup(ctx, n=8)
+    call("read", path="f.txt")
+    r = call("edit", path="f.txt", old="line 2\n[upto]\nline 4\n", new="Y\n")
+    assert not r.ok
+    assert r.text.startswith("Tool error: old text not found in f.txt")
+    assert r.text.endswith("[upto] is plain text here: give old as the exact text (HEAD[upto]TAIL selection "
+                           "is off; the user enables it with --edit-upto).\n")
+    assert p.read_text() == _lines(8)
+    # The same call selects lines 2-4 once the form is on.
+    ctx.edit_upto = True
+    assert call("edit", path="f.txt", old="line 2\n[upto]\nline 4\n", new="Y\n").ok
+    assert p.read_text() == "line 1\nY\nline 5\nline 6\nline 7\nline 8\n"
+
+
+def test_the_edit_schema_names_upto_only_when_enabled():
+    from ds4agent.tools import default_tools
+
+    exact = next(t for t in default_tools() if t.name == "edit")
+    upto = next(t for t in default_tools(edit_upto=True) if t.name == "edit")
+    assert "[upto]" not in exact.description and "[upto]" not in str(exact.schema)
+    assert "HEAD[upto]TAIL" in upto.description
+    assert upto.schema["properties"]["old"]["description"] == "exact text to replace (once in the file), or HEAD[upto]TAIL"
+    assert exact.schema["properties"]["old"]["description"] == "exact text to replace (once in the file)"

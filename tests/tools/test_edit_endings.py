@@ -50,6 +50,7 @@ def test_the_last_line_without_an_ending_gets_the_files_ending_for_new_lines(ctx
 
 @pytest.mark.parametrize("eol", [b"\r\n", b"\r"], ids=["crlf", "cr"])
 def test_upto_edits_write_the_files_ending(ctx, eol):
+    ctx.edit_upto = True
     p = ctx.cwd / "f.txt"
     p.write_bytes(eol.join([b"a", b"b", b"c", b"d"]) + eol)
     assert run_tool("edit", {"path": "f.txt", "old": "b\n[upto]\nc\n", "new": "B1\nB2\n"}, ctx).ok

@@ -137,5 +137,5 @@ def test_edit_that_would_fail_is_not_asked_about(ctx):
 
 
 def test_unknown_mode_is_a_readable_error():
-    with pytest.raises(ValueError, match="unknown permission mode 'yolo'; use one of: ask, auto, read-only"):
+    with pytest.raises(ValueError, match="unknown permission mode 'yolo'; use one of: ask, auto, read-only, plan"):
         PermissionPolicy("yolo")

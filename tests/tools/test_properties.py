@@ -50,7 +50,7 @@ def test_diff_line_numbers_rebuild_both_sides(a, b):
 @given(st.lists(st.text(alphabet="xyz", min_size=1, max_size=3), min_size=1, max_size=10), st.data())
 def test_upto_edit_replaces_exactly_the_span(tmp_path_factory, rows, data):
     work = tmp_path_factory.mktemp("p")
-    ctx = ToolContext(cwd=work)
+    ctx = ToolContext(cwd=work, edit_upto=True)
     rows = [f"<{i}>{r}" for i, r in enumerate(rows)]  # each line once in the file
     (work / "f.txt").write_text("".join(r + "\n" for r in rows))
     a = data.draw(st.integers(1, len(rows)))

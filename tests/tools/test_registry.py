@@ -8,7 +8,7 @@ from ds4agent.tools.args import arg_bool, arg_float, arg_int
 def test_registry_order_and_schemas_are_stable():
     tools = default_tools()
     assert [t.name for t in tools] == [
-        "bash", "bash_status", "bash_stop", "read", "more", "write", "edit", "search", "list",
+        "bash", "bash_status", "bash_stop", "read", "more", "write", "edit", "search", "list", "todo",
     ]
     lines1 = [tool_schema_line(t) for t in tools]
     lines2 = [tool_schema_line(t) for t in default_tools()]
@@ -24,7 +24,7 @@ def test_registry_order_and_schemas_are_stable():
 
 
 def test_schema_line_format_matches_spec_separators():
-    line = tool_schema_line(default_tools()[-1])  # list
+    line = tool_schema_line(default_tools()[-2])  # list
     assert line.startswith('{"name": "list", "description": "')
     assert '"parameters": {"type": "object", "properties": {"path": {' in line
 
@@ -99,3 +99,15 @@ def test_argument_coercion():
                     (False, False)]:
         assert arg_bool({"b": v}, "b", not want) is want
     assert arg_bool({"b": "maybe"}, "b", True) is True
+
+
+def test_there_is_no_view_image_tool_and_the_readme_says_why():
+    """The engine runs text weights only: an image tool would fill the context with bytes the
+    model cannot see (README: Images)."""
+    from pathlib import Path
+
+    from ds4agent.tools import default_tools
+
+    assert "view_image" not in [t.name for t in default_tools()]
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    assert "There is no `view_image` tool: the engine runs DeepSeek V4 Flash's text weights only" in readme

@@ -162,3 +162,22 @@ def test_an_unknown_command_is_refused_with_a_hint_and_comes_back_to_the_editor(
     fe = PlainFrontEnd(IdleAgent(), lines)
     assert fe.run_command("/lsit  ") == "/lsit"
     assert lines.lines == [("unknown command: /lsit (did you mean /list? /help lists the commands)", "error")]
+
+
+def test_plain_prints_the_task_list_and_answers_a_plan_in_line_mode(tmp_path):
+    from ds4agent.tools.todo import TodoItem
+
+    pieces: list[tuple[str, str]] = []
+    r = PlainRenderer(lambda text, style: pieces.append((text, style)))
+    r.handle(ev.TodoList((TodoItem("read", "done"), TodoItem("fix", "in_progress"), TodoItem("test", "pending"))))
+    assert "".join(p for p, _ in pieces) == "Tasks 1/3 done · now: fix\n  ✔ read\n  ▶ fix\n  ○ test\n"
+    # Line mode: the plan question reads its answer from the next line; "a" approves into auto.
+    script = [reply("Plan: 1. write x.", think="t"),
+              reply("", think="t", calls=[("write", {"path": "x", "content": "1\n"})]), reply("Done.", think="")]
+    agent, _ = make_real_agent(tmp_path, script, permission="plan")
+    stdout = io.StringIO()
+    run_lines(agent, io.StringIO("plan it\na\n"), stdout, poll=0.005)
+    out = stdout.getvalue()
+    assert "Plan: 1. write x.\nApprove this plan? (y = approve: carry it out, asking before changes" in out
+    assert "The user approved the plan." in out and "Done." in out
+    assert (tmp_path / "work" / "x").read_text() == "1\n"

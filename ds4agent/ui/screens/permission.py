@@ -45,6 +45,9 @@ class PermissionScreen(AnswerOnce, TypeaheadGuard, ModalScreen[tuple[str, str]])
         self.detail = detail
         self.options = tuple(options) or DEFAULT_OPTIONS
         self._keys = {k for k, _ in self.options}
+        # `m` opens the message field; an option with key m names what the message is for (a plan
+        # sent back with comments), else it is a deny with the reason.
+        self._message_label = dict(self.options).get("m", "deny, say why")
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog permission"):
@@ -56,11 +59,14 @@ class PermissionScreen(AnswerOnce, TypeaheadGuard, ModalScreen[tuple[str, str]])
             # git", "all edit calls in the working directory") and must be readable in full.
             with Vertical(classes="choices"):
                 for key, label in self.options:
+                    if key == "m":
+                        continue
                     variant = "error" if key == "n" else ("primary" if key == "y" else "default")
                     yield Button(Content(f"[{key}] {label}"), id=f"answer-{key}", variant=variant, compact=True)
                 if "n" in self._keys:
-                    yield Button(Content("[m] deny, say why"), id="answer-m", compact=True)
-            yield Input(placeholder="message to the model (Enter to deny)", id="deny-message")
+                    yield Button(Content(f"[m] {self._message_label}"), id="answer-m", compact=True)
+            hint = "your comments (Enter sends them)" if "m" in self._keys else "message to the model (Enter to deny)"
+            yield Input(placeholder=hint, id="deny-message")
 
     def on_mount(self) -> None:
         self.mark_opened()
@@ -87,12 +93,12 @@ class PermissionScreen(AnswerOnce, TypeaheadGuard, ModalScreen[tuple[str, str]])
             getattr(self.query_one(".detail", VerticalScroll), scroll)(animate=False)
             return
         key = event.character or event.key
-        if key in self._keys:
-            event.stop()
-            self.answer((key, ""))
-        elif key == "m" and "n" in self._keys:
+        if key == "m" and "n" in self._keys:
             event.stop()
             self._ask_message()
+        elif key in self._keys:
+            event.stop()
+            self.answer((key, ""))
 
     def _ask_message(self) -> None:
         field = self.query_one("#deny-message", Input)
