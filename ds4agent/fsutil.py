@@ -106,9 +106,14 @@ def atomic_path(target: str | os.PathLike[str], *, mode: int | None = None,
 
 
 @contextlib.contextmanager
-def atomic_entry(target: str | os.PathLike[str], *, mode: int, prefix: str | None = None) -> Iterator[BinaryIO]:
+def atomic_entry(target: str | os.PathLike[str], *, mode: int, prefix: str | None = None,
+                 durable: bool = True) -> Iterator[BinaryIO]:
     """Replace the directory entry `target` itself, for files ds4agent owns in its own directories
     (session files and caches): yields the temp file opened for binary writing.
+
+    durable=False leaves out the two fsyncs: the replacement is still atomic for every process
+    (a reader sees the old file or the new one), but a power cut may lose it until the caller
+    fsyncs the target and its directory itself (the crash journal does that off its hot path).
 
     Unlike atomic_path, a symlink at `target` is never followed: the rename replaces the link with
     the new regular file and whatever it pointed at stays untouched. A link planted in the KV
@@ -124,13 +129,15 @@ def atomic_entry(target: str | os.PathLike[str], *, mode: int, prefix: str | Non
             yield fh
             fh.flush()
             os.fchmod(fh.fileno(), mode)
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, final)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    fsync_dir(parent)
+    if durable:
+        fsync_dir(parent)
 
 
 @contextlib.contextmanager

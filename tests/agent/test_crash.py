@@ -124,6 +124,33 @@ def test_journal_is_replaced_atomically_private_and_round_trips(tmp_path):
     assert list((tmp_path / "j").iterdir()) == []
 
 
+def test_journal_writes_leave_the_fsyncs_to_the_syncer_thread(tmp_path, monkeypatch):
+    # The agent loop writes the journal about twice a round; two fsyncs on the worker thread
+    # were most of its own per-token cost. The file is in place when write returns (all a
+    # process crash needs); the fsyncs run on the syncer, and close waits for the last one.
+    import os
+    import threading
+
+    from ds4agent import fsutil
+    from ds4agent.agent import journal as jmod
+
+    synced: list[tuple[str, str]] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(("fd", threading.current_thread().name)),
+                                                 real_fsync(fd))[1])
+    monkeypatch.setattr(jmod, "fsync_file", lambda p: (synced.append((str(p), threading.current_thread().name)),
+                                                       fsutil.fsync_file(p))[1])
+    j = jmod.Journal(tmp_path / "j")
+    j.write([0, 5, 7], {"cwd": "/x"})
+    assert jmod.decode(j.path.read_bytes())[0] == [0, 5, 7]  # in place before any sync
+    j.sync()
+    assert (str(j.path), "journal-sync") in synced
+    assert all(name == "journal-sync" for _, name in synced)  # none on the writing thread
+    j.write([0, 5, 7, 9], {"cwd": "/x"})
+    j.close(keep=True)  # waits for the sync still owed
+    assert [s for s in synced if s[0] == str(j.path)] == [(str(j.path), "journal-sync")] * 2
+
+
 def test_a_link_at_the_journal_name_is_replaced_not_written_through(tmp_path):
     from ds4agent.agent.journal import Journal
 
