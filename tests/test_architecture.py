@@ -1,5 +1,5 @@
 """The house's rules, read from the source with `ast` (nothing is imported, so lazy imports inside
-functions count like any other): the arrows between rooms of shared/spec/architecture.md, no import
+functions count like any other): the arrows between rooms of docs/architecture.md, no import
 cycle between modules, no private name crossing a module, the UI toolkits and printing confined to
 ui/ and commands/, and modules and functions of a size a reader can hold."""
 

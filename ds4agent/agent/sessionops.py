@@ -387,7 +387,7 @@ def _load(worker: WorkerPort, prefix: str) -> None:
         worker.session.import_state(loaded.payload)  # validates; never half-applies
         ids = [int(t) for t in loaded.payload.tokens]
     else:
-        # A stripped session: re-tokenised from its text (the trust marks are lost, §2).
+        # A stripped session: re-tokenised from its text (the trust marks are lost, prompt-and-dsml.md §2).
         ids = worker.tok.rebuild_from_text(loaded.text)
         if len(ids) >= worker.settings.ctx:
             raise SessionOpError(f"the stripped session ({len(ids)} tokens) does not fit the context")
@@ -706,7 +706,7 @@ def resume(worker: WorkerPort, tokens: list[int], meta: dict[str, object]) -> No
     recorded = meta.get("system_len", 0)
     system_len = (int(recorded) if isinstance(recorded, int | float | str) else 0) or _system_len(tokens)
     if len(tokens) > system_len and tokens[-1] != EOS:
-        # The run died mid-round: close the assistant output as an interrupt would (§7).
+        # The run died mid-round: close the assistant output as an interrupt would (prompt-and-dsml.md §7).
         tokens.append(EOS)
     if len(tokens) >= worker.settings.ctx:
         raise SessionOpError(f"the journalled session ({len(tokens)} tokens) does not fit the context")

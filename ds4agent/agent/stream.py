@@ -1,7 +1,7 @@
 """One assistant round's token stream -> agent events, on top of the foundation's DSML parser.
 
 The parser (ds4agent.protocol.dsml) does the protocol work: the thinking gate on ids, start-marker
-detection with held-back bytes, the block grammar, the §12 greedy classifier and the round
+detection with held-back bytes, the block grammar, the greedy classifier (prompt-and-dsml.md §12) and the round
 outcome. This adapter only turns its events into the UI's events (agent/events.py) and exposes
 the few flags the loop reads between tokens. The same adapter replays saved turns for /history,
 so a replay shows exactly what the live stream showed.

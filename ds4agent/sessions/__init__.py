@@ -1,4 +1,4 @@
-"""KVC session files, byte-compatible with antirez/ds4 (shared/spec/kvc-format.md).
+"""KVC session files, byte-compatible with antirez/ds4 (docs/kvc-format.md).
 
     errors.py   KVCError and its subclasses (str(err) = the spec's message)
     payload.py  PayloadShape / LayerPayload / PayloadState (the engine contract) and the DSV4

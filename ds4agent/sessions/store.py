@@ -589,7 +589,7 @@ class SessionStore:
         just re-saved under its new identity), never the file just written (samefile:
         case-insensitive filesystems see `ABC…kv` and `abc…kv` as one file).
 
-        kvc-format.md also deletes every other reason-6 file whose text is a strict prefix of the
+        ds4 [S] also deleted every other reason-6 file whose text is a strict prefix of the
         new text, as "earlier checkpoints of the same conversation". In ds4agent a conversation
         keeps one identity across saves, so such a file is always another session: a /fork kept as
         a bookmark, a session loaded and continued elsewhere. Deleting it would lose a session the

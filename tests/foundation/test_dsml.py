@@ -1,4 +1,4 @@
-"""Streaming DSML parser (§11) and greedy classifier (§12)."""
+"""Streaming DSML parser (prompt-and-dsml.md §11) and greedy classifier (§12)."""
 
 import pytest
 from hypothesis import given, settings

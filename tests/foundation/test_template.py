@@ -1,4 +1,4 @@
-"""Rendering: the §13 worked example byte for byte and id for id, the §3-§9 rules, append-only property."""
+"""Rendering (prompt-and-dsml.md): the §13 worked example byte for byte and id for id, the §3-§9 rules, append-only property."""
 
 import hashlib
 import json

@@ -1,4 +1,4 @@
-"""Tokenizer: spec §1-2 vectors, trust boundary, byte-exact decode, non-UTF-8 bytes."""
+"""Tokenizer: prompt-and-dsml.md §1-2 vectors, trust boundary, byte-exact decode, non-UTF-8 bytes."""
 
 import json
 from importlib import resources
