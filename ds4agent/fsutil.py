@@ -1,7 +1,7 @@
 """Atomic file replacement, shared by every room that writes files (sessions, tools, journal, engine).
 
-A leaf module: it imports only the standard library, so any room may use it without breaking the
-import arrows of architecture.md.
+The ground floor: it imports only the standard library and ds4agent.utf8 (ground floor too), so
+any room may use it without breaking the import arrows of architecture.md.
 
 The one procedure (kvc-format.md §6.1, used for every file ds4agent writes): a temp file in the
 target's own directory (so the rename cannot cross filesystems), data written and fsynced, the
@@ -21,6 +21,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+from ds4agent import utf8
 
 TEMP_SUFFIX = ".tmp"
 
@@ -159,7 +161,7 @@ def atomic_write(target: str | os.PathLike[str], data: bytes, *, mode: int | Non
 def short_name(name: str, limit: int = 150) -> str:
     """`name` cut to at most `limit` bytes of UTF-8 (whole characters), for temp names built from
     it: a file name may be 255 bytes long, its temp name must still fit."""
-    return name.encode("utf-8", "surrogateescape")[:limit].decode("utf-8", "ignore")
+    return utf8.cut(name.encode("utf-8", "surrogateescape"), limit).decode("utf-8", "ignore")
 
 
 @contextlib.contextmanager

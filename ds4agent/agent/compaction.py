@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 
+from ds4agent import utf8
 from ds4agent.agent import events as ev
 from ds4agent.agent import rewind, sessionops
 from ds4agent.agent.decode import TokenStream
@@ -92,7 +93,7 @@ def _clip(text: str) -> str:
     data = text.encode("utf-8")
     if len(data) <= GOAL_MAX_BYTES:
         return text
-    return data[:GOAL_MAX_BYTES].decode("utf-8", "ignore") + " [...]"
+    return utf8.cut(data, GOAL_MAX_BYTES).decode("utf-8") + " [...]"
 
 
 def _goal_note(worker: WorkerPort, tail: list[int]) -> str:

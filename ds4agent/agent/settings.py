@@ -8,13 +8,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ds4agent.models.fit import DEFAULT_CTX
+
 THINK_MODES = ("think", "nothink", "think-max")
 PERMISSION_MODES = ("ask", "auto", "read-only")
 
 
 @dataclass
 class AgentSettings:
-    ctx: int = 100_000
+    ctx: int = DEFAULT_CTX
     round_tokens: int = 50_000  # --tokens: most tokens sampled in one round (further capped by room)
     think_mode: str = "think"
     temperature: float = 1.0
@@ -61,7 +63,7 @@ class AgentSettings:
         trace = get("trace", None)
         kv_dir = get("kv_dir", None)
         return cls(
-            ctx=int(get("ctx", 100_000)),
+            ctx=int(get("ctx", DEFAULT_CTX)),
             round_tokens=int(get("round_tokens", 50_000)),
             think_mode=get("think_mode", "think"),
             temperature=float(get("temp", 1.0)),

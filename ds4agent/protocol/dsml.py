@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from ds4agent import utf8
 from ds4agent.protocol.tokenizer import DSML, END_THINK, EOS, Tokenizer
 
 # ----------------------------------------------------------------------------- constants
@@ -258,15 +259,7 @@ def _cut_item(item: bytes) -> str:
     gt = item.find(b">")
     if gt >= 0:
         item = item[: gt + 1]
-    if len(item) > ITEM_CUT:
-        cut = ITEM_CUT
-        for _ in range(3):
-            if 0x80 <= item[cut] <= 0xBF:
-                cut -= 1
-            else:
-                break
-        item = item[:cut]
-    return item.decode("utf-8", "replace")
+    return utf8.cut(item, ITEM_CUT).decode("utf-8", "replace")
 
 
 def _decode(b: bytes) -> str:

@@ -25,6 +25,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from ds4agent import utf8
 from ds4agent.tools.args import arg_float, arg_int, arg_str
 from ds4agent.tools.context import ToolContext, temp_dir
 from ds4agent.tools.jobs import KEEP_HEAD, Job, JobTable, stop_job, wait_job
@@ -44,18 +45,6 @@ SCAN_BYTES = 64 * 1024  # how much of each end of a finished job's output is rea
 # Observation text
 
 
-def _clip_utf8(data: bytes) -> bytes:
-    """Drop an incomplete UTF-8 sequence at the end of a byte cut (at most 3 bytes)."""
-    for back in range(1, min(4, len(data)) + 1):
-        b = data[-back]
-        if b < 0x80:
-            return data
-        if b >= 0xC0:  # a lead byte: is its sequence complete?
-            need = 2 if b < 0xE0 else 3 if b < 0xF0 else 4
-            return data if back >= need else data[:-back]
-    return data
-
-
 def _head(path: str) -> tuple[bytes, bool]:
     """First 100 lines, at most 8 KiB; returns (bytes, cut)."""
     with open(path, "rb") as f:
@@ -63,9 +52,9 @@ def _head(path: str) -> tuple[bytes, bool]:
     lines = data.split(b"\n")
     if len(lines) > HEAD_LINES + 1 or (len(lines) == HEAD_LINES + 1 and lines[-1] != b""):
         picked = b"\n".join(lines[:HEAD_LINES]) + b"\n"
-        return (_clip_utf8(picked[:HEAD_BYTES]) if len(picked) > HEAD_BYTES else picked), True
+        return utf8.cut(picked, HEAD_BYTES), True
     if len(data) > HEAD_BYTES:
-        return _clip_utf8(data[:HEAD_BYTES]), True
+        return utf8.cut(data, HEAD_BYTES), True
     return data, False
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from ds4agent import utf8
 from ds4agent.tools.bash import BashStatusTool, BashStopTool, BashTool
 from ds4agent.tools.context import ToolContext
 from ds4agent.tools.files import EditTool, MoreTool, ReadTool, WriteTool
@@ -58,7 +59,7 @@ def _cap(text: str) -> str:
         return text
     marker = f"\n[tool result truncated: {len(data)} bytes, showing the first {{kept}}]\n"
     budget = RESULT_CAP_BYTES - len(marker.format(kept=RESULT_CAP_BYTES))
-    kept = data[:budget].decode("utf-8", errors="ignore")
+    kept = utf8.cut(data, budget).decode("utf-8")
     return kept + marker.format(kept=len(kept.encode("utf-8")))
 
 
