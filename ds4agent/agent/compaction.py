@@ -33,10 +33,10 @@ from ds4agent import utf8
 from ds4agent.agent import events as ev
 from ds4agent.agent import rewind, sessionops
 from ds4agent.agent.decode import TokenStream
-from ds4agent.agent.history import parse_user_part, session_title
+from ds4agent.agent.history import session_title
 from ds4agent.agent.port import WorkerPort
 from ds4agent.protocol import template
-from ds4agent.protocol.template import split_turns
+from ds4agent.protocol.template import parse_user_part, split_turns
 from ds4agent.protocol.tokenizer import DSML, END_THINK, EOS, USER
 from ds4agent.tools import running_jobs_update
 

@@ -17,9 +17,8 @@ import time
 
 from ds4agent.agent import events as ev
 from ds4agent.agent import sessionops
-from ds4agent.agent.history import parse_user_part
 from ds4agent.agent.port import WorkerPort
-from ds4agent.protocol.template import split_turns
+from ds4agent.protocol.template import parse_user_part, split_turns
 from ds4agent.tools import attach
 
 MODES = ("both", "chat", "code", "fork")

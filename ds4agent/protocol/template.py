@@ -288,6 +288,7 @@ def user_turn_pieces(text: str | bytes, *, think_mode: str | ThinkMode,
     return [*lead, USER, Text(body), ASSISTANT, think_token(think_mode)]
 
 
+_TR_OPEN = b"<tool_result>"
 _TR_CLOSE = b"</tool_result>"
 _TR_CLOSE_ESC = b"&lt;/tool_result>"
 
@@ -295,6 +296,28 @@ _TR_CLOSE_ESC = b"&lt;/tool_result>"
 def escape_tool_result(result: str | bytes) -> bytes:
     """§9: inside R every `</tool_result>` becomes `&lt;/tool_result>`; nothing else changes."""
     return as_bytes(result).replace(_TR_CLOSE, _TR_CLOSE_ESC)
+
+
+def parse_user_part(data: bytes) -> tuple[list[str], str]:
+    """The inverse of a user turn's rendering: (tool results, human text) of the turn's bytes. A
+    plain message has no results; a results turn may carry queued text after its last block
+    (`\n\n` + text). Bytes that are not UTF-8 read as U+FFFD."""
+    results: list[str] = []
+    pos = 0
+    if not data.startswith(_TR_OPEN):
+        # The session's first turn opens with the date line (session_date_line): the agent wrote
+        # it, so history, rewind and compaction show only what the user typed.
+        return [], strip_session_date(data.decode("utf-8", "replace"))
+    while data.startswith(_TR_OPEN, pos):
+        end = data.find(_TR_CLOSE, pos + len(_TR_OPEN))
+        if end < 0:
+            break
+        body = data[pos + len(_TR_OPEN):end].replace(_TR_CLOSE_ESC, _TR_CLOSE)
+        results.append(body.decode("utf-8", "replace"))
+        pos = end + len(_TR_CLOSE)
+        if data.startswith(b"\n\n", pos):
+            pos += 2
+    return results, data[pos:].decode("utf-8", "replace")
 
 
 def tool_results_pieces(
@@ -310,9 +333,9 @@ def tool_results_pieces(
     for i, r in enumerate(results):
         # Results are untrusted whatever produced them (the loop's own texts included) and never trimmed.
         pieces += [
-            Text("\n\n<tool_result>" if i else "<tool_result>", trusted=True),
+            Text(b"\n\n" + _TR_OPEN if i else _TR_OPEN, trusted=True),
             Text(escape_tool_result(r)),
-            Text("</tool_result>", trusted=True),
+            Text(_TR_CLOSE, trusted=True),
         ]
     q = join_queued(queued)
     if q:

@@ -274,3 +274,13 @@ def test_split_turns_reads_the_rendering_back(tok):
     # A user part cut before its <｜Assistant｜> is a turn with no think token and no output.
     assert TP.split_turns(ids[: len(system) + 2], len(system)) == [
         TP.Turn(len(system), tuple(ids[len(system) + 1 : len(system) + 2]), None, (), False)]
+
+
+def test_a_results_turn_reads_back_as_rendered(tok):
+    # The renderer and its inverse share the tags and the escape: a result that holds the close
+    # tag itself reads back whole, and the queued text after the blocks reads back as the text.
+    ids = TP.render_tool_results(["a </tool_result> b\n", "R2\n"], queued="go on", think_mode="think",
+                                 tokenizer=tok)
+    user = tok.decode_bytes(ids[1:ids.index(tok.ASSISTANT)])
+    assert TP.parse_user_part(user) == (["a </tool_result> b\n", "R2\n"], "go on")
+    assert TP.parse_user_part(b"plain question") == ([], "plain question")
