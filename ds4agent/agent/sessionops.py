@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import TypedDict
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.history import last_turns, session_title
@@ -54,6 +55,20 @@ def _model_id(worker: WorkerPort) -> int:
     return int(getattr(worker.engine, "model_id", 0))
 
 
+class _ModelFacts(TypedDict):
+    """What a KVC file records of the model that wrote it and what a load compares with the running
+    one (kvc-format.md §2, chain 8.3 steps 7-8): the store's arguments of that name, the same at
+    every save and load."""
+
+    shape: PayloadShape
+    model_id: int
+    quant_bits: int
+
+
+def _model_facts(worker: WorkerPort) -> _ModelFacts:
+    return {"shape": _shape(worker), "model_id": _model_id(worker), "quant_bits": worker.engine.quant_bits}
+
+
 def _store(worker: WorkerPort) -> SessionStore:
     if worker.store is None:
         raise SessionOpError("no session directory")
@@ -95,8 +110,7 @@ def start_system_prefix(worker: WorkerPort) -> bool:
     worker.trace.tokens(0, ids, worker.tok.token_bytes, "sys")
     if store is not None and worker.settings.use_sysprompt_cache:
         try:
-            payload = store.load_sysprompt(text, shape=_shape(worker), ctx=worker.settings.ctx,
-                                           model_id=_model_id(worker), quant_bits=worker.engine.quant_bits)
+            payload = store.load_sysprompt(text, ctx=worker.settings.ctx, **_model_facts(worker))
             worker.session.import_state(payload)
             if tuple(worker.session.tokens) == tuple(ids):
                 worker.trace.line("sysprompt cache hit")
@@ -108,8 +122,7 @@ def start_system_prefix(worker: WorkerPort) -> bool:
     worker.sync(interruptible=False)
     if store is not None and worker.settings.use_sysprompt_cache:
         try:
-            store.save_sysprompt(text, worker.session.export_state(), shape=_shape(worker),
-                                 model_id=_model_id(worker), quant_bits=worker.engine.quant_bits)
+            store.save_sysprompt(text, worker.session.export_state(), **_model_facts(worker))
             worker.trace.line("sysprompt cache stored")
         except Exception as err:
             worker.io.emit(ev.Notice(f"failed to save system prompt KV: {err}", "warning"))
@@ -169,10 +182,8 @@ def _save(worker: WorkerPort, title: str | None = None) -> ev.SessionSaved:
 
     def write(title: bytes, created_at: int | None, loaded_from: str | None,
               expect: FileStamp | None) -> SavedSession:
-        return store.save_session(
-            text, payload, shape=_shape(worker), title=title, created_at=created_at, loaded_from=loaded_from,
-            model_id=_model_id(worker), quant_bits=worker.engine.quant_bits, expect=expect,
-        )
+        return store.save_session(text, payload, title=title, created_at=created_at, loaded_from=loaded_from,
+                                  expect=expect, **_model_facts(worker))
 
     try:
         saved = write(title_now, identity.created_at, replaces, identity.file_stamp)
@@ -378,9 +389,9 @@ def load(worker: WorkerPort, prefix: str) -> None:
 def _load(worker: WorkerPort, prefix: str) -> None:
     store = _store(worker)
     worker.set_state(ev.State.LOADING, detail="loading session")
-    loaded = store.load_session(prefix, shape=_shape(worker), ctx=worker.settings.ctx,
-                                model_id=_model_id(worker), quant_bits=worker.engine.quant_bits,
-                                max_text_bytes=worker.settings.ctx * worker.tok.max_token_bytes)
+    loaded = store.load_session(prefix, ctx=worker.settings.ctx,
+                                max_text_bytes=worker.settings.ctx * worker.tok.max_token_bytes,
+                                **_model_facts(worker))
     prefilled = 0
     rebuilt = True
     if loaded.payload is not None:
@@ -743,8 +754,7 @@ def _nearest_saved_prefix(worker: WorkerPort, tokens: list[int]) -> LoadedSessio
             continue
         if text.startswith(env.text):
             try:
-                best = store.load_session(e.path, shape=_shape(worker), ctx=worker.settings.ctx,
-                                          model_id=_model_id(worker), quant_bits=worker.engine.quant_bits)
+                best = store.load_session(e.path, ctx=worker.settings.ctx, **_model_facts(worker))
             except Exception:
                 continue
             if best.payload is not None:
