@@ -79,6 +79,36 @@ def _temp_beside(final: str, prefix: str | None) -> tuple[int, str]:
 
 
 @contextlib.contextmanager
+def _committed(finish: Callable[[], None], discard: Callable[[], None],
+               after: Callable[[], None] | None) -> Iterator[None]:
+    """The ending every atomic writer shares: when the body (which writes the temp file) ends
+    cleanly, `finish()` puts the temp in place (the rename, with what must precede it); an
+    exception from either removes the temp (`discard`) and propagates, leaving the target
+    untouched; once it is in place, `after()` (the directory fsync) makes the rename durable."""
+    try:
+        yield
+        finish()
+    except BaseException:
+        with contextlib.suppress(OSError):
+            discard()
+        raise
+    if after is not None:
+        after()
+
+
+@contextlib.contextmanager
+def _written(fd: int, *, mode: int, durable: bool) -> Iterator[BinaryIO]:
+    """The temp file open at `fd` for the caller to write; on a clean exit its data is flushed,
+    given `mode` and (durable) fsynced through the same descriptor, then closed."""
+    with os.fdopen(fd, "wb", buffering=1 << 20) as fh:
+        yield fh
+        fh.flush()
+        os.fchmod(fh.fileno(), mode)
+        if durable:
+            os.fsync(fh.fileno())
+
+
+@contextlib.contextmanager
 def atomic_path(target: str | os.PathLike[str], *, mode: int | None = None,
                 prefix: str | None = None, make_parents: bool = False) -> Iterator[Path]:
     """Yield a fresh temp path beside `target`; the caller writes the complete file there (by name,
@@ -95,16 +125,14 @@ def atomic_path(target: str | os.PathLike[str], *, mode: int | None = None,
     final_mode = _default_mode(real) if mode is None else mode
     fd, tmp = _temp_beside(real, prefix)
     os.close(fd)
-    try:
-        yield Path(tmp)
+
+    def finish() -> None:
         fsync_file(tmp)
         os.chmod(tmp, final_mode)
         os.replace(tmp, real)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(parent)
+
+    with _committed(finish, lambda: os.unlink(tmp), lambda: fsync_dir(parent)):
+        yield Path(tmp)
 
 
 @contextlib.contextmanager
@@ -126,20 +154,10 @@ def atomic_entry(target: str | os.PathLike[str], *, mode: int, prefix: str | Non
     final = os.path.abspath(os.fspath(target))  # abspath, not realpath: the name, not its target
     parent = os.path.dirname(final)
     fd, tmp = _temp_beside(final, prefix)
-    try:
-        with os.fdopen(fd, "wb", buffering=1 << 20) as fh:
-            yield fh
-            fh.flush()
-            os.fchmod(fh.fileno(), mode)
-            if durable:
-                os.fsync(fh.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    if durable:
-        fsync_dir(parent)
+    with (_committed(lambda: os.replace(tmp, final), lambda: os.unlink(tmp),
+                     (lambda: fsync_dir(parent)) if durable else None),
+          _written(fd, mode=mode, durable=durable) as fh):
+        yield fh
 
 
 @contextlib.contextmanager
@@ -182,20 +200,15 @@ def atomic_entry_at(dir_fd: int, name: str, *, mode: int, prefix: str | None = N
             break
         except FileExistsError:
             continue
-    try:
-        with os.fdopen(fd, "wb", buffering=1 << 20) as fh:
-            yield fh
-            fh.flush()
-            os.fchmod(fh.fileno(), mode)
-            os.fsync(fh.fileno())
+
+    def finish() -> None:
         if before_replace is not None:
             before_replace()
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=dir_fd)
-        raise
-    fsync_dir_at(dir_fd)
+
+    with (_committed(finish, lambda: os.unlink(tmp, dir_fd=dir_fd), lambda: fsync_dir_at(dir_fd)),
+          _written(fd, mode=mode, durable=True) as fh):
+        yield fh
 
 
 def fsync_dir_at(dir_fd: int) -> None:
