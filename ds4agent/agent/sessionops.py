@@ -92,10 +92,9 @@ def render_system(worker: WorkerPort) -> list[int]:
         worker.io.emit(ev.Notice(note, "warning"))
     eff = s.effective_think_mode()
     worker.system_is_max = eff == "think-max"
-    return template.render_system_prefix(
+    return template.render(template.system_prefix_pieces(
         worker.system.builtin, extra_system_text=worker.system.extra, tools=worker.tools,
-        think_mode=eff, ctx=s.ctx, tokenizer=worker.tok,
-    )
+        think_mode=eff, ctx=s.ctx), worker.tok)
 
 
 def start_system_prefix(worker: WorkerPort) -> bool:

@@ -288,8 +288,8 @@ class Worker:
         # The session's first user turn opens with the local date and time (template.py says why
         # there and not in a system unit of its own).
         date_line = "" if self.transcript.has_user_turn() else template.session_date_line(self.local_now())
-        user_ids = template.render_user_turn(text, think_mode=self._mode_for_prompt(), tokenizer=self.tok,
-                                             date_line=date_line)
+        user_ids = template.render(template.user_turn_pieces(text, think_mode=self._mode_for_prompt(),
+                                                             date_line=date_line), self.tok)
         total_generated = 0
         rounds = 0
         reason = "done"
@@ -300,8 +300,8 @@ class Worker:
             if update:
                 # After a compaction with running bash jobs: the update goes first, as a tool
                 # result, and the message follows it (the results + text form of §9.1).
-                user_ids = template.render_tool_results(update, queued=text, think_mode=self._mode_for_prompt(),
-                                                        tokenizer=self.tok)
+                user_ids = template.render(template.tool_results_pieces(update, queued=text,
+                                                                        think_mode=self._mode_for_prompt()), self.tok)
             # Deep in a long session: the system prompt again, in front of the <｜User｜>.
             lead, reminded = self._lead(len(user_ids))
             # Its own BPE run (a special token on either side), so appended before the turn: the
@@ -589,8 +589,8 @@ class Worker:
         def render(ts: list[str], lead: list[Piece] | None = None) -> list[int]:
             # pending_results(): the bash job update when a compaction just ran (also one run
             # inside this function), after the results of this round's calls.
-            return template.render_tool_results(ts + self.pending_results(), queued=queued, think_mode=mode,
-                                                tokenizer=self.tok, lead=lead or ())
+            return template.render(template.tool_results_pieces(ts + self.pending_results(), queued=queued,
+                                                                think_mode=mode, lead=lead or ()), self.tok)
 
         ids = render(texts)
         projected = len(self.transcript) + len(ids)

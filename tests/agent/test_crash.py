@@ -61,8 +61,8 @@ def test_kill_mid_turn_then_resume(tmp_path, tools):
     loaded = of(h.events, ev.SessionLoaded)[0]
     assert loaded.resumed
     ids = h.ids
-    user2 = template.render_user_turn("second task", think_mode="think")
-    results = template.render_tool_results(["A1\n"], think_mode="think")
+    user2 = template.render(template.user_turn_pieces("second task", think_mode="think"))
+    results = template.render(template.tool_results_pieces(["A1\n"], think_mode="think"))
     # Journalled after round 1 of turn 2 (user turn, the tool round, its results) and, during the
     # round that was running when the process died, every 16 tokens (journal_interval=0): its
     # first 32 tokens survive, closed with an EOS (as an interrupt would).

@@ -40,7 +40,7 @@ def test_rewind_lists_user_turns_and_cuts_the_conversation(tmp_path, tools):
     assert len(of(h.command(h.agent.rewind_points), ev.RewindList)[0].points) == 1
     h.engine.add(reply("again", think="t"))
     h.turn("second question, edited")
-    user = template.render_user_turn("second question, edited", think_mode="think")
+    user = template.render(template.user_turn_pieces("second question, edited", think_mode="think"))
     assert h.ids[starts[1]:starts[1] + len(user)] == user
     h.stop()
 

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from ds4agent.protocol import dsml as D
 from ds4agent.protocol.dsml import DsmlParser, GreedyState
-from ds4agent.protocol.template import render_assistant_output, render_dsml_block
+from ds4agent.protocol.template import assistant_output_pieces, render, render_dsml_block
 from ds4agent.protocol.tokenizer import DSML, END_THINK, EOS, THINK, Tokenizer
 
 B = "｜"  # the full-width bar (U+FF5C) is the protocol's
@@ -111,15 +111,15 @@ def test_every_two_way_split_and_single_bytes_of_a_block():
 def test_real_token_ids_of_a_rendered_output():
     tok = Tokenizer.load()
     calls = [("edit", {"path": "a.py", "old": "x = 1\n", "new": "y = [1, 2]\n", "count": 2})]
-    ids = render_assistant_output(reasoning="plan ｜DSML｜ no", text="Doing it.", calls=calls,
-                                  think_mode="think", eos=False)
+    ids = render(assistant_output_pieces(reasoning="plan ｜DSML｜ no", text="Doing it.", calls=calls,
+                                  think_mode="think", eos=False))
     # reasoning holds an untrusted DSML string: plain BPE, yet the thinking rule sees its bytes
     p, events = run(ids, thinking=True, ids=True)
     assert p.outcome.kind == "done" and _got(p.outcome) == _expected(calls)
     assert p.outcome.thinking_violation
     assert text_of(events, D.ThinkingDelta) == "plan ｜DSML｜ no"
     assert text_of(events) == "Doing it.\n\n"
-    ids = render_assistant_output(reasoning="plan", text="", calls=calls, think_mode="think", eos=False)
+    ids = render(assistant_output_pieces(reasoning="plan", text="", calls=calls, think_mode="think", eos=False))
     p, _ = run(ids, thinking=True, ids=True)
     assert p.outcome.runs_tools and p.outcome.failure_result is None
     assert DSML in ids and tok.decode_bytes(ids).endswith(CLOSE_TC.encode())
