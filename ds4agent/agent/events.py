@@ -268,6 +268,16 @@ class TurnEnded(Event):
 # --------------------------------------------------------------------------- sessions
 
 
+def format_age(seconds: float) -> str:
+    """`Ns ago`, `Nm ago`, `Nh ago`, `Nd ago` (agent-reference.md §3 /list): how every front end,
+    `kv ls` and the agent's own questions say how long ago a session was used."""
+    s = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit} ago"
+    return f"{s}s ago"
+
+
 @dataclass(frozen=True)
 class HistoryItem:
     """One piece of a replayed turn. kind: "user" | "thinking" | "text" | "tool_call" |

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from ds4agent.agent import events as ev
+from ds4agent.agent.events import format_age
 from ds4agent.agent.history import last_turns, session_title
 from ds4agent.agent.identity import SessionIdentity, checkpoints_for, meta_title, title_bytes
 from ds4agent.agent.journal import Journal
@@ -34,7 +35,6 @@ from ds4agent.sessions.store import (
     SavedSession,
     SessionStore,
     UnreadableSession,
-    format_age,
 )
 from ds4agent.sessions.titles import display_text, normalise_title
 

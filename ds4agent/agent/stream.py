@@ -88,9 +88,9 @@ class AssistantStream:
     def _convert(self, events: list[dsml.Event]) -> list[ev.Event]:
         out: list[ev.Event] = []
         for e in events:
-            if isinstance(e, dsml.ThinkingDelta):
+            if isinstance(e, dsml.ThinkingPart):
                 out.append(ev.ThinkingDelta(e.text))
-            elif isinstance(e, dsml.TextDelta):
+            elif isinstance(e, dsml.TextPart):
                 out.append(ev.TextDelta(e.text))
             elif isinstance(e, dsml.ParamDelta):
                 out.append(ev.ToolCallArgDelta(e.invoke, e.name, e.text))

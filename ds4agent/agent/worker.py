@@ -34,7 +34,7 @@ from ds4agent.agent.port import AgentIO
 from ds4agent.agent.prompt import SystemText
 from ds4agent.agent.settings import AgentSettings
 from ds4agent.agent.stream import AssistantStream, Coalescer
-from ds4agent.agent.trace import Trace
+from ds4agent.agent.trace import TraceLog
 from ds4agent.agent.transcript import Transcript
 from ds4agent.engine import DutyCycle, EngineLost, Interrupted, Sampler
 from ds4agent.protocol import dsml, template
@@ -107,7 +107,7 @@ class Worker:
         self.mcp: McpServers | None = None  # started by startup() when mcp names servers
         self.policy = policy if policy is not None else PermissionPolicy(settings.permission)
         self.tool_ctx = ToolContext(cwd=settings.cwd, should_stop=io.should_stop, on_write=self._checkpoint_write)
-        self.trace = Trace(None)  # disabled until startup opens --trace
+        self.trace = TraceLog(None)  # disabled until startup opens --trace
         self.transcript = Transcript()
         self.journal: Journal | None = None
         self.system_ids: list[int] = []
@@ -144,7 +144,7 @@ class Worker:
             raise
 
     def _startup(self) -> bool:
-        self.trace = Trace(self.settings.trace, on_error=lambda m: self.io.emit(ev.Notice(m, "warning")))
+        self.trace = TraceLog(self.settings.trace, on_error=lambda m: self.io.emit(ev.Notice(m, "warning")))
         try:
             self.tool_ctx.sockets = load_allowed_sockets()
         except SandboxSettingsError as err:
@@ -520,7 +520,7 @@ class Worker:
             self._trace_round_end(trace, stream, result, reason, n, dt)
         return result
 
-    def _trace_round_end(self, trace: Trace, stream: AssistantStream, result: RoundResult, reason: str,
+    def _trace_round_end(self, trace: TraceLog, stream: AssistantStream, result: RoundResult, reason: str,
                          n: int, dt: float) -> None:
         trace.line(f"round end: {reason}, {n} tokens, {dt:.3f}s")
         if stream.failed_thinking:

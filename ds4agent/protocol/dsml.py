@@ -129,7 +129,7 @@ class ToolCall:
 # ----------------------------------------------------------------------------- events
 
 @dataclass(frozen=True, slots=True)
-class ThinkingDelta:
+class ThinkingPart:
     text: str
 
 
@@ -139,7 +139,7 @@ class ThinkingEnd:
 
 
 @dataclass(frozen=True, slots=True)
-class TextDelta:
+class TextPart:
     text: str
 
 
@@ -213,7 +213,7 @@ class BlockError:
 
 
 Event = (
-    ThinkingDelta | ThinkingEnd | TextDelta | ThinkingViolation | BlockStart | InvokeStart | ParamStart
+    ThinkingPart | ThinkingEnd | TextPart | ThinkingViolation | BlockStart | InvokeStart | ParamStart
     | ParamDelta | ParamEnd | InvokeEnd | BlockDone | BlockError
 )
 
@@ -466,7 +466,7 @@ class DsmlParser:
                 out: list[Event] = []
                 tail = self._think_dec.decode(b"", True)
                 if tail:
-                    out.append(ThinkingDelta(tail))
+                    out.append(ThinkingPart(tail))
                 out.append(ThinkingEnd())
                 return out
             if token_id == EOS or Tokenizer.is_stop(token_id):
@@ -503,12 +503,12 @@ class DsmlParser:
         if self.in_thinking:
             t = self._think_dec.decode(b"", True)
             if t:
-                out.append(ThinkingDelta(t))
+                out.append(ThinkingPart(t))
         elif not self.block_open:
             t = self._text_dec.decode(self._held, True)
             self._held = b""
             if t:
-                out.append(TextDelta(t))
+                out.append(TextPart(t))
         return out
 
     # ------------------------------------------------------------------ thinking
@@ -521,7 +521,7 @@ class DsmlParser:
             self._think_tail = window[-_THINK_TAIL:]
         t = self._think_dec.decode(data)
         if t:
-            out.append(ThinkingDelta(t))
+            out.append(ThinkingPart(t))
 
     # ------------------------------------------------------------------ visible text and start markers
     def _feed_text(self, data: bytes, out: list[Event]) -> None:
@@ -530,7 +530,7 @@ class DsmlParser:
             self._held = b""
             t = self._text_dec.decode(buf)
             if t:
-                out.append(TextDelta(t))
+                out.append(TextPart(t))
             return
         best = -1
         marker = b""
@@ -543,7 +543,7 @@ class DsmlParser:
             at, bare = stray
             t = self._text_dec.decode(buf[:at], True)
             if t:
-                out.append(TextDelta(t))
+                out.append(TextPart(t))
             self._held = b""
             self.block_open = True
             rest = buf[at:]
@@ -558,7 +558,7 @@ class DsmlParser:
             self._held = b""
             t = self._text_dec.decode(buf[:best], True)
             if t:
-                out.append(TextDelta(t))
+                out.append(TextPart(t))
             self.block_open = True
             self._sub = _BETWEEN
             out.append(BlockStart(marker))
@@ -583,7 +583,7 @@ class DsmlParser:
         self._held = buf[len(buf) - hold:] if hold else b""
         t = self._text_dec.decode(emit)
         if t:
-            out.append(TextDelta(t))
+            out.append(TextPart(t))
 
     @staticmethod
     def _find_stray(buf: bytes, before: int) -> tuple[int, bool] | None:

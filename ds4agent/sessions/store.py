@@ -24,7 +24,7 @@ Public API (what the agent uses):
         target: a 1-40 hex id prefix or a path to a .kv file. Runs chain 8.3 (session kind).
         LoadedSession: text, payload (None for a stripped session: re-tokenise `text` and prefill),
         title, created_at, legacy (True: pass .path as loaded_from at the next save), id, path.
-    store.list_sessions() -> list[SessionInfo]      reason-6 files, newest first (last_used, then id)
+    store.list_sessions() -> list[StoredSession]      reason-6 files, newest first (last_used, then id)
     store.scan_sessions() -> (sessions, unreadable) the same plus UnreadableSession (id, reason) for
         each session file that cannot be read: shown, not hidden, and deletable
     store.resolve(prefix, *, sessions_only=True) -> StoreEntry     §12.5 errors as KVCStoreError; a
@@ -37,7 +37,6 @@ Public API (what the agent uses):
         chain 8.3 as a system-prompt cache with the freshly rendered text; touches the file
         (hits/last_used) so recently used caches survive pruning. Any failure -> KVCError: the
         caller prefills the system prefix and calls save_sysprompt.
-    format_session_line(info, now) -> str          the /list line of agent-reference.md §3
     store.find_checkpoint(prompt, *, shape, ctx, model_id, quant_bits=None) -> LoadedKVC | None
         ds4-server's prefix lookup (§8.2), for tools and parity tests; never deletes.
 
@@ -144,7 +143,7 @@ class StoreEntry:
 
 
 @dataclass(frozen=True)
-class SessionInfo:
+class StoredSession:
     """One /list line's worth of a reason-6 file."""
 
     entry: StoreEntry
@@ -229,21 +228,6 @@ def file_stamp(path: str | os.PathLike[str]) -> FileStamp | None:
     except OSError:
         return None
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def format_age(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit} ago"
-    return f"{seconds}s ago"
-
-
-def format_session_line(info: SessionInfo, now: float) -> str:
-    """`  <8 hex> (<age>) <title>  [N tokens, X.X MiB]` (agent-reference.md §3, /list)."""
-    mib = info.entry.file_size / (1024 * 1024)
-    return (f"  {info.entry.short_id} ({format_age(now - info.last_used)}) {info.display_title}"
-            f"  [{info.tokens} tokens, {mib:.1f} MiB]")
 
 
 def touch(path: str | Path, now: int | None = None) -> None:
@@ -436,21 +420,21 @@ class SessionStore:
         found.sort(key=lambda e: (-e.header.last_used, e.id))
         return found
 
-    def describe(self, entry: StoreEntry) -> SessionInfo | UnreadableSession:
+    def describe(self, entry: StoreEntry) -> StoredSession | UnreadableSession:
         """A reason-6 entry's title (trailer, else derived from the text), or why it cannot be read."""
         try:
             env = read_envelope(entry.path, KIND_SESSION, text_limit=TEXT_SCAN_BYTES)  # a title, not 4 GiB
         except KVCError as err:
             return UnreadableSession(entry.path, entry.id, str(err), entry.file_size, entry.header.last_used)
         if env.title is not None:
-            return SessionInfo(entry, env.title, False)
-        return SessionInfo(entry, derive_title(env.text), True)
+            return StoredSession(entry, env.title, False)
+        return StoredSession(entry, derive_title(env.text), True)
 
-    def scan_sessions(self) -> tuple[list[SessionInfo], list[UnreadableSession]]:
+    def scan_sessions(self) -> tuple[list[StoredSession], list[UnreadableSession]]:
         """(sessions, unreadable sessions), each newest first. A session file that cannot be read
         is not left out silently (§8.1 would skip it): the user sees it, and why, and can delete
         it. Unreadable directory -> KVCIOError."""
-        sessions: list[SessionInfo] = []
+        sessions: list[StoredSession] = []
         broken: list[UnreadableSession] = []
         for probe in self._probes():
             if isinstance(probe, StoreEntry):
@@ -462,7 +446,7 @@ class SessionStore:
         broken.sort(key=lambda u: (-u.last_used, u.id))
         return sessions, broken
 
-    def list_sessions(self) -> list[SessionInfo]:
+    def list_sessions(self) -> list[StoredSession]:
         """Readable reason-6 sessions, newest first (scan_sessions for the unreadable ones too)."""
         return self.scan_sessions()[0]
 

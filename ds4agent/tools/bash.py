@@ -4,7 +4,7 @@ Each call starts a background job (tools/jobs.py: inside the OS sandbox, its own
 stdin from /dev/null, stdout+stderr merged into a temp file bounded to its first and last 4 MiB, a
 watcher thread enforcing the timeout); this module turns jobs into observations. A finished job's
 observation ends with a `sandbox:` line when its output reports writes the sandbox refused (the
-paths, in ToolResult.sandbox_refusals, are what the permission layer asks about).
+paths, in Observation.sandbox_refusals, are what the permission layer asks about).
 
 Output files: an observation that cuts the output names its file (output_path) so the model can read
 the rest; such a file is kept until the agent exits (the model may come back to it at any time in
@@ -29,7 +29,7 @@ from ds4agent import utf8
 from ds4agent.tools.args import arg_float, arg_int, arg_str
 from ds4agent.tools.context import ToolContext, temp_dir
 from ds4agent.tools.jobs import KEEP_HEAD, Job, JobTable, stop_job, wait_job
-from ds4agent.tools.results import BashDisplay, ToolError, ToolResult
+from ds4agent.tools.results import BashDisplay, Observation, ToolError
 from ds4agent.tools.sandbox import Refusal, mentions_refusal, refusals
 
 HEAD_LINES = 100
@@ -82,7 +82,7 @@ def _out(data: bytes) -> str:
     return text if text.endswith("\n") or not text else text + "\n"
 
 
-def observe(job: Job, table: JobTable) -> ToolResult:
+def observe(job: Job, table: JobTable) -> Observation:
     """The next observation of a job; drops it from the table when it reports the job done."""
     running = job.running
     elapsed = job.elapsed()
@@ -145,7 +145,7 @@ def observe(job: Job, table: JobTable) -> ToolResult:
         duration=elapsed,
     )
     ok = running or (job.exit_status == 0 and not job.timed_out)
-    return ToolResult(status + body + note, ok=ok, display=display, sandbox_refusals=refused)
+    return Observation(status + body + note, ok=ok, display=display, sandbox_refusals=refused)
 
 
 def _file_size(path: str) -> int:
@@ -234,7 +234,7 @@ class BashTool:
     }
     mutates = True
 
-    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> Observation:
         command = arg_str(args, "command", required=True) or ""
         if not command.strip():
             raise ToolError("empty command")
@@ -254,7 +254,7 @@ class BashStatusTool:
     schema = _JOB_SCHEMA
     mutates = False
 
-    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> Observation:
         return observe(_find(args, ctx), ctx.jobs)
 
 
@@ -267,7 +267,7 @@ class BashStopTool:
     schema = _JOB_SCHEMA
     mutates = False
 
-    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> Observation:
         job = _find(args, ctx)
         refresh = arg_float(args, "refresh_sec", DEFAULT_REFRESH, 1.0, 3600.0)
         stop_job(job, refresh)

@@ -19,9 +19,9 @@ from ds4agent.tools.listing import ListTool
 from ds4agent.tools.results import (
     ERROR_PREFIX,
     RESULT_CAP_BYTES,
+    Observation,
     TextDisplay,
     ToolError,
-    ToolResult,
     error_result,
 )
 from ds4agent.tools.search import SearchTool
@@ -34,7 +34,7 @@ class Tool(Protocol):
     schema: dict  # JSON Schema of the parameters, keys in the order they are rendered
     mutates: bool  # writes files or runs commands (the permission policy asks about these)
 
-    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult: ...
+    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> Observation: ...
 
 
 def default_tools() -> list[Tool]:
@@ -65,7 +65,7 @@ def _cap(text: str) -> str:
 
 def run_tool(
     name: str, args: Mapping[str, Any], ctx: ToolContext, tools: Iterable[Tool] | None = None
-) -> ToolResult:
+) -> Observation:
     """Run one call. Never raises for the model's mistakes or the file system's refusals.
 
     Unknown tool -> `Tool error: unknown tool: NAME` without a trailing newline: it is one of the
@@ -76,7 +76,7 @@ def run_tool(
     tool = registry.get(name)
     if tool is None:
         text = f"{ERROR_PREFIX}unknown tool: {name}"
-        return ToolResult(text, ok=False, display=TextDisplay(summary=f"unknown tool: {name}", body=""))
+        return Observation(text, ok=False, display=TextDisplay(summary=f"unknown tool: {name}", body=""))
     try:
         result = tool.run(dict(args), ctx)
     except ToolError as exc:

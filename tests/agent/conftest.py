@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ds4agent.tools import ToolResult
+from ds4agent.tools import Observation
 
 
 @dataclass
@@ -21,9 +21,9 @@ class RecTool:
     schema: dict = field(default_factory=lambda: {"type": "object", "properties": {"x": {"type": "string"}}})
     calls: list[dict] = field(default_factory=list)
 
-    def run(self, args: Mapping[str, Any], ctx: Any) -> ToolResult:
+    def run(self, args: Mapping[str, Any], ctx: Any) -> Observation:
         self.calls.append(dict(args))
-        return ToolResult(self.fn(args) if self.fn else self.text)
+        return Observation(self.fn(args) if self.fn else self.text)
 
 
 @pytest.fixture

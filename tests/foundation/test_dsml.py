@@ -33,7 +33,7 @@ def run(chunks, *, thinking=False, ids=False):
     return p, events
 
 
-def text_of(events, kind=D.TextDelta):
+def text_of(events, kind=D.TextPart):
     return "".join(e.text for e in events if isinstance(e, kind))
 
 
@@ -117,7 +117,7 @@ def test_real_token_ids_of_a_rendered_output():
     p, events = run(ids, thinking=True, ids=True)
     assert p.outcome.kind == "done" and _got(p.outcome) == _expected(calls)
     assert p.outcome.thinking_violation
-    assert text_of(events, D.ThinkingDelta) == "plan ｜DSML｜ no"
+    assert text_of(events, D.ThinkingPart) == "plan ｜DSML｜ no"
     assert text_of(events) == "Doing it.\n\n"
     ids = render(assistant_output_pieces(reasoning="plan", text="", calls=calls, think_mode="think", eos=False))
     p, _ = run(ids, thinking=True, ids=True)
@@ -166,7 +166,7 @@ def test_thinking_gate_uses_ids_only():
     ids = tok.encode_untrusted("a </think> b") + [END_THINK] + tok.encode_untrusted("c") + [THINK] + \
         tok.encode_untrusted("d </think>") + [END_THINK]
     p, events = run(ids, thinking=True, ids=True)
-    assert text_of(events, D.ThinkingDelta) == "a </think> b"
+    assert text_of(events, D.ThinkingPart) == "a </think> b"
     assert text_of(events) == "c<think>d </think></think>"
     assert sum(isinstance(e, D.ThinkingEnd) for e in events) == 1
     # nothink: everything is visible text
@@ -395,7 +395,7 @@ def test_in_syntax_and_in_payload_flags():
 
 # ------------------------------------------------------------------ fuzz
 
-_EVENT_TYPES = (D.ThinkingDelta, D.ThinkingEnd, D.TextDelta, D.ThinkingViolation, D.BlockStart, D.InvokeStart,
+_EVENT_TYPES = (D.ThinkingPart, D.ThinkingEnd, D.TextPart, D.ThinkingViolation, D.BlockStart, D.InvokeStart,
                 D.ParamStart, D.ParamDelta, D.ParamEnd, D.InvokeEnd, D.BlockDone, D.BlockError)
 _frag = st.sampled_from([M, OPEN_INV, OPEN_PAR, CLOSE_PAR, CLOSE_INV, CLOSE_TC, ' name="a"', ' string="false"',
                          ">", "<", "</", B, "DSML", "\n", " ", '"', "{", "&lt;", "|DSML|", "\\"]).map(str.encode)
@@ -436,7 +436,7 @@ def test_bare_invoke_is_a_one_call_block_in_any_chunking():
         events += p.finish()
         assert p.stop and p.outcome.kind == "done"
         assert _got(p.outcome) == [("read", {"path": "a.py"})]
-        assert "".join(e.text for e in events if isinstance(e, D.TextDelta)) == "Now.\n"
+        assert "".join(e.text for e in events if isinstance(e, D.TextPart)) == "Now.\n"
         assert [e.marker for e in events if isinstance(e, D.BlockStart)] == [D.BARE_INVOKE]
 
 
