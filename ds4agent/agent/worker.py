@@ -17,6 +17,7 @@ interrupt never leaves a half-appended unit. No tool-round limit; a per-round to
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -66,13 +67,31 @@ class TurnAborted(Exception):
     """The turn cannot go on (context full after compaction, engine failure); message is readable."""
 
 
+class RoundEnd(enum.Enum):
+    """How one assistant round ended (prompt-and-dsml.md §11, round outcomes), decided once in
+    _round and _classify."""
+
+    DONE = "done"  # the model sampled EOS (no block)
+    TOOLS = "tools"  # a block closed: its calls run, another round follows
+    DSML_ERROR = "error"  # a malformed block: its error is the result, another round follows
+    THINKING = "thinking"  # DSML inside thinking (§11.3): that error is the result
+    PREFLIGHT = "preflight"  # an edit's old text selects nothing: stopped before its new text
+    UNTERMINATED = "unterminated"  # a block still open when generation stopped
+    INTERRUPTED = "interrupted"
+    TOKEN_CAP = "token_cap"
+    STOP_TOKEN = "stop_token"
+
+
+# What a turn reports when its last round ended so; any other last round ended in an answer.
+_TURN_END = {RoundEnd.INTERRUPTED: ev.TurnEnd.INTERRUPTED, RoundEnd.TOKEN_CAP: ev.TurnEnd.TOKEN_CAP,
+             RoundEnd.STOP_TOKEN: ev.TurnEnd.STOP_TOKEN}
+
+
 @dataclass
 class RoundResult:
-    """How one assistant round ended (prompt-and-dsml.md §11, round outcomes)."""
+    """How one assistant round ended and what it left to do."""
 
-    # "done" | "tools" | "error" | "thinking" | "preflight" | "interrupted" | "token_cap" | "stop_token"
-    # | "unterminated"
-    reason: str
+    reason: RoundEnd
     generated: int = 0
     calls: list[tuple[str, dict[str, object]]] = field(default_factory=list)
     error: str = ""
@@ -292,7 +311,7 @@ class Worker:
                                                              date_line=date_line), self.tok)
         total_generated = 0
         rounds = 0
-        reason = "done"
+        reason = ev.TurnEnd.DONE
         error = ""
         try:
             compaction.maybe_compact(self, len(self.transcript) + len(user_ids), "soft")
@@ -332,8 +351,7 @@ class Worker:
                 more = self._after_round(result)
                 sessionops.journal_write(self)
                 if not more:
-                    reason = result.reason if result.reason not in ("tools", "error", "thinking",
-                                                                    "unterminated", "preflight") else "done"
+                    reason = _TURN_END.get(result.reason, ev.TurnEnd.DONE)
                     break
         except EngineLost:
             # No later turn can run (a pipeline rank is gone): journal what the turn got so far,
@@ -342,7 +360,7 @@ class Worker:
             sessionops.journal_write(self)
             raise
         except Exception as err:  # TurnAborted, engine failures, bugs: readable; the session stays usable
-            reason, error = "error", str(err) or f"{type(err).__name__}: {err}"
+            reason, error = ev.TurnEnd.ERROR, str(err) or f"{type(err).__name__}: {err}"
             self._close_round()
             self.io.emit(ev.Error(error))
         finally:
@@ -433,7 +451,7 @@ class Worker:
         if self.io.should_stop() or not self.sync():
             # Interrupted before the first token: an empty output, THINK_TOKEN then EOS (§7).
             self.transcript.append(EOS)
-            return RoundResult("interrupted")
+            return RoundResult(RoundEnd.INTERRUPTED)
         room = self.settings.ctx - len(self.transcript) - 1  # keep one position for the EOS
         cap = min(self.settings.round_tokens, room)
         if cap <= 0:
@@ -455,11 +473,11 @@ class Worker:
         last_status = last_journal = t0
         journal_every = self.settings.journal_interval
         n = 0
-        reason = "token_cap"
+        reason = RoundEnd.TOKEN_CAP
         for token in tokens:
             if is_stop(token):
                 # Never evaluated, never appended: EOS replaces it (§7).
-                reason = "stop_token"
+                reason = RoundEnd.STOP_TOKEN
                 emit(ev.Notice(f"[generation stopped: the model sampled {tok.token_string(token)}]", "warning"))
                 break
             ids.append(token)
@@ -471,13 +489,13 @@ class Worker:
                 emit(e)
             out.tick(monotonic())
             if token == EOS:
-                reason = "eos"
+                reason = RoundEnd.DONE
                 break
             if stream.closed:  # DONE or ERROR: generation stops at the close (§11.6-7)
-                reason = "closed"
+                reason = RoundEnd.DONE  # _classify reads which from the stream
                 break
             if assist.failure is not None:  # an edit's old selects nothing: stop before its new
-                reason = "preflight"
+                reason = RoundEnd.PREFLIGHT
                 break
             forced = assist.force_now(stream.in_string_body)
             if forced:
@@ -499,7 +517,7 @@ class Worker:
                     out.flush()
                     self.emit_status()
         if tokens.interrupted:
-            reason = "interrupted"
+            reason = RoundEnd.INTERRUPTED
         dt = time.monotonic() - t0
         if n and dt > 0:
             self.decode_tps = n / dt
@@ -510,60 +528,60 @@ class Worker:
         if ids[-1] != EOS:
             ids.append(EOS)  # the agent ends the turn (close, error, stop token, cap, interrupt)
         result = self._classify(stream, reason, n)
-        if reason == "preflight" and assist.failure is not None and result.reason == "unterminated":
+        if reason is RoundEnd.PREFLIGHT and assist.failure is not None and result.reason is RoundEnd.UNTERMINATED:
             index, text = assist.failure
             if assist.completed:
                 text += (f"The {assist.completed} call(s) before this edit in the same block were not run; "
                          "call them again if they are still needed.\n")
-            result = RoundResult("preflight", n, error=text, index=index)
+            result = RoundResult(RoundEnd.PREFLIGHT, n, error=text, index=index)
         if trace is not None:
             self._trace_round_end(trace, stream, result, reason, n, dt)
         return result
 
-    def _trace_round_end(self, trace: TraceLog, stream: AssistantStream, result: RoundResult, reason: str,
+    def _trace_round_end(self, trace: TraceLog, stream: AssistantStream, result: RoundResult, reason: RoundEnd,
                          n: int, dt: float) -> None:
-        trace.line(f"round end: {reason}, {n} tokens, {dt:.3f}s")
+        trace.line(f"round end: {reason.value}, {n} tokens, {dt:.3f}s")
         if stream.failed_thinking:
             trace.line("dsml ignored: tool call inside thinking")
-        elif result.reason == "tools":
+        elif result.reason is RoundEnd.TOOLS:
             trace.line(f"dsml done: {len(result.calls)} call(s): " + ", ".join(name for name, _ in result.calls))
-        elif result.reason == "error":
+        elif result.reason is RoundEnd.DSML_ERROR:
             trace.line(f"dsml error: {result.error}")
-        elif result.reason == "unterminated":
+        elif result.reason is RoundEnd.UNTERMINATED:
             trace.line("dsml unterminated")
 
-    def _classify(self, stream: AssistantStream, reason: str, n: int) -> RoundResult:
-        if reason == "interrupted":
-            return RoundResult("interrupted", n)  # no results turn, ever (§7)
+    def _classify(self, stream: AssistantStream, reason: RoundEnd, n: int) -> RoundResult:
+        if reason is RoundEnd.INTERRUPTED:
+            return RoundResult(RoundEnd.INTERRUPTED, n)  # no results turn, ever (§7)
         if stream.failed_thinking:
-            return RoundResult("thinking", n, error=stream.thinking_error)
+            return RoundResult(RoundEnd.THINKING, n, error=stream.thinking_error)
         if stream.error is not None:
-            return RoundResult("error", n, error=stream.error)
+            return RoundResult(RoundEnd.DSML_ERROR, n, error=stream.error)
         if stream.done:
-            return RoundResult("tools", n, calls=list(stream.calls))
+            return RoundResult(RoundEnd.TOOLS, n, calls=list(stream.calls))
         if stream.block_open:
-            if reason != "preflight":
+            if reason is not RoundEnd.PREFLIGHT:
                 self.io.emit(ev.ToolCallInvalid("tool call interrupted", raw=stream.raw_block, kind="interrupted"))
-            return RoundResult("unterminated", n)
-        return RoundResult({"eos": "done", "closed": "done"}.get(reason, reason), n)
+            return RoundResult(RoundEnd.UNTERMINATED, n)
+        return RoundResult(reason, n)
 
     # ------------------------------------------------------------------ after a round
 
     def _after_round(self, result: RoundResult) -> bool:
         """Run tools / build the results turn. True when another round follows."""
-        if result.reason == "thinking":
+        if result.reason is RoundEnd.THINKING:
             texts = [dsml.error_result(result.error)]
             self.io.emit(ev.ToolResult(0, "", False, texts[0]))
-        elif result.reason in ("error", "unterminated"):
+        elif result.reason in (RoundEnd.DSML_ERROR, RoundEnd.UNTERMINATED):
             # Malformed, stray or incomplete DSML: the error and the exact syntax, and the turn
             # goes on (the model usually gets it right the next round).
-            reason = result.error if result.reason == "error" else dsml.INCOMPLETE_REASON
+            reason = result.error if result.reason is RoundEnd.DSML_ERROR else dsml.INCOMPLETE_REASON
             texts = [dsml.syntax_error_result(reason)]
             self.io.emit(ev.ToolResult(0, "", False, texts[0]))
-        elif result.reason == "preflight":
+        elif result.reason is RoundEnd.PREFLIGHT:
             texts = [result.error]
             self.io.emit(ev.ToolResult(result.index, EditAssist.tool, False, result.error))
-        elif result.reason == "tools":
+        elif result.reason is RoundEnd.TOOLS:
             texts = self._run_calls(result.calls)
         else:
             return False
