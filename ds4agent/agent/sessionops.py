@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
@@ -26,8 +27,8 @@ from ds4agent.protocol import template
 from ds4agent.protocol.tokenizer import EOS, RECOGNISED_IDS, USER
 from ds4agent.sessions import checkpoints
 from ds4agent.sessions.errors import SessionChangedError
-from ds4agent.sessions.index import SessionIndex, remove_session_extras
-from ds4agent.sessions.kvc import read_envelope
+from ds4agent.sessions.index import IndexEntry, SessionIndex, remove_session_extras
+from ds4agent.sessions.kvc import classify_name, read_envelope
 from ds4agent.sessions.payload import PayloadShape, read_tokens
 from ds4agent.sessions.store import (
     FileStamp,
@@ -339,28 +340,40 @@ def new_session(worker: WorkerPort) -> None:
 # ====================================================================== load
 
 
-def check_load_target(worker: WorkerPort, prefix: str) -> bool:
-    """Whether `prefix` names a session that can be loaded; the readable reason as an Error else.
-    Asked before the save question, so `/load zzz` never asks to save first and then fails."""
+@dataclass(frozen=True)
+class LoadTarget:
+    """A /load target, resolved once before the save question: the session file (a prefix is
+    looked up in the directory once) and its session-index entry (read once; None when it has
+    none)."""
+
+    path: Path
+    index: IndexEntry | None
+
+
+def check_load_target(worker: WorkerPort, prefix: str) -> LoadTarget | None:
+    """The session `prefix` names, when it can be loaded; None after the readable reason as an
+    Error. Asked before the save question, so `/load zzz` never asks to save first and then fails."""
     try:
         store = _store(worker)
-        if os.sep in prefix or prefix.endswith(".kv"):
-            return True
-        sid = store.resolve(prefix).id
+        by_path = os.sep in prefix or prefix.endswith(".kv")
+        path = Path(prefix) if by_path else store.resolve(prefix).path
     except Exception as err:  # KVCStoreError, SessionOpError: readable
         worker.io.emit(ev.Error(f"load failed: {err}"))
         worker.set_state(ev.State.IDLE)
-        return False
-    return _same_model_or_agreed(worker, sid)
-
-
-def _same_model_or_agreed(worker: WorkerPort, sid: str) -> bool:
-    """A session made with other weights of the same shape would load (the KVC shape check
-    passes) and then be re-saved as if it belonged here: that is the user's decision."""
+        return None
+    sid = classify_name(path.name)[1] or path.stem
     try:
         entry = _index(worker).get(sid)
     except OSError:
         entry = None
+    if not by_path and not _same_model_or_agreed(worker, sid, entry):
+        return None
+    return LoadTarget(path, entry)
+
+
+def _same_model_or_agreed(worker: WorkerPort, sid: str, entry: IndexEntry | None) -> bool:
+    """A session made with other weights of the same shape would load (the KVC shape check
+    passes) and then be re-saved as if it belonged here: that is the user's decision."""
     here = worker.settings.model_fingerprint
     if entry is None or same_model(entry.fingerprint, here):
         return True
@@ -377,18 +390,18 @@ def _same_model_or_agreed(worker: WorkerPort, sid: str) -> bool:
     return False
 
 
-def load(worker: WorkerPort, prefix: str) -> None:
+def load(worker: WorkerPort, target: LoadTarget) -> None:
     try:
-        _load(worker, prefix)
+        _load(worker, target)
     except Exception as err:  # KVCError / EngineError: readable
         worker.io.emit(ev.Error(f"load failed: {err}"))
     worker.set_state(ev.State.IDLE)
 
 
-def _load(worker: WorkerPort, prefix: str) -> None:
+def _load(worker: WorkerPort, target: LoadTarget) -> None:
     store = _store(worker)
     worker.set_state(ev.State.LOADING, detail="loading session")
-    loaded = store.load_session(prefix, ctx=worker.settings.ctx,
+    loaded = store.load_session(target.path, ctx=worker.settings.ctx,
                                 max_text_bytes=worker.settings.ctx * worker.tok.max_token_bytes,
                                 **_model_facts(worker))
     prefilled = 0
@@ -412,7 +425,7 @@ def _load(worker: WorkerPort, prefix: str) -> None:
         rebuilt = worker.sync(interruptible=True)
         prefilled = worker.last_prefilled if rebuilt else 0
     _reset_identity(worker)
-    worker.identity = _loaded_identity(worker, loaded)
+    worker.identity = _loaded_identity(worker, loaded, target.index)
     if not rebuilt:
         worker.io.emit(ev.Notice(f"rebuild interrupted at {len(worker.session.tokens):,} of {len(ids):,} "
                                  "tokens; the rest is prefilled with the next message", "warning"))
@@ -517,16 +530,12 @@ def forget_deleted(worker: WorkerPort, sid: str) -> None:
     remove_session_extras(_store(worker).directory, sid, worker.settings.checkpoint_dir)
 
 
-def _loaded_identity(worker: WorkerPort, loaded: LoadedSession) -> SessionIdentity:
+def _loaded_identity(worker: WorkerPort, loaded: LoadedSession, entry: IndexEntry | None) -> SessionIdentity:
     """A loaded session's identity: from its file, and its fork parent and code checkpoints from
-    the session index."""
+    its session-index entry."""
     identity = SessionIdentity(title=title_bytes(loaded.title), created_at=loaded.created_at,
                                session_id=loaded.id, legacy_path=str(loaded.path) if loaded.legacy else None,
                                activity=True, file_stamp=loaded.stamp)
-    try:
-        entry = _index(worker).get(identity.session_id)
-    except OSError:
-        entry = None
     if entry is not None:
         identity.forked_from = entry.forked_from
         identity.checkpoints = checkpoints_for(entry.checkpoints, worker.settings.checkpoint_dir)
@@ -581,8 +590,9 @@ def open_requested(worker: WorkerPort) -> None:
     except SessionOpError as err:
         worker.io.emit(ev.Error(f"cannot continue: {err}"))
         return
-    if target and check_load_target(worker, target):
-        load(worker, target)
+    resolved = check_load_target(worker, target) if target else None
+    if resolved is not None:
+        load(worker, resolved)
 
 
 # ====================================================================== list

@@ -716,8 +716,9 @@ class Worker:
         sessionops.save(self, title)
 
     def cmd_load(self, prefix: str) -> None:
-        if sessionops.check_load_target(self, prefix) and self.confirm_leave():
-            sessionops.load(self, prefix)
+        target = sessionops.check_load_target(self, prefix)
+        if target is not None and self.confirm_leave():
+            sessionops.load(self, target)
 
     def cmd_delete(self, prefix: str) -> None:
         sessionops.delete(self, prefix)
