@@ -744,29 +744,7 @@ def resume(worker: WorkerPort, tokens: list[int], meta: dict[str, object]) -> No
 
 def _nearest_saved_prefix(worker: WorkerPort, tokens: list[int]) -> LoadedSession | None:
     """The saved session with the longest text that is a byte prefix of the journal's text."""
-    store = worker.store
-    if store is None:
+    if worker.store is None:
         return None
-    text = worker.tok.decode_bytes(tokens)
-    best = None
-    try:
-        infos = store.list_sessions()
-    except Exception:
-        return None
-    for info in sorted(infos, key=lambda i: -i.entry.text_bytes):
-        e = info.entry
-        if e.text_bytes > len(text) or e.header.tokens > len(tokens):
-            continue
-        try:
-            env = read_envelope(e.path)
-        except Exception:
-            continue
-        if text.startswith(env.text):
-            try:
-                best = store.load_session(e.path, ctx=worker.settings.ctx, **_model_facts(worker))
-            except Exception:
-                continue
-            if best.payload is not None:
-                return best
-    return None
-
+    return worker.store.nearest_prefix(worker.tok.decode_bytes(tokens), max_tokens=len(tokens),
+                                       ctx=worker.settings.ctx, **_model_facts(worker))

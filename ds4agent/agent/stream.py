@@ -9,7 +9,9 @@ so a replay shows exactly what the live stream showed.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ds4agent.agent import events as ev
@@ -160,3 +162,34 @@ class Coalescer:
         self._parts = []
         self._tokens = 0
         self._kind = None
+
+
+class RoundEnd(enum.Enum):
+    """How one assistant round ended (prompt-and-dsml.md §11, round outcomes), decided once in the
+    worker's _round and _classify."""
+
+    DONE = "done"  # the model sampled EOS (no block)
+    TOOLS = "tools"  # a block closed: its calls run, another round follows
+    DSML_ERROR = "error"  # a malformed block: its error is the result, another round follows
+    THINKING = "thinking"  # DSML inside thinking (§11.3): that error is the result
+    PREFLIGHT = "preflight"  # an edit's old text selects nothing: stopped before its new text
+    UNTERMINATED = "unterminated"  # a block still open when generation stopped
+    INTERRUPTED = "interrupted"
+    TOKEN_CAP = "token_cap"
+    STOP_TOKEN = "stop_token"
+
+
+# What a turn reports when its last round ended so; any other last round ended in an answer.
+TURN_END = {RoundEnd.INTERRUPTED: ev.TurnEnd.INTERRUPTED, RoundEnd.TOKEN_CAP: ev.TurnEnd.TOKEN_CAP,
+             RoundEnd.STOP_TOKEN: ev.TurnEnd.STOP_TOKEN}
+
+
+@dataclass
+class RoundResult:
+    """How one assistant round ended and what it left to do."""
+
+    reason: RoundEnd
+    generated: int = 0
+    calls: list[tuple[str, dict[str, object]]] = field(default_factory=list)
+    error: str = ""
+    index: int = 0  # preflight: the invoke whose old selected nothing

@@ -17,10 +17,8 @@ interrupt never leaves a half-appended unit. No tool-round limit; a per-round to
 
 from __future__ import annotations
 
-import enum
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, cast
 
@@ -34,7 +32,7 @@ from ds4agent.agent.journal import Journal
 from ds4agent.agent.port import AgentIO
 from ds4agent.agent.prompt import SystemText
 from ds4agent.agent.settings import AgentSettings
-from ds4agent.agent.stream import AssistantStream, Coalescer
+from ds4agent.agent.stream import TURN_END, AssistantStream, Coalescer, RoundEnd, RoundResult
 from ds4agent.agent.trace import TraceLog
 from ds4agent.agent.transcript import Transcript
 from ds4agent.engine import DutyCycle, EngineLost, Interrupted, Sampler
@@ -65,37 +63,6 @@ EngineLoader = Callable[[Callable[[float], None]], "Engine"]
 
 class TurnAborted(Exception):
     """The turn cannot go on (context full after compaction, engine failure); message is readable."""
-
-
-class RoundEnd(enum.Enum):
-    """How one assistant round ended (prompt-and-dsml.md §11, round outcomes), decided once in
-    _round and _classify."""
-
-    DONE = "done"  # the model sampled EOS (no block)
-    TOOLS = "tools"  # a block closed: its calls run, another round follows
-    DSML_ERROR = "error"  # a malformed block: its error is the result, another round follows
-    THINKING = "thinking"  # DSML inside thinking (§11.3): that error is the result
-    PREFLIGHT = "preflight"  # an edit's old text selects nothing: stopped before its new text
-    UNTERMINATED = "unterminated"  # a block still open when generation stopped
-    INTERRUPTED = "interrupted"
-    TOKEN_CAP = "token_cap"
-    STOP_TOKEN = "stop_token"
-
-
-# What a turn reports when its last round ended so; any other last round ended in an answer.
-_TURN_END = {RoundEnd.INTERRUPTED: ev.TurnEnd.INTERRUPTED, RoundEnd.TOKEN_CAP: ev.TurnEnd.TOKEN_CAP,
-             RoundEnd.STOP_TOKEN: ev.TurnEnd.STOP_TOKEN}
-
-
-@dataclass
-class RoundResult:
-    """How one assistant round ended and what it left to do."""
-
-    reason: RoundEnd
-    generated: int = 0
-    calls: list[tuple[str, dict[str, object]]] = field(default_factory=list)
-    error: str = ""
-    index: int = 0  # preflight: the invoke whose old selected nothing
 
 
 class Worker:
@@ -351,7 +318,7 @@ class Worker:
                 more = self._after_round(result)
                 sessionops.journal_write(self)
                 if not more:
-                    reason = _TURN_END.get(result.reason, ev.TurnEnd.DONE)
+                    reason = TURN_END.get(result.reason, ev.TurnEnd.DONE)
                     break
         except EngineLost:
             # No later turn can run (a pipeline rank is gone): journal what the turn got so far,

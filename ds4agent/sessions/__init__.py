@@ -6,7 +6,7 @@
     kvc.py      48-byte header, text, trailers, the load chain 8.3, stand-alone validation,
                 atomic writes
     store.py    the directory: naming, listing, prefix resolution, titles, sysprompt caches,
-                legacy-source deletion, touch, eviction  (the API the agent uses: see its docstring)
+                legacy-source deletion, touch  (the API the agent uses: see its docstring)
     index.py    the session index beside the directory: working directory, save time, fork
                 parent and checkpoint key per session id
     checkpoints.py  code checkpoints: what the file tools changed, so /rewind can put files back

@@ -37,11 +37,12 @@ Public API (what the agent uses):
         chain 8.3 as a system-prompt cache with the freshly rendered text; touches the file
         (hits/last_used) so recently used caches survive pruning. Any failure -> KVCError: the
         caller prefills the system prefix and calls save_sysprompt.
-    store.find_checkpoint(prompt, *, shape, ctx, model_id, quant_bits=None) -> LoadedKVC | None
-        ds4-server's prefix lookup (§8.2), for tools and parity tests; never deletes.
 
 Helpers: derive_title(text) -> bytes, clip_title(title, n=70) -> bytes, display_text(b) -> str,
-touch(path, now), store_len(T), eviction_score(...), SessionStore.evict(target_bytes, ...).
+touch(path, now).
+
+ds4-server's cache policy (its prefix lookup, §8.2, and its eviction, §10) is not here: the agent
+never runs it, and a session is found by its id, or by its text (nearest_prefix, a crash resume).
 
 All errors are KVCError subclasses (sessions/errors.py); str(err) is the spec's message.
 """
@@ -62,12 +63,7 @@ from ds4agent.fsutil import fsync_dir
 from . import errors as E
 from .errors import (
     KVCError,
-    KVCHeaderError,
-    KVCIdentityError,
     KVCIOError,
-    KVCMismatchError,
-    KVCPayloadError,
-    KVCSizeError,
     KVCStoreError,
     KVCTextError,
     KVCWriteError,
@@ -80,16 +76,10 @@ from .kvc import (
     KIND_SYSPROMPT,
     PAYLOAD_ABI_S,
     PREFIX_BYTES,
-    REASON_COLD,
-    REASON_CONTINUED,
-    REASON_EVICT,
     REASON_SESSION,
-    REASON_SHUTDOWN,
     REASON_SYSTEM,
     TEXT_SCAN_BYTES,
-    Envelope,
     KVCHeader,
-    LoadedKVC,
     classify_name,
     load_kvc,
     read_envelope,
@@ -97,10 +87,9 @@ from .kvc import (
     read_prefix,
     session_identity,
     sysprompt_name,
-    text_sha1,
     write_kvc,
 )
-from .payload import PayloadShape, PayloadState, read_payload
+from .payload import PayloadShape, PayloadState
 from .titles import clip_title, derive_title, display_text
 
 ENV_KV_DIR = "DS4AGENT_KV_DIR"
@@ -251,41 +240,6 @@ def touch(path: str | Path, now: int | None = None) -> None:
             f.write(raw)
     except OSError as err:
         raise KVCIOError(err.strerror or str(err), path=path) from None
-
-
-# ------------------------------------------------------------------------------------------------
-# server cache policy (§10): not run by the agent, provided for tools and parity tests
-
-
-def store_len(n_tokens: int, *, min_tokens: int = 512, trim: int = 32, align: int = 2048) -> int:
-    """Checkpoint length ds4-server stores for a prompt of n_tokens."""
-    if n_tokens > min_tokens + trim:
-        s = n_tokens - trim
-        if align > 0:
-            s -= s % align
-        if s >= min_tokens:
-            return s
-    return n_tokens
-
-
-def eviction_score(header: KVCHeader, file_size: int, now: float, *, supersedes: bool = False,
-                   half_life: float = 21600.0, min_hits: float = 0.01) -> float:
-    """The §10 eviction score: lower scores are removed first."""
-    used_at = header.last_used if header.last_used != 0 else header.created_at
-    if used_at == 0:
-        eh = 0.0
-    elif now > used_at:
-        eh = header.hits * 2.0 ** (-(now - used_at) / half_life)
-        if eh < min_hits:
-            eh = 0.0
-    else:
-        eh = float(header.hits)
-    score = (eh + 1.0) * header.tokens / file_size
-    if header.reason_code in (REASON_COLD, REASON_EVICT, REASON_SHUTDOWN):
-        score *= 2.0
-    if supersedes:
-        score *= 0.05 + 0.45 * eh / (eh + 1.0)
-    return score
 
 
 # ------------------------------------------------------------------------------------------------
@@ -520,6 +474,31 @@ class SessionStore:
         return LoadedSession(hexid or path.stem, path, env.text, loaded.payload, title, created_at,
                              env.header, legacy, stamp)
 
+    def nearest_prefix(self, text: bytes, *, max_tokens: int, shape: PayloadShape, ctx: int, model_id: int,
+                       quant_bits: int) -> LoadedSession | None:
+        """The saved session (with its KV state) whose text is the longest byte prefix of `text` and
+        holds at most `max_tokens` tokens, loaded; None when there is none. A crash resume starts
+        from it and prefills only the rest. Files that fail to load are passed over."""
+        text = bytes(text)
+        try:
+            infos = self.list_sessions()
+        except KVCError:
+            return None
+        for info in sorted(infos, key=lambda i: -i.entry.text_bytes):
+            e = info.entry
+            if e.text_bytes > len(text) or e.header.tokens > max_tokens:
+                continue
+            try:
+                if not text.startswith(read_envelope(e.path).text):
+                    continue
+                found = self.load_session(e.path, shape=shape, ctx=ctx, model_id=model_id,
+                                          quant_bits=quant_bits)
+            except (KVCError, OSError):
+                continue
+            if found.payload is not None:
+                return found
+        return None
+
     @staticmethod
     def _check_text_size(path: Path, max_text_bytes: int, ctx: int) -> None:
         try:
@@ -619,64 +598,6 @@ class SessionStore:
             raise KVCIOError(err.strerror or str(err), path=entry.path) from None
         return entry.path
 
-    # --- server prefix lookup (§8.2) -------------------------------------------------------------
-
-    def find_checkpoint(self, prompt: bytes, *, shape: PayloadShape, ctx: int, model_id: int,
-                        quant_bits: int | None = None, min_tokens: int = 512) -> LoadedKVC | None:
-        """ds4-server's lookup: the longest file whose text is a byte prefix of `prompt`.
-
-        None when no candidate passes the filter (a miss); a KVCError with §8.2's text when the
-        chosen candidate fails (the server also treats that as a miss). quant_bits given = strict
-        quant. Unlike ds4-server this never unlinks or touches the file: the agent runs no cache
-        policy, so a token-count mismatch is reported, not "discarded".
-        """
-        prompt = bytes(prompt)
-        best: StoreEntry | None = None
-        for e in self.entries():
-            h = e.header
-            if (e.text_bytes > len(prompt) or h.tokens < min_tokens or h.model_id != model_id
-                    or h.ctx_size > ctx or (quant_bits is not None and h.quant_bits != quant_bits)):
-                continue
-            if best is not None and (e.text_bytes, h.tokens) <= (best.text_bytes, best.header.tokens):
-                continue
-            if text_sha1(prompt[:e.text_bytes]) == e.id:
-                best = e
-        if best is None:
-            return None
-        path = best.path
-        try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                try:
-                    header, text_bytes = read_prefix(f, size)
-                except KVCError:
-                    raise KVCHeaderError("invalid header", path=path) from None
-                if header.model_id != model_id:
-                    raise KVCMismatchError("cached checkpoint was written for a different model", path=path)
-                if text_bytes > len(prompt):
-                    raise KVCTextError("cached text is longer than prompt", path=path)
-                text = f.read(text_bytes) if text_bytes <= size - PREFIX_BYTES else b""
-                if len(text) != text_bytes:
-                    raise KVCTextError(E.TRUNCATED_TEXT, path=path)
-                if text_sha1(text) != best.id:
-                    raise KVCIdentityError("cached text hash mismatch", path=path)
-                if not prompt.startswith(text):
-                    raise KVCTextError("cached text prefix mismatch", path=path)
-                if header.payload_bytes > size - PREFIX_BYTES - text_bytes:
-                    raise KVCSizeError(E.SHORTER_THAN_HEADER, path=path)
-                try:
-                    state = read_payload(f, header.payload_bytes, shape, ctx, version=header.payload_version)
-                except KVCError as err:
-                    err.path = path
-                    raise
-        except OSError:
-            return None  # "open (silent): miss"
-        assert isinstance(state, PayloadState)
-        if len(state.tokens) != header.tokens:
-            raise KVCPayloadError(E.TOKEN_COUNT_MISMATCH, path=path)
-        env = Envelope(path, size, header, text, None, None, text_bytes)
-        return LoadedKVC(env, state)
-
     # --- system-prompt caches (§12.2) -----------------------------------------------------------
 
     def sysprompt_path(self, text: bytes) -> Path:
@@ -748,37 +669,4 @@ class SessionStore:
                     removed.append(path)
             except OSError:
                 continue
-        return removed
-
-    def evict(self, target_bytes: int, *, include_sessions: bool = False, now: float | None = None,
-              incoming_text: bytes | None = None, incoming_ctx: int | None = None,
-              model_id: int = 0) -> list[Path]:
-        """§10 eviction down to `target_bytes` over scan-valid files (lowest score first, ties by
-        last_used). Explicit user saves (reason 6) are exempt unless include_sessions.
-        incoming_text/ctx mark continued checkpoints the incoming store supersedes."""
-        now = self._clock() if now is None else now
-        scanned = self.entries()  # one directory scan serves the total and the candidates
-        entries = [e for e in scanned if include_sessions or e.header.reason != REASON_SESSION]
-        total = sum(e.file_size for e in scanned)
-
-        def supersedes(e: StoreEntry) -> bool:
-            if incoming_text is None or e.header.reason_code != REASON_CONTINUED:
-                return False
-            if not (0 < e.text_bytes < len(incoming_text)) or e.header.model_id != model_id:
-                return False
-            if incoming_ctx is not None and incoming_ctx > e.header.ctx_size:
-                return False
-            return text_sha1(incoming_text[:e.text_bytes]) == e.id
-
-        ranked = sorted(entries, key=lambda e: (eviction_score(e.header, e.file_size, now,
-                                                               supersedes=supersedes(e)),
-                                                e.header.last_used))
-        removed = []
-        for e in ranked:
-            if total <= target_bytes:
-                break
-            if not self._unlink(e.path):
-                break
-            total -= e.file_size
-            removed.append(e.path)
         return removed
