@@ -46,7 +46,9 @@ def build_from_args(
     args: argparse.Namespace,
 ) -> tuple[Callable[[Callable[[float], None]], Engine], SessionStore, list[Tool], AgentSettings, McpConfig | None]:
     settings = AgentSettings.from_args(args)
-    model_path = Path(getattr(args, "model_path", None) or getattr(args, "model", None) or "ds4flash.gguf")
+    # Resolved once, by commands/agent.py (models.locate.resolve_model_path: the flag, the
+    # environment, the model directory, ./ds4flash.gguf); no second fallback here.
+    model_path = Path(args.model_path)
     from ds4agent.models.fingerprint import fingerprint
 
     settings.model_path = str(model_path.expanduser().resolve())
