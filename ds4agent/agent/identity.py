@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import overload
 
 from ds4agent.sessions.checkpoints import CodeCheckpoints
-from ds4agent.sessions.store import FileStamp
+from ds4agent.sessions.entries import FileStamp
 
 _HEX = frozenset("0123456789abcdef")
 

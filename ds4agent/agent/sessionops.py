@@ -26,17 +26,12 @@ from ds4agent.models.fingerprint import model_name, same_model
 from ds4agent.protocol import template
 from ds4agent.protocol.tokenizer import EOS, RECOGNISED_IDS, USER
 from ds4agent.sessions import checkpoints
+from ds4agent.sessions.entries import FileStamp, LoadedSession, SavedSession, UnreadableSession
 from ds4agent.sessions.errors import SessionChangedError
 from ds4agent.sessions.index import IndexEntry, SessionIndex, remove_session_extras
 from ds4agent.sessions.kvc import classify_name, read_envelope
 from ds4agent.sessions.payload import PayloadShape, read_tokens
-from ds4agent.sessions.store import (
-    FileStamp,
-    LoadedSession,
-    SavedSession,
-    SessionStore,
-    UnreadableSession,
-)
+from ds4agent.sessions.store import SessionStore
 from ds4agent.sessions.titles import display_text, normalise_title
 
 

@@ -37,7 +37,8 @@ def engine_loader(model_path: Path, ctx: int, device: str | None = None, *, rank
 
 
 def open_store(kv_dir: Path | None) -> SessionStore:
-    from ds4agent.sessions.store import SessionStore, default_kv_dir
+    from ds4agent.sessions.entries import default_kv_dir
+    from ds4agent.sessions.store import SessionStore
 
     return SessionStore(default_kv_dir(kv_dir))
 

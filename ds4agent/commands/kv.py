@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ds4agent.agent.events import format_age
+from ds4agent.sessions.entries import UnreadableSession, default_kv_dir
 from ds4agent.sessions.errors import KVCError, KVCStoreError
 from ds4agent.sessions.kvc import (
     EXT_CHECKSUM,
@@ -31,7 +32,7 @@ from ds4agent.sessions.kvc import (
     verify_kvc,
 )
 from ds4agent.sessions.payload import FLASH_SHAPE
-from ds4agent.sessions.store import SessionStore, UnreadableSession, default_kv_dir
+from ds4agent.sessions.store import SessionStore
 from ds4agent.sessions.titles import derive_title, display_text
 from ds4agent.ui.fmt import cells, clip, fit
 

@@ -7,14 +7,10 @@ import time
 import pytest
 
 from ds4agent.sessions import errors as E
+from ds4agent.sessions.entries import default_kv_dir, touch
 from ds4agent.sessions.errors import KVCError, KVCIOError, KVCStoreError, KVCTextError, KVCWriteError
 from ds4agent.sessions.kvc import KVCHeader, session_identity, text_sha1, write_kvc
-from ds4agent.sessions.store import (
-    SYSPROMPT_KEEP,
-    SessionStore,
-    default_kv_dir,
-    touch,
-)
+from ds4agent.sessions.store import SYSPROMPT_KEEP, SessionStore
 from ds4agent.sessions.titles import clip_title, derive_title, display_text
 
 from .helpers import ASSISTANT, TINY, USER, assert_states_equal, random_state, s_layout, session_text
