@@ -6,8 +6,8 @@ from ds4agent.agent import events as ev
 from ds4agent.agent.compaction import RESULT_RESERVE, compact_threshold
 from ds4agent.protocol import template
 from ds4agent.protocol.tokenizer import EOS, USER, Tokenizer
-from tests.agent.conftest import RecTool
 from tests.support.agent_harness import DATE_LINE, AgentHarness, of
+from tests.support.rec_tool import RecTool
 from tests.support.scripted_engine import reply, text_ids
 
 TOK = Tokenizer.load()

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = r"""
 import os, signal, sys
 from pathlib import Path
-from tests.agent.conftest import RecTool
+from tests.support.rec_tool import RecTool
 from tests.support.agent_harness import AgentHarness
 from tests.support.scripted_engine import reply
 
@@ -195,7 +195,7 @@ def test_a_finished_round_is_journalled_before_its_tools_run(tmp_path):
     # A tool may run for minutes (a build, a test suite): a crash then must keep the round that
     # asked for it, not only the user's message.
     from ds4agent.agent.journal import decode
-    from tests.agent.conftest import RecTool
+    from tests.support.rec_tool import RecTool
 
     seen: list[bytes] = []
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from ds4agent.agent import events as ev
 from ds4agent.protocol import dsml, template
 from ds4agent.protocol.tokenizer import ASSISTANT, EOS, THINK, USER, Tokenizer
-from tests.agent.conftest import RecTool
 from tests.support.agent_harness import DATE_LINE, AgentHarness, of
+from tests.support.rec_tool import RecTool
 from tests.support.scripted_engine import reply, text_ids
 
 TOK = Tokenizer.load()

@@ -6,8 +6,8 @@ from __future__ import annotations
 from ds4agent.agent import events as ev
 from ds4agent.engine import load_engine
 from ds4agent.protocol import template
-from tests.agent.conftest import RecTool
 from tests.support.agent_harness import AgentHarness, of
+from tests.support.rec_tool import RecTool
 
 CTX = 2048
 

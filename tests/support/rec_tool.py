@@ -1,10 +1,10 @@
+"""RecTool: a tool double that records its calls (the agent and UI tests' stand-in for real tools)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-import pytest
 
 from ds4agent.tools import Observation
 
@@ -24,16 +24,3 @@ class RecTool:
     def run(self, args: Mapping[str, Any], ctx: Any) -> Observation:
         self.calls.append(dict(args))
         return Observation(self.fn(args) if self.fn else self.text)
-
-
-@pytest.fixture
-def tools():
-    return [RecTool("alpha", "A1\n"), RecTool("beta", "B1\n")]
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory):
-    """The tiny DS4-architecture test model (real vocab, random weights)."""
-    from ds4agent.testmodels import make_test_model
-
-    return make_test_model(tmp_path_factory.mktemp("model") / "tiny.gguf", config="tiny", seed=0)
