@@ -16,7 +16,7 @@ from typing import TypedDict
 from ds4agent.agent import events as ev
 from ds4agent.agent.events import format_age
 from ds4agent.agent.history import last_turns, session_title
-from ds4agent.agent.identity import SessionIdentity, checkpoints_for, meta_title, title_bytes
+from ds4agent.agent.identity import SessionIdentity, meta_title, title_bytes, undo_log_for
 from ds4agent.agent.journal import Journal
 from ds4agent.agent.journal import default_dir as journal_default_dir
 from ds4agent.agent.port import WorkerPort
@@ -25,7 +25,7 @@ from ds4agent.agent.settings import AgentSettings
 from ds4agent.models.fingerprint import model_name, same_model
 from ds4agent.protocol import template
 from ds4agent.protocol.tokenizer import EOS, RECOGNISED_IDS, USER
-from ds4agent.sessions import checkpoints
+from ds4agent.sessions import undo
 from ds4agent.sessions.entries import FileStamp, LoadedSession, SavedSession, UnreadableSession
 from ds4agent.sessions.errors import SessionChangedError
 from ds4agent.sessions.index import IndexEntry, SessionIndex, remove_session_extras
@@ -221,11 +221,11 @@ def _index(worker: WorkerPort) -> SessionIndex:
 
 def _index_record(worker: WorkerPort) -> None:
     """Note the save in the session index (working directory for --continue, fork parent, code
-    checkpoints). Best effort: the session file is what matters, and it is written."""
+    undo log). Best effort: the session file is what matters, and it is written."""
     identity = worker.identity
     try:
         _index(worker).record(identity.session_id, cwd=worker.settings.cwd, forked_from=identity.forked_from,
-                              checkpoints=identity.checkpoints.key if identity.checkpoints is not None else "",
+                              undo=identity.undo.key if identity.undo is not None else "",
                               model=worker.settings.model_path, fingerprint=worker.settings.model_fingerprint)
     except OSError as err:
         worker.io.emit(ev.Notice(f"session index not updated: {err.strerror or err}", "warning"))
@@ -251,13 +251,13 @@ def fork(worker: WorkerPort, title: str | None) -> ev.SessionSaved | None:
     created = _fork_created_at(old)
     # No legacy path: the original must never be deleted as a "legacy source".
     fork_identity = SessionIdentity(title=new_title, created_at=created, forked_from=old.session_id,
-                                    dirty=old.dirty, activity=True, checkpoints=old.checkpoints)
+                                    dirty=old.dirty, activity=True, undo=old.undo)
     worker.identity = fork_identity
-    if fork_identity.checkpoints is not None:
+    if fork_identity.undo is not None:
         try:
-            fork_identity.checkpoints = fork_identity.checkpoints.fork()
+            fork_identity.undo = fork_identity.undo.fork()
         except OSError as err:
-            worker.io.emit(ev.Notice(f"code checkpoints not copied to the fork: {err.strerror or err}",
+            worker.io.emit(ev.Notice(f"undo log not copied to the fork: {err.strerror or err}",
                                      "warning"))
     saved = save(worker)
     if saved is not None:
@@ -302,9 +302,9 @@ def _reset_identity(worker: WorkerPort) -> None:
     worker.forget_pending_results()
     worker.identity = SessionIdentity()
     worker.turn_times = {}
-    if old.checkpoints is not None and not old.session_id:
-        # Checkpoints of a conversation that was never saved belong to nothing any more.
-        checkpoints.remove(old.checkpoints.root, old.checkpoints.key)
+    if old.undo is not None and not old.session_id:
+        # The undo log of a conversation that was never saved belong to nothing any more.
+        undo.remove(old.undo.root, old.undo.key)
     worker.tool_ctx.reset_session()
     worker.policy.reset()
 
@@ -521,19 +521,19 @@ def _check_control_tokens_survive(path: Path, payload_offset: int, n_tokens: int
 
 
 def forget_deleted(worker: WorkerPort, sid: str) -> None:
-    """A session file was deleted (picker): its index entry and code checkpoints go with it."""
-    remove_session_extras(_store(worker).directory, sid, worker.settings.checkpoint_dir)
+    """A session file was deleted (picker): its index entry and undo log go with it."""
+    remove_session_extras(_store(worker).directory, sid, worker.settings.undo_dir)
 
 
 def _loaded_identity(worker: WorkerPort, loaded: LoadedSession, entry: IndexEntry | None) -> SessionIdentity:
-    """A loaded session's identity: from its file, and its fork parent and code checkpoints from
+    """A loaded session's identity: from its file, and its fork parent and undo log from
     its session-index entry."""
     identity = SessionIdentity(title=title_bytes(loaded.title), created_at=loaded.created_at,
                                session_id=loaded.id, legacy_path=str(loaded.path) if loaded.legacy else None,
                                activity=True, file_stamp=loaded.stamp)
     if entry is not None:
         identity.forked_from = entry.forked_from
-        identity.checkpoints = checkpoints_for(entry.checkpoints, worker.settings.checkpoint_dir)
+        identity.undo = undo_log_for(entry.undo, worker.settings.undo_dir)
     return identity
 
 
@@ -732,7 +732,7 @@ def resume(worker: WorkerPort, tokens: list[int], meta: dict[str, object]) -> No
     worker.transcript.reset(tokens, system_len)
     worker.sync(interruptible=False)
     prefilled = worker.last_prefilled
-    worker.identity = SessionIdentity.from_meta(meta, worker.settings.checkpoint_dir)
+    worker.identity = SessionIdentity.from_meta(meta, worker.settings.undo_dir)
     _announce_loaded(worker, tokens, system_len, prefilled=prefilled, resumed=True)
     worker.io.emit(ev.Notice(f"resumed the unsaved session ({len(tokens)} tokens, {prefilled} prefilled)"))
 

@@ -37,7 +37,7 @@ class AgentSettings:
     journal_interval: float = 10.0
     # Memory the rewind snapshots may hold (engine/snapshots.py); past it the middle ones go.
     snapshot_budget: int = 2 << 30
-    checkpoint_dir: Path | None = None  # code checkpoints; None: platformdirs user state dir
+    undo_dir: Path | None = None  # undo log; None: platformdirs user state dir
     # Reopen a saved session at start: --continue (this directory's newest), --resume PREFIX.
     # resume == "" means "let me choose": the front end opens its picker.
     continue_session: bool = False

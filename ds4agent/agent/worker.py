@@ -39,7 +39,7 @@ from ds4agent.engine import DutyCycle, EngineLost, Interrupted, Sampler
 from ds4agent.protocol import dsml, template
 from ds4agent.protocol.template import THINK_MAX_MIN_CTX
 from ds4agent.protocol.tokenizer import Piece, Tokenizer
-from ds4agent.sessions.checkpoints import CodeCheckpoints
+from ds4agent.sessions.undo import UndoLog
 from ds4agent.tools import Tool, ToolContext, attach, default_tools, run_tool
 from ds4agent.tools.leftovers import remove_stale_temps
 from ds4agent.tools.mcp import McpConfig, McpServers, missing_tool_text
@@ -92,7 +92,7 @@ class Worker:
         self.mcp_config = mcp
         self.mcp: McpServers | None = None  # started by startup() when mcp names servers
         self.policy = policy if policy is not None else PermissionPolicy(settings.permission)
-        self.tool_ctx = ToolContext(cwd=settings.cwd, should_stop=io.should_stop, on_write=self._checkpoint_write)
+        self.tool_ctx = ToolContext(cwd=settings.cwd, should_stop=io.should_stop, on_write=self._record_write)
         self.trace = TraceLog(None)  # disabled until startup opens --trace
         self.transcript = Transcript()
         self.journal: Journal | None = None
@@ -200,15 +200,15 @@ class Worker:
         self.trace.line("worker stop")
         self.trace.close()
 
-    def _checkpoint_write(self, path: str, before: bytes | None, after: bytes) -> None:
+    def _record_write(self, path: str, before: bytes | None, after: bytes) -> None:
         identity = self.identity
-        if identity.checkpoints is None:
-            identity.checkpoints = CodeCheckpoints(self.settings.checkpoint_dir)
-        identity.checkpoints.at = self.turn_at
+        if identity.undo is None:
+            identity.undo = UndoLog(self.settings.undo_dir)
+        identity.undo.at = self.turn_at
         try:
-            identity.checkpoints.record(path, before, after)
+            identity.undo.record(path, before, after)
         except OSError as err:  # the write itself succeeded; only its undo is lost
-            self.io.emit(ev.Notice(f"code checkpoint not recorded for {path}: {err.strerror or err}",
+            self.io.emit(ev.Notice(f"undo log not recorded for {path}: {err.strerror or err}",
                                    "warning"))
 
     # ================================================================== status

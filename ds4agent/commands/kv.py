@@ -325,7 +325,7 @@ def cmd_rm(store: SessionStore, prefix: str, out: TextIO) -> int:
     path = store.delete(found.id)
     from ds4agent.sessions.index import remove_session_extras
 
-    remove_session_extras(store.directory, found.id)  # its index entry and code checkpoints
+    remove_session_extras(store.directory, found.id)  # its index entry and undo log
     print(f"deleted {what}: {_name(path)}", file=out)
     return 0
 

@@ -12,7 +12,7 @@
     titles.py   session titles and how their bytes are shown
     index.py    the session index beside the directory: working directory, save time, fork
                 parent and checkpoint key per session id
-    checkpoints.py  code checkpoints: what the file tools changed, so /rewind can put files back
+    undo.py     the undo log: what the file tools changed, so /rewind can put files back
 
 `ds4agent kv ls|show|verify|rm` prints these files from ds4agent/commands/kv.py.
 

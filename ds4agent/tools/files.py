@@ -359,11 +359,11 @@ def plan_write(args: Mapping[str, Any], ctx: ToolContext) -> Change:
 
 
 def _content_before(change: Change) -> tuple[bytes | None, bool]:
-    """What the file holds before the write, for the code checkpoint (on_write), and whether a copy
+    """What the file holds before the write, for the undo log (on_write), and whether a copy
     is kept at all. The preview may have left it unread (too large, binary: before is None then,
     as for a new file), but undoing the write must put those bytes back, not delete the file: read
     them here, whole, up to UNDO_MAX_BYTES. A larger file (a sparse file may claim terabytes) is
-    not copied: the write goes ahead without a checkpoint and its result says so."""
+    not copied: the write goes ahead without an undo copy and its result says so."""
     if change.before is not None or change.before_unshown is None:
         return change.before, True
     if change.state is not None and change.state.size > UNDO_MAX_BYTES:
@@ -404,7 +404,7 @@ def _apply(change: Change, ctx: ToolContext) -> Observation:
     if not kept:
         size = change.state.size if change.state is not None else 0
         change.result_text += (f"Note: the old {change.path} ({size} bytes) is over the "
-                               f"{UNDO_MAX_BYTES >> 20} MiB limit of code checkpoints: no copy was "
+                               f"{UNDO_MAX_BYTES >> 20} MiB limit of the undo log: no copy was "
                                "kept, /rewind cannot restore it.\n")
     try:
         _record(change, ctx, key)

@@ -47,7 +47,7 @@ def make_real_agent(tmp_path: Path, script, *, permission: str = "auto", ctx: in
     work.mkdir(exist_ok=True)
     settings = AgentSettings(ctx=ctx, cwd=work, permission=permission, kv_dir=tmp_path / "kv",
                              journal=False, journal_dir=tmp_path / "journal",
-                             checkpoint_dir=tmp_path / "checkpoints")
+                             undo_dir=tmp_path / "checkpoints")
     agent = Agent(engine, SessionStore(tmp_path / "kv"), None, settings)
     return agent, engine
 
