@@ -12,7 +12,7 @@ import sys
 import time
 
 from ds4agent.protocol.dsml import DsmlParser
-from ds4agent.protocol.template import render_assistant_output
+from ds4agent.protocol.template import assistant_output_pieces, render
 from ds4agent.protocol.tokenizer import Tokenizer
 
 BUDGET_US = 20.0
@@ -23,9 +23,9 @@ def main() -> int:
     code = "def f(x):\n    return [i for i in range(x) if i % 2 == 0]  # <comment> & </b>\n" * 40
     calls = [("write", {"path": "src/x.py", "content": code}),
              ("bash", {"command": "pytest -q tests/ && echo ok", "timeout": 120, "env": {"A": "1", "B": [1, 2]}})]
-    ids = render_assistant_output(reasoning="Let me think about <this> carefully. " * 100,
-                                  text="Here is the change:\n" + "Some <b>text</b> with `x < y`.\n" * 30,
-                                  calls=calls, think_mode="think", eos=False, tokenizer=tok)
+    ids = render(assistant_output_pieces(reasoning="Let me think about <this> carefully. " * 100,
+                                         text="Here is the change:\n" + "Some <b>text</b> with `x < y`.\n" * 30,
+                                         calls=calls, think_mode="think", eos=False), tok)
     token_bytes = tok.token_bytes
 
     def baseline() -> float:

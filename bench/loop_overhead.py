@@ -60,9 +60,9 @@ class EchoTool:
     mutates = False
 
     def run(self, args, ctx):
-        from ds4agent.tools import ToolResult
+        from ds4agent.tools import Observation
 
-        return ToolResult(f"stored {len(args.get('text', ''))} chars\n")
+        return Observation(f"stored {len(args.get('text', ''))} chars\n")
 
 
 def prose(n_tokens: int, seed: int) -> str:

@@ -110,11 +110,11 @@ class FeedAgent:
 
 async def sustained(n_tokens: int) -> tuple[float, float]:
     from ds4agent.ui.app import Ds4App
-    from ds4agent.ui.history import History
+    from ds4agent.ui.history import InputHistory
 
     events, expected = token_stream(n_tokens)
     agent = FeedAgent(events)
-    app = Ds4App(agent=agent, cwd="/bench", history=History(persist=False), animate=False)
+    app = Ds4App(agent=agent, cwd="/bench", history=InputHistory(persist=False), animate=False)
     async with app.run_test(size=(120, 40)) as pilot:
         while app.events_seen < len(events) or app._in_flight:
             await pilot.pause(0.005)
@@ -130,7 +130,7 @@ async def sustained(n_tokens: int) -> tuple[float, float]:
 def paint_child() -> None:
     """Child process: start the app headless with a model that never loads; report the first frame."""
     from ds4agent.ui.app import Ds4App
-    from ds4agent.ui.history import History
+    from ds4agent.ui.history import InputHistory
 
     never = threading.Event()
 
@@ -148,7 +148,7 @@ def paint_child() -> None:
             sys.stdout.flush()
             os._exit(0)
 
-    PaintApp(factory, cwd="/bench", history=History(persist=False), animate=False).run(headless=True)
+    PaintApp(factory, cwd="/bench", history=InputHistory(persist=False), animate=False).run(headless=True)
 
 
 def first_paint() -> tuple[float, str]:

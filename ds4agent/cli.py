@@ -17,6 +17,7 @@ from typing import Any
 
 from ds4agent.models.catalog import FLAVOURS
 from ds4agent.models.errors import ModelError
+from ds4agent.models.fit import DEFAULT_CTX
 from ds4agent.models.locate import DEFAULT_MODEL_FILE
 
 # subcommand -> its module in ds4agent/commands/; its main(args) takes the parsed namespace and
@@ -179,8 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kv_dir(parser)
     _add_device(parser)
     # Short aliases and defaults as in the reference ds4-agent (agent-reference.md §2).
-    parser.add_argument("-c", "--ctx", type=int, default=100_000, metavar="N",
-                        help="context size in tokens (default: 100000)")
+    parser.add_argument("-c", "--ctx", type=int, default=DEFAULT_CTX, metavar="N",
+                        help="context size in tokens (default: %(default)s)")
     parser.add_argument("-n", "--tokens", type=int, default=50_000, metavar="N", dest="round_tokens",
                         help="most tokens the model may generate in one assistant round, further "
                         "capped by the room left in the context (default: 50000)")
@@ -295,7 +296,7 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("info", help="print a model's shape, quant types, sizes and memory estimate")
     p.add_argument("model_path", metavar="MODEL")
-    p.add_argument("--ctx", type=int, default=100_000, help="context for the KV estimate (default: 100000)")
+    p.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="context for the KV estimate (default: %(default)s)")
     _add_device(p, default=argparse.SUPPRESS)  # SUPPRESS: keep `ds4agent --device X info ...`
     p.add_argument("--pipeline", type=int, metavar="N", default=None,
                    help="also print the memory each of N pipeline ranks needs")

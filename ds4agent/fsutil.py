@@ -1,7 +1,7 @@
 """Atomic file replacement, shared by every room that writes files (sessions, tools, journal, engine).
 
-A leaf module: it imports only the standard library, so any room may use it without breaking the
-import arrows of architecture.md.
+The ground floor: it imports only the standard library and ds4agent.utf8 (ground floor too), so
+any room may use it without breaking the import arrows of architecture.md.
 
 The one procedure (kvc-format.md §6.1, used for every file ds4agent writes): a temp file in the
 target's own directory (so the rename cannot cross filesystems), data written and fsynced, the
@@ -21,6 +21,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+from ds4agent import utf8
 
 TEMP_SUFFIX = ".tmp"
 
@@ -77,6 +79,36 @@ def _temp_beside(final: str, prefix: str | None) -> tuple[int, str]:
 
 
 @contextlib.contextmanager
+def _committed(finish: Callable[[], None], discard: Callable[[], None],
+               after: Callable[[], None] | None) -> Iterator[None]:
+    """The ending every atomic writer shares: when the body (which writes the temp file) ends
+    cleanly, `finish()` puts the temp in place (the rename, with what must precede it); an
+    exception from either removes the temp (`discard`) and propagates, leaving the target
+    untouched; once it is in place, `after()` (the directory fsync) makes the rename durable."""
+    try:
+        yield
+        finish()
+    except BaseException:
+        with contextlib.suppress(OSError):
+            discard()
+        raise
+    if after is not None:
+        after()
+
+
+@contextlib.contextmanager
+def _written(fd: int, *, mode: int, durable: bool) -> Iterator[BinaryIO]:
+    """The temp file open at `fd` for the caller to write; on a clean exit its data is flushed,
+    given `mode` and (durable) fsynced through the same descriptor, then closed."""
+    with os.fdopen(fd, "wb", buffering=1 << 20) as fh:
+        yield fh
+        fh.flush()
+        os.fchmod(fh.fileno(), mode)
+        if durable:
+            os.fsync(fh.fileno())
+
+
+@contextlib.contextmanager
 def atomic_path(target: str | os.PathLike[str], *, mode: int | None = None,
                 prefix: str | None = None, make_parents: bool = False) -> Iterator[Path]:
     """Yield a fresh temp path beside `target`; the caller writes the complete file there (by name,
@@ -93,22 +125,25 @@ def atomic_path(target: str | os.PathLike[str], *, mode: int | None = None,
     final_mode = _default_mode(real) if mode is None else mode
     fd, tmp = _temp_beside(real, prefix)
     os.close(fd)
-    try:
-        yield Path(tmp)
+
+    def finish() -> None:
         fsync_file(tmp)
         os.chmod(tmp, final_mode)
         os.replace(tmp, real)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(parent)
+
+    with _committed(finish, lambda: os.unlink(tmp), lambda: fsync_dir(parent)):
+        yield Path(tmp)
 
 
 @contextlib.contextmanager
-def atomic_entry(target: str | os.PathLike[str], *, mode: int, prefix: str | None = None) -> Iterator[BinaryIO]:
+def atomic_entry(target: str | os.PathLike[str], *, mode: int, prefix: str | None = None,
+                 durable: bool = True) -> Iterator[BinaryIO]:
     """Replace the directory entry `target` itself, for files ds4agent owns in its own directories
     (session files and caches): yields the temp file opened for binary writing.
+
+    durable=False leaves out the two fsyncs: the replacement is still atomic for every process
+    (a reader sees the old file or the new one), but a power cut may lose it until the caller
+    fsyncs the target and its directory itself (the crash journal does that off its hot path).
 
     Unlike atomic_path, a symlink at `target` is never followed: the rename replaces the link with
     the new regular file and whatever it pointed at stays untouched. A link planted in the KV
@@ -119,18 +154,10 @@ def atomic_entry(target: str | os.PathLike[str], *, mode: int, prefix: str | Non
     final = os.path.abspath(os.fspath(target))  # abspath, not realpath: the name, not its target
     parent = os.path.dirname(final)
     fd, tmp = _temp_beside(final, prefix)
-    try:
-        with os.fdopen(fd, "wb", buffering=1 << 20) as fh:
-            yield fh
-            fh.flush()
-            os.fchmod(fh.fileno(), mode)
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(parent)
+    with (_committed(lambda: os.replace(tmp, final), lambda: os.unlink(tmp),
+                     (lambda: fsync_dir(parent)) if durable else None),
+          _written(fd, mode=mode, durable=durable) as fh):
+        yield fh
 
 
 @contextlib.contextmanager
@@ -152,7 +179,7 @@ def atomic_write(target: str | os.PathLike[str], data: bytes, *, mode: int | Non
 def short_name(name: str, limit: int = 150) -> str:
     """`name` cut to at most `limit` bytes of UTF-8 (whole characters), for temp names built from
     it: a file name may be 255 bytes long, its temp name must still fit."""
-    return name.encode("utf-8", "surrogateescape")[:limit].decode("utf-8", "ignore")
+    return utf8.cut(name.encode("utf-8", "surrogateescape"), limit).decode("utf-8", "ignore")
 
 
 @contextlib.contextmanager
@@ -173,20 +200,15 @@ def atomic_entry_at(dir_fd: int, name: str, *, mode: int, prefix: str | None = N
             break
         except FileExistsError:
             continue
-    try:
-        with os.fdopen(fd, "wb", buffering=1 << 20) as fh:
-            yield fh
-            fh.flush()
-            os.fchmod(fh.fileno(), mode)
-            os.fsync(fh.fileno())
+
+    def finish() -> None:
         if before_replace is not None:
             before_replace()
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=dir_fd)
-        raise
-    fsync_dir_at(dir_fd)
+
+    with (_committed(finish, lambda: os.unlink(tmp, dir_fd=dir_fd), lambda: fsync_dir_at(dir_fd)),
+          _written(fd, mode=mode, durable=True) as fh):
+        yield fh
 
 
 def fsync_dir_at(dir_fd: int) -> None:

@@ -12,7 +12,7 @@ or a stop token. The new transcript is
 
     system prefix + [compaction wrapper + summary (+ the user's goal, verbatim)] + verbatim tail
 
-rendered by the one renderer (template.render_compacted_prefix): the wrapper lines are trusted,
+rendered by the one renderer (template.compacted_prefix_pieces): the wrapper lines are trusted,
 the summary is untrusted, and the tail is copied as token ids (never re-tokenised). The tail is
 min(ctx/10, 50000) tokens, moved forward to the first `<｜User｜>` inside it. The system prefix
 (built-in text, AGENTS.md, tools) is rendered afresh, so the project instructions survive as is.
@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import time
 
+from ds4agent import utf8
 from ds4agent.agent import events as ev
 from ds4agent.agent import rewind, sessionops
 from ds4agent.agent.decode import TokenStream
-from ds4agent.agent.history import parse_user_part, session_title
+from ds4agent.agent.history import session_title
 from ds4agent.agent.port import WorkerPort
 from ds4agent.protocol import template
-from ds4agent.protocol.template import split_turns
+from ds4agent.protocol.template import parse_user_part, split_turns
 from ds4agent.protocol.tokenizer import DSML, END_THINK, EOS, USER
 from ds4agent.tools import running_jobs_update
 
@@ -92,7 +93,7 @@ def _clip(text: str) -> str:
     data = text.encode("utf-8")
     if len(data) <= GOAL_MAX_BYTES:
         return text
-    return data[:GOAL_MAX_BYTES].decode("utf-8", "ignore") + " [...]"
+    return utf8.cut(data, GOAL_MAX_BYTES).decode("utf-8") + " [...]"
 
 
 def _goal_note(worker: WorkerPort, tail: list[int]) -> str:
@@ -194,8 +195,8 @@ def compact(worker: WorkerPort, kind: str, *, projected: int | None = None) -> b
         "hard": "a tool result does not fit in the remaining context",
         "manual": "the user asked for it (/compact)",
     }.get(kind, kind)
-    request = template.render_user_turn(f"{SUMMARY_REQUEST}\n\nCompaction reason: {reason_line}.",
-                                        think_mode="nothink", tokenizer=tok)
+    request = template.render(template.user_turn_pieces(f"{SUMMARY_REQUEST}\n\nCompaction reason: {reason_line}.",
+                                                        think_mode="nothink"), tok)
     room = ctx - before - len(request) - 1
     if room < SUMMARY_MIN_ROOM:
         return fail(f"not enough room to write a summary ({max(room, 0)} tokens free)")
@@ -213,11 +214,10 @@ def compact(worker: WorkerPort, kind: str, *, projected: int | None = None) -> b
         goal = _goal_note(worker, tail)
         body = text + (b"\n\n" + goal.encode("utf-8") if goal else b"")
         system = worker.system
-        prefix = template.render_compacted_prefix(
+        prefix = template.render(template.compacted_prefix_pieces(
             system.builtin, body, extra_system_text=system.extra, tools=worker.tools,
             think_mode="think-max" if worker.system_is_max else "think",
-            ctx=ctx, tokenizer=tok,
-        )
+            ctx=ctx), tok)
         new_ids = prefix + tail
         if len(new_ids) >= before:
             return pointless(f"the summary and the kept tail ({len(new_ids)} tokens) would not be "

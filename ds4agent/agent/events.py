@@ -249,16 +249,26 @@ class Question(Event):
     options: tuple[tuple[str, str], ...] = ()
 
 
+class TurnEnd(enum.StrEnum):
+    """Why a user turn ended (TurnEnded.reason). A str enum: front ends and `--json` consumers
+    compare it with these strings."""
+
+    DONE = "done"  # an answer ended it (also after tools, or a round the model left unfinished)
+    INTERRUPTED = "interrupted"  # Esc / Ctrl+C
+    TOKEN_CAP = "token_cap"  # the round reached --tokens or the end of the context
+    STOP_TOKEN = "stop_token"  # the model sampled a token that ends a round (prompt-and-dsml.md §7)
+    ERROR = "error"  # the turn failed (see TurnEnded.error)
+
+
 @dataclass(frozen=True)
 class TurnEnded(Event):
     """The user turn is over (the agent goes idle unless queued text starts the next one).
 
-    reason: "done" (answer without a tool call), "interrupted", "token_cap", "stop_token",
-    "unterminated" (block open at EOS/cap), "error" (see `error`);
-    rounds / generated: rounds run and tokens sampled in the turn; seconds: wall time.
+    reason: a TurnEnd; rounds / generated: rounds run and tokens sampled in the turn; seconds: wall
+    time; error: the message when reason is ERROR.
     """
 
-    reason: str
+    reason: TurnEnd
     rounds: int = 0
     generated: int = 0
     seconds: float = 0.0
@@ -266,6 +276,16 @@ class TurnEnded(Event):
 
 
 # --------------------------------------------------------------------------- sessions
+
+
+def format_age(seconds: float) -> str:
+    """`Ns ago`, `Nm ago`, `Nh ago`, `Nd ago` (agent-reference.md §3 /list): how every front end,
+    `kv ls` and the agent's own questions say how long ago a session was used."""
+    s = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit} ago"
+    return f"{s}s ago"
 
 
 @dataclass(frozen=True)

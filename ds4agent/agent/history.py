@@ -13,40 +13,11 @@ from typing import TYPE_CHECKING
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.stream import AssistantStream
-from ds4agent.protocol.template import SESSION_DATE_HEAD, Turn, split_turns, strip_session_date
+from ds4agent.protocol.template import SESSION_DATE_HEAD, Turn, parse_user_part, split_turns
 from ds4agent.sessions.titles import USER_MARK, derive_title
 
 if TYPE_CHECKING:
     from ds4agent.protocol.tokenizer import Tokenizer
-
-_TR_OPEN = b"<tool_result>"
-_TR_CLOSE = b"</tool_result>"
-_TR_CLOSE_ESC = b"&lt;/tool_result>"
-
-
-def _text(data: bytes) -> str:
-    return data.decode("utf-8", "replace")
-
-
-def parse_user_part(data: bytes) -> tuple[list[str], str]:
-    """(tool results, human text) of a user turn's bytes. A plain message has no results; a results
-    turn may carry queued text after its last block (`\\n\\n` + text)."""
-    results: list[str] = []
-    pos = 0
-    if not data.startswith(_TR_OPEN):
-        # The session's first turn opens with the date line (template.session_date_line): the
-        # agent wrote it, so history, rewind and compaction show only what the user typed.
-        return [], strip_session_date(_text(data))
-    while data.startswith(_TR_OPEN, pos):
-        end = data.find(_TR_CLOSE, pos + len(_TR_OPEN))
-        if end < 0:
-            break
-        results.append(_text(data[pos + len(_TR_OPEN):end].replace(_TR_CLOSE_ESC, _TR_CLOSE)))
-        pos = end + len(_TR_CLOSE)
-        if data.startswith(b"\n\n", pos):
-            pos += 2
-    return results, _text(data[pos:])
-
 
 def session_title(text: bytes) -> bytes:
     """The title derived from a rendered transcript (titles.derive_title), without the date line

@@ -12,7 +12,7 @@ Every field that belongs to a conversation rather than to the worker lives here,
     forked_from  the id of the session this conversation was forked from ("" when none)
     dirty        the conversation has turns the saved file does not have
     activity     a user turn since start or /new (a loaded session counts): "nothing to save" else
-    checkpoints  the code checkpoints of this conversation (sessions/checkpoints.py), or None
+    undo         the undo log of this conversation (sessions/undo.py), or None
 
 The journal's meta (to_meta / from_meta) is JSON, so the title's exact bytes travel as hex.
 """
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import overload
 
-from ds4agent.sessions.checkpoints import CodeCheckpoints
-from ds4agent.sessions.store import FileStamp
+from ds4agent.sessions.entries import FileStamp
+from ds4agent.sessions.undo import UndoLog
 
 _HEX = frozenset("0123456789abcdef")
 
@@ -38,7 +38,7 @@ class SessionIdentity:
     forked_from: str = ""
     dirty: bool = False
     activity: bool = False
-    checkpoints: CodeCheckpoints | None = None
+    undo: UndoLog | None = None
     # The session file as this process last loaded or saved it (sessions.store.file_stamp): a save
     # that finds it changed (another instance saved the session) becomes a fork. None: not known
     # (a new session, a journal resumed after a crash): no check.
@@ -58,11 +58,11 @@ class SessionIdentity:
             "legacy_path": self.legacy_path,
             "dirty": bool(self.dirty),
             "forked_from": self.forked_from,
-            "checkpoints": self.checkpoints.key if self.checkpoints is not None else "",
+            "checkpoints": self.undo.key if self.undo is not None else "",  # the undo log, by its former name
         }
 
     @classmethod
-    def from_meta(cls, meta: dict[str, object], checkpoint_dir: Path | None) -> SessionIdentity:
+    def from_meta(cls, meta: dict[str, object], undo_dir: Path | None) -> SessionIdentity:
         """The identity a journal recorded. A resumed journal always has unsaved turns (only those
         are offered), so it is dirty and active whatever the meta says."""
         created = meta.get("created_at")
@@ -75,7 +75,7 @@ class SessionIdentity:
             forked_from=str(meta.get("forked_from") or ""),
             dirty=True,
             activity=True,
-            checkpoints=checkpoints_for(str(meta.get("checkpoints") or ""), checkpoint_dir),
+            undo=undo_log_for(str(meta.get("checkpoints") or ""), undo_dir),
         )
 
 
@@ -104,9 +104,9 @@ def title_bytes(title: str | bytes | None) -> bytes | None:
     return str(title).encode("utf-8", "surrogateescape")
 
 
-def checkpoints_for(key: str, checkpoint_dir: Path | None) -> CodeCheckpoints | None:
-    """The code checkpoints under `key` (an index entry's or a journal's), None for no key or a
-    key that is not the hex a checkpoint directory is named with (never a path to follow)."""
+def undo_log_for(key: str, undo_dir: Path | None) -> UndoLog | None:
+    """The undo log under `key` (an index entry's or a journal's), None for no key or a
+    key that is not the hex an undo directory is named with (never a path to follow)."""
     if key and all(c in _HEX for c in key):
-        return CodeCheckpoints(checkpoint_dir, key)
+        return UndoLog(undo_dir, key)
     return None

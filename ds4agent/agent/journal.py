@@ -2,9 +2,15 @@
 
 After every round (and after each user turn is appended, a compaction, a load or /new) the
 agent rewrites its journal: the transcript's token ids plus the session identity, replaced
-atomically through ds4agent.fsutil (same-directory temp file, fsync, rename, directory fsync). The
-journal lives in the platformdirs user *state* directory, outside the KV directory, so ds4 and
-the KV-directory scans never see it.
+atomically through ds4agent.fsutil (same-directory temp file, rename). The journal lives in the
+platformdirs user *state* directory, outside the KV directory, so ds4 and the KV-directory scans
+never see it.
+
+Durability: once `write` returns, the new journal is in place for any process (the rename is
+done), which is all a crash of this process needs: the kernel keeps the file. Against a power
+cut the file and its directory are fsynced too, but by a helper thread after `write` returns:
+two fsyncs cost milliseconds each, a turn writes the journal about twice per round, and on the
+worker thread that wait was most of the agent loop's own per-token cost (bench/loop_overhead.py).
 
 Liveness: each running agent holds an exclusive flock on `<name>.lock` for its whole life (the
 OS drops it when the process dies, however it dies). At start the agent looks for journals of
@@ -22,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
 import time
 import uuid
 import zlib
@@ -36,7 +43,7 @@ except ImportError:  # pragma: no cover
 
 import numpy as np
 
-from ds4agent.fsutil import atomic_entry
+from ds4agent.fsutil import atomic_entry, fsync_dir, fsync_file
 
 MAGIC = b"DS4AJRNL"
 VERSION = 1
@@ -105,17 +112,26 @@ class Journal:
         name = f"{int(time.time())}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.path = self.dir / f"{name}.journal"
         self._lock_fd: int | None = None
+        self._syncer: _Syncer | None = None  # started by the first write
         lock = self.dir / f"{name}.lock"
         self._lock_fd = os.open(lock, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
         if fcntl is not None:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
     def write(self, tokens: Sequence[int], meta: Mapping[str, object]) -> None:
-        # The one atomic-replace procedure for our own files (temp beside it, fsync, rename,
-        # directory fsync): a crash mid-write leaves the previous journal, never a torn one, and
-        # a link planted at the journal's name is replaced, never written through.
-        with atomic_entry(self.path, mode=0o600) as fh:
+        # The one atomic-replace procedure for our own files (temp beside it, rename): a crash
+        # mid-write leaves the previous journal, never a torn one, and a link planted at the
+        # journal's name is replaced, never written through. The fsyncs follow on the syncer.
+        with atomic_entry(self.path, mode=0o600, durable=False) as fh:
             fh.write(encode(tokens, meta))
+        if self._syncer is None:
+            self._syncer = _Syncer(self.path)
+        self._syncer.request()
+
+    def sync(self) -> None:
+        """Wait until the last journal written is on disk (tests; close does it too)."""
+        if self._syncer is not None:
+            self._syncer.wait()
 
     def clear(self) -> None:
         """Forget the journalled transcript (clean exit)."""
@@ -125,6 +141,9 @@ class Journal:
             pass
 
     def close(self, *, keep: bool = False) -> None:
+        if self._syncer is not None:
+            self._syncer.stop()
+            self._syncer = None
         if not keep:
             self.clear()
         if self._lock_fd is not None:
@@ -165,6 +184,52 @@ class Journal:
             found.append(Orphan(path, tokens, meta, mtime))
         found.sort(key=lambda o: -o.mtime)
         return found
+
+
+class _Syncer:
+    """fsyncs the journal file and its directory on a thread of its own, after each write.
+    Requests coalesce: writes that come while a sync runs are covered by one more sync."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._cond = threading.Condition()
+        self._asked = 0  # writes requested so far
+        self._done = 0  # writes covered by a finished sync
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="journal-sync", daemon=True)
+        self._thread.start()
+
+    def request(self) -> None:
+        with self._cond:
+            self._asked += 1
+            self._cond.notify_all()
+
+    def wait(self) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._done >= self._asked)
+
+    def stop(self) -> None:
+        """Finish the sync still owed, then end the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._asked > self._done or self._stopping)
+                if self._asked == self._done:
+                    return
+                target = self._asked
+            try:
+                fsync_file(self._path)
+                fsync_dir(self._path.parent)
+            except OSError:
+                pass  # the journal was removed meanwhile (clear): nothing left to make durable
+            with self._cond:
+                self._done = target
+                self._cond.notify_all()
 
 
 def _is_orphan(journal: Path) -> bool:

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.port import WorkerPort
-from ds4agent.tools import BashDisplay, Tool, ToolResult, run_tool
+from ds4agent.tools import BashDisplay, Observation, Tool, run_tool
 from ds4agent.tools.mcp import McpTool
-from ds4agent.tools.permissions import READ_ONLY_REFUSAL, Answer, Choice, Question, denied_result
+from ds4agent.tools.permissions import READ_ONLY_REFUSAL, Answer, Choice, PermissionQuestion, denied_result
 from ds4agent.tools.sandbox import availability, git_paths
 
 
@@ -49,7 +49,7 @@ def permit(worker: WorkerPort, tool: Tool, args: Mapping[str, object]) -> str | 
     return denied_result(answer).text
 
 
-def after_run(worker: WorkerPort, name: str, args: Mapping[str, object], result: ToolResult) -> ToolResult:
+def after_run(worker: WorkerPort, name: str, args: Mapping[str, object], result: Observation) -> Observation:
     """After a bash job the sandbox refused something: the one question for that command (run it
     again outside the sandbox; for git metadata, let git write .git/ once or for the session), and
     the second run's result when the user allowed it."""
@@ -64,7 +64,7 @@ def after_run(worker: WorkerPort, name: str, args: Mapping[str, object], result:
     answer = _ask(worker, "bash", q)
     if not answer.allowed:
         said = f"; the user says: {answer.message.strip()}" if answer.message.strip() else ""
-        return ToolResult(result.text + f"The user did not allow it outside the sandbox{said}\n", ok=False,
+        return Observation(result.text + f"The user did not allow it outside the sandbox{said}\n", ok=False,
                           display=display)
     grants = worker.tool_ctx.sandbox
     if q.scope == ("git",):
@@ -79,10 +79,10 @@ def after_run(worker: WorkerPort, name: str, args: Mapping[str, object], result:
         done = "The user allowed this command outside the sandbox; it ran again:\n"
     rerun = {k: v for k, v in args.items() if k in ("timeout_sec", "refresh_sec")} if name == "bash" else {}
     again = run_tool("bash", {**rerun, "command": display.command}, worker.tool_ctx, worker.tools)
-    return ToolResult(done + again.text, ok=again.ok, display=again.display)
+    return Observation(done + again.text, ok=again.ok, display=again.display)
 
 
-def _ask(worker: WorkerPort, name: str, q: Question) -> Answer:
+def _ask(worker: WorkerPort, name: str, q: PermissionQuestion) -> Answer:
     """Publish the question, wait for the key: "y" once, "s" session (when offered), else deny."""
     options: list[tuple[str, str]] = [("y", "allow once")]
     if q.session_label:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # types only: importing this module stays free of the engine 
     from ds4agent.agent.journal import Journal
     from ds4agent.agent.prompt import SystemText
     from ds4agent.agent.settings import AgentSettings
-    from ds4agent.agent.trace import Trace
+    from ds4agent.agent.trace import TraceLog
     from ds4agent.agent.transcript import Transcript
     from ds4agent.engine import DutyCycle, Engine, Sampler, Session, SnapshotStore
     from ds4agent.protocol.tokenizer import Tokenizer
@@ -61,7 +61,7 @@ class WorkerPort(Protocol):
     store: SessionStore | None
     policy: PermissionPolicy
     tool_ctx: ToolContext
-    trace: Trace
+    trace: TraceLog
     mcp_config: McpConfig | None  # the MCP servers to start (None: none)
     # what startup made
     mcp: McpServers | None  # the running MCP servers

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ds4agent import utf8
 from ds4agent.protocol.template import trim
 
 # Written for DeepSeek V4 Flash running locally through ds4agent's tools (read/more/write/edit/
@@ -100,11 +101,7 @@ def load_agents_md(cwd: Path) -> tuple[str, tuple[str, ...]]:
         return "", (f"could not read {AGENTS_FILE}: {err.strerror or err}",)
     notes: tuple[str, ...] = ()
     if len(raw) > AGENTS_MAX_BYTES:
-        cut = AGENTS_MAX_BYTES
-        # Never split a UTF-8 character: move back over continuation bytes (at most 3).
-        while cut > AGENTS_MAX_BYTES - 3 and (raw[cut] & 0xC0) == 0x80:
-            cut -= 1
-        raw = raw[:cut]
+        raw = utf8.cut(raw, AGENTS_MAX_BYTES)
         notes = (f"{AGENTS_FILE} is larger than {AGENTS_MAX_BYTES} bytes; only its start is used",)
         text = raw.decode("utf-8", "replace") + "\n[... AGENTS.md truncated ...]"
     else:

@@ -17,9 +17,8 @@ import time
 
 from ds4agent.agent import events as ev
 from ds4agent.agent import sessionops
-from ds4agent.agent.history import parse_user_part
 from ds4agent.agent.port import WorkerPort
-from ds4agent.protocol.template import split_turns
+from ds4agent.protocol.template import parse_user_part, split_turns
 from ds4agent.tools import attach
 
 MODES = ("both", "chat", "code", "fork")
@@ -35,7 +34,7 @@ def keep_boundary(worker: WorkerPort) -> None:
     the engine state that holds exactly the transcript so far (the EOS that closed the previous
     round is evaluated here, one token, instead of as part of the turn's prefill)."""
     worker.turn_times[len(worker.transcript)] = time.time()
-    worker.turn_at = len(worker.transcript)  # code checkpoints file writes under this turn
+    worker.turn_at = len(worker.transcript)  # undo log file writes under this turn
     store = worker.snapshots
     if store is None:
         return
@@ -51,14 +50,14 @@ def keep_boundary(worker: WorkerPort) -> None:
 
 def transcript_compacted(worker: WorkerPort) -> None:
     """After a compaction the turns sit at new transcript positions: forget the send times, and
-    seal the code checkpoints so far (a rewind to a turn after the compaction must not undo a
+    seal the undo log so far (a rewind to a turn after the compaction must not undo a
     write from before it, which an old position could otherwise be taken for)."""
     worker.turn_times = {}
-    if worker.identity.checkpoints is not None:
+    if worker.identity.undo is not None:
         try:
-            worker.identity.checkpoints.seal()
+            worker.identity.undo.seal()
         except OSError as err:
-            worker.io.emit(ev.Notice(f"code checkpoints not sealed: {err.strerror or err}", "warning"))
+            worker.io.emit(ev.Notice(f"undo log not sealed: {err.strerror or err}", "warning"))
 
 
 def points(worker: WorkerPort) -> list[ev.RewindPoint]:
@@ -153,7 +152,7 @@ def rewind_chat(worker: WorkerPort, keep: int) -> int:
 def restore_code(worker: WorkerPort, keep: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Put back the files the tools changed in the turns from transcript index `keep` on. Files
     changed since the agent last wrote them are left alone unless the user confirms."""
-    ckpt = worker.identity.checkpoints
+    ckpt = worker.identity.undo
     if ckpt is None:
         return (), ()
     plan = ckpt.plan(keep)
@@ -162,7 +161,7 @@ def restore_code(worker: WorkerPort, keep: int) -> tuple[tuple[str, ...], tuple[
         key, _ = worker.io.ask(ev.Question(
             id=worker.io.new_id("rewind"), kind="rewind",
             question=f"{len(plan.conflicts)} file(s) changed since the agent last wrote them:\n{names}\n"
-                     "Overwrite them with the checkpoint too?",
+                     "Overwrite them with the undo log's copies too?",
             options=(("y", "overwrite them too"), ("n", "leave them alone")),
         ))
         force = key == "y"

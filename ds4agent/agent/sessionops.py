@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from ds4agent.agent import events as ev
+from ds4agent.agent.events import format_age
 from ds4agent.agent.history import last_turns, session_title
-from ds4agent.agent.identity import SessionIdentity, checkpoints_for, meta_title, title_bytes
+from ds4agent.agent.identity import SessionIdentity, meta_title, title_bytes, undo_log_for
 from ds4agent.agent.journal import Journal
 from ds4agent.agent.journal import default_dir as journal_default_dir
 from ds4agent.agent.port import WorkerPort
@@ -22,19 +25,13 @@ from ds4agent.agent.settings import AgentSettings
 from ds4agent.models.fingerprint import model_name, same_model
 from ds4agent.protocol import template
 from ds4agent.protocol.tokenizer import EOS, RECOGNISED_IDS, USER
-from ds4agent.sessions import checkpoints
+from ds4agent.sessions import undo
+from ds4agent.sessions.entries import FileStamp, LoadedSession, SavedSession, UnreadableSession
 from ds4agent.sessions.errors import SessionChangedError
-from ds4agent.sessions.index import SessionIndex, remove_session_extras
-from ds4agent.sessions.kvc import read_envelope
+from ds4agent.sessions.index import IndexEntry, SessionIndex, remove_session_extras
+from ds4agent.sessions.kvc import classify_name, read_envelope
 from ds4agent.sessions.payload import PayloadShape, read_tokens
-from ds4agent.sessions.store import (
-    FileStamp,
-    LoadedSession,
-    SavedSession,
-    SessionStore,
-    UnreadableSession,
-    format_age,
-)
+from ds4agent.sessions.store import SessionStore
 from ds4agent.sessions.titles import display_text, normalise_title
 
 
@@ -52,6 +49,20 @@ def _shape(worker: WorkerPort) -> PayloadShape:
 def _model_id(worker: WorkerPort) -> int:
     # An engine without a model id (a test engine) is taken for the model of the files it reads.
     return int(getattr(worker.engine, "model_id", 0))
+
+
+class _ModelFacts(TypedDict):
+    """What a KVC file records of the model that wrote it and what a load compares with the running
+    one (kvc-format.md §2, chain 8.3 steps 7-8): the store's arguments of that name, the same at
+    every save and load."""
+
+    shape: PayloadShape
+    model_id: int
+    quant_bits: int
+
+
+def _model_facts(worker: WorkerPort) -> _ModelFacts:
+    return {"shape": _shape(worker), "model_id": _model_id(worker), "quant_bits": worker.engine.quant_bits}
 
 
 def _store(worker: WorkerPort) -> SessionStore:
@@ -77,10 +88,9 @@ def render_system(worker: WorkerPort) -> list[int]:
         worker.io.emit(ev.Notice(note, "warning"))
     eff = s.effective_think_mode()
     worker.system_is_max = eff == "think-max"
-    return template.render_system_prefix(
+    return template.render(template.system_prefix_pieces(
         worker.system.builtin, extra_system_text=worker.system.extra, tools=worker.tools,
-        think_mode=eff, ctx=s.ctx, tokenizer=worker.tok,
-    )
+        think_mode=eff, ctx=s.ctx), worker.tok)
 
 
 def start_system_prefix(worker: WorkerPort) -> bool:
@@ -95,8 +105,7 @@ def start_system_prefix(worker: WorkerPort) -> bool:
     worker.trace.tokens(0, ids, worker.tok.token_bytes, "sys")
     if store is not None and worker.settings.use_sysprompt_cache:
         try:
-            payload = store.load_sysprompt(text, shape=_shape(worker), ctx=worker.settings.ctx,
-                                           model_id=_model_id(worker), quant_bits=worker.engine.quant_bits)
+            payload = store.load_sysprompt(text, ctx=worker.settings.ctx, **_model_facts(worker))
             worker.session.import_state(payload)
             if tuple(worker.session.tokens) == tuple(ids):
                 worker.trace.line("sysprompt cache hit")
@@ -108,8 +117,7 @@ def start_system_prefix(worker: WorkerPort) -> bool:
     worker.sync(interruptible=False)
     if store is not None and worker.settings.use_sysprompt_cache:
         try:
-            store.save_sysprompt(text, worker.session.export_state(), shape=_shape(worker),
-                                 model_id=_model_id(worker), quant_bits=worker.engine.quant_bits)
+            store.save_sysprompt(text, worker.session.export_state(), **_model_facts(worker))
             worker.trace.line("sysprompt cache stored")
         except Exception as err:
             worker.io.emit(ev.Notice(f"failed to save system prompt KV: {err}", "warning"))
@@ -169,10 +177,8 @@ def _save(worker: WorkerPort, title: str | None = None) -> ev.SessionSaved:
 
     def write(title: bytes, created_at: int | None, loaded_from: str | None,
               expect: FileStamp | None) -> SavedSession:
-        return store.save_session(
-            text, payload, shape=_shape(worker), title=title, created_at=created_at, loaded_from=loaded_from,
-            model_id=_model_id(worker), quant_bits=worker.engine.quant_bits, expect=expect,
-        )
+        return store.save_session(text, payload, title=title, created_at=created_at, loaded_from=loaded_from,
+                                  expect=expect, **_model_facts(worker))
 
     try:
         saved = write(title_now, identity.created_at, replaces, identity.file_stamp)
@@ -215,11 +221,11 @@ def _index(worker: WorkerPort) -> SessionIndex:
 
 def _index_record(worker: WorkerPort) -> None:
     """Note the save in the session index (working directory for --continue, fork parent, code
-    checkpoints). Best effort: the session file is what matters, and it is written."""
+    undo log). Best effort: the session file is what matters, and it is written."""
     identity = worker.identity
     try:
         _index(worker).record(identity.session_id, cwd=worker.settings.cwd, forked_from=identity.forked_from,
-                              checkpoints=identity.checkpoints.key if identity.checkpoints is not None else "",
+                              undo=identity.undo.key if identity.undo is not None else "",
                               model=worker.settings.model_path, fingerprint=worker.settings.model_fingerprint)
     except OSError as err:
         worker.io.emit(ev.Notice(f"session index not updated: {err.strerror or err}", "warning"))
@@ -245,13 +251,13 @@ def fork(worker: WorkerPort, title: str | None) -> ev.SessionSaved | None:
     created = _fork_created_at(old)
     # No legacy path: the original must never be deleted as a "legacy source".
     fork_identity = SessionIdentity(title=new_title, created_at=created, forked_from=old.session_id,
-                                    dirty=old.dirty, activity=True, checkpoints=old.checkpoints)
+                                    dirty=old.dirty, activity=True, undo=old.undo)
     worker.identity = fork_identity
-    if fork_identity.checkpoints is not None:
+    if fork_identity.undo is not None:
         try:
-            fork_identity.checkpoints = fork_identity.checkpoints.fork()
+            fork_identity.undo = fork_identity.undo.fork()
         except OSError as err:
-            worker.io.emit(ev.Notice(f"code checkpoints not copied to the fork: {err.strerror or err}",
+            worker.io.emit(ev.Notice(f"undo log not copied to the fork: {err.strerror or err}",
                                      "warning"))
     saved = save(worker)
     if saved is not None:
@@ -296,9 +302,9 @@ def _reset_identity(worker: WorkerPort) -> None:
     worker.forget_pending_results()
     worker.identity = SessionIdentity()
     worker.turn_times = {}
-    if old.checkpoints is not None and not old.session_id:
-        # Checkpoints of a conversation that was never saved belong to nothing any more.
-        checkpoints.remove(old.checkpoints.root, old.checkpoints.key)
+    if old.undo is not None and not old.session_id:
+        # The undo log of a conversation that was never saved belong to nothing any more.
+        undo.remove(old.undo.root, old.undo.key)
     worker.tool_ctx.reset_session()
     worker.policy.reset()
 
@@ -329,28 +335,40 @@ def new_session(worker: WorkerPort) -> None:
 # ====================================================================== load
 
 
-def check_load_target(worker: WorkerPort, prefix: str) -> bool:
-    """Whether `prefix` names a session that can be loaded; the readable reason as an Error else.
-    Asked before the save question, so `/load zzz` never asks to save first and then fails."""
+@dataclass(frozen=True)
+class LoadTarget:
+    """A /load target, resolved once before the save question: the session file (a prefix is
+    looked up in the directory once) and its session-index entry (read once; None when it has
+    none)."""
+
+    path: Path
+    index: IndexEntry | None
+
+
+def check_load_target(worker: WorkerPort, prefix: str) -> LoadTarget | None:
+    """The session `prefix` names, when it can be loaded; None after the readable reason as an
+    Error. Asked before the save question, so `/load zzz` never asks to save first and then fails."""
     try:
         store = _store(worker)
-        if os.sep in prefix or prefix.endswith(".kv"):
-            return True
-        sid = store.resolve(prefix).id
+        by_path = os.sep in prefix or prefix.endswith(".kv")
+        path = Path(prefix) if by_path else store.resolve(prefix).path
     except Exception as err:  # KVCStoreError, SessionOpError: readable
         worker.io.emit(ev.Error(f"load failed: {err}"))
         worker.set_state(ev.State.IDLE)
-        return False
-    return _same_model_or_agreed(worker, sid)
-
-
-def _same_model_or_agreed(worker: WorkerPort, sid: str) -> bool:
-    """A session made with other weights of the same shape would load (the KVC shape check
-    passes) and then be re-saved as if it belonged here: that is the user's decision."""
+        return None
+    sid = classify_name(path.name)[1] or path.stem
     try:
         entry = _index(worker).get(sid)
     except OSError:
         entry = None
+    if not by_path and not _same_model_or_agreed(worker, sid, entry):
+        return None
+    return LoadTarget(path, entry)
+
+
+def _same_model_or_agreed(worker: WorkerPort, sid: str, entry: IndexEntry | None) -> bool:
+    """A session made with other weights of the same shape would load (the KVC shape check
+    passes) and then be re-saved as if it belonged here: that is the user's decision."""
     here = worker.settings.model_fingerprint
     if entry is None or same_model(entry.fingerprint, here):
         return True
@@ -367,27 +385,27 @@ def _same_model_or_agreed(worker: WorkerPort, sid: str) -> bool:
     return False
 
 
-def load(worker: WorkerPort, prefix: str) -> None:
+def load(worker: WorkerPort, target: LoadTarget) -> None:
     try:
-        _load(worker, prefix)
+        _load(worker, target)
     except Exception as err:  # KVCError / EngineError: readable
         worker.io.emit(ev.Error(f"load failed: {err}"))
     worker.set_state(ev.State.IDLE)
 
 
-def _load(worker: WorkerPort, prefix: str) -> None:
+def _load(worker: WorkerPort, target: LoadTarget) -> None:
     store = _store(worker)
     worker.set_state(ev.State.LOADING, detail="loading session")
-    loaded = store.load_session(prefix, shape=_shape(worker), ctx=worker.settings.ctx,
-                                model_id=_model_id(worker), quant_bits=worker.engine.quant_bits,
-                                max_text_bytes=worker.settings.ctx * worker.tok.max_token_bytes)
+    loaded = store.load_session(target.path, ctx=worker.settings.ctx,
+                                max_text_bytes=worker.settings.ctx * worker.tok.max_token_bytes,
+                                **_model_facts(worker))
     prefilled = 0
     rebuilt = True
     if loaded.payload is not None:
         worker.session.import_state(loaded.payload)  # validates; never half-applies
         ids = [int(t) for t in loaded.payload.tokens]
     else:
-        # A stripped session: re-tokenised from its text (the trust marks are lost, §2).
+        # A stripped session: re-tokenised from its text (the trust marks are lost, prompt-and-dsml.md §2).
         ids = worker.tok.rebuild_from_text(loaded.text)
         if len(ids) >= worker.settings.ctx:
             raise SessionOpError(f"the stripped session ({len(ids)} tokens) does not fit the context")
@@ -402,7 +420,7 @@ def _load(worker: WorkerPort, prefix: str) -> None:
         rebuilt = worker.sync(interruptible=True)
         prefilled = worker.last_prefilled if rebuilt else 0
     _reset_identity(worker)
-    worker.identity = _loaded_identity(worker, loaded)
+    worker.identity = _loaded_identity(worker, loaded, target.index)
     if not rebuilt:
         worker.io.emit(ev.Notice(f"rebuild interrupted at {len(worker.session.tokens):,} of {len(ids):,} "
                                  "tokens; the rest is prefilled with the next message", "warning"))
@@ -503,23 +521,19 @@ def _check_control_tokens_survive(path: Path, payload_offset: int, n_tokens: int
 
 
 def forget_deleted(worker: WorkerPort, sid: str) -> None:
-    """A session file was deleted (picker): its index entry and code checkpoints go with it."""
-    remove_session_extras(_store(worker).directory, sid, worker.settings.checkpoint_dir)
+    """A session file was deleted (picker): its index entry and undo log go with it."""
+    remove_session_extras(_store(worker).directory, sid, worker.settings.undo_dir)
 
 
-def _loaded_identity(worker: WorkerPort, loaded: LoadedSession) -> SessionIdentity:
-    """A loaded session's identity: from its file, and its fork parent and code checkpoints from
-    the session index."""
+def _loaded_identity(worker: WorkerPort, loaded: LoadedSession, entry: IndexEntry | None) -> SessionIdentity:
+    """A loaded session's identity: from its file, and its fork parent and undo log from
+    its session-index entry."""
     identity = SessionIdentity(title=title_bytes(loaded.title), created_at=loaded.created_at,
                                session_id=loaded.id, legacy_path=str(loaded.path) if loaded.legacy else None,
                                activity=True, file_stamp=loaded.stamp)
-    try:
-        entry = _index(worker).get(identity.session_id)
-    except OSError:
-        entry = None
     if entry is not None:
         identity.forked_from = entry.forked_from
-        identity.checkpoints = checkpoints_for(entry.checkpoints, worker.settings.checkpoint_dir)
+        identity.undo = undo_log_for(entry.undo, worker.settings.undo_dir)
     return identity
 
 
@@ -571,8 +585,9 @@ def open_requested(worker: WorkerPort) -> None:
     except SessionOpError as err:
         worker.io.emit(ev.Error(f"cannot continue: {err}"))
         return
-    if target and check_load_target(worker, target):
-        load(worker, target)
+    resolved = check_load_target(worker, target) if target else None
+    if resolved is not None:
+        load(worker, resolved)
 
 
 # ====================================================================== list
@@ -706,7 +721,7 @@ def resume(worker: WorkerPort, tokens: list[int], meta: dict[str, object]) -> No
     recorded = meta.get("system_len", 0)
     system_len = (int(recorded) if isinstance(recorded, int | float | str) else 0) or _system_len(tokens)
     if len(tokens) > system_len and tokens[-1] != EOS:
-        # The run died mid-round: close the assistant output as an interrupt would (§7).
+        # The run died mid-round: close the assistant output as an interrupt would (prompt-and-dsml.md §7).
         tokens.append(EOS)
     if len(tokens) >= worker.settings.ctx:
         raise SessionOpError(f"the journalled session ({len(tokens)} tokens) does not fit the context")
@@ -717,37 +732,14 @@ def resume(worker: WorkerPort, tokens: list[int], meta: dict[str, object]) -> No
     worker.transcript.reset(tokens, system_len)
     worker.sync(interruptible=False)
     prefilled = worker.last_prefilled
-    worker.identity = SessionIdentity.from_meta(meta, worker.settings.checkpoint_dir)
+    worker.identity = SessionIdentity.from_meta(meta, worker.settings.undo_dir)
     _announce_loaded(worker, tokens, system_len, prefilled=prefilled, resumed=True)
     worker.io.emit(ev.Notice(f"resumed the unsaved session ({len(tokens)} tokens, {prefilled} prefilled)"))
 
 
 def _nearest_saved_prefix(worker: WorkerPort, tokens: list[int]) -> LoadedSession | None:
     """The saved session with the longest text that is a byte prefix of the journal's text."""
-    store = worker.store
-    if store is None:
+    if worker.store is None:
         return None
-    text = worker.tok.decode_bytes(tokens)
-    best = None
-    try:
-        infos = store.list_sessions()
-    except Exception:
-        return None
-    for info in sorted(infos, key=lambda i: -i.entry.text_bytes):
-        e = info.entry
-        if e.text_bytes > len(text) or e.header.tokens > len(tokens):
-            continue
-        try:
-            env = read_envelope(e.path)
-        except Exception:
-            continue
-        if text.startswith(env.text):
-            try:
-                best = store.load_session(e.path, shape=_shape(worker), ctx=worker.settings.ctx,
-                                          model_id=_model_id(worker), quant_bits=worker.engine.quant_bits)
-            except Exception:
-                continue
-            if best.payload is not None:
-                return best
-    return None
-
+    return worker.store.nearest_prefix(worker.tok.decode_bytes(tokens), max_tokens=len(tokens),
+                                       ctx=worker.settings.ctx, **_model_facts(worker))

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ds4agent.models.fit import DEFAULT_CTX
+
 THINK_MODES = ("think", "nothink", "think-max")
 # The thinking levels /think N and --think-level N name: DeepSeek V4's template has exactly three
 # reasoning-effort forms (prompt-and-dsml.md §4): none (</think> opens the answer), high (<think>)
@@ -18,7 +20,7 @@ PERMISSION_MODES = ("ask", "auto", "read-only", "plan")
 
 @dataclass
 class AgentSettings:
-    ctx: int = 100_000
+    ctx: int = DEFAULT_CTX
     round_tokens: int = 50_000  # --tokens: most tokens sampled in one round (further capped by room)
     think_mode: str = "think"
     temperature: float = 1.0
@@ -42,7 +44,7 @@ class AgentSettings:
     journal_interval: float = 10.0
     # Memory the rewind snapshots may hold (engine/snapshots.py); past it the middle ones go.
     snapshot_budget: int = 2 << 30
-    checkpoint_dir: Path | None = None  # code checkpoints; None: platformdirs user state dir
+    undo_dir: Path | None = None  # undo log; None: platformdirs user state dir
     # Reopen a saved session at start: --continue (this directory's newest), --resume PREFIX.
     # resume == "" means "let me choose": the front end opens its picker.
     continue_session: bool = False
@@ -73,7 +75,7 @@ class AgentSettings:
         trace = get("trace", None)
         kv_dir = get("kv_dir", None)
         return cls(
-            ctx=int(get("ctx", 100_000)),
+            ctx=int(get("ctx", DEFAULT_CTX)),
             round_tokens=int(get("round_tokens", 50_000)),
             think_mode=get("think_mode", "think"),
             temperature=float(get("temp", 1.0)),

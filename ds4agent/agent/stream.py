@@ -1,7 +1,7 @@
 """One assistant round's token stream -> agent events, on top of the foundation's DSML parser.
 
 The parser (ds4agent.protocol.dsml) does the protocol work: the thinking gate on ids, start-marker
-detection with held-back bytes, the block grammar, the §12 greedy classifier and the round
+detection with held-back bytes, the block grammar, the greedy classifier (prompt-and-dsml.md §12) and the round
 outcome. This adapter only turns its events into the UI's events (agent/events.py) and exposes
 the few flags the loop reads between tokens. The same adapter replays saved turns for /history,
 so a replay shows exactly what the live stream showed.
@@ -9,7 +9,9 @@ so a replay shows exactly what the live stream showed.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ds4agent.agent import events as ev
@@ -88,9 +90,9 @@ class AssistantStream:
     def _convert(self, events: list[dsml.Event]) -> list[ev.Event]:
         out: list[ev.Event] = []
         for e in events:
-            if isinstance(e, dsml.ThinkingDelta):
+            if isinstance(e, dsml.ThinkingPart):
                 out.append(ev.ThinkingDelta(e.text))
-            elif isinstance(e, dsml.TextDelta):
+            elif isinstance(e, dsml.TextPart):
                 out.append(ev.TextDelta(e.text))
             elif isinstance(e, dsml.ParamDelta):
                 out.append(ev.ToolCallArgDelta(e.invoke, e.name, e.text))
@@ -160,3 +162,34 @@ class Coalescer:
         self._parts = []
         self._tokens = 0
         self._kind = None
+
+
+class RoundEnd(enum.Enum):
+    """How one assistant round ended (prompt-and-dsml.md §11, round outcomes), decided once in the
+    worker's _round and _classify."""
+
+    DONE = "done"  # the model sampled EOS (no block)
+    TOOLS = "tools"  # a block closed: its calls run, another round follows
+    DSML_ERROR = "error"  # a malformed block: its error is the result, another round follows
+    THINKING = "thinking"  # DSML inside thinking (§11.3): that error is the result
+    PREFLIGHT = "preflight"  # an edit's old text selects nothing: stopped before its new text
+    UNTERMINATED = "unterminated"  # a block still open when generation stopped
+    INTERRUPTED = "interrupted"
+    TOKEN_CAP = "token_cap"
+    STOP_TOKEN = "stop_token"
+
+
+# What a turn reports when its last round ended so; any other last round ended in an answer.
+TURN_END = {RoundEnd.INTERRUPTED: ev.TurnEnd.INTERRUPTED, RoundEnd.TOKEN_CAP: ev.TurnEnd.TOKEN_CAP,
+             RoundEnd.STOP_TOKEN: ev.TurnEnd.STOP_TOKEN}
+
+
+@dataclass
+class RoundResult:
+    """How one assistant round ended and what it left to do."""
+
+    reason: RoundEnd
+    generated: int = 0
+    calls: list[tuple[str, dict[str, object]]] = field(default_factory=list)
+    error: str = ""
+    index: int = 0  # preflight: the invoke whose old selected nothing

@@ -37,7 +37,7 @@ def escape_bytes(data: bytes) -> str:
     return "".join(out)
 
 
-class Trace:
+class TraceLog:
     def __init__(self, path: Path | None, on_error: Callable[[str], None] | None = None) -> None:
         self._file: TextIO | None = None
         self._on_error = on_error

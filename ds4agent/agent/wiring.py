@@ -37,7 +37,8 @@ def engine_loader(model_path: Path, ctx: int, device: str | None = None, *, rank
 
 
 def open_store(kv_dir: Path | None) -> SessionStore:
-    from ds4agent.sessions.store import SessionStore, default_kv_dir
+    from ds4agent.sessions.entries import default_kv_dir
+    from ds4agent.sessions.store import SessionStore
 
     return SessionStore(default_kv_dir(kv_dir))
 
@@ -46,7 +47,9 @@ def build_from_args(
     args: argparse.Namespace,
 ) -> tuple[Callable[[Callable[[float], None]], Engine], SessionStore, list[Tool], AgentSettings, McpConfig | None]:
     settings = AgentSettings.from_args(args)
-    model_path = Path(getattr(args, "model_path", None) or getattr(args, "model", None) or "ds4flash.gguf")
+    # Resolved once, by commands/agent.py (models.locate.resolve_model_path: the flag, the
+    # environment, the model directory, ./ds4flash.gguf); no second fallback here.
+    model_path = Path(args.model_path)
     from ds4agent.models.fingerprint import fingerprint
 
     settings.model_path = str(model_path.expanduser().resolve())

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, cast
 
@@ -33,14 +32,14 @@ from ds4agent.agent.journal import Journal
 from ds4agent.agent.port import AgentIO
 from ds4agent.agent.prompt import SystemText
 from ds4agent.agent.settings import AgentSettings
-from ds4agent.agent.stream import AssistantStream, Coalescer
-from ds4agent.agent.trace import Trace
+from ds4agent.agent.stream import TURN_END, AssistantStream, Coalescer, RoundEnd, RoundResult
+from ds4agent.agent.trace import TraceLog
 from ds4agent.agent.transcript import Transcript
 from ds4agent.engine import DutyCycle, EngineLost, Interrupted, Sampler
 from ds4agent.protocol import dsml, template
 from ds4agent.protocol.template import THINK_MAX_MIN_CTX
 from ds4agent.protocol.tokenizer import Piece, Tokenizer
-from ds4agent.sessions.checkpoints import CodeCheckpoints
+from ds4agent.sessions.undo import UndoLog
 from ds4agent.tools import Tool, ToolContext, attach, default_tools, run_tool
 from ds4agent.tools.leftovers import remove_stale_temps
 from ds4agent.tools.mcp import McpConfig, McpServers, missing_tool_text
@@ -65,19 +64,6 @@ EngineLoader = Callable[[Callable[[float], None]], "Engine"]
 
 class TurnAborted(Exception):
     """The turn cannot go on (context full after compaction, engine failure); message is readable."""
-
-
-@dataclass
-class RoundResult:
-    """How one assistant round ended (prompt-and-dsml.md §11, round outcomes)."""
-
-    # "done" | "tools" | "error" | "thinking" | "preflight" | "interrupted" | "token_cap" | "stop_token"
-    # | "unterminated"
-    reason: str
-    generated: int = 0
-    calls: list[tuple[str, dict[str, object]]] = field(default_factory=list)
-    error: str = ""
-    index: int = 0  # preflight: the invoke whose old selected nothing
 
 
 class Worker:
@@ -107,9 +93,9 @@ class Worker:
         self.mcp_config = mcp
         self.mcp: McpServers | None = None  # started by startup() when mcp names servers
         self.policy = policy if policy is not None else PermissionPolicy(settings.permission)
-        self.tool_ctx = ToolContext(cwd=settings.cwd, should_stop=io.should_stop, on_write=self._checkpoint_write,
+        self.tool_ctx = ToolContext(cwd=settings.cwd, should_stop=io.should_stop, on_write=self._record_write,
                                     edit_upto=settings.edit_upto)
-        self.trace = Trace(None)  # disabled until startup opens --trace
+        self.trace = TraceLog(None)  # disabled until startup opens --trace
         self.transcript = Transcript()
         self.journal: Journal | None = None
         self.system_ids: list[int] = []
@@ -148,7 +134,7 @@ class Worker:
             raise
 
     def _startup(self) -> bool:
-        self.trace = Trace(self.settings.trace, on_error=lambda m: self.io.emit(ev.Notice(m, "warning")))
+        self.trace = TraceLog(self.settings.trace, on_error=lambda m: self.io.emit(ev.Notice(m, "warning")))
         try:
             self.tool_ctx.sockets = load_allowed_sockets()
         except SandboxSettingsError as err:
@@ -219,15 +205,15 @@ class Worker:
         self.trace.line("worker stop")
         self.trace.close()
 
-    def _checkpoint_write(self, path: str, before: bytes | None, after: bytes) -> None:
+    def _record_write(self, path: str, before: bytes | None, after: bytes) -> None:
         identity = self.identity
-        if identity.checkpoints is None:
-            identity.checkpoints = CodeCheckpoints(self.settings.checkpoint_dir)
-        identity.checkpoints.at = self.turn_at
+        if identity.undo is None:
+            identity.undo = UndoLog(self.settings.undo_dir)
+        identity.undo.at = self.turn_at
         try:
-            identity.checkpoints.record(path, before, after)
+            identity.undo.record(path, before, after)
         except OSError as err:  # the write itself succeeded; only its undo is lost
-            self.io.emit(ev.Notice(f"code checkpoint not recorded for {path}: {err.strerror or err}",
+            self.io.emit(ev.Notice(f"undo log not recorded for {path}: {err.strerror or err}",
                                    "warning"))
 
     # ================================================================== status
@@ -293,11 +279,11 @@ class Worker:
         # The session's first user turn opens with the local date and time (template.py says why
         # there and not in a system unit of its own).
         date_line = "" if self.transcript.has_user_turn() else template.session_date_line(self.local_now())
-        user_ids = template.render_user_turn(text, think_mode=self._mode_for_prompt(), tokenizer=self.tok,
-                                             date_line=date_line)
+        user_ids = template.render(template.user_turn_pieces(text, think_mode=self._mode_for_prompt(),
+                                                             date_line=date_line), self.tok)
         total_generated = 0
         rounds = 0
-        reason = "done"
+        reason = ev.TurnEnd.DONE
         error = ""
         try:
             compaction.maybe_compact(self, len(self.transcript) + len(user_ids), "soft")
@@ -305,8 +291,8 @@ class Worker:
             if update:
                 # After a compaction with running bash jobs: the update goes first, as a tool
                 # result, and the message follows it (the results + text form of §9.1).
-                user_ids = template.render_tool_results(update, queued=text, think_mode=self._mode_for_prompt(),
-                                                        tokenizer=self.tok)
+                user_ids = template.render(template.tool_results_pieces(update, queued=text,
+                                                                        think_mode=self._mode_for_prompt()), self.tok)
             # Deep in a long session: the system prompt again, in front of the <｜User｜>.
             lead, reminded = self._lead(len(user_ids))
             # Its own BPE run (a special token on either side), so appended before the turn: the
@@ -337,8 +323,7 @@ class Worker:
                 more = self._after_round(result)
                 sessionops.journal_write(self)
                 if not more:
-                    reason = result.reason if result.reason not in ("tools", "error", "thinking",
-                                                                    "unterminated", "preflight") else "done"
+                    reason = TURN_END.get(result.reason, ev.TurnEnd.DONE)
                     break
         except EngineLost:
             # No later turn can run (a pipeline rank is gone): journal what the turn got so far,
@@ -347,7 +332,7 @@ class Worker:
             sessionops.journal_write(self)
             raise
         except Exception as err:  # TurnAborted, engine failures, bugs: readable; the session stays usable
-            reason, error = "error", str(err) or f"{type(err).__name__}: {err}"
+            reason, error = ev.TurnEnd.ERROR, str(err) or f"{type(err).__name__}: {err}"
             self._close_round()
             self.io.emit(ev.Error(error))
         finally:
@@ -441,7 +426,7 @@ class Worker:
         if self.io.should_stop() or not self.sync():
             # Interrupted before the first token: an empty output, THINK_TOKEN then EOS (§7).
             self.transcript.append(EOS)
-            return RoundResult("interrupted")
+            return RoundResult(RoundEnd.INTERRUPTED)
         room = self.settings.ctx - len(self.transcript) - 1  # keep one position for the EOS
         cap = min(self.settings.round_tokens, room)
         if cap <= 0:
@@ -463,11 +448,11 @@ class Worker:
         last_status = last_journal = t0
         journal_every = self.settings.journal_interval
         n = 0
-        reason = "token_cap"
+        reason = RoundEnd.TOKEN_CAP
         for token in tokens:
             if is_stop(token):
                 # Never evaluated, never appended: EOS replaces it (§7).
-                reason = "stop_token"
+                reason = RoundEnd.STOP_TOKEN
                 emit(ev.Notice(f"[generation stopped: the model sampled {tok.token_string(token)}]", "warning"))
                 break
             ids.append(token)
@@ -479,13 +464,13 @@ class Worker:
                 emit(e)
             out.tick(monotonic())
             if token == EOS:
-                reason = "eos"
+                reason = RoundEnd.DONE
                 break
             if stream.closed:  # DONE or ERROR: generation stops at the close (§11.6-7)
-                reason = "closed"
+                reason = RoundEnd.DONE  # _classify reads which from the stream
                 break
             if assist.failure is not None:  # an edit's old selects nothing: stop before its new
-                reason = "preflight"
+                reason = RoundEnd.PREFLIGHT
                 break
             forced = assist.force_now(stream.in_string_body)
             if forced:
@@ -507,7 +492,7 @@ class Worker:
                     out.flush()
                     self.emit_status()
         if tokens.interrupted:
-            reason = "interrupted"
+            reason = RoundEnd.INTERRUPTED
         dt = time.monotonic() - t0
         if n and dt > 0:
             self.decode_tps = n / dt
@@ -518,60 +503,60 @@ class Worker:
         if ids[-1] != EOS:
             ids.append(EOS)  # the agent ends the turn (close, error, stop token, cap, interrupt)
         result = self._classify(stream, reason, n)
-        if reason == "preflight" and assist.failure is not None and result.reason == "unterminated":
+        if reason is RoundEnd.PREFLIGHT and assist.failure is not None and result.reason is RoundEnd.UNTERMINATED:
             index, text = assist.failure
             if assist.completed:
                 text += (f"The {assist.completed} call(s) before this edit in the same block were not run; "
                          "call them again if they are still needed.\n")
-            result = RoundResult("preflight", n, error=text, index=index)
+            result = RoundResult(RoundEnd.PREFLIGHT, n, error=text, index=index)
         if trace is not None:
             self._trace_round_end(trace, stream, result, reason, n, dt)
         return result
 
-    def _trace_round_end(self, trace: Trace, stream: AssistantStream, result: RoundResult, reason: str,
+    def _trace_round_end(self, trace: TraceLog, stream: AssistantStream, result: RoundResult, reason: RoundEnd,
                          n: int, dt: float) -> None:
-        trace.line(f"round end: {reason}, {n} tokens, {dt:.3f}s")
+        trace.line(f"round end: {reason.value}, {n} tokens, {dt:.3f}s")
         if stream.failed_thinking:
             trace.line("dsml ignored: tool call inside thinking")
-        elif result.reason == "tools":
+        elif result.reason is RoundEnd.TOOLS:
             trace.line(f"dsml done: {len(result.calls)} call(s): " + ", ".join(name for name, _ in result.calls))
-        elif result.reason == "error":
+        elif result.reason is RoundEnd.DSML_ERROR:
             trace.line(f"dsml error: {result.error}")
-        elif result.reason == "unterminated":
+        elif result.reason is RoundEnd.UNTERMINATED:
             trace.line("dsml unterminated")
 
-    def _classify(self, stream: AssistantStream, reason: str, n: int) -> RoundResult:
-        if reason == "interrupted":
-            return RoundResult("interrupted", n)  # no results turn, ever (§7)
+    def _classify(self, stream: AssistantStream, reason: RoundEnd, n: int) -> RoundResult:
+        if reason is RoundEnd.INTERRUPTED:
+            return RoundResult(RoundEnd.INTERRUPTED, n)  # no results turn, ever (§7)
         if stream.failed_thinking:
-            return RoundResult("thinking", n, error=stream.thinking_error)
+            return RoundResult(RoundEnd.THINKING, n, error=stream.thinking_error)
         if stream.error is not None:
-            return RoundResult("error", n, error=stream.error)
+            return RoundResult(RoundEnd.DSML_ERROR, n, error=stream.error)
         if stream.done:
-            return RoundResult("tools", n, calls=list(stream.calls))
+            return RoundResult(RoundEnd.TOOLS, n, calls=list(stream.calls))
         if stream.block_open:
-            if reason != "preflight":
+            if reason is not RoundEnd.PREFLIGHT:
                 self.io.emit(ev.ToolCallInvalid("tool call interrupted", raw=stream.raw_block, kind="interrupted"))
-            return RoundResult("unterminated", n)
-        return RoundResult({"eos": "done", "closed": "done"}.get(reason, reason), n)
+            return RoundResult(RoundEnd.UNTERMINATED, n)
+        return RoundResult(reason, n)
 
     # ------------------------------------------------------------------ after a round
 
     def _after_round(self, result: RoundResult) -> bool:
         """Run tools / build the results turn. True when another round follows."""
-        if result.reason == "thinking":
+        if result.reason is RoundEnd.THINKING:
             texts = [dsml.error_result(result.error)]
             self.io.emit(ev.ToolResult(0, "", False, texts[0]))
-        elif result.reason in ("error", "unterminated"):
+        elif result.reason in (RoundEnd.DSML_ERROR, RoundEnd.UNTERMINATED):
             # Malformed, stray or incomplete DSML: the error and the exact syntax, and the turn
             # goes on (the model usually gets it right the next round).
-            reason = result.error if result.reason == "error" else dsml.INCOMPLETE_REASON
+            reason = result.error if result.reason is RoundEnd.DSML_ERROR else dsml.INCOMPLETE_REASON
             texts = [dsml.syntax_error_result(reason)]
             self.io.emit(ev.ToolResult(0, "", False, texts[0]))
-        elif result.reason == "preflight":
+        elif result.reason is RoundEnd.PREFLIGHT:
             texts = [result.error]
             self.io.emit(ev.ToolResult(result.index, EditAssist.tool, False, result.error))
-        elif result.reason == "tools":
+        elif result.reason is RoundEnd.TOOLS:
             texts = self._run_calls(result.calls)
         else:
             return False
@@ -597,8 +582,8 @@ class Worker:
         def render(ts: list[str], lead: list[Piece] | None = None) -> list[int]:
             # pending_results(): the bash job update when a compaction just ran (also one run
             # inside this function), after the results of this round's calls.
-            return template.render_tool_results(ts + self.pending_results(), queued=queued, think_mode=mode,
-                                                tokenizer=self.tok, lead=lead or ())
+            return template.render(template.tool_results_pieces(ts + self.pending_results(), queued=queued,
+                                                                think_mode=mode, lead=lead or ()), self.tok)
 
         ids = render(texts)
         projected = len(self.transcript) + len(ids)
@@ -707,8 +692,9 @@ class Worker:
         sessionops.save(self, title)
 
     def cmd_load(self, prefix: str) -> None:
-        if sessionops.check_load_target(self, prefix) and self.confirm_leave():
-            sessionops.load(self, prefix)
+        target = sessionops.check_load_target(self, prefix)
+        if target is not None and self.confirm_leave():
+            sessionops.load(self, target)
 
     def cmd_delete(self, prefix: str) -> None:
         sessionops.delete(self, prefix)

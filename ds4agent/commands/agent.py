@@ -35,8 +35,8 @@ def recorded_model(args: argparse.Namespace) -> str | None:
     Said on stderr; None when there is no such record or the file is gone (the usual lookup)."""
     if not (args.resume or args.continue_session):
         return None
+    from ds4agent.sessions.entries import default_kv_dir
     from ds4agent.sessions.index import SessionIndex, find_entry
-    from ds4agent.sessions.store import default_kv_dir
 
     kv_dir = default_kv_dir(args.kv_dir)
     if args.continue_session:

@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
+from ds4agent.agent.events import format_age
+from ds4agent.sessions.entries import UnreadableSession, default_kv_dir
 from ds4agent.sessions.errors import KVCError, KVCStoreError
 from ds4agent.sessions.kvc import (
     EXT_CHECKSUM,
@@ -30,7 +32,7 @@ from ds4agent.sessions.kvc import (
     verify_kvc,
 )
 from ds4agent.sessions.payload import FLASH_SHAPE
-from ds4agent.sessions.store import SessionStore, UnreadableSession, default_kv_dir, format_age
+from ds4agent.sessions.store import SessionStore
 from ds4agent.sessions.titles import derive_title, display_text
 from ds4agent.ui.fmt import cells, clip, fit
 
@@ -323,7 +325,7 @@ def cmd_rm(store: SessionStore, prefix: str, out: TextIO) -> int:
     path = store.delete(found.id)
     from ds4agent.sessions.index import remove_session_extras
 
-    remove_session_extras(store.directory, found.id)  # its index entry and code checkpoints
+    remove_session_extras(store.directory, found.id)  # its index entry and undo log
     print(f"deleted {what}: {_name(path)}", file=out)
     return 0
 

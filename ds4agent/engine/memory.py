@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ds4agent.models.fit import DEFAULT_CTX
+
 from .chunks import chunk_cap
 from .config import ModelConfig
 from .errors import ConfigError, EngineError
@@ -211,7 +213,7 @@ def check_fits(plan: MemoryPlan, path, ram: int | None = None) -> None:
             "more memory (`ds4agent pull` lists each model's RAM)")
 
 
-def model_info(path, *, ctx: int = 100_000) -> ModelInfo:
+def model_info(path, *, ctx: int = DEFAULT_CTX) -> ModelInfo:
     """Inspect a GGUF model (header and directory only). Raises EngineError subclasses."""
     from .config import FLASH_TEST_KEY, gguf_config, model_mode
     from .gguf import GGUFFile

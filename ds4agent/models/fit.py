@@ -12,6 +12,10 @@ import os
 
 from .catalog import human_bytes
 
+# The context a run gets unless told (ds4-agent's default, agent-reference.md §2): the command
+# line, the agent's settings and the engine's memory estimate all start from it.
+DEFAULT_CTX = 100_000
+
 
 def machine_ram() -> int | None:
     """Physical memory in bytes, or None where the system does not say (then nothing is refused)."""

@@ -9,8 +9,8 @@ engine never imports it: it computes on token ids and knows nothing of what they
                    VOCAB_SIZE, SPECIAL_STRINGS, as_bytes
     gguf_vocab.py  the tokenizer as GGUF metadata (tokenizer_metadata, vocabulary), as ds4's files
                    carry it
-    template.py    the one renderer (render_system_prefix, render_user_turn, render_tool_results,
-                   render_assistant_end, render_compacted_prefix, render_assistant_output,
+    template.py    the one renderer (render over system_prefix_pieces, user_turn_pieces,
+                   tool_results_pieces, compacted_prefix_pieces, assistant_output_pieces; render_assistant_end,
                    render_dsml_block, ThinkMode, effective_think_mode, trim, ...) and its inverse
                    (split_turns, Turn: the turns read back from a transcript's ids)
     dsml.py        DsmlParser (streaming DSML parser and greedy-sampling classifier), its events,

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from ds4agent import utf8
 from ds4agent.protocol.dsml_events import (  # re-exported: the parser's vocabulary
     INCOMPLETE_REASON,
     SYNTAX_REMINDER,
@@ -52,9 +53,9 @@ from ds4agent.protocol.dsml_events import (  # re-exported: the parser's vocabul
     ParamEnd,
     ParamStart,
     RoundOutcome,
-    TextDelta,
-    ThinkingDelta,
+    TextPart,
     ThinkingEnd,
+    ThinkingPart,
     ThinkingViolation,
     ToolCall,
     error_result,
@@ -66,8 +67,8 @@ __all__ = [
     "BARE_INVOKE", "INCOMPLETE_REASON", "ITEM_CUT", "ITEM_FOREIGN_LIMIT", "ITEM_LIMIT", "MARKER_CANONICAL",
     "START_MARKERS", "SYNTAX_REMINDER", "THINKING_ERROR_REASON", "THINKING_NOTE", "UNTERMINATED_NOTE",
     "BlockDone", "BlockError", "BlockStart", "DsmlParseError", "DsmlParser", "Event", "GreedyState",
-    "InvokeEnd", "InvokeStart", "Param", "ParamDelta", "ParamEnd", "ParamStart", "RoundOutcome", "TextDelta",
-    "ThinkingDelta", "ThinkingEnd", "ThinkingViolation", "ToolCall", "error_result", "syntax_error_result",
+    "InvokeEnd", "InvokeStart", "Param", "ParamDelta", "ParamEnd", "ParamStart", "RoundOutcome", "TextPart",
+    "ThinkingPart", "ThinkingEnd", "ThinkingViolation", "ToolCall", "error_result", "syntax_error_result",
 ]
 
 # ----------------------------------------------------------------------------- constants
@@ -131,15 +132,7 @@ def _cut_item(item: bytes) -> str:
     gt = item.find(b">")
     if gt >= 0:
         item = item[: gt + 1]
-    if len(item) > ITEM_CUT:
-        cut = ITEM_CUT
-        for _ in range(3):
-            if 0x80 <= item[cut] <= 0xBF:
-                cut -= 1
-            else:
-                break
-        item = item[:cut]
-    return item.decode("utf-8", "replace")
+    return utf8.cut(item, ITEM_CUT).decode("utf-8", "replace")
 
 
 def _decode(b: bytes) -> str:
@@ -349,7 +342,7 @@ class DsmlParser:
                 out: list[Event] = []
                 tail = self._think_dec.decode(b"", True)
                 if tail:
-                    out.append(ThinkingDelta(tail))
+                    out.append(ThinkingPart(tail))
                 out.append(ThinkingEnd())
                 return out
             if token_id == EOS or Tokenizer.is_stop(token_id):
@@ -390,12 +383,12 @@ class DsmlParser:
         if self.in_thinking:
             t = self._think_dec.decode(b"", True)
             if t:
-                out.append(ThinkingDelta(t))
+                out.append(ThinkingPart(t))
         elif not self.block_open:
             t = self._text_dec.decode(self._held, True)
             self._held = b""
             if t:
-                out.append(TextDelta(t))
+                out.append(TextPart(t))
         return out
 
     # ------------------------------------------------------------------ thinking
@@ -408,7 +401,7 @@ class DsmlParser:
             self._think_tail = window[-_THINK_TAIL:]
         t = self._think_dec.decode(data)
         if t:
-            out.append(ThinkingDelta(t))
+            out.append(ThinkingPart(t))
 
     # ------------------------------------------------------------------ visible text and start markers
     def _tag_at(self, base: int, i: int, tag: bytes) -> bool:
@@ -432,7 +425,7 @@ class DsmlParser:
             self._held = b""
             t = self._text_dec.decode(buf)
             if t:
-                out.append(TextDelta(t))
+                out.append(TextPart(t))
             return
         best = -1
         marker = b""
@@ -445,7 +438,7 @@ class DsmlParser:
             at, bare = stray
             t = self._text_dec.decode(buf[:at], True)
             if t:
-                out.append(TextDelta(t))
+                out.append(TextPart(t))
             self._held = b""
             self.block_open = True
             rest = buf[at:]
@@ -460,7 +453,7 @@ class DsmlParser:
             self._held = b""
             t = self._text_dec.decode(buf[:best], True)
             if t:
-                out.append(TextDelta(t))
+                out.append(TextPart(t))
             self.block_open = True
             self._sub = _BETWEEN
             out.append(BlockStart(marker))
@@ -485,7 +478,7 @@ class DsmlParser:
         self._held = buf[len(buf) - hold:] if hold else b""
         t = self._text_dec.decode(emit)
         if t:
-            out.append(TextDelta(t))
+            out.append(TextPart(t))
 
     def _find_stray(self, buf: bytes, before: int, base: int) -> tuple[int, bool] | None:
         """(position, is a bare invoke) of the first DSML tag before a start marker at `before`

@@ -59,7 +59,7 @@ class ToolCall:
 # ----------------------------------------------------------------------------- events
 
 @dataclass(frozen=True, slots=True)
-class ThinkingDelta:
+class ThinkingPart:
     text: str
 
 
@@ -69,7 +69,7 @@ class ThinkingEnd:
 
 
 @dataclass(frozen=True, slots=True)
-class TextDelta:
+class TextPart:
     text: str
 
 
@@ -143,7 +143,7 @@ class BlockError:
 
 
 Event = (
-    ThinkingDelta | ThinkingEnd | TextDelta | ThinkingViolation | BlockStart | InvokeStart | ParamStart
+    ThinkingPart | ThinkingEnd | TextPart | ThinkingViolation | BlockStart | InvokeStart | ParamStart
     | ParamDelta | ParamEnd | InvokeEnd | BlockDone | BlockError
 )
 

@@ -5,29 +5,33 @@ EOS), and BPE runs never cross a special token, so the ids of the units, concate
 sampled assistant tokens between them), equal the tokenisation of the whole rendering. The agent keeps a
 flat id list and only ever extends it with what these functions return.
 
-Public API (ids are list[int]; `think_mode` is "think" | "nothink" | "think-max" or a ThinkMode):
+Public API (`think_mode` is "think" | "nothink" | "think-max" or a ThinkMode). Each unit is written
+as a list of pieces (special ids and tokenizer.Text runs, trusted or not); `render` turns any of
+them into ids, so a unit's arguments are stated once:
 
-    render_system_prefix(system_text, *, extra_system_text="", tools=(), think_mode="think", ctx) -> ids
+    ids = render(user_turn_pieces("fix the test", think_mode="think"), tokenizer)
+
+    render(pieces, tokenizer=None) -> list[int]
+    system_prefix_pieces(system_text, *, extra_system_text="", tools=(), think_mode="think", ctx)
         BOS [Think-Max prefix] SYSTEM_TEXT ["\\n\\n" extra] ["\\n\\n" TOOLS_BLOCK]
-    render_user_turn(text, *, think_mode, lead=(), date_line="") -> ids
+    user_turn_pieces(text, *, think_mode, lead=(), date_line="")
         [lead] <｜User｜> [date_line "\\n\\n"] trimmed text <｜Assistant｜> THINK_TOKEN
         (EmptyMessageError when the text is empty after trimming)
     session_date_line(now) -> str ; strip_session_date(text) -> str
         the local date and time the first user turn of a session carries, and its removal
-    render_tool_results(results, *, queued=(), think_mode, lead=()) -> ids
+    tool_results_pieces(results, *, queued=(), think_mode, lead=())
         <｜User｜><tool_result>R1</tool_result>\\n\\n<tool_result>R2</tool_result>[\\n\\nqueued]<｜Assistant｜>THINK
     render_assistant_end() -> [EOS]
     system_reminder_pieces(system_text, *, extra_system_text, tools)
         the `lead` of a turn: the system prompt again (long sessions)
-    render_compacted_prefix(system_text, summary, *, extra_system_text="", tools=(), think_mode, ctx) -> ids
+    compacted_prefix_pieces(system_text, summary, *, extra_system_text="", tools=(), think_mode, ctx)
         the system prefix + the compaction wrapper lines + summary; the kept tail's ids follow it.
     render_dsml_block(calls) -> str          canonical "\\n\\n<｜DSML｜tool_calls>\\n...</｜DSML｜tool_calls>"
-    render_assistant_output(*, reasoning=None, text="", calls=(), think_mode) -> ids
-        what a canonical model output looks like as tokens (tests, scripted engines, rebuilds)
+    assistant_output_pieces(*, reasoning=None, text="", calls=(), think_mode, eos=True)
+        what a canonical model output looks like (tests, scripted engines, rebuilds)
     tools_block(tools) -> str ; tool_schema_line(tool) -> str
     effective_think_mode(mode, ctx) -> ThinkMode ; think_token(mode) -> int
     trim(text) ; join_queued(messages) -> str
-    *_pieces variants return the Piece lists (tokenizer.Text / special ids) before encoding.
 
 The inverse, reading a rendered transcript's ids back into turns:
 
@@ -288,6 +292,7 @@ def user_turn_pieces(text: str | bytes, *, think_mode: str | ThinkMode,
     return [*lead, USER, Text(body), ASSISTANT, think_token(think_mode)]
 
 
+_TR_OPEN = b"<tool_result>"
 _TR_CLOSE = b"</tool_result>"
 _TR_CLOSE_ESC = b"&lt;/tool_result>"
 
@@ -295,6 +300,28 @@ _TR_CLOSE_ESC = b"&lt;/tool_result>"
 def escape_tool_result(result: str | bytes) -> bytes:
     """§9: inside R every `</tool_result>` becomes `&lt;/tool_result>`; nothing else changes."""
     return as_bytes(result).replace(_TR_CLOSE, _TR_CLOSE_ESC)
+
+
+def parse_user_part(data: bytes) -> tuple[list[str], str]:
+    """The inverse of a user turn's rendering: (tool results, human text) of the turn's bytes. A
+    plain message has no results; a results turn may carry queued text after its last block
+    (`\n\n` + text). Bytes that are not UTF-8 read as U+FFFD."""
+    results: list[str] = []
+    pos = 0
+    if not data.startswith(_TR_OPEN):
+        # The session's first turn opens with the date line (session_date_line): the agent wrote
+        # it, so history, rewind and compaction show only what the user typed.
+        return [], strip_session_date(data.decode("utf-8", "replace"))
+    while data.startswith(_TR_OPEN, pos):
+        end = data.find(_TR_CLOSE, pos + len(_TR_OPEN))
+        if end < 0:
+            break
+        body = data[pos + len(_TR_OPEN):end].replace(_TR_CLOSE_ESC, _TR_CLOSE)
+        results.append(body.decode("utf-8", "replace"))
+        pos = end + len(_TR_CLOSE)
+        if data.startswith(b"\n\n", pos):
+            pos += 2
+    return results, data[pos:].decode("utf-8", "replace")
 
 
 def tool_results_pieces(
@@ -310,9 +337,9 @@ def tool_results_pieces(
     for i, r in enumerate(results):
         # Results are untrusted whatever produced them (the loop's own texts included) and never trimmed.
         pieces += [
-            Text("\n\n<tool_result>" if i else "<tool_result>", trusted=True),
+            Text(b"\n\n" + _TR_OPEN if i else _TR_OPEN, trusted=True),
             Text(escape_tool_result(r)),
-            Text("</tool_result>", trusted=True),
+            Text(_TR_CLOSE, trusted=True),
         ]
     q = join_queued(queued)
     if q:
@@ -432,81 +459,16 @@ def _tok(tokenizer: Tokenizer | None) -> Tokenizer:
     return tokenizer or Tokenizer.load()
 
 
-def render_system_prefix(
-    system_text: str,
-    *,
-    extra_system_text: str = "",
-    tools: Sequence[Any] = (),
-    think_mode: str | ThinkMode = ThinkMode.THINK,
-    ctx: int,
-    tokenizer: Tokenizer | None = None,
-) -> list[int]:
-    return _tok(tokenizer).encode_pieces(
-        system_prefix_pieces(
-            system_text, extra_system_text=extra_system_text, tools=tools, think_mode=think_mode, ctx=ctx
-        )
-    )
-
-
-def render_user_turn(
-    text: str | bytes, *, think_mode: str | ThinkMode, tokenizer: Tokenizer | None = None,
-    lead: Sequence[Piece] = (), date_line: str = "",
-) -> list[int]:
-    return _tok(tokenizer).encode_pieces(user_turn_pieces(text, think_mode=think_mode, lead=lead,
-                                                          date_line=date_line))
-
-
-def render_tool_results(
-    results: Sequence[str | bytes],
-    *,
-    queued: str | Sequence[str] = (),
-    think_mode: str | ThinkMode,
-    tokenizer: Tokenizer | None = None,
-    lead: Sequence[Piece] = (),
-) -> list[int]:
-    return _tok(tokenizer).encode_pieces(tool_results_pieces(results, queued=queued, think_mode=think_mode,
-                                                             lead=lead))
+def render(pieces: Sequence[Piece], tokenizer: Tokenizer | None = None) -> list[int]:
+    """The token ids of a rendering (any `*_pieces` function's result): special ids as they are,
+    each run of text pieces BPE-encoded as one unit (prompt-and-dsml.md §2). The tokenizer is
+    loaded once when none is given."""
+    return _tok(tokenizer).encode_pieces(pieces)
 
 
 def render_assistant_end() -> list[int]:
     """Every assistant turn ends with exactly one EOS (appended by the agent unless the model sampled it)."""
     return [EOS]
-
-
-def render_compacted_prefix(
-    system_text: str,
-    summary: str | bytes,
-    *,
-    extra_system_text: str = "",
-    tools: Sequence[Any] = (),
-    think_mode: str | ThinkMode = ThinkMode.THINK,
-    ctx: int,
-    tokenizer: Tokenizer | None = None,
-) -> list[int]:
-    return _tok(tokenizer).encode_pieces(
-        compacted_prefix_pieces(
-            system_text,
-            summary,
-            extra_system_text=extra_system_text,
-            tools=tools,
-            think_mode=think_mode,
-            ctx=ctx,
-        )
-    )
-
-
-def render_assistant_output(
-    *,
-    reasoning: str | None = None,
-    text: str = "",
-    calls: Sequence[tuple[str, Mapping[str, Any]]] = (),
-    think_mode: str | ThinkMode,
-    eos: bool = True,
-    tokenizer: Tokenizer | None = None,
-) -> list[int]:
-    return _tok(tokenizer).encode_pieces(
-        assistant_output_pieces(reasoning=reasoning, text=text, calls=calls, think_mode=think_mode, eos=eos)
-    )
 
 
 # ---------------------------------------------------------------- the inverse: turns read back

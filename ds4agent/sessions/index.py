@@ -3,7 +3,7 @@ the KV directory (`~/.ds4/kvcache` -> `~/.ds4/kvcache.index.json`).
 
 Per session id: the working directory it was saved from (`--continue` picks the newest saved
 session of this directory), the time of that save, the session it was forked from (the picker
-shows it), and the key of its code checkpoints (removed with the session). The KVC layout itself
+shows it), and the key of its undo log (removed with the session). The KVC layout itself
 never changes (kvc-format.md): files written by ds4 simply have no entry, and an entry whose
 file is gone is ignored and pruned at the next write.
 
@@ -22,13 +22,22 @@ from pathlib import Path
 
 from ds4agent.fsutil import atomic_entry
 
+# The undo log's key is stored under its former name, so index files already on disk keep working.
+_UNDO_KEY = "checkpoints"
+
+
+def _fields(entry: IndexEntry) -> dict[str, object]:
+    fields = asdict(entry)
+    fields[_UNDO_KEY] = fields.pop("undo")
+    return fields
+
 
 @dataclass(frozen=True)
 class IndexEntry:
     cwd: str = ""
     saved_at: float = 0.0
     forked_from: str = ""  # full id of the parent session ("" when not a fork)
-    checkpoints: str = ""  # key of the code checkpoint directory ("" when none)
+    undo: str = ""  # key of the undo log directory ("" when none)
     model: str = ""  # absolute path of the model it was saved with (--resume uses it without --model)
     fingerprint: str = ""  # models.fingerprint of that model (a resume into another one warns)
 
@@ -57,7 +66,7 @@ class SessionIndex:
                 try:
                     out[sid] = IndexEntry(str(fields.get("cwd", "")), float(fields.get("saved_at", 0)),
                                           str(fields.get("forked_from", "")),
-                                          str(fields.get("checkpoints", "")),
+                                          str(fields.get(_UNDO_KEY, "")),
                                           str(fields.get("model", "")), str(fields.get("fingerprint", "")))
                 except (TypeError, ValueError):
                     continue
@@ -67,7 +76,7 @@ class SessionIndex:
         return self.read().get(sid)
 
     def _write(self, entries: dict[str, IndexEntry]) -> None:
-        data = {"sessions": {k: asdict(v) for k, v in entries.items()}}
+        data = {"sessions": {k: _fields(v) for k, v in entries.items()}}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # atomic_entry: a symlink planted at the index's name is replaced, never written through
         # (as for session files); 0600 like them, it names the user's working directories.
@@ -78,14 +87,14 @@ class SessionIndex:
         return (self.kv_dir / f"{sid}.kv").exists()
 
     def record(self, sid: str, *, cwd: str | os.PathLike[str], forked_from: str = "",
-               checkpoints: str = "", model: str = "", fingerprint: str = "",
+               undo: str = "", model: str = "", fingerprint: str = "",
                now: float | None = None) -> None:
         """Note a save of session `sid` (keeps an earlier forked_from); prunes dead entries."""
         entries = {k: v for k, v in self.read().items() if k == sid or self._alive(k)}
         old = entries.get(sid)
         entries[sid] = IndexEntry(str(cwd), time.time() if now is None else float(now),
                                   forked_from or (old.forked_from if old else ""),
-                                  checkpoints or (old.checkpoints if old else ""),
+                                  undo or (old.undo if old else ""),
                                   model or (old.model if old else ""),
                                   fingerprint or (old.fingerprint if old else ""))
         self._write(entries)
@@ -116,14 +125,14 @@ def find_entry(kv_dir: str | os.PathLike[str], prefix: str) -> tuple[str, IndexE
 
 
 def remove_session_extras(kv_dir: str | os.PathLike[str], sid: str,
-                          checkpoint_root: str | os.PathLike[str] | None = None) -> None:
+                          undo_root: str | os.PathLike[str] | None = None) -> None:
     """After a session file is deleted (`kv rm`, the picker): drop its index entry and its code
-    checkpoints. Best effort: the deletion itself already happened."""
+    undo log. Best effort: the deletion itself already happened."""
     try:
         entry = SessionIndex(kv_dir).forget(sid)
     except OSError:
         return
-    if entry is not None and entry.checkpoints:
-        from ds4agent.sessions import checkpoints
+    if entry is not None and entry.undo:
+        from ds4agent.sessions import undo
 
-        checkpoints.remove(Path(checkpoint_root) if checkpoint_root else None, entry.checkpoints)
+        undo.remove(Path(undo_root) if undo_root else None, entry.undo)

@@ -1,6 +1,6 @@
 """DSV4 session payload <-> PayloadState (plain numpy arrays + shape header).
 
-CONTRACT between the engine and the session store (see shared/spec/kvc-format.md §9 and
+CONTRACT between the engine and the session store (see docs/kvc-format.md §9 and
 architecture.md). The engine never imports this module: it produces and consumes objects that
 have exactly these attribute names (duck typing), so `engine` and `sessions` stay independent and
 the agent connects them.

@@ -24,7 +24,7 @@ Public API (what the agent uses):
         target: a 1-40 hex id prefix or a path to a .kv file. Runs chain 8.3 (session kind).
         LoadedSession: text, payload (None for a stripped session: re-tokenise `text` and prefill),
         title, created_at, legacy (True: pass .path as loaded_from at the next save), id, path.
-    store.list_sessions() -> list[SessionInfo]      reason-6 files, newest first (last_used, then id)
+    store.list_sessions() -> list[StoredSession]      reason-6 files, newest first (last_used, then id)
     store.scan_sessions() -> (sessions, unreadable) the same plus UnreadableSession (id, reason) for
         each session file that cannot be read: shown, not hidden, and deletable
     store.resolve(prefix, *, sessions_only=True) -> StoreEntry     §12.5 errors as KVCStoreError; a
@@ -37,12 +37,12 @@ Public API (what the agent uses):
         chain 8.3 as a system-prompt cache with the freshly rendered text; touches the file
         (hits/last_used) so recently used caches survive pruning. Any failure -> KVCError: the
         caller prefills the system prefix and calls save_sysprompt.
-    format_session_line(info, now) -> str          the /list line of agent-reference.md §3
-    store.find_checkpoint(prompt, *, shape, ctx, model_id, quant_bits=None) -> LoadedKVC | None
-        ds4-server's prefix lookup (§8.2), for tools and parity tests; never deletes.
 
 Helpers: derive_title(text) -> bytes, clip_title(title, n=70) -> bytes, display_text(b) -> str,
-touch(path, now), store_len(T), eviction_score(...), SessionStore.evict(target_bytes, ...).
+touch(path, now).
+
+ds4-server's cache policy (its prefix lookup, §8.2, and its eviction, §10) is not here: the agent
+never runs it, and a session is found by its id, or by its text (nearest_prefix, a crash resume).
 
 All errors are KVCError subclasses (sessions/errors.py); str(err) is the spec's message.
 """
@@ -52,23 +52,26 @@ from __future__ import annotations
 import os
 import re
 import stat
-import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from ds4agent.fsutil import fsync_dir
 
 from . import errors as E
+from .entries import (
+    FileStamp,
+    LoadedSession,
+    SavedSession,
+    StoredSession,
+    StoreEntry,
+    UnreadableSession,
+    file_stamp,
+    touch,
+)
 from .errors import (
     KVCError,
-    KVCHeaderError,
-    KVCIdentityError,
     KVCIOError,
-    KVCMismatchError,
-    KVCPayloadError,
-    KVCSizeError,
     KVCStoreError,
     KVCTextError,
     KVCWriteError,
@@ -76,21 +79,14 @@ from .errors import (
 )
 from .kvc import (
     EXT_TITLE,
-    HEADER_BYTES,
     KIND_SESSION,
     KIND_SYSPROMPT,
     PAYLOAD_ABI_S,
     PREFIX_BYTES,
-    REASON_COLD,
-    REASON_CONTINUED,
-    REASON_EVICT,
     REASON_SESSION,
-    REASON_SHUTDOWN,
     REASON_SYSTEM,
     TEXT_SCAN_BYTES,
-    Envelope,
     KVCHeader,
-    LoadedKVC,
     classify_name,
     load_kvc,
     read_envelope,
@@ -98,210 +94,15 @@ from .kvc import (
     read_prefix,
     session_identity,
     sysprompt_name,
-    text_sha1,
     write_kvc,
 )
-from .payload import PayloadShape, PayloadState, read_payload
-from .titles import clip_title, derive_title, display_text
+from .payload import PayloadShape, PayloadState
+from .titles import derive_title
 
-ENV_KV_DIR = "DS4AGENT_KV_DIR"
 SYSPROMPT_KEEP = 8  # §12.2: keep the 8 most recently used system-prompt caches
 STALE_TEMP_SECONDS = 24 * 3600  # §6.2: another process may be mid-write on a younger temp file
 _STALE_TEMP = re.compile(r"(?:[0-9a-fA-F]{40}|sysprompt|sysprompt-[0-9a-fA-F]{16})\.kv\.tmp\..*")
 _HEX_PREFIX = re.compile(r"[0-9a-fA-F]{1,40}")
-def default_kv_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """--kv-dir > $DS4AGENT_KV_DIR > $HOME/.ds4/kvcache (./.ds4/kvcache without a HOME)."""
-    if explicit:
-        return Path(explicit).expanduser()
-    env = os.environ.get(ENV_KV_DIR)
-    if env:
-        return Path(env).expanduser()
-    home = os.environ.get("HOME")
-    return (Path(home) if home else Path(".")) / ".ds4" / "kvcache"
-
-
-# ------------------------------------------------------------------------------------------------
-# titles (§12.7)
-
-
-# ------------------------------------------------------------------------------------------------
-# entries
-
-
-@dataclass(frozen=True)
-class StoreEntry:
-    """A scan-valid file (§8.1): 40-hex name, valid header, long enough for text + payload."""
-
-    path: Path
-    id: str  # 40 lowercase hex
-    header: KVCHeader
-    file_size: int
-    text_bytes: int
-
-    @property
-    def short_id(self) -> str:
-        return self.id[:8]
-
-
-@dataclass(frozen=True)
-class SessionInfo:
-    """One /list line's worth of a reason-6 file."""
-
-    entry: StoreEntry
-    title: bytes  # trailer title, else derived from the text, else `(unreadable session)`
-    legacy: bool  # no title trailer: re-saved under a new identity
-
-    @property
-    def id(self) -> str:
-        return self.entry.id
-
-    @property
-    def tokens(self) -> int:
-        return self.entry.header.tokens
-
-    @property
-    def last_used(self) -> int:
-        return self.entry.header.last_used
-
-    @property
-    def display_title(self) -> str:
-        return display_text(clip_title(self.title))
-
-
-@dataclass(frozen=True)
-class UnreadableSession:
-    """A `<40 hex>.kv` file that may be a session but cannot be read (bad header, cut short,
-    broken title trailer, no permission, not a regular file). Listed with the reason and
-    deletable by id prefix, so a damaged session does not simply vanish."""
-
-    path: Path
-    id: str  # 40 lowercase hex, from the name
-    reason: str  # the chain 8.3 error or the operating system's message
-    file_size: int
-    last_used: int  # header last_used when the header is readable, else the file's mtime
-
-    @property
-    def short_id(self) -> str:
-        return self.id[:8]
-
-    @property
-    def display_title(self) -> str:
-        return f"(unreadable session: {display_text(self.reason.encode())})"
-
-
-@dataclass(frozen=True)
-class SavedSession:
-    id: str
-    path: Path
-    title: bytes
-    created_at: int
-    n_tokens: int
-    deleted: tuple[Path, ...]  # this session's own earlier file (legacy source, old title) removed
-    stamp: FileStamp | None = None  # the file as written (see file_stamp)
-
-    @property
-    def message(self) -> str:
-        return f"saved session {self.id[:8]} ({self.n_tokens} tokens)"
-
-
-@dataclass(frozen=True)
-class LoadedSession:
-    id: str
-    path: Path
-    text: bytes
-    payload: PayloadState | None  # None: stripped session, rebuild from text (§12.6)
-    title: bytes
-    created_at: int
-    header: KVCHeader
-    legacy: bool  # loaded from a file without a title trailer (delete it at the next save)
-    stamp: FileStamp | None = None  # the file as loaded (see file_stamp)
-
-
-# What identifies one version of a file: (device, inode, size, mtime in ns). Every save writes a
-# new file and renames it into place (fsutil), so a save by anyone changes the inode.
-FileStamp = tuple[int, int, int, int]
-
-
-def file_stamp(path: str | os.PathLike[str]) -> FileStamp | None:
-    """The stamp of the file at `path` now, None when there is none."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def format_age(seconds: float) -> str:
-    seconds = max(0, int(seconds))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit} ago"
-    return f"{seconds}s ago"
-
-
-def format_session_line(info: SessionInfo, now: float) -> str:
-    """`  <8 hex> (<age>) <title>  [N tokens, X.X MiB]` (agent-reference.md §3, /list)."""
-    mib = info.entry.file_size / (1024 * 1024)
-    return (f"  {info.entry.short_id} ({format_age(now - info.last_used)}) {info.display_title}"
-            f"  [{info.tokens} tokens, {mib:.1f} MiB]")
-
-
-def touch(path: str | Path, now: int | None = None) -> None:
-    """In-place hit accounting (§7): rewrite only hits (12..15) and last_used (32..39).
-
-    Every other byte is written back as read (reason > 6, reserved bytes and ext bits included);
-    like ds4 this is neither atomic nor fsynced: losing a hit count is harmless.
-    """
-    now = int(time.time()) if now is None else int(now)
-    try:
-        # O_NOFOLLOW: a cache name that is a symlink would have this write land in whatever file
-        # it points at (outside the directory); such a cache is read, never written.
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-        with open(fd, "r+b", buffering=0) as f:
-            raw = bytearray(f.read(HEADER_BYTES))
-            KVCHeader.unpack(bytes(raw))  # refuse to rewrite something that is not a valid header
-            hits = struct.unpack_from("<I", raw, 12)[0]
-            struct.pack_into("<I", raw, 12, min(hits + 1, 0xFFFFFFFF))
-            struct.pack_into("<Q", raw, 32, now)
-            f.seek(0)
-            f.write(raw)
-    except OSError as err:
-        raise KVCIOError(err.strerror or str(err), path=path) from None
-
-
-# ------------------------------------------------------------------------------------------------
-# server cache policy (§10): not run by the agent, provided for tools and parity tests
-
-
-def store_len(n_tokens: int, *, min_tokens: int = 512, trim: int = 32, align: int = 2048) -> int:
-    """Checkpoint length ds4-server stores for a prompt of n_tokens."""
-    if n_tokens > min_tokens + trim:
-        s = n_tokens - trim
-        if align > 0:
-            s -= s % align
-        if s >= min_tokens:
-            return s
-    return n_tokens
-
-
-def eviction_score(header: KVCHeader, file_size: int, now: float, *, supersedes: bool = False,
-                   half_life: float = 21600.0, min_hits: float = 0.01) -> float:
-    """The §10 eviction score: lower scores are removed first."""
-    used_at = header.last_used if header.last_used != 0 else header.created_at
-    if used_at == 0:
-        eh = 0.0
-    elif now > used_at:
-        eh = header.hits * 2.0 ** (-(now - used_at) / half_life)
-        if eh < min_hits:
-            eh = 0.0
-    else:
-        eh = float(header.hits)
-    score = (eh + 1.0) * header.tokens / file_size
-    if header.reason_code in (REASON_COLD, REASON_EVICT, REASON_SHUTDOWN):
-        score *= 2.0
-    if supersedes:
-        score *= 0.05 + 0.45 * eh / (eh + 1.0)
-    return score
 
 
 # ------------------------------------------------------------------------------------------------
@@ -436,21 +237,21 @@ class SessionStore:
         found.sort(key=lambda e: (-e.header.last_used, e.id))
         return found
 
-    def describe(self, entry: StoreEntry) -> SessionInfo | UnreadableSession:
+    def describe(self, entry: StoreEntry) -> StoredSession | UnreadableSession:
         """A reason-6 entry's title (trailer, else derived from the text), or why it cannot be read."""
         try:
             env = read_envelope(entry.path, KIND_SESSION, text_limit=TEXT_SCAN_BYTES)  # a title, not 4 GiB
         except KVCError as err:
             return UnreadableSession(entry.path, entry.id, str(err), entry.file_size, entry.header.last_used)
         if env.title is not None:
-            return SessionInfo(entry, env.title, False)
-        return SessionInfo(entry, derive_title(env.text), True)
+            return StoredSession(entry, env.title, False)
+        return StoredSession(entry, derive_title(env.text), True)
 
-    def scan_sessions(self) -> tuple[list[SessionInfo], list[UnreadableSession]]:
+    def scan_sessions(self) -> tuple[list[StoredSession], list[UnreadableSession]]:
         """(sessions, unreadable sessions), each newest first. A session file that cannot be read
         is not left out silently (§8.1 would skip it): the user sees it, and why, and can delete
         it. Unreadable directory -> KVCIOError."""
-        sessions: list[SessionInfo] = []
+        sessions: list[StoredSession] = []
         broken: list[UnreadableSession] = []
         for probe in self._probes():
             if isinstance(probe, StoreEntry):
@@ -462,7 +263,7 @@ class SessionStore:
         broken.sort(key=lambda u: (-u.last_used, u.id))
         return sessions, broken
 
-    def list_sessions(self) -> list[SessionInfo]:
+    def list_sessions(self) -> list[StoredSession]:
         """Readable reason-6 sessions, newest first (scan_sessions for the unreadable ones too)."""
         return self.scan_sessions()[0]
 
@@ -536,6 +337,31 @@ class SessionStore:
         return LoadedSession(hexid or path.stem, path, env.text, loaded.payload, title, created_at,
                              env.header, legacy, stamp)
 
+    def nearest_prefix(self, text: bytes, *, max_tokens: int, shape: PayloadShape, ctx: int, model_id: int,
+                       quant_bits: int) -> LoadedSession | None:
+        """The saved session (with its KV state) whose text is the longest byte prefix of `text` and
+        holds at most `max_tokens` tokens, loaded; None when there is none. A crash resume starts
+        from it and prefills only the rest. Files that fail to load are passed over."""
+        text = bytes(text)
+        try:
+            infos = self.list_sessions()
+        except KVCError:
+            return None
+        for info in sorted(infos, key=lambda i: -i.entry.text_bytes):
+            e = info.entry
+            if e.text_bytes > len(text) or e.header.tokens > max_tokens:
+                continue
+            try:
+                if not text.startswith(read_envelope(e.path).text):
+                    continue
+                found = self.load_session(e.path, shape=shape, ctx=ctx, model_id=model_id,
+                                          quant_bits=quant_bits)
+            except (KVCError, OSError):
+                continue
+            if found.payload is not None:
+                return found
+        return None
+
     @staticmethod
     def _check_text_size(path: Path, max_text_bytes: int, ctx: int) -> None:
         try:
@@ -589,7 +415,7 @@ class SessionStore:
         just re-saved under its new identity), never the file just written (samefile:
         case-insensitive filesystems see `ABC…kv` and `abc…kv` as one file).
 
-        kvc-format.md also deletes every other reason-6 file whose text is a strict prefix of the
+        ds4 [S] also deleted every other reason-6 file whose text is a strict prefix of the
         new text, as "earlier checkpoints of the same conversation". In ds4agent a conversation
         keeps one identity across saves, so such a file is always another session: a /fork kept as
         a bookmark, a session loaded and continued elsewhere. Deleting it would lose a session the
@@ -634,64 +460,6 @@ class SessionStore:
         except OSError as err:
             raise KVCIOError(err.strerror or str(err), path=entry.path) from None
         return entry.path
-
-    # --- server prefix lookup (§8.2) -------------------------------------------------------------
-
-    def find_checkpoint(self, prompt: bytes, *, shape: PayloadShape, ctx: int, model_id: int,
-                        quant_bits: int | None = None, min_tokens: int = 512) -> LoadedKVC | None:
-        """ds4-server's lookup: the longest file whose text is a byte prefix of `prompt`.
-
-        None when no candidate passes the filter (a miss); a KVCError with §8.2's text when the
-        chosen candidate fails (the server also treats that as a miss). quant_bits given = strict
-        quant. Unlike ds4-server this never unlinks or touches the file: the agent runs no cache
-        policy, so a token-count mismatch is reported, not "discarded".
-        """
-        prompt = bytes(prompt)
-        best: StoreEntry | None = None
-        for e in self.entries():
-            h = e.header
-            if (e.text_bytes > len(prompt) or h.tokens < min_tokens or h.model_id != model_id
-                    or h.ctx_size > ctx or (quant_bits is not None and h.quant_bits != quant_bits)):
-                continue
-            if best is not None and (e.text_bytes, h.tokens) <= (best.text_bytes, best.header.tokens):
-                continue
-            if text_sha1(prompt[:e.text_bytes]) == e.id:
-                best = e
-        if best is None:
-            return None
-        path = best.path
-        try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                try:
-                    header, text_bytes = read_prefix(f, size)
-                except KVCError:
-                    raise KVCHeaderError("invalid header", path=path) from None
-                if header.model_id != model_id:
-                    raise KVCMismatchError("cached checkpoint was written for a different model", path=path)
-                if text_bytes > len(prompt):
-                    raise KVCTextError("cached text is longer than prompt", path=path)
-                text = f.read(text_bytes) if text_bytes <= size - PREFIX_BYTES else b""
-                if len(text) != text_bytes:
-                    raise KVCTextError(E.TRUNCATED_TEXT, path=path)
-                if text_sha1(text) != best.id:
-                    raise KVCIdentityError("cached text hash mismatch", path=path)
-                if not prompt.startswith(text):
-                    raise KVCTextError("cached text prefix mismatch", path=path)
-                if header.payload_bytes > size - PREFIX_BYTES - text_bytes:
-                    raise KVCSizeError(E.SHORTER_THAN_HEADER, path=path)
-                try:
-                    state = read_payload(f, header.payload_bytes, shape, ctx, version=header.payload_version)
-                except KVCError as err:
-                    err.path = path
-                    raise
-        except OSError:
-            return None  # "open (silent): miss"
-        assert isinstance(state, PayloadState)
-        if len(state.tokens) != header.tokens:
-            raise KVCPayloadError(E.TOKEN_COUNT_MISMATCH, path=path)
-        env = Envelope(path, size, header, text, None, None, text_bytes)
-        return LoadedKVC(env, state)
 
     # --- system-prompt caches (§12.2) -----------------------------------------------------------
 
@@ -764,37 +532,4 @@ class SessionStore:
                     removed.append(path)
             except OSError:
                 continue
-        return removed
-
-    def evict(self, target_bytes: int, *, include_sessions: bool = False, now: float | None = None,
-              incoming_text: bytes | None = None, incoming_ctx: int | None = None,
-              model_id: int = 0) -> list[Path]:
-        """§10 eviction down to `target_bytes` over scan-valid files (lowest score first, ties by
-        last_used). Explicit user saves (reason 6) are exempt unless include_sessions.
-        incoming_text/ctx mark continued checkpoints the incoming store supersedes."""
-        now = self._clock() if now is None else now
-        scanned = self.entries()  # one directory scan serves the total and the candidates
-        entries = [e for e in scanned if include_sessions or e.header.reason != REASON_SESSION]
-        total = sum(e.file_size for e in scanned)
-
-        def supersedes(e: StoreEntry) -> bool:
-            if incoming_text is None or e.header.reason_code != REASON_CONTINUED:
-                return False
-            if not (0 < e.text_bytes < len(incoming_text)) or e.header.model_id != model_id:
-                return False
-            if incoming_ctx is not None and incoming_ctx > e.header.ctx_size:
-                return False
-            return text_sha1(incoming_text[:e.text_bytes]) == e.id
-
-        ranked = sorted(entries, key=lambda e: (eviction_score(e.header, e.file_size, now,
-                                                               supersedes=supersedes(e)),
-                                                e.header.last_used))
-        removed = []
-        for e in ranked:
-            if total <= target_bytes:
-                break
-            if not self._unlink(e.path):
-                break
-            total -= e.file_size
-            removed.append(e.path)
         return removed

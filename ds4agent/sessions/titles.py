@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+from ds4agent import utf8
 from ds4agent.textsafe import UNSHOWABLE
 
 LIST_TITLE_BYTES = 70
@@ -46,11 +47,7 @@ def clip_title(title: bytes, limit: int = LIST_TITLE_BYTES) -> bytes:
     """Cut a title after `limit` bytes without splitting a UTF-8 character, appending `...`."""
     if len(title) <= limit:
         return title
-    cut = limit
-    # Move back (at most 3 bytes) while the first byte cut off is a continuation byte.
-    while cut > limit - 3 and cut > 0 and 0x80 <= title[cut] <= 0xBF:
-        cut -= 1
-    return title[:cut] + b"..."
+    return utf8.cut(title, limit) + b"..."
 
 
 def display_text(data: bytes) -> str:

@@ -5,13 +5,13 @@ Public names (import them from here):
     default_tools()                        the fixed registry order (the system prompt's bytes)
     Tool                                   the protocol every tool implements
     ToolContext                            per-agent state: cwd, interrupt poll, bash jobs, seen lines
-    ToolResult, ToolError                  an observation; a readable failure
+    Observation, ToolError                  an observation; a readable failure
     BashDisplay, DiffDisplay, DiffLine, TextDisplay   display payloads for UIs (no UI types)
     RESULT_CAP_BYTES                       the size cap of one observation
     running_jobs_update(ctx)               the re-announcement of running jobs after compaction
 
 Public modules with their own API:
-    permissions.py  PermissionPolicy(mode).check(tool, args, ctx) -> Decision; Answer; Question;
+    permissions.py  PermissionPolicy(mode).check(tool, args, ctx) -> Decision; Answer; PermissionQuestion;
                     denied_result()
     attach.py       expand(text, ctx) / strip(text): `@path` attachments
     files.py        plan_change() (what a write/edit would do, for previews), approve() (the
@@ -43,9 +43,9 @@ from ds4agent.tools.results import (
     BashDisplay,
     DiffDisplay,
     DiffLine,
+    Observation,
     TextDisplay,
     ToolError,
-    ToolResult,
 )
 
 __all__ = [
@@ -57,7 +57,7 @@ __all__ = [
     "Tool",
     "ToolContext",
     "ToolError",
-    "ToolResult",
+    "Observation",
     "default_tools",
     "run_tool",
     "running_jobs_update",

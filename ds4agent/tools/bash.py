@@ -4,7 +4,7 @@ Each call starts a background job (tools/jobs.py: inside the OS sandbox, its own
 stdin from /dev/null, stdout+stderr merged into a temp file bounded to its first and last 4 MiB, a
 watcher thread enforcing the timeout); this module turns jobs into observations. A finished job's
 observation ends with a `sandbox:` line when its output reports writes the sandbox refused (the
-paths, in ToolResult.sandbox_refusals, are what the permission layer asks about).
+paths, in Observation.sandbox_refusals, are what the permission layer asks about).
 
 Output files: an observation that cuts the output names its file (output_path) so the model can read
 the rest; such a file is kept until the agent exits (the model may come back to it at any time in
@@ -25,11 +25,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from ds4agent import utf8
 from ds4agent.textsafe import escape_controls
 from ds4agent.tools.args import arg_float, arg_int, arg_str
 from ds4agent.tools.context import ToolContext, temp_dir
 from ds4agent.tools.jobs import KEEP_HEAD, Job, JobTable, stop_job, wait_job
-from ds4agent.tools.results import BashDisplay, ToolError, ToolResult
+from ds4agent.tools.results import BashDisplay, Observation, ToolError
 from ds4agent.tools.sandbox import Refusal, mentions_refusal, refusals
 
 HEAD_LINES = 100
@@ -45,18 +46,6 @@ SCAN_BYTES = 64 * 1024  # how much of each end of a finished job's output is rea
 # Observation text
 
 
-def _clip_utf8(data: bytes) -> bytes:
-    """Drop an incomplete UTF-8 sequence at the end of a byte cut (at most 3 bytes)."""
-    for back in range(1, min(4, len(data)) + 1):
-        b = data[-back]
-        if b < 0x80:
-            return data
-        if b >= 0xC0:  # a lead byte: is its sequence complete?
-            need = 2 if b < 0xE0 else 3 if b < 0xF0 else 4
-            return data if back >= need else data[:-back]
-    return data
-
-
 def _head(path: str) -> tuple[bytes, bool]:
     """First 100 lines, at most 8 KiB; returns (bytes, cut)."""
     with open(path, "rb") as f:
@@ -64,9 +53,9 @@ def _head(path: str) -> tuple[bytes, bool]:
     lines = data.split(b"\n")
     if len(lines) > HEAD_LINES + 1 or (len(lines) == HEAD_LINES + 1 and lines[-1] != b""):
         picked = b"\n".join(lines[:HEAD_LINES]) + b"\n"
-        return (_clip_utf8(picked[:HEAD_BYTES]) if len(picked) > HEAD_BYTES else picked), True
+        return utf8.cut(picked, HEAD_BYTES), True
     if len(data) > HEAD_BYTES:
-        return _clip_utf8(data[:HEAD_BYTES]), True
+        return utf8.cut(data, HEAD_BYTES), True
     return data, False
 
 
@@ -97,7 +86,7 @@ def _out(data: bytes) -> str:
     return text if text.endswith("\n") or not text else text + "\n"
 
 
-def observe(job: Job, table: JobTable) -> ToolResult:
+def observe(job: Job, table: JobTable) -> Observation:
     """The next observation of a job; drops it from the table when it reports the job done."""
     running = job.running
     elapsed = job.elapsed()
@@ -160,7 +149,7 @@ def observe(job: Job, table: JobTable) -> ToolResult:
         duration=elapsed,
     )
     ok = running or (job.exit_status == 0 and not job.timed_out)
-    return ToolResult(status + body + note, ok=ok, display=display, sandbox_refusals=refused)
+    return Observation(status + body + note, ok=ok, display=display, sandbox_refusals=refused)
 
 
 def _file_size(path: str) -> int:
@@ -249,7 +238,7 @@ class BashTool:
     }
     mutates = True
 
-    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> Observation:
         command = arg_str(args, "command", required=True) or ""
         if not command.strip():
             raise ToolError("empty command")
@@ -269,7 +258,7 @@ class BashStatusTool:
     schema = _JOB_SCHEMA
     mutates = False
 
-    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> Observation:
         return observe(_find(args, ctx), ctx.jobs)
 
 
@@ -282,7 +271,7 @@ class BashStopTool:
     schema = _JOB_SCHEMA
     mutates = False
 
-    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> Observation:
         job = _find(args, ctx)
         refresh = arg_float(args, "refresh_sec", DEFAULT_REFRESH, 1.0, 3600.0)
         stop_job(job, refresh)

@@ -8,7 +8,7 @@ O_NOFOLLOW|O_DIRECTORY relative to its parent's descriptor (openat), and the fil
 replaced relative to its directory's descriptor. A real path has no symlink in it, so a link met
 on the walk is one put there after the path was resolved (a directory swapped for a link to
 outside the tree, between the question and the write): it is refused with a tool error, never
-followed. The walk itself is fsutil.open_dir_beneath (the code checkpoints restore files through
+followed. The walk itself is fsutil.open_dir_beneath (the undo log restore files through
 it too): the portable form of openat2's RESOLVE_NO_SYMLINKS, needing no kernel support beyond
 openat, so it behaves the same on Linux and macOS.
 

@@ -88,7 +88,7 @@ class ToolContext:
     # The Unix sockets outside the tree the user allowed jobs to reach (tools/sandbox_settings.py).
     sockets: tuple[str, ...] = ()
     # Told of every file write/edit after it succeeded: (absolute path, content before or None
-    # when the file did not exist, content written). The agent's code checkpoints listen here.
+    # when the file did not exist, content written). The agent's undo log listen here.
     on_write: Callable[[str, bytes | None, bytes], None] | None = None
     # Set by the permission policy for the call it just checked (a files.Approval: the real path
     # it judged, the change the question showed); the write/edit tool takes it and refuses to

@@ -46,9 +46,9 @@ from ds4agent.tools.results import (
     RESULT_CAP_BYTES,
     DiffDisplay,
     DiffLine,
+    Observation,
     TextDisplay,
     ToolError,
-    ToolResult,
     error_text,
 )
 from ds4agent.tools.textlines import (
@@ -180,7 +180,7 @@ def _fit(lines: list[bytes], a: int, b: int, raw: bool) -> int:
 
 
 def _read_chunk(ctx: ToolContext, path: str, key: str, lines: list[bytes], start: int, count: int | None,
-                raw: bool) -> ToolResult:
+                raw: bool) -> Observation:
     """One chunk of a file already loaded (load_file) and split, so `more` reads the file once."""
     total = len(lines)
     if total == 0:
@@ -208,7 +208,7 @@ def _read_chunk(ctx: ToolContext, path: str, key: str, lines: list[bytes], start
                 f"[Read truncated at line {b} of {total}. continue_offset={b + 1}. "
                 f"Call the more tool with count={m} to read the next chunk.]\n"
             )
-        return ToolResult(text, display=TextDisplay(summary=f"Read {summary} (raw)", body=text))
+        return Observation(text, display=TextDisplay(summary=f"Read {summary} (raw)", body=text))
     header = summary
     if more_left:
         header += f"; continue_offset={b + 1}; call the more tool with count={m} to read the next chunk"
@@ -223,7 +223,7 @@ def _read_chunk(ctx: ToolContext, path: str, key: str, lines: list[bytes], start
         elif total:
             ctx.seen.record(key, ((n, lines[n - 1]) for n in range(a, b + 1)))
     text = header + "\n" + body
-    return ToolResult(text, display=TextDisplay(summary=f"Read {summary}", body=body))
+    return Observation(text, display=TextDisplay(summary=f"Read {summary}", body=body))
 
 
 class ReadTool:
@@ -246,7 +246,7 @@ class ReadTool:
     }
     mutates = False
 
-    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> Observation:
         path = arg_str(args, "path", required=True)
         start = arg_int(args, "start_line", 1, 1)
         count = arg_int(args, "max_lines", DEFAULT_CHUNK, 1, MAX_CHUNK)
@@ -266,7 +266,7 @@ class MoreTool:
     }
     mutates = False
 
-    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> Observation:
         cur = ctx.last_read
         if cur is None:
             raise ToolError("no previous output to continue")
@@ -359,11 +359,11 @@ def plan_write(args: Mapping[str, Any], ctx: ToolContext) -> Change:
 
 
 def _content_before(change: Change) -> tuple[bytes | None, bool]:
-    """What the file holds before the write, for the code checkpoint (on_write), and whether a copy
+    """What the file holds before the write, for the undo log (on_write), and whether a copy
     is kept at all. The preview may have left it unread (too large, binary: before is None then,
     as for a new file), but undoing the write must put those bytes back, not delete the file: read
     them here, whole, up to UNDO_MAX_BYTES. A larger file (a sparse file may claim terabytes) is
-    not copied: the write goes ahead without a checkpoint and its result says so."""
+    not copied: the write goes ahead without an undo copy and its result says so."""
     if change.before is not None or change.before_unshown is None:
         return change.before, True
     if change.state is not None and change.state.size > UNDO_MAX_BYTES:
@@ -384,7 +384,7 @@ def _content_before(change: Change) -> tuple[bytes | None, bool]:
     return data, True
 
 
-def _apply(change: Change, ctx: ToolContext) -> ToolResult:
+def _apply(change: Change, ctx: ToolContext) -> Observation:
     """Write the change, then tell what happened to the file. Only a failed write is a failure:
     once the file is replaced, trouble with the bookkeeping after it (the guard's records, the
     diff for the UI: both scale with the file and can run out of memory) must not make the model
@@ -404,7 +404,7 @@ def _apply(change: Change, ctx: ToolContext) -> ToolResult:
     if not kept:
         size = change.state.size if change.state is not None else 0
         change.result_text += (f"Note: the old {change.path} ({size} bytes) is over the "
-                               f"{UNDO_MAX_BYTES >> 20} MiB limit of code checkpoints: no copy was "
+                               f"{UNDO_MAX_BYTES >> 20} MiB limit of the undo log: no copy was "
                                "kept, /rewind cannot restore it.\n")
     try:
         _record(change, ctx, key)
@@ -415,7 +415,7 @@ def _apply(change: Change, ctx: ToolContext) -> ToolResult:
     except Exception as exc:  # see the docstring
         first = change.result_text.split("\n", 1)[0]
         display = TextDisplay(summary=f"{first} (no diff: {type(exc).__name__})", body=change.result_text)
-    return ToolResult(change.result_text, display=display)
+    return Observation(change.result_text, display=display)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -502,7 +502,7 @@ class WriteTool:
     }
     mutates = True
 
-    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> Observation:
         return _apply(_planned("write", args, ctx), ctx)
 
 
@@ -640,7 +640,7 @@ class EditTool:
             "required": ["path", "old", "new"],
         }
 
-    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> Observation:
         return _apply(_planned("edit", args, ctx), ctx)
 
 

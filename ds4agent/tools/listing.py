@@ -11,7 +11,7 @@ from typing import Any
 from ds4agent.tools.args import arg_str
 from ds4agent.tools.beneath import open_dir
 from ds4agent.tools.context import ToolContext
-from ds4agent.tools.results import TextDisplay, ToolError, ToolResult
+from ds4agent.tools.results import Observation, TextDisplay, ToolError
 
 MAX_ENTRIES = 300
 
@@ -39,7 +39,7 @@ class ListTool:
     }
     mutates = False
 
-    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> Observation:
         path = arg_str(args, "path", default="") or "."
         # Opened beneath its real path (tools/beneath.py) and read through that one descriptor:
         # the entries listed and their types are of the same directory, whatever is swapped in.
@@ -66,4 +66,4 @@ class ListTool:
         text = "".join(lines)
         n = len(names)
         summary = f"list {path}: {n} entr{'ies' if n != 1 else 'y'}"
-        return ToolResult(text, display=TextDisplay(summary=summary, body=text[len(lines[0]):]))
+        return Observation(text, display=TextDisplay(summary=summary, body=text[len(lines[0]):]))

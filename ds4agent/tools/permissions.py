@@ -52,11 +52,11 @@ from typing import Any, Literal
 from ds4agent.tools.args import arg_str
 from ds4agent.tools.context import ToolContext
 from ds4agent.tools.files import approve, plan_change
-from ds4agent.tools.results import DiffDisplay, TextDisplay, ToolError, ToolResult, error_text
+from ds4agent.tools.results import DiffDisplay, Observation, TextDisplay, ToolError, error_text
 from ds4agent.tools.sandbox import Refusal, availability
 from ds4agent.tools.shellscan import command_programs, scan
 
-__all__ = ["Answer", "Choice", "Decision", "PermissionPolicy", "Question", "ToolHints", "command_programs",
+__all__ = ["Answer", "Choice", "Decision", "PermissionPolicy", "PermissionQuestion", "ToolHints", "command_programs",
            "denied_result"]
 
 MODES = ("ask", "auto", "read-only", "plan")
@@ -112,7 +112,7 @@ class Answer:
 
 
 @dataclass(frozen=True)
-class Question:
+class PermissionQuestion:
     """What the UI shows: a title, the command or diff, and the session choice's label (None: no
     session choice is offered, only allow once / deny)."""
 
@@ -131,13 +131,13 @@ class Question:
 class Decision:
     kind: Literal["allow", "deny", "ask"]
     reason: str = ""
-    question: Question | None = None
+    question: PermissionQuestion | None = None
 
     @property
     def allowed(self) -> bool:
         return self.kind == "allow"
 
-    def result(self) -> ToolResult:
+    def result(self) -> Observation:
         """The tool result for a denied call."""
         return _refusal(self.reason)
 
@@ -145,7 +145,7 @@ class Decision:
 ALLOW = Decision("allow")
 
 
-def denied_result(answer: Answer) -> ToolResult:
+def denied_result(answer: Answer) -> Observation:
     """What the model reads when the user said no (with the user's message, if any)."""
     msg = "permission denied by the user"
     if answer.message.strip():
@@ -153,9 +153,9 @@ def denied_result(answer: Answer) -> ToolResult:
     return _refusal(msg)
 
 
-def _refusal(reason: str) -> ToolResult:
+def _refusal(reason: str) -> Observation:
     """A refused call: the error text for the model, the reason alone for a UI (no body: nothing ran)."""
-    return ToolResult(error_text(reason), ok=False, display=TextDisplay(summary=reason, body=""))
+    return Observation(error_text(reason), ok=False, display=TextDisplay(summary=reason, body=""))
 
 
 def _program_label(programs: tuple[str, ...]) -> str:
@@ -216,12 +216,12 @@ class PermissionPolicy:
     def _check_bash(self, args: Mapping[str, Any], ctx: ToolContext) -> Decision:
         command = arg_str(args, "command") or ""
         if len(command) > MAX_SCANNED_COMMAND:
-            return Decision("ask", question=Question(
+            return Decision("ask", question=PermissionQuestion(
                 tool="bash", title=f"Run this shell command ({len(command)} characters, too long to read)?",
                 preview=command, preview_kind="command", session_label=None))
         if not availability().available:
             # Nothing bounds what the command does: the user sees each one.
-            return Decision("ask", question=Question(
+            return Decision("ask", question=PermissionQuestion(
                 tool="bash", title="Run this shell command? (no OS sandbox here: it can write anywhere)",
                 preview=command, preview_kind="command", session_label=None))
         found = scan(command, ctx.cwd, ctx.should_stop)
@@ -229,7 +229,7 @@ class PermissionPolicy:
         risky = found.risky_writes if found is not None else ()
         if risky:
             shown = "; ".join(risky[:3]) + (f"; and {len(risky) - 3} more" if len(risky) > 3 else "")
-            q = Question(tool="bash", title=f"Run this shell command? It writes to {shown}.", preview=command,
+            q = PermissionQuestion(tool="bash", title=f"Run this shell command? It writes to {shown}.", preview=command,
                          preview_kind="command", session_label=None,
                          outside_workspace=any(r.endswith("(outside the working directory)") for r in risky))
             return Decision("ask", question=q)
@@ -237,7 +237,7 @@ class PermissionPolicy:
             return ALLOW
         if programs and all(p in self.allowed_programs for p in programs):
             return ALLOW
-        q = Question(
+        q = PermissionQuestion(
             tool="bash",
             title="Run this shell command?",
             preview=command,
@@ -274,7 +274,7 @@ class PermissionPolicy:
         diff = change.diff()
         verb = "Create" if change.creates else ("Overwrite" if tool_name == "write" else "Edit")
         where = " (outside the working directory)" if outside else " (inside .git/)" if in_git else ""
-        q = Question(
+        q = PermissionQuestion(
             tool=tool_name,
             title=f"{verb} {path}{where}?",
             preview=diff.unified,
@@ -300,7 +300,7 @@ class PermissionPolicy:
         if tool_name in self.allowed_tools or (self.mode == "auto" and not hints.destructive):
             return ALLOW
         what = "MCP tool" if not hints.destructive else "MCP tool (it declares itself destructive)"
-        q = Question(
+        q = PermissionQuestion(
             tool=tool_name,
             title=f"Allow the {what} `{tool_name}`?",
             preview=json.dumps(dict(args), indent=2, ensure_ascii=False, default=str),
@@ -311,21 +311,21 @@ class PermissionPolicy:
         return Decision("ask", question=q)
 
     def escalation(self, command: str, refused: tuple[Refusal, ...],
-                   git_dirs: tuple[str, ...] = ()) -> Question | None:
+                   git_dirs: tuple[str, ...] = ()) -> PermissionQuestion | None:
         """The question after the sandbox refused part of a command (None: nobody is asked, in
         auto and read-only modes the boundary simply holds)."""
         if self.mode != "ask" or not refused:
             return None
         if all(r.in_git for r in refused):
-            return Question(tool="bash", title=git_metadata_question(git_dirs), preview=command, preview_kind="command",
+            return PermissionQuestion(tool="bash", title=git_metadata_question(git_dirs), preview=command, preview_kind="command",
                             session_label="allow git metadata writes for this session", scope=("git",))
         paths = ", ".join(r.path for r in refused[:3]) + (" and more" if len(refused) > 3 else "")
-        return Question(tool="bash", title=f"The sandbox refused writing to {paths}. Run this command again "
+        return PermissionQuestion(tool="bash", title=f"The sandbox refused writing to {paths}. Run this command again "
                         "outside the sandbox (it can then write anywhere)?", preview=command,
                         preview_kind="command", session_label=None, outside_workspace=True,
                         scope=("outside",))
 
-    def remember(self, question: Question, answer: Answer) -> None:
+    def remember(self, question: PermissionQuestion, answer: Answer) -> None:
         """Record a session answer; once and deny leave nothing behind."""
         if answer.choice is not Choice.SESSION or not question.scope:
             return

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from ds4agent import utf8
 from ds4agent.tools.bash import BashStatusTool, BashStopTool, BashTool
 from ds4agent.tools.context import ToolContext
 from ds4agent.tools.files import EditTool, MoreTool, ReadTool, WriteTool
@@ -18,9 +19,9 @@ from ds4agent.tools.listing import ListTool
 from ds4agent.tools.results import (
     ERROR_PREFIX,
     RESULT_CAP_BYTES,
+    Observation,
     TextDisplay,
     ToolError,
-    ToolResult,
     error_result,
 )
 from ds4agent.tools.search import SearchTool
@@ -34,7 +35,7 @@ class Tool(Protocol):
     schema: dict  # JSON Schema of the parameters, keys in the order they are rendered
     mutates: bool  # writes files or runs commands (the permission policy asks about these)
 
-    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult: ...
+    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> Observation: ...
 
 
 def default_tools(edit_upto: bool = False) -> list[Tool]:
@@ -61,13 +62,13 @@ def _cap(text: str) -> str:
         return text
     marker = f"\n[tool result truncated: {len(data)} bytes, showing the first {{kept}}]\n"
     budget = RESULT_CAP_BYTES - len(marker.format(kept=RESULT_CAP_BYTES))
-    kept = data[:budget].decode("utf-8", errors="ignore")
+    kept = utf8.cut(data, budget).decode("utf-8")
     return kept + marker.format(kept=len(kept.encode("utf-8")))
 
 
 def run_tool(
     name: str, args: Mapping[str, Any], ctx: ToolContext, tools: Iterable[Tool] | None = None
-) -> ToolResult:
+) -> Observation:
     """Run one call. Never raises for the model's mistakes or the file system's refusals.
 
     Unknown tool -> `Tool error: unknown tool: NAME` without a trailing newline: it is one of the
@@ -78,7 +79,7 @@ def run_tool(
     tool = registry.get(name)
     if tool is None:
         text = f"{ERROR_PREFIX}unknown tool: {name}"
-        return ToolResult(text, ok=False, display=TextDisplay(summary=f"unknown tool: {name}", body=""))
+        return Observation(text, ok=False, display=TextDisplay(summary=f"unknown tool: {name}", body=""))
     try:
         result = tool.run(dict(args), ctx)
     except ToolError as exc:

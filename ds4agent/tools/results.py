@@ -1,6 +1,6 @@
 """What a tool call gives back: the observation, the error it may raise, and the display payloads.
 
-    ToolResult(text, ok=True, display=None)   the observation text for the model + a payload for UIs
+    Observation(text, ok=True, display=None)   the observation text for the model + a payload for UIs
     ToolError(message)                        a readable failure; becomes "Tool error: MESSAGE\\n"
     error_text(message), error_result(message) the text and the result of a failed call
 
@@ -76,8 +76,10 @@ class TextDisplay:
 
 
 @dataclass
-class ToolResult:
-    """One observation. `text` goes to the model verbatim; `display` is for UIs only."""
+class Observation:
+    """What one tool call gives the model (the reference agent's word for it, agent-reference.md §5).
+    `text` goes to the model verbatim; `display` is for UIs only (the agent passes both on in its
+    ToolResult event)."""
 
     text: str
     ok: bool = True
@@ -103,6 +105,6 @@ def error_text(message: str) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
-def error_result(message: str) -> ToolResult:
+def error_result(message: str) -> Observation:
     first = message.split("\n", 1)[0]
-    return ToolResult(error_text(message), ok=False, display=TextDisplay(summary=first, body=message))
+    return Observation(error_text(message), ok=False, display=TextDisplay(summary=first, body=message))

@@ -38,7 +38,7 @@ from ds4agent.tools.args import arg_bool, arg_int, arg_str
 from ds4agent.tools.context import ToolContext
 from ds4agent.tools.files import MAX_FILE_BYTES, line_text, split_lines
 from ds4agent.tools.regular import open_regular, read_bounded, refuse_unless_regular
-from ds4agent.tools.results import RESULT_CAP_BYTES, TextDisplay, ToolError, ToolResult
+from ds4agent.tools.results import RESULT_CAP_BYTES, Observation, TextDisplay, ToolError
 from ds4agent.tools.sandbox import Boundary, availability, wrap
 
 MAX_DEPTH = 24
@@ -214,7 +214,7 @@ class SearchTool:
     }
     mutates = False
 
-    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> Observation:
         query = arg_str(args, "query", required=True)
         if query == "":
             raise ToolError("empty query")
@@ -241,7 +241,7 @@ class SearchTool:
             return self._run(ctx, rg, root, path, is_dir, query, pattern, context, limit, case, mode, temp)
 
     def _run(self, ctx: ToolContext, rg: str, root: Path, path: str, is_dir: bool, query: str,
-             pattern: str | None, context: int, limit: int, case: bool, mode: str, temp: str) -> ToolResult:
+             pattern: str | None, context: int, limit: int, case: bool, mode: str, temp: str) -> Observation:
         # rg runs inside the same boundary as a bash job: the binary may lie where a job could
         # have replaced it (a project venv in the tree, PATH), and it must then gain nothing a job
         # does not have. It only reads, which the boundary leaves open.
@@ -267,7 +267,7 @@ class SearchTool:
             run.close()
 
     def _search(self, ctx: ToolContext, run: _Ripgrep, rg_matching: list[str], root: str, path: str,
-                is_dir: bool, query: str, pattern: str | None, context: int, limit: int) -> ToolResult:
+                is_dir: bool, query: str, pattern: str | None, context: int, limit: int) -> Observation:
         blocks: list[str] = []
         size = 0
         total = 0
@@ -353,7 +353,7 @@ class SearchTool:
         elif cut:
             text += f"[search stopped at max_results={limit}; more matches exist: narrow the query, path or glob]\n"
         summary = f"search {query!r}: {total} match{'es' if total != 1 else ''} in {n_files} file{'s' if n_files != 1 else ''}"
-        return ToolResult(text, display=TextDisplay(summary=summary, body=text))
+        return Observation(text, display=TextDisplay(summary=summary, body=text))
 
 
 def _search_bytes(rg_matching: list[str], data: bytes, deadline: float) -> list[int]:
@@ -367,5 +367,5 @@ def _search_bytes(rg_matching: list[str], data: bytes, deadline: float) -> list[
     return [int(x.split(b":", 1)[0]) for x in done.stdout.splitlines() if x.split(b":", 1)[0].isdigit()]
 
 
-def _no_matches(query: str) -> ToolResult:
-    return ToolResult("No matches\n", display=TextDisplay(summary=f"search {query!r}: no matches", body=""))
+def _no_matches(query: str) -> Observation:
+    return Observation("No matches\n", display=TextDisplay(summary=f"search {query!r}: no matches", body=""))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ds4agent.tools.context import ToolContext
-from ds4agent.tools.results import ToolError, ToolResult
+from ds4agent.tools.results import Observation, ToolError
 
 STATUSES = ("pending", "in_progress", "done")
 _MARK = {"pending": "[ ]", "in_progress": "[>]", "done": "[x]"}
@@ -152,6 +152,6 @@ class TodoTool:
     }
     mutates = False
 
-    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> Observation:
         items = parse_items(args.get("items"))
-        return ToolResult(render(items), display=TodoDisplay(items))
+        return Observation(render(items), display=TodoDisplay(items))

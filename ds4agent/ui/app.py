@@ -29,7 +29,7 @@ from textual.containers import Vertical
 
 from ds4agent.agent import events as ev
 from ds4agent.ui import bridge, commands, dispatch, fmt
-from ds4agent.ui.history import History
+from ds4agent.ui.history import InputHistory
 from ds4agent.ui.messages import AgentEvents, AgentFailed, AgentReady
 from ds4agent.ui.notify import Notifier
 from ds4agent.ui.widgets.conversation import Conversation, ToolCard
@@ -71,7 +71,7 @@ class Ds4App(App):
         *,
         agent: Any = None,
         cwd: str | None = None,
-        history: History | None = None,
+        history: InputHistory | None = None,
         clock: Callable[[], float] = time.monotonic,
         now: Callable[[], float] = time.time,
         animate: bool = True,
@@ -89,7 +89,7 @@ class Ds4App(App):
         self.agent: Any = None
         self._given_agent = agent
         self.cwd = cwd if cwd is not None else os.getcwd()
-        self.history = history if history is not None else History()
+        self.history = history if history is not None else InputHistory()
         self.clock = clock
         self.now = now
         self.animate = animate

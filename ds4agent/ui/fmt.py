@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ds4agent import textsafe
+from ds4agent.agent.events import format_age
 
 # Context share at which the agent's soft compaction starts (agent-reference.md §8). The status bar
 # draws the threshold; the agent may report its own value in a status event, which then wins.
@@ -50,18 +51,6 @@ def human_count(n: int) -> str:
     if text.endswith(".0"):
         text = text[:-2]
     return text + unit
-
-
-def format_age(seconds: float) -> str:
-    """`Ns ago`, `Nm ago`, `Nh ago`, `Nd ago` (agent-reference.md §3 /list)."""
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s ago"
-    if s < 3600:
-        return f"{s // 60}m ago"
-    if s < 86400:
-        return f"{s // 3600}h ago"
-    return f"{s // 86400}d ago"
 
 
 def format_size(n_bytes: int) -> str:

@@ -25,7 +25,7 @@ def default_path() -> Path:
     return Path(platformdirs.user_data_dir("ds4agent")) / "history.json"
 
 
-class History:
+class InputHistory:
     def __init__(self, path: Path | None = None, *, persist: bool = True) -> None:
         self.path = path if path is not None else default_path()
         self.persist = persist

@@ -443,7 +443,7 @@ async def run_interactive(agent: Any, notifier: Notifier | None = None) -> int: 
     from prompt_toolkit.key_binding import KeyBindings
     from prompt_toolkit.patch_stdout import patch_stdout
 
-    from ds4agent.ui.history import History
+    from ds4agent.ui.history import InputHistory
 
     # Whole lines only: under patch_stdout a partial line is overwritten when the prompt below is
     # redrawn, so streamed fragments wait here until their newline (close_stream always ends the
@@ -473,7 +473,7 @@ async def run_interactive(agent: Any, notifier: Notifier | None = None) -> int: 
         sys.__stdout__.flush()
 
     fe.ring = ring
-    saved_history = History()
+    saved_history = InputHistory()
     pt_history = InMemoryHistory()
     for entry in saved_history.entries:
         pt_history.append_string(entry)

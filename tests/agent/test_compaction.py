@@ -6,8 +6,8 @@ from ds4agent.agent import events as ev
 from ds4agent.agent.compaction import RESULT_RESERVE, compact_threshold
 from ds4agent.protocol import template
 from ds4agent.protocol.tokenizer import EOS, USER, Tokenizer
-from tests.agent.conftest import RecTool
 from tests.support.agent_harness import DATE_LINE, AgentHarness, of
+from tests.support.rec_tool import RecTool
 from tests.support.scripted_engine import reply, text_ids
 
 TOK = Tokenizer.load()
@@ -28,8 +28,8 @@ def summary(text: str) -> list[int]:
 
 def test_soft_compaction_before_a_turn_keeps_goal_and_tail(tmp_path, tools):
     h = AgentHarness.build(tmp_path, tools=tools, ctx=CTX)
-    u1 = template.render_user_turn("Refactor the parser module please", think_mode="think",
-                                   date_line=DATE_LINE)  # the session's first turn
+    u1 = template.render(template.user_turn_pieces("Refactor the parser module please", think_mode="think",
+                                   date_line=DATE_LINE))  # the session's first turn
     # Fill to 3 tokens below the soft threshold: the next user turn crosses it.
     n = compact_threshold(CTX) - len(h.ids) - len(u1) - 3
     r = reply(words(n), think="t")
@@ -52,8 +52,8 @@ def test_soft_compaction_before_a_turn_keeps_goal_and_tail(tmp_path, tools):
     system = h.worker.system
     body = b"Goal: refactor the parser. Done: nothing yet.\n\nThe user's first request (verbatim):\n" \
         b"Refactor the parser module please"
-    prefix = template.render_compacted_prefix(system.builtin, body, extra_system_text=system.extra,
-                                              tools=tools, ctx=CTX)
+    prefix = template.render(template.compacted_prefix_pieces(system.builtin, body, extra_system_text=system.extra,
+                                              tools=tools, ctx=CTX))
     assert h.ids[:len(prefix)] == prefix
     assert h.ids[len(prefix)] == USER
     assert text.endswith("and add tests<｜Assistant｜><think>t</think>Continuing.<｜end▁of▁sentence｜>".encode())  # noqa: RUF001

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = r"""
 import os, signal, sys
 from pathlib import Path
-from tests.agent.conftest import RecTool
+from tests.support.rec_tool import RecTool
 from tests.support.agent_harness import AgentHarness
 from tests.support.scripted_engine import reply
 
@@ -61,8 +61,8 @@ def test_kill_mid_turn_then_resume(tmp_path, tools):
     loaded = of(h.events, ev.SessionLoaded)[0]
     assert loaded.resumed
     ids = h.ids
-    user2 = template.render_user_turn("second task", think_mode="think")
-    results = template.render_tool_results(["A1\n"], think_mode="think")
+    user2 = template.render(template.user_turn_pieces("second task", think_mode="think"))
+    results = template.render(template.tool_results_pieces(["A1\n"], think_mode="think"))
     # Journalled after round 1 of turn 2 (user turn, the tool round, its results) and, during the
     # round that was running when the process died, every 16 tokens (journal_interval=0): its
     # first 32 tokens survive, closed with an EOS (as an interrupt would).
@@ -124,6 +124,33 @@ def test_journal_is_replaced_atomically_private_and_round_trips(tmp_path):
     assert list((tmp_path / "j").iterdir()) == []
 
 
+def test_journal_writes_leave_the_fsyncs_to_the_syncer_thread(tmp_path, monkeypatch):
+    # The agent loop writes the journal about twice a round; two fsyncs on the worker thread
+    # were most of its own per-token cost. The file is in place when write returns (all a
+    # process crash needs); the fsyncs run on the syncer, and close waits for the last one.
+    import os
+    import threading
+
+    from ds4agent import fsutil
+    from ds4agent.agent import journal as jmod
+
+    synced: list[tuple[str, str]] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(("fd", threading.current_thread().name)),
+                                                 real_fsync(fd))[1])
+    monkeypatch.setattr(jmod, "fsync_file", lambda p: (synced.append((str(p), threading.current_thread().name)),
+                                                       fsutil.fsync_file(p))[1])
+    j = jmod.Journal(tmp_path / "j")
+    j.write([0, 5, 7], {"cwd": "/x"})
+    assert jmod.decode(j.path.read_bytes())[0] == [0, 5, 7]  # in place before any sync
+    j.sync()
+    assert (str(j.path), "journal-sync") in synced
+    assert all(name == "journal-sync" for _, name in synced)  # none on the writing thread
+    j.write([0, 5, 7, 9], {"cwd": "/x"})
+    j.close(keep=True)  # waits for the sync still owed
+    assert [s for s in synced if s[0] == str(j.path)] == [(str(j.path), "journal-sync")] * 2
+
+
 def test_a_link_at_the_journal_name_is_replaced_not_written_through(tmp_path):
     from ds4agent.agent.journal import Journal
 
@@ -168,7 +195,7 @@ def test_a_finished_round_is_journalled_before_its_tools_run(tmp_path):
     # A tool may run for minutes (a build, a test suite): a crash then must keep the round that
     # asked for it, not only the user's message.
     from ds4agent.agent.journal import decode
-    from tests.agent.conftest import RecTool
+    from tests.support.rec_tool import RecTool
 
     seen: list[bytes] = []
 

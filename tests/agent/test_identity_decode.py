@@ -7,14 +7,14 @@ from types import SimpleNamespace
 import mlx.core as mx
 
 from ds4agent.agent.decode import TokenStream
-from ds4agent.agent.identity import SessionIdentity, checkpoints_for, meta_title
+from ds4agent.agent.identity import SessionIdentity, meta_title, undo_log_for
 
 
 def test_identity_survives_the_journal_meta_exactly(tmp_path):
-    ckpt = checkpoints_for("ab12", tmp_path)
+    ckpt = undo_log_for("ab12", tmp_path)
     ident = SessionIdentity(title=b"caf\xe9 \xff", created_at=1700000000, session_id="f" * 40,
                             legacy_path="/kv/old.kv", forked_from="e" * 40, dirty=False, activity=True,
-                            checkpoints=ckpt)
+                            undo=ckpt)
     meta = ident.to_meta()
     assert meta["title_hex"] == "636166e920ff" and meta["checkpoints"] == "ab12"
     back = SessionIdentity.from_meta(meta, tmp_path)
@@ -22,7 +22,7 @@ def test_identity_survives_the_journal_meta_exactly(tmp_path):
     assert (back.title, back.created_at, back.session_id, back.legacy_path, back.forked_from) == \
         (b"caf\xe9 \xff", 1700000000, "f" * 40, "/kv/old.kv", "e" * 40)
     assert back.dirty and back.activity and back.unsaved_work
-    assert back.checkpoints is not None and back.checkpoints.key == "ab12" and back.checkpoints.root == tmp_path
+    assert back.undo is not None and back.undo.key == "ab12" and back.undo.root == tmp_path
 
 
 def test_identity_meta_of_a_new_conversation_and_of_odd_journals(tmp_path):
@@ -30,7 +30,7 @@ def test_identity_meta_of_a_new_conversation_and_of_odd_journals(tmp_path):
                                            "legacy_path": None, "dirty": False, "forked_from": "",
                                            "checkpoints": ""}
     back = SessionIdentity.from_meta({"title": "older journal", "checkpoints": "../../etc"}, tmp_path)
-    assert back.title == b"older journal" and back.checkpoints is None  # never a path to follow
+    assert back.title == b"older journal" and back.undo is None  # never a path to follow
     assert meta_title({"title_hex": "zz"}) is None
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from ds4agent.agent import events as ev
 from ds4agent.protocol import dsml, template
 from ds4agent.protocol.tokenizer import ASSISTANT, EOS, THINK, USER, Tokenizer
-from tests.agent.conftest import RecTool
 from tests.support.agent_harness import DATE_LINE, AgentHarness, of
+from tests.support.rec_tool import RecTool
 from tests.support.scripted_engine import reply, text_ids
 
 TOK = Tokenizer.load()
@@ -20,11 +20,15 @@ def after_last_eos_before(h: AgentHarness, n_back: int = 1) -> bytes:
     return TOK.decode_bytes(ids[idx[-n_back] + 1:])
 
 
+def _user(text: str, date_line: str = "") -> list[int]:
+    return template.render(template.user_turn_pieces(text, think_mode="think", date_line=date_line))
+
+
 def test_plain_answer_transcript_is_exact(tmp_path, tools):
     h = AgentHarness.build(tmp_path, [reply("Hello there.", think="Greet.")], tools=tools)
     sys_len = len(h.ids)
     evs = h.turn("  hi  ")
-    expect = template.render_user_turn("hi", think_mode="think", date_line=DATE_LINE) + reply("Hello there.", think="Greet.")
+    expect = _user("hi", date_line=DATE_LINE) + reply("Hello there.", think="Greet.")
     assert h.ids[sys_len:] == expect
     assert h.live == tuple(h.ids[:-1])  # the sampled EOS is evaluated only at the next prefill
     assert "".join(e.text for e in of(evs, ev.TextDelta)) == "Hello there."
@@ -109,7 +113,7 @@ def test_token_cap_ends_round_with_eos(tmp_path, tools):
                            tools=tools, round_tokens=4)
     sys_len = len(h.ids)
     evs = h.turn("go")
-    out = h.ids[sys_len + len(template.render_user_turn("go", think_mode="think", date_line=DATE_LINE)):]
+    out = h.ids[sys_len + len(_user("go", date_line=DATE_LINE)):]
     assert len(out) == 5 and out[-1] == EOS
     assert of(evs, ev.TurnEnded)[-1].reason == "token_cap"
     h.stop()
@@ -155,7 +159,7 @@ def test_interrupt_mid_generation_then_save_load_restores(tmp_path, tools):
     assert of(evs, ev.TurnEnded)[-1].reason == "interrupted"
     ids = h.ids
     assert ids[-1] == EOS and ids.count(EOS) == 1
-    gen_start = len(h.worker.system_ids) + len(template.render_user_turn("talk", think_mode="think", date_line=DATE_LINE))
+    gen_start = len(h.worker.system_ids) + len(_user("talk", date_line=DATE_LINE))
     assert ids[gen_start:-1] == long[:len(ids) - 1 - gen_start]  # the partial output stays
     evs = h.command(h.agent.save)
     saved = of(evs, ev.SessionSaved)[0]
@@ -170,7 +174,7 @@ def test_interrupt_mid_generation_then_save_load_restores(tmp_path, tools):
     assert h2.engine.prefills == prefills  # no prefill at load
     assert [i.kind for i in loaded.history][:1] == ["user"] and loaded.history[0].text == "talk"
     h2.turn("more")
-    user2 = template.render_user_turn("more", think_mode="think")
+    user2 = _user("more")
     assert h2.engine.prefills[-1] == len(user2)  # only the new suffix
     assert h2.ids[:len(ids)] == ids
     h2.stop()

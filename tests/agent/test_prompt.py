@@ -12,8 +12,8 @@ TOK = Tokenizer.load()
 
 def _prefix(cwd, extra=None) -> list[int]:
     s = build_system_text(cwd, extra)
-    return template.render_system_prefix(s.builtin, extra_system_text=s.extra, tools=default_tools(),
-                                         think_mode="think", ctx=100_000, tokenizer=TOK)
+    return template.render(template.system_prefix_pieces(s.builtin, extra_system_text=s.extra, tools=default_tools(),
+                                         think_mode="think", ctx=100_000), TOK)
 
 
 def test_system_prefix_holds_no_per_run_data(tmp_path):

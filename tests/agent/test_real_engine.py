@@ -6,8 +6,8 @@ from __future__ import annotations
 from ds4agent.agent import events as ev
 from ds4agent.engine import load_engine
 from ds4agent.protocol import template
-from tests.agent.conftest import RecTool
 from tests.support.agent_harness import AgentHarness, of
+from tests.support.rec_tool import RecTool
 
 CTX = 2048
 
@@ -64,7 +64,7 @@ def test_save_new_load_continues_exactly(tmp_path, tiny_model):
     assert of(evs, ev.SessionLoaded)[0].prefilled == 0
     assert b.live == tuple(first) and counts == []
     b.turn("and again")
-    user2 = template.render_user_turn("and again", think_mode="think")
+    user2 = template.render(template.user_turn_pieces("and again", think_mode="think"))
     assert counts[0] == len(user2)  # only the new suffix was prefilled
     assert b.ids == reference  # same tokens as the uninterrupted run
     b.stop()

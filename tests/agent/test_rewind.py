@@ -1,4 +1,4 @@
-"""/rewind, /fork and code checkpoints with the scripted engine, the real store and real tools."""
+"""/rewind, /fork and undo log with the scripted engine, the real store and real tools."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_rewind_lists_user_turns_and_cuts_the_conversation(tmp_path, tools):
     assert len(of(h.command(h.agent.rewind_points), ev.RewindList)[0].points) == 1
     h.engine.add(reply("again", think="t"))
     h.turn("second question, edited")
-    user = template.render_user_turn("second question, edited", think_mode="think")
+    user = template.render(template.user_turn_pieces("second question, edited", think_mode="think"))
     assert h.ids[starts[1]:starts[1] + len(user)] == user
     h.stop()
 
@@ -104,7 +104,7 @@ def test_code_rewind_refuses_files_changed_outside_unless_confirmed(tmp_path):
     assert done.refused == (f"{work / 'a.txt'}: changed since the agent last wrote it",)
     assert (work / "a.txt").read_text() == "edited by hand\n" and not (work / "new.txt").exists()
     assert "a.txt: changed since the agent last wrote it" in answers[0]
-    # Asked again and confirmed: the hand edit is overwritten with the checkpoint.
+    # Asked again and confirmed: the hand edit is overwritten with the undo copy.
     done = of(h.command(lambda: h.agent.rewind(2, "code")), ev.Rewound)[0]
     assert done.restored == (str(work / "a.txt"),) and done.refused == ()
     assert (work / "a.txt").read_text() == "one\n"
@@ -154,15 +154,15 @@ def test_rewind_fork_saves_the_earlier_point_as_a_new_session(tmp_path, tools):
     h.stop()
 
 
-def test_deleting_a_session_removes_its_checkpoints_and_index_entry(tmp_path):
+def test_deleting_a_session_removes_its_undo_log_and_index_entry(tmp_path):
     h, work = _writer(tmp_path, answer=lambda e: "n")
     saved = of(h.command(h.agent.save), ev.SessionSaved)[0]
-    key = h.worker.identity.checkpoints.key
+    key = h.worker.identity.undo.key
     ckdir = tmp_path / "checkpoints" / key
     log = [json.loads(line) for line in (ckdir / "log.jsonl").read_text().splitlines()]
     assert [(e["path"], e["before"] is None) for e in log] == [
         (str(work / "a.txt"), True), (str(work / "a.txt"), False), (str(work / "new.txt"), True)]
-    assert SessionIndex(tmp_path / "kv").get(saved.id).checkpoints == key
+    assert SessionIndex(tmp_path / "kv").get(saved.id).undo == key
     h.agent.delete_session(saved.short_id)
     assert not ckdir.exists() and SessionIndex(tmp_path / "kv").get(saved.id) is None
     h.stop()

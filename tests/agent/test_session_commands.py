@@ -106,3 +106,31 @@ def test_strip_refuses_a_text_whose_control_token_spellings_would_forge_turns(tm
     assert errors and errors[0].startswith("strip failed: its text spells control tokens as plain text")
     assert h.store.resolve(sid).header.payload_bytes > 0  # kept with its state
     h.stop()
+
+
+def test_load_resolves_its_prefix_and_reads_the_index_once(tmp_path, monkeypatch):
+    # The prefix is checked before the save question and the file loaded after it: one directory
+    # scan and one index read serve both (the resolved target travels from the one to the other).
+    from ds4agent.sessions.index import SessionIndex
+    from ds4agent.sessions.store import SessionStore
+
+    h, sid = _saved(tmp_path, answer=lambda e: "n")
+    h.turn("unsaved, so /load asks first")
+    calls = {"resolve": 0, "index": 0}
+    real_resolve, real_get = SessionStore.resolve, SessionIndex.get
+
+    def resolve(self, *a, **kw):
+        calls["resolve"] += 1
+        return real_resolve(self, *a, **kw)
+
+    def get(self, *a, **kw):
+        calls["index"] += 1
+        return real_get(self, *a, **kw)
+
+    monkeypatch.setattr(SessionStore, "resolve", resolve)
+    monkeypatch.setattr(SessionIndex, "get", get)
+    evs = h.command(lambda: h.agent.load(sid[:6]))
+    assert [q.kind for q in of(evs, ev.Question)] == ["save"]
+    assert of(evs, ev.SessionLoaded)[0].id == sid
+    assert calls == {"resolve": 1, "index": 1}
+    h.stop()

@@ -15,13 +15,6 @@ STEPS = 3
 TOP = 20
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from ds4agent.testmodels import make_test_model
-
-    return make_test_model(tmp_path_factory.mktemp("model") / "tiny.gguf", config="tiny", seed=0)
-
-
 def _entry(tok, i, lp):
     data = tok.token_bytes(int(i))
     return {"token": {"text": data.decode("utf-8", "replace"), "bytes": list(data)}, "logprob": float(lp[int(i)])}
@@ -59,8 +52,8 @@ def write_vectors(root, model, prompts=PROMPTS, steps=STEPS):
 
 
 @pytest.fixture(scope="module")
-def vectors(tiny, tmp_path_factory):
-    return write_vectors(tmp_path_factory.mktemp("vectors"), tiny)
+def vectors(tiny_model, tmp_path_factory):
+    return write_vectors(tmp_path_factory.mktemp("vectors"), tiny_model)
 
 
 def test_the_api_rendering_of_a_prompt():
@@ -69,8 +62,8 @@ def test_the_api_rendering_of_a_prompt():
     assert prompt_ids(tok, "<think>")[2:-2] == tok.encode_untrusted("<think>")  # plain text, no specials
 
 
-def test_verify_passes_on_vectors_the_model_wrote(tiny, vectors, capsys):
-    assert main(["verify", str(tiny), "--vectors", str(vectors)]) == 0
+def test_verify_passes_on_vectors_the_model_wrote(tiny_model, vectors, capsys):
+    assert main(["verify", str(tiny_model), "--vectors", str(vectors)]) == 0
     out = capsys.readouterr().out
     assert "short_fact" in out and "code" in out
     assert out.count("(ok)") == 2  # both prompt token counts match usage.prompt_tokens
@@ -82,7 +75,7 @@ def test_verify_passes_on_vectors_the_model_wrote(tiny, vectors, capsys):
     assert out.rstrip().endswith(f"2 case(s), {2 * STEPS} step(s): 0 token mismatch(es)")
 
 
-def test_a_wrong_token_fails_and_is_shown(tiny, vectors, tmp_path, capsys):
+def test_a_wrong_token_fails_and_is_shown(tiny_model, vectors, tmp_path, capsys):
     bad = tmp_path / "bad"
     import shutil
 
@@ -94,7 +87,7 @@ def test_a_wrong_token_fails_and_is_shown(tiny, vectors, tmp_path, capsys):
     step["token"] = wrong
     record["usage"]["prompt_tokens"] += 1  # and a prompt count that differs
     path.write_text(json.dumps(record))
-    assert main(["verify", str(tiny), "--vectors", str(bad)]) == 1
+    assert main(["verify", str(tiny_model), "--vectors", str(bad)]) == 1
     out = capsys.readouterr().out
     assert "(DIFFERENT)" in out
     row = [ln for ln in out.splitlines() if " NO " in ln]
@@ -102,7 +95,7 @@ def test_a_wrong_token_fails_and_is_shown(tiny, vectors, tmp_path, capsys):
     assert "1 token mismatch(es), 1 prompt token count(s) differ" in out
 
 
-def test_unusable_vector_directories_are_refused_readably(tmp_path, tiny, capsys):
+def test_unusable_vector_directories_are_refused_readably(tmp_path, tiny_model, capsys):
     with pytest.raises(VectorError, match="manifest.json"):
         load_vectors(tmp_path)
     (tmp_path / "manifest.json").write_text(json.dumps({"prompts": [{"id": "x"}]}))
@@ -111,5 +104,5 @@ def test_unusable_vector_directories_are_refused_readably(tmp_path, tiny, capsys
     (tmp_path / "manifest.json").write_text(json.dumps({"prompts": [{"id": "x", "prompt_file": "../../etc/passwd"}]}))
     with pytest.raises(VectorError, match="outside the vector directory"):
         load_vectors(tmp_path)
-    assert main(["verify", str(tiny), "--vectors", str(tmp_path)]) == 2
+    assert main(["verify", str(tiny_model), "--vectors", str(tmp_path)]) == 2
     assert "outside the vector directory" in capsys.readouterr().err

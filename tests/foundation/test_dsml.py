@@ -1,4 +1,4 @@
-"""Streaming DSML parser (§11) and greedy classifier (§12)."""
+"""Streaming DSML parser (prompt-and-dsml.md §11) and greedy classifier (§12)."""
 
 import pytest
 from hypothesis import given, settings
@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from ds4agent.protocol import dsml as D
 from ds4agent.protocol.dsml import DsmlParser, GreedyState
-from ds4agent.protocol.template import render_assistant_output, render_dsml_block
+from ds4agent.protocol.template import assistant_output_pieces, render, render_dsml_block
 from ds4agent.protocol.tokenizer import DSML, END_THINK, EOS, THINK, Tokenizer
 
 B = "｜"  # the full-width bar (U+FF5C) is the protocol's
@@ -34,7 +34,7 @@ def run(chunks, *, thinking=False, ids=False):
     return p, events
 
 
-def text_of(events, kind=D.TextDelta):
+def text_of(events, kind=D.TextPart):
     return "".join(e.text for e in events if isinstance(e, kind))
 
 
@@ -112,15 +112,15 @@ def test_every_two_way_split_and_single_bytes_of_a_block():
 def test_real_token_ids_of_a_rendered_output():
     tok = Tokenizer.load()
     calls = [("edit", {"path": "a.py", "old": "x = 1\n", "new": "y = [1, 2]\n", "count": 2})]
-    ids = render_assistant_output(reasoning="plan ｜DSML｜ no", text="Doing it.", calls=calls,
-                                  think_mode="think", eos=False)
+    ids = render(assistant_output_pieces(reasoning="plan ｜DSML｜ no", text="Doing it.", calls=calls,
+                                  think_mode="think", eos=False))
     # reasoning holds an untrusted DSML string: plain BPE, yet the thinking rule sees its bytes
     p, events = run(ids, thinking=True, ids=True)
     assert p.outcome.kind == "done" and _got(p.outcome) == _expected(calls)
     assert p.outcome.thinking_violation
-    assert text_of(events, D.ThinkingDelta) == "plan ｜DSML｜ no"
+    assert text_of(events, D.ThinkingPart) == "plan ｜DSML｜ no"
     assert text_of(events) == "Doing it.\n\n"
-    ids = render_assistant_output(reasoning="plan", text="", calls=calls, think_mode="think", eos=False)
+    ids = render(assistant_output_pieces(reasoning="plan", text="", calls=calls, think_mode="think", eos=False))
     p, _ = run(ids, thinking=True, ids=True)
     assert p.outcome.runs_tools and p.outcome.failure_result is None
     assert DSML in ids and tok.decode_bytes(ids).endswith(CLOSE_TC.encode())
@@ -167,7 +167,7 @@ def test_thinking_gate_uses_ids_only():
     ids = tok.encode_untrusted("a </think> b") + [END_THINK] + tok.encode_untrusted("c") + [THINK] + \
         tok.encode_untrusted("d </think>") + [END_THINK]
     p, events = run(ids, thinking=True, ids=True)
-    assert text_of(events, D.ThinkingDelta) == "a </think> b"
+    assert text_of(events, D.ThinkingPart) == "a </think> b"
     assert text_of(events) == "c<think>d </think></think>"
     assert sum(isinstance(e, D.ThinkingEnd) for e in events) == 1
     # nothink: everything is visible text
@@ -396,7 +396,7 @@ def test_in_syntax_and_in_payload_flags():
 
 # ------------------------------------------------------------------ fuzz
 
-_EVENT_TYPES = (D.ThinkingDelta, D.ThinkingEnd, D.TextDelta, D.ThinkingViolation, D.BlockStart, D.InvokeStart,
+_EVENT_TYPES = (D.ThinkingPart, D.ThinkingEnd, D.TextPart, D.ThinkingViolation, D.BlockStart, D.InvokeStart,
                 D.ParamStart, D.ParamDelta, D.ParamEnd, D.InvokeEnd, D.BlockDone, D.BlockError)
 _frag = st.sampled_from([M, OPEN_INV, OPEN_PAR, CLOSE_PAR, CLOSE_INV, CLOSE_TC, ' name="a"', ' string="false"',
                          ">", "<", "</", B, "DSML", "\n", " ", '"', "{", "&lt;", "|DSML|", "\\"]).map(str.encode)
@@ -437,7 +437,7 @@ def test_bare_invoke_is_a_one_call_block_in_any_chunking():
         events += p.finish()
         assert p.stop and p.outcome.kind == "done"
         assert _got(p.outcome) == [("read", {"path": "a.py"})]
-        assert "".join(e.text for e in events if isinstance(e, D.TextDelta)) == "Now.\n"
+        assert "".join(e.text for e in events if isinstance(e, D.TextPart)) == "Now.\n"
         assert [e.marker for e in events if isinstance(e, D.BlockStart)] == [D.BARE_INVOKE]
 
 

@@ -10,12 +10,10 @@ from ds4agent.sessions.store import SessionStore
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
+def engine(tiny_model):
     from ds4agent.engine import load_engine
-    from ds4agent.testmodels import make_test_model
 
-    path = make_test_model(tmp_path_factory.mktemp("model") / "tiny.gguf")
-    return load_engine(path, ctx=256)
+    return load_engine(tiny_model, ctx=256)
 
 
 def test_engine_state_round_trips_through_a_session_file(engine, tmp_path):

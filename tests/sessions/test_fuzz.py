@@ -113,7 +113,7 @@ def test_random_byte_flips(good, scratch, data):
 
 
 def test_s_layout_file_loads_and_truncation_at_every_offset_is_refused(tmp_path):
-    """[S] files (byte 20 = 0, payload version 1, §13) go through the same chain: whole, it loads;
+    """[S] files (byte 20 = 0, payload version 1, kvc-format.md §13) go through the same chain: whole, it loads;
     cut anywhere, it is refused and the validator says so without raising."""
     from ds4agent.sessions.kvc import text_sha1
 

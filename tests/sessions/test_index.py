@@ -1,4 +1,4 @@
-"""The session index beside the KV directory, and code checkpoints going with their session."""
+"""The session index beside the KV directory, and undo log going with their session."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 
 from ds4agent.cli import build_parser
 from ds4agent.commands import kv as kv_command
-from ds4agent.sessions import checkpoints
-from ds4agent.sessions.checkpoints import CodeCheckpoints
+from ds4agent.sessions import undo
 from ds4agent.sessions.index import SessionIndex, index_path
 from ds4agent.sessions.store import SessionStore
+from ds4agent.sessions.undo import UndoLog
 
 from .helpers import TINY, random_state, session_text
 
@@ -40,22 +40,22 @@ def test_index_lives_beside_the_directory_and_survives_damage(tmp_path):
     assert set(idx.read()) == {a.id, b.id}
 
 
-def test_kv_rm_removes_the_sessions_checkpoints_and_index_entry(tmp_path, monkeypatch):
-    monkeypatch.setattr(checkpoints, "default_root", lambda: tmp_path / "state" / "checkpoints")
+def test_kv_rm_removes_the_sessions_undo_log_and_index_entry(tmp_path, monkeypatch):
+    monkeypatch.setattr(undo, "default_root", lambda: tmp_path / "state" / "checkpoints")
     kv = tmp_path / "kv"
     store = SessionStore(kv)
     s = _saved(store, "a task", 1_760_000_000)
-    ck = CodeCheckpoints()
+    ck = UndoLog()
     ck.record(str(tmp_path / "f.txt"), None, b"x\n")
     assert ck.dir.is_dir()
-    SessionIndex(kv).record(s.id, cwd=tmp_path, checkpoints=ck.key)
+    SessionIndex(kv).record(s.id, cwd=tmp_path, undo=ck.key)
     args = build_parser().parse_args(["kv", "--kv-dir", str(kv), "rm", s.id[:6]])
     assert kv_command.main(args, out=io.StringIO()) == 0
     assert not ck.dir.exists() and SessionIndex(kv).get(s.id) is None
 
 
-def test_checkpoints_are_content_addressed_and_survive_a_torn_log_line(tmp_path):
-    ck = CodeCheckpoints(tmp_path)
+def test_undo_copies_are_content_addressed_and_survive_a_torn_log_line(tmp_path):
+    ck = UndoLog(tmp_path)
     for _ in range(3):
         ck.record(str(tmp_path / "a.txt"), b"same\n", b"same\n")
     assert len(list((ck.dir / "objects").iterdir())) == 1
@@ -64,10 +64,10 @@ def test_checkpoints_are_content_addressed_and_survive_a_torn_log_line(tmp_path)
     assert len(ck.entries()) == 3
 
 
-def test_sealed_checkpoints_are_never_restored(tmp_path):
+def test_sealed_undo_records_are_never_restored(tmp_path):
     f = tmp_path / "a.txt"
     f.write_text("new\n")
-    ck = CodeCheckpoints(tmp_path / "ck")
+    ck = UndoLog(tmp_path / "ck")
     ck.at = 500
     ck.record(str(f), b"old\n", b"new\n")
     assert [c.path for c in ck.plan(100).clean] == [str(f)]
@@ -75,7 +75,7 @@ def test_sealed_checkpoints_are_never_restored(tmp_path):
     assert ck.plan(0).clean == () and ck.plan(0).conflicts == ()
 
 
-def test_index_and_checkpoint_files_are_entries_of_their_own_never_written_through_links(tmp_path):
+def test_index_and_undo_files_are_entries_of_their_own_never_written_through_links(tmp_path):
     # The rewind files too: a link planted at their names is replaced.
     kv = tmp_path / "kvcache"
     store = SessionStore(kv)
@@ -88,7 +88,7 @@ def test_index_and_checkpoint_files_are_entries_of_their_own_never_written_throu
     assert not index_path(kv).is_symlink() and (index_path(kv).stat().st_mode & 0o777) == 0o600
     assert SessionIndex(kv).latest_for(tmp_path) == a.id
 
-    ckpt = CodeCheckpoints(tmp_path / "ckpt")
+    ckpt = UndoLog(tmp_path / "ckpt")
     ckpt.dir.mkdir(parents=True)
     (ckpt.dir / "log.jsonl").symlink_to(victim)
     with pytest.raises(OSError):  # O_NOFOLLOW refuses the link (ELOOP); the agent warns

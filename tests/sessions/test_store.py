@@ -7,17 +7,10 @@ import time
 import pytest
 
 from ds4agent.sessions import errors as E
+from ds4agent.sessions.entries import default_kv_dir, touch
 from ds4agent.sessions.errors import KVCError, KVCIOError, KVCStoreError, KVCTextError, KVCWriteError
 from ds4agent.sessions.kvc import KVCHeader, session_identity, text_sha1, write_kvc
-from ds4agent.sessions.store import (
-    SYSPROMPT_KEEP,
-    SessionStore,
-    default_kv_dir,
-    eviction_score,
-    format_session_line,
-    store_len,
-    touch,
-)
+from ds4agent.sessions.store import SYSPROMPT_KEEP, SessionStore
 from ds4agent.sessions.titles import clip_title, derive_title, display_text
 
 from .helpers import ASSISTANT, TINY, USER, assert_states_equal, random_state, s_layout, session_text
@@ -228,8 +221,7 @@ def test_list_newest_first_reason6_only(store, clock):
     store.save_sysprompt(b"sys", random_state(TINY, 2, CTX), shape=TINY, quant_bits=2)
     listed = store.list_sessions()
     assert [s.title for s in listed] == [b"first", b"third", b"second"]
-    line = format_session_line(listed[0], now=1_760_000_000 + 90)
-    assert line == f"  {ids[0][:8]} (1m ago) first  [5 tokens, {listed[0].entry.file_size / 2**20:.1f} MiB]"
+    assert [s.id for s in listed] == [ids[0], ids[2], ids[1]]
 
 
 def test_listing_ignores_junk_and_reports_unreadable_session_files(store, clock):
@@ -419,46 +411,6 @@ def test_touch_changes_only_hits_and_last_used(tmp_path):
     assert after[:12] == before[:12] and after[16:32] == before[16:32] and after[40:] == before[40:]
 
 
-def test_store_len_and_eviction_score():
-    assert [store_len(n) for n in (11011, 10500, 1695, 100, 544, 545, 2592)] == [
-        10240, 10240, 1695, 100, 544, 545, 2048]
-    h = KVCHeader(2, 2, 0, 0, 1000, 4, CTX, 50, 100, 0)
-    assert eviction_score(h, 2000, now=100) == pytest.approx(5 * 1000 / 2000)
-    assert eviction_score(h, 2000, now=100 + 21600) == pytest.approx(3 * 1000 / 2000)
-    assert eviction_score(h, 2000, now=100 + 21600 * 20) == pytest.approx(1000 / 2000)  # eh < 0.01 -> 0
-    cold = KVCHeader(2, 1, 0, 0, 1000, 0, CTX, 0, 0, 0)
-    assert eviction_score(cold, 1000, now=5) == pytest.approx(2.0)
-    assert eviction_score(h, 2000, now=100, supersedes=True) == pytest.approx(2.5 * (0.05 + 0.45 * 4 / 5))
-
-
-def test_evict_spares_sessions_unless_asked(store, clock):
-    s = save(store, session_text("mine"))
-    paths = []
-    for i, reason in enumerate((1, 2, 4)):
-        text = f"server text {i}".encode()
-        p = store.directory / (text_sha1(text) + ".kv")
-        write_kvc(p, KVCHeader(2, reason, 0, 0, 3 + i, 0, CTX, 1, 1, 0), text, random_state(TINY, 3 + i, CTX), TINY)
-        paths.append(p)
-    removed = store.evict(0)
-    assert set(removed) == set(paths) and s.path.exists()
-    assert store.evict(0, include_sessions=True) == [s.path]
-
-
-def test_evict_removes_the_lowest_score_first_and_stops_at_the_target(store):
-    # Same size and age: cold (1) and shutdown (4) scores are doubled, so continued (2) goes first;
-    # one removal reaches the target and nothing else is touched.
-    paths = []
-    for i, reason in enumerate((1, 2, 4)):
-        text = f"server text {i}".encode()
-        p = store.directory / (text_sha1(text) + ".kv")
-        write_kvc(p, KVCHeader(2, reason, 0, 0, 3, 0, CTX, 1, 1, 0), text, random_state(TINY, 3, CTX), TINY)
-        paths.append(p)
-    total = sum(p.stat().st_size for p in paths)
-    assert store.evict(total - 1, now=1) == [paths[1]]
-    assert paths[0].exists() and paths[2].exists()
-    assert store.evict(total) == []
-
-
 def test_wall_clock_default(tmp_path):
     store = SessionStore(tmp_path)
     saved = save(store, session_text("now"))
@@ -501,32 +453,18 @@ def test_duck_typed_engine_shape_and_state(store):
     assert_states_equal(real, back)
 
 
-def _checkpoint(store, text, T, *, reason=2, model_id=0, name_text=None):
-    path = store.directory / (text_sha1(name_text or text) + ".kv")
-    write_kvc(path, KVCHeader(2, reason, 0, model_id, T, 0, CTX, 1, 1, 0), text, random_state(TINY, T, CTX, T), TINY)
-    return path
-
-
-def test_server_prefix_lookup(store):
-    short = _checkpoint(store, b"<sys><user>hello", 5)
-    longer = _checkpoint(store, b"<sys><user>hello<assistant>", 9)
-    _checkpoint(store, b"<sys><user>other", 11)
-    _checkpoint(store, b"<sys><user>hello<assistant>", 12, model_id=1, name_text=b"<sys><user>hello<assi")
-    session = save(store, b"<sys><user>hello")  # agent sessions never match (identity names)
-    kw = dict(shape=TINY, ctx=CTX, model_id=0, min_tokens=1)
-    hit = store.find_checkpoint(b"<sys><user>hello<assistant>more", **kw)
-    assert hit.envelope.path == longer and len(hit.payload.tokens) == 9
-    assert store.find_checkpoint(b"<sys><user>hello!", **kw).envelope.path == short
-    assert store.find_checkpoint(b"<sys><user>hello<assistant>more", **{**kw, "min_tokens": 10}) is None
-    assert store.find_checkpoint(b"unrelated", **kw) is None
-    assert session.path.exists()
-
-
-def test_server_prefix_lookup_hash_mismatch(store):
-    # named as SHA1 of the prompt's first 5 bytes, but holds other text of the same length
-    _checkpoint(store, b"abcdX", 5, name_text=b"abcde")
-    with pytest.raises(KVCError, match="^cached text hash mismatch$"):
-        store.find_checkpoint(b"abcdef", shape=TINY, ctx=CTX, model_id=0, min_tokens=1)
+def test_nearest_prefix_loads_the_longest_saved_prefix(store, clock):
+    # A crash resume starts from the saved session whose text is the longest prefix of the
+    # journal's; longer texts, other conversations and files with too many tokens do not count.
+    short = save(store, b"<sys><user>hello", T=3, title=b"short")
+    longer = save(store, b"<sys><user>hello<assistant>", T=5, title=b"longer")
+    save(store, b"<sys><user>other", T=4, title=b"other")
+    kw = dict(shape=TINY, ctx=CTX, model_id=0, quant_bits=2)
+    hit = store.nearest_prefix(b"<sys><user>hello<assistant>more", max_tokens=9, **kw)
+    assert hit.id == longer.id and len(hit.payload.tokens) == 5
+    assert store.nearest_prefix(b"<sys><user>hello<assistant>more", max_tokens=4, **kw).id == short.id
+    assert store.nearest_prefix(b"<sys><user>hello!", max_tokens=9, **kw).id == short.id
+    assert store.nearest_prefix(b"unrelated", max_tokens=9, **kw) is None
 
 
 def test_fifo_named_like_a_session_is_skipped_not_opened(store):

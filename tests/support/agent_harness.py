@@ -75,7 +75,7 @@ class AgentHarness:
         if store == "default":
             store = SessionStore(root / "kv")
         opts = dict(ctx=ctx, cwd=root / "work", journal_dir=root / "journal", permission="auto",
-                    seed=1, checkpoint_dir=root / "checkpoints")
+                    seed=1, undo_dir=root / "checkpoints")
         opts.update(settings)
         agent = Agent(engine, store, list(tools) if tools is not None else None, AgentSettings(**opts), mcp=mcp)
         h = cls(agent, engine, store, root, answer or (lambda e: None))

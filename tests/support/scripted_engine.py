@@ -55,9 +55,8 @@ def reply(
     from ds4agent.protocol import template
 
     mode = "nothink" if think is None else "think"
-    return template.render_assistant_output(
-        reasoning=think, text=text, calls=calls, think_mode=mode, eos=eos and not calls
-    )
+    return template.render(template.assistant_output_pieces(
+        reasoning=think, text=text, calls=calls, think_mode=mode, eos=eos and not calls))
 
 
 def _ends_with_prompt(t) -> bool:

@@ -1,7 +1,7 @@
 import json
 
 from ds4agent.protocol.template import tool_schema_line
-from ds4agent.tools import RESULT_CAP_BYTES, ToolError, ToolResult, default_tools, run_tool
+from ds4agent.tools import RESULT_CAP_BYTES, Observation, ToolError, default_tools, run_tool
 from ds4agent.tools.args import arg_bool, arg_float, arg_int
 
 
@@ -61,7 +61,7 @@ class _Big:
     mutates = False
 
     def run(self, args, ctx):
-        return ToolResult("é" * RESULT_CAP_BYTES)
+        return Observation("é" * RESULT_CAP_BYTES)
 
 
 def test_failures_become_tool_errors(ctx):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ds4agent.ui.app import Ds4App
-from ds4agent.ui.history import History
+from ds4agent.ui.history import InputHistory
 from tests.ui.fake_agent import FakeAgent
 
 
@@ -25,7 +25,7 @@ class StepClock:
 def make_fake_app(agent: FakeAgent | None = None, **kw) -> tuple[Ds4App, FakeAgent]:
     agent = agent or FakeAgent()
     kw.setdefault("cwd", "/home/user/src/myrepo")
-    kw.setdefault("history", History(persist=False))
+    kw.setdefault("history", InputHistory(persist=False))
     kw.setdefault("animate", False)
     kw.setdefault("clock", StepClock())
     kw.setdefault("now", lambda: 1_700_000_000.0)
@@ -47,7 +47,7 @@ def make_real_agent(tmp_path: Path, script, *, permission: str = "auto", ctx: in
     work.mkdir(exist_ok=True)
     settings = AgentSettings(ctx=ctx, cwd=work, permission=permission, kv_dir=tmp_path / "kv",
                              journal=False, journal_dir=tmp_path / "journal",
-                             checkpoint_dir=tmp_path / "checkpoints")
+                             undo_dir=tmp_path / "checkpoints")
     agent = Agent(engine, SessionStore(tmp_path / "kv"), None, settings)
     return agent, engine
 

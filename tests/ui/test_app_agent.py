@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from ds4agent.ui.app import Ds4App
-from ds4agent.ui.history import History
+from ds4agent.ui.history import InputHistory
 from ds4agent.ui.screens.permission import PermissionScreen
 from ds4agent.ui.screens.session_picker import SessionPicker
 from ds4agent.ui.widgets.conversation import AssistantMessage, Note, ThinkingBlock, ToolCard, UserMessage
@@ -15,7 +15,7 @@ from tests.ui.screen_text import screen_text
 
 
 def _app(agent) -> Ds4App:
-    return Ds4App(agent=agent, cwd="/tmp/work", history=History(persist=False), animate=False, ctx=16384,
+    return Ds4App(agent=agent, cwd="/tmp/work", history=InputHistory(persist=False), animate=False, ctx=16384,
                   typeahead_grace=0.0)
 
 

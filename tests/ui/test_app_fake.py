@@ -7,7 +7,7 @@ from textual import events
 from ds4agent.agent import events as ev
 from ds4agent.tools import TextDisplay
 from ds4agent.ui.app import Ds4App
-from ds4agent.ui.history import History
+from ds4agent.ui.history import InputHistory
 from ds4agent.ui.screens.help import HelpScreen
 from ds4agent.ui.screens.permission import PermissionScreen
 from ds4agent.ui.screens.question import QuestionScreen
@@ -110,7 +110,7 @@ async def test_messages_sent_while_loading_wait_as_chips(tmp_path):
         release.wait(10)
         return agent
 
-    app = Ds4App(factory, cwd="/w", history=History(persist=False), animate=False)
+    app = Ds4App(factory, cwd="/w", history=InputHistory(persist=False), animate=False)
     async with app.run_test(size=(100, 20)) as pilot:
         assert app.agent is None
         await send(pilot, app, "early bird")
@@ -477,7 +477,7 @@ async def test_agent_that_cannot_be_built_is_one_error_line_and_exit_status_1():
     def factory():
         raise OSError("cannot create KV directory: Permission denied")
 
-    app = Ds4App(factory, cwd="/w", history=History(persist=False), animate=False)
+    app = Ds4App(factory, cwd="/w", history=InputHistory(persist=False), animate=False)
     async with app.run_test(size=(100, 20)) as pilot:
         await wait_until(pilot, lambda: app.status_model.state == "error")
         assert _notes(app) == ["ds4agent: cannot create KV directory: Permission denied",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ds4agent.agent import rewind
 from ds4agent.ui.app import Ds4App
-from ds4agent.ui.history import History
+from ds4agent.ui.history import InputHistory
 from ds4agent.ui.screens.rewind import RewindScreen
 from ds4agent.ui.widgets.conversation import UserMessage
 from tests.support.scripted_engine import reply
@@ -19,7 +19,7 @@ def _idle(app) -> bool:
 
 async def test_esc_esc_opens_the_turns_then_the_actions_and_puts_the_prompt_back(tmp_path):
     agent, _ = make_real_agent(tmp_path, [reply("A1", think=""), reply("A2", think=""), reply("A3", think="")])
-    app = Ds4App(agent=agent, cwd="/tmp/work", history=History(persist=False), animate=False, ctx=16384,
+    app = Ds4App(agent=agent, cwd="/tmp/work", history=InputHistory(persist=False), animate=False, ctx=16384,
                  typeahead_grace=0.0)
     async with app.run_test(size=(100, 40)) as pilot:
         await wait_until(pilot, lambda: _idle(app), what="startup")
@@ -45,7 +45,7 @@ async def test_esc_esc_opens_the_turns_then_the_actions_and_puts_the_prompt_back
 
 async def test_slash_rewind_with_a_turn_acts_directly_and_escape_backs_out(tmp_path):
     agent, _ = make_real_agent(tmp_path, [reply("A1", think=""), reply("A2", think="")])
-    app = Ds4App(agent=agent, cwd="/tmp/work", history=History(persist=False), animate=False, ctx=16384,
+    app = Ds4App(agent=agent, cwd="/tmp/work", history=InputHistory(persist=False), animate=False, ctx=16384,
                  typeahead_grace=0.0)
     async with app.run_test(size=(100, 40)) as pilot:
         await wait_until(pilot, lambda: _idle(app), what="startup")

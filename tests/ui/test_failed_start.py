@@ -7,7 +7,7 @@ import threading
 from ds4agent.agent.facade import Agent
 from ds4agent.agent.settings import AgentSettings
 from ds4agent.ui.app import Ds4App
-from ds4agent.ui.history import History
+from ds4agent.ui.history import InputHistory
 from ds4agent.ui.widgets.conversation import Note
 from tests.ui.conftest import send, wait_until
 
@@ -28,7 +28,7 @@ def _failing_app(tmp_path, release: threading.Event | None = None):
 
     settings = AgentSettings(ctx=4096, cwd=tmp_path, journal=False)
     agent = Agent(loader, None, [], settings)
-    return Ds4App(lambda: agent, cwd=str(tmp_path), history=History(persist=False), animate=False,
+    return Ds4App(lambda: agent, cwd=str(tmp_path), history=InputHistory(persist=False), animate=False,
                   typeahead_grace=0.0)
 
 

@@ -6,25 +6,9 @@ import io
 import json
 from pathlib import Path
 
-import pytest
-
 from ds4agent.ui import headless
-from tests.agent.conftest import RecTool
 from tests.support.agent_harness import AgentHarness
 from tests.support.scripted_engine import reply
-
-
-@pytest.fixture
-def tools():
-    return [RecTool("alpha", "A1\n"), RecTool("beta", "B1\n")]
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    """The tiny DS4-architecture test model (real vocab, random weights)."""
-    from ds4agent.testmodels.writer import make_test_model
-
-    return make_test_model(tmp_path_factory.mktemp("model") / "tiny.gguf", config="tiny", seed=0)
 
 
 def _agent(tmp_path, tools, script, **kw):

@@ -8,7 +8,7 @@ import pytest
 
 from ds4agent.agent import events as ev
 from ds4agent.ui import bridge, commands, fmt, toolview
-from ds4agent.ui.history import MAX_ENTRIES, History
+from ds4agent.ui.history import MAX_ENTRIES, InputHistory
 
 
 @pytest.mark.parametrize(
@@ -93,13 +93,13 @@ def test_commands_given_junk_arguments_say_so_instead_of_running():
 
 def test_history_persists_and_browses(tmp_path):
     path = tmp_path / "d" / "history.json"
-    h = History(path)
+    h = InputHistory(path)
     h.add("one")
     h.add("two\nlines")
     h.add("two\nlines")  # consecutive duplicate kept once
     h.add("   ")
     assert json.loads(path.read_text()) == ["one", "two\nlines"]
-    h2 = History(path)
+    h2 = InputHistory(path)
     assert h2.previous("draft") == "two\nlines"
     assert h2.previous("ignored") == "one"
     assert h2.previous("x") is None
@@ -111,12 +111,12 @@ def test_history_persists_and_browses(tmp_path):
 def test_history_caps_and_survives_garbage(tmp_path):
     path = tmp_path / "h.json"
     path.write_text("{not json")
-    h = History(path)
+    h = InputHistory(path)
     assert h.entries == []
     for i in range(MAX_ENTRIES + 5):
         h.add(f"m{i}")
     assert len(json.loads(path.read_text())) == MAX_ENTRIES
-    assert History(path).entries[0] == "m5"
+    assert InputHistory(path).entries[0] == "m5"
 
 
 def test_tool_summaries():
@@ -358,9 +358,9 @@ def test_history_keeps_a_mention_of_a_file_name_that_is_not_utf8(tmp_path):
     import os
 
     text = "look at @" + os.fsdecode(b"caf\xe9.txt")  # a Latin-1 name: a lone surrogate in the text
-    h = History(tmp_path / "history.json")
+    h = InputHistory(tmp_path / "history.json")
     h.add(text)
-    assert History(tmp_path / "history.json").entries == [text]
+    assert InputHistory(tmp_path / "history.json").entries == [text]
     assert list(tmp_path.iterdir()) == [tmp_path / "history.json"]  # no temporary file left behind
 
 

@@ -6,6 +6,8 @@ Update after an intended visual change: pytest tests/ui/test_snapshots.py --snap
 
 from __future__ import annotations
 
+import pytest
+
 from ds4agent.agent import events as ev
 from ds4agent.tools import BashDisplay, DiffDisplay, DiffLine, TextDisplay
 from tests.ui.conftest import make_fake_app
@@ -13,6 +15,8 @@ from tests.ui.fake_agent import status
 
 SIZE = (110, 40)
 SMALL = (80, 24)  # every screen must read well in the classic terminal size
+# The main states at both sizes: one test each, its snapshots named test_x[110x40] / test_x[80x24].
+SIZES = pytest.mark.parametrize("size", [SIZE, SMALL], ids=["110x40", "80x24"])
 
 
 async def _settle(pilot, app, cond=lambda: True) -> None:
@@ -57,12 +61,9 @@ def _turn_events(clock) -> list[ev.Event]:
     ]
 
 
-def test_snapshot_conversation(snap_compare):
-    _conversation(snap_compare, SIZE)
-
-
-def test_snapshot_conversation_80x24(snap_compare):
-    _conversation(snap_compare, SMALL)
+@SIZES
+def test_snapshot_conversation(snap_compare, size):
+    _conversation(snap_compare, size)
 
 
 def _conversation(snap_compare, size):
@@ -80,12 +81,9 @@ def _conversation(snap_compare, size):
     assert snap_compare(app, terminal_size=size, run_before=run_before)
 
 
-def test_snapshot_loading_with_queued_message(snap_compare):
-    _loading_with_queued_message(snap_compare, SIZE)
-
-
-def test_snapshot_loading_with_queued_message_80x24(snap_compare):
-    _loading_with_queued_message(snap_compare, SMALL)
+@SIZES
+def test_snapshot_loading_with_queued_message(snap_compare, size):
+    _loading_with_queued_message(snap_compare, size)
 
 
 def _loading_with_queued_message(snap_compare, size):
@@ -102,12 +100,9 @@ def _loading_with_queued_message(snap_compare, size):
     assert snap_compare(app, terminal_size=size, run_before=run_before)
 
 
-def test_snapshot_permission_modal(snap_compare):
-    _permission_modal(snap_compare, SIZE)
-
-
-def test_snapshot_permission_modal_80x24(snap_compare):
-    _permission_modal(snap_compare, SMALL)
+@SIZES
+def test_snapshot_permission_modal(snap_compare, size):
+    _permission_modal(snap_compare, size)
 
 
 def _permission_modal(snap_compare, size):
@@ -124,12 +119,9 @@ def _permission_modal(snap_compare, size):
     assert snap_compare(app, terminal_size=size, run_before=run_before)
 
 
-def test_snapshot_session_picker(snap_compare):
-    _session_picker(snap_compare, SIZE)
-
-
-def test_snapshot_session_picker_80x24(snap_compare):
-    _session_picker(snap_compare, SMALL)
+@SIZES
+def test_snapshot_session_picker(snap_compare, size):
+    _session_picker(snap_compare, size)
 
 
 def _session_picker(snap_compare, size):
@@ -151,12 +143,9 @@ def _session_picker(snap_compare, size):
     assert snap_compare(app, terminal_size=size, run_before=run_before)
 
 
-def test_snapshot_prefill_with_failed_bash_and_invalid_call(snap_compare):
-    _prefill_with_failed_bash_and_invalid_call(snap_compare, SIZE)
-
-
-def test_snapshot_prefill_with_failed_bash_and_invalid_call_80x24(snap_compare):
-    _prefill_with_failed_bash_and_invalid_call(snap_compare, SMALL)
+@SIZES
+def test_snapshot_prefill_with_failed_bash_and_invalid_call(snap_compare, size):
+    _prefill_with_failed_bash_and_invalid_call(snap_compare, size)
 
 
 def _prefill_with_failed_bash_and_invalid_call(snap_compare, size):

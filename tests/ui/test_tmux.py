@@ -22,13 +22,6 @@ import pytest
 READ_PAUSE_S = 1.0  # longer than the app's typeahead grace: a key after it answers a question
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    from ds4agent.testmodels import make_test_model
-
-    return Path(make_test_model(tmp_path_factory.mktemp("model") / "tiny.gguf", config="tiny", seed=0))
-
-
 def _env(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
     home = tmp_path / "home"

@@ -4,7 +4,7 @@
     servers.start()                       spawn every server in the background (returns at once)
     servers.wait_started(timeout)         block until each is ready or has failed (or the timeout)
     servers.tools() -> list[RemoteTool]   the tools of the servers that are up, servers by name
-    servers.call(server, tool, args, display_name, should_stop) -> ToolResult   raises McpCallError
+    servers.call(server, tool, args, display_name, should_stop) -> Observation   raises McpCallError
     servers.unavailable(server) -> str | None
     servers.statuses() -> list[ServerStatus]
     servers.close()                       stop them all (stdin closed, then terminated, then killed)
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ds4agent.tools.mcp.config import ServerConfig
 from ds4agent.tools.mcp.model import McpCallError, McpInterrupted, RemoteTool, ServerState, ServerStatus
-from ds4agent.tools.results import ToolResult
+from ds4agent.tools.results import Observation
 
 if TYPE_CHECKING:
     from ds4agent.tools.mcp.connection import Connection
@@ -155,7 +155,7 @@ class McpServers:
     # ------------------------------------------------------------------ calls
 
     def call(self, server: str, tool: str, args: Mapping[str, Any], *, display_name: str = "",
-             should_stop: Callable[[], bool] = _never) -> ToolResult:
+             should_stop: Callable[[], bool] = _never) -> Observation:
         """Run one tool on its server (not from the loop's thread); raises McpCallError, McpInterrupted."""
         conn = self._conns.get(server)
         if conn is None or self._closed or self._thread is None:

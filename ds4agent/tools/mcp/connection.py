@@ -4,8 +4,8 @@ here that import it.
     Connection(config, cwd=..., log_dir=..., start_timeout=..., notify=...)
         await serve()                 spawn, initialise, list the tools (following the cursor), then
                                       wait for `stop`; every failure becomes FAILED with a reason
-        await call(tool, args, timeout, display_name) -> ToolResult
-    render_result(name, result) -> ToolResult      a CallToolResult as the model's observation
+        await call(tool, args, timeout, display_name) -> Observation
+    render_result(name, result) -> Observation      a CallToolResult as the model's observation
 
 Everything in this module runs on the event loop thread of client.McpServers, except status().
 The SDK's context managers are entered and left inside serve(), in one task, as anyio requires.
@@ -36,7 +36,7 @@ from ds4agent.tools.mcp.config import ServerConfig
 from ds4agent.tools.mcp.confine import confined_command
 from ds4agent.tools.mcp.model import McpCallError, RemoteTool, ServerState, ServerStatus, bound_tools
 from ds4agent.tools.mcp.stdio import stdio_transport
-from ds4agent.tools.results import TextDisplay, ToolResult, error_text
+from ds4agent.tools.results import Observation, TextDisplay, error_text
 
 # The SDK logs transport trouble through `logging`; with no handler configured Python would print
 # it on stderr, under the UI. What matters reaches the user as a notice instead.
@@ -95,7 +95,7 @@ def _block_line(block: Any) -> str:
     return f"[{getattr(block, 'type', type(block).__name__)} content, not shown]"
 
 
-def render_result(name: str, result: mt.CallToolResult) -> ToolResult:
+def render_result(name: str, result: mt.CallToolResult) -> Observation:
     """The observation: the text blocks as they are (joined by newlines), one line for every other
     block, the structured content as JSON when there is nothing else; the text ends in "\\n" like
     the other tools' observations. isError makes it a tool error the model can act on."""
@@ -105,12 +105,12 @@ def render_result(name: str, result: mt.CallToolResult) -> ToolResult:
     body = "\n".join(parts)
     if result.is_error:
         message = body or "the tool reported an error without a message"
-        return ToolResult(error_text(message), ok=False,
+        return Observation(error_text(message), ok=False,
                           display=TextDisplay(summary=message.split("\n", 1)[0], body=message))
     if not body:
-        return ToolResult("(no output)\n", display=TextDisplay(summary=f"{name}: no output", body=""))
+        return Observation("(no output)\n", display=TextDisplay(summary=f"{name}: no output", body=""))
     text = body if body.endswith("\n") else body + "\n"
-    return ToolResult(text, display=TextDisplay(summary=f"{name}: {body.split(chr(10), 1)[0]}", body=body))
+    return Observation(text, display=TextDisplay(summary=f"{name}: {body.split(chr(10), 1)[0]}", body=body))
 
 
 # ---------------------------------------------------------------------------- the transport
@@ -271,7 +271,7 @@ class Connection:
             self.notify(notice)
         return kept
 
-    async def call(self, tool: str, args: dict[str, Any], timeout: float, display_name: str) -> ToolResult:
+    async def call(self, tool: str, args: dict[str, Any], timeout: float, display_name: str) -> Observation:
         client = self.client
         name = self.config.name
         if client is None or self.state is not ServerState.READY:

@@ -25,7 +25,7 @@ from ds4agent.tools.context import ToolContext
 from ds4agent.tools.mcp.client import McpServers
 from ds4agent.tools.mcp.model import McpCallError, RemoteTool
 from ds4agent.tools.permissions import ToolHints
-from ds4agent.tools.results import ERROR_PREFIX, ToolError, ToolResult
+from ds4agent.tools.results import ERROR_PREFIX, Observation, ToolError
 
 SEPARATOR = "__"
 MAX_NAME = 128
@@ -69,7 +69,7 @@ class McpTool:
     remote: RemoteTool
     servers: McpServers
 
-    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+    def run(self, args: Mapping[str, Any], ctx: ToolContext) -> Observation:
         try:
             return self.servers.call(self.remote.server, self.remote.name, coerce_args(args, self.schema),
                                      display_name=self.name, should_stop=ctx.should_stop)

@@ -18,7 +18,7 @@ from textual.message import Message
 from textual.widgets import Static, TextArea
 
 from ds4agent.ui import commands, mentions
-from ds4agent.ui.history import History
+from ds4agent.ui.history import InputHistory
 
 PLACEHOLDER = "Ask ds4agent… (/ for commands, @ for files)"
 # A paste longer than this is shown folded as one marker (the reference's editor does the same);
@@ -58,7 +58,7 @@ class PromptInput(TextArea):
             super().__init__()
             self.text = text
 
-    def __init__(self, history: History, *, cwd: str = ".", id: str | None = None) -> None:
+    def __init__(self, history: InputHistory, *, cwd: str = ".", id: str | None = None) -> None:
         super().__init__("", id=id, placeholder=PLACEHOLDER, soft_wrap=True, tab_behavior="focus",
                          show_line_numbers=False, compact=True, highlight_cursor_line=False)
         # Nothing blinks (ui.md); this also keeps snapshots deterministic.

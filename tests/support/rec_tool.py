@@ -1,12 +1,12 @@
+"""RecTool: a tool double that records its calls (the agent and UI tests' stand-in for real tools)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
-
-from ds4agent.tools import ToolResult
+from ds4agent.tools import Observation
 
 
 @dataclass
@@ -21,19 +21,6 @@ class RecTool:
     schema: dict = field(default_factory=lambda: {"type": "object", "properties": {"x": {"type": "string"}}})
     calls: list[dict] = field(default_factory=list)
 
-    def run(self, args: Mapping[str, Any], ctx: Any) -> ToolResult:
+    def run(self, args: Mapping[str, Any], ctx: Any) -> Observation:
         self.calls.append(dict(args))
-        return ToolResult(self.fn(args) if self.fn else self.text)
-
-
-@pytest.fixture
-def tools():
-    return [RecTool("alpha", "A1\n"), RecTool("beta", "B1\n")]
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory):
-    """The tiny DS4-architecture test model (real vocab, random weights)."""
-    from ds4agent.testmodels import make_test_model
-
-    return make_test_model(tmp_path_factory.mktemp("model") / "tiny.gguf", config="tiny", seed=0)
+        return Observation(self.fn(args) if self.fn else self.text)

@@ -1,6 +1,6 @@
-"""Code checkpoints: what the `write` and `edit` tools changed, so /rewind can put files back.
+"""The undo log: what the `write` and `edit` tools changed, so /rewind can put files back.
 
-Per conversation, a directory under the platformdirs state directory (`.../checkpoints/<key>`):
+Per conversation, a directory under the platformdirs state directory (`.../checkpoints/<key>`: the directory keeps the name it had when this was called a checkpoint):
 
     objects/<sha256>   file contents, content-addressed (a file written ten times with the same
                        text is stored once)
@@ -14,7 +14,7 @@ file on disk still holds the `after` of its last write: a file changed since (by
 a `bash` command, which is not tracked) is reported and left alone unless the user confirms.
 
 The key is random, made when a conversation starts; the session index maps a saved session to it
-(sessions/index.py), so the checkpoints live as long as the session and go with it (`kv rm`,
+(sessions/index.py), so the undo log lives as long as the session and go with it (`kv rm`,
 the picker's delete).
 """
 
@@ -52,7 +52,7 @@ def default_root() -> Path:
 
 
 def remove(root: Path | None, key: str) -> None:
-    """Delete a conversation's checkpoints (with its session)."""
+    """Delete a conversation's undo log (with its session)."""
     if key and all(c in "0123456789abcdef" for c in key):
         shutil.rmtree((root or default_root()) / key, ignore_errors=True)
 
@@ -120,7 +120,7 @@ def _digest_now(path: str, sizes: set[int]) -> tuple[str | None, bool, str]:
 
 
 def _write_own(path: Path, data: bytes) -> None:
-    """A checkpoint file (copies of the user's code): replaced as an entry, never through a
+    """An undo-log file (copies of the user's code): replaced as an entry, never through a
     symlink, readable by the user only, like the session files."""
     with atomic_entry(path, mode=0o600) as f:
         f.write(data)
@@ -132,7 +132,7 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-class CodeCheckpoints:
+class UndoLog:
     def __init__(self, root: Path | None = None, key: str | None = None) -> None:
         self.root = Path(root) if root is not None else default_root()
         self.key = key or uuid.uuid4().hex
@@ -249,11 +249,11 @@ class CodeCheckpoints:
         self._sweep()
         return tuple(restored), tuple(refused)
 
-    # A restore writes the new file beside nothing of the user's when it can: in the checkpoint
+    # A restore writes the new file beside nothing of the user's when it can: in the undo
     # directory's staging/ (same filesystem as the work tree), renamed into place, so a kill -9 at
     # any moment leaves no temporary file in the work tree. Across filesystems the temp file has
     # to be made beside the target; its directory is noted in restoring.jsonl first, and the next
-    # plan or apply removes what a crash left there (a name with this checkpoint key in it).
+    # plan or apply removes what a crash left there (a name with this undo key in it).
 
     @property
     def _staging(self) -> Path:
@@ -354,9 +354,9 @@ class CodeCheckpoints:
             _write_own(self.dir / "log.jsonl", data)
 
     # ------------------------------------------------------------------ lifecycle
-    def fork(self) -> CodeCheckpoints:
-        """A copy under a new key (a forked session gets its own checkpoints)."""
-        other = CodeCheckpoints(self.root)
+    def fork(self) -> UndoLog:
+        """A copy under a new key (a forked session gets its own undo log)."""
+        other = UndoLog(self.root)
         other.at = self.at
         if self.dir.is_dir():
             shutil.copytree(self.dir, other.dir)

@@ -1,14 +1,14 @@
-"""Code checkpoints meet the file tools' hardening: a write over a file the
+"""The undo log meet the file tools' hardening: a write over a file the
 preview left unread (binary, too large) is undone by putting its bytes back, and a code rewind
 never opens what is no longer a regular file."""
 
 import os
 
-from ds4agent.sessions.checkpoints import CodeCheckpoints
+from ds4agent.sessions.undo import UndoLog
 
 
 def _recording(ctx, tmp_path):
-    ckpt = CodeCheckpoints(tmp_path / "ckpt")
+    ckpt = UndoLog(tmp_path / "ckpt")
     ckpt.at = 5
     ctx.on_write = ckpt.record
     return ckpt
@@ -56,14 +56,14 @@ def test_a_write_over_a_huge_sparse_file_keeps_no_copy_and_says_so(call, ctx, tm
         r = call("write", path="sparse.img", content="small now\n")
     assert r.ok, r.text
     assert r.text.startswith("Wrote 10 bytes to sparse.img\n")
-    assert f"Note: the old sparse.img ({1 << 40} bytes) is over the 64 MiB limit of code checkpoints" in r.text
+    assert f"Note: the old sparse.img ({1 << 40} bytes) is over the 64 MiB limit of the undo log" in r.text
     assert big.read_bytes() == b"small now\n"
     # Nothing recorded: no copy of the terabyte, and no entry that would "undo" it to nothing.
     assert ckpt.entries() == [] and not (ckpt.dir / "objects").exists()
 
 
 def test_a_write_over_a_file_within_the_limit_is_still_undoable(call, ctx, tmp_path):
-    old = b"\x00" + b"x" * (20 << 20)  # binary and over read/edit's limit, under the checkpoint's
+    old = b"\x00" + b"x" * (20 << 20)  # binary and over read/edit's limit, under the undo log's
     (ctx.cwd / "blob").write_bytes(old)
     ckpt = _recording(ctx, tmp_path)
     r = call("write", path="blob", content="y\n")

@@ -1,4 +1,4 @@
-"""Code checkpoints survive what a crash leaves: a torn last log line, a restore killed midway
+"""The undo log survive what a crash leaves: a torn last log line, a restore killed midway
 (no temp file in the work tree, and the next rewind sees the restored files as the agent's)."""
 
 from __future__ import annotations
@@ -11,21 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from ds4agent.sessions.checkpoints import CodeCheckpoints
+from ds4agent.sessions.undo import UndoLog
 from tests.support.timeouts import within
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _written(ckpt: CodeCheckpoints, path: Path, before: bytes | None, after: bytes) -> None:
-    """What the write tool does: the file changes, then the checkpoint records it."""
+def _written(ckpt: UndoLog, path: Path, before: bytes | None, after: bytes) -> None:
+    """What the write tool does: the file changes, then the undo log records it."""
     path.write_bytes(after)
     ckpt.record(str(path), before, after)
 
 
 @pytest.mark.parametrize("torn", [b'{"at": 3, "path": "/x/a", "bef', b'{"at": 3, "path": "/x/a", "before": null, "after": "00"}'])
 def test_a_record_after_a_torn_last_line_starts_its_own_line(tmp_path, torn):
-    ckpt = CodeCheckpoints(tmp_path / "ckpt")
+    ckpt = UndoLog(tmp_path / "ckpt")
     ckpt.at = 1
     ckpt.record("/w/one", None, b"1")
     with open(ckpt.dir / "log.jsonl", "ab") as f:
@@ -41,10 +41,10 @@ def test_a_record_after_a_torn_last_line_starts_its_own_line(tmp_path, torn):
     assert [e["path"] for e in ckpt.entries()][-2:] == ["/w/two", "/w/three"]
 
 
-def test_a_huge_sparse_file_at_a_checkpointed_path_is_not_read(tmp_path):
+def test_a_huge_sparse_file_at_a_recorded_path_is_not_read(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
-    ckpt = CodeCheckpoints(tmp_path / "ckpt")
+    ckpt = UndoLog(tmp_path / "ckpt")
     ckpt.at = 4
     _written(ckpt, work / "a.txt", b"old\n", b"new\n")
     with open(work / "a.txt", "r+b") as f:
@@ -57,16 +57,16 @@ def test_a_huge_sparse_file_at_a_checkpointed_path_is_not_read(tmp_path):
 CHILD = r"""
 import os, signal, sys
 from pathlib import Path
-import ds4agent.sessions.checkpoints as cp
+import ds4agent.sessions.undo as cp
 
 work, root, cross = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] == "1"
-ck = cp.CodeCheckpoints(root, "ab" * 16)
+ck = cp.UndoLog(root, "ab" * 16)
 ck.at = 7
 for name in ("a.txt", "b.txt", "c.txt"):
     (work / name).write_bytes(b"agent wrote " + name.encode() + b"\n")
     ck.record(str(work / name), b"before " + name.encode() + b"\n", b"agent wrote " + name.encode() + b"\n")
 if cross:
-    cp.CodeCheckpoints._stages_for = lambda self, fd: False  # as if the tree were on another filesystem
+    cp.UndoLog._stages_for = lambda self, fd: False  # as if the tree were on another filesystem
 real_replace, calls = os.replace, []
 
 def replace(*a, **k):
@@ -92,12 +92,12 @@ def test_kill_during_a_restore_leaves_no_temp_file_and_no_false_conflict(tmp_pat
     assert res.stdout.split() == ["KILL"]
     names = sorted(p.name for p in work.iterdir())
     if not cross:
-        # Staged in the checkpoint directory: nothing but the user's files in the tree, even now.
+        # Staged in the undo directory: nothing but the user's files in the tree, even now.
         assert names == ["a.txt", "b.txt", "c.txt"]
     restored_first = [n for n in ("a.txt", "b.txt", "c.txt") if (work / n).read_bytes().startswith(b"before")]
     assert len(restored_first) == 1
 
-    ck = CodeCheckpoints(root, "ab" * 16)
+    ck = UndoLog(root, "ab" * 16)
     plan = ck.plan(7)
     # The next rewind: no temp file left anywhere in the tree, and the file the killed restore
     # already put back is not "changed by someone else".
@@ -115,7 +115,7 @@ def test_a_restore_does_not_follow_a_directory_swapped_for_a_link(tmp_path):
     work, outside = tmp_path / "work", tmp_path / "outside"
     (work / "sub").mkdir(parents=True)
     outside.mkdir()
-    ckpt = CodeCheckpoints(tmp_path / "ckpt")
+    ckpt = UndoLog(tmp_path / "ckpt")
     ckpt.at = 1
     _written(ckpt, work / "sub" / "f.txt", b"old\n", b"new\n")
     os.rename(work / "sub", work / "sub.moved")
