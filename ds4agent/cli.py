@@ -209,6 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="reopen the most recently saved session of this directory")
     reopen.add_argument("--resume", nargs="?", const="", default=None, metavar="PREFIX",
                         help="open the session with this id prefix (without one: the session picker)")
+    parser.add_argument("--demo", action="store_true",
+                        help="a guided tour without a model: a scripted engine reads, edits, runs a "
+                        "command, tries a refused write and calls an MCP server in a scratch project, "
+                        "with the real tools and permission questions")
     parser.add_argument("--plain", action="store_true",
                         help="line-mode interface (prompt_toolkit) instead of the full-screen app; "
                         "the default when stdout is not a terminal")

@@ -31,8 +31,9 @@ ALLOWED: dict[str, set[str]] = {
     "testmodels": {"engine", "protocol"},
     "fsutil": set(),
     "statelayout": set(),
+    "invocation": set(),
 }
-GROUND = {"fsutil", "statelayout"}
+GROUND = {"fsutil", "statelayout", "invocation"}
 UI_TOOLKITS = ("textual", "prompt_toolkit", "rich")
 MAY_PRINT = {"ui", "commands", "cli"}
 MAX_MODULE_LINES = 800

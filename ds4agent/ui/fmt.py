@@ -7,9 +7,12 @@ numbers the same way and the tests can check exact strings.
 from __future__ import annotations
 
 import os
+import sys
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
+
+from ds4agent.invocation import program
 
 # Context share at which the agent's soft compaction starts (agent-reference.md §8). The status bar
 # draws the threshold; the agent may report its own value in a status event, which then wins.
@@ -413,8 +416,10 @@ def rewind_list_lines(points, note: str, now: float) -> list[str]:
 
 
 def resume_hint(session_id: str) -> str:
-    """How to get back to a saved session: the one place that words it."""
-    return f"ds4agent --resume {session_id}"
+    """How to get back to a saved session: the one place that words it, with the program as it
+    can be typed here (a demo's sessions live in the demo's own directory: `--demo` finds them)."""
+    demo = " --demo" if "--demo" in sys.argv[1:] else ""
+    return f"{program()}{demo} --resume {session_id}"
 
 
 def exit_line(s: StatusState) -> str:
