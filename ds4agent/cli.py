@@ -83,16 +83,34 @@ def _add_kv_dir(parser: argparse.ArgumentParser, default: object = None) -> None
     )
 
 
+MODEL_HELP = (f"model weights: a ds4 GGUF file or a converted MLX directory (default: $DS4AGENT_MODEL, "
+              f"else ./{DEFAULT_MODEL_FILE}, else the model `ds4agent pull` fetched last)")
+
+
 def _add_model(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model",
-        "-m",
-        metavar="PATH",
-        default=None,
-        help=f"model weights: a ds4 GGUF file or a converted MLX directory "
-        f"(default: $DS4AGENT_MODEL, else ./{DEFAULT_MODEL_FILE}, else the model `ds4agent pull` "
-        "fetched last)",
-    )
+    parser.add_argument("--model", "-m", metavar="PATH", default=None, help=MODEL_HELP)
+
+
+def _add_subcommand_model(parser: argparse.ArgumentParser, *, positional: bool = False) -> None:
+    """A subcommand takes the model as the agent does: `--model/-m` (SUPPRESS: `ds4agent --model X
+    info` keeps the top-level value), and where a subcommand always had one, a positional MODEL as
+    an alias of it. main() settles them into args.model; the subcommand resolves it with the one
+    lookup (models.locate.resolve_model_path)."""
+    parser.add_argument("--model", "-m", metavar="PATH", default=argparse.SUPPRESS, help=MODEL_HELP)
+    if positional:
+        parser.add_argument("model_arg", nargs="?", metavar="MODEL", default=None,
+                            help="the same as --model")
+
+
+def settle_model(args: argparse.Namespace) -> None:
+    """args.model from a subcommand's positional MODEL or --model (given twice differently: a
+    usage error, not a silent choice)."""
+    given = getattr(args, "model_arg", None)
+    if given is None:
+        return
+    if args.model is not None and args.model != given:
+        raise UsageError(f"the model is given twice ({args.model} and {given}); give it once, with --model")
+    args.model = given
 
 
 def _add_device(parser: argparse.ArgumentParser, default: object = None) -> None:
@@ -235,7 +253,7 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
                    "rendered-chat rules, recognising the seven protocol specials")
 
     p = sub.add_parser("dump-logits", help="write float32 logits [n_tokens, vocab] for a token list")
-    _add_model(p)
+    _add_subcommand_model(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--tokens", dest="token_list", help="comma-separated token ids")
     src.add_argument("--prompt-file", help="a file tokenised with the rendered-chat rules")
@@ -273,7 +291,7 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     _add_kv_dir(q, default=argparse.SUPPRESS)
 
     p = sub.add_parser("info", help="print a model's shape, quant types, sizes and memory estimate")
-    p.add_argument("model_path", metavar="MODEL")
+    _add_subcommand_model(p, positional=True)
     p.add_argument("--ctx", type=int, default=100_000, help="context for the KV estimate (default: 100000)")
     _add_device(p, default=argparse.SUPPRESS)  # SUPPRESS: keep `ds4agent --device X info ...`
     p.add_argument("--pipeline", type=int, metavar="N", default=None,
@@ -286,8 +304,7 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("out", help="output directory")
 
     p = sub.add_parser("verify", help="check a model against recorded greedy continuations (ds4's test vectors)")
-    p.add_argument("model_path", nargs="?", metavar="MODEL", default=None,
-                   help=f"model weights (default: $DS4AGENT_MODEL, else {DEFAULT_MODEL_FILE})")
+    _add_subcommand_model(p, positional=True)
     p.add_argument("--vectors", metavar="DIR", required=True,
                    help="vector directory: manifest.json, prompts/*.txt, official/*.official.json")
     p.add_argument("--ctx", type=int, default=None, help="context size (default: enough for the longest case)")
@@ -312,6 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command is not None:
+            settle_model(args)
             return _call(SUBCOMMANDS[args.command], "main", args)
         check_agent_flags(args)
         return _call("ds4agent.commands.agent", "main", args)

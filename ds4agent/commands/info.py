@@ -96,7 +96,11 @@ def format_info(info: ModelInfo, device: Device | None = None) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    """`ds4agent info MODEL [--ctx N] [--pipeline N [--pipeline-split L,..]]`."""
+    """`ds4agent info [--model] MODEL [--ctx N] [--pipeline N [--pipeline-split L,..]]` (no model:
+    the usual lookup, $DS4AGENT_MODEL first)."""
+    from ds4agent.models.locate import resolve_model_path
+
+    args.model_path = resolve_model_path(args.model)  # ModelError: cli.py prints it, exit 2
     try:
         info = model_info(args.model_path, ctx=args.ctx)
         device = choose_device(getattr(args, "device", None))
