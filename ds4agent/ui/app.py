@@ -494,7 +494,7 @@ class Ds4App(App):
 
     async def _cmd_permissions(self, cmd: commands.ParsedCommand) -> None:
         if not cmd.arg:
-            await self.conversation.note(commands.permission_mode_line(self.status_model.permission), "info")
+            await self.conversation.note(commands.permissions_text(self.status_model.permission), "info")
         else:
             commands.call_agent(cmd, self.agent)
 

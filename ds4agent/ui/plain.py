@@ -297,7 +297,7 @@ class PlainFrontEnd:
 
     def _cmd_permissions(self, cmd: commands.ParsedCommand) -> None:
         if not cmd.arg:
-            self.r.line(commands.permission_mode_line(self.r.status.permission), "muted")
+            self.r.line(commands.permissions_text(self.r.status.permission), "muted")
         else:
             commands.call_agent(cmd, self.agent)
 
