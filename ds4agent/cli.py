@@ -211,14 +211,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "unchanged (default: 100)")
     parser.add_argument("--permission", choices=("ask", "auto", "read-only"), default="ask",
                         help="ask before bash and file changes (default), run everything "
-                        "without asking (auto), or refuse bash and writes (read-only)")
+                        "without asking (auto), or refuse bash and writes (read-only); with -p "
+                        "and no terminal to ask on, ask becomes read-only")
     parser.add_argument("-sys", "--system", metavar="TEXT", default=None,
                         help="extra system text appended to the built-in instructions")
     parser.add_argument("--trace", metavar="FILE", default=None,
                         help="write a timestamped token-level trace of the session to FILE")
     parser.add_argument("-p", "--prompt", metavar="TEXT", default=None,
                         help="run one task headless: the answer goes to stdout, tool activity to "
-                        "stderr; the exit status tells whether it succeeded")
+                        "stderr; the exit status tells whether it succeeded. Questions are asked on "
+                        "the terminal; without one it runs read-only unless --permission auto. With "
+                        "--resume ID or --continue, that session gets the task and is saved again")
     parser.add_argument("--json", action="store_true", dest="json_events",
                         help="with -p: write every agent event as one JSON line to stdout")
     reopen = parser.add_mutually_exclusive_group()
