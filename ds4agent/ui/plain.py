@@ -336,6 +336,37 @@ def question_prompt(e: ev.Event) -> tuple[str, tuple[str, ...]]:
     return (f"{detail}\n{text} ({labels}) " if detail else f"{text} ({labels}) "), keys
 
 
+# Questions only a person at a terminal may answer: a script's next line is never taken for one
+# (the project's MCP servers would start, or not, on whatever line came next).
+PERSON_ONLY = frozenset({"mcp"})
+
+
+def line_answer(q: ev.Event, keys: tuple[str, ...], person: bool, read: Callable[[], str],
+                unread: Callable[[str], None], say: Callable[[str], None]) -> str:
+    """The answer to a question in line mode. A person (stdin a terminal) is asked again after an
+    answer that is not one of the keys. Piped input answers only with a line that is exactly a
+    key (or yes/no); any other line is left to run as the next message or command, and the
+    question gets its safe answer (cancel where offered, else no); a PERSON_ONLY question never
+    reads the pipe at all. End of input answers "n", as the reference does."""
+    safe = "c" if "c" in keys else "n"
+    if not person and getattr(q, "kind", "") in PERSON_ONLY:
+        say("(no one at a terminal to answer) ")
+        return "n"
+    while True:
+        line = read()
+        if not line:
+            return "n"
+        word = line.strip().lower()
+        word = {"yes": "y", "no": "n"}.get(word, word)
+        if word in keys:
+            return word
+        if not person:
+            unread(line)
+            say("(not an answer: left as the next input) ")
+            return safe
+        say(f"answer with one of: {', '.join(keys)} ")
+
+
 # ----------------------------------------------------------------------------------- line mode
 def run_lines(agent: Any, stdin, stdout, *, poll: float = 0.02) -> int:
     """Non-interactive plain mode: one stdin line per message or command; plain text out."""
@@ -348,15 +379,19 @@ def run_lines(agent: Any, stdin, stdout, *, poll: float = 0.02) -> int:
     fe = PlainFrontEnd(agent, r)
     agent.start()
 
+    person = bool(getattr(stdin, "isatty", lambda: False)())
+    pending: list[str] = []  # a line read for a question that was not an answer: it runs next
+
+    def next_line() -> str:
+        return pending.pop(0) if pending else stdin.readline()
+
     def answer_questions() -> None:
         while r.questions:
             q = r.questions.pop(0)
             prompt, keys = question_prompt(q)
             write(prompt, "muted")
-            line = stdin.readline()
-            answer = line.strip().lower()[:1] if line else "n"
-            if answer not in keys:
-                answer = "n"
+            answer = line_answer(q, keys, person, next_line, pending.append,
+                                 lambda text: write(text, "muted"))
             write(answer + "\n", "muted")
             agent.answer_permission(q.id, answer)  # type: ignore[attr-defined]
 
@@ -375,8 +410,9 @@ def run_lines(agent: Any, stdin, stdout, *, poll: float = 0.02) -> int:
             time.sleep(poll)
 
     settle()
-    for raw in stdin:
-        if r.exited is not None:
+    while r.exited is None:
+        raw = next_line()
+        if not raw:
             break
         text = raw.rstrip("\n")
         if not text.strip():
