@@ -253,6 +253,8 @@ class StatusState:
 def state_segment(s: StatusState) -> str:
     """The state word with its live detail (prefill bar, decode speed, error text)."""
     if s.state == "loading":
+        if s.detail and s.detail != STATE_WORDS["loading"]:
+            return f"{s.detail}…"  # after the load itself: e.g. waiting for an MCP server
         return f"loading model… {int(s.load_fraction * 100)}%"
     if s.state == "prefill":
         if s.prefill_total <= 0:
