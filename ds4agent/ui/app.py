@@ -451,7 +451,10 @@ class Ds4App(App):
         except commands.UnknownCommand as err:
             await self.conversation.note(str(err), "error")
             if not self.input.text:
-                self.input.set_text(line.strip())  # to correct and send again
+                # Back to correct and send again, selected: typing a new command replaces it
+                # instead of being appended to the wrong one.
+                self.input.set_text(line.strip())
+                self.input.select_all()
         except commands.CommandError as err:
             await self.conversation.note(str(err), "error")
 

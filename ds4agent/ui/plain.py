@@ -258,9 +258,8 @@ class PlainFrontEnd:
         return len(events)
 
     def run_command(self, line: str, *, copy: Callable[[str], bool] | None = None) -> str | None:
-        """Run a slash command; what to put back in the editor (an unknown command, to correct and
-        send again), else None."""
-        """A slash command: the shared table's agent call, or plain mode's own handler for it."""
+        """Run a slash command (the shared table's agent call, or plain mode's own handler for it);
+        the line when the command is unknown, else None."""
         own: dict[str, Callable[[commands.ParsedCommand], None]] = {
             "help": self._cmd_help, "load": self._cmd_load, "new": self._cmd_new,
             "permissions": self._cmd_permissions, "copy": lambda cmd: self._cmd_copy(copy),
@@ -625,7 +624,10 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
                             continue
                     fe.switching = False
                     r.line(f"› {text}", "muted")  # the prompt line is erased: commands echo here
-                    draft = fe.run_command(text, copy=copy) or ""  # an unknown command comes back
+                    if fe.run_command(text, copy=copy):
+                        # An unknown command: not put back in the prompt, where the next command
+                        # typed would be appended to it; the input history has it.
+                        r.line("(Up brings it back to correct)", "muted")
                     if fe.quitting:  # the save question (or the exit) comes next: no prompt in between
                         await _wait_for(lambda: r.exited is not None or bool(r.questions), timeout=10.0)
                 else:
