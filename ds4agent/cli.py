@@ -131,12 +131,17 @@ def _add_pipeline(parser: argparse.ArgumentParser) -> None:
                         help="first layer of ranks 1.. (default: balanced by weight bytes)")
 
 
+def _command(group: Any, name: str, text: str) -> argparse.ArgumentParser:
+    """A subcommand's parser: its line in the parent's listing is also what its own --help says."""
+    return group.add_parser(name, help=text, description=text)
+
+
 def _add_mcp(parser: argparse.ArgumentParser, sub: Any) -> None:
     parser.add_argument("--no-mcp", action="store_true", dest="no_mcp",
                         help="start none of the MCP servers of mcp.json / .mcp.json")
-    p = sub.add_parser("mcp", help="the MCP servers of the user's mcp.json and the project's .mcp.json")
-    q = p.add_subparsers(dest="mcp_command", metavar="ACTION", required=True).add_parser(
-        "list", help="show each server, whether it starts, and its tools")
+    p = _command(sub, "mcp", "the MCP servers of the user's mcp.json and the project's .mcp.json")
+    q = _command(p.add_subparsers(dest="mcp_command", metavar="ACTION", required=True), "list",
+                 "show each server, whether it starts, and its tools")
     q.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                    help="how long to wait for each server to start (default: 30)")
 
@@ -175,6 +180,10 @@ def build_parser() -> argparse.ArgumentParser:
     columns = shutil.get_terminal_size().columns
     parser = argparse.ArgumentParser(
         prog="ds4agent",
+        # Written out: argparse's own usage lists a subcommand as `COMMAND ...`, as if one were
+        # required, when the agent itself is what runs without one.
+        usage="%(prog)s [OPTIONS]                 the agent (the app, --plain, -p TEXT)\n"
+              "       %(prog)s [OPTIONS] COMMAND ...   a subcommand (listed below)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=_interactive_help(columns),
         description=textwrap.fill(
@@ -244,10 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     """The subcommands' parsers (each one's `main` is in the SUBCOMMANDS module)."""
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # prog: each subcommand's usage reads `ds4agent kv ...`, not the written-out usage above.
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", prog="ds4agent")
     _add_mcp(parser, sub)
 
-    p = sub.add_parser("tokens", help="print the token ids and texts of a text (like ds4 --dump-tokens)")
+    p = _command(sub, "tokens", "print the token ids and texts of a text (like ds4 --dump-tokens)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="text to tokenise")
     src.add_argument("--file", help="file whose contents to tokenise")
@@ -255,7 +265,7 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
                    help="tokenise as untrusted text (no special tokens at all); the default applies the "
                    "rendered-chat rules, recognising the seven protocol specials")
 
-    p = sub.add_parser("dump-logits", help="write float32 logits [n_tokens, vocab] for a token list")
+    p = _command(sub, "dump-logits", "write float32 logits [n_tokens, vocab] for a token list")
     _add_subcommand_model(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--tokens", dest="token_list", help="comma-separated token ids")
@@ -265,7 +275,7 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output .npy file")
     _add_pipeline(p)
 
-    p = sub.add_parser("make-test-model", help="write a DS4-architecture GGUF with random weights")
+    p = _command(sub, "make-test-model", "write a DS4-architecture GGUF with random weights")
     p.add_argument("out", help="output .gguf path")
     p.add_argument("--config", default="tiny",
                    help="micro, tiny, small, or flash: the full DS4 Flash shape (default: tiny)")
@@ -274,26 +284,26 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
                         "default) or q4 (Q4_K)")
     p.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
 
-    p = sub.add_parser("kv", help="inspect the session/KV cache directory")
+    p = _command(sub, "kv", "inspect the session/KV cache directory")
     # SUPPRESS: a subparser default would overwrite `ds4agent --kv-dir DIR kv ...` with None.
     _add_kv_dir(p, default=argparse.SUPPRESS)
     kv = p.add_subparsers(dest="kv_command", metavar="ACTION", required=True)
-    q = kv.add_parser("ls", help="list sessions and caches, newest first (every model's, or one model's)")
+    q = _command(kv, "ls", "list sessions and caches, newest first (every model's, or one model's)")
     _add_kv_dir(q, default=argparse.SUPPRESS)  # `kv ls --kv-dir X` too: where people type it
     which = q.add_mutually_exclusive_group()
     which.add_argument("--model-id", type=int, default=None, metavar="N",
                        help="only the files of KVC model id N (0: DeepSeek V4 Flash, the model ds4agent runs)")
     which.add_argument("--all", action="store_true", help="the files of every model (the default)")
-    q = kv.add_parser("show", help="show one file's header, title, text preview and payload")
-    q.add_argument("target", metavar="FILE|PREFIX")
+    q = _command(kv, "show", "show one file's header, title, text preview and payload")
+    q.add_argument("target", metavar="FILE|PREFIX", help="a .kv file, or a session id prefix in the KV directory")
     _add_kv_dir(q, default=argparse.SUPPRESS)
-    q = kv.add_parser("verify", help="validate every .kv file; non-zero exit when any is invalid")
+    q = _command(kv, "verify", "validate every .kv file; non-zero exit when any is invalid")
     _add_kv_dir(q, default=argparse.SUPPRESS)
-    q = kv.add_parser("rm", help="delete a session (readable or not) by id prefix")
-    q.add_argument("prefix", metavar="PREFIX")
+    q = _command(kv, "rm", "delete a session (readable or not) by id prefix")
+    q.add_argument("prefix", metavar="PREFIX", help="the session's id, or enough of its start to name one")
     _add_kv_dir(q, default=argparse.SUPPRESS)
 
-    p = sub.add_parser("info", help="print a model's shape, quant types, sizes and memory estimate")
+    p = _command(sub, "info", "print a model's shape, quant types, sizes and memory estimate")
     _add_subcommand_model(p, positional=True)
     p.add_argument("--ctx", type=int, default=100_000, help="context for the KV estimate (default: 100000)")
     _add_device(p, default=argparse.SUPPRESS)  # SUPPRESS: keep `ds4agent --device X info ...`
@@ -302,17 +312,17 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--pipeline-split", metavar="L1[,L2..]", default=None, type=_split,
                    help="first layer of ranks 1.. (default: balanced by weight bytes)")
 
-    p = sub.add_parser("convert", help="convert the official DeepSeek-V4-Flash safetensors to an MLX directory")
+    p = _command(sub, "convert", "convert the official DeepSeek-V4-Flash safetensors to an MLX directory")
     p.add_argument("source", help="directory of the official checkpoint (safetensors)")
     p.add_argument("out", help="output directory")
 
-    p = sub.add_parser("verify", help="check a model against recorded greedy continuations (ds4's test vectors)")
+    p = _command(sub, "verify", "check a model against recorded greedy continuations (ds4's test vectors)")
     _add_subcommand_model(p, positional=True)
     p.add_argument("--vectors", metavar="DIR", required=True,
                    help="vector directory: manifest.json, prompts/*.txt, official/*.official.json")
     p.add_argument("--ctx", type=int, default=None, help="context size (default: enough for the longest case)")
 
-    p = sub.add_parser("pull", help="download a model from the Hugging Face Hub (no NAME: list them)")
+    p = _command(sub, "pull", "download a model from the Hugging Face Hub (no NAME: list them)")
     p.add_argument("name", nargs="?", metavar="NAME", choices=[f.name for f in FLAVOURS],
                    help="one of: " + ", ".join(f.name for f in FLAVOURS))
     p.add_argument("--dir", metavar="DIR", default=None,

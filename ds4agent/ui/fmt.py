@@ -76,7 +76,11 @@ def format_age(seconds: float) -> str:
 
 
 def format_size(n_bytes: int) -> str:
-    return f"{n_bytes / (1024 * 1024):.1f} MiB"
+    """A file's size in the unit that shows it: a stripped session is a few KiB, not "0.0 MiB"."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.1f} {unit}"
+    return f"{n_bytes} B"
 
 
 def clip(text: str, width: int) -> str:
