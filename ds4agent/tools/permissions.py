@@ -303,7 +303,7 @@ class PermissionPolicy:
             preview=diff.unified,
             preview_kind="diff",
             session_label=None if outside or in_git else
-            f"allow all {tool_name} calls in the working directory for this session",
+            f"allow {tool_name} in the working directory for this session",
             scope=() if outside or in_git else ("tool", tool_name),
             outside_workspace=outside,
             path=target,
