@@ -47,6 +47,8 @@ class Ds4App(App):
     CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses in other modules still find it
     TITLE = "ds4agent"
     ENABLE_COMMAND_PALETTE = False
+    # A message too big for the context, sent once and warned about: Enter again sends it.
+    big_message_warned = ""
 
     BINDINGS = [
         Binding("ctrl+q", "quit_request", "quit", show=False, priority=True),
@@ -432,6 +434,13 @@ class Ds4App(App):
             self._pre_agent.append(text.strip())
             self.chips.set_items(tuple(self._pre_agent), loading=self.loading)
             return
+        warning = fmt.big_message_warning(text, self.status_model)
+        if warning and text != self.big_message_warned:
+            self.big_message_warned = text
+            await self.conversation.note(warning, "warning")
+            self.input.restore(text)
+            return
+        self.big_message_warned = ""
         self.agent.submit(text)
 
     @property
@@ -648,9 +657,16 @@ class Ds4App(App):
         return (self.agent is not None and bool(self.agent.busy) and not self.loading
                 and self.startup_error is None)
 
+    def interrupt(self) -> None:
+        """Esc / Ctrl+C on a running turn: asked of the agent, and said in the status line at
+        once (the work stops between prefill chunks or tokens, which may take a moment)."""
+        self.agent.interrupt()
+        self.status_model.interrupting = True
+        self.status_bar.mark()
+
     def action_escape(self) -> None:
         if self.turn_busy:
-            self.agent.interrupt()
+            self.interrupt()
             return
         self.hints.show_for("")
         if self.input.text or self.busy:
@@ -665,7 +681,7 @@ class Ds4App(App):
 
     def action_ctrl_c(self) -> None:
         if self.turn_busy:
-            self.agent.interrupt()
+            self.interrupt()
             return
         field = self.input
         if field.text:

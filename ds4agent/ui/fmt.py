@@ -75,6 +75,27 @@ def format_age(seconds: float) -> str:
     return f"{s // 86400}d ago"
 
 
+# A message's size in tokens, guessed from its bytes before it is sent (the UI has no tokenizer;
+# DeepSeek's BPE takes about 4 bytes of English or code per token, fewer for other scripts).
+BYTES_PER_TOKEN = 3
+
+
+def big_message_warning(text: str, s: StatusState) -> str:
+    """A warning when a message about to be sent would fill the context ("" when it fits): past the
+    compaction threshold it forces a compaction first; past the context it cannot be sent."""
+    if s.ctx_total <= 0:
+        return ""
+    tokens = len(text.encode("utf-8", "surrogatepass")) // BYTES_PER_TOKEN
+    room = int(s.ctx_total * s.compact_at) - s.ctx_used
+    if tokens <= room:
+        return ""
+    what = (f"more than the whole context ({human_count(s.ctx_total)} tokens): it will not fit"
+            if tokens >= s.ctx_total - s.ctx_used else
+            "past the compaction threshold: the conversation is compacted before it is read")
+    return (f"this message is about {human_count(tokens)} tokens, {what}. Press Enter again to send it "
+            "anyway, or edit it")
+
+
 def format_size(n_bytes: int) -> str:
     """A file's size in the unit that shows it: a stripped session is a few KiB, not "0.0 MiB"."""
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -199,6 +220,7 @@ class StatusState:
     title: str = ""
     device: str = ""                 # where the engine computes ("Metal GPU", "CPU"), from Ready
     dirty: bool = False
+    interrupting: bool = False       # Esc / Ctrl+C pressed: said at once, until the work stops
     _decode_seen: float = 0.0        # the decode speed in the last Status (stale ones repeat it)
 
     def set_state(self, state: str, detail: str = "") -> None:
@@ -206,6 +228,8 @@ class StatusState:
         if state == "prefill" and self.state != "prefill":
             self.prefill_done = self.prefill_total = 0
             self.prefill_tps = 0.0
+        if state in ("idle", "error", "loading"):
+            self.interrupting = False  # the interrupted work is over
         self.state, self.detail = state, detail
 
     # -- the agent's events (both front ends apply them the same way) ---------------------------
@@ -256,6 +280,8 @@ class StatusState:
 
 def state_segment(s: StatusState) -> str:
     """The state word with its live detail (prefill bar, decode speed, error text)."""
+    if s.interrupting and s.state not in ("idle", "error", "loading"):
+        return "interrupting…"  # at the key press: a prefill chunk or a tool may take a moment to stop
     if s.state == "loading":
         if s.detail and s.detail != STATE_WORDS["loading"]:
             return f"{s.detail}…"  # after the load itself: e.g. waiting for an MCP server

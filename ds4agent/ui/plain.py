@@ -507,6 +507,7 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
         buf = event.current_buffer
         if turn_busy():
             agent.interrupt()
+            r.status.interrupting = True  # said at once in the status line
         elif buf.text:
             buf.reset()
         elif time.monotonic() - last_ctrl_c[0] <= commands.QUIT_WINDOW_S:
@@ -532,6 +533,7 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
     @kb.add("escape", eager=True, filter=busy)
     def _(event) -> None:
         agent.interrupt()
+        r.status.interrupting = True
 
     def toolbar():
         width = shutil.get_terminal_size().columns
@@ -568,6 +570,7 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
 
     agent.start()
     draft = ""
+    warned = ""  # a message too big for the context, warned about once
     status = 0
     # The terminal stays raw between two prompts too: a key typed ahead while a command runs (an
     # Enter right after /new) is then read by the next prompt as typed, instead of the terminal
@@ -631,6 +634,13 @@ async def run_interactive(agent: Any) -> int:  # pragma: no cover - exercised by
                     if fe.quitting:  # the save question (or the exit) comes next: no prompt in between
                         await _wait_for(lambda: r.exited is not None or bool(r.questions), timeout=10.0)
                 else:
+                    warning = fmt.big_message_warning(text, r.status)
+                    if warning and text != warned:
+                        warned = text  # Enter again on the same text sends it
+                        r.line(warning, "warning")
+                        draft = text
+                        continue
+                    warned = ""
                     agent.submit(text)
         finally:
             pump.cancel()

@@ -121,6 +121,15 @@ class PromptInput(TextArea):
         self.clear()
         self.post_message(self.Submitted(text))
 
+    def restore(self, text: str) -> None:
+        """Put a message that was not sent back, a long one folded as a paste marker again."""
+        if text.count("\n") >= FOLD_LINES or len(text) > FOLD_CHARS:
+            label = fold_label(text, 1)
+            self.set_text(label)
+            self.pastes = [(label, text)]
+        else:
+            self.set_text(text)
+
     def set_text(self, text: str) -> None:
         self.load_text(text)
         self.move_cursor(self.document.end)
