@@ -163,7 +163,7 @@ def tour_step(step: int, last_result: str, place: DemoPlace, think: str | None) 
             said = "The write was refused, and the model got the refusal as the tool's result."
         return _say(think, "Last part: a tool of an MCP server.",
                     f"{said} Last, a tool from an MCP server: this project's `.mcp.json` starts a small "
-                    "local stand-in server (you were asked before it started).",
+                    "local stand-in server, once you approve it at the start.",
                     [(MCP_TOOL, {"topic": "sessions"})])
     mcp_ok = step == 5 and "not running" not in last_result and "Tool error" not in last_result
     mcp = ("The MCP server answered with a tip." if mcp_ok else
