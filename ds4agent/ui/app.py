@@ -287,7 +287,7 @@ class Ds4App(App):
     async def _show_turn_ended(self, e: ev.TurnEnded, n: int) -> None:
         self._close_stale_permission()
         await self.conversation.end_turn()
-        note = fmt.turn_end_note(e.reason, e.error)
+        note = fmt.turn_end_note(e.reason, e.error, e.generated)
         if note:
             await self.conversation.note(*note)
 

@@ -376,10 +376,16 @@ def compacting_line(reason: str) -> str:
     return f"compacting ({reason}): summarising durable task state"
 
 
-def turn_end_note(reason: str, error: str = "") -> tuple[str, str] | None:
-    """What the end of a turn says, as (text, level): an interruption, the token cap, an error."""
+INTERRUPTED_UNREAD = ("interrupted before any answer: the message stays in the conversation (the context "
+                      "meter counts it); /rewind takes it back out")
+
+
+def turn_end_note(reason: str, error: str = "", generated: int | None = None) -> tuple[str, str] | None:
+    """What the end of a turn says, as (text, level): an interruption (one before the model wrote
+    anything, e.g. a large paste's prefill cut short, says how to take the message back), the
+    token cap, an error."""
     if reason == "interrupted":
-        return "interrupted", "warning"
+        return (INTERRUPTED_UNREAD if generated == 0 else "interrupted"), "warning"
     if reason == "token_cap":
         return "[the round stopped at the token limit (--tokens)]", "warning"
     if reason == "error" and error:

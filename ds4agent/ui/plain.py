@@ -163,7 +163,7 @@ class PlainRenderer:
         self.close_stream()
         if self.answer_text.strip():
             self.last_answer = self.answer_text.strip()
-        note = fmt.turn_end_note(e.reason, e.error)
+        note = fmt.turn_end_note(e.reason, e.error, e.generated)
         if note:
             self.line(*note)
 
