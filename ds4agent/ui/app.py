@@ -562,7 +562,7 @@ class Ds4App(App):
         for line in e.refused:
             await conv.note(f"not restored: {line}", "warning")
         if e.prompt and not self.input.text:
-            self.input.set_text(e.prompt)  # to edit and send again
+            self.input.restore(e.prompt)  # to edit and send again (a long one folded, as pasted)
         self.input.focus()
 
     def _picked(self, session_id: str | None) -> None:

@@ -45,3 +45,16 @@ async def test_a_paste_while_a_question_is_up_goes_to_the_editor():
         app.screen.post_message(events.Paste("pasted\rlines"))
         await wait_until(pilot, lambda: app.input.text == "pasted\nlines", what="the paste in the editor")
         assert isinstance(app.screen, QuestionScreen) and agent.answers == []
+
+
+async def test_a_rewound_long_prompt_comes_back_folded():
+    from ds4agent.agent import events as ev
+    from tests.ui.conftest import wait_until
+
+    app, agent = make_fake_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        prompt = "\n".join(f"log line {i}" for i in range(500))
+        agent.emit(ev.Rewound(2, "chat", prompt, 2300, 0))
+        await wait_until(pilot, lambda: app.input.text != "", what="the prompt back")
+        assert app.input.text == "[... 500 pasted lines ...]"
+        assert app.input.expanded_text() == prompt
