@@ -84,16 +84,34 @@ def _add_kv_dir(parser: argparse.ArgumentParser, default: object = None) -> None
     )
 
 
+MODEL_HELP = (f"model weights: a ds4 GGUF file or a converted MLX directory (default: $DS4AGENT_MODEL, "
+              f"else ./{DEFAULT_MODEL_FILE}, else the model `ds4agent pull` fetched last)")
+
+
 def _add_model(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--model",
-        "-m",
-        metavar="PATH",
-        default=None,
-        help=f"model weights: a ds4 GGUF file or a converted MLX directory "
-        f"(default: $DS4AGENT_MODEL, else ./{DEFAULT_MODEL_FILE}, else the model `ds4agent pull` "
-        "fetched last)",
-    )
+    parser.add_argument("--model", "-m", metavar="PATH", default=None, help=MODEL_HELP)
+
+
+def _add_subcommand_model(parser: argparse.ArgumentParser, *, positional: bool = False) -> None:
+    """A subcommand takes the model as the agent does: `--model/-m` (SUPPRESS: `ds4agent --model X
+    info` keeps the top-level value), and where a subcommand always had one, a positional MODEL as
+    an alias of it. main() settles them into args.model; the subcommand resolves it with the one
+    lookup (models.locate.resolve_model_path)."""
+    parser.add_argument("--model", "-m", metavar="PATH", default=argparse.SUPPRESS, help=MODEL_HELP)
+    if positional:
+        parser.add_argument("model_arg", nargs="?", metavar="MODEL", default=None,
+                            help="the same as --model")
+
+
+def settle_model(args: argparse.Namespace) -> None:
+    """args.model from a subcommand's positional MODEL or --model (given twice differently: a
+    usage error, not a silent choice)."""
+    given = getattr(args, "model_arg", None)
+    if given is None:
+        return
+    if args.model is not None and args.model != given:
+        raise UsageError(f"the model is given twice ({args.model} and {given}); give it once, with --model")
+    args.model = given
 
 
 def _add_device(parser: argparse.ArgumentParser, default: object = None) -> None:
@@ -114,12 +132,17 @@ def _add_pipeline(parser: argparse.ArgumentParser) -> None:
                         help="first layer of ranks 1.. (default: balanced by weight bytes)")
 
 
+def _command(group: Any, name: str, text: str) -> argparse.ArgumentParser:
+    """A subcommand's parser: its line in the parent's listing is also what its own --help says."""
+    return group.add_parser(name, help=text, description=text)
+
+
 def _add_mcp(parser: argparse.ArgumentParser, sub: Any) -> None:
     parser.add_argument("--no-mcp", action="store_true", dest="no_mcp",
                         help="start none of the MCP servers of mcp.json / .mcp.json")
-    p = sub.add_parser("mcp", help="the MCP servers of the user's mcp.json and the project's .mcp.json")
-    q = p.add_subparsers(dest="mcp_command", metavar="ACTION", required=True).add_parser(
-        "list", help="show each server, whether it starts, and its tools")
+    p = _command(sub, "mcp", "the MCP servers of the user's mcp.json and the project's .mcp.json")
+    q = _command(p.add_subparsers(dest="mcp_command", metavar="ACTION", required=True), "list",
+                 "show each server, whether it starts, and its tools")
     q.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                    help="how long to wait for each server to start (default: 30)")
 
@@ -168,6 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     columns = shutil.get_terminal_size().columns
     parser = argparse.ArgumentParser(
         prog="ds4agent",
+        # Written out: argparse's own usage lists a subcommand as `COMMAND ...`, as if one were
+        # required, when the agent itself is what runs without one.
+        usage="%(prog)s [OPTIONS]                 the agent (the app, --plain, -p TEXT)\n"
+              "       %(prog)s [OPTIONS] COMMAND ...   a subcommand (listed below)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=_interactive_help(columns),
         description=textwrap.fill(
@@ -209,7 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="ask before bash and file changes (default), run everything "
                         "without asking (auto), refuse bash and writes (read-only), or plan "
                         "first: read and propose, change nothing until you approve (plan; "
-                        "/plan or Shift+Tab in the app)")
+                        "/plan or Shift+Tab in the app); with -p and no terminal to ask on, ask "
+                        "becomes read-only")
     parser.add_argument("--notify", choices=("auto", "bell", "osc", "off"), default=None,
                         help="ring the terminal when a long turn ends or a question waits: BEL "
                         "plus a desktop notification where the terminal shows one (auto, the "
@@ -226,7 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write a timestamped token-level trace of the session to FILE")
     parser.add_argument("-p", "--prompt", metavar="TEXT", default=None,
                         help="run one task headless: the answer goes to stdout, tool activity to "
-                        "stderr; the exit status tells whether it succeeded")
+                        "stderr; the exit status tells whether it succeeded. Questions are asked on "
+                        "the terminal; without one it runs read-only unless --permission auto. With "
+                        "--resume ID or --continue, that session gets the task and is saved again")
     parser.add_argument("--json", action="store_true", dest="json_events",
                         help="with -p: write every agent event as one JSON line to stdout")
     reopen = parser.add_mutually_exclusive_group()
@@ -235,6 +265,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="reopen the most recently saved session of this directory")
     reopen.add_argument("--resume", nargs="?", const="", default=None, metavar="PREFIX",
                         help="open the session with this id prefix (without one: the session picker)")
+    parser.add_argument("--demo", action="store_true",
+                        help="a guided tour without a model: a scripted engine reads, edits, runs a "
+                        "command, tries a refused write and calls an MCP server in a scratch project, "
+                        "with the real tools and permission questions")
     parser.add_argument("--plain", action="store_true",
                         help="line-mode interface (prompt_toolkit) instead of the full-screen app; "
                         "the default when stdout is not a terminal")
@@ -245,10 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     """The subcommands' parsers (each one's `main` is in the SUBCOMMANDS module)."""
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # prog: each subcommand's usage reads `ds4agent kv ...`, not the written-out usage above.
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", prog="ds4agent")
     _add_mcp(parser, sub)
 
-    p = sub.add_parser("tokens", help="print the token ids and texts of a text (like ds4 --dump-tokens)")
+    p = _command(sub, "tokens", "print the token ids and texts of a text (like ds4 --dump-tokens)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="text to tokenise")
     src.add_argument("--file", help="file whose contents to tokenise")
@@ -256,8 +291,8 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
                    help="tokenise as untrusted text (no special tokens at all); the default applies the "
                    "rendered-chat rules, recognising the seven protocol specials")
 
-    p = sub.add_parser("dump-logits", help="write float32 logits [n_tokens, vocab] for a token list")
-    _add_model(p)
+    p = _command(sub, "dump-logits", "write float32 logits [n_tokens, vocab] for a token list")
+    _add_subcommand_model(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--tokens", dest="token_list", help="comma-separated token ids")
     src.add_argument("--prompt-file", help="a file tokenised with the rendered-chat rules")
@@ -266,7 +301,7 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output .npy file")
     _add_pipeline(p)
 
-    p = sub.add_parser("make-test-model", help="write a DS4-architecture GGUF with random weights")
+    p = _command(sub, "make-test-model", "write a DS4-architecture GGUF with random weights")
     p.add_argument("out", help="output .gguf path")
     p.add_argument("--config", default="tiny",
                    help="micro, tiny, small, or flash: the full DS4 Flash shape (default: tiny)")
@@ -275,27 +310,27 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
                         "default) or q4 (Q4_K)")
     p.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
 
-    p = sub.add_parser("kv", help="inspect the session/KV cache directory")
+    p = _command(sub, "kv", "inspect the session/KV cache directory")
     # SUPPRESS: a subparser default would overwrite `ds4agent --kv-dir DIR kv ...` with None.
     _add_kv_dir(p, default=argparse.SUPPRESS)
     kv = p.add_subparsers(dest="kv_command", metavar="ACTION", required=True)
-    q = kv.add_parser("ls", help="list sessions and caches, newest first (every model's, or one model's)")
+    q = _command(kv, "ls", "list sessions and caches, newest first (every model's, or one model's)")
     _add_kv_dir(q, default=argparse.SUPPRESS)  # `kv ls --kv-dir X` too: where people type it
     which = q.add_mutually_exclusive_group()
     which.add_argument("--model-id", type=int, default=None, metavar="N",
                        help="only the files of KVC model id N (0: DeepSeek V4 Flash, the model ds4agent runs)")
     which.add_argument("--all", action="store_true", help="the files of every model (the default)")
-    q = kv.add_parser("show", help="show one file's header, title, text preview and payload")
-    q.add_argument("target", metavar="FILE|PREFIX")
+    q = _command(kv, "show", "show one file's header, title, text preview and payload")
+    q.add_argument("target", metavar="FILE|PREFIX", help="a .kv file, or a session id prefix in the KV directory")
     _add_kv_dir(q, default=argparse.SUPPRESS)
-    q = kv.add_parser("verify", help="validate every .kv file; non-zero exit when any is invalid")
+    q = _command(kv, "verify", "validate every .kv file; non-zero exit when any is invalid")
     _add_kv_dir(q, default=argparse.SUPPRESS)
-    q = kv.add_parser("rm", help="delete a session (readable or not) by id prefix")
-    q.add_argument("prefix", metavar="PREFIX")
+    q = _command(kv, "rm", "delete a session (readable or not) by id prefix")
+    q.add_argument("prefix", metavar="PREFIX", help="the session's id, or enough of its start to name one")
     _add_kv_dir(q, default=argparse.SUPPRESS)
 
-    p = sub.add_parser("info", help="print a model's shape, quant types, sizes and memory estimate")
-    p.add_argument("model_path", metavar="MODEL")
+    p = _command(sub, "info", "print a model's shape, quant types, sizes and memory estimate")
+    _add_subcommand_model(p, positional=True)
     p.add_argument("--ctx", type=int, default=DEFAULT_CTX, help="context for the KV estimate (default: %(default)s)")
     _add_device(p, default=argparse.SUPPRESS)  # SUPPRESS: keep `ds4agent --device X info ...`
     p.add_argument("--pipeline", type=int, metavar="N", default=None,
@@ -303,18 +338,17 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--pipeline-split", metavar="L1[,L2..]", default=None, type=_split,
                    help="first layer of ranks 1.. (default: balanced by weight bytes)")
 
-    p = sub.add_parser("convert", help="convert the official DeepSeek-V4-Flash safetensors to an MLX directory")
+    p = _command(sub, "convert", "convert the official DeepSeek-V4-Flash safetensors to an MLX directory")
     p.add_argument("source", help="directory of the official checkpoint (safetensors)")
     p.add_argument("out", help="output directory")
 
-    p = sub.add_parser("verify", help="check a model against recorded greedy continuations (ds4's test vectors)")
-    p.add_argument("model_path", nargs="?", metavar="MODEL", default=None,
-                   help=f"model weights (default: $DS4AGENT_MODEL, else {DEFAULT_MODEL_FILE})")
+    p = _command(sub, "verify", "check a model against recorded greedy continuations (ds4's test vectors)")
+    _add_subcommand_model(p, positional=True)
     p.add_argument("--vectors", metavar="DIR", required=True,
                    help="vector directory: manifest.json, prompts/*.txt, official/*.official.json")
     p.add_argument("--ctx", type=int, default=None, help="context size (default: enough for the longest case)")
 
-    p = sub.add_parser("pull", help="download a model from the Hugging Face Hub (no NAME: list them)")
+    p = _command(sub, "pull", "download a model from the Hugging Face Hub (no NAME: list them)")
     p.add_argument("name", nargs="?", metavar="NAME", choices=[f.name for f in FLAVOURS],
                    help="one of: " + ", ".join(f.name for f in FLAVOURS))
     p.add_argument("--dir", metavar="DIR", default=None,
@@ -334,6 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command is not None:
+            settle_model(args)
             return _call(SUBCOMMANDS[args.command], "main", args)
         check_agent_flags(args)
         return _call("ds4agent.commands.agent", "main", args)

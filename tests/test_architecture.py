@@ -33,8 +33,9 @@ ALLOWED: dict[str, set[str]] = {
     "statelayout": set(),
     "textsafe": set(),
     "utf8": set(),
+    "invocation": set(),
 }
-GROUND = {"fsutil", "statelayout", "textsafe", "utf8"}
+GROUND = {"fsutil", "statelayout", "textsafe", "utf8", "invocation"}
 UI_TOOLKITS = ("textual", "prompt_toolkit", "rich")
 MAY_PRINT = {"ui", "commands", "cli"}
 MAX_MODULE_LINES = 800

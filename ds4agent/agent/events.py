@@ -448,6 +448,11 @@ class Notice(Event):
     level: str = "info"
 
 
+# The Notice while the system prompt's KV cache is rebuilt at start: a progress line, which the
+# full-screen app drops once Ready says the start is over (the reference prints it too).
+SYSPROMPT_UPDATING = "Updating system prompt cache..."
+
+
 @dataclass(frozen=True)
 class Error(Event):
     """A readable error (never a traceback). fatal=True: the agent cannot continue."""

@@ -15,6 +15,7 @@ prompt, where calls to them get a tool error that says the server is not running
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from ds4agent.agent import events as ev
@@ -33,8 +34,10 @@ from ds4agent.tools.mcp.config import McpConfigError
 if TYPE_CHECKING:
     from ds4agent.tools.mcp import ProjectFile
 
-# The worker waits at most this long beyond the model load for servers still starting.
+# The worker waits at most this long beyond the model load for servers still starting, looking
+# this often whether the user sent a message meanwhile.
 JOIN_TIMEOUT = 30.0
+JOIN_POLL = 0.2
 
 
 def _approve(worker: WorkerPort, config: McpConfig, project: ProjectFile) -> bool:
@@ -88,7 +91,16 @@ def join(worker: WorkerPort) -> None:
     hub = worker.mcp
     if hub is None:
         return
-    hub.wait_started(JOIN_TIMEOUT)
+    # A slow or hanging server holds the start at most JOIN_TIMEOUT, and says so in the status
+    # line; a message the user sends meanwhile ends the wait (the server joins at the next /new).
+    deadline = time.monotonic() + JOIN_TIMEOUT
+    while time.monotonic() < deadline and not worker.io.has_queued():
+        waiting = [s.config.name for s in hub.statuses() if s.state is ServerState.STARTING]
+        if not waiting:
+            break
+        worker.set_state(ev.State.LOADING, detail=f"waiting for MCP server {', '.join(waiting)} "
+                                                  "(send a message to go on without it)")
+        hub.wait_started(min(JOIN_POLL, max(0.0, deadline - time.monotonic())))
     ready = []
     for status in hub.statuses():
         if status.state is ServerState.READY:

@@ -32,6 +32,34 @@ def start_notices(worker: WorkerPort) -> list[str]:
     return [f"no OS sandbox for bash commands: {why}" + (f"; {then}" if then else "")]
 
 
+MODE_TEXT = (
+    ("ask", "bash commands and file changes ask first: y once, s for the session (a tool; for bash, "
+            "the programs of the command, never an interpreter such as python3), n deny"),
+    ("auto", "nothing asks inside the working tree; bash commands still run in the sandbox, and what "
+             "it refuses stays refused"),
+    ("read-only", "bash, write and edit are refused; reading, searching and listing work"),
+)
+
+
+def explain(mode: str) -> list[str]:
+    """/permissions without an argument: every mode (the current one marked), the rule that holds
+    in all of them, and what the sandbox does here."""
+    lines = [f"permission mode: {mode} (change it with /permissions ask|auto|read-only)"]
+    for name, text in MODE_TEXT:
+        lines.append(f"{'›' if name == mode else ' '} {name:<9}  {text}")
+    lines.append("  every mode: a write outside the working tree or into .git/ asks first, auto included")
+    avail = availability()
+    if avail.available:
+        lines.append(f"sandbox: {avail.detail}: a bash command can write only inside the working tree (not "
+                     "its .git/), its own temporary directory and /dev/shm; reading is open. A write the "
+                     "sandbox refuses asks once whether to run the command again outside it (ask mode).")
+    else:
+        why = avail.detail.removeprefix("none ").strip("()")
+        lines.append(f"sandbox: none here ({why}): in ask mode every bash command asks before it runs; "
+                     "auto runs them unconfined")
+    return lines
+
+
 def permit(worker: WorkerPort, tool: Tool, args: Mapping[str, object]) -> str | None:
     """None when the call may run; else the result text the model gets instead. A tool of an MCP
     server is judged by what it declares about itself (its hints)."""
@@ -45,14 +73,28 @@ def permit(worker: WorkerPort, tool: Tool, args: Mapping[str, object]) -> str | 
     answer = _ask(worker, name, decision.question)
     worker.policy.remember(decision.question, answer)
     if answer.allowed:
+        _grant_once(worker, decision.question)
         return None
     return denied_result(answer).text
+
+
+def _grant_once(worker: WorkerPort, q: PermissionQuestion) -> None:
+    """A bash command asked about for its writes outside the tree (or into .git/) runs, once,
+    without the sandbox rule that would refuse them: the user answered that question already, so
+    the sandbox must not refuse the same write and ask a second time."""
+    if q.grant == "outside":
+        worker.tool_ctx.sandbox.outside_once = True
+    elif q.grant == "git":
+        worker.tool_ctx.sandbox.git_once = True
 
 
 def after_run(worker: WorkerPort, name: str, args: Mapping[str, object], result: Observation) -> Observation:
     """After a bash job the sandbox refused something: the one question for that command (run it
     again outside the sandbox; for git metadata, let git write .git/ once or for the session), and
     the second run's result when the user allowed it."""
+    # A one-time grant given for this call (_grant_once) never outlives it, even when the call
+    # ended before its job started (a bad argument).
+    worker.tool_ctx.sandbox.outside_once = worker.tool_ctx.sandbox.git_once = False
     refused = result.sandbox_refusals
     display = result.display
     # (Not after bash_stop: the model ended that command; running it again is not what it asked.)

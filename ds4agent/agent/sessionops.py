@@ -112,7 +112,7 @@ def start_system_prefix(worker: WorkerPort) -> bool:
                 return True
         except Exception as err:  # any failure: rebuild (kvc-format.md §12.2)
             worker.trace.line(f"sysprompt cache miss: {err}")
-        worker.io.emit(ev.Notice("Updating system prompt cache..."))
+        worker.io.emit(ev.Notice(ev.SYSPROMPT_UPDATING))
     worker.set_state(ev.State.PREFILL, detail="system prompt")
     worker.sync(interruptible=False)
     if store is not None and worker.settings.use_sysprompt_cache:

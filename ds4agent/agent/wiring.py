@@ -46,6 +46,8 @@ def open_store(kv_dir: Path | None) -> SessionStore:
 def build_from_args(
     args: argparse.Namespace,
 ) -> tuple[Callable[[Callable[[float], None]], Engine], SessionStore, list[Tool], AgentSettings, McpConfig | None]:
+    if getattr(args, "demo", False):
+        return build_demo(args)
     settings = AgentSettings.from_args(args)
     # Resolved once, by commands/agent.py (models.locate.resolve_model_path: the flag, the
     # environment, the model directory, ./ds4flash.gguf); no second fallback here.
@@ -65,3 +67,32 @@ def build_from_args(
                                   ("split", getattr(args, "pipeline_split", None))) if v is not None}
     return (engine_loader(model_path, settings.ctx, getattr(args, "device", None), **pipeline), store,
             default_tools(settings.edit_upto), settings, mcp)
+
+
+def build_demo(
+    args: argparse.Namespace,
+) -> tuple[Callable[[Callable[[float], None]], Engine], SessionStore, list[Tool], AgentSettings, McpConfig | None]:
+    """`--demo`: the scripted tour engine (demo.py) in the demo's own directory; the other flags
+    (permission mode, think mode, plain, -p) apply as usual. The caller has made the demo project
+    the working directory (demo.prepare)."""
+    import dataclasses
+
+    from ds4agent.agent import demo
+    from ds4agent.tools import default_tools
+    from ds4agent.tools.mcp import load_config
+
+    place = demo.default_place()
+    settings = AgentSettings.from_args(args)
+    settings.cwd = place.project
+    settings.kv_dir = place.kv_dir
+    settings.journal_dir = place.state_dir / "journal"
+    settings.undo_dir = place.state_dir / "checkpoints"
+    settings.model_path = "demo"
+    mcp = load_config(place.project, config_dir=place.config_dir)
+    mcp = dataclasses.replace(mcp, user=(), log_dir=place.log_dir)  # only the demo's own server
+
+    def load(progress: Callable[[float], None]) -> Engine:
+        progress(1.0)
+        return demo.DemoEngine(place, ctx=settings.ctx)  # type: ignore[return-value]
+
+    return load, open_store(place.kv_dir), default_tools(settings.edit_upto), settings, mcp

@@ -13,9 +13,22 @@ from ds4agent.models.locate import resolve_model_path
 
 
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "demo", False):
+        # The tour runs in a scratch project of its own, with the scripted engine: no model.
+        from ds4agent.agent import demo
+
+        place = demo.default_place()
+        demo.prepare(place)
+        os.chdir(place.project)
+        args.model_path = None
+        return _front_end(args)
     if args.model is None and not os.environ.get("DS4AGENT_MODEL"):
         args.model = recorded_model(args)
     args.model_path = resolve_model_path(args.model)
+    return _front_end(args)
+
+
+def _front_end(args: argparse.Namespace) -> int:
     if args.prompt is not None:
         from ds4agent.ui import headless
 

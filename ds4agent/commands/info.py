@@ -85,8 +85,7 @@ def format_info(info: ModelInfo, device: Device | None = None) -> str:
         "",
         f"memory      weights as the engine holds them {binary_size(plan.weights)} (F16 kept, Q8_0 as MLX "
         "affine 8-bit)",
-        f"            routed experts {binary_size(plan.experts)}"
-        + (" (MLX arrays)" if info.path.is_dir() else " memory-mapped (paged in as experts are used)"),
+        _experts_line(plan.experts, info),
         f"            session state at --ctx {info.ctx}: {binary_size(plan.state)} when full (it grows with "
         "the tokens used)",
         f"            working buffers for one prefill chunk: about {binary_size(plan.working)}",
@@ -95,8 +94,24 @@ def format_info(info: ModelInfo, device: Device | None = None) -> str:
     return "\n".join(lines)
 
 
+def _experts_line(mapped: int, info: ModelInfo) -> str:
+    """Where the routed experts live: memory-mapped, or (F16 experts of a test file, none mapped)
+    among the weights above, with the size the table gives them."""
+    if info.path.is_dir():
+        return f"            routed experts {binary_size(mapped)} (MLX arrays)"
+    if mapped == 0:
+        held = sum(g.memory_bytes for g in info.groups if g.name == "routed experts")
+        return (f"            routed experts {binary_size(held)} held with the weights above (their type is not "
+                "memory-mapped)")
+    return f"            routed experts {binary_size(mapped)} memory-mapped (paged in as experts are used)"
+
+
 def main(args: argparse.Namespace) -> int:
-    """`ds4agent info MODEL [--ctx N] [--pipeline N [--pipeline-split L,..]]`."""
+    """`ds4agent info [--model] MODEL [--ctx N] [--pipeline N [--pipeline-split L,..]]` (no model:
+    the usual lookup, $DS4AGENT_MODEL first)."""
+    from ds4agent.models.locate import resolve_model_path
+
+    args.model_path = resolve_model_path(args.model)  # ModelError: cli.py prints it, exit 2
     try:
         info = model_info(args.model_path, ctx=args.ctx)
         device = choose_device(getattr(args, "device", None))

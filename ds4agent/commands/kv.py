@@ -34,7 +34,7 @@ from ds4agent.sessions.kvc import (
 from ds4agent.sessions.payload import FLASH_SHAPE
 from ds4agent.sessions.store import SessionStore
 from ds4agent.sessions.titles import derive_title, display_text
-from ds4agent.ui.fmt import cells, clip, fit
+from ds4agent.ui.fmt import cells, clip, fit, format_size
 
 PREVIEW_BYTES = 400
 TITLE_MIN = 12  # `kv ls` narrows a long file name before it cuts a title shorter than this
@@ -58,8 +58,21 @@ def _ext_names(ext: int) -> str:
     return f"0x{ext:02x}" + (f" ({', '.join(names)})" if names else "")
 
 
-def _mib(n: int) -> str:
-    return f"{n / (1024 * 1024):.1f} MiB"
+# The model file name shown for a session, at most this long (a pulled file's name is long).
+MODEL_LABEL = 20
+
+
+def _saved_with(directory: Path) -> dict[str, str]:
+    """Short session id -> the model file it was saved with (the session index), where known."""
+    from ds4agent.models.fingerprint import model_name
+    from ds4agent.sessions.index import SessionIndex
+
+    found = {}
+    for sid, entry in SessionIndex(directory).read().items():
+        name = model_name(entry.fingerprint) if entry.fingerprint else Path(entry.model).name
+        if name:
+            found[sid[:8]] = name if len(name) <= MODEL_LABEL else name[:MODEL_LABEL - 1] + "…"
+    return found
 
 
 def _escape(data: bytes) -> str:
@@ -152,6 +165,9 @@ def cmd_ls(store: SessionStore, out: TextIO, model_id: int | None = None) -> int
         return h.last_used or h.created_at
 
     sessions, unreadable = store.scan_sessions()
+    # The header's model id says only "a Flash-architecture model": the tiny test model's sessions
+    # have it too. The index knows the file a session was saved with; that name is shown instead.
+    saved_with = _saved_with(store.directory)
     for info in sessions:
         h = info.entry.header
         rows.append((info.entry.short_id, h.reason_name, h.model_id, used_at(h), str(h.tokens),
@@ -187,11 +203,13 @@ def cmd_ls(store: SessionStore, out: TextIO, model_id: int | None = None) -> int
     if not rows:
         print("  (none)", file=out)
     width = max((len(r[0]) for r in rows), default=8)  # cache file names are longer than short ids
+    labels = [saved_with.get(r[0]) or _model_name(r[2]) for r in rows]
+    label_width = max((len(label) for label in labels), default=5)
     columns = terminal_columns()
     lines = []
-    for ident, kind, model, used, tokens, size, stripped, title in rows:
-        line = (f"  {ident:<{width}} {kind:<13} {_model_name(model):<5} {format_age(now - used):>9} "
-                f"{tokens:>8} tokens {_mib(size):>11} {'stripped' if stripped else '':<8}")
+    for (ident, kind, _, used, tokens, size, stripped, title), label in zip(rows, labels, strict=True):
+        line = (f"  {ident:<{width}} {kind:<13} {label:<{label_width}} {format_age(now - used):>9} "
+                f"{tokens:>8} tokens {format_size(size):>11} {'stripped' if stripped else '':<8}")
         lines.append((line.rstrip(), title))
     for line, title in fit_name_column(lines, width, columns):
         print(fit_row(line, title, columns), file=out)

@@ -35,8 +35,8 @@ def _project_line(config: McpConfig) -> tuple[str, bool]:
         answer = Approvals(config.config_dir).answer(project)
     except McpConfigError:
         answer = None
-    state = {True: "approved", False: "refused for this file", None: "not approved yet (ds4agent asks at "
-             "its start in this directory)"}[answer]
+    state = {True: "approved", False: "refused for this file",
+             None: "not approved yet: ds4agent asks when it starts in this directory"}[answer]
     return f"project: {project.path} ({state})", answer is True
 
 

@@ -29,7 +29,7 @@ def main(args) -> int:
 
     try:
         cases = load_vectors(args.vectors)
-        model = resolve_model_path(args.model_path)
+        model = resolve_model_path(args.model)
     except (VectorError, ModelError) as err:
         print(f"ds4agent: {err}", file=sys.stderr)
         return 2

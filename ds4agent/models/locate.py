@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ds4agent.invocation import program
+
 from .catalog import FLAVOURS, RECOMMENDED, human_bytes
 from .errors import ModelNotFoundError
 
@@ -80,10 +82,12 @@ def _must_exist(path: Path, where: str) -> Path:
 
 def _how_to_get_one() -> str:
     r = RECOMMENDED
+    run = program()
     return (
         f"  Download the recommended weights ({r.name}, about {human_bytes(r.approx_bytes)}; needs a "
         f"machine with {human_bytes(r.ram_bytes or 0)} of RAM or more):\n"
-        f"    ds4agent pull {r.name}\n"
+        f"    {run} pull {r.name}\n"
         "  To try the app without real weights, make a tiny random model:\n"
-        "    ds4agent make-test-model tiny.gguf && ds4agent --model tiny.gguf"
+        f"    {run} make-test-model tiny.gguf && {run} --model tiny.gguf\n"
+        f"  or take the tour of the tools, which needs no model: {run} --demo"
     )

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -125,6 +126,10 @@ class PermissionQuestion:
     outside_workspace: bool = False
     path: str | None = None  # absolute target of a write/edit
     diff: DiffDisplay | None = None
+    # What allowing a bash command lifts from the sandbox for that one run: "outside" (no sandbox),
+    # "git" (git metadata writable), "" nothing. Set when the question was about those very writes,
+    # so that the sandbox does not refuse them and ask a second time.
+    grant: Literal["", "outside", "git"] = ""
 
 
 @dataclass(frozen=True)
@@ -162,6 +167,32 @@ def _program_label(programs: tuple[str, ...]) -> str:
     names = [f"`{p} …`" for p in programs]
     joined = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
     return f"allow {joined} commands for this session"
+
+
+# Programs that run whatever code they are given (a script, -c, -e, stdin): "allow `python3 …` for
+# this session" would allow everything, so their commands are never covered by a session answer.
+INTERPRETERS = re.compile(r"(python|pypy|ruby|perl|php|lua|node|nodejs|deno|bun|bash|sh|zsh|dash|ksh|mksh|fish|"
+                          r"tclsh|wish|pwsh|osascript|rscript|julia|env|xargs|sudo|doas|nohup|timeout|"
+                          r"nice|exec|eval|uv|uvx|npx|pipx|poetry)[0-9.]*", re.IGNORECASE)
+
+
+def is_interpreter(program: str) -> bool:
+    """Whether a session answer for `program` would let any code run (see INTERPRETERS)."""
+    return INTERPRETERS.fullmatch(os.path.basename(program)) is not None
+
+
+def _risky_question(command: str, risky: tuple[str, ...]) -> PermissionQuestion:
+    """A command whose scan found writes outside the tree or into .git/. The answer is the one
+    question for it: allowing runs it without the sandbox part that would refuse those writes
+    (scope "outside": no sandbox at all; "git": git metadata writable), once."""
+    shown = "; ".join(risky[:3]) + (f"; and {len(risky) - 3} more" if len(risky) > 3 else "")
+    outside = not all(r.endswith("inside .git/)") or r.startswith("git config (") for r in risky)
+    if outside:
+        title = f"Run this shell command outside the sandbox (it can then write anywhere)? It writes to {shown}."
+    else:
+        title = f"Run this shell command with git metadata writable? It writes to {shown}."
+    return PermissionQuestion(tool="bash", title=title, preview=command, preview_kind="command", session_label=None,
+                    outside_workspace=outside, grant="outside" if outside else "git")
 
 
 def _inside(path: str, root: str) -> bool:
@@ -228,22 +259,21 @@ class PermissionPolicy:
         programs = found.programs if found is not None else ()
         risky = found.risky_writes if found is not None else ()
         if risky:
-            shown = "; ".join(risky[:3]) + (f"; and {len(risky) - 3} more" if len(risky) > 3 else "")
-            q = PermissionQuestion(tool="bash", title=f"Run this shell command? It writes to {shown}.", preview=command,
-                         preview_kind="command", session_label=None,
-                         outside_workspace=any(r.endswith("(outside the working directory)") for r in risky))
-            return Decision("ask", question=q)
+            return Decision("ask", question=_risky_question(command, risky))
         if "bash" in self.allowed_tools:
             return ALLOW
         if programs and all(p in self.allowed_programs for p in programs):
             return ALLOW
+        # A session answer for an interpreter (python3, node, sh, ...) would cover any code at all:
+        # each such command asks on its own.
+        per_program = bool(programs) and not any(is_interpreter(p) for p in programs)
         q = PermissionQuestion(
             tool="bash",
             title="Run this shell command?",
             preview=command,
             preview_kind="command",
-            session_label=_program_label(programs) if programs else None,
-            scope=("bash", *programs) if programs else (),
+            session_label=_program_label(programs) if per_program else None,
+            scope=("bash", *programs) if per_program else (),
         )
         return Decision("ask", question=q)
 
@@ -280,7 +310,7 @@ class PermissionPolicy:
             preview=diff.unified,
             preview_kind="diff",
             session_label=None if outside or in_git else
-            f"allow all {tool_name} calls in the working directory for this session",
+            f"allow {tool_name} in the working directory for this session",
             scope=() if outside or in_git else ("tool", tool_name),
             outside_workspace=outside,
             path=target,

@@ -49,6 +49,8 @@ class Ds4App(App):
     CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses in other modules still find it
     TITLE = "ds4agent"
     ENABLE_COMMAND_PALETTE = False
+    # A message too big for the context, sent once and warned about: Enter again sends it.
+    big_message_warned = ""
 
     BINDINGS = [
         Binding("ctrl+q", "quit_request", "quit", show=False, priority=True),
@@ -300,7 +302,7 @@ class Ds4App(App):
     async def _show_turn_ended(self, e: ev.TurnEnded, n: int) -> None:
         self._close_stale_permission()
         await self.conversation.end_turn()
-        note = fmt.turn_end_note(e.reason, e.error)
+        note = fmt.turn_end_note(e.reason, e.error, e.generated)
         if note:
             await self.conversation.note(*note)
 
@@ -323,6 +325,7 @@ class Ds4App(App):
         self.status_bar.mark()
         if self.chips.items:
             self.chips.set_items(self.chips.items)  # Esc can interrupt from now on
+        await self.conversation.drop_notes(ev.SYSPROMPT_UPDATING)  # done: the ready line says so
         await self.conversation.note(fmt.ready_line(e.model, e.ctx), "muted")
         if self._picker_at_ready:
             # --resume without a prefix: the picker, as soon as there is an agent to ask. The
@@ -446,6 +449,13 @@ class Ds4App(App):
             self._pre_agent.append(text.strip())
             self.chips.set_items(tuple(self._pre_agent), loading=self.loading)
             return
+        warning = fmt.big_message_warning(text, self.status_model)
+        if warning and text != self.big_message_warned:
+            self.big_message_warned = text
+            await self.conversation.note(warning, "warning")
+            self.input.restore(text)
+            return
+        self.big_message_warned = ""
         self.agent.submit(text)
 
     @property
@@ -466,7 +476,10 @@ class Ds4App(App):
         except commands.UnknownCommand as err:
             await self.conversation.note(str(err), "error")
             if not self.input.text:
-                self.input.set_text(line.strip())  # to correct and send again
+                # Back to correct and send again, selected: typing a new command replaces it
+                # instead of being appended to the wrong one.
+                self.input.set_text(line.strip())
+                self.input.select_all()
         except commands.CommandError as err:
             await self.conversation.note(str(err), "error")
 
@@ -509,7 +522,7 @@ class Ds4App(App):
 
     async def _cmd_permissions(self, cmd: commands.ParsedCommand) -> None:
         if not cmd.arg:
-            await self.conversation.note(commands.permission_mode_line(self.status_model.permission), "info")
+            await self.conversation.note(commands.permissions_text(self.status_model.permission), "info")
         else:
             commands.call_agent(cmd, self.agent)
 
@@ -564,7 +577,7 @@ class Ds4App(App):
         for line in e.refused:
             await conv.note(f"not restored: {line}", "warning")
         if e.prompt and not self.input.text:
-            self.input.set_text(e.prompt)  # to edit and send again
+            self.input.restore(e.prompt)  # to edit and send again (a long one folded, as pasted)
         self.input.focus()
 
     def _picked(self, session_id: str | None) -> None:
@@ -668,9 +681,16 @@ class Ds4App(App):
         return (self.agent is not None and bool(self.agent.busy) and not self.loading
                 and self.startup_error is None)
 
+    def interrupt(self) -> None:
+        """Esc / Ctrl+C on a running turn: asked of the agent, and said in the status line at
+        once (the work stops between prefill chunks or tokens, which may take a moment)."""
+        self.agent.interrupt()
+        self.status_model.interrupting = True
+        self.status_bar.mark()
+
     def action_escape(self) -> None:
         if self.turn_busy:
-            self.agent.interrupt()
+            self.interrupt()
             return
         self.hints.show_for("")
         if self.input.text or self.busy:
@@ -685,7 +705,7 @@ class Ds4App(App):
 
     def action_ctrl_c(self) -> None:
         if self.turn_busy:
-            self.agent.interrupt()
+            self.interrupt()
             return
         field = self.input
         if field.text:

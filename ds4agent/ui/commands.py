@@ -253,9 +253,11 @@ def call_agent(cmd: ParsedCommand, agent: CommandAgent) -> None:
     call(agent, cmd)
 
 
-def permission_mode_line(mode: str) -> str:
-    """/permissions without an argument."""
-    return f"permission mode: {mode} (ask, auto, read-only)"
+def permissions_text(mode: str) -> str:
+    """/permissions without an argument: the modes, the current one marked, and the sandbox."""
+    from ds4agent.agent.permissions_glue import explain  # the sandbox probe: only when asked
+
+    return "\n".join(explain(mode))
 
 
 def completions(text: str) -> list[CommandSpec]:

@@ -7,12 +7,14 @@ numbers the same way and the tests can check exact strings.
 from __future__ import annotations
 
 import os
+import sys
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
 from ds4agent import textsafe
 from ds4agent.agent.events import format_age
+from ds4agent.invocation import program
 
 # Context share at which the agent's soft compaction starts (agent-reference.md §8). The status bar
 # draws the threshold; the agent may report its own value in a status event, which then wins.
@@ -53,8 +55,33 @@ def human_count(n: int) -> str:
     return text + unit
 
 
+# A message's size in tokens, guessed from its bytes before it is sent (the UI has no tokenizer;
+# DeepSeek's BPE takes about 4 bytes of English or code per token, fewer for other scripts).
+BYTES_PER_TOKEN = 3
+
+
+def big_message_warning(text: str, s: StatusState) -> str:
+    """A warning when a message about to be sent would fill the context ("" when it fits): past the
+    compaction threshold it forces a compaction first; past the context it cannot be sent."""
+    if s.ctx_total <= 0:
+        return ""
+    tokens = len(text.encode("utf-8", "surrogatepass")) // BYTES_PER_TOKEN
+    room = int(s.ctx_total * s.compact_at) - s.ctx_used
+    if tokens <= room:
+        return ""
+    what = (f"more than the whole context ({human_count(s.ctx_total)} tokens): it will not fit"
+            if tokens >= s.ctx_total - s.ctx_used else
+            "past the compaction threshold: the conversation is compacted before it is read")
+    return (f"this message is about {human_count(tokens)} tokens, {what}. Press Enter again to send it "
+            "anyway, or edit it")
+
+
 def format_size(n_bytes: int) -> str:
-    return f"{n_bytes / (1024 * 1024):.1f} MiB"
+    """A file's size in the unit that shows it: a stripped session is a few KiB, not "0.0 MiB"."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n_bytes >= scale:
+            return f"{n_bytes / scale:.1f} {unit}"
+    return f"{n_bytes} B"
 
 
 def clip(text: str, width: int) -> str:
@@ -173,6 +200,7 @@ class StatusState:
     title: str = ""
     device: str = ""                 # where the engine computes ("Metal GPU", "CPU"), from Ready
     dirty: bool = False
+    interrupting: bool = False       # Esc / Ctrl+C pressed: said at once, until the work stops
     _decode_seen: float = 0.0        # the decode speed in the last Status (stale ones repeat it)
 
     def set_state(self, state: str, detail: str = "") -> None:
@@ -180,6 +208,8 @@ class StatusState:
         if state == "prefill" and self.state != "prefill":
             self.prefill_done = self.prefill_total = 0
             self.prefill_tps = 0.0
+        if state in ("idle", "error", "loading"):
+            self.interrupting = False  # the interrupted work is over
         self.state, self.detail = state, detail
 
     # -- the agent's events (both front ends apply them the same way) ---------------------------
@@ -230,7 +260,11 @@ class StatusState:
 
 def state_segment(s: StatusState) -> str:
     """The state word with its live detail (prefill bar, decode speed, error text)."""
+    if s.interrupting and s.state not in ("idle", "error", "loading"):
+        return "interrupting…"  # at the key press: a prefill chunk or a tool may take a moment to stop
     if s.state == "loading":
+        if s.detail and s.detail != STATE_WORDS["loading"]:
+            return f"{s.detail}…"  # after the load itself: e.g. waiting for an MCP server
         return f"loading model… {int(s.load_fraction * 100)}%"
     if s.state == "prefill":
         if s.prefill_total <= 0:
@@ -322,10 +356,16 @@ def compacting_line(reason: str) -> str:
     return f"compacting ({reason}): summarising durable task state"
 
 
-def turn_end_note(reason: str, error: str = "") -> tuple[str, str] | None:
-    """What the end of a turn says, as (text, level): an interruption, the token cap, an error."""
+INTERRUPTED_UNREAD = ("interrupted before any answer: the message stays in the conversation (the context "
+                      "meter counts it); /rewind takes it back out")
+
+
+def turn_end_note(reason: str, error: str = "", generated: int | None = None) -> tuple[str, str] | None:
+    """What the end of a turn says, as (text, level): an interruption (one before the model wrote
+    anything, e.g. a large paste's prefill cut short, says how to take the message back), the
+    token cap, an error."""
     if reason == "interrupted":
-        return "interrupted", "warning"
+        return (INTERRUPTED_UNREAD if generated == 0 else "interrupted"), "warning"
     if reason == "token_cap":
         return "[the round stopped at the token limit (--tokens)]", "warning"
     if reason == "error" and error:
@@ -394,8 +434,10 @@ def rewind_list_lines(points, note: str, now: float) -> list[str]:
 
 
 def resume_hint(session_id: str) -> str:
-    """How to get back to a saved session: the one place that words it."""
-    return f"ds4agent --resume {session_id}"
+    """How to get back to a saved session: the one place that words it, with the program as it
+    can be typed here (a demo's sessions live in the demo's own directory: `--demo` finds them)."""
+    demo = " --demo" if "--demo" in sys.argv[1:] else ""
+    return f"{program()}{demo} --resume {session_id}"
 
 
 def exit_line(s: StatusState) -> str:

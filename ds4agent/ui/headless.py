@@ -6,9 +6,10 @@
 * Permissions: `--permission auto` runs everything, `read-only` refuses bash and file changes.
   `ask` (the default) asks on the terminal when stdin and stderr are TTYs; without a terminal
   nothing could answer, so it falls back to read-only and says so on stderr (a script that
-  wants changes must say `--permission auto` explicitly).
+  wants changes must say `--permission auto` explicitly). `--help` says the same.
 * The crash journal and the "resume?" offer are off (the prompt is on the command line), and
-  nothing is saved.
+  nothing is saved, except a task that continues a session (--resume ID / --continue): that
+  session gets the task's turns and is saved again at the end, which stderr says when it loads.
 * Exit status: 0 when the model finished its answer; 1 on an error or an incomplete answer
   (token cap, a sampled stop token, an unterminated tool call); 130 when interrupted (Ctrl+C).
 """
@@ -24,7 +25,7 @@ from typing import Any, TextIO
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.permissions_glue import refused_as_read_only
-from ds4agent.ui import dispatch
+from ds4agent.ui import dispatch, toolview
 from ds4agent.ui.fmt import terminal_safe
 
 EXIT_OK = 0
@@ -42,6 +43,26 @@ def _summary(name: str, args: dict) -> str:
         if key in args:
             return f"{name} {_first_line(str(args[key]))}"
     return name
+
+
+BASH_TOOLS = ("bash", "bash_status", "bash_stop")
+
+
+def result_lines(e: ev.ToolResult) -> str:
+    """A tool result on stderr: ✓/✗ and its first line; for a command, its exit status, and when
+    it failed the last line of its output and the sandbox's reason (a refused write), so a
+    failure says why without the --json stream."""
+    failed = toolview.result_failed(e.name, e.ok, e.text, e.display)
+    mark = "✗" if failed or not e.ok else "✓"
+    if e.name not in BASH_TOOLS or e.display is None:
+        return f"  {mark} {_first_line(e.text)}\n"
+    lines = [f"  {mark} {toolview.result_status(e.name, e.ok, e.text, e.display, e.elapsed)}"]
+    if failed:
+        output = [ln for ln in str(toolview.field(e.display, "output", default="")).splitlines() if ln.strip()]
+        if output:
+            lines.append(f"    {_first_line(output[-1])}")
+    lines += [f"    {_first_line(ln)}" for ln in e.text.splitlines() if ln.startswith("sandbox: ")]
+    return "\n".join(lines) + "\n"
 
 
 def terminal_asker(err: TextIO, inp: TextIO) -> Callable[[ev.PermissionRequest], tuple[str, str]]:
@@ -110,7 +131,7 @@ class _Run:
         self.display: dispatch.EventTable[None] = dispatch.EventTable({} if json_mode else {
             ev.TextDelta: self._text,
             ev.ToolCallEnd: lambda e, n: self.to_err(f"⏺ {_summary(e.name, e.args)}\n"),
-            ev.ToolResult: lambda e, n: self.to_err(f"  {'✓' if e.ok else '✗'} {_first_line(e.text)}\n"),
+            ev.ToolResult: lambda e, n: self.to_err(result_lines(e)),
             ev.ToolCallInvalid: lambda e, n: self.to_err(
                 f"  ✗ [{'invalid tool call: ' if e.kind == 'error' else ''}{e.reason}]\n"),
             ev.CompactionStarted: lambda e, n: self.to_err(f"[compacting context: {e.reason}]\n"),
@@ -167,6 +188,9 @@ class _Run:
 
     def _loaded(self, e: ev.SessionLoaded, n: int) -> None:
         self.resuming = False
+        if self.save:
+            self.to_err(f"ds4agent: continuing session {e.short_id}: this task's turns are added to it, "
+                        "and it is saved again when the task ends\n")
 
     def _error(self, e: ev.Error, n: int) -> int | None:
         self.to_err(f"ds4agent: {e.text}\n")
@@ -262,7 +286,7 @@ def _save(agent: Any, err: TextIO, timeout: float = 600.0) -> bool:
             err.write("ds4agent: save failed: timed out\n")
             return False
         if isinstance(e, ev.SessionSaved):
-            err.write(f"ds4agent: saved session {e.short_id} ({e.tokens} tokens)\n")
+            err.write(f"ds4agent: saved session {e.short_id} ({e.tokens} tokens), now with this task's turns\n")
             return True
         if isinstance(e, ev.Error):
             err.write(f"ds4agent: {e.text}\n")

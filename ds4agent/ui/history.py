@@ -2,6 +2,7 @@
 
 One JSON list of strings (not one entry per line, because prompts are multi-line), at most 512
 entries as the reference keeps, rewritten atomically on every submit so a crash never truncates it.
+Pastes over MAX_SAVED_CHARS stay in this run's recall only.
 A missing or unreadable file is an empty history: losing recall must never stop the app.
 """
 
@@ -14,6 +15,9 @@ from pathlib import Path
 from ds4agent.fsutil import atomic_write
 
 MAX_ENTRIES = 512
+# An entry longer than this (a pasted log, a whole file) is recalled during this run but never
+# written: the file would grow by every paste, and be rewritten whole at every submit.
+MAX_SAVED_CHARS = 16_384
 
 
 def default_path() -> Path:
@@ -56,7 +60,7 @@ class InputHistory:
     def _write(self) -> None:
         # ASCII JSON: a file name that is not UTF-8 (an @mention of it) reaches the text as a lone
         # surrogate (os.fsdecode), which UTF-8 cannot encode; "\udcff" escapes it and reads back.
-        data = json.dumps(self.entries).encode("ascii")
+        data = json.dumps([e for e in self.entries if len(e) <= MAX_SAVED_CHARS]).encode("ascii")
         try:
             atomic_write(self.path, data, make_parents=True)
         except OSError:

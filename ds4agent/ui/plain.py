@@ -171,7 +171,7 @@ class PlainRenderer:
         self.close_stream()
         if self.answer_text.strip():
             self.last_answer = self.answer_text.strip()
-        note = fmt.turn_end_note(e.reason, e.error)
+        note = fmt.turn_end_note(e.reason, e.error, e.generated)
         if note:
             self.line(*note)
 
@@ -271,9 +271,8 @@ class PlainFrontEnd:
         return len(events)
 
     def run_command(self, line: str, *, copy: Callable[[str], bool] | None = None) -> str | None:
-        """Run a slash command; what to put back in the editor (an unknown command, to correct and
-        send again), else None."""
-        """A slash command: the shared table's agent call, or plain mode's own handler for it."""
+        """Run a slash command (the shared table's agent call, or plain mode's own handler for it);
+        the line when the command is unknown, else None."""
         own: dict[str, Callable[[commands.ParsedCommand], None]] = {
             "help": self._cmd_help, "load": self._cmd_load, "new": self._cmd_new,
             "permissions": self._cmd_permissions, "copy": lambda cmd: self._cmd_copy(copy),
@@ -310,7 +309,7 @@ class PlainFrontEnd:
 
     def _cmd_permissions(self, cmd: commands.ParsedCommand) -> None:
         if not cmd.arg:
-            self.r.line(commands.permission_mode_line(self.r.status.permission), "muted")
+            self.r.line(commands.permissions_text(self.r.status.permission), "muted")
         else:
             commands.call_agent(cmd, self.agent)
 
@@ -349,6 +348,37 @@ def question_prompt(e: ev.Event) -> tuple[str, tuple[str, ...]]:
     return (f"{detail}\n{text} ({labels}) " if detail else f"{text} ({labels}) "), keys
 
 
+# Questions only a person at a terminal may answer: a script's next line is never taken for one
+# (the project's MCP servers would start, or not, on whatever line came next).
+PERSON_ONLY = frozenset({"mcp"})
+
+
+def line_answer(q: ev.Event, keys: tuple[str, ...], person: bool, read: Callable[[], str],
+                unread: Callable[[str], None], say: Callable[[str], None]) -> str:
+    """The answer to a question in line mode. A person (stdin a terminal) is asked again after an
+    answer that is not one of the keys. Piped input answers only with a line that is exactly a
+    key (or yes/no); any other line is left to run as the next message or command, and the
+    question gets its safe answer (cancel where offered, else no); a PERSON_ONLY question never
+    reads the pipe at all. End of input answers "n", as the reference does."""
+    safe = "c" if "c" in keys else "n"
+    if not person and getattr(q, "kind", "") in PERSON_ONLY:
+        say("(no one at a terminal to answer) ")
+        return "n"
+    while True:
+        line = read()
+        if not line:
+            return "n"
+        word = line.strip().lower()
+        word = {"yes": "y", "no": "n"}.get(word, word)
+        if word in keys:
+            return word
+        if not person:
+            unread(line)
+            say("(not an answer: left as the next input) ")
+            return safe
+        say(f"answer with one of: {', '.join(keys)} ")
+
+
 # ----------------------------------------------------------------------------------- line mode
 def run_lines(agent: Any, stdin, stdout, *, poll: float = 0.02) -> int:
     """Non-interactive plain mode: one stdin line per message or command; plain text out."""
@@ -361,15 +391,19 @@ def run_lines(agent: Any, stdin, stdout, *, poll: float = 0.02) -> int:
     fe = PlainFrontEnd(agent, r)
     agent.start()
 
+    person = bool(getattr(stdin, "isatty", lambda: False)())
+    pending: list[str] = []  # a line read for a question that was not an answer: it runs next
+
+    def next_line() -> str:
+        return pending.pop(0) if pending else stdin.readline()
+
     def answer_questions() -> None:
         while r.questions:
             q = r.questions.pop(0)
             prompt, keys = question_prompt(q)
             write(prompt, "muted")
-            line = stdin.readline()
-            answer = line.strip().lower()[:1] if line else "n"
-            if answer not in keys:
-                answer = "n"
+            answer = line_answer(q, keys, person, next_line, pending.append,
+                                 lambda text: write(text, "muted"))
             write(answer + "\n", "muted")
             agent.answer_permission(q.id, answer)  # type: ignore[attr-defined]
 
@@ -388,8 +422,9 @@ def run_lines(agent: Any, stdin, stdout, *, poll: float = 0.02) -> int:
             time.sleep(poll)
 
     settle()
-    for raw in stdin:
-        if r.exited is not None:
+    while r.exited is None:
+        raw = next_line()
+        if not raw:
             break
         text = raw.rstrip("\n")
         if not text.strip():
@@ -494,6 +529,7 @@ async def run_interactive(agent: Any, notifier: Notifier | None = None) -> int: 
         buf = event.current_buffer
         if turn_busy():
             agent.interrupt()
+            r.status.interrupting = True  # said at once in the status line
         elif buf.text:
             buf.reset()
         elif time.monotonic() - last_ctrl_c[0] <= commands.QUIT_WINDOW_S:
@@ -519,6 +555,7 @@ async def run_interactive(agent: Any, notifier: Notifier | None = None) -> int: 
     @kb.add("escape", eager=True, filter=busy)
     def _(event) -> None:
         agent.interrupt()
+        r.status.interrupting = True
 
     @kb.add("s-tab")
     def _(event) -> None:
@@ -559,6 +596,7 @@ async def run_interactive(agent: Any, notifier: Notifier | None = None) -> int: 
 
     agent.start()
     draft = ""
+    warned = ""  # a message too big for the context, warned about once
     status = 0
     # The terminal stays raw between two prompts too: a key typed ahead while a command runs (an
     # Enter right after /new) is then read by the next prompt as typed, instead of the terminal
@@ -615,10 +653,20 @@ async def run_interactive(agent: Any, notifier: Notifier | None = None) -> int: 
                             continue
                     fe.switching = False
                     r.line(f"› {text}", "muted")  # the prompt line is erased: commands echo here
-                    draft = fe.run_command(text, copy=copy) or ""  # an unknown command comes back
+                    if fe.run_command(text, copy=copy):
+                        # An unknown command: not put back in the prompt, where the next command
+                        # typed would be appended to it; the input history has it.
+                        r.line("(Up brings it back to correct)", "muted")
                     if fe.quitting:  # the save question (or the exit) comes next: no prompt in between
                         await _wait_for(lambda: r.exited is not None or bool(r.questions), timeout=10.0)
                 else:
+                    warning = fmt.big_message_warning(text, r.status)
+                    if warning and text != warned:
+                        warned = text  # Enter again on the same text sends it
+                        r.line(warning, "warning")
+                        draft = text
+                        continue
+                    warned = ""
                     agent.submit(text)
         finally:
             pump.cancel()

@@ -31,30 +31,65 @@ def test_session_answer_then_escape_attempts_are_refused_and_denied(tmp_path):
     outside.mkdir()
     commands = ["echo ok \r# ; cp /etc/hostname ../outside/STOLEN", "echo x > ../outside/direct"]
     # "s": allow `echo` for the session (the first command passes the scan as a plain echo); "n" to
-    # its run-outside question; "y" to the second (the scan sees its outside target), "n" again.
+    # its run-outside question; "n" to the second, whose scan sees its outside target: its one
+    # question is the run-outside question itself.
     h = AgentHarness.build(tmp_path, [_bash(*commands), reply("done", think="")], tools=default_tools(),
-                           permission="ask", answer=_answers("s", "n", "y", "n"))
+                           permission="ask", answer=_answers("s", "n", "n"))
     evs = h.turn("go")
     reqs = of(evs, ev.PermissionRequest)
-    assert [r.question.startswith("The sandbox refused writing to") for r in reqs] == [False, True, False, True]
-    assert [k for k, _ in reqs[1].options] == ["y", "n"] and [k for k, _ in reqs[3].options] == ["y", "n"]
+    assert [r.question.startswith("The sandbox refused writing to") for r in reqs] == [False, True, False]
+    assert reqs[2].question.startswith("Run this shell command outside the sandbox (it can then write anywhere)?")
+    assert [k for k, _ in reqs[1].options] == ["y", "n"] and [k for k, _ in reqs[2].options] == ["y", "n"]
     results = of(evs, ev.ToolResult)
-    assert all("The user did not allow it outside the sandbox" in r.text for r in results)
+    assert "The user did not allow it outside the sandbox" in results[0].text
+    assert "permission denied by the user" in results[1].text
     assert list(outside.iterdir()) == []
     h.stop()
 
 
 def test_allow_once_outside_the_sandbox_runs_it_again(tmp_path):
+    # A write the scan cannot see (a carriage return hides it): the sandbox refuses, then asks once.
     (tmp_path / "work").mkdir()
     outside = tmp_path / "outside"
     outside.mkdir()
-    h = AgentHarness.build(tmp_path, [_bash("echo x > ../outside/f"), reply("done", think="")],
+    h = AgentHarness.build(tmp_path, [_bash("echo ok \r# ; echo x > ../outside/f"), reply("done", think="")],
                            tools=default_tools(), permission="ask", answer=_answers("y", "y"))
     evs = h.turn("go")
     assert len(of(evs, ev.PermissionRequest)) == 2
     res = of(evs, ev.ToolResult)[0]
     assert res.ok and res.text.startswith("The user allowed this command outside the sandbox; it ran again:\n")
     assert (outside / "f").read_text() == "x\n"
+    h.stop()
+
+
+def test_a_write_the_scan_sees_outside_the_tree_asks_once(tmp_path):
+    (tmp_path / "work").mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    h = AgentHarness.build(tmp_path, [_bash("echo x > ../outside/f", "echo y > ../outside/g"),
+                                      reply("done", think="")],
+                           tools=default_tools(), permission="ask", answer=_answers("y", "n"))
+    evs = h.turn("go")
+    reqs = of(evs, ev.PermissionRequest)
+    assert len(reqs) == 2  # one per command: no second question from the sandbox
+    assert all(r.question.startswith("Run this shell command outside the sandbox") for r in reqs)
+    first, second = of(evs, ev.ToolResult)
+    assert first.ok and "The sandbox refused" not in first.text
+    assert (outside / "f").read_text() == "x\n"
+    assert not second.ok and not (outside / "g").exists()  # the grant was for the first command only
+    h.stop()
+
+
+def test_a_write_into_git_metadata_asks_once(tmp_path):
+    work = tmp_path / "work"
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    h = AgentHarness.build(tmp_path, [_bash("echo note > .git/description"), reply("done", think="")],
+                           tools=default_tools(), permission="ask", answer=_answers("y"))
+    evs = h.turn("go")
+    reqs = of(evs, ev.PermissionRequest)
+    assert len(reqs) == 1 and reqs[0].question.startswith("Run this shell command with git metadata writable?")
+    assert of(evs, ev.ToolResult)[0].ok
+    assert (work / ".git/description").read_text() == "note\n"
     h.stop()
 
 
@@ -138,7 +173,8 @@ def test_escape_families_through_the_loop_with_session_answers(tmp_path, name):
             return None
         asked.append(e.question)
         keys = [k for k, _ in e.options]
-        if e.question.startswith(("The sandbox refused", "Allow git")):
+        if e.question.startswith(("The sandbox refused", "Allow git", "Run this shell command outside the sandbox",
+                                  "Run this shell command with git metadata writable")):
             return "n"  # the boundary question: no
         return "s" if "s" in keys else "y"  # anything else: yes, for the session where offered
 

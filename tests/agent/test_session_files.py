@@ -58,7 +58,7 @@ def test_unreadable_session_files_are_listed_explained_and_deletable(tmp_path, t
     assert [(s.short_id, s.title, s.unreadable, s.size_bytes) for s in lst.sessions] == [
         ("ab000000", "(unreadable session: invalid KV header)", "invalid KV header", 11)]
     assert fmt.session_list_lines(lst.directory, lst.sessions, now=lst.sessions[0].last_used)[1] == \
-        "  ab000000 (0s ago) (unreadable session: invalid KV header)  [0.0 MiB]"
+        "  ab000000 (0s ago) (unreadable session: invalid KV header)  [11 B]"
     evs = h.command(lambda: h.agent.load("AB00"))
     assert of(evs, ev.Error)[0].text == "load failed: session ab000000 cannot be loaded: invalid KV header"
     evs = h.command(lambda: h.agent.load("zzz"))

@@ -42,7 +42,7 @@ def test_think_0_makes_the_next_turn_nothink_and_the_status_says_so(tmp_path):
     sys_len = len(h.ids)
     h.turn("hi")
     suffix = h.ids[sys_len:]
-    assert suffix == template.render_user_turn("hi", think_mode="nothink", date_line=DATE_LINE) + reply(
+    assert suffix == template.render(template.user_turn_pieces("hi", think_mode="nothink", date_line=DATE_LINE)) + reply(
         "Plain answer.", think=None)
     prompt_end = suffix.index(END_THINK)
     assert THINK not in suffix[:prompt_end]

@@ -404,7 +404,7 @@ def test_ls_fits_columns_cutting_titles_and_long_file_names_with_an_ellipsis(tmp
     # The title is what gives way: its start stays, the rest becomes "…".
     assert newest.split()[1] == "agent-session" and newest.endswith("…") and "  Invest" in newest
     name = cache.split()[0]  # a cache file's long name keeps its start
-    assert name.startswith("sysprom") and name.endswith("…") and cache.endswith("0.5 MiB")  # the size stays whole
+    assert name.startswith("sysprom") and name.endswith("…") and cache.endswith("508.0 KiB")  # the size stays whole
     assert older.split()[0] == s.id[:8] and older.endswith("…") and "  list" in older
     monkeypatch.setenv("COLUMNS", "200")  # wide enough: nothing is cut
     lines = run(tmp_path, "ls")[1].splitlines()

@@ -30,7 +30,8 @@ def test_mcp_list_shows_servers_their_state_and_tools(tmp_path):
     text = out.getvalue()
     assert status == 1  # an invalid entry and a server that fails
     assert f"user:    {config_dir / 'mcp.json'}\n" in text
-    assert f"project: {work.resolve() / '.mcp.json'} (not approved yet" in text
+    assert (f"project: {work.resolve() / '.mcp.json'} (not approved yet: ds4agent asks when it starts in this "
+            "directory)\n") in text  # one level of brackets
     assert "error:   " in text and "transport 'http' is not supported" in text
     assert "\nproj (project): not started: the project file is not approved\n  command: proj-server\n" in text
     assert (f"\nfixture (user): started, 2 tools\n  command: {sys.executable} {FIXTURE}\n"

@@ -79,15 +79,19 @@ PROGRAMS = ["echo a", "tee a", "cp a b", "mv a b", "rm a", "install a b", "dd if
 def test_writes_outside_or_into_git_are_asked_every_time(ctx, command):
     p = _allowing(ctx, *PROGRAMS)
     q = _asks_every_time(p, ctx, command)
-    assert q.title.startswith("Run this shell command? It writes to ")
+    assert q.title.startswith(("Run this shell command outside the sandbox (it can then write anywhere)? It writes to ",
+                               "Run this shell command with git metadata writable? It writes to "))
+    assert q.grant == ("outside" if q.outside_workspace else "git")
 
 
 def test_the_question_names_the_target(ctx):
     q = _allowing(ctx, "echo a").check("bash", {"command": "echo owned > ../outside"}, ctx).question
-    assert q.title == "Run this shell command? It writes to ../outside (outside the working directory)."
-    assert q.outside_workspace
+    assert q.title == ("Run this shell command outside the sandbox (it can then write anywhere)? It writes to "
+                       "../outside (outside the working directory).")
+    assert q.outside_workspace and q.grant == "outside"
     q = _allowing(ctx, "cp a b").check("bash", {"command": "cp h .git/hooks/pre-commit"}, ctx).question
-    assert q.title == "Run this shell command? It writes to .git/hooks/pre-commit (inside .git/)."
+    assert q.title == "Run this shell command with git metadata writable? It writes to .git/hooks/pre-commit (inside .git/)."
+    assert not q.outside_workspace and q.grant == "git"
 
 
 def test_a_symlink_out_of_the_tree_is_outside(ctx, tmp_path):

@@ -98,7 +98,7 @@ def test_write_asks_with_diff_and_session_answer_covers_workspace(ctx):
     q = d.question
     assert d.kind == "ask" and q.title == "Overwrite a.txt?" and q.preview_kind == "diff"
     assert "-two\n+TWO\n" in q.preview
-    assert q.session_label == "allow all write calls in the working directory for this session"
+    assert q.session_label == "allow write in the working directory for this session"  # fits 80 columns
     assert not q.outside_workspace and q.path == str((ctx.cwd / "a.txt").resolve())
     assert (ctx.cwd / "a.txt").read_text() == "one\ntwo\n"  # checking never writes
     assert p.check("write", {"path": "new.txt", "content": "x"}, ctx).question.title == "Create new.txt?"

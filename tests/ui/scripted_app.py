@@ -15,7 +15,7 @@ from pathlib import Path
 from ds4agent.agent.notify_config import NotifyConfig
 from ds4agent.tools import default_tools
 from ds4agent.ui.app import Ds4App
-from ds4agent.ui.history import History
+from ds4agent.ui.history import InputHistory
 from ds4agent.ui.notify import Notifier
 from tests.support.agent_harness import AgentHarness
 from tests.support.scripted_engine import reply
@@ -39,7 +39,7 @@ SCENARIOS = {
 def main(scenario: str, root: str) -> int:
     settings, script = SCENARIOS[scenario]
     h = AgentHarness.build(Path(root), script, tools=default_tools(), start=False, **settings)
-    app = Ds4App(agent=h.agent, cwd=str(h.root / "work"), history=History(persist=False),
+    app = Ds4App(agent=h.agent, cwd=str(h.root / "work"), history=InputHistory(persist=False),
                  permission=settings["permission"], notifier=Notifier(NotifyConfig(), os.environ))
     app.run()
     return int(app.return_code or 0)

@@ -251,7 +251,7 @@ async def test_think_and_permission_commands_confirm_once_and_reach_the_status_b
         await send(pilot, app, "/nothink")
         await send(pilot, app, "/permissions auto")
         await wait_until(pilot, lambda: app.status_model.permission == "auto" and app.status_model.think_mode == "nothink")
-        notes = [n.text for n in app.conversation.query(Note)][2:]  # after "Updating…" / "ready"
+        notes = [n.text for n in app.conversation.query(Note)][1:]  # after "ready" ("Updating…" is gone)
         assert notes == ["thinking mode: nothink", "permission mode: auto"]  # one line each, no echo
         await pilot.pause(0.15)
         assert screen_text(app).splitlines()[0].endswith("nothink · auto")

@@ -7,7 +7,8 @@
     default_config_dir(), default_log_dir() -> Path        ds4agent's config / server log directories
 
 Two files, the same format (`{"mcpServers": {"name": {"command": ..., "args": [...], "env": {...}}}}`,
-as Claude Code, Cursor and others write it): `mcp.json` in ds4agent's config directory (the user's
+as Claude Code, Cursor and others write it; VS Code's `"servers"` key, with the same entries, is
+read too when a file has no `"mcpServers"`): `mcp.json` in ds4agent's config directory (the user's
 servers) and `.mcp.json` at the root of the working tree (the project's servers). A project file
 starts programs that came with a checkout, so it is used only once the user approved that file for
 that directory; the answer is remembered by the file's SHA-256, so an edited file is asked about
@@ -172,9 +173,11 @@ def parse_servers(data: bytes, source: Literal["user", "project"], where: str,
         doc = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         return (), (f"{where}: not valid JSON: {err}",)
-    servers = doc.get("mcpServers", {}) if isinstance(doc, dict) else None
+    # Claude Code's key, or VS Code's ("servers", same entries) when a file has only that one.
+    key = "servers" if isinstance(doc, dict) and "mcpServers" not in doc and "servers" in doc else "mcpServers"
+    servers = doc.get(key, {}) if isinstance(doc, dict) else None
     if not isinstance(servers, dict):
-        return (), (f"{where}: expected an object with an \"mcpServers\" object",)
+        return (), (f"{where}: expected an object with an \"mcpServers\" (or VS Code's \"servers\") object",)
     found: list[ServerConfig] = []
     errors: list[str] = []
     for name, entry in servers.items():

@@ -22,6 +22,13 @@ class TypeaheadGuard:
     def mark_opened(self) -> None:
         self.opened_at = self.app.clock()  # type: ignore[attr-defined]
 
+    def on_paste(self, event) -> None:
+        """A paste is never an answer: it goes to the editor (it was lost under the question)."""
+        from textual import events
+
+        event.stop()
+        self.app.input.post_message(events.Paste(event.text))  # type: ignore[attr-defined]
+
     def swallow_typeahead(self, event) -> bool:
         app = self.app  # type: ignore[attr-defined]
         grace = getattr(app, "typeahead_grace", 0.0)

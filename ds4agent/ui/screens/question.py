@@ -25,10 +25,19 @@ class QuestionScreen(AnswerOnce, ModalScreen[str]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog question"):
             yield Static(Content.from_markup("[b]$q[/]", q=self.question), classes="title")
-            with Horizontal(classes="buttons"):
+            # One row when the choices fit it, else one per line: a row cut at the dialog's edge
+            # hid the end of the last choice at 80 columns ("[d] never for this fi").
+            row = self._fits_one_row()
+            with (Horizontal(classes="buttons") if row else Vertical(classes="choices")):
                 for key, label in self.options:
                     yield Button(Content(f"[{key}] {label}"), id=f"answer-{key}", compact=True,
                                  variant="primary" if key == "y" else "default")
+
+    def _fits_one_row(self) -> bool:
+        # The dialog's inner width (modals.tcss: 90% of the screen, at most 110, border and
+        # padding 6) against the buttons (their label, 2 cells of button padding, 2 of margin).
+        inner = min(self.app.size.width * 9 // 10, 110) - 6
+        return sum(len(f"[{key}] {label}") + 4 for key, label in self.options) <= inner
 
     def on_key(self, event) -> None:
         if self.answered:  # a second press while the screen closes: nobody's answer

@@ -65,9 +65,9 @@ class SessionPicker(ModalScreen[str | None]):
     def __init__(self, sessions: Sequence[Any], *, directory: str = "",
                  delete: Callable[[str], str | None] | None = None, now: Callable[[], float] = time.time) -> None:
         super().__init__()
-        # newest first by last use, else creation (the agent already sorts; sorting again keeps
-        # the promise local)
-        self.sessions = sorted(sessions, key=lambda s: -_used_at(s))
+        # The order /list shows (the agent's): readable sessions newest first by last use, else
+        # creation, then the unreadable files (sorting again keeps the promise local).
+        self.sessions = sorted(sessions, key=lambda s: (bool(getattr(s, "unreadable", "")), -_used_at(s)))
         self.directory = directory
         self._delete = delete
         self._now = now

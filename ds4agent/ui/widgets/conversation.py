@@ -287,6 +287,11 @@ class Conversation(VerticalScroll, can_focus=False):
         await self.close_streams()
         await self.mount(Note(text, level))
 
+    async def drop_notes(self, text: str) -> None:
+        """Remove the notes saying `text` (a progress line whose work is done)."""
+        for note in [n for n in self.query(Note) if n.text == text]:
+            await note.remove()
+
     # -- thinking ------------------------------------------------------------------------------
     async def thinking_delta(self, text: str, tokens: int = 1, kind: str = "thinking") -> None:
         if self.thinking is None or not self.thinking.streaming or self.thinking.kind != kind:

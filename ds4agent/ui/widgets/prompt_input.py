@@ -95,15 +95,18 @@ class PromptInput(TextArea):
         # in the MRO unless prevent_default() was called)
 
     async def _on_paste(self, event: events.Paste) -> None:
-        text = event.text
+        # Terminals paste line breaks as CR (tmux, many others) or CRLF: the message keeps them
+        # as the newlines they were, in the transcript, the model's prompt and the history.
+        text = event.text.replace("\r\n", "\n").replace("\r", "\n")
+        event.stop()
+        event.prevent_default()  # TextArea's own _on_paste would insert the raw text
         if text.count("\n") >= FOLD_LINES or len(text) > FOLD_CHARS:
-            event.stop()
-            event.prevent_default()
             label = fold_label(text, len(self.pastes) + 1)
             self.pastes.append((label, text))
             self.insert(label)
-        # else: TextArea's own _on_paste runs after this one (Textual calls the handler of every
-        # class in the MRO unless prevent_default()), inserting the text as it is.
+        else:  # as TextArea would: the pasted text replaces the selection
+            start, end = self.selection
+            self.move_cursor(self.replace(text, start, end).end_location)
 
     def expanded_text(self) -> str:
         """The editor's text with every folded paste marker replaced by what was pasted."""
@@ -120,6 +123,15 @@ class PromptInput(TextArea):
         self.input_history.add(text)
         self.clear()
         self.post_message(self.Submitted(text))
+
+    def restore(self, text: str) -> None:
+        """Put a message that was not sent back, a long one folded as a paste marker again."""
+        if text.count("\n") >= FOLD_LINES or len(text) > FOLD_CHARS:
+            label = fold_label(text, 1)
+            self.set_text(label)
+            self.pastes = [(label, text)]
+        else:
+            self.set_text(text)
 
     def set_text(self, text: str) -> None:
         self.load_text(text)

@@ -52,8 +52,8 @@ class StatusBar(Static):
         self.update(self.fitted(self.size.width))  # the content width (padding excluded)
 
     def fitted(self, width: int) -> Content:
-        """The fullest status line that fits `width` cells: a narrow terminal first drops the think
-        and permission modes (the header shows them too), then the last speeds, then the compaction
+        """The fullest status line that fits `width` cells: a narrow terminal first drops the power
+        cap, then the last speeds, then the compaction
         threshold, then the context meter, then the saved mark, so the state and the device stay
         readable; a state that still does not fit (a long error message) is cut and ends in "…"."""
         s = self.model
@@ -62,11 +62,13 @@ class StatusBar(Static):
         saved = Content.styled(fmt.saved_segment(s), "$text-warning" if s.dirty else "$text-success")
         speed = fmt.speed_segment(s)
         speed_part = [Content.styled(speed, "$text-muted")] if speed else []
-        modes = Content.styled(fmt.modes_segment(s), "$text-muted")
+        # The think and permission modes are the header's (right above): not repeated here. A power
+        # cap is not in the header, so it shows with the device.
+        power = [Content.styled(f"power {s.power}%", "$text-muted")] if s.power < 100 else []
         device = [Content.styled(s.device, "$text-muted")] if s.device else []
         full_ctx, short_ctx = Content(fmt.ctx_segment(s)), Content(fmt.ctx_segment(s, threshold=False))
         variants = (
-            [state, full_ctx, *speed_part, saved, modes],
+            [state, full_ctx, *speed_part, saved, *power, *device],
             [state, full_ctx, *speed_part, saved, *device],
             [state, full_ctx, saved, *device],
             [state, short_ctx, saved, *device],
