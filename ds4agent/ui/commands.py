@@ -46,6 +46,7 @@ class CommandAgent(Protocol):
     def set_think_mode(self, mode: str) -> None: ...
     def set_permission_mode(self, mode: str) -> None: ...
     def set_power(self, percent: int | None = None) -> None: ...
+    def steer(self, text: str) -> bool: ...
     def quit(self) -> None: ...
 
 
@@ -116,6 +117,8 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("power", "/power [N]", "let the device compute at most N% of the time, 1-100 (no N: "
                 "show it): keeps a laptop cool, same output",
                 takes=COUNT, agent_call=lambda a, c: a.set_power(int(c.arg) if c.arg else None)),
+    CommandSpec("steer", "/steer <text>", "guide the answer in progress: the model reads it after the "
+                "current tool call, nothing is cancelled", takes=TEXT, agent_call=lambda a, c: a.steer(c.arg)),
     CommandSpec("copy", "/copy", "copy the last answer to the clipboard"),
     CommandSpec("quit", "/quit", "leave (asks to save unsaved turns)", agent_call=lambda a, c: a.quit()),
     CommandSpec("exit", "/exit", "same as /quit"),

@@ -104,6 +104,10 @@ class FakeAgent:
     def set_power(self, percent: int | None = None) -> None:
         self.calls.append(("power", percent))
 
+    def steer(self, text: str) -> bool:
+        self.calls.append(("steer", text))
+        return True
+
     def quit(self) -> None:
         self.calls.append(("quit",))
         self.emit(ev.Exited(0))
