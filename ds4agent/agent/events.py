@@ -254,7 +254,8 @@ class TurnEnded(Event):
     """The user turn is over (the agent goes idle unless queued text starts the next one).
 
     reason: "done" (answer without a tool call), "interrupted", "token_cap", "stop_token",
-    "unterminated" (block open at EOS/cap), "error" (see `error`);
+    "unterminated" (block open at EOS/cap), "context_full" (an answer filled the context and the
+    compaction that would have let it go on failed), "error" (see `error`);
     rounds / generated: rounds run and tokens sampled in the turn; seconds: wall time.
     """
 
@@ -382,7 +383,7 @@ class Rewound(Event):
 
 @dataclass(frozen=True)
 class CompactionStarted(Event):
-    reason: str  # "soft" | "hard" | "manual"
+    reason: str  # "soft" | "hard" | "mid-response" | "manual"
     tokens_before: int
 
 

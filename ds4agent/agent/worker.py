@@ -71,7 +71,7 @@ class RoundResult:
     """How one assistant round ended (prompt-and-dsml.md §11, round outcomes)."""
 
     # "done" | "tools" | "error" | "thinking" | "preflight" | "interrupted" | "token_cap" | "stop_token"
-    # | "unterminated"
+    # | "unterminated" | "context_full" (stopped to compact: the turn goes on)
     reason: str
     generated: int = 0
     calls: list[tuple[str, dict[str, object]]] = field(default_factory=list)
@@ -330,6 +330,8 @@ class Worker:
                 # then must keep the round that asked for it.
                 sessionops.journal_write(self)
                 more = self._after_round(result)
+                if result.reason == "context_full":
+                    more = self._continue_compacted()
                 sessionops.journal_write(self)
                 if not more:
                     reason = result.reason if result.reason not in ("tools", "error", "thinking",
@@ -438,6 +440,12 @@ class Worker:
         cap = min(self.settings.round_tokens, room)
         if cap <= 0:
             raise TurnAborted("context full: no room left to generate")
+        # A round that would run into the end of the context stops while a compaction still fits
+        # (its request and summary need room after the answer); the turn then goes on compacted.
+        early = room - compaction.MIDTURN_RESERVE
+        room_stop = 0 < early < cap
+        if room_stop:
+            cap = early
         assist = EditAssist(self.tool_ctx, tok.encode_untrusted)
         stream = AssistantStream(tok, thinking=self._mode_for_prompt() != "nothink", watch=assist.observe)
         out = Coalescer(self.io.emit)
@@ -500,6 +508,8 @@ class Worker:
                     self.emit_status()
         if tokens.interrupted:
             reason = "interrupted"
+        elif reason == "token_cap" and room_stop:
+            reason = "context_full"
         dt = time.monotonic() - t0
         if n and dt > 0:
             self.decode_tps = n / dt
@@ -578,6 +588,15 @@ class Worker:
             # token (THINK_TOKEN directly followed by EOS) and the turn is over (§9.1).
             self.transcript.append(self.tok.EOS)
             return False
+        return True
+
+    def _continue_compacted(self) -> bool:
+        """The answer filled the context: compact at this safe point (the round just ended with
+        its EOS) and let the model go on after a note saying so. False (the turn ends) when the
+        compaction failed or the user interrupted."""
+        if self.io.should_stop() or not compaction.compact(self, "mid-response"):
+            return False
+        self._append_results([compaction.CONTINUE_NOTE])
         return True
 
     def _append_results(self, texts: list[str]) -> None:
