@@ -85,6 +85,13 @@ def maybe_compact(worker: WorkerPort, projected: int, kind: str, *, force: bool 
     return compact(worker, kind, projected=projected)
 
 
+def mid_response(worker: WorkerPort) -> bool:
+    """An answer filled the context: compact at this safe point (the round just ended with its
+    EOS). True when the model may go on (after CONTINUE_NOTE); False when the compaction failed
+    or the user interrupted (the turn ends)."""
+    return not worker.io.should_stop() and compact(worker, "mid-response")
+
+
 def _tail_keep(ctx: int) -> int:
     return min(ctx // 10, TAIL_MAX_TOKENS)
 

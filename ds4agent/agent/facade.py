@@ -31,6 +31,7 @@ from ds4agent.agent.settings import PERMISSION_MODES, THINK_MODES, AgentSettings
 from ds4agent.engine import FULL_POWER, EngineLost
 
 if TYPE_CHECKING:  # the worker (and with it the engine and the tools) is imported when an Agent is built
+    from ds4agent.agent.custom_commands import CustomCommand
     from ds4agent.agent.worker import EngineLoader, Worker
     from ds4agent.engine import Engine
     from ds4agent.sessions.store import SessionStore
@@ -213,6 +214,35 @@ class Agent:
                 self._commands.put(("turn", lambda: self._worker.cmd_turn(text)))
                 return True
         self.emit(ev.QueueChanged(items))
+        return True
+
+    def custom_commands(self, reserved: frozenset[str] = frozenset()) -> tuple[list[CustomCommand], list[str]]:
+        """The custom slash commands of the project and the user (custom_commands.py), skipping
+        the `reserved` (built-in) names, and notes about the files that cannot be used. Reads only
+        small files: any thread may call it."""
+        from ds4agent.agent.custom_commands import find_commands
+
+        s = self.settings
+        return find_commands(s.cwd, s.user_config_dir(), reserved=reserved)
+
+    def run_command(self, name: str, args: str = "") -> bool:
+        """`/NAME args` of a custom command: its file's text (with `$ARGUMENTS`) is sent as a
+        message (queued when busy, as typed text is). False, with an Error, when it cannot be."""
+        from ds4agent.agent.custom_commands import CustomCommandError, expand
+
+        found, _ = self.custom_commands()
+        command = next((c for c in found if c.name == name), None)
+        if command is None:
+            self.emit(ev.Error(f"unknown custom command: /{name}"))
+            return False
+        try:
+            text = expand(command, args)
+        except CustomCommandError as err:
+            self.emit(ev.Error(f"/{name}: {err}"))
+            return False
+        if not self.submit(text):
+            self.emit(ev.Error(f"/{name}: {command.path} holds no prompt"))
+            return False
         return True
 
     def pull_queued(self) -> str | None:

@@ -94,9 +94,10 @@ def load_agents_md(cwd: Path) -> tuple[str, tuple[str, ...]]:
     return trim(text), notes
 
 
-def build_system_text(cwd: Path, extra: str | None) -> SystemText:
+def build_system_text(cwd: Path, extra: str | None, skills: str = "") -> SystemText:
     """SYSTEM_TEXT parts for a project: built-in + ("\\n\\n" + extra) where extra joins the
-    --system text and AGENTS.md (each trimmed; empty parts dropped with their separator)."""
+    --system text, AGENTS.md and the skills' descriptions (each trimmed; empty parts dropped with
+    their separator)."""
     parts: list[str] = []
     if extra:
         extra_t = trim(extra)
@@ -105,4 +106,6 @@ def build_system_text(cwd: Path, extra: str | None) -> SystemText:
     agents, notes = load_agents_md(cwd)
     if agents:
         parts.append("# Project instructions (AGENTS.md)\n\n" + agents)
+    if skills:
+        parts.append(skills)
     return SystemText(BUILTIN_SYSTEM_TEXT, "\n\n".join(parts), notes)

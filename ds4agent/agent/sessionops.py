@@ -19,6 +19,7 @@ from ds4agent.agent.journal import default_dir as journal_default_dir
 from ds4agent.agent.port import WorkerPort
 from ds4agent.agent.prompt import build_system_text
 from ds4agent.agent.settings import AgentSettings
+from ds4agent.agent.skills import load_skills
 from ds4agent.models.fingerprint import model_name, same_model
 from ds4agent.protocol import template
 from ds4agent.protocol.tokenizer import EOS, RECOGNISED_IDS, USER
@@ -72,8 +73,11 @@ def display_title(title: str | bytes | None) -> str:
 
 def render_system(worker: WorkerPort) -> list[int]:
     s = worker.settings
-    worker.system = build_system_text(s.cwd, s.system)
-    for note in worker.system.notes:
+    # The skills' descriptions are part of the system text (and `skill` of the tools): read here,
+    # at start and at /new, so the prefix and the tools block always agree.
+    worker.skills = load_skills(s.cwd, s.user_config_dir())
+    worker.system = build_system_text(s.cwd, s.system, worker.skills.system_block())
+    for note in (*worker.skills.notes, *worker.system.notes):
         worker.io.emit(ev.Notice(note, "warning"))
     eff = s.effective_think_mode()
     worker.system_is_max = eff == "think-max"

@@ -36,6 +36,9 @@ class AgentSettings:
     # Memory the rewind snapshots may hold (engine/snapshots.py); past it the middle ones go.
     snapshot_budget: int = 2 << 30
     checkpoint_dir: Path | None = None  # code checkpoints; None: platformdirs user state dir
+    # The user's ds4agent config directory (custom commands, skills, hooks); None: the platform's
+    # (tools/userdirs.default_config_dir).
+    config_dir: Path | None = None
     # Reopen a saved session at start: --continue (this directory's newest), --resume PREFIX.
     # resume == "" means "let me choose": the front end opens its picker.
     continue_session: bool = False
@@ -43,6 +46,11 @@ class AgentSettings:
     # The model this run loads (recorded with each save, for --resume and the fingerprint check).
     model_path: str = ""
     model_fingerprint: str = ""
+
+    def user_config_dir(self) -> Path:
+        from ds4agent.tools.userdirs import default_config_dir
+
+        return self.config_dir if self.config_dir is not None else default_config_dir()
 
     def effective_think_mode(self) -> str:
         """think-max silently becomes think below 384K of context: the renderer's own rule

@@ -33,6 +33,7 @@ from ds4agent.agent.journal import Journal
 from ds4agent.agent.port import AgentIO
 from ds4agent.agent.prompt import SystemText
 from ds4agent.agent.settings import AgentSettings
+from ds4agent.agent.skills import SkillSet
 from ds4agent.agent.stream import AssistantStream, Coalescer
 from ds4agent.agent.trace import Trace
 from ds4agent.agent.transcript import Transcript
@@ -105,6 +106,7 @@ class Worker:
         self.builtin_tools: list[Tool] = list(tools) if tools is not None else default_tools()
         self.mcp_config = mcp
         self.mcp: McpServers | None = None  # started by startup() when mcp names servers
+        self.skills = SkillSet()  # found with the system prefix (sessionops.render_system)
         self.policy = policy if policy is not None else PermissionPolicy(settings.permission)
         self.tool_ctx = ToolContext(cwd=settings.cwd, should_stop=io.should_stop, on_write=self._checkpoint_write)
         self.trace = Trace(None)  # disabled until startup opens --trace
@@ -134,7 +136,7 @@ class Worker:
 
     @property
     def tools(self) -> list[Tool]:
-        return self.builtin_tools + list(mcp_glue.tools(self))
+        return self.builtin_tools + list(mcp_glue.tools(self)) + list(self.skills.tools())
 
     def startup(self) -> bool:
         try:
@@ -330,8 +332,9 @@ class Worker:
                 # then must keep the round that asked for it.
                 sessionops.journal_write(self)
                 more = self._after_round(result)
-                if result.reason == "context_full":
-                    more = self._continue_compacted()
+                if result.reason == "context_full" and compaction.mid_response(self):
+                    self._append_results([compaction.CONTINUE_NOTE])  # the turn goes on, compacted
+                    more = True
                 sessionops.journal_write(self)
                 if not more:
                     reason = result.reason if result.reason not in ("tools", "error", "thinking",
@@ -441,11 +444,10 @@ class Worker:
         if cap <= 0:
             raise TurnAborted("context full: no room left to generate")
         # A round that would run into the end of the context stops while a compaction still fits
-        # (its request and summary need room after the answer); the turn then goes on compacted.
+        # after it (its request and summary need room); the turn then goes on compacted.
         early = room - compaction.MIDTURN_RESERVE
         room_stop = 0 < early < cap
-        if room_stop:
-            cap = early
+        cap = early if room_stop else cap
         assist = EditAssist(self.tool_ctx, tok.encode_untrusted)
         stream = AssistantStream(tok, thinking=self._mode_for_prompt() != "nothink", watch=assist.observe)
         out = Coalescer(self.io.emit)
@@ -588,15 +590,6 @@ class Worker:
             # token (THINK_TOKEN directly followed by EOS) and the turn is over (§9.1).
             self.transcript.append(self.tok.EOS)
             return False
-        return True
-
-    def _continue_compacted(self) -> bool:
-        """The answer filled the context: compact at this safe point (the round just ended with
-        its EOS) and let the model go on after a note saying so. False (the turn ends) when the
-        compaction failed or the user interrupted."""
-        if self.io.should_stop() or not compaction.compact(self, "mid-response"):
-            return False
-        self._append_results([compaction.CONTINUE_NOTE])
         return True
 
     def _append_results(self, texts: list[str]) -> None:

@@ -164,6 +164,8 @@ class Ds4App(App):
 
     def on_agent_ready(self, message: AgentReady) -> None:
         self.agent = message.agent
+        for note in commands.use_custom_commands(self.agent):
+            self.call_later(self.conversation.note, note, "warning")
         pending, self._pre_agent = self._pre_agent, []
         for text in pending:
             self.agent.submit(text)

@@ -250,6 +250,8 @@ class PlainFrontEnd:
         # prompt waits for it instead of being refused as "requires the model to be idle".
         self.switching = False
         self.width: Callable[[], int | None] = lambda: None  # the terminal's columns, when there is one
+        for note in commands.use_custom_commands(agent):
+            renderer.line(note, "warning")
 
     def pump(self) -> int:
         events = self.agent.poll_events(bridge.MAX_EVENTS_PER_DRAIN)
