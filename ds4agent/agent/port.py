@@ -53,6 +53,14 @@ class AgentIO(Protocol):
         """All messages typed while busy, joined; empties the queue."""
         ...
 
+    def submit(self, text: str) -> bool:
+        """Send a message as the user would (queued while busy: the next turn); a Stop hook's."""
+        ...
+
+    def stopping(self) -> bool:
+        """The agent is shutting down."""
+        ...
+
 
 class WorkerPort(Protocol):
     # what the worker was built with

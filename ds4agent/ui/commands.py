@@ -179,6 +179,18 @@ PLAIN_KEYS_HELP: tuple[tuple[str, str], ...] = (
     ("Tab", "complete a /command or an @path"),
 )
 
+# The files that add to the agent (read from the working tree's root; each also from the user
+# config directory, without the leading `.ds4agent/`): what /help and --help say about them.
+FILES_HELP: tuple[tuple[str, str], ...] = (
+    (".ds4agent/commands/NAME.md", "a custom /NAME command: the file is the prompt, $ARGUMENTS the rest "
+     "of the line"),
+    (".ds4agent/skills/NAME/SKILL.md", "a skill: the model sees its description and reads it with the "
+     "skill tool when needed"),
+    (".ds4agent/hooks.json", "hooks: commands run before and after tools, on each message and when a "
+     "turn ends (exit 2 blocks); a project's asks once"),
+    ("AGENTS.md", "project instructions, added to the system text"),
+)
+
 # A second Ctrl+C on an empty idle prompt within this many seconds quits (both front ends).
 QUIT_WINDOW_S = 2.0
 QUIT_HINT = "press Ctrl+C again or Ctrl+D to exit"
@@ -325,7 +337,7 @@ def help_sections(plain: bool = False) -> tuple[tuple[str, tuple[tuple[str, str]
         ("commands", tuple((c.usage, c.help) for c in COMMANDS)),)
     if CUSTOM:
         sections += (("custom commands", tuple((c.usage, c.help) for c in CUSTOM.values())),)
-    return sections + (("keys", PLAIN_KEYS_HELP if plain else KEYS_HELP),)
+    return sections + (("keys", PLAIN_KEYS_HELP if plain else KEYS_HELP), ("files", FILES_HELP))
 
 
 def help_text(width: int | None = None, *, plain: bool = False) -> str:
