@@ -405,6 +405,40 @@ class CompactionDone(Event):
 
 
 @dataclass(frozen=True)
+class SubagentStarted(Event):
+    """The `task` tool forked a subagent from the live KV state (forked_at tokens, not prefilled);
+    writes: it may change files (asked about as usual), else it is read-only."""
+
+    id: str
+    goal: str
+    forked_at: int = 0
+    writes: bool = False
+
+
+@dataclass(frozen=True)
+class SubagentDelta(Event):
+    """A piece of subagent `id`'s transcript for its card. kind: "thinking" | "text" (deltas),
+    "tool" (a call, one line), "result" (its first line), "error" (an invalid call)."""
+
+    id: str
+    kind: str
+    text: str
+
+
+@dataclass(frozen=True)
+class SubagentEnded(Event):
+    """Subagent `id` is over; `summary` is what its caller reads. reason: "done", "interrupted",
+    "budget" (its token budget ran out), "context_full", "error"."""
+
+    id: str
+    summary: str
+    reason: str
+    rounds: int = 0
+    generated: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
 class QueueChanged(Event):
     """The messages typed while busy, in order (empty tuple when the queue was taken)."""
 

@@ -32,6 +32,7 @@ from ds4agent.engine import FULL_POWER, EngineLost
 
 if TYPE_CHECKING:  # the worker (and with it the engine and the tools) is imported when an Agent is built
     from ds4agent.agent.custom_commands import CustomCommand
+    from ds4agent.agent.identity import SubagentRecord
     from ds4agent.agent.worker import EngineLoader, Worker
     from ds4agent.engine import Engine
     from ds4agent.sessions.store import SessionStore
@@ -244,6 +245,10 @@ class Agent:
             self.emit(ev.Error(f"/{name}: {command.path} holds no prompt"))
             return False
         return True
+
+    def subagents(self) -> list[SubagentRecord]:
+        """The subagents the live conversation ran (restored with a loaded session)."""
+        return list(self._worker.identity.subagents)
 
     def pull_queued(self) -> str | None:
         """Take back the most recently queued message (Ctrl+X); None when the queue is empty."""

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from ds4agent.agent import events as ev
+from ds4agent.agent import subagent
 from ds4agent.agent.history import last_turns, session_title
 from ds4agent.agent.identity import SessionIdentity, checkpoints_for, meta_title, title_bytes
 from ds4agent.agent.journal import Journal
@@ -192,6 +193,7 @@ def _save(worker: WorkerPort, title: str | None = None) -> ev.SessionSaved:
     identity.title = title_bytes(saved.title)
     identity.created_at = saved.created_at
     identity.session_id = saved.id
+    subagent.save_records(worker, saved.id)
     identity.legacy_path = None
     identity.dirty = False
     _index_record(worker)
@@ -249,7 +251,8 @@ def fork(worker: WorkerPort, title: str | None) -> ev.SessionSaved | None:
     created = _fork_created_at(old)
     # No legacy path: the original must never be deleted as a "legacy source".
     fork_identity = SessionIdentity(title=new_title, created_at=created, forked_from=old.session_id,
-                                    dirty=old.dirty, activity=True, checkpoints=old.checkpoints)
+                                    dirty=old.dirty, activity=True, checkpoints=old.checkpoints,
+                                    subagents=list(old.subagents))
     worker.identity = fork_identity
     if fork_identity.checkpoints is not None:
         try:
@@ -407,6 +410,7 @@ def _load(worker: WorkerPort, prefix: str) -> None:
         prefilled = worker.last_prefilled if rebuilt else 0
     _reset_identity(worker)
     worker.identity = _loaded_identity(worker, loaded)
+    subagent.load_records(worker, loaded.id)
     if not rebuilt:
         worker.io.emit(ev.Notice(f"rebuild interrupted at {len(worker.session.tokens):,} of {len(ids):,} "
                                  "tokens; the rest is prefilled with the next message", "warning"))

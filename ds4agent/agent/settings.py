@@ -39,6 +39,9 @@ class AgentSettings:
     # The user's ds4agent config directory (custom commands, skills, hooks); None: the platform's
     # (tools/userdirs.default_config_dir).
     config_dir: Path | None = None
+    # The `task` tool (subagents forked from the live KV state). Off in a bare AgentSettings, so
+    # a test's tools block is what it states; the command line turns it on (--no-subagents: off).
+    subagents: bool = False
     # Reopen a saved session at start: --continue (this directory's newest), --resume PREFIX.
     # resume == "" means "let me choose": the front end opens its picker.
     continue_session: bool = False
@@ -83,5 +86,6 @@ class AgentSettings:
             cwd=Path(os.getcwd()),
             kv_dir=Path(kv_dir).expanduser() if kv_dir else None,
             continue_session=bool(getattr(args, "continue_session", False)),
+            subagents=not getattr(args, "no_subagents", False),
             resume=getattr(args, "resume", None),
         )

@@ -35,6 +35,7 @@ from ds4agent.agent.prompt import SystemText
 from ds4agent.agent.settings import AgentSettings
 from ds4agent.agent.skills import SkillSet
 from ds4agent.agent.stream import AssistantStream, Coalescer
+from ds4agent.agent.subagent import TaskTool
 from ds4agent.agent.trace import Trace
 from ds4agent.agent.transcript import Transcript
 from ds4agent.engine import DutyCycle, EngineLost, Interrupted, Sampler
@@ -138,7 +139,8 @@ class Worker:
 
     @property
     def tools(self) -> list[Tool]:
-        return self.builtin_tools + list(mcp_glue.tools(self)) + list(self.skills.tools())
+        task = [TaskTool(self)] if self.settings.subagents else []
+        return self.builtin_tools + list(mcp_glue.tools(self)) + list(self.skills.tools()) + task
 
     def startup(self) -> bool:
         try:

@@ -182,9 +182,9 @@ PLAIN_KEYS_HELP: tuple[tuple[str, str], ...] = (
 # The files that add to the agent (read from the working tree's root; each also from the user
 # config directory, without the leading `.ds4agent/`): what /help and --help say about them.
 FILES_HELP: tuple[tuple[str, str], ...] = (
-    (".ds4agent/commands/NAME.md", "a custom /NAME command: the file is the prompt, $ARGUMENTS the rest "
-     "of the line"),
-    (".ds4agent/skills/NAME/SKILL.md", "a skill: the model sees its description and reads it with the "
+    (".ds4agent/commands/<name>.md", "a custom /<name> command: the file is the prompt, $ARGUMENTS the "
+     "rest of the line"),
+    (".ds4agent/skills/<name>/SKILL.md", "a skill: the model sees its description and reads it with the "
      "skill tool when needed"),
     (".ds4agent/hooks.json", "hooks: commands run before and after tools, on each message and when a "
      "turn ends (exit 2 blocks); a project's asks once"),
