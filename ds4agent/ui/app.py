@@ -236,7 +236,18 @@ class Ds4App(App):
             ev.History: self._show_history, ev.RewindList: self._show_rewind_list, ev.Rewound: self._show_rewound,
             ev.CompactionStarted: self._show_compaction_started, ev.CompactionDelta: self._show_compaction_delta,
             ev.CompactionDone: self._show_compaction_done, ev.Exited: self._show_exited,
+            ev.SubagentStarted: self._show_subagent_started, ev.SubagentDelta: self._show_subagent_delta,
+            ev.SubagentEnded: self._show_subagent_ended,
         })
+
+    async def _show_subagent_started(self, e: ev.SubagentStarted, n: int) -> None:
+        await self.conversation.subagent_start(e.id, e.goal, e.writes)
+
+    async def _show_subagent_delta(self, e: ev.SubagentDelta, n: int) -> None:
+        self.conversation.subagent_delta(e.id, e.kind, e.text)
+
+    async def _show_subagent_ended(self, e: ev.SubagentEnded, n: int) -> None:
+        self.conversation.subagent_end(e.id, e.summary, e.reason, e.rounds, e.generated, e.seconds)
 
     async def _show_status(self, e: ev.Status, n: int) -> None:
         self.status_model.apply_status(e)

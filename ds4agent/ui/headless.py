@@ -113,6 +113,9 @@ class _Run:
             ev.ToolCallInvalid: lambda e, n: self.to_err(
                 f"  ✗ [{'invalid tool call: ' if e.kind == 'error' else ''}{e.reason}]\n"),
             ev.CompactionStarted: lambda e, n: self.to_err(f"[compacting context: {e.reason}]\n"),
+            ev.SubagentStarted: lambda e, n: self.to_err(f"⎇ subagent: {_first_line(e.goal)}\n"),
+            ev.SubagentEnded: lambda e, n: self.to_err(
+                f"  ⎇ subagent {e.reason} ({e.rounds} rounds, {e.generated} tokens): {_first_line(e.summary)}\n"),
             ev.Notice: self._notice,
         })
 

@@ -110,6 +110,13 @@ class PlainRenderer:
             # The agent reports a compaction's outcome itself (a Notice or an Error).
             ev.CompactionDone: lambda e, n: self.close_stream(),
             ev.PermissionRequest: self._question, ev.Question: self._question, ev.Exited: self._exited,
+            # A line mode shows a subagent's start, its calls and its outcome, not its stream.
+            ev.SubagentStarted: lambda e, n: self.line(f"⎇ subagent: {fmt.clip(e.goal, 100)}", "muted"),
+            ev.SubagentDelta: lambda e, n: (self.line(f"  ⎇ {fmt.clip(e.text, 100)}", "muted")
+                                            if e.kind == "tool" else None),
+            ev.SubagentEnded: lambda e, n: self.line(
+                f"⎇ subagent {e.reason} ({e.rounds} rounds, {e.generated} tokens, {e.seconds:.1f} s): "
+                f"{fmt.clip(e.summary, 100)}", "muted"),
         })
 
     def _user_turn(self, e: ev.UserTurn, n: int) -> None:

@@ -209,3 +209,35 @@ def test_plain_mode_in_tmux_prompt_status_line_and_quit(tmp_path, tiny_model):
         assert "Save current session? (y = save, n = don't save, c = cancel) n\nnot saved\nEXITED-0" in screen
     finally:
         tmux.kill()
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install -y tmux)")
+def test_subagent_card_runs_stops_on_ctrl_c_and_unfolds_at_80x24(tmp_path):
+    repo = Path(__file__).resolve().parents[2]
+    tmux = Tmux({**_env(tmp_path), "PYTHONPATH": str(repo)})
+    command = f"cd {repo} && {sys.executable} -m tests.ui.subagent_app {tmp_path}; echo EXITED-$?; sleep 30"
+    try:
+        tmux.run("-f", "/dev/null", "new-session", "-d", "-s", "app", "-x", "80", "-y", "24", command)
+        tmux.run("resize-window", "-t", "app", "-x", "80", "-y", "24")
+        tmux.wait_for(lambda s: _status_line(s).startswith("idle"), "idle", timeout=60)
+        tmux.type("survey it")
+        tmux.key("Enter")
+        running = tmux.wait_for(lambda s: "subagent · survey the parser module" in s and "running ·" in s,
+                                "the subagent card running")
+        assert "working" in running  # its live tail
+        tmux.key("C-c")
+        stopped = tmux.wait_for(lambda s: "stopped ·" in s and _status_line(s).startswith("idle"),
+                                "the subagent stopped by Ctrl+C")
+        assert "Subagent interrupted" in stopped
+        tmux.type("where is parse?")
+        tmux.key("Enter")
+        done = tmux.wait_for(lambda s: "It is in a.py." in s and _status_line(s).startswith("idle"), "the answer")
+        assert "find where parse is defined" in done and "done ·" in done
+        assert "parse is defined in a.py line 3." in done  # the folded card shows its summary
+        assert all(len(line) <= 80 for line in done.splitlines())
+        tmux.key("C-o")  # the last card: the subagent's, unfolded with its transcript
+        unfolded = tmux.wait_for(lambda s: "⏺ read" in s and "▾" in s, "the unfolded transcript")
+        assert "⎿ 1 import os" in unfolded
+        assert _status_line(unfolded).startswith("idle")  # the status bar is still on screen
+    finally:
+        tmux.kill()
