@@ -32,6 +32,7 @@ from typing import Any
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.decode import TokenStream
+from ds4agent.agent.hooks import AgentHooks
 from ds4agent.agent.identity import SubagentRecord
 from ds4agent.agent.port import WorkerPort
 from ds4agent.agent.stream import AssistantStream
@@ -77,8 +78,9 @@ class TaskTool:
     }
     mutates = False  # starting one changes nothing; what it does is checked call by call
 
-    def __init__(self, worker: WorkerPort) -> None:
+    def __init__(self, worker: WorkerPort, hooks: AgentHooks | None = None) -> None:
         self.worker = worker
+        self.hooks = hooks  # the parent's hooks: PreToolUse / PostToolUse judge the subagent's calls too
 
     def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
         goal = arg_str(args, "goal", required=True).strip()
@@ -86,13 +88,14 @@ class TaskTool:
             raise ToolError("task needs a goal")
         budget = arg_int(args, "max_tokens", default=SUBAGENT_TOKENS, lo=MIN_TOKENS,
                          hi=max(MIN_TOKENS, self.worker.settings.round_tokens))
-        record = run_subagent(self.worker, goal, budget=budget, writes=bool(arg_bool(args, "allow_writes",
-                                                                                     default=False)))
+        record = run_subagent(self.worker, goal, budget=budget, hooks=self.hooks,
+                              writes=bool(arg_bool(args, "allow_writes", default=False)))
         head = f"Subagent {record.reason} ({record.rounds} rounds, {record.generated} tokens)"
         return ToolResult(f"{head}:\n{record.summary or '(no summary)'}\n", ok=record.reason == "done")
 
 
-def run_subagent(worker: WorkerPort, goal: str, *, budget: int, writes: bool) -> SubagentRecord:
+def run_subagent(worker: WorkerPort, goal: str, *, budget: int, writes: bool,
+                 hooks: AgentHooks | None = None) -> SubagentRecord:
     """Fork the live state, run the subagent's rounds, record and announce the result."""
     from ds4agent.engine import Sampler
 
@@ -151,7 +154,7 @@ def run_subagent(worker: WorkerPort, goal: str, *, budget: int, writes: bool) ->
         if tokens.interrupted:
             reason = "interrupted"
             break
-        results = _results(worker, sid, stream, writes)
+        results = _results(worker, sid, stream, writes, hooks)
         if results is None:
             if n >= cap:
                 reason = "budget" if budget - generated <= 0 else "context_full"
@@ -184,7 +187,8 @@ def _relay(io: Any, sid: str, e: ev.Event, text: list[str]) -> None:
         io.emit(ev.SubagentDelta(sid, "error", f"invalid tool call: {e.reason}"))
 
 
-def _results(worker: WorkerPort, sid: str, stream: AssistantStream, writes: bool) -> list[str] | None:
+def _results(worker: WorkerPort, sid: str, stream: AssistantStream, writes: bool,
+             hooks: AgentHooks | None) -> list[str] | None:
     """The results of the round's calls (or its DSML error); None when it called nothing."""
     if stream.failed_thinking:
         return [dsml.error_result(stream.thinking_error)]
@@ -199,14 +203,14 @@ def _results(worker: WorkerPort, sid: str, stream: AssistantStream, writes: bool
         if worker.io.should_stop():
             texts.append(template.RESULT_NOT_RUN_INTERRUPTED)
             continue
-        text = _call(worker, name, args, writes)
+        text = _call(worker, name, args, writes, hooks)
         texts.append(text)
         first = text.strip().splitlines()[0] if text.strip() else ""
         worker.io.emit(ev.SubagentDelta(sid, "result", first[:200]))
     return texts
 
 
-def _call(worker: WorkerPort, name: str, args: Mapping[str, object], writes: bool) -> str:
+def _call(worker: WorkerPort, name: str, args: Mapping[str, object], writes: bool, hooks: AgentHooks | None) -> str:
     from ds4agent.agent import permissions_glue
 
     tools = [t for t in worker.tools if t.name != TASK_TOOL]
@@ -217,11 +221,13 @@ def _call(worker: WorkerPort, name: str, args: Mapping[str, object], writes: boo
         return template.result_unknown_tool(name)
     if tool.mutates and not writes:
         return REFUSED_READ_ONLY.format(name=name)
-    if tool.mutates:
+    refusal = hooks.before_tool(worker, name, args) if hooks is not None else None
+    if refusal is None and tool.mutates:
         refusal = permissions_glue.permit(worker, tool, args)
-        if refusal is not None:
-            return refusal
-    return run_tool(name, args, worker.tool_ctx, tools).text
+    if refusal is not None:
+        return refusal
+    result = run_tool(name, args, worker.tool_ctx, tools)
+    return (hooks.after_tool(worker, name, args, result) if hooks is not None else result).text
 
 
 # ---------------------------------------------------------------------- saved with the session

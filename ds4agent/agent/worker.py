@@ -139,7 +139,7 @@ class Worker:
 
     @property
     def tools(self) -> list[Tool]:
-        task = [TaskTool(self)] if self.settings.subagents else []
+        task = [TaskTool(self, self.hooks)] if self.settings.subagents else []
         return self.builtin_tools + list(mcp_glue.tools(self)) + list(self.skills.tools()) + task
 
     def startup(self) -> bool:

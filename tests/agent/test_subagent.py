@@ -95,3 +95,21 @@ def test_without_the_setting_there_is_no_task_tool(tmp_path):
     h = AgentHarness.build(tmp_path, tools=[RecTool("alpha")])
     assert [t.name for t in h.worker.tools] == ["alpha"]
     h.stop()
+
+
+def test_the_parents_pre_tool_hooks_judge_the_subagents_calls(tmp_path):
+    import json
+
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "hooks.json").write_text(json.dumps({"hooks": {"PreToolUse": [
+        {"matcher": "alpha", "hooks": [{"type": "command", "command": "echo 'alpha is off limits' >&2; exit 2"}]}]}}))
+    alpha = RecTool("alpha")
+    h = build(tmp_path, [], [alpha], config_dir=conf)
+    h.engine.add(reply("", think="t", calls=[("task", {"goal": "read it"})]),
+                 reply("", think="t", calls=[("alpha", {})]), reply("Could not read it.", think="t"),
+                 reply("ok", think="t"))
+    h.turn("go")
+    assert alpha.calls == []
+    assert "Tool call blocked by a hook: alpha is off limits" in h.agent.subagents()[0].transcript
+    h.stop()
