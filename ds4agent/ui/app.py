@@ -244,7 +244,7 @@ class Ds4App(App):
         await self.conversation.subagent_start(e.id, e.goal, e.writes)
 
     async def _show_subagent_delta(self, e: ev.SubagentDelta, n: int) -> None:
-        self.conversation.subagent_delta(e.id, e.kind, e.text)
+        self.conversation.subagent_delta(e.id, e.kind, e.text, n)
 
     async def _show_subagent_ended(self, e: ev.SubagentEnded, n: int) -> None:
         self.conversation.subagent_end(e.id, e.summary, e.reason, e.rounds, e.generated, e.seconds)

@@ -366,10 +366,10 @@ class Conversation(VerticalScroll, can_focus=False):
         self.subagents[sid] = card
         await self.mount(card)
 
-    def subagent_delta(self, sid: str, kind: str, text: str) -> None:
+    def subagent_delta(self, sid: str, kind: str, text: str, tokens: int = 1) -> None:
         card = self.subagents.get(sid)
         if card is not None:
-            card.delta(kind, text)
+            card.delta(kind, text, tokens)
 
     def subagent_end(self, sid: str, summary: str, reason: str, rounds: int, generated: int,
                      seconds: float) -> None:

@@ -41,9 +41,10 @@ class SubagentCard(Static):
         self.summary = ""
         self._redraw()
 
-    def delta(self, kind: str, text: str) -> None:
+    def delta(self, kind: str, text: str, tokens: int = 1) -> None:
+        """More of its transcript; `tokens`: the generated tokens a (merged) delta stands for."""
         if kind in ("thinking", "text"):
-            self.tokens += 1
+            self.tokens += tokens
         if kind in ("tool", "result", "error"):
             text = ("⏺ " if kind == "tool" else "  ⎿ " if kind == "result" else "  ✗ ") + text
             self.parts.append((kind, "\n" + text + "\n"))
@@ -76,8 +77,17 @@ class SubagentCard(Static):
         while size > MAX_CHARS and len(self.parts) > 1:
             size -= len(self.parts.pop(0)[1])
 
-    def _transcript(self) -> Content:
-        pieces = [Content.styled(text, _STYLE.get(kind, "")) for kind, text in self.parts]
+    def _transcript(self, tail: int = 0) -> Content:
+        """The transcript as styled text; with `tail`, only its last parts holding about that many
+        characters (a running card redraws per token: its cost must not grow with the run)."""
+        parts = self.parts
+        if tail:
+            size, start = 0, len(parts)
+            while start > 0 and size < tail:
+                start -= 1
+                size += len(parts[start][1])
+            parts = parts[start:]
+        pieces = [Content.styled(text[-tail:] if tail else text, _STYLE.get(kind, "")) for kind, text in parts]
         return Content("").join(pieces) if pieces else Content("")
 
     def _redraw(self) -> None:
@@ -88,9 +98,10 @@ class SubagentCard(Static):
                                    goal=clip(self.goal, GOAL_WIDTH), state=state)
         rule = Content.from_markup("[$text-muted]│[/] ")
         if self.running or self.expanded:
-            lines = self._transcript().split("\n")
+            live = self.running and not self.expanded
+            lines = self._transcript(tail=4 * TAIL_LINES * LINE_WIDTH if live else 0).split("\n")
             lines = [ln for ln in lines if ln.plain.strip()]
-            if self.running and not self.expanded:
+            if live:
                 lines = [ln if len(ln.plain) <= LINE_WIDTH else Content("…") + ln[len(ln.plain) - LINE_WIDTH + 1:]
                          for ln in lines[-TAIL_LINES:]]
             body = [rule + ln for ln in lines]
