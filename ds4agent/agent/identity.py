@@ -45,6 +45,8 @@ class SubagentRecord:
     prefilled: int = 0  # tokens it prefilled itself (its brief and tool results)
     seconds: float = 0.0
     first_token_s: float = 0.0  # from the call to its first generated token
+    # What its card showed, as (kind, text) pieces (events.SubagentDelta's kinds): a replay shows it again
+    lines: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass

@@ -111,6 +111,7 @@ def run_subagent(worker: WorkerPort, goal: str, *, budget: int, writes: bool,
     base = len(ids)
     brief = BRIEF.format(goal=goal, mode="" if writes else READ_ONLY_NOTE)
     ids += template.render_user_turn(brief, think_mode=mode, tokenizer=tok)
+    card = _CardLog(io, sid)
     io.emit(ev.SubagentStarted(sid, goal, forked_at=forked_at, writes=writes))
     sampler = Sampler(temperature=s.temperature, top_p=s.top_p, min_p=s.min_p, seed=s.seed)
     generated = rounds = prefilled = 0
@@ -142,11 +143,11 @@ def run_subagent(worker: WorkerPort, goal: str, *, budget: int, writes: bool,
             ids.append(token)
             n += 1
             for e in stream.feed(token, tok.token_bytes(token)):
-                _relay(io, sid, e, text)
+                _relay(card, e, text)
             if token == tok.EOS or stream.closed:
                 break
         for e in stream.finish():
-            _relay(io, sid, e, text)
+            _relay(card, e, text)
         generated += n
         if ids[-1] != tok.EOS:
             ids.append(tok.EOS)
@@ -154,7 +155,7 @@ def run_subagent(worker: WorkerPort, goal: str, *, budget: int, writes: bool,
         if tokens.interrupted:
             reason = "interrupted"
             break
-        results = _results(worker, sid, stream, writes, hooks)
+        results = _results(worker, card, stream, writes, hooks)
         if results is None:
             if n >= cap:
                 reason = "budget" if budget - generated <= 0 else "context_full"
@@ -162,7 +163,7 @@ def run_subagent(worker: WorkerPort, goal: str, *, budget: int, writes: bool,
         ids += template.render_tool_results(results, think_mode=mode, tokenizer=tok)
     record = SubagentRecord(sid, goal, summary, tok.decode_bytes(ids[base:]).decode("utf-8", "replace"), reason,
                             rounds, generated, forked_at, prefilled, round(time.monotonic() - t0, 3),
-                            round(first_token, 4))
+                            round(first_token, 4), tuple(card.lines))
     worker.identity.subagents.append(record)
     io.emit(ev.SubagentEnded(sid, summary, reason, rounds=rounds, generated=generated, seconds=record.seconds))
     return record
@@ -173,21 +174,37 @@ def _structural(stream: AssistantStream) -> Callable[[], bool]:
     return lambda: stream.in_syntax
 
 
-def _relay(io: Any, sid: str, e: ev.Event, text: list[str]) -> None:
+class _CardLog:
+    """What the card is sent (SubagentDelta events), also kept, merged, for the record."""
+
+    def __init__(self, io: Any, sid: str) -> None:
+        self.io = io
+        self.sid = sid
+        self.lines: list[tuple[str, str]] = []
+
+    def add(self, kind: str, text: str) -> None:
+        self.io.emit(ev.SubagentDelta(self.sid, kind, text))
+        if kind in ("thinking", "text") and self.lines and self.lines[-1][0] == kind:
+            self.lines[-1] = (kind, self.lines[-1][1] + text)
+        else:
+            self.lines.append((kind, text))
+
+
+def _relay(card: _CardLog, e: ev.Event, text: list[str]) -> None:
     """One of the subagent's stream events as a line of its card (and its answer text kept)."""
     if isinstance(e, ev.TextDelta):
         text.append(e.text)
-        io.emit(ev.SubagentDelta(sid, "text", e.text))
+        card.add("text", e.text)
     elif isinstance(e, ev.ThinkingDelta):
-        io.emit(ev.SubagentDelta(sid, "thinking", e.text))
+        card.add("thinking", e.text)
     elif isinstance(e, ev.ToolCallEnd):
         shown = " ".join(f"{k}={str(v)[:80]!r}" for k, v in e.args.items())
-        io.emit(ev.SubagentDelta(sid, "tool", f"{e.name} {shown}".rstrip()))
+        card.add("tool", f"{e.name} {shown}".rstrip())
     elif isinstance(e, ev.ToolCallInvalid):
-        io.emit(ev.SubagentDelta(sid, "error", f"invalid tool call: {e.reason}"))
+        card.add("error", f"invalid tool call: {e.reason}")
 
 
-def _results(worker: WorkerPort, sid: str, stream: AssistantStream, writes: bool,
+def _results(worker: WorkerPort, card: _CardLog, stream: AssistantStream, writes: bool,
              hooks: AgentHooks | None) -> list[str] | None:
     """The results of the round's calls (or its DSML error); None when it called nothing."""
     if stream.failed_thinking:
@@ -206,7 +223,7 @@ def _results(worker: WorkerPort, sid: str, stream: AssistantStream, writes: bool
         text = _call(worker, name, args, writes, hooks)
         texts.append(text)
         first = text.strip().splitlines()[0] if text.strip() else ""
-        worker.io.emit(ev.SubagentDelta(sid, "result", first[:200]))
+        card.add("result", first[:200])
     return texts
 
 
@@ -252,7 +269,9 @@ def load_records(worker: WorkerPort, session_id: str) -> None:
     try:
         doc = json.loads(subagents_path(store.directory, session_id).read_bytes())
         fields = set(SubagentRecord.__dataclass_fields__)
-        worker.identity.subagents.extend(SubagentRecord(**{k: v for k, v in r.items() if k in fields})
-                                for r in doc.get("subagents", ()))
+        for r in doc.get("subagents", ()):
+            r = {k: v for k, v in r.items() if k in fields}
+            r["lines"] = tuple((str(k), str(t)) for k, t in r.get("lines", ()))  # JSON gave lists
+            worker.identity.subagents.append(SubagentRecord(**r))
     except (OSError, ValueError, TypeError, AttributeError):
         return

@@ -600,7 +600,7 @@ class Ds4App(App):
     async def _replay(self, heading: str, items) -> None:
         """Saved turns between a heading and the end-of-history line (after /load, /history)."""
         await self.conversation.note(heading, "muted")
-        await self.conversation.history(items)
+        await self.conversation.history(items, getattr(self.agent, "subagents", list)())
         await self.conversation.note(fmt.HISTORY_END, "muted")
 
     # ------------------------------------------------------------------ actions

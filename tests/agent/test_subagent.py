@@ -64,6 +64,7 @@ def test_subagents_are_saved_and_restored_with_the_session(tmp_path):
     (record,) = h.agent.subagents()
     assert (record.goal, record.summary, record.reason) == ("summarise the repo", "A small repo.", "done")
     assert "A small repo." in record.transcript
+    assert record.lines[-1] == ("text", "A small repo.")  # what its card showed, for a replay
     h.stop()
 
 

@@ -33,3 +33,14 @@ def test_the_card_runs_with_a_short_tail_then_folds_to_its_summary():
     unfolded = str(card.render())
     assert "⏺ search query='def parse'" in unfolded and "⎿ 1 match shown" in unfolded and "line 0" in unfolded
     assert "(2 rounds)" in unfolded
+
+
+def test_a_saved_subagent_replays_folded():
+    from ds4agent.agent.identity import SubagentRecord
+
+    record = SubagentRecord("s9", "survey", "All fine.", "", "done", rounds=1, generated=12, seconds=0.5,
+                            lines=(("thinking", "hm"), ("tool", "read path='a.py'"), ("text", "All fine.")))
+    card = SubagentCard.replay(record)
+    assert "▸" in str(card.render()) and "done · 0.5 s · 12 tokens" in str(card.render())
+    card.toggle()
+    assert "⏺ read path='a.py'" in str(card.render())

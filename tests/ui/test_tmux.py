@@ -240,5 +240,17 @@ def test_subagent_card_runs_stops_on_ctrl_c_and_unfolds_at_80x24(tmp_path):
         unfolded = tmux.wait_for(lambda s: "⏺ read" in s and "▾" in s, "the unfolded transcript")
         assert "⎿ 1 import os" in unfolded
         assert _status_line(unfolded).startswith("idle")  # the status bar is still on screen
+        # Saved with the session: after /new and /load the replayed turns show the card again.
+        tmux.type("/save")
+        tmux.key("Enter")
+        saved = tmux.wait_for(lambda s: re.search(r"saved session ([0-9a-f]{8})", s) is not None, "saved")
+        sid = re.search(r"saved session ([0-9a-f]{8})", saved).group(1)
+        tmux.type("/new")
+        tmux.key("Enter")
+        tmux.wait_for(lambda s: "find where parse is defined" not in s, "a new session")
+        tmux.type(f"/load {sid}")
+        tmux.key("Enter")
+        loaded = tmux.wait_for(lambda s: "⎇ subagent · find where parse is defined" in s, "the replayed card")
+        assert "done ·" in loaded and "parse is defined in a.py line 3." in loaded
     finally:
         tmux.kill()

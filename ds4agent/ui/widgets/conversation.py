@@ -428,9 +428,11 @@ class Conversation(VerticalScroll, can_focus=False):
     async def compaction_delta(self, text: str, tokens: int = 1) -> None:
         await self.thinking_delta(text, tokens, kind="summary")
 
-    async def history(self, items) -> None:
-        """Replay of saved turns (after /load, /history): same widgets, nothing executed."""
+    async def history(self, items, subagents=()) -> None:
+        """Replay of saved turns (after /load, /history): same widgets, nothing executed.
+        `subagents`: the session's subagent records; a `task` call is followed by its card."""
         await self.close_streams()
+        pending = list(subagents)
         for item in items:
             if item.kind == "user":
                 await self.mount(UserMessage(item.text))
@@ -448,6 +450,11 @@ class Conversation(VerticalScroll, can_focus=False):
                 card.state = "ok"
                 card.status_text = "replayed"
                 await self.mount(card)
+                goal = str(item.args.get("goal", "")).strip() if item.name == "task" else None
+                record = next((r for r in pending if r.goal == goal), None)
+                if record is not None:
+                    pending.remove(record)
+                    await self.mount(SubagentCard.replay(record))
             elif item.kind == "tool_result":
                 await self.mount(Note("result: " + clip(item.text, 100), "muted"))
             else:

@@ -41,6 +41,15 @@ class SubagentCard(Static):
         self.summary = ""
         self._redraw()
 
+    @classmethod
+    def replay(cls, record) -> SubagentCard:
+        """A saved subagent (agent.identity.SubagentRecord), folded, as it was when it ended."""
+        card = cls(record.id, record.goal)
+        for kind, text in record.lines:
+            card.delta(kind, text, 0)
+        card.finish(record.summary, record.reason, record.rounds, record.generated, record.seconds)
+        return card
+
     def delta(self, kind: str, text: str, tokens: int = 1) -> None:
         """More of its transcript; `tokens`: the generated tokens a (merged) delta stands for."""
         if kind in ("thinking", "text"):
