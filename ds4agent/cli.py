@@ -140,6 +140,9 @@ def _command(group: Any, name: str, text: str) -> argparse.ArgumentParser:
 def _add_mcp(parser: argparse.ArgumentParser, sub: Any) -> None:
     parser.add_argument("--no-mcp", action="store_true", dest="no_mcp",
                         help="start none of the MCP servers of mcp.json / .mcp.json")
+    parser.add_argument("--no-subagents", action="store_true", dest="no_subagents",
+                        help="no `task` tool: the model cannot start subagents (forks of the live KV "
+                        "state that work on a task and return a summary)")
     p = _command(sub, "mcp", "the MCP servers of the user's mcp.json and the project's .mcp.json")
     q = _command(p.add_subparsers(dest="mcp_command", metavar="ACTION", required=True), "list",
                  "show each server, whether it starts, and its tools")

@@ -10,7 +10,8 @@ from pathlib import Path
 import ds4agent
 
 ROOT = Path(ds4agent.__file__).parent
-IN_REPO = {"AGENTS.md", "README.md"}  # AGENTS.md: the project file the agent reads
+# AGENTS.md: the project file the agent reads; SKILL.md: the file of a user's skill folder
+IN_REPO = {"AGENTS.md", "README.md", "SKILL.md"}
 
 
 def _shown_strings(path: Path):

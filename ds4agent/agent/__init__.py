@@ -5,7 +5,8 @@ connects the engine's exported state to the session store, renders turns with th
 the tools under the permission policy.
 
 Public names (import them from here):
-    Agent             the facade every UI drives: commands in, events out (facade.py)
+    Agent             the facade every UI drives: commands in, events out (facade.py); /steer's
+                      guidance waits with the queued messages for the next tool boundary
     AgentSettings     the knobs the command line gives the agent (settings.py)
     RUNS_WHILE_BUSY, idle_required   the busy rule, stated once (facade.py)
   and the event classes in ds4agent.agent.events.
@@ -20,6 +21,11 @@ Modules:
     rewind.py      going back to an earlier user turn (conversation, code, both, fork)
     permissions_glue.py  the policy's questions as events
     mcp_glue.py    MCP servers: the project-file question, start / join / stop, their tools
+    hooks.py       what the hooks (tools/hooks.py) mean to the loop: block a message or a call,
+                   feedback after a call, send the model back to work when a turn ends
+    custom_commands.py  `/NAME args` from .ds4agent/commands/NAME.md and the user's commands/
+    skills.py      SKILL.md folders: their descriptions in the system text, the `skill` tool
+    subagent.py    the `task` tool: a subagent forked from the live KV state, its records
     decode.py      TokenStream: the one decode loop (a round and a compaction summary)
     stream.py      one round's tokens -> events (over protocol.dsml); Coalescer
     edit_assist.py the forced [upto] (--edit-upto) and the preflight stop while the model writes an edit

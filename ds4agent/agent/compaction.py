@@ -4,6 +4,9 @@ Triggers:
 * soft: before a user turn and before each later round (i.e. before a results turn is appended),
   when the projected transcript reaches 85% of ctx or leaves at most min(8192, ctx/4) free;
 * hard: a results turn would not fit (projected + 1024 >= ctx): compact, then retry (worker.py);
+* mid-response: one answer (a long round) runs into the end of the context: the round stops
+  MIDTURN_RESERVE tokens early, ends with its EOS (a turn boundary), the conversation is compacted,
+  and the model continues after CONTINUE_NOTE (worker.py), instead of the turn stopping;
 * manual: /compact.
 
 Procedure: a private user message (never kept) asks, with thinking off, for a task-state summary;
@@ -44,6 +47,13 @@ from ds4agent.tools import running_jobs_update
 RESULT_RESERVE = 1024
 # If even the shortened results do not fit with this reserve, the turn aborts.
 MIN_RESERVE = 16
+# Mid-response: a round stops this many tokens before the end of the context, so that the
+# compaction's request and a summary still fit after it (the summary needs SUMMARY_MIN_ROOM).
+MIDTURN_RESERVE = 1024
+# What the model reads after a compaction that cut its answer short (as a tool message, like the
+# bash job update: the agent speaking, not the user).
+CONTINUE_NOTE = ("Context compacted while you were answering: your answer above stopped at the "
+                 "compaction. Continue the task from where it stopped; do not repeat finished work.")
 SUMMARY_MAX_TOKENS = 4096
 SUMMARY_MIN_ROOM = 256
 TAIL_MAX_TOKENS = 50_000
@@ -74,6 +84,13 @@ def maybe_compact(worker: WorkerPort, projected: int, kind: str, *, force: bool 
     if len(worker.transcript) <= worker.transcript.system_len:
         return False
     return compact(worker, kind, projected=projected)
+
+
+def mid_response(worker: WorkerPort) -> bool:
+    """An answer filled the context: compact at this safe point (the round just ended with its
+    EOS). True when the model may go on (after CONTINUE_NOTE); False when the compaction failed
+    or the user interrupted (the turn ends)."""
+    return not worker.io.should_stop() and compact(worker, "mid-response")
 
 
 def _tail_keep(ctx: int) -> int:
@@ -194,6 +211,7 @@ def compact(worker: WorkerPort, kind: str, *, projected: int | None = None) -> b
         "soft": "the context is nearly full",
         "hard": "a tool result does not fit in the remaining context",
         "manual": "the user asked for it (/compact)",
+        "mid-response": "the context filled up during one answer, which continues after it",
     }.get(kind, kind)
     request = template.render(template.user_turn_pieces(f"{SUMMARY_REQUEST}\n\nCompaction reason: {reason_line}.",
                                                         think_mode="nothink"), tok)

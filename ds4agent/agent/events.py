@@ -257,6 +257,9 @@ class TurnEnd(enum.StrEnum):
     INTERRUPTED = "interrupted"  # Esc / Ctrl+C
     TOKEN_CAP = "token_cap"  # the round reached --tokens or the end of the context
     STOP_TOKEN = "stop_token"  # the model sampled a token that ends a round (prompt-and-dsml.md §7)
+    # an answer filled the context and the compaction that would have let it go on failed
+    CONTEXT_FULL = "context_full"
+    BLOCKED = "blocked"  # a UserPromptSubmit hook refused the message
     ERROR = "error"  # the turn failed (see TurnEnded.error)
 
 
@@ -402,7 +405,7 @@ class Rewound(Event):
 
 @dataclass(frozen=True)
 class CompactionStarted(Event):
-    reason: str  # "soft" | "hard" | "manual"
+    reason: str  # "soft" | "hard" | "mid-response" | "manual"
     tokens_before: int
 
 
@@ -421,6 +424,40 @@ class CompactionDone(Event):
     summary_tokens: int = 0
     tail_tokens: int = 0
     error: str = ""
+
+
+@dataclass(frozen=True)
+class SubagentStarted(Event):
+    """The `task` tool forked a subagent from the live KV state (forked_at tokens, not prefilled);
+    writes: it may change files (asked about as usual), else it is read-only."""
+
+    id: str
+    goal: str
+    forked_at: int = 0
+    writes: bool = False
+
+
+@dataclass(frozen=True)
+class SubagentDelta(Event):
+    """A piece of subagent `id`'s transcript for its card. kind: "thinking" | "text" (deltas),
+    "tool" (a call, one line), "result" (its first line), "error" (an invalid call)."""
+
+    id: str
+    kind: str
+    text: str
+
+
+@dataclass(frozen=True)
+class SubagentEnded(Event):
+    """Subagent `id` is over; `summary` is what its caller reads. reason: "done", "interrupted",
+    "budget" (its token budget ran out), "context_full", "error"."""
+
+    id: str
+    summary: str
+    reason: str
+    rounds: int = 0
+    generated: int = 0
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True)

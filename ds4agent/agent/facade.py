@@ -11,8 +11,8 @@ the interrupt flag, and answers questions. Nothing here ever blocks the calling 
 model. Methods return at once; results arrive as events.
 
 The busy rule (RUNS_WHILE_BUSY below) is stated here once: while a turn or command runs, only
-submit (queues), interrupt, pull_queued, answer_permission, list_sessions, save (deferred to the
-end of the turn), set_power and shutdown act; every other command answers
+submit (queues), steer (waits for the next tool boundary), interrupt, pull_queued, answer_permission,
+list_sessions, save (deferred to the end of the turn), set_power and shutdown act; every other command answers
 `Error("command requires the model to be idle: /load")` and is never queued, as the reference
 does. The front ends read the same rule to refuse a command before calling (ui/commands.py).
 """
@@ -31,6 +31,8 @@ from ds4agent.agent.settings import PERMISSION_MODES, AgentSettings, think_mode_
 from ds4agent.engine import FULL_POWER, EngineLost
 
 if TYPE_CHECKING:  # the worker (and with it the engine and the tools) is imported when an Agent is built
+    from ds4agent.agent.custom_commands import CustomCommand
+    from ds4agent.agent.identity import SubagentRecord
     from ds4agent.agent.worker import EngineLoader, Worker
     from ds4agent.engine import Engine
     from ds4agent.sessions.store import SessionStore
@@ -43,7 +45,17 @@ if TYPE_CHECKING:  # the worker (and with it the engine and the tools) is import
 # end's own); every other one is refused with idle_required() and never queued.
 # /power also runs while busy: a long prefill or generation is when a laptop gets hot, and the new
 # percent is one int the engine reads at its next rest, so nothing the worker holds is touched.
-RUNS_WHILE_BUSY = frozenset({"help", "save", "list", "power"})
+# /steer exists for a busy agent: its text waits, like a queued message, for the next tool boundary.
+RUNS_WHILE_BUSY = frozenset({"help", "save", "list", "power", "steer"})
+
+# How /steer's text reaches the model: in the results turn after the call that is running, framed
+# so the model takes it as a correction of the answer in progress, not as a new request.
+STEER_LEAD = "Guidance from the user while you work (keep going with the current task, taking it into account):"
+
+
+def steering_text(text: str) -> str:
+    """/steer's guidance as the model reads it."""
+    return f"{STEER_LEAD}\n{text}"
 
 
 def power_line(percent: int) -> str:
@@ -105,6 +117,7 @@ class Agent:
         self._commands: queue.Queue[tuple[str, Callable[[], None]]] = queue.Queue()
         self._lock = threading.Lock()
         self._queued: list[str] = []  # messages typed while busy, in order
+        self._steer: list[str] = []  # /steer texts waiting for the next tool boundary, in order
         self._busy = False  # a command (turn, load, ...) is running or scheduled on the worker
         self._interrupt = threading.Event()
         self._stopping = threading.Event()
@@ -195,7 +208,7 @@ class Agent:
         with self._lock:
             if self._busy:
                 self._queued.append(text)
-                items = tuple(self._queued)
+                items = self._queue_items_locked()
             else:
                 self._busy = True
                 self._interrupt.clear()
@@ -204,19 +217,74 @@ class Agent:
         self.emit(ev.QueueChanged(items))
         return True
 
+    def custom_commands(self, reserved: frozenset[str] = frozenset()) -> tuple[list[CustomCommand], list[str]]:
+        """The custom slash commands of the project and the user (custom_commands.py), skipping
+        the `reserved` (built-in) names, and notes about the files that cannot be used. Reads only
+        small files: any thread may call it."""
+        from ds4agent.agent.custom_commands import find_commands
+
+        s = self.settings
+        return find_commands(s.cwd, s.user_config_dir(), reserved=reserved)
+
+    def run_command(self, name: str, args: str = "") -> bool:
+        """`/NAME args` of a custom command: its file's text (with `$ARGUMENTS`) is sent as a
+        message (queued when busy, as typed text is). False, with an Error, when it cannot be."""
+        from ds4agent.agent.custom_commands import CustomCommandError, expand
+
+        found, _ = self.custom_commands()
+        command = next((c for c in found if c.name == name), None)
+        if command is None:
+            self.emit(ev.Error(f"unknown custom command: /{name}"))
+            return False
+        try:
+            text = expand(command, args)
+        except CustomCommandError as err:
+            self.emit(ev.Error(f"/{name}: {err}"))
+            return False
+        if not self.submit(text):
+            self.emit(ev.Error(f"/{name}: {command.path} holds no prompt"))
+            return False
+        return True
+
+    def subagents(self) -> list[SubagentRecord]:
+        """The subagents the live conversation ran (restored with a loaded session)."""
+        return list(self._worker.identity.subagents)
+
     def pull_queued(self) -> str | None:
         """Take back the most recently queued message (Ctrl+X); None when the queue is empty."""
         with self._lock:
             if not self._queued:
                 return None
             text = self._queued.pop()
-            items = tuple(self._queued)
+            items = self._queue_items_locked()
         self.emit(ev.QueueChanged(items))
         return text
 
     def queued(self) -> tuple[str, ...]:
         with self._lock:
             return tuple(self._queued)
+
+    def steer(self, text: str) -> bool:
+        """/steer TEXT: guidance for the answer in progress. It reaches the model at the next safe
+        point, in the results turn after the tool call that is running (nothing is cancelled);
+        when the answer ends without another tool call it is sent as the next message. Idle, it is
+        simply sent as a message. False when the text is empty."""
+        from ds4agent.protocol.template import trim
+
+        text = trim(text)
+        if not text:
+            self.emit(ev.Error("usage: /steer <guidance for the answer in progress>"))
+            return False
+        with self._lock:
+            busy = self._busy and self.failure is None
+            if busy:
+                self._steer.append(text)
+                items = self._queue_items_locked()
+        if not busy:
+            return self.submit(text)
+        self.emit(ev.QueueChanged(items))
+        self.emit(ev.Notice("steering: the model reads it after the current tool call"))
+        return True
 
     def interrupt(self) -> None:
         """Esc / Ctrl+C while busy: stop generation or prefill now (prompt-and-dsml.md §7, §9.1).
@@ -400,7 +468,7 @@ class Agent:
 
     def has_queued(self) -> bool:
         with self._lock:
-            return bool(self._queued)
+            return bool(self._queued or self._steer)
 
     def take_queued(self) -> str:
         """All queued messages as one text (template.join_queued: numbered when several); empties
@@ -416,9 +484,14 @@ class Agent:
         # The renderer's rule; imported here so that importing the facade stays cheap.
         from ds4agent.protocol.template import join_queued
 
-        text = join_queued(self._queued)
+        text = join_queued([*self._queued, *(steering_text(t) for t in self._steer)])
         self._queued.clear()
+        self._steer.clear()
         return text
+
+    def _queue_items_locked(self) -> tuple[str, ...]:
+        """What QueueChanged shows: the queued messages, then the /steer texts as typed."""
+        return (*self._queued, *(f"/steer {t}" for t in self._steer))
 
     def new_id(self, prefix: str) -> str:
         return f"{prefix}-{next(self._ids)}"
@@ -518,8 +591,9 @@ class Agent:
         self.failure = message
         with self._lock:
             self._busy = False
-            dropped = len(self._queued)
+            dropped = len(self._queued) + len(self._steer)
             self._queued.clear()
+            self._steer.clear()
         if dropped:
             self.emit(ev.QueueChanged(()))
             self.emit(ev.Error(f"{dropped} queued message{'' if dropped == 1 else 's'} not sent: "

@@ -13,13 +13,14 @@ Every field that belongs to a conversation rather than to the worker lives here,
     dirty        the conversation has turns the saved file does not have
     activity     a user turn since start or /new (a loaded session counts): "nothing to save" else
     undo         the undo log of this conversation (sessions/undo.py), or None
+    subagents    the subagents this conversation ran (subagent.py), saved beside its file
 
 The journal's meta (to_meta / from_meta) is JSON, so the title's exact bytes travel as hex.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import overload
 
@@ -27,6 +28,25 @@ from ds4agent.sessions.entries import FileStamp
 from ds4agent.sessions.undo import UndoLog
 
 _HEX = frozenset("0123456789abcdef")
+
+
+@dataclass(frozen=True)
+class SubagentRecord:
+    """One subagent run (subagent.py): what its card shows and what a saved session keeps."""
+
+    id: str
+    goal: str
+    summary: str
+    transcript: str  # the subagent's own part: its brief and rounds, as text
+    reason: str  # "done" | "interrupted" | "budget" | "context_full" | "error"
+    rounds: int = 0
+    generated: int = 0
+    forked_at: int = 0  # tokens of the parent's KV state it started from (shared, not prefilled)
+    prefilled: int = 0  # tokens it prefilled itself (its brief and tool results)
+    seconds: float = 0.0
+    first_token_s: float = 0.0  # from the call to its first generated token
+    # What its card showed, as (kind, text) pieces (events.SubagentDelta's kinds): a replay shows it again
+    lines: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -43,6 +63,7 @@ class SessionIdentity:
     # that finds it changed (another instance saved the session) becomes a fork. None: not known
     # (a new session, a journal resumed after a crash): no check.
     file_stamp: FileStamp | None = None
+    subagents: list[SubagentRecord] = field(default_factory=list)
 
     @property
     def unsaved_work(self) -> bool:

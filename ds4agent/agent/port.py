@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # types only: importing this module stays free of the engine 
     from ds4agent.agent.journal import Journal
     from ds4agent.agent.prompt import SystemText
     from ds4agent.agent.settings import AgentSettings
+    from ds4agent.agent.skills import SkillSet
     from ds4agent.agent.trace import TraceLog
     from ds4agent.agent.transcript import Transcript
     from ds4agent.engine import DutyCycle, Engine, Sampler, Session, SnapshotStore
@@ -53,6 +54,14 @@ class AgentIO(Protocol):
         """All messages typed while busy, joined; empties the queue."""
         ...
 
+    def submit(self, text: str) -> bool:
+        """Send a message as the user would (queued while busy: the next turn); a Stop hook's."""
+        ...
+
+    def stopping(self) -> bool:
+        """The agent is shutting down."""
+        ...
+
 
 class WorkerPort(Protocol):
     # what the worker was built with
@@ -73,6 +82,7 @@ class WorkerPort(Protocol):
     snapshots: SnapshotStore | None
     journal: Journal | None
     system: SystemText
+    skills: SkillSet  # the skills found at start (their descriptions are in the system text)
     system_ids: list[int]
     system_is_max: bool  # the system prefix was rendered for think-max
     # the conversation
@@ -91,7 +101,8 @@ class WorkerPort(Protocol):
 
     @property
     def tools(self) -> list[Tool]:
-        """The callable tools: ds4agent's own, then the running MCP servers' (the system prompt's order)."""
+        """The callable tools: ds4agent's own, the running MCP servers', then `skill` when there are skills
+        (the system prompt's order)."""
         ...
 
     def sync(self, *, interruptible: bool = True) -> bool:

@@ -109,9 +109,10 @@ def load_agents_md(cwd: Path) -> tuple[str, tuple[str, ...]]:
     return trim(text), notes
 
 
-def build_system_text(cwd: Path, extra: str | None, *, edit_upto: bool = False) -> SystemText:
+def build_system_text(cwd: Path, extra: str | None, skills: str = "", *, edit_upto: bool = False) -> SystemText:
     """SYSTEM_TEXT parts for a project: built-in + ("\\n\\n" + extra) where extra joins the
-    --system text and AGENTS.md (each trimmed; empty parts dropped with their separator)."""
+    --system text, AGENTS.md and the skills' descriptions (each trimmed; empty parts dropped with
+    their separator)."""
     parts: list[str] = []
     if extra:
         extra_t = trim(extra)
@@ -120,4 +121,6 @@ def build_system_text(cwd: Path, extra: str | None, *, edit_upto: bool = False) 
     agents, notes = load_agents_md(cwd)
     if agents:
         parts.append("# Project instructions (AGENTS.md)\n\n" + agents)
+    if skills:
+        parts.append(skills)
     return SystemText(builtin_system_text(edit_upto), "\n\n".join(parts), notes)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TypedDict
 
 from ds4agent.agent import events as ev
+from ds4agent.agent import subagent
 from ds4agent.agent.events import format_age
 from ds4agent.agent.history import last_turns, session_title
 from ds4agent.agent.identity import SessionIdentity, meta_title, title_bytes, undo_log_for
@@ -22,6 +23,7 @@ from ds4agent.agent.journal import default_dir as journal_default_dir
 from ds4agent.agent.port import WorkerPort
 from ds4agent.agent.prompt import build_system_text
 from ds4agent.agent.settings import AgentSettings
+from ds4agent.agent.skills import load_skills
 from ds4agent.models.fingerprint import model_name, same_model
 from ds4agent.protocol import template
 from ds4agent.protocol.tokenizer import EOS, RECOGNISED_IDS, USER
@@ -83,8 +85,11 @@ def display_title(title: str | bytes | None) -> str:
 
 def render_system(worker: WorkerPort) -> list[int]:
     s = worker.settings
-    worker.system = build_system_text(s.cwd, s.system, edit_upto=s.edit_upto)
-    for note in worker.system.notes:
+    # The skills' descriptions are part of the system text (and `skill` of the tools): read here,
+    # at start and at /new, so the prefix and the tools block always agree.
+    worker.skills = load_skills(s.cwd, s.user_config_dir())
+    worker.system = build_system_text(s.cwd, s.system, worker.skills.system_block(), edit_upto=s.edit_upto)
+    for note in (*worker.skills.notes, *worker.system.notes):
         worker.io.emit(ev.Notice(note, "warning"))
     eff = s.effective_think_mode()
     worker.system_is_max = eff == "think-max"
@@ -194,6 +199,7 @@ def _save(worker: WorkerPort, title: str | None = None) -> ev.SessionSaved:
     identity.title = title_bytes(saved.title)
     identity.created_at = saved.created_at
     identity.session_id = saved.id
+    subagent.save_records(worker, saved.id)
     identity.legacy_path = None
     identity.dirty = False
     _index_record(worker)
@@ -251,7 +257,8 @@ def fork(worker: WorkerPort, title: str | None) -> ev.SessionSaved | None:
     created = _fork_created_at(old)
     # No legacy path: the original must never be deleted as a "legacy source".
     fork_identity = SessionIdentity(title=new_title, created_at=created, forked_from=old.session_id,
-                                    dirty=old.dirty, activity=True, undo=old.undo)
+                                    dirty=old.dirty, activity=True, undo=old.undo,
+                                    subagents=list(old.subagents))
     worker.identity = fork_identity
     if fork_identity.undo is not None:
         try:
@@ -421,6 +428,7 @@ def _load(worker: WorkerPort, target: LoadTarget) -> None:
         prefilled = worker.last_prefilled if rebuilt else 0
     _reset_identity(worker)
     worker.identity = _loaded_identity(worker, loaded, target.index)
+    subagent.load_records(worker, loaded.id)
     if not rebuilt:
         worker.io.emit(ev.Notice(f"rebuild interrupted at {len(worker.session.tokens):,} of {len(ids):,} "
                                  "tokens; the rest is prefilled with the next message", "warning"))

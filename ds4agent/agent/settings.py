@@ -45,6 +45,12 @@ class AgentSettings:
     # Memory the rewind snapshots may hold (engine/snapshots.py); past it the middle ones go.
     snapshot_budget: int = 2 << 30
     undo_dir: Path | None = None  # undo log; None: platformdirs user state dir
+    # The user's ds4agent config directory (custom commands, skills, hooks); None: the platform's
+    # (tools/userdirs.default_config_dir).
+    config_dir: Path | None = None
+    # The `task` tool (subagents forked from the live KV state). Off in a bare AgentSettings, so
+    # a test's tools block is what it states; the command line turns it on (--no-subagents: off).
+    subagents: bool = False
     # Reopen a saved session at start: --continue (this directory's newest), --resume PREFIX.
     # resume == "" means "let me choose": the front end opens its picker.
     continue_session: bool = False
@@ -52,6 +58,11 @@ class AgentSettings:
     # The model this run loads (recorded with each save, for --resume and the fingerprint check).
     model_path: str = ""
     model_fingerprint: str = ""
+
+    def user_config_dir(self) -> Path:
+        from ds4agent.tools.userdirs import default_config_dir
+
+        return self.config_dir if self.config_dir is not None else default_config_dir()
 
     def effective_think_mode(self) -> str:
         """think-max silently becomes think below 384K of context: the renderer's own rule
@@ -90,6 +101,7 @@ class AgentSettings:
             cwd=Path(os.getcwd()),
             kv_dir=Path(kv_dir).expanduser() if kv_dir else None,
             continue_session=bool(getattr(args, "continue_session", False)),
+            subagents=not getattr(args, "no_subagents", False),
             resume=getattr(args, "resume", None),
         )
 

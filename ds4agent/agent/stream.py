@@ -177,11 +177,12 @@ class RoundEnd(enum.Enum):
     INTERRUPTED = "interrupted"
     TOKEN_CAP = "token_cap"
     STOP_TOKEN = "stop_token"
+    CONTEXT_FULL = "context_full"  # the answer reached the end of the context: compact and go on
 
 
 # What a turn reports when its last round ended so; any other last round ended in an answer.
 TURN_END = {RoundEnd.INTERRUPTED: ev.TurnEnd.INTERRUPTED, RoundEnd.TOKEN_CAP: ev.TurnEnd.TOKEN_CAP,
-             RoundEnd.STOP_TOKEN: ev.TurnEnd.STOP_TOKEN}
+             RoundEnd.STOP_TOKEN: ev.TurnEnd.STOP_TOKEN, RoundEnd.CONTEXT_FULL: ev.TurnEnd.CONTEXT_FULL}
 
 
 @dataclass

@@ -18,11 +18,21 @@ interrupt never leaves a half-appended unit. No tool-round limit; a per-round to
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, cast
 
-from ds4agent.agent import compaction, history, mcp_glue, permissions_glue, plan, rewind, sessionops, todos
+from ds4agent.agent import (
+    compaction,
+    history,
+    hooks,
+    mcp_glue,
+    permissions_glue,
+    plan,
+    rewind,
+    sessionops,
+    todos,
+)
 from ds4agent.agent import events as ev
 from ds4agent.agent.compaction import MIN_RESERVE, RESULT_RESERVE, compact_threshold
 from ds4agent.agent.decode import TokenStream
@@ -32,7 +42,9 @@ from ds4agent.agent.journal import Journal
 from ds4agent.agent.port import AgentIO
 from ds4agent.agent.prompt import SystemText
 from ds4agent.agent.settings import AgentSettings
+from ds4agent.agent.skills import SkillSet
 from ds4agent.agent.stream import TURN_END, AssistantStream, Coalescer, RoundEnd, RoundResult
+from ds4agent.agent.subagent import TaskTool
 from ds4agent.agent.trace import TraceLog
 from ds4agent.agent.transcript import Transcript
 from ds4agent.engine import DutyCycle, EngineLost, Interrupted, Sampler
@@ -41,6 +53,7 @@ from ds4agent.protocol.template import THINK_MAX_MIN_CTX
 from ds4agent.protocol.tokenizer import Piece, Tokenizer
 from ds4agent.sessions.undo import UndoLog
 from ds4agent.tools import Tool, ToolContext, attach, default_tools, run_tool
+from ds4agent.tools.args import unencodable
 from ds4agent.tools.leftovers import remove_stale_temps
 from ds4agent.tools.mcp import McpConfig, McpServers, missing_tool_text
 from ds4agent.tools.permissions import PermissionPolicy
@@ -92,6 +105,8 @@ class Worker:
         self.builtin_tools: list[Tool] = list(tools) if tools is not None else default_tools(settings.edit_upto)
         self.mcp_config = mcp
         self.mcp: McpServers | None = None  # started by startup() when mcp names servers
+        self.skills = SkillSet()  # found with the system prefix (sessionops.render_system)
+        self.hooks = hooks.AgentHooks()  # none until startup reads them
         self.policy = policy if policy is not None else PermissionPolicy(settings.permission)
         self.tool_ctx = ToolContext(cwd=settings.cwd, should_stop=io.should_stop, on_write=self._record_write,
                                     edit_upto=settings.edit_upto)
@@ -124,7 +139,8 @@ class Worker:
 
     @property
     def tools(self) -> list[Tool]:
-        return self.builtin_tools + list(mcp_glue.tools(self))
+        task = [TaskTool(self, self.hooks)] if self.settings.subagents else []
+        return self.builtin_tools + list(mcp_glue.tools(self)) + list(self.skills.tools()) + task
 
     def startup(self) -> bool:
         try:
@@ -142,6 +158,7 @@ class Worker:
         self.trace.line("worker start")
         # Asked before the model loads; the servers then start while it loads.
         mcp_glue.start(self)
+        self.hooks = hooks.start(self)  # a project's hooks file is asked about then too
         # Temp files of a write killed in an earlier run (crash, kill -9) go before any tool runs.
         for path in remove_stale_temps(self.settings.cwd):
             self.trace.line(f"removed a stale write temp {path}")
@@ -268,6 +285,10 @@ class Worker:
 
     def cmd_turn(self, text: str, queued: bool = False) -> None:
         t0 = time.monotonic()
+        prompt = self.hooks.prompt_submitted(self, text)
+        if prompt is None:
+            return  # a UserPromptSubmit hook blocked it (and said why)
+        text = prompt
         self.io.emit(ev.UserTurn(text, queued=queued))
         if not self.transcript.at_turn_boundary():
             # Defensive: a transcript must end at a boundary before a user turn (an EOS closes
@@ -321,6 +342,9 @@ class Worker:
                 # then must keep the round that asked for it.
                 sessionops.journal_write(self)
                 more = self._after_round(result)
+                if result.reason == RoundEnd.CONTEXT_FULL and compaction.mid_response(self):
+                    self._append_results([compaction.CONTINUE_NOTE])  # the turn goes on, compacted
+                    more = True
                 sessionops.journal_write(self)
                 if not more:
                     reason = TURN_END.get(result.reason, ev.TurnEnd.DONE)
@@ -340,6 +364,7 @@ class Worker:
             self.generated = 0
         self.io.emit(ev.TurnEnded(reason, rounds=rounds, generated=total_generated,
                                   seconds=round(time.monotonic() - t0, 3), error=error))
+        self.hooks.stopped(self, reason)
         # The reference's footer after a failed turn reads `error: MSG` until the next action;
         # the agent is idle all the same (Agent.busy is what gates input).
         if error:
@@ -431,6 +456,11 @@ class Worker:
         cap = min(self.settings.round_tokens, room)
         if cap <= 0:
             raise TurnAborted("context full: no room left to generate")
+        # A round that would run into the end of the context stops while a compaction still fits
+        # after it (its request and summary need room); the turn then goes on compacted.
+        early = room - compaction.MIDTURN_RESERVE
+        room_stop = 0 < early < cap
+        cap = early if room_stop else cap
         assist = EditAssist(self.tool_ctx, tok.encode_untrusted)
         stream = AssistantStream(tok, thinking=self._mode_for_prompt() != "nothink", watch=assist.observe)
         out = Coalescer(self.io.emit)
@@ -493,6 +523,8 @@ class Worker:
                     self.emit_status()
         if tokens.interrupted:
             reason = RoundEnd.INTERRUPTED
+        elif reason == RoundEnd.TOKEN_CAP and room_stop:
+            reason = RoundEnd.CONTEXT_FULL
         dt = time.monotonic() - t0
         if n and dt > 0:
             self.decode_tps = n / dt
@@ -645,7 +677,7 @@ class Worker:
         call: it follows this round's results (_append_results). Once the user interrupts, the
         remaining calls are not run; a fixed text answers each of them."""
         texts: list[str] = []
-        bad = next((why for _, args in calls if (why := _unencodable(args)) is not None), None)
+        bad = next((why for _, args in calls if (why := unencodable(args)) is not None), None)
         if bad is not None:
             # Checked for the whole block before any call runs: text that cannot be UTF-8 fails
             # later (journal, transcript, the next prompt), after a write would have happened.
@@ -673,14 +705,14 @@ class Worker:
             self.io.emit(ev.ToolResult(index, name, False, text))
             return text
         self.set_state(ev.State.TOOL, detail=name)
-        refusal = permissions_glue.permit(self, tool, args)
+        refusal = self.hooks.before_tool(self, name, args) or permissions_glue.permit(self, tool, args)
         if refusal is not None:
             self.io.emit(ev.ToolResult(index, name, False, refusal))
             return refusal
         t0 = time.monotonic()
         self.trace.line(f"tool {name} {args!r}")
         result = run_tool(name, args, self.tool_ctx, tools)
-        result = permissions_glue.after_run(self, name, args, result)
+        result = self.hooks.after_tool(self, name, args, permissions_glue.after_run(self, name, args, result))
         elapsed = time.monotonic() - t0
         self.io.emit(ev.ToolResult(index, name, bool(result.ok), result.text, result.display, round(elapsed, 3)))
         todos.after_tool(self, result.display)
@@ -751,28 +783,3 @@ def _describe(engine: Engine) -> str:
             pass
     cfg = getattr(engine, "config", None)
     return str(getattr(cfg, "name", None) or type(engine).__name__)
-
-
-def _unencodable(value: object, where: str = "") -> str | None:
-    """Why `value` (a call's arguments) cannot be written as UTF-8: a lone surrogate (a JSON
-    "\\ud800" escape) in some string; None when it can."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as err:
-            return f"argument {where or 'text'} holds a lone surrogate (U+{ord(value[err.start]):04X})"
-        return None
-    if isinstance(value, Mapping):
-        items: Iterable[tuple[object, object]] = value.items()
-    elif isinstance(value, list | tuple):
-        items = enumerate(value)
-    else:
-        return None
-    for key, item in items:
-        name = f"{where}.{key}" if where else str(key)
-        why = _unencodable(key, name) if isinstance(key, str) else None
-        if why is None:
-            why = _unencodable(item, name)
-        if why is not None:
-            return why
-    return None

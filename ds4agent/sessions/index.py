@@ -47,6 +47,13 @@ def index_path(kv_dir: str | os.PathLike[str]) -> Path:
     return d.parent / (d.name + ".index.json")
 
 
+def subagents_path(kv_dir: str | os.PathLike[str], sid: str) -> Path:
+    """A saved session's subagent transcripts (written by the agent), beside the KV directory for
+    the same reason as the index: `~/.ds4/kvcache.subagents/<id>.json`."""
+    d = Path(kv_dir)
+    return d.parent / (d.name + ".subagents") / f"{sid}.json"
+
+
 class SessionIndex:
     def __init__(self, kv_dir: str | os.PathLike[str]) -> None:
         self.kv_dir = Path(kv_dir)
@@ -127,7 +134,11 @@ def find_entry(kv_dir: str | os.PathLike[str], prefix: str) -> tuple[str, IndexE
 def remove_session_extras(kv_dir: str | os.PathLike[str], sid: str,
                           undo_root: str | os.PathLike[str] | None = None) -> None:
     """After a session file is deleted (`kv rm`, the picker): drop its index entry and its code
-    undo log. Best effort: the deletion itself already happened."""
+    undo log and subagent transcripts. Best effort: the deletion itself already happened."""
+    try:
+        subagents_path(kv_dir, sid).unlink(missing_ok=True)
+    except (OSError, ValueError):
+        pass
     try:
         entry = SessionIndex(kv_dir).forget(sid)
     except OSError:

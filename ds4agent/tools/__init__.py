@@ -25,9 +25,11 @@ Public modules with their own API:
     todo.py         the model's task list: TodoTool, TodoItem, TodoDisplay, items_from_result()
     mcp/            tools from the user's MCP servers: load_config, McpServers, mcp_tools (its
                     own package; importing it does not import the SDK)
+    hooks.py        the user's and the project's hooks files (load_hooks) and running one hook
+                    inside the job boundary (run_hook); what a hook's verdict means is the agent's
 
 Internal modules: registry.py (the table), context.py, results.py, args.py (argument coercion),
-textlines.py (lines and line endings of file bytes),
+textlines.py (lines and line endings of file bytes; args.unencodable: text UTF-8 cannot hold),
 jobs.py (background processes), bash.py, listing.py, beneath.py (opening and replacing files
 beneath their resolved path, no link followed), regular.py (regular files only, read in bounded
 pieces), search.py (ripgrep, the `ripgrep` wheel's rg, as a killable child process).

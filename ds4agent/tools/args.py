@@ -7,13 +7,14 @@ agent does (agent-reference.md §5), so a sloppy `max_lines="50 lines"` still re
 
     arg_str, arg_int, arg_float, arg_bool   one argument, with its default
     parse_int, parse_float                  the strict parses underneath
+    unencodable(args)                       why a call's arguments cannot be written as UTF-8
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal, overload
 
 from ds4agent.tools.results import ToolError
@@ -123,3 +124,28 @@ def arg_bool(args: Mapping[str, Any], name: str, default: bool) -> bool:
         if s in _FALSE:
             return False
     return default
+
+
+def unencodable(value: object, where: str = "") -> str | None:
+    """Why `value` (a call's arguments) cannot be written as UTF-8: a lone surrogate (a JSON
+    "\\ud800" escape) in some string; None when it can."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            return f"argument {where or 'text'} holds a lone surrogate (U+{ord(value[err.start]):04X})"
+        return None
+    if isinstance(value, Mapping):
+        items: Iterable[tuple[object, object]] = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        name = f"{where}.{key}" if where else str(key)
+        why = unencodable(key, name) if isinstance(key, str) else None
+        if why is None:
+            why = unencodable(item, name)
+        if why is not None:
+            return why
+    return None

@@ -174,6 +174,8 @@ class Ds4App(App):
 
     def on_agent_ready(self, message: AgentReady) -> None:
         self.agent = message.agent
+        for note in commands.use_custom_commands(self.agent):
+            self.call_later(self.conversation.note, note, "warning")
         pending, self._pre_agent = self._pre_agent, []
         for text in pending:
             self.agent.submit(text)
@@ -248,10 +250,21 @@ class Ds4App(App):
             ev.CompactionStarted: self._show_compaction_started, ev.CompactionDelta: self._show_compaction_delta,
             ev.CompactionDone: self._show_compaction_done, ev.Exited: self._show_exited,
             ev.TodoList: self._show_todos,
+            ev.SubagentStarted: self._show_subagent_started, ev.SubagentDelta: self._show_subagent_delta,
+            ev.SubagentEnded: self._show_subagent_ended,
         })
 
     async def _show_todos(self, e: ev.TodoList, n: int) -> None:
         self.query_one(TodoPanel).set_items(e.items)
+
+    async def _show_subagent_started(self, e: ev.SubagentStarted, n: int) -> None:
+        await self.conversation.subagent_start(e.id, e.goal, e.writes)
+
+    async def _show_subagent_delta(self, e: ev.SubagentDelta, n: int) -> None:
+        self.conversation.subagent_delta(e.id, e.kind, e.text, n)
+
+    async def _show_subagent_ended(self, e: ev.SubagentEnded, n: int) -> None:
+        self.conversation.subagent_end(e.id, e.summary, e.reason, e.rounds, e.generated, e.seconds)
 
     async def _show_status(self, e: ev.Status, n: int) -> None:
         self.status_model.apply_status(e)
@@ -615,7 +628,7 @@ class Ds4App(App):
     async def _replay(self, heading: str, items) -> None:
         """Saved turns between a heading and the end-of-history line (after /load, /history)."""
         await self.conversation.note(heading, "muted")
-        await self.conversation.history(items)
+        await self.conversation.history(items, getattr(self.agent, "subagents", list)())
         await self.conversation.note(fmt.HISTORY_END, "muted")
 
     # ------------------------------------------------------------------ actions

@@ -45,6 +45,10 @@ def coalesce(events: Iterable[ev.Event]) -> list[tuple[ev.Event, int]]:
             if t is type(last):
                 if t in (ev.TextDelta, ev.ThinkingDelta, ev.CompactionDelta) or (
                     t is ev.ToolCallArgDelta and e.index == last.index and e.param == last.param  # type: ignore[attr-defined]
+                ) or (
+                    # a subagent's streamed reasoning or answer (one token each), per subagent
+                    t is ev.SubagentDelta and e.id == last.id and e.kind == last.kind  # type: ignore[attr-defined]
+                    and e.kind in ("thinking", "text")  # type: ignore[attr-defined]
                 ):
                     texts.append(e.text)  # type: ignore[attr-defined]
                     out[-1] = (last, n + weight(e))
@@ -57,7 +61,7 @@ def coalesce(events: Iterable[ev.Event]) -> list[tuple[ev.Event, int]]:
                     continue
         flush()
         out.append((e, weight(e)))
-        if isinstance(e, (ev.TextDelta, ev.ThinkingDelta, ev.CompactionDelta, ev.ToolCallArgDelta)):
+        if isinstance(e, (ev.TextDelta, ev.ThinkingDelta, ev.CompactionDelta, ev.ToolCallArgDelta, ev.SubagentDelta)):
             texts.append(e.text)
     flush()
     return out

@@ -48,6 +48,8 @@ class CommandAgent(Protocol):
     def set_permission_mode(self, mode: str) -> None: ...
     def toggle_plan(self) -> None: ...
     def set_power(self, percent: int | None = None) -> None: ...
+    def steer(self, text: str) -> bool: ...
+    def run_command(self, name: str, args: str = "") -> bool: ...
     def quit(self) -> None: ...
 
 
@@ -120,12 +122,37 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("power", "/power [N]", "let the device compute at most N% of the time, 1-100 (no N: "
                 "show it): keeps a laptop cool, same output",
                 takes=COUNT, agent_call=lambda a, c: a.set_power(int(c.arg) if c.arg else None)),
+    CommandSpec("steer", "/steer <text>", "guide the answer in progress: the model reads it after the "
+                "current tool call, nothing is cancelled", takes=TEXT, agent_call=lambda a, c: a.steer(c.arg)),
     CommandSpec("copy", "/copy", "copy the last answer to the clipboard"),
     CommandSpec("quit", "/quit", "leave (asks to save unsaved turns)", agent_call=lambda a, c: a.quit()),
     CommandSpec("exit", "/exit", "same as /quit"),
 )
 
 BY_NAME = {c.name: c for c in COMMANDS}
+
+# The custom commands of the project and the user (agent/custom_commands.py), as table entries:
+# filled by use_custom_commands when a front end gets its agent; a built-in name is never taken.
+CUSTOM: dict[str, CommandSpec] = {}
+
+
+def use_custom_commands(agent: object) -> list[str]:
+    """Load the agent's custom commands into the table (/help, Tab, parsing); returns the notes
+    about command files that cannot be used, for the front end to show."""
+    find = getattr(agent, "custom_commands", None)
+    CUSTOM.clear()
+    if find is None:
+        return []
+    found, notes = find(frozenset(BY_NAME))
+    for c in found:
+        CUSTOM[c.name] = CommandSpec(c.name, c.usage, c.help, takes=TEXT,
+                                     agent_call=lambda a, cmd: a.run_command(cmd.name, cmd.arg))
+    return list(notes)
+
+
+def all_commands() -> tuple[CommandSpec, ...]:
+    """The built-in commands, then the custom ones."""
+    return COMMANDS + tuple(CUSTOM.values())
 
 KEYS_HELP: tuple[tuple[str, str], ...] = (
     ("Enter", "send (queue while the model works)"),
@@ -157,6 +184,18 @@ PLAIN_KEYS_HELP: tuple[tuple[str, str], ...] = (
     ("Up / Down", "input history"),
     ("Tab", "complete a /command or an @path"),
     ("Shift+Tab", "plan mode on / off (also /plan)"),
+)
+
+# The files that add to the agent (read from the working tree's root; each also from the user
+# config directory, without the leading `.ds4agent/`): what /help and --help say about them.
+FILES_HELP: tuple[tuple[str, str], ...] = (
+    (".ds4agent/commands/<name>.md", "a custom /<name> command: the file is the prompt, $ARGUMENTS the "
+     "rest of the line"),
+    (".ds4agent/skills/<name>/SKILL.md", "a skill: the model sees its description and reads it with the "
+     "skill tool when needed"),
+    (".ds4agent/hooks.json", "hooks: commands run before and after tools, on each message and when a "
+     "turn ends (exit 2 blocks); a project's asks once"),
+    ("AGENTS.md", "project instructions, added to the system text"),
 )
 
 # A second Ctrl+C on an empty idle prompt within this many seconds quits (both front ends).
@@ -197,6 +236,8 @@ def parse(text: str) -> ParsedCommand:
     line = text.strip()
     head, _, rest = line.partition(" ")
     name = head[1:].lower()
+    if name in CUSTOM:
+        return ParsedCommand(name, rest.strip(), head)
     if name not in BY_NAME:
         # A typo keeps about the length ("/lsit"), a shortening is a prefix ("/hist"); a word of
         # another length is another word, not a typo ("/model" is not "/del").
@@ -226,7 +267,8 @@ def _check_arg(spec: CommandSpec, typed: str, arg: str) -> None:
 
 def check_allowed(cmd: ParsedCommand, busy: bool) -> None:
     """The agent's busy rule, said before the agent is asked (it would refuse all the same)."""
-    if busy and cmd.name not in RUNS_WHILE_BUSY:
+    # A custom command is a message: while busy it is queued like typed text.
+    if busy and cmd.name not in RUNS_WHILE_BUSY and cmd.name not in CUSTOM:
         raise CommandError(idle_required(cmd.typed))
 
 
@@ -247,7 +289,8 @@ def prepare(line: str, *, busy: bool, failed_start: bool = False) -> ParsedComma
 
 def call_agent(cmd: ParsedCommand, agent: CommandAgent) -> None:
     """Run a command's agent call (CommandError for a malformed argument, e.g. /rewind x)."""
-    call = BY_NAME[cmd.name].agent_call
+    spec = BY_NAME.get(cmd.name) or CUSTOM.get(cmd.name)
+    call = spec.agent_call if spec is not None else None
     if call is None:
         raise CommandError(f"{cmd.typed} has nothing to ask of the agent")
     call(agent, cmd)
@@ -265,7 +308,7 @@ def completions(text: str) -> list[CommandSpec]:
     if not text.startswith("/") or " " in text or "\n" in text:
         return []
     prefix = text[1:].lower()
-    return [c for c in COMMANDS if c.name.startswith(prefix)]
+    return [c for c in all_commands() if c.name.startswith(prefix)]
 
 
 def think_mode(cmd: ParsedCommand) -> str:
@@ -299,9 +342,11 @@ def rewind_args(arg: str) -> tuple[int | None, str]:
 def help_sections(plain: bool = False) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
     """/help's content: (heading, ((what, meaning), ...)) for the commands and for the keys;
     plain: plain mode's keys (every command works in both front ends)."""
-    if plain:
-        return (("commands", tuple((c.usage, c.help) for c in COMMANDS)), ("keys", PLAIN_KEYS_HELP))
-    return (("commands", tuple((c.usage, c.help) for c in COMMANDS)), ("keys", KEYS_HELP))
+    sections: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+        ("commands", tuple((c.usage, c.help) for c in COMMANDS)),)
+    if CUSTOM:
+        sections += (("custom commands", tuple((c.usage, c.help) for c in CUSTOM.values())),)
+    return sections + (("keys", PLAIN_KEYS_HELP if plain else KEYS_HELP), ("files", FILES_HELP))
 
 
 def help_text(width: int | None = None, *, plain: bool = False) -> str:

@@ -368,6 +368,8 @@ def turn_end_note(reason: str, error: str = "", generated: int | None = None) ->
         return (INTERRUPTED_UNREAD if generated == 0 else "interrupted"), "warning"
     if reason == "token_cap":
         return "[the round stopped at the token limit (--tokens)]", "warning"
+    if reason == "context_full":
+        return "[the answer filled the context and compaction could not free room]", "warning"
     if reason == "error" and error:
         return error, "error"
     return None

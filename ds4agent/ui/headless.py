@@ -135,6 +135,9 @@ class _Run:
             ev.ToolCallInvalid: lambda e, n: self.to_err(
                 f"  ✗ [{'invalid tool call: ' if e.kind == 'error' else ''}{e.reason}]\n"),
             ev.CompactionStarted: lambda e, n: self.to_err(f"[compacting context: {e.reason}]\n"),
+            ev.SubagentStarted: lambda e, n: self.to_err(f"⎇ subagent: {_first_line(e.goal)}\n"),
+            ev.SubagentEnded: lambda e, n: self.to_err(
+                f"  ⎇ subagent {e.reason} ({e.rounds} rounds, {e.generated} tokens): {_first_line(e.summary)}\n"),
             ev.Notice: self._notice,
         })
 
@@ -160,6 +163,14 @@ class _Run:
 
     # ------------------------------------------------------------------ control
     def _ready(self, e: ev.Ready, n: int) -> int | None:
+        name, _, args = self.prompt.strip().partition(" ")
+        custom = getattr(self.agent, "custom_commands", None)
+        if name.startswith("/") and custom is not None and name[1:] in {c.name for c in custom()[0]}:
+            # `-p "/review src/x.py"`: a custom command's prompt, as typed in the app
+            if not self.agent.run_command(name[1:], args):
+                return EXIT_FAIL
+            self.submitted = True
+            return None
         if not self.agent.submit(self.prompt):
             self.to_err("ds4agent: the prompt is empty\n")
             return EXIT_FAIL

@@ -112,6 +112,13 @@ class PlainRenderer:
             ev.CompactionDone: lambda e, n: self.close_stream(),
             ev.PermissionRequest: self._question, ev.Question: self._question, ev.Exited: self._exited,
             ev.TodoList: self._todos,
+            # A line mode shows a subagent's start, its calls and its outcome, not its stream.
+            ev.SubagentStarted: lambda e, n: self.line(f"⎇ subagent: {fmt.clip(e.goal, 100)}", "muted"),
+            ev.SubagentDelta: lambda e, n: (self.line(f"  ⎇ {fmt.clip(e.text, 100)}", "muted")
+                                            if e.kind == "tool" else None),
+            ev.SubagentEnded: lambda e, n: self.line(
+                f"⎇ subagent {e.reason} ({e.rounds} rounds, {e.generated} tokens, {e.seconds:.1f} s): "
+                f"{fmt.clip(e.summary, 100)}", "muted"),
         })
 
     def _todos(self, e: ev.TodoList, n: int) -> None:
@@ -261,6 +268,8 @@ class PlainFrontEnd:
         # Interactive runs ring the terminal (ui/notify.py) through `ring`; line mode does not.
         self.notifier: Notifier | None = None
         self.ring: Callable[[str], None] = lambda seq: None
+        for note in commands.use_custom_commands(agent):
+            renderer.line(note, "warning")
 
     def pump(self) -> int:
         events = self.agent.poll_events(bridge.MAX_EVENTS_PER_DRAIN)

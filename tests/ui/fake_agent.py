@@ -104,6 +104,17 @@ class FakeAgent:
     def set_power(self, percent: int | None = None) -> None:
         self.calls.append(("power", percent))
 
+    def custom_commands(self, reserved=frozenset()):
+        return [], []
+
+    def run_command(self, name: str, args: str = "") -> bool:
+        self.calls.append(("run_command", name, args))
+        return True
+
+    def steer(self, text: str) -> bool:
+        self.calls.append(("steer", text))
+        return True
+
     def quit(self) -> None:
         self.calls.append(("quit",))
         self.emit(ev.Exited(0))

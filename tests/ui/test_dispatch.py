@@ -68,8 +68,14 @@ def test_power_needs_a_whole_number_and_runs_while_busy():
     assert agent.calls == [("set_power", 10)]
 
 
+def test_steer_takes_text_and_runs_while_busy():
+    agent = _Recorder()
+    commands.call_agent(commands.prepare("/steer use the v2 API instead", busy=True), agent)
+    assert agent.calls == [("steer", "use the v2 API instead")]
+
+
 def test_the_busy_rule_shown_is_the_agents():
-    assert {c.name for c in commands.COMMANDS if c.runs_while_busy} == set(RUNS_WHILE_BUSY) == {"help", "save", "list", "power"}
+    assert {c.name for c in commands.COMMANDS if c.runs_while_busy} == set(RUNS_WHILE_BUSY) == {"help", "save", "list", "power", "steer"}
     with pytest.raises(commands.CommandError, match="^command requires the model to be idle: /switch$"):
         commands.prepare("/switch ab", busy=True)
     with pytest.raises(commands.CommandError, match="^usage: /rewind"):

@@ -172,3 +172,25 @@ def test_the_printed_resume_hint_works_as_printed_and_another_model_is_refused(t
     assert f"load cancelled: session {sid} belongs to another model" in moved.stderr
     assert "cannot continue: the session did not load; nothing was run" in moved.stderr
     assert sorted(p.name for p in (tmp_path / "kv").glob("*.kv")) == before
+
+
+def test_a_custom_command_as_the_prompt_sends_its_file(tmp_path, tools):
+    cmd = tmp_path / "work/.ds4agent/commands/review.md"
+    cmd.parent.mkdir(parents=True)
+    cmd.write_text("Review $ARGUMENTS for bugs.")
+    h = AgentHarness.build(tmp_path, [reply("Reviewed.", think="t")], tools=tools, start=False,
+                           config_dir=tmp_path / "conf")
+    out, err = io.StringIO(), io.StringIO()
+    assert headless.run(h.agent, "/review src/x.py", out=out, err=err, timeout=30) == 0
+    assert out.getvalue() == "Reviewed.\n"
+    assert b"Review src/x.py for bugs.<" in h.text()
+
+
+def test_subagent_lines_on_stderr(tmp_path, tools):
+    agent = _agent(tmp_path, tools, [reply("", think="t", calls=[("task", {"goal": "look around"})]),
+                                     reply("Nothing odd.", think="t"), reply("Fine.", think="t")],
+                   subagents=True)
+    out, err = io.StringIO(), io.StringIO()
+    assert headless.run(agent, "check", out=out, err=err, timeout=30) == 0
+    assert "⎇ subagent: look around\n" in err.getvalue()
+    assert "  ⎇ subagent done (1 rounds, " in err.getvalue() and "tokens): Nothing odd.\n" in err.getvalue()

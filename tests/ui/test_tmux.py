@@ -202,3 +202,48 @@ def test_plain_mode_in_tmux_prompt_status_line_and_quit(tmp_path, tiny_model):
         assert "Save current session? (y = save, n = don't save, c = cancel) n\nnot saved\nEXITED-0" in screen
     finally:
         tmux.kill()
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install -y tmux)")
+def test_subagent_card_runs_stops_on_ctrl_c_and_unfolds_at_80x24(tmp_path):
+    repo = Path(__file__).resolve().parents[2]
+    tmux = Tmux({**_env(tmp_path), "PYTHONPATH": str(repo)})
+    command = f"cd {repo} && {sys.executable} -m tests.ui.subagent_app {tmp_path}; echo EXITED-$?; sleep 30"
+    try:
+        tmux.run("-f", "/dev/null", "new-session", "-d", "-s", "app", "-x", "80", "-y", "24", command)
+        tmux.run("resize-window", "-t", "app", "-x", "80", "-y", "24")
+        tmux.wait_for(lambda s: _status_line(s).startswith("idle"), "idle", timeout=60)
+        tmux.type("survey it")
+        tmux.key("Enter")
+        # the card running, its live tail showing what the subagent writes
+        tmux.wait_for(lambda s: "subagent · survey the parser module" in s and "running ·" in s
+                      and any("│" in line and "working" in line for line in s.splitlines()),
+                      "the subagent card running")
+        tmux.key("C-c")
+        stopped = tmux.wait_for(lambda s: "stopped ·" in s and _status_line(s).startswith("idle"),
+                                "the subagent stopped by Ctrl+C")
+        assert "Subagent interrupted" in stopped
+        tmux.type("where is parse?")
+        tmux.key("Enter")
+        done = tmux.wait_for(lambda s: "It is in a.py." in s and _status_line(s).startswith("idle"), "the answer")
+        assert "find where parse is defined" in done and "done ·" in done
+        assert "parse is defined in a.py line 3." in done  # the folded card shows its summary
+        assert all(len(line) <= 80 for line in done.splitlines())
+        tmux.key("C-o")  # the last card: the subagent's, unfolded with its transcript
+        unfolded = tmux.wait_for(lambda s: "⏺ read" in s and "▾" in s, "the unfolded transcript")
+        assert "⎿ 1 import os" in unfolded
+        assert _status_line(unfolded).startswith("idle")  # the status bar is still on screen
+        # Saved with the session: after /new and /load the replayed turns show the card again.
+        tmux.type("/save")
+        tmux.key("Enter")
+        saved = tmux.wait_for(lambda s: re.search(r"saved session ([0-9a-f]{8})", s) is not None, "saved")
+        sid = re.search(r"saved session ([0-9a-f]{8})", saved).group(1)
+        tmux.type("/new")
+        tmux.key("Enter")
+        tmux.wait_for(lambda s: "find where parse is defined" not in s, "a new session")
+        tmux.type(f"/load {sid}")
+        tmux.key("Enter")
+        loaded = tmux.wait_for(lambda s: "⎇ subagent · find where parse is defined" in s, "the replayed card")
+        assert "done ·" in loaded and "parse is defined in a.py line 3." in loaded
+    finally:
+        tmux.kill()

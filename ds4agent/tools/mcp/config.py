@@ -225,8 +225,9 @@ class Approvals:
     An answer counts only for the exact file it was given for: a changed file is asked about again.
     """
 
-    def __init__(self, config_dir: Path) -> None:
-        self.path = Path(config_dir) / APPROVALS_FILE
+    def __init__(self, config_dir: Path, filename: str = APPROVALS_FILE) -> None:
+        # filename: the hooks' approvals (agent/hooks.py) are kept the same way, in a file of their own
+        self.path = Path(config_dir) / filename
 
     def _load(self) -> dict[str, Any]:
         data = _read(self.path)

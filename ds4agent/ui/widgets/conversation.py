@@ -20,6 +20,7 @@ from textual.widgets.markdown import MarkdownStream
 
 from ds4agent.ui import codeview, toolview
 from ds4agent.ui.fmt import clip
+from ds4agent.ui.widgets.subagent_card import SubagentCard
 
 THINKING_TAIL_LINES = 4  # lines of live reasoning shown while it streams
 # Textual lays out every mounted widget on each reflow, so a session of thousands of blocks would
@@ -270,6 +271,7 @@ class Conversation(VerticalScroll, can_focus=False):
         self.thinking: ThinkingBlock | None = None
         self.answer: AssistantMessage | None = None
         self.cards: dict[int, ToolCard] = {}
+        self.subagents: dict[str, SubagentCard] = {}
         self.last_answer_text = ""
         self._turn_answer: list[str] = []
         self.thinking_expanded = False
@@ -362,6 +364,24 @@ class Conversation(VerticalScroll, can_focus=False):
         await self.close_streams()
         await self.mount(InvalidCallCard(reason, raw, kind))
 
+    # -- subagents (the task tool) ---------------------------------------------------------------
+    async def subagent_start(self, sid: str, goal: str, writes: bool = False) -> None:
+        await self.close_streams()
+        card = SubagentCard(sid, goal, writes=writes)
+        self.subagents[sid] = card
+        await self.mount(card)
+
+    def subagent_delta(self, sid: str, kind: str, text: str, tokens: int = 1) -> None:
+        card = self.subagents.get(sid)
+        if card is not None:
+            card.delta(kind, text, tokens)
+
+    def subagent_end(self, sid: str, summary: str, reason: str, rounds: int, generated: int,
+                     seconds: float) -> None:
+        card = self.subagents.pop(sid, None)
+        if card is not None:
+            card.finish(summary, reason, rounds, generated, seconds)
+
     def new_round(self) -> None:
         self.cards = {}
 
@@ -400,10 +420,10 @@ class Conversation(VerticalScroll, can_focus=False):
         self.last_answer_text = ""
         self.anchor()
 
-    def toggle_card(self, card: ToolCard | None = None) -> bool:
+    def toggle_card(self, card: ToolCard | SubagentCard | None = None) -> bool:
         """Expand or collapse `card` (default: the last one). False when there is no card."""
         if card is None:
-            cards = list(self.query(ToolCard))
+            cards = list(self.query("ToolCard, SubagentCard"))
             if not cards:
                 return False
             card = cards[-1]
@@ -413,9 +433,11 @@ class Conversation(VerticalScroll, can_focus=False):
     async def compaction_delta(self, text: str, tokens: int = 1) -> None:
         await self.thinking_delta(text, tokens, kind="summary")
 
-    async def history(self, items) -> None:
-        """Replay of saved turns (after /load, /history): same widgets, nothing executed."""
+    async def history(self, items, subagents=()) -> None:
+        """Replay of saved turns (after /load, /history): same widgets, nothing executed.
+        `subagents`: the session's subagent records; a `task` call is followed by its card."""
         await self.close_streams()
+        pending = list(subagents)
         for item in items:
             if item.kind == "user":
                 await self.mount(UserMessage(item.text))
@@ -433,6 +455,11 @@ class Conversation(VerticalScroll, can_focus=False):
                 card.state = "ok"
                 card.status_text = "replayed"
                 await self.mount(card)
+                goal = str(item.args.get("goal", "")).strip() if item.name == "task" else None
+                record = next((r for r in pending if r.goal == goal), None)
+                if record is not None:
+                    pending.remove(record)
+                    await self.mount(SubagentCard.replay(record))
             elif item.kind == "tool_result":
                 await self.mount(Note("result: " + clip(item.text, 100), "muted"))
             else:
