@@ -8,7 +8,7 @@ import numpy as np
 from ds4agent.agent.subagent import run_subagent
 from ds4agent.engine import load_engine
 from ds4agent.protocol import template
-from tests.agent.conftest import RecTool
+from tests.support.rec_tool import RecTool
 from tests.support.agent_harness import AgentHarness
 
 CTX = 2048

@@ -15,7 +15,7 @@ from pathlib import Path
 from ds4agent.agent import Agent, AgentSettings
 from ds4agent.sessions.store import SessionStore
 from ds4agent.ui.app import Ds4App
-from tests.agent.conftest import RecTool
+from tests.support.rec_tool import RecTool
 from tests.support.scripted_engine import ScriptedEngine, reply
 
 TOKEN_PAUSE_S = 0.05  # per subagent token: its card is seen running
