@@ -6,4 +6,5 @@
                  (raw GGUF blocks, dequantised bit-exactly)
     cpu.py       the CPU path of QuantExperts: compiled kernels (cpu_kernels.py) over raw blocks
     metal.py     Metal kernels for IQ2_XXS / Q2_K / Q4_K (macOS)
+    mxfp4.py     ds4's MXFP4 GGUF blocks re-laid as MLX mxfp4, on MLX's gather_qmm (every device)
 """

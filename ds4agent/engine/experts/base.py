@@ -2,23 +2,30 @@
 
     ExpertWeights                       what model.py multiplies: gather_matmul(x, expert_ids)
     dense_experts(w)                    float weights -> DenseExperts
-    quant_experts(raw, qtype, shape)    raw GGUF blocks -> Metal kernels where a Metal device
-                                        exists and passes its self-check, else QuantExperts
+    quant_experts(raw, qtype, shape)    raw GGUF blocks -> MXFP4: MLX's own mxfp4 kernels on every
+                                        device (mxfp4.py); the other types: Metal kernels where a
+                                        Metal device exists and passes its self-check, else
+                                        QuantExperts
+    describe_experts(backends)          which backend runs, and why: "mxfp4 via MLX gather_qmm"
 
-The backends live in portable.py (MLX; its QuantExperts runs the CPU kernels of cpu.py on a CPU)
-and metal.py; they satisfy the protocol structurally and never import this module.
+The backends live in portable.py (MLX; its QuantExperts runs the CPU kernels of cpu.py on a CPU),
+metal.py and mxfp4.py; they satisfy the protocol structurally and never import this module.
+Each says what it is with `describe()` -> (weight type, how it multiplies).
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
 import mlx.core as mx
 import numpy as np
 
+from ds4agent.engine import quant
 from ds4agent.engine.errors import EngineError
 from ds4agent.engine.experts import metal
+from ds4agent.engine.experts.mxfp4 import Mxfp4Experts
 from ds4agent.engine.experts.portable import DenseExperts, QuantExperts, resident_blocks
 
 
@@ -33,6 +40,11 @@ class ExpertWeights(Protocol):
         -> [N, k, d_out] float32 (row n, slot j = W[expert_ids[n, j]] @ x[n] (or x[n, j]))."""
         ...
 
+    def describe(self) -> tuple[str, str]:
+        """(the weights' type, how they are multiplied and why that way), e.g.
+        ("Q2_K", "fast CPU kernels") or ("Q4_K", "portable MLX (Metal kernels failed self-check: ...)")."""
+        ...
+
 
 def dense_experts(w: Any) -> ExpertWeights:
     """w [n_experts, d_out, d_in] (f32/f16, an MLX or numpy array) -> the dense backend."""
@@ -40,9 +52,11 @@ def dense_experts(w: Any) -> ExpertWeights:
 
 
 def quant_experts(raw: Any, qtype: int, shape: Any, *, backend: str = "auto",
-                  shared: dict[tuple[int, int], mx.array] | None = None) -> ExpertWeights:
-    """The backend for raw expert blocks: Metal kernels where a Metal device exists (IQ2_XXS,
-    Q2_K, Q4_K), else the portable MLX backend. backend: "auto" | "portable" | "metal".
+                  shared: dict[tuple[int, int], Any] | None = None) -> ExpertWeights:
+    """The backend for raw expert blocks: MXFP4 always on MLX's own mxfp4 kernels (re-laid
+    losslessly, every device: `backend` does not apply); the other types on Metal kernels where
+    a Metal device exists (IQ2_XXS, Q2_K, Q4_K), else the portable MLX backend.
+    backend: "auto" | "portable" | "metal".
 
     shared: the loader's device copies of blocks already made, by (address, size) of the mapped
     bytes. A backend that keeps its blocks resident reuses the copy of the same bytes instead
@@ -52,10 +66,21 @@ def quant_experts(raw: Any, qtype: int, shape: Any, *, backend: str = "auto",
     """
     if backend not in ("auto", "portable", "metal"):
         raise EngineError(f"unknown expert backend {backend!r}")
+    key = None
+    if shared is not None and isinstance(raw, np.ndarray):
+        key = (int(raw.__array_interface__["data"][0]), int(raw.nbytes))
+    if qtype == quant.MXFP4:
+        # The re-laid arrays are the resident copy: tensors sharing one region share one backend.
+        if shared is None or key is None:
+            return Mxfp4Experts(raw, shape)
+        if key not in shared:
+            shared[key] = Mxfp4Experts(raw, shape)
+        return shared[key]
     want_metal = backend == "metal" or (
         backend == "auto" and qtype in metal.METAL_TYPES and metal_available()
     )
     cls: type[QuantExperts] = QuantExperts
+    problem = None
     if want_metal:
         problem = None if backend == "metal" else metal.self_check(qtype)
         if problem is None:
@@ -64,12 +89,26 @@ def quant_experts(raw: Any, qtype: int, shape: Any, *, backend: str = "auto",
             # Robust choice: a kernel that fails its one-time check must not take the engine
             # down; the portable backend computes the same values (slower).
             warnings.warn(f"{problem}; using the portable MLX expert backend", RuntimeWarning, stacklevel=2)
-    if shared is not None and isinstance(raw, np.ndarray) and cls.keeps_resident():
-        key = (int(raw.__array_interface__["data"][0]), int(raw.nbytes))
+    if shared is not None and key is not None and cls.keeps_resident():
         if key not in shared:
             shared[key] = resident_blocks(raw)
         raw = shared[key]
-    return cls(raw, qtype, shape)
+    ex = cls(raw, qtype, shape)
+    if problem is not None:
+        ex.fallback = f"Metal kernels failed self-check: {problem}"
+    return ex
+
+
+def describe_experts(backends: Iterable[Any]) -> str:
+    """One line naming the backends of the given expert tensors, types grouped by how they run:
+    "IQ2_XXS/Q2_K fast CPU kernels", "mxfp4 via MLX gather_qmm" ("none" for no tensors)."""
+    by_how: dict[str, list[str]] = {}
+    for ex in backends:
+        what, how = ex.describe()
+        kinds = by_how.setdefault(how, [])
+        if what not in kinds:
+            kinds.append(what)
+    return "; ".join(f"{'/'.join(kinds)} {how}" for how, kinds in by_how.items()) or "none"
 
 
 def metal_available() -> bool:

@@ -219,6 +219,9 @@ class MetalExperts(QuantExperts):
         # either kernel set.
         return True
 
+    def describe(self) -> tuple[str, str]:
+        return quant.type_name(self.qtype), "Metal kernels"
+
     def dequantize(self, experts) -> mx.array:
         """float32 [len(experts), d_out, d_in]; `experts` a list/numpy array or device ids."""
         if isinstance(experts, mx.array):

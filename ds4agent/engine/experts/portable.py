@@ -71,6 +71,9 @@ class DenseExperts:
             self._wt = mx.swapaxes(self.w, -1, -2)
         self.n_experts, self.d_out, self.d_in = (int(s) for s in w.shape)
 
+    def describe(self) -> tuple[str, str]:
+        return "dense float32", "via MLX gather_mm"
+
     def gather_matmul(self, x: mx.array, expert_ids: mx.array) -> mx.array:
         n, k = check_call(self, x, expert_ids)
         out = mx.gather_mm(_slot_inputs(x, n, k), self._wt, rhs_indices=expert_ids.astype(mx.uint32))
@@ -91,6 +94,9 @@ class MxExperts:
         self.d_in = int(wq.shape[2]) * 32 // bits
         if self.d_in != int(scales.shape[2]) * 32:
             raise EngineError(f"{mode} experts: {self.d_in} inputs do not match {scales.shape[2]} scale groups of 32")
+
+    def describe(self) -> tuple[str, str]:
+        return self.mode, "via MLX gather_qmm"
 
     def gather_matmul(self, x: mx.array, expert_ids: mx.array) -> mx.array:
         n, k = check_call(self, x, expert_ids)
@@ -135,6 +141,10 @@ class QuantExperts:
         an out-of-range id (top-k over n_experts scores; hash tables are checked at load).
     """
 
+    # Why this portable backend runs where a faster one was meant to (set by base.quant_experts
+    # when the Metal kernels fail their self-check), for `describe`.
+    fallback: str | None = None
+
     def __init__(self, raw, qtype: int, shape, *, group_bytes: int = DEFAULT_GROUP_BYTES):
         if qtype not in quant.EXPERT_TYPES:
             raise EngineError(f"routed experts of type {quant.type_name(qtype)} are not supported")
@@ -167,6 +177,19 @@ class QuantExperts:
     @property
     def nbytes(self) -> int:
         return self.n_experts * self.expert_bytes
+
+    def maps_file(self) -> bool:
+        """Whether calls read the blocks from the file's mapping (then its pages must stay)."""
+        return not isinstance(self.raw, mx.array)
+
+    def describe(self) -> tuple[str, str]:
+        if self.fallback is not None:
+            how = f"portable MLX ({self.fallback})"
+        elif self.host_ids:
+            how = "fast CPU kernels" if self._fast else "exact CPU kernels"
+        else:
+            how = "portable MLX dequantise + gather_mm"
+        return quant.type_name(self.qtype), how
 
     def _raw_of(self, experts: np.ndarray | mx.array) -> mx.array:
         if isinstance(experts, mx.array):

@@ -1,0 +1,95 @@
+"""A test model with ds4's native MXFP4 routed experts (`make-test-model --experts mxfp4`): written as
+ggml type 39, loaded through the engine onto MLX's mxfp4 gather_qmm, and the same model as the one
+built in memory from the same values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ds4agent import cli
+from ds4agent.engine import load_engine
+from ds4agent.engine.config import test_config
+from ds4agent.engine.device import forced_kernel_set
+from ds4agent.engine.experts.mxfp4 import Mxfp4Experts
+from ds4agent.engine.experts.portable import DenseExperts
+from ds4agent.engine.gguf import GGUFFile
+from ds4agent.engine.session import Engine
+from ds4agent.testmodels import make_test_model
+from ds4agent.testmodels.random_weights import random_tensors, weights_from_tensors
+
+TOKENS = [int(t) for t in np.random.default_rng(7).integers(3, 5000, 29)]
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mxfp4")
+    return make_test_model(d / "mx.gguf", "tiny", seed=0, experts="mxfp4"), make_test_model(d / "f16.gguf", "tiny", seed=0)
+
+
+def test_the_file_holds_type_39_experts_and_otherwise_the_f16_files_tensors(paths):
+    mx_path, f16_path = paths
+    with GGUFFile.open(mx_path) as a, GGUFFile.open(f16_path) as b:
+        assert set(a.tensors) == set(b.tensors)
+        for name, ti in a.tensors.items():
+            if "_exps." in name:
+                assert ti.ggml_type == 39 and ti.type_name == "MXFP4" and ti.shape == b.tensors[name].shape
+                assert ti.nbytes * 32 == ti.n_elements * 17  # 4.25 bits per weight
+            else:
+                assert ti.type_name == b.tensors[name].type_name
+                assert np.array_equal(a.raw(name), b.raw(name)), name  # the same draws, the same bytes
+    assert mx_path.stat().st_size < f16_path.stat().st_size
+
+
+@pytest.mark.parametrize("kernels", ["reference", "cpu"])
+def test_loads_onto_mlx_mxfp4_and_equals_the_model_built_from_the_same_values(paths, kernels):
+    with forced_kernel_set(kernels):
+        _loads_onto_mlx_mxfp4(paths, kernels)
+
+
+def _loads_onto_mlx_mxfp4(paths, kernels):
+    cfg = test_config("tiny")
+    eng = load_engine(paths[0], ctx=64)
+    for layer in eng.weights.layers:
+        for ex in (layer.ffn.gate_exps, layer.ffn.up_exps, layer.ffn.down_exps):
+            assert type(ex) is Mxfp4Experts
+    assert eng.quant_bits == 4  # a 4-bit expert type: what its session files record
+    tensors = random_tensors(cfg, 0, experts="mxfp4")
+    built = Engine(config=cfg, weights=weights_from_tensors(cfg, tensors, quantize_q8=True, mxfp4_experts=True), ctx=64)
+    dense = Engine(config=cfg, weights=weights_from_tensors(cfg, tensors, quantize_q8=True), ctx=64)
+    assert type(dense.weights.layers[0].ffn.gate_exps) is DenseExperts
+    logits = []
+    for engine in (eng, built, dense):
+        s = engine.new_session()
+        s.sync(TOKENS)
+        logits.append(np.array(s.logits))
+    got, same, twin = logits
+    assert np.array_equal(got, same)  # the file's blocks are the values' blocks, re-laid alike
+    # Against the dequantised twin: float32 rounding in the expert products, which the engine's
+    # rounding simulations (f16 rows, fp8/fp4 steps) turn into a flipped rounding now and then:
+    # the rounding-on contract of the oracle tests (1e-3 of the largest logit) applies. Measured
+    # 6.0e-5 (reference set) and 5.9e-6 (fast CPU set) of the largest logit.
+    assert np.abs(got - twin).max() <= 1e-3 * max(1.0, np.abs(twin).max())
+    assert got.argmax() == twin.argmax()
+    assert np.isfinite(got).all() and 0.1 < float(np.std(got)) < 100
+
+
+def test_cli_writes_mxfp4_for_a_test_config_and_still_refuses_q2(tmp_path, capsys):
+    out = tmp_path / "m.gguf"
+    assert cli.main(["make-test-model", str(out), "--config", "micro", "--experts", "mxfp4", "--seed", "2"]) == 0
+    assert "micro, mxfp4 experts, seed 2" in capsys.readouterr().out
+    with GGUFFile.open(out) as gf:
+        assert gf.tensors["blk.0.ffn_down_exps.weight"].type_name == "MXFP4"
+    assert cli.main(["make-test-model", str(tmp_path / "q.gguf"), "--config", "micro", "--experts", "q4"]) == 2
+    assert "--experts mxfp4 applies to every config" in capsys.readouterr().err
+
+
+def test_a_flash_layout_mxfp4_plan_has_ds4s_block_sizes():
+    from ds4agent.engine.config import flash_config
+    from ds4agent.testmodels.flash import plan_layout
+
+    layout = plan_layout(flash_config(), "mxfp4")
+    routed = [p for p in layout.tensors if "_exps." in p.spec.name]
+    assert {p.spec.ggml_type for p in routed} == {"MXFP4"}
+    assert sum(p.nbytes for p in routed) == 43 * 3 * 256 * 2048 * 4096 // 32 * 17  # 82.8 GB: the release
+    assert layout.max_file_bytes < 12 << 30
