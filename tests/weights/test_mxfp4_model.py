@@ -93,3 +93,23 @@ def test_a_flash_layout_mxfp4_plan_has_ds4s_block_sizes():
     assert {p.spec.ggml_type for p in routed} == {"MXFP4"}
     assert sum(p.nbytes for p in routed) == 43 * 3 * 256 * 2048 * 4096 // 32 * 17  # 82.8 GB: the release
     assert layout.max_file_bytes < 12 << 30
+
+
+def test_the_file_pages_of_mxfp4_experts_are_dropped_once_re_laid(paths, monkeypatch):
+    """The re-laid arrays are the only copy kept: like every converted tensor, the experts' file
+    pages are released after the load reads them (a Q4_K tensor's stay mapped: its CPU kernels
+    read the selected experts from the map). Measured on the small config after a prefill:
+    2 MiB of the file resident for mxfp4 against 15 MiB for q4, peak RSS 426 vs 425 MiB."""
+    released: list[str] = []
+    real = GGUFFile.release
+
+    def release(self, name):
+        released.append(name)
+        return real(self, name)
+
+    monkeypatch.setattr(GGUFFile, "release", release)
+    eng = load_engine(paths[0], ctx=64)
+    experts = {n for n in eng.gguf.tensors if "_exps." in n}
+    assert experts and experts <= set(released)
+    assert not any(ex.maps_file() for layer in eng.weights.layers
+                   for ex in (layer.ffn.gate_exps, layer.ffn.up_exps, layer.ffn.down_exps))
