@@ -13,6 +13,7 @@ import sys
 
 from ds4agent.engine.device import Device, choose_device
 from ds4agent.engine.errors import EngineError
+from ds4agent.engine.experts.base import planned_experts
 from ds4agent.engine.gguf import GGUFFile
 from ds4agent.engine.memory import MemoryPlan, ModelInfo, binary_size, model_info, rank_plans
 from ds4agent.engine.pipeline.split import plan_ranges
@@ -45,6 +46,7 @@ def format_rank_plans(ranges: list[tuple[int, int]], plans: list[MemoryPlan], ct
 def format_info(info: ModelInfo, device: Device | None = None) -> str:
     """The report; `device` (device.Device) adds the line saying where the engine would compute."""
     c = info.config
+    routed = "+".join(t for g in info.groups if g.name == "routed experts" for t in g.types)
     kind = {
         "flash": "DeepSeek V4 Flash (strict metadata check passed)",
         "test": "ds4agent test model (permissive metadata check)",
@@ -65,6 +67,8 @@ def format_info(info: ModelInfo, device: Device | None = None) -> str:
         f"{c.indexer_dim} top-{c.indexer_top_k}",
         f"experts     {c.n_experts} routed ({c.n_experts_used} used, width {c.expert_ffn}), "
         f"{c.n_shared_experts} shared, {c.n_hash_layers} hash-routed layers",
+        *([f"            routed types {routed}; experts: {planned_experts(routed.split('+'), device.kind)}"]
+          if device and routed else []),
         "quant types " + ", ".join(
             f"{t} {n} tensors {binary_size(b)}" for t, (n, b) in sorted(info.types.items(), key=lambda kv: -kv[1][1])
         ),

@@ -37,6 +37,7 @@ def test_agent_turns_save_and_load_on_mxfp4_experts(tmp_path, mxfp4_model):
     kv = SessionStore(tmp_path / "kv")
     a = _agent(tmp_path / "a", mxfp4_model, kv)
     assert type(a.worker.engine.weights.layers[0].ffn.gate_exps) is Mxfp4Experts
+    assert of(a.events, ev.Ready)[0].experts == "mxfp4 via MLX gather_qmm"  # the status line's words
     a.turn("hello there")
     a.turn("and again")
     reference = a.ids

@@ -7,6 +7,7 @@
                                         Metal device exists and passes its self-check, else
                                         QuantExperts
     describe_experts(backends)          which backend runs, and why: "mxfp4 via MLX gather_qmm"
+    planned_experts(type_names)         the same line before loading (info)
 
 The backends live in portable.py (MLX; its QuantExperts runs the CPU kernels of cpu.py on a CPU),
 metal.py and mxfp4.py; they satisfy the protocol structurally and never import this module.
@@ -23,10 +24,12 @@ import mlx.core as mx
 import numpy as np
 
 from ds4agent.engine import quant
+from ds4agent.engine.device import kernel_set
 from ds4agent.engine.errors import EngineError
 from ds4agent.engine.experts import metal
 from ds4agent.engine.experts.mxfp4 import Mxfp4Experts
-from ds4agent.engine.experts.portable import DenseExperts, QuantExperts, resident_blocks
+from ds4agent.engine.experts.portable import DenseExperts, QuantExperts, quant_how, resident_blocks
+from ds4agent.engine.gguf import GGML_TYPE_IDS
 
 
 @runtime_checkable
@@ -102,9 +105,32 @@ def quant_experts(raw: Any, qtype: int, shape: Any, *, backend: str = "auto",
 def describe_experts(backends: Iterable[Any]) -> str:
     """One line naming the backends of the given expert tensors, types grouped by how they run:
     "IQ2_XXS/Q2_K fast CPU kernels", "mxfp4 via MLX gather_qmm" ("none" for no tensors)."""
+    return _join(ex.describe() for ex in backends)
+
+
+def planned_experts(type_names: Iterable[str], device_kind: str) -> str:
+    """describe_experts' line for routed-expert tensors of these GGML types, before any is loaded
+    (`ds4agent info`): the backend quant_experts would choose on a device of `device_kind`
+    ("cpu" / "gpu") and its kernel set. Metal kernels are named as planned: their self-check
+    runs at load."""
+    kernels = kernel_set(device_kind)
+    pairs = []
+    for t in type_names:
+        qtype = GGML_TYPE_IDS.get(t)
+        if t in ("F16", "F32"):
+            pairs.append(("dense float32", "via MLX gather_mm"))
+        elif qtype == quant.MXFP4:
+            pairs.append(("mxfp4", "via MLX gather_qmm"))
+        elif qtype in metal.METAL_TYPES and device_kind == "gpu" and metal_available():
+            pairs.append((t, "Metal kernels (self-checked at load, portable MLX if they fail)"))
+        else:
+            pairs.append((t, quant_how(kernels != "gpu", kernels == "cpu")))
+    return _join(pairs)
+
+
+def _join(pairs: Iterable[tuple[str, str]]) -> str:
     by_how: dict[str, list[str]] = {}
-    for ex in backends:
-        what, how = ex.describe()
+    for what, how in pairs:
         kinds = by_how.setdefault(how, [])
         if what not in kinds:
             kinds.append(what)

@@ -114,6 +114,16 @@ DEFAULT_GROUP_BYTES = 256 << 20
 TILE_ROWS = 1024
 
 
+def quant_how(cpu: bool, fast: bool, fallback: str | None = None) -> str:
+    """How `QuantExperts` multiplies, in words: on the CPU kernel sets (`cpu`) the compiled CPU
+    kernels (fast or exact), else MLX ops; `fallback`: why it runs where Metal kernels were meant to."""
+    if fallback is not None:
+        return f"portable MLX ({fallback})"
+    if cpu:
+        return "fast CPU kernels" if fast else "exact CPU kernels"
+    return "portable MLX dequantise + gather_mm"
+
+
 def resident_blocks(raw) -> mx.array:
     """Raw expert blocks (numpy, or a view of the file's memory map) copied into one evaluated
     MLX array: what a backend that keeps its blocks resident holds."""
@@ -183,13 +193,7 @@ class QuantExperts:
         return not isinstance(self.raw, mx.array)
 
     def describe(self) -> tuple[str, str]:
-        if self.fallback is not None:
-            how = f"portable MLX ({self.fallback})"
-        elif self.host_ids:
-            how = "fast CPU kernels" if self._fast else "exact CPU kernels"
-        else:
-            how = "portable MLX dequantise + gather_mm"
-        return quant.type_name(self.qtype), how
+        return quant.type_name(self.qtype), quant_how(self.host_ids, self._fast, self.fallback)
 
     def _raw_of(self, experts: np.ndarray | mx.array) -> mx.array:
         if isinstance(experts, mx.array):
