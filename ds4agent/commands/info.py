@@ -90,7 +90,9 @@ def format_info(info: ModelInfo, device: Device | None = None) -> str:
         f"memory      weights as the engine holds them {binary_size(plan.weights)} (F16 kept, Q8_0 as MLX "
         "affine 8-bit)",
         f"            routed experts {binary_size(plan.experts)}"
-        + (" (MLX arrays)" if info.path.is_dir() else " memory-mapped (paged in as experts are used)"),
+        # MXFP4 experts are re-laid into MLX arrays at load (engine/experts/mxfp4.py), not mapped.
+        + (" (MLX arrays)" if info.path.is_dir() or routed == "MXFP4"
+           else " memory-mapped (paged in as experts are used)"),
         f"            session state at --ctx {info.ctx}: {binary_size(plan.state)} when full (it grows with "
         "the tokens used)",
         f"            working buffers for one prefill chunk: about {binary_size(plan.working)}",

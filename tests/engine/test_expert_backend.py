@@ -42,7 +42,9 @@ def test_mxfp4_and_dense_experts_are_named_on_every_kernel_set(tmp_path):
 def test_info_names_the_expert_types_and_backend(tmp_path, capsys, monkeypatch):
     path = make_test_model(tmp_path / "mx.gguf", "micro", experts="mxfp4")
     assert cli.main(["info", str(path), "--device", "cpu"]) == 0
-    assert "            routed types MXFP4; experts: mxfp4 via MLX gather_qmm\n" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "            routed types MXFP4; experts: mxfp4 via MLX gather_qmm\n" in out
+    assert "routed experts 51.00 KiB (MLX arrays)" in out  # re-laid at load, not mapped
     q4 = write_quant_model(tmp_path / "q4.gguf", quant_config("micro"), Q4_TYPES)
     monkeypatch.setattr(base, "metal_available", lambda: True)
     assert planned_experts(["Q4_K"], "gpu") == "Q4_K Metal kernels (self-checked at load, portable MLX if they fail)"
