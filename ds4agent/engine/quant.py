@@ -281,8 +281,8 @@ _DEQUANT = {Q8_0: _dequant_q8_0, Q2_K: _dequant_q2_k, Q4_K: _dequant_q4_k, IQ2_X
 # MXFP4 -> MLX mxfp4: the same codes and scale bytes, re-laid
 
 
-# Experts re-laid per step: bounds the host temporaries of `mxfp4_to_mlx` (a Flash expert
-# tensor is 1.1 GiB; this is about 24 MiB of blocks at the Flash shape).
+# Rows re-laid per step: bounds the host temporaries of `mxfp4_to_mlx` (a Flash expert tensor
+# is 1.1 GiB; a step is at most 34 MiB of its blocks).
 _RELAY_ROWS = 1 << 14
 
 

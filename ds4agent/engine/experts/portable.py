@@ -1,7 +1,8 @@
 """The MLX expert backends (experts/base.py has the interface and chooses among them).
 
   * `DenseExperts`   float weights [n_experts, d_out, d_in] (test models, dequantised refs);
-  * `MxExperts`      MLX microscaled formats (`mxfp4`, from `ds4agent convert`);
+  * `MxExperts`      MLX microscaled formats (`mxfp4`, from `ds4agent convert`; experts/mxfp4.py
+                     re-lays a GGUF's MXFP4 experts into it);
   * `QuantExperts`   raw GGUF blocks [n_experts, d_out, row_bytes] (Q2_K, Q4_K, IQ2_XXS, Q8_0) kept
                      quantised; only the experts a call selects are read. On a CPU, compiled
                      kernels (experts/cpu.py) decode and multiply them block by block, the output
