@@ -113,3 +113,22 @@ def test_the_file_pages_of_mxfp4_experts_are_dropped_once_re_laid(paths, monkeyp
     assert experts and experts <= set(released)
     assert not any(ex.maps_file() for layer in eng.weights.layers
                    for ex in (layer.ffn.gate_exps, layer.ffn.up_exps, layer.ffn.down_exps))
+
+
+def test_flash_writer_mxfp4_blocks_have_the_expert_scale(tmp_path):
+    """The Flash-layout writer's MXFP4 regions (here at the micro shape): random codes under a
+    power-of-two scale near the expert scale 0.5/sqrt(fan_in), never the refused scale byte 255."""
+    import gguf
+
+    from ds4agent.testmodels.flash import write_flash_model
+
+    path = write_flash_model(tmp_path / "f.gguf", test_config("micro"), experts="mxfp4")
+    with GGUFFile.open(path) as gf:
+        name = "blk.1.ffn_gate_exps.weight"
+        ti = gf.tensors[name]
+        assert ti.type_name == "MXFP4" and gf.tensors["blk.2.ffn_gate_exps.weight"].offset == ti.offset  # shared
+        blocks = np.array(gf.raw(name)).reshape(-1, 17)
+    assert blocks[:, 0].max() < 255
+    w = gguf.quants.dequantize(blocks.reshape(-1), gguf.GGMLQuantizationType.MXFP4)
+    want = 0.5 * ti.shape[-1] ** -0.5
+    assert want / 1.5 < float(np.sqrt(np.mean(np.square(w.astype(np.float64))))) < want * 1.5
