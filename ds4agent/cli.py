@@ -308,9 +308,9 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     p.add_argument("out", help="output .gguf path")
     p.add_argument("--config", default="tiny",
                    help="micro, tiny, small, or flash: the full DS4 Flash shape (default: tiny)")
-    p.add_argument("--experts", choices=("q2", "q4"), default=None,
-                   help="routed-expert types of a --config flash file: q2 (IQ2_XXS/Q2_K, the "
-                        "default) or q4 (Q4_K)")
+    p.add_argument("--experts", choices=("q2", "q4", "mxfp4"), default=None,
+                   help="routed-expert types: q2 (IQ2_XXS/Q2_K, the --config flash default) or q4 "
+                        "(Q4_K), flash only; mxfp4 (ds4's native FP4 experts, MXFP4), any config")
     p.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
 
     p = _command(sub, "kv", "inspect the session/KV cache directory")

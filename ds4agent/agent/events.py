@@ -91,13 +91,16 @@ class Ready(Event):
 
     model: a short description of the model; ctx: the session context;
     sysprompt_cached: True when the system prefix came from its KV cache (no prefill);
-    device: where the engine computes ("Metal GPU", "CUDA GPU", "CPU"; "" when unknown).
+    device: where the engine computes ("Metal GPU", "CUDA GPU", "CPU"; "" when unknown);
+    experts: which routed-expert backend runs and why (Engine.expert_backend: "mxfp4 via MLX
+    gather_qmm", "Q4_K portable MLX (Metal kernels failed self-check: ...)"; "" when unknown).
     """
 
     model: str
     ctx: int
     sysprompt_cached: bool
     device: str = ""
+    experts: str = ""
 
 
 # --------------------------------------------------------------------------- turns

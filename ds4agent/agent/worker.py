@@ -197,7 +197,8 @@ class Worker:
         for note in permissions_glue.start_notices(self):
             self.io.emit(ev.Notice(note, "warning"))
         self.io.emit(ev.Ready(model=_describe(self.engine), ctx=s.ctx, sysprompt_cached=cached,
-                              device=getattr(device, "label", "")))
+                              device=getattr(device, "label", ""),
+                              experts=str(getattr(self.engine, "expert_backend", "") or "")))
         sessionops.offer_resume(self)
         sessionops.open_requested(self)
         todos.publish(self)

@@ -13,6 +13,7 @@ import sys
 
 from ds4agent.engine.device import Device, choose_device
 from ds4agent.engine.errors import EngineError
+from ds4agent.engine.experts.base import planned_experts
 from ds4agent.engine.gguf import GGUFFile
 from ds4agent.engine.memory import MemoryPlan, ModelInfo, binary_size, model_info, rank_plans
 from ds4agent.engine.pipeline.split import plan_ranges
@@ -45,6 +46,7 @@ def format_rank_plans(ranges: list[tuple[int, int]], plans: list[MemoryPlan], ct
 def format_info(info: ModelInfo, device: Device | None = None) -> str:
     """The report; `device` (device.Device) adds the line saying where the engine would compute."""
     c = info.config
+    routed = "+".join(t for g in info.groups if g.name == "routed experts" for t in g.types)
     kind = {
         "flash": "DeepSeek V4 Flash (strict metadata check passed)",
         "test": "ds4agent test model (permissive metadata check)",
@@ -65,6 +67,8 @@ def format_info(info: ModelInfo, device: Device | None = None) -> str:
         f"{c.indexer_dim} top-{c.indexer_top_k}",
         f"experts     {c.n_experts} routed ({c.n_experts_used} used, width {c.expert_ffn}), "
         f"{c.n_shared_experts} shared, {c.n_hash_layers} hash-routed layers",
+        *([f"            routed types {routed}; experts: {planned_experts(routed.split('+'), device.kind)}"]
+          if device and routed else []),
         "quant types " + ", ".join(
             f"{t} {n} tensors {binary_size(b)}" for t, (n, b) in sorted(info.types.items(), key=lambda kv: -kv[1][1])
         ),
@@ -85,7 +89,7 @@ def format_info(info: ModelInfo, device: Device | None = None) -> str:
         "",
         f"memory      weights as the engine holds them {binary_size(plan.weights)} (F16 kept, Q8_0 as MLX "
         "affine 8-bit)",
-        _experts_line(plan.experts, info),
+        _experts_line(plan.experts, info, routed),
         f"            session state at --ctx {info.ctx}: {binary_size(plan.state)} when full (it grows with "
         "the tokens used)",
         f"            working buffers for one prefill chunk: about {binary_size(plan.working)}",
@@ -94,10 +98,11 @@ def format_info(info: ModelInfo, device: Device | None = None) -> str:
     return "\n".join(lines)
 
 
-def _experts_line(mapped: int, info: ModelInfo) -> str:
-    """Where the routed experts live: memory-mapped, or (F16 experts of a test file, none mapped)
-    among the weights above, with the size the table gives them."""
-    if info.path.is_dir():
+def _experts_line(mapped: int, info: ModelInfo, routed: str) -> str:
+    """Where the routed experts live: memory-mapped, MLX arrays (a converted directory; MXFP4
+    experts, re-laid at load by engine/experts/mxfp4.py), or (F16 experts of a test file, none
+    mapped) among the weights above, with the size the table gives them."""
+    if info.path.is_dir() or routed == "MXFP4":
         return f"            routed experts {binary_size(mapped)} (MLX arrays)"
     if mapped == 0:
         held = sum(g.memory_bytes for g in info.groups if g.name == "routed experts")

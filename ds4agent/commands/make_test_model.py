@@ -1,4 +1,4 @@
-"""`ds4agent make-test-model OUT.gguf [--config NAME] [--experts q2|q4] [--seed N]`."""
+"""`ds4agent make-test-model OUT.gguf [--config NAME] [--experts q2|q4|mxfp4] [--seed N]`."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ def main(args: argparse.Namespace) -> int:
     def action() -> str:
         # A small config with quantised experts and no marker would be refused by the engine's
         # strict check: from the command line, the quantised layout is the Flash file's.
-        if experts is not None and args.config != "flash":
-            raise EngineError("--experts applies to --config flash (the Flash-shape test file)")
+        # (mxfp4 experts in a small config keep the marker: writer.make_test_model.)
+        if experts not in (None, "mxfp4") and args.config != "flash":
+            raise EngineError(f"--experts {experts} applies to --config flash (the Flash-shape test file); "
+                              "--experts mxfp4 applies to every config")
         out = make_test_model(args.out, config=args.config, seed=args.seed, experts=experts)
-        flavour = f", {experts or 'q2'} experts" if args.config == "flash" else ""
+        flavour = f", {experts or 'q2'} experts" if args.config == "flash" or experts else ""
         return (f"wrote {out} ({args.config}{flavour}, seed {args.seed}, "
                 f"{out.stat().st_size / 1e6:.1f} MB)")
 

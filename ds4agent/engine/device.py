@@ -81,8 +81,9 @@ def choose_device(requested: str | None = None) -> Device:
     return Device("cpu", "CPU")
 
 
-def kernel_set() -> str:
-    """"reference", "cpu" or "gpu": the kernel set the engine builds its graphs from.
+def kernel_set(kind: str | None = None) -> str:
+    """"reference", "cpu" or "gpu": the kernel set the engine builds its graphs from (on the
+    MLX default device; `kind` "cpu" / "gpu": on a Device of that kind, before it is used).
 
     reference: the bit-exact CPU path (in-order f32 sums, float64 norm accumulation, host-side
     expert kernels that read the selected ids): the oracle, chunk-invariance and exact-resume
@@ -103,6 +104,8 @@ def kernel_set() -> str:
         if forced not in KERNEL_SETS:
             raise EngineError(f"{KERNELS_ENV} must be one of {', '.join(KERNEL_SETS)}, not {forced!r}")
         return forced
+    if kind is not None:
+        return "cpu" if kind == "cpu" else "gpu"
     return "cpu" if mx.default_device() == mx.cpu else "gpu"
 
 

@@ -97,7 +97,7 @@ _TABLE: dict[int, tuple[str, int, int]] = {
     18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
     22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
     26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
-    30: ("BF16", 1, 2),
+    30: ("BF16", 1, 2), 39: ("MXFP4", 32, 17),
 }
 GGML_TYPES: dict[int, GGMLType] = {tid: GGMLType(*row) for tid, row in _TABLE.items()}
 GGML_TYPE_IDS: dict[str, int] = {t.name: tid for tid, t in GGML_TYPES.items()}

@@ -28,6 +28,8 @@ ARCH = "deepseek4"
 EXPERT_TYPES: dict[str, dict[str, str]] = {
     "q2": {"ffn_gate_exps": "IQ2_XXS", "ffn_up_exps": "IQ2_XXS", "ffn_down_exps": "Q2_K"},
     "q4": {"ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q4_K", "ffn_down_exps": "Q4_K"},
+    # The routed experts as DeepSeek released them (FP4 E2M1, E8M0 scale per 32): ggml's MXFP4.
+    "mxfp4": {"ffn_gate_exps": "MXFP4", "ffn_up_exps": "MXFP4", "ffn_down_exps": "MXFP4"},
 }
 
 
@@ -35,7 +37,7 @@ EXPERT_TYPES: dict[str, dict[str, str]] = {
 class TensorSpec:
     name: str
     shape: tuple[int, ...]  # row-major array shape (GGML dims reversed)
-    ggml_type: str  # "F32", "F16", "I32", "Q8_0", or an expert flavour's "IQ2_XXS", "Q2_K", "Q4_K"
+    ggml_type: str  # "F32", "F16", "I32", "Q8_0", or an expert flavour's "IQ2_XXS", "Q2_K", "Q4_K", "MXFP4"
 
     @property
     def role(self) -> str:

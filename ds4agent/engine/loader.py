@@ -132,8 +132,9 @@ def _construct(where: Path, **kw: Any) -> Engine:
 
 def quant_bits_of(gf: Any) -> int:
     """KVC header quant_bits (kvc-format.md §2): 4 if layer 0's routed gate experts are Q4_K
-    (or another 4-bit type), else 2 (ds4's own rule; test models with F16 experts count as 2)."""
+    (or another 4-bit type, MXFP4 included), else 2 (ds4's own rule; test models with F16 experts
+    count as 2)."""
     ti = gf.tensors.get("blk.0.ffn_gate_exps.weight")
-    if ti is not None and ti.type_name in ("Q4_K", "Q4_0", "Q4_1", "IQ4_XS", "IQ4_NL"):
+    if ti is not None and ti.type_name in ("Q4_K", "Q4_0", "Q4_1", "IQ4_XS", "IQ4_NL", "MXFP4"):
         return 4
     return 2

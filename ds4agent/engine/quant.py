@@ -11,12 +11,17 @@ Block layouts (model.md §7; ne0 = the contiguous input dimension, blocks run al
              bytes of a = four indices into a 256 x 8 grid of magnitudes {8, 25, 43};
              b = four 7-bit sign codes (bit 7 = parity) + a 4-bit scale in bits 28..31;
              w = d*(0.5 + scale)*0.25 * grid * sign
+    MXFP4    32 weights / 17 bytes : u8 e (E8M0), u8 qs[16]; weight j < 16 is the low nibble of
+             qs[j], weight j + 16 its high nibble, each an E2M1 code c:
+             w = e2m1(c) * 2^(e - 127) (ggml computes kvalue(c) = 2*e2m1(c) times 2^(e - 128))
 
 Why the MLX dequantisers are bit-identical to `gguf.quants` (numpy, float32) even on Metal or
 with fused multiply-add: every product above is exact in float32 (an f16 mantissa of 11 bits
 times a small integer of at most 8 bits needs at most 19 bits < 24), so the only rounding step is
 the final subtraction in the K-quants (one rounding whatever the evaluation order), and IQ2_XXS
-and Q8_0 round nowhere at all. Products of exact values also cannot overflow f32 (f16 max 65504).
+and Q8_0 round nowhere at all. Products of exact values also cannot overflow f32 (f16 max 65504). MXFP4 rounds nowhere
+either: a power of two times a code of at most 4 significant bits (it overflows to inf only for
+e >= 254, as in ggml; `mxfp4_to_mlx` refuses e = 255, which MLX reads as NaN).
 """
 
 from __future__ import annotations
@@ -37,7 +42,10 @@ Q2_K = 10
 Q4_K = 12
 IQ2_XXS = 16
 
-EXPERT_TYPES = (Q2_K, Q4_K, IQ2_XXS, Q8_0)
+MXFP4 = 39
+
+EXPERT_TYPES = (Q2_K, Q4_K, IQ2_XXS, Q8_0)  # raw blocks multiplied by experts.portable.QuantExperts
+ROUTED_TYPES = (*EXPERT_TYPES, MXFP4)  # every blocked type a routed-expert tensor may have
 
 
 class QuantError(EngineError):
@@ -242,7 +250,67 @@ def _dequant_iq2_xxs(b: mx.array, on_device: bool = False) -> mx.array:
     return (db * mx.array(codes_np.reshape(r, nb * 8, 32), dtype=mx.float32)).reshape(r, nb * 256)
 
 
-_DEQUANT = {Q8_0: _dequant_q8_0, Q2_K: _dequant_q2_k, Q4_K: _dequant_q4_k, IQ2_XXS: _dequant_iq2_xxs}
+# ggml's doubled E2M1 values by code (code 8 is +0 there, as here: -0 would differ in its bits)
+_MXFP4_KVALUES = mx.array(np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32))
+
+
+def _dequant_mxfp4(b: mx.array) -> mx.array:
+    r, nb = b.shape[0], b.shape[1]
+    e = b[..., 0:1].astype(mx.uint32)
+    # ggml's e8m0 "half" scale 2^(e - 128): subnormal for e < 2 (e = 0 gives 2^-128, not zero)
+    bits = mx.where(e < 2, mx.array(0x00200000, mx.uint32) << e, (e - 1) << 23)
+    d = mx.view(bits, mx.float32)
+    qs = b[..., 1:17]
+    codes = mx.concatenate([qs & 15, qs >> 4], axis=-1)
+    return (d * _MXFP4_KVALUES[codes]).reshape(r, nb * 32)
+
+
+_DEQUANT = {Q8_0: _dequant_q8_0, Q2_K: _dequant_q2_k, Q4_K: _dequant_q4_k, IQ2_XXS: _dequant_iq2_xxs,
+            MXFP4: _dequant_mxfp4}
+
+
+# ---------------------------------------------------------------------------------------------
+# MXFP4 -> MLX mxfp4: the same codes and scale bytes, re-laid
+
+
+# Rows re-laid per step: bounds the host temporaries of `mxfp4_to_mlx` (a Flash expert tensor
+# is 1.1 GiB; a step is at most 34 MiB of its blocks).
+_RELAY_ROWS = 1 << 14
+
+
+def mxfp4_to_mlx(raw, shape) -> tuple[np.ndarray, np.ndarray]:
+    """MXFP4 blocks of a tensor with array-order `shape` (..., out, in) -> (wq uint32
+    [..., out, in/8], scales uint8 [..., out, in/32]) for MLX's `mode="mxfp4"`, group 32.
+
+    Lossless: MLX's mxfp4 uses the same E2M1 codes and the same E8M0 scale byte (2^(e-127)
+    times the code's value, ggml's 2^(e-128) times the doubled value); only the nibble order
+    differs. ggml puts weight j < 16 in the low nibble of qs[j] and j + 16 in its high nibble;
+    MLX packs weight 2k in the low and 2k+1 in the high nibble of byte k (eight codes per
+    little-endian uint32). The one value with two readings, e = 255 (ggml: 2^127; MLX and the
+    OCP MX spec: NaN), is refused rather than changed. Re-laid in row chunks into one new
+    array per output, so the host holds the result plus one chunk's temporaries.
+    """
+    shape = tuple(int(s) for s in shape)
+    n_in = shape[-1]
+    rb = row_bytes(MXFP4, n_in)
+    n_rows = int(np.prod(shape[:-1]))
+    buf = np.asarray(raw)
+    if buf.dtype != np.uint8 or buf.size != n_rows * rb:
+        raise QuantError(f"MXFP4 data for shape {list(shape)} must be {n_rows * rb} bytes, got {buf.size} ({buf.dtype})")
+    blocks = buf.reshape(n_rows, n_in // 32, 17)
+    codes = np.empty((n_rows, n_in // 32, 16), np.uint8)
+    scales = np.empty((n_rows, n_in // 32), np.uint8)
+    for r0 in range(0, n_rows, _RELAY_ROWS):
+        part = np.asarray(blocks[r0 : r0 + _RELAY_ROWS])
+        e = part[..., 0]
+        if (e == 255).any():
+            raise QuantError("MXFP4 block with scale byte 255 (NaN in MX, 2^127 in ggml): the file is corrupt")
+        scales[r0 : r0 + len(part)] = e
+        even, odd = part[..., 1:17:2], part[..., 2:17:2]  # qs[2k], qs[2k+1]
+        out = codes[r0 : r0 + len(part)]
+        out[..., :8] = (even & 15) | (odd << 4)  # weights 2k, 2k+1 (low nibbles)
+        out[..., 8:] = (even >> 4) | (odd & 0xF0)  # weights 16+2k, 16+2k+1 (high nibbles)
+    return codes.reshape(*shape[:-1], n_in // 2).view("<u4"), scales.reshape(*shape[:-1], n_in // 32)
 
 
 def dequantize(raw: mx.array | np.ndarray, qtype: int, shape, *, on_device: bool | None = None) -> mx.array:

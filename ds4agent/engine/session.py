@@ -49,6 +49,7 @@ from .chunks import chunk_cap, chunk_grid
 from .device import current_device
 from .duty import DutyCycle
 from .errors import ContextOverflowError, EngineError, Interrupted, StateError
+from .experts.base import describe_experts
 from .hostread import to_host
 from .model import build
 from .model import forward as forward_pass
@@ -148,6 +149,11 @@ class Engine:
         self.weights = materialize(weights)  # usable from any thread (module docstring)
         self.ctx = int(ctx)
         self.quant_bits = int(quant_bits)
+        # Which routed-expert backend runs and why, in words (info, the status line):
+        # "mxfp4 via MLX gather_qmm", "IQ2_XXS/Q2_K fast CPU kernels", "Q4_K portable MLX
+        # (Metal kernels failed self-check: ...)".
+        self.expert_backend = describe_experts(
+            ex for lay in self.weights.layers for ex in (lay.ffn.gate_exps, lay.ffn.up_exps, lay.ffn.down_exps))
         self.model_id = int(model_id)
         self.path = path
         self.device = current_device()  # load_engine records the one it chose (with any notice)

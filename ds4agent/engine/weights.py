@@ -477,12 +477,13 @@ def tensor_in_range(name: str, config: ModelConfig, layer_range: tuple[int, int]
 
 _PLAIN = ("F32", "F16")
 _ANY_2D = ("F32", "F16", "Q8_0")
+_EXPERT_TYPES = ("F16", "F32", "Q8_0", "Q2_K", "Q4_K", "IQ2_XXS", "MXFP4")
 
 
 def _accepted_types(name: str, ndim: int) -> tuple[str, ...]:
     """The GGML types the loader below accepts for a tensor (its `get` rules, in one place)."""
     if "_exps." in name:
-        return ("F16", "F32", "Q8_0", "Q2_K", "Q4_K", "IQ2_XXS")
+        return _EXPERT_TYPES
     if name.endswith("tid2eid.weight"):
         return ("I32",)
     if name == "token_embd.weight" or name.endswith("_ape.weight"):
@@ -512,15 +513,16 @@ def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | No
 
     2-D weights: F32/F16 as dense f32, Q8_0 as MLX affine 8-bit (exact); on the fast CPU set both
     as fast_linear.FastLinear (Q8_0 blocks repacked, F16 kept). Routed experts: F16/F32 dense
-    (test models) or raw quantised blocks behind `experts.quant_experts`.
+    (test models) or raw quantised blocks behind `experts.quant_experts` (MXFP4 re-laid into MLX
+    arrays, whose file pages are then dropped like any converted tensor's).
     """
     kernels = kernels or device.kernel_set()
-    resident: dict[tuple[int, int], mx.array] = {}  # expert blocks copied to the device (quant_experts)
+    resident: dict[tuple[int, int], Any] = {}  # expert blocks copied to the device (quant_experts)
 
     def get(name: str) -> Any:
         ti = gf.info(name)
         value = convert(name, ti)
-        if "_exps." in name and ti.type_name not in _PLAIN and not isinstance(getattr(value, "raw", None), mx.array):
+        if "_exps." in name and ti.type_name not in _PLAIN and value.maps_file():
             return value  # raw blocks stay mapped: only selected experts are read
         # The value is now an MLX copy (mx.array copies host data eagerly; a backend that keeps
         # its expert blocks resident copied them): drop the file pages this read made resident,
@@ -534,8 +536,8 @@ def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | No
             if t in _PLAIN:
                 return gf.load(name, types=_PLAIN, dtype=mx.float32)
             qtype = GGML_TYPE_IDS.get(t)
-            if qtype is None or qtype not in quant.EXPERT_TYPES:
-                gf.check(name, types=("F16", "F32", "Q8_0", "Q2_K", "Q4_K", "IQ2_XXS"))
+            if qtype is None or qtype not in quant.ROUTED_TYPES:
+                gf.check(name, types=_EXPERT_TYPES)
             assert qtype is not None  # gf.check refused every type that is not an expert type
             return quant_experts(gf.raw(name), qtype, ti.shape, shared=resident,
                                  backend="fast" if kernels == "cpu" else "auto")

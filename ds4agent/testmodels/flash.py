@@ -4,7 +4,8 @@
     write_flash_model(path, flash_config(), experts="q2", seed=0)
 
 The file has exactly the tensor names, shapes and types of ds4's files of one flavour (model.md
-§6.3: q2 = IQ2_XXS gate/up and Q2_K down routed experts, q4 = Q4_K for all three; Q8_0 attention,
+§6.3: q2 = IQ2_XXS gate/up and Q2_K down routed experts, q4 = Q4_K for all three, mxfp4 = MXFP4
+for all three (the FP4 experts as DeepSeek released them); Q8_0 attention,
 shared experts and output head; F16 embedding, hyper-connection mixers, compressors, indexer and
 router; F32 norms and vectors; I32 tid2eid), the real `deepseek4.*` metadata of the config, the
 DeepSeek V4 tokenizer (protocol/gguf_vocab.py) and NO test-model marker: a Flash-config file takes the
@@ -61,7 +62,7 @@ CHUNK_ELEMS = 1 << 23  # values generated per step (32 MB of f32)
 HEADER_RESERVE = 64 << 20  # metadata (tokenizer ~5 MB) + tensor directory, with room to spare
 MAX_FILE_BYTES = 12 << 30  # the disk budget of a Flash-config file: it must fit an ordinary disk
 
-_EXPERT_QUANTS = ("IQ2_XXS", "Q2_K", "Q4_K")
+_EXPERT_QUANTS = ("IQ2_XXS", "Q2_K", "Q4_K", "MXFP4")
 # Per-layer matrices that are pooled (the large ones); the router stays per layer.
 _POOLED_KINDS = ("linear", "expert")
 _LAYER_PREFIX = re.compile(r"^blk\.(\d+)\.")
@@ -161,6 +162,7 @@ def _raw_expert_blocks(qtype: str, n: int, base: float, rng: np.random.Generator
               symmetric by construction.
     Q2_K      sub-block scale s in 1..15 and min m = s with dmin = 1.5·d: w = d·s·(q - 1.5).
     Q4_K      6-bit scale s in 4..31, min m = 2s with dmin = 3.75·d: w = d·s·(q - 7.5).
+    MXFP4     random E2M1 codes (sign-symmetric); the E8M0 scale is d rounded to a power of two.
     """
     size = block_of(qtype).nbytes
     out = rng.integers(0, 256, (n, size), dtype=np.uint8)  # the codes
@@ -182,6 +184,8 @@ def _raw_expert_blocks(qtype: str, n: int, base: float, rng: np.random.Generator
         out[:, 12:16] = (s[:, 4:] & 15) | ((mn[:, 4:] & 15) << 4)
         out[:, 0:2] = _f16_bytes(d)
         out[:, 2:4] = _f16_bytes(np.float32(3.75) * d)
+    elif qtype == "MXFP4":
+        out[:, 0] = np.clip(np.rint(np.log2(d)) + 127, 1, 254).astype(np.uint8)
     else:
         raise AssertionError(qtype)
     return out

@@ -2,7 +2,7 @@
 
     kind = fill_kind(spec.name)                   # "linear", "norm", "embed", "expert", ...
     values = random_values(spec, cfg, rng)        # float32 (int32 for tid2eid), spec.shape
-    data = encode(spec, values)                   # as the file stores it (F16, Q8_0 blocks, ...)
+    data = encode(spec, values)                   # as the file stores it (F16, Q8_0/MXFP4 blocks, ...)
     add_config_metadata(writer, cfg)              # the config's `deepseek4.*` keys, typed as ds4's
 
 Weights are scaled so activations stay O(1) through any depth: every matrix is N(0, 1/fan_in)
@@ -97,8 +97,34 @@ def q8_0_blocks(values: np.ndarray) -> np.ndarray:
     return out.reshape(*values.shape[:-1], cols // 32 * 34)
 
 
+# E2M1 magnitudes by code and the midpoints between neighbours (nearest code by search)
+_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
+_E2M1_MIDS = (_E2M1[1:] + _E2M1[:-1]) / 2
+
+
+def mxfp4_blocks(values: np.ndarray) -> np.ndarray:
+    """Quantise rows to ggml MXFP4 blocks (uint8 [rows, bytes]): per 32 values the E8M0 scale
+    2^(floor(log2 amax) - 2) (ggml's choice: amax lands in [4, 8) scale units, codes clip at 6)
+    and the nearest E2M1 code of each value; weight j < 16 in the low nibble of byte 1 + j,
+    j + 16 in its high nibble. MXFP4 values re-encode to the same blocks (zeros are written +0)."""
+    rows = int(np.prod(values.shape[:-1]))
+    cols = values.shape[-1]
+    x = values.reshape(rows, cols // 32, 32).astype(np.float32)
+    amax = np.abs(x).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        e = np.where(amax > 0, np.floor(np.log2(np.where(amax > 0, amax, 1))) - 2 + 127, 0)
+    e = np.clip(e, 0, 254).astype(np.uint8)
+    mag = np.abs(x) / np.ldexp(np.float32(1), e.astype(np.int32) - 127)
+    codes = np.searchsorted(_E2M1_MIDS, mag).astype(np.uint8)
+    codes |= ((x < 0) & (codes > 0)).astype(np.uint8) << 3  # a zero is code 0, never -0 (code 8)
+    out = np.empty((rows, cols // 32, 17), dtype=np.uint8)
+    out[:, :, 0] = e[..., 0]
+    out[:, :, 1:] = codes[..., :16] | (codes[..., 16:] << 4)
+    return out.reshape(*values.shape[:-1], cols // 32 * 17)
+
+
 def encode(spec: TensorSpec, values: np.ndarray) -> np.ndarray:
-    """`values` as the file stores a tensor of spec's type (the plain types and Q8_0)."""
+    """`values` as the file stores a tensor of spec's type (the plain types, Q8_0 and MXFP4)."""
     if spec.ggml_type == "F32":
         return values.astype(np.float32)
     if spec.ggml_type == "F16":
@@ -107,6 +133,8 @@ def encode(spec: TensorSpec, values: np.ndarray) -> np.ndarray:
         return values.astype(np.int32)
     if spec.ggml_type == "Q8_0":
         return q8_0_blocks(values)
+    if spec.ggml_type == "MXFP4":
+        return mxfp4_blocks(values)
     raise AssertionError(spec.ggml_type)
 
 

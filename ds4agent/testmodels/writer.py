@@ -9,7 +9,9 @@ and the test-model marker (TEST_MODEL_KEY): the engine checks such a file's meta
 
 With `experts="q2"` or `"q4"` (and always for `config="flash"`) the file is instead a
 Flash-layout file with ds4's quantised types and tokenizer and no test-model marker, written by
-flash.py (`ds4agent make-test-model OUT --config flash [--experts q2|q4]`).
+flash.py (`ds4agent make-test-model OUT --config flash [--experts q2|q4|mxfp4]`). With
+`experts="mxfp4"` and a test config, the file is the F16-expert file with the same drawn
+values stored as MXFP4 routed experts (ggml type 39: ds4's native FP4 experts), marker kept.
 
 The values and their encoding are values.py's; random_weights.py builds the same numbers in
 memory without a file.
@@ -47,8 +49,9 @@ def make_test_model(path: str | os.PathLike[str], config: str | ModelConfig = "t
     """Write a DS4-architecture GGUF with deterministic random weights; returns the path.
 
     experts: None writes F16 routed experts and the test-model marker (the engine then checks the
-    metadata permissively); "q2" / "q4" writes ds4's quantised layout without the marker
-    (flash.py), which the Flash config always gets (F16 experts would take 86 GB).
+    metadata permissively); "mxfp4" the same with MXFP4 routed experts; "q2" / "q4" (and
+    "mxfp4" for the Flash config) writes ds4's quantised layout without the marker (flash.py),
+    which the Flash config always gets (F16 experts would take 86 GB).
     The same arguments always give the same bytes. Written atomically (ds4agent.fsutil), so a
     failed write never leaves a half file under `path` and keeps the file that was there.
     """
@@ -59,7 +62,7 @@ def make_test_model(path: str | os.PathLike[str], config: str | ModelConfig = "t
         raise EngineError(f"--seed must be a non-negative integer (got {seed})")
     if experts is None and cfg == flash_config():
         experts = "q2"
-    if experts is not None:
+    if experts is not None and (experts != "mxfp4" or cfg == flash_config()):
         return write_flash_model(path, cfg, experts=experts, seed=seed)
     path = Path(path)
     rng = np.random.default_rng(seed)
@@ -71,11 +74,11 @@ def make_test_model(path: str | os.PathLike[str], config: str | ModelConfig = "t
             writer.add_name(f"ds4agent test model ({cfg.name or 'custom'}, seed {seed})")
             writer.add_bool(TEST_MODEL_KEY, True)
             add_config_metadata(writer, cfg)
-            for spec in tensor_table(cfg):
+            for spec in tensor_table(cfg, experts):  # refuses an unknown flavour
                 data = encode(spec, random_values(spec, cfg, rng))
-                if spec.ggml_type == "Q8_0":
+                if spec.ggml_type in ("Q8_0", "MXFP4"):
                     writer.add_tensor(spec.name, data, raw_shape=data.shape,
-                                      raw_dtype=GGMLQuantizationType.Q8_0)
+                                      raw_dtype=GGMLQuantizationType[spec.ggml_type])
                 else:
                     writer.add_tensor(spec.name, data)
             writer.write_header_to_file()

@@ -334,12 +334,12 @@ class Ds4App(App):
             self.status_bar.mark()
 
     async def _show_ready(self, e: ev.Ready, n: int) -> None:
-        self.status_model.device = e.device
+        self.status_model.device, self.status_model.experts = e.device, e.experts
         self.status_bar.mark()
         if self.chips.items:
             self.chips.set_items(self.chips.items)  # Esc can interrupt from now on
         await self.conversation.drop_notes(ev.SYSPROMPT_UPDATING)  # done: the ready line says so
-        await self.conversation.note(fmt.ready_line(e.model, e.ctx), "muted")
+        await self.conversation.note(fmt.ready_line(e.model, e.ctx, e.experts), "muted")
         if self._picker_at_ready:
             # --resume without a prefix: the picker, as soon as there is an agent to ask. The
             # listing runs while the worker still finishes its start-up.

@@ -199,6 +199,7 @@ class StatusState:
     session_id: str = ""
     title: str = ""
     device: str = ""                 # where the engine computes ("Metal GPU", "CPU"), from Ready
+    experts: str = ""                # which routed-expert backend runs and why, from Ready
     dirty: bool = False
     interrupting: bool = False       # Esc / Ctrl+C pressed: said at once, until the work stops
     _decode_seen: float = 0.0        # the decode speed in the last Status (stale ones repeat it)
@@ -337,10 +338,11 @@ def status_line(s: StatusState, width: int | None = None) -> str:
 
 
 def modes_segment(s: StatusState) -> str:
-    """The think and permission modes, the power cap when one is set, and the device once the
-    engine has said which."""
+    """The think and permission modes, the power cap when one is set, and the device and the
+    routed-expert backend once the engine has said which."""
     power = f"power {s.power}%" if s.power < 100 else ""
-    return " · ".join(p for p in (s.think_mode, s.permission, power, s.device) if p)
+    experts = f"experts: {s.experts}" if s.experts else ""
+    return " · ".join(p for p in (s.think_mode, s.permission, power, s.device, experts) if p)
 
 
 # -- lines both front ends print for the agent's events (the TUI as notes, plain mode as text) ------
@@ -348,8 +350,9 @@ HISTORY_END = "--- end history ---"
 NO_HISTORY = "(no user history)"
 
 
-def ready_line(model: str, ctx: int) -> str:
-    return f"ready · {model} · context {human_count(ctx)} tokens"
+def ready_line(model: str, ctx: int, experts: str = "") -> str:
+    line = f"ready · {model} · context {human_count(ctx)} tokens"
+    return line + f" · experts: {experts}" if experts else line
 
 
 def compacting_line(reason: str) -> str:

@@ -186,8 +186,8 @@ class PlainRenderer:
         self.line(e.text, "warning" if e.level == "warning" else "muted")
 
     def _ready(self, e: ev.Ready, n: int) -> None:
-        self.status.device = e.device
-        self.line(fmt.ready_line(e.model, e.ctx), "muted")
+        self.status.device, self.status.experts = e.device, e.experts
+        self.line(fmt.ready_line(e.model, e.ctx, e.experts), "muted")
 
     def _saved(self, e: ev.SessionSaved, n: int) -> None:
         s = self.status

@@ -8,8 +8,8 @@ from pathlib import Path
 from ds4agent.agent import events as ev
 from ds4agent.agent.hooks import BLOCKED_PREFIX, STOP_LEAD
 from ds4agent.tools.hooks import Hook, load_hooks, run_hook
-from tests.support.rec_tool import RecTool
 from tests.support.agent_harness import AgentHarness, answer_all, of
+from tests.support.rec_tool import RecTool
 from tests.support.scripted_engine import reply
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.facade import steering_text
-from tests.support.rec_tool import RecTool
 from tests.support.agent_harness import AgentHarness, of
+from tests.support.rec_tool import RecTool
 from tests.support.scripted_engine import reply
 
 

@@ -8,8 +8,8 @@ import numpy as np
 from ds4agent.agent.subagent import run_subagent
 from ds4agent.engine import load_engine
 from ds4agent.protocol import template
-from tests.support.rec_tool import RecTool
 from tests.support.agent_harness import AgentHarness
+from tests.support.rec_tool import RecTool
 
 CTX = 2048
 # What a layer's exported state holds (sessions/payload.py LayerPayload).

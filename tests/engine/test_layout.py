@@ -65,19 +65,20 @@ def test_tensor_table_matches_the_flash_spec():
     assert len(table) == 6 + 2 * 24 + 21 * 34 + 20 * 28
 
 
-@pytest.mark.parametrize("experts", ["q2", "q4"])
+@pytest.mark.parametrize("experts", ["q2", "q4", "mxfp4"])
 def test_expert_flavours_change_only_the_routed_expert_types(experts):
     plain = tensor_table(flash_config())
     typed = tensor_table(flash_config(), experts=experts)
     assert [(t.name, t.shape) for t in typed] == [(t.name, t.shape) for t in plain]
-    want = {"q2": ("IQ2_XXS", "IQ2_XXS", "Q2_K"), "q4": ("Q4_K", "Q4_K", "Q4_K")}[experts]
+    want = {"q2": ("IQ2_XXS", "IQ2_XXS", "Q2_K"), "q4": ("Q4_K", "Q4_K", "Q4_K"),
+            "mxfp4": ("MXFP4", "MXFP4", "MXFP4")}[experts]
     for before, after in zip(plain, typed, strict=True):
         if "_exps." in after.name:
             kind = ("gate", "up", "down").index(after.name.split(".")[2].split("_")[1])
             assert after.ggml_type == want[kind], after.name
         else:
             assert after.ggml_type == before.ggml_type, after.name
-    assert set(EXPERT_TYPES) == {"q2", "q4"}
+    assert set(EXPERT_TYPES) == {"q2", "q4", "mxfp4"}
 
 
 def test_unknown_flavour_and_roles():

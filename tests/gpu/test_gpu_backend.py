@@ -37,6 +37,9 @@ def test_auto_falls_back_to_portable_when_the_kernel_check_fails(rng, monkeypatc
     with pytest.warns(RuntimeWarning, match="boom; using the portable MLX expert backend"):
         ex = quant_experts(raw, quant.Q4_K, (2, 2, 256))
     assert type(ex) is QuantExperts
+    # and it says so: info and the status line name the backend and why
+    assert ex.describe() == ("Q4_K", "portable MLX (CUDA kernels failed self-check: the Q4_K CUDA kernels "
+                                     "failed: boom)")
     # Q8_0 experts never go to the GPU kernels (none for it), so no check and no warning
     raw8 = random_blocks(rng, quant.Q8_0, 32).reshape(2, 2, 8 * 34)
     assert type(quant_experts(raw8, quant.Q8_0, (2, 2, 256))) is QuantExperts

@@ -276,7 +276,7 @@ def test_strict_check_ignores_the_description_and_tokenizer_keys():
 def test_cli_refuses_experts_without_flash_and_a_too_small_disk(tmp_path, capsys, monkeypatch):
     out = tmp_path / "x.gguf"
     assert cli.main(["make-test-model", str(out), "--config", "tiny", "--experts", "q2"]) == 2
-    assert "--experts applies to --config flash" in capsys.readouterr().err
+    assert "--experts q2 applies to --config flash" in capsys.readouterr().err
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(flash.shutil, "disk_usage", lambda _p: usage(100 * GIB, 99 * GIB, GIB))
     assert cli.main(["make-test-model", str(out), "--config", "flash"]) == 2

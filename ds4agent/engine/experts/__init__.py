@@ -7,4 +7,5 @@
     cpu.py       the CPU path of QuantExperts: compiled kernels (cpu_kernels.py) over raw blocks
     gpu.py       Metal and CUDA kernels for IQ2_XXS / Q2_K / Q4_K (sources in kernels/)
     fast.py      FastExperts: the fast CPU kernel set (8-bit activations, integer dots; qmatrix.py)
+    mxfp4.py     ds4's MXFP4 GGUF blocks re-laid as MLX mxfp4, on MLX's gather_qmm (every device)
 """

@@ -17,6 +17,8 @@ from ds4agent.engine.experts.portable import check_call
 from ds4agent.engine.hostread import to_host
 from ds4agent.engine.qmatrix import ExpertMatrix, routed_ffn
 
+FAST_HOW = "fast CPU kernels"  # what describe() says of this backend
+
 
 class FastExperts:
     """Raw expert blocks [n_experts, d_out, row_bytes] (IQ2_XXS, Q2_K, Q4_K, Q8_0)."""
@@ -33,6 +35,13 @@ class FastExperts:
     def keeps_resident(cls) -> bool:
         """The blocks are read in place from the map, never copied to a device array."""
         return False
+
+    def maps_file(self) -> bool:
+        """The blocks are read from the file's map for as long as the engine runs."""
+        return True
+
+    def describe(self) -> tuple[str, str]:
+        return quant.type_name(self.qtype), FAST_HOW
 
     @property
     def nbytes(self) -> int:

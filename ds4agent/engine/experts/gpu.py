@@ -55,6 +55,9 @@ def kernel_source(name: str) -> str:
     return resources.files("ds4agent.engine.experts").joinpath("kernels", name).read_text("utf-8")
 
 
+LABELS = {"metal": "Metal", "cuda": "CUDA"}  # a backend's name as the status line and info say it
+
+
 @dataclass(frozen=True)
 class KernelCall:
     """One kernel launch as MLX's custom-kernel API takes it (both languages take the same)."""
@@ -220,6 +223,9 @@ class GpuExperts(QuantExperts):
         xs = x[:, None, :] if x.ndim == 2 else x
         xs = mx.broadcast_to(xs, (n, k, self.d_in)).reshape(n * k, self.d_in)
         return self.matvec(xs, expert_ids.reshape(-1)).reshape(n, k, self.d_out)
+
+    def describe(self) -> tuple[str, str]:
+        return quant.type_name(self.qtype), f"{LABELS.get(self.backend, self.backend)} kernels"
 
     def _device_pairs(self, x: mx.array, expert_ids: mx.array, n: int, k: int) -> mx.array:
         """A prefill call of at most `group` pairs: each pair's expert dequantised by the kernel

@@ -1,7 +1,8 @@
 """The MLX expert backends (experts/base.py has the interface and chooses among them).
 
   * `DenseExperts`   float weights [n_experts, d_out, d_in] (test models, dequantised refs);
-  * `MxExperts`      MLX microscaled formats (`mxfp4`, from `ds4agent convert`);
+  * `MxExperts`      MLX microscaled formats (`mxfp4`, from `ds4agent convert`; experts/mxfp4.py
+                     re-lays a GGUF's MXFP4 experts into it);
   * `QuantExperts`   raw GGUF blocks [n_experts, d_out, row_bytes] (Q2_K, Q4_K, IQ2_XXS, Q8_0) kept
                      quantised; only the experts a call selects are read. On a CPU, compiled
                      kernels (experts/cpu.py) decode and multiply them block by block, the output
@@ -71,6 +72,9 @@ class DenseExperts:
             self._wt = mx.swapaxes(self.w, -1, -2)
         self.n_experts, self.d_out, self.d_in = (int(s) for s in w.shape)
 
+    def describe(self) -> tuple[str, str]:
+        return "dense float32", "via MLX gather_mm"
+
     def gather_matmul(self, x: mx.array, expert_ids: mx.array) -> mx.array:
         n, k = check_call(self, x, expert_ids)
         out = mx.gather_mm(_slot_inputs(x, n, k), self._wt, rhs_indices=expert_ids.astype(mx.uint32))
@@ -92,6 +96,9 @@ class MxExperts:
         if self.d_in != int(scales.shape[2]) * 32:
             raise EngineError(f"{mode} experts: {self.d_in} inputs do not match {scales.shape[2]} scale groups of 32")
 
+    def describe(self) -> tuple[str, str]:
+        return self.mode, "via MLX gather_qmm"
+
     def gather_matmul(self, x: mx.array, expert_ids: mx.array) -> mx.array:
         n, k = check_call(self, x, expert_ids)
         out = mx.gather_qmm(_slot_inputs(x, n, k), self.wq, self.scales, rhs_indices=expert_ids.astype(mx.uint32),
@@ -106,6 +113,17 @@ DEFAULT_GROUP_BYTES = 256 << 20
 # Output rows per `cpu.products` call on the CPU path. The kernel reads a row's blocks in
 # place (a memory-mapped expert is paged in as it is read); a range only bounds one call's work.
 TILE_ROWS = 1024
+
+
+def quant_how(cpu: bool, fallback: str | None = None) -> str:
+    """How `QuantExperts` multiplies, in words: on the CPU (`cpu`: the reference kernel set's host
+    ids) the exact compiled CPU kernels, else MLX ops; `fallback`: why it runs where GPU kernels
+    were meant to."""
+    if fallback is not None:
+        return f"portable MLX ({fallback})"
+    if cpu:
+        return "exact CPU kernels"
+    return "portable MLX dequantise + gather_mm"
 
 
 def resident_blocks(raw) -> mx.array:
@@ -134,6 +152,10 @@ class QuantExperts:
         a bounded group at a time (`_grouped`). No per-call range check: the router cannot give
         an out-of-range id (top-k over n_experts scores; hash tables are checked at load).
     """
+
+    # Why this portable backend runs where a faster one was meant to (set by base.quant_experts
+    # when the Metal kernels fail their self-check), for `describe`.
+    fallback: str | None = None
 
     def __init__(self, raw, qtype: int, shape, *, group_bytes: int = DEFAULT_GROUP_BYTES):
         if qtype not in quant.EXPERT_TYPES:
@@ -165,6 +187,13 @@ class QuantExperts:
     @property
     def nbytes(self) -> int:
         return self.n_experts * self.expert_bytes
+
+    def maps_file(self) -> bool:
+        """Whether calls read the blocks from the file's mapping (then its pages must stay)."""
+        return not isinstance(self.raw, mx.array)
+
+    def describe(self) -> tuple[str, str]:
+        return quant.type_name(self.qtype), quant_how(self.host_ids, self.fallback)
 
     def _raw_of(self, experts: np.ndarray | mx.array) -> mx.array:
         if isinstance(experts, mx.array):
