@@ -28,12 +28,13 @@ Masked entries use -inf scores, so they contribute exactly 0.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 import numpy as np
 
 from .config import ModelConfig
+from .errors import Interrupted
 from .executors import executor_for
 from .hostread import to_host
 from .layers import Profile, Trace, attention_block, ffn_block, timed
@@ -61,12 +62,16 @@ def embed(weights: ModelWeights, c: ModelConfig, toks: mx.array) -> mx.array:
 
 def run_layers(layer_weights: Sequence[LayerWeights], c: ModelConfig, layer_states: Sequence[LayerState],
                R: mx.array, toks: mx.array, p0: int, *, first_layer: int, kernels: str, rounding: bool = True,
-               trace: Trace | None = None,
-               profile: Profile | None = None) -> tuple[mx.array, tuple[LayerState, ...]]:
+               trace: Trace | None = None, profile: Profile | None = None,
+               should_stop: Callable[[], bool] | None = None) -> tuple[mx.array, tuple[LayerState, ...]]:
     """Layers first_layer.. (as many as `layer_weights`) on R [n, hc, E] at positions p0..:
     (R after them, their new states), on the executor of kernel set `kernels` (the weights'
     ModelWeights.kernels). `forward` runs every layer through this; a pipeline rank runs its own
-    contiguous range (engine/pipeline/), so both run the same per-layer math."""
+    contiguous range (engine/pipeline/), so both run the same per-layer math.
+
+    should_stop: asked after each layer of a prefill chunk (which is evaluated layer by layer);
+    when it says so, Interrupted is raised and the chunk's work is dropped (nothing of it was
+    committed), so an interrupt acts within one layer's time, not a whole chunk's."""
     n = R.shape[0]
     ex = executor_for(kernels)
     new_layers = []
@@ -83,12 +88,15 @@ def run_layers(layer_weights: Sequence[LayerWeights], c: ModelConfig, layer_stat
             # Prefill: materialise layer by layer (bounded graph and memory); decode builds the
             # whole token as one graph.
             mx.eval(R, *new_lay.arrays())
+            if should_stop is not None and should_stop():
+                raise Interrupted("prefill interrupted inside a chunk")
     return R, tuple(new_layers)
 
 
 def forward(weights: ModelWeights, config: ModelConfig, state: SessionState,
             tokens: Sequence[int] | mx.array, *, rounding: bool = True, last_only: bool = False,
-            trace: Trace | None = None, profile: Profile | None = None) -> tuple[mx.array, SessionState]:
+            trace: Trace | None = None, profile: Profile | None = None,
+            should_stop: Callable[[], bool] | None = None) -> tuple[mx.array, SessionState]:
     """Append `tokens` to `state`: (logits [n, V] float32, new state).
 
     logits row i = logits after token i (last_only: only the last row, shape [1, V]).
@@ -104,7 +112,7 @@ def forward(weights: ModelWeights, config: ModelConfig, state: SessionState,
         return mx.zeros((0, c.vocab), dtype=F32), state
     toks = mx.array(np.asarray(tok_list, dtype=np.int32))
     logits, new_layers = build(weights, c, state, toks, rounding=rounding, last_only=last_only,
-                               trace=trace, profile=profile)
+                               trace=trace, profile=profile, should_stop=should_stop)
     new_state = SessionState(tokens=state.tokens + tuple(tok_list), logits=logits[-1],
                              layers=new_layers)
     mx.eval(logits, *new_state.arrays())
@@ -113,7 +121,8 @@ def forward(weights: ModelWeights, config: ModelConfig, state: SessionState,
 
 def build(weights: ModelWeights, config: ModelConfig, state: SessionState, toks: mx.array, *,
           rounding: bool = True, last_only: bool = False, trace: Trace | None = None,
-          profile: Profile | None = None) -> tuple[mx.array, tuple[LayerState, ...]]:
+          profile: Profile | None = None,
+          should_stop: Callable[[], bool] | None = None) -> tuple[mx.array, tuple[LayerState, ...]]:
     """The graph of `forward` over device token ids toks [n] int32: (logits, new layer states),
     unevaluated for decode (n = 1; prefill evaluates layer by layer in run_layers). Reads no
     id back: decode.py passes the sampler's lazy id straight in. The caller guarantees the ids
@@ -122,6 +131,7 @@ def build(weights: ModelWeights, config: ModelConfig, state: SessionState, toks:
     p0 = state.n_tokens
     R = embed(weights, c, toks)
     R, new_layers = run_layers(weights.layers, c, state.layers, R, toks, p0, first_layer=0,
-                               kernels=weights.kernels, rounding=rounding, trace=trace, profile=profile)
+                               kernels=weights.kernels, rounding=rounding, trace=trace, profile=profile,
+                               should_stop=should_stop)
     logits = timed(profile, "head", output_head, weights, c, R[-1:] if last_only else R)
     return logits, new_layers

@@ -181,14 +181,17 @@ class Engine:
         # eval(): mx.zeros is lazy, and a lazy array cannot cross threads (module docstring).
         return SessionState.empty(self.config).eval()
 
-    def forward(self, state: SessionState, tokens: Sequence[int], *, last_only: bool):
-        """(logits mx.array, new state) for a chunk of tokens appended to `state`.
+    def forward(self, state: SessionState, tokens: Sequence[int], *, last_only: bool,
+                should_stop: Callable[[], bool] | None = None):
+        """(logits mx.array, new state) for a chunk of tokens appended to `state`; should_stop:
+        model.run_layers' (an interrupt inside a prefill chunk raises Interrupted).
 
         last_only: only the last row of logits ([1, V]); prefill and decode need nothing else,
         and the output head (V x E) is the largest single matrix of a small model, so skipping
         the other rows is most of a prefill's work on the test configs. dump-logits asks for
         every row."""
-        return forward_pass(self.weights, self.config, state, list(tokens), last_only=last_only)
+        return forward_pass(self.weights, self.config, state, list(tokens), last_only=last_only,
+                            should_stop=should_stop)
 
     def decode_step(self, state: SessionState, token: Any) -> PendingStep:
         """Dispatch one decode step whose token id is still on the device (the sampler's lazy
@@ -268,11 +271,12 @@ class Session:
             raise ContextOverflowError(len(out), self.engine.ctx)
         return out
 
-    def _run(self, state, tokens: tuple[int, ...], *, last_only: bool = True):
+    def _run(self, state, tokens: tuple[int, ...], *, last_only: bool = True,
+             should_stop: Callable[[], bool] | None = None):
         # model.forward returns its state already evaluated (a state handed out as a snapshot
         # must hold values, not a lazy graph keeping every intermediate of the chunk alive), so
         # no second eval here: this is the per-token decode path.
-        logits, new_state = self.engine.forward(state, tokens, last_only=last_only)
+        logits, new_state = self.engine.forward(state, tokens, last_only=last_only, should_stop=should_stop)
         self.prefilled_total += len(tokens)
         return logits, new_state
 
@@ -283,8 +287,10 @@ class Session:
 
         Keeps the longest common prefix with the live state; prefills the rest in chunks on the
         fixed absolute grid, calling `progress(done, total)` after each chunk. `should_stop()` is
-        asked before every chunk; when it says so, Interrupted is raised and the live state holds
-        the prefix reached so far (a chunk boundary): the next sync continues from there.
+        asked before every chunk and after every layer of one (so an interrupt acts within a
+        layer's time: a Flash-shape chunk takes minutes on a CPU); when it says so, Interrupted is
+        raised and the live state holds the prefix reached so far (a chunk boundary: a chunk cut
+        inside is dropped): the next sync continues from there.
         `duty` rests after every chunk (duty.py). A chunk, not a layer, is the unit: a chunk's
         layers run as one evaluated graph, and a chunk takes seconds at most, far below the time a
         laptop takes to heat up, so resting per chunk keeps the same average load.
@@ -302,7 +308,11 @@ class Session:
             if should_stop is not None and should_stop():
                 raise Interrupted(f"prefill interrupted after {done} of {total} tokens",
                                   done=done, total=total)
-            _, state = self._run(self._state, target[p0:p1])
+            try:
+                _, state = self._run(self._state, target[p0:p1], should_stop=should_stop)
+            except Interrupted:  # inside the chunk: its work is dropped, the state stays at `done`
+                raise Interrupted(f"prefill interrupted after {done} of {total} tokens",
+                                  done=done, total=total) from None
             # Commit chunk by chunk: an interrupt (or an error in a later chunk) leaves the
             # state at this consistent prefix instead of throwing the work away.
             self._commit(state)

@@ -161,17 +161,40 @@ def test_snapshot_rewind_is_exact(engine, prompt):
 
 def test_interrupt_between_chunks_keeps_a_consistent_prefix(engine, prompt):
     s = engine.new_session()
-    calls = []
+    chunks = []
 
-    def stop_after_two():
-        calls.append(1)
-        return len(calls) > 2
+    def stop_after_two():  # asked before each chunk and after each layer: stops at the third chunk
+        return len(chunks) >= 2
 
     with pytest.raises(Interrupted) as ei:
-        s.sync(prompt[:N_TOKENS], should_stop=stop_after_two)
+        s.sync(prompt[:N_TOKENS], should_stop=stop_after_two, progress=lambda done, total: chunks.append(done))
     assert (ei.value.done, ei.value.total) == (16, N_TOKENS)
     assert s.tokens == tuple(prompt[:16])
     assert s.sync(prompt[:N_TOKENS]) == N_TOKENS - 16
+    cold = engine.new_session()
+    cold.sync(prompt[:N_TOKENS])
+    _assert_same_state(s.export_state(), cold.export_state())
+
+
+def test_an_interrupt_inside_a_chunk_acts_after_the_current_layer(engine, prompt):
+    """A prefill chunk takes minutes at the Flash shape on a CPU: should_stop is asked after every
+    layer, the cut chunk is dropped (the state stays at the last chunk boundary) and the next sync
+    redoes it, to the same state as an uninterrupted prefill."""
+    s = engine.new_session()
+    asked = []
+
+    def stop_in_second_chunk():
+        asked.append(len(s.tokens))
+        # the first question inside chunk two (its before-chunk question passes)
+        return sum(1 for n in asked if n == 8) == 2
+
+    with pytest.raises(Interrupted) as ei:
+        s.sync(prompt[:N_TOKENS], should_stop=stop_in_second_chunk)
+    assert (ei.value.done, ei.value.total) == (8, N_TOKENS)
+    assert s.tokens == tuple(prompt[:8])
+    # asked before each chunk and after each of the first chunk's layers
+    assert asked.count(0) == 1 + engine.config.n_layers
+    assert s.sync(prompt[:N_TOKENS]) == N_TOKENS - 8
     cold = engine.new_session()
     cold.sync(prompt[:N_TOKENS])
     _assert_same_state(s.export_state(), cold.export_state())

@@ -150,7 +150,8 @@ class PipelineEngine(Engine):
 
     # The states a PipelineEngine's sessions hold are the RankStates it made (typed as the base
     # class's SessionState, which the Session seam passes through unchanged).
-    def forward(self, state: SessionState, tokens: Sequence[int], *, last_only: bool):
+    def forward(self, state: SessionState, tokens: Sequence[int], *, last_only: bool, should_stop=None):
+        # should_stop: a pipeline's chunk runs on every rank at once; it is asked between chunks only.
         assert isinstance(state, RankState)
         if self.link.broken:
             raise PipelineError(self.link.broken)
