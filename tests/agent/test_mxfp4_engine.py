@@ -8,8 +8,8 @@ import pytest
 
 from ds4agent.agent import events as ev
 from ds4agent.engine import load_engine
-from tests.support.rec_tool import RecTool
 from tests.support.agent_harness import AgentHarness, of
+from tests.support.rec_tool import RecTool
 
 CTX = 2048
 
