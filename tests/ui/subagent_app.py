@@ -38,7 +38,7 @@ def main(root: Path) -> int:
 
     engine.on_step = slow_subagent
     settings = AgentSettings(ctx=16384, cwd=root / "work", permission="auto", subagents=True, seed=1,
-                             journal_dir=root / "journal", checkpoint_dir=root / "checkpoints",
+                             journal_dir=root / "journal", undo_dir=root / "checkpoints",
                              config_dir=root / "conf")
     agent = Agent(engine, SessionStore(root / "kv"), [RecTool("read", "1 import os\n2\n3 def parse(): ...\n")],
                   settings)

@@ -1,4 +1,4 @@
-"""The reference executor: the exact float32 path, bit-exact and chunk-invariant (docs/numerics.md).
+"""The reference executor: the exact float32 path of model.md §4, bit-exact and chunk-invariant.
 
 The steps of a layer whose form depends on the kernel set, in their exact form: hyper-connection
 mixing (§4.1-4.2), the attention input's norms and projections, the grouped output projection A,
