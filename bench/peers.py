@@ -104,13 +104,17 @@ def ours(model: Path, prompt_ids: list[int], decode: int, steps: list[dict] | No
         "    for _ in range(job['decode']): tok = int(np.argmax(s.step(tok)))\n"
         "    out['decode'] = job['decode'] / (time.perf_counter() - t)\n"
         "else:\n"
-        "    agree, dmax = [], []\n"
+        "    agree, dmax, gaps = [], [], []\n"
         "    for st in job['steps']:\n"
         "        ids = [c['token']['id'] for c in st['top_logprobs']]; want = [c['logit'] for c in st['top_logprobs']]\n"
-        "        agree.append(int(np.argmax(s.logits)) == st['selected']['id'])\n"
+        "        mine = int(np.argmax(s.logits)); agree.append(mine == st['selected']['id'])\n"
+        "        if mine != st['selected']['id']:\n"
+        "            theirs = dict(zip(ids, want)); sel = st['selected']['id']\n"
+        "            gaps.append([len(agree) - 1, float(theirs[sel] - theirs[mine]) if mine in theirs else None,\n"
+        "                         float(s.logits[mine] - s.logits[sel])])\n"
         "        dmax.append(float(np.max(np.abs(s.logits[ids] - np.array(want)))))\n"
         "        s.step(st['selected']['id'])\n"
-        "    out['agree'] = agree; out['dmax'] = dmax\n"
+        "    out['agree'] = agree; out['dmax'] = dmax; out['gaps'] = gaps\n"
         "out['rss'] = peak_rss()\n"
         "print(json.dumps(out))\n"
     )
@@ -182,6 +186,12 @@ def main() -> int:
             print(f"\nagreement with ds4 over {len(steps)} teacher-forced steps: argmax {agree}/{len(steps)}, "
                   f"median max |dlogit| over ds4's top-20 {median:.3f} (target {DLOGIT_TARGET})"
                   f"  [{'ok' if ok else 'FAIL'}]")
+            # Where the argmax differs: how close a call it was, in ds4's logits (its choice minus
+            # ours) and in ours (ours minus its choice). A near-tie is a gap far below the median
+            # |dlogit|; a wrong kernel gives large gaps on both sides.
+            for step, theirs, mine in got.get("gaps", []):
+                their_gap = "not in ds4's top-20" if theirs is None else f"{theirs:.3f}"
+                print(f"  step {step}: ds4's margin for its choice {their_gap}, ours for ours {mine:.3f}")
         return 1 if failed else 0
 
 
