@@ -113,6 +113,21 @@ def rewind(worker: WorkerPort, number: int, mode: str) -> ev.Rewound:
     return event
 
 
+def take_back(worker: WorkerPort, keep: int, prompt: str) -> None:
+    """Take the last user message back out of the conversation (it was interrupted before any
+    answer): the transcript is cut to its first `keep` tokens, the live KV catches up at the next
+    sync (a snapshot at the turn boundary serves it), and the text goes back to the input box."""
+    number = len(points(worker))
+    target = list(worker.transcript.ids[:keep])
+    worker.transcript.reset(target, min(worker.transcript.system_len, keep))
+    if worker.snapshots is not None:
+        worker.snapshots.retain_prefixes_of(target)
+    worker.turn_times = {k: v for k, v in worker.turn_times.items() if k < keep}
+    worker.identity.dirty = True
+    sessionops.journal_write(worker)
+    worker.io.emit(ev.Rewound(number, "chat", prompt, len(worker.transcript), 0))
+
+
 def summary(event: ev.Rewound) -> str:
     what = {"both": "code and conversation", "chat": "conversation", "code": "code",
             "fork": "conversation, forked"}[event.mode]

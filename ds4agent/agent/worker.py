@@ -286,6 +286,7 @@ class Worker:
 
     def cmd_turn(self, text: str, queued: bool = False) -> None:
         t0 = time.monotonic()
+        typed = text  # as sent, before hooks and attachments (what an interrupt gives back)
         prompt = self.hooks.prompt_submitted(self, text)
         if prompt is None:
             return  # a UserPromptSubmit hook blocked it (and said why)
@@ -307,6 +308,7 @@ class Worker:
         rounds = 0
         reason = ev.TurnEnd.DONE
         error = ""
+        cut = -1  # where the message begins, while it may still be taken back (see below)
         try:
             compaction.maybe_compact(self, len(self.transcript) + len(user_ids), "soft")
             update = self.pending_results()
@@ -322,6 +324,7 @@ class Worker:
             lead_ids = self.tok.encode_pieces(lead)
             if len(self.transcript) + len(lead_ids) + len(user_ids) + 1 >= self.settings.ctx:
                 raise TurnAborted("context full: the message does not fit the context")
+            cut = -1 if update else len(self.transcript)
             if lead_ids:
                 self._trace_append(lead_ids, "system")
                 self.transcript.extend(lead_ids)
@@ -363,6 +366,10 @@ class Worker:
         finally:
             self.greedy = False
             self.generated = 0
+        if reason == ev.TurnEnd.INTERRUPTED and rounds == 1 and total_generated == 0 and cut >= 0:
+            # Interrupted before any answer (a large paste's prefill cut short): the message was
+            # never read, so it goes back to the editor instead of staying in the context.
+            rewind.take_back(self, cut, typed)
         self.io.emit(ev.TurnEnded(reason, rounds=rounds, generated=total_generated,
                                   seconds=round(time.monotonic() - t0, 3), error=error))
         self.hooks.stopped(self, reason)

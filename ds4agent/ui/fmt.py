@@ -359,8 +359,8 @@ def compacting_line(reason: str) -> str:
     return f"compacting ({reason}): summarising durable task state"
 
 
-INTERRUPTED_UNREAD = ("interrupted before any answer: the message stays in the conversation (the context "
-                      "meter counts it); /rewind takes it back out")
+INTERRUPTED_UNREAD = ("interrupted before any answer: the message was taken back out of the conversation "
+                      "(it is in the input box to edit and send again)")
 
 
 def turn_end_note(reason: str, error: str = "", generated: int | None = None) -> tuple[str, str] | None:

@@ -63,9 +63,9 @@ async def test_an_interrupt_is_said_at_once():
         assert not app.status_model.interrupting
 
 
-def test_an_interrupt_before_any_answer_says_how_to_take_the_message_back():
+def test_an_interrupt_before_any_answer_says_the_message_was_taken_back():
     from ds4agent.ui import fmt
 
     assert fmt.turn_end_note("interrupted", generated=0) == (fmt.INTERRUPTED_UNREAD, "warning")
-    assert "/rewind takes it back out" in fmt.INTERRUPTED_UNREAD
+    assert "taken back out of the conversation" in fmt.INTERRUPTED_UNREAD
     assert fmt.turn_end_note("interrupted", generated=12) == ("interrupted", "warning")
