@@ -69,9 +69,9 @@ def run_layers(layer_weights: Sequence[LayerWeights], c: ModelConfig, layer_stat
     ModelWeights.kernels). `forward` runs every layer through this; a pipeline rank runs its own
     contiguous range (engine/pipeline/), so both run the same per-layer math.
 
-    should_stop: asked after each layer of a prefill chunk (which is evaluated layer by layer);
-    when it says so, Interrupted is raised and the chunk's work is dropped (nothing of it was
-    committed), so an interrupt acts within one layer's time, not a whole chunk's."""
+    should_stop: asked after each sublayer of a prefill chunk (which is evaluated layer by
+    layer); when it says so, Interrupted is raised and the chunk's work is dropped (nothing of it
+    was committed), so an interrupt acts within one sublayer's time, not a whole chunk's."""
     n = R.shape[0]
     ex = executor_for(kernels)
     new_layers = []
@@ -80,6 +80,10 @@ def run_layers(layer_weights: Sequence[LayerWeights], c: ModelConfig, layer_stat
         y, new_lay = timed(profile, "attention", attention_block, ex, lw.attn, c, li, x, lay, p0, rounding,
                            trace, profile)
         R = timed(profile, "hyper-connections", ex.hc_post, R, y, post, C)
+        if n > 1 and should_stop is not None:
+            mx.eval(R, *new_lay.arrays())  # what a stop between the sublayers needs evaluated
+            if should_stop():
+                raise Interrupted("prefill interrupted inside a chunk")
         x, post, C = timed(profile, "hyper-connections", ex.hc_pre, lw.hc_ffn, R, c)
         y = timed(profile, "ffn (norm, sum)", ffn_block, ex, lw.ffn, c, li, x, toks, trace, profile)
         R = timed(profile, "hyper-connections", ex.hc_post, R, y, post, C)

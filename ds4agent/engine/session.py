@@ -130,6 +130,9 @@ def materialize(tree: Any) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
+FAST_CPU_CHUNK = 512  # the fast CPU set's prefill chunk cap (Engine.__init__ says why)
+
+
 class Engine:
     """A loaded model: config, weights and the context size sessions run with."""
 
@@ -161,6 +164,12 @@ class Engine:
         # The grid cap; `chunk` overrides it (dump-logits --chunk, tests). The payload's h3 is
         # always chunk_cap(ctx), whatever this is, so saved files stay loadable by ds4.
         self.chunk = int(chunk) if chunk is not None else chunk_cap(self.ctx)
+        if chunk is None and self.weights.kernels == "cpu":
+            # The fast CPU set prefills a Flash-shape token in about half a second: a 4096-token
+            # chunk would show no progress for half an hour and hold an interrupt for a minute per
+            # layer. 512 tokens still give each routed expert about 12 tokens per weight read, and
+            # the set is chunk-invariant, so the results are the same bits.
+            self.chunk = min(self.chunk, FAST_CPU_CHUNK)
 
     def payload_shape(self) -> EnginePayloadShape:
         c = self.config

@@ -115,3 +115,13 @@ def test_fast_set_is_chunk_invariant(engines, prompt):
     assert np.array_equal(whole.logits, pieces.logits)
     for a, b in zip(whole._state.arrays(), pieces._state.arrays(), strict=True):
         assert np.array_equal(np.array(a), np.array(b))
+
+
+def test_the_fast_set_prefills_in_chunks_of_at_most_512(tiny_path):
+    """A 4096-token chunk would show no progress for half an hour at the Flash shape on a CPU;
+    the fast set caps its chunk (chunk-invariant: the same bits), an explicit chunk still wins."""
+    with forced_kernel_set("cpu"):
+        assert load_engine(tiny_path, ctx=8192, device="cpu").chunk == 512
+        assert load_engine(tiny_path, ctx=8192, chunk=1024, device="cpu").chunk == 1024
+    with forced_kernel_set("reference"):
+        assert load_engine(tiny_path, ctx=8192, device="cpu").chunk == 4096

@@ -176,7 +176,7 @@ def test_interrupt_between_chunks_keeps_a_consistent_prefix(engine, prompt):
     _assert_same_state(s.export_state(), cold.export_state())
 
 
-def test_an_interrupt_inside_a_chunk_acts_after_the_current_layer(engine, prompt):
+def test_an_interrupt_inside_a_chunk_acts_after_the_current_sublayer(engine, prompt):
     """A prefill chunk takes minutes at the Flash shape on a CPU: should_stop is asked after every
     layer, the cut chunk is dropped (the state stays at the last chunk boundary) and the next sync
     redoes it, to the same state as an uninterrupted prefill."""
@@ -192,8 +192,8 @@ def test_an_interrupt_inside_a_chunk_acts_after_the_current_layer(engine, prompt
         s.sync(prompt[:N_TOKENS], should_stop=stop_in_second_chunk)
     assert (ei.value.done, ei.value.total) == (8, N_TOKENS)
     assert s.tokens == tuple(prompt[:8])
-    # asked before each chunk and after each of the first chunk's layers
-    assert asked.count(0) == 1 + engine.config.n_layers
+    # asked before each chunk and after each sublayer (attention, FFN) of the first chunk
+    assert asked.count(0) == 1 + 2 * engine.config.n_layers
     assert s.sync(prompt[:N_TOKENS]) == N_TOKENS - 8
     cold = engine.new_session()
     cold.sync(prompt[:N_TOKENS])
