@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from ds4agent.agent import events as ev
+from ds4agent.agent.approval import approve_by_content
 from ds4agent.agent.port import WorkerPort
 from ds4agent.tools import Observation
 from ds4agent.tools.hooks import HookConfig, HookFile, HookRun, load_hooks, run_hook
 from ds4agent.tools.mcp import Approvals, ProjectFile
-from ds4agent.tools.mcp.config import McpConfigError, project_root
+from ds4agent.tools.mcp.config import project_root
 
 APPROVALS_FILE = "hooks-approvals.json"
 # A Stop hook may send the model back to work this many times in a row, then the turn ends.
@@ -137,26 +138,9 @@ def start(worker: WorkerPort) -> AgentHooks:
 
 def _approve(worker: WorkerPort, config_dir: Path, project: HookFile) -> bool:
     """The user's answer for this exact file (asked once, remembered by its SHA-256)."""
-    key_file = ProjectFile(project.path, project.root, project.sha256, ())
-    approvals = Approvals(config_dir, APPROVALS_FILE)
-    try:
-        known = approvals.answer(key_file)
-    except McpConfigError as err:
-        worker.io.emit(ev.Notice(f"hook approvals unreadable, asking again: {err}", "warning"))
-        known = None
-    if known is not None:
-        return known
     listed = "; ".join(f"{h.event}: {h.command}" for h in project.hooks)
-    key, _ = worker.io.ask(ev.Question(
-        id=worker.io.new_id("hooks"), kind="hooks",
+    return approve_by_content(
+        worker, Approvals(config_dir, APPROVALS_FILE), ProjectFile(project.path, project.root, project.sha256, ()),
+        kind="hooks", label="hook",
         question=f"This project's {project.path} runs commands as hooks ({listed}). Use them?",
-        options=(("y", "yes, for this file"), ("n", "not now"), ("d", "never for this file")),
-    ))
-    if key in ("y", "d"):
-        try:
-            approvals.remember(key_file, key == "y")
-        except OSError as err:
-            worker.io.emit(ev.Notice(f"hook approval not remembered: {err.strerror or err}", "warning"))
-    if key != "y":
-        worker.io.emit(ev.Notice(f"the hooks of {project.path} are not used", "warning"))
-    return key == "y"
+        declined=f"the hooks of {project.path} are not used")

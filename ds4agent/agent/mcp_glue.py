@@ -19,6 +19,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ds4agent.agent import events as ev
+from ds4agent.agent.approval import approve_by_content
 from ds4agent.agent.port import WorkerPort
 from ds4agent.tools.mcp import (
     Approvals,
@@ -29,7 +30,6 @@ from ds4agent.tools.mcp import (
     default_log_dir,
     mcp_tools,
 )
-from ds4agent.tools.mcp.config import McpConfigError
 
 if TYPE_CHECKING:
     from ds4agent.tools.mcp import ProjectFile
@@ -41,28 +41,11 @@ JOIN_POLL = 0.2
 
 
 def _approve(worker: WorkerPort, config: McpConfig, project: ProjectFile) -> bool:
-    approvals = Approvals(config.config_dir)
-    try:
-        known = approvals.answer(project)
-    except McpConfigError as err:
-        worker.io.emit(ev.Notice(f"MCP approvals unreadable, asking again: {err}", "warning"))
-        known = None
-    if known is not None:
-        return known
     listed = "; ".join(f"`{s.name}`: {s.command_line()}" for s in project.servers)
-    key, _ = worker.io.ask(ev.Question(
-        id=worker.io.new_id("mcp"), kind="mcp",
+    return approve_by_content(
+        worker, Approvals(config.config_dir), project, kind="mcp", label="MCP",
         question=f"This project's {project.path.name} starts MCP servers ({listed}). Start them?",
-        options=(("y", "yes, for this file"), ("n", "not now"), ("d", "never for this file")),
-    ))
-    if key in ("y", "d"):
-        try:
-            approvals.remember(project, key == "y")
-        except OSError as err:
-            worker.io.emit(ev.Notice(f"MCP approval not remembered: {err.strerror or err}", "warning"))
-    if key != "y":
-        worker.io.emit(ev.Notice(f"the MCP servers of {project.path} are not started", "warning"))
-    return key == "y"
+        declined=f"the MCP servers of {project.path} are not started")
 
 
 def start(worker: WorkerPort) -> None:
