@@ -21,6 +21,8 @@ def seed_sysprompt_cache(argv: list[str], cwd: Path, kv_dir: Path) -> int:
     """Write the cache the agent started as `ds4agent ARGV` in `cwd` looks up; returns its tokens."""
     from ds4agent.agent import sessionops
     from ds4agent.agent.settings import AgentSettings
+    from ds4agent.agent.skills import load_skills
+    from ds4agent.agent.subagent import TaskTool
     from ds4agent.cli import build_parser
     from ds4agent.engine.config import flash_config
     from ds4agent.protocol.tokenizer import Tokenizer
@@ -35,8 +37,12 @@ def seed_sysprompt_cache(argv: list[str], cwd: Path, kv_dir: Path) -> int:
         settings = AgentSettings.from_args(args)
     finally:
         os.chdir(old)
-    worker = SimpleNamespace(settings=settings, tools=default_tools(), tok=Tokenizer.load(),
-                             io=SimpleNamespace(emit=lambda e: None))
+    # The tools block the worker renders (Worker.tools): the built-in tools, the skills' tool
+    # when the project or the user has skills, and the subagents' `task` tool when they are on.
+    worker = SimpleNamespace(settings=settings, tok=Tokenizer.load(), io=SimpleNamespace(emit=lambda e: None))
+    skills = load_skills(settings.cwd, settings.user_config_dir())
+    task = [TaskTool(worker, None)] if settings.subagents else []  # type: ignore[arg-type]
+    worker.tools = default_tools(settings.edit_upto) + list(skills.tools()) + task
     ids = sessionops.render_system(worker)
     c = flash_config()
     T = len(ids)
