@@ -10,12 +10,11 @@ ignored setting would leave the user wondering why nothing rings).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ds4agent.tools.userdirs import default_config_dir
+from ds4agent.tools.userdirs import SettingsFileError, read_settings
 
 SETTINGS_FILE = "notify.json"
 MODES = ("auto", "bell", "osc", "off")
@@ -43,17 +42,12 @@ def _check(mode: object, after: object, where: str) -> NotifyConfig:
 
 
 def load(config_dir: Path | None = None) -> NotifyConfig:
-    path = (config_dir or default_config_dir()) / SETTINGS_FILE
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+        path, data = read_settings(SETTINGS_FILE, config_dir)
+    except SettingsFileError as err:
+        raise NotifyConfigError(str(err)) from None
+    if data is None:
         return NotifyConfig()
-    except OSError as err:
-        raise NotifyConfigError(f"{path}: cannot read it: {err.strerror or err}") from None
-    try:
-        data = json.loads(raw)
-    except ValueError as err:
-        raise NotifyConfigError(f"{path}: not valid JSON: {err}") from None
     if not isinstance(data, dict):
         raise NotifyConfigError(f"{path}: expected an object like {{\"mode\": \"auto\", \"after_seconds\": 30}}")
     unknown = sorted(set(data) - {"mode", "after_seconds"})

@@ -11,12 +11,11 @@ silently ignored allow-list would leave the user wondering why docker fails).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from ds4agent.tools.userdirs import default_config_dir
+from ds4agent.tools.userdirs import SettingsFileError, read_settings
 
 SETTINGS_FILE = "sandbox.json"
 
@@ -34,18 +33,12 @@ class SandboxSettingsError(Exception):
 
 
 def load_allowed_sockets(config_dir: Path | None = None) -> tuple[str, ...]:
-    path = (config_dir or default_config_dir()) / SETTINGS_FILE
     try:
-        with open(path, "rb") as f:
-            raw = f.read(1 << 20)
-    except FileNotFoundError:
+        path, data = read_settings(SETTINGS_FILE, config_dir)
+    except SettingsFileError as err:
+        raise SandboxSettingsError(str(err)) from None
+    if data is None:
         return ()
-    except OSError as err:
-        raise SandboxSettingsError(f"cannot read {path}: {err.strerror}") from None
-    try:
-        data = json.loads(raw)
-    except ValueError as err:
-        raise SandboxSettingsError(f"{path} is not valid JSON: {err}") from None
     sockets = data.get("allow_unix_sockets", []) if isinstance(data, dict) else None
     if not isinstance(sockets, list) or not all(isinstance(s, str) and s for s in sockets):
         raise SandboxSettingsError(f"{path}: \"allow_unix_sockets\" must be a list of socket paths")
