@@ -81,7 +81,7 @@ def maybe_compact(worker: WorkerPort, projected: int, kind: str, *, force: bool 
     or always when force. Returns True when the transcript was compacted."""
     if not force and projected < compact_threshold(worker.settings.ctx):
         return False
-    if len(worker.transcript) <= worker.transcript.system_len:
+    if len(worker.conv.transcript) <= worker.conv.transcript.system_len:
         return False
     return compact(worker, kind, projected=projected)
 
@@ -98,9 +98,9 @@ def _tail_keep(ctx: int) -> int:
 
 
 def _tail(worker: WorkerPort) -> list[int]:
-    ids = worker.transcript.ids
+    ids = worker.conv.transcript.ids
     keep = _tail_keep(worker.settings.ctx)
-    start = max(worker.transcript.system_len, len(ids) - keep)
+    start = max(worker.conv.transcript.system_len, len(ids) - keep)
     while start < len(ids) and ids[start] != USER:
         start += 1
     return ids[start:]
@@ -118,7 +118,7 @@ def _goal_note(worker: WorkerPort, tail: list[int]) -> str:
     tok = worker.tok
     tail_bytes = tok.decode_bytes(tail)
     texts: list[str] = []
-    for t in split_turns(worker.transcript.ids, worker.transcript.system_len):
+    for t in split_turns(worker.conv.transcript.ids, worker.conv.transcript.system_len):
         _, text = parse_user_part(tok.decode_bytes(t.user))
         if text:
             texts.append(text)
@@ -167,8 +167,7 @@ def _write_summary(worker: WorkerPort, limit: int) -> bytes | None:
             break
         io.emit(ev.CompactionDelta(data.decode("utf-8", "replace")))
         if count % 32 == 0:
-            worker.generated = count
-            worker.decode_tps = count / max(time.monotonic() - t0, 1e-9)
+            worker.conv.decoding(count, count / max(time.monotonic() - t0, 1e-9))
             worker.emit_status()
     if tokens.interrupted:
         return None
@@ -181,26 +180,26 @@ def compact(worker: WorkerPort, kind: str, *, projected: int | None = None) -> b
     tok = worker.tok
     io = worker.io
     ctx = worker.settings.ctx
-    old_ids = list(worker.transcript.ids)
-    old_system_len = worker.transcript.system_len
+    old_ids = list(worker.conv.transcript.ids)
+    old_system_len = worker.conv.transcript.system_len
     before = len(old_ids)
     io.emit(ev.CompactionStarted(kind, before))
     worker.set_state(ev.State.COMPACTING, detail=f"{kind}: summarizing durable task state")
 
     def fail(message: str) -> bool:
-        worker.transcript.reset(old_ids, old_system_len)
+        worker.conv.transcript.reset(old_ids, old_system_len)
         io.emit(ev.CompactionDone(False, before, before, error=message))
         io.emit(ev.Error(f"compaction failed: {message}"))
         return False
 
     def pointless(message: str) -> bool:
         # Not a failure: compaction cannot make this context smaller, so it keeps it as it is.
-        worker.transcript.reset(old_ids, old_system_len)
+        worker.conv.transcript.reset(old_ids, old_system_len)
         io.emit(ev.CompactionDone(False, before, before, error=message))
         io.emit(ev.Notice(f"nothing compacted: {message}", "warning"))
         return False
 
-    if not worker.transcript.at_turn_boundary():
+    if not worker.conv.transcript.at_turn_boundary():
         return fail("the conversation is in the middle of a turn")
     conversation = before - old_system_len
     if len(_tail(worker)) >= conversation:
@@ -218,7 +217,7 @@ def compact(worker: WorkerPort, kind: str, *, projected: int | None = None) -> b
     room = ctx - before - len(request) - 1
     if room < SUMMARY_MIN_ROOM:
         return fail(f"not enough room to write a summary ({max(room, 0)} tokens free)")
-    worker.transcript.extend(request)
+    worker.conv.transcript.extend(request)
     try:
         if not worker.sync():
             return fail("interrupted")
@@ -227,14 +226,14 @@ def compact(worker: WorkerPort, kind: str, *, projected: int | None = None) -> b
             return fail("interrupted")
         if not text:
             return fail("the model wrote an empty summary")
-        worker.transcript.reset(old_ids, old_system_len)  # drop the private request
+        worker.conv.transcript.reset(old_ids, old_system_len)  # drop the private request
         tail = _tail(worker)
         goal = _goal_note(worker, tail)
         body = text + (b"\n\n" + goal.encode("utf-8") if goal else b"")
-        system = worker.system
+        system = worker.conv.system
         prefix = template.render(template.compacted_prefix_pieces(
             system.builtin, body, extra_system_text=system.extra, tools=worker.tools,
-            think_mode="think-max" if worker.system_is_max else "think",
+            think_mode="think-max" if worker.conv.system_is_max else "think",
             ctx=ctx), tok)
         new_ids = prefix + tail
         if len(new_ids) >= before:
@@ -242,25 +241,24 @@ def compact(worker: WorkerPort, kind: str, *, projected: int | None = None) -> b
                              f"smaller than the context now ({before} tokens)")
         if len(new_ids) + SUMMARY_MIN_ROOM >= ctx:
             return fail("the summary and the kept tail do not fit the context")
-        if worker.identity.title is None:
+        if worker.conv.identity.title is None:
             # The title is derived from the first user message of the text (kvc-format.md §12.7);
             # after the rebuild that would be whatever turn the tail starts with. Fix it now, so a
             # session first saved after a compaction is still named after the user's request.
-            worker.identity.title = session_title(tok.decode_bytes(old_ids))
-        worker.transcript.reset(new_ids, len(prefix))
+            worker.conv.identity.title = session_title(tok.decode_bytes(old_ids))
+        worker.conv.transcript.reset(new_ids, len(prefix))
         rewind.transcript_compacted(worker)
         if not worker.sync():
             # Keep the compacted transcript: it is consistent; the next round prefills the rest.
             pass
     except Exception as err:  # an engine failure must not lose the conversation
         return fail(str(err) or type(err).__name__)
-    worker.identity.dirty = True
     # Running bash jobs are re-announced (agent-reference.md §8) as one more tool result in the
     # next User turn, the first thing appended after a compaction (a user turn or a results
     # turn): chronologically after the tail, observed when that turn is rendered, so the model
     # sees the jobs' current state, not the state at the moment of the summary.
-    worker.jobs_update_due = True
-    after = len(worker.transcript)
+    worker.conv.after_compaction()  # the conversation differs from its file too
+    after = len(worker.conv.transcript)
     io.emit(ev.CompactionDone(True, before, after, summary_tokens=len(prefix) - old_system_len,
                               tail_tokens=len(tail)))
     io.emit(ev.Notice(f"compacted context: old={before} summary+tail={after} tail={len(tail)}"))

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from ds4agent.agent import events as ev
+from ds4agent.agent import ops
 from ds4agent.agent.settings import PERMISSION_MODES, AgentSettings, think_mode_named
 from ds4agent.engine import FULL_POWER, EngineLost
 
@@ -70,10 +71,6 @@ def idle_required(command: str) -> str:
     return f"command requires the model to be idle: {command}"
 
 
-# How a command's unexpected failure is reported (agent-reference.md §3 wording).
-_FAILED = {"new": "new session", "load": "load", "compact": "compaction", "turn": "turn"}
-_STOP = "_stop"  # the command that ends the worker loop
-
 
 class _Pending:
     """One question the worker is waiting on (permission or save/resume)."""
@@ -113,8 +110,8 @@ class Agent:
     ) -> None:
         self.settings = settings or AgentSettings()
         self.events: queue.Queue[ev.Event] = queue.Queue()
-        # (name, run): run() executes on the worker thread; the name is for messages and /quit.
-        self._commands: queue.Queue[tuple[str, Callable[[], None]]] = queue.Queue()
+        # What the worker thread runs next (ops.py); None ends its loop (shutdown).
+        self._commands: queue.Queue[ops.WorkerCommand | None] = queue.Queue()
         self._lock = threading.Lock()
         self._queued: list[str] = []  # messages typed while busy, in order
         self._steer: list[str] = []  # /steer texts waiting for the next tool boundary, in order
@@ -173,14 +170,14 @@ class Agent:
         self._interrupt.set()
         for pending in list(self._pending.values()):
             pending.done.set()
-        self._commands.put((_STOP, lambda: None))
+        self._commands.put(None)
         if self._thread is not None and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
     def quit(self) -> None:
         """Leave: asks "Save current session?" (a Question event) when there are unsaved turns,
         then stops the worker and publishes Exited. Requires idle, like the reference's /quit."""
-        self._command("quit", lambda: None)
+        self._command(ops.Quit())
 
     @property
     def busy(self) -> bool:
@@ -212,7 +209,7 @@ class Agent:
             else:
                 self._busy = True
                 self._interrupt.clear()
-                self._commands.put(("turn", lambda: self._worker.cmd_turn(text)))
+                self._commands.put(ops.Turn(text))
                 return True
         self.emit(ev.QueueChanged(items))
         return True
@@ -248,7 +245,7 @@ class Agent:
 
     def subagents(self) -> list[SubagentRecord]:
         """The subagents the live conversation ran (restored with a loaded session)."""
-        return list(self._worker.identity.subagents)
+        return list(self._worker.conv.identity.subagents)
 
     def pull_queued(self) -> str | None:
         """Take back the most recently queued message (Ctrl+X); None when the queue is empty."""
@@ -325,37 +322,37 @@ class Agent:
             else:
                 deferred = False
                 self._busy = True
-                self._commands.put(("save", lambda: self._worker.cmd_save(title)))
+                self._commands.put(ops.Save(title))
         if deferred:
             self.emit(ev.Notice("save scheduled at next safe point"))
 
     def load(self, prefix: str) -> None:
         """/load PREFIX (alias /switch): save question if unsaved, then restore the session with no
         prefill; SessionLoaded carries the last turns for display."""
-        self._command("load", lambda: self._worker.cmd_load(prefix))
+        self._command(ops.LoadSession(prefix))
 
     def new(self) -> None:
         """/new: save question if unsaved, then reset to the system prefix (SessionNew)."""
-        self._command("new", self._worker.cmd_new)
+        self._command(ops.NewSession())
 
     def compact(self) -> None:
         """/compact: summarise the conversation now (CompactionStarted ... CompactionDone)."""
-        self._command("compact", self._worker.cmd_compact)
+        self._command(ops.Compact())
 
     def rewind_points(self) -> None:
         """/rewind: publishes RewindList (the session's user turns, 1 = the first)."""
-        self._command("rewind", lambda: self._worker.cmd_rewind(None, "both"))
+        self._command(ops.Rewind())
 
     def rewind(self, number: int, mode: str = "both") -> None:
         """/rewind N [both|chat|code|fork]: go back to just before user turn N (rewind.py);
         Rewound carries the turn's prompt for the input box and how much was re-prefilled."""
         number = int(number)
-        self._command("rewind", lambda: self._worker.cmd_rewind(number, mode))
+        self._command(ops.Rewind(number, mode))
 
     def fork(self, title: str = "") -> None:
         """/fork [TITLE]: save the conversation as a new session (SessionSaved); the original
         file is left untouched and later saves go to the fork."""
-        self._command("fork", lambda: self._worker.cmd_fork(title))
+        self._command(ops.Fork(title))
 
     def list_sessions(self) -> None:
         """/list: publishes SessionList (runs at once, busy or not: it only reads file headers)."""
@@ -364,12 +361,12 @@ class Agent:
     def delete(self, prefix: str) -> None:
         """/del PREFIX: asks "Delete session ...?" (a Question), then deletes the file; refuses
         the live session while it has unsaved turns. Idle only."""
-        self._command("del", lambda: self._worker.cmd_delete(prefix))
+        self._command(ops.DeleteSession(prefix))
 
     def strip(self, prefix: str) -> None:
         """/strip PREFIX: rewrite a saved session as a stripped file (its text and title kept, its
         KV state dropped; loading it prefills the text again). Idle only."""
-        self._command("strip", lambda: self._worker.cmd_strip(prefix))
+        self._command(ops.Strip(prefix))
 
     def delete_session(self, prefix: str) -> str:
         """Delete a saved session by id prefix (the picker's `d`); runs in the caller's thread (it
@@ -525,11 +522,12 @@ class Agent:
         self.emit(ev.Error(idle_required(command)))
         return True
 
-    def _command(self, name: str, run: Callable[[], None]) -> None:
+    def _command(self, command: ops.WorkerCommand) -> None:
         """Schedule a worker command, or refuse it by the busy rule (never queued)."""
+        name = command.name
         if self.failure is not None:
             # No worker to run it: /quit leaves at once, anything else says why it cannot run.
-            self.emit(ev.Exited(1) if name == "quit" else ev.Error(f"/{name} cannot run: {self.failure}"))
+            self.emit(ev.Exited(1) if isinstance(command, ops.Quit) else ev.Error(f"/{name} cannot run: {self.failure}"))
             return
         with self._lock:
             if self._busy:
@@ -538,7 +536,7 @@ class Agent:
                 busy = False
                 self._busy = True
                 self._interrupt.clear()
-                self._commands.put((name, run))
+                self._commands.put(command)
         if busy:
             self.emit(ev.Error(idle_required(f"/{name}")))
 
@@ -560,25 +558,22 @@ class Agent:
         discard: bool | None = None  # None: keep the journal if there are unsaved turns
         exit_status = 0
         while True:
-            name, run = self._commands.get()
-            if name == _STOP or self._stopping.is_set():
+            command = self._commands.get()
+            if command is None or self._stopping.is_set():
                 break
             try:
-                if name == "quit":
-                    if worker.confirm_leave():
-                        self._stopping.set()
-                        discard = True  # the user answered the save question
-                        break
-                else:
-                    run()
+                if worker.run(command):  # /quit, and the user did not cancel at the save question
+                    self._stopping.set()
+                    discard = True  # the user answered the save question
+                    break
             except EngineLost as err:
                 # The engine cannot go on (a pipeline rank died): end here, keeping the journal.
-                self.emit(ev.Error(f"{_FAILED.get(name, name)} failed: {err}", fatal=True))
+                self.emit(ev.Error(f"{command.failure} failed: {err}", fatal=True))
                 self._stopping.set()
                 exit_status = 1
                 break
             except Exception as err:  # every failure becomes a readable event
-                self.emit(ev.Error(f"{_FAILED.get(name, name)} failed: {err}"))
+                self.emit(ev.Error(f"{command.failure} failed: {err}"))
             self._after_command()
         try:
             worker.close(discard=discard)
@@ -613,7 +608,7 @@ class Agent:
                 self._save_deferred, self._save_title = False, None
             if save:
                 try:
-                    self._worker.cmd_save(title)
+                    self._worker.run(ops.Save(title))
                 except Exception as err:
                     self.emit(ev.Error(f"save failed: {err}"))
             with self._lock:
@@ -629,7 +624,7 @@ class Agent:
             self.emit(ev.QueueChanged(()))
             self._interrupt.clear()
             try:
-                self._worker.cmd_turn(text, queued=True)
+                self._worker.run(ops.Turn(text, queued=True))
             except Exception as err:
                 self.emit(ev.Error(f"turn failed: {err}"))
 

@@ -57,7 +57,7 @@ class AgentHooks:
         if not hooks:
             return runs
         base = {"hook_event_name": event, "cwd": str(worker.settings.cwd),
-                "session_id": worker.identity.session_id, "permission_mode": worker.settings.permission}
+                "session_id": worker.conv.identity.session_id, "permission_mode": worker.settings.permission}
         for hook in hooks:
             worker.trace.line(f"hook {event} {hook.command!r}")
             run = run_hook(hook, {**base, **payload}, self.root, sockets=worker.tool_ctx.sockets,

@@ -46,7 +46,7 @@ def switch(worker: WorkerPort, mode: str) -> None:
     mode remembers the mode it left, which toggle() and nothing else returns to."""
     old = worker.settings.permission
     if mode == MODE and old != MODE:
-        worker.plan_return = old
+        worker.conv.enter_plan(old)
     worker.settings.permission = mode
     worker.policy.mode = mode
     note = "plan mode: the model reads and plans; nothing is changed until you approve" if mode == MODE else ""
@@ -56,7 +56,7 @@ def switch(worker: WorkerPort, mode: str) -> None:
 
 def toggle(worker: WorkerPort) -> None:
     if worker.settings.permission == MODE:
-        switch(worker, worker.plan_return if worker.plan_return != MODE else "ask")
+        switch(worker, worker.conv.plan_return if worker.conv.plan_return != MODE else "ask")
     else:
         switch(worker, MODE)
 
@@ -67,7 +67,7 @@ def decorate(worker: WorkerPort, text: str) -> str:
 
 def last_answer(worker: WorkerPort) -> str:
     """The visible text of the transcript's last assistant output (its reasoning left out)."""
-    t = worker.transcript
+    t = worker.conv.transcript
     turns = split_turns(t.ids, t.system_len)
     if not turns:
         return ""

@@ -2,8 +2,10 @@
 
     AgentIO      the facade's side the worker talks to: events out, questions, the interrupt flag
                  and the messages queued while busy (facade.Agent implements it)
-    WorkerPort   the worker state and the few operations that sessionops, compaction, rewind and
-                 permissions_glue use (worker.Worker implements it)
+    WorkerPort   what the worker was built with, what startup made, the conversation (`conv`,
+                 conversation.py: its methods are the only way to change it) and the few
+                 operations that sessionops, compaction, rewind and permissions_glue use
+                 (worker.Worker implements it)
 
 The modules over the worker are typed against WorkerPort, never against the Worker class: they
 cannot reach its private state, and the worker imports them without a circle. Everything named
@@ -17,20 +19,16 @@ from typing import TYPE_CHECKING, Protocol
 from ds4agent.agent import events as ev
 
 if TYPE_CHECKING:  # types only: importing this module stays free of the engine and the tools
-    from ds4agent.agent.identity import SessionIdentity
+    from ds4agent.agent.conversation import Conversation
     from ds4agent.agent.journal import Journal
-    from ds4agent.agent.prompt import SystemText
     from ds4agent.agent.settings import AgentSettings
-    from ds4agent.agent.skills import SkillSet
     from ds4agent.agent.trace import TraceLog
-    from ds4agent.agent.transcript import Transcript
     from ds4agent.engine import DutyCycle, Engine, Sampler, Session, SnapshotStore
     from ds4agent.protocol.tokenizer import Tokenizer
     from ds4agent.sessions.store import SessionStore
     from ds4agent.tools import Tool, ToolContext
     from ds4agent.tools.mcp import McpConfig, McpServers
     from ds4agent.tools.permissions import PermissionPolicy
-    from ds4agent.tools.todo import TodoItem
 
 
 class AgentIO(Protocol):
@@ -81,23 +79,8 @@ class WorkerPort(Protocol):
     duty: DutyCycle  # rests between prefill chunks and decoded tokens (/power)
     snapshots: SnapshotStore | None
     journal: Journal | None
-    system: SystemText
-    skills: SkillSet  # the skills found at start (their descriptions are in the system text)
-    system_ids: list[int]
-    system_is_max: bool  # the system prefix was rendered for think-max
-    # the conversation
-    transcript: Transcript
-    identity: SessionIdentity
-    think_mode: str
-    turn_times: dict[int, float]  # transcript index of a user turn -> when it was sent
-    turn_at: int  # transcript index of the current user turn
-    jobs_update_due: bool  # a compaction ran: the next User turn re-announces running bash jobs
-    todo_list: tuple[TodoItem, ...]  # the model's task list as last published (todos.py)
-    plan_return: str  # the permission mode plan mode returns to (plan.py)
-    # status figures
-    generated: int
-    decode_tps: float
-    last_prefilled: int
+    # the conversation: transcript, identity, system prefix, turn times, status figures, ...
+    conv: Conversation
 
     @property
     def tools(self) -> list[Tool]:
@@ -112,5 +95,3 @@ class WorkerPort(Protocol):
     def set_state(self, state: ev.State, *, progress: float | None = None, detail: str = "") -> None: ...
 
     def emit_status(self, progress: float | None = None) -> None: ...
-
-    def forget_pending_results(self) -> None: ...

@@ -33,18 +33,17 @@ def keep_boundary(worker: WorkerPort) -> None:
     """At the start of a user turn (transcript at a boundary): record when it was sent, and keep
     the engine state that holds exactly the transcript so far (the EOS that closed the previous
     round is evaluated here, one token, instead of as part of the turn's prefill)."""
-    worker.turn_times[len(worker.transcript)] = time.time()
-    worker.turn_at = len(worker.transcript)  # undo log file writes under this turn
+    worker.conv.turn_started(time.time())  # the undo log records file writes under this turn
     store = worker.snapshots
     if store is None:
         return
-    ids = tuple(worker.transcript.ids)
+    ids = tuple(worker.conv.transcript.ids)
     if tuple(worker.session.tokens) != ids and not worker.sync():
         return  # interrupted: the turn's own sync reports it
     if tuple(worker.session.tokens) == ids:
         # Snapshots off this conversation's line (before a /new, /load or compaction, or an
         # abandoned branch) are of no use any more.
-        store.retain_prefixes_of(worker.transcript.ids)
+        store.retain_prefixes_of(worker.conv.transcript.ids)
         store.keep(worker.session)
 
 
@@ -52,10 +51,10 @@ def transcript_compacted(worker: WorkerPort) -> None:
     """After a compaction the turns sit at new transcript positions: forget the send times, and
     seal the undo log so far (a rewind to a turn after the compaction must not undo a
     write from before it, which an old position could otherwise be taken for)."""
-    worker.turn_times = {}
-    if worker.identity.undo is not None:
+    worker.conv.forget_turn_times()
+    if worker.conv.identity.undo is not None:
         try:
-            worker.identity.undo.seal()
+            worker.conv.identity.undo.seal()
         except OSError as err:
             worker.io.emit(ev.Notice(f"undo log not sealed: {err.strerror or err}", "warning"))
 
@@ -63,18 +62,18 @@ def transcript_compacted(worker: WorkerPort) -> None:
 def points(worker: WorkerPort) -> list[ev.RewindPoint]:
     tok = worker.tok
     out: list[ev.RewindPoint] = []
-    for turn in split_turns(worker.transcript.ids, worker.transcript.system_len):
+    for turn in split_turns(worker.conv.transcript.ids, worker.conv.transcript.system_len):
         results, text = parse_user_part(tok.decode_bytes(turn.user))
         if results:
             continue
         first = text.strip().splitlines()[0] if text.strip() else ""
-        out.append(ev.RewindPoint(len(out) + 1, worker.turn_times.get(turn.start, 0.0), first,
+        out.append(ev.RewindPoint(len(out) + 1, worker.conv.turn_times.get(turn.start, 0.0), first,
                                   turn.start))
     return out
 
 
 def prompt_of(worker: WorkerPort, start: int) -> str:
-    for turn in split_turns(worker.transcript.ids, start):
+    for turn in split_turns(worker.conv.transcript.ids, start):
         return attach.strip(parse_user_part(worker.tok.decode_bytes(turn.user))[1])
     return ""
 
@@ -98,7 +97,7 @@ def rewind(worker: WorkerPort, number: int, mode: str) -> ev.Rewound:
     refused: tuple[str, ...] = ()
     if mode in ("both", "code"):
         restored, refused = restore_code(worker, point.tokens)
-    if mode == "fork" and worker.identity.unsaved_work and worker.store is not None:
+    if mode == "fork" and worker.conv.identity.unsaved_work and worker.store is not None:
         # The original goes on existing as it is now: save its unsaved turns before cutting them.
         if sessionops.save(worker) is None:
             raise RewindError("fork failed: the current conversation could not be saved first")
@@ -107,7 +106,7 @@ def rewind(worker: WorkerPort, number: int, mode: str) -> ev.Rewound:
         prefilled = rewind_chat(worker, point.tokens)
     if mode == "fork":
         sessionops.fork(worker, None)
-    event = ev.Rewound(number, mode, prompt, len(worker.transcript), prefilled, restored, refused)
+    event = ev.Rewound(number, mode, prompt, len(worker.conv.transcript), prefilled, restored, refused)
     worker.io.emit(event)
     worker.io.emit(ev.Notice(summary(event)))
     return event
@@ -118,14 +117,12 @@ def take_back(worker: WorkerPort, keep: int, prompt: str) -> None:
     answer): the transcript is cut to its first `keep` tokens, the live KV catches up at the next
     sync (a snapshot at the turn boundary serves it), and the text goes back to the input box."""
     number = len(points(worker))
-    target = list(worker.transcript.ids[:keep])
-    worker.transcript.reset(target, min(worker.transcript.system_len, keep))
+    target = worker.conv.cut(keep)
     if worker.snapshots is not None:
         worker.snapshots.retain_prefixes_of(target)
-    worker.turn_times = {k: v for k, v in worker.turn_times.items() if k < keep}
-    worker.identity.dirty = True
+    worker.conv.identity.dirty = True
     sessionops.journal_write(worker)
-    worker.io.emit(ev.Rewound(number, "chat", prompt, len(worker.transcript), 0))
+    worker.io.emit(ev.Rewound(number, "chat", prompt, len(worker.conv.transcript), 0))
 
 
 def summary(event: ev.Rewound) -> str:
@@ -144,22 +141,18 @@ def summary(event: ev.Rewound) -> str:
 def rewind_chat(worker: WorkerPort, keep: int) -> int:
     """Cut the transcript to its first `keep` tokens and make the live state hold them; returns
     how many tokens were prefilled (0 when a snapshot served)."""
-    target = list(worker.transcript.ids[:keep])
-    worker.transcript.reset(target, min(worker.transcript.system_len, keep))
+    target = worker.conv.cut(keep)
     store = worker.snapshots
     if store is not None:
         store.restore(worker.session, target)
         store.retain_prefixes_of(target)
-    worker.last_prefilled = 0
-    worker.sync()
-    prefilled = worker.last_prefilled
-    worker.turn_times = {k: v for k, v in worker.turn_times.items() if k <= keep}
-    worker.forget_pending_results()
+    prefilled = worker.conv.last_prefilled if worker.sync() else 0
+    worker.conv.forget_pending_results()
     # The model no longer has the reads of the dropped turns in its context: the edit guard must
     # not trust them (it asks for a fresh read instead).
     worker.tool_ctx.reset_session()
-    worker.identity.dirty = True
-    worker.identity.activity = True
+    worker.conv.identity.dirty = True
+    worker.conv.identity.activity = True
     sessionops.journal_write(worker)
     return prefilled
 
@@ -167,7 +160,7 @@ def rewind_chat(worker: WorkerPort, keep: int) -> int:
 def restore_code(worker: WorkerPort, keep: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Put back the files the tools changed in the turns from transcript index `keep` on. Files
     changed since the agent last wrote them are left alone unless the user confirms."""
-    ckpt = worker.identity.undo
+    ckpt = worker.conv.identity.undo
     if ckpt is None:
         return (), ()
     plan = ckpt.plan(keep)

@@ -87,14 +87,14 @@ def render_system(worker: WorkerPort) -> list[int]:
     s = worker.settings
     # The skills' descriptions are part of the system text (and `skill` of the tools): read here,
     # at start and at /new, so the prefix and the tools block always agree.
-    worker.skills = load_skills(s.cwd, s.user_config_dir())
-    worker.system = build_system_text(s.cwd, s.system, worker.skills.system_block(), edit_upto=s.edit_upto)
-    for note in (*worker.skills.notes, *worker.system.notes):
+    skills = load_skills(s.cwd, s.user_config_dir())
+    system = build_system_text(s.cwd, s.system, skills.system_block(), edit_upto=s.edit_upto)
+    for note in (*skills.notes, *system.notes):
         worker.io.emit(ev.Notice(note, "warning"))
     eff = s.effective_think_mode()
-    worker.system_is_max = eff == "think-max"
+    worker.conv.system_rendered(system, skills, is_max=eff == "think-max")
     return template.render(template.system_prefix_pieces(
-        worker.system.builtin, extra_system_text=worker.system.extra, tools=worker.tools,
+        worker.conv.system.builtin, extra_system_text=worker.conv.system.extra, tools=worker.tools,
         think_mode=eff, ctx=s.ctx), worker.tok)
 
 
@@ -102,8 +102,8 @@ def start_system_prefix(worker: WorkerPort) -> bool:
     """Make the live KV hold the system prefix: from `sysprompt-<hex>.kv` when its exact text
     matches (no prefill), else prefill and (re)write the cache. True on a cache hit."""
     ids = render_system(worker)
-    worker.system_ids = ids
-    worker.transcript.reset(ids, len(ids))
+    worker.conv.system_kept(ids)
+    worker.conv.transcript.reset(ids, len(ids))
     text = worker.tok.decode_bytes(ids)
     store = worker.store
     worker.trace.line(f"system prefix {len(ids)} tokens")
@@ -151,7 +151,7 @@ def _retitle(worker: WorkerPort, title: str | None) -> tuple[bytes | None, str |
     changes the file name (the identity is SHA-1 of title and created_at), so the file saved under
     the old title is replaced the way a legacy source is. The worker keeps its title until the
     save succeeded."""
-    identity = worker.identity
+    identity = worker.conv.identity
     new = normalise_title(title_bytes(title)) if title is not None else b""
     if not new or new == identity.title:
         return identity.title, identity.legacy_path
@@ -166,16 +166,16 @@ def _retitle(worker: WorkerPort, title: str | None) -> tuple[bytes | None, str |
 
 def _save(worker: WorkerPort, title: str | None = None) -> ev.SessionSaved:
     store = _store(worker)
-    identity = worker.identity
+    identity = worker.conv.identity
     if not identity.activity:
         raise SessionOpError("nothing to save")
     worker.set_state(ev.State.SAVING)
     # Step 2: the live KV must hold the whole transcript (this evaluates the trailing EOS).
-    if not worker.sync(interruptible=False) or tuple(worker.session.tokens) != tuple(worker.transcript.ids):
+    if not worker.sync(interruptible=False) or tuple(worker.session.tokens) != tuple(worker.conv.transcript.ids):
         raise SessionOpError("live KV state does not match session transcript")
     worker.set_state(ev.State.SAVING)
     new_title, replaces = _retitle(worker, title)
-    text = worker.tok.decode_bytes(worker.transcript.ids)
+    text = worker.tok.decode_bytes(worker.conv.transcript.ids)
     payload = worker.session.export_state()
 
     title_now = new_title or session_title(text)
@@ -228,7 +228,7 @@ def _index(worker: WorkerPort) -> SessionIndex:
 def _index_record(worker: WorkerPort) -> None:
     """Note the save in the session index (working directory for --continue, fork parent, code
     undo log). Best effort: the session file is what matters, and it is written."""
-    identity = worker.identity
+    identity = worker.conv.identity
     try:
         _index(worker).record(identity.session_id, cwd=worker.settings.cwd, forked_from=identity.forked_from,
                               undo=identity.undo.key if identity.undo is not None else "",
@@ -243,23 +243,23 @@ def fork(worker: WorkerPort, title: str | None) -> ev.SessionSaved | None:
     if worker.store is None:
         worker.io.emit(ev.Error("fork failed: no session directory"))
         return None
-    if not worker.transcript.has_user_turn():
+    if not worker.conv.transcript.has_user_turn():
         worker.io.emit(ev.Error("fork failed: nothing to fork yet"))
         return None
-    old = worker.identity
+    old = worker.conv.identity
     # Normalised as /save TITLE is: whitespace trimmed, each run of it one space.
     new_title = normalise_title(title_bytes(title)) if title else b""
     if not new_title:
         base = old.title
         if base is None:
-            base = session_title(worker.tok.decode_bytes(worker.transcript.ids))
+            base = session_title(worker.tok.decode_bytes(worker.conv.transcript.ids))
         new_title = base + b" (fork)"
     created = _fork_created_at(old)
     # No legacy path: the original must never be deleted as a "legacy source".
     fork_identity = SessionIdentity(title=new_title, created_at=created, forked_from=old.session_id,
                                     dirty=old.dirty, activity=True, undo=old.undo,
                                     subagents=list(old.subagents))
-    worker.identity = fork_identity
+    worker.conv.become_fork(fork_identity)
     if fork_identity.undo is not None:
         try:
             fork_identity.undo = fork_identity.undo.fork()
@@ -279,7 +279,7 @@ def fork(worker: WorkerPort, title: str | None) -> ev.SessionSaved | None:
 def confirm_leave(worker: WorkerPort) -> bool:
     """Before /new, /load, quit: with unsaved turns ask "Save current session?" (y / n / c).
     True when the caller may go on."""
-    if not (worker.identity.unsaved_work and worker.transcript.has_user_turn()):
+    if not (worker.conv.identity.unsaved_work and worker.conv.transcript.has_user_turn()):
         return True
     key, _ = worker.io.ask(ev.Question(
         id=worker.io.new_id("save"), kind="save", question="Save current session?",
@@ -305,10 +305,7 @@ def _reset_identity(worker: WorkerPort) -> None:
     """Forget everything that belonged to the previous conversation (/new, /load, a failed
     resume): its identity, the pending job update, the lines the model had seen, and "allow for
     this session" answers (another session's work is asked about afresh)."""
-    old = worker.identity
-    worker.forget_pending_results()
-    worker.identity = SessionIdentity()
-    worker.turn_times = {}
+    old = worker.conv.reset_new()
     if old.undo is not None and not old.session_id:
         # The undo log of a conversation that was never saved belong to nothing any more.
         undo.remove(old.undo.root, old.undo.key)
@@ -321,8 +318,8 @@ def new_session(worker: WorkerPort) -> None:
     used when the text is the same)."""
     _reset_identity(worker)
     ids = render_system(worker)
-    if ids == worker.system_ids and tuple(worker.session.tokens[: len(ids)]) == tuple(ids):
-        worker.transcript.reset(ids, len(ids))
+    if ids == worker.conv.system_ids and tuple(worker.session.tokens[: len(ids)]) == tuple(ids):
+        worker.conv.transcript.reset(ids, len(ids))
         # The system prefix is the store's first snapshot (kept at start): restoring it costs no
         # prefill. Without it the engine could only rewind to a live snapshot handle, and after a
         # start from the system-prompt cache there is none: /new re-prefilled the whole prefix
@@ -332,8 +329,8 @@ def new_session(worker: WorkerPort) -> None:
         worker.sync(interruptible=False)  # rewinds to the prefix (snapshot) or re-prefills
     else:
         start_system_prefix(worker)
-    worker.system_ids = list(ids)
-    worker.think_mode = worker.settings.effective_think_mode()
+    worker.conv.system_kept(ids)
+    worker.conv.use_think_mode(worker.settings.effective_think_mode())
     journal_write(worker)
     worker.io.emit(ev.SessionNew())
     worker.set_state(ev.State.IDLE)
@@ -418,21 +415,21 @@ def _load(worker: WorkerPort, target: LoadTarget) -> None:
             raise SessionOpError(f"the stripped session ({len(ids)} tokens) does not fit the context")
         worker.io.emit(ev.Notice(f"stripped session: rebuilding {len(ids):,} tokens", "warning"))
     system_len = _system_len(ids)
-    worker.transcript.reset(ids, system_len)
+    worker.conv.transcript.reset(ids, system_len)
     if loaded.payload is None:
         worker.set_state(ev.State.PREFILL, detail="rebuilding stripped session")
         # Interruptible (the prefill progress is shown): an interrupted rebuild still switches to
         # the session, its live KV at a prefix of the text, and the next turn prefills the rest;
         # nothing is lost and the user need not wait again from token 0.
         rebuilt = worker.sync(interruptible=True)
-        prefilled = worker.last_prefilled if rebuilt else 0
+        prefilled = worker.conv.last_prefilled if rebuilt else 0
     _reset_identity(worker)
-    worker.identity = _loaded_identity(worker, loaded, target.index)
+    worker.conv.adopt_loaded(_loaded_identity(worker, loaded, target.index))
     subagent.load_records(worker, loaded.id)
     if not rebuilt:
         worker.io.emit(ev.Notice(f"rebuild interrupted at {len(worker.session.tokens):,} of {len(ids):,} "
                                  "tokens; the rest is prefilled with the next message", "warning"))
-    if ids[:system_len] != worker.system_ids:
+    if ids[:system_len] != worker.conv.system_ids:
         worker.io.emit(ev.Notice("this session was saved with a different system prompt; it "
                                  "continues with its own", "info"))
     _announce_loaded(worker, ids, system_len, prefilled=prefilled)
@@ -448,7 +445,7 @@ def delete(worker: WorkerPort, prefix: str) -> None:
         if not prefix:
             raise SessionOpError("usage: /del <id-prefix>")
         entry = store.find_session(prefix)
-        identity = worker.identity
+        identity = worker.conv.identity
         live = bool(identity.session_id) and entry.id == identity.session_id
         if live and identity.unsaved_work:
             raise SessionOpError(f"session {entry.short_id} is the live session and has unsaved turns "
@@ -501,11 +498,11 @@ def strip(worker: WorkerPort, prefix: str) -> None:
     except Exception as err:  # SessionOpError, KVCError: readable
         worker.io.emit(ev.Error(f"strip failed: {err}"))
         return
-    if worker.identity.session_id == entry.id:
-        worker.identity.session_id = saved.id
-        worker.identity.legacy_path = None
-        worker.identity.title = title_bytes(saved.title)
-        worker.identity.created_at = saved.created_at
+    if worker.conv.identity.session_id == entry.id:
+        worker.conv.identity.session_id = saved.id
+        worker.conv.identity.legacy_path = None
+        worker.conv.identity.title = title_bytes(saved.title)
+        worker.conv.identity.created_at = saved.created_at
     freed = entry.file_size - saved.path.stat().st_size
     worker.io.emit(ev.Notice(f"stripped session {saved.id[:8]} ({n_tokens:,} tokens to rebuild on load, "
                              f"{max(0, freed):,} bytes freed)"))
@@ -550,8 +547,8 @@ def _announce_loaded(worker: WorkerPort, ids: list[int], system_len: int, *, pre
     """After /load or a resume: journal the restored transcript and show its last turns."""
     journal_write(worker)
     history = last_turns(worker.tok, ids, system_len, 3)
-    sid = worker.identity.session_id
-    worker.io.emit(ev.SessionLoaded(sid, sid[:8], len(ids), display_title(worker.identity.title), tuple(history),
+    sid = worker.conv.identity.session_id
+    worker.io.emit(ev.SessionLoaded(sid, sid[:8], len(ids), display_title(worker.conv.identity.title), tuple(history),
                                     resumed=resumed, prefilled=prefilled))
 
 
@@ -585,7 +582,7 @@ def open_requested(worker: WorkerPort) -> None:
     s = worker.settings
     if not (s.continue_session or s.resume):
         return
-    if worker.identity.activity:  # the user resumed an unsaved crashed session instead
+    if worker.conv.identity.activity:  # the user resumed an unsaved crashed session instead
         worker.io.emit(ev.Notice("the resumed unsaved session was opened instead", "warning"))
         return
     try:
@@ -656,10 +653,10 @@ def _journal(worker: WorkerPort) -> Journal | None:
 def journal_meta(worker: WorkerPort) -> dict[str, object]:
     return {
         "cwd": str(worker.settings.cwd),
-        "system_len": worker.transcript.system_len,
+        "system_len": worker.conv.transcript.system_len,
         "ctx": worker.settings.ctx,
         "time": int(time.time()),
-        **worker.identity.to_meta(),
+        **worker.conv.identity.to_meta(),
     }
 
 
@@ -668,7 +665,7 @@ def journal_write(worker: WorkerPort) -> None:
     if j is None:
         return
     try:
-        j.write(worker.transcript.ids, journal_meta(worker))
+        j.write(worker.conv.transcript.ids, journal_meta(worker))
     except OSError as err:
         worker.io.emit(ev.Notice(f"crash journal write failed: {err.strerror or err}", "warning"))
 
@@ -711,7 +708,7 @@ def offer_resume(worker: WorkerPort) -> None:
     except Exception as err:
         # Back to a clean new session (the live KV re-syncs to it at the next turn), and the
         # journal stays where it is: the next start offers it again, nothing is lost.
-        worker.transcript.reset(worker.system_ids, len(worker.system_ids))
+        worker.conv.transcript.reset(worker.conv.system_ids, len(worker.conv.system_ids))
         _reset_identity(worker)
         worker.io.emit(ev.Error(f"resume failed: {err}"))
         return
@@ -737,10 +734,10 @@ def resume(worker: WorkerPort, tokens: list[int], meta: dict[str, object]) -> No
     base = _nearest_saved_prefix(worker, tokens)
     if base is not None:
         worker.session.import_state(base.payload)
-    worker.transcript.reset(tokens, system_len)
+    worker.conv.transcript.reset(tokens, system_len)
     worker.sync(interruptible=False)
-    prefilled = worker.last_prefilled
-    worker.identity = SessionIdentity.from_meta(meta, worker.settings.undo_dir)
+    prefilled = worker.conv.last_prefilled
+    worker.conv.adopt_loaded(SessionIdentity.from_meta(meta, worker.settings.undo_dir))
     _announce_loaded(worker, tokens, system_len, prefilled=prefilled, resumed=True)
     worker.io.emit(ev.Notice(f"resumed the unsaved session ({len(tokens)} tokens, {prefilled} prefilled)"))
 

@@ -106,8 +106,8 @@ def run_subagent(worker: WorkerPort, goal: str, *, budget: int, writes: bool,
     child = worker.engine.new_session()
     forked_at = len(parent.tokens)
     child.rewind(parent.snapshot())  # the fork: an O(1) reference to the parent's immutable state
-    mode = "think" if worker.think_mode == "think-max" else worker.think_mode
-    ids = list(worker.transcript.ids)
+    mode = "think" if worker.conv.think_mode == "think-max" else worker.conv.think_mode
+    ids = list(worker.conv.transcript.ids)
     base = len(ids)
     brief = BRIEF.format(goal=goal, mode="" if writes else READ_ONLY_NOTE)
     ids += template.render(template.user_turn_pieces(brief, think_mode=mode), tok)
@@ -164,7 +164,7 @@ def run_subagent(worker: WorkerPort, goal: str, *, budget: int, writes: bool,
     record = SubagentRecord(sid, goal, summary, tok.decode_bytes(ids[base:]).decode("utf-8", "replace"), reason,
                             rounds, generated, forked_at, prefilled, round(time.monotonic() - t0, 3),
                             round(first_token, 4), tuple(card.lines))
-    worker.identity.subagents.append(record)
+    worker.conv.identity.subagents.append(record)
     io.emit(ev.SubagentEnded(sid, summary, reason, rounds=rounds, generated=generated, seconds=record.seconds))
     return record
 
@@ -252,17 +252,17 @@ def _call(worker: WorkerPort, name: str, args: Mapping[str, object], writes: boo
 def save_records(worker: WorkerPort, session_id: str) -> None:
     """Write the live session's records for the session just saved (nothing when there are none)."""
     store = worker.store
-    if store is None or not worker.identity.subagents or not session_id:
+    if store is None or not worker.conv.identity.subagents or not session_id:
         return
     path = subagents_path(store.directory, session_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"version": 1, "subagents": [asdict(r) for r in worker.identity.subagents]}
+    doc = {"version": 1, "subagents": [asdict(r) for r in worker.conv.identity.subagents]}
     atomic_write(path, (json.dumps(doc, ensure_ascii=True, indent=1) + "\n").encode("ascii"))
 
 
 def load_records(worker: WorkerPort, session_id: str) -> None:
     """The records saved with a session (none when the file is missing or unreadable)."""
-    worker.identity.subagents.clear()
+    worker.conv.identity.subagents.clear()
     store = worker.store
     if store is None or not session_id:
         return
@@ -272,6 +272,6 @@ def load_records(worker: WorkerPort, session_id: str) -> None:
         for r in doc.get("subagents", ()):
             r = {k: v for k, v in r.items() if k in fields}
             r["lines"] = tuple((str(k), str(t)) for k, t in r.get("lines", ()))  # JSON gave lists
-            worker.identity.subagents.append(SubagentRecord(**r))
+            worker.conv.identity.subagents.append(SubagentRecord(**r))
     except (OSError, ValueError, TypeError, AttributeError):
         return

@@ -35,13 +35,12 @@ def from_transcript(text: bytes) -> tuple[TodoItem, ...]:
 
 def after_tool(worker: WorkerPort, display: object) -> None:
     if isinstance(display, TodoDisplay):
-        worker.todo_list = display.items
+        worker.conv.show_todos(display.items)
         worker.io.emit(ev.TodoList(display.items))
 
 
 def publish(worker: WorkerPort) -> None:
-    t = worker.transcript
+    t = worker.conv.transcript
     items = from_transcript(worker.tok.decode_bytes(t.ids[t.system_len:]))
-    if items != worker.todo_list:
-        worker.todo_list = items
+    if worker.conv.show_todos(items):
         worker.io.emit(ev.TodoList(items))

@@ -46,6 +46,10 @@ class Transcript:
         self.system_len = system_len
         self.system_seen_at = len(self.ids)
 
+    def system_seen(self) -> None:
+        """The system prompt was just appended again (a reminder)."""
+        self.system_seen_at = len(self.ids)
+
     def snapshot(self) -> tuple[int, ...]:
         return tuple(self.ids)
 

@@ -20,13 +20,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, assert_never, cast
 
 from ds4agent.agent import (
     compaction,
     history,
     hooks,
     mcp_glue,
+    ops,
     permissions_glue,
     plan,
     rewind,
@@ -35,18 +36,15 @@ from ds4agent.agent import (
 )
 from ds4agent.agent import events as ev
 from ds4agent.agent.compaction import MIN_RESERVE, RESULT_RESERVE, compact_threshold
+from ds4agent.agent.conversation import Conversation
 from ds4agent.agent.decode import TokenStream
 from ds4agent.agent.edit_assist import EditAssist
-from ds4agent.agent.identity import SessionIdentity
 from ds4agent.agent.journal import Journal
 from ds4agent.agent.port import AgentIO
-from ds4agent.agent.prompt import SystemText
 from ds4agent.agent.settings import AgentSettings
-from ds4agent.agent.skills import SkillSet
 from ds4agent.agent.stream import TURN_END, AssistantStream, Coalescer, RoundEnd, RoundResult
 from ds4agent.agent.subagent import TaskTool
 from ds4agent.agent.trace import TraceLog
-from ds4agent.agent.transcript import Transcript
 from ds4agent.engine import DutyCycle, EngineLost, Interrupted, Sampler
 from ds4agent.protocol import dsml, template
 from ds4agent.protocol.template import THINK_MAX_MIN_CTX
@@ -58,7 +56,6 @@ from ds4agent.tools.leftovers import remove_stale_temps
 from ds4agent.tools.mcp import McpConfig, McpServers, missing_tool_text
 from ds4agent.tools.permissions import PermissionPolicy
 from ds4agent.tools.sandbox_settings import SandboxSettingsError, load_allowed_sockets
-from ds4agent.tools.todo import TodoItem
 
 if TYPE_CHECKING:  # the engine and the store are handed in; only their types are needed here
     from ds4agent.engine import Engine, Session, SnapshotStore
@@ -89,7 +86,6 @@ class Worker:
     session: Session
     tok: Tokenizer
     sampler: Sampler
-    system: SystemText
 
     def __init__(self, engine: Engine | EngineLoader, store: SessionStore | None, tools: list[Tool] | None,
                  settings: AgentSettings, *, io: AgentIO, policy: PermissionPolicy | None = None,
@@ -105,42 +101,26 @@ class Worker:
         self.builtin_tools: list[Tool] = list(tools) if tools is not None else default_tools(settings.edit_upto)
         self.mcp_config = mcp
         self.mcp: McpServers | None = None  # started by startup() when mcp names servers
-        self.skills = SkillSet()  # found with the system prefix (sessionops.render_system)
         self.hooks = hooks.AgentHooks()  # none until startup reads them
         self.policy = policy if policy is not None else PermissionPolicy(settings.permission)
         self.tool_ctx = ToolContext(cwd=settings.cwd, should_stop=io.should_stop, on_write=self._record_write,
                                     edit_upto=settings.edit_upto)
         self.trace = TraceLog(None)  # disabled until startup opens --trace
-        self.transcript = Transcript()
+        # The conversation's state (transcript, identity, turn times, status figures, ...): its
+        # methods are the only way to change it (conversation.py).
+        self.conv = Conversation(settings.effective_think_mode())
         self.journal: Journal | None = None
-        self.system_ids: list[int] = []
-        self.system_is_max = False  # the system prefix was rendered for think-max
-        self.think_mode = settings.effective_think_mode()
         self.state = ev.State.LOADING
         self.detail = ""
-        self.generated = 0
-        self.decode_tps = 0.0
-        self.prefill_tps = 0.0
-        self.greedy = False
-        self.identity = SessionIdentity()
-        # Set by a compaction: the next User turn carries the bash job update (pending_results).
-        self.jobs_update_due = False
-        self._jobs_update: str | None = None
-        self.last_prefilled = 0
-        # Rewind (rewind.py): the engine states before each user turn, and when each was sent
-        # (transcript index of the turn's <｜User｜> -> epoch seconds).
+        # Rewind (rewind.py): the engine states before each user turn.
         self.snapshots: SnapshotStore | None = None
-        self.turn_times: dict[int, float] = {}
-        self.turn_at = 0  # transcript index of the current user turn
-        self.todo_list: tuple[TodoItem, ...] = ()  # the model's task list as last published (todos.py)
-        self.plan_return = "ask"  # the permission mode plan mode returns to (plan.py)
 
     # ================================================================== startup / shutdown
 
     @property
     def tools(self) -> list[Tool]:
         task = [TaskTool(self, self.hooks)] if self.settings.subagents else []
-        return self.builtin_tools + list(mcp_glue.tools(self)) + list(self.skills.tools()) + task
+        return self.builtin_tools + list(mcp_glue.tools(self)) + list(self.conv.skills.tools()) + task
 
     def startup(self) -> bool:
         try:
@@ -176,8 +156,8 @@ class Worker:
             self.engine = src(progress)
         if s.ctx != getattr(self.engine, "ctx", s.ctx):
             s.ctx = int(self.engine.ctx)  # the engine's context is the truth
-        self.think_mode = s.effective_think_mode()
-        if s.think_mode == "think-max" and self.think_mode != "think-max":
+        self.conv.use_think_mode(s.effective_think_mode())
+        if s.think_mode == "think-max" and self.conv.think_mode != "think-max":
             self.io.emit(ev.Notice(f"{_THINK_MAX_TOO_SMALL} (context {s.ctx})", "warning"))
         device = getattr(self.engine, "device", None)
         notice = str(getattr(device, "notice", "") or "")
@@ -190,7 +170,7 @@ class Worker:
             self.io.emit(ev.Notice(note, "warning"))
         mcp_glue.join(self)  # the servers' tools are part of the system prefix
         cached = sessionops.start_system_prefix(self)
-        if self.snapshots is not None and tuple(self.session.tokens) == tuple(self.transcript.ids):
+        if self.snapshots is not None and tuple(self.session.tokens) == tuple(self.conv.transcript.ids):
             # The system prefix is where every conversation of this run starts: going back in a
             # loaded or resumed session re-prefills from here at worst, never from token 0.
             self.snapshots.keep(self.session)
@@ -210,7 +190,7 @@ class Worker:
         has unsaved turns and the user was not asked (a plain shutdown: terminal closed, killed
         UI): the next start offers to resume it. discard=True after the save question."""
         if discard is None:
-            discard = not self.identity.unsaved_work
+            discard = not self.conv.identity.unsaved_work
         try:
             self.tool_ctx.close()
         except Exception:  # shutdown must finish
@@ -224,10 +204,10 @@ class Worker:
         self.trace.close()
 
     def _record_write(self, path: str, before: bytes | None, after: bytes) -> None:
-        identity = self.identity
+        identity = self.conv.identity
         if identity.undo is None:
             identity.undo = UndoLog(self.settings.undo_dir)
-        identity.undo.at = self.turn_at
+        identity.undo.at = self.conv.turn_at
         try:
             identity.undo.record(path, before, after)
         except OSError as err:  # the write itself succeeded; only its undo is lost
@@ -245,18 +225,18 @@ class Worker:
         s = self.settings
         self.io.emit(ev.Status(
             state=self.state,
-            ctx_used=len(self.transcript),
+            ctx_used=len(self.conv.transcript),
             ctx_total=s.ctx,
             compact_at=compact_threshold(s.ctx),
             progress=progress,
-            generated=self.generated,
-            decode_tps=round(self.decode_tps, 2),
-            prefill_tps=round(self.prefill_tps, 2),
-            greedy=self.greedy,
-            unsaved=self.identity.dirty,
-            session_id=self.identity.session_id[:8],
+            generated=self.conv.generated,
+            decode_tps=round(self.conv.decode_tps, 2),
+            prefill_tps=round(self.conv.prefill_tps, 2),
+            greedy=self.conv.greedy,
+            unsaved=self.conv.identity.dirty,
+            session_id=self.conv.identity.session_id[:8],
             title=self.title_text,
-            think_mode=self.think_mode,
+            think_mode=self.conv.think_mode,
             permission_mode=s.permission,
             power=self.duty.percent,
             detail=self.detail,
@@ -264,22 +244,22 @@ class Worker:
 
     @property
     def title_text(self) -> str:
-        return sessionops.display_title(self.identity.title)
+        return sessionops.display_title(self.conv.identity.title)
 
     def set_think_mode(self, mode: str) -> None:
         """Later turns use the new THINK token. think-max's prefix lives in the system prefix, so it
         cannot be switched on inside a session (append-only): it takes effect at /new."""
         self.settings.think_mode = mode
         eff = self.settings.effective_think_mode()
-        if eff == "think-max" and not self.system_is_max:
-            self.think_mode = "think"
+        if eff == "think-max" and not self.conv.system_is_max:
+            self.conv.use_think_mode("think")
             self.io.emit(ev.Notice("think-max takes effect with the next /new session", "warning"))
         elif mode == "think-max" and eff != "think-max":
-            self.think_mode = "think"
+            self.conv.use_think_mode("think")
             self.io.emit(ev.Notice(_THINK_MAX_TOO_SMALL, "warning"))
         else:
-            self.think_mode = eff
-        self.io.emit(ev.Notice(f"thinking mode: {self.think_mode}"))
+            self.conv.use_think_mode(eff)
+        self.io.emit(ev.Notice(f"thinking mode: {self.conv.think_mode}"))
         self.emit_status()
 
     # ================================================================== one user turn
@@ -292,16 +272,16 @@ class Worker:
             return  # a UserPromptSubmit hook blocked it (and said why)
         text = prompt
         self.io.emit(ev.UserTurn(text, queued=queued))
-        if not self.transcript.at_turn_boundary():
+        if not self.conv.transcript.at_turn_boundary():
             # Defensive: a transcript must end at a boundary before a user turn (an EOS closes
             # every assistant round); close a dangling one rather than corrupt the layout.
-            self.transcript.append(self.tok.EOS)
+            self.conv.transcript.append(self.tok.EOS)
         if self.settings.seed is not None:
             self.sampler.reseed(self.settings.seed)  # re-seeded at every user turn (reference)
         text = plan.decorate(self, self._attach(text))
         # The session's first user turn opens with the local date and time (template.py says why
         # there and not in a system unit of its own).
-        date_line = "" if self.transcript.has_user_turn() else template.session_date_line(self.local_now())
+        date_line = "" if self.conv.transcript.has_user_turn() else template.session_date_line(self.local_now())
         user_ids = template.render(template.user_turn_pieces(text, think_mode=self._mode_for_prompt(),
                                                              date_line=date_line), self.tok)
         total_generated = 0
@@ -310,7 +290,7 @@ class Worker:
         error = ""
         cut = -1  # where the message begins, while it may still be taken back (see below)
         try:
-            compaction.maybe_compact(self, len(self.transcript) + len(user_ids), "soft")
+            compaction.maybe_compact(self, len(self.conv.transcript) + len(user_ids), "soft")
             update = self.pending_results()
             if update:
                 # After a compaction with running bash jobs: the update goes first, as a tool
@@ -322,20 +302,20 @@ class Worker:
             # Its own BPE run (a special token on either side), so appended before the turn: the
             # turn itself still starts at its <｜User｜> (rewind points, turn times).
             lead_ids = self.tok.encode_pieces(lead)
-            if len(self.transcript) + len(lead_ids) + len(user_ids) + 1 >= self.settings.ctx:
+            if len(self.conv.transcript) + len(lead_ids) + len(user_ids) + 1 >= self.settings.ctx:
                 raise TurnAborted("context full: the message does not fit the context")
-            cut = -1 if update else len(self.transcript)
+            cut = -1 if update else len(self.conv.transcript)
             if lead_ids:
                 self._trace_append(lead_ids, "system")
-                self.transcript.extend(lead_ids)
+                self.conv.transcript.extend(lead_ids)
                 if reminded:
-                    self.transcript.system_seen_at = len(self.transcript)
+                    self.conv.transcript.system_seen()
             rewind.keep_boundary(self)
             self._trace_append(user_ids, "user")
-            self.transcript.extend(user_ids)
-            self._jobs_update = None  # delivered
-            self.identity.dirty = True
-            self.identity.activity = True
+            self.conv.transcript.extend(user_ids)
+            self.conv.results_delivered()
+            self.conv.identity.dirty = True
+            self.conv.identity.activity = True
             sessionops.journal_write(self)
             while True:
                 rounds += 1
@@ -364,8 +344,7 @@ class Worker:
             self._close_round()
             self.io.emit(ev.Error(error))
         finally:
-            self.greedy = False
-            self.generated = 0
+            self.conv.turn_over()
         if reason == ev.TurnEnd.INTERRUPTED and rounds == 1 and total_generated == 0 and cut >= 0:
             # Interrupted before any answer (a large paste's prefill cut short): the message was
             # never read, so it goes back to the editor instead of staying in the context.
@@ -388,11 +367,11 @@ class Worker:
         SYSTEM_REMINDER_INTERVAL tokens have passed since it last appeared. Returns (pieces,
         whether the reminder is among them)."""
         lead: list[Piece] = []
-        since = len(self.transcript) + unit_len - self.transcript.system_seen_at
+        since = len(self.conv.transcript) + unit_len - self.conv.transcript.system_seen_at
         reminded = since >= SYSTEM_REMINDER_INTERVAL
         if reminded:
             self.trace.line(f"system prompt reminder after {since} tokens")
-            lead += template.system_reminder_pieces(self.system.builtin, extra_system_text=self.system.extra,
+            lead += template.system_reminder_pieces(self.conv.system.builtin, extra_system_text=self.conv.system.extra,
                                                     tools=self.tools)
         return lead, reminded
 
@@ -406,22 +385,22 @@ class Worker:
         return att.text
 
     def _mode_for_prompt(self) -> str:
-        return "think" if self.think_mode == "think-max" else self.think_mode
+        return "think" if self.conv.think_mode == "think-max" else self.conv.think_mode
 
     def _close_round(self) -> None:
         """After a failure: make sure the transcript ends at a turn boundary (an EOS)."""
-        if len(self.transcript) > self.transcript.system_len and self.transcript.last != self.tok.EOS:
-            self.transcript.append(self.tok.EOS)
+        if len(self.conv.transcript) > self.conv.transcript.system_len and self.conv.transcript.last != self.tok.EOS:
+            self.conv.transcript.append(self.tok.EOS)
 
     def _trace_append(self, ids: list[int], tag: str) -> None:
         if self.trace.enabled:
-            self.trace.tokens(len(self.transcript), ids, self.tok.token_bytes, tag)
+            self.trace.tokens(len(self.conv.transcript), ids, self.tok.token_bytes, tag)
 
     # ------------------------------------------------------------------ sync (prefill)
 
     def sync(self, *, interruptible: bool = True) -> bool:
         """Bring the live KV up to the transcript. False when interrupted (state at a prefix)."""
-        target = self.transcript.ids
+        target = self.conv.transcript.ids
         live = self.session.tokens
         if len(live) != len(target) or tuple(live) != tuple(target):
             self.set_state(ev.State.PREFILL)
@@ -431,7 +410,7 @@ class Worker:
         def progress(done: int, total: int) -> None:
             now = time.monotonic()
             tps = done / (now - t0) if now > t0 else 0.0
-            self.prefill_tps = tps
+            self.conv.prefilling(tps)
             self.io.emit(ev.PrefillProgress(done, total, round(tps, 1)))
             if now - last[0] >= STATUS_INTERVAL:
                 last[0] = now
@@ -443,10 +422,9 @@ class Worker:
                                   duty=self.duty)
         except Interrupted:
             return False
-        self.last_prefilled = int(n)  # what the engine really prefilled (it may rewind further back)
         dt = time.monotonic() - t0
-        if n and dt > 0:
-            self.prefill_tps = n / dt
+        # What the engine really prefilled (it may rewind further back than the transcript's change).
+        self.conv.prefilled(int(n), n / dt if n and dt > 0 else None)
         if self.trace.enabled:
             self.trace.line(f"prefill {n} tokens in {dt:.3f}s")
         return True
@@ -458,9 +436,9 @@ class Worker:
         EOS = tok.EOS
         if self.io.should_stop() or not self.sync():
             # Interrupted before the first token: an empty output, THINK_TOKEN then EOS (§7).
-            self.transcript.append(EOS)
+            self.conv.transcript.append(EOS)
             return RoundResult(RoundEnd.INTERRUPTED)
-        room = self.settings.ctx - len(self.transcript) - 1  # keep one position for the EOS
+        room = self.settings.ctx - len(self.conv.transcript) - 1  # keep one position for the EOS
         cap = min(self.settings.round_tokens, room)
         if cap <= 0:
             raise TurnAborted("context full: no room left to generate")
@@ -476,7 +454,7 @@ class Worker:
         monotonic = time.monotonic
         is_stop = tok.is_stop
         token_bytes = tok.token_bytes
-        ids = self.transcript.ids
+        ids = self.conv.transcript.ids
         trace = self.trace if self.trace.enabled else None
         # Argmax while the DSML classifier is in a structural state (§12), the user's sampler else.
         tokens = TokenStream(self.session, self.sampler, limit=cap, greedy=lambda: stream.in_syntax,
@@ -524,9 +502,7 @@ class Worker:
                     sessionops.journal_write(self)
                 if now - last_status >= STATUS_INTERVAL:
                     last_status = now
-                    self.generated = n
-                    self.greedy = stream.in_syntax
-                    self.decode_tps = n / (now - t0)
+                    self.conv.decoding(n, n / (now - t0), greedy=stream.in_syntax)
                     out.flush()
                     self.emit_status()
         if tokens.interrupted:
@@ -534,9 +510,7 @@ class Worker:
         elif reason == RoundEnd.TOKEN_CAP and room_stop:
             reason = RoundEnd.CONTEXT_FULL
         dt = time.monotonic() - t0
-        if n and dt > 0:
-            self.decode_tps = n / dt
-        self.generated = n
+        self.conv.decoding(n, n / dt if n and dt > 0 else None)
         for e in stream.finish():
             emit(e)
         out.flush()
@@ -609,7 +583,7 @@ class Worker:
         if interrupted:
             # Interrupt during tools without queued text: the next round ends before its first
             # token (THINK_TOKEN directly followed by EOS) and the turn is over (§9.1).
-            self.transcript.append(self.tok.EOS)
+            self.conv.transcript.append(self.tok.EOS)
             return False
         return True
 
@@ -626,11 +600,11 @@ class Worker:
                                                                 think_mode=mode, lead=lead or ()), self.tok)
 
         ids = render(texts)
-        projected = len(self.transcript) + len(ids)
+        projected = len(self.conv.transcript) + len(ids)
         if projected + RESULT_RESERVE >= self.settings.ctx:
             compaction.maybe_compact(self, projected, "hard", force=True)
             ids = render(texts)
-            projected = len(self.transcript) + len(ids)
+            projected = len(self.conv.transcript) + len(ids)
             if projected + RESULT_RESERVE >= self.settings.ctx:
                 # Still too big: replace the largest results by the error the reference gives.
                 order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
@@ -642,9 +616,9 @@ class Worker:
                         f"reserve={RESULT_RESERVE}). Retry with a smaller read/search/bash output."
                     )
                     ids = render(texts)
-                    if len(self.transcript) + len(ids) + RESULT_RESERVE < self.settings.ctx:
+                    if len(self.conv.transcript) + len(ids) + RESULT_RESERVE < self.settings.ctx:
                         break
-                if len(self.transcript) + len(ids) + MIN_RESERVE >= self.settings.ctx:
+                if len(self.conv.transcript) + len(ids) + MIN_RESERVE >= self.settings.ctx:
                     raise TurnAborted("context full after compaction")
         else:
             compaction.maybe_compact(self, projected, "soft")
@@ -652,31 +626,22 @@ class Worker:
         lead, reminded = self._lead(len(ids))
         if reminded:
             with_lead = render(texts, lead)
-            if len(self.transcript) + len(with_lead) + RESULT_RESERVE < self.settings.ctx:
+            if len(self.conv.transcript) + len(with_lead) + RESULT_RESERVE < self.settings.ctx:
                 ids = with_lead  # else the reminder waits for a unit it fits beside
             else:
                 reminded = False
         if queued:
             self.io.emit(ev.UserTurn(queued, queued=True))
         self._trace_append(ids, "results")
-        self.transcript.extend(ids)
+        self.conv.transcript.extend(ids)
         if reminded:
-            self.transcript.system_seen_at = len(self.transcript)
-        self._jobs_update = None  # delivered
+            self.conv.transcript.system_seen()
+        self.conv.results_delivered()
 
     def pending_results(self) -> list[str]:
         """Extra tool results for the next User turn: the bash job update after a compaction
-        (agent-reference.md §8). Observed once, when first asked for after the compaction, and
-        kept until that turn is appended (rendering may be retried to fit the context)."""
-        if self.jobs_update_due:
-            self.jobs_update_due = False
-            self._jobs_update = compaction.jobs_update(self) or None
-        return [self._jobs_update] if self._jobs_update else []
-
-    def forget_pending_results(self) -> None:
-        """/new and /load replace the transcript the update belonged to."""
-        self.jobs_update_due = False
-        self._jobs_update = None
+        (Conversation.pending_results)."""
+        return self.conv.pending_results(lambda: compaction.jobs_update(self))
 
     # ------------------------------------------------------------------ tools
 
@@ -728,6 +693,35 @@ class Worker:
 
     # ================================================================== commands other than turns
 
+    def run(self, command: ops.WorkerCommand) -> bool:
+        """Run one command of the facade's queue (ops.py): the one place a command becomes
+        the worker's work. True when the worker is to end (/quit, not cancelled at the save
+        question)."""
+        match command:
+            case ops.Turn(text, queued):
+                self.cmd_turn(text, queued)
+            case ops.Save(title):
+                self.cmd_save(title)
+            case ops.LoadSession(prefix):
+                self.cmd_load(prefix)
+            case ops.NewSession():
+                self.cmd_new()
+            case ops.Compact():
+                self.cmd_compact()
+            case ops.Rewind(number, mode):
+                self.cmd_rewind(number, mode)
+            case ops.Fork(title):
+                self.cmd_fork(title)
+            case ops.DeleteSession(prefix):
+                self.cmd_delete(prefix)
+            case ops.Strip(prefix):
+                self.cmd_strip(prefix)
+            case ops.Quit():
+                return self.confirm_leave()
+            case _:
+                assert_never(command)
+        return False
+
     def cmd_save(self, title: str | None = None) -> None:
         sessionops.save(self, title)
 
@@ -749,7 +743,7 @@ class Worker:
             sessionops.new_session(self)
 
     def cmd_compact(self) -> None:
-        if len(self.transcript) <= self.transcript.system_len:
+        if len(self.conv.transcript) <= self.conv.transcript.system_len:
             self.io.emit(ev.Notice("nothing to compact"))
             return
         compaction.compact(self, "manual")
@@ -776,7 +770,7 @@ class Worker:
         return sessionops.list_event(self)
 
     def history_event(self, n: int) -> ev.History:
-        items = history.last_turns(self.tok, self.transcript.snapshot(), self.transcript.system_len, n)
+        items = history.last_turns(self.tok, self.conv.transcript.snapshot(), self.conv.transcript.system_len, n)
         # `turns` is what is shown (fewer than asked when the session is shorter), so a UI's
         # "last N user turn(s)" header tells the truth.
         return ev.History(sum(1 for i in items if i.kind == "user"), tuple(items))

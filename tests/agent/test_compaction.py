@@ -49,7 +49,7 @@ def test_soft_compaction_before_a_turn_keeps_goal_and_tail(tmp_path, tools):
     assert b"The user's first request (verbatim):\nRefactor the parser module please" in text
     assert b"Context compaction:" not in text  # the private request is never kept
     # The rebuilt transcript is the one renderer's output, then the new turn.
-    system = h.worker.system
+    system = h.worker.conv.system
     body = b"Goal: refactor the parser. Done: nothing yet.\n\nThe user's first request (verbatim):\n" \
         b"Refactor the parser module please"
     prefix = template.render(template.compacted_prefix_pieces(system.builtin, body, extra_system_text=system.extra,
@@ -120,7 +120,7 @@ def test_compact_never_grows_the_context_and_says_why(tmp_path, tools):
     h = AgentHarness.build(tmp_path, [reply("a short answer", think="t")], tools=tools, ctx=CTX)
     h.turn("a short question")
     before = h.ids
-    conversation = len(before) - h.worker.transcript.system_len
+    conversation = len(before) - h.worker.conv.transcript.system_len
     # A short chat is all within the verbatim tail: a summary could only be added to it.
     evs = h.command(h.agent.compact)
     assert of(evs, ev.CompactionDone)[0].ok is False and of(evs, ev.Error) == []

@@ -37,14 +37,14 @@ def test_continue_picks_the_newest_session_of_this_directory(tmp_path, tools):
     h = AgentHarness.build(tmp_path / "again", tools=tools, store=store, cwd=tmp_path / "proj-a",
                            continue_session=True)
     loaded = of(h.events, ev.SessionLoaded)[0]
-    assert loaded.id == a_new.id and h.worker.identity.session_id == a_new.id
+    assert loaded.id == a_new.id and h.worker.conv.identity.session_id == a_new.id
     assert [i.text for i in loaded.history if i.kind == "user"] == ["new task in a"]
     h.stop()
     # A directory with no saved session: said, and a new session starts.
     h = AgentHarness.build(tmp_path / "none", tools=tools, store=store, cwd=tmp_path / "elsewhere",
                            continue_session=True)
     assert of(h.events, ev.Error)[0].text.startswith("cannot continue: no saved session of ")
-    assert h.worker.identity.session_id == "" and not of(h.events, ev.SessionLoaded)
+    assert h.worker.conv.identity.session_id == "" and not of(h.events, ev.SessionLoaded)
     h.stop()
 
 

@@ -183,7 +183,7 @@ def test_failed_resume_keeps_the_journal_and_starts_clean(tmp_path, tools, monke
     monkeypatch.setattr(ScriptedSession, "sync", failing_sync)
     h2 = AgentHarness.build(tmp_path, tools=tools, answer=lambda e: "y")
     assert [e.text for e in of(h2.events, ev.Error)] == ["resume failed: the device is gone"]
-    assert h2.ids == h2.worker.system_ids and not h2.worker.identity.dirty
+    assert h2.ids == h2.worker.conv.system_ids and not h2.worker.conv.identity.dirty
     h2.stop()
     monkeypatch.setattr(ScriptedSession, "sync", real_sync)
     h3 = AgentHarness.build(tmp_path, tools=tools, answer=lambda e: "y")  # offered again

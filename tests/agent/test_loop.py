@@ -90,7 +90,7 @@ def test_call_inside_thinking_is_refused_and_nothing_runs(tmp_path, tools):
                 b"<think></think></tool_result>")
     assert expected in h.text()
     # The result is untrusted text: its <think></think> are plain BPE, never the special ids.
-    res_turn = h.ids[h.ids.index(USER, h.ids.index(EOS, len(h.worker.system_ids)))+1:]
+    res_turn = h.ids[h.ids.index(USER, h.ids.index(EOS, len(h.worker.conv.system_ids)))+1:]
     assert THINK not in res_turn[: res_turn.index(ASSISTANT)]
     h.stop()
 
@@ -159,7 +159,7 @@ def test_interrupt_mid_generation_then_save_load_restores(tmp_path, tools):
     assert of(evs, ev.TurnEnded)[-1].reason == "interrupted"
     ids = h.ids
     assert ids[-1] == EOS and ids.count(EOS) == 1
-    gen_start = len(h.worker.system_ids) + len(_user("talk", date_line=DATE_LINE))
+    gen_start = len(h.worker.conv.system_ids) + len(_user("talk", date_line=DATE_LINE))
     assert ids[gen_start:-1] == long[:len(ids) - 1 - gen_start]  # the partial output stays
     evs = h.command(h.agent.save)
     saved = of(evs, ev.SessionSaved)[0]

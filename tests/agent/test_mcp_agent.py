@@ -93,7 +93,7 @@ def test_the_project_file_is_asked_about_once_and_the_answer_remembered(agent):
 
 
 def test_mcp_tools_follow_ours_in_the_tools_block(agent):
-    system = agent.text(0)[: len(agent.worker.tok.decode_bytes(agent.worker.system_ids))].decode("utf-8")
+    system = agent.text(0)[: len(agent.worker.tok.decode_bytes(agent.worker.conv.system_ids))].decode("utf-8")
     ours = [template.tool_schema_line(t) for t in default_tools()]
     block = template.TOOLS_BLOCK_HEAD + "\n".join([*ours, LOOKUP_LINE, WRITE_LINE]) + template.TOOLS_BLOCK_TAIL
     assert system.endswith("\n\n" + block)

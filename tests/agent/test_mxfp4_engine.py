@@ -46,7 +46,7 @@ def test_agent_turns_save_and_load_on_mxfp4_experts(tmp_path, mxfp4_model):
     b = _agent(tmp_path / "b", mxfp4_model, kv)
     b.turn("hello there")
     first = b.ids
-    assert len(first) > len(b.worker.system_ids)  # the model answered
+    assert len(first) > len(b.worker.conv.system_ids)  # the model answered
     saved = of(b.command(b.agent.save), ev.SessionSaved)[0]
     assert kv.resolve(saved.id).header.quant_bits == 4  # MXFP4 experts are 4-bit (kvc-format.md §2)
     b.command(b.agent.new)

@@ -54,7 +54,7 @@ def test_save_new_load_continues_exactly(tmp_path, tiny_model):
     saved = of(b.command(b.agent.save), ev.SessionSaved)[0]
     assert saved.tokens == len(first) and b.live == tuple(first)
     b.command(b.agent.new)
-    assert b.ids == b.worker.system_ids
+    assert b.ids == b.worker.conv.system_ids
     # A turn in between draws from the sampler's RNG; the RNG is not part of a saved session
     # (kvc-format.md §9): --seed re-seeds it at every user turn, so the continuation after the
     # load still matches the uninterrupted run (agent-reference.md §2).
@@ -82,7 +82,7 @@ def test_new_after_a_cached_start_restores_the_system_prefix_without_prefill(tmp
     b.turn("hello there")
     counts = _record_prefills(b)
     b.command(b.agent.new)
-    assert b.live == tuple(b.worker.system_ids)
+    assert b.live == tuple(b.worker.conv.system_ids)
     assert counts and max(counts) == 0  # /new computed nothing
     b.stop()
 
@@ -131,7 +131,7 @@ def test_strip_then_load_rebuilds_the_same_tokens_and_continues_exactly(tmp_path
     progress = of(evs, ev.PrefillProgress)
     assert progress and progress[-1].done == progress[-1].total
     loaded = of(evs, ev.SessionLoaded)[0]
-    assert loaded.prefilled == len(canonical) - len(b.worker.system_ids)
+    assert loaded.prefilled == len(canonical) - len(b.worker.conv.system_ids)
     assert b.ids == canonical and b.live == tuple(canonical)
     if canonical == first:  # exactly the unstripped session's tokens: it continues as the uninterrupted run
         b.turn("and again")

@@ -20,7 +20,7 @@ def test_reminder_goes_between_the_eos_and_the_next_user_turn_once_per_interval(
     monkeypatch.setattr(worker_module, "SYSTEM_REMINDER_INTERVAL", 300)
     h = AgentHarness.build(tmp_path, [reply("a", think="t"), reply(words(200), think="t"),
                                       reply("b", think="t"), reply("c", think="t")], tools=tools)
-    system = h.worker.system
+    system = h.worker.conv.system
     reminder = TOK.encode_pieces(template.system_reminder_pieces(system.builtin, extra_system_text=system.extra,
                                                                  tools=h.worker.tools))
     h.turn("first")           # the count starts after the system prefix (thousands of tokens)
@@ -37,12 +37,12 @@ def test_reminder_goes_between_the_eos_and_the_next_user_turn_once_per_interval(
     text = TOK.decode_bytes(reminder)
     assert text.startswith(HEAD) and system.builtin.encode() in text
     assert template.tools_block(h.worker.tools).encode() in text
-    assert reminder.count(128825) == h.worker.system_ids.count(128825) > 0
+    assert reminder.count(128825) == h.worker.conv.system_ids.count(128825) > 0
     # Counted from where it appeared: the next short turn brings no second one.
     h.turn("fourth")
     assert h.text().count(HEAD) == 1
     # The history and the title read the turns, never the reminder.
-    turns = template.split_turns(h.ids, h.worker.transcript.system_len)
+    turns = template.split_turns(h.ids, h.worker.conv.transcript.system_len)
     assert [TOK.decode_bytes(t.user) for t in turns] == [DATE_LINE.encode() + b"\n\nfirst", b"second",
                                                          b"third", b"fourth"]
     h.stop()

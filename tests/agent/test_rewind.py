@@ -35,7 +35,7 @@ def test_rewind_lists_user_turns_and_cuts_the_conversation(tmp_path, tools):
     assert done.prefilled == 0
     assert h.ids == before_two and h.live == tuple(before_two)
     assert of(evs, ev.Notice)[-1].text == f"rewound to turn 2 (conversation): {starts[1]} tokens, 0 prefilled"
-    assert h.worker.identity.dirty
+    assert h.worker.conv.identity.dirty
     # The list now ends at turn 1, and the conversation goes on from there.
     assert len(of(h.command(h.agent.rewind_points), ev.RewindList)[0].points) == 1
     h.engine.add(reply("again", think="t"))
@@ -83,7 +83,7 @@ def test_code_rewind_restores_files_and_removes_created_ones(tmp_path):
     # Turn 1 created a.txt: going back before it removes it.
     evs = h.command(lambda: h.agent.rewind(1, "both"))
     assert not (work / "a.txt").exists()
-    assert of(evs, ev.Rewound)[0].tokens == len(h.worker.system_ids)
+    assert of(evs, ev.Rewound)[0].tokens == len(h.worker.conv.system_ids)
     h.stop()
 
 
@@ -157,7 +157,7 @@ def test_rewind_fork_saves_the_earlier_point_as_a_new_session(tmp_path, tools):
 def test_deleting_a_session_removes_its_undo_log_and_index_entry(tmp_path):
     h, work = _writer(tmp_path, answer=lambda e: "n")
     saved = of(h.command(h.agent.save), ev.SessionSaved)[0]
-    key = h.worker.identity.undo.key
+    key = h.worker.conv.identity.undo.key
     ckdir = tmp_path / "checkpoints" / key
     log = [json.loads(line) for line in (ckdir / "log.jsonl").read_text().splitlines()]
     assert [(e["path"], e["before"] is None) for e in log] == [

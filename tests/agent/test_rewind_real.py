@@ -98,7 +98,7 @@ def test_rewind_after_load_and_after_crash_resume(tmp_path, tiny_model):
     done = of(b.command(lambda: b.agent.rewind(2, "chat")), ev.Rewound)[0]
     # No snapshot of that point in this process: it is re-prefilled from the system prefix's
     # (kept at start), and the result is the same state.
-    assert done.prefilled == len(boundary) - len(b.worker.system_ids) > 0
+    assert done.prefilled == len(boundary) - len(b.worker.conv.system_ids) > 0
     ref = b.worker.engine.new_session()
     ref.sync(boundary)
     assert np.array_equal(b.worker.session.logits, ref.logits)

@@ -30,7 +30,7 @@ def test_first_turn_carries_the_date_and_later_turns_do_not(tmp_path):
     h.turn("first question")
     h.turn("second question")
     assert h.ids[:len(system)] == system  # the system prefix (and its KV cache key) unchanged
-    turns = template.split_turns(h.ids, h.worker.transcript.system_len)
+    turns = template.split_turns(h.ids, h.worker.conv.transcript.system_len)
     assert [TOK.decode_bytes(t.user) for t in turns] == [
         b"Current local date and time: Saturday 2026-03-14 09:26 UTC+01:00\n\nfirst question",
         b"second question"]

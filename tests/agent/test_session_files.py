@@ -88,7 +88,7 @@ def test_s_file_from_an_earlier_ds4_loads_and_the_resave_keeps_it(tmp_path, tool
               text, payload, eng.payload_shape())
     old.write_bytes(s_layout(old.read_bytes()))
     s_bytes = old.read_bytes()
-    h.worker.identity.dirty = False
+    h.worker.conv.identity.dirty = False
     listed = of(h.command(h.agent.list_sessions), ev.SessionList)[0].sessions
     assert [(s.id, s.title) for s in listed] == [(old.stem, "question from an old build")]
     loaded = of(h.command(lambda: h.agent.load(old.stem[:10])), ev.SessionLoaded)[0]

@@ -16,7 +16,7 @@ def test_sysprompt_cache_is_reused_and_keyed_by_text(tmp_path, tools):
     assert not first.sysprompt_cached
     caches = sorted(p.name for p in (tmp_path / "kv").glob("sysprompt-*.kv"))
     assert len(caches) == 1
-    sys_ids = h.worker.system_ids
+    sys_ids = h.worker.conv.system_ids
     h.stop()
 
     h2 = AgentHarness.build(tmp_path, tools=tools, store=h.store)
@@ -32,7 +32,7 @@ def test_sysprompt_cache_is_reused_and_keyed_by_text(tmp_path, tools):
     assert b"Always run `make check`." in text
     assert len(list((tmp_path / "kv").glob("sysprompt-*.kv"))) == 2
     # AGENTS.md is untrusted: its <think> is plain text, not the special id.
-    assert h3.worker.system_ids.count(TOK.THINK) == h.worker.system_ids.count(TOK.THINK)
+    assert h3.worker.conv.system_ids.count(TOK.THINK) == h.worker.conv.system_ids.count(TOK.THINK)
     h3.stop()
 
 
@@ -59,7 +59,7 @@ def test_save_list_new_load_history(tmp_path, tools):
 
     evs = h.command(h.agent.new)
     assert of(evs, ev.Question) == []  # saved: no question
-    assert of(evs, ev.SessionNew) and h.ids == h.worker.system_ids
+    assert of(evs, ev.SessionNew) and h.ids == h.worker.conv.system_ids
 
     evs = h.command(lambda: h.agent.load("ffff"))
     assert of(evs, ev.Error)[0].text == "load failed: no saved session matches ffff"
@@ -91,7 +91,7 @@ def test_save_question_on_new_when_dirty(tmp_path, tools):
     assert h.ids == before and not of(evs, ev.SessionNew)  # cancelled
     evs = h.command(h.agent.new)
     assert of(evs, ev.SessionSaved) and of(evs, ev.SessionNew)
-    assert h.ids == h.worker.system_ids
+    assert h.ids == h.worker.conv.system_ids
     assert not of(evs, ev.Status)[-1].unsaved
     h.stop()
 
@@ -179,7 +179,7 @@ def test_non_utf8_title_keeps_the_session_identity_across_load_save_and_resume(t
                                 shape=eng.payload_shape(), quant_bits=eng.quant_bits, title=title,
                                 created_at=1_760_000_000)
     assert made.id == session_identity(title, 1_760_000_000)
-    h.worker.identity.dirty = False
+    h.worker.conv.identity.dirty = False
     loaded = of(h.command(lambda: h.agent.load(made.id[:8])), ev.SessionLoaded)[0]
     assert loaded.title == "caf\ufffd \ufffd title"  # shown with U+FFFD ...
     h.turn("second")
@@ -211,7 +211,7 @@ def test_sysprompt_cache_is_rebuilt_for_another_quant_or_context(tmp_path, tools
         h.start()
         assert not of(h.events, ev.Ready)[0].sysprompt_cached
         assert "Updating system prompt cache..." in [n.text for n in of(h.events, ev.Notice)]
-        assert h.engine.prefills == [len(h.worker.system_ids)]
+        assert h.engine.prefills == [len(h.worker.conv.system_ids)]
         h.stop()
     again = AgentHarness.build(tmp_path, tools=tools, store=h.store, ctx=4096, start=False)
     again.engine.quant_bits = 2
@@ -236,7 +236,7 @@ def test_legacy_file_is_resaved_under_a_title_identity_and_deleted(tmp_path, too
                                 tokens=len(h.ids), hits=0, ctx_size=eng.ctx, created_at=1_700_000_000,
                                 last_used=1_700_000_000, payload_bytes=0),
               text, payload, eng.payload_shape())
-    h.worker.identity.dirty = False
+    h.worker.conv.identity.dirty = False
     loaded = of(h.command(lambda: h.agent.load(legacy.stem[:10])), ev.SessionLoaded)[0]
     assert loaded.title == "legacy question" and loaded.prefilled == 0
     h.turn("more")
@@ -254,12 +254,12 @@ def test_stripped_session_is_rebuilt_from_its_text_and_prefilled(tmp_path, tools
     eng, ids = h.worker.engine, h.ids
     stripped = h.store.save_session(TOK.decode_bytes(ids), None, shape=None, quant_bits=eng.quant_bits,
                                     n_tokens=len(ids), ctx=eng.ctx, created_at=1_750_000_000)
-    h.worker.identity.dirty = False
+    h.worker.conv.identity.dirty = False
     h.command(h.agent.new)
     evs = h.command(lambda: h.agent.load(stripped.id[:8]))
     loaded = of(evs, ev.SessionLoaded)[0]
     assert h.ids == TOK.rebuild_from_text(TOK.decode_bytes(ids)) and h.live == tuple(h.ids)
-    assert loaded.prefilled == len(h.ids) - len(h.worker.system_ids)  # the system prefix KV was live
+    assert loaded.prefilled == len(h.ids) - len(h.worker.conv.system_ids)  # the system prefix KV was live
     assert f"stripped session: rebuilding {len(h.ids):,} tokens" in [n.text for n in of(evs, ev.Notice)]
     h.turn("next")
     saved = of(h.command(h.agent.save), ev.SessionSaved)[0]
@@ -332,7 +332,7 @@ def test_list_shows_this_models_sessions_newest_first_with_the_stripped_mark(tmp
     here = int(getattr(eng, "model_id", 0))
 
     def stripped(title: str, *, model_id: int, created: int, used: int) -> str:
-        text = TOK.decode_bytes(h.worker.system_ids) + f"<｜User｜>{title}<｜Assistant｜></think>".encode()
+        text = TOK.decode_bytes(h.worker.conv.system_ids) + f"<｜User｜>{title}<｜Assistant｜></think>".encode()
         return h.store.save_session(text, None, shape=None, quant_bits=eng.quant_bits, title=title,
                                     n_tokens=len(TOK.rebuild_from_text(text)), ctx=eng.ctx, model_id=model_id,
                                     created_at=created, now=used).id

@@ -38,7 +38,7 @@ def test_task_forks_the_live_state_and_returns_the_summary(tmp_path):
     assert REFUSED_READ_ONLY.format(name="gamma") in record.transcript
     assert "find where parse is defined" in record.transcript
     # The fork prefilled only the brief: the conversation came with the parent's state.
-    assert record.forked_at > h.worker.transcript.system_len + 20 and record.prefilled < 250
+    assert record.forked_at > h.worker.conv.transcript.system_len + 20 and record.prefilled < 250
     # The parent reads only the summary; the subagent's own turns are not in its transcript.
     text = h.text()
     assert b"<tool_result>Subagent done (2 rounds, " in text

@@ -53,7 +53,7 @@ def test_an_unchanged_list_is_not_published_again_and_a_failed_call_keeps_it(tmp
     evs = h.turn("do it")
     assert [e.items for e in of(evs, ev.TodoList)] == [A]  # the bad call changed nothing
     assert [r.ok for r in of(evs, ev.ToolResult)] == [True, False]
-    assert h.worker.todo_list == A
+    assert h.worker.conv.todo_list == A
     h.stop()
 
 

@@ -20,6 +20,7 @@ import numpy as np
 def seed_sysprompt_cache(argv: list[str], cwd: Path, kv_dir: Path) -> int:
     """Write the cache the agent started as `ds4agent ARGV` in `cwd` looks up; returns its tokens."""
     from ds4agent.agent import sessionops
+    from ds4agent.agent.conversation import Conversation
     from ds4agent.agent.settings import AgentSettings
     from ds4agent.agent.skills import load_skills
     from ds4agent.agent.subagent import TaskTool
@@ -39,7 +40,8 @@ def seed_sysprompt_cache(argv: list[str], cwd: Path, kv_dir: Path) -> int:
         os.chdir(old)
     # The tools block the worker renders (Worker.tools): the built-in tools, the skills' tool
     # when the project or the user has skills, and the subagents' `task` tool when they are on.
-    worker = SimpleNamespace(settings=settings, tok=Tokenizer.load(), io=SimpleNamespace(emit=lambda e: None))
+    worker = SimpleNamespace(settings=settings, tok=Tokenizer.load(), io=SimpleNamespace(emit=lambda e: None),
+                             conv=Conversation(settings.effective_think_mode()))
     skills = load_skills(settings.cwd, settings.user_config_dir())
     task = [TaskTool(worker, None)] if settings.subagents else []  # type: ignore[arg-type]
     worker.tools = default_tools(settings.edit_upto) + list(skills.tools()) + task

@@ -148,7 +148,7 @@ class AgentHarness:
 
     @property
     def ids(self) -> list[int]:
-        return list(self.worker.transcript.ids)
+        return list(self.worker.conv.transcript.ids)
 
     def text(self, start: int = 0) -> bytes:
         return Tokenizer.load().decode_bytes(self.ids[start:])

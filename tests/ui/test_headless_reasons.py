@@ -54,7 +54,7 @@ def test_a_resumed_session_is_said_to_be_saved_again(tmp_path):
                            tools=default_tools())
     h.turn("one")
     h.command(lambda: h.agent.save("kept"))
-    sid = h.worker.identity.session_id
+    sid = h.worker.conv.identity.session_id
     h.stop()
     again = AgentHarness.build(tmp_path, [reply("second", think="")], tools=default_tools(), start=False,
                                resume=sid[:8], journal=False)
