@@ -3,7 +3,7 @@
 The worker holds one Conversation (`worker.conv`); the session commands (sessionops, compaction,
 rewind, plan, todos) read its fields and change them only through the methods below, each named
 for what happened. So "who changes the identity" has one answer: this class, when a session is
-started, loaded, resumed or forked (tests/agent/test_conversation_owner.py keeps it so).
+started, loaded, resumed or forked (tests/agent/test_conversation.py keeps it so).
 
     transcript       the token transcript (the object stays; its own methods append and reset it)
     identity         who the conversation is (identity.py): replaced at /new, /load, resume, /fork
