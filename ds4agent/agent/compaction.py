@@ -241,11 +241,10 @@ def compact(worker: WorkerPort, kind: str, *, projected: int | None = None) -> b
                              f"smaller than the context now ({before} tokens)")
         if len(new_ids) + SUMMARY_MIN_ROOM >= ctx:
             return fail("the summary and the kept tail do not fit the context")
-        if worker.conv.identity.title is None:
-            # The title is derived from the first user message of the text (kvc-format.md §12.7);
-            # after the rebuild that would be whatever turn the tail starts with. Fix it now, so a
-            # session first saved after a compaction is still named after the user's request.
-            worker.conv.identity.title = session_title(tok.decode_bytes(old_ids))
+        # The title is derived from the first user message of the text (kvc-format.md §12.7);
+        # after the rebuild that would be whatever turn the tail starts with. Fix it now, so a
+        # session first saved after a compaction is still named after the user's request.
+        worker.conv.name_if_untitled(lambda: session_title(tok.decode_bytes(old_ids)))
         worker.conv.transcript.reset(new_ids, len(prefix))
         rewind.transcript_compacted(worker)
         if not worker.sync():

@@ -25,12 +25,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from ds4agent.agent.identity import SessionIdentity
+from ds4agent.agent.identity import SessionIdentity, title_bytes
 from ds4agent.agent.prompt import SystemText
 from ds4agent.agent.skills import SkillSet
 from ds4agent.agent.transcript import Transcript
 
 if TYPE_CHECKING:
+    from ds4agent.sessions.entries import SavedSession
     from ds4agent.tools.todo import TodoItem
 
 
@@ -158,6 +159,31 @@ class Conversation:
     def become_fork(self, identity: SessionIdentity) -> None:
         """/fork: the same turns, a new identity; the next save writes the fork's file."""
         self._identity = identity
+
+    def changed(self) -> None:
+        """Turns were added or cut (a user turn, a rewind): the conversation differs from its
+        saved file, and it has something to save."""
+        self._identity.dirty = True
+        self._identity.activity = True
+
+    def saved(self, saved: SavedSession, *, forked_from: str | None = None) -> None:
+        """The conversation was written as `saved` (/save, /fork; forked_from: the session it was
+        saved beside as a fork, when another instance had saved over it)."""
+        identity = self._identity
+        if forked_from is not None:
+            identity.forked_from = forked_from
+        identity.file_stamp = saved.stamp
+        identity.title = title_bytes(saved.title)
+        identity.created_at = saved.created_at
+        identity.session_id = saved.id
+        identity.legacy_path = None
+        identity.dirty = False
+
+    def name_if_untitled(self, derive: Callable[[], bytes]) -> None:
+        """Give the conversation the title `derive` makes when it has none yet (a compaction keeps
+        the first request's); derived only then (it decodes the whole transcript)."""
+        if self._identity.title is None:
+            self._identity.title = derive()
 
     def use_think_mode(self, mode: str) -> None:
         self._think_mode = mode

@@ -120,7 +120,7 @@ def take_back(worker: WorkerPort, keep: int, prompt: str) -> None:
     target = worker.conv.cut(keep)
     if worker.snapshots is not None:
         worker.snapshots.retain_prefixes_of(target)
-    worker.conv.identity.dirty = True
+    worker.conv.changed()
     sessionops.journal_write(worker)
     worker.io.emit(ev.Rewound(number, "chat", prompt, len(worker.conv.transcript), 0))
 
@@ -151,8 +151,7 @@ def rewind_chat(worker: WorkerPort, keep: int) -> int:
     # The model no longer has the reads of the dropped turns in its context: the edit guard must
     # not trust them (it asks for a fresh read instead).
     worker.tool_ctx.reset_session()
-    worker.conv.identity.dirty = True
-    worker.conv.identity.activity = True
+    worker.conv.changed()
     sessionops.journal_write(worker)
     return prefilled
 

@@ -192,16 +192,12 @@ def _save(worker: WorkerPort, title: str | None = None) -> ev.SessionSaved:
         # go to a fork (a new identity), and nothing of either is lost.
         parent = identity.session_id
         saved = write(title_now + b" (fork)", _fork_created_at(identity), None, None)
-        identity.forked_from = parent
+        worker.conv.saved(saved, forked_from=parent)
         worker.io.emit(ev.Notice(f"{err}; this conversation was saved as a fork, {saved.id[:8]}, beside it",
                                  "warning"))
-    identity.file_stamp = saved.stamp
-    identity.title = title_bytes(saved.title)
-    identity.created_at = saved.created_at
-    identity.session_id = saved.id
+    else:
+        worker.conv.saved(saved)
     subagent.save_records(worker, saved.id)
-    identity.legacy_path = None
-    identity.dirty = False
     _index_record(worker)
     journal_write(worker)
     event = ev.SessionSaved(saved.id, saved.id[:8], saved.n_tokens, str(saved.path),

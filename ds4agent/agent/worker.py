@@ -314,8 +314,7 @@ class Worker:
             self._trace_append(user_ids, "user")
             self.conv.transcript.extend(user_ids)
             self.conv.results_delivered()
-            self.conv.identity.dirty = True
-            self.conv.identity.activity = True
+            self.conv.changed()
             sessionops.journal_write(self)
             while True:
                 rounds += 1

@@ -260,3 +260,24 @@ def test_the_worker_dispatches_each_command_to_its_handler():
     assert leave == [False] * 10 + [True]  # only a /quit the user did not cancel ends the worker
     fake.confirm_leave = record("confirm_leave", False)
     assert run(fake, ops.Quit()) is False  # type: ignore[arg-type]
+
+
+def test_changes_saves_and_titles_on_the_identity():
+    from ds4agent.sessions.entries import SavedSession
+
+    conv = Conversation("think")
+    conv.changed()
+    assert conv.identity.dirty and conv.identity.activity
+    conv.adopt_loaded(SessionIdentity(session_id="b" * 40, legacy_path="/old.kv", dirty=True, activity=True))
+    saved = SavedSession(id="c" * 40, path=Path("/s.kv"), title=b"T", created_at=7, n_tokens=3, deleted=())
+    conv.saved(saved, forked_from="b" * 40)
+    i = conv.identity
+    assert (i.session_id, i.title, i.created_at, i.legacy_path, i.forked_from, i.dirty, i.activity) == (
+        "c" * 40, b"T", 7, None, "b" * 40, False, True)
+    conv.saved(SavedSession(id="d" * 40, path=Path("/s.kv"), title=b"U", created_at=8, n_tokens=3, deleted=()))
+    assert (conv.identity.session_id, conv.identity.forked_from) == ("d" * 40, "b" * 40)  # parent kept
+    conv.name_if_untitled(lambda: pytest.fail("a titled conversation derives no title"))
+    assert conv.identity.title == b"U"
+    conv.reset_new()
+    conv.name_if_untitled(lambda: b"first request")
+    assert conv.identity.title == b"first request"
