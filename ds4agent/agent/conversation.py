@@ -169,15 +169,20 @@ class Conversation:
     def saved(self, saved: SavedSession, *, forked_from: str | None = None) -> None:
         """The conversation was written as `saved` (/save, /fork; forked_from: the session it was
         saved beside as a fork, when another instance had saved over it)."""
-        identity = self._identity
         if forked_from is not None:
-            identity.forked_from = forked_from
+            self._identity.forked_from = forked_from
+        self.file_rewritten(saved)
+        self._identity.dirty = False
+
+    def file_rewritten(self, saved: SavedSession) -> None:
+        """The conversation's file is now `saved` (/save, or /strip of the live session's file): its
+        id, title and the stamp the next save expects to find there."""
+        identity = self._identity
         identity.file_stamp = saved.stamp
         identity.title = title_bytes(saved.title)
         identity.created_at = saved.created_at
         identity.session_id = saved.id
         identity.legacy_path = None
-        identity.dirty = False
 
     def name_if_untitled(self, derive: Callable[[], bytes]) -> None:
         """Give the conversation the title `derive` makes when it has none yet (a compaction keeps

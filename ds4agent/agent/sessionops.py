@@ -495,10 +495,9 @@ def strip(worker: WorkerPort, prefix: str) -> None:
         worker.io.emit(ev.Error(f"strip failed: {err}"))
         return
     if worker.conv.identity.session_id == entry.id:
-        worker.conv.identity.session_id = saved.id
-        worker.conv.identity.legacy_path = None
-        worker.conv.identity.title = title_bytes(saved.title)
-        worker.conv.identity.created_at = saved.created_at
+        # Its own rewrite: the next /save of the live session must not take it for another
+        # instance's save (and fork).
+        worker.conv.file_rewritten(saved)
     freed = entry.file_size - saved.path.stat().st_size
     worker.io.emit(ev.Notice(f"stripped session {saved.id[:8]} ({n_tokens:,} tokens to rebuild on load, "
                              f"{max(0, freed):,} bytes freed)"))

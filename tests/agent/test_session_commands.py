@@ -134,3 +134,13 @@ def test_load_resolves_its_prefix_and_reads_the_index_once(tmp_path, monkeypatch
     assert of(evs, ev.SessionLoaded)[0].id == sid
     assert calls == {"resolve": 1, "index": 1}
     h.stop()
+
+
+def test_a_save_after_stripping_the_live_session_writes_the_same_session_not_a_fork(tmp_path):
+    h, sid = _saved(tmp_path, answer=lambda e: "y")
+    h.command(lambda: h.agent.strip(sid[:8]))
+    h.turn("more")
+    evs = h.command(h.agent.save)
+    assert [s.id for s in of(evs, ev.SessionSaved)] == [sid]
+    assert [n.text for n in of(evs, ev.Notice)] == [f"saved session {sid[:8]} ({len(h.ids)} tokens)"]
+    h.stop()
