@@ -23,12 +23,14 @@ rendered, and kept until that turn is appended (`pending_results`, `results_deli
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ds4agent.agent.identity import SessionIdentity, title_bytes
+from ds4agent.agent.identity import SessionIdentity, SubagentRecord, title_bytes
 from ds4agent.agent.prompt import SystemText
 from ds4agent.agent.skills import SkillSet
 from ds4agent.agent.transcript import Transcript
+from ds4agent.sessions.undo import UndoLog
 
 if TYPE_CHECKING:
     from ds4agent.sessions.entries import SavedSession
@@ -189,6 +191,22 @@ class Conversation:
         the first request's); derived only then (it decodes the whole transcript)."""
         if self._identity.title is None:
             self._identity.title = derive()
+
+    def undo_log(self, undo_dir: Path | None) -> UndoLog:
+        """The undo log a tool's file write is recorded in, under the current turn (made at the
+        conversation's first write, in `undo_dir`)."""
+        identity = self._identity
+        if identity.undo is None:
+            identity.undo = UndoLog(undo_dir)
+        identity.undo.at = self._turn_at
+        return identity.undo
+
+    def subagent_ran(self, record: SubagentRecord) -> None:
+        self._identity.subagents.append(record)
+
+    def subagents_loaded(self, records: list[SubagentRecord]) -> None:
+        """The subagent records saved with the session just loaded."""
+        self._identity.subagents[:] = records
 
     def use_think_mode(self, mode: str) -> None:
         self._think_mode = mode

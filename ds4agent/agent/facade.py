@@ -71,7 +71,6 @@ def idle_required(command: str) -> str:
     return f"command requires the model to be idle: {command}"
 
 
-
 class _Pending:
     """One question the worker is waiting on (permission or save/resume)."""
 

@@ -251,17 +251,17 @@ def fork(worker: WorkerPort, title: str | None) -> ev.SessionSaved | None:
             base = session_title(worker.tok.decode_bytes(worker.conv.transcript.ids))
         new_title = base + b" (fork)"
     created = _fork_created_at(old)
-    # No legacy path: the original must never be deleted as a "legacy source".
-    fork_identity = SessionIdentity(title=new_title, created_at=created, forked_from=old.session_id,
-                                    dirty=old.dirty, activity=True, undo=old.undo,
-                                    subagents=list(old.subagents))
-    worker.conv.become_fork(fork_identity)
-    if fork_identity.undo is not None:
+    undo = old.undo
+    if undo is not None:
         try:
-            fork_identity.undo = fork_identity.undo.fork()
-        except OSError as err:
+            undo = undo.fork()
+        except OSError as err:  # the fork shares the original's log then
             worker.io.emit(ev.Notice(f"undo log not copied to the fork: {err.strerror or err}",
                                      "warning"))
+    # No legacy path: the original must never be deleted as a "legacy source".
+    worker.conv.become_fork(SessionIdentity(title=new_title, created_at=created, forked_from=old.session_id,
+                                            dirty=old.dirty, activity=True, undo=undo,
+                                            subagents=list(old.subagents)))
     saved = save(worker)
     if saved is not None:
         parent = old.session_id[:8] if old.session_id else "the unsaved conversation"

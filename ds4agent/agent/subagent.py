@@ -28,7 +28,7 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.decode import TokenStream
@@ -41,6 +41,9 @@ from ds4agent.protocol import dsml, template
 from ds4agent.sessions.index import subagents_path
 from ds4agent.tools import Observation, ToolContext, ToolError, run_tool
 from ds4agent.tools.args import arg_bool, arg_int, arg_str
+
+if TYPE_CHECKING:  # the store is handed in; only its type is needed here
+    from ds4agent.sessions.store import SessionStore
 
 TASK_TOOL = "task"
 SUBAGENT_TOKENS = 16_384  # the default budget: tokens the subagent may generate over all its rounds
@@ -164,7 +167,7 @@ def run_subagent(worker: WorkerPort, goal: str, *, budget: int, writes: bool,
     record = SubagentRecord(sid, goal, summary, tok.decode_bytes(ids[base:]).decode("utf-8", "replace"), reason,
                             rounds, generated, forked_at, prefilled, round(time.monotonic() - t0, 3),
                             round(first_token, 4), tuple(card.lines))
-    worker.conv.identity.subagents.append(record)
+    worker.conv.subagent_ran(record)
     io.emit(ev.SubagentEnded(sid, summary, reason, rounds=rounds, generated=generated, seconds=record.seconds))
     return record
 
@@ -262,16 +265,21 @@ def save_records(worker: WorkerPort, session_id: str) -> None:
 
 def load_records(worker: WorkerPort, session_id: str) -> None:
     """The records saved with a session (none when the file is missing or unreadable)."""
-    worker.conv.identity.subagents.clear()
-    store = worker.store
+    worker.conv.subagents_loaded(_read_records(worker.store, session_id))
+
+
+def _read_records(store: SessionStore | None, session_id: str) -> list[SubagentRecord]:
+    """The records of a session's file, up to the first unreadable one."""
+    records: list[SubagentRecord] = []
     if store is None or not session_id:
-        return
+        return records
     try:
         doc = json.loads(subagents_path(store.directory, session_id).read_bytes())
         fields = set(SubagentRecord.__dataclass_fields__)
         for r in doc.get("subagents", ()):
             r = {k: v for k, v in r.items() if k in fields}
             r["lines"] = tuple((str(k), str(t)) for k, t in r.get("lines", ()))  # JSON gave lists
-            worker.conv.identity.subagents.append(SubagentRecord(**r))
+            records.append(SubagentRecord(**r))
     except (OSError, ValueError, TypeError, AttributeError):
-        return
+        pass
+    return records

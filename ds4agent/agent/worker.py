@@ -49,7 +49,6 @@ from ds4agent.engine import DutyCycle, EngineLost, Interrupted, Sampler
 from ds4agent.protocol import dsml, template
 from ds4agent.protocol.template import THINK_MAX_MIN_CTX
 from ds4agent.protocol.tokenizer import Piece, Tokenizer
-from ds4agent.sessions.undo import UndoLog
 from ds4agent.tools import Tool, ToolContext, attach, default_tools, run_tool
 from ds4agent.tools.args import unencodable
 from ds4agent.tools.leftovers import remove_stale_temps
@@ -204,12 +203,8 @@ class Worker:
         self.trace.close()
 
     def _record_write(self, path: str, before: bytes | None, after: bytes) -> None:
-        identity = self.conv.identity
-        if identity.undo is None:
-            identity.undo = UndoLog(self.settings.undo_dir)
-        identity.undo.at = self.conv.turn_at
         try:
-            identity.undo.record(path, before, after)
+            self.conv.undo_log(self.settings.undo_dir).record(path, before, after)
         except OSError as err:  # the write itself succeeded; only its undo is lost
             self.io.emit(ev.Notice(f"undo log not recorded for {path}: {err.strerror or err}",
                                    "warning"))

@@ -3,7 +3,9 @@ are values dispatched in one place (agent/ops.py, Worker.run).
 
 The ownership rule is read from the source with `ast`: no module but conversation.py assigns an
 attribute that Conversation owns (`worker.identity = ...`, `x.conv.turn_times = ...`,
-`setattr(x, "transcript", ...)`), and the Worker assigns none of them to itself either."""
+`setattr(x, "transcript", ...)`) or a field of the live identity (`x.conv.identity.dirty = ...`,
+`x.conv.identity.subagents.append(...)`), and the Worker assigns none of them to itself either.
+A SessionIdentity being built (a local variable) is not the live one and is not looked at."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pytest
 
 from ds4agent.agent import ops
 from ds4agent.agent.conversation import Conversation
-from ds4agent.agent.identity import SessionIdentity
+from ds4agent.agent.identity import SessionIdentity, SubagentRecord
 from ds4agent.agent.prompt import SystemText
 from ds4agent.agent.skills import SkillSet
 from ds4agent.agent.worker import Worker
@@ -38,6 +40,12 @@ OWNED = _owned()
 # Objects with a field of the same name that is another fact: the settings' think_mode is the mode
 # the user chose, the conversation's the one in effect; the settings' system is --system's text.
 OTHER_OWNERS = {"settings", "s"}
+MUTATORS = {"append", "extend", "clear", "insert", "pop", "remove", "update", "setdefault", "sort"}
+
+
+def _on_identity(node: ast.expr) -> bool:
+    """`node` is `<...>.identity`: the live identity reached through its owner."""
+    return isinstance(node, ast.Attribute) and node.attr == "identity"
 
 
 def _targets(node: ast.expr) -> list[ast.expr]:
@@ -61,11 +69,18 @@ def owner_violations(source: str, name: str = "<source>") -> list[str]:
                 targets = [t for target in child.targets for t in _targets(target)]
             elif isinstance(child, ast.AugAssign | ast.AnnAssign):
                 targets = _targets(child.target)
+            elif (isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute)
+                  and child.func.attr in MUTATORS and isinstance(child.func.value, ast.Attribute)
+                  and _on_identity(child.func.value.value)):
+                found.append(f"{name}:{child.lineno} changes {ast.unparse(child.func.value)}")
             elif (isinstance(child, ast.Call) and isinstance(child.func, ast.Name) and child.func.id == "setattr"
                   and len(child.args) >= 2 and isinstance(child.args[1], ast.Constant)
                   and child.args[1].value in OWNED):
                 found.append(f"{name}:{child.lineno} setattr(..., {child.args[1].value!r})")
             for t in targets:
+                if isinstance(t, ast.Attribute) and _on_identity(t.value):
+                    found.append(f"{name}:{t.lineno} assigns {ast.unparse(t)}")
+                    continue
                 if not (isinstance(t, ast.Attribute) and t.attr in OWNED):
                     continue
                 base = t.value
@@ -93,8 +108,11 @@ def test_the_checker_finds_assignments_from_outside():
            "    a, worker.conv.todo_list = 1, ()\n"
            "    worker.conv.generated += 1\n"
            "    setattr(worker, 'transcript', x)\n"
-           "    worker.identity.dirty = True\n"  # a field of the identity: not the attribute itself
+           "    worker.conv.identity.dirty = True\n"
+           "    worker.conv.identity.subagents.append(x)\n"
            "    worker.settings.think_mode = x\n"  # the user's chosen mode: the settings' own field
+           "    identity = SessionIdentity()\n"
+           "    identity.undo = x\n"  # an identity being built, not the live one
            "class SkillTool:\n"
            "    def __init__(self, skills):\n"
            "        self.skills = skills\n"  # another class's own attribute of the same name
@@ -107,7 +125,9 @@ def test_the_checker_finds_assignments_from_outside():
         "<source>:4 assigns worker.conv.todo_list",
         "<source>:5 assigns worker.conv.generated",
         "<source>:6 setattr(..., 'transcript')",
-        "<source>:14 assigns self.think_mode",
+        "<source>:7 assigns worker.conv.identity.dirty",
+        "<source>:8 changes worker.conv.identity.subagents",
+        "<source>:17 assigns self.think_mode",
     ]
 
 
@@ -281,3 +301,26 @@ def test_changes_saves_and_titles_on_the_identity():
     conv.reset_new()
     conv.name_if_untitled(lambda: b"first request")
     assert conv.identity.title == b"first request"
+
+
+def test_the_undo_log_is_made_at_the_first_write_and_follows_the_turn(tmp_path):
+    conv = Conversation("think")
+    assert conv.identity.undo is None
+    conv.transcript.reset([1, 2, 3], 3)
+    conv.turn_started(1.0)
+    log = conv.undo_log(tmp_path)
+    assert conv.identity.undo is log and log.root == tmp_path and log.at == 3
+    conv.transcript.extend([4, 5])
+    conv.turn_started(2.0)
+    assert conv.undo_log(tmp_path) is log and log.at == 5  # the same log, under the new turn
+
+
+def test_subagent_records_run_and_loaded():
+    conv = Conversation("think")
+    a, b = SubagentRecord("a", "g", "s", "t", "done"), SubagentRecord("b", "g", "s", "t", "budget")
+    conv.subagent_ran(a)
+    assert conv.identity.subagents == [a]
+    conv.subagents_loaded([b])
+    assert conv.identity.subagents == [b]
+    conv.subagents_loaded([])
+    assert conv.identity.subagents == []
