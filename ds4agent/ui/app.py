@@ -187,7 +187,6 @@ class Ds4App(App):
         self.startup_error = message.text
         self.status_model.state = "error"
         self.status_model.detail = message.text
-        self.status_bar.mark()
         await self.conversation.note(f"ds4agent: {message.text}", "error")
         dropped, self._pre_agent = len(self._pre_agent), []
         if dropped:
@@ -268,11 +267,9 @@ class Ds4App(App):
 
     async def _show_status(self, e: ev.Status, n: int) -> None:
         self.status_model.apply_status(e)
-        self.status_bar.mark()
 
     async def _show_prefill(self, e: ev.PrefillProgress, n: int) -> None:
         self.status_model.apply_prefill(e)
-        self.status_bar.mark()
 
     async def _show_thinking(self, e: ev.ThinkingDelta, n: int) -> None:
         # n: the tokens the (merged) deltas stand for, so the block's count is exact. Whatever
@@ -331,11 +328,9 @@ class Ds4App(App):
             s = self.status_model
             s.state, s.detail = "error", e.text
             self.startup_error = self.startup_error or e.text
-            self.status_bar.mark()
 
     async def _show_ready(self, e: ev.Ready, n: int) -> None:
         self.status_model.device, self.status_model.experts = e.device, e.experts
-        self.status_bar.mark()
         if self.chips.items:
             self.chips.set_items(self.chips.items)  # Esc can interrupt from now on
         await self.conversation.drop_notes(ev.SYSPROMPT_UPDATING)  # done: the ready line says so
@@ -350,11 +345,9 @@ class Ds4App(App):
     async def _show_saved(self, e: ev.SessionSaved, n: int) -> None:
         s = self.status_model
         s.session_id, s.title, s.dirty = e.short_id, e.title, False
-        self.status_bar.mark()
 
     async def _show_loaded(self, e: ev.SessionLoaded, n: int) -> None:
         self.status_model.switch_session(e.short_id, e.title, e.tokens)
-        self.status_bar.mark()
         await self._clear_for_switch()
         # The agent follows with its own "switched to session …" / "resumed …" notice.
         heading = fmt.loaded_history_heading(e.short_id, e.title, e.history)
@@ -363,7 +356,6 @@ class Ds4App(App):
 
     async def _show_new(self, e: ev.SessionNew, n: int) -> None:
         self.status_model.switch_session()
-        self.status_bar.mark()
         await self._clear_for_switch()
         await self.conversation.note("new session", "info")
 
@@ -400,7 +392,6 @@ class Ds4App(App):
         s.state = "error"
         s.detail = s.detail or "the agent stopped"
         self.startup_error = self.startup_error or s.detail
-        self.status_bar.mark()
         await self.conversation.note(commands.FAILED_START_HINT, "warning")
 
     # ------------------------------------------------------------------ questions
@@ -699,7 +690,6 @@ class Ds4App(App):
         once (the work stops between prefill chunks or tokens, which may take a moment)."""
         self.agent.interrupt()
         self.status_model.interrupting = True
-        self.status_bar.mark()
 
     def action_escape(self) -> None:
         if self.turn_busy:
