@@ -19,7 +19,7 @@ import inspect
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +29,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.reactive import var
 from textual.widget import Widget
+from textual.widgets import TextArea
 
 from ds4agent.agent import events as ev
 from ds4agent.ui import bridge, commands, dispatch, fmt
@@ -130,7 +131,6 @@ class Ds4App(App):
         self.notifier = notifier  # rings the terminal when a long turn ends or a question waits
         self.last_typing = float("-inf")        # clock() of the last key typed (screens/TypeaheadGuard)
         self.status_model = fmt.StatusState(ctx_total=ctx, think_mode=think_mode, permission=permission)
-        self._pre_agent: list[str] = []       # sent before the agent object existed
         self._last_ctrl_c = -1e9               # clock() of the last Ctrl+C / Esc (twice quits / rewinds)
         self._last_escape = -1e9
         self.picker_at_ready = open_picker
@@ -187,11 +187,11 @@ class Ds4App(App):
         self.agent = message.agent
         for note in commands.use_custom_commands(self.agent):
             self.call_later(self.conversation.note, note, "warning")
-        pending, self._pre_agent = self._pre_agent, []
+        pending = self.chips.waiting
         for text in pending:
             self.agent.submit(text)
-        if not pending:
-            self.chips.set_items(())
+        # Handed over: the agent's queue now (its QueueChanged will say so), shown until then.
+        self.chips.waiting, self.chips.queued = (), pending
 
     async def on_agent_failed(self, message: AgentFailed) -> None:
         self.exit_status = 1
@@ -199,9 +199,9 @@ class Ds4App(App):
         self.status_model.state = "error"
         self.status_model.detail = message.text
         await self.conversation.note(f"ds4agent: {message.text}", "error")
-        dropped, self._pre_agent = len(self._pre_agent), []
+        dropped = len(self.chips.waiting)
+        self.chips.waiting = ()
         if dropped:
-            self.chips.set_items(())
             await self.conversation.note(
                 f"{dropped} queued message{'' if dropped == 1 else 's'} not sent: the agent could not start", "error")
         await self.conversation.note(commands.FAILED_START_HINT, "warning")
@@ -301,7 +301,7 @@ class Ds4App(App):
             await self.conversation.note(*note)
 
     async def _show_queue(self, e: ev.QueueChanged, n: int) -> None:
-        self.chips.set_items(tuple(self._pre_agent) + tuple(e.items), loading=self.loading)
+        self.chips.queued, self.chips.loading = tuple(e.items), self.loading
 
     async def _show_error(self, e: ev.Error, n: int) -> None:
         await self.conversation.note(e.text, "error")
@@ -312,8 +312,7 @@ class Ds4App(App):
 
     async def _show_ready(self, e: ev.Ready, n: int) -> None:
         self.status_model.device, self.status_model.experts = e.device, e.experts
-        if self.chips.items:
-            self.chips.set_items(self.chips.items)  # Esc can interrupt from now on
+        self.chips.loading = False  # Esc can interrupt from now on
         await self.conversation.drop_notes(ev.SYSPROMPT_UPDATING)  # done: the ready line says so
         await self.conversation.note(fmt.ready_line(e.model, e.ctx, e.experts), "muted")
         if self.picker_at_ready and self.agent is not None:
@@ -442,7 +441,7 @@ class Ds4App(App):
         self.push_screen(GuardedQuestionScreen(e.question, options, escape_key=escape), answered)
 
     # ------------------------------------------------------------------ input
-    def on_text_area_changed(self, event) -> None:
+    def on_text_area_changed(self, event: TextArea.Changed) -> None:
         if isinstance(event.text_area, PromptInput):
             area = event.text_area
             self.hints.show_for(area.text, area.text_before_cursor(), self.cwd)
@@ -457,8 +456,7 @@ class Ds4App(App):
             await self.conversation.note(commands.not_sent_after_failed_start(), "error")
             return
         if self.agent is None:
-            self._pre_agent.append(text.strip())
-            self.chips.set_items(tuple(self._pre_agent), loading=self.loading)
+            self.chips.waiting += (text.strip(),)
             return
         warning = fmt.big_message_warning(text, self.status_model)
         if warning and text != self.big_message_warned:
@@ -580,7 +578,7 @@ class Ds4App(App):
             return f"delete failed: {err}"
         return None
 
-    async def _replay(self, heading: str, items) -> None:
+    async def _replay(self, heading: str, items: Sequence[ev.HistoryItem]) -> None:
         """Saved turns between a heading and the end-of-history line (after /load, /history)."""
         await self.conversation.note(heading, "muted")
         await self.conversation.history(items, getattr(self.agent, "subagents", list)())
@@ -691,9 +689,9 @@ class Ds4App(App):
 
     def action_pull_queued(self) -> None:
         text: str | None
-        if self._pre_agent:
-            text = self._pre_agent.pop()
-            self.chips.set_items(tuple(self._pre_agent), loading=self.loading)
+        if self.chips.waiting:
+            *rest, text = self.chips.waiting
+            self.chips.waiting = tuple(rest)
         elif self.agent is not None:
             text = self.agent.pull_queued()
         else:
