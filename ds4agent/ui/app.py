@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from textual import work
+from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -441,10 +441,9 @@ class Ds4App(App):
         self.push_screen(GuardedQuestionScreen(e.question, options, escape_key=escape), answered)
 
     # ------------------------------------------------------------------ input
-    def on_text_area_changed(self, event: TextArea.Changed) -> None:
-        if isinstance(event.text_area, PromptInput):
-            area = event.text_area
-            self.hints.show_for(area.text, area.text_before_cursor(), self.cwd)
+    @on(TextArea.Changed, "#input")
+    def _input_changed(self) -> None:
+        self.hints.show_for(self.input.text, self.input.text_before_cursor(), self.cwd)
 
     async def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
         text = message.text
