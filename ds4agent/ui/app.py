@@ -169,14 +169,14 @@ class Ds4App(App):
         if self._given_agent is not None:
             self._given_agent.start()
             self.post_message(AgentReady(self._given_agent))
-        else:
-            self._build_agent()
+        elif self.agent_factory is not None:  # one of the two (__init__)
+            self._build_agent(self.agent_factory)
 
     @work(thread=True, exclusive=True, group="agent")
-    def _build_agent(self) -> None:
+    def _build_agent(self, factory: Callable[[], Agent]) -> None:
         """Off the UI thread: constructing the agent may import numpy/MLX and open the store."""
         try:
-            agent = self.agent_factory()  # type: ignore[misc]
+            agent = factory()
             agent.start()
         except Exception as err:  # shown as one readable line, never a traceback
             self.post_message(AgentFailed(str(err) or type(err).__name__))
