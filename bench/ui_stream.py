@@ -116,7 +116,7 @@ async def sustained(n_tokens: int) -> tuple[float, float]:
     agent = FeedAgent(events)
     app = Ds4App(agent=agent, cwd="/bench", history=InputHistory(persist=False), animate=False)
     async with app.run_test(size=(120, 40)) as pilot:
-        while app.events_seen < len(events) or app._in_flight:
+        while app.events_seen < len(events) or app.draining:
             await pilot.pause(0.005)
         await pilot.pause()
         end = time.perf_counter()

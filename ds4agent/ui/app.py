@@ -15,17 +15,21 @@ until that batch is drawn, so a fast model can never flood the message queue.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from textual import work
+from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.reactive import var
+from textual.widget import Widget
+from textual.widgets import TextArea
 
 from ds4agent.agent import events as ev
 from ds4agent.ui import bridge, commands, dispatch, fmt
@@ -38,6 +42,9 @@ from ds4agent.ui.widgets.queue_chips import QueueChips
 from ds4agent.ui.widgets.status_bar import HeaderLine, StatusBar
 from ds4agent.ui.widgets.todos import TodoPanel
 
+if TYPE_CHECKING:  # the facade is imported by main() only: the first paint does not wait for it
+    from ds4agent.agent.facade import Agent
+
 SPINNER_INTERVAL = 0.125  # 8 Hz: the only animation faster than 4 Hz (ui.md)
 # A question that opens on its own (permission, resume) ignores keys until the user has paused
 # typing this long: faster than anyone reads a question, slower than the gap between typed keys.
@@ -49,8 +56,33 @@ class Ds4App(App):
     CSS_PATH = Path(__file__).with_name("app.tcss")  # absolute: subclasses in other modules still find it
     TITLE = "ds4agent"
     ENABLE_COMMAND_PALETTE = False
+
+    # The app's own state, as Textual vars. What is on screen lives with its widget: the status
+    # bar and the header repaint themselves from `status_model` (widgets/status_bar.py), the chips,
+    # the task list and the cards keep theirs.
+    draining = var(False)            # a drained batch is still being drawn: the next drain waits
+    picker_wanted = var(False)       # the next SessionList opens the picker (Ctrl+L, /load)
+    picker_at_ready = var(False)     # --resume without a prefix: the picker once the model is ready
+    rewind_wanted = var(False)       # the next RewindList opens the rewind screen (/rewind, Esc Esc)
+    quitting = var(False)            # /quit (or a quit key) asked the agent to save and stop
+    exit_status = var(0)             # 1 once the agent stopped on a fatal error
+    # Why the model could not start (set once). From then on the app is only a screen to read
+    # the error on and leave: nothing is busy, every quit key leaves at once, messages and
+    # commands are answered with the reason, and main() prints it again after the full
+    # screen has closed (the terminal would otherwise lose it with the screen).
+    startup_error: var[str | None] = var(None)
+    # A user-issued /new, /load or picker choice is on its way: when the switch happens, the view
+    # is cleared through `switch_mark`, the last block before the command (None: all of it), so a
+    # new session starts a clean view while what the command itself printed after it (e.g.
+    # "saved session …" from the save question) stays. An agent-initiated resume clears nothing.
+    switch_pending = var(False)
+    switch_mark: var[Widget | None] = var(None)
+    # After a rewind the view replays the turns that are left; /history is refused while the
+    # agent is busy (its busy rule), and the rewind command is still finishing when its event
+    # arrives, so the replay is asked for at the first drain that finds the agent idle.
+    replay_due = var(False)
     # A message too big for the context, sent once and warned about: Enter again sends it.
-    big_message_warned = ""
+    big_message_warned = var("")
 
     BINDINGS = [
         Binding("ctrl+q", "quit_request", "quit", show=False, priority=True),
@@ -69,9 +101,9 @@ class Ds4App(App):
 
     def __init__(
         self,
-        agent_factory: Callable[[], Any] | None = None,
+        agent_factory: Callable[[], Agent] | None = None,
         *,
-        agent: Any = None,
+        agent: Agent | None = None,
         cwd: str | None = None,
         history: InputHistory | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -88,41 +120,20 @@ class Ds4App(App):
         if agent is None and agent_factory is None:
             raise ValueError("Ds4App needs an agent or an agent factory")
         self.agent_factory = agent_factory
-        self.agent: Any = None
+        self.agent: Agent | None = None
         self._given_agent = agent
         self.cwd = cwd if cwd is not None else os.getcwd()
         self.history = history if history is not None else InputHistory()
         self.clock = clock
         self.now = now
-        self.animate = animate
+        self.spin = animate  # the running cards' spinner (tests draw still frames)
         self.typeahead_grace = typeahead_grace
         self.notifier = notifier  # rings the terminal when a long turn ends or a question waits
         self.last_typing = float("-inf")        # clock() of the last key typed (screens/TypeaheadGuard)
         self.status_model = fmt.StatusState(ctx_total=ctx, think_mode=think_mode, permission=permission)
-        self._pre_agent: list[str] = []       # sent before the agent object existed
-        self._in_flight = False                # a drained batch is still being drawn
-        self._last_ctrl_c = -1e9
-        self._want_picker = False
-        self._picker_at_ready = open_picker    # --resume without a prefix
-        self._want_rewind = False
+        self._last_ctrl_c = -1e9               # clock() of the last Ctrl+C / Esc (twice quits / rewinds)
         self._last_escape = -1e9
-        self._quitting = False
-        self._exit_status = 0                  # 1 once the agent stopped on a fatal error
-        # Why the model could not start (set once). From then on the app is only a screen to read
-        # the error on and leave: nothing is busy, every quit key leaves at once, messages and
-        # commands are answered with the reason, and main() prints it again after the full
-        # screen has closed (the terminal would otherwise lose it with the screen).
-        self.startup_error: str | None = None
-        # The last conversation block before a user-issued /new, /load or picker choice: when the
-        # switch happens, everything up to it is cleared (a new session starts a clean view) while
-        # what the command itself printed after it (e.g. "saved session …" from the save
-        # question) stays. None: nothing to clear (an agent-initiated resume keeps the start-up lines).
-        self._switch_mark: Any = None
-        self._switch_pending = False
-        # After a rewind the view replays the turns that are left; /history is refused while the
-        # agent is busy (its busy rule), and the rewind command is still finishing when its event
-        # arrives, so the replay is asked for at the first drain that finds the agent idle.
-        self._replay_due = False
+        self.picker_at_ready = open_picker
         self.events_seen = 0                   # raw agent events handled (the benchmark reads it)
         self._event_table = self._event_handlers()
 
@@ -153,19 +164,19 @@ class Ds4App(App):
         self.hints = self.query_one(CommandHints)
         self.input.focus()
         self.set_interval(1 / bridge.DRAIN_HZ, self._drain)
-        if self.animate:
+        if self.spin:
             self.set_interval(SPINNER_INTERVAL, self._spin)
         if self._given_agent is not None:
             self._given_agent.start()
             self.post_message(AgentReady(self._given_agent))
-        else:
-            self._build_agent()
+        elif self.agent_factory is not None:  # one of the two (__init__)
+            self._build_agent(self.agent_factory)
 
     @work(thread=True, exclusive=True, group="agent")
-    def _build_agent(self) -> None:
+    def _build_agent(self, factory: Callable[[], Agent]) -> None:
         """Off the UI thread: constructing the agent may import numpy/MLX and open the store."""
         try:
-            agent = self.agent_factory()  # type: ignore[misc]
+            agent = factory()
             agent.start()
         except Exception as err:  # shown as one readable line, never a traceback
             self.post_message(AgentFailed(str(err) or type(err).__name__))
@@ -176,22 +187,21 @@ class Ds4App(App):
         self.agent = message.agent
         for note in commands.use_custom_commands(self.agent):
             self.call_later(self.conversation.note, note, "warning")
-        pending, self._pre_agent = self._pre_agent, []
+        pending = self.chips.waiting
         for text in pending:
             self.agent.submit(text)
-        if not pending:
-            self.chips.set_items(())
+        # Handed over: the agent's queue now (its QueueChanged will say so), shown until then.
+        self.chips.waiting, self.chips.queued = (), pending
 
     async def on_agent_failed(self, message: AgentFailed) -> None:
-        self._exit_status = 1
+        self.exit_status = 1
         self.startup_error = message.text
         self.status_model.state = "error"
         self.status_model.detail = message.text
-        self.status_bar.mark()
         await self.conversation.note(f"ds4agent: {message.text}", "error")
-        dropped, self._pre_agent = len(self._pre_agent), []
+        dropped = len(self.chips.waiting)
+        self.chips.waiting = ()
         if dropped:
-            self.chips.set_items(())
             await self.conversation.note(
                 f"{dropped} queued message{'' if dropped == 1 else 's'} not sent: the agent could not start", "error")
         await self.conversation.note(commands.FAILED_START_HINT, "warning")
@@ -204,14 +214,14 @@ class Ds4App(App):
 
     # ------------------------------------------------------------------ the event boundary
     def _drain(self) -> None:
-        if self.agent is None or self._in_flight:
+        if self.agent is None or self.draining:
             return
-        if self._replay_due and not self.agent.busy:
-            self._replay_due = False
+        if self.replay_due and not self.agent.busy:
+            self.replay_due = False
             self.agent.history(3)
         events = self.agent.poll_events(bridge.MAX_EVENTS_PER_DRAIN)
         if events:
-            self._in_flight = True
+            self.draining = True
             self.post_message(AgentEvents(bridge.coalesce(events)))
 
     async def on_agent_events(self, message: AgentEvents) -> None:
@@ -220,7 +230,7 @@ class Ds4App(App):
                 self.events_seen += count
                 await self._handle(event, count)
         finally:
-            self._in_flight = False
+            self.draining = False
 
     def _spin(self) -> None:
         for card in self.conversation.running_cards():
@@ -230,87 +240,58 @@ class Ds4App(App):
         ring = self.notifier.on_event(e) if self.notifier is not None else ""
         if ring and not self.is_headless and self._driver is not None:
             self._driver.write(ring)  # as App.bell() writes its BEL
-        pending = self._event_table.dispatch(e, n)
-        if pending is not None:
-            await pending
+        drawn = self._event_table.dispatch(e, n)
+        if inspect.isawaitable(drawn):
+            await drawn
 
-    def _event_handlers(self) -> dispatch.EventTable[Awaitable[None]]:
-        """The app's side of the one event table (ui/dispatch.py): what each event does on screen."""
+    def _event_handlers(self) -> dispatch.EventTable[object]:
+        """The app's side of the one event table (ui/dispatch.py): what each event does on screen.
+        A handler is called as handler(event, n) and may return an awaitable, which is awaited
+        before the next event is handled (a batch is drawn in order)."""
+        status = self.status_model
         return dispatch.EventTable({
-            ev.Status: self._show_status, ev.PrefillProgress: self._show_prefill,
-            ev.ThinkingDelta: self._show_thinking, ev.TextDelta: self._show_text,
-            ev.ToolCallStart: self._show_tool_start, ev.ToolCallArgDelta: self._show_tool_arg,
-            ev.ToolCallEnd: self._show_tool_end, ev.ToolResult: self._show_tool_result,
-            ev.ToolCallInvalid: self._show_tool_invalid, ev.PermissionRequest: self._show_permission,
-            ev.Question: self._show_question, ev.UserTurn: self._show_user_turn, ev.RoundStarted: self._show_round,
-            ev.TurnEnded: self._show_turn_ended, ev.QueueChanged: self._show_queue, ev.Notice: self._show_notice,
+            # What only draws: straight to the widget (the status bar repaints itself from `status`).
+            ev.Status: lambda e, n: status.apply_status(e),
+            ev.PrefillProgress: lambda e, n: status.apply_prefill(e),
+            # n: the tokens the (merged) deltas stand for, so the block's count is exact. Whatever
+            # comes next (text, a tool card, a note, the turn's end) ends the block in Conversation.
+            ev.ThinkingDelta: lambda e, n: self.conversation.thinking_delta(e.text, n),
+            ev.TextDelta: lambda e, n: self.conversation.text_delta(e.text),
+            ev.RoundStarted: lambda e, n: self.conversation.new_round(),
+            ev.ToolCallStart: lambda e, n: self.conversation.tool_start(e.index, e.name),
+            ev.ToolCallArgDelta: lambda e, n: self.conversation.tool_arg(e.index, e.param, e.text),
+            ev.ToolCallEnd: lambda e, n: self.conversation.tool_end(e.index, e.name, e.args),
+            ev.ToolCallInvalid: lambda e, n: self.conversation.tool_invalid(e.reason, e.raw, e.kind),
+            ev.Notice: lambda e, n: self.conversation.note(e.text, "warning" if e.level == "warning" else "info"),
+            ev.CompactionStarted: lambda e, n: self.conversation.note(fmt.compacting_line(e.reason), "warning"),
+            ev.CompactionDelta: lambda e, n: self.conversation.compaction_delta(e.text, n),
+            # The agent reports the outcome itself (a Notice, or an Error "compaction failed: …").
+            ev.CompactionDone: lambda e, n: self.conversation.end_thinking(e.summary_tokens or None),
+            ev.SubagentStarted: lambda e, n: self.conversation.subagent_start(e.id, e.goal, e.writes),
+            ev.SubagentDelta: lambda e, n: self.conversation.subagent_delta(e.id, e.kind, e.text, n),
+            ev.SubagentEnded: lambda e, n: self.conversation.subagent_end(e.id, e.summary, e.reason, e.rounds,
+                                                                          e.generated, e.seconds),
+            ev.TodoList: lambda e, n: self.query_one(TodoPanel).set_items(e.items),
+            # What asks: a screen (see "questions" below).
+            ev.PermissionRequest: lambda e, n: self._ask_permission(e),
+            ev.Question: lambda e, n: self._ask_question(e),
+            # What changes the app's state too: the handlers that follow, in this order.
+            ev.ToolResult: self._show_tool_result, ev.UserTurn: self._show_user_turn,
+            ev.TurnEnded: self._show_turn_ended, ev.QueueChanged: self._show_queue,
             ev.Error: self._show_error, ev.Ready: self._show_ready, ev.SessionSaved: self._show_saved,
-            ev.SessionLoaded: self._show_loaded, ev.SessionNew: self._show_new, ev.SessionList: self._show_session_list,
-            ev.History: self._show_history, ev.RewindList: self._show_rewind_list, ev.Rewound: self._show_rewound,
-            ev.CompactionStarted: self._show_compaction_started, ev.CompactionDelta: self._show_compaction_delta,
-            ev.CompactionDone: self._show_compaction_done, ev.Exited: self._show_exited,
-            ev.TodoList: self._show_todos,
-            ev.SubagentStarted: self._show_subagent_started, ev.SubagentDelta: self._show_subagent_delta,
-            ev.SubagentEnded: self._show_subagent_ended,
+            ev.SessionLoaded: self._show_loaded, ev.SessionNew: self._show_new,
+            ev.SessionList: self._show_session_list, ev.History: self._show_history,
+            ev.RewindList: self._show_rewind_list, ev.Rewound: self._show_rewound, ev.Exited: self._show_exited,
         })
-
-    async def _show_todos(self, e: ev.TodoList, n: int) -> None:
-        self.query_one(TodoPanel).set_items(e.items)
-
-    async def _show_subagent_started(self, e: ev.SubagentStarted, n: int) -> None:
-        await self.conversation.subagent_start(e.id, e.goal, e.writes)
-
-    async def _show_subagent_delta(self, e: ev.SubagentDelta, n: int) -> None:
-        self.conversation.subagent_delta(e.id, e.kind, e.text, n)
-
-    async def _show_subagent_ended(self, e: ev.SubagentEnded, n: int) -> None:
-        self.conversation.subagent_end(e.id, e.summary, e.reason, e.rounds, e.generated, e.seconds)
-
-    async def _show_status(self, e: ev.Status, n: int) -> None:
-        self.status_model.apply_status(e)
-        self.status_bar.mark()
-
-    async def _show_prefill(self, e: ev.PrefillProgress, n: int) -> None:
-        self.status_model.apply_prefill(e)
-        self.status_bar.mark()
-
-    async def _show_thinking(self, e: ev.ThinkingDelta, n: int) -> None:
-        # n: the tokens the (merged) deltas stand for, so the block's count is exact. Whatever
-        # comes next (text, a tool card, a note, the turn's end) ends the block in Conversation.
-        await self.conversation.thinking_delta(e.text, n)
-
-    async def _show_text(self, e: ev.TextDelta, n: int) -> None:
-        await self.conversation.text_delta(e.text)
-
-    async def _show_tool_start(self, e: ev.ToolCallStart, n: int) -> None:
-        await self.conversation.tool_start(e.index, e.name)
-
-    async def _show_tool_arg(self, e: ev.ToolCallArgDelta, n: int) -> None:
-        await self.conversation.tool_arg(e.index, e.param, e.text)
-
-    async def _show_tool_end(self, e: ev.ToolCallEnd, n: int) -> None:
-        await self.conversation.tool_end(e.index, e.name, e.args)
 
     async def _show_tool_result(self, e: ev.ToolResult, n: int) -> None:
         self._close_stale_permission()
         await self.conversation.tool_result(e.index, e.name, e.ok, e.text, e.display, e.elapsed)
 
-    async def _show_tool_invalid(self, e: ev.ToolCallInvalid, n: int) -> None:
-        await self.conversation.tool_invalid(e.reason, e.raw, e.kind)
-
-    async def _show_permission(self, e: ev.PermissionRequest, n: int) -> None:
-        self._ask_permission(e)
-
-    async def _show_question(self, e: ev.Question, n: int) -> None:
-        self._ask_question(e)
-
     async def _show_user_turn(self, e: ev.UserTurn, n: int) -> None:
-        self._switch_pending = False  # the switch did not happen (cancelled or failed)
-        self._replay_due = False  # a queued message went out first: the view goes on from it
+        self.switch_pending = False  # the switch did not happen (cancelled or failed)
+        self.replay_due = False  # a queued message went out first: the view goes on from it
         await self.conversation.user(e.text, queued=e.queued)
-
-    async def _show_round(self, e: ev.RoundStarted, n: int) -> None:
-        self.conversation.new_round()
 
     async def _show_turn_ended(self, e: ev.TurnEnded, n: int) -> None:
         self._close_stale_permission()
@@ -320,10 +301,7 @@ class Ds4App(App):
             await self.conversation.note(*note)
 
     async def _show_queue(self, e: ev.QueueChanged, n: int) -> None:
-        self.chips.set_items(tuple(self._pre_agent) + tuple(e.items), loading=self.loading)
-
-    async def _show_notice(self, e: ev.Notice, n: int) -> None:
-        await self.conversation.note(e.text, "warning" if e.level == "warning" else "info")
+        self.chips.queued, self.chips.loading = tuple(e.items), self.loading
 
     async def _show_error(self, e: ev.Error, n: int) -> None:
         await self.conversation.note(e.text, "error")
@@ -331,30 +309,25 @@ class Ds4App(App):
             s = self.status_model
             s.state, s.detail = "error", e.text
             self.startup_error = self.startup_error or e.text
-            self.status_bar.mark()
 
     async def _show_ready(self, e: ev.Ready, n: int) -> None:
         self.status_model.device, self.status_model.experts = e.device, e.experts
-        self.status_bar.mark()
-        if self.chips.items:
-            self.chips.set_items(self.chips.items)  # Esc can interrupt from now on
+        self.chips.loading = False  # Esc can interrupt from now on
         await self.conversation.drop_notes(ev.SYSPROMPT_UPDATING)  # done: the ready line says so
         await self.conversation.note(fmt.ready_line(e.model, e.ctx, e.experts), "muted")
-        if self._picker_at_ready:
+        if self.picker_at_ready and self.agent is not None:
             # --resume without a prefix: the picker, as soon as there is an agent to ask. The
             # listing runs while the worker still finishes its start-up.
-            self._picker_at_ready = False
-            self._want_picker = True
+            self.picker_at_ready = False
+            self.picker_wanted = True
             self.agent.list_sessions()
 
     async def _show_saved(self, e: ev.SessionSaved, n: int) -> None:
         s = self.status_model
         s.session_id, s.title, s.dirty = e.short_id, e.title, False
-        self.status_bar.mark()
 
     async def _show_loaded(self, e: ev.SessionLoaded, n: int) -> None:
         self.status_model.switch_session(e.short_id, e.title, e.tokens)
-        self.status_bar.mark()
         await self._clear_for_switch()
         # The agent follows with its own "switched to session …" / "resumed …" notice.
         heading = fmt.loaded_history_heading(e.short_id, e.title, e.history)
@@ -363,44 +336,68 @@ class Ds4App(App):
 
     async def _show_new(self, e: ev.SessionNew, n: int) -> None:
         self.status_model.switch_session()
-        self.status_bar.mark()
         await self._clear_for_switch()
         await self.conversation.note("new session", "info")
 
     async def _show_session_list(self, e: ev.SessionList, n: int) -> None:
-        await self._session_list(e)
+        if self.picker_wanted:
+            from ds4agent.ui.screens.session_picker import SessionPicker
+
+            self.picker_wanted = False
+            self.push_screen(
+                SessionPicker(e.sessions, directory=e.directory, delete=self._delete_session, now=self.now),
+                self._picked,
+            )
+            return
+        lines = fmt.session_list_lines(e.directory, e.sessions, self.now())
+        await self.conversation.note("\n".join(lines), "info")
 
     async def _show_history(self, e: ev.History, n: int) -> None:
-        await self._history(e)
+        if not e.items:
+            await self.conversation.note(fmt.NO_HISTORY, "muted")
+            return
+        await self._replay(fmt.history_heading(e.turns), e.items)
 
     async def _show_rewind_list(self, e: ev.RewindList, n: int) -> None:
-        await self._rewind_list(e)
+        if not self.rewind_wanted:
+            return
+        self.rewind_wanted = False
+        if not e.points:
+            await self.conversation.note("no user turns to rewind to yet", "info")
+            return
+        from ds4agent.ui.screens.rewind import RewindScreen
+
+        def chosen(result: tuple[int, str] | None) -> None:
+            if result is not None and self.agent is not None:
+                self.agent.rewind(*result)
+
+        self.push_screen(RewindScreen(e.points, e.note, now=self.now), chosen)
 
     async def _show_rewound(self, e: ev.Rewound, n: int) -> None:
-        await self._rewound(e)
-
-    async def _show_compaction_started(self, e: ev.CompactionStarted, n: int) -> None:
-        await self.conversation.note(fmt.compacting_line(e.reason), "warning")
-
-    async def _show_compaction_delta(self, e: ev.CompactionDelta, n: int) -> None:
-        await self.conversation.compaction_delta(e.text, n)
-
-    async def _show_compaction_done(self, e: ev.CompactionDone, n: int) -> None:
-        # The agent reports the outcome itself (a Notice, or an Error "compaction failed: …").
-        self.conversation.end_thinking(e.summary_tokens or None)
+        conv = self.conversation
+        if e.mode != "code":
+            # The view starts again from the rewound point: the last turns that are still there.
+            children = conv.children
+            if children:
+                await conv.clear_through(children[-1])
+            self.replay_due = True  # see its declaration
+        for line in e.refused:
+            await conv.note(f"not restored: {line}", "warning")
+        if e.prompt and not self.input.text:
+            self.input.restore(e.prompt)  # to edit and send again (a long one folded, as pasted)
+        self.input.focus()
 
     async def _show_exited(self, e: ev.Exited, n: int) -> None:
-        if self._quitting:
+        if self.quitting:
             self.exit(return_code=e.status)
             return
         # The worker stopped on its own (a fatal startup error): keep the error readable on
         # screen; leaving (Ctrl+D, /quit) then exits with the agent's status.
         s = self.status_model
-        self._exit_status = e.status
+        self.exit_status = e.status
         s.state = "error"
         s.detail = s.detail or "the agent stopped"
         self.startup_error = self.startup_error or s.detail
-        self.status_bar.mark()
         await self.conversation.note(commands.FAILED_START_HINT, "warning")
 
     # ------------------------------------------------------------------ questions
@@ -439,15 +436,14 @@ class Ds4App(App):
             if self.agent is not None and key is not None:
                 self.agent.answer_permission(e.id, key)
                 if e.kind == "save" and key == "c":
-                    self._quitting = False
+                    self.quitting = False
 
         self.push_screen(GuardedQuestionScreen(e.question, options, escape_key=escape), answered)
 
     # ------------------------------------------------------------------ input
-    def on_text_area_changed(self, event) -> None:
-        if isinstance(event.text_area, PromptInput):
-            area = event.text_area
-            self.hints.show_for(area.text, area.text_before_cursor(), self.cwd)
+    @on(TextArea.Changed, "#input")
+    def _input_changed(self) -> None:
+        self.hints.show_for(self.input.text, self.input.text_before_cursor(), self.cwd)
 
     async def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
         text = message.text
@@ -459,8 +455,7 @@ class Ds4App(App):
             await self.conversation.note(commands.not_sent_after_failed_start(), "error")
             return
         if self.agent is None:
-            self._pre_agent.append(text.strip())
-            self.chips.set_items(tuple(self._pre_agent), loading=self.loading)
+            self.chips.waiting += (text.strip(),)
             return
         warning = fmt.big_message_warning(text, self.status_model)
         if warning and text != self.big_message_warned:
@@ -485,7 +480,7 @@ class Ds4App(App):
             if own is not None:
                 await own(cmd)
             else:
-                commands.call_agent(cmd, self.agent)
+                self._ask_agent(cmd)
         except commands.UnknownCommand as err:
             await self.conversation.note(str(err), "error")
             if not self.input.text:
@@ -495,6 +490,11 @@ class Ds4App(App):
                 self.input.select_all()
         except commands.CommandError as err:
             await self.conversation.note(str(err), "error")
+
+    def _ask_agent(self, cmd: commands.ParsedCommand) -> None:
+        if self.agent is None:  # the first moments of the start-up: a command that runs while busy
+            raise commands.CommandError(f"{cmd.typed} cannot run yet: the model is still loading")
+        commands.call_agent(cmd, self.agent)
 
     def _command_handlers(self) -> dict[str, Callable[[commands.ParsedCommand], Awaitable[None]]]:
         """What only the app does for a command (screens, the clipboard, clearing the view)."""
@@ -509,35 +509,35 @@ class Ds4App(App):
         if self.agent is None:
             await self.conversation.note("save failed: the model is still loading", "error")
         else:
-            commands.call_agent(cmd, self.agent)
+            self._ask_agent(cmd)
 
     async def _cmd_list(self, cmd: commands.ParsedCommand) -> None:
         if self.agent is not None:
-            commands.call_agent(cmd, self.agent)
+            self._ask_agent(cmd)
 
     async def _cmd_load(self, cmd: commands.ParsedCommand) -> None:
         if cmd.arg:
             self._mark_switch()
-            commands.call_agent(cmd, self.agent)
+            self._ask_agent(cmd)
         else:
             self.action_picker()
 
     async def _cmd_new(self, cmd: commands.ParsedCommand) -> None:
         self._mark_switch()
-        commands.call_agent(cmd, self.agent)
+        self._ask_agent(cmd)
 
     async def _cmd_rewind(self, cmd: commands.ParsedCommand) -> None:
         number, _ = commands.rewind_args(cmd.arg)
         if number is None:
             self.action_rewind()  # the list opens as a screen
         else:
-            commands.call_agent(cmd, self.agent)
+            self._ask_agent(cmd)
 
     async def _cmd_permissions(self, cmd: commands.ParsedCommand) -> None:
         if not cmd.arg:
             await self.conversation.note(commands.permissions_text(self.status_model.permission), "info")
         else:
-            commands.call_agent(cmd, self.agent)
+            self._ask_agent(cmd)
 
     async def _cmd_copy(self, cmd: commands.ParsedCommand) -> None:
         conv = self.conversation
@@ -551,48 +551,6 @@ class Ds4App(App):
     async def _cmd_quit(self, cmd: commands.ParsedCommand) -> None:
         self.action_quit_request()
 
-    async def _session_list(self, e: ev.SessionList) -> None:
-        if self._want_picker:
-            from ds4agent.ui.screens.session_picker import SessionPicker
-
-            self._want_picker = False
-            self.push_screen(
-                SessionPicker(e.sessions, directory=e.directory, delete=self._delete_session, now=self.now),
-                self._picked,
-            )
-            return
-        lines = fmt.session_list_lines(e.directory, e.sessions, self.now())
-        await self.conversation.note("\n".join(lines), "info")
-
-    async def _rewind_list(self, e: ev.RewindList) -> None:
-        if not self._want_rewind:
-            return
-        self._want_rewind = False
-        if not e.points:
-            await self.conversation.note("no user turns to rewind to yet", "info")
-            return
-        from ds4agent.ui.screens.rewind import RewindScreen
-
-        def chosen(result: tuple[int, str] | None) -> None:
-            if result is not None and self.agent is not None:
-                self.agent.rewind(*result)
-
-        self.push_screen(RewindScreen(e.points, e.note, now=self.now), chosen)
-
-    async def _rewound(self, e: ev.Rewound) -> None:
-        conv = self.conversation
-        if e.mode != "code":
-            # The view starts again from the rewound point: the last turns that are still there.
-            children = conv.children
-            if children:
-                await conv.clear_through(children[-1])
-            self._replay_due = True  # see __init__
-        for line in e.refused:
-            await conv.note(f"not restored: {line}", "warning")
-        if e.prompt and not self.input.text:
-            self.input.restore(e.prompt)  # to edit and send again (a long one folded, as pasted)
-        self.input.focus()
-
     def _picked(self, session_id: str | None) -> None:
         if session_id and self.agent is not None:
             self._mark_switch()
@@ -600,13 +558,13 @@ class Ds4App(App):
 
     def _mark_switch(self) -> None:
         children = self.conversation.children
-        self._switch_mark = children[-1] if children else None
-        self._switch_pending = True
+        self.switch_mark = children[-1] if children else None
+        self.switch_pending = True
 
     async def _clear_for_switch(self) -> None:
-        if self._switch_pending:
-            self._switch_pending = False
-            await self.conversation.clear_through(self._switch_mark)
+        if self.switch_pending:
+            self.switch_pending = False
+            await self.conversation.clear_through(self.switch_mark)
 
     def _delete_session(self, session_id: str) -> str | None:
         """Deletes through the agent when it offers it; returns an error line otherwise."""
@@ -619,13 +577,7 @@ class Ds4App(App):
             return f"delete failed: {err}"
         return None
 
-    async def _history(self, e: ev.History) -> None:
-        if not e.items:
-            await self.conversation.note(fmt.NO_HISTORY, "muted")
-            return
-        await self._replay(fmt.history_heading(e.turns), e.items)
-
-    async def _replay(self, heading: str, items) -> None:
+    async def _replay(self, heading: str, items: Sequence[ev.HistoryItem]) -> None:
         """Saved turns between a heading and the end-of-history line (after /load, /history)."""
         await self.conversation.note(heading, "muted")
         await self.conversation.history(items, getattr(self.agent, "subagents", list)())
@@ -642,18 +594,21 @@ class Ds4App(App):
         if self.startup_error is not None:
             self.call_later(self.conversation.note, f"Ctrl+L cannot run: {commands.FAILED_START_HINT}", "error")
             return
-        if self.busy:
+        if self.busy or self.agent is None:  # busy: no agent object yet is loading
             self.call_later(self.conversation.note, commands.idle_required("/load"), "error")
             return
-        self._want_picker = True
+        self.picker_wanted = True
         self.agent.list_sessions()
 
     def action_rewind(self) -> None:
         """/rewind and Esc Esc: the list of user turns (the RewindList event opens the screen)."""
-        if self.busy:
+        if self.startup_error is not None:
+            self.call_later(self.conversation.note, f"/rewind cannot run: {commands.FAILED_START_HINT}", "error")
+            return
+        if self.busy or self.agent is None:  # busy: no agent object yet is loading
             self.call_later(self.conversation.note, commands.idle_required("/rewind"), "error")
             return
-        self._want_rewind = True
+        self.rewind_wanted = True
         self.agent.rewind_points()
 
     def action_toggle_thinking(self) -> None:
@@ -697,9 +652,9 @@ class Ds4App(App):
     def interrupt(self) -> None:
         """Esc / Ctrl+C on a running turn: asked of the agent, and said in the status line at
         once (the work stops between prefill chunks or tokens, which may take a moment)."""
-        self.agent.interrupt()
-        self.status_model.interrupting = True
-        self.status_bar.mark()
+        if self.agent is not None:  # turn_busy: there is one
+            self.agent.interrupt()
+            self.status_model.interrupting = True
 
     def action_escape(self) -> None:
         if self.turn_busy:
@@ -732,9 +687,10 @@ class Ds4App(App):
         self.call_later(self.conversation.note, commands.QUIT_HINT, "warning")
 
     def action_pull_queued(self) -> None:
-        if self._pre_agent:
-            text = self._pre_agent.pop()
-            self.chips.set_items(tuple(self._pre_agent), loading=self.loading)
+        text: str | None
+        if self.chips.waiting:
+            *rest, text = self.chips.waiting
+            self.chips.waiting = tuple(rest)
         elif self.agent is not None:
             text = self.agent.pull_queued()
         else:
@@ -749,12 +705,12 @@ class Ds4App(App):
         agent = self.agent
         if agent is None or not agent.running or self.loading or self.startup_error is not None:
             # nothing to save yet (or the agent is gone): leave at once; on_unmount stops the worker
-            self.exit(return_code=self._exit_status)
+            self.exit(return_code=self.exit_status)
             return
         if agent.busy:
             self.call_later(self.conversation.note, commands.idle_required("/quit"), "error")
             return
-        self._quitting = True
+        self.quitting = True
         agent.quit()
 
 

@@ -32,10 +32,10 @@ def coalesce(events: Iterable[ev.Event]) -> list[tuple[ev.Event, int]]:
     def flush() -> None:
         if len(texts) > 1 and out:
             last, n = out[-1]
-            merged = {"text": "".join(texts)}
+            merged: dict[str, object] = {"text": "".join(texts)}
             if hasattr(last, "tokens"):
                 merged["tokens"] = n  # the merged delta says how many tokens it stands for
-            out[-1] = (replace(last, **merged), n)  # type: ignore[type-var]
+            out[-1] = (replace(last, **merged), n)
         texts.clear()
 
     for e in events:

@@ -60,7 +60,7 @@ class ParsedCommand:
     typed: str       # the command as typed, for messages
 
 
-AgentCall = Callable[[CommandAgent, ParsedCommand], None]
+AgentCall = Callable[[CommandAgent, ParsedCommand], object]  # what it returns is not used
 
 
 @dataclass(frozen=True)

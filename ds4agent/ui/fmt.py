@@ -334,7 +334,7 @@ def status_line(s: StatusState, width: int | None = None) -> str:
         line = " · ".join(p for p in parts if p)
         if width is None or cells(line) <= width:
             return line
-    return fit(line, width)
+    return fit(line, width) if width is not None else line
 
 
 def modes_segment(s: StatusState) -> str:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from textual.message import Message
 
 from ds4agent.agent import events as ev
+
+if TYPE_CHECKING:  # the facade is imported by the app's main() only (the first paint does not wait)
+    from ds4agent.agent.facade import Agent
 
 
 class AgentEvents(Message):
@@ -18,7 +23,7 @@ class AgentEvents(Message):
 class AgentReady(Message):
     """The agent object exists and its worker started (the model may still be loading)."""
 
-    def __init__(self, agent) -> None:
+    def __init__(self, agent: Agent) -> None:
         super().__init__()
         self.agent = agent
 

@@ -513,8 +513,9 @@ async def run_interactive(agent: Any, notifier: Notifier | None = None) -> int: 
     def ring(seq: str) -> None:
         # Past patch_stdout, straight to the terminal: the sequence prints nothing, and the
         # proxy would hold it until a newline.
-        sys.__stdout__.write(seq)
-        sys.__stdout__.flush()
+        if sys.__stdout__ is not None:
+            sys.__stdout__.write(seq)
+            sys.__stdout__.flush()
 
     fe.ring = ring
     saved_history = InputHistory()
@@ -584,6 +585,8 @@ async def run_interactive(agent: Any, notifier: Notifier | None = None) -> int: 
     ask_now = asyncio.Event()
 
     def copy(text: str) -> bool:
+        if sys.__stdout__ is None:
+            return False  # no terminal to ask
         data = base64.b64encode(text.encode()).decode()
         sys.__stdout__.write(f"\x1b]52;c;{data}\a")
         sys.__stdout__.flush()

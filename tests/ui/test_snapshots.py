@@ -21,7 +21,7 @@ SIZES = pytest.mark.parametrize("size", [SIZE, SMALL], ids=["110x40", "80x24"])
 
 async def _settle(pilot, app, cond=lambda: True) -> None:
     for _ in range(200):
-        if cond() and not app._in_flight and app.agent is not None and app.agent.events.empty():
+        if cond() and not app.draining and app.agent is not None and app.agent.events.empty():
             break
         await pilot.pause(0.02)
     await pilot.pause(0.15)

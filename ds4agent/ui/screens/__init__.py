@@ -1,4 +1,5 @@
 from pathlib import Path
+from typing import ClassVar
 
 MODALS_TCSS = Path(__file__).with_name("modals.tcss")
 
@@ -16,7 +17,7 @@ class TypeaheadGuard:
     Each screen calls `mark_opened()` from its on_mount.
     """
 
-    AUTO_FOCUS = ""  # "" focuses nothing (None would mean the app's default: the first button)
+    AUTO_FOCUS: ClassVar[str | None] = ""  # "" focuses nothing (None would mean the app's default: the first button)
     opened_at = float("-inf")
 
     def mark_opened(self) -> None:

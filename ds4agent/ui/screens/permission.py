@@ -12,6 +12,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
+from textual.widgets.button import ButtonVariant
 
 from ds4agent.ui import toolview
 from ds4agent.ui.screens import MODALS_TCSS, AnswerOnce, TypeaheadGuard
@@ -61,7 +62,7 @@ class PermissionScreen(AnswerOnce, TypeaheadGuard, ModalScreen[tuple[str, str]])
                 for key, label in self.options:
                     if key == "m":
                         continue
-                    variant = "error" if key == "n" else ("primary" if key == "y" else "default")
+                    variant: ButtonVariant = "error" if key == "n" else ("primary" if key == "y" else "default")
                     yield Button(Content(f"[{key}] {label}"), id=f"answer-{key}", variant=variant, compact=True)
                 if "n" in self._keys:
                     yield Button(Content(f"[m] {self._message_label}"), id="answer-m", compact=True)

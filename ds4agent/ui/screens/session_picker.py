@@ -167,7 +167,8 @@ class SessionPicker(ModalScreen[str | None]):
 
     def action_delete(self) -> None:
         s = self._highlighted()
-        if s is None or self._delete is None:
+        delete = self._delete
+        if s is None or delete is None:
             return
         sid = str(field(s, "id"))
         short = str(field(s, "short_id", default=sid[:8]))
@@ -176,7 +177,7 @@ class SessionPicker(ModalScreen[str | None]):
         def answered(key: str | None) -> None:
             if key != "y":
                 return
-            error = self._delete(sid)
+            error = delete(sid)
             if error:
                 self.notify(error, severity="error")
                 return

@@ -423,7 +423,7 @@ class Conversation(VerticalScroll, can_focus=False):
     def toggle_card(self, card: ToolCard | SubagentCard | None = None) -> bool:
         """Expand or collapse `card` (default: the last one). False when there is no card."""
         if card is None:
-            cards = list(self.query("ToolCard, SubagentCard"))
+            cards = [c for c in self.query("ToolCard, SubagentCard") if isinstance(c, (ToolCard, SubagentCard))]
             if not cards:
                 return False
             card = cards[-1]

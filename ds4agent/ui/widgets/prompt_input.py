@@ -69,7 +69,7 @@ class PromptInput(TextArea):
         self._completion_index = -1
 
     async def _on_key(self, event: events.Key) -> None:
-        self.app.last_typing = self.app.clock()  # type: ignore[attr-defined] - see screens.TypeaheadGuard
+        self.app.last_typing = self.app.clock()  # type: ignore[attr-defined]  # the Ds4App's (screens.TypeaheadGuard)
         if event.key == "enter":
             event.stop()
             event.prevent_default()

@@ -1,12 +1,17 @@
-"""Status bar and header: both redraw from a StatusState, at most 10 times a second.
+"""Status bar and header: both repaint themselves from the StatusState they are given.
 
-The event boundary only mutates the StatusState and marks it dirty; a 0.1 s timer draws it. That
-keeps a burst of status events (one per decoded token on a fast model) from costing a repaint each.
+The event boundary only mutates the StatusState; nobody tells a bar to redraw. Each bar's 0.1 s
+timer copies the fields it shows into its `shown` var, and Textual calls `watch_shown` only when
+that copy differs from the last one: a burst of status events (one per decoded token on a fast
+model) costs at most 10 repaints a second, and an unchanged state costs none.
 """
 
 from __future__ import annotations
 
+from dataclasses import astuple
+
 from textual.content import Content
+from textual.reactive import var
 from textual.widgets import Static
 
 from ds4agent.ui import fmt
@@ -26,28 +31,28 @@ REFRESH_INTERVAL = 0.1
 
 
 class StatusBar(Static):
+    # The state's fields as last drawn (see the module's docstring); () before the first look.
+    shown: var[tuple[object, ...]] = var((), init=False)
+
     def __init__(self, state: fmt.StatusState, *, id: str | None = None) -> None:
         super().__init__("", id=id)
         self.model = state
-        self.dirty = True
         self.renders = 0
 
     def on_mount(self) -> None:
-        self.draw()
-        self.set_interval(REFRESH_INTERVAL, self.draw_if_dirty)
+        self.look()
+        self.set_interval(REFRESH_INTERVAL, self.look)
 
-    def mark(self) -> None:
-        self.dirty = True
+    def look(self) -> None:
+        self.shown = astuple(self.model)
+
+    def watch_shown(self) -> None:
+        self.draw()
 
     def on_resize(self) -> None:
         self.draw()
 
-    def draw_if_dirty(self) -> None:
-        if self.dirty:
-            self.draw()
-
     def draw(self) -> None:
-        self.dirty = False
         self.renders += 1
         self.update(self.fitted(self.size.width))  # the content width (padding excluded)
 
@@ -92,22 +97,27 @@ class StatusBar(Static):
 
 
 class HeaderLine(Static):
+    # The session and the modes as last drawn (see the module's docstring).
+    shown: var[tuple[object, ...]] = var((), init=False)
+
     def __init__(self, state: fmt.StatusState, cwd: str, *, id: str | None = None) -> None:
         super().__init__("", id=id)
         self.model = state
         self.cwd = cwd
-        self._last: tuple | None = None
 
     def on_mount(self) -> None:
+        self.look()
+        self.set_interval(REFRESH_INTERVAL, self.look)
+
+    def look(self) -> None:
+        s = self.model
+        self.shown = (s.session_id, s.title, s.think_mode, s.permission, s.dirty)
+
+    def watch_shown(self) -> None:
         self.draw()
-        self.set_interval(REFRESH_INTERVAL, self.draw)
 
     def draw(self) -> None:
         s = self.model
-        key = (s.session_id, s.title, s.think_mode, s.permission, s.dirty)
-        if key == self._last:
-            return
-        self._last = key
         width = self.size.width  # the content width (padding excluded)
         modes = f"{s.think_mode} · {s.permission}"
         place, session = fmt.header_parts(self.cwd, s.session_id, s.title, modes, width)
@@ -120,5 +130,4 @@ class HeaderLine(Static):
         self.update(left + Content(" " * gap) + right)
 
     def on_resize(self) -> None:
-        self._last = None
         self.draw()

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from textual.content import Content
+from textual.reactive import var
 from textual.widgets import Static
 
 from ds4agent.ui import todo_panel
@@ -20,20 +21,27 @@ _STYLE = {"header": "bold", "done": "$text-muted strike", "active": "bold $accen
 
 
 class TodoPanel(Static):
+    # The panel's own state (Textual vars): the app assigns `items`, Ctrl+G or a click flips
+    # `collapsed`, and the panel repaints itself.
+    items: var[tuple[Any, ...]] = var((), init=False)
+    collapsed = var(False, init=False)
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__("", id=id)
-        self.items: tuple[Any, ...] = ()
-        self.collapsed = False
         self.display = False
 
     def set_items(self, items: Sequence[Any]) -> None:
         self.items = tuple(items)
+
+    def watch_items(self) -> None:
         self.display = bool(self.items)
+        self.refresh_lines()
+
+    def watch_collapsed(self) -> None:
         self.refresh_lines()
 
     def toggle(self) -> None:
         self.collapsed = not self.collapsed
-        self.refresh_lines()
 
     def on_click(self) -> None:
         self.toggle()
