@@ -38,7 +38,6 @@ Why one module: numba's on-disk cache is keyed by the source file of each jitted
 the intrinsics it inlines, so the intrinsics live in the same file as the kernels (a change to
 either invalidates the cache).
 
-    dot_hi_nibble16(a, ao, s, so)     sum over i < 16 of (u8 a[ao+i] >> 4) * i32 s[so+i] -> int32
     dot_i16_256(a, ao, b, bo)         sum over i < 256 of i16 a[ao+i] * i16 b[bo+i] -> int32
     widen_s8(a, ao, b, bo, n)         b[bo:bo+n] = int16(a[ao:ao+n]) (n a multiple of 64)
 
@@ -46,16 +45,14 @@ Q8_0 with rows interleaved (see the section at the end):
     q8_0_group1 / q8_0_group4(wi, wo, wd, wdo, xq, xo, xd, xs, so, nb, cols, res)
                                       16 rows x 1 (or 4) tokens, every block, to res (f32)
 
-Block decoders: one weight block at raw[o] -> 256 int16 weights (scale folded in, still integer)
-in input order at buf[bo:], so a token's block product is one `dot_i16_256`:
-    q2_k_unpack(raw, o, buf, bo)      2-bit code * 4-bit scale (<= 45)
-    q4_k_unpack(raw, o, buf, bo, mins, mo)  4-bit code * 6-bit scale (<= 945); the 8 six-bit
-                                      mins to mins[mo:mo+8] (int32)
+K-quants and IQ2_XXS, one row straight from its blocks times n = 1, 2, 3, 4 or 8 tokens (every
+block decoded in registers once for the n tokens; the float steps in registers too):
+    iq2_xxs_row_dots<n>, q2_k_row_dots<n>, q4_k_row_dots<n>
+        (raw, ro, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res)
+IQ2_XXS rows meeting many tokens are decoded once to 16-bit weights instead:
     iq2_xxs_unpack(raw, o, grid, buf, bo)  signed grid value * (2 * 4-bit scale + 1)
-                                      (|v| <= 43 * 31); grid: the 256 grid rows as uint64
-    iq2_xxs_dot(raw, o, grid, xq, xo) one IQ2_XXS block times 256 int8 codes, no decoded copy
-    q2_k_dot(raw, o, xq, xo)          the same for Q2_K (sum_j scale_j * dot16_j)
-    q4_k_dot(raw, o, xq, xo, mins, mo)  the same for Q4_K (and its mins, as q4_k_unpack)
+                                      (|v| <= 43 * 31) at buf[bo:bo+256]; grid: the 256 grid
+                                      rows as uint64; then one dot_i16_256 per token
 Dense: dot_f32_lanes(w, wo, x, xo, n)  the F16/F32 lane-order dot product -> float32
 """
 
@@ -104,17 +101,6 @@ def _shuffle(builder, a, b, idx):
     return builder.shuffle_vector(a, b, _const(_I32, idx))
 
 
-@intrinsic
-def dot_hi_nibble16(typingctx, a, ao, s, so):
-    def codegen(context, builder, sig, args):
-        va = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _I8, 16)
-        hi = builder.zext(builder.lshr(va, _const(_I8, [4] * 16)), _vec(_I32, 16))
-        vs = _load(builder, _ptr(context, builder, sig.args[2], args[2], args[3]), _I32, 16)
-        return _reduce(builder, builder.mul(hi, vs), 16)
-
-    return types.int32(a, ao, s, so), codegen
-
-
 def _pairs(builder, a, b, n: int):
     """a, b <n x i16> -> <n/2 x i32>: lane k = a[2k]*b[2k] + a[2k+1]*b[2k+1] (exact; the shape
     of a 16-bit multiply-add instruction)."""
@@ -151,32 +137,9 @@ def widen_s8(typingctx, a, ao, b, bo, n):
     return types.void(a, ao, b, bo, n), codegen
 
 
-@intrinsic
-def q2_k_unpack(typingctx, raw, o, buf, bo):
-    # Q2_K block: scales[16] (low nibble: scale of sub-block j of 16 weights), qs[64], d, dmin.
-    # Byte l of half h (qs[32h + l]) holds weights 128h + 32s + l at bit shift 2s, l < 32; the
-    # weight's sub-block is 8h + 2s + (l >= 16). For each shift s the 64 code bytes give 64
-    # weights: 32 at input 32s.. (h = 0), 32 at 128 + 32s.. (h = 1).
-    def codegen(context, builder, sig, args):
-        base = _ptr(context, builder, sig.args[0], args[0], args[1])
-        scales = builder.and_(_load(builder, base, _I8, 16), _const(_I8, [15] * 16))
-        qs = _load(builder, builder.gep(base, [ir.Constant(_I64, 16)]), _I8, 64)
-        out = _ptr(context, builder, sig.args[2], args[2], args[3])
-        for s in range(4):
-            codes = builder.and_(builder.lshr(qs, _const(_I8, [2 * s] * 64)), _const(_I8, [3] * 64))
-            sc = _shuffle(builder, scales, scales, [(p // 32) * 8 + 2 * s + (p % 32 >= 16) for p in range(64)])
-            prod = builder.zext(builder.mul(codes, sc), _vec(_I16, 64))  # <= 3 * 15: exact in a byte
-            for h in range(2):
-                half = _shuffle(builder, prod, prod, range(32 * h, 32 * h + 32))
-                _store(builder, half, builder.gep(out, [ir.Constant(_I64, 128 * h + 32 * s)]), _I16, 32)
-        return context.get_dummy_value()
-
-    return types.void(raw, o, buf, bo), codegen
-
-
-def _q4_k_scales_mins(context, builder, base, mins_type, mins, mo):
-    """A Q4_K block's 8 six-bit scales (<8 x i16>, returned) and mins (stored to mins[mo:mo+8]
-    as int32), unpacked from its 12 bytes at base + 4 as ggml packs them."""
+def _q4_k_scales_mins_vectors(builder, base):
+    """A Q4_K block's 8 six-bit scales and 8 mins (<8 x i16> each), unpacked from its 12 bytes at
+    base + 4 as ggml packs them."""
     sb = builder.zext(_load(builder, builder.gep(base, [ir.Constant(_I64, 4)]), _I8, 12), _vec(_I16, 12))
 
     def pick(idx):
@@ -199,31 +162,7 @@ def _q4_k_scales_mins(context, builder, base, mins_type, mins, mo):
     mn_hi = builder.or_(shr(hi, 4), shl(shr(top_m, 6), 4))
     lo6 = mask(lo, 63)
     mns = _shuffle(builder, lo6, mn_hi, [4, 5, 6, 7, 12, 13, 14, 15])
-    _store(builder, builder.zext(mns, _vec(_I32, 8)), _ptr(context, builder, mins_type, mins, mo), _I32, 8)
-    return _shuffle(builder, lo6, sc_hi, [0, 1, 2, 3, 12, 13, 14, 15])
-
-
-@intrinsic
-def q4_k_unpack(typingctx, raw, o, buf, bo, mins, mo):
-    # Q4_K block: d, dmin, 12 bytes of 6-bit scales and mins (ggml's packing: for j < 4,
-    # scale j = s[j] & 63 and min j = s[j+4] & 63; for j >= 4, scale j = (s[j+4] & 15) |
-    # (s[j-4] >> 6) << 4 and min j = (s[j+4] >> 4) | (s[j] >> 6) << 4), then qs[128]: chunk c
-    # (qs[32c..]) holds sub-block 2c (inputs 64c..) in its low nibbles, 2c + 1 in its high ones.
-    def codegen(context, builder, sig, args):
-        base = _ptr(context, builder, sig.args[0], args[0], args[1])
-        scales = _q4_k_scales_mins(context, builder, base, sig.args[4], args[4], args[5])
-        out = _ptr(context, builder, sig.args[2], args[2], args[3])
-        for c in range(4):
-            v = builder.zext(_load(builder, builder.gep(base, [ir.Constant(_I64, 16 + 32 * c)]), _I8, 32),
-                             _vec(_I16, 32))
-            for part in range(2):
-                codes = builder.and_(v, _const(_I16, [15] * 32)) if part == 0 else builder.lshr(v, _const(_I16, [4] * 32))
-                sc = _shuffle(builder, scales, scales, [2 * c + part] * 32)
-                _store(builder, builder.mul(codes, sc), builder.gep(out, [ir.Constant(_I64, 64 * c + 32 * part)]),
-                       _I16, 32)
-        return context.get_dummy_value()
-
-    return types.void(raw, o, buf, bo, mins, mo), codegen
+    return _shuffle(builder, lo6, sc_hi, [0, 1, 2, 3, 12, 13, 14, 15]), mns
 
 
 def _iq2_magnitudes_signs(context, builder, grid_type, grid, base):
@@ -387,89 +326,160 @@ def _q8_0_group(tokens: int):
 q8_0_group1, q8_0_group4 = _q8_0_group(1), _q8_0_group(4)
 
 
-@intrinsic
-def q2_k_dot(typingctx, raw, o, xq, xo):
-    """One Q2_K block at raw[o] times the int8 codes xq[xo:xo+256] without a decoded copy:
-    sum_j scale_j * dot16_j, the same exact integer as q2_k_unpack + dot_i16_256 (for decode).
-    The products code * scale (<= 45) are unsigned bytes: the 4-way u8 x s8 dot applies."""
-    def codegen(context, builder, sig, args):
-        base = _ptr(context, builder, sig.args[0], args[0], args[1])
-        px = _ptr(context, builder, sig.args[2], args[2], args[3])
-        scales = builder.and_(_load(builder, base, _I8, 16), _const(_I8, [15] * 16))
-        qs = _load(builder, builder.gep(base, [ir.Constant(_I64, 16)]), _I8, 64)
-        acc = ir.Constant(_vec(_I32, 16), [0] * 16)
-        for s in range(4):  # as in q2_k_unpack: 64 weights per shift, inputs 32s.. and 128 + 32s..
-            codes = builder.and_(builder.lshr(qs, _const(_I8, [2 * s] * 64)), _const(_I8, [3] * 64))
-            sc = _shuffle(builder, scales, scales, [(p // 32) * 8 + 2 * s + (p % 32 >= 16) for p in range(64)])
-            lo = _load(builder, builder.gep(px, [ir.Constant(_I64, 32 * s)]), _I8, 32)
-            hi = _load(builder, builder.gep(px, [ir.Constant(_I64, 128 + 32 * s)]), _I8, 32)
-            acc = _dot4(builder, acc, builder.mul(codes, sc), _shuffle(builder, lo, hi, range(64)))
-        return _reduce(builder, acc, 16)
+# ---- rows straight from their blocks, several tokens per block decode ---------------------------
+# `*_row_dots<n>` multiplies one weight row (every block) by n consecutive tokens: each block's
+# weights are decoded in registers once (IQ2_XXS's grid loads, the K-quants' scale unpacking) and
+# meet the n tokens' int8 codes, and the per-block float steps run in registers, in the order of
+# the module docstring. Token j's integers are exactly those of the decoded path (unpack +
+# dot_i16_256) and its float steps the same, so a result is the same whichever path or group
+# size computed it (decode = one-token prefill, chunk invariance).
+#   row_dots(raw, ro, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res):
+#     the row's blocks at raw[ro:], nb of them; token j's codes at xq[xo + j * stride] (block b
+#     at + 256 b), its block scales at xd[xdo + j * nb + b], its 16-element sums at
+#     bsums[bo + j * bstride + 16 b] (K-quants); res[j] = the row's result for token j
+#     (IQ2_XXS: before the final * 0.125). grid: the IQ2_XXS table (unused by the K-quants).
 
-    return types.int32(raw, o, xq, xo), codegen
+_ZERO16 = ir.Constant(_vec(_I32, 16), [0] * 16)
 
 
-@intrinsic
-def q4_k_dot(typingctx, raw, o, xq, xo, mins, mo):
-    """One Q4_K block at raw[o] times the int8 codes xq[xo:xo+256] without a decoded copy:
-    sum_j scale_j * dot32_j (the mins to mins[mo:mo+8], as q4_k_unpack), the same exact integer
-    as q4_k_unpack + dot_i16_256 (for decode). Chunk c's low and high nibbles (sub-blocks 2c and
-    2c + 1, inputs 64c..64c+63) meet 64 contiguous codes in one 4-way dot: lanes 0..7 sum the low
-    sub-block, 8..15 the high one, then each lane is scaled by its sub-block's scale."""
-    def codegen(context, builder, sig, args):
-        base = _ptr(context, builder, sig.args[0], args[0], args[1])
-        px = _ptr(context, builder, sig.args[2], args[2], args[3])
-        scales = builder.zext(_q4_k_scales_mins(context, builder, base, sig.args[4], args[4], args[5]), _vec(_I32, 8))
-        acc = None
-        for c in range(4):
-            v = _load(builder, builder.gep(base, [ir.Constant(_I64, 16 + 32 * c)]), _I8, 32)
-            codes = _shuffle(builder, builder.and_(v, _const(_I8, [15] * 32)), builder.lshr(v, _const(_I8, [4] * 32)),
-                             range(64))
-            x = _load(builder, builder.gep(px, [ir.Constant(_I64, 64 * c)]), _I8, 64)
-            part = _dot4(builder, ir.Constant(_vec(_I32, 16), [0] * 16), codes, x)
-            part = builder.mul(part, _shuffle(builder, scales, scales, [2 * c + (lane >= 8) for lane in range(16)]))
-            acc = part if acc is None else builder.add(acc, part)
-        return _reduce(builder, acc, 16)
-
-    return types.int32(raw, o, xq, xo, mins, mo), codegen
+def _half_at(builder, base, off: int):
+    """The f16 at base + off (bytes), widened to f32 (exact)."""
+    p = builder.bitcast(builder.gep(base, [ir.Constant(_I64, off)]), _F16.as_pointer())
+    return builder.fpext(builder.load(p, align=1), _F32)
 
 
-@intrinsic
-def iq2_xxs_dot(typingctx, raw, o, grid, xq, xo):
-    """One IQ2_XXS block at raw[o] times the int8 codes xq[xo:xo+256] without a decoded copy:
-    sum over groups g of (2 s_g + 1) * sum_i |grid value_i| * (x_i with the weight's sign), the
-    same exact integer as iq2_xxs_unpack + dot_i16_256 (used for decode, where a decoded block
-    would serve one token only). The signs go onto the activations, so the products are unsigned
-    magnitudes (<= 43) times signed codes: the 4-way u8 x s8 dot instruction where the CPU has it."""
-    def codegen(context, builder, sig, args):
-        base = _ptr(context, builder, sig.args[0], args[0], args[1])
-        mags, negative = _iq2_magnitudes_signs(context, builder, sig.args[2], args[2], base)
-        x = _load(builder, _ptr(context, builder, sig.args[3], args[3], args[4]), _I8, 256)
-        xs = builder.select(negative, builder.sub(_const(_I8, [0] * 256), x), x)
-        words = _load(builder, builder.gep(base, [ir.Constant(_I64, 2)]), _I32, 16)
-        b = _shuffle(builder, words, words, range(1, 16, 2))
-        ls = builder.add(builder.shl(builder.lshr(b, _const(_I32, [28] * 8)), _const(_I32, [1] * 8)), _const(_I32, [1] * 8))
-        if _VNNI:
-            fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(_vec(_I32, 16), [_vec(_I32, 16)] * 3), "llvm.x86.avx512.vpdpbusd.512")
-            acc = None
-            for h in range(4):  # groups 2h and 2h + 1: lanes 0..7 and 8..15
-                m = builder.bitcast(_shuffle(builder, mags, mags, range(64 * h, 64 * h + 64)), _vec(_I32, 16))
-                v = builder.bitcast(_shuffle(builder, xs, xs, range(64 * h, 64 * h + 64)), _vec(_I32, 16))
-                part = builder.call(fn, [ir.Constant(_vec(_I32, 16), [0] * 16), m, v])
-                scale = _shuffle(builder, ls, ls, [2 * h + (lane >= 8) for lane in range(16)])
-                part = builder.mul(part, scale)
-                acc = part if acc is None else builder.add(acc, part)
-            return _reduce(builder, acc, 16)
-        total = ir.Constant(_I32, 0)
-        for g in range(8):
-            m = builder.zext(_shuffle(builder, mags, mags, range(32 * g, 32 * g + 32)), _vec(_I32, 32))
-            v = builder.sext(_shuffle(builder, xs, xs, range(32 * g, 32 * g + 32)), _vec(_I32, 32))
-            dot = _reduce(builder, builder.mul(m, v), 32)
-            total = builder.add(total, builder.mul(dot, builder.extract_element(ls, ir.Constant(_I32, g))))
-        return total
+def _iq2_xxs_block(context, builder, grid_type, grid, base):
+    # The signs go onto the activations, so the products are unsigned magnitudes (<= 43) times
+    # signed codes: the 4-way u8 x s8 dot. Groups 2h and 2h + 1 share one 64-byte dot (lanes
+    # 0..7 and 8..15), each lane then scaled by its group's 2 s_g + 1.
+    mags, negative = _iq2_magnitudes_signs(context, builder, grid_type, grid, base)
+    words = _load(builder, builder.gep(base, [ir.Constant(_I64, 2)]), _I32, 16)
+    b = _shuffle(builder, words, words, range(1, 16, 2))
+    ls = builder.add(builder.shl(builder.lshr(b, _const(_I32, [28] * 8)), _const(_I32, [1] * 8)), _const(_I32, [1] * 8))
+    quarters = [_shuffle(builder, mags, mags, range(64 * h, 64 * h + 64)) for h in range(4)]
+    scales = [_shuffle(builder, ls, ls, [2 * h + (lane >= 8) for lane in range(16)]) for h in range(4)]
+    return quarters, negative, scales
 
-    return types.int32(raw, o, grid, xq, xo), codegen
+
+def _iq2_xxs_token(builder, blk, px):
+    quarters, negative, scales = blk
+    x = _load(builder, px, _I8, 256)
+    xs = builder.select(negative, builder.sub(_const(_I8, [0] * 256), x), x)
+    acc = None
+    for h in range(4):
+        part = builder.mul(_dot4(builder, _ZERO16, quarters[h], _shuffle(builder, xs, xs, range(64 * h, 64 * h + 64))),
+                           scales[h])
+        acc = part if acc is None else builder.add(acc, part)
+    return _reduce(builder, acc, 16)
+
+
+def _q2_k_block(builder, base):
+    # code * scale (<= 45) is an unsigned byte, so the 4-way u8 x s8 dot applies; the mins are
+    # the scale bytes' high nibbles.
+    sbytes = _load(builder, base, _I8, 16)
+    scales = builder.and_(sbytes, _const(_I8, [15] * 16))
+    mins = builder.zext(builder.lshr(sbytes, _const(_I8, [4] * 16)), _vec(_I32, 16))
+    qs = _load(builder, builder.gep(base, [ir.Constant(_I64, 16)]), _I8, 64)
+    weights = []
+    # Byte l of half h (qs[32h + l]) holds weights 128h + 32s + l at bit shift 2s, l < 32; the
+    # weight's sub-block is 8h + 2s + (l >= 16). Per shift s, 64 weights: 32 at input 32s.. (h = 0),
+    # 32 at 128 + 32s.. (h = 1).
+    for s in range(4):
+        codes = builder.and_(builder.lshr(qs, _const(_I8, [2 * s] * 64)), _const(_I8, [3] * 64))
+        sc = _shuffle(builder, scales, scales, [(p // 32) * 8 + 2 * s + (p % 32 >= 16) for p in range(64)])
+        weights.append(builder.mul(codes, sc))
+    return weights, mins
+
+
+def _q2_k_token(builder, blk, px, bsums):
+    weights, mins = blk
+    acc = _ZERO16
+    for s in range(4):
+        lo = _load(builder, builder.gep(px, [ir.Constant(_I64, 32 * s)]), _I8, 32)
+        hi = _load(builder, builder.gep(px, [ir.Constant(_I64, 128 + 32 * s)]), _I8, 32)
+        acc = _dot4(builder, acc, weights[s], _shuffle(builder, lo, hi, range(64)))
+    return _reduce(builder, acc, 16), _reduce(builder, builder.mul(mins, bsums), 16)
+
+
+def _q4_k_block(builder, base):
+    # Chunk c's low and high nibbles (sub-blocks 2c and 2c + 1, inputs 64c..64c+63) meet 64
+    # contiguous codes in one 4-way dot, lanes 0..7 summing the low sub-block and 8..15 the high
+    # one, each lane then scaled by its sub-block's scale.
+    sc16, mn16 = _q4_k_scales_mins_vectors(builder, base)
+    sc = builder.zext(sc16, _vec(_I32, 8))
+    mins = builder.zext(_shuffle(builder, mn16, mn16, [k // 2 for k in range(16)]), _vec(_I32, 16))
+    codes, scales = [], []
+    for c in range(4):
+        v = _load(builder, builder.gep(base, [ir.Constant(_I64, 16 + 32 * c)]), _I8, 32)
+        codes.append(_shuffle(builder, builder.and_(v, _const(_I8, [15] * 32)), builder.lshr(v, _const(_I8, [4] * 32)),
+                              range(64)))
+        scales.append(_shuffle(builder, sc, sc, [2 * c + (lane >= 8) for lane in range(16)]))
+    return codes, scales, mins
+
+
+def _q4_k_token(builder, blk, px, bsums):
+    codes, scales, mins = blk
+    acc = None
+    for c in range(4):
+        x = _load(builder, builder.gep(px, [ir.Constant(_I64, 64 * c)]), _I8, 64)
+        part = builder.mul(_dot4(builder, _ZERO16, codes[c], x), scales[c])
+        acc = part if acc is None else builder.add(acc, part)
+    return _reduce(builder, acc, 16), _reduce(builder, builder.mul(mins, bsums), 16)
+
+
+_BLOCK_BYTES = {16: 66, 10: 84, 12: 144}  # IQ2_XXS, Q2_K, Q4_K
+_SCALE_AT = {16: (0, None), 10: (80, 82), 12: (0, 2)}  # the block's f16 d (and dmin)
+
+
+def _row_dots(kind: int, tokens: int):
+    @intrinsic
+    def row_dots(typingctx, raw, ro, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res):
+        def codegen(context, builder, sig, args):
+            raw_, ro_, nb_, grid_, xq_, xo_, stride_, xd_, xdo_, bs_, bo_, bstride_, res_ = args
+            row = _ptr(context, builder, sig.args[0], raw_, ro_)
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in range(tokens)]
+            size = _BLOCK_BYTES[kind]
+            d_at, dmin_at = _SCALE_AT[kind]
+            with cgutils.for_range(builder, nb_) as loop:
+                b = loop.index
+                base = builder.gep(row, [builder.mul(b, ir.Constant(_I64, size))])
+                d = _half_at(builder, base, d_at)
+                dmin = _half_at(builder, base, dmin_at) if dmin_at is not None else None
+                if kind == 16:
+                    blk = _iq2_xxs_block(context, builder, sig.args[3], grid_, base)
+                else:
+                    blk = _q2_k_block(builder, base) if kind == 10 else _q4_k_block(builder, base)
+                for j in range(tokens):
+                    xoff = builder.add(builder.add(xo_, builder.mul(ir.Constant(_I64, j), stride_)),
+                                       builder.mul(b, ir.Constant(_I64, 256)))
+                    px = _ptr(context, builder, sig.args[4], xq_, xoff)
+                    xdoff = builder.add(builder.add(xdo_, builder.mul(ir.Constant(_I64, j), nb_)), b)
+                    x = builder.load(_ptr(context, builder, sig.args[7], xd_, xdoff))
+                    if kind == 16:  # acc += (d * xd) * float(isum)
+                        isum = _iq2_xxs_token(builder, blk, px)
+                        term = builder.fmul(builder.fmul(d, x), builder.sitofp(isum, _F32))
+                    else:  # acc += (xd * d) * float(isum) - (xd * dmin) * float(summs)
+                        boff = builder.add(builder.add(bo_, builder.mul(ir.Constant(_I64, j), bstride_)),
+                                           builder.mul(b, ir.Constant(_I64, 16)))
+                        bsv = _load(builder, _ptr(context, builder, sig.args[9], bs_, boff), _I32, 16)
+                        token = _q2_k_token if kind == 10 else _q4_k_token
+                        isum, summs = token(builder, blk, px, bsv)
+                        term = builder.fsub(builder.fmul(builder.fmul(x, d), builder.sitofp(isum, _F32)),
+                                            builder.fmul(builder.fmul(x, dmin), builder.sitofp(summs, _F32)))
+                    builder.store(builder.fadd(builder.load(accs[j]), term), accs[j])
+            for j in range(tokens):
+                builder.store(builder.load(accs[j]), _ptr(context, builder, sig.args[12], res_, ir.Constant(_I64, j)))
+            return context.get_dummy_value()
+
+        return types.void(raw, ro, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res), codegen
+
+    return row_dots
+
+
+iq2_xxs_row_dots1, iq2_xxs_row_dots2, iq2_xxs_row_dots3, iq2_xxs_row_dots4, iq2_xxs_row_dots8 = (
+    _row_dots(16, n) for n in (1, 2, 3, 4, 8))
+q2_k_row_dots1, q2_k_row_dots2, q2_k_row_dots3, q2_k_row_dots4, q2_k_row_dots8 = (_row_dots(10, n) for n in (1, 2, 3, 4, 8))
+q4_k_row_dots1, q4_k_row_dots2, q4_k_row_dots3, q4_k_row_dots4, q4_k_row_dots8 = (_row_dots(12, n) for n in (1, 2, 3, 4, 8))
 
 
 _jit = njit(nogil=True, cache=True)
@@ -546,11 +556,14 @@ def quantize_q8_k(x, xq, xd, bsums, x16):
 # once. Offsets passed to the intrinsics above are flat element offsets into C-contiguous arrays.
 
 Q8_0, Q2_K, Q4_K, IQ2_XXS = 8, 10, 12, 16  # GGML type ids (quant.py)
-# Up to this many tokens on a row range, rows are multiplied straight from their blocks
-# (iq2_xxs_dot, q2_k_dot, q4_k_dot); more, and decoding each block once to 16-bit weights pays.
-# Measured on one core at Flash's expert shapes (bench/experts.py's machine): the decoded path
-# costs about two fused tokens for IQ2_XXS, three for Q2_K, eight for Q4_K.
-IQ2_FUSED_TOKENS, Q2_FUSED_TOKENS, Q4_FUSED_TOKENS = 1, 3, 8
+# Rows are multiplied straight from their blocks (the *_row_dots intrinsics: a block decoded in
+# registers once per group of up to eight tokens). Only IQ2_XXS rows meeting more tokens than
+# this decode each block once to 16-bit weights for all of them: its grid decoding is the costly
+# part. Measured on one core at Flash's expert shapes (each of 6 experts meeting n tokens), ms per
+# token: IQ2_XXS fused 1.53 at n = 8..64, decoded 1.30-1.34 at n = 16..32; the K-quants fused
+# (Q2_K 1.06, Q4_K 1.40 at n >= 8) beat their decoded copies (1.6, 1.8) at every n, so they
+# have no decoded path.
+IQ2_FUSED_TOKENS = 12
 
 
 @_jit
@@ -583,76 +596,64 @@ def _half(row, at, f16):
 
 
 @_jit
-def _q2_k_rows(raw, xq, x16, xd, bsums, out, r0, r1, t0, t1, f16):
-    # raw [rows, nb * 84] uint8 (Q2_K blocks), x16: the Q8_K codes widened to int16
-    cols = x16.shape[1]
+def _fused_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid):
+    # Rows straight from their blocks (no decoded copy), tokens eight at a time, then up to four
+    # (the *_row_dots intrinsics: a block decoded in registers once per row and token group).
+    cols = xq.shape[1]
     nb = cols // 256
-    fused = t1 - t0 <= Q2_FUSED_TOKENS  # few tokens: no decoded copy (the same integers)
-    buf = np.empty(cols, np.int16)
+    nbs = bsums.shape[1]
+    res = np.empty(8, np.float32)
     for r in range(r0, r1):
-        row = raw[r]
-        rb = r * raw.shape[1]
-        if not fused:
-            for b in range(nb):
-                q2_k_unpack(row, 84 * b, buf, 256 * b)
-        for t in range(t0, t1):
-            acc = np.float32(0.0)
-            for b in range(nb):
-                if fused:
-                    isum = q2_k_dot(row, 84 * b, xq, t * cols + 256 * b)
+        ro = r * raw.shape[1]
+        t = t0
+        while t < t1:
+            cnt = 8 if t1 - t >= 8 else min(4, t1 - t)
+            xo, xdo, bo = t * cols, t * nb, t * nbs
+            if kind == Q4_K:
+                if cnt == 8:
+                    q4_k_row_dots8(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
+                elif cnt == 4:
+                    q4_k_row_dots4(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
+                elif cnt == 3:
+                    q4_k_row_dots3(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
+                elif cnt == 2:
+                    q4_k_row_dots2(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
                 else:
-                    isum = dot_i16_256(buf, 256 * b, x16, t * cols + 256 * b)
-                summs = dot_hi_nibble16(raw, rb + 84 * b, bsums, (t * nb + b) * 16)
-                dall = xd[t, b] * _half(row, 84 * b + 80, f16)
-                dmin = xd[t, b] * _half(row, 84 * b + 82, f16)
-                acc += dall * np.float32(isum) - dmin * np.float32(summs)
-            out[t, r] = acc
+                    q4_k_row_dots1(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
+            elif kind == Q2_K:
+                if cnt == 8:
+                    q2_k_row_dots8(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
+                elif cnt == 4:
+                    q2_k_row_dots4(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
+                elif cnt == 3:
+                    q2_k_row_dots3(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
+                elif cnt == 2:
+                    q2_k_row_dots2(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
+                else:
+                    q2_k_row_dots1(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
+            elif cnt == 8:
+                iq2_xxs_row_dots8(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
+            elif cnt == 4:
+                iq2_xxs_row_dots4(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
+            elif cnt == 3:
+                iq2_xxs_row_dots3(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
+            elif cnt == 2:
+                iq2_xxs_row_dots2(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
+            else:
+                iq2_xxs_row_dots1(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
+            for j in range(cnt):
+                out[t + j, r] = np.float32(0.125) * res[j] if kind == IQ2_XXS else res[j]
+            t += cnt
 
 
 @_jit
-def _q4_k_rows(raw, xq, x16, xd, bsums, out, r0, r1, t0, t1, f16):
-    # raw [rows, nb * 144] uint8 (Q4_K blocks)
-    cols = x16.shape[1]
-    nb = cols // 256
-    fused = t1 - t0 <= Q4_FUSED_TOKENS  # few tokens: no decoded copy (the same integers)
-    buf = np.empty(cols, np.int16)
-    mn = np.empty(nb * 8, np.int32)
-    for r in range(r0, r1):
-        row = raw[r]
-        if not fused:
-            for b in range(nb):
-                q4_k_unpack(row, 144 * b, buf, 256 * b, mn, 8 * b)
-        for t in range(t0, t1):
-            acc = np.float32(0.0)
-            for b in range(nb):
-                if fused:
-                    isum = q4_k_dot(row, 144 * b, xq, t * cols + 256 * b, mn, 8 * b)
-                else:
-                    isum = dot_i16_256(buf, 256 * b, x16, t * cols + 256 * b)
-                summs = 0
-                for j in range(8):
-                    summs += mn[8 * b + j] * (bsums[t, 16 * b + 2 * j] + bsums[t, 16 * b + 2 * j + 1])
-                dall = xd[t, b] * _half(row, 144 * b, f16)
-                dmin = xd[t, b] * _half(row, 144 * b + 2, f16)
-                acc += dall * np.float32(isum) - dmin * np.float32(summs)
-            out[t, r] = acc
-
-
-@_jit
-def _iq2_xxs_rows(raw, xq, x16, xd, out, r0, r1, t0, t1, f16, grid):
+def _iq2_xxs_rows(raw, xq, x16, xd, bsums, out, r0, r1, t0, t1, f16, grid):
     # raw [rows, nb * 66] uint8 (IQ2_XXS blocks), grid: iq2_xxs_unpack's table
+    if t1 - t0 <= IQ2_FUSED_TOKENS:
+        _fused_rows(IQ2_XXS, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid)
+        return
     cols = x16.shape[1]
     nb = cols // 256
-    if t1 - t0 <= IQ2_FUSED_TOKENS:  # few tokens: no decoded copy (the same integers)
-        for r in range(r0, r1):
-            row = raw[r]
-            for t in range(t0, t1):
-                acc = np.float32(0.0)
-                for b in range(nb):
-                    bsum = iq2_xxs_dot(row, 66 * b, grid, xq, t * cols + 256 * b)
-                    acc += (_half(row, 66 * b, f16) * xd[t, b]) * np.float32(bsum)
-                out[t, r] = np.float32(0.125) * acc
-        return
     buf = np.empty(cols, np.int16)
     for r in range(r0, r1):
         row = raw[r]
@@ -679,11 +680,11 @@ def matrix_rows(kind, w, aux, xq, x16, xd, xs, out, r0, r1, t0, t1, f16, grid):
     if kind == Q8_0:
         _q8_0_rows(w, aux, xq, xd, xs, out, r0, r1, t0, t1)
     elif kind == Q2_K:
-        _q2_k_rows(w, xq, x16, xd, xs, out, r0, r1, t0, t1, f16)
+        _fused_rows(Q2_K, w, xq, xd, xs, out, r0, r1, t0, t1, grid)
     elif kind == Q4_K:
-        _q4_k_rows(w, xq, x16, xd, xs, out, r0, r1, t0, t1, f16)
+        _fused_rows(Q4_K, w, xq, xd, xs, out, r0, r1, t0, t1, grid)
     else:
-        _iq2_xxs_rows(w, xq, x16, xd, out, r0, r1, t0, t1, f16, grid)
+        _iq2_xxs_rows(w, xq, x16, xd, xs, out, r0, r1, t0, t1, f16, grid)
 
 
 @_jit

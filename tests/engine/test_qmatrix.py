@@ -70,14 +70,17 @@ def test_matmul_within_bound_of_dequantised_product(qtype, rows, cols, n):
 
 @pytest.mark.parametrize("qtype", TYPES, ids=quant.type_name)
 def test_batch_rows_equal_single_token_products_bit_for_bit(qtype):
+    # 23 tokens: groups of 8, 8, 4, 3 on the rows-from-blocks path, and IQ2_XXS's decoded path
+    # (more than qkernels.IQ2_FUSED_TOKENS); every chunk size 1..8 on the way.
     rng = np.random.default_rng(5)
     raw, _ = _matrix(rng, qtype, 33, 512)
     m = QuantMatrix.from_blocks(raw, qtype, 33, 512)
-    x = _inputs(rng, 9, 512)
+    x = _inputs(rng, 23, 512)
     batch = m.matmul(x)
-    for t in range(9):
+    for t in range(23):
         assert np.array_equal(m.matmul(x[t : t + 1])[0], batch[t])
-    assert np.array_equal(m.matmul(x[3:7]), batch[3:7])  # a chunk of the batch
+    for n in range(2, 9):
+        assert np.array_equal(m.matmul(x[3 : 3 + n]), batch[3 : 3 + n])  # a chunk of the batch
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=quant.type_name)
@@ -333,12 +336,13 @@ def _formula_row(qtype: int, row: np.ndarray, x: np.ndarray) -> np.float32:
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=quant.type_name)
-def test_products_follow_the_stated_formulas_bit_for_bit(qtype):
+@pytest.mark.parametrize("n", [3, 13])  # 13: a group of 8 and one of 4, or IQ2_XXS's decoded path
+def test_products_follow_the_stated_formulas_bit_for_bit(qtype, n):
     rng = np.random.default_rng(13)
     rows, cols = 5, 512
     raw, _ = _matrix(rng, qtype, rows, cols)
-    x = _inputs(rng, 3, cols)
+    x = _inputs(rng, n, cols)
     y = QuantMatrix.from_blocks(raw, qtype, rows, cols).matmul(x)
     per_row = raw.reshape(rows, -1)
-    want = np.array([[_formula_row(qtype, per_row[r], x[t]) for r in range(rows)] for t in range(3)], np.float32)
+    want = np.array([[_formula_row(qtype, per_row[r], x[t]) for r in range(rows)] for t in range(n)], np.float32)
     assert np.array_equal(y, want)
