@@ -47,8 +47,8 @@ Q8_0 with rows interleaved (see the section at the end):
 
 K-quants and IQ2_XXS, one row straight from its blocks times n = 1, 2, 3, 4 or 8 tokens (every
 block decoded in registers once for the n tokens; the float steps in registers too):
-    iq2_xxs_row_dots<n>, q2_k_row_dots<n>, q4_k_row_dots<n>
-        (raw, ro, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res)
+    iq2_xxs_row_dots, q2_k_row_dots, q4_k_row_dots
+        (raw, ro, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res, n)
 IQ2_XXS rows meeting many tokens are decoded once to 16-bit weights instead:
     iq2_xxs_unpack(raw, o, grid, buf, bo)  signed grid value * (2 * 4-bit scale + 1)
                                       (|v| <= 43 * 31) at buf[bo:bo+256]; grid: the 256 grid
@@ -327,13 +327,13 @@ q8_0_group1, q8_0_group4 = _q8_0_group(1), _q8_0_group(4)
 
 
 # ---- rows straight from their blocks, several tokens per block decode ---------------------------
-# `*_row_dots<n>` multiplies one weight row (every block) by n consecutive tokens: each block's
+# `*_row_dots` multiplies one weight row (every block) by n consecutive tokens: each block's
 # weights are decoded in registers once (IQ2_XXS's grid loads, the K-quants' scale unpacking) and
 # meet the n tokens' int8 codes, and the per-block float steps run in registers, in the order of
 # the module docstring. Token j's integers are exactly those of the decoded path (unpack +
 # dot_i16_256) and its float steps the same, so a result is the same whichever path or group
 # size computed it (decode = one-token prefill, chunk invariance).
-#   row_dots(raw, ro, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res):
+#   row_dots(raw, ro, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res, n):
 #     the row's blocks at raw[ro:], nb of them; token j's codes at xq[xo + j * stride] (block b
 #     at + 256 b), its block scales at xd[xdo + j * nb + b], its 16-element sums at
 #     bsums[bo + j * bstride + 16 b] (K-quants); res[j] = the row's result for token j
@@ -431,55 +431,70 @@ _BLOCK_BYTES = {16: 66, 10: 84, 12: 144}  # IQ2_XXS, Q2_K, Q4_K
 _SCALE_AT = {16: (0, None), 10: (80, 82), 12: (0, 2)}  # the block's f16 d (and dmin)
 
 
-def _row_dots(kind: int, tokens: int):
+ROW_GROUPS = (1, 2, 3, 4, 8)  # the token counts a row_dots call takes (an IR body for each)
+
+
+def _row_dots_body(context, builder, sig, args, kind: int, tokens: int) -> None:
+    """The row (every block) times `tokens` tokens, results to res[0:tokens]."""
+    raw_, ro_, nb_, grid_, xq_, xo_, stride_, xd_, xdo_, bs_, bo_, bstride_, res_, _ = args
+    row = _ptr(context, builder, sig.args[0], raw_, ro_)
+    accs = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in range(tokens)]
+    size = _BLOCK_BYTES[kind]
+    d_at, dmin_at = _SCALE_AT[kind]
+    with cgutils.for_range(builder, nb_) as loop:
+        b = loop.index
+        base = builder.gep(row, [builder.mul(b, ir.Constant(_I64, size))])
+        d = _half_at(builder, base, d_at)
+        dmin = _half_at(builder, base, dmin_at) if dmin_at is not None else None
+        if kind == 16:
+            blk = _iq2_xxs_block(context, builder, sig.args[3], grid_, base)
+        else:
+            blk = _q2_k_block(builder, base) if kind == 10 else _q4_k_block(builder, base)
+        for j in range(tokens):
+            xoff = builder.add(builder.add(xo_, builder.mul(ir.Constant(_I64, j), stride_)),
+                               builder.mul(b, ir.Constant(_I64, 256)))
+            px = _ptr(context, builder, sig.args[4], xq_, xoff)
+            xdoff = builder.add(builder.add(xdo_, builder.mul(ir.Constant(_I64, j), nb_)), b)
+            x = builder.load(_ptr(context, builder, sig.args[7], xd_, xdoff))
+            if kind == 16:  # acc += (d * xd) * float(isum)
+                isum = _iq2_xxs_token(builder, blk, px)
+                term = builder.fmul(builder.fmul(d, x), builder.sitofp(isum, _F32))
+            else:  # acc += (xd * d) * float(isum) - (xd * dmin) * float(summs)
+                boff = builder.add(builder.add(bo_, builder.mul(ir.Constant(_I64, j), bstride_)),
+                                   builder.mul(b, ir.Constant(_I64, 16)))
+                bsv = _load(builder, _ptr(context, builder, sig.args[9], bs_, boff), _I32, 16)
+                token = _q2_k_token if kind == 10 else _q4_k_token
+                isum, summs = token(builder, blk, px, bsv)
+                term = builder.fsub(builder.fmul(builder.fmul(x, d), builder.sitofp(isum, _F32)),
+                                    builder.fmul(builder.fmul(x, dmin), builder.sitofp(summs, _F32)))
+            builder.store(builder.fadd(builder.load(accs[j]), term), accs[j])
+    for j in range(tokens):
+        builder.store(builder.load(accs[j]), _ptr(context, builder, sig.args[12], res_, ir.Constant(_I64, j)))
+
+
+def _row_dots(kind: int):
     @intrinsic
-    def row_dots(typingctx, raw, ro, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res):
+    def row_dots(typingctx, raw, ro, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res, count):
+        # One IR body per token count of ROW_GROUPS, chosen by a switch on `count` (another
+        # count does nothing: the caller passes only these).
         def codegen(context, builder, sig, args):
-            raw_, ro_, nb_, grid_, xq_, xo_, stride_, xd_, xdo_, bs_, bo_, bstride_, res_ = args
-            row = _ptr(context, builder, sig.args[0], raw_, ro_)
-            accs = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in range(tokens)]
-            size = _BLOCK_BYTES[kind]
-            d_at, dmin_at = _SCALE_AT[kind]
-            with cgutils.for_range(builder, nb_) as loop:
-                b = loop.index
-                base = builder.gep(row, [builder.mul(b, ir.Constant(_I64, size))])
-                d = _half_at(builder, base, d_at)
-                dmin = _half_at(builder, base, dmin_at) if dmin_at is not None else None
-                if kind == 16:
-                    blk = _iq2_xxs_block(context, builder, sig.args[3], grid_, base)
-                else:
-                    blk = _q2_k_block(builder, base) if kind == 10 else _q4_k_block(builder, base)
-                for j in range(tokens):
-                    xoff = builder.add(builder.add(xo_, builder.mul(ir.Constant(_I64, j), stride_)),
-                                       builder.mul(b, ir.Constant(_I64, 256)))
-                    px = _ptr(context, builder, sig.args[4], xq_, xoff)
-                    xdoff = builder.add(builder.add(xdo_, builder.mul(ir.Constant(_I64, j), nb_)), b)
-                    x = builder.load(_ptr(context, builder, sig.args[7], xd_, xdoff))
-                    if kind == 16:  # acc += (d * xd) * float(isum)
-                        isum = _iq2_xxs_token(builder, blk, px)
-                        term = builder.fmul(builder.fmul(d, x), builder.sitofp(isum, _F32))
-                    else:  # acc += (xd * d) * float(isum) - (xd * dmin) * float(summs)
-                        boff = builder.add(builder.add(bo_, builder.mul(ir.Constant(_I64, j), bstride_)),
-                                           builder.mul(b, ir.Constant(_I64, 16)))
-                        bsv = _load(builder, _ptr(context, builder, sig.args[9], bs_, boff), _I32, 16)
-                        token = _q2_k_token if kind == 10 else _q4_k_token
-                        isum, summs = token(builder, blk, px, bsv)
-                        term = builder.fsub(builder.fmul(builder.fmul(x, d), builder.sitofp(isum, _F32)),
-                                            builder.fmul(builder.fmul(x, dmin), builder.sitofp(summs, _F32)))
-                    builder.store(builder.fadd(builder.load(accs[j]), term), accs[j])
-            for j in range(tokens):
-                builder.store(builder.load(accs[j]), _ptr(context, builder, sig.args[12], res_, ir.Constant(_I64, j)))
+            done = builder.append_basic_block("row_dots_done")
+            switch = builder.switch(args[13], done)
+            for n in ROW_GROUPS:
+                case = builder.append_basic_block(f"row_dots_{n}")
+                switch.add_case(ir.Constant(args[13].type, n), case)
+                builder.position_at_end(case)
+                _row_dots_body(context, builder, sig, args, kind, n)
+                builder.branch(done)
+            builder.position_at_end(done)
             return context.get_dummy_value()
 
-        return types.void(raw, ro, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res), codegen
+        return types.void(raw, ro, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res, count), codegen
 
     return row_dots
 
 
-iq2_xxs_row_dots1, iq2_xxs_row_dots2, iq2_xxs_row_dots3, iq2_xxs_row_dots4, iq2_xxs_row_dots8 = (
-    _row_dots(16, n) for n in (1, 2, 3, 4, 8))
-q2_k_row_dots1, q2_k_row_dots2, q2_k_row_dots3, q2_k_row_dots4, q2_k_row_dots8 = (_row_dots(10, n) for n in (1, 2, 3, 4, 8))
-q4_k_row_dots1, q4_k_row_dots2, q4_k_row_dots3, q4_k_row_dots4, q4_k_row_dots8 = (_row_dots(12, n) for n in (1, 2, 3, 4, 8))
+iq2_xxs_row_dots, q2_k_row_dots, q4_k_row_dots = _row_dots(16), _row_dots(10), _row_dots(12)
 
 
 _jit = njit(nogil=True, cache=True)
@@ -610,37 +625,11 @@ def _fused_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid):
             cnt = 8 if t1 - t >= 8 else min(4, t1 - t)
             xo, xdo, bo = t * cols, t * nb, t * nbs
             if kind == Q4_K:
-                if cnt == 8:
-                    q4_k_row_dots8(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
-                elif cnt == 4:
-                    q4_k_row_dots4(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
-                elif cnt == 3:
-                    q4_k_row_dots3(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
-                elif cnt == 2:
-                    q4_k_row_dots2(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
-                else:
-                    q4_k_row_dots1(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
+                q4_k_row_dots(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res, cnt)
             elif kind == Q2_K:
-                if cnt == 8:
-                    q2_k_row_dots8(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
-                elif cnt == 4:
-                    q2_k_row_dots4(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
-                elif cnt == 3:
-                    q2_k_row_dots3(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
-                elif cnt == 2:
-                    q2_k_row_dots2(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
-                else:
-                    q2_k_row_dots1(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
-            elif cnt == 8:
-                iq2_xxs_row_dots8(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
-            elif cnt == 4:
-                iq2_xxs_row_dots4(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
-            elif cnt == 3:
-                iq2_xxs_row_dots3(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
-            elif cnt == 2:
-                iq2_xxs_row_dots2(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
+                q2_k_row_dots(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res, cnt)
             else:
-                iq2_xxs_row_dots1(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res)
+                iq2_xxs_row_dots(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res, cnt)
             for j in range(cnt):
                 out[t + j, r] = np.float32(0.125) * res[j] if kind == IQ2_XXS else res[j]
             t += cnt

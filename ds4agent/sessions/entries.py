@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import KVCIOError
-from .kvc import HEADER_BYTES, KVCHeader
+from .kvc import HEADER_BYTES, HITS_SPAN, LAST_USED_SPAN, KVCHeader
 from .payload import PayloadState
 from .titles import clip_title, display_text
 
@@ -139,7 +139,8 @@ def file_stamp(path: str | os.PathLike[str]) -> FileStamp | None:
 
 
 def touch(path: str | Path, now: int | None = None) -> None:
-    """In-place hit accounting (§7): rewrite only hits (12..15) and last_used (32..39).
+    """In-place hit accounting (§7): rewrite only hits (12..15) and last_used (32..39), the two
+    header fields the checksum trailer does not cover (kvc.summed_header).
 
     Every other byte is written back as read (reason > 6, reserved bytes and ext bits included);
     like ds4 this is neither atomic nor fsynced: losing a hit count is harmless.
@@ -152,9 +153,9 @@ def touch(path: str | Path, now: int | None = None) -> None:
         with open(fd, "r+b", buffering=0) as f:
             raw = bytearray(f.read(HEADER_BYTES))
             KVCHeader.unpack(bytes(raw))  # refuse to rewrite something that is not a valid header
-            hits = struct.unpack_from("<I", raw, 12)[0]
-            struct.pack_into("<I", raw, 12, min(hits + 1, 0xFFFFFFFF))
-            struct.pack_into("<Q", raw, 32, now)
+            hits = struct.unpack_from("<I", raw, HITS_SPAN[0])[0]
+            struct.pack_into("<I", raw, HITS_SPAN[0], min(hits + 1, 0xFFFFFFFF))
+            struct.pack_into("<Q", raw, LAST_USED_SPAN[0], now)
             f.seek(0)
             f.write(raw)
     except OSError as err:

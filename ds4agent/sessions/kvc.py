@@ -91,12 +91,28 @@ EXT_RESERVED = 0xF0  # unknown sections follow the known ones; end-of-file not c
 # silently different KV state. ds4's readers stop after the payload and the sections they know
 # (ds4 8d57664: ds4_kvstore.c reads header, text and payload by their sizes; ds4_agent.c's
 # session load reads payload_bytes; neither checks the end of the file), so the files stay
-# theirs to load. Layout: the file's last 12 bytes, b"DS4C", u32 version (1), u32 CRC-32 (zlib's),
+# theirs to load. Layout: the file's last 12 bytes, b"DS4C", u32 version, u32 CRC-32 (zlib's),
 # under the last reserved bit: any section a later ds4 adds under a lower bit comes before it.
+# Version 2 sums the header with its hit accounting (hits and last_used) read as zeros: those
+# fields are rewritten in place on every use (entries.touch, §7), so a CRC over them is broken by
+# the first cache hit (version 1 did that: a touched version-1 file reads as damaged).
 EXT_CHECKSUM = 0x80
 _CHECKSUM = struct.Struct("<4sII")
 _CHECKSUM_MAGIC = b"DS4C"
-_CHECKSUM_VERSION = 1
+_CHECKSUM_VERSION = 2
+_CHECKSUM_VERSIONS = (1, 2)
+HITS_SPAN = (12, 16)  # the header's hit count, rewritten in place on each use
+LAST_USED_SPAN = (32, 40)  # the header's last-use time, likewise
+
+
+def summed_header(raw: bytes, version: int = _CHECKSUM_VERSION) -> bytes:
+    """The header bytes as the checksum of `version` sums them (version 2: hit accounting zeroed)."""
+    if version < 2:
+        return bytes(raw)
+    out = bytearray(raw)
+    for lo, hi in (HITS_SPAN, LAST_USED_SPAN):
+        out[lo:hi] = bytes(hi - lo)
+    return bytes(out)
 
 # How much rendered text a listing reads (kv ls/show/verify, /list, the picker): enough for any
 # real first user message (the title) and the preview. A header may claim up to 4 GiB of text
@@ -237,6 +253,7 @@ class Envelope:
     text_digest: str | None = None  # SHA-1 of the whole text, hashed while reading a capped text
     checksum: int | None = None  # the CRC-32 the checksum trailer holds (EXT_CHECKSUM), else None
     checksum_offset: int = 0  # where that trailer starts: the CRC covers every byte before it
+    checksum_version: int = 0  # how the CRC sums the header (summed_header)
 
     @property
     def payload_offset(self) -> int:
@@ -382,7 +399,7 @@ def _read_envelope(f: BinaryIO, path: Path, file_size: int, kind: str, *,
         if title is None:
             raise KVCTrailerError(E.TRUNCATED_TITLE)
         pos += 4 + title_len
-    checksum, checksum_offset = None, 0
+    checksum, checksum_offset, checksum_version = None, 0, 0
     if header.ext_flags & EXT_CHECKSUM:
         end = file_size - _CHECKSUM.size
         raw = None
@@ -390,16 +407,17 @@ def _read_envelope(f: BinaryIO, path: Path, file_size: int, kind: str, *,
             f.seek(end)
             raw = _read_exact(f, _CHECKSUM.size)
         magic, version, crc = _CHECKSUM.unpack(raw) if raw is not None else (b"", 0, 0)
-        if magic != _CHECKSUM_MAGIC or version != _CHECKSUM_VERSION:
+        if magic != _CHECKSUM_MAGIC or version not in _CHECKSUM_VERSIONS:
             raise KVCTrailerError(E.MISSING_CHECKSUM)
-        checksum, checksum_offset = crc, end
+        checksum, checksum_offset, checksum_version = crc, end, version
         if not header.ext_flags & EXT_RESERVED & ~EXT_CHECKSUM:
             pos += _CHECKSUM.size  # no other section: the checksum ends the file
     # A reserved ext bit announces an unknown section after the known ones: do not check the end.
     if not header.ext_flags & EXT_RESERVED & ~EXT_CHECKSUM and pos != file_size:
         raise KVCTrailerError(E.TRAILING_BYTES)
     f.seek(PREFIX_BYTES + text_bytes)  # back to the payload start
-    return Envelope(path, file_size, header, text, title, ktm_entries, text_bytes, digest, checksum, checksum_offset)
+    return Envelope(path, file_size, header, text, title, ktm_entries, text_bytes, digest, checksum, checksum_offset,
+                    checksum_version)
 
 
 def _check_checksum(f: BinaryIO, env: Envelope) -> None:
@@ -409,7 +427,10 @@ def _check_checksum(f: BinaryIO, env: Envelope) -> None:
         return
     back = f.tell()
     f.seek(0)
-    crc, left = 0, env.checksum_offset
+    head = _read_exact(f, HEADER_BYTES)
+    if head is None or env.checksum_offset < HEADER_BYTES:
+        raise KVCTrailerError(E.MISSING_CHECKSUM)
+    crc, left = zlib.crc32(summed_header(head, env.checksum_version)), env.checksum_offset - HEADER_BYTES
     while left:
         chunk = _read_exact(f, min(left, _TEXT_CHUNK * 8))
         if chunk is None:
@@ -688,7 +709,9 @@ def write_kvc(
         # keeps the `.kv.tmp.` shape that the scan rule ignores and clean_stale_temps recognises.
         with atomic_entry(path, mode=0o600, prefix=path.name + ".tmp.") as out:
             f = _Summing(out)
-            f.write(header.pack())
+            packed = header.pack()
+            out.write(packed)
+            f.crc = zlib.crc32(summed_header(packed))
             f.write(_U32.pack(len(text)))
             f.write(text)
             if state is not None:

@@ -9,7 +9,7 @@ import pytest
 from ds4agent.sessions import errors as E
 from ds4agent.sessions.entries import default_kv_dir, touch
 from ds4agent.sessions.errors import KVCError, KVCIOError, KVCStoreError, KVCTextError, KVCWriteError
-from ds4agent.sessions.kvc import KVCHeader, session_identity, text_sha1, write_kvc
+from ds4agent.sessions.kvc import KVCHeader, session_identity, text_sha1, verify_kvc, write_kvc
 from ds4agent.sessions.store import SYSPROMPT_KEEP, SessionStore
 from ds4agent.sessions.titles import clip_title, derive_title, display_text
 
@@ -360,6 +360,12 @@ def test_sysprompt_round_trip_touch_and_mismatch(store, clock):
     assert_states_equal(state, back)
     h = KVCHeader.unpack(path.read_bytes()[:48])
     assert (h.hits, h.last_used, h.created_at) == (1, clock.t, clock.t - 100)
+    # The hit accounting rewritten in place is outside the checksum: the touched cache loads
+    # again (a user's third start) and verifies.
+    clock.t += 100
+    assert_states_equal(state, store.load_sysprompt(text, shape=TINY, ctx=CTX, model_id=0, quant_bits=2))
+    assert KVCHeader.unpack(path.read_bytes()[:48]).hits == 2
+    assert verify_kvc(path).error is None
     with pytest.raises(KVCError):  # other text -> other name -> missing
         store.load_sysprompt(b"<v2>", shape=TINY, ctx=CTX, model_id=0, quant_bits=2)
     with pytest.raises(KVCError, match=E.DIFFERENT_QUANT):
@@ -595,6 +601,35 @@ def test_a_bit_flipped_on_disk_is_refused_at_load(tmp_path):
     saved.path.write_bytes(bytes(data))
     with pytest.raises(KVCIntegrityError, match="damaged after it was written"):
         load(store, saved.id)
+
+
+@pytest.mark.parametrize("at", [24, 27, 31])  # created_at: header bytes no other check reads
+def test_the_checksum_covers_the_header_but_its_hit_accounting(tmp_path, at):
+    from ds4agent.sessions.errors import KVCIntegrityError
+
+    path = SessionStore(tmp_path).save_sysprompt(b"<sys>", random_state(TINY, 3, CTX), shape=TINY, quant_bits=2)
+    touch(path, now=12345)
+    assert verify_kvc(path).error is None  # hits and last_used are not summed
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+    err = verify_kvc(path).error
+    assert isinstance(err, KVCIntegrityError)
+
+
+def test_a_version_1_checksum_still_verifies(tmp_path):
+    """Files written before the hit accounting left the checksum (trailer version 1: a CRC of the
+    raw bytes) load as long as they were not touched."""
+    import zlib
+
+    store = SessionStore(tmp_path)
+    saved = save(store, session_text("v1"))
+    data = bytearray(saved.path.read_bytes())
+    body = bytes(data[:-12])
+    data[-12:] = struct.pack("<4sII", b"DS4C", 1, zlib.crc32(body))
+    saved.path.write_bytes(bytes(data))
+    assert verify_kvc(saved.path).error is None
+    load(store, saved.id)
 
 
 def test_titles_show_no_c1_controls_or_bidi_overrides():
