@@ -1,5 +1,5 @@
 """The type check is part of the test command: mypy, as configured in pyproject.toml (the agent
-room, the tools' and the engine's public API, and the worker boundary with no Any), must pass."""
+room, the engine room, the tools' public API, and the worker boundary with no Any), must pass."""
 
 import subprocess
 import sys

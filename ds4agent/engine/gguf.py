@@ -160,7 +160,7 @@ class LazyStrings(Sequence[str]):
             ]
         return self._decoded
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         return self._all()[i]
 
     def __iter__(self) -> Iterator[str]:
