@@ -270,7 +270,7 @@ def test_stripped_session_is_rebuilt_from_its_text_and_prefilled(tmp_path, tools
 def test_save_with_a_title_sets_the_sessions_title_everywhere(tmp_path, tools, monkeypatch):
     import io
 
-    from ds4agent.cli import build_parser
+    from ds4agent.cli import parse
     from ds4agent.commands import kv
 
     h = AgentHarness.build(tmp_path, [reply("A1", think="t"), reply("A2", think="t"), reply("A3", think="t")],
@@ -290,7 +290,7 @@ def test_save_with_a_title_sets_the_sessions_title_everywhere(tmp_path, tools, m
     assert of(h.command(h.agent.list_sessions), ev.SessionList)[0].sessions[0].title == "Fix the flaky test"
     out = io.StringIO()
     monkeypatch.setenv("COLUMNS", "1000")  # `kv ls` fits the terminal; whole titles here
-    assert kv.main(build_parser().parse_args(["--kv-dir", str(tmp_path / "kv"), "kv", "ls"]), out=out) == 0
+    assert kv.main(parse(["--kv-dir", str(tmp_path / "kv"), "kv", "ls"]), out=out) == 0
     assert "Fix the flaky test" in out.getvalue() and "first question" not in out.getvalue()
 
     # A later /save without a title keeps it; a blank title is no title.

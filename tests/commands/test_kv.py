@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ds4agent.cli import build_parser
+from ds4agent.cli import build_parser, parse
 from ds4agent.commands import kv
 from ds4agent.sessions import errors as E
 from ds4agent.sessions.kvc import KVCHeader, text_sha1, write_kvc
@@ -23,7 +23,7 @@ def wide_terminal(monkeypatch):
 
 
 def run(directory, *argv):
-    args = build_parser().parse_args(["kv", "--kv-dir", str(directory), *argv])
+    args = parse(["kv", "--kv-dir", str(directory), *argv])
     out = io.StringIO()
     code = kv.main(args, out=out)
     return code, out.getvalue()
@@ -65,7 +65,7 @@ def test_show_file_needs_no_kv_directory_and_kv_dir_goes_after_the_action(tmp_pa
     _, s = populate(tmp_path / "kv")
     elsewhere = tmp_path / "copy.kv"
     elsewhere.write_bytes(s.path.read_bytes())
-    args = build_parser().parse_args(["kv", "--kv-dir", str(tmp_path / "missing"), "show", str(elsewhere)])
+    args = parse(["kv", "--kv-dir", str(tmp_path / "missing"), "show", str(elsewhere)])
     out = io.StringIO()
     assert kv.main(args, out=out) == 0 and f"file:           {elsewhere}" in out.getvalue()
     code, _ = run(tmp_path / "missing", "show", "abc")
@@ -73,7 +73,7 @@ def test_show_file_needs_no_kv_directory_and_kv_dir_goes_after_the_action(tmp_pa
     assert capsys.readouterr().err.strip() == (f"ds4agent kv: abc: no such file, and no KV directory at "
                                                 f"{tmp_path / 'missing'}")
     for action in (["ls"], ["verify"], ["show", s.id[:8]], ["rm", s.id[:8]]):
-        args = build_parser().parse_args(["kv", *action, "--kv-dir", str(tmp_path / "kv")])
+        args = parse(["kv", *action, "--kv-dir", str(tmp_path / "kv")])
         out = io.StringIO()
         assert kv.main(args, out=out) == 0, action
         assert s.id[:8] in out.getvalue() or "0 invalid" in out.getvalue()
@@ -170,7 +170,7 @@ def test_cli_in_a_pipe_has_no_escape_codes(tmp_path):
 
 def test_kv_dir_before_the_subcommand_is_kept(tmp_path):
     populate(tmp_path)
-    args = build_parser().parse_args(["--kv-dir", str(tmp_path), "kv", "ls"])
+    args = parse(["--kv-dir", str(tmp_path), "kv", "ls"])
     out = io.StringIO()
     assert kv.main(args, out=out) == 0 and "agent-session" in out.getvalue()
 
@@ -179,7 +179,7 @@ def test_kv_dir_from_environment(tmp_path, monkeypatch):
     populate(tmp_path)
     monkeypatch.setenv("DS4AGENT_KV_DIR", str(tmp_path))
     out = io.StringIO()
-    assert kv.main(build_parser().parse_args(["kv", "verify"]), out=out) == 0
+    assert kv.main(parse(["kv", "verify"]), out=out) == 0
     assert out.getvalue().endswith("2 file(s) checked, 0 invalid\n")
 
 
@@ -193,7 +193,7 @@ def test_closed_pipe_reaches_the_cli_instead_of_exit_0(tmp_path):
     # BrokenPipeError into its quiet exit 141 (tests/test_smoke_cli.py); the kv command must not
     # swallow it as 0 or report it as an I/O error of the directory.
     populate(tmp_path)
-    args = build_parser().parse_args(["kv", "--kv-dir", str(tmp_path), "verify"])
+    args = parse(["kv", "--kv-dir", str(tmp_path), "verify"])
     with pytest.raises(BrokenPipeError):
         kv.main(args, out=_ClosedPipe())
 
@@ -242,7 +242,7 @@ def test_odd_file_names_print_on_one_line_through_a_strict_utf8_stdout(tmp_path)
     (tmp_path / "line\nbreak.kv").write_bytes(b"z")
     raw = io.BytesIO()
     out = io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline="\n")
-    code = kv.main(build_parser().parse_args(["kv", "--kv-dir", str(tmp_path), "verify"]), out=out)
+    code = kv.main(parse(["kv", "--kv-dir", str(tmp_path), "verify"]), out=out)
     out.flush()
     lines = raw.getvalue().decode().splitlines()
     n = 2 + undecodable
