@@ -13,7 +13,7 @@ from ds4agent.sessions import errors as E
 from ds4agent.sessions.kvc import KVCHeader, text_sha1, write_kvc
 from ds4agent.sessions.payload import FLASH_SHAPE
 from ds4agent.sessions.store import SessionStore
-from tests.sessions.helpers import TINY, random_state, s_layout, session_text
+from tests.sessions.helpers import TINY, peak_memory, random_state, s_layout, session_text
 
 
 @pytest.fixture(autouse=True)
@@ -311,33 +311,22 @@ def sparse_session(directory, text_bytes, *, title=b"huge text", head=b""):
     return path
 
 
-def _peak(fn):
-    import tracemalloc
-
-    tracemalloc.start()
-    try:
-        result = fn()
-        return result, tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-
-
 def test_a_4_gib_text_claim_is_listed_shown_verified_and_removed_without_reading_it(tmp_path):
     """A header claiming a 4 GiB text (a sparse file) costs a listing nothing."""
     path = sparse_session(tmp_path, 0xFFFFFFFF, head=b"<\xef\xbd\x9cUser\xef\xbd\x9c>first words")
     assert path.stat().st_blocks * 512 < 1 << 20  # really sparse
     limit = 32 << 20
-    (code, out), peak = _peak(lambda: run(tmp_path, "ls"))
+    (code, out), peak = peak_memory(lambda: run(tmp_path, "ls"))
     assert code == 0 and peak < limit and out.splitlines()[1].endswith("huge text")
-    (code, out), peak = _peak(lambda: run(tmp_path, "show", path.name[:8]))
+    (code, out), peak = peak_memory(lambda: run(tmp_path, "show", path.name[:8]))
     assert code == 0 and peak < limit
     assert "text:           4294967295 bytes" in out and "status:         ok" in out
     assert "first words\\x00" in out and f"\\x00 ... ({0xFFFFFFFF - 400} more bytes)" in out
-    (code, out), peak = _peak(lambda: run(tmp_path, "verify"))
+    (code, out), peak = peak_memory(lambda: run(tmp_path, "verify"))
     assert code == 0 and peak < limit and out.endswith("1 file(s) checked, 0 invalid\n")
-    listed, peak = _peak(lambda: SessionStore(tmp_path).list_sessions())
+    listed, peak = peak_memory(lambda: SessionStore(tmp_path).list_sessions())
     assert [s.title for s in listed] == [b"huge text"] and peak < limit
-    (code, out), peak = _peak(lambda: run(tmp_path, "rm", path.name[:8]))
+    (code, out), peak = peak_memory(lambda: run(tmp_path, "rm", path.name[:8]))
     assert code == 0 and peak < limit and out.startswith(f"deleted session {path.name[:8]} (7 tokens) huge text")
     assert not path.exists()
 
@@ -345,10 +334,10 @@ def test_a_4_gib_text_claim_is_listed_shown_verified_and_removed_without_reading
 def test_a_long_legacy_text_is_verified_by_hashing_it_in_pieces(tmp_path):
     """A legacy name is the SHA-1 of the whole text: verify hashes it without holding it."""
     path = sparse_session(tmp_path, 64 << 20, title=None, head=b"<\xef\xbd\x9cUser\xef\xbd\x9c>legacy words")
-    (code, out), peak = _peak(lambda: run(tmp_path, "verify"))
+    (code, out), peak = peak_memory(lambda: run(tmp_path, "verify"))
     assert code == 0 and f"ok       {path.name}  agent-session, 7 tokens" in out
     assert peak < 16 << 20
-    (code, out), peak = _peak(lambda: run(tmp_path, "ls"))
+    (code, out), peak = peak_memory(lambda: run(tmp_path, "ls"))
     assert code == 0 and "  legacy words" in out.splitlines()[1] and peak < 16 << 20
 
 
