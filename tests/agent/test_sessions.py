@@ -223,20 +223,10 @@ def test_sysprompt_cache_is_rebuilt_for_another_quant_or_context(tmp_path, tools
 def test_legacy_file_is_resaved_under_a_title_identity_and_deleted(tmp_path, tools, monkeypatch):
     """kvc-format.md §12.5: a file without a title trailer (name = SHA1(text)) loads with a derived
     title and its header's created_at, and the next save replaces it by `<SHA1(title||created_at)>.kv`."""
-    from ds4agent.sessions.kvc import REASON_SESSION, KVCHeader, session_identity, text_sha1, write_kvc
+    from ds4agent.sessions.kvc import session_identity
+    from tests.support.untitled_session import untitled_session
 
-    # Untitled files come from builds that gave no date line: this session's first turn has none.
-    monkeypatch.setattr("ds4agent.protocol.template.session_date_line", lambda now: "")
-    h = AgentHarness.build(tmp_path, [reply("A1", think="t"), reply("A2", think="t")], tools=tools)
-    h.turn("legacy question")
-    eng, payload = h.worker.engine, h.worker.session.export_state()
-    text = TOK.decode_bytes(h.ids)
-    legacy = tmp_path / "kv" / f"{text_sha1(text)}.kv"
-    write_kvc(legacy, KVCHeader(quant_bits=eng.quant_bits, reason=REASON_SESSION, ext_flags=0, model_id=0,
-                                tokens=len(h.ids), hits=0, ctx_size=eng.ctx, created_at=1_700_000_000,
-                                last_used=1_700_000_000, payload_bytes=0),
-              text, payload, eng.payload_shape())
-    h.worker.identity.dirty = False
+    h, legacy = untitled_session(tmp_path, tools, monkeypatch, "legacy question")
     loaded = of(h.command(lambda: h.agent.load(legacy.stem[:10])), ev.SessionLoaded)[0]
     assert loaded.title == "legacy question" and loaded.prefilled == 0
     h.turn("more")
