@@ -62,12 +62,20 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
-class ProjectFile:
-    """The project's `.mcp.json`: where it is, its hash (the approval's key) and its servers."""
+class ApprovableFile:
+    """A project file that makes the agent run commands (`.mcp.json`, the hooks file), as read:
+    where it is, the project root it belongs to, and its SHA-256, by which Approvals remembers
+    the user's answer (an edited file is asked about again)."""
 
     path: Path
     root: Path
     sha256: str
+
+
+@dataclass(frozen=True)
+class ProjectFile(ApprovableFile):
+    """The project's `.mcp.json` and its servers."""
+
     servers: tuple[ServerConfig, ...]
 
 
@@ -240,7 +248,7 @@ class Approvals:
         projects = doc.get("projects") if isinstance(doc, dict) else None
         return projects if isinstance(projects, dict) else {}
 
-    def answer(self, project: ProjectFile) -> bool | None:
+    def answer(self, project: ApprovableFile) -> bool | None:
         """True approved, False refused for good, None never asked (or asked about another file)."""
         entry = self._load().get(str(project.root))
         if not isinstance(entry, dict) or entry.get("sha256") != project.sha256:
@@ -248,7 +256,7 @@ class Approvals:
         approved = entry.get("approved")
         return approved if isinstance(approved, bool) else None
 
-    def remember(self, project: ProjectFile, approved: bool) -> None:
+    def remember(self, project: ApprovableFile, approved: bool) -> None:
         try:
             projects = self._load()
         except McpConfigError:
