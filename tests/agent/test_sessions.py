@@ -109,14 +109,7 @@ def test_load_of_an_unknown_prefix_fails_before_the_save_question(tmp_path, tool
 
 def test_save_while_busy_is_deferred_to_turn_end(tmp_path, tools):
     h = AgentHarness.build(tmp_path, [reply("some words here", think="t")], tools=tools)
-    done = []
-
-    def hook(session, pos):
-        if pos == 2 and not done:
-            done.append(1)
-            h.agent.save()
-
-    h.engine.on_step = hook
+    h.at_step(2, h.agent.save)
     evs = h.turn("q")
     names = [type(e).__name__ for e in evs if isinstance(e, (ev.Notice, ev.TurnEnded, ev.SessionSaved))]
     assert names.index("TurnEnded") < names.index("SessionSaved")
