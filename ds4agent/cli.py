@@ -25,6 +25,7 @@ from ds4agent.models.locate import DEFAULT_MODEL_FILE
 
 if TYPE_CHECKING:
     from ds4agent.agent.settings import AgentRun
+    from ds4agent.commands.settings import CommandSettings
 
 # subcommand -> its module in ds4agent/commands/; its main(settings) takes the command's settings
 # (command_settings) and returns the exit code.
@@ -411,7 +412,7 @@ def agent_run(args: argparse.Namespace) -> AgentRun:
     )
 
 
-def command_settings(args: argparse.Namespace) -> object:
+def command_settings(args: argparse.Namespace) -> CommandSettings:
     """A subcommand's settings (commands/settings.py) from the parsed command line. A flag that
     only some actions take (kv's, mcp's) is absent from the namespace of the others."""
     from ds4agent.commands import settings as cs
@@ -445,7 +446,7 @@ def command_settings(args: argparse.Namespace) -> object:
     raise UsageError(f"unknown command: {name}")
 
 
-def settings_from(args: argparse.Namespace) -> object:
+def settings_from(args: argparse.Namespace) -> AgentRun | CommandSettings:
     """What the parsed command line asks for, typed: the subcommand's settings, else the agent's
     run (its flags checked first). UsageError for what argparse cannot check."""
     if args.command is not None:
@@ -454,12 +455,12 @@ def settings_from(args: argparse.Namespace) -> object:
     return agent_run(args)
 
 
-def parse(argv: Sequence[str] | None = None) -> object:
+def parse(argv: Sequence[str] | None = None) -> AgentRun | CommandSettings:
     """settings_from for a list of words (the tests' way in; main() runs the same steps)."""
     return settings_from(build_parser().parse_args(argv))
 
 
-def _call(module: str, settings: object) -> int:
+def _call(module: str, settings: AgentRun | CommandSettings) -> int:
     return int(importlib.import_module(module).main(settings) or 0)
 
 

@@ -84,3 +84,8 @@ class PullSettings:
 class McpSettings:
     action: str  # list
     timeout: float  # seconds to wait for each server to start
+
+
+# What cli.command_settings builds: one of the records above.
+CommandSettings = (TokensSettings | DumpLogitsSettings | MakeTestModelSettings | KvSettings | InfoSettings
+                   | ConvertSettings | VerifySettings | PullSettings | McpSettings)
