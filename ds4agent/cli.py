@@ -1,7 +1,9 @@
 """Command line: one parser for the agent (TUI, plain, headless) and the subcommands.
 
-The parser, and a table: subcommand name -> the module of ds4agent/commands/ whose `main(args)`
-runs it and returns the exit code. Each is imported only when run, so `ds4agent --help` and the
+The parser; the typed settings built from what it parsed, here and nowhere else (the agent's
+AgentRun, each subcommand's record of commands/settings.py), so that nothing past this module
+reads the argparse namespace; and a table: subcommand name -> the module of ds4agent/commands/
+whose `main(settings)` runs it and returns the exit code. Each is imported only when run, so `ds4agent --help` and the
 subcommands that need no model start fast and never import MLX or Textual when they do not need
 them.
 """
@@ -13,15 +15,20 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ds4agent.models.catalog import FLAVOURS
 from ds4agent.models.errors import ModelError
 from ds4agent.models.fit import DEFAULT_CTX
 from ds4agent.models.locate import DEFAULT_MODEL_FILE
 
-# subcommand -> its module in ds4agent/commands/; its main(args) takes the parsed namespace and
-# returns the exit code.
+if TYPE_CHECKING:
+    from ds4agent.agent.settings import AgentRun
+    from ds4agent.commands.settings import CommandSettings
+
+# subcommand -> its module in ds4agent/commands/; its main(settings) takes the command's settings
+# (command_settings) and returns the exit code.
 SUBCOMMANDS: dict[str, str] = {
     "tokens": "ds4agent.commands.tokens",
     "dump-logits": "ds4agent.commands.dump_logits",
@@ -68,9 +75,8 @@ def check_agent_flags(args: argparse.Namespace) -> None:
         problems.append("-p needs a prompt (got an empty one)")
     if args.json_events and args.prompt is None:
         problems.append("--json needs -p PROMPT (it is the headless event stream)")
-    pipeline = getattr(args, "pipeline", None)
-    if pipeline is not None and pipeline < 1:
-        problems.append(f"--pipeline must be at least 1 process (got {pipeline})")
+    if args.pipeline is not None and args.pipeline < 1:
+        problems.append(f"--pipeline must be at least 1 process (got {args.pipeline})")
     if problems:
         raise UsageError(problems[0])
 
@@ -362,19 +368,108 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
                    help="download even a model this machine does not have the memory to run")
 
 
-def _call(module: str, function: str, args: argparse.Namespace) -> int:
-    return int(getattr(importlib.import_module(module), function)(args) or 0)
+def _split_tuple(split: list[int] | None) -> tuple[int, ...] | None:
+    return tuple(split) if split is not None else None
+
+
+def agent_run(args: argparse.Namespace) -> AgentRun:
+    """The agent's run from the parsed command line (no subcommand): its knobs, model, engine
+    placement and front end. The flags' defaults are the parser's; the values are checked by
+    check_agent_flags."""
+    from ds4agent.agent.settings import AgentRun, AgentSettings, EnginePlacement
+
+    settings = AgentSettings(
+        ctx=args.ctx,
+        round_tokens=args.round_tokens,
+        think_mode=args.think_mode,
+        temperature=args.temp,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        seed=args.seed,
+        permission=args.permission,
+        edit_upto=args.edit_upto,
+        power=args.power,
+        system=args.system,
+        trace=Path(args.trace) if args.trace else None,
+        cwd=Path(os.getcwd()),
+        kv_dir=Path(args.kv_dir).expanduser() if args.kv_dir else None,
+        continue_session=args.continue_session,
+        subagents=not args.no_subagents,
+        resume=args.resume,
+    )
+    return AgentRun(
+        settings=settings,
+        model=args.model,
+        placement=EnginePlacement(device=args.device, ranks=args.pipeline, hosts=args.hosts,
+                                  split=_split_tuple(args.pipeline_split)),
+        demo=args.demo,
+        mcp=not args.no_mcp,
+        plain=args.plain,
+        prompt=args.prompt,
+        json_events=args.json_events,
+        notify=args.notify,
+        notify_after=args.notify_after,
+    )
+
+
+def command_settings(args: argparse.Namespace) -> CommandSettings:
+    """A subcommand's settings (commands/settings.py) from the parsed command line. A flag that
+    only some actions take (kv's, mcp's) is absent from the namespace of the others."""
+    from ds4agent.commands import settings as cs
+
+    settle_model(args)
+    name = args.command
+    if name == "tokens":
+        return cs.TokensSettings(text=args.text, file=args.file, plain_text=args.plain_text)
+    if name == "dump-logits":
+        return cs.DumpLogitsSettings(model=args.model, token_list=args.token_list, prompt_file=args.prompt_file,
+                                     chunk=args.chunk, ctx=args.ctx, out=args.out, ranks=args.pipeline,
+                                     hosts=args.hosts, split=_split_tuple(args.pipeline_split))
+    if name == "make-test-model":
+        return cs.MakeTestModelSettings(out=args.out, config=args.config, experts=args.experts, seed=args.seed)
+    if name == "kv":
+        every = getattr(args, "all", False)
+        return cs.KvSettings(action=args.kv_command, kv_dir=args.kv_dir, target=getattr(args, "target", None),
+                             prefix=getattr(args, "prefix", None),
+                             model_id=None if every else getattr(args, "model_id", None))
+    if name == "info":
+        return cs.InfoSettings(model=args.model, ctx=args.ctx, device=args.device, ranks=args.pipeline,
+                               split=_split_tuple(args.pipeline_split))
+    if name == "convert":
+        return cs.ConvertSettings(source=args.source, out=args.out)
+    if name == "verify":
+        return cs.VerifySettings(model=args.model, vectors=args.vectors, ctx=args.ctx)
+    if name == "pull":
+        return cs.PullSettings(name=args.name, directory=args.dir, token=args.token, yes=args.yes)
+    if name == "mcp":
+        return cs.McpSettings(action=args.mcp_command, timeout=args.timeout)
+    raise UsageError(f"unknown command: {name}")
+
+
+def settings_from(args: argparse.Namespace) -> AgentRun | CommandSettings:
+    """What the parsed command line asks for, typed: the subcommand's settings, else the agent's
+    run (its flags checked first). UsageError for what argparse cannot check."""
+    if args.command is not None:
+        return command_settings(args)
+    check_agent_flags(args)
+    return agent_run(args)
+
+
+def parse(argv: Sequence[str] | None = None) -> AgentRun | CommandSettings:
+    """settings_from for a list of words (the tests' way in; main() runs the same steps)."""
+    return settings_from(build_parser().parse_args(argv))
+
+
+def _call(module: str, settings: AgentRun | CommandSettings) -> int:
+    return int(importlib.import_module(module).main(settings) or 0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.command is not None:
-            settle_model(args)
-            return _call(SUBCOMMANDS[args.command], "main", args)
-        check_agent_flags(args)
-        return _call("ds4agent.commands.agent", "main", args)
+        settings = settings_from(args)
+        return _call(SUBCOMMANDS[args.command] if args.command is not None else "ds4agent.commands.agent", settings)
     except (UsageError, ModelError) as err:
         print(f"ds4agent: {err}", file=sys.stderr)
         return 2

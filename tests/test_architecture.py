@@ -18,8 +18,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "ds4agent"
 # floor every room may use. The table is architecture.md's "Arrows" drawing, written out.
 ALLOWED: dict[str, set[str]] = {
     # The command line's top: the subcommands (the agent itself is commands/agent.py); its parser
-    # reads the model catalog for `pull`'s choices and the slash-command table for --help.
-    "cli": {"commands", "ui", "models"},
+    # reads the model catalog for `pull`'s choices and the slash-command table for --help, and
+    # what it parsed becomes the agent's typed run (agent.settings).
+    "cli": {"commands", "ui", "models", "agent.settings"},
     "commands": {"ui", "agent", "tools", "engine", "sessions", "models", "protocol", "testmodels"},
     "ui": {"agent"},
     "agent": {"tools", "sessions", "protocol", "models", "engine"},

@@ -40,11 +40,10 @@ def test_reference_short_flags_and_defaults():
 
 
 def test_power_flag_reaches_the_agent_settings():
-    from ds4agent.agent.settings import AgentSettings
-    from ds4agent.cli import build_parser
+    from ds4agent.cli import parse
 
-    assert AgentSettings.from_args(build_parser().parse_args(["--power", "35"])).power == 35
-    assert AgentSettings.from_args(build_parser().parse_args([])).power == 100
+    assert parse(["--power", "35"]).settings.power == 35
+    assert parse([]).settings.power == 100
 
 
 def test_process_entry_flushes_output_before_its_hard_exit(tmp_path):

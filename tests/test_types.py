@@ -1,6 +1,6 @@
 """The type check is part of the test command: mypy, as configured in pyproject.toml (the agent
-room, the front ends, the tools' and the engine's public API, and the worker boundary with no Any),
-must pass."""
+room, the front ends, the engine room, the tools' public API, the command line and its typed
+settings, and the worker boundary with no Any), must pass."""
 
 import subprocess
 import sys

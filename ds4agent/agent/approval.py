@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.port import WorkerPort
-from ds4agent.tools.mcp import Approvals, ProjectFile
+from ds4agent.tools.mcp import ApprovableFile, Approvals
 from ds4agent.tools.mcp.config import McpConfigError
 
 
-def approve_by_content(worker: WorkerPort, approvals: Approvals, project: ProjectFile, *, kind: str,
+def approve_by_content(worker: WorkerPort, approvals: Approvals, project: ApprovableFile, *, kind: str,
                        label: str, question: str, declined: str) -> bool:
     """The user's answer for this exact file: remembered yes / never, else asked (y, n, d).
     kind: the question's kind (and id prefix); label: how notices name the thing ("MCP", "hook");

@@ -1,6 +1,6 @@
 """Agent: the facade every UI drives. Commands in (plain method calls, any thread), events out.
 
-    agent = Agent(engine, store, tools, settings)   # or Agent.from_args(args) for the CLI
+    agent = Agent(engine, store, tools, settings)   # or Agent.from_run(run) for the CLI
     agent.start()                                    # worker thread: loads the model, system prefix
     agent.submit("fix the failing test")             # queued when busy (prompt-and-dsml.md §9.1)
     for ev in agent.poll_events(): ...               # never blocks; or agent.events.get(timeout=...)
@@ -19,7 +19,6 @@ does. The front ends read the same rule to refuse a command before calling (ui/c
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import queue
 import threading
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from ds4agent.agent import events as ev
 from ds4agent.agent import ops
-from ds4agent.agent.settings import PERMISSION_MODES, AgentSettings, think_mode_named
+from ds4agent.agent.settings import PERMISSION_MODES, AgentRun, AgentSettings, think_mode_named
 from ds4agent.engine import FULL_POWER, EngineLost
 
 if TYPE_CHECKING:  # the worker (and with it the engine and the tools) is imported when an Agent is built
@@ -134,14 +133,14 @@ class Agent:
     # ------------------------------------------------------------------ construction from the CLI
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> Agent:
-        """The agent the CLI runs: model from args.model_path (loaded on the worker thread),
+    def from_run(cls, run: AgentRun) -> Agent:
+        """The agent the CLI runs: model from run.model_path (loaded on the worker thread),
         store from --kv-dir, default tools, the MCP servers of the user's and the project's
         configuration, settings from the other flags."""
-        from ds4agent.agent.wiring import build_from_args
+        from ds4agent.agent.wiring import build_from_run
 
         try:
-            engine_loader, store, tools, settings, mcp = build_from_args(args)
+            engine_loader, store, tools, settings, mcp = build_from_run(run)
         except Exception as err:  # e.g. the KV directory cannot be created
             # Never a traceback in the UI thread: the worker reports it as a fatal Error event.
             failure = err
@@ -149,7 +148,7 @@ class Agent:
             def engine_loader(progress: Callable[[float], None]) -> Engine:
                 raise failure
 
-            return cls(engine_loader, None, [], AgentSettings.from_args(args))
+            return cls(engine_loader, None, [], run.fresh_settings())
         return cls(engine_loader, store, tools, settings, mcp=mcp)
 
     # ------------------------------------------------------------------ lifecycle

@@ -31,7 +31,7 @@ from ds4agent.agent.approval import approve_by_content
 from ds4agent.agent.port import WorkerPort
 from ds4agent.tools import Observation
 from ds4agent.tools.hooks import HookConfig, HookFile, HookRun, load_hooks, run_hook
-from ds4agent.tools.mcp import Approvals, ProjectFile
+from ds4agent.tools.mcp import Approvals
 from ds4agent.tools.mcp.config import project_root
 
 APPROVALS_FILE = "hooks-approvals.json"
@@ -140,7 +140,7 @@ def _approve(worker: WorkerPort, config_dir: Path, project: HookFile) -> bool:
     """The user's answer for this exact file (asked once, remembered by its SHA-256)."""
     listed = "; ".join(f"{h.event}: {h.command}" for h in project.hooks)
     return approve_by_content(
-        worker, Approvals(config_dir, APPROVALS_FILE), ProjectFile(project.path, project.root, project.sha256, ()),
+        worker, Approvals(config_dir, APPROVALS_FILE), project,
         kind="hooks", label="hook",
         question=f"This project's {project.path} runs commands as hooks ({listed}). Use them?",
         declined=f"the hooks of {project.path} are not used")

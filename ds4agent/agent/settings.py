@@ -1,12 +1,10 @@
-"""AgentSettings: the knobs the command line gives the agent (shared by TUI, plain and headless)."""
+"""AgentSettings: the knobs the command line gives the agent (shared by TUI, plain and headless);
+AgentRun: one run of the agent as the command line asks for it (ds4agent/cli.py builds it)."""
 
 from __future__ import annotations
 
-import argparse
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from ds4agent.models.fit import DEFAULT_CTX
 
@@ -76,34 +74,42 @@ class AgentSettings:
         """The requested mode as its level (0 nothink, 1 think, 2 think-max)."""
         return THINK_LEVELS.index(self.think_mode)
 
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> AgentSettings:
-        """Build from the CLI namespace (ds4agent/cli.py); missing attributes keep defaults."""
-        def get(name: str, default: Any) -> Any:  # argparse values are untyped by nature
-            value = getattr(args, name, None)
-            return default if value is None else value
 
-        trace = get("trace", None)
-        kv_dir = get("kv_dir", None)
-        return cls(
-            ctx=int(get("ctx", DEFAULT_CTX)),
-            round_tokens=int(get("round_tokens", 50_000)),
-            think_mode=get("think_mode", "think"),
-            temperature=float(get("temp", 1.0)),
-            top_p=float(get("top_p", 1.0)),
-            min_p=float(get("min_p", 0.05)),
-            seed=getattr(args, "seed", None),
-            permission=get("permission", "ask"),
-            edit_upto=bool(getattr(args, "edit_upto", False)),
-            power=int(get("power", 100)),
-            system=getattr(args, "system", None),
-            trace=Path(trace) if trace else None,
-            cwd=Path(os.getcwd()),
-            kv_dir=Path(kv_dir).expanduser() if kv_dir else None,
-            continue_session=bool(getattr(args, "continue_session", False)),
-            subagents=not getattr(args, "no_subagents", False),
-            resume=getattr(args, "resume", None),
-        )
+@dataclass(frozen=True)
+class EnginePlacement:
+    """Where the engine computes: --device (None: the GPU when there is one), and a pipeline over
+    `ranks` local processes (--pipeline) or the machines of a hosts file (--hosts), split at the
+    first layers of ranks 1.. (--pipeline-split; None: balanced by weight bytes)."""
+
+    device: str | None = None
+    ranks: int | None = None
+    hosts: str | None = None
+    split: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class AgentRun:
+    """One run of the agent as the command line asks for it, built once by ds4agent/cli.py and
+    passed on as it is: the agent's knobs, the model and where the engine computes, and the front
+    end with its signals. `settings` is the starting point; each Agent built from the run gets its
+    own copy (fresh_settings), since an agent's knobs change while it runs (/think, /power)."""
+
+    settings: AgentSettings = field(default_factory=AgentSettings)
+    model: str | None = None  # --model as given (None: $DS4AGENT_MODEL, a resumed session's, the lookup)
+    # The model file the run loads, resolved once by commands/agent.py (None: the demo, no model).
+    model_path: Path | None = None
+    placement: EnginePlacement = EnginePlacement()
+    demo: bool = False  # --demo: the scripted tour, no model
+    mcp: bool = True  # --no-mcp: start none of the configured MCP servers
+    plain: bool = False  # --plain: the line-mode front end
+    prompt: str | None = None  # -p TEXT: one task, headless
+    json_events: bool = False  # --json: with -p, every event as a JSON line
+    notify: str | None = None  # --notify (None: notify.json's, else auto)
+    notify_after: float | None = None  # --notify-after SECONDS (None: notify.json's, else 30)
+
+    def fresh_settings(self) -> AgentSettings:
+        """A copy of the run's settings for one agent to change as it runs."""
+        return replace(self.settings)
 
 
 def think_mode_named(word: str) -> str:

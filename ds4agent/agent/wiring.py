@@ -6,12 +6,11 @@ explicit parts without touching the real model or the user's directories.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ds4agent.agent.settings import AgentSettings
+from ds4agent.agent.settings import AgentRun, AgentSettings
 
 if TYPE_CHECKING:
     from ds4agent.engine import Engine
@@ -43,15 +42,17 @@ def open_store(kv_dir: Path | None) -> SessionStore:
     return SessionStore(default_kv_dir(kv_dir))
 
 
-def build_from_args(
-    args: argparse.Namespace,
+def build_from_run(
+    run: AgentRun,
 ) -> tuple[Callable[[Callable[[float], None]], Engine], SessionStore, list[Tool], AgentSettings, McpConfig | None]:
-    if getattr(args, "demo", False):
-        return build_demo(args)
-    settings = AgentSettings.from_args(args)
+    if run.demo:
+        return build_demo(run)
+    settings = run.fresh_settings()
     # Resolved once, by commands/agent.py (models.locate.resolve_model_path: the flag, the
     # environment, the model directory, ./ds4flash.gguf); no second fallback here.
-    model_path = Path(args.model_path)
+    if run.model_path is None:
+        raise ValueError("no model: the command line resolves one before the agent is built")
+    model_path = Path(run.model_path)
     from ds4agent.models.fingerprint import fingerprint
 
     settings.model_path = str(model_path.expanduser().resolve())
@@ -61,16 +62,15 @@ def build_from_args(
     from ds4agent.tools.mcp import load_config
 
     # --no-mcp: none of the configured MCP servers (a diagnostic switch, like --no-sysprompt-cache).
-    mcp = None if getattr(args, "no_mcp", False) else load_config(settings.cwd)
-
-    pipeline = {k: v for k, v in (("ranks", getattr(args, "pipeline", None)), ("hosts", getattr(args, "hosts", None)),
-                                  ("split", getattr(args, "pipeline_split", None))) if v is not None}
-    return (engine_loader(model_path, settings.ctx, getattr(args, "device", None), **pipeline), store,
-            default_tools(settings.edit_upto), settings, mcp)
+    mcp = load_config(settings.cwd) if run.mcp else None
+    where = run.placement
+    split = list(where.split) if where.split is not None else None
+    return (engine_loader(model_path, settings.ctx, where.device, ranks=where.ranks, hosts=where.hosts, split=split),
+            store, default_tools(settings.edit_upto), settings, mcp)
 
 
 def build_demo(
-    args: argparse.Namespace,
+    run: AgentRun,
 ) -> tuple[Callable[[Callable[[float], None]], Engine], SessionStore, list[Tool], AgentSettings, McpConfig | None]:
     """`--demo`: the scripted tour engine (demo.py) in the demo's own directory; the other flags
     (permission mode, think mode, plain, -p) apply as usual. The caller has made the demo project
@@ -82,7 +82,7 @@ def build_demo(
     from ds4agent.tools.mcp import load_config
 
     place = demo.default_place()
-    settings = AgentSettings.from_args(args)
+    settings = run.fresh_settings()
     settings.cwd = place.project
     settings.kv_dir = place.kv_dir
     settings.journal_dir = place.state_dir / "journal"

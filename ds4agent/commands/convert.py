@@ -6,17 +6,17 @@ result line to stdout.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from ds4agent.engine.convert import convert
 
 from .boundary import run_file_command
+from .settings import ConvertSettings
 
 
-def main(args: argparse.Namespace) -> int:
+def main(settings: ConvertSettings) -> int:
     def action() -> str:
-        out = convert(args.source, args.out, progress=lambda m: print(f"converting {m}", file=sys.stderr))
+        out = convert(settings.source, settings.out, progress=lambda m: print(f"converting {m}", file=sys.stderr))
         return f"wrote {out}"
 
-    return run_file_command(action, failure=f"cannot convert into {args.out}")
+    return run_file_command(action, failure=f"cannot convert into {settings.out}")

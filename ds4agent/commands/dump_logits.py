@@ -14,12 +14,12 @@ The .npy is written atomically (ds4agent.fsutil: temp beside the target, fsync, 
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
 import numpy as np
 
+from ds4agent.commands.settings import DumpLogitsSettings
 from ds4agent.engine.errors import EngineError
 from ds4agent.fsutil import atomic_file
 
@@ -88,7 +88,7 @@ def save_npy_atomic(path: str | os.PathLike[str], array: np.ndarray) -> None:
         np.save(fh, array)
 
 
-def main(args: argparse.Namespace) -> int:
+def main(settings: DumpLogitsSettings) -> int:
     from ds4agent.models.errors import ModelError
     from ds4agent.models.locate import resolve_model_path
 
@@ -96,16 +96,17 @@ def main(args: argparse.Namespace) -> int:
         # Whether the model fits this machine is load_engine's first check (memory.check_fits),
         # made from the tensor directory before any weight is read.
         try:
-            model = resolve_model_path(args.model)
+            model = resolve_model_path(settings.model)
         except ModelError as err:
             raise DumpError(str(err)) from None
-        if args.token_list is not None:
-            tokens = parse_token_list(args.token_list)
+        if settings.token_list is not None:
+            tokens = parse_token_list(settings.token_list)
         else:
-            tokens = prompt_file_tokens(args.prompt_file)
-        logits = dump_logits(model, tokens, chunk=args.chunk, ctx=args.ctx, ranks=args.pipeline,
-                             hosts=args.hosts, split=args.pipeline_split)
-        save_npy_atomic(args.out, logits.astype(np.float32, copy=False))
-        return f"wrote {args.out}: float32 {logits.shape[0]} x {logits.shape[1]}"
+            tokens = prompt_file_tokens(settings.prompt_file)
+        split = list(settings.split) if settings.split is not None else None
+        logits = dump_logits(model, tokens, chunk=settings.chunk, ctx=settings.ctx, ranks=settings.ranks,
+                             hosts=settings.hosts, split=split)
+        save_npy_atomic(settings.out, logits.astype(np.float32, copy=False))
+        return f"wrote {settings.out}: float32 {logits.shape[0]} x {logits.shape[1]}"
 
-    return run_file_command(action, failure=f"cannot write {args.out}")
+    return run_file_command(action, failure=f"cannot write {settings.out}")

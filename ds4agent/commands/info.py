@@ -8,9 +8,10 @@ describe.
 
 from __future__ import annotations
 
-import argparse
 import sys
+from pathlib import Path
 
+from ds4agent.commands.settings import InfoSettings
 from ds4agent.engine.device import Device, choose_device
 from ds4agent.engine.errors import EngineError
 from ds4agent.engine.experts.base import planned_experts
@@ -111,20 +112,21 @@ def _experts_line(mapped: int, info: ModelInfo, routed: str) -> str:
     return f"            routed experts {binary_size(mapped)} memory-mapped (paged in as experts are used)"
 
 
-def main(args: argparse.Namespace) -> int:
+def main(settings: InfoSettings) -> int:
     """`ds4agent info [--model] MODEL [--ctx N] [--pipeline N [--pipeline-split L,..]]` (no model:
     the usual lookup, $DS4AGENT_MODEL first)."""
     from ds4agent.models.locate import resolve_model_path
 
-    args.model_path = resolve_model_path(args.model)  # ModelError: cli.py prints it, exit 2
+    model_path = resolve_model_path(settings.model)  # ModelError: cli.py prints it, exit 2
     try:
-        info = model_info(args.model_path, ctx=args.ctx)
-        device = choose_device(getattr(args, "device", None))
+        info = model_info(model_path, ctx=settings.ctx)
+        device = choose_device(settings.device)
         text = format_info(info, device)
         # Whether bash commands run in an OS sandbox here (the agent says it at start too).
         text += f"\nsandbox     {availability().detail}"
-        if getattr(args, "pipeline", None) is not None:
-            text += "\n\n" + _pipeline_text(args, info)
+        if settings.ranks is not None:
+            split = list(settings.split) if settings.split is not None else None
+            text += "\n\n" + _pipeline_text(model_path, settings.ranks, split, info)
     except EngineError as err:
         print(f"ds4agent: {err}", file=sys.stderr)
         return 2
@@ -132,8 +134,8 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pipeline_text(args: argparse.Namespace, info: ModelInfo) -> str:
-    ranges = plan_ranges(args.model_path, args.pipeline, getattr(args, "pipeline_split", None))
-    with GGUFFile.open(args.model_path) as gf:
+def _pipeline_text(model_path: Path, ranks: int, split: list[int] | None, info: ModelInfo) -> str:
+    ranges = plan_ranges(model_path, ranks, split)
+    with GGUFFile.open(model_path) as gf:
         plans = rank_plans(gf.tensors.values(), info.config, info.ctx, ranges)
     return format_rank_plans(ranges, plans, info.ctx)

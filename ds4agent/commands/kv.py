@@ -6,7 +6,6 @@ one line on stderr and exit status 1; `verify` exits 1 when any file is invalid.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ds4agent.agent.events import format_age
+from ds4agent.commands.settings import KvSettings
 from ds4agent.sessions.entries import UnreadableSession, default_kv_dir
 from ds4agent.sessions.errors import KVCError, KVCStoreError
 from ds4agent.sessions.kvc import (
@@ -348,14 +348,14 @@ def cmd_rm(store: SessionStore, prefix: str, out: TextIO) -> int:
     return 0
 
 
-def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
+def main(settings: KvSettings, out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    directory = default_kv_dir(getattr(args, "kv_dir", None))
+    directory = default_kv_dir(settings.kv_dir)
     try:
         store = SessionStore(directory, create=False)
-        action = args.kv_command
+        action = settings.action
         if action == "show":  # `kv show FILE` needs no KV directory
-            return cmd_show(store, args.target, out)
+            return cmd_show(store, settings.target or "", out)
         if not directory.is_dir():
             if action in ("ls", "verify") and not directory.exists():
                 # A fresh install: the directory appears at the first start of the agent.
@@ -363,12 +363,11 @@ def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 return 0
             raise KVCError(f"no KV directory at {directory}")
         if action == "ls":
-            wanted = None if getattr(args, "all", False) else getattr(args, "model_id", None)
-            return cmd_ls(store, out, wanted)
+            return cmd_ls(store, out, settings.model_id)
         if action == "verify":
             return cmd_verify(store, out)
         if action == "rm":
-            return cmd_rm(store, args.prefix, out)
+            return cmd_rm(store, settings.prefix or "", out)
         raise KVCError(f"unknown kv action: {action}")
     except KVCError as err:
         print(f"ds4agent kv: {_name(err.with_path())}", file=sys.stderr)

@@ -9,11 +9,11 @@ Exit status 1 when a configuration entry is invalid or a server fails to start, 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import TextIO
 
+from ds4agent.commands.settings import McpSettings
 from ds4agent.tools.mcp import (
     Approvals,
     McpConfig,
@@ -90,5 +90,5 @@ def list_servers(cwd: Path, config_dir: Path | None, timeout: float, out: TextIO
     return status
 
 
-def main(args: argparse.Namespace) -> int:
-    return list_servers(Path.cwd(), None, float(getattr(args, "timeout", 30.0)), sys.stdout)
+def main(settings: McpSettings) -> int:
+    return list_servers(Path.cwd(), None, settings.timeout, sys.stdout)

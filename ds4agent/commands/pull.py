@@ -7,12 +7,13 @@ Without NAME: the list of flavours, their sizes and RAM advice, and what is alre
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 from ds4agent.models.errors import PullError
 from ds4agent.models.pull import ProgressBar, listing, pull
+
+from .settings import PullSettings
 
 
 def _note(line: str) -> None:
@@ -37,13 +38,13 @@ def _confirm(problem: str, yes: bool) -> bool:
     return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
-def main(args: argparse.Namespace) -> int:
-    if not args.name:
-        print(listing(args.dir))
+def main(settings: PullSettings) -> int:
+    if not settings.name:
+        print(listing(settings.directory))
         return 0
     try:
-        path = pull(args.name, directory=args.dir, token=args.token, report=_note, progress=_bar,
-                    confirm=lambda problem: _confirm(problem, bool(getattr(args, "yes", False))))
+        path = pull(settings.name, directory=settings.directory, token=settings.token, report=_note, progress=_bar,
+                    confirm=lambda problem: _confirm(problem, settings.yes))
     except PullError as err:
         print(f"ds4agent: {err}", file=sys.stderr)
         return 1

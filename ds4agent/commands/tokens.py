@@ -9,9 +9,10 @@ escaped (`\\n`, `\\t`, `\\\\`, `\\xNN`) so that one token stays on one line.
 from __future__ import annotations
 
 import sys
-from argparse import Namespace
 
 from ds4agent.protocol.tokenizer import Tokenizer, TokenizerError, as_bytes
+
+from .settings import TokensSettings
 
 _ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\"}
 
@@ -32,22 +33,22 @@ def show_bytes(data: bytes) -> str:
     return "".join(out)
 
 
-def main(args: Namespace) -> int:
-    if args.file is not None:
+def main(settings: TokensSettings) -> int:
+    if settings.file is not None:
         try:
-            with open(args.file, "rb") as f:
+            with open(settings.file, "rb") as f:
                 data = f.read()
         except OSError as exc:
-            print(f"ds4agent tokens: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
+            print(f"ds4agent tokens: cannot read {settings.file}: {exc.strerror or exc}", file=sys.stderr)
             return 2
     else:
-        data = as_bytes(args.text)
+        data = as_bytes(settings.text)
     try:
         tok = Tokenizer.load()
     except TokenizerError as exc:
         print(f"ds4agent tokens: {exc}", file=sys.stderr)
         return 2
-    ids = tok.encode_untrusted(data) if args.plain_text else tok.encode_trusted(data)
+    ids = tok.encode_untrusted(data) if settings.plain_text else tok.encode_trusted(data)
     lines = [f"{i}\t{show_bytes(tok.token_bytes(i))}" for i in ids]
     out = sys.stdout
     if lines:

@@ -16,26 +16,28 @@ from ds4agent.agent.verify import ByteIndex, VectorError, check_case, load_vecto
 from ds4agent.engine.errors import EngineError
 from ds4agent.protocol.tokenizer import Tokenizer
 
+from .settings import VerifySettings
+
 
 def _show(data: bytes, width: int = 16) -> str:
     text = repr(data.decode("utf-8", "backslashreplace"))[1:-1]
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def main(args) -> int:
+def main(settings: VerifySettings) -> int:
     from ds4agent.engine import load_engine
     from ds4agent.models.errors import ModelError
     from ds4agent.models.locate import resolve_model_path
 
     try:
-        cases = load_vectors(args.vectors)
-        model = resolve_model_path(args.model)
+        cases = load_vectors(settings.vectors)
+        model = resolve_model_path(settings.model)
     except (VectorError, ModelError) as err:
         print(f"ds4agent: {err}", file=sys.stderr)
         return 2
     tok = Tokenizer.load()
     try:
-        engine = load_engine(model, ctx=args.ctx or required_ctx(tok, cases))
+        engine = load_engine(model, ctx=settings.ctx or required_ctx(tok, cases))
     except EngineError as err:
         print(f"ds4agent: {err}", file=sys.stderr)
         return 2

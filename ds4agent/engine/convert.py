@@ -247,10 +247,11 @@ def _to_mx(dt: str, arr: np.ndarray):
 
 
 def _group_tensors(where: dict[str, SafeTensorsFile]):
-    """The checkpoint's tensor names grouped as the output files are: (top-level names, names per
-    layer, routed experts per (layer, projection) by expert id, names with no canonical name)."""
-    layers: dict[int, list[str]] = {}
-    top: list[str] = []
+    """The checkpoint's tensor names grouped as the output files are: (top-level (official,
+    canonical) names, the same per layer, routed experts per (layer, projection) by expert id,
+    names with no canonical name)."""
+    layers: dict[int, list[tuple[str, str]]] = {}
+    top: list[tuple[str, str]] = []
     experts: dict[tuple[int, str], dict[int, str]] = {}
     skipped: list[str] = []
     for name in where:
@@ -264,9 +265,9 @@ def _group_tensors(where: dict[str, SafeTensorsFile]):
         if canon is None:
             skipped.append(name)
         elif canon.startswith("blk."):
-            layers.setdefault(int(canon.split(".")[1]), []).append(name)
+            layers.setdefault(int(canon.split(".")[1]), []).append((name, canon))
         else:
-            top.append(name)
+            top.append((name, canon))
     for layer, _ in experts:
         layers.setdefault(layer, [])
     return top, layers, experts, skipped
@@ -306,15 +307,16 @@ def _converted_config(src: Path, quant: dict[str, dict], skipped: list[str]) -> 
     src_config = src / "config.json"
     if src_config.exists():
         try:
-            config["source_config"] = json.loads(src_config.read_text())
+            source = json.loads(src_config.read_text())
         except ValueError:
             raise ConvertError(f"{src_config} is not valid JSON") from None
+        config["source_config"] = source
         try:
-            config["metadata"] = hf_metadata(config["source_config"])
+            config["metadata"] = hf_metadata(source)
         except ConvertError as err:  # still a valid conversion; the engine will say why it refuses
             config["metadata_error"] = str(err)
         # test fixtures mark themselves so the engine validates them permissively (as GGUF test models)
-        config["test_model"] = bool(config["source_config"].get("ds4agent_test_model", False))
+        config["test_model"] = bool(source.get("ds4agent_test_model", False))
     else:
         config["metadata_error"] = f"{src_config} is missing"
     return config
@@ -337,7 +339,7 @@ def convert(src, out, *, progress: Callable[[str], None] | None = None) -> Path:
         dt, arr = where[official].get(official)
         scale_name = official[: -len(".weight")] + ".scale" if official.endswith(".weight") else None
         if dt == "F8_E4M3":
-            if scale_name not in where:
+            if scale_name is None or scale_name not in where:
                 raise ConvertError(f"FP8 tensor {official!r} has no {scale_name!r} block scale")
             _, scale = where[scale_name].get(scale_name)
             wq, sc = fp8_block_to_mxfp8(arr, scale)
@@ -357,14 +359,14 @@ def convert(src, out, *, progress: Callable[[str], None] | None = None) -> Path:
                 weight_map[k] = fname
 
         arrays: dict = {}
-        for name in top:
-            put(arrays, name, canonical_name(name))
+        for name, canon in top:
+            put(arrays, name, canon)
         save("model-top.safetensors", arrays)
         for layer in sorted(layers):
             say(f"layer {layer}")
             arrays = {}
-            for name in layers[layer]:
-                put(arrays, name, canonical_name(name))
+            for name, canon in layers[layer]:
+                put(arrays, name, canon)
             for proj in ("w1", "w3", "w2"):
                 by_id = experts.get((layer, proj))
                 if not by_id:
@@ -467,16 +469,19 @@ def _mx_linear_class():
         def __call__(self, x):
             import mlx.core as mx
 
+            assert self.scales is not None  # microscaled codes always come with their scales
             return mx.quantized_matmul(x, self.weight, self.scales, None, transpose=True, group_size=MX_GROUP,
                                        bits=self.bits, mode=self.mode)
 
         def rows(self, start: int, stop: int):
+            assert self.scales is not None  # microscaled codes always come with their scales
             return MxLinear(self.weight[start:stop], self.scales[start:stop], mode=self.mode, bits=self.bits,
                             in_features=self.in_features)
 
         def dense(self):
             import mlx.core as mx
 
+            assert self.scales is not None  # microscaled codes always come with their scales
             return mx.dequantize(self.weight, self.scales, group_size=MX_GROUP, bits=self.bits, mode=self.mode,
                                  dtype=mx.float32)
 
@@ -532,9 +537,12 @@ def load_converted(path, *, progress: Callable[[float], None] | None = None):
     tensors: dict = {}
     for fname in sorted(set(index.values())):
         try:
-            tensors.update(mx.load(str(path / fname)))
+            loaded = mx.load(str(path / fname))
         except Exception as err:  # MLX raises RuntimeError/ValueError for unreadable files
             raise ModelFileError(f"{path / fname}: cannot read ({err})") from None
+        if not isinstance(loaded, dict):  # a .npy named in the index: one array, no tensor names
+            raise ModelFileError(f"{path / fname}: not a safetensors file of named tensors")
+        tensors.update(loaded)
     quant = cfg.get("quantization", {})
     MxLinear = _mx_linear_class()
 

@@ -160,7 +160,7 @@ class LazyStrings(Sequence[str]):
             ]
         return self._decoded
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         return self._all()[i]
 
     def __iter__(self) -> Iterator[str]:
@@ -319,11 +319,14 @@ class GGUFFile:
                 raise ModelFileError(f"{self.path}: tensor {name!r} appears twice")
             self.tensors[name] = TensorInfo(name, ttype, dims, start, nbytes)
 
-    def _read_value(self, cur: _Cursor, vtype: int, key: str) -> Any:
+    def _value_type(self, code: int, what: str) -> ValueType:
         try:
-            vt = ValueType(vtype)
+            return ValueType(code)
         except ValueError:
-            raise ModelFileError(f"{self.path}: metadata {key!r} has unknown value type {vtype}") from None
+            raise ModelFileError(f"{self.path}: {what} {code}") from None
+
+    def _read_value(self, cur: _Cursor, vtype: int, key: str) -> Any:
+        vt = self._value_type(vtype, f"metadata {key!r} has unknown value type")
         self.value_types[key] = vt
         if vt == ValueType.STRING:
             return cur.string(key)
@@ -332,10 +335,7 @@ class GGUFFile:
             return cur.unpack(fmt, size, key)
         etype = cur.u32(f"element type of {key!r}")
         count = cur.u64(f"length of {key!r}")
-        try:
-            et = ValueType(etype)
-        except ValueError:
-            raise ModelFileError(f"{self.path}: array {key!r} has unknown element type {etype}") from None
+        et = self._value_type(etype, f"array {key!r} has unknown element type")
         self.array_types[key] = et
         if et == ValueType.STRING:
             return self._read_string_array(cur, count, key)

@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import mlx.core as mx
 import numpy as np
@@ -41,7 +42,7 @@ class _Fused:
     def __init__(self, f, *, shapeless: bool = False):
         self._f = f
         self._shapeless = shapeless
-        self._fn = None
+        self._fn: Callable[..., Any] | None = None
 
     def __call__(self, *args):
         if self._fn is None:

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ds4agent.tools.mcp.config import project_root
+from ds4agent.tools.mcp.config import ApprovableFile, project_root
 from ds4agent.tools.sandbox import Boundary, availability, wrap
 from ds4agent.tools.sandbox_settings import job_environment
 
@@ -80,12 +80,9 @@ class Hook:
 
 
 @dataclass(frozen=True)
-class HookFile:
-    """One hooks file: where it is, its root, its SHA-256 (the project approval's key), its hooks."""
+class HookFile(ApprovableFile):
+    """One hooks file and its hooks."""
 
-    path: Path
-    root: Path
-    sha256: str
     hooks: tuple[Hook, ...]
 
 

@@ -1,7 +1,7 @@
 """The terminal front ends: display and input only (architecture.md: ui -> agent, never the engine).
 
 Three thin consumers of the same agent events:
-    app.py          the Textual app (main(args) for `ds4agent`); widgets/ and screens/ hold its parts
+    app.py          the Textual app (main(run) for `ds4agent`); widgets/ and screens/ hold its parts
     plain.py        the line interface (`--plain`, or stdout not a terminal), prompt_toolkit
     headless.py     `ds4agent -p PROMPT` (and `--json`): one task, the answer on stdout
 

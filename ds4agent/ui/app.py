@@ -1,6 +1,6 @@
 """The Textual app: header, conversation, input, status bar; agent events in, commands out.
 
-    ds4agent                      -> main(args): Ds4App(agent_factory=lambda: Agent.from_args(args))
+    ds4agent                      -> main(run): Ds4App(agent_factory=lambda: Agent.from_run(run))
     Ds4App(agent=agent)           -> tests inject an agent built on the scripted engine
 
 The first paint never waits for the model: the agent is built on a thread worker and its own worker
@@ -32,6 +32,7 @@ from textual.widget import Widget
 from textual.widgets import TextArea
 
 from ds4agent.agent import events as ev
+from ds4agent.agent.settings import AgentRun
 from ds4agent.ui import bridge, commands, dispatch, fmt
 from ds4agent.ui.history import InputHistory
 from ds4agent.ui.messages import AgentEvents, AgentFailed, AgentReady
@@ -714,24 +715,24 @@ class Ds4App(App):
         agent.quit()
 
 
-def main(args) -> int:
+def main(run: AgentRun) -> int:
     """`ds4agent` with no subcommand: the full-screen app in the current directory."""
     from ds4agent.agent.facade import Agent
     from ds4agent.agent.notify_config import NotifyConfigError
-    from ds4agent.ui.notify import from_args
+    from ds4agent.ui.notify import for_run
 
     try:
-        notifier = from_args(args, os.environ)
+        notifier = for_run(run, os.environ)
     except NotifyConfigError as err:
         print(f"ds4agent: {err}", file=sys.stderr)
         return 2
     app = Ds4App(
-        lambda: Agent.from_args(args),
+        lambda: Agent.from_run(run),
         notifier=notifier,
-        ctx=getattr(args, "ctx", 0) or 0,
-        think_mode=getattr(args, "think_mode", "think") or "think",
-        permission=getattr(args, "permission", "ask") or "ask",
-        open_picker=getattr(args, "resume", None) == "",
+        ctx=run.settings.ctx,
+        think_mode=run.settings.think_mode,
+        permission=run.settings.permission,
+        open_picker=run.settings.resume == "",
     )
     app.run()
     if app.startup_error is not None:

@@ -60,7 +60,8 @@ class ParsedCommand:
     typed: str       # the command as typed, for messages
 
 
-AgentCall = Callable[[CommandAgent, ParsedCommand], object]  # what it returns is not used
+# What a command asks of the agent; what the call returns is not read (the agent answers with events).
+AgentCall = Callable[[CommandAgent, ParsedCommand], object]
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.permissions_glue import refused_as_read_only
+from ds4agent.agent.settings import AgentRun
 from ds4agent.ui import dispatch, toolview
 from ds4agent.ui.fmt import terminal_safe
 
@@ -304,14 +305,17 @@ def _save(agent: Any, err: TextIO, timeout: float = 600.0) -> bool:
             return False
 
 
-def main(args: Any) -> int:
-    """Entry point from ds4agent/cli.py (args.model_path is resolved; flags as cli.py defines)."""
+def main(agent_run: AgentRun) -> int:
+    """Entry point from ds4agent/cli.py (agent_run.model_path is resolved; agent_run.prompt is the task)."""
     from ds4agent.agent.facade import Agent
-    from ds4agent.agent.wiring import build_from_args
+    from ds4agent.agent.wiring import build_from_run
 
     err = sys.stderr
+    prompt = agent_run.prompt
+    if prompt is None:
+        raise ValueError("headless needs the run's prompt (-p)")
     try:
-        loader, store, tools, settings, mcp = build_from_args(args)
+        loader, store, tools, settings, mcp = build_from_run(agent_run)
     except Exception as exc:  # e.g. the KV directory cannot be created
         err.write(f"ds4agent: {exc}\n")
         return EXIT_FAIL
@@ -338,5 +342,5 @@ def main(args: Any) -> int:
             settings.permission = "read-only"
             read_only_fallback = True
     agent = Agent(loader, store, tools, settings, mcp=mcp)
-    return run(agent, args.prompt, out=sys.stdout, err=err, json_mode=bool(getattr(args, "json_events", False)),
+    return run(agent, prompt, out=sys.stdout, err=err, json_mode=agent_run.json_events,
                ask=ask, save=bool(settings.resume), read_only_fallback=read_only_fallback)

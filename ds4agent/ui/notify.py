@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.notify_config import NotifyConfig
+from ds4agent.agent.settings import AgentRun
 
 TITLE = "ds4agent"
 BEL = "\a"
@@ -63,9 +64,9 @@ class Notifier:
         return ""
 
 
-def from_args(args: object, environ: Mapping[str, str]) -> Notifier:
+def for_run(run: AgentRun, environ: Mapping[str, str]) -> Notifier:
     """The notifier of an interactive run: --notify / --notify-after over notify.json
     (NotifyConfigError, readable, for a bad flag or file)."""
     from ds4agent.agent.notify_config import resolve
 
-    return Notifier(resolve(getattr(args, "notify", None), getattr(args, "notify_after", None)), environ)
+    return Notifier(resolve(run.notify, run.notify_after), environ)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ds4agent.agent import events as ev
+from ds4agent.agent.settings import AgentRun
 from ds4agent.ui import bridge, commands, dispatch, fmt, mentions, todo_panel, toolview
 from ds4agent.ui.notify import Notifier
 
@@ -695,21 +696,21 @@ async def _wait_for(cond: Callable[[], bool], timeout: float = 30.0) -> None:
         await asyncio.sleep(0.02)
 
 
-def main(args) -> int:
+def main(run: AgentRun) -> int:
     """`ds4agent --plain` (or stdout not a terminal)."""
     from ds4agent.agent.facade import Agent
 
-    agent = Agent.from_args(args)
-    if getattr(args, "resume", None) == "":
+    agent = Agent.from_run(run)
+    if run.settings.resume == "":
         # --resume without a prefix: plain mode's "picker" is the list and a /load to type.
         agent.list_sessions()
         agent.emit(ev.Notice("choose a session to resume: /load PREFIX"))
     if sys.stdin.isatty() and sys.stdout.isatty():
         from ds4agent.agent.notify_config import NotifyConfigError
-        from ds4agent.ui.notify import from_args
+        from ds4agent.ui.notify import for_run
 
         try:
-            notifier = from_args(args, os.environ)
+            notifier = for_run(run, os.environ)
         except NotifyConfigError as err:
             print(f"ds4agent: {err}", file=sys.stderr)
             return 2

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 from ds4agent.agent import events as ev
-from ds4agent.cli import build_parser
+from ds4agent.cli import build_parser, parse
 from ds4agent.sessions.index import SessionIndex
 from ds4agent.sessions.store import SessionStore
 from ds4agent.ui import headless
@@ -63,11 +64,11 @@ def test_headless_continue_runs_the_task_in_the_saved_session_and_saves_it(tmp_p
     store = SessionStore(tmp_path / "kv")
     saved = _save_in(tmp_path, store, "proj", "first part")
     eng = ScriptedEngine([reply("Second part done.", think="t")], ctx=16384)
-    monkeypatch.setattr(wiring, "engine_loader", lambda path, ctx, device=None: (lambda progress: eng))
+    monkeypatch.setattr(wiring, "engine_loader", lambda path, ctx, device=None, **pipeline: (lambda progress: eng))
     monkeypatch.chdir(tmp_path / "proj")
-    args = build_parser().parse_args(["--continue", "-p", "do the second part", "--kv-dir", str(tmp_path / "kv"),
+    args = parse(["--continue", "-p", "do the second part", "--kv-dir", str(tmp_path / "kv"),
                                       "--permission", "auto"])
-    args.model_path = tmp_path / "unused.gguf"
+    args = replace(args, model_path=tmp_path / "unused.gguf")
     out, err = io.StringIO(), io.StringIO()
     monkeypatch.setattr("sys.stdout", out)
     monkeypatch.setattr("sys.stderr", err)
@@ -83,8 +84,7 @@ def test_headless_refuses_what_it_cannot_continue(tmp_path, monkeypatch, capsys)
     for argv, message in ((["--continue"], "cannot continue: no saved session of "),
                           (["--resume"], "--resume needs a session id prefix with -p"),
                           (["--resume", "abcdef"], "cannot continue: no saved session matches abcdef")):
-        args = build_parser().parse_args(argv + ["-p", "x", "--kv-dir", str(tmp_path / "kv")])
-        args.model_path = tmp_path / "unused.gguf"
+        args = replace(parse(argv + ["-p", "x", "--kv-dir", str(tmp_path / "kv")]), model_path=tmp_path / "unused.gguf")
         assert headless.main(args) == 1
         assert message in capsys.readouterr().err
 

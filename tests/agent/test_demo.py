@@ -4,28 +4,28 @@ server), each behind its real permission question."""
 
 from __future__ import annotations
 
-import argparse
 import shutil
 
 import pytest
 
 from ds4agent.agent import Agent, demo
 from ds4agent.agent import events as ev
-from ds4agent.agent.wiring import build_from_args
+from ds4agent.agent.settings import AgentRun, AgentSettings
+from ds4agent.agent.wiring import build_from_run
 from tests.support.agent_harness import AgentHarness, of
 
 
-def _args(**over: object) -> argparse.Namespace:
-    base = dict(demo=True, ctx=100_000, permission="ask", think_mode="think", seed=1, kv_dir=None, trace=None)
+def _run(**over: object) -> AgentRun:
+    base: dict = dict(ctx=100_000, permission="ask", think_mode="think", seed=1, subagents=True)
     base.update(over)
-    return argparse.Namespace(**base)
+    return AgentRun(AgentSettings(**base), demo=True)
 
 
 def _demo_agent(tmp_path, monkeypatch, answer, **over) -> AgentHarness:
     monkeypatch.setenv("DS4AGENT_DEMO_DIR", str(tmp_path / "demo"))
     place = demo.default_place()
     demo.prepare(place)
-    loader, store, tools, settings, mcp = build_from_args(_args(**over))
+    loader, store, tools, settings, mcp = build_from_run(_run(**over))
     agent = Agent(loader, store, tools, settings, mcp=mcp)
     h = AgentHarness(agent, None, store, tmp_path, answer)
     h.start()
@@ -84,7 +84,7 @@ def test_without_the_mcp_approval_the_tour_says_the_server_did_not_answer(tmp_pa
 
 def test_the_demo_keeps_its_files_out_of_the_users_directories(tmp_path, monkeypatch):
     monkeypatch.setenv("DS4AGENT_DEMO_DIR", str(tmp_path / "demo"))
-    _, store, _, settings, mcp = build_from_args(_args())
+    _, store, _, settings, mcp = build_from_run(_run())
     root = tmp_path / "demo"
     assert settings.kv_dir == root / "kvcache" and store.directory == root / "kvcache"
     assert str(settings.journal_dir).startswith(str(root)) and str(settings.undo_dir).startswith(str(root))

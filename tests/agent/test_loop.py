@@ -149,11 +149,7 @@ def test_interrupt_mid_generation_then_save_load_restores(tmp_path, tools):
     long = reply(" ".join(f"w{i}" for i in range(60)), think="t")
     h = AgentHarness.build(tmp_path, [long], tools=tools)
 
-    def hook(session, pos):
-        if pos == 20:
-            h.agent.interrupt()
-
-    h.engine.on_step = hook
+    h.at_step(20, h.agent.interrupt)
     evs = h.turn("talk")
     h.engine.on_step = None
     assert of(evs, ev.TurnEnded)[-1].reason == "interrupted"
@@ -184,14 +180,7 @@ def test_queued_message_during_generation_runs_the_calls_then_follows_their_resu
     calls = [("alpha", {"x": "1"}), ("beta", {"x": "2"})]
     h = AgentHarness.build(tmp_path, [reply("", think="t", calls=calls), reply("Fine.", think="")],
                            tools=tools)
-    fired = []
-
-    def hook(session, pos):
-        if pos == 10 and not fired:
-            fired.append(1)
-            h.agent.submit("Use pytest instead.")
-
-    h.engine.on_step = hook
+    h.at_step(10, lambda: h.agent.submit("Use pytest instead."))
     evs = h.turn("test it")
     # A queued message never costs a tool: both calls ran, the message follows their results.
     assert tools[0].calls == [{"x": "1"}] and tools[1].calls == [{"x": "2"}]
@@ -263,14 +252,7 @@ def test_interrupt_during_tool_without_queue_ends_turn(tmp_path):
 def test_queued_text_after_plain_answer_is_next_turn(tmp_path, tools):
     h = AgentHarness.build(tmp_path, [reply("First answer here.", think="t"), reply("Second.", think="")],
                            tools=tools)
-    fired = []
-
-    def hook(session, pos):
-        if pos == 3 and not fired:
-            fired.append(1)
-            h.agent.submit("follow-up")
-
-    h.engine.on_step = hook
+    h.at_step(3, lambda: h.agent.submit("follow-up"))
     evs = h.turn("q1")
     assert [(u.text, u.queued) for u in of(evs, ev.UserTurn)] == [("q1", False), ("follow-up", True)]
     assert len(of(evs, ev.TurnEnded)) == 2

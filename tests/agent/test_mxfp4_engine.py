@@ -7,11 +7,8 @@ from __future__ import annotations
 import pytest
 
 from ds4agent.agent import events as ev
-from ds4agent.engine import load_engine
-from tests.support.agent_harness import AgentHarness, of
-from tests.support.rec_tool import RecTool
-
-CTX = 2048
+from tests.support.agent_harness import of
+from tests.support.real_engine import real_agent, reference_ids
 
 
 @pytest.fixture(scope="module")
@@ -22,28 +19,17 @@ def mxfp4_model(tmp_path_factory):
                            experts="mxfp4")
 
 
-def _agent(root, model, kv):
-    def loader(progress):
-        return load_engine(model, ctx=CTX, progress=progress)
-
-    return AgentHarness.build(root, engine=loader, tools=[RecTool("alpha", "A1\n")], store=kv, round_tokens=5,
-                              seed=7, ctx=CTX, answer=lambda e: "n")
-
-
 def test_agent_turns_save_and_load_on_mxfp4_experts(tmp_path, mxfp4_model):
     from ds4agent.engine.experts.mxfp4 import Mxfp4Experts
     from ds4agent.sessions.store import SessionStore
 
     kv = SessionStore(tmp_path / "kv")
-    a = _agent(tmp_path / "a", mxfp4_model, kv)
+    a = real_agent(tmp_path / "a", mxfp4_model, kv)
     assert type(a.worker.engine.weights.layers[0].ffn.gate_exps) is Mxfp4Experts
     assert of(a.events, ev.Ready)[0].experts == "mxfp4 via MLX gather_qmm"  # the status line's words
-    a.turn("hello there")
-    a.turn("and again")
-    reference = a.ids
-    a.stop()
+    reference = reference_ids(a)
 
-    b = _agent(tmp_path / "b", mxfp4_model, kv)
+    b = real_agent(tmp_path / "b", mxfp4_model, kv)
     b.turn("hello there")
     first = b.ids
     assert len(first) > len(b.worker.conv.system_ids)  # the model answered

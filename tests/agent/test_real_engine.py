@@ -4,12 +4,9 @@ prefills only the new suffix and continues exactly as an uninterrupted run (same
 from __future__ import annotations
 
 from ds4agent.agent import events as ev
-from ds4agent.engine import load_engine
 from ds4agent.protocol import template
 from tests.support.agent_harness import AgentHarness, of
-from tests.support.rec_tool import RecTool
-
-CTX = 2048
+from tests.support.real_engine import real_agent, reference_ids
 
 
 def _record_prefills(h: AgentHarness) -> list[int]:
@@ -26,28 +23,13 @@ def _record_prefills(h: AgentHarness) -> list[int]:
     return counts
 
 
-def _agent(root, model, kv):
-    # Loaded on the worker thread, as the app does: MLX arrays belong to the thread that made them.
-    def loader(progress):
-        return load_engine(model, ctx=CTX, progress=progress)
-
-    tools = [RecTool("alpha", "A1\n")]
-    return AgentHarness.build(root, engine=loader, tools=tools, store=kv, round_tokens=5, seed=7,
-                              ctx=CTX, answer=lambda e: "n")
-
-
 def test_save_new_load_continues_exactly(tmp_path, tiny_model):
     from ds4agent.sessions.store import SessionStore
 
     kv = SessionStore(tmp_path / "kv")
-    # Uninterrupted reference run.
-    a = _agent(tmp_path / "a", tiny_model, kv)
-    a.turn("hello there")
-    a.turn("and again")
-    reference = a.ids
-    a.stop()
+    reference = reference_ids(real_agent(tmp_path / "a", tiny_model, kv))
 
-    b = _agent(tmp_path / "b", tiny_model, kv)
+    b = real_agent(tmp_path / "b", tiny_model, kv)
     assert of(b.events, ev.Ready)[0].sysprompt_cached  # the first run stored the system prefix KV
     b.turn("hello there")
     first = b.ids
@@ -76,8 +58,8 @@ def test_new_after_a_cached_start_restores_the_system_prefix_without_prefill(tmp
     from ds4agent.sessions.store import SessionStore
 
     kv = SessionStore(tmp_path / "kv")
-    _agent(tmp_path / "a", tiny_model, kv).stop()  # writes the system-prompt cache
-    b = _agent(tmp_path / "b", tiny_model, kv)
+    real_agent(tmp_path / "a", tiny_model, kv).stop()  # writes the system-prompt cache
+    b = real_agent(tmp_path / "b", tiny_model, kv)
     assert of(b.events, ev.Ready)[0].sysprompt_cached
     b.turn("hello there")
     counts = _record_prefills(b)
@@ -99,13 +81,9 @@ def test_strip_then_load_rebuilds_the_same_tokens_and_continues_exactly(tmp_path
     from ds4agent.sessions.store import SessionStore
 
     kv = SessionStore(tmp_path / "kv")
-    a = _agent(tmp_path / "a", tiny_model, kv)
-    a.turn("hello there")
-    a.turn("and again")
-    reference = a.ids
-    a.stop()
+    reference = reference_ids(real_agent(tmp_path / "a", tiny_model, kv))
 
-    b = _agent(tmp_path / "b", tiny_model, kv)
+    b = real_agent(tmp_path / "b", tiny_model, kv)
     b.turn("hello there")
     first = b.ids
     saved = of(b.command(b.agent.save), ev.SessionSaved)[0]

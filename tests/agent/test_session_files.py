@@ -8,7 +8,6 @@ import os
 from ds4agent.agent import events as ev
 from ds4agent.protocol.tokenizer import Tokenizer
 from tests.support.agent_harness import AgentHarness, of
-from tests.support.scripted_engine import reply
 
 TOK = Tokenizer.load()
 
@@ -72,23 +71,13 @@ def test_s_file_from_an_earlier_ds4_loads_and_the_resave_keeps_it(tmp_path, tool
     """kvc-format.md §13: an [S] file (byte 20 = 0, payload version 1, no title,
     named SHA-1 of its text) loads like a legacy session; the next save writes an [L] file under
     the title identity and leaves the [S] file exactly as it was (an earlier ds4 may share it)."""
-    from ds4agent.sessions.kvc import REASON_SESSION, KVCHeader, session_identity, text_sha1, write_kvc
+    from ds4agent.sessions.kvc import session_identity
     from tests.sessions.helpers import s_layout
+    from tests.support.untitled_session import untitled_session
 
-    # Untitled files come from builds that gave no date line: this session's first turn has none.
-    monkeypatch.setattr("ds4agent.protocol.template.session_date_line", lambda now: "")
-    h = AgentHarness.build(tmp_path, [reply("A1", think="t"), reply("A2", think="t")], tools=tools)
-    h.turn("question from an old build")
-    eng, payload = h.worker.engine, h.worker.session.export_state()
-    text = TOK.decode_bytes(h.ids)
-    old = tmp_path / "kv" / f"{text_sha1(text)}.kv"
-    write_kvc(old, KVCHeader(quant_bits=eng.quant_bits, reason=REASON_SESSION, ext_flags=0, model_id=0,
-                             tokens=len(h.ids), hits=0, ctx_size=eng.ctx, created_at=1_700_000_000,
-                             last_used=1_700_000_000, payload_bytes=0),
-              text, payload, eng.payload_shape())
+    h, old = untitled_session(tmp_path, tools, monkeypatch, "question from an old build")
     old.write_bytes(s_layout(old.read_bytes()))
     s_bytes = old.read_bytes()
-    h.worker.conv.identity.dirty = False
     listed = of(h.command(h.agent.list_sessions), ev.SessionList)[0].sessions
     assert [(s.id, s.title) for s in listed] == [(old.stem, "question from an old build")]
     loaded = of(h.command(lambda: h.agent.load(old.stem[:10])), ev.SessionLoaded)[0]

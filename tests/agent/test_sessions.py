@@ -109,14 +109,7 @@ def test_load_of_an_unknown_prefix_fails_before_the_save_question(tmp_path, tool
 
 def test_save_while_busy_is_deferred_to_turn_end(tmp_path, tools):
     h = AgentHarness.build(tmp_path, [reply("some words here", think="t")], tools=tools)
-    done = []
-
-    def hook(session, pos):
-        if pos == 2 and not done:
-            done.append(1)
-            h.agent.save()
-
-    h.engine.on_step = hook
+    h.at_step(2, h.agent.save)
     evs = h.turn("q")
     names = [type(e).__name__ for e in evs if isinstance(e, (ev.Notice, ev.TurnEnded, ev.SessionSaved))]
     assert names.index("TurnEnded") < names.index("SessionSaved")
@@ -223,20 +216,10 @@ def test_sysprompt_cache_is_rebuilt_for_another_quant_or_context(tmp_path, tools
 def test_legacy_file_is_resaved_under_a_title_identity_and_deleted(tmp_path, tools, monkeypatch):
     """kvc-format.md §12.5: a file without a title trailer (name = SHA1(text)) loads with a derived
     title and its header's created_at, and the next save replaces it by `<SHA1(title||created_at)>.kv`."""
-    from ds4agent.sessions.kvc import REASON_SESSION, KVCHeader, session_identity, text_sha1, write_kvc
+    from ds4agent.sessions.kvc import session_identity
+    from tests.support.untitled_session import untitled_session
 
-    # Untitled files come from builds that gave no date line: this session's first turn has none.
-    monkeypatch.setattr("ds4agent.protocol.template.session_date_line", lambda now: "")
-    h = AgentHarness.build(tmp_path, [reply("A1", think="t"), reply("A2", think="t")], tools=tools)
-    h.turn("legacy question")
-    eng, payload = h.worker.engine, h.worker.session.export_state()
-    text = TOK.decode_bytes(h.ids)
-    legacy = tmp_path / "kv" / f"{text_sha1(text)}.kv"
-    write_kvc(legacy, KVCHeader(quant_bits=eng.quant_bits, reason=REASON_SESSION, ext_flags=0, model_id=0,
-                                tokens=len(h.ids), hits=0, ctx_size=eng.ctx, created_at=1_700_000_000,
-                                last_used=1_700_000_000, payload_bytes=0),
-              text, payload, eng.payload_shape())
-    h.worker.conv.identity.dirty = False
+    h, legacy = untitled_session(tmp_path, tools, monkeypatch, "legacy question")
     loaded = of(h.command(lambda: h.agent.load(legacy.stem[:10])), ev.SessionLoaded)[0]
     assert loaded.title == "legacy question" and loaded.prefilled == 0
     h.turn("more")
@@ -270,7 +253,7 @@ def test_stripped_session_is_rebuilt_from_its_text_and_prefilled(tmp_path, tools
 def test_save_with_a_title_sets_the_sessions_title_everywhere(tmp_path, tools, monkeypatch):
     import io
 
-    from ds4agent.cli import build_parser
+    from ds4agent.cli import parse
     from ds4agent.commands import kv
 
     h = AgentHarness.build(tmp_path, [reply("A1", think="t"), reply("A2", think="t"), reply("A3", think="t")],
@@ -290,7 +273,7 @@ def test_save_with_a_title_sets_the_sessions_title_everywhere(tmp_path, tools, m
     assert of(h.command(h.agent.list_sessions), ev.SessionList)[0].sessions[0].title == "Fix the flaky test"
     out = io.StringIO()
     monkeypatch.setenv("COLUMNS", "1000")  # `kv ls` fits the terminal; whole titles here
-    assert kv.main(build_parser().parse_args(["--kv-dir", str(tmp_path / "kv"), "kv", "ls"]), out=out) == 0
+    assert kv.main(parse(["--kv-dir", str(tmp_path / "kv"), "kv", "ls"]), out=out) == 0
     assert "Fix the flaky test" in out.getvalue() and "first question" not in out.getvalue()
 
     # A later /save without a title keeps it; a blank title is no title.

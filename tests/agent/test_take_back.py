@@ -39,11 +39,7 @@ def test_an_interrupt_after_the_answer_began_keeps_the_message(tmp_path):
     long = reply(" ".join(f"w{i}" for i in range(40)), think="t")
     h = AgentHarness.build(tmp_path, [long])
 
-    def hook(session, pos):
-        if pos == 10:
-            h.agent.interrupt()
-
-    h.engine.on_step = hook
+    h.at_step(10, h.agent.interrupt)
     evs = h.turn("talk")
     h.engine.on_step = None
     assert of(evs, ev.TurnEnded)[-1].generated > 0

@@ -7,7 +7,7 @@ import pytest
 
 from ds4agent.agent import events as ev
 from ds4agent.agent.settings import AgentSettings, think_mode_named
-from ds4agent.cli import build_parser
+from ds4agent.cli import build_parser, parse
 from ds4agent.protocol import template
 from ds4agent.protocol.tokenizer import END_THINK, THINK
 from tests.support.agent_harness import DATE_LINE, AgentHarness, of
@@ -24,8 +24,8 @@ def test_levels_and_names_map_to_the_templates_forms():
 
 def test_think_level_flag_reaches_the_settings_and_a_bad_one_is_a_usage_error(capsys):
     parser = build_parser()
-    assert AgentSettings.from_args(parser.parse_args(["--think-level", "0"])).think_mode == "nothink"
-    assert AgentSettings.from_args(parser.parse_args(["--think-level", "2"])).think_mode == "think-max"
+    assert parse(["--think-level", "0"]).settings.think_mode == "nothink"
+    assert parse(["--think-level", "2"]).settings.think_mode == "think-max"
     with pytest.raises(SystemExit) as err:
         parser.parse_args(["--think-level", "5"])
     assert err.value.code == 2

@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from ds4agent.cli import build_parser
+from ds4agent.cli import build_parser, parse
 from ds4agent.commands import kv
 from ds4agent.sessions import errors as E
 from ds4agent.sessions.kvc import KVCHeader, text_sha1, write_kvc
 from ds4agent.sessions.payload import FLASH_SHAPE
 from ds4agent.sessions.store import SessionStore
-from tests.sessions.helpers import TINY, random_state, s_layout, session_text
+from tests.sessions.helpers import TINY, peak_memory, random_state, s_layout, session_text
 
 
 @pytest.fixture(autouse=True)
@@ -23,7 +23,7 @@ def wide_terminal(monkeypatch):
 
 
 def run(directory, *argv):
-    args = build_parser().parse_args(["kv", "--kv-dir", str(directory), *argv])
+    args = parse(["kv", "--kv-dir", str(directory), *argv])
     out = io.StringIO()
     code = kv.main(args, out=out)
     return code, out.getvalue()
@@ -65,7 +65,7 @@ def test_show_file_needs_no_kv_directory_and_kv_dir_goes_after_the_action(tmp_pa
     _, s = populate(tmp_path / "kv")
     elsewhere = tmp_path / "copy.kv"
     elsewhere.write_bytes(s.path.read_bytes())
-    args = build_parser().parse_args(["kv", "--kv-dir", str(tmp_path / "missing"), "show", str(elsewhere)])
+    args = parse(["kv", "--kv-dir", str(tmp_path / "missing"), "show", str(elsewhere)])
     out = io.StringIO()
     assert kv.main(args, out=out) == 0 and f"file:           {elsewhere}" in out.getvalue()
     code, _ = run(tmp_path / "missing", "show", "abc")
@@ -73,7 +73,7 @@ def test_show_file_needs_no_kv_directory_and_kv_dir_goes_after_the_action(tmp_pa
     assert capsys.readouterr().err.strip() == (f"ds4agent kv: abc: no such file, and no KV directory at "
                                                 f"{tmp_path / 'missing'}")
     for action in (["ls"], ["verify"], ["show", s.id[:8]], ["rm", s.id[:8]]):
-        args = build_parser().parse_args(["kv", *action, "--kv-dir", str(tmp_path / "kv")])
+        args = parse(["kv", *action, "--kv-dir", str(tmp_path / "kv")])
         out = io.StringIO()
         assert kv.main(args, out=out) == 0, action
         assert s.id[:8] in out.getvalue() or "0 invalid" in out.getvalue()
@@ -170,7 +170,7 @@ def test_cli_in_a_pipe_has_no_escape_codes(tmp_path):
 
 def test_kv_dir_before_the_subcommand_is_kept(tmp_path):
     populate(tmp_path)
-    args = build_parser().parse_args(["--kv-dir", str(tmp_path), "kv", "ls"])
+    args = parse(["--kv-dir", str(tmp_path), "kv", "ls"])
     out = io.StringIO()
     assert kv.main(args, out=out) == 0 and "agent-session" in out.getvalue()
 
@@ -179,7 +179,7 @@ def test_kv_dir_from_environment(tmp_path, monkeypatch):
     populate(tmp_path)
     monkeypatch.setenv("DS4AGENT_KV_DIR", str(tmp_path))
     out = io.StringIO()
-    assert kv.main(build_parser().parse_args(["kv", "verify"]), out=out) == 0
+    assert kv.main(parse(["kv", "verify"]), out=out) == 0
     assert out.getvalue().endswith("2 file(s) checked, 0 invalid\n")
 
 
@@ -193,7 +193,7 @@ def test_closed_pipe_reaches_the_cli_instead_of_exit_0(tmp_path):
     # BrokenPipeError into its quiet exit 141 (tests/test_smoke_cli.py); the kv command must not
     # swallow it as 0 or report it as an I/O error of the directory.
     populate(tmp_path)
-    args = build_parser().parse_args(["kv", "--kv-dir", str(tmp_path), "verify"])
+    args = parse(["kv", "--kv-dir", str(tmp_path), "verify"])
     with pytest.raises(BrokenPipeError):
         kv.main(args, out=_ClosedPipe())
 
@@ -242,7 +242,7 @@ def test_odd_file_names_print_on_one_line_through_a_strict_utf8_stdout(tmp_path)
     (tmp_path / "line\nbreak.kv").write_bytes(b"z")
     raw = io.BytesIO()
     out = io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline="\n")
-    code = kv.main(build_parser().parse_args(["kv", "--kv-dir", str(tmp_path), "verify"]), out=out)
+    code = kv.main(parse(["kv", "--kv-dir", str(tmp_path), "verify"]), out=out)
     out.flush()
     lines = raw.getvalue().decode().splitlines()
     n = 2 + undecodable
@@ -311,33 +311,22 @@ def sparse_session(directory, text_bytes, *, title=b"huge text", head=b""):
     return path
 
 
-def _peak(fn):
-    import tracemalloc
-
-    tracemalloc.start()
-    try:
-        result = fn()
-        return result, tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-
-
 def test_a_4_gib_text_claim_is_listed_shown_verified_and_removed_without_reading_it(tmp_path):
     """A header claiming a 4 GiB text (a sparse file) costs a listing nothing."""
     path = sparse_session(tmp_path, 0xFFFFFFFF, head=b"<\xef\xbd\x9cUser\xef\xbd\x9c>first words")
     assert path.stat().st_blocks * 512 < 1 << 20  # really sparse
     limit = 32 << 20
-    (code, out), peak = _peak(lambda: run(tmp_path, "ls"))
+    (code, out), peak = peak_memory(lambda: run(tmp_path, "ls"))
     assert code == 0 and peak < limit and out.splitlines()[1].endswith("huge text")
-    (code, out), peak = _peak(lambda: run(tmp_path, "show", path.name[:8]))
+    (code, out), peak = peak_memory(lambda: run(tmp_path, "show", path.name[:8]))
     assert code == 0 and peak < limit
     assert "text:           4294967295 bytes" in out and "status:         ok" in out
     assert "first words\\x00" in out and f"\\x00 ... ({0xFFFFFFFF - 400} more bytes)" in out
-    (code, out), peak = _peak(lambda: run(tmp_path, "verify"))
+    (code, out), peak = peak_memory(lambda: run(tmp_path, "verify"))
     assert code == 0 and peak < limit and out.endswith("1 file(s) checked, 0 invalid\n")
-    listed, peak = _peak(lambda: SessionStore(tmp_path).list_sessions())
+    listed, peak = peak_memory(lambda: SessionStore(tmp_path).list_sessions())
     assert [s.title for s in listed] == [b"huge text"] and peak < limit
-    (code, out), peak = _peak(lambda: run(tmp_path, "rm", path.name[:8]))
+    (code, out), peak = peak_memory(lambda: run(tmp_path, "rm", path.name[:8]))
     assert code == 0 and peak < limit and out.startswith(f"deleted session {path.name[:8]} (7 tokens) huge text")
     assert not path.exists()
 
@@ -345,10 +334,10 @@ def test_a_4_gib_text_claim_is_listed_shown_verified_and_removed_without_reading
 def test_a_long_legacy_text_is_verified_by_hashing_it_in_pieces(tmp_path):
     """A legacy name is the SHA-1 of the whole text: verify hashes it without holding it."""
     path = sparse_session(tmp_path, 64 << 20, title=None, head=b"<\xef\xbd\x9cUser\xef\xbd\x9c>legacy words")
-    (code, out), peak = _peak(lambda: run(tmp_path, "verify"))
+    (code, out), peak = peak_memory(lambda: run(tmp_path, "verify"))
     assert code == 0 and f"ok       {path.name}  agent-session, 7 tokens" in out
     assert peak < 16 << 20
-    (code, out), peak = _peak(lambda: run(tmp_path, "ls"))
+    (code, out), peak = peak_memory(lambda: run(tmp_path, "ls"))
     assert code == 0 and "  legacy words" in out.splitlines()[1] and peak < 16 << 20
 
 

@@ -5,7 +5,7 @@ import io
 
 import pytest
 
-from ds4agent.cli import build_parser
+from ds4agent.cli import parse
 from ds4agent.commands import kv
 from ds4agent.sessions.index import SessionIndex
 from ds4agent.sessions.store import SessionStore
@@ -19,7 +19,7 @@ def wide_terminal(monkeypatch):
 
 def _ls(directory) -> list[str]:
     out = io.StringIO()
-    assert kv.main(build_parser().parse_args(["kv", "--kv-dir", str(directory), "ls"]), out=out) == 0
+    assert kv.main(parse(["kv", "--kv-dir", str(directory), "ls"]), out=out) == 0
     return out.getvalue().splitlines()
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ds4agent import cli
+from ds4agent.commands.settings import DumpLogitsSettings, InfoSettings, VerifySettings
 from ds4agent.testmodels import make_test_model
 
 
@@ -16,9 +17,9 @@ def micro(tmp_path_factory):
 
 
 def _settled(argv: list[str]) -> str | None:
-    args = cli.build_parser().parse_args(argv)
-    cli.settle_model(args)
-    return args.model
+    settings = cli.parse(argv)
+    assert isinstance(settings, InfoSettings | VerifySettings | DumpLogitsSettings)
+    return settings.model
 
 
 @pytest.mark.parametrize("argv", [

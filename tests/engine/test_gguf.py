@@ -14,6 +14,7 @@ from gguf import GGUFValueType as VT
 from ds4agent.engine import EngineError, MissingTensorError, ModelFileError, TensorShapeError, TensorTypeError
 from ds4agent.engine.gguf import GGUFFile, ValueType
 from ds4agent.engine.quant import load_q8_0, q8_0_to_affine
+from tests.support.gguf_writer import add_tensor, finish
 
 
 def _write(path, *, kv=(), tensors=(), alignment=None):
@@ -23,15 +24,8 @@ def _write(path, *, kv=(), tensors=(), alignment=None):
     for key, val, vt, sub in kv:
         w.add_key_value(key, val, vt, sub_type=sub)
     for name, arr, raw in tensors:
-        if raw is None:
-            w.add_tensor(name, arr)
-        else:
-            w.add_tensor(name, arr, raw_shape=arr.shape, raw_dtype=raw)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+        add_tensor(w, name, arr, raw)
+    return finish(w, path)
 
 
 @pytest.fixture(scope="module")

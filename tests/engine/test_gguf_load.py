@@ -21,6 +21,7 @@ from ds4agent.engine.config import test_config
 from ds4agent.engine.gguf import GGML_TYPE_IDS, GGUFFile
 from ds4agent.testmodels import make_test_model
 from ds4agent.testmodels.random_weights import random_weights
+from tests.support.gguf_writer import add_tensor, finish
 
 TOKENS = [5, 99, 250, 3, 3, 17, 400, 1, 2, 88, 7, 7, 64]
 
@@ -74,15 +75,8 @@ def _rewrite(src, dst, *, replace=None, drop=None, meta=None):
                 arr, raw_dtype = np.array(gf.raw(name)).reshape(*ti.shape[:-1], -1), QT.Q8_0
             else:
                 arr, raw_dtype = np.array(gf.numpy(name)), None
-            if raw_dtype is None:
-                w.add_tensor(name, arr)
-            else:
-                w.add_tensor(name, arr, raw_shape=arr.shape, raw_dtype=raw_dtype)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-    return dst
+            add_tensor(w, name, arr, raw_dtype)
+        return finish(w, dst)
 
 
 def test_copy_loads_identically(micro_path, tmp_path):

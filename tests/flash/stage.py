@@ -21,21 +21,19 @@ def seed_sysprompt_cache(argv: list[str], cwd: Path, kv_dir: Path) -> int:
     """Write the cache the agent started as `ds4agent ARGV` in `cwd` looks up; returns its tokens."""
     from ds4agent.agent import sessionops
     from ds4agent.agent.conversation import Conversation
-    from ds4agent.agent.settings import AgentSettings
     from ds4agent.agent.skills import load_skills
     from ds4agent.agent.subagent import TaskTool
-    from ds4agent.cli import build_parser
+    from ds4agent.cli import parse
     from ds4agent.engine.config import flash_config
     from ds4agent.protocol.tokenizer import Tokenizer
     from ds4agent.sessions.payload import LayerPayload, PayloadShape, PayloadState
     from ds4agent.sessions.store import SessionStore
     from ds4agent.tools import default_tools
 
-    args = build_parser().parse_args(argv)
     old = os.getcwd()
     os.chdir(cwd)
     try:
-        settings = AgentSettings.from_args(args)
+        settings = parse(argv).settings
     finally:
         os.chdir(old)
     # The tools block the worker renders (Worker.tools): the built-in tools, the skills' tool

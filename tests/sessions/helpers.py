@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import numpy as np
 
 from ds4agent.sessions.payload import (
@@ -11,6 +14,8 @@ from ds4agent.sessions.payload import (
     PayloadState,
     blank_state,
 )
+
+T = TypeVar("T")
 
 # A test-model-like layout: the real vocab, a dense pair, a ratio-4 layer (indexer) and ratio 16.
 TINY = PayloadShape(n_layers=4, head_dim=8, indexer_dim=4, vocab=129280, window=8, ratios=(0, 0, 4, 16))
@@ -104,3 +109,15 @@ def without_checksum(data: bytes) -> bytearray:
     assert out[6] & 0x80 and out[-12:-8] == b"DS4C"
     out[6] &= 0x7F
     return out[:-12]
+
+
+def peak_memory(fn: Callable[[], T]) -> tuple[T, int]:
+    """fn()'s result and the most memory Python allocated while it ran (tracemalloc, bytes)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        result = fn()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()

@@ -7,25 +7,15 @@ tracemalloc as an upper bound on what the check allocates; nothing here times an
 from __future__ import annotations
 
 import struct
-import tracemalloc
 
 from ds4agent.sessions import errors as E
 from ds4agent.sessions.kvc import KTM_MAX_ENTRIES, KVCHeader, read_envelope, verify_kvc, write_kvc
 from ds4agent.sessions.payload import PAYLOAD_MAGIC, PayloadHeader
 from ds4agent.sessions.store import SessionStore
 
-from .helpers import TINY, random_state, session_text, without_checksum
+from .helpers import TINY, peak_memory, random_state, session_text, without_checksum
 
 TEXT = b"<text>"
-
-
-def _peak(fn):
-    tracemalloc.start()
-    try:
-        result = fn()
-        return result, tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
 
 
 def claimed_layout_file(path, *, layers, size, vocab=1, head_dim=1, tokens=1):
@@ -42,7 +32,7 @@ def claimed_layout_file(path, *, layers, size, vocab=1, head_dim=1, tokens=1):
 
 def test_a_4_kib_file_claiming_2_to_the_32_layers_is_refused_at_once(tmp_path):
     path = claimed_layout_file(tmp_path / "cp.kv", layers=0xFFFFFFFF, size=4096)
-    result, peak = _peak(lambda: verify_kvc(path))
+    result, peak = peak_memory(lambda: verify_kvc(path))
     assert not result.ok and str(result.error).startswith(E.P_IMPLAUSIBLE)
     assert "4294967295 layers, at most 1024" in str(result.error)
     assert peak < 1 << 20
@@ -53,14 +43,14 @@ def test_a_sparse_terabyte_claiming_2_to_the_32_layers_is_refused_before_its_cou
     # counts array and 2^32 rounds of per-layer checks.
     path = claimed_layout_file(tmp_path / "cp.kv", layers=0xFFFFFFFF, size=1 << 40)
     assert path.stat().st_blocks * 512 < 1 << 20
-    result, peak = _peak(lambda: verify_kvc(path))
+    result, peak = peak_memory(lambda: verify_kvc(path))
     assert not result.ok and str(result.error).startswith(E.P_IMPLAUSIBLE)
     assert peak < 1 << 20
 
 
 def test_a_huge_claimed_vocabulary_or_head_dimension_is_refused_too(tmp_path):
     path = claimed_layout_file(tmp_path / "a.kv", layers=4, vocab=1 << 30, size=1 << 40)
-    result, peak = _peak(lambda: verify_kvc(path))
+    result, peak = peak_memory(lambda: verify_kvc(path))
     assert "1073741824 vocabulary" in str(result.error) and peak < 1 << 20
     path = claimed_layout_file(tmp_path / "b.kv", layers=4, head_dim=1 << 20, size=1 << 40)
     assert "1048576 head dimension" in str(verify_kvc(path).error)
@@ -93,11 +83,11 @@ def test_a_ktm_trailer_claiming_billions_of_entries_is_refused_without_walking_t
     plain = tmp_path / "plain.kv"
     write_kvc(plain, KVCHeader(2, 1, 0, 0, 5, 0, 64, 1, 1, 0), TEXT, random_state(TINY, 5, 64), TINY)
     _with_ktm_trailer(plain, 0xFFFFFFFF, 1 << 40)
-    result, peak = _peak(lambda: verify_kvc(plain, shape=TINY))
+    result, peak = peak_memory(lambda: verify_kvc(plain, shape=TINY))
     assert str(result.error) == E.INVALID_KTM and peak < 1 << 20
     # The listing (kv ls) skips it the same way.
     _with_ktm_trailer(saved.path, 0xFFFFFFFF, 1 << 40)
-    (sessions, unreadable), peak = _peak(store.scan_sessions)
+    (sessions, unreadable), peak = peak_memory(store.scan_sessions)
     assert sessions == [] and [u.path for u in unreadable] == [saved.path] and peak < 1 << 20
     assert E.INVALID_KTM in unreadable[0].reason
 

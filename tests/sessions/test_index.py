@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from ds4agent.cli import build_parser
+from ds4agent.cli import parse
 from ds4agent.commands import kv as kv_command
 from ds4agent.sessions import undo
 from ds4agent.sessions.index import SessionIndex, index_path
@@ -49,7 +49,7 @@ def test_kv_rm_removes_the_sessions_undo_log_and_index_entry(tmp_path, monkeypat
     ck.record(str(tmp_path / "f.txt"), None, b"x\n")
     assert ck.dir.is_dir()
     SessionIndex(kv).record(s.id, cwd=tmp_path, undo=ck.key)
-    args = build_parser().parse_args(["kv", "--kv-dir", str(kv), "rm", s.id[:6]])
+    args = parse(["kv", "--kv-dir", str(kv), "rm", s.id[:6]])
     assert kv_command.main(args, out=io.StringIO()) == 0
     assert not ck.dir.exists() and SessionIndex(kv).get(s.id) is None
 

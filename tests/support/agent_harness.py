@@ -137,6 +137,18 @@ class AgentHarness:
         fn()
         return self.settle(timeout)
 
+    def at_step(self, pos: int, action: Callable[[], Any]) -> None:
+        """Do `action` once, on the worker thread, when the scripted engine has decoded `pos`
+        tokens of a response (the user acting mid-answer: interrupt, queue a message, save)."""
+        fired: list[int] = []
+
+        def hook(session: Any, at: int) -> None:
+            if at == pos and not fired:
+                fired.append(1)
+                action()
+
+        self.engine.on_step = hook
+
     def stop(self) -> None:
         self.agent.shutdown()
 

@@ -265,13 +265,12 @@ async def test_think_and_permission_commands_confirm_once_and_reach_the_status_b
 def test_leaving_the_app_prints_where_the_work_is(tmp_path, monkeypatch, capsys):
     # The app's own main(): after the full screen closes, the last line says which session holds
     # the work and how to get back to it.
-    import argparse
-
     from ds4agent.agent.facade import Agent
+    from ds4agent.agent.settings import AgentRun, AgentSettings
     from ds4agent.ui import app as app_module
 
     agent, _ = make_real_agent(tmp_path, [reply("Hi.", think="")])
-    monkeypatch.setattr(Agent, "from_args", classmethod(lambda cls, args: agent))
+    monkeypatch.setattr(Agent, "from_run", classmethod(lambda cls, run: agent))
     original_run = Ds4App.run
 
     async def chat_save_and_leave(pilot) -> None:
@@ -284,6 +283,6 @@ def test_leaving_the_app_prints_where_the_work_is(tmp_path, monkeypatch, capsys)
         await pilot.press("ctrl+d")
 
     monkeypatch.setattr(Ds4App, "run", lambda self: original_run(self, headless=True, auto_pilot=chat_save_and_leave))
-    assert app_module.main(argparse.Namespace(ctx=16384, think_mode="think", permission="auto")) == 0
+    assert app_module.main(AgentRun(AgentSettings(ctx=16384, think_mode="think", permission="auto"))) == 0
     [saved] = [p.stem[:8] for p in (tmp_path / "kv").glob("*.kv") if not p.name.startswith("sysprompt-")]
     assert capsys.readouterr().out.endswith(f"saved {saved} — resume with ds4agent --resume {saved}\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from ds4agent.ui import headless
@@ -57,13 +58,13 @@ def test_cli_without_tty_falls_back_to_read_only(tmp_path, monkeypatch, capsys):
 
     eng = ScriptedEngine([reply("", think="t", calls=[("bash", {"command": "touch made"})]),
                           reply("Refused.", think="")], ctx=16384)
-    monkeypatch.setattr(wiring, "engine_loader", lambda path, ctx, device=None: (lambda progress: eng))
+    monkeypatch.setattr(wiring, "engine_loader", lambda path, ctx, device=None, **pipeline: (lambda progress: eng))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    from ds4agent.cli import build_parser
+    from ds4agent.cli import parse
 
-    args = build_parser().parse_args(["-p", "make a file", "--kv-dir", str(tmp_path / "kv"), "--ctx", "16384"])
-    args.model_path = tmp_path / "unused.gguf"
+    args = replace(parse(["-p", "make a file", "--kv-dir", str(tmp_path / "kv"), "--ctx", "16384"]),
+                   model_path=tmp_path / "unused.gguf")
     assert headless.main(args) == 0
     cap = capsys.readouterr()
     assert "running read-only" in cap.err
@@ -93,16 +94,15 @@ def test_cli_end_to_end_on_the_tiny_model(tmp_path, tiny_model):
 
 def test_unusable_kv_dir_is_one_readable_line(tmp_path, capsys):
     from ds4agent.agent import Agent, events
-    from ds4agent.cli import build_parser
+    from ds4agent.cli import parse
 
     (tmp_path / "file").write_text("x")
-    args = build_parser().parse_args(["-p", "hi", "--kv-dir", str(tmp_path / "file" / "kv")])
-    args.model_path = tmp_path / "none.gguf"
+    args = replace(parse(["-p", "hi", "--kv-dir", str(tmp_path / "file" / "kv")]), model_path=tmp_path / "none.gguf")
     assert headless.main(args) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"ds4agent: KV directory {tmp_path / 'file' / 'kv'} cannot be created: "
                           f"{tmp_path / 'file'} is a file") and "Traceback" not in err
-    agent = Agent.from_args(args)  # the UI path: no exception in the caller, a fatal event instead
+    agent = Agent.from_run(args)  # the UI path: no exception in the caller, a fatal event instead
     agent.start()
     got = []
     while not any(isinstance(e, events.Exited) for e in got):

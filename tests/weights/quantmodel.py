@@ -18,6 +18,7 @@ from ds4agent.engine import quant
 from ds4agent.engine.config import TEST_MODEL_KEY, ModelConfig, test_config
 from ds4agent.engine.layout import ARCH, tensor_table
 from ds4agent.testmodels import values as tm_values
+from tests.support.gguf_writer import add_tensor, finish
 from tests.weights.conftest import random_blocks
 
 # typical |w| of a block per unit of its f16 scale fields (chosen so w ~ 0.5/sqrt(fan_in))
@@ -51,10 +52,7 @@ def write_quant_model(path: Path, cfg: ModelConfig, expert_types: dict[str, int]
         qtype = _expert_qtype(spec.name, expert_types)
         if qtype is None:
             data = tm_values.encode(spec, values)
-            if spec.ggml_type == "Q8_0":
-                w.add_tensor(spec.name, data, raw_shape=data.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-            else:
-                w.add_tensor(spec.name, data)
+            add_tensor(w, spec.name, data, gguf.GGMLQuantizationType.Q8_0 if spec.ggml_type == "Q8_0" else None)
             continue
         block, size, _ = quant.block_info(qtype)
         fan_in = spec.shape[-1]
@@ -68,8 +66,4 @@ def write_quant_model(path: Path, cfg: ModelConfig, expert_types: dict[str, int]
             byte_shape = (*spec.shape[:-1], spec.shape[-1] // block * size)
             w.add_tensor(spec.name, raw.reshape(byte_shape), raw_shape=byte_shape,
                          raw_dtype=gguf.GGMLQuantizationType(qtype))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish(w, path)

@@ -3,6 +3,7 @@
 Public names (import them from here):
     load_config(cwd, config_dir=None) -> McpConfig   `.mcp.json` of the working tree + the user's file
     McpConfig, ServerConfig, ProjectFile, Approvals  the configuration; the project-file approvals
+    ApprovableFile                                    what an approval is remembered by (the file's hash)
     default_config_dir(), default_log_dir()           ds4agent's config / server log directories
     McpServers                                        the running servers (a background event loop
                                                       behind a synchronous API)
@@ -19,6 +20,7 @@ import the SDK: that happens when an McpServers is made.
 
 from ds4agent.tools.mcp.client import McpServers
 from ds4agent.tools.mcp.config import (
+    ApprovableFile,
     Approvals,
     McpConfig,
     ProjectFile,
@@ -31,6 +33,7 @@ from ds4agent.tools.mcp.model import McpCallError, McpInterrupted, RemoteTool, S
 from ds4agent.tools.mcp.tool import McpTool, mcp_tools, missing_tool_text
 
 __all__ = [
+    "ApprovableFile",
     "Approvals",
     "McpCallError",
     "McpConfig",

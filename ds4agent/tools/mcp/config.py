@@ -62,12 +62,20 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
-class ProjectFile:
-    """The project's `.mcp.json`: where it is, its hash (the approval's key) and its servers."""
+class ApprovableFile:
+    """A project file that makes the agent run commands (`.mcp.json`, the hooks file), as read:
+    where it is, the project root it belongs to, and its SHA-256, by which Approvals remembers
+    the user's answer (an edited file is asked about again)."""
 
     path: Path
     root: Path
     sha256: str
+
+
+@dataclass(frozen=True)
+class ProjectFile(ApprovableFile):
+    """The project's `.mcp.json` and its servers."""
+
     servers: tuple[ServerConfig, ...]
 
 
@@ -195,27 +203,30 @@ def load_config(cwd: Path, config_dir: Path | None = None,
     config_dir = Path(config_dir) if config_dir is not None else default_config_dir()
     env = os.environ if environ is None else environ
     errors: list[str] = []
-    user: tuple[ServerConfig, ...] = ()
     user_path = config_dir / USER_FILE
-    try:
-        data = _read(user_path)
-        if data is not None:
-            user, bad = parse_servers(data, "user", str(user_path), env)
-            errors += bad
-    except McpConfigError as err:
-        errors.append(str(err))
-    project: ProjectFile | None = None
+    found = _read_servers(user_path, "user", env, errors)
+    user = found[1] if found is not None else ()
     root = project_root(cwd)
     path = root / PROJECT_FILE
+    found = _read_servers(path, "project", env, errors)
+    project = ProjectFile(path, root, hashlib.sha256(found[0]).hexdigest(), found[1]) if found is not None else None
+    return McpConfig(config_dir, user, project, tuple(errors), user_path)
+
+
+def _read_servers(path: Path, source: Literal["user", "project"], env: Mapping[str, str],
+                  errors: list[str]) -> tuple[bytes, tuple[ServerConfig, ...]] | None:
+    """A servers file's bytes and its valid servers, its problems added to `errors`; None when
+    there is no such file or it cannot be read as one."""
     try:
         data = _read(path)
-        if data is not None:
-            servers, bad = parse_servers(data, "project", str(path), env)
-            errors += bad
-            project = ProjectFile(path, root, hashlib.sha256(data).hexdigest(), servers)
+        if data is None:
+            return None
+        servers, bad = parse_servers(data, source, str(path), env)
     except McpConfigError as err:
         errors.append(str(err))
-    return McpConfig(config_dir, user, project, tuple(errors), user_path)
+        return None
+    errors += bad
+    return data, servers
 
 
 class Approvals:
@@ -240,7 +251,7 @@ class Approvals:
         projects = doc.get("projects") if isinstance(doc, dict) else None
         return projects if isinstance(projects, dict) else {}
 
-    def answer(self, project: ProjectFile) -> bool | None:
+    def answer(self, project: ApprovableFile) -> bool | None:
         """True approved, False refused for good, None never asked (or asked about another file)."""
         entry = self._load().get(str(project.root))
         if not isinstance(entry, dict) or entry.get("sha256") != project.sha256:
@@ -248,7 +259,7 @@ class Approvals:
         approved = entry.get("approved")
         return approved if isinstance(approved, bool) else None
 
-    def remember(self, project: ProjectFile, approved: bool) -> None:
+    def remember(self, project: ApprovableFile, approved: bool) -> None:
         try:
             projects = self._load()
         except McpConfigError:
