@@ -16,15 +16,13 @@ bits; against the reference it differs only by float reassociation (sums in anot
 
 from __future__ import annotations
 
-import functools
-
 import mlx.core as mx
 import numpy as np
 
 from .config import ModelConfig
 from .hostread import to_host
 from .layers import INDEX_SCORE_BUDGET, QUERY_BLOCK, indexer_slots
-from .qmatrix import run_rows
+from .qmatrix import SPLIT_LOCK, row_cuts
 
 
 def _comp_slots(c: ModelConfig, ratio: int, p0: int, n: int, comp: mx.array, base: int,
@@ -73,6 +71,6 @@ def attend(c: ModelConfig, q: mx.array, k_all: mx.array, r0: int, p0: int, sinks
     slots = np.ascontiguousarray(slots, dtype=np.int32)
     out = np.empty((n, H, D), np.float32)
     scale = np.float32(1.0 / np.sqrt(np.float32(D)))
-    run_rows(functools.partial(qkernels.attend_units, qh, keys, slots, sh, scale, out), n * H,
-             n * H * slots.shape[1] * D * 2)
+    with SPLIT_LOCK:
+        qkernels.attend_units_split(qh, keys, slots, sh, scale, out, row_cuts(n * H, n * H * slots.shape[1] * D * 2))
     return mx.array(out)

@@ -61,7 +61,7 @@ from __future__ import annotations
 import llvmlite.binding as ll
 import numpy as np
 from llvmlite import ir
-from numba import njit
+from numba import njit, prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
@@ -729,3 +729,41 @@ def attend_units(q, keys, slots, sinks, scale, out, u0, u1):
                     acc[d] = np.float32(acc[d] + np.float32(e * keys[r, d]))
         for d in range(D):
             out[t, h, d] = np.float32(acc[d] / denom)
+
+
+# ---- every core ---------------------------------------------------------------------------------
+# A product's output rows (or attention's units) are split into contiguous ranges at `cuts`
+# (cuts[p]..cuts[p + 1], qmatrix.row_cuts), one per thread of numba's own pool (prange). Its
+# hand-off costs about a microsecond, where a Python thread pool's (a queue, a thread woken, the
+# GIL passed back and forth) cost 60-100 µs per product: more than many of a decode step's ~700
+# products take. A range's results never depend on the split (each row's code and order are the
+# same whatever range it falls in).
+_jit_split = njit(nogil=True, cache=True, parallel=True)
+
+
+@_jit_split
+def matrix_rows_split(kind, w, aux, xq, x16, xd, xs, out, cuts, f16, grid):
+    """matrix_rows over every token, rows cuts[p]..cuts[p + 1] on thread p."""
+    for p in prange(cuts.shape[0] - 1):
+        matrix_rows(kind, w, aux, xq, x16, xd, xs, out, cuts[p], cuts[p + 1], 0, out.shape[0], f16, grid)
+
+
+@_jit_split
+def expert_rows_split(kind, ws, auxs, outs, used, starts, xq, x16, xd, xs, cuts, f16, grid):
+    """expert_rows of each matrix ws[m] (into outs[m]: the same type and shape, the same inputs),
+    rows cuts[p]..cuts[p + 1] on thread p."""
+    for p in prange(cuts.shape[0] - 1):
+        for m in range(len(ws)):
+            expert_rows(kind, ws[m], auxs[m], used, starts, xq, x16, xd, xs, outs[m], cuts[p], cuts[p + 1], f16, grid)
+
+
+@_jit_split
+def dense_rows_split(w, x, out, cuts):
+    for p in prange(cuts.shape[0] - 1):
+        dense_rows(w, x, out, cuts[p], cuts[p + 1])
+
+
+@_jit_split
+def attend_units_split(q, keys, slots, sinks, scale, out, cuts):
+    for p in prange(cuts.shape[0] - 1):
+        attend_units(q, keys, slots, sinks, scale, out, cuts[p], cuts[p + 1])

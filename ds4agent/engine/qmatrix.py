@@ -28,13 +28,14 @@ Memory: Q8_0 repacked (36 bytes per 32 weights, the file has 34); the other bloc
 place from the caller's bytes (the file's map); F16 kept as F16.
 
 Threads: a product's output rows are split into `device.cpu_parts()` contiguous ranges, one per
-worker thread (experts/cpu.py's pool; the kernels release the GIL). Small products run on the
-calling thread (the result is the same).
+thread of numba's pool (qkernels' *_split kernels, prange). Small products run as one range
+(the result is the same).
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 import mlx.core as mx
@@ -42,13 +43,16 @@ import numpy as np
 
 from ds4agent.engine import device, ops, quant
 from ds4agent.engine.errors import EngineError
-from ds4agent.engine.experts import cpu as cpu_experts
 
 F32, F16 = 0, 1
 BLOCK_TYPES = (quant.Q8_0, quant.Q2_K, quant.Q4_K, quant.IQ2_XXS)
-# Multiply-adds below which a product runs on the calling thread: handing work to the pool
-# costs tens of microseconds, more than a small product.
-_PARALLEL_MIN_MACS = 1 << 18
+# Multiply-adds below which a product runs as one range: a split costs about a microsecond
+# (numba's pool), which a product this small would not win back.
+_PARALLEL_MIN_MACS = 1 << 16
+# One split product at a time in the process: numba's pool is shared, and its portable layer
+# (workqueue, where OpenMP is missing, e.g. macOS without libomp) aborts the process on two
+# concurrent launches. Products are milliseconds; two engines in one process take turns.
+SPLIT_LOCK = threading.Lock()
 
 
 class QuantMatrixError(EngineError):
@@ -152,16 +156,14 @@ def _activation_kind(qtype: int) -> str:
     return "f32"
 
 
-def run_rows(fn, rows: int, work: int, align: int = 1) -> None:
-    """fn(r0, r1) over [0, rows) split into one contiguous range per worker thread (each range
-    starting at a multiple of `align`)."""
+def row_cuts(rows: int, work: int, align: int = 1) -> np.ndarray:
+    """Where [0, rows) is split into one contiguous range per thread (int64 [parts + 1]; each
+    range starting at a multiple of `align`): one range when `work` (multiply-adds) is small."""
     units = -(-rows // align)
     parts = max(1, min(device.cpu_parts(), units))
-    if parts == 1 or work < _PARALLEL_MIN_MACS:
-        fn(0, rows)
-        return
-    cuts = [min(rows, units * i // parts * align) for i in range(parts + 1)]
-    cpu_experts.workers(parts).run([functools.partial(fn, cuts[i], cuts[i + 1]) for i in range(parts)])
+    if work < _PARALLEL_MIN_MACS:
+        parts = 1
+    return np.array([min(rows, units * i // parts * align) for i in range(parts + 1)], np.int64)
 
 
 def activation_error_bound(ggml_type: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -233,18 +235,16 @@ class QuantMatrix:
         out = np.empty((xa.shape[0], self.rows), np.float32)
         if xa.shape[0]:
             act = Activations(xa, self.kind)
-            run_rows(functools.partial(self.rows_into, act, out), self.rows, out.size * self.cols, self.align)
+            cuts = row_cuts(self.rows, out.size * self.cols, self.align)
+            k = _kernels()
+            f16, grid = _tables()
+            with SPLIT_LOCK:
+                if self.kind == "f32":
+                    k.dense_rows_split(self.w, act.x, out, cuts)
+                else:
+                    k.matrix_rows_split(self.ggml_type, self.w, self.aux, act.xq, act.x16, act.xd, act.xs, out,
+                                        cuts, f16, grid)
         return out
-
-    def rows_into(self, act: Activations, out: np.ndarray, r0: int, r1: int) -> None:
-        """out[t, r] for rows r0..r1 and every token t of `act` (prepared for this matrix)."""
-        k = _kernels()
-        if self.kind == "f32":
-            k.dense_rows(self.w, act.x, out, r0, r1)
-            return
-        f16, grid = _tables()
-        k.matrix_rows(self.ggml_type, self.w, self.aux, act.xq, act.x16, act.xd, act.xs, out, r0, r1,
-                      0, out.shape[0], f16, grid)
 
 
 class ExpertMatrix:
@@ -281,7 +281,7 @@ class ExpertMatrix:
 
     def matmul_pair(self, other: ExpertMatrix, x: Any, ids: Any) -> tuple[np.ndarray, np.ndarray]:
         """(self.matmul(x, ids), other.matmul(x, ids)), bit for bit, from one rounding of x and
-        one hand-off to the worker threads (a layer's gate and up projections)."""
+        one split over the threads (a layer's gate and up projections)."""
         a, b = self.matmul_many((self, other), x, ids)
         return a, b
 
@@ -311,14 +311,11 @@ class ExpertMatrix:
             act = act.take(rows_of)
         grouped = [np.empty((n * k, self.rows), np.float32) for _ in mats]
         f16, grid = _tables()
-        kern = _kernels()
-
-        def part(r0: int, r1: int) -> None:
-            for m, out in zip(mats, grouped, strict=True):
-                kern.expert_rows(m.ggml_type, m.w, m.aux, used, starts, act.xq, act.x16, act.xd, act.xs, out,
-                                 r0, r1, f16, grid)
-
-        run_rows(part, self.rows, len(mats) * n * k * self.rows * self.cols, self.align)
+        cuts = row_cuts(self.rows, len(mats) * n * k * self.rows * self.cols, self.align)
+        with SPLIT_LOCK:
+            _kernels().expert_rows_split(self.ggml_type, tuple(m.w for m in mats), tuple(m.aux for m in mats),
+                                         tuple(grouped), used, starts, act.xq, act.x16, act.xd, act.xs, cuts, f16,
+                                         grid)
         results = []
         for out in grouped:
             res = np.empty_like(out)
@@ -333,7 +330,7 @@ def routed_ffn(gate: ExpertMatrix, up: ExpertMatrix, down: ExpertMatrix, x: Any,
     [n, dim] f32 = sum over slots j (in selection order) of
     down[ids[:, j]] @ (swiglu(gate[ids[:, j]] @ x, up[ids[:, j]] @ x, clamp) * weights[:, j]),
     the SwiGLU and the weighting computed by ops.swiglu and an f32 multiply as the model does.
-    Gate and up share one rounding of x and one hand-off to the worker threads."""
+    Gate and up share one rounding of x and one split over the threads."""
     g, u = gate.matmul_pair(up, x, ids)
     w = np.asarray(weights, dtype=np.float32)
     mid = ops.swiglu(mx.array(g), mx.array(u), clamp) * mx.array(w)[:, :, None]

@@ -14,7 +14,9 @@ from ds4agent.engine.device import forced_kernel_set
 from ds4agent.engine.experts.mxfp4 import Mxfp4Experts
 from ds4agent.engine.experts.portable import DenseExperts
 from ds4agent.engine.gguf import GGUFFile
+from ds4agent.engine.model import forward
 from ds4agent.engine.session import Engine
+from ds4agent.engine.state import SessionState
 from ds4agent.testmodels import make_test_model
 from ds4agent.testmodels.random_weights import random_tensors, weights_from_tensors
 
@@ -65,11 +67,15 @@ def _loads_onto_mlx_mxfp4(paths, kernels):
         logits.append(np.array(s.logits))
     got, same, twin = logits
     assert np.array_equal(got, same)  # the file's blocks are the values' blocks, re-laid alike
-    # Against the dequantised twin: float32 rounding in the expert products, which the engine's
-    # rounding simulations (f16 rows, fp8/fp4 steps) turn into a flipped rounding now and then:
-    # the rounding-on contract of the oracle tests (1e-3 of the largest logit) applies. Measured
-    # 6.0e-5 (reference set) and 5.9e-6 (fast CPU set) of the largest logit.
-    assert np.abs(got - twin).max() <= 1e-3 * max(1.0, np.abs(twin).max())
+    # Against the dequantised twin: float32 rounding in the expert products only. With the
+    # engine's rounding simulations off that is all there is (measured 1.0e-7 of the largest
+    # logit, fast CPU set); with them on (f16 rows, fp8/fp4 steps) such a difference flips a
+    # simulated rounding now and then, and one flipped fp8 step of a cached row moves the logits
+    # by ~1e-3-1e-2 of the largest (measured 6.0e-5 reference set, 5.6e-3 fast CPU set).
+    plain = [np.array(forward(e.weights, cfg, SessionState.empty(cfg), TOKENS, rounding=False)[0][-1])
+             for e in (built, dense)]
+    assert np.abs(plain[0] - plain[1]).max() <= 1e-5 * max(1.0, np.abs(plain[1]).max())
+    assert np.abs(got - twin).max() <= 2e-2 * max(1.0, np.abs(twin).max())
     assert got.argmax() == twin.argmax()
     assert np.isfinite(got).all() and 0.1 < float(np.std(got)) < 100
 

@@ -9,23 +9,58 @@ here instead of the reference's pieces:
     the weighting, down, the slot sum in selection order: qmatrix.routed_ffn);
   * attention's output projection A over all groups in one call (FastLinear.grouped).
 The attention core runs each query over exactly the rows it sees (fast_attention.py) instead of
-the reference's fixed-length masked slot sets. Every product of a token runs on all cores, and a prefill chunk multiplies all its tokens per
+the reference's fixed-length masked slot sets. The hyper-connection mixing before each sublayer
+and the router run on the host in numpy (host_mixing.py): as MLX graphs their few thousand
+floats per token cost far more in dispatch than in arithmetic. Every product of a token runs on all cores, and a prefill chunk multiplies all its tokens per
 weight read, so prefill per token is far cheaper than decode.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 
+from .. import host_mixing
 from ..config import ModelConfig
 from ..experts.fast import FastExperts, fast_routed_ffn
 from ..fast_attention import attend
-from ..weights import AttentionWeights, FFNWeights
+from ..fast_linear import FastLinear
+from ..hostread import to_host
+from ..qmatrix import QuantMatrix
+from ..weights import AttentionWeights, DenseLayer, FFNWeights, HCWeights
 from .reference import ReferenceExecutor
+
+
+def _host_product(layer: DenseLayer) -> host_mixing.HostProduct:
+    """A dense layer's product on host arrays: the fast kernels' own where the layer is a
+    FastLinear (the weights of a file), else the layer's MLX product (in-memory test models)."""
+    if isinstance(layer, FastLinear) and isinstance(layer.matrix, QuantMatrix):
+        return layer.matrix.matmul
+    return lambda x: to_host(layer(mx.array(x)), np.float32)
+
+
+def _host_copies(cache: dict, **arrays: mx.array | None) -> dict:
+    """The host copies of a weights object's small arrays, made once and kept in its cache."""
+    host = cache.get("host")
+    if host is None:
+        host = cache["host"] = {k: None if a is None else to_host(a) for k, a in arrays.items()}
+    return host
 
 
 class FastCpuExecutor(ReferenceExecutor):
     name = "cpu"
+
+    def hc_pre(self, w: HCWeights, R: mx.array, c: ModelConfig) -> tuple[mx.array, mx.array, mx.array]:
+        host = _host_copies(w.compiled, scale=w.scale, base=w.base)
+        x, post, comb = host_mixing.hc_pre(_host_product(w.fn), host["scale"], host["base"], to_host(R, np.float32), c)
+        return mx.array(x), mx.array(post), mx.array(comb)
+
+    def route(self, fw: FFNWeights, c: ModelConfig, layer: int, h: mx.array,
+              tokens: mx.array) -> tuple[mx.array, mx.array]:
+        host = _host_copies(fw.compiled, bias=fw.bias, tid2eid=fw.tid2eid)
+        sel, weights = host_mixing.route(_host_product(fw.gate_inp), host["bias"], host["tid2eid"], to_host(h, np.float32),
+                                         to_host(tokens), c, c.is_hash_layer(layer))
+        return mx.array(sel), mx.array(weights)
 
     def attend(self, c: ModelConfig, q: mx.array, k_all: mx.array, r0: int, p0: int, sinks: mx.array,
                comp: mx.array | None, ratio: int, index_inputs=None, trace_masks: list | None = None) -> mx.array:

@@ -83,14 +83,17 @@ def products(rows: np.ndarray, qtype: int, d_in: int, xs: np.ndarray) -> np.ndar
 
 
 class Workers:
-    """Long-lived daemon threads for the CPU expert path: `run(fns)` calls fns[i] on thread i and
-    returns their results (re-raising the first error).
+    """Long-lived daemon threads for the CPU products: `run(fns)` calls fns[0] on the calling
+    thread and fns[i] on worker thread i - 1, and returns their results in order (re-raising the
+    first error, after every part has finished).
 
-    Made once and never joined: a decode step makes three expert calls per layer, and starting
-    threads for each would cost about as much as a small call's work."""
+    Made once and never joined: a decode step makes several products per layer, and starting
+    threads for each would cost about as much as a small call's work. The calling thread takes
+    the first part itself: it would only wait otherwise, and a hand-off (a queue, a thread woken,
+    the GIL passed) costs tens of microseconds, as much as a small product."""
 
     def __init__(self, n: int):
-        self._inbox: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(n)]
+        self._inbox: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(max(0, n - 1))]
         for box in self._inbox:
             threading.Thread(target=self._serve, args=(box,), daemon=True, name="ds4-experts").start()
 
@@ -106,10 +109,18 @@ class Workers:
             del fn, done
 
     def run(self, fns: Sequence[Callable[[], Any]]) -> list[Any]:
-        done: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in fns]
-        for box, fn, d in zip(self._inbox, fns, done, strict=False):
+        if len(fns) > len(self._inbox) + 1:
+            raise ValueError(f"{len(fns)} parts for a pool of {len(self._inbox) + 1} threads")
+        done: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in fns[1:]]
+        for box, fn, d in zip(self._inbox, fns[1:], done, strict=False):
             box.put((fn, d))
-        results = [d.get() for d in done]
+        first: tuple[bool, Any] = (True, None)
+        if fns:
+            try:
+                first = (True, fns[0]())
+            except BaseException as err:  # re-raised once the other parts are done
+                first = (False, err)
+        results = [first, *(d.get() for d in done)] if fns else []
         for ok, value in results:
             if not ok:
                 raise value
@@ -121,7 +132,8 @@ _WORKERS_LOCK = threading.Lock()
 
 
 def workers(n: int) -> Workers:
-    """The process's pool of `n` expert worker threads (made on first use, then reused)."""
+    """The process's pool for `n` parts: the calling thread and n - 1 worker threads (made on
+    first use, then reused)."""
     with _WORKERS_LOCK:
         if n not in _WORKERS:
             _WORKERS[n] = Workers(n)
