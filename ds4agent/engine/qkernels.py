@@ -767,3 +767,21 @@ def dense_rows_split(w, x, out, cuts):
 def attend_units_split(q, keys, slots, sinks, scale, out, cuts):
     for p in prange(cuts.shape[0] - 1):
         attend_units(q, keys, slots, sinks, scale, out, cuts[p], cuts[p + 1])
+
+
+@_jit
+def swiglu_weighted(g, u, w, clamp, out):
+    """out[t, j] = silu(min(g, c)) * clip(u, -c, c) * w[t, j] over g, u [n, k, F] float32 (the
+    routed experts' SwiGLU and slot weight, ops.swiglu's formula): silu(z) = z * (1 / (1 +
+    exp(-z))), each step rounded to float32, in this order."""
+    n, k, F = g.shape
+    c = np.float32(clamp)
+    one = np.float32(1.0)
+    for t in range(n):
+        for j in range(k):
+            wt = w[t, j]
+            for f in range(F):
+                z = min(g[t, j, f], c)
+                v = min(max(u[t, j, f], -c), c)
+                s = one / (one + np.exp(-z))
+                out[t, j, f] = ((z * s) * v) * wt
