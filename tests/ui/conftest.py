@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -32,6 +33,18 @@ def make_fake_app(agent: FakeAgent | None = None, **kw) -> tuple[Ds4App, FakeAge
     kw.setdefault("ctx", 16384)
     kw.setdefault("typeahead_grace", 0.0)  # tests press keys faster than a person; one test sets it
     return Ds4App(agent=agent, **kw), agent
+
+
+def app_waiting_for_agent() -> tuple[Ds4App, FakeAgent, threading.Event]:
+    """An app whose agent is still being built (the model loading) until the event is set."""
+    release = threading.Event()
+    agent = FakeAgent()
+
+    def factory():
+        release.wait(10)
+        return agent
+
+    return Ds4App(factory, cwd="/w", history=InputHistory(persist=False), animate=False), agent, release
 
 
 def make_real_agent(tmp_path: Path, script, *, permission: str = "auto", ctx: int = 16384, on_step=None):

@@ -13,8 +13,8 @@ from ds4agent.ui.screens.permission import PermissionScreen
 from ds4agent.ui.screens.question import QuestionScreen
 from ds4agent.ui.screens.session_picker import SessionPicker
 from ds4agent.ui.widgets.conversation import Note, ToolCard
-from tests.ui.conftest import make_fake_app, send, wait_until
-from tests.ui.fake_agent import FakeAgent, status
+from tests.ui.conftest import app_waiting_for_agent, make_fake_app, send, wait_until
+from tests.ui.fake_agent import status
 from tests.ui.screen_text import screen_lines, screen_text
 
 
@@ -102,16 +102,7 @@ async def test_status_bar_redraws_at_most_ten_times_a_second():
 
 
 async def test_messages_sent_while_loading_wait_as_chips(tmp_path):
-    import threading
-
-    release = threading.Event()
-    agent = FakeAgent()
-
-    def factory():
-        release.wait(10)
-        return agent
-
-    app = Ds4App(factory, cwd="/w", history=InputHistory(persist=False), animate=False)
+    app, agent, release = app_waiting_for_agent()
     async with app.run_test(size=(100, 20)) as pilot:
         assert app.agent is None
         await send(pilot, app, "early bird")

@@ -4,13 +4,10 @@ answered with a readable line; none may end the app with a traceback."""
 
 from __future__ import annotations
 
-import threading
-
 from ds4agent.ui.app import Ds4App
 from ds4agent.ui.history import InputHistory
 from ds4agent.ui.widgets.conversation import Note
-from tests.ui.conftest import send, wait_until
-from tests.ui.fake_agent import FakeAgent
+from tests.ui.conftest import app_waiting_for_agent, send, wait_until
 
 
 def _notes(app) -> list[str]:
@@ -18,14 +15,7 @@ def _notes(app) -> list[str]:
 
 
 async def test_a_command_that_runs_while_busy_is_refused_until_the_agent_exists():
-    release = threading.Event()
-    agent = FakeAgent()
-
-    def factory():
-        release.wait(10)
-        return agent
-
-    app = Ds4App(factory, cwd="/w", history=InputHistory(persist=False), animate=False)
+    app, agent, release = app_waiting_for_agent()
     async with app.run_test(size=(100, 20)) as pilot:
         assert app.agent is None
         await send(pilot, app, "/power 50")  # /power runs while a turn is busy: not refused as busy
