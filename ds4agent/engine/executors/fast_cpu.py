@@ -1,17 +1,19 @@
 """The fast CPU executor: every matrix product on the fast CPU kernels (docs/numerics-fast-cpu.md).
 
-The layer plan and the primitives are the reference's (ops.EXACT): what differs is the products.
-Its weights are built for the fast set (weights.build_weights with kernels="cpu"): dense layers
-are fast_linear.FastLinear (8-bit activations and integer block dots for Q8_0, a fixed-order f32
-product for F16/F32) and routed experts experts.fast.FastExperts. Two steps take a whole call
-here instead of the reference's pieces:
-  * a layer's routed experts in one call (gate and up from one activation rounding, the SwiGLU,
-    the weighting, down, the slot sum in selection order: qmatrix.routed_ffn);
-  * attention's output projection A over all groups in one call (FastLinear.grouped).
-The attention core runs each query over exactly the rows it sees (fast_attention.py) instead of
-the reference's fixed-length masked slot sets. The hyper-connection mixing before each sublayer
-and the router run on the host in numpy (host_mixing.py): as MLX graphs their few thousand
-floats per token cost far more in dispatch than in arithmetic. Every product of a token runs on all cores, and a prefill chunk multiplies all its tokens per
+The layer plan is the reference's, and so are most primitives (ops.EXACT: norms, RoPE, the
+rounding simulations). Its weights are built for the fast set (weights.build_weights with
+kernels="cpu"): dense layers are fast_linear.FastLinear (8-bit activations and integer block dots
+for Q8_0, a fixed-order f32 product for F16/F32) and routed experts experts.fast.FastExperts.
+What differs from the reference:
+  * a layer's routed experts in one call (gate and up from one activation rounding, the SwiGLU
+    and the weighting on the host, down, the slot sum in selection order: qmatrix.routed_ffn);
+  * attention's output projection A over all groups in one call (FastLinear.grouped);
+  * the attention core over exactly the rows each query sees (fast_attention.py) instead of the
+    reference's fixed-length masked slot sets;
+  * the hyper-connection mixing before each sublayer and the router on the host in numpy
+    (host_mixing.py): as MLX graphs their few thousand floats per token cost far more in
+    dispatch than in arithmetic.
+Every product of a token runs on all cores, and a prefill chunk multiplies all its tokens per
 weight read, so prefill per token is far cheaper than decode.
 """
 
@@ -52,14 +54,15 @@ class FastCpuExecutor(ReferenceExecutor):
 
     def hc_pre(self, w: HCWeights, R: mx.array, c: ModelConfig) -> tuple[mx.array, mx.array, mx.array]:
         host = _host_copies(w.compiled, scale=w.scale, base=w.base)
-        x, post, comb = host_mixing.hc_pre(_host_product(w.fn), host["scale"], host["base"], to_host(R, np.float32), c)
+        x, post, comb = host_mixing.hc_pre(_host_product(w.fn), host["scale"], host["base"],
+                                           to_host(R, np.float32), c)
         return mx.array(x), mx.array(post), mx.array(comb)
 
     def route(self, fw: FFNWeights, c: ModelConfig, layer: int, h: mx.array,
               tokens: mx.array) -> tuple[mx.array, mx.array]:
         host = _host_copies(fw.compiled, bias=fw.bias, tid2eid=fw.tid2eid)
-        sel, weights = host_mixing.route(_host_product(fw.gate_inp), host["bias"], host["tid2eid"], to_host(h, np.float32),
-                                         to_host(tokens), c, c.is_hash_layer(layer))
+        sel, weights = host_mixing.route(_host_product(fw.gate_inp), host["bias"], host["tid2eid"],
+                                         to_host(h, np.float32), to_host(tokens), c, c.is_hash_layer(layer))
         return mx.array(sel), mx.array(weights)
 
     def attend(self, c: ModelConfig, q: mx.array, k_all: mx.array, r0: int, p0: int, sinks: mx.array,
