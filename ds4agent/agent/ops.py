@@ -14,36 +14,46 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 
+class _Command:
+    """What every command states on its class: `name` (the slash command's) and `failure` (the
+    wording of an unexpected failure: the name unless the class says otherwise)."""
+
+    name: ClassVar[str]
+    failure: ClassVar[str]
+
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        if "failure" not in cls.__dict__:
+            cls.failure = cls.name
+
+
 @dataclass(frozen=True)
-class Turn:
+class Turn(_Command):
     """A user message (typed, or the queue's messages joined when queued is True)."""
 
     text: str
     queued: bool = False
     name: ClassVar[str] = "turn"
-    failure: ClassVar[str] = "turn"
 
 
 @dataclass(frozen=True)
-class Save:
+class Save(_Command):
     """/save [TITLE]."""
 
     title: str | None = None
     name: ClassVar[str] = "save"
-    failure: ClassVar[str] = "save"
 
 
 @dataclass(frozen=True)
-class LoadSession:
+class LoadSession(_Command):
     """/load PREFIX (a session id prefix, or a .kv path)."""
 
     prefix: str
     name: ClassVar[str] = "load"
-    failure: ClassVar[str] = "load"
 
 
 @dataclass(frozen=True)
-class NewSession:
+class NewSession(_Command):
     """/new."""
 
     name: ClassVar[str] = "new"
@@ -51,7 +61,7 @@ class NewSession:
 
 
 @dataclass(frozen=True)
-class Compact:
+class Compact(_Command):
     """/compact."""
 
     name: ClassVar[str] = "compact"
@@ -59,48 +69,43 @@ class Compact:
 
 
 @dataclass(frozen=True)
-class Rewind:
+class Rewind(_Command):
     """/rewind: the list of user turns (number None), or go back to turn `number` (1-based)."""
 
     number: int | None = None
     mode: str = "both"
     name: ClassVar[str] = "rewind"
-    failure: ClassVar[str] = "rewind"
 
 
 @dataclass(frozen=True)
-class Fork:
+class Fork(_Command):
     """/fork [TITLE] ("" for the default title)."""
 
     title: str = ""
     name: ClassVar[str] = "fork"
-    failure: ClassVar[str] = "fork"
 
 
 @dataclass(frozen=True)
-class DeleteSession:
+class DeleteSession(_Command):
     """/del PREFIX."""
 
     prefix: str
     name: ClassVar[str] = "del"
-    failure: ClassVar[str] = "del"
 
 
 @dataclass(frozen=True)
-class Strip:
+class Strip(_Command):
     """/strip PREFIX."""
 
     prefix: str
     name: ClassVar[str] = "strip"
-    failure: ClassVar[str] = "strip"
 
 
 @dataclass(frozen=True)
-class Quit:
+class Quit(_Command):
     """/quit: the save question, then the worker ends."""
 
     name: ClassVar[str] = "quit"
-    failure: ClassVar[str] = "quit"
 
 
 WorkerCommand = Turn | Save | LoadSession | NewSession | Compact | Rewind | Fork | DeleteSession | Strip | Quit
