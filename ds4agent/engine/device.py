@@ -25,6 +25,14 @@ KERNEL_SETS = ("reference", "cpu", "gpu")
 # Diagnostic switch: which kernel set graphs are built from, whatever the device (CI runs the GPU
 # kernel set on the CPU device to check its agreement with the reference without a GPU).
 KERNELS_ENV = "DS4AGENT_KERNELS"
+# MLX runs float32 matrix products in TF32 (a 10-bit mantissa, ~1e-3 relative per product) on
+# CUDA GPUs and Apple's M5 unless this is 0. The GPU kernel set's contract is float32 agreement
+# with the reference (docs/architecture.md, numerics per device): under TF32 the first H200 run
+# was at 0.65 of the logit bound on `tiny` and flipped router near-ties on `small`. MLX reads it
+# once, at the first product, so it is set here, when the loader is imported, before any model loads;
+# a value the user set is kept (a diagnostic).
+TF32_ENV = "MLX_ENABLE_TF32"
+os.environ.setdefault(TF32_ENV, "0")
 # The distributions of MLX's CUDA build (what `pip install 'ds4agent[cuda]'` brings in).
 _CUDA_DISTRIBUTIONS = ("mlx-cuda-12", "mlx-cuda-13", "mlx-cuda")
 

@@ -114,3 +114,21 @@ def test_status_line_shows_the_device():
     assert fmt.status_line(s).endswith("think · ask")
     s.device = "Metal GPU"
     assert fmt.status_line(s).endswith("think · ask · Metal GPU")
+
+
+def test_the_gpu_computes_float32_products_not_tf32():
+    """MLX's CUDA and M5 default is TF32 products (10-bit mantissa), outside the GPU kernel
+    set's float32 contract: the engine turns it off once its loader is imported (before any
+    model loads), in this process and every process it starts, unless the user set the switch."""
+    import os
+    import subprocess
+    import sys
+
+    assert os.environ[dev.TF32_ENV] == "0"
+    probe = "import os; from ds4agent.engine import load_engine; print(os.environ.get('MLX_ENABLE_TF32'))"
+    env = {k: v for k, v in os.environ.items() if k != dev.TF32_ENV}
+    fresh = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert fresh.stdout.strip() == "0"
+    kept = subprocess.run([sys.executable, "-c", probe], env={**env, dev.TF32_ENV: "1"},
+                          capture_output=True, text=True, check=True)
+    assert kept.stdout.strip() == "1"

@@ -250,3 +250,32 @@ def test_the_grouped_output_lora_is_the_row_slice_products(quantized):
         want = np.concatenate([np.array(lin.rows(g * o, (g + 1) * o)(x[:, g])) for g in range(groups)], axis=-1)
     assert got.shape == (n, groups * o)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("tokens_in_call", [1, 7])
+def test_routed_experts_fall_back_to_two_calls_when_the_pair_call_declines(tokens_in_call):
+    """The GPU executor's routed experts where the backend declines the fused gate-and-up call
+    (more pairs than one group holds, as every call at the Flash shape, or the GPU kernels'
+    own class): the same products as the reference executor's two calls."""
+    rng = np.random.default_rng(3)
+    e, d_ff, dim, k = 6, 32, 256, 3
+    block, size, _ = quant.block_info(quant.Q8_0)
+
+    def experts(d_out, d_in):
+        raw = rng.integers(0, 256, size=(e, d_out, d_in // block * size), dtype=np.uint8)
+        blocks = raw.reshape(-1, size)
+        blocks[:, 0:2] = np.full((len(blocks), 1), np.float16(0.01)).view(np.uint8)
+        # a group of one expert: 2·n·k pairs never fit, so gather_matmul_with declines
+        return QuantExperts(raw, quant.Q8_0, (e, d_out, d_in), group_bytes=d_out * d_in * 4)
+
+    with kernels("gpu"):
+        fw = type("FFN", (), {})()
+        fw.gate_exps, fw.up_exps, fw.down_exps = experts(d_ff, dim), experts(d_ff, dim), experts(dim, d_ff)
+        h = mx.array(rng.standard_normal((tokens_in_call, dim)).astype(np.float32))
+        sel = mx.array(rng.integers(0, e, size=(tokens_in_call, k)).astype(np.int32))
+        wts = mx.array(rng.random((tokens_in_call, k)).astype(np.float32))
+        assert fw.gate_exps.gather_matmul_with(fw.up_exps, h, sel) is None
+        got = np.array(executor_for("gpu").routed(fw, k, 10.0, h, sel, wts))
+        want = np.array(executor_for("reference").routed(fw, k, 10.0, h, sel, wts))
+    assert got.shape == (tokens_in_call, dim)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

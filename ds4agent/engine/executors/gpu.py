@@ -95,9 +95,12 @@ class GpuExecutor(ReferenceExecutor):
     def routed(self, fw: FFNWeights, U: int, clamp: float, h: mx.array, sel: mx.array,
                wts: mx.array) -> mx.array:
         pair = getattr(fw.gate_exps, "gather_matmul_with", None)
-        if pair is None:
+        # The backend may decline a call (another expert class, or too many pairs for one
+        # fused call: a prefill chunk); then gate and up are two calls, as in the reference.
+        both = pair(fw.up_exps, h, sel) if pair is not None else None
+        if both is None:
             return super().routed(fw, U, clamp, h, sel, wts)
-        g, u = pair(fw.up_exps, h, sel)
+        g, u = both
         mid = self.ops.swiglu(g, u, clamp) * wts[:, :, None]
         return mx.sum(fw.down_exps.gather_matmul(mid, sel), axis=1)
 
