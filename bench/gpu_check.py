@@ -39,6 +39,7 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import mlx.core as mx
@@ -238,6 +239,17 @@ def expert_kernels(table: Table, backend: str, d_out: int = 2048, d_in: int = 40
         table.add(f"experts {name}: prefill kernel ({k} experts)", f"{t * 1e3:.2f} ms")
 
 
+def _guarded(table: Table, part: str, fn, *args, **kwargs) -> None:
+    """Run one part of the check; an exception becomes a failed row (its traceback on stderr) and
+    the other parts still run: on a lent GPU, one part's crash must not lose the rest's figures."""
+    try:
+        fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - reported as a failed row, the run goes on
+        traceback.print_exc()
+        table.add(f"{part}: crashed", f"{type(exc).__name__}: {exc}".splitlines()[0][:160], "no error", False)
+        gc.collect()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
@@ -287,7 +299,7 @@ def _check(args) -> int:
     if backend is None:
         table.add("expert kernels", "not run: no Metal or CUDA GPU (tests/gpu emulates them on the CPU)")
     else:
-        expert_kernels(table, backend)
+        _guarded(table, "expert kernels", expert_kernels, table, backend)
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="ds4-gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -299,10 +311,10 @@ def _check(args) -> int:
                 make_test_model(path, name)
                 made.append(path)
             speed_here = name == "small" or args.configs == name
-            run_config(table, name, path, args, label=name, check_agreement=True,
-                       n_prefill=args.prefill if speed_here else 0,
-                       n_decode=args.decode if speed_here else 0,
-                       ctx=max(4096, 2 * (args.prefill + args.decode)))
+            _guarded(table, name, run_config, table, name, path, args, label=name, check_agreement=True,
+                     n_prefill=args.prefill if speed_here else 0,
+                     n_decode=args.decode if speed_here else 0,
+                     ctx=max(4096, 2 * (args.prefill + args.decode)))
         if not args.no_flash:
             path = args.flash_model
             if path is None:
@@ -312,8 +324,9 @@ def _check(args) -> int:
                 made.append(path)
                 table.add("flash: test file written", f"{path.stat().st_size / GiB:.1f} GiB in "
                           f"{time.perf_counter() - t0:.0f} s")
-            run_config(table, "flash", path, args, label="flash", check_agreement=False,
-                       n_prefill=args.flash_prefill, n_decode=args.flash_decode, ctx=args.flash_ctx)
+            _guarded(table, "flash", run_config, table, "flash", path, args, label="flash",
+                     check_agreement=False, n_prefill=args.flash_prefill, n_decode=args.flash_decode,
+                     ctx=args.flash_ctx)
     finally:
         if not args.keep:
             for f in made:

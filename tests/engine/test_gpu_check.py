@@ -47,3 +47,26 @@ def test_a_disagreeing_kernel_set_fails_the_check(gpu_check, tmp_path, capsys, m
     assert rc == 1
     assert "90.0%" in out and "5.00e-01" in out and "7 / 2 of 12" in out
     assert out.rstrip().endswith("verdict: FAIL")
+
+
+def test_a_part_that_crashes_is_a_failed_row_and_the_others_still_run(gpu_check, tmp_path, capsys, monkeypatch):
+    """One config's crash (as the Flash part's first run on a real GPU) fails its row and the
+    check goes on to the next config and prints the whole table."""
+    real = gpu_check.run_config
+
+    def crash_on_tiny(table, name, *args, **kwargs):
+        if name == "tiny":
+            raise TypeError("cannot unpack non-iterable NoneType object")
+        return real(table, name, *args, **kwargs)
+
+    monkeypatch.setattr(gpu_check, "run_config", crash_on_tiny)
+    monkeypatch.setattr(gpu_check, "agreement", lambda *a: {"argmax": 1.0, "rel": 0.0, "over": 0, "rerouted": 0})
+    rc = gpu_check.main(["--device", "cpu", "--no-flash", "--configs", "tiny,micro", "--agree-tokens", "4",
+                         "--prefill", "0", "--decode", "0", "--workdir", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert rc == 1
+    table = captured.out[captured.out.index(" check "):]
+    assert "tiny: crashed" in table and "TypeError: cannot unpack non-iterable NoneType object" in table
+    assert "micro: argmax agreement (4 positions)" in table
+    assert "Traceback" in captured.err
+    assert captured.out.rstrip().endswith("verdict: FAIL")
