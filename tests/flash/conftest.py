@@ -46,7 +46,12 @@ def flash_file(tmp_path_factory) -> Path:
 
 def flash_env(tmp_path: Path) -> dict[str, str]:
     """The UI tests' isolated environment (own HOME, history, state dirs; no stray model or KV
-    settings), unbuffered so a reader sees each line as the agent prints it."""
+    settings), unbuffered so a reader sees each line as the agent prints it. The agent computes
+    on the kernel set a user's CPU gets (the fast set), not the exact reference the suite pins
+    for the engine's own tests (tests/conftest.py): this is the product at full shape, and the
+    reference's properties at full shape are test_flash_shape.py's engine test (a few dozen
+    tokens cost minutes on the reference, seconds on the fast set)."""
+    from ds4agent.engine.device import KERNELS_ENV
     from tests.ui.test_tmux import _env
 
-    return {**_env(tmp_path), "PYTHONUNBUFFERED": "1"}
+    return {**_env(tmp_path), "PYTHONUNBUFFERED": "1", KERNELS_ENV: "cpu"}
