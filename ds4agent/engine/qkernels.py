@@ -742,16 +742,11 @@ _jit_split = njit(nogil=True, cache=True, parallel=True)
 
 
 @_jit_split
-def matrix_rows_split(kind, w, aux, xq, x16, xd, xs, out, cuts, f16, grid):
-    """matrix_rows over every token, rows cuts[p]..cuts[p + 1] on thread p."""
-    for p in prange(cuts.shape[0] - 1):
-        matrix_rows(kind, w, aux, xq, x16, xd, xs, out, cuts[p], cuts[p + 1], 0, out.shape[0], f16, grid)
-
-
-@_jit_split
 def expert_rows_split(kind, ws, auxs, outs, used, starts, xq, x16, xd, xs, cuts, f16, grid):
     """expert_rows of each matrix ws[m] (into outs[m]: the same type and shape, the same inputs),
-    rows cuts[p]..cuts[p + 1] on thread p."""
+    rows cuts[p]..cuts[p + 1] on thread p. The one parallel entry for quantised products: a
+    plain matrix is one expert (qmatrix.QuantMatrix), because each parallel wrapper costs numba
+    about as much compile time as the kernels it calls (LLVM optimises them again inside it)."""
     for p in prange(cuts.shape[0] - 1):
         for m in range(len(ws)):
             expert_rows(kind, ws[m], auxs[m], used, starts, xq, x16, xd, xs, outs[m], cuts[p], cuts[p + 1], f16, grid)

@@ -52,6 +52,7 @@ _PARALLEL_MIN_MACS = 1 << 16
 # (workqueue, where OpenMP is missing, e.g. macOS without libomp) aborts the process on two
 # concurrent launches. Products are milliseconds; two engines in one process take turns.
 SPLIT_LOCK = threading.Lock()
+_ONE_EXPERT = np.zeros(1, np.int64)  # expert_rows_split's `used` for a plain matrix
 
 
 class QuantMatrixError(EngineError):
@@ -240,8 +241,9 @@ class QuantMatrix:
             with SPLIT_LOCK:
                 if self.kind == "f32":
                     k.dense_rows_split(self.w, act.x, out, cuts)
-                else:
-                    k.matrix_rows_split(self.ggml_type, self.w, self.aux, act.xq, act.x16, act.xd, act.xs, out,
+                else:  # one expert taking every token
+                    k.expert_rows_split(self.ggml_type, (self.w[None],), (self.aux[None],), (out,), _ONE_EXPERT,
+                                        np.array([0, out.shape[0]], np.int64), act.xq, act.x16, act.xd, act.xs,
                                         cuts, f16, grid)
         return out
 
