@@ -657,32 +657,30 @@ def _iq2_xxs_rows(raw, xq, x16, xd, bsums, out, r0, r1, t0, t1, f16, grid):
 
 
 @_jit
-def matrix_rows(kind, w, aux, xq, x16, xd, xs, out, r0, r1, t0, t1, f16, grid):
-    """out[t, r] for rows r0..r1 and tokens t0..t1 of a quantised matrix of GGML type `kind`.
-
-    w uint8: Q8_0 codes + 128 in the interleaved layout [row groups of 16, ...] (then aux =
-    the f32 block scales [groups, nb * 16]; row ranges must start at a multiple of 16), or the
-    raw blocks [rows, ...] of the other types (aux unused). Activations (quantize_q8_0 /
-    quantize_q8_k's): xq int8, x16 int16 (Q8_K only), xd f32 scales, xs int32 sums (Q8_0: per
-    block of 32; Q8_K: bsums per 16). f16: the f16 -> f32 table; grid: the IQ2_XXS grid.
-    """
-    if kind == Q8_0:
-        _q8_0_rows(w, aux, xq, xd, xs, out, r0, r1, t0, t1)
-    elif kind == Q2_K:
-        _fused_rows(Q2_K, w, xq, xd, xs, out, r0, r1, t0, t1, grid)
-    elif kind == Q4_K:
-        _fused_rows(Q4_K, w, xq, xd, xs, out, r0, r1, t0, t1, grid)
-    else:
-        _iq2_xxs_rows(w, xq, x16, xd, xs, out, r0, r1, t0, t1, f16, grid)
-
-
-@_jit
 def expert_rows(kind, w, aux, used, starts, xq, x16, xd, xs, out, r0, r1, f16, grid):
-    """matrix_rows over routed experts: w / aux [n_experts, rows, ...]; expert used[i] takes
-    the activation rows starts[i]..starts[i+1] (the call's (token, slot) pairs grouped by expert)."""
+    """out[t, r] for rows r0..r1 of routed experts of GGML type `kind`: expert used[i] takes the
+    activation rows starts[i]..starts[i+1] (the call's (token, slot) pairs grouped by expert).
+
+    w / aux [n_experts, ...]: Q8_0 codes + 128 in the interleaved layout [row groups of 16, ...]
+    (then aux = the f32 block scales [groups, nb * 16]; row ranges must start at a multiple of
+    16), or the raw blocks [rows, ...] of the other types (aux unused). Activations
+    (quantize_q8_0 / quantize_q8_k's): xq int8, x16 int16 (Q8_K only), xd f32 scales, xs int32
+    sums (Q8_0: per block of 32; Q8_K: bsums per 16). f16: the f16 -> f32 table; grid: the
+    IQ2_XXS grid. The type's kernel is called here directly, not through a per-matrix
+    dispatcher: each level of numba function costs compile time again (LLVM re-optimises what it
+    inlines).
+    """
     for i in range(used.shape[0]):
         e = used[i]
-        matrix_rows(kind, w[e], aux[e], xq, x16, xd, xs, out, r0, r1, starts[i], starts[i + 1], f16, grid)
+        t0, t1 = starts[i], starts[i + 1]
+        if kind == Q8_0:
+            _q8_0_rows(w[e], aux[e], xq, xd, xs, out, r0, r1, t0, t1)
+        elif kind == Q2_K:
+            _fused_rows(Q2_K, w[e], xq, xd, xs, out, r0, r1, t0, t1, grid)
+        elif kind == Q4_K:
+            _fused_rows(Q4_K, w[e], xq, xd, xs, out, r0, r1, t0, t1, grid)
+        else:
+            _iq2_xxs_rows(w[e], xq, x16, xd, xs, out, r0, r1, t0, t1, f16, grid)
 
 
 @_jit

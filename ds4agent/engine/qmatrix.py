@@ -202,7 +202,7 @@ class QuantMatrix:
 
     def __init__(self, ggml_type: int, rows: int, cols: int, w: np.ndarray, aux: np.ndarray, nbytes: int):
         self.ggml_type, self.rows, self.cols = int(ggml_type), int(rows), int(cols)
-        self.w, self.aux = w, aux  # see qkernels.matrix_rows
+        self.w, self.aux = w, aux  # see qkernels.expert_rows
         self.nbytes = int(nbytes)
         self.kind = _activation_kind(self.ggml_type)
         self.align = 16 if self.ggml_type == quant.Q8_0 else 1  # Q8_0 rows come in groups of 16
