@@ -28,10 +28,14 @@ KERNELS_ENV = "DS4AGENT_KERNELS"
 # MLX runs float32 matrix products in TF32 (a 10-bit mantissa, ~1e-3 relative per product) on
 # CUDA GPUs and Apple's M5 unless this is 0. The GPU kernel set's contract is float32 agreement
 # with the reference (docs/architecture.md, numerics per device): under TF32 the first H200 run
-# was at 0.65 of the logit bound on `tiny` and flipped router near-ties on `small`. MLX reads it
-# once, at the first product, so it is set here, when the loader is imported, before any model loads;
-# a value the user set is kept (a diagnostic).
+# was at 0.65 of the logit bound on `tiny` and flipped router near-ties on `small`. MLX reads the
+# switch once per process (a static in mlx/utils.h), at its first float32 product on the GPU: it
+# is set here, when the loader is imported, so that no product can come first, and use_device
+# takes it out of the environment again once MLX has read it, so that the programs the agent
+# starts (a user's own MLX code among them) get MLX's default. A value the user set is theirs:
+# kept, in this process and its children.
 TF32_ENV = "MLX_ENABLE_TF32"
+_TF32_SET_HERE = TF32_ENV not in os.environ
 os.environ.setdefault(TF32_ENV, "0")
 # The distributions of MLX's CUDA build (what `pip install 'ds4agent[cuda]'` brings in).
 _CUDA_DISTRIBUTIONS = ("mlx-cuda-12", "mlx-cuda-13", "mlx-cuda")
@@ -142,7 +146,19 @@ def use_device(requested: str | None = None) -> Device:
     kernel_set()  # a bad DS4AGENT_KERNELS is refused here, before anything is loaded
     device = choose_device(requested)
     mx.set_default_device(mx.gpu if device.kind == "gpu" else mx.cpu)
+    _settle_tf32(device.kind)
     return device
+
+
+def _settle_tf32(kind: str) -> None:
+    """Have MLX read TF32_ENV now (a float32 product of a size MLX hands to its GEMM on the GPU;
+    its matrix-vector kernels do not ask), then take the engine's value out of the environment
+    (see TF32_ENV)."""
+    if kind == "gpu":
+        a = mx.ones((64, 64), dtype=mx.float32)
+        mx.eval(a @ a)
+    if _TF32_SET_HERE:
+        os.environ.pop(TF32_ENV, None)
 
 
 def current_device() -> Device:

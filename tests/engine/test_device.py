@@ -118,17 +118,19 @@ def test_status_line_shows_the_device():
 
 def test_the_gpu_computes_float32_products_not_tf32():
     """MLX's CUDA and M5 default is TF32 products (10-bit mantissa), outside the GPU kernel
-    set's float32 contract: the engine turns it off once its loader is imported (before any
-    model loads), in this process and every process it starts, unless the user set the switch."""
+    set's float32 contract: the engine sets the switch off from its loader's import until MLX
+    has read it (the device choice), then takes it out of the environment, so the programs the
+    agent starts get MLX's default; a value the user set is kept throughout."""
     import os
     import subprocess
     import sys
 
-    assert os.environ[dev.TF32_ENV] == "0"
-    probe = "import os; from ds4agent.engine import load_engine; print(os.environ.get('MLX_ENABLE_TF32'))"
+    probe = ("import os; from ds4agent.engine import load_engine; from ds4agent.engine import device; "
+             "before = os.environ.get('MLX_ENABLE_TF32'); device.use_device('cpu'); "
+             "print(before, os.environ.get('MLX_ENABLE_TF32'))")
     env = {k: v for k, v in os.environ.items() if k != dev.TF32_ENV}
     fresh = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
-    assert fresh.stdout.strip() == "0"
+    assert fresh.stdout.split() == ["0", "None"]
     kept = subprocess.run([sys.executable, "-c", probe], env={**env, dev.TF32_ENV: "1"},
                           capture_output=True, text=True, check=True)
-    assert kept.stdout.strip() == "1"
+    assert kept.stdout.split() == ["1", "1"]
