@@ -135,6 +135,32 @@ def one_turn(tok: Tokenizer, script: list[list[int]], all_tokens: list[int]) -> 
             "bare": bare}
 
 
+def decode_seam_us(all_tokens: list[int]) -> float:
+    """engine.generate alone over a fresh double, same tokens, the oracle's draw: what the decode
+    seam (sampling dispatch, the double's lazy logits, the step hand-off) costs per token without
+    the agent. The loop overhead above counts it (only the double's `step` is subtracted): this
+    line says how much of the figure is the engine's side of the seam."""
+    import mlx.core as mx
+
+    from ds4agent.engine import generate
+
+    session = ScriptedEngine([all_tokens], ctx=200_000).new_session()
+    session.sync([0, 128804, 128821])
+
+    class Oracle:
+        key = None
+
+        def draw(self, logits, *, greedy: bool = False):
+            return mx.array(session._hot, dtype=mx.int32)
+
+    n = 0
+    t0 = time.perf_counter()
+    for _ in generate(session, Oracle(), max_tokens=len(all_tokens) - 1, greedy=lambda: False,
+                      forced=lambda: None):
+        n += 1
+    return (time.perf_counter() - t0) / max(n, 1) * 1e6
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tokens", type=int, default=20_000, help="approximate tokens generated in the turn")
@@ -161,6 +187,7 @@ def main() -> int:
     per_tok_us = mid["overhead_us"]
     decode_us = decode_s / n * 1e6
 
+    seam_us = decode_seam_us(all_tokens)
     # For scale (not part of the loop's overhead): the real sampler on a full logit row.
     from ds4agent.engine import Sampler
 
@@ -184,6 +211,10 @@ def main() -> int:
     print(f"bare decode:       {n / decode_s:12,.0f} tok/s  ({decode_us:6.2f} us/token)")
     print(f"loop overhead:     {per_tok_us:6.2f} us/token  = {per_tok_us / decode_us:5.1f}x bare decode "
           f"(median of {len(turns)} turns; target < {TARGET_US:.0f} us/token)")
+    double_us = double_s * 1e6 / n
+    print(f"  of which the engine's decode seam (engine.generate over the double, the oracle sampler; "
+          f"measured alone): {seam_us - double_us:.2f} us/token; the agent's own work: "
+          f"{per_tok_us - (seam_us - double_us):.2f} us/token")
     print(f"for scale, the real sampler over {row.size:,} logits: argmax {greedy_us:.1f} us, "
           f"min-p sample {sample_us:.1f} us (model-side cost, not counted above)")
     return 0 if per_tok_us < TARGET_US else 1
