@@ -28,6 +28,7 @@ from ds4agent.engine.session import Engine
 from ds4agent.engine.state import SessionState
 from ds4agent.testmodels.random_weights import random_tensors, weights_from_tensors
 from ds4agent.testmodels.writer import make_test_model
+from tests.weights.conftest import random_blocks
 from tests.weights.quantmodel import Q2_TYPES, quant_config, write_quant_model
 
 ARGMAX_AGREEMENT = 0.99
@@ -259,12 +260,10 @@ def test_routed_experts_fall_back_to_two_calls_when_the_pair_call_declines(token
     own class): the same products as the reference executor's two calls."""
     rng = np.random.default_rng(3)
     e, d_ff, dim, k = 6, 32, 256, 3
-    block, size, _ = quant.block_info(quant.Q8_0)
+    block = quant.block_info(quant.Q8_0)[0]
 
     def experts(d_out, d_in):
-        raw = rng.integers(0, 256, size=(e, d_out, d_in // block * size), dtype=np.uint8)
-        blocks = raw.reshape(-1, size)
-        blocks[:, 0:2] = np.full((len(blocks), 1), np.float16(0.01)).view(np.uint8)
+        raw = random_blocks(rng, quant.Q8_0, e * d_out * d_in // block).reshape(e, d_out, -1)
         # a group of one expert: 2·n·k pairs never fit, so gather_matmul_with declines
         return QuantExperts(raw, quant.Q8_0, (e, d_out, d_in), group_bytes=d_out * d_in * 4)
 
