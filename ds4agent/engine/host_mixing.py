@@ -13,6 +13,7 @@ the last bits of exp/sigmoid/softmax (docs/numerics-fast-cpu.md); the routing it
 experts) is the reference's rule: the U largest scores, ties to the lower index.
 
     x, post, comb = hc_pre(fn, scale, base, R, cfg)     # model.md §4.1
+    R2 = hc_post(R, y, post, comb)                      # model.md §4.2
     sel, weights = route(gate_inp, bias, tid2eid, h, tokens, cfg, hash_layer)  # model.md §4.6
 
 `fn` and `gate_inp` are the layers' products as host functions (float32 [n, in] -> [n, out]).
@@ -37,7 +38,10 @@ def rms_normalised(x: np.ndarray, eps: float) -> np.ndarray:
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:
-    return F32(1.0) / (F32(1.0) + np.exp(-z))
+    # exp(-z) overflows to inf for z below about -88, and 1 / (1 + inf) = 0 is the right value:
+    # no warning (the engine never prints).
+    with np.errstate(over="ignore"):
+        return F32(1.0) / (F32(1.0) + np.exp(-z))
 
 
 def sinkhorn(c: np.ndarray, iters: int, eps: float) -> np.ndarray:
@@ -67,10 +71,20 @@ def hc_pre(fn: HostProduct, scale: np.ndarray, base: np.ndarray, R: np.ndarray,
     return x, post, sinkhorn(comb, cfg.hc_sinkhorn_iters, cfg.hc_eps)
 
 
+def hc_post(R: np.ndarray, y: np.ndarray, post: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """R [n, hc, E], y [n, E], post [n, hc], C [n, hc, hc] -> R' [n, hc, E] (model.md §4.2):
+    R'[j] = post[j]·y + Σ_i C[i][j]·R[i], the sum over i in stream order."""
+    mixed = C[:, 0, :, None] * R[:, 0, None, :]
+    for i in range(1, R.shape[1]):
+        mixed = mixed + C[:, i, :, None] * R[:, i, None, :]
+    return post[:, :, None] * y[:, None, :] + mixed
+
+
 def softplus(z: np.ndarray) -> np.ndarray:
     """z if z > 20; e^z if z < -20; log1p(e^z) otherwise (ops.softplus's branches)."""
     mid = np.log1p(np.exp(np.clip(z, F32(-20.0), F32(20.0))))
-    return np.where(z > 20.0, z, np.where(z < -20.0, np.exp(z), mid)).astype(F32)
+    with np.errstate(over="ignore"):  # exp(z) of the branch not taken (z > 20) may overflow
+        return np.where(z > 20.0, z, np.where(z < -20.0, np.exp(z), mid)).astype(F32)
 
 
 def top_u(score: np.ndarray, U: int) -> np.ndarray:

@@ -372,14 +372,14 @@ def attention_block(ex, aw: AttentionWeights, c: ModelConfig, layer: int, x: mx.
             if (p0 + n) // 4 > c.indexer_top_k:  # some query of this chunk prunes
                 Hi, Di = c.indexer_heads, c.indexer_dim
                 iq = iw_.q_b(qr).reshape(n, Hi, Di)
-                iq = xo.qat(xo.rope_tail(iq, cos[:, None, :], sin[:, None, :]), rounding)
+                iq = xo.qat(xo.rope_tail(iq, cos, sin), rounding)
                 wscale = mx.array(1.0 / math.sqrt(Di * Hi), dtype=F32)
                 iweights = iw_.proj(a) * wscale
                 index_inputs = (iq, iweights, icomp)
             if trace is not None:
                 masks = trace.indexer.setdefault(layer, [])
     o = ex.attend(c, q, k_all, r0, p0, aw.sinks, comp, r, index_inputs, masks)
-    o = xo.rope_tail(o, cos[:, None, :], sin[:, None, :], inverse=True)
+    o = xo.rope_tail(o, cos, sin, inverse=True)
     z = ex.out_a(aw, o.reshape(n, c.out_groups, c.heads_per_group * Dh))
     y = aw.out_b(z)
     return y, LayerState(**new)

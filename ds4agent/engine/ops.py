@@ -322,9 +322,19 @@ def rope_tables(freqs: np.ndarray, positions: np.ndarray) -> tuple[mx.array, mx.
     return mx.array(np.cos(theta).astype(np.float32)), mx.array(np.sin(theta).astype(np.float32))
 
 
+def rope_rows(t, x_ndim: int):
+    """A cos/sin table [n, Dr/2] (MLX or numpy) shaped to broadcast against the pairs of an x of
+    x_ndim axes whose first axis is the n positions (e.g. [n, heads, D]): one row per position,
+    repeated over the middle axes. A table with as many axes as that already is returned as is."""
+    if t.ndim == 2 and x_ndim > 2:
+        return t.reshape(t.shape[0], *([1] * (x_ndim - 2)), t.shape[-1])
+    return t
+
+
 def rope_tail(x: mx.array, cos: mx.array, sin: mx.array, inverse: bool = False) -> mx.array:
-    """Rotate the last Dr values of x as adjacent pairs (GGML normal mode); cos/sin broadcast
-    against x[..., Dr/2]. Inverse rotation uses -θ."""
+    """Rotate the last Dr values of x as adjacent pairs (GGML normal mode); cos/sin [n, Dr/2], one
+    row per leading index of x (rope_rows), or broadcastable against x[..., Dr/2]. Inverse
+    rotation uses -θ."""
     return _rope_tail(x, cos, sin, inverse)
 
 
@@ -343,6 +353,7 @@ def _rope_tail(x: mx.array, cos: mx.array, sin: mx.array, inverse: bool) -> mx.a
     d = x.shape[-1]
     tail = x[..., d - dr:].reshape(*x.shape[:-1], half, 2)
     x0, x1 = tail[..., 0], tail[..., 1]
+    cos, sin = rope_rows(cos, x.ndim), rope_rows(sin, x.ndim)
     if inverse:
         sin = -sin
     y0 = x0 * cos - x1 * sin
@@ -359,7 +370,7 @@ def _rope_tail(x: mx.array, cos: mx.array, sin: mx.array, inverse: bool) -> mx.a
 @dataclass(frozen=True)
 class OpSet:
     """The primitives whose form differs between kernel sets. EXACT: the eager ops above (the
-    reference, and the fast CPU set, whose difference lies in its matrix products only). FUSED:
+    reference). host_ops.HOST: the fast CPU set's, the same steps in numpy on the host. FUSED:
     the GPU kernel set's (MLX's fused RMSNorm with f32 accumulation, compiled elementwise chains),
     agreeing with EXACT within the GPU contract. An executor holds one; the layer code calls
     `ops.rms_norm(...)` through it, so no graph-building step asks which set runs."""

@@ -1,7 +1,8 @@
 """The fast CPU executor: every matrix product on the fast CPU kernels (docs/numerics-fast-cpu.md).
 
-The layer plan is the reference's, and so are most primitives (ops.EXACT: norms, RoPE, the
-rounding simulations). Its weights are built for the fast set (weights.build_weights with
+The layer plan is the reference's; its primitives (norms, RoPE, the fp8 simulation, SwiGLU) are
+the same steps in numpy on the host (host_ops.HOST: an MLX result read back on the CPU waits
+80-100 µs for MLX's stream thread, and every product here reads its input back). Its weights are built for the fast set (weights.build_weights with
 kernels="cpu"): dense layers are fast_linear.FastLinear (8-bit activations and integer block dots
 for Q8_0, a fixed-order f32 product for F16/F32) and routed experts experts.fast.FastExperts.
 What differs from the reference:
@@ -10,8 +11,8 @@ What differs from the reference:
   * attention's output projection A over all groups in one call (FastLinear.grouped);
   * the attention core over exactly the rows each query sees (fast_attention.py) instead of the
     reference's fixed-length masked slot sets;
-  * the hyper-connection mixing before each sublayer and the router on the host in numpy
-    (host_mixing.py): as MLX graphs their few thousand floats per token cost far more in
+  * the hyper-connection mixing before and after each sublayer and the router on the host in
+    numpy (host_mixing.py): as MLX graphs their few thousand floats per token cost far more in
     dispatch than in arithmetic.
 Every product of a token runs on all cores, and a prefill chunk multiplies all its tokens per
 weight read, so prefill per token is far cheaper than decode.
@@ -22,7 +23,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from .. import host_mixing
+from .. import host_mixing, host_ops
 from ..config import ModelConfig
 from ..experts.fast import FastExperts, fast_routed_ffn
 from ..fast_attention import attend
@@ -51,12 +52,19 @@ def _host_copies(cache: dict, **arrays: mx.array | None) -> dict:
 
 class FastCpuExecutor(ReferenceExecutor):
     name = "cpu"
+    ops = host_ops.HOST
 
     def hc_pre(self, w: HCWeights, R: mx.array, c: ModelConfig) -> tuple[mx.array, mx.array, mx.array]:
         host = _host_copies(w.compiled, scale=w.scale, base=w.base)
         x, post, comb = host_mixing.hc_pre(_host_product(w.fn), host["scale"], host["base"],
                                            to_host(R, np.float32), c)
         return mx.array(x), mx.array(post), mx.array(comb)
+
+    def hc_post(self, R: mx.array, y: mx.array, post: mx.array, C: mx.array) -> mx.array:
+        """The reference's R'[j] = post[j]·y + Σ_i C[i][j]·R[i] on the host, the sum over the
+        hc streams in stream order (the next sublayer's mixing reads R' on the host)."""
+        return mx.array(host_mixing.hc_post(host_ops.host(R), host_ops.host(y), host_ops.host(post),
+                                            host_ops.host(C)))
 
     def route(self, fw: FFNWeights, c: ModelConfig, layer: int, h: mx.array,
               tokens: mx.array) -> tuple[mx.array, mx.array]:

@@ -54,7 +54,7 @@ class ReferenceExecutor:
         qr = xo.rms_norm(aw.q_a(a), aw.q_a_norm, eps)
         q = xo.rms_norm(aw.q_b(qr).reshape(n, c.n_heads, c.head_dim), None, eps)
         kv = xo.rms_norm(aw.kv(a), aw.kv_norm, eps)
-        q = xo.rope_tail(q, cos[:, None, :], sin[:, None, :])
+        q = xo.rope_tail(q, cos, sin)
         kv = xo.rope_tail(kv, cos, sin)
         if rounding:
             kv = ops.f16_round(xo.fp8sim(kv, c.nope_dim))

@@ -1,0 +1,104 @@
+"""The fast CPU executor's primitives on the host: ops.EXACT's row-local steps in numpy.
+
+Why: on the CPU device every read of an MLX result waits for MLX's stream thread, about 80-100 µs
+on the 2-core test machine even for one scalar (a condition-variable hand-off each way), while
+numpy does an RMSNorm of 4,096 floats in about 20 µs. The fast set's matrix products already run
+on the host (qmatrix.py), so a decoded token went back and forth between MLX and the host some
+twenty times a layer, 100-130 ms of a 700-900 ms token at the Flash shape, mostly waiting. With
+the norms, RoPE, the fp8 simulation and the SwiGLU here too, the inputs of the next product are
+host arrays already and the hand-offs disappear.
+
+Each function takes MLX or numpy arrays and returns an MLX array built from its numpy result (an
+evaluated array: reading it back costs a copy, not a wait), so the shared layer plan (layers.py)
+calls them through the executor's OpSet like the exact ones. The formulas and the order of every
+sum are ops.py's: the norms' mean of squares in float64 (host_mixing.rms_normalised), RoPE's
+products and sums per pair, the fp8 simulation's bit arithmetic and round-half-even (exact, so the
+same bits as ops.fp8sim). They are row-local, so the fast set's guarantees hold (decode = one-token
+prefill, chunk invariance, determinism); against the reference's MLX primitives they differ at
+most by the last bit of a square root or an exp (docs/numerics-fast-cpu.md). The indexer's QAT
+(a Hadamard product, then fp4) stays ops.qat: it runs at compression boundaries only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from . import host_mixing, ops
+from .hostread import to_host
+
+F32 = np.float32
+
+
+def host(a: Any) -> np.ndarray:
+    """`a` as a float32 numpy array (a read-only view of an evaluated MLX array: no copy)."""
+    if isinstance(a, np.ndarray):
+        return a if a.dtype == F32 else a.astype(F32)
+    return to_host(a, F32, view=True)
+
+
+def rms_norm(x: Any, w: Any, eps: float) -> mx.array:
+    """ops.rms_norm: x · (1/sqrt(mean(x²) + eps)) · w (w None: no weight)."""
+    y = host_mixing.rms_normalised(host(x), eps)
+    return mx.array(y if w is None else y * host(w))
+
+
+def softplus(z: Any) -> mx.array:
+    return mx.array(host_mixing.softplus(host(z)))
+
+
+def swiglu(g: Any, u: Any, clamp: float) -> mx.array:
+    """ops.swiglu: silu(min(g, c)) · clip(u, -c, c), silu(z) = z · sigmoid(z)."""
+    c = F32(clamp)
+    z = np.minimum(host(g), c)
+    return mx.array((z * host_mixing.sigmoid(z)) * np.clip(host(u), -c, c))
+
+
+def _pow2(e: np.ndarray) -> np.ndarray:
+    return ((e + 127).astype(np.uint32) << np.uint32(23)).view(F32)
+
+
+def _exponent(a: np.ndarray) -> np.ndarray:
+    return ((a.view(np.uint32) >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int32) - 127
+
+
+def fp8sim(x: Any, n_blocks_dims: int) -> mx.array:
+    """ops.fp8sim: E4M3 on the first n_blocks_dims values, blocks of 64, with the same exact bit
+    arithmetic (power-of-two scale from the exponent bits, round half to even)."""
+    xh = host(x)
+    dn = n_blocks_dims
+    b = xh[..., :dn].reshape(*xh.shape[:-1], dn // 64, 64)
+    amax = np.maximum(np.abs(b).max(axis=-1, keepdims=True), F32(1e-4))
+    y = amax / F32(448.0)
+    bits = y.view(np.uint32)
+    s = _pow2(_exponent(y) + ((bits & np.uint32(0x7FFFFF)) != 0).astype(np.int32))
+    v = np.clip(b / s, F32(-448.0), F32(448.0))
+    a = np.abs(v)
+    step = _pow2(np.maximum(_exponent(a), -6) - 3)
+    q = np.rint(a / step) * step
+    q = np.where(v < 0, -q, q) * s
+    out = q.reshape(*xh.shape[:-1], dn)
+    if dn != xh.shape[-1]:
+        out = np.concatenate([out, xh[..., dn:]], axis=-1)
+    return mx.array(out)
+
+
+def rope_tail(x: Any, cos: Any, sin: Any, inverse: bool = False) -> mx.array:
+    """ops.rope_tail: the last Dr values of x rotated as adjacent pairs; cos/sin [n, Dr/2], one
+    row per leading index of x (or already broadcastable against x's pairs)."""
+    xh, ch, sh = host(x), host(cos), host(sin)
+    half = ch.shape[-1]
+    dr, d = 2 * half, xh.shape[-1]
+    ch, sh = ops.rope_rows(ch, xh.ndim), ops.rope_rows(sh, xh.ndim)
+    if inverse:
+        sh = -sh
+    tail = xh[..., d - dr:].reshape(*xh.shape[:-1], half, 2)
+    x0, x1 = tail[..., 0], tail[..., 1]
+    rot = np.stack([x0 * ch - x1 * sh, x0 * sh + x1 * ch], axis=-1).reshape(*xh.shape[:-1], dr)
+    return mx.array(rot if dr == d else np.concatenate([xh[..., :d - dr], rot], axis=-1))
+
+
+HOST = ops.OpSet(rms_norm=rms_norm, softplus=softplus, swiglu=swiglu, fp8sim=fp8sim, rope_tail=rope_tail,
+                 qat=ops.qat)

@@ -1,0 +1,109 @@
+"""The fast CPU executor's host primitives (engine/host_ops.py) against ops.EXACT's MLX ones:
+the same bits where the step is exact arithmetic (RMSNorm with its float64 mean, RoPE, the fp8
+simulation), the last bits of exp where a C library's exp differs from MLX's (SwiGLU, softplus),
+and row-local (a row's result whatever other rows share the call)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from ds4agent.engine import host_mixing, host_ops, ops
+from ds4agent.engine.executors.reference import ReferenceExecutor
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(11)
+
+
+def _rows(rng, shape) -> np.ndarray:
+    # rows of very different magnitudes, one all-zero block (the fp8 amax floor)
+    x = rng.standard_normal(shape) * rng.uniform(0.01, 40.0, (*shape[:-1], 1))
+    x = x.astype(np.float32)
+    x.reshape(-1, shape[-1])[0, :64] = 0.0
+    return x
+
+
+def _mx(fn, *args, **kw) -> np.ndarray:
+    return np.array(fn(*(mx.array(a) if isinstance(a, np.ndarray) else a for a in args), **kw))
+
+
+def test_rms_norm_is_the_exact_ops_bit_for_bit(rng):
+    x = _rows(rng, (6, 4096))
+    w = rng.standard_normal(4096).astype(np.float32)
+    for weight in (w, None):
+        want = _mx(ops.rms_norm, x, weight, 1e-6)
+        assert np.array_equal(np.array(host_ops.rms_norm(x, weight, 1e-6)), want)
+
+
+def test_rope_is_the_exact_ops_bit_for_bit_with_per_position_tables(rng):
+    n, half = 5, 32
+    cos = rng.uniform(-1, 1, (n, half)).astype(np.float32)
+    sin = rng.uniform(-1, 1, (n, half)).astype(np.float32)
+    for shape in ((n, 512), (n, 8, 512), (n, 2 * half)):
+        x = _rows(rng, shape)
+        for inverse in (False, True):
+            want = _mx(ops.rope_tail, x, cos, sin, inverse=inverse)
+            got = np.array(host_ops.rope_tail(x, cos, sin, inverse=inverse))
+            assert np.array_equal(got, want), (shape, inverse)
+            # the untouched head of each row is x's own
+            assert np.array_equal(got[..., : shape[-1] - 2 * half], x[..., : shape[-1] - 2 * half])
+
+
+def test_fp8sim_is_the_exact_ops_bit_for_bit(rng):
+    x = _rows(rng, (7, 3, 512))
+    x[1, 1, 10] = 448.0 * 3  # clipped
+    for dn in (448, 512):
+        assert np.array_equal(np.array(host_ops.fp8sim(x, dn)), _mx(ops.fp8sim, x, dn))
+
+
+def test_exp_based_steps_agree_to_the_last_bits(rng):
+    g, u = (rng.standard_normal((4, 2048)) * 5).astype(np.float32), (rng.standard_normal((4, 2048)) * 5).astype(np.float32)
+    want = _mx(ops.swiglu, g, u, 7.0)
+    got = np.array(host_ops.swiglu(g, u, 7.0))
+    np.testing.assert_allclose(got, want, rtol=4e-6, atol=1e-6)
+    assert np.all(np.abs(got) <= 7.0 * 7.0)  # the clamp applied
+    z = (rng.standard_normal((4, 256)) * 15).astype(np.float32)
+    np.testing.assert_allclose(np.array(host_ops.softplus(z)), _mx(ops.softplus, z), rtol=2e-6, atol=1e-30)
+
+
+def test_hc_post_agrees_with_the_reference_and_is_row_local(rng):
+    n, hc, E = 5, 4, 256
+    R = rng.standard_normal((n, hc, E)).astype(np.float32)
+    y = rng.standard_normal((n, E)).astype(np.float32)
+    post = rng.uniform(0, 2, (n, hc)).astype(np.float32)
+    C = rng.uniform(0, 1, (n, hc, hc)).astype(np.float32)
+    want = np.array(ReferenceExecutor().hc_post(mx.array(R), mx.array(y), mx.array(post), mx.array(C)))
+    got = host_mixing.hc_post(R, y, post, C)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    for t in range(n):
+        assert np.array_equal(host_mixing.hc_post(R[t:t + 1], y[t:t + 1], post[t:t + 1], C[t:t + 1]), got[t:t + 1])
+
+
+def test_every_host_op_is_row_local(rng):
+    """A row's result does not depend on the other rows of the call (decode = one-token prefill)."""
+    x = _rows(rng, (6, 512))
+    cos = rng.uniform(-1, 1, (6, 32)).astype(np.float32)
+    sin = rng.uniform(-1, 1, (6, 32)).astype(np.float32)
+    w = rng.standard_normal(512).astype(np.float32)
+    calls = [
+        lambda a, s: host_ops.rms_norm(a, w, 1e-6),
+        lambda a, s: host_ops.fp8sim(a, 448),
+        lambda a, s: host_ops.rope_tail(a, cos[s], sin[s]),
+        lambda a, s: host_ops.swiglu(a, a[:, ::-1], 3.0),
+        lambda a, s: host_ops.softplus(a),
+    ]
+    for call in calls:
+        whole = np.array(call(x, slice(0, 6)))
+        for t in range(6):
+            assert np.array_equal(np.array(call(x[t:t + 1], slice(t, t + 1))), whole[t:t + 1])
+
+
+def test_host_ops_return_evaluated_mlx_arrays_and_take_either_kind(rng):
+    x = _rows(rng, (2, 512))
+    a = host_ops.rms_norm(mx.array(x), None, 1e-6)
+    b = host_ops.rms_norm(x, None, 1e-6)
+    assert isinstance(a, mx.array) and isinstance(b, mx.array)
+    assert np.array_equal(np.array(a), np.array(b))
