@@ -28,8 +28,9 @@ codes never becomes the 8-bit SIMD products the speed needs (measured: 1-2 GB/s 
 core as loops, ~20 as IR). The IR is generic LLVM (vectors, shuffles, `llvm.vector.reduce.add`):
 LLVM picks the host's instructions when numba compiles (AVX-512 VNNI's 4-way u8 x s8 dot from a
 u8 x s8 reduction, ARM's dot products), and it is correct on every target; the one
-target-specific call (`vpdpbusd`, for the Q8_0 and IQ2_XXS 4-way dots) is used only when the
-host has AVX-512 VNNI, with the same integers from generic IR elsewhere. Every vector operation
+target-specific calls are used only where the host has them, with the same integers from generic
+IR elsewhere: `vpdpbusd` (AVX-512 VNNI) for the Q8_0 and IQ2_XXS 4-way dots, and the word and
+byte permutes and the multishift of AVX-512 VBMI for IQ2_XXS's grid rows (IQ2_VBMI). Every vector operation
 is on integers, so results are exact whatever instructions are chosen. Intrinsics take arrays and
 flat element offsets into C-contiguous arrays (no bounds checks: the kernels keep every access
 inside the arrays they pass).
@@ -57,6 +58,8 @@ Dense: dot_f32_lanes(w, wo, x, xo, n)  the F16/F32 lane-order dot product -> flo
 """
 
 from __future__ import annotations
+
+import functools
 
 import llvmlite.binding as ll
 import numpy as np
@@ -165,18 +168,85 @@ def _q4_k_scales_mins_vectors(builder, base):
     return _shuffle(builder, lo6, sc_hi, [0, 1, 2, 3, 12, 13, 14, 15]), mns
 
 
-def _iq2_magnitudes_signs(context, builder, grid_type, grid, base):
+# The IQ2_XXS grid's magnitudes are 8, 25 and 43 only, so a grid row is eight 2-bit codes
+# (c = 0, 1, 2 for 8, 25, 43), 16 bits a row: the whole grid is
+# 512 bytes, eight vector registers of 32 rows, and where the host has AVX-512 VBMI the 32 rows
+# of a block are looked up by four two-table word permutes at once (vpermi2w) and spread to their
+# bytes by one multishift and one byte permute per 64 weights, instead of 32 scalar loads and the inserts that gather
+# them into vectors (about half of a decoded block's instructions). The magnitudes are the same
+# integers either way (tests/engine/test_qmatrix.py holds both paths to the same bits).
+def _iq2_grid_codes() -> list[int] | None:
+    grid, _ = _quant_tables()
+    code = {8.0: 0, 25.0: 1, 43.0: 2}
+    if not set(np.unique(grid).tolist()) <= set(code):
+        return None
+    return [sum(code[float(v)] << (2 * j) for j, v in enumerate(row)) for row in grid]
+
+
+def _quant_tables():
+    from ds4agent.engine import quant
+
+    return quant.iq2xxs_tables()
+
+
+_FEATURES = ll.get_host_cpu_features()
+_IQ2_CODES = _iq2_grid_codes() if _FEATURES.get("avx512vbmi") and _FEATURES.get("avx512bw") else None
+IQ2_VBMI = _IQ2_CODES is not None  # whether this host's IQ2_XXS kernels look rows up by the code table
+
+
+def _iq2_magnitudes_vbmi(builder, words):
+    """The 32 grid rows of a block (row indices: the bytes of its even words) as <256 x i8>
+    magnitudes, through the 2-bit code table (see _IQ2_CODES)."""
+    assert _IQ2_CODES is not None
+    v16, i1_32 = _vec(_I16, 32), _vec(ir.IntType(1), 32)
+    permute = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [v16, v16, v16]),
+                                             "llvm.x86.avx512.vpermi2var.hi.512")
+    rows = builder.zext(builder.bitcast(_shuffle(builder, words, words, range(0, 16, 2)), _vec(_I8, 32)), v16)
+    tables = [_const(_I16, _IQ2_CODES[32 * m:32 * m + 32]) for m in range(8)]
+    # rows 64q .. 64q + 63 from tables 2q and 2q + 1 (index bits 0-5), then bits 6 and 7 choose q
+    looked = [builder.call(permute, [tables[2 * q], rows, tables[2 * q + 1]]) for q in range(4)]
+
+    def bit(b):
+        return builder.icmp_unsigned("!=", builder.and_(rows, _const(_I16, [b] * 32)), _const(_I16, [0] * 32))
+
+    b6, b7 = bit(64), bit(128)
+    assert b6.type == i1_32
+    codes = builder.select(b7, builder.select(b6, looked[3], looked[2]), builder.select(b6, looked[1], looked[0]))
+    shift = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(_I8, 64), [_vec(_I8, 64)] * 2),
+                                           "llvm.x86.avx512.pmultishift.qb.512")
+    bytes_of = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(_I8, 64), [_vec(_I8, 64)] * 2),
+                                              "llvm.x86.avx512.permvar.qi.512")
+    control = _const(_I8, [2 * (k % 8) for k in range(64)])
+    # byte i of the magnitude table: the magnitude of code i & 3 (a byte permute reads the low six
+    # bits of its index, so the other codes the multishift brings along need no mask)
+    magnitude = _const(_I8, [(8, 25, 43, 0)[i & 3] for i in range(64)])
+    quarters = []
+    for h in range(4):  # rows 8h .. 8h + 7: each row's code word in its own 64-bit lane
+        lanes = builder.zext(_shuffle(builder, codes, codes, range(8 * h, 8 * h + 8)), _vec(_I64, 8))
+        c = builder.call(shift, [control, builder.bitcast(lanes, _vec(_I8, 64))])
+        quarters.append(builder.call(bytes_of, [magnitude, c]))
+    low = _shuffle(builder, quarters[0], quarters[1], range(128))
+    high = _shuffle(builder, quarters[2], quarters[3], range(128))
+    return _shuffle(builder, low, high, range(256))
+
+
+def _iq2_magnitudes_signs(context, builder, grid_type, grid, base, vbmi: bool):
     """An IQ2_XXS block at `base` -> (magnitudes <256 x i8> unsigned, negative <256 x i1>).
 
-    The 32 grid-row loads are scalar, indexed by bytes loaded straight from the block (moving
-    indices out of a vector register costs more); the signs are computed for all 256 weights at
-    once: 7-bit code j of b_g, plus a parity bit that makes the count of negative signs even."""
-    table = context.make_array(grid_type)(context, builder, grid).data
-    mags = ir.Constant(_vec(_I64, 32), None)
-    for k in range(32):
-        row = builder.zext(builder.load(builder.gep(base, [ir.Constant(_I64, 2 + 8 * (k // 4) + k % 4)])), _I64)
-        mags = builder.insert_element(mags, builder.load(builder.gep(table, [row])), ir.Constant(_I32, k))
+    Without VBMI the 32 grid-row loads are scalar, indexed by bytes loaded straight from the block
+    (moving indices out of a vector register costs more); the signs are computed for all 256
+    weights at once: 7-bit code j of b_g, plus a parity bit that makes the count of negative
+    signs even."""
     words = _load(builder, builder.gep(base, [ir.Constant(_I64, 2)]), _I32, 16)
+    if vbmi:
+        mags = _iq2_magnitudes_vbmi(builder, words)
+    else:
+        table = context.make_array(grid_type)(context, builder, grid).data
+        rows64 = ir.Constant(_vec(_I64, 32), None)
+        for k in range(32):
+            row = builder.zext(builder.load(builder.gep(base, [ir.Constant(_I64, 2 + 8 * (k // 4) + k % 4)])), _I64)
+            rows64 = builder.insert_element(rows64, builder.load(builder.gep(table, [row])), ir.Constant(_I32, k))
+        mags = builder.bitcast(rows64, _vec(_I8, 256))
     b = _shuffle(builder, words, words, range(1, 16, 2))
     b32 = _shuffle(builder, b, b, [k // 4 for k in range(32)])
     codes = builder.and_(builder.lshr(b32, _const(_I32, [7 * (k % 4) for k in range(32)])), _const(_I32, [127] * 32))
@@ -185,33 +255,44 @@ def _iq2_magnitudes_signs(context, builder, grid_type, grid, base):
                                               "llvm.ctpop.v32i8")
     parity = builder.and_(builder.call(popcount, [codes]), _const(_I8, [1] * 32))
     sign_bits = builder.or_(codes, builder.shl(parity, _const(_I8, [7] * 32)))
-    spread = _shuffle(builder, sign_bits, sign_bits, [k // 8 for k in range(256)])
-    negative = builder.icmp_unsigned("!=", builder.and_(spread, _const(_I8, [1 << (k % 8) for k in range(256)])),
-                                     _const(_I8, [0] * 256))
-    return builder.bitcast(mags, _vec(_I8, 256)), negative
+    # Bit j of byte k // 8 is weight k's sign: the 32 bytes, read as 256 bits, are the lane mask
+    # itself (one mask register per 64 weights where the target has them).
+    negative = builder.bitcast(sign_bits, _vec(ir.IntType(1), 256))
+    return mags, negative
 
 
-@intrinsic
-def iq2_xxs_unpack(typingctx, raw, o, grid, buf, bo):
+def iq2_xxs_unpack_with(vbmi: bool):
+    """iq2_xxs_unpack with its grid rows looked up one way or the other (vbmi: the 2-bit code
+    table, _IQ2_CODES; else scalar loads from `grid`): the module's own is the host's best; the
+    tests build both and compare them."""
+
+    @intrinsic
+    def unpack(typingctx, raw, o, grid, buf, bo):
+        return types.void(raw, o, grid, buf, bo), functools.partial(_iq2_unpack_body, vbmi)
+
+    return unpack
+
+
+def _iq2_unpack_body(vbmi, context, builder, sig, args):
     # IQ2_XXS block: f16 d, then 8 groups of 32 weights, each two little-endian u32: a (four
     # grid-row bytes), b (four 7-bit sign codes at bits 0, 7, 14, 21; a 4-bit scale at 28).
     # Run k = 4g + j of 8 weights: magnitudes = grid row (byte j of a_g), signs = sign code j of
     # b_g plus a parity bit that makes the count of negative signs even.
     # grid [256] uint64: the 8 u8 magnitudes of each row (2 KiB: stays in L1).
-    def codegen(context, builder, sig, args):
-        base = _ptr(context, builder, sig.args[0], args[0], args[1])
-        mags, negative = _iq2_magnitudes_signs(context, builder, sig.args[2], args[2], base)
-        signed = builder.select(negative, builder.sub(_const(_I8, [0] * 256), mags), mags)
-        words = _load(builder, builder.gep(base, [ir.Constant(_I64, 2)]), _I32, 16)
-        b = _shuffle(builder, words, words, range(1, 16, 2))
-        ls = builder.add(builder.shl(builder.lshr(b, _const(_I32, [28] * 8)), _const(_I32, [1] * 8)), _const(_I32, [1] * 8))
-        ls = builder.trunc(ls, _vec(_I16, 8))
-        scale = _shuffle(builder, ls, ls, [k // 32 for k in range(256)])
-        values = builder.mul(builder.sext(signed, _vec(_I16, 256)), scale)
-        _store(builder, values, _ptr(context, builder, sig.args[3], args[3], args[4]), _I16, 256)
-        return context.get_dummy_value()
+    base = _ptr(context, builder, sig.args[0], args[0], args[1])
+    mags, negative = _iq2_magnitudes_signs(context, builder, sig.args[2], args[2], base, vbmi)
+    signed = builder.select(negative, builder.sub(_const(_I8, [0] * 256), mags), mags)
+    words = _load(builder, builder.gep(base, [ir.Constant(_I64, 2)]), _I32, 16)
+    b = _shuffle(builder, words, words, range(1, 16, 2))
+    ls = builder.add(builder.shl(builder.lshr(b, _const(_I32, [28] * 8)), _const(_I32, [1] * 8)), _const(_I32, [1] * 8))
+    ls = builder.trunc(ls, _vec(_I16, 8))
+    scale = _shuffle(builder, ls, ls, [k // 32 for k in range(256)])
+    values = builder.mul(builder.sext(signed, _vec(_I16, 256)), scale)
+    _store(builder, values, _ptr(context, builder, sig.args[3], args[3], args[4]), _I16, 256)
+    return context.get_dummy_value()
 
-    return types.void(raw, o, grid, buf, bo), codegen
+
+iq2_xxs_unpack = iq2_xxs_unpack_with(_IQ2_CODES is not None)
 
 
 _F32, _F16 = ir.FloatType(), ir.HalfType()
@@ -352,7 +433,7 @@ def _iq2_xxs_block(context, builder, grid_type, grid, base):
     # The signs go onto the activations, so the products are unsigned magnitudes (<= 43) times
     # signed codes: the 4-way u8 x s8 dot. Groups 2h and 2h + 1 share one 64-byte dot (lanes
     # 0..7 and 8..15), each lane then scaled by its group's 2 s_g + 1.
-    mags, negative = _iq2_magnitudes_signs(context, builder, grid_type, grid, base)
+    mags, negative = _iq2_magnitudes_signs(context, builder, grid_type, grid, base, _IQ2_CODES is not None)
     words = _load(builder, builder.gep(base, [ir.Constant(_I64, 2)]), _I32, 16)
     b = _shuffle(builder, words, words, range(1, 16, 2))
     ls = builder.add(builder.shl(builder.lshr(b, _const(_I32, [28] * 8)), _const(_I32, [1] * 8)), _const(_I32, [1] * 8))

@@ -352,3 +352,34 @@ def test_products_follow_the_stated_formulas_bit_for_bit(qtype, n):
     per_row = raw.reshape(rows, -1)
     want = np.array([[_formula_row(qtype, per_row[r], x[t]) for r in range(rows)] for t in range(n)], np.float32)
     assert np.array_equal(y, want)
+
+
+def test_iq2_xxs_grid_lookups_give_the_format_s_weights_either_way():
+    """The IQ2_XXS blocks' signed integer weights (grid magnitude, sign, 2s + 1) as the kernels
+    decode them: through the 2-bit code table with AVX-512 VBMI (what this host's kernels use
+    when it has VBMI) and through scalar grid loads (every other host), each equal to the
+    format's dequantised weights / (d / 8) exactly."""
+    from ds4agent.engine import qkernels
+
+    rng = np.random.default_rng(21)
+    nb = 64
+    raw = random_blocks(rng, quant.IQ2_XXS, nb, scale=1.0).reshape(-1)
+    want = np.array(quant.dequantize(raw, quant.IQ2_XXS, (nb, 256)))
+    d = np.array([np.frombuffer(raw[66 * b:66 * b + 2].tobytes(), np.float16)[0] for b in range(nb)], np.float32)
+    want = want / (d[:, None] * np.float32(0.125))
+    grid = np.ascontiguousarray(quant.iq2xxs_tables()[0].astype(np.uint8)).view(np.uint64).reshape(-1)
+    for vbmi in [False] + ([True] if qkernels.IQ2_VBMI else []):
+        out = np.zeros(nb * 256, np.int16)
+        _block_decoder(qkernels.iq2_xxs_unpack_with(vbmi))(raw, grid, out)
+        assert np.array_equal(out.reshape(nb, 256).astype(np.float32), want), f"vbmi={vbmi}"
+
+
+def _block_decoder(unpack):
+    from numba import njit
+
+    @njit
+    def decode(raw, grid, out):
+        for b in range(out.shape[0] // 256):
+            unpack(raw, 66 * b, grid, out, 256 * b)
+
+    return decode
