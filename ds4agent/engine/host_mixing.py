@@ -38,10 +38,11 @@ def rms_normalised(x: np.ndarray, eps: float) -> np.ndarray:
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:
-    # exp(-z) overflows to inf for z below about -88, and 1 / (1 + inf) = 0 is the right value:
-    # no warning (the engine never prints).
-    with np.errstate(over="ignore"):
-        return F32(1.0) / (F32(1.0) + np.exp(-z))
+    """1 / (1 + e^-z) for z >= 0, e^z / (1 + e^z) below (ds4's form: no exp of a large positive
+    argument, and the same rounding as ds4's for negative z), in float32."""
+    e = np.exp(-np.abs(z))
+    one = F32(1.0)
+    return np.where(z >= 0, one / (one + e), e / (one + e))
 
 
 def sinkhorn(c: np.ndarray, iters: int, eps: float) -> np.ndarray:
@@ -73,11 +74,12 @@ def hc_pre(fn: HostProduct, scale: np.ndarray, base: np.ndarray, R: np.ndarray,
 
 def hc_post(R: np.ndarray, y: np.ndarray, post: np.ndarray, C: np.ndarray) -> np.ndarray:
     """R [n, hc, E], y [n, E], post [n, hc], C [n, hc, hc] -> R' [n, hc, E] (model.md §4.2):
-    R'[j] = post[j]·y + Σ_i C[i][j]·R[i], the sum over i in stream order."""
-    mixed = C[:, 0, :, None] * R[:, 0, None, :]
-    for i in range(1, R.shape[1]):
-        mixed = mixed + C[:, i, :, None] * R[:, i, None, :]
-    return post[:, :, None] * y[:, None, :] + mixed
+    R'[j] = post[j]·y + Σ_i C[i][j]·R[i], in ds4's order: from post[j]·y, the streams' terms
+    added one at a time in stream order."""
+    out = post[:, :, None] * y[:, None, :]
+    for i in range(R.shape[1]):
+        out = out + C[:, i, :, None] * R[:, i, None, :]
+    return out
 
 
 def softplus(z: np.ndarray) -> np.ndarray:
