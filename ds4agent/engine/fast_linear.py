@@ -86,8 +86,9 @@ class FastLinear:
         if self.groups > 1 or not isinstance(self.matrix, QuantMatrix):
             raise TypeError("a grouped FastLinear multiplies through grouped()")
         lead = tuple(x.shape[:-1])
-        xh = to_host(x.astype(F32), np.float32).reshape(-1, self.in_features)
-        return mx.array(self.matrix.matmul(xh)).reshape(*lead, self.out_features)
+        xh = to_host(x if x.dtype == F32 else x.astype(F32), np.float32).reshape(-1, self.in_features)
+        # reshaped on the host: an MLX reshape is a graph node that the next read would wait for
+        return mx.array(self.matrix.matmul(xh).reshape(*lead, self.out_features))
 
     def grouped(self, x: mx.array) -> mx.array:
         """x [n, G, in] -> [n, G·(out/G)]: group g's input times group g's rows (weights.Linear.grouped)."""

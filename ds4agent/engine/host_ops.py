@@ -39,10 +39,14 @@ def host(a: Any) -> np.ndarray:
     return to_host(a, F32, view=True)
 
 
+def rms_norm_np(x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
+    """ops.rms_norm on host arrays: x · (1/sqrt(mean(x²) + eps)) · w (w None: no weight)."""
+    y = host_mixing.rms_normalised(x, eps)
+    return y if w is None else y * w
+
+
 def rms_norm(x: Any, w: Any, eps: float) -> mx.array:
-    """ops.rms_norm: x · (1/sqrt(mean(x²) + eps)) · w (w None: no weight)."""
-    y = host_mixing.rms_normalised(host(x), eps)
-    return mx.array(y if w is None else y * host(w))
+    return mx.array(rms_norm_np(host(x), None if w is None else host(w), eps))
 
 
 def softplus(z: Any) -> mx.array:
@@ -65,9 +69,12 @@ def _exponent(a: np.ndarray) -> np.ndarray:
 
 
 def fp8sim(x: Any, n_blocks_dims: int) -> mx.array:
-    """ops.fp8sim: E4M3 on the first n_blocks_dims values, blocks of 64, with the same exact bit
-    arithmetic (power-of-two scale from the exponent bits, round half to even)."""
-    xh = host(x)
+    return mx.array(fp8sim_np(host(x), n_blocks_dims))
+
+
+def fp8sim_np(xh: np.ndarray, n_blocks_dims: int) -> np.ndarray:
+    """ops.fp8sim on a host array: E4M3 on the first n_blocks_dims values, blocks of 64, with the
+    same exact bit arithmetic (power-of-two scale from the exponent bits, round half to even)."""
     dn = n_blocks_dims
     b = xh[..., :dn].reshape(*xh.shape[:-1], dn // 64, 64)
     amax = np.maximum(np.abs(b).max(axis=-1, keepdims=True), F32(1e-4))
@@ -82,13 +89,16 @@ def fp8sim(x: Any, n_blocks_dims: int) -> mx.array:
     out = q.reshape(*xh.shape[:-1], dn)
     if dn != xh.shape[-1]:
         out = np.concatenate([out, xh[..., dn:]], axis=-1)
-    return mx.array(out)
+    return out
 
 
 def rope_tail(x: Any, cos: Any, sin: Any, inverse: bool = False) -> mx.array:
-    """ops.rope_tail: the last Dr values of x rotated as adjacent pairs; cos/sin [n, Dr/2], one
-    row per leading index of x (or already broadcastable against x's pairs)."""
-    xh, ch, sh = host(x), host(cos), host(sin)
+    return mx.array(rope_tail_np(host(x), host(cos), host(sin), inverse))
+
+
+def rope_tail_np(xh: np.ndarray, ch: np.ndarray, sh: np.ndarray, inverse: bool = False) -> np.ndarray:
+    """ops.rope_tail on host arrays: the last Dr values of x rotated as adjacent pairs; cos/sin
+    [n, Dr/2], one row per leading index of x (or already broadcastable against x's pairs)."""
     half = ch.shape[-1]
     dr, d = 2 * half, xh.shape[-1]
     ch, sh = ops.rope_rows(ch, xh.ndim), ops.rope_rows(sh, xh.ndim)
@@ -97,7 +107,12 @@ def rope_tail(x: Any, cos: Any, sin: Any, inverse: bool = False) -> mx.array:
     tail = xh[..., d - dr:].reshape(*xh.shape[:-1], half, 2)
     x0, x1 = tail[..., 0], tail[..., 1]
     rot = np.stack([x0 * ch - x1 * sh, x0 * sh + x1 * ch], axis=-1).reshape(*xh.shape[:-1], dr)
-    return mx.array(rot if dr == d else np.concatenate([xh[..., :d - dr], rot], axis=-1))
+    return rot if dr == d else np.concatenate([xh[..., :d - dr], rot], axis=-1)
+
+
+def f16_round_np(x: np.ndarray) -> np.ndarray:
+    """ops.f16_round on a host array: to IEEE half (nearest, ties to even) and back."""
+    return x.astype(np.float16).astype(F32)
 
 
 HOST = ops.OpSet(rms_norm=rms_norm, softplus=softplus, swiglu=swiglu, fp8sim=fp8sim, rope_tail=rope_tail,

@@ -160,9 +160,14 @@ def row_cuts(rows: int, work: int, align: int = 1) -> np.ndarray:
     """Where [0, rows) is split into one contiguous range per thread (int64 [parts + 1]; each
     range starting at a multiple of `align`): one range when `work` (multiply-adds) is small."""
     units = -(-rows // align)
-    parts = max(1, min(device.cpu_parts(), units))
-    if work < _PARALLEL_MIN_MACS:
-        parts = 1
+    parts = 1 if work < _PARALLEL_MIN_MACS else max(1, min(device.cpu_parts(), units))
+    return _cuts(rows, units, parts, align)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cuts(rows: int, units: int, parts: int, align: int) -> np.ndarray:
+    # A decoded token asks for the same few hundred splits every time; the array is shared, and
+    # the kernels only read it.
     return np.array([min(rows, units * i // parts * align) for i in range(parts + 1)], np.int64)
 
 
@@ -303,10 +308,19 @@ class ExpertMatrix:
             raise QuantMatrixError(f"expert id out of range 0..{self.n_experts - 1}")
         if not flat.size:
             return [np.empty((n, k, self.rows), np.float32) for _ in mats]
-        used, inverse = np.unique(flat, return_inverse=True)
-        order = np.argsort(inverse, kind="stable")  # pairs grouped by expert, in pair order
-        starts = np.concatenate([[0], np.cumsum(np.bincount(inverse, minlength=len(used)))]).astype(np.int64)
-        rows_of = order if xa.ndim == 3 else order // k  # the input row of each grouped pair
+        order: np.ndarray | None
+        if flat.size <= 64 and len(set(flat.tolist())) == flat.size:
+            # Every pair its own expert (a decoded token's k experts): the pairs are the groups,
+            # in pair order; the kernels take the experts in any order, each row's result the same.
+            used, order = flat, None
+            starts = np.arange(flat.size + 1, dtype=np.int64)
+            pairs = np.arange(flat.size)
+            rows_of = pairs if xa.ndim == 3 else pairs // k
+        else:
+            used, inverse = np.unique(flat, return_inverse=True)
+            order = np.argsort(inverse, kind="stable")  # pairs grouped by expert, in pair order
+            starts = np.concatenate([[0], np.cumsum(np.bincount(inverse, minlength=len(used)))]).astype(np.int64)
+            rows_of = order if xa.ndim == 3 else order // k  # the input row of each grouped pair
         act = Activations(np.ascontiguousarray(xa.reshape(-1, self.cols), dtype=np.float32), self.kind)
         if len(rows_of) != act.x.shape[0] or np.any(rows_of != np.arange(len(rows_of))):
             act = act.take(rows_of)
@@ -317,6 +331,8 @@ class ExpertMatrix:
             _kernels().expert_rows_split(self.ggml_type, tuple(m.w for m in mats), tuple(m.aux for m in mats),
                                          tuple(grouped), used, starts, act.xq, act.x16, act.xd, act.xs, cuts, f16,
                                          grid)
+        if order is None:
+            return [out.reshape(n, k, self.rows) for out in grouped]
         results = []
         for out in grouped:
             res = np.empty_like(out)

@@ -164,6 +164,11 @@ def test_routed_experts_equal_their_single_products(qtype):
             single = em.expert(int(ids[t, j]))
             assert np.array_equal(y[t, j], single.matmul(x[t : t + 1])[0])
             assert np.array_equal(y3[t, j], single.matmul(x3[t, j : j + 1])[0])
+    # one token (a decoded token: every pair its own expert, taken in selection order, not
+    # grouped) gives the same bits as the same token inside the batch above
+    for t in range(n):
+        assert np.array_equal(em.matmul(x[t : t + 1], ids[t : t + 1])[0], y[t])
+        assert np.array_equal(em.matmul(x3[t : t + 1], ids[t : t + 1])[0], y3[t])
     with pytest.raises(QuantMatrixError, match="out of range"):
         em.matmul(x, np.full((n, k), n_experts))
 

@@ -73,6 +73,24 @@ class FastCpuExecutor(ReferenceExecutor):
                                          to_host(h, np.float32), to_host(tokens), c, c.is_hash_layer(layer))
         return mx.array(sel), mx.array(weights)
 
+    def attn_front(self, aw: AttentionWeights, c: ModelConfig, rounding: bool, x: mx.array, cos: mx.array,
+                   sin: mx.array) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+        """The reference's attention front (the same steps through host_ops), host array to host
+        array: no MLX node between its products, so nothing waits on MLX's stream thread."""
+        host = host_ops.host
+        n, eps = x.shape[0], c.rms_eps
+        w = _host_copies(aw.compiled, norm=aw.norm, q_a_norm=aw.q_a_norm, kv_norm=aw.kv_norm)
+        ch, sh = host(cos), host(sin)
+        a = host_ops.rms_norm_np(host(x), w["norm"], eps)
+        qr = host_ops.rms_norm_np(_host_product(aw.q_a)(a), w["q_a_norm"], eps)
+        q = host_ops.rms_norm_np(_host_product(aw.q_b)(qr).reshape(n, c.n_heads, c.head_dim), None, eps)
+        kv = host_ops.rms_norm_np(_host_product(aw.kv)(a), w["kv_norm"], eps)
+        q = host_ops.rope_tail_np(q, ch, sh)
+        kv = host_ops.rope_tail_np(kv, ch, sh)
+        if rounding:
+            kv = host_ops.f16_round_np(host_ops.fp8sim_np(kv, c.nope_dim))
+        return mx.array(a), mx.array(qr), mx.array(q), mx.array(kv)
+
     def attend(self, c: ModelConfig, q: mx.array, k_all: mx.array, r0: int, p0: int, sinks: mx.array,
                comp: mx.array | None, ratio: int, index_inputs=None, trace_masks: list | None = None) -> mx.array:
         """Each query over exactly the rows it sees, on every core (fast_attention.py)."""
