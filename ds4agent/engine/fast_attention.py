@@ -2,7 +2,7 @@
 
 Same attention as layers.attention_core (model.md §4.3 step 7: the raw window, the compressed rows
 visible at the query's position, for ratio-4 layers the indexer's top-k once it prunes, the sink
-in the softmax), computed per (query, head) by a compiled kernel (qkernels.attend_units) over
+in the softmax), computed per (query, head) by a compiled kernel (fkernels.attend_units) over
 exactly the rows the query sees. The reference instead gathers fixed-length slot sets (W raw
 slots, K indexer slots) and masks the invisible ones, which keeps its float sums chunk-invariant
 but, on the CPU, costs most of a decoded token and far more of a prefill chunk (a 64-query
@@ -54,7 +54,7 @@ def _comp_slots(c: ModelConfig, ratio: int, p0: int, n: int, comp: mx.array, bas
 def attend(c: ModelConfig, q: mx.array, k_all: mx.array, r0: int, p0: int, sinks: mx.array,
            comp: mx.array | None, ratio: int, index_inputs=None, trace_masks: list | None = None) -> mx.array:
     """layers.attention_core's arguments and result: o [n, H, Dh] of queries q [n, H, Dh]."""
-    from . import qkernels
+    from . import fkernels
 
     n, H, D = (int(s) for s in q.shape)
     W = c.window
@@ -72,5 +72,5 @@ def attend(c: ModelConfig, q: mx.array, k_all: mx.array, r0: int, p0: int, sinks
     out = np.empty((n, H, D), np.float32)
     scale = np.float32(1.0 / np.sqrt(np.float32(D)))
     with SPLIT_LOCK:
-        qkernels.attend_units_split(qh, keys, slots, sh, scale, out, row_cuts(n * H, n * H * slots.shape[1] * D * 2))
+        fkernels.attend_units_split(qh, keys, slots, sh, scale, out, row_cuts(n * H, n * H * slots.shape[1] * D * 2))
     return mx.array(out)

@@ -18,8 +18,6 @@ float steps below are in this order, from +0, one rounding each, no fused multip
           isum = sum_j sc_j * dot16_j, summs = sum_j m_j * bsums_j (16 sub-blocks)
   Q4_K    as Q2_K with 8 sub-blocks of 32: summs = sum_j m_j * (bsums_2j + bsums_2j+1)
   IQ2_XXS acc += (d*xd) * float(sum_g (2 s_g + 1) * dot32_g); result = 0.125 * acc
-  F16/F32 16 lane sums: lane l adds w_c*x_c for c = l, l+16, ... in order (an f16 weight
-          widened exactly); then lanes summed pairwise (l with l+8, then +4, +2, +1).
 These are ds4's CPU formulas (its portable C path) for the quantised types.
 
 Vector building blocks (the first half of this module) are LLVM IR, as numba intrinsics. Why IR
@@ -54,7 +52,8 @@ IQ2_XXS rows meeting many tokens are decoded once to 16-bit weights instead:
     iq2_xxs_unpack(raw, o, grid, buf, bo)  signed grid value * (2 * 4-bit scale + 1)
                                       (|v| <= 43 * 31) at buf[bo:bo+256]; grid: the 256 grid
                                       rows as uint64; then one dot_i16_256 per token
-Dense: dot_f32_lanes(w, wo, x, xo, n)  the F16/F32 lane-order dot product -> float32
+The float kernels (the F16/F32 lane-order product, the attention core, the routed SwiGLU) are
+in fkernels.py.
 """
 
 from __future__ import annotations
@@ -296,44 +295,6 @@ iq2_xxs_unpack = iq2_xxs_unpack_with(_IQ2_CODES is not None)
 
 
 _F32, _F16 = ir.FloatType(), ir.HalfType()
-
-
-@intrinsic
-def dot_f32_lanes(typingctx, w, wo, x, xo, n):
-    """sum over i < n of w[wo+i] * x[xo+i] in float32: w f32, or f16 given as uint16 bits
-    (widened exactly); 16 lane sums (lane l adds the products i = l, l+16, ... in order, each
-    product and sum rounded once: no fused multiply-add), then lanes l and l+8 added, then
-    l and l+4, l+2, l+1. The order is fixed by this IR, not by the compiler."""
-    half = w.dtype == types.uint16
-
-    def codegen(context, builder, sig, args):
-        pw = _ptr(context, builder, sig.args[0], args[0], args[1])
-        px = _ptr(context, builder, sig.args[2], args[2], args[3])
-        if half:
-            pw = builder.bitcast(pw, _F16.as_pointer())
-        count = args[4]
-        full = builder.and_(count, ir.Constant(_I64, -16))
-        lanes = cgutils.alloca_once(builder, _vec(_F32, 16))
-        builder.store(ir.Constant(_vec(_F32, 16), [0.0] * 16), lanes)
-        with cgutils.for_range_slice(builder, ir.Constant(_I64, 0), full, ir.Constant(_I64, 16)) as (i, _):
-            wv = _load(builder, builder.gep(pw, [i]), _F16 if half else _F32, 16)
-            if half:
-                wv = builder.fpext(wv, _vec(_F32, 16))
-            xv = _load(builder, builder.gep(px, [i]), _F32, 16)
-            builder.store(builder.fadd(builder.load(lanes), builder.fmul(wv, xv)), lanes)
-        scalar = builder.bitcast(lanes, _F32.as_pointer())
-        with cgutils.for_range_slice(builder, full, count, ir.Constant(_I64, 1)) as (i, _):
-            wi = builder.load(builder.gep(pw, [i]))
-            if half:
-                wi = builder.fpext(wi, _F32)
-            slot = builder.gep(scalar, [builder.sub(i, full)])
-            builder.store(builder.fadd(builder.load(slot), builder.fmul(wi, builder.load(builder.gep(px, [i])))), slot)
-        v = builder.load(lanes)
-        for width in (8, 4, 2, 1):
-            v = builder.fadd(_shuffle(builder, v, v, range(width)), _shuffle(builder, v, v, range(width, 2 * width)))
-        return builder.extract_element(v, ir.Constant(_I32, 0))
-
-    return types.float32(w, wo, x, xo, n), codegen
 
 
 # ---- Q8_0 rows interleaved for the 4-byte dot-product instruction -------------------------------
@@ -764,52 +725,6 @@ def expert_rows(kind, w, aux, used, starts, xq, x16, xd, xs, out, r0, r1, f16, g
             _iq2_xxs_rows(w[e], xq, x16, xd, xs, out, r0, r1, t0, t1, f16, grid)
 
 
-@_jit
-def dense_rows(w, x, out, r0, r1):
-    """w [rows, cols] f32, or f16 as uint16 bits -> out[:, r0:r1] (dot_f32_lanes's order)."""
-    n, cols = x.shape
-    for r in range(r0, r1):
-        for t in range(n):
-            out[t, r] = dot_f32_lanes(w, r * cols, x, t * cols, cols)
-
-
-@_jit
-def attend_units(q, keys, slots, sinks, scale, out, u0, u1):
-    """Attention of (query, head) units u0..u1 (u = t * H + h) over the key rows each query sees.
-
-    q [n, H, D] f32; keys [R, D] f32 (keys and values are the same rows); slots [n, S] int32: the
-    rows of `keys` query t sees, -1 where a slot is empty; sinks [H]; out [n, H, D]. Per unit:
-    scores s_j = dot_f32_lanes(key_j, q) * scale; m = max(sink, s_j); e_j = exp(s_j - m) in f32;
-    out = (sum_j e_j * key_j, in slot order) / (exp(sink - m) + sum_j e_j, in slot order). A unit's
-    result depends on its query and rows alone, never on the other units of the call."""
-    n, H, D = q.shape
-    S = slots.shape[1]
-    sc = np.empty(S, np.float32)
-    acc = np.empty(D, np.float32)
-    for u in range(u0, u1):
-        t, h = u // H, u % H
-        m = sinks[h]
-        qo = (t * H + h) * D
-        for j in range(S):
-            r = slots[t, j]
-            if r >= 0:
-                s = np.float32(dot_f32_lanes(keys, r * D, q, qo, D) * scale)
-                sc[j] = s
-                if s > m:
-                    m = s
-        denom = np.float32(np.exp(np.float32(sinks[h] - m)))
-        acc[:] = 0.0
-        for j in range(S):
-            r = slots[t, j]
-            if r >= 0:
-                e = np.float32(np.exp(np.float32(sc[j] - m)))
-                denom = np.float32(denom + e)
-                for d in range(D):
-                    acc[d] = np.float32(acc[d] + np.float32(e * keys[r, d]))
-        for d in range(D):
-            out[t, h, d] = np.float32(acc[d] / denom)
-
-
 # ---- every core ---------------------------------------------------------------------------------
 # A product's output rows (or attention's units) are split into contiguous ranges at `cuts`
 # (cuts[p]..cuts[p + 1], qmatrix.row_cuts), one per thread of numba's own pool (prange). Its
@@ -829,33 +744,3 @@ def expert_rows_split(kind, ws, auxs, outs, used, starts, xq, x16, xd, xs, cuts,
     for p in prange(cuts.shape[0] - 1):
         for m in range(len(ws)):
             expert_rows(kind, ws[m], auxs[m], used, starts, xq, x16, xd, xs, outs[m], cuts[p], cuts[p + 1], f16, grid)
-
-
-@_jit_split
-def dense_rows_split(w, x, out, cuts):
-    for p in prange(cuts.shape[0] - 1):
-        dense_rows(w, x, out, cuts[p], cuts[p + 1])
-
-
-@_jit_split
-def attend_units_split(q, keys, slots, sinks, scale, out, cuts):
-    for p in prange(cuts.shape[0] - 1):
-        attend_units(q, keys, slots, sinks, scale, out, cuts[p], cuts[p + 1])
-
-
-@_jit
-def swiglu_weighted(g, u, w, clamp, out):
-    """out[t, j] = silu(min(g, c)) * clip(u, -c, c) * w[t, j] over g, u [n, k, F] float32 (the
-    routed experts' SwiGLU and slot weight, ops.swiglu's formula): silu(z) = z * (1 / (1 +
-    exp(-z))), each step rounded to float32, in this order."""
-    n, k, F = g.shape
-    c = np.float32(clamp)
-    one = np.float32(1.0)
-    for t in range(n):
-        for j in range(k):
-            wt = w[t, j]
-            for f in range(F):
-                z = min(g[t, j, f], c)
-                v = min(max(u[t, j, f], -c), c)
-                s = one / (one + np.exp(-z))
-                out[t, j, f] = ((z * s) * v) * wt

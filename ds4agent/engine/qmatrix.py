@@ -66,6 +66,13 @@ def _kernels():
     return qkernels
 
 
+def _float_kernels():
+    """fkernels (the F16/F32 product, the SwiGLU), imported on first use like qkernels."""
+    from ds4agent.engine import fkernels
+
+    return fkernels
+
+
 @functools.lru_cache(maxsize=1)
 def _tables() -> tuple[np.ndarray, np.ndarray]:
     """(f16 -> f32 for all 65,536 bit patterns, the IQ2_XXS grid of qkernels.iq2_xxs_unpack: 256
@@ -245,7 +252,7 @@ class QuantMatrix:
             f16, grid = _tables()
             with SPLIT_LOCK:
                 if self.kind == "f32":
-                    k.dense_rows_split(self.w, act.x, out, cuts)
+                    _float_kernels().dense_rows_split(self.w, act.x, out, cuts)
                 else:  # one expert taking every token
                     k.expert_rows_split(self.ggml_type, (self.w[None],), (self.aux[None],), (out,), _ONE_EXPERT,
                                         np.array([0, out.shape[0]], np.int64), act.xq, act.x16, act.xd, act.xs,
@@ -346,13 +353,13 @@ def routed_ffn(gate: ExpertMatrix, up: ExpertMatrix, down: ExpertMatrix, x: Any,
     """A layer's routed experts in one call: x [n, dim] f32, ids [n, k], weights [n, k] f32 ->
     [n, dim] f32 = sum over slots j (in selection order) of
     down[ids[:, j]] @ (swiglu(gate[ids[:, j]] @ x, up[ids[:, j]] @ x, clamp) * weights[:, j]),
-    the SwiGLU and the weighting in float32 on the host (qkernels.swiglu_weighted: ops.swiglu's
+    the SwiGLU and the weighting in float32 on the host (fkernels.swiglu_weighted: ops.swiglu's
     formula; as an MLX graph over a 64-token chunk's [64, 6, 2048] values it cost a tenth of the
     call). Gate and up share one rounding of x and one split over the threads."""
     g, u = gate.matmul_pair(up, x, ids)
     w = np.ascontiguousarray(weights, dtype=np.float32)
     mid = np.empty_like(g)
-    _kernels().swiglu_weighted(g, u, w, float(clamp), mid)
+    _float_kernels().swiglu_weighted(g, u, w, float(clamp), mid)
     per_slot = down.matmul(mid, ids)
     total = per_slot[:, 0].copy()
     for j in range(1, per_slot.shape[1]):

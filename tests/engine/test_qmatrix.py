@@ -1,4 +1,4 @@
-"""The fast CPU kernel set (engine/qmatrix.py, qkernels.py) against its contract
+"""The fast CPU kernel set (engine/qmatrix.py, qkernels.py, fkernels.py) against its contract
 (docs/numerics-fast-cpu.md): every product within the stated bound of the dequantised float32
 product, deterministic, independent of the thread count and of the batch (decode = one-token
 prefill), the routed experts equal to their experts' single products."""
@@ -203,10 +203,10 @@ def test_gate_up_pair_equals_two_calls_and_routed_ffn_composes_them():
     g, u = gate.matmul_pair(up, x, ids)
     assert np.array_equal(g, gate.matmul(x, ids)) and np.array_equal(u, up.matmul(x, ids))
     clamp = 0.5
-    from ds4agent.engine import qkernels
+    from ds4agent.engine import fkernels
 
     mid = np.empty_like(g)
-    qkernels.swiglu_weighted(g, u, wts, clamp, mid)
+    fkernels.swiglu_weighted(g, u, wts, clamp, mid)
     # The host SwiGLU is ops.swiglu's formula; its exp is the C library's, not MLX's: last bits.
     reference = np.array(ops.swiglu(mx.array(g), mx.array(u), clamp) * mx.array(wts)[:, :, None])
     assert np.abs(mid - reference).max() <= 1e-6 * np.abs(reference).max()
