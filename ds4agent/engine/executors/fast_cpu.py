@@ -2,8 +2,8 @@
 
 The layer plan is the reference's; its primitives (norms, RoPE, the fp8 simulation, SwiGLU) are
 the same steps in numpy on the host (host_ops.HOST: an MLX result read back on the CPU waits
-80-100 µs for MLX's stream thread, and every product here reads its input back). Its weights are built for the fast set (weights.build_weights with
-kernels="cpu"): dense layers are fast_linear.FastLinear (8-bit activations and integer block dots
+80-100 µs for MLX's stream thread, and every product here reads its input back). Its weights are
+built for the fast set (weights.build_weights with kernels="cpu"): dense layers are fast_linear.FastLinear (8-bit activations and integer block dots
 for Q8_0, a fixed-order f32 product for F16/F32) and routed experts experts.fast.FastExperts.
 What differs from the reference:
   * a layer's routed experts in one call (gate and up from one activation rounding, the SwiGLU
@@ -61,8 +61,8 @@ class FastCpuExecutor(ReferenceExecutor):
         return mx.array(x), mx.array(post), mx.array(comb)
 
     def hc_post(self, R: mx.array, y: mx.array, post: mx.array, C: mx.array) -> mx.array:
-        """The reference's R'[j] = post[j]·y + Σ_i C[i][j]·R[i] on the host, the sum over the
-        hc streams in stream order (the next sublayer's mixing reads R' on the host)."""
+        """The reference's R'[j] = post[j]·y + Σ_i C[i][j]·R[i] on the host, in ds4's order
+        (host_mixing.hc_post; the next sublayer's mixing reads R' on the host)."""
         return mx.array(host_mixing.hc_post(host_ops.host(R), host_ops.host(y), host_ops.host(post),
                                             host_ops.host(C)))
 
