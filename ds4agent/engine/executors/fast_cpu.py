@@ -3,8 +3,9 @@
 The layer plan is the reference's; its primitives (norms, RoPE, the fp8 simulation, SwiGLU) are
 the same steps in numpy on the host (host_ops.HOST: an MLX result read back on the CPU waits
 80-100 µs for MLX's stream thread, and every product here reads its input back). Its weights are
-built for the fast set (weights.build_weights with kernels="cpu"): dense layers are fast_linear.FastLinear (8-bit activations and integer block dots
-for Q8_0, a fixed-order f32 product for F16/F32) and routed experts experts.fast.FastExperts.
+built for the fast set (weights.build_weights with kernels="cpu"): dense layers are
+fast_linear.FastLinear (8-bit activations and integer block dots for Q8_0, a fixed-order f32
+product for F16/F32) and routed experts experts.fast.FastExperts.
 What differs from the reference:
   * a layer's routed experts in one call (gate and up from one activation rounding, the SwiGLU
     and the weighting on the host, down, the slot sum in selection order: qmatrix.routed_ffn);
