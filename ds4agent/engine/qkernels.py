@@ -67,6 +67,8 @@ from numba import njit, prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from ds4agent.engine import quant
+
 _I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 
 
@@ -175,17 +177,11 @@ def _q4_k_scales_mins_vectors(builder, base):
 # them into vectors (about half of a decoded block's instructions). The magnitudes are the same
 # integers either way (tests/engine/test_qmatrix.py holds both paths to the same bits).
 def _iq2_grid_codes() -> list[int] | None:
-    grid, _ = _quant_tables()
+    grid, _ = quant.iq2xxs_tables()
     code = {8.0: 0, 25.0: 1, 43.0: 2}
     if not set(np.unique(grid).tolist()) <= set(code):
         return None
     return [sum(code[float(v)] << (2 * j) for j, v in enumerate(row)) for row in grid]
-
-
-def _quant_tables():
-    from ds4agent.engine import quant
-
-    return quant.iq2xxs_tables()
 
 
 _FEATURES = ll.get_host_cpu_features()
@@ -303,7 +299,7 @@ _F32, _F16 = ir.FloatType(), ir.HalfType()
 # load then meets one 4-byte piece of the activations (broadcast) and one u8 x s8 4-way dot
 # instruction adds 16 rows' partial sums at once: no horizontal sums at all.
 
-_VNNI = bool(ll.get_host_cpu_features().get("avx512vnni")) and bool(ll.get_host_cpu_features().get("avx512bw"))
+_VNNI = bool(_FEATURES.get("avx512vnni")) and bool(_FEATURES.get("avx512bw"))
 
 
 def _dot4(builder, acc, w64, x4):
