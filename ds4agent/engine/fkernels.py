@@ -198,19 +198,25 @@ def attend_units_split(q, keys, slots, sinks, scale, out, cuts):
 
 
 
-@_jit
+@_jit_split
 def swiglu_weighted(g, u, w, clamp, out):
     """out[t, j] = silu(min(g, c)) * clip(u, -c, c) * w[t, j] over g, u [n, k, F] float32 (the
-    routed experts' SwiGLU and slot weight, ops.swiglu's formula): silu(z) = z * (1 / (1 +
-    exp(-z))), each step rounded to float32, in this order."""
+    routed experts' SwiGLU and slot weight, ops.swiglu's formula in ds4's form, as the shared
+    expert's host_ops.swiglu): silu(z) = z * sigmoid(z), sigmoid(z) = 1 / (1 + e^-z) for z >= 0
+    and e^z / (1 + e^z) below, each step rounded to float32, in this order. The (t, j) rows are
+    spread over numba's threads (a row's values never depend on the split)."""
     n, k, F = g.shape
     c = np.float32(clamp)
     one = np.float32(1.0)
-    for t in range(n):
-        for j in range(k):
-            wt = w[t, j]
-            for f in range(F):
-                z = min(g[t, j, f], c)
-                v = min(max(u[t, j, f], -c), c)
+    for row in prange(n * k):
+        t, j = row // k, row % k
+        wt = w[t, j]
+        for f in range(F):
+            z = min(g[t, j, f], c)
+            v = min(max(u[t, j, f], -c), c)
+            if z >= 0:
                 s = one / (one + np.exp(-z))
-                out[t, j, f] = ((z * s) * v) * wt
+            else:
+                e = np.exp(z)
+                s = e / (one + e)
+            out[t, j, f] = ((z * s) * v) * wt

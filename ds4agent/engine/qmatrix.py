@@ -354,8 +354,8 @@ def routed_ffn(gate: ExpertMatrix, up: ExpertMatrix, down: ExpertMatrix, x: Any,
     [n, dim] f32 = sum over slots j (in selection order) of
     down[ids[:, j]] @ (swiglu(gate[ids[:, j]] @ x, up[ids[:, j]] @ x, clamp) * weights[:, j]),
     the SwiGLU and the weighting in float32 on the host (fkernels.swiglu_weighted: ops.swiglu's
-    formula; as an MLX graph over a 64-token chunk's [64, 6, 2048] values it cost a tenth of the
-    call). Gate and up share one rounding of x and one split over the threads."""
+    formula, ds4's sigmoid; as an MLX graph over a 64-token chunk's [64, 6, 2048] values it cost
+    a tenth of the call). Gate and up share one rounding of x and one split over the threads."""
     g, u = gate.matmul_pair(up, x, ids)
     w = np.ascontiguousarray(weights, dtype=np.float32)
     mid = np.empty_like(g)
