@@ -48,6 +48,8 @@ K-quants and IQ2_XXS, one row straight from its blocks times n = 1, 2, 3, 4 or 8
 block decoded in registers once for the n tokens; the float steps in registers too):
     iq2_xxs_row_dots, q2_k_row_dots, q4_k_row_dots
         (raw, ro, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res, n)
+    (row_dots_with(kind, vbmi) builds them with Q2_K's code x scale products looked up by an
+    AVX-512 VBMI byte permute, or multiplied on other hosts: the same bytes either way)
 IQ2_XXS rows meeting many tokens are decoded once to 16-bit weights instead:
     iq2_xxs_unpack(raw, o, grid, buf, bo)  signed grid value * (2 * 4-bit scale + 1)
                                       (|v| <= 43 * 31) at buf[bo:bo+256]; grid: the 256 grid
@@ -411,11 +413,22 @@ def _iq2_xxs_token(builder, blk, px):
     return _reduce(builder, acc, 16)
 
 
-def _q2_k_block(builder, base):
+# Byte i of the Q2_K product table: code (i & 3) times scale (i >> 2), every pair of a 2-bit code
+# and a 4-bit scale (<= 45: a byte).
+_Q2_K_PRODUCTS = [(i & 3) * (i >> 2) for i in range(64)]
+
+
+def _q2_k_block(builder, base, vbmi: bool):
     # code * scale (<= 45) is an unsigned byte, so the 4-way u8 x s8 dot applies; the mins are
     # the scale bytes' high nibbles.
     sbytes = _load(builder, base, _I8, 16)
     scales = builder.and_(sbytes, _const(_I8, [15] * 16))
+    if vbmi:  # each product looked up by one byte permute (x86 has no byte multiply: LLVM's
+        # mul widens to 16 bits, multiplies and packs back; the lookup halves the block's time)
+        scales = builder.shl(scales, _const(_I8, [2] * 16))
+        table = _const(_I8, _Q2_K_PRODUCTS)
+        lookup = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(_I8, 64), [_vec(_I8, 64)] * 2),
+                                                "llvm.x86.avx512.permvar.qi.512")
     mins = builder.zext(builder.lshr(sbytes, _const(_I8, [4] * 16)), _vec(_I32, 16))
     qs = _load(builder, builder.gep(base, [ir.Constant(_I64, 16)]), _I8, 64)
     weights = []
@@ -425,7 +438,7 @@ def _q2_k_block(builder, base):
     for s in range(4):
         codes = builder.and_(builder.lshr(qs, _const(_I8, [2 * s] * 64)), _const(_I8, [3] * 64))
         sc = _shuffle(builder, scales, scales, [(p // 32) * 8 + 2 * s + (p % 32 >= 16) for p in range(64)])
-        weights.append(builder.mul(codes, sc))
+        weights.append(builder.call(lookup, [table, builder.or_(codes, sc)]) if vbmi else builder.mul(codes, sc))
     return weights, mins
 
 
@@ -472,7 +485,7 @@ _SCALE_AT = {16: (0, None), 10: (80, 82), 12: (0, 2)}  # the block's f16 d (and 
 ROW_GROUPS = (1, 2, 3, 4, 8)  # the token counts a row_dots call takes (an IR body for each)
 
 
-def _row_dots_body(context, builder, sig, args, kind: int, tokens: int) -> None:
+def _row_dots_body(context, builder, sig, args, kind: int, tokens: int, vbmi: bool) -> None:
     """The row (every block) times `tokens` tokens, results to res[0:tokens]."""
     raw_, ro_, nb_, grid_, xq_, xo_, stride_, xd_, xdo_, bs_, bo_, bstride_, res_, _ = args
     row = _ptr(context, builder, sig.args[0], raw_, ro_)
@@ -487,7 +500,7 @@ def _row_dots_body(context, builder, sig, args, kind: int, tokens: int) -> None:
         if kind == 16:
             blk = _iq2_xxs_block(context, builder, sig.args[3], grid_, base)
         else:
-            blk = _q2_k_block(builder, base) if kind == 10 else _q4_k_block(builder, base)
+            blk = _q2_k_block(builder, base, vbmi) if kind == 10 else _q4_k_block(builder, base)
         for j in range(tokens):
             xoff = builder.add(builder.add(xo_, builder.mul(ir.Constant(_I64, j), stride_)),
                                builder.mul(b, ir.Constant(_I64, 256)))
@@ -510,7 +523,11 @@ def _row_dots_body(context, builder, sig, args, kind: int, tokens: int) -> None:
         builder.store(builder.load(accs[j]), _ptr(context, builder, sig.args[12], res_, ir.Constant(_I64, j)))
 
 
-def _row_dots(kind: int):
+def row_dots_with(kind: int, vbmi: bool):
+    """The row-dot intrinsic of GGML type `kind` (IQ2_XXS 16, Q2_K 10, Q4_K 12), with Q2_K's
+    products looked up by a byte permute (vbmi) or multiplied: the module's own use the host's
+    best; the tests build both and compare them."""
+
     @intrinsic
     def row_dots(typingctx, raw, ro, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res, count):
         # One IR body per token count of ROW_GROUPS, chosen by a switch on `count` (another
@@ -522,7 +539,7 @@ def _row_dots(kind: int):
                 case = builder.append_basic_block(f"row_dots_{n}")
                 switch.add_case(ir.Constant(args[13].type, n), case)
                 builder.position_at_end(case)
-                _row_dots_body(context, builder, sig, args, kind, n)
+                _row_dots_body(context, builder, sig, args, kind, n, vbmi)
                 builder.branch(done)
             builder.position_at_end(done)
             return context.get_dummy_value()
@@ -532,7 +549,8 @@ def _row_dots(kind: int):
     return row_dots
 
 
-iq2_xxs_row_dots, q2_k_row_dots, q4_k_row_dots = _row_dots(16), _row_dots(10), _row_dots(12)
+VBMI = bool(_FEATURES.get("avx512vbmi")) and bool(_FEATURES.get("avx512bw"))
+iq2_xxs_row_dots, q2_k_row_dots, q4_k_row_dots = (row_dots_with(kind, VBMI) for kind in (16, 10, 12))
 
 
 _jit = njit(nogil=True, cache=True)

@@ -390,3 +390,39 @@ def _block_decoder(unpack):
             unpack(raw, 66 * b, grid, out, 256 * b)
 
     return decode
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_q2_k_products_are_the_same_looked_up_or_multiplied(n):
+    """Q2_K's code x scale products: looked up by a byte permute where the host has AVX-512 VBMI
+    (what its kernels then use), multiplied elsewhere; both give the host kernels' bits."""
+    from numba import njit
+
+    from ds4agent.engine import qkernels
+    from ds4agent.engine.qmatrix import Activations
+
+    rng = np.random.default_rng(23)
+    rows, cols = 3, 512
+    raw, _ = _matrix(rng, quant.Q2_K, rows, cols)
+    x = _inputs(rng, n, cols)
+    want = QuantMatrix.from_blocks(raw, quant.Q2_K, rows, cols).matmul(x)
+    act = Activations(x, "q8_k")
+    per_row = np.ascontiguousarray(raw.reshape(rows, -1))
+    grid = np.zeros(1, np.uint64)
+    def runner(row_dots):
+        @njit
+        def run(per_row, xq, xd, xs, res, n):
+            nb, nbs = xq.shape[1] // 256, xs.shape[1]
+            out = np.empty((n, per_row.shape[0]), np.float32)
+            for r in range(per_row.shape[0]):
+                row_dots(per_row, r * per_row.shape[1], nb, grid, xq, 0, xq.shape[1], xd, 0, xs, 0, nbs, res, n)
+                for t in range(n):
+                    out[t, r] = res[t]
+            return out
+
+        return run
+
+    for vbmi in [False] + ([True] if qkernels.VBMI else []):
+        got = runner(qkernels.row_dots_with(quant.Q2_K, vbmi))(per_row, act.xq, act.xd, act.xs,
+                                                                np.zeros(8, np.float32), n)
+        assert np.array_equal(got, want), f"vbmi={vbmi}"
