@@ -392,10 +392,12 @@ def _block_decoder(unpack):
     return decode
 
 
+@pytest.mark.parametrize("qtype", [quant.Q2_K, quant.Q4_K, quant.IQ2_XXS], ids=quant.type_name)
 @pytest.mark.parametrize("n", [1, 3, 8])
-def test_q2_k_products_are_the_same_looked_up_or_multiplied(n):
-    """Q2_K's code x scale products: looked up by a byte permute where the host has AVX-512 VBMI
-    (what its kernels then use), multiplied elsewhere; both give the host kernels' bits."""
+def test_row_dots_are_the_same_with_avx512_or_portable(qtype, n):
+    """The K-quant and IQ2_XXS row dots with AVX-512 BW/VBMI instructions (Q2_K's products
+    looked up by a byte permute, the scaled sums by 16-bit multiply-adds: what this host's
+    kernels use when it has them) and in portable IR (every other host): the same bits."""
     from numba import njit
 
     from ds4agent.engine import qkernels
@@ -403,12 +405,14 @@ def test_q2_k_products_are_the_same_looked_up_or_multiplied(n):
 
     rng = np.random.default_rng(23)
     rows, cols = 3, 512
-    raw, _ = _matrix(rng, quant.Q2_K, rows, cols)
+    raw, _ = _matrix(rng, qtype, rows, cols)
     x = _inputs(rng, n, cols)
-    want = QuantMatrix.from_blocks(raw, quant.Q2_K, rows, cols).matmul(x)
+    want = QuantMatrix.from_blocks(raw, qtype, rows, cols).matmul(x)
     act = Activations(x, "q8_k")
     per_row = np.ascontiguousarray(raw.reshape(rows, -1))
-    grid = np.zeros(1, np.uint64)
+    grid = np.ascontiguousarray(quant.iq2xxs_tables()[0].astype(np.uint8)).view(np.uint64).reshape(-1)
+    scale = np.float32(0.125) if qtype == quant.IQ2_XXS else np.float32(1.0)  # as the kernels' caller
+
     def runner(row_dots):
         @njit
         def run(per_row, xq, xd, xs, res, n):
@@ -417,12 +421,11 @@ def test_q2_k_products_are_the_same_looked_up_or_multiplied(n):
             for r in range(per_row.shape[0]):
                 row_dots(per_row, r * per_row.shape[1], nb, grid, xq, 0, xq.shape[1], xd, 0, xs, 0, nbs, res, n)
                 for t in range(n):
-                    out[t, r] = res[t]
+                    out[t, r] = scale * res[t]
             return out
 
         return run
 
     for vbmi in [False] + ([True] if qkernels.VBMI else []):
-        got = runner(qkernels.row_dots_with(quant.Q2_K, vbmi))(per_row, act.xq, act.xd, act.xs,
-                                                                np.zeros(8, np.float32), n)
+        got = runner(qkernels.row_dots_with(qtype, vbmi))(per_row, act.xq, act.xd, act.xs, np.zeros(8, np.float32), n)
         assert np.array_equal(got, want), f"vbmi={vbmi}"
