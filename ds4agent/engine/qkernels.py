@@ -27,18 +27,16 @@ core as loops, ~20 as IR). The IR is generic LLVM (vectors, shuffles, `llvm.vect
 LLVM picks the host's instructions when numba compiles (AVX-512 VNNI's 4-way u8 x s8 dot from a
 u8 x s8 reduction, ARM's dot products), and it is correct on every target; the one
 target-specific calls are used only where the host has them, with the same integers from generic
-IR elsewhere: `vpdpbusd` (AVX-512 VNNI) for the Q8_0 and IQ2_XXS 4-way dots, and the word and
-byte permutes and the multishift of AVX-512 VBMI for IQ2_XXS's grid rows (IQ2_VBMI). Every vector operation
-is on integers, so results are exact whatever instructions are chosen. Intrinsics take arrays and
+IR elsewhere: `vpdpbusd` (AVX-512 VNNI) for the Q8_0 4-way dots; with AVX-512 BW and VBMI
+(VBMI) the word and byte permutes and the multishift for IQ2_XXS's grid rows, a byte permute for
+Q2_K's products and 16-bit multiply-adds for the scaled sums of IQ2_XXS and Q4_K. Every vector
+operation is on integers, so results are exact whatever instructions are chosen. Intrinsics take arrays and
 flat element offsets into C-contiguous arrays (no bounds checks: the kernels keep every access
 inside the arrays they pass).
 
 Why one module: numba's on-disk cache is keyed by the source file of each jitted function, not by
 the intrinsics it inlines, so the intrinsics live in the same file as the kernels (a change to
 either invalidates the cache).
-
-    dot_i16_256(a, ao, b, bo)         sum over i < 256 of i16 a[ao+i] * i16 b[bo+i] -> int32
-    widen_s8(a, ao, b, bo, n)         b[bo:bo+n] = int16(a[ao:ao+n]) (n a multiple of 64)
 
 Q8_0 with rows interleaved (see the section at the end):
     q8_0_group1 / q8_0_group4(wi, wo, wd, wdo, xq, xo, xd, xs, so, nb, cols, res)
@@ -48,19 +46,13 @@ K-quants and IQ2_XXS, one row straight from its blocks times n = 1, 2, 3, 4 or 8
 block decoded in registers once for the n tokens; the float steps in registers too):
     iq2_xxs_row_dots, q2_k_row_dots, q4_k_row_dots
         (raw, ro, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res, n)
-    (row_dots_with(kind, vbmi) builds them with Q2_K's code x scale products looked up by an
-    AVX-512 VBMI byte permute, or multiplied on other hosts: the same bytes either way)
-IQ2_XXS rows meeting many tokens are decoded once to 16-bit weights instead:
-    iq2_xxs_unpack(raw, o, grid, buf, bo)  signed grid value * (2 * 4-bit scale + 1)
-                                      (|v| <= 43 * 31) at buf[bo:bo+256]; grid: the 256 grid
-                                      rows as uint64; then one dot_i16_256 per token
+    (row_dots_with(kind, vbmi) builds them with AVX-512 BW/VBMI instructions where the host
+    has them, or in portable IR: the same integers either way)
 The float kernels (the F16/F32 lane-order product, the attention core, the routed SwiGLU) are
 in fkernels.py.
 """
 
 from __future__ import annotations
-
-import functools
 
 import llvmlite.binding as ll
 import numpy as np
@@ -105,42 +97,6 @@ def _const(t: ir.Type, values) -> ir.Constant:
 
 def _shuffle(builder, a, b, idx):
     return builder.shuffle_vector(a, b, _const(_I32, idx))
-
-
-def _pairs(builder, a, b, n: int):
-    """a, b <n x i16> -> <n/2 x i32>: lane k = a[2k]*b[2k] + a[2k+1]*b[2k+1] (exact; the shape
-    of a 16-bit multiply-add instruction)."""
-    prod = builder.mul(builder.sext(a, _vec(_I32, n)), builder.sext(b, _vec(_I32, n)))
-    return builder.add(_shuffle(builder, prod, prod, range(0, n, 2)), _shuffle(builder, prod, prod, range(1, n, 2)))
-
-
-@intrinsic
-def dot_i16_256(typingctx, a, ao, b, bo):
-    def codegen(context, builder, sig, args):
-        pa = _ptr(context, builder, sig.args[0], args[0], args[1])
-        pb = _ptr(context, builder, sig.args[2], args[2], args[3])
-        acc = None
-        for c in range(8):
-            off = [ir.Constant(_I64, 32 * c)]
-            part = _pairs(builder, _load(builder, builder.gep(pa, off), _I16, 32),
-                          _load(builder, builder.gep(pb, off), _I16, 32), 32)
-            acc = part if acc is None else builder.add(acc, part)
-        return _reduce(builder, acc, 16)
-
-    return types.int32(a, ao, b, bo), codegen
-
-
-@intrinsic
-def widen_s8(typingctx, a, ao, b, bo, n):
-    def codegen(context, builder, sig, args):
-        pa = _ptr(context, builder, sig.args[0], args[0], args[1])
-        pb = _ptr(context, builder, sig.args[2], args[2], args[3])
-        with cgutils.for_range_slice(builder, ir.Constant(_I64, 0), args[4], ir.Constant(_I64, 64)) as (i, _):
-            v = builder.sext(_load(builder, builder.gep(pa, [i]), _I8, 64), _vec(_I16, 64))
-            _store(builder, v, builder.gep(pb, [i]), _I16, 64)
-        return context.get_dummy_value()
-
-    return types.void(a, ao, b, bo, n), codegen
 
 
 def _q4_k_scales_mins_vectors(builder, base):
@@ -188,7 +144,6 @@ def _iq2_grid_codes() -> list[int] | None:
 
 _FEATURES = ll.get_host_cpu_features()
 _IQ2_CODES = _iq2_grid_codes() if _FEATURES.get("avx512vbmi") and _FEATURES.get("avx512bw") else None
-IQ2_VBMI = _IQ2_CODES is not None  # whether this host's IQ2_XXS kernels look rows up by the code table
 
 
 def _iq2_magnitudes_vbmi(builder, words):
@@ -256,40 +211,6 @@ def _iq2_magnitudes_signs(context, builder, grid_type, grid, base, vbmi: bool):
     # itself (one mask register per 64 weights where the target has them).
     negative = builder.bitcast(sign_bits, _vec(ir.IntType(1), 256))
     return mags, negative
-
-
-def iq2_xxs_unpack_with(vbmi: bool):
-    """iq2_xxs_unpack with its grid rows looked up one way or the other (vbmi: the 2-bit code
-    table, _IQ2_CODES; else scalar loads from `grid`): the module's own is the host's best; the
-    tests build both and compare them."""
-
-    @intrinsic
-    def unpack(typingctx, raw, o, grid, buf, bo):
-        return types.void(raw, o, grid, buf, bo), functools.partial(_iq2_unpack_body, vbmi)
-
-    return unpack
-
-
-def _iq2_unpack_body(vbmi, context, builder, sig, args):
-    # IQ2_XXS block: f16 d, then 8 groups of 32 weights, each two little-endian u32: a (four
-    # grid-row bytes), b (four 7-bit sign codes at bits 0, 7, 14, 21; a 4-bit scale at 28).
-    # Run k = 4g + j of 8 weights: magnitudes = grid row (byte j of a_g), signs = sign code j of
-    # b_g plus a parity bit that makes the count of negative signs even.
-    # grid [256] uint64: the 8 u8 magnitudes of each row (2 KiB: stays in L1).
-    base = _ptr(context, builder, sig.args[0], args[0], args[1])
-    mags, negative = _iq2_magnitudes_signs(context, builder, sig.args[2], args[2], base, vbmi)
-    signed = builder.select(negative, builder.sub(_const(_I8, [0] * 256), mags), mags)
-    words = _load(builder, builder.gep(base, [ir.Constant(_I64, 2)]), _I32, 16)
-    b = _shuffle(builder, words, words, range(1, 16, 2))
-    ls = builder.add(builder.shl(builder.lshr(b, _const(_I32, [28] * 8)), _const(_I32, [1] * 8)), _const(_I32, [1] * 8))
-    ls = builder.trunc(ls, _vec(_I16, 8))
-    scale = _shuffle(builder, ls, ls, [k // 32 for k in range(256)])
-    values = builder.mul(builder.sext(signed, _vec(_I16, 256)), scale)
-    _store(builder, values, _ptr(context, builder, sig.args[3], args[3], args[4]), _I16, 256)
-    return context.get_dummy_value()
-
-
-iq2_xxs_unpack = iq2_xxs_unpack_with(_IQ2_CODES is not None)
 
 
 _F32, _F16 = ir.FloatType(), ir.HalfType()
@@ -370,9 +291,9 @@ q8_0_group1, q8_0_group4 = _q8_0_group(1), _q8_0_group(4)
 # `*_row_dots` multiplies one weight row (every block) by n consecutive tokens: each block's
 # weights are decoded in registers once (IQ2_XXS's grid loads, the K-quants' scale unpacking) and
 # meet the n tokens' int8 codes, and the per-block float steps run in registers, in the order of
-# the module docstring. Token j's integers are exactly those of the decoded path (unpack +
-# dot_i16_256) and its float steps the same, so a result is the same whichever path or group
-# size computed it (decode = one-token prefill, chunk invariance).
+# the module docstring. Token j's integers and float steps are the same whatever the group size,
+# so a result is the same however the tokens are grouped (decode = one-token prefill, chunk
+# invariance).
 #   row_dots(raw, ro, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res, n):
 #     the row's blocks at raw[ro:], nb of them; token j's codes at xq[xo + j * stride] (block b
 #     at + 256 b), its block scales at xd[xdo + j * nb + b], its 16-element sums at
@@ -415,7 +336,7 @@ def _scaled_dot(builder, w64, x64, scales, x86: bool):
 def _iq2_xxs_block(context, builder, grid_type, grid, base, x86: bool):
     # The signs go onto the activations, so the products are unsigned magnitudes (<= 43) times
     # signed codes. Groups 2h and 2h + 1 share one 64-weight run, each scaled by its 2 s_g + 1.
-    mags, negative = _iq2_magnitudes_signs(context, builder, grid_type, grid, base, _IQ2_CODES is not None)
+    mags, negative = _iq2_magnitudes_signs(context, builder, grid_type, grid, base, x86 and _IQ2_CODES is not None)
     words = _load(builder, builder.gep(base, [ir.Constant(_I64, 2)]), _I32, 16)
     b = _shuffle(builder, words, words, range(1, 16, 2))
     ls = builder.add(builder.shl(builder.lshr(b, _const(_I32, [28] * 8)), _const(_I32, [1] * 8)), _const(_I32, [1] * 8))
@@ -611,9 +532,9 @@ def quantize_q8_0(x, xq, xd, xs):
 
 
 @_jit
-def quantize_q8_k(x, xq, xd, bsums, x16):
+def quantize_q8_k(x, xq, xd, bsums):
     """x [n, cols] f32 (cols % 256 == 0) -> xq [n, cols] int8, xd [n, cols // 256] f32,
-    bsums [n, cols // 16] int32, x16 [n, cols] int16 (xq widened, for the 16-bit products)."""
+    bsums [n, cols // 16] int32."""
     n, cols = x.shape
     for t in range(n):
         for b in range(cols // 256):
@@ -643,23 +564,19 @@ def quantize_q8_k(x, xq, xd, bsums, x16):
                     s += np.int32(xq[t, o + 16 * j + i])
                 bsums[t, b * 16 + j] = s
             xd[t, b] = np.float32(1.0) / iscale
-        widen_s8(xq, t * cols, x16, t * cols, cols)
 
 
 # ---- products ---------------------------------------------------------------------------------
-# Each kernel walks its rows one at a time: the row's blocks are decoded once (into `buf`, in
-# L1) and then multiplied with the activations of tokens t0..t1, so a batch reads each weight
-# once. Offsets passed to the intrinsics above are flat element offsets into C-contiguous arrays.
+# Each kernel walks its rows one at a time: the row's blocks are decoded in registers once per
+# group of tokens and meet the activations of tokens t0..t1, so a batch reads each weight once.
+# Offsets passed to the intrinsics above are flat element offsets into C-contiguous arrays.
 
 Q8_0, Q2_K, Q4_K, IQ2_XXS = 8, 10, 12, 16  # GGML type ids (quant.py)
 # Rows are multiplied straight from their blocks (the *_row_dots intrinsics: a block decoded in
-# registers once per group of up to eight tokens). Only IQ2_XXS rows meeting more tokens than
-# this decode each block once to 16-bit weights for all of them: its grid decoding is the costly
-# part. Measured on one core at Flash's expert shapes (each of 6 experts meeting n tokens), ms per
-# token: IQ2_XXS fused 1.53 at n = 8..64, decoded 1.30-1.34 at n = 16..32; the K-quants fused
-# (Q2_K 1.06, Q4_K 1.40 at n >= 8) beat their decoded copies (1.6, 1.8) at every n, so they
-# have no decoded path.
-IQ2_FUSED_TOKENS = 12
+# registers once per group of up to eight tokens), whatever the number of tokens. A copy decoded
+# once to 16-bit weights and met by 16-bit products costs more per token at every count measured
+# (one core, a 2048 x 4096 IQ2_XXS expert: 7.7-8.9 ns per block and token decoded against
+# 5.4-6.8 fused, n = 8..64), so there is no such path.
 
 
 @_jit
@@ -684,11 +601,6 @@ def _q8_0_rows(wi, wd, xq, xd, xs, out, r0, r1, t0, t1):
                 for r in range(lo, hi):
                     out[t + j, r] = res[16 * j + r - 16 * g]
             t += count
-
-
-@_jit
-def _half(row, at, f16):
-    return f16[np.int64(row[at]) | (np.int64(row[at + 1]) << 8)]
 
 
 @_jit
@@ -717,37 +629,15 @@ def _fused_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid):
 
 
 @_jit
-def _iq2_xxs_rows(raw, xq, x16, xd, bsums, out, r0, r1, t0, t1, f16, grid):
-    # raw [rows, nb * 66] uint8 (IQ2_XXS blocks), grid: iq2_xxs_unpack's table
-    if t1 - t0 <= IQ2_FUSED_TOKENS:
-        _fused_rows(IQ2_XXS, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid)
-        return
-    cols = x16.shape[1]
-    nb = cols // 256
-    buf = np.empty(cols, np.int16)
-    for r in range(r0, r1):
-        row = raw[r]
-        for b in range(nb):
-            iq2_xxs_unpack(row, 66 * b, grid, buf, 256 * b)
-        for t in range(t0, t1):
-            acc = np.float32(0.0)
-            for b in range(nb):
-                bsum = dot_i16_256(buf, 256 * b, x16, t * cols + 256 * b)
-                acc += (_half(row, 66 * b, f16) * xd[t, b]) * np.float32(bsum)
-            out[t, r] = np.float32(0.125) * acc
-
-
-@_jit
-def expert_rows(kind, w, aux, used, starts, xq, x16, xd, xs, out, r0, r1, f16, grid):
+def expert_rows(kind, w, aux, used, starts, xq, xd, xs, out, r0, r1, grid):
     """out[t, r] for rows r0..r1 of routed experts of GGML type `kind`: expert used[i] takes the
     activation rows starts[i]..starts[i+1] (the call's (token, slot) pairs grouped by expert).
 
     w / aux [n_experts, ...]: Q8_0 codes + 128 in the interleaved layout [row groups of 16, ...]
     (then aux = the f32 block scales [groups, nb * 16]; row ranges must start at a multiple of
     16), or the raw blocks [rows, ...] of the other types (aux unused). Activations
-    (quantize_q8_0 / quantize_q8_k's): xq int8, x16 int16 (Q8_K only), xd f32 scales, xs int32
-    sums (Q8_0: per block of 32; Q8_K: bsums per 16). f16: the f16 -> f32 table; grid: the
-    IQ2_XXS grid. The type's kernel is called here directly, not through a per-matrix
+    (quantize_q8_0 / quantize_q8_k's): xq int8, xd f32 scales, xs int32 sums (Q8_0: per block
+    of 32; Q8_K: bsums per 16). grid: the IQ2_XXS grid. The type's kernel is called here directly, not through a per-matrix
     dispatcher: each level of numba function costs compile time again (LLVM re-optimises what it
     inlines).
     """
@@ -756,12 +646,8 @@ def expert_rows(kind, w, aux, used, starts, xq, x16, xd, xs, out, r0, r1, f16, g
         t0, t1 = starts[i], starts[i + 1]
         if kind == Q8_0:
             _q8_0_rows(w[e], aux[e], xq, xd, xs, out, r0, r1, t0, t1)
-        elif kind == Q2_K:
-            _fused_rows(Q2_K, w[e], xq, xd, xs, out, r0, r1, t0, t1, grid)
-        elif kind == Q4_K:
-            _fused_rows(Q4_K, w[e], xq, xd, xs, out, r0, r1, t0, t1, grid)
         else:
-            _iq2_xxs_rows(w[e], xq, x16, xd, xs, out, r0, r1, t0, t1, f16, grid)
+            _fused_rows(kind, w[e], xq, xd, xs, out, r0, r1, t0, t1, grid)
 
 
 # ---- every core ---------------------------------------------------------------------------------
@@ -775,11 +661,11 @@ _jit_split = njit(nogil=True, cache=True, parallel=True)
 
 
 @_jit_split
-def expert_rows_split(kind, ws, auxs, outs, used, starts, xq, x16, xd, xs, cuts, f16, grid):
+def expert_rows_split(kind, ws, auxs, outs, used, starts, xq, xd, xs, cuts, grid):
     """expert_rows of each matrix ws[m] (into outs[m]: the same type and shape, the same inputs),
     rows cuts[p]..cuts[p + 1] on thread p. The one parallel entry for quantised products: a
     plain matrix is one expert (qmatrix.QuantMatrix), because each parallel wrapper costs numba
     about as much compile time as the kernels it calls (LLVM optimises them again inside it)."""
     for p in prange(cuts.shape[0] - 1):
         for m in range(len(ws)):
-            expert_rows(kind, ws[m], auxs[m], used, starts, xq, x16, xd, xs, outs[m], cuts[p], cuts[p + 1], f16, grid)
+            expert_rows(kind, ws[m], auxs[m], used, starts, xq, xd, xs, outs[m], cuts[p], cuts[p + 1], grid)

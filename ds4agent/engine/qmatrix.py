@@ -74,12 +74,11 @@ def _float_kernels():
 
 
 @functools.lru_cache(maxsize=1)
-def _tables() -> tuple[np.ndarray, np.ndarray]:
-    """(f16 -> f32 for all 65,536 bit patterns, the IQ2_XXS grid of qkernels.iq2_xxs_unpack: 256
-    rows of 8 magnitudes, one uint64 each)."""
-    f16 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+def _grid() -> np.ndarray:
+    """The IQ2_XXS grid as the kernels read it where they load rows one by one: 256 rows of 8
+    magnitudes, one uint64 each."""
     grid, _ = quant.iq2xxs_tables()
-    return f16, np.ascontiguousarray(grid.astype(np.uint8).reshape(256, 8)).view(np.uint64).reshape(-1)
+    return np.ascontiguousarray(grid.astype(np.uint8).reshape(256, 8)).view(np.uint64).reshape(-1)
 
 
 def _as_blocks(raw: Any, qtype: int, n_rows: int, cols: int) -> np.ndarray:
@@ -123,15 +122,15 @@ def _check_input(x: Any, cols: int) -> np.ndarray:
 
 class Activations:
     """One call's inputs rounded once for every row of the product (see qkernels): xq int8 codes,
-    xd f32 block scales, xs int32 sums (Q8_0: per block of 32; Q8_K: per 16), x16 the codes
-    widened to int16 (Q8_K only); `x` the float inputs (dense matrices use them as they are)."""
+    xd f32 block scales, xs int32 sums (Q8_0: per block of 32; Q8_K: per 16); `x` the float
+    inputs (dense matrices use them as they are)."""
 
-    __slots__ = ("kind", "x", "xq", "x16", "xd", "xs")
+    __slots__ = ("kind", "x", "xq", "xd", "xs")
 
     def __init__(self, x: np.ndarray, kind: str):
         n, cols = x.shape
         self.kind, self.x = kind, x
-        self.xq, self.x16 = np.empty((n, cols), np.int8), _NO_X16
+        self.xq = np.empty((n, cols), np.int8)
         if kind == "q8_0":
             self.xd = np.empty((n, cols // 32), np.float32)
             self.xs = np.empty((n, cols // 32), np.int32)
@@ -139,8 +138,7 @@ class Activations:
         elif kind == "q8_k":
             self.xd = np.empty((n, cols // 256), np.float32)
             self.xs = np.empty((n, cols // 16), np.int32)
-            self.x16 = np.empty((n, cols), np.int16)
-            _kernels().quantize_q8_k(x, self.xq, self.xd, self.xs, self.x16)
+            _kernels().quantize_q8_k(x, self.xq, self.xd, self.xs)
 
     def take(self, rows: np.ndarray) -> Activations:
         """The activations of input rows `rows` (a gather: rounding again would give the same)."""
@@ -148,11 +146,7 @@ class Activations:
         out.kind, out.x = self.kind, self.x[rows]
         if self.kind != "f32":
             out.xq, out.xd, out.xs = self.xq[rows], self.xd[rows], self.xs[rows]
-            out.x16 = self.x16[rows] if self.kind == "q8_k" else _NO_X16
         return out
-
-
-_NO_X16 = np.zeros((1, 1), np.int16)  # the int16 codes a Q8_0 product does not use
 
 
 def _activation_kind(qtype: int) -> str:
@@ -248,15 +242,13 @@ class QuantMatrix:
         if xa.shape[0]:
             act = Activations(xa, self.kind)
             cuts = row_cuts(self.rows, out.size * self.cols, self.align)
-            k = _kernels()
-            f16, grid = _tables()
             with SPLIT_LOCK:
                 if self.kind == "f32":
                     _float_kernels().dense_rows_split(self.w, act.x, out, cuts)
                 else:  # one expert taking every token
-                    k.expert_rows_split(self.ggml_type, (self.w[None],), (self.aux[None],), (out,), _ONE_EXPERT,
-                                        np.array([0, out.shape[0]], np.int64), act.xq, act.x16, act.xd, act.xs,
-                                        cuts, f16, grid)
+                    _kernels().expert_rows_split(self.ggml_type, (self.w[None],), (self.aux[None],), (out,),
+                                                 _ONE_EXPERT, np.array([0, out.shape[0]], np.int64), act.xq, act.xd,
+                                                 act.xs, cuts, _grid())
         return out
 
 
@@ -332,12 +324,10 @@ class ExpertMatrix:
         if len(rows_of) != act.x.shape[0] or np.any(rows_of != np.arange(len(rows_of))):
             act = act.take(rows_of)
         grouped = [np.empty((n * k, self.rows), np.float32) for _ in mats]
-        f16, grid = _tables()
         cuts = row_cuts(self.rows, len(mats) * n * k * self.rows * self.cols, self.align)
         with SPLIT_LOCK:
             _kernels().expert_rows_split(self.ggml_type, tuple(m.w for m in mats), tuple(m.aux for m in mats),
-                                         tuple(grouped), used, starts, act.xq, act.x16, act.xd, act.xs, cuts, f16,
-                                         grid)
+                                         tuple(grouped), used, starts, act.xq, act.xd, act.xs, cuts, _grid())
         if order is None:
             return [out.reshape(n, k, self.rows) for out in grouped]
         results = []
