@@ -354,7 +354,7 @@ def _iq2_xxs_token(builder, blk, px, x86: bool):
     for h in range(4):
         part = _scaled_dot(builder, quarters[h], _shuffle(builder, xs, xs, range(64 * h, 64 * h + 64)), scales[h], x86)
         acc = part if acc is None else builder.add(acc, part)
-    return _reduce(builder, acc, 16)
+    return acc
 
 
 # Byte i of the Q2_K product table: code (i & 3) times scale (i >> 2), every pair of a 2-bit code
@@ -393,7 +393,7 @@ def _q2_k_token(builder, blk, px, bsums):
         lo = _load(builder, builder.gep(px, [ir.Constant(_I64, 32 * s)]), _I8, 32)
         hi = _load(builder, builder.gep(px, [ir.Constant(_I64, 128 + 32 * s)]), _I8, 32)
         acc = _dot4(builder, acc, weights[s], _shuffle(builder, lo, hi, range(64)))
-    return _reduce(builder, acc, 16), _reduce(builder, builder.mul(mins, bsums), 16)
+    return acc, builder.mul(mins, bsums)
 
 
 def _q4_k_block(builder, base, x86: bool):
@@ -418,7 +418,7 @@ def _q4_k_token(builder, blk, px, bsums, x86: bool):
         x = _load(builder, builder.gep(px, [ir.Constant(_I64, 64 * c)]), _I8, 64)
         part = _scaled_dot(builder, codes[c], x, scales[c], x86)
         acc = part if acc is None else builder.add(acc, part)
-    return _reduce(builder, acc, 16), _reduce(builder, builder.mul(mins, bsums), 16)
+    return acc, builder.mul(mins, bsums)
 
 
 _BLOCK_BYTES = {16: 66, 10: 84, 12: 144}  # IQ2_XXS, Q2_K, Q4_K
@@ -428,44 +428,94 @@ _SCALE_AT = {16: (0, None), 10: (80, 82), 12: (0, 2)}  # the block's f16 d (and 
 ROW_GROUPS = (1, 2, 3, 4, 8)  # the token counts a row_dots call takes (an IR body for each)
 
 
+def _lane_sums(builder, vecs):
+    """<P x i32> whose lane j is the sum of the 16 lanes of vecs[j] (P: len(vecs) rounded up to a
+    power of two, at most 16). The vectors are summed together in a tree: each level adds the
+    halves of two vectors' token blocks into one vector (a token group's sums cost about three
+    instructions each, where reducing each vector alone costs eight). Integer sums: exact."""
+    P = 1
+    while P < len(vecs):
+        P *= 2
+    assert P <= 16
+    if P <= 2:  # one or two vectors: LLVM's own reduction of each is faster than the tree
+        out = ir.Constant(_vec(_I32, P), None)
+        for j, v in enumerate(vecs):
+            out = builder.insert_element(out, _reduce(builder, v, 16), ir.Constant(_I32, j))
+        return out
+    vs = list(vecs) + [_ZERO16] * (P - len(vecs))
+    m = 16  # lanes per token in each vector
+    while len(vs) > 1:  # pairs of vectors -> one, each token's m lanes halved
+        first = [k * m + i for k in range(32 // m) for i in range(m // 2)]
+        second = [k * m + m // 2 + i for k in range(32 // m) for i in range(m // 2)]
+        vs = [builder.add(_shuffle(builder, a, b, first), _shuffle(builder, a, b, second))
+              for a, b in zip(vs[0::2], vs[1::2], strict=True)]
+        m //= 2
+    v = vs[0]
+    while m > 1:  # one vector of P tokens x m lanes -> P x m / 2
+        first = [k * m + i for k in range(P) for i in range(m // 2)]
+        second = [k * m + m // 2 + i for k in range(P) for i in range(m // 2)]
+        v = builder.add(_shuffle(builder, v, v, first), _shuffle(builder, v, v, second))
+        m //= 2
+    return v
+
+
 def _row_dots_body(context, builder, sig, args, kind: int, tokens: int, vbmi: bool) -> None:
-    """The row (every block) times `tokens` tokens, results to res[0:tokens]."""
+    """The row (every block) times `tokens` tokens, results to res[0:tokens]. Per block, the
+    tokens' integer sums come out of one _lane_sums tree and their float steps run side by side,
+    one vector lane per token: each lane's steps are the scalar formula's, in its order."""
     raw_, ro_, nb_, grid_, xq_, xo_, stride_, xd_, xdo_, bs_, bo_, bstride_, res_, _ = args
+    n = tokens
     row = _ptr(context, builder, sig.args[0], raw_, ro_)
-    accs = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in range(tokens)]
+    acc = cgutils.alloca_once_value(builder, ir.Constant(_vec(_F32, n), [0.0] * n))
     size = _BLOCK_BYTES[kind]
     d_at, dmin_at = _SCALE_AT[kind]
+
+    def splat(v):
+        return _shuffle(builder, builder.insert_element(ir.Constant(_vec(_F32, 1), None), v, ir.Constant(_I32, 0)),
+                        ir.Constant(_vec(_F32, 1), None), [0] * n)
+
+    def first(v, k, count):  # lanes k .. k + count of an integer vector, as float
+        return builder.sitofp(_shuffle(builder, v, v, range(k, k + count)), _vec(_F32, count))
+
     with cgutils.for_range(builder, nb_) as loop:
         b = loop.index
         base = builder.gep(row, [builder.mul(b, ir.Constant(_I64, size))])
         d = _half_at(builder, base, d_at)
-        dmin = _half_at(builder, base, dmin_at) if dmin_at is not None else None
         if kind == 16:
             blk = _iq2_xxs_block(context, builder, sig.args[3], grid_, base, vbmi)
         else:
             blk = _q2_k_block(builder, base, vbmi) if kind == 10 else _q4_k_block(builder, base, vbmi)
-        for j in range(tokens):
+        xv = ir.Constant(_vec(_F32, n), None)
+        isums, summs = [], []
+        for j in range(n):
             xoff = builder.add(builder.add(xo_, builder.mul(ir.Constant(_I64, j), stride_)),
                                builder.mul(b, ir.Constant(_I64, 256)))
             px = _ptr(context, builder, sig.args[4], xq_, xoff)
             xdoff = builder.add(builder.add(xdo_, builder.mul(ir.Constant(_I64, j), nb_)), b)
-            x = builder.load(_ptr(context, builder, sig.args[7], xd_, xdoff))
-            if kind == 16:  # acc += (d * xd) * float(isum)
-                isum = _iq2_xxs_token(builder, blk, px, vbmi)
-                term = builder.fmul(builder.fmul(d, x), builder.sitofp(isum, _F32))
-            else:  # acc += (xd * d) * float(isum) - (xd * dmin) * float(summs)
-                boff = builder.add(builder.add(bo_, builder.mul(ir.Constant(_I64, j), bstride_)),
-                                   builder.mul(b, ir.Constant(_I64, 16)))
-                bsv = _load(builder, _ptr(context, builder, sig.args[9], bs_, boff), _I32, 16)
-                if kind == 10:
-                    isum, summs = _q2_k_token(builder, blk, px, bsv)
-                else:
-                    isum, summs = _q4_k_token(builder, blk, px, bsv, vbmi)
-                term = builder.fsub(builder.fmul(builder.fmul(x, d), builder.sitofp(isum, _F32)),
-                                    builder.fmul(builder.fmul(x, dmin), builder.sitofp(summs, _F32)))
-            builder.store(builder.fadd(builder.load(accs[j]), term), accs[j])
-    for j in range(tokens):
-        builder.store(builder.load(accs[j]), _ptr(context, builder, sig.args[12], res_, ir.Constant(_I64, j)))
+            xv = builder.insert_element(xv, builder.load(_ptr(context, builder, sig.args[7], xd_, xdoff)),
+                                        ir.Constant(_I32, j))
+            if kind == 16:
+                isums.append(_iq2_xxs_token(builder, blk, px, vbmi))
+                continue
+            boff = builder.add(builder.add(bo_, builder.mul(ir.Constant(_I64, j), bstride_)),
+                               builder.mul(b, ir.Constant(_I64, 16)))
+            bsv = _load(builder, _ptr(context, builder, sig.args[9], bs_, boff), _I32, 16)
+            isum, summ = (_q2_k_token(builder, blk, px, bsv) if kind == 10
+                          else _q4_k_token(builder, blk, px, bsv, vbmi))
+            isums.append(isum)
+            summs.append(summ)
+        sums = _lane_sums(builder, isums + summs)
+        if kind == 16:  # acc += (d * xd) * float(isum)
+            term = builder.fmul(builder.fmul(splat(d), xv), first(sums, 0, n))
+        else:  # acc += (xd * d) * float(isum) - (xd * dmin) * float(summs)
+            dmin = _half_at(builder, base, dmin_at)
+            term = builder.fsub(builder.fmul(builder.fmul(xv, splat(d)), first(sums, 0, n)),
+                                builder.fmul(builder.fmul(xv, splat(dmin)), first(sums, n, n)))
+        builder.store(builder.fadd(builder.load(acc), term), acc)
+    total = builder.load(acc)
+    for j in range(n):
+        builder.store(builder.extract_element(total, ir.Constant(_I32, j)),
+                      _ptr(context, builder, sig.args[12], res_, ir.Constant(_I64, j)))
 
 
 def row_dots_with(kind: int, vbmi: bool):
