@@ -1,5 +1,7 @@
 """numba kernels of the fast CPU kernel set on floats: the F16/F32 product, the attention core, the
-routed experts' SwiGLU (qkernels.py has the quantised ones; qmatrix.py the contract).
+routed experts' SwiGLU, and two of the host steps between products, the RMS normalisation and the
+hyper-connection update (host_mixing.py; qkernels.py has the quantised products; qmatrix.py the
+contract).
 
 Imported on first use, like qkernels. A dense product (`dense_rows`) sums in a fixed lane order,
 written in LLVM IR so that the compiler cannot regroup it:
@@ -220,3 +222,46 @@ def swiglu_weighted(g, u, w, clamp, out):
                 e = np.exp(z)
                 s = e / (one + e)
             out[t, j, f] = ((z * s) * v) * wt
+
+
+@_jit
+def rms_rows(x, eps, out):
+    """out[t] = x[t] * (1 / sqrt(mean(x[t]²) + eps)) over x [n, cols] float32: the squares summed
+    in float64 (each exact there) in eight interleaved partial sums, the mean rounded to
+    float32, then eps added, the square root, the reciprocal and the product in float32 (a
+    float64 square root rounded to float32 is the float32 square root)."""
+    n, cols = x.shape
+    e = np.float32(eps)
+    one = np.float32(1.0)
+    full = cols - cols % 8
+    for t in range(n):
+        s = np.zeros(8, np.float64)
+        for i in range(0, full, 8):
+            for k in range(8):
+                v = np.float64(x[t, i + k])
+                s[k] += v * v
+        total = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
+        for i in range(full, cols):
+            v = np.float64(x[t, i])
+            total += v * v
+        ms = np.float32(total / cols)
+        r = one / np.float32(np.sqrt(np.float64(ms + e)))
+        for i in range(cols):
+            out[t, i] = x[t, i] * r
+
+
+@_jit
+def hc_post_rows(R, y, post, C, out):
+    """out[t, j] = post[t, j] * y[t] + sum over i of C[t, i, j] * R[t, i], from the first term,
+    the streams' terms added in stream order, each product and sum rounded to float32 (R, out
+    [n, hc, E], y [n, E], post [n, hc], C [n, hc, hc])."""
+    n, hc, E = R.shape
+    for t in range(n):
+        for j in range(hc):
+            p = post[t, j]
+            for e in range(E):
+                out[t, j, e] = p * y[t, e]
+            for i in range(hc):  # stream by stream, each a pass over E (vectorised)
+                c = C[t, i, j]
+                for e in range(E):
+                    out[t, j, e] = out[t, j, e] + c * R[t, i, e]

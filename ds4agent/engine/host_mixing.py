@@ -31,14 +31,22 @@ F32 = np.float32
 HostProduct = Callable[[np.ndarray], np.ndarray]
 
 
+def _float_kernels():
+    """fkernels, imported on first use (numba loads its cached machine code then)."""
+    from ds4agent.engine import fkernels
+
+    return fkernels
+
+
 def rms_normalised(x: np.ndarray, eps: float) -> np.ndarray:
     """x · 1/sqrt(mean(x²) + eps) over the last axis, the mean of squares summed in float64
-    (a float32's square is exact in float64, so einsum's order of the sum, not np.mean's, moves
-    the float32 mean only where the two float64 sums straddle a float32 rounding boundary: no
-    row of 12,800 random ones; einsum needs no array of the squares)."""
-    x64 = x.astype(np.float64)
-    ms = (np.einsum("...i,...i->...", x64, x64)[..., None] / x.shape[-1]).astype(F32)
-    return x * (F32(1.0) / np.sqrt(ms + F32(eps)))
+    (fkernels.rms_rows: one pass, no temporary arrays; a float32's square is exact in float64,
+    so its order of the sum moves the float32 mean only where two orders' float64 sums straddle
+    a float32 rounding boundary: no row of 6,400 random ones against numpy's)."""
+    x2 = np.ascontiguousarray(x, dtype=F32).reshape(-1, x.shape[-1])
+    out = np.empty_like(x2)
+    _float_kernels().rms_rows(x2, float(eps), out)
+    return out.reshape(x.shape)
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:
@@ -79,10 +87,10 @@ def hc_pre(fn: HostProduct, scale: np.ndarray, base: np.ndarray, R: np.ndarray,
 def hc_post(R: np.ndarray, y: np.ndarray, post: np.ndarray, C: np.ndarray) -> np.ndarray:
     """R [n, hc, E], y [n, E], post [n, hc], C [n, hc, hc] -> R' [n, hc, E] (model.md §4.2):
     R'[j] = post[j]·y + Σ_i C[i][j]·R[i], in ds4's order: from post[j]·y, the streams' terms
-    added one at a time in stream order."""
-    out = post[:, :, None] * y[:, None, :]
-    for i in range(R.shape[1]):
-        out = out + C[:, i, :, None] * R[:, i, None, :]
+    added one at a time in stream order (fkernels.hc_post_rows)."""
+    R, y, post, C = (np.ascontiguousarray(a, dtype=F32) for a in (R, y, post, C))
+    out = np.empty_like(R)
+    _float_kernels().hc_post_rows(R, y, post, C, out)
     return out
 
 

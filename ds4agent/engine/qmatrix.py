@@ -143,8 +143,11 @@ class Activations:
     def take(self, rows: np.ndarray) -> Activations:
         """The activations of input rows `rows` (a gather: rounding again would give the same)."""
         out = Activations.__new__(Activations)
-        out.kind, out.x = self.kind, self.x[rows]
-        if self.kind != "f32":
+        out.kind = self.kind
+        if self.kind == "f32":
+            out.x = self.x[rows]
+        else:  # the rounded codes are what the kernels read: the float rows are not copied
+            out.x = self.x[:0]
             out.xq, out.xd, out.xs = self.xq[rows], self.xd[rows], self.xs[rows]
         return out
 

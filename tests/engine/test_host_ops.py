@@ -78,6 +78,10 @@ def test_hc_post_agrees_with_the_reference_and_is_row_local(rng):
     want = np.array(ReferenceExecutor().hc_post(mx.array(R), mx.array(y), mx.array(post), mx.array(C)))
     got = host_mixing.hc_post(R, y, post, C)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    in_order = post[:, :, None] * y[:, None, :]  # ds4's order: from post·y, stream by stream
+    for i in range(hc):
+        in_order = in_order + C[:, i, :, None] * R[:, i, None, :]
+    assert np.array_equal(got, in_order)
     for t in range(n):
         assert np.array_equal(host_mixing.hc_post(R[t:t + 1], y[t:t + 1], post[t:t + 1], C[t:t + 1]), got[t:t + 1])
 
