@@ -508,6 +508,7 @@ def _row_dots_body(context, builder, sig, args, kind: int, tokens: int, vbmi: bo
         if kind == 16:  # acc += (d * xd) * float(isum)
             term = builder.fmul(builder.fmul(splat(d), xv), first(sums, 0, n))
         else:  # acc += (xd * d) * float(isum) - (xd * dmin) * float(summs)
+            assert dmin_at is not None  # every K-quant block has its dmin
             dmin = _half_at(builder, base, dmin_at)
             term = builder.fsub(builder.fmul(builder.fmul(xv, splat(d)), first(sums, 0, n)),
                                 builder.fmul(builder.fmul(xv, splat(dmin)), first(sums, n, n)))
