@@ -321,9 +321,9 @@ def _lane_scales(builder, sc16, first: int, second: int, x86: bool):
 
 def _scaled_dot(builder, w64, x64, scales, x86: bool):
     """<16 x i32>: lane l = scale * sum over i < 4 of u8 w64[4l+i] * s8 x64[4l+i] (scales from
-    _lane_scales). On x86 the u8 x s8 pairs are summed to 16 bits first (weights <= 43 here, so
-    |pair| <= 2 * 43 * 127: no saturation) and the 16-bit pairs times their scales to 32 bits: two single
-    instructions, where the 4-way dot and a 32-bit multiply cost three."""
+    _lane_scales). On x86 the u8 x s8 pairs are summed to 16 bits first (weights <= 43 here,
+    so |pair| <= 2 * 43 * 127: no saturation) and the 16-bit pairs times their scales to 32
+    bits: two single instructions, where the 4-way dot and a 32-bit multiply cost three."""
     if not x86:
         return builder.mul(_dot4(builder, _ZERO16, w64, x64), scales)
     madd_ub = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(_I16, 32), [_vec(_I8, 64)] * 2),
@@ -368,7 +368,8 @@ def _q2_k_block(builder, base, vbmi: bool):
     sbytes = _load(builder, base, _I8, 16)
     scales = builder.and_(sbytes, _const(_I8, [15] * 16))
     if vbmi:  # each product looked up by one byte permute (x86 has no byte multiply: LLVM's
-        # mul widens to 16 bits, multiplies and packs back; the lookup halves the block's time)
+        # mul widens to 16 bits, multiplies and packs back; measured on one core, the lookup
+        # takes a tenth off a block's time)
         scales = builder.shl(scales, _const(_I8, [2] * 16))
         table = _const(_I8, _Q2_K_PRODUCTS)
         lookup = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(_I8, 64), [_vec(_I8, 64)] * 2),
