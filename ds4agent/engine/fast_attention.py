@@ -22,7 +22,7 @@ import numpy as np
 from .config import ModelConfig
 from .hostread import to_host
 from .layers import INDEX_SCORE_BUDGET, QUERY_BLOCK, indexer_slots
-from .qmatrix import SPLIT_LOCK, row_cuts
+from .qmatrix import SPLIT_LOCK, float_kernels, row_cuts
 
 
 def _comp_slots(c: ModelConfig, ratio: int, p0: int, n: int, comp: mx.array, base: int,
@@ -54,8 +54,6 @@ def _comp_slots(c: ModelConfig, ratio: int, p0: int, n: int, comp: mx.array, bas
 def attend(c: ModelConfig, q: mx.array, k_all: mx.array, r0: int, p0: int, sinks: mx.array,
            comp: mx.array | None, ratio: int, index_inputs=None, trace_masks: list | None = None) -> mx.array:
     """layers.attention_core's arguments and result: o [n, H, Dh] of queries q [n, H, Dh]."""
-    from . import fkernels
-
     n, H, D = (int(s) for s in q.shape)
     W = c.window
     raw = np.arange(n)[:, None] + np.arange(W)[None, :] + (r0 - W + 1)  # k_all rows, oldest first
@@ -72,5 +70,5 @@ def attend(c: ModelConfig, q: mx.array, k_all: mx.array, r0: int, p0: int, sinks
     out = np.empty((n, H, D), np.float32)
     scale = np.float32(1.0 / np.sqrt(np.float32(D)))
     with SPLIT_LOCK:
-        fkernels.attend_units_split(qh, keys, slots, sh, scale, out, row_cuts(n * H, n * H * slots.shape[1] * D * 2))
+        float_kernels().attend_units_split(qh, keys, slots, sh, scale, out, row_cuts(n * H, n * H * slots.shape[1] * D * 2))
     return mx.array(out)

@@ -26,16 +26,10 @@ from collections.abc import Callable
 import numpy as np
 
 from .config import ModelConfig
+from .qmatrix import float_kernels
 
 F32 = np.float32
 HostProduct = Callable[[np.ndarray], np.ndarray]
-
-
-def _float_kernels():
-    """fkernels, imported on first use (numba loads its cached machine code then)."""
-    from ds4agent.engine import fkernels
-
-    return fkernels
 
 
 def rms_normalised(x: np.ndarray, eps: float) -> np.ndarray:
@@ -45,7 +39,7 @@ def rms_normalised(x: np.ndarray, eps: float) -> np.ndarray:
     a float32 rounding boundary: no row of 6,400 random ones against numpy's)."""
     x2 = np.ascontiguousarray(x, dtype=F32).reshape(-1, x.shape[-1])
     out = np.empty_like(x2)
-    _float_kernels().rms_rows(x2, float(eps), out)
+    float_kernels().rms_rows(x2, float(eps), out)
     return out.reshape(x.shape)
 
 
@@ -90,7 +84,7 @@ def hc_post(R: np.ndarray, y: np.ndarray, post: np.ndarray, C: np.ndarray) -> np
     added one at a time in stream order (fkernels.hc_post_rows)."""
     R, y, post, C = (np.ascontiguousarray(a, dtype=F32) for a in (R, y, post, C))
     out = np.empty_like(R)
-    _float_kernels().hc_post_rows(R, y, post, C, out)
+    float_kernels().hc_post_rows(R, y, post, C, out)
     return out
 
 

@@ -309,22 +309,22 @@ def _half_at(builder, base, off: int):
     return builder.fpext(builder.load(p, align=1), _F32)
 
 
-def _lane_scales(builder, sc16, first: int, second: int, x86: bool):
+def _lane_scales(builder, sc16, first: int, second: int, vbmi: bool):
     """The scales of a 64-weight run whose first 32 weights have scale sc16[first] and the last 32
-    sc16[second] (sc16 <8 x i16>), laid out for _scaled_dot: per 16-bit pair (x86) or per 4-way
+    sc16[second] (sc16 <8 x i16>), laid out for _scaled_dot: per 16-bit pair (vbmi) or per 4-way
     lane."""
-    if x86:
+    if vbmi:
         return _shuffle(builder, sc16, sc16, [first if lane < 16 else second for lane in range(32)])
     sc = builder.zext(sc16, _vec(_I32, 8))
     return _shuffle(builder, sc, sc, [first if lane < 8 else second for lane in range(16)])
 
 
-def _scaled_dot(builder, w64, x64, scales, x86: bool):
+def _scaled_dot(builder, w64, x64, scales, vbmi: bool):
     """<16 x i32>: lane l = scale * sum over i < 4 of u8 w64[4l+i] * s8 x64[4l+i] (scales from
-    _lane_scales). On x86 the u8 x s8 pairs are summed to 16 bits first (weights <= 43 here,
+    _lane_scales). With vbmi (the AVX-512 BW instructions) the u8 x s8 pairs are summed to 16 bits first (weights <= 43 here,
     so |pair| <= 2 * 43 * 127: no saturation) and the 16-bit pairs times their scales to 32
     bits: two single instructions, where the 4-way dot and a 32-bit multiply cost three."""
-    if not x86:
+    if not vbmi:
         return builder.mul(_dot4(builder, _ZERO16, w64, x64), scales)
     madd_ub = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(_I16, 32), [_vec(_I8, 64)] * 2),
                                              "llvm.x86.avx512.pmaddubs.w.512")
@@ -333,26 +333,26 @@ def _scaled_dot(builder, w64, x64, scales, x86: bool):
     return builder.call(madd_w, [builder.call(madd_ub, [w64, x64]), scales])
 
 
-def _iq2_xxs_block(context, builder, grid_type, grid, base, x86: bool):
+def _iq2_xxs_block(context, builder, grid_type, grid, base, vbmi: bool):
     # The signs go onto the activations, so the products are unsigned magnitudes (<= 43) times
     # signed codes. Groups 2h and 2h + 1 share one 64-weight run, each scaled by its 2 s_g + 1.
-    mags, negative = _iq2_magnitudes_signs(context, builder, grid_type, grid, base, x86 and _IQ2_CODES is not None)
+    mags, negative = _iq2_magnitudes_signs(context, builder, grid_type, grid, base, vbmi and _IQ2_CODES is not None)
     words = _load(builder, builder.gep(base, [ir.Constant(_I64, 2)]), _I32, 16)
     b = _shuffle(builder, words, words, range(1, 16, 2))
     ls = builder.add(builder.shl(builder.lshr(b, _const(_I32, [28] * 8)), _const(_I32, [1] * 8)), _const(_I32, [1] * 8))
     ls = builder.trunc(ls, _vec(_I16, 8))
     quarters = [_shuffle(builder, mags, mags, range(64 * h, 64 * h + 64)) for h in range(4)]
-    scales = [_lane_scales(builder, ls, 2 * h, 2 * h + 1, x86) for h in range(4)]
+    scales = [_lane_scales(builder, ls, 2 * h, 2 * h + 1, vbmi) for h in range(4)]
     return quarters, negative, scales
 
 
-def _iq2_xxs_token(builder, blk, px, x86: bool):
+def _iq2_xxs_token(builder, blk, px, vbmi: bool):
     quarters, negative, scales = blk
     x = _load(builder, px, _I8, 256)
     xs = builder.select(negative, builder.sub(_const(_I8, [0] * 256), x), x)
     acc = None
     for h in range(4):
-        part = _scaled_dot(builder, quarters[h], _shuffle(builder, xs, xs, range(64 * h, 64 * h + 64)), scales[h], x86)
+        part = _scaled_dot(builder, quarters[h], _shuffle(builder, xs, xs, range(64 * h, 64 * h + 64)), scales[h], vbmi)
         acc = part if acc is None else builder.add(acc, part)
     return acc
 
@@ -397,7 +397,7 @@ def _q2_k_token(builder, blk, px, bsums):
     return acc, builder.mul(mins, bsums)
 
 
-def _q4_k_block(builder, base, x86: bool):
+def _q4_k_block(builder, base, vbmi: bool):
     # Chunk c's low and high nibbles (sub-blocks 2c and 2c + 1, inputs 64c..64c+63) meet 64
     # contiguous codes in one scaled dot, the low sub-block's 32 weights scaled by its scale and
     # the high one's by its own.
@@ -408,16 +408,16 @@ def _q4_k_block(builder, base, x86: bool):
         v = _load(builder, builder.gep(base, [ir.Constant(_I64, 16 + 32 * c)]), _I8, 32)
         codes.append(_shuffle(builder, builder.and_(v, _const(_I8, [15] * 32)), builder.lshr(v, _const(_I8, [4] * 32)),
                               range(64)))
-        scales.append(_lane_scales(builder, sc16, 2 * c, 2 * c + 1, x86))
+        scales.append(_lane_scales(builder, sc16, 2 * c, 2 * c + 1, vbmi))
     return codes, scales, mins
 
 
-def _q4_k_token(builder, blk, px, bsums, x86: bool):
+def _q4_k_token(builder, blk, px, bsums, vbmi: bool):
     codes, scales, mins = blk
     acc = None
     for c in range(4):
         x = _load(builder, builder.gep(px, [ir.Constant(_I64, 64 * c)]), _I8, 64)
-        part = _scaled_dot(builder, codes[c], x, scales[c], x86)
+        part = _scaled_dot(builder, codes[c], x, scales[c], vbmi)
         acc = part if acc is None else builder.add(acc, part)
     return acc, builder.mul(mins, bsums)
 

@@ -66,8 +66,9 @@ def _kernels():
     return qkernels
 
 
-def _float_kernels():
-    """fkernels (the F16/F32 product, the SwiGLU), imported on first use like qkernels."""
+def float_kernels():
+    """fkernels (the float products and host-step loops), imported on first use like qkernels:
+    the one loader the engine's modules call."""
     from ds4agent.engine import fkernels
 
     return fkernels
@@ -247,7 +248,7 @@ class QuantMatrix:
             cuts = row_cuts(self.rows, out.size * self.cols, self.align)
             with SPLIT_LOCK:
                 if self.kind == "f32":
-                    _float_kernels().dense_rows_split(self.w, act.x, out, cuts)
+                    float_kernels().dense_rows_split(self.w, act.x, out, cuts)
                 else:  # one expert taking every token
                     _kernels().expert_rows_split(self.ggml_type, (self.w[None],), (self.aux[None],), (out,),
                                                  _ONE_EXPERT, np.array([0, out.shape[0]], np.int64), act.xq, act.xd,
@@ -352,7 +353,7 @@ def routed_ffn(gate: ExpertMatrix, up: ExpertMatrix, down: ExpertMatrix, x: Any,
     g, u = gate.matmul_pair(up, x, ids)
     w = np.ascontiguousarray(weights, dtype=np.float32)
     mid = np.empty_like(g)
-    _float_kernels().swiglu_weighted(g, u, w, float(clamp), mid)
+    float_kernels().swiglu_weighted(g, u, w, float(clamp), mid)
     per_slot = down.matmul(mid, ids)
     total = per_slot[:, 0].copy()
     for j in range(1, per_slot.shape[1]):
