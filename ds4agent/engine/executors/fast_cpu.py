@@ -12,8 +12,8 @@ What differs from the reference:
   * attention's output projection A over all groups in one call (FastLinear.grouped);
   * the attention core over exactly the rows each query sees (fast_attention.py) instead of the
     reference's fixed-length masked slot sets;
-  * the hyper-connection mixing before and after each sublayer and the router on the host in
-    numpy (host_mixing.py): as MLX graphs their few thousand floats per token cost far more in
+  * the hyper-connection mixing before and after each sublayer and the router on the host
+    (host_mixing.py: numpy, and numba loops for the RMS statistic and the update): as MLX graphs their few thousand floats per token cost far more in
     dispatch than in arithmetic.
 Every product of a token runs on all cores, and a prefill chunk multiplies all its tokens per
 weight read, so prefill per token is far cheaper than decode.
