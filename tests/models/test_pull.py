@@ -295,7 +295,9 @@ def test_dir_flag_wins_and_the_last_line_is_an_absolute_path(hub, tmp_path, caps
 # Hostile servers: a body longer than the size the Hub advertised never reaches the disk past that
 # size, and a server that drips bytes too slowly is given up on with its bytes kept for the resume.
 
-FAST_FLOOR = pull.RateFloor(min_rate=1 << 20, window_s=0.3)  # 1 MiB/s over 0.3 s
+# 4 MiB/s over 1 s: a dripping answer fails it at its first byte after a second, while the fast part
+# before the drip (1 MiB) has a whole second to arrive even on a machine loaded by other tests.
+FAST_FLOOR = pull.RateFloor(min_rate=4 << 20, window_s=1.0)
 
 
 def _part(tmp_path):
@@ -327,12 +329,14 @@ def test_a_stalling_server_is_given_up_on_and_the_bytes_are_kept_for_the_resume(
     state, _ = hub
     fast = pull.CHUNK + 777
     state.stall_after, state.drip_s = fast, 0.02  # then ~50 bytes/s, far under the floor
-    with pytest.raises(PullError, match=r"the server has stalled: \d+ B in the last 0\.\d s, less than 1\.0 MB/s; "
+    with pytest.raises(PullError, match=r"the server has stalled: [\d.]+ [kM]?B in the last \d+\.\d s, less than 4\.2 MB/s; "
                                         r"the .* downloaded are kept in .*\.part: run the same pull again"):
         pull.pull("q2-imatrix", floor=FAST_FLOOR)
     kept = _part(tmp_path).read_bytes()
     assert fast <= len(kept) < len(DATA) and kept == DATA[: len(kept)]
-    final = pull.pull("q2-imatrix", floor=FAST_FLOOR)
+    # The resume runs under the default floor: the test floor is there to provoke the stall, and a
+    # well-behaved local server on a loaded machine should not have to beat it.
+    final = pull.pull("q2-imatrix")
     assert final.read_bytes() == DATA and not _part(tmp_path).exists()
     # The resume asked only for the rest (the dripping answer is logged when its thread ends).
     assert [_resumed_at(s) for s in state.gets() if s.range] == [len(kept)]
