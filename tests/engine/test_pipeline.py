@@ -443,11 +443,34 @@ def test_info_prints_the_memory_each_rank_needs(tmp_path, capsys):
     assert "rank 1: layers 21-42 + output head: weights 4.56 GiB, routed experts 37.12 GiB" in out
 
 
+def _free_run(n):
+    """A port p with p .. p+n-1 all free now: a hosts-file ring listens on port + rank, so a free
+    first port alone (free_ports) leaves the next one to chance, and under xdist the other worker's
+    servers take ports from the same range."""
+    import socket
+
+    for _ in range(100):
+        first = free_ports(1)[0]
+        socks = []
+        try:
+            for p in range(first, first + n):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError(f"no run of {n} free ports found")
+
+
 def _over_ssh(path, hosts, stub_dir):
     # `ssh HOST CMD` runs CMD here (a stand-in for the second machine), so the hosts-file path
     # is exercised end to end: the ring file written remotely, MLX_RANK set, the worker started.
     os.environ["PATH"] = f"{stub_dir}{os.pathsep}{os.environ['PATH']}"
-    engine = _launch(path, hosts=hosts, port=free_ports(1)[0])
+    engine = _launch(path, hosts=hosts, port=_free_run(2))
     try:
         s = engine.new_session()
         s.sync(TOKENS[:12])
@@ -484,7 +507,7 @@ def test_a_hosts_file_starts_the_other_ranks_over_ssh(micro_path, single, tmp_pa
 def _failed_start(path, hosts, stub_dir):
     os.environ["PATH"] = f"{stub_dir}{os.pathsep}{os.environ['PATH']}"
     try:
-        _launch(path, hosts=hosts, port=free_ports(1)[0])
+        _launch(path, hosts=hosts, port=_free_run(2))
     except PipelineError as err:
         return str(err)
     return "started"
