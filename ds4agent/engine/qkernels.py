@@ -426,7 +426,7 @@ _BLOCK_BYTES = {16: 66, 10: 84, 12: 144}  # IQ2_XXS, Q2_K, Q4_K
 _SCALE_AT = {16: (0, None), 10: (80, 82), 12: (0, 2)}  # the block's f16 d (and dmin)
 
 
-ROW_GROUPS = (1, 2, 3, 4, 8)  # the token counts a row_dots call takes (an IR body for each)
+ROW_GROUPS = (1, 2, 3, 4, 5, 6, 7, 8)  # the token counts a row_dots call takes (an IR body for each)
 
 
 def _lane_sums(builder, vecs):
@@ -548,6 +548,129 @@ def row_dots_with(kind: int, vbmi: bool):
 
 
 VBMI = bool(_FEATURES.get("avx512vbmi")) and bool(_FEATURES.get("avx512bw"))
+
+
+# ---- IQ2_XXS rows times 16 tokens per vector lane set ------------------------------------------
+# With many tokens per row, one vector lane per token: the activations of 16 tokens are
+# interleaved once per product (iq2_xxs_interleave: for each block and 4-code quad k, 16 tokens x
+# 4 codes + 128 as u8, 64 bytes), the row's block is decoded once to signed int8 weights on the
+# stack, and each 4-weight quad, broadcast, meets the 16 tokens' quad in one 4-way u8 x s8 dot
+# (vpdpbusd): 4 dots per token and block, where the lane-per-weight kernel above needs a
+# multiply-add pair per 64 weights plus the sign selects and a horizontal sum. The integers are
+# the same: sum_g ls_g sum_i (x_i + 128) w_i - 128 C with C = sum_g ls_g sum_i w_i, so the float
+# steps, and the bits, are those of iq2_xxs_row_dots.
+#   iq2_xxs_rows16(raw, ro, nb, grid, xi, xio, xdi, xdio, nv, res):
+#     the row's blocks at raw[ro:]; token vector v's quads at byte xio + ((v * nb + b) * 64 + k) * 64
+#     of xi
+#     and block scales at xdi[xdio + (v * nb + b) * 16]; res[16 v + j] = the row's result for
+#     token 16 v + j (before the final * 0.125).
+
+
+def _iq2_xxs_rows16(rows: int):
+    @intrinsic
+    def iq2_xxs_rows16(typingctx, raw, ro, rstride, nb, grid, xi, xio, xdi, xdio, nv, res, wrow, lsrow):
+        def codegen(context, builder, sig, args):
+            _iq2_xxs_rows16_body(context, builder, sig, args, rows)
+            return context.get_dummy_value()
+
+        return types.void(raw, ro, rstride, nb, grid, xi, xio, xdi, xdio, nv, res, wrow, lsrow), codegen
+
+    return iq2_xxs_rows16
+
+
+def _iq2_xxs_rows16_body(context, builder, sig, args, rows: int) -> None:
+    raw_, ro_, rstride_, nb_, grid_, xi_, xio_, xdi_, xdio_, nv_, res_, wrow_, lsrow_ = args
+
+    def i64(v):
+        return ir.Constant(_I64, v)
+
+    pres = _ptr(context, builder, sig.args[10], res_, i64(0))
+    with cgutils.for_range(builder, builder.mul(nv_, i64(16 * rows))) as loop:
+        builder.store(ir.Constant(_F32, 0.0), builder.gep(pres, [loop.index]))
+    pw = builder.bitcast(_ptr(context, builder, sig.args[11], wrow_, i64(0)), _I8.as_pointer())
+    pls = builder.bitcast(_ptr(context, builder, sig.args[12], lsrow_, i64(0)), _I32.as_pointer())
+    ones = _const(_I8, [1] * 64)
+    # First the rows decoded to wrow (signed weights, 256 bytes a block, block-major: block b of
+    # row i at (b * rows + i) * 256) and lsrow (per block and row: the 8 group scales, 128 C and
+    # the f32 d), then the products, reading each quad back from memory: in one pass LLVM would
+    # forward the stored vector to the quad loads and broadcast each quad with two shuffles
+    # instead of folding a memory broadcast into its dot instruction.
+    for i in range(rows):
+        row = _ptr(context, builder, sig.args[0], raw_, builder.add(ro_, builder.mul(i64(i), rstride_)))
+        with cgutils.for_range(builder, nb_) as loop:
+            b = loop.index
+            slot = builder.add(builder.mul(b, i64(rows)), i64(i))
+            base = builder.gep(row, [builder.mul(b, i64(66))])
+            mags, negative = _iq2_magnitudes_signs(context, builder, sig.args[4], grid_, base,
+                                                   VBMI and _IQ2_CODES is not None)
+            w = builder.select(negative, builder.sub(_const(_I8, [0] * 256), mags), mags)
+            _store(builder, w, builder.gep(pw, [builder.mul(slot, i64(256))]), _I8, 256)
+            words = _load(builder, builder.gep(base, [i64(2)]), _I32, 16)
+            odd = _shuffle(builder, words, words, range(1, 16, 2))
+            ls = builder.add(builder.shl(builder.lshr(odd, _const(_I32, [28] * 8)), _const(_I32, [1] * 8)),
+                             _const(_I32, [1] * 8))
+            c = _ZERO16
+            for h in range(4):  # C = sum_g ls_g * (sum of group g's weights)
+                part = _dot4(builder, _ZERO16, ones, _shuffle(builder, w, w, range(64 * h, 64 * h + 64)))
+                lane_ls = _shuffle(builder, ls, ls, [2 * h + (lane >= 8) for lane in range(16)])
+                c = builder.add(c, builder.mul(part, lane_ls))
+            corr = builder.mul(_reduce(builder, c, 16), ir.Constant(_I32, 128))
+            d = builder.bitcast(_half_at(builder, base, 0), _I32)
+            info = _shuffle(builder, ls, _const(_I32, [0] * 8), list(range(8)) + [8] * 8)
+            info = builder.insert_element(builder.insert_element(info, corr, ir.Constant(_I32, 8)), d,
+                                          ir.Constant(_I32, 9))
+            _store(builder, info, builder.gep(pls, [builder.mul(slot, i64(16))]), _I32, 16)
+    pxi = builder.bitcast(_ptr(context, builder, sig.args[5], xi_, i64(0)), _I8.as_pointer())
+    with cgutils.for_range(builder, nb_) as loop:
+        b = loop.index
+        infos, corrs, dvs, wbs = [], [], [], []
+        for i in range(rows):
+            slot = builder.add(builder.mul(b, i64(rows)), i64(i))
+            info = _load(builder, builder.gep(pls, [builder.mul(slot, i64(16))]), _I32, 16)
+            infos.append(info)
+            corrs.append(_splat(builder, builder.extract_element(info, ir.Constant(_I32, 8)), _I32, 16))
+            dvs.append(_splat(builder, builder.bitcast(builder.extract_element(info, ir.Constant(_I32, 9)), _F32),
+                              _F32, 16))
+            wbs.append(builder.gep(pw, [builder.mul(slot, i64(256))]))
+        # One body per count of token vectors (1-4): each quad of activations meets every row's
+        # broadcast quad in turn, with one group accumulator per row and vector in registers.
+        done = builder.append_basic_block("vectors_done")
+        switch = builder.switch(nv_, done)
+        for n in (1, 2, 3, 4):
+            case = builder.append_basic_block(f"vectors_{n}")
+            switch.add_case(i64(n), case)
+            builder.position_at_end(case)
+            vbs = [builder.add(builder.mul(i64(v), nb_), b) for v in range(n)]
+            pxs = [builder.gep(pxi, [builder.add(xio_, builder.mul(vb, i64(4096)))]) for vb in vbs]
+            isums = [[builder.sub(_ZERO16, corrs[i]) for v in range(n)] for i in range(rows)]
+            for g in range(8):
+                gsums = [[_ZERO16] * n for i in range(rows)]
+                for q in range(8):
+                    k = 8 * g + q
+                    ws = []
+                    for i in range(rows):
+                        wq = builder.load(builder.bitcast(builder.gep(wbs[i], [i64(4 * k)]), _I32.as_pointer()), align=1)
+                        ws.append(builder.bitcast(_splat(builder, wq, _I32, 16), _vec(_I8, 64)))
+                    for v in range(n):
+                        xv = _load(builder, builder.gep(pxs[v], [i64(64 * k)]), _I8, 64)
+                        for i in range(rows):
+                            gsums[i][v] = _dot4(builder, gsums[i][v], xv, ws[i])
+                for i in range(rows):
+                    lsg = _splat(builder, builder.extract_element(infos[i], ir.Constant(_I32, g)), _I32, 16)
+                    isums[i] = [builder.add(isums[i][v], builder.mul(gsums[i][v], lsg)) for v in range(n)]
+            for i in range(rows):
+                for v in range(n):
+                    xdv = _load(builder, _ptr(context, builder, sig.args[7], xdi_,
+                                              builder.add(xdio_, builder.mul(vbs[v], i64(16)))), _F32, 16)
+                    term = builder.fmul(builder.fmul(dvs[i], xdv), builder.sitofp(isums[i][v], _vec(_F32, 16)))
+                    pacc = builder.gep(pres, [builder.add(builder.mul(i64(i), builder.mul(nv_, i64(16))), i64(16 * v))])
+                    _store(builder, builder.fadd(_load(builder, pacc, _F32, 16), term), pacc, _F32, 16)
+            builder.branch(done)
+        builder.position_at_end(done)
+
+
+iq2_xxs_rows16_1, iq2_xxs_rows16_2 = _iq2_xxs_rows16(1), _iq2_xxs_rows16(2)
+
 iq2_xxs_row_dots, q2_k_row_dots, q4_k_row_dots = (row_dots_with(kind, VBMI) for kind in (16, 10, 12))
 
 
@@ -655,10 +778,68 @@ def _q8_0_rows(wi, wd, xq, xd, xs, out, r0, r1, t0, t1):
             t += count
 
 
+# From this many tokens of one matrix (and where the host has AVX-512 VNNI) IQ2_XXS rows meet
+# their tokens 16 to a vector (iq2_xxs_rows16); fewer take the lane-per-weight row_dots.
+IQ2_LANES_MIN = 9
+IQ2_LANES = _VNNI
+
+
+@_jit
+def iq2_xxs_interleave(xq32, xd, t0, t1, xi, xdi):
+    """Tokens t0..t1 (at most 64) of xq32 (the int8 codes viewed as uint32 quads, [n, cols // 4])
+    and xd [n, nb] -> xi uint32 [nv, nb, 64, 16] (quad k of block b of token 16 v + j, each code
+    + 128) and xdi f32 [nv, nb, 16]; lanes past t1 are zeros (code + 128 = 128, scale 0)."""
+    nv, nb = xi.shape[0], xi.shape[1]
+    for v in range(nv):
+        for b in range(nb):
+            for j in range(16):
+                t = t0 + 16 * v + j
+                if t < t1:
+                    xdi[v, b, j] = xd[t, b]
+                    for k in range(64):
+                        xi[v, b, k, j] = xq32[t, 64 * b + k] ^ np.uint32(0x80808080)
+                else:
+                    xdi[v, b, j] = 0.0
+                    for k in range(64):
+                        xi[v, b, k, j] = np.uint32(0x80808080)
+
+
+@_jit
+def _iq2_xxs_lanes(raw, xq, xd, out, r0, r1, t0, t1, grid):
+    nb = xq.shape[1] // 256
+    xq32 = xq.view(np.uint32)
+    res = np.empty(2 * TOKEN_TILE, np.float32)
+    wrow = np.empty(2 * nb * 256, np.int8)
+    lsrow = np.empty(2 * nb * 16, np.int32)
+    rs = raw.shape[1]
+    for ts in range(t0, t1, TOKEN_TILE):
+        n = min(TOKEN_TILE, t1 - ts)
+        nv = (n + 15) // 16
+        xi = np.empty((nv, nb, 64, 16), np.uint32)
+        xdi = np.empty((nv, nb, 16), np.float32)
+        iq2_xxs_interleave(xq32, xd, ts, ts + n, xi, xdi)
+        for r in range(r0, r1, 2):  # two rows per pass: each activation load meets both
+            pair = r + 1 < r1
+            if pair:
+                iq2_xxs_rows16_2(raw, r * rs, rs, nb, grid, xi, 0, xdi, 0, nv, res, wrow, lsrow)
+            else:
+                iq2_xxs_rows16_1(raw, r * rs, rs, nb, grid, xi, 0, xdi, 0, nv, res, wrow, lsrow)
+            for j in range(n):
+                out[ts + j, r] = np.float32(0.125) * res[j]
+                if pair:
+                    out[ts + j, r + 1] = np.float32(0.125) * res[16 * nv + j]
+
+
+TOKEN_TILE = 64  # tokens per pass over the rows of the token-lane kernel (4 vectors of 16)
+
+
 @_jit
 def _fused_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid):
     # Rows straight from their blocks (no decoded copy), tokens eight at a time, then up to four
     # (the *_row_dots intrinsics: a block decoded in registers once per row and token group).
+    if kind == IQ2_XXS and IQ2_LANES and t1 - t0 >= IQ2_LANES_MIN:
+        _iq2_xxs_lanes(raw, xq, xd, out, r0, r1, t0, t1, grid)
+        return
     cols = xq.shape[1]
     nb = cols // 256
     nbs = bsums.shape[1]
@@ -667,7 +848,7 @@ def _fused_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid):
         ro = r * raw.shape[1]
         t = t0
         while t < t1:
-            cnt = 8 if t1 - t >= 8 else min(4, t1 - t)
+            cnt = min(8, t1 - t)
             xo, xdo, bo = t * cols, t * nb, t * nbs
             if kind == Q4_K:
                 q4_k_row_dots(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res, cnt)
