@@ -550,90 +550,132 @@ def row_dots_with(kind: int, vbmi: bool):
 VBMI = bool(_FEATURES.get("avx512vbmi")) and bool(_FEATURES.get("avx512bw"))
 
 
-# ---- IQ2_XXS rows times 16 tokens per vector lane set ------------------------------------------
+# ---- rows times 16 tokens per vector (IQ2_XXS and Q2_K) ------------------------------------------
 # With many tokens per row, one vector lane per token: the activations of 16 tokens are
-# interleaved once per product (iq2_xxs_interleave: for each block and 4-code quad k, 16 tokens x
-# 4 codes + 128 as u8, 64 bytes), the row's block is decoded once to signed int8 weights on the
-# stack, and each 4-weight quad, broadcast, meets the 16 tokens' quad in one 4-way u8 x s8 dot
-# (vpdpbusd): 4 dots per token and block, where the lane-per-weight kernel above needs a
-# multiply-add pair per 64 weights plus the sign selects and a horizontal sum. The integers are
-# the same: sum_g ls_g sum_i (x_i + 128) w_i - 128 C with C = sum_g ls_g sum_i w_i, so the float
-# steps, and the bits, are those of iq2_xxs_row_dots.
-#   iq2_xxs_rows16(raw, ro, nb, grid, xi, xio, xdi, xdio, nv, res):
-#     the row's blocks at raw[ro:]; token vector v's quads at byte xio + ((v * nb + b) * 64 + k) * 64
-#     of xi
-#     and block scales at xdi[xdio + (v * nb + b) * 16]; res[16 v + j] = the row's result for
-#     token 16 v + j (before the final * 0.125).
+# interleaved once per product (lanes_interleave: for each block and 4-code quad k, 16 tokens x
+# 4 codes + 128 as u8, 64 bytes), each row's block is decoded once to int8 weights in memory, and
+# each 4-weight quad, broadcast, meets the 16 tokens' quad in one 4-way u8 x s8 dot (vpdpbusd):
+# 4 dots per token and block, where the lane-per-weight row_dots need a multiply-add pair per 64
+# weights plus a horizontal sum (and IQ2_XXS's sign selects). The integers are the same as
+# row_dots', so the float steps, and the bits, are too:
+#   IQ2_XXS: w = the signed grid value; isum = sum_g ls_g sum_i (x_i + 128) w_i - 128 C,
+#            C = sum_g ls_g sum_i w_i (groups g of 32, ls_g = 2 s_g + 1)
+#   Q2_K:    w = code * scale (<= 45, a byte); isum = sum_i (x_i + 128) w_i - 128 sum_i w_i, and
+#            summs = sum_j m_j bsums_j by 16-bit multiply-adds of the interleaved bsums (16
+#            tokens x a pair of sub-blocks per vector) with the row's pair of mins.
+#   rows16(raw, ro, rstride, nb, grid, xi, xdi, bsi, nv, res, wrow, info):
+#     `rows` rows at raw[ro + i * rstride:]; token vector v's quads at byte ((v * nb + b) * 64
+#     + k) * 64 of xi, its block scales at xdi[(v * nb + b) * 16], its bsums pairs (Q2_K) at
+#     bsi[((v * nb + b) * 8 + p) * 32]; res[i * 16 nv + 16 v + j] = row i's result for token
+#     16 v + j (IQ2_XXS: before the final * 0.125); wrow, info: scratch (rows * nb * 256 int8,
+#     rows * nb * 16 int32).
 
 
-def _iq2_xxs_rows16(rows: int):
+def _rows16(kind: int, rows: int):
     @intrinsic
-    def iq2_xxs_rows16(typingctx, raw, ro, rstride, nb, grid, xi, xio, xdi, xdio, nv, res, wrow, lsrow):
+    def rows16(typingctx, raw, ro, rstride, nb, grid, xi, xdi, bsi, nv, res, wrow, info):
         def codegen(context, builder, sig, args):
-            _iq2_xxs_rows16_body(context, builder, sig, args, rows)
+            _rows16_body(context, builder, sig, args, kind, rows)
             return context.get_dummy_value()
 
-        return types.void(raw, ro, rstride, nb, grid, xi, xio, xdi, xdio, nv, res, wrow, lsrow), codegen
+        return types.void(raw, ro, rstride, nb, grid, xi, xdi, bsi, nv, res, wrow, info), codegen
 
-    return iq2_xxs_rows16
+    return rows16
 
 
-def _iq2_xxs_rows16_body(context, builder, sig, args, rows: int) -> None:
-    raw_, ro_, rstride_, nb_, grid_, xi_, xio_, xdi_, xdio_, nv_, res_, wrow_, lsrow_ = args
+def _rows16_decode(context, builder, sig, grid_, base, pw, kind: int):
+    """Block at `base` -> its int8 weights stored at pw (inputs in order) and its info vector
+    <16 x i32>: IQ2_XXS: the 8 group scales, 128 C, d; Q2_K: the 8 pairs of 16-bit mins, 128 C,
+    d, dmin (the f16 scales widened to f32, as bits)."""
+    ones = _const(_I8, [1] * 64)
 
     def i64(v):
         return ir.Constant(_I64, v)
 
-    pres = _ptr(context, builder, sig.args[10], res_, i64(0))
+    if kind == 16:
+        mags, negative = _iq2_magnitudes_signs(context, builder, sig.args[4], grid_, base, VBMI and _IQ2_CODES is not None)
+        w = builder.select(negative, builder.sub(_const(_I8, [0] * 256), mags), mags)
+        _store(builder, w, pw, _I8, 256)
+        words = _load(builder, builder.gep(base, [i64(2)]), _I32, 16)
+        odd = _shuffle(builder, words, words, range(1, 16, 2))
+        ls = builder.add(builder.shl(builder.lshr(odd, _const(_I32, [28] * 8)), _const(_I32, [1] * 8)),
+                         _const(_I32, [1] * 8))
+        c = _ZERO16
+        for h in range(4):  # C = sum_g ls_g * (sum of group g's weights)
+            part = _dot4(builder, _ZERO16, ones, _shuffle(builder, w, w, range(64 * h, 64 * h + 64)))
+            lane_ls = _shuffle(builder, ls, ls, [2 * h + (lane >= 8) for lane in range(16)])
+            c = builder.add(c, builder.mul(part, lane_ls))
+        first8, scales = ls, [_half_at(builder, base, 0)]
+    else:
+        weights, mins = _q2_k_block(builder, base, VBMI)
+        c = _ZERO16
+        for s in range(4):  # weights[s]: inputs 32s.. then 128 + 32s..
+            _store(builder, _shuffle(builder, weights[s], weights[s], range(32)), builder.gep(pw, [i64(32 * s)]), _I8, 32)
+            _store(builder, _shuffle(builder, weights[s], weights[s], range(32, 64)),
+                   builder.gep(pw, [i64(128 + 32 * s)]), _I8, 32)
+            c = _dot4(builder, c, ones, weights[s])
+        first8 = builder.bitcast(builder.trunc(mins, _vec(_I16, 16)), _vec(_I32, 8))
+        scales = [_half_at(builder, base, 80), _half_at(builder, base, 82)]
+    corr = builder.mul(_reduce(builder, c, 16), ir.Constant(_I32, 128))
+    info = _shuffle(builder, first8, _const(_I32, [0] * 8), list(range(8)) + [8] * 8)
+    info = builder.insert_element(info, corr, ir.Constant(_I32, 8))
+    for k, f in enumerate(scales):
+        info = builder.insert_element(info, builder.bitcast(f, _I32), ir.Constant(_I32, 9 + k))
+    return info
+
+
+def _madd16(builder, a, b):
+    """<16 x i32>: lane l = a[2l] * b[2l] + a[2l + 1] * b[2l + 1] (<32 x i16> each): one
+    vpmaddwd with AVX-512 BW, generic IR elsewhere (the same integers)."""
+    if _VNNI:
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(_I32, 16), [_vec(_I16, 32)] * 2),
+                                            "llvm.x86.avx512.pmaddw.d.512")
+        return builder.call(fn, [a, b])
+    prod = builder.mul(builder.sext(a, _vec(_I32, 32)), builder.sext(b, _vec(_I32, 32)))
+    return builder.add(_shuffle(builder, prod, prod, range(0, 32, 2)), _shuffle(builder, prod, prod, range(1, 32, 2)))
+
+
+def _rows16_body(context, builder, sig, args, kind: int, rows: int) -> None:
+    raw_, ro_, rstride_, nb_, grid_, xi_, xdi_, bsi_, nv_, res_, wrow_, info_ = args
+    size = _BLOCK_BYTES[kind]
+
+    def i64(v):
+        return ir.Constant(_I64, v)
+
+    def lane(v, k):
+        return builder.extract_element(v, ir.Constant(_I32, k))
+
+    def as_f32(v):
+        return builder.bitcast(v, _F32)
+
+    pres = _ptr(context, builder, sig.args[9], res_, i64(0))
     with cgutils.for_range(builder, builder.mul(nv_, i64(16 * rows))) as loop:
         builder.store(ir.Constant(_F32, 0.0), builder.gep(pres, [loop.index]))
-    pw = builder.bitcast(_ptr(context, builder, sig.args[11], wrow_, i64(0)), _I8.as_pointer())
-    pls = builder.bitcast(_ptr(context, builder, sig.args[12], lsrow_, i64(0)), _I32.as_pointer())
-    ones = _const(_I8, [1] * 64)
-    # First the rows decoded to wrow (signed weights, 256 bytes a block, block-major: block b of
-    # row i at (b * rows + i) * 256) and lsrow (per block and row: the 8 group scales, 128 C and
-    # the f32 d), then the products, reading each quad back from memory: in one pass LLVM would
-    # forward the stored vector to the quad loads and broadcast each quad with two shuffles
-    # instead of folding a memory broadcast into its dot instruction.
+    pw = builder.bitcast(_ptr(context, builder, sig.args[10], wrow_, i64(0)), _I8.as_pointer())
+    pinfo = builder.bitcast(_ptr(context, builder, sig.args[11], info_, i64(0)), _I32.as_pointer())
+    # First the rows decoded to wrow (block b of row i at slot b * rows + i, 256 bytes) and info,
+    # then the products, reading each quad back from memory: in one pass LLVM would forward the
+    # stored vector to the quad loads and broadcast each quad with two shuffles instead of
+    # folding a memory broadcast into its dot instruction.
     for i in range(rows):
         row = _ptr(context, builder, sig.args[0], raw_, builder.add(ro_, builder.mul(i64(i), rstride_)))
         with cgutils.for_range(builder, nb_) as loop:
             b = loop.index
             slot = builder.add(builder.mul(b, i64(rows)), i64(i))
-            base = builder.gep(row, [builder.mul(b, i64(66))])
-            mags, negative = _iq2_magnitudes_signs(context, builder, sig.args[4], grid_, base,
-                                                   VBMI and _IQ2_CODES is not None)
-            w = builder.select(negative, builder.sub(_const(_I8, [0] * 256), mags), mags)
-            _store(builder, w, builder.gep(pw, [builder.mul(slot, i64(256))]), _I8, 256)
-            words = _load(builder, builder.gep(base, [i64(2)]), _I32, 16)
-            odd = _shuffle(builder, words, words, range(1, 16, 2))
-            ls = builder.add(builder.shl(builder.lshr(odd, _const(_I32, [28] * 8)), _const(_I32, [1] * 8)),
-                             _const(_I32, [1] * 8))
-            c = _ZERO16
-            for h in range(4):  # C = sum_g ls_g * (sum of group g's weights)
-                part = _dot4(builder, _ZERO16, ones, _shuffle(builder, w, w, range(64 * h, 64 * h + 64)))
-                lane_ls = _shuffle(builder, ls, ls, [2 * h + (lane >= 8) for lane in range(16)])
-                c = builder.add(c, builder.mul(part, lane_ls))
-            corr = builder.mul(_reduce(builder, c, 16), ir.Constant(_I32, 128))
-            d = builder.bitcast(_half_at(builder, base, 0), _I32)
-            info = _shuffle(builder, ls, _const(_I32, [0] * 8), list(range(8)) + [8] * 8)
-            info = builder.insert_element(builder.insert_element(info, corr, ir.Constant(_I32, 8)), d,
-                                          ir.Constant(_I32, 9))
-            _store(builder, info, builder.gep(pls, [builder.mul(slot, i64(16))]), _I32, 16)
+            info = _rows16_decode(context, builder, sig, grid_, builder.gep(row, [builder.mul(b, i64(size))]),
+                                  builder.gep(pw, [builder.mul(slot, i64(256))]), kind)
+            _store(builder, info, builder.gep(pinfo, [builder.mul(slot, i64(16))]), _I32, 16)
     pxi = builder.bitcast(_ptr(context, builder, sig.args[5], xi_, i64(0)), _I8.as_pointer())
+    pbs = builder.bitcast(_ptr(context, builder, sig.args[7], bsi_, i64(0)), _I16.as_pointer())
     with cgutils.for_range(builder, nb_) as loop:
         b = loop.index
-        infos, corrs, dvs, wbs = [], [], [], []
+        infos, wbs = [], []
         for i in range(rows):
             slot = builder.add(builder.mul(b, i64(rows)), i64(i))
-            info = _load(builder, builder.gep(pls, [builder.mul(slot, i64(16))]), _I32, 16)
-            infos.append(info)
-            corrs.append(_splat(builder, builder.extract_element(info, ir.Constant(_I32, 8)), _I32, 16))
-            dvs.append(_splat(builder, builder.bitcast(builder.extract_element(info, ir.Constant(_I32, 9)), _F32),
-                              _F32, 16))
+            infos.append(_load(builder, builder.gep(pinfo, [builder.mul(slot, i64(16))]), _I32, 16))
             wbs.append(builder.gep(pw, [builder.mul(slot, i64(256))]))
         # One body per count of token vectors (1-4): each quad of activations meets every row's
-        # broadcast quad in turn, with one group accumulator per row and vector in registers.
+        # broadcast quad in turn, with 8 partial sums per row and vector in registers.
         done = builder.append_basic_block("vectors_done")
         switch = builder.switch(nv_, done)
         for n in (1, 2, 3, 4):
@@ -641,8 +683,8 @@ def _iq2_xxs_rows16_body(context, builder, sig, args, rows: int) -> None:
             switch.add_case(i64(n), case)
             builder.position_at_end(case)
             vbs = [builder.add(builder.mul(i64(v), nb_), b) for v in range(n)]
-            pxs = [builder.gep(pxi, [builder.add(xio_, builder.mul(vb, i64(4096)))]) for vb in vbs]
-            isums = [[builder.sub(_ZERO16, corrs[i]) for v in range(n)] for i in range(rows)]
+            pxs = [builder.gep(pxi, [builder.mul(vb, i64(4096))]) for vb in vbs]
+            isums = [[builder.sub(_ZERO16, _splat(builder, lane(infos[i], 8), _I32, 16))] * n for i in range(rows)]
             for g in range(8):
                 gsums = [[_ZERO16] * n for i in range(rows)]
                 for q in range(8):
@@ -656,20 +698,39 @@ def _iq2_xxs_rows16_body(context, builder, sig, args, rows: int) -> None:
                         for i in range(rows):
                             gsums[i][v] = _dot4(builder, gsums[i][v], xv, ws[i])
                 for i in range(rows):
-                    lsg = _splat(builder, builder.extract_element(infos[i], ir.Constant(_I32, g)), _I32, 16)
-                    isums[i] = [builder.add(isums[i][v], builder.mul(gsums[i][v], lsg)) for v in range(n)]
-            for i in range(rows):
+                    if kind == 16:  # group g's sums times its scale
+                        lsg = _splat(builder, lane(infos[i], g), _I32, 16)
+                        isums[i] = [builder.add(isums[i][v], builder.mul(gsums[i][v], lsg)) for v in range(n)]
+                    else:  # the scales are in the weights
+                        isums[i] = [builder.add(isums[i][v], gsums[i][v]) for v in range(n)]
+            summs = [[None] * n for i in range(rows)]
+            if kind == 10:
                 for v in range(n):
-                    xdv = _load(builder, _ptr(context, builder, sig.args[7], xdi_,
-                                              builder.add(xdio_, builder.mul(vbs[v], i64(16)))), _F32, 16)
-                    term = builder.fmul(builder.fmul(dvs[i], xdv), builder.sitofp(isums[i][v], _vec(_F32, 16)))
+                    for p in range(8):
+                        bsv = _load(builder, builder.gep(pbs, [builder.add(builder.mul(vbs[v], i64(256)), i64(32 * p))]),
+                                    _I16, 32)
+                        for i in range(rows):
+                            mp = builder.bitcast(_splat(builder, lane(infos[i], p), _I32, 16), _vec(_I16, 32))
+                            part = _madd16(builder, bsv, mp)
+                            summs[i][v] = part if summs[i][v] is None else builder.add(summs[i][v], part)
+            for i in range(rows):
+                dv = _splat(builder, as_f32(lane(infos[i], 9)), _F32, 16)
+                for v in range(n):
+                    xdv = _load(builder, _ptr(context, builder, sig.args[6], xdi_, builder.mul(vbs[v], i64(16))), _F32, 16)
+                    if kind == 16:  # acc += (d * xd) * float(isum)
+                        term = builder.fmul(builder.fmul(dv, xdv), builder.sitofp(isums[i][v], _vec(_F32, 16)))
+                    else:  # acc += (xd * d) * float(isum) - (xd * dmin) * float(summs)
+                        dminv = _splat(builder, as_f32(lane(infos[i], 10)), _F32, 16)
+                        term = builder.fsub(builder.fmul(builder.fmul(xdv, dv), builder.sitofp(isums[i][v], _vec(_F32, 16))),
+                                            builder.fmul(builder.fmul(xdv, dminv), builder.sitofp(summs[i][v], _vec(_F32, 16))))
                     pacc = builder.gep(pres, [builder.add(builder.mul(i64(i), builder.mul(nv_, i64(16))), i64(16 * v))])
                     _store(builder, builder.fadd(_load(builder, pacc, _F32, 16), term), pacc, _F32, 16)
             builder.branch(done)
         builder.position_at_end(done)
 
 
-iq2_xxs_rows16_1, iq2_xxs_rows16_2 = _iq2_xxs_rows16(1), _iq2_xxs_rows16(2)
+iq2_xxs_rows16_1, iq2_xxs_rows16_2 = _rows16(16, 1), _rows16(16, 2)
+q2_k_rows16_1, q2_k_rows16_2 = _rows16(10, 1), _rows16(10, 2)
 
 iq2_xxs_row_dots, q2_k_row_dots, q4_k_row_dots = (row_dots_with(kind, VBMI) for kind in (16, 10, 12))
 
@@ -778,17 +839,20 @@ def _q8_0_rows(wi, wd, xq, xd, xs, out, r0, r1, t0, t1):
             t += count
 
 
-# From this many tokens of one matrix (and where the host has AVX-512 VNNI) IQ2_XXS rows meet
-# their tokens 16 to a vector (iq2_xxs_rows16); fewer take the lane-per-weight row_dots.
-IQ2_LANES_MIN = 9
-IQ2_LANES = _VNNI
+# From this many tokens of one matrix (and where the host has AVX-512 VNNI and BW) IQ2_XXS and
+# Q2_K rows meet their tokens 16 to a vector (the rows16 kernels); fewer take the lane-per-weight
+# row_dots (one core: IQ2_XXS 8 tokens 4.9 ns per block and token either way, 9: 6.0 -> 4.4).
+LANES_MIN = 9
+LANES = _VNNI
 
 
 @_jit
-def iq2_xxs_interleave(xq32, xd, t0, t1, xi, xdi):
-    """Tokens t0..t1 (at most 64) of xq32 (the int8 codes viewed as uint32 quads, [n, cols // 4])
-    and xd [n, nb] -> xi uint32 [nv, nb, 64, 16] (quad k of block b of token 16 v + j, each code
-    + 128) and xdi f32 [nv, nb, 16]; lanes past t1 are zeros (code + 128 = 128, scale 0)."""
+def lanes_interleave(xq32, xd, bsums, t0, t1, xi, xdi, bsi):
+    """Tokens t0..t1 (at most 64) of xq32 (the int8 codes viewed as uint32 quads, [n, cols // 4]),
+    xd [n, nb] and bsums [n, cols // 16] -> xi uint32 [nv, nb, 64, 16] (quad k of block b of
+    token 16 v + j, each code + 128), xdi f32 [nv, nb, 16] and bsi int16 [nv, nb, 8, 16, 2]
+    (the block's bsums 2p, 2p + 1 of token 16 v + j); lanes past t1 are zeros (code + 128 = 128,
+    scale 0, sums 0)."""
     nv, nb = xi.shape[0], xi.shape[1]
     for v in range(nv):
         for b in range(nb):
@@ -798,47 +862,60 @@ def iq2_xxs_interleave(xq32, xd, t0, t1, xi, xdi):
                     xdi[v, b, j] = xd[t, b]
                     for k in range(64):
                         xi[v, b, k, j] = xq32[t, 64 * b + k] ^ np.uint32(0x80808080)
+                    for p in range(8):
+                        for e in range(2):
+                            bsi[v, b, p, j, e] = np.int16(bsums[t, 16 * b + 2 * p + e])
                 else:
                     xdi[v, b, j] = 0.0
                     for k in range(64):
                         xi[v, b, k, j] = np.uint32(0x80808080)
+                    for p in range(8):
+                        for e in range(2):
+                            bsi[v, b, p, j, e] = 0
 
 
 @_jit
-def _iq2_xxs_lanes(raw, xq, xd, out, r0, r1, t0, t1, grid):
+def _lanes_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid):
     nb = xq.shape[1] // 256
     xq32 = xq.view(np.uint32)
     res = np.empty(2 * TOKEN_TILE, np.float32)
     wrow = np.empty(2 * nb * 256, np.int8)
-    lsrow = np.empty(2 * nb * 16, np.int32)
+    info = np.empty(2 * nb * 16, np.int32)
     rs = raw.shape[1]
+    scale = np.float32(0.125) if kind == IQ2_XXS else np.float32(1.0)
     for ts in range(t0, t1, TOKEN_TILE):
         n = min(TOKEN_TILE, t1 - ts)
         nv = (n + 15) // 16
         xi = np.empty((nv, nb, 64, 16), np.uint32)
         xdi = np.empty((nv, nb, 16), np.float32)
-        iq2_xxs_interleave(xq32, xd, ts, ts + n, xi, xdi)
+        bsi = np.empty((nv, nb, 8, 16, 2), np.int16)
+        lanes_interleave(xq32, xd, bsums, ts, ts + n, xi, xdi, bsi)
         for r in range(r0, r1, 2):  # two rows per pass: each activation load meets both
             pair = r + 1 < r1
-            if pair:
-                iq2_xxs_rows16_2(raw, r * rs, rs, nb, grid, xi, 0, xdi, 0, nv, res, wrow, lsrow)
-            else:
-                iq2_xxs_rows16_1(raw, r * rs, rs, nb, grid, xi, 0, xdi, 0, nv, res, wrow, lsrow)
-            for j in range(n):
-                out[ts + j, r] = np.float32(0.125) * res[j]
+            if kind == IQ2_XXS:
                 if pair:
-                    out[ts + j, r + 1] = np.float32(0.125) * res[16 * nv + j]
+                    iq2_xxs_rows16_2(raw, r * rs, rs, nb, grid, xi, xdi, bsi, nv, res, wrow, info)
+                else:
+                    iq2_xxs_rows16_1(raw, r * rs, rs, nb, grid, xi, xdi, bsi, nv, res, wrow, info)
+            elif pair:
+                q2_k_rows16_2(raw, r * rs, rs, nb, grid, xi, xdi, bsi, nv, res, wrow, info)
+            else:
+                q2_k_rows16_1(raw, r * rs, rs, nb, grid, xi, xdi, bsi, nv, res, wrow, info)
+            for j in range(n):
+                out[ts + j, r] = scale * res[j] if kind == IQ2_XXS else res[j]
+                if pair:
+                    out[ts + j, r + 1] = scale * res[16 * nv + j] if kind == IQ2_XXS else res[16 * nv + j]
 
 
-TOKEN_TILE = 64  # tokens per pass over the rows of the token-lane kernel (4 vectors of 16)
+TOKEN_TILE = 64  # tokens per pass over the rows of the rows16 kernels (4 vectors of 16)
 
 
 @_jit
 def _fused_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid):
     # Rows straight from their blocks (no decoded copy), tokens eight at a time, then up to four
     # (the *_row_dots intrinsics: a block decoded in registers once per row and token group).
-    if kind == IQ2_XXS and IQ2_LANES and t1 - t0 >= IQ2_LANES_MIN:
-        _iq2_xxs_lanes(raw, xq, xd, out, r0, r1, t0, t1, grid)
+    if (kind == IQ2_XXS or kind == Q2_K) and LANES and t1 - t0 >= LANES_MIN:
+        _lanes_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid)
         return
     cols = xq.shape[1]
     nb = cols // 256

@@ -82,19 +82,20 @@ def test_batch_rows_equal_single_token_products_bit_for_bit(qtype):
         assert np.array_equal(m.matmul(x[3 : 3 + n]), batch[3 : 3 + n])  # a chunk of the batch
 
 
+@pytest.mark.parametrize("qtype", [quant.IQ2_XXS, quant.Q2_K], ids=quant.type_name)
 @pytest.mark.parametrize("n", [20, 40, 70])
-def test_iq2_xxs_token_lanes_equal_single_token_products_bit_for_bit(n):
-    # From 9 tokens IQ2_XXS rows meet 16 tokens per vector, two rows per pass: 20, 40 and 70
-    # tokens take 2, 3 and 4 + 1 token vectors (70: a second tile of 6), and 33 rows end on a
-    # single row.
+def test_token_lanes_equal_single_token_products_bit_for_bit(qtype, n):
+    # From 9 tokens IQ2_XXS and Q2_K rows meet 16 tokens per vector, two rows per pass: 20, 40
+    # and 70 tokens take 2, 3 and 4 + 1 token vectors (70: a second tile of 6), and 33 rows end
+    # on a single row.
     from ds4agent.engine import qkernels
 
     rng = np.random.default_rng(n)
-    raw, _ = _matrix(rng, quant.IQ2_XXS, 33, 768)
-    m = QuantMatrix.from_blocks(raw, quant.IQ2_XXS, 33, 768)
+    raw, _ = _matrix(rng, qtype, 33, 768)
+    m = QuantMatrix.from_blocks(raw, qtype, 33, 768)
     x = _inputs(rng, n, 768)
     batch = m.matmul(x)
-    assert qkernels.IQ2_LANES_MIN <= n
+    assert qkernels.LANES_MIN <= n
     for t in range(n):
         assert np.array_equal(m.matmul(x[t : t + 1])[0], batch[t])
 
