@@ -48,6 +48,11 @@ block decoded in registers once for the n tokens; the float steps in registers t
         (raw, ro, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res, n)
     (row_dots_with(kind, vbmi) builds them with AVX-512 BW/VBMI instructions where the host
     has them, or in portable IR: the same integers either way)
+and, from LANES_MIN tokens where the host has AVX-512 VNNI, one or two rows times up to 64
+tokens, 16 to a vector (the activations interleaved once per product by lanes_interleave):
+    iq2_xxs_rows16_1/_2, q2_k_rows16_1/_2, q4_k_rows16_1/_2
+        (raw, ro, rstride, nb, grid, xi, xdi, bsi, nv, res, wrow, info)
+    the same integers and float steps as the row dots, so the same bits.
 The float kernels (the F16/F32 lane-order product, the attention core, the routed SwiGLU) are
 in fkernels.py.
 """
@@ -550,7 +555,7 @@ def row_dots_with(kind: int, vbmi: bool):
 VBMI = bool(_FEATURES.get("avx512vbmi")) and bool(_FEATURES.get("avx512bw"))
 
 
-# ---- rows times 16 tokens per vector (IQ2_XXS and Q2_K) ------------------------------------------
+# ---- rows times 16 tokens per vector (IQ2_XXS, Q2_K, Q4_K) -------------------------------------
 # With many tokens per row, one vector lane per token: the activations of 16 tokens are
 # interleaved once per product (lanes_interleave: for each block and 4-code quad k, 16 tokens x
 # 4 codes + 128 as u8, 64 bytes), each row's block is decoded once to int8 weights in memory, and
@@ -563,12 +568,15 @@ VBMI = bool(_FEATURES.get("avx512vbmi")) and bool(_FEATURES.get("avx512bw"))
 #   Q2_K:    w = code * scale (<= 45, a byte); isum = sum_i (x_i + 128) w_i - 128 sum_i w_i, and
 #            summs = sum_j m_j bsums_j by 16-bit multiply-adds of the interleaved bsums (16
 #            tokens x a pair of sub-blocks per vector) with the row's pair of mins.
+#   Q4_K:    w = code (< 16); isum as IQ2_XXS's with the 6-bit scales of its 8 groups, and
+#            summs = sum_j m_j (bsums_2j + bsums_2j+1) by the same multiply-adds (m_j twice).
+# The partial sums fit 32 bits: at most 8 groups x 63 x 32 x 255 x 15 (Q4_K).
 #   rows16(raw, ro, rstride, nb, grid, xi, xdi, bsi, nv, res, wrow, info):
 #     `rows` rows at raw[ro + i * rstride:]; token vector v's quads at byte ((v * nb + b) * 64
-#     + k) * 64 of xi, its block scales at xdi[(v * nb + b) * 16], its bsums pairs (Q2_K) at
+#     + k) * 64 of xi, its block scales at xdi[(v * nb + b) * 16], its bsums pairs (K-quants) at
 #     bsi[((v * nb + b) * 8 + p) * 32]; res[i * 16 nv + 16 v + j] = row i's result for token
 #     16 v + j (IQ2_XXS: before the final * 0.125); wrow, info: scratch (rows * nb * 256 int8,
-#     rows * nb * 16 int32).
+#     rows * nb * 32 int32).
 
 
 def _rows16(kind: int, rows: int):
@@ -585,28 +593,35 @@ def _rows16(kind: int, rows: int):
 
 def _rows16_decode(context, builder, sig, grid_, base, pw, kind: int):
     """Block at `base` -> its int8 weights stored at pw (inputs in order) and its info vector
-    <16 x i32>: IQ2_XXS: the 8 group scales, 128 C, d; Q2_K: the 8 pairs of 16-bit mins, 128 C,
-    d, dmin (the f16 scales widened to f32, as bits)."""
+    <32 x i32>: lanes 0-7 the group scales (IQ2_XXS: 2 s_g + 1; Q4_K: the 6-bit scales), 8: 128 C,
+    9, 10: d and dmin (the f16 scales widened to f32, as bits), 16-23 the K-quants' mins as
+    pairs of 16-bit integers (Q2_K: sub-blocks 2p and 2p + 1; Q4_K: sub-block p twice, for the
+    two bsums of its 32 inputs)."""
     ones = _const(_I8, [1] * 64)
 
     def i64(v):
         return ir.Constant(_I64, v)
 
+    def group_c(w, ls):  # C = sum_g ls_g * (sum of group g's weights), groups of 32
+        c = _ZERO16
+        for h in range(4):
+            part = _dot4(builder, _ZERO16, ones, _shuffle(builder, w, w, range(64 * h, 64 * h + 64)))
+            lane_ls = _shuffle(builder, ls, ls, [2 * h + (lane >= 8) for lane in range(16)])
+            c = builder.add(c, builder.mul(part, lane_ls))
+        return c
+
+    zero8 = _const(_I32, [0] * 8)
     if kind == 16:
         mags, negative = _iq2_magnitudes_signs(context, builder, sig.args[4], grid_, base, VBMI and _IQ2_CODES is not None)
         w = builder.select(negative, builder.sub(_const(_I8, [0] * 256), mags), mags)
         _store(builder, w, pw, _I8, 256)
         words = _load(builder, builder.gep(base, [i64(2)]), _I32, 16)
         odd = _shuffle(builder, words, words, range(1, 16, 2))
-        ls = builder.add(builder.shl(builder.lshr(odd, _const(_I32, [28] * 8)), _const(_I32, [1] * 8)),
-                         _const(_I32, [1] * 8))
-        c = _ZERO16
-        for h in range(4):  # C = sum_g ls_g * (sum of group g's weights)
-            part = _dot4(builder, _ZERO16, ones, _shuffle(builder, w, w, range(64 * h, 64 * h + 64)))
-            lane_ls = _shuffle(builder, ls, ls, [2 * h + (lane >= 8) for lane in range(16)])
-            c = builder.add(c, builder.mul(part, lane_ls))
-        first8, scales = ls, [_half_at(builder, base, 0)]
-    else:
+        scales8 = builder.add(builder.shl(builder.lshr(odd, _const(_I32, [28] * 8)), _const(_I32, [1] * 8)),
+                              _const(_I32, [1] * 8))
+        c = group_c(w, scales8)
+        pairs, halves = zero8, [_half_at(builder, base, 0)]
+    elif kind == 10:
         weights, mins = _q2_k_block(builder, base, VBMI)
         c = _ZERO16
         for s in range(4):  # weights[s]: inputs 32s.. then 128 + 32s..
@@ -614,14 +629,29 @@ def _rows16_decode(context, builder, sig, grid_, base, pw, kind: int):
             _store(builder, _shuffle(builder, weights[s], weights[s], range(32, 64)),
                    builder.gep(pw, [i64(128 + 32 * s)]), _I8, 32)
             c = _dot4(builder, c, ones, weights[s])
-        first8 = builder.bitcast(builder.trunc(mins, _vec(_I16, 16)), _vec(_I32, 8))
-        scales = [_half_at(builder, base, 80), _half_at(builder, base, 82)]
+        scales8 = zero8
+        pairs = builder.bitcast(builder.trunc(mins, _vec(_I16, 16)), _vec(_I32, 8))
+        halves = [_half_at(builder, base, 80), _half_at(builder, base, 82)]
+    else:
+        sc16, mn16 = _q4_k_scales_mins_vectors(builder, base)
+        codes = []
+        for ch in range(4):  # low nibbles: inputs 64 ch.., high: 64 ch + 32..
+            v = _load(builder, builder.gep(base, [i64(16 + 32 * ch)]), _I8, 32)
+            codes.append(_shuffle(builder, builder.and_(v, _const(_I8, [15] * 32)), builder.lshr(v, _const(_I8, [4] * 32)),
+                                  range(64)))
+        w = _shuffle(builder, _shuffle(builder, codes[0], codes[1], range(128)),
+                     _shuffle(builder, codes[2], codes[3], range(128)), range(256))
+        _store(builder, w, pw, _I8, 256)
+        scales8 = builder.zext(sc16, _vec(_I32, 8))
+        c = group_c(w, scales8)
+        pairs = builder.bitcast(_shuffle(builder, mn16, mn16, [k // 2 for k in range(16)]), _vec(_I32, 8))
+        halves = [_half_at(builder, base, 0), _half_at(builder, base, 2)]
     corr = builder.mul(_reduce(builder, c, 16), ir.Constant(_I32, 128))
-    info = _shuffle(builder, first8, _const(_I32, [0] * 8), list(range(8)) + [8] * 8)
+    info = _shuffle(builder, scales8, zero8, list(range(8)) + [8] * 8)
     info = builder.insert_element(info, corr, ir.Constant(_I32, 8))
-    for k, f in enumerate(scales):
+    for k, f in enumerate(halves):
         info = builder.insert_element(info, builder.bitcast(f, _I32), ir.Constant(_I32, 9 + k))
-    return info
+    return _shuffle(builder, info, _shuffle(builder, pairs, zero8, range(16)), range(32))
 
 
 def _madd16(builder, a, b):
@@ -664,7 +694,7 @@ def _rows16_body(context, builder, sig, args, kind: int, rows: int) -> None:
             slot = builder.add(builder.mul(b, i64(rows)), i64(i))
             info = _rows16_decode(context, builder, sig, grid_, builder.gep(row, [builder.mul(b, i64(size))]),
                                   builder.gep(pw, [builder.mul(slot, i64(256))]), kind)
-            _store(builder, info, builder.gep(pinfo, [builder.mul(slot, i64(16))]), _I32, 16)
+            _store(builder, info, builder.gep(pinfo, [builder.mul(slot, i64(32))]), _I32, 32)
     pxi = builder.bitcast(_ptr(context, builder, sig.args[5], xi_, i64(0)), _I8.as_pointer())
     pbs = builder.bitcast(_ptr(context, builder, sig.args[7], bsi_, i64(0)), _I16.as_pointer())
     with cgutils.for_range(builder, nb_) as loop:
@@ -672,7 +702,7 @@ def _rows16_body(context, builder, sig, args, kind: int, rows: int) -> None:
         infos, wbs = [], []
         for i in range(rows):
             slot = builder.add(builder.mul(b, i64(rows)), i64(i))
-            infos.append(_load(builder, builder.gep(pinfo, [builder.mul(slot, i64(16))]), _I32, 16))
+            infos.append(_load(builder, builder.gep(pinfo, [builder.mul(slot, i64(32))]), _I32, 32))
             wbs.append(builder.gep(pw, [builder.mul(slot, i64(256))]))
         # One body per count of token vectors (1-4): each quad of activations meets every row's
         # broadcast quad in turn, with 8 partial sums per row and vector in registers.
@@ -698,19 +728,19 @@ def _rows16_body(context, builder, sig, args, kind: int, rows: int) -> None:
                         for i in range(rows):
                             gsums[i][v] = _dot4(builder, gsums[i][v], xv, ws[i])
                 for i in range(rows):
-                    if kind == 16:  # group g's sums times its scale
+                    if kind != 10:  # group g's sums times its scale
                         lsg = _splat(builder, lane(infos[i], g), _I32, 16)
                         isums[i] = [builder.add(isums[i][v], builder.mul(gsums[i][v], lsg)) for v in range(n)]
                     else:  # the scales are in the weights
                         isums[i] = [builder.add(isums[i][v], gsums[i][v]) for v in range(n)]
             summs = [[None] * n for i in range(rows)]
-            if kind == 10:
+            if kind != 16:
                 for v in range(n):
                     for p in range(8):
                         bsv = _load(builder, builder.gep(pbs, [builder.add(builder.mul(vbs[v], i64(256)), i64(32 * p))]),
                                     _I16, 32)
                         for i in range(rows):
-                            mp = builder.bitcast(_splat(builder, lane(infos[i], p), _I32, 16), _vec(_I16, 32))
+                            mp = builder.bitcast(_splat(builder, lane(infos[i], 16 + p), _I32, 16), _vec(_I16, 32))
                             part = _madd16(builder, bsv, mp)
                             summs[i][v] = part if summs[i][v] is None else builder.add(summs[i][v], part)
             for i in range(rows):
@@ -731,6 +761,7 @@ def _rows16_body(context, builder, sig, args, kind: int, rows: int) -> None:
 
 iq2_xxs_rows16_1, iq2_xxs_rows16_2 = _rows16(16, 1), _rows16(16, 2)
 q2_k_rows16_1, q2_k_rows16_2 = _rows16(10, 1), _rows16(10, 2)
+q4_k_rows16_1, q4_k_rows16_2 = _rows16(12, 1), _rows16(12, 2)
 
 iq2_xxs_row_dots, q2_k_row_dots, q4_k_row_dots = (row_dots_with(kind, VBMI) for kind in (16, 10, 12))
 
@@ -839,9 +870,11 @@ def _q8_0_rows(wi, wd, xq, xd, xs, out, r0, r1, t0, t1):
             t += count
 
 
-# From this many tokens of one matrix (and where the host has AVX-512 VNNI and BW) IQ2_XXS and
-# Q2_K rows meet their tokens 16 to a vector (the rows16 kernels); fewer take the lane-per-weight
-# row_dots (one core: IQ2_XXS 8 tokens 4.9 ns per block and token either way, 9: 6.0 -> 4.4).
+# From this many tokens of one matrix (and where the host has AVX-512 VNNI and BW) IQ2_XXS, Q2_K
+# and Q4_K rows meet their tokens 16 to a vector (the rows16 kernels); fewer take the
+# lane-per-weight row_dots. Measured on one core, ns per block and token, row_dots -> rows16:
+# IQ2_XXS 8 tokens 4.9 either way, 9: 6.0 -> 4.4, 16: 4.8 -> 2.5, 64: 4.9 -> 1.8; Q2_K and Q4_K
+# 16: 4.2-4.5 -> 2.2-2.5, 64: 4.2-4.5 -> 2.1.
 LANES_MIN = 9
 LANES = _VNNI
 
@@ -880,7 +913,7 @@ def _lanes_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid):
     xq32 = xq.view(np.uint32)
     res = np.empty(2 * TOKEN_TILE, np.float32)
     wrow = np.empty(2 * nb * 256, np.int8)
-    info = np.empty(2 * nb * 16, np.int32)
+    info = np.empty(2 * nb * 32, np.int32)
     rs = raw.shape[1]
     scale = np.float32(0.125) if kind == IQ2_XXS else np.float32(1.0)
     for ts in range(t0, t1, TOKEN_TILE):
@@ -897,10 +930,15 @@ def _lanes_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid):
                     iq2_xxs_rows16_2(raw, r * rs, rs, nb, grid, xi, xdi, bsi, nv, res, wrow, info)
                 else:
                     iq2_xxs_rows16_1(raw, r * rs, rs, nb, grid, xi, xdi, bsi, nv, res, wrow, info)
+            elif kind == Q2_K:
+                if pair:
+                    q2_k_rows16_2(raw, r * rs, rs, nb, grid, xi, xdi, bsi, nv, res, wrow, info)
+                else:
+                    q2_k_rows16_1(raw, r * rs, rs, nb, grid, xi, xdi, bsi, nv, res, wrow, info)
             elif pair:
-                q2_k_rows16_2(raw, r * rs, rs, nb, grid, xi, xdi, bsi, nv, res, wrow, info)
+                q4_k_rows16_2(raw, r * rs, rs, nb, grid, xi, xdi, bsi, nv, res, wrow, info)
             else:
-                q2_k_rows16_1(raw, r * rs, rs, nb, grid, xi, xdi, bsi, nv, res, wrow, info)
+                q4_k_rows16_1(raw, r * rs, rs, nb, grid, xi, xdi, bsi, nv, res, wrow, info)
             for j in range(n):
                 out[ts + j, r] = scale * res[j] if kind == IQ2_XXS else res[j]
                 if pair:
@@ -914,7 +952,7 @@ TOKEN_TILE = 64  # tokens per pass over the rows of the rows16 kernels (4 vector
 def _fused_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid):
     # Rows straight from their blocks (no decoded copy), tokens eight at a time, then up to four
     # (the *_row_dots intrinsics: a block decoded in registers once per row and token group).
-    if (kind == IQ2_XXS or kind == Q2_K) and LANES and t1 - t0 >= LANES_MIN:
+    if LANES and t1 - t0 >= LANES_MIN:
         _lanes_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid)
         return
     cols = xq.shape[1]
