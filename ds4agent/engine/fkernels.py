@@ -125,6 +125,56 @@ def dot_f32_lanes_group(typingctx, w, wo, x, xo, stride, n, res):
     return types.void(w, wo, x, xo, stride, n, res), codegen
 
 
+@intrinsic
+def dot_f32_lanes_tile(typingctx, w, wo, x, xo, stride, n, acc, ao):
+    """Columns wo.. wo + n (n a multiple of 16) of dot_f32_lanes_group's DOT_TOKENS products,
+    continuing their 16 lane sums in acc[ao + 16 j ..] (token j): the lanes' adds are the same,
+    in the same order, as one pass over every column, so a long row can be taken in column
+    tiles whose activations stay in L1. The lanes are reduced by lanes_sum."""
+    half = w.dtype == types.uint16
+
+    def codegen(context, builder, sig, args):
+        pw = _weights_ptr(context, builder, sig.args[0], args[0], args[1], half)
+        xs = [_ptr(context, builder, sig.args[2], args[2],
+                   builder.add(args[3], builder.mul(ir.Constant(_I64, j), args[4]))) for j in range(DOT_TOKENS)]
+        pacc = [_ptr(context, builder, sig.args[6], args[6], builder.add(args[7], ir.Constant(_I64, 16 * j)))
+                for j in range(DOT_TOKENS)]
+        lanes = [cgutils.alloca_once(builder, _vec(_F32, 16)) for _ in xs]
+        for acc, pa in zip(lanes, pacc, strict=True):
+            builder.store(_load(builder, pa, _F32, 16), acc)
+        with cgutils.for_range_slice(builder, ir.Constant(_I64, 0), args[5], ir.Constant(_I64, 16)) as (i, _):
+            wv = _load(builder, builder.gep(pw, [i]), _F16 if half else _F32, 16)
+            if half:
+                wv = builder.fpext(wv, _vec(_F32, 16))
+            for px, acc in zip(xs, lanes, strict=True):
+                xv = _load(builder, builder.gep(px, [i]), _F32, 16)
+                builder.store(builder.fadd(builder.load(acc), builder.fmul(wv, xv)), acc)
+        for acc, pa in zip(lanes, pacc, strict=True):
+            builder.store(builder.load(acc), builder.bitcast(pa, _vec(_F32, 16).as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return types.void(w, wo, x, xo, stride, n, acc, ao), codegen
+
+
+@intrinsic
+def lanes_sum(typingctx, acc, ao):
+    """The 16 lane sums at acc[ao:] reduced in dot_f32_lanes' pairwise order."""
+
+    def codegen(context, builder, sig, args):
+        v = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _F32, 16)
+        for width in (8, 4, 2, 1):
+            v = builder.fadd(_shuffle(builder, v, v, range(width)), _shuffle(builder, v, v, range(width, 2 * width)))
+        return builder.extract_element(v, ir.Constant(_I32, 0))
+
+    return types.float32(acc, ao), codegen
+
+
+# Columns per pass of a long row: DOT_TOKENS tokens' activations (4 x 512 f32, 8 KiB) stay in
+# L1 while a block's rows go by. Without tiles a 4096-column row streams 64 KiB of activations
+# from L2 for every row, and L2's bandwidth, not the arithmetic, sets the speed.
+COLUMN_TILE = 512
+
+
 @_jit
 def dense_rows(w, x, out, r0, r1):
     """w [rows, cols] f32, or f16 as uint16 bits -> out[:, r0:r1] (dot_f32_lanes's order)."""
@@ -135,9 +185,21 @@ def dense_rows(w, x, out, r0, r1):
     # tokens' activations would stream from L2 for every row: measured, two thirds of the speed).
     block = max(1, 65536 // (cols * w.itemsize))
     full = n - n % DOT_TOKENS
+    tiled = cols % 16 == 0 and cols > COLUMN_TILE
+    acc = np.empty(block * DOT_TOKENS * 16, np.float32)
     for b0 in range(r0, r1, block):
         b1 = min(b0 + block, r1)
         for t in range(0, full, DOT_TOKENS):
+            if tiled:
+                acc[:] = 0.0
+                for k0 in range(0, cols, COLUMN_TILE):
+                    k = min(COLUMN_TILE, cols - k0)
+                    for r in range(b0, b1):
+                        dot_f32_lanes_tile(w, r * cols + k0, x, t * cols + k0, cols, k, acc, (r - b0) * DOT_TOKENS * 16)
+                for r in range(b0, b1):
+                    for j in range(DOT_TOKENS):
+                        out[t + j, r] = lanes_sum(acc, ((r - b0) * DOT_TOKENS + j) * 16)
+                continue
             for r in range(b0, b1):
                 dot_f32_lanes_group(w, r * cols, x, t * cols, cols, cols, res)
                 for j in range(DOT_TOKENS):

@@ -144,6 +144,20 @@ def test_dense_matrix_sums_in_the_stated_order(dtype):
     assert m.nbytes == 5 * 100 * np.dtype(dtype).itemsize
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_long_dense_rows_in_column_tiles_keep_the_stated_order(dtype):
+    # 1200 columns: tiles of 512, 512 and 176 (the lane sums carried from one to the next); 30
+    # rows: more than one block of rows for f32 (13 rows of 4800 bytes in 64 KiB)
+    from ds4agent.engine import fkernels
+
+    rng = np.random.default_rng(17)
+    w = rng.standard_normal((30, 1200)).astype(dtype)
+    x = rng.standard_normal((6, 1200)).astype(np.float32)
+    assert 1200 > fkernels.COLUMN_TILE and 1200 % fkernels.COLUMN_TILE
+    y = QuantMatrix.from_dense(w).matmul(x)
+    assert np.array_equal(y, _lane_order_product(w, x))
+
+
 def test_q8_0_matrix_reports_its_repacked_bytes():
     rng = np.random.default_rng(8)
     raw, _ = _matrix(rng, quant.Q8_0, 32, 64)
