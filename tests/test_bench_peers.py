@@ -30,3 +30,10 @@ def test_the_prompt_is_a_rendered_chat_with_the_words_asked_for():
     text = peers.prompt_text(64)
     assert text.startswith("<｜begin▁of▁sentence｜><｜User｜>") and text.endswith("<｜Assistant｜></think>")
     assert len(text.split("<｜User｜>")[1].split("<｜Assistant｜>")[0].split()) == 64
+
+
+def test_the_best_prefill_and_the_best_decode_of_the_rounds_are_compared():
+    # rounds on a drifting machine: the fastest prefill came in one round, the fastest decode in
+    # another
+    assert peers.best_rates([(8.2, 2.3), (9.1, 1.9), (8.7, 2.1)]) == (9.1, 2.3)
+    assert peers.best_rates([(4.0, 1.0)]) == (4.0, 1.0)
