@@ -1,7 +1,7 @@
 """numba kernels of the fast CPU kernel set on floats: the F16/F32 product, the attention core, the
-routed experts' SwiGLU, and two of the host steps between products, the RMS normalisation and the
-hyper-connection update (host_mixing.py; qkernels.py has the quantised products; qmatrix.py the
-contract).
+routed experts' SwiGLU, and three of the host steps between products, the RMS normalisation, the
+hyper-connection update (host_mixing.py) and RoPE (host_ops.py); qkernels.py has the quantised
+products; qmatrix.py the contract.
 
 Imported on first use, like qkernels. A dense product (`dense_rows`) sums in a fixed lane order,
 written in LLVM IR so that the compiler cannot regroup it:
@@ -10,9 +10,9 @@ written in LLVM IR so that the compiler cannot regroup it:
 Every kernel works on a range of rows (or attention units) and `*_split` spreads ranges over
 numba's threads as qkernels' expert_rows_split does; a row's result never depends on the range.
 
-The few IR helpers below repeat qkernels' own on purpose: numba's on-disk cache is keyed by the
-source file of each jitted function, not by what it inlines, so a kernel's intrinsics and their
-helpers live in the kernel's file (a change to either invalidates that file's cache).
+numba's on-disk cache is keyed by the source file of each jitted function, not by what it inlines,
+so a kernel's intrinsics live in the kernel's file; the IR building blocks come from qir.py, whose
+digest this file carries (a change there must change this file, and with it the cache).
 """
 
 from __future__ import annotations
@@ -23,28 +23,26 @@ from numba import njit, prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-_I32, _I64 = ir.IntType(32), ir.IntType(64)
-_F32, _F16 = ir.FloatType(), ir.HalfType()
+from ds4agent.engine.qir import F16, F32, I32, I64, load, ptr, shuffle, vec
+
 _jit = njit(nogil=True, cache=True)
 _jit_split = njit(nogil=True, cache=True, parallel=True)
+# qir.py's SHA-256: the IR this file's kernels inline comes from there, and numba's cache of this
+# file is kept while this file is unchanged (see qir.py; a test checks the digest).
+QIR_DIGEST = "fc9486c2ed07a42890f3a8c0f6fb9584750fa76d46c5a71d183d25a1f98d3a91"
 
 
-def _vec(t: ir.Type, n: int) -> ir.VectorType:
-    return ir.VectorType(t, n)
-
-
-def _ptr(context, builder, aty, arr, off):
-    return builder.gep(context.make_array(aty)(context, builder, arr).data, [off])
-
-
-def _load(builder, p, t: ir.Type, n: int):
-    return builder.load(builder.bitcast(p, _vec(t, n).as_pointer()), align=1)
-
-
-def _shuffle(builder, a, b, idx):
-    return builder.shuffle_vector(a, b, ir.Constant(_vec(_I32, len(list(idx))), list(idx)))
-
-
+def _lane_steps(builder, pw, half: bool, xs, lanes, full):
+    """Columns 0..full (a multiple of 16) of w against each x pointer of `xs`, 16 at a time, added
+    into the lane accumulators `lanes` (allocas, one per x): one weight load and widening per 16
+    columns, whatever the number of x."""
+    with cgutils.for_range_slice(builder, ir.Constant(I64, 0), full, ir.Constant(I64, 16)) as (i, _):
+        wv = load(builder, builder.gep(pw, [i]), F16 if half else F32, 16)
+        if half:
+            wv = builder.fpext(wv, vec(F32, 16))
+        for px, acc in zip(xs, lanes, strict=True):
+            xv = load(builder, builder.gep(px, [i]), F32, 16)
+            builder.store(builder.fadd(builder.load(acc), builder.fmul(wv, xv)), acc)
 
 
 def _lane_dots(builder, pw, half: bool, xs, count):
@@ -52,22 +50,16 @@ def _lane_dots(builder, pw, half: bool, xs, count):
     widening per 16 columns, whatever the number of x), each reduced in the fixed pairwise order.
     Per x the float steps are those of one product alone, so a row's result does not depend on how
     many tokens share the call."""
-    full = builder.and_(count, ir.Constant(_I64, -16))
-    lanes = [cgutils.alloca_once(builder, _vec(_F32, 16)) for _ in xs]
+    full = builder.and_(count, ir.Constant(I64, -16))
+    lanes = [cgutils.alloca_once(builder, vec(F32, 16)) for _ in xs]
     for acc in lanes:
-        builder.store(ir.Constant(_vec(_F32, 16), [0.0] * 16), acc)
-    with cgutils.for_range_slice(builder, ir.Constant(_I64, 0), full, ir.Constant(_I64, 16)) as (i, _):
-        wv = _load(builder, builder.gep(pw, [i]), _F16 if half else _F32, 16)
-        if half:
-            wv = builder.fpext(wv, _vec(_F32, 16))
-        for px, acc in zip(xs, lanes, strict=True):
-            xv = _load(builder, builder.gep(px, [i]), _F32, 16)
-            builder.store(builder.fadd(builder.load(acc), builder.fmul(wv, xv)), acc)
-    with cgutils.for_range_slice(builder, full, count, ir.Constant(_I64, 1)) as (i, _):
+        builder.store(ir.Constant(vec(F32, 16), [0.0] * 16), acc)
+    _lane_steps(builder, pw, half, xs, lanes, full)
+    with cgutils.for_range_slice(builder, full, count, ir.Constant(I64, 1)) as (i, _):
         wi = builder.load(builder.gep(pw, [i]))
         if half:
-            wi = builder.fpext(wi, _F32)
-        lane = builder.trunc(builder.sub(i, full), _I32)
+            wi = builder.fpext(wi, F32)
+        lane = builder.trunc(builder.sub(i, full), I32)
         for px, acc in zip(xs, lanes, strict=True):
             # whole-vector loads and stores only, so that LLVM keeps each accumulator in a register
             v = builder.load(acc)
@@ -77,14 +69,14 @@ def _lane_dots(builder, pw, half: bool, xs, count):
     for acc in lanes:
         v = builder.load(acc)
         for width in (8, 4, 2, 1):
-            v = builder.fadd(_shuffle(builder, v, v, range(width)), _shuffle(builder, v, v, range(width, 2 * width)))
-        sums.append(builder.extract_element(v, ir.Constant(_I32, 0)))
+            v = builder.fadd(shuffle(builder, v, v, range(width)), shuffle(builder, v, v, range(width, 2 * width)))
+        sums.append(builder.extract_element(v, ir.Constant(I32, 0)))
     return sums
 
 
 def _weights_ptr(context, builder, aty, arr, off, half: bool):
-    pw = _ptr(context, builder, aty, arr, off)
-    return builder.bitcast(pw, _F16.as_pointer()) if half else pw
+    pw = ptr(context, builder, aty, arr, off)
+    return builder.bitcast(pw, F16.as_pointer()) if half else pw
 
 
 @intrinsic
@@ -97,7 +89,7 @@ def dot_f32_lanes(typingctx, w, wo, x, xo, n):
 
     def codegen(context, builder, sig, args):
         pw = _weights_ptr(context, builder, sig.args[0], args[0], args[1], half)
-        px = _ptr(context, builder, sig.args[2], args[2], args[3])
+        px = ptr(context, builder, sig.args[2], args[2], args[3])
         return _lane_dots(builder, pw, half, [px], args[4])[0]
 
     return types.float32(w, wo, x, xo, n), codegen
@@ -115,11 +107,11 @@ def dot_f32_lanes_group(typingctx, w, wo, x, xo, stride, n, res):
 
     def codegen(context, builder, sig, args):
         pw = _weights_ptr(context, builder, sig.args[0], args[0], args[1], half)
-        xs = [_ptr(context, builder, sig.args[2], args[2],
-                   builder.add(args[3], builder.mul(ir.Constant(_I64, j), args[4]))) for j in range(DOT_TOKENS)]
+        xs = [ptr(context, builder, sig.args[2], args[2],
+                   builder.add(args[3], builder.mul(ir.Constant(I64, j), args[4]))) for j in range(DOT_TOKENS)]
         sums = _lane_dots(builder, pw, half, xs, args[5])
         for j, v in enumerate(sums):
-            builder.store(v, _ptr(context, builder, sig.args[6], args[6], ir.Constant(_I64, j)))
+            builder.store(v, ptr(context, builder, sig.args[6], args[6], ir.Constant(I64, j)))
         return context.get_dummy_value()
 
     return types.void(w, wo, x, xo, stride, n, res), codegen
@@ -135,22 +127,16 @@ def dot_f32_lanes_tile(typingctx, w, wo, x, xo, stride, n, acc, ao):
 
     def codegen(context, builder, sig, args):
         pw = _weights_ptr(context, builder, sig.args[0], args[0], args[1], half)
-        xs = [_ptr(context, builder, sig.args[2], args[2],
-                   builder.add(args[3], builder.mul(ir.Constant(_I64, j), args[4]))) for j in range(DOT_TOKENS)]
-        pacc = [_ptr(context, builder, sig.args[6], args[6], builder.add(args[7], ir.Constant(_I64, 16 * j)))
+        xs = [ptr(context, builder, sig.args[2], args[2],
+                   builder.add(args[3], builder.mul(ir.Constant(I64, j), args[4]))) for j in range(DOT_TOKENS)]
+        pacc = [ptr(context, builder, sig.args[6], args[6], builder.add(args[7], ir.Constant(I64, 16 * j)))
                 for j in range(DOT_TOKENS)]
-        lanes = [cgutils.alloca_once(builder, _vec(_F32, 16)) for _ in xs]
+        lanes = [cgutils.alloca_once(builder, vec(F32, 16)) for _ in xs]
         for acc, pa in zip(lanes, pacc, strict=True):
-            builder.store(_load(builder, pa, _F32, 16), acc)
-        with cgutils.for_range_slice(builder, ir.Constant(_I64, 0), args[5], ir.Constant(_I64, 16)) as (i, _):
-            wv = _load(builder, builder.gep(pw, [i]), _F16 if half else _F32, 16)
-            if half:
-                wv = builder.fpext(wv, _vec(_F32, 16))
-            for px, acc in zip(xs, lanes, strict=True):
-                xv = _load(builder, builder.gep(px, [i]), _F32, 16)
-                builder.store(builder.fadd(builder.load(acc), builder.fmul(wv, xv)), acc)
+            builder.store(load(builder, pa, F32, 16), acc)
+        _lane_steps(builder, pw, half, xs, lanes, args[5])
         for acc, pa in zip(lanes, pacc, strict=True):
-            builder.store(builder.load(acc), builder.bitcast(pa, _vec(_F32, 16).as_pointer()), align=1)
+            builder.store(builder.load(acc), builder.bitcast(pa, vec(F32, 16).as_pointer()), align=1)
         return context.get_dummy_value()
 
     return types.void(w, wo, x, xo, stride, n, acc, ao), codegen
@@ -161,10 +147,10 @@ def lanes_sum(typingctx, acc, ao):
     """The 16 lane sums at acc[ao:] reduced in dot_f32_lanes' pairwise order."""
 
     def codegen(context, builder, sig, args):
-        v = _load(builder, _ptr(context, builder, sig.args[0], args[0], args[1]), _F32, 16)
+        v = load(builder, ptr(context, builder, sig.args[0], args[0], args[1]), F32, 16)
         for width in (8, 4, 2, 1):
-            v = builder.fadd(_shuffle(builder, v, v, range(width)), _shuffle(builder, v, v, range(width, 2 * width)))
-        return builder.extract_element(v, ir.Constant(_I32, 0))
+            v = builder.fadd(shuffle(builder, v, v, range(width)), shuffle(builder, v, v, range(width, 2 * width)))
+        return builder.extract_element(v, ir.Constant(I32, 0))
 
     return types.float32(acc, ao), codegen
 
@@ -327,3 +313,22 @@ def hc_post_rows(R, y, post, C, out):
                 c = C[t, i, j]
                 for e in range(E):
                     out[t, j, e] = out[t, j, e] + c * R[t, i, e]
+
+
+@_jit
+def rope_tail_rows(x, cos, sin, inverse):
+    """x [n, m, d] float32, rotated in place: the last 2 * half values of each row as adjacent
+    pairs by position t's cos/sin [n, half] (the sine negated when inverse): x0*c - x1*s and
+    x0*s + x1*c, each product and difference rounded to float32 (ops.rope_tail's steps)."""
+    n, m, d = x.shape
+    half = cos.shape[1]
+    o = d - 2 * half
+    for t in range(n):
+        for h in range(m):
+            for i in range(half):
+                c = cos[t, i]
+                s = -sin[t, i] if inverse else sin[t, i]
+                x0 = x[t, h, o + 2 * i]
+                x1 = x[t, h, o + 2 * i + 1]
+                x[t, h, o + 2 * i] = x0 * c - x1 * s
+                x[t, h, o + 2 * i + 1] = x0 * s + x1 * c

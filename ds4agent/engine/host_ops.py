@@ -28,6 +28,7 @@ import numpy as np
 
 from . import host_mixing, ops
 from .hostread import to_host
+from .qmatrix import float_kernels
 
 F32 = np.float32
 
@@ -99,6 +100,10 @@ def rope_tail(x: Any, cos: Any, sin: Any, inverse: bool = False) -> mx.array:
 def rope_tail_np(xh: np.ndarray, ch: np.ndarray, sh: np.ndarray, inverse: bool = False) -> np.ndarray:
     """ops.rope_tail on host arrays: the last Dr values of x rotated as adjacent pairs; cos/sin
     [n, Dr/2], one row per leading index of x (or already broadcastable against x's pairs)."""
+    if _per_position(xh, ch):
+        out = np.array(xh, dtype=F32, order="C")
+        rope_tail_inplace(out, ch, sh, inverse)
+        return out
     half = ch.shape[-1]
     dr, d = 2 * half, xh.shape[-1]
     ch, sh = ops.rope_rows(ch, xh.ndim), ops.rope_rows(sh, xh.ndim)
@@ -108,6 +113,20 @@ def rope_tail_np(xh: np.ndarray, ch: np.ndarray, sh: np.ndarray, inverse: bool =
     x0, x1 = tail[..., 0], tail[..., 1]
     rot = np.stack([x0 * ch - x1 * sh, x0 * sh + x1 * ch], axis=-1).reshape(*xh.shape[:-1], dr)
     return rot if dr == d else np.concatenate([xh[..., :d - dr], rot], axis=-1)
+
+
+def _per_position(xh: np.ndarray, ch: np.ndarray) -> bool:
+    return ch.ndim == 2 and xh.ndim in (2, 3) and ch.shape[0] == xh.shape[0]
+
+
+def rope_tail_inplace(xh: np.ndarray, ch: np.ndarray, sh: np.ndarray, inverse: bool = False) -> None:
+    """rope_tail_np into x itself (a C-contiguous float32 array the caller owns, [n, D] or
+    [n, heads, D], tables [n, Dr/2]): one numba pass (fkernels.rope_tail_rows), the same float32
+    steps, without the copies and temporaries of the array form (a prefill's queries are
+    [n, 64, 512])."""
+    assert _per_position(xh, ch) and xh.dtype == F32 and xh.flags.c_contiguous
+    float_kernels().rope_tail_rows(xh.reshape(xh.shape[0], -1, xh.shape[-1]), np.ascontiguousarray(ch, F32),
+                                   np.ascontiguousarray(sh, F32), inverse)
 
 
 def f16_round_np(x: np.ndarray) -> np.ndarray:

@@ -1,19 +1,13 @@
-"""numba kernels of the fast CPU kernel set (qmatrix.py has the public objects and the contract).
+"""numba kernels of the fast CPU kernel set: the K-quant and IQ2_XXS products (qmatrix.py has the
+public objects and the contract; q8kernels.py the 8-bit activations and the Q8_0 products).
 
 Imported on first use only (numba and its cached machine code take a moment to load). Every
 kernel is compiled `nogil` and works on a range of output rows [r0, r1) and of tokens [t0, t1),
 so qmatrix.py splits a product into row ranges over worker threads; a row's result never
 depends on the range it falls in, nor on the other tokens (the same float steps, in the same
-order; only exact integers are shared).
-
-Activations (`quantize_q8_0`, `quantize_q8_k`) are rounded as ds4's CPU path rounds them:
-  Q8_0 (blocks of 32):  d = amax/127, q = rint(x/d) (half to even), clamped to [-128, 127]
-  Q8_K (blocks of 256): m = the element of largest |x| (its sign kept, the first on a tie),
-                        iscale = -127/m, q = rint(iscale*x) clamped, d = 1/iscale,
-                        bsums[j] = sum of q over elements 16j..16j+15.
-Products (per output (token t, row r); integer sums are exact, so their order is free; the
-float steps below are in this order, from +0, one rounding each, no fused multiply-add):
-  Q8_0    acc += (wd_b * xd_b) * float(sum_i wq_i * xq_i)                   per block b of 32
+order; only exact integers are shared). Products per output (token t, row r), against Q8_K
+activations (q8kernels.quantize_q8_k); integer sums are exact, so their order is free; the
+float steps below are in this order, from +0, one rounding each, no fused multiply-add:
   Q2_K    acc += (xd*d) * float(isum) - (xd*dmin) * float(summs)            per block of 256
           isum = sum_j sc_j * dot16_j, summs = sum_j m_j * bsums_j (16 sub-blocks)
   Q4_K    as Q2_K with 8 sub-blocks of 32: summs = sum_j m_j * (bsums_2j + bsums_2j+1)
@@ -27,7 +21,7 @@ core as loops, ~20 as IR). The IR is generic LLVM (vectors, shuffles, `llvm.vect
 LLVM picks the host's instructions when numba compiles (AVX-512 VNNI's 4-way u8 x s8 dot from a
 u8 x s8 reduction, ARM's dot products), and it is correct on every target; the one
 target-specific calls are used only where the host has them, with the same integers from generic
-IR elsewhere: `vpdpbusd` (AVX-512 VNNI) for the Q8_0 4-way dots; with AVX-512 BW and VBMI
+IR elsewhere: `vpdpbusd` (AVX-512 VNNI) for the 4-way dots; with AVX-512 BW and VBMI
 (VBMI) the word and byte permutes and the multishift for IQ2_XXS's grid rows, a byte permute for
 Q2_K's products and 16-bit multiply-adds for the scaled sums of IQ2_XXS and Q4_K. Every vector
 operation is on integers, so results are exact whatever instructions are chosen. Intrinsics take arrays and
@@ -38,11 +32,7 @@ Why one module: numba's on-disk cache is keyed by the source file of each jitted
 the intrinsics it inlines, so the intrinsics live in the same file as the kernels (a change to
 either invalidates the cache).
 
-Q8_0 with rows interleaved (see the section at the end):
-    q8_0_group1 / q8_0_group4(wi, wo, wd, wdo, xq, xo, xd, xs, so, nb, cols, res)
-                                      16 rows x 1 (or 4) tokens, every block, to res (f32)
-
-K-quants and IQ2_XXS, one row straight from its blocks times n = 1, 2, 3, 4 or 8 tokens (every
+One row straight from its blocks times n = 1, 2, 3, 4 or 8 tokens (every
 block decoded in registers once for the n tokens; the float steps in registers too):
     iq2_xxs_row_dots, q2_k_row_dots, q4_k_row_dots
         (raw, ro, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res, n)
@@ -59,237 +49,39 @@ in fkernels.py.
 
 from __future__ import annotations
 
-import llvmlite.binding as ll
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from ds4agent.engine import quant
+from ds4agent.engine.qir import (
+    F32,
+    FEATURES,
+    I8,
+    I16,
+    I32,
+    I64,
+    IQ2_CODES,
+    VNNI,
+    const,
+    dot4,
+    half_at,
+    iq2_magnitudes_signs,
+    load,
+    madd16,
+    ptr,
+    q4_k_scales_mins_vectors,
+    reduce,
+    shuffle,
+    splat,
+    store,
+    vec,
+)
 
-_I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
-
-
-def _vec(t: ir.Type, n: int) -> ir.VectorType:
-    return ir.VectorType(t, n)
-
-
-def _ptr(context, builder, aty, arr, off):
-    """Address of element `off` of the array value `arr` (of numba type `aty`)."""
-    return builder.gep(context.make_array(aty)(context, builder, arr).data, [off])
-
-
-def _load(builder, p, t: ir.Type, n: int):
-    """n elements of type t from p as one vector (unaligned)."""
-    return builder.load(builder.bitcast(p, _vec(t, n).as_pointer()), align=1)
-
-
-def _store(builder, v, p, t: ir.Type, n: int) -> None:
-    builder.store(v, builder.bitcast(p, _vec(t, n).as_pointer()), align=1)
-
-
-def _reduce(builder, v, n: int):
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I32, [_vec(_I32, n)]),
-                                        f"llvm.vector.reduce.add.v{n}i32")
-    return builder.call(fn, [v])
-
-
-def _const(t: ir.Type, values) -> ir.Constant:
-    values = list(values)
-    return ir.Constant(_vec(t, len(values)), values)
-
-
-def _shuffle(builder, a, b, idx):
-    return builder.shuffle_vector(a, b, _const(_I32, idx))
-
-
-def _q4_k_scales_mins_vectors(builder, base):
-    """A Q4_K block's 8 six-bit scales and 8 mins (<8 x i16> each), unpacked from its 12 bytes at
-    base + 4 as ggml packs them."""
-    sb = builder.zext(_load(builder, builder.gep(base, [ir.Constant(_I64, 4)]), _I8, 12), _vec(_I16, 12))
-
-    def pick(idx):
-        return _shuffle(builder, sb, sb, idx)
-
-    def mask(v, m):
-        return builder.and_(v, _const(_I16, [m] * 8))
-
-    def shr(v, k):
-        return builder.lshr(v, _const(_I16, [k] * 8))
-
-    def shl(v, k):
-        return builder.shl(v, _const(_I16, [k] * 8))
-
-    lo = pick([0, 1, 2, 3, 4, 5, 6, 7])  # s[j] and s[j+4], j < 4
-    hi = pick([8, 9, 10, 11, 8, 9, 10, 11])  # s[j+4], j >= 4
-    top = pick([0, 1, 2, 3, 0, 1, 2, 3])  # s[j-4], j >= 4
-    top_m = pick([4, 5, 6, 7, 4, 5, 6, 7])  # s[j], j >= 4
-    sc_hi = builder.or_(mask(hi, 15), shl(shr(top, 6), 4))
-    mn_hi = builder.or_(shr(hi, 4), shl(shr(top_m, 6), 4))
-    lo6 = mask(lo, 63)
-    mns = _shuffle(builder, lo6, mn_hi, [4, 5, 6, 7, 12, 13, 14, 15])
-    return _shuffle(builder, lo6, sc_hi, [0, 1, 2, 3, 12, 13, 14, 15]), mns
-
-
-# The IQ2_XXS grid's magnitudes are 8, 25 and 43 only, so a grid row is eight 2-bit codes
-# (c = 0, 1, 2 for 8, 25, 43), 16 bits a row: the whole grid is
-# 512 bytes, eight vector registers of 32 rows, and where the host has AVX-512 VBMI the 32 rows
-# of a block are looked up by four two-table word permutes at once (vpermi2w) and spread to their
-# bytes by one multishift and one byte permute per 64 weights, instead of 32 scalar loads and the inserts that gather
-# them into vectors (about half of a decoded block's instructions). The magnitudes are the same
-# integers either way (tests/engine/test_qmatrix.py holds both paths to the same bits).
-def _iq2_grid_codes() -> list[int] | None:
-    grid, _ = quant.iq2xxs_tables()
-    code = {8.0: 0, 25.0: 1, 43.0: 2}
-    if not set(np.unique(grid).tolist()) <= set(code):
-        return None
-    return [sum(code[float(v)] << (2 * j) for j, v in enumerate(row)) for row in grid]
-
-
-_FEATURES = ll.get_host_cpu_features()
-_IQ2_CODES = _iq2_grid_codes() if _FEATURES.get("avx512vbmi") and _FEATURES.get("avx512bw") else None
-
-
-def _iq2_magnitudes_vbmi(builder, words):
-    """The 32 grid rows of a block (row indices: the bytes of its even words) as <256 x i8>
-    magnitudes, through the 2-bit code table (see _IQ2_CODES)."""
-    assert _IQ2_CODES is not None
-    v16, i1_32 = _vec(_I16, 32), _vec(ir.IntType(1), 32)
-    permute = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [v16, v16, v16]),
-                                             "llvm.x86.avx512.vpermi2var.hi.512")
-    rows = builder.zext(builder.bitcast(_shuffle(builder, words, words, range(0, 16, 2)), _vec(_I8, 32)), v16)
-    tables = [_const(_I16, _IQ2_CODES[32 * m:32 * m + 32]) for m in range(8)]
-    # rows 64q .. 64q + 63 from tables 2q and 2q + 1 (index bits 0-5), then bits 6 and 7 choose q
-    looked = [builder.call(permute, [tables[2 * q], rows, tables[2 * q + 1]]) for q in range(4)]
-
-    def bit(b):
-        return builder.icmp_unsigned("!=", builder.and_(rows, _const(_I16, [b] * 32)), _const(_I16, [0] * 32))
-
-    b6, b7 = bit(64), bit(128)
-    assert b6.type == i1_32
-    codes = builder.select(b7, builder.select(b6, looked[3], looked[2]), builder.select(b6, looked[1], looked[0]))
-    shift = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(_I8, 64), [_vec(_I8, 64)] * 2),
-                                           "llvm.x86.avx512.pmultishift.qb.512")
-    bytes_of = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(_I8, 64), [_vec(_I8, 64)] * 2),
-                                              "llvm.x86.avx512.permvar.qi.512")
-    control = _const(_I8, [2 * (k % 8) for k in range(64)])
-    # byte i of the magnitude table: the magnitude of code i & 3 (a byte permute reads the low six
-    # bits of its index, so the other codes the multishift brings along need no mask)
-    magnitude = _const(_I8, [(8, 25, 43, 0)[i & 3] for i in range(64)])
-    quarters = []
-    for h in range(4):  # rows 8h .. 8h + 7: each row's code word in its own 64-bit lane
-        lanes = builder.zext(_shuffle(builder, codes, codes, range(8 * h, 8 * h + 8)), _vec(_I64, 8))
-        c = builder.call(shift, [control, builder.bitcast(lanes, _vec(_I8, 64))])
-        quarters.append(builder.call(bytes_of, [magnitude, c]))
-    low = _shuffle(builder, quarters[0], quarters[1], range(128))
-    high = _shuffle(builder, quarters[2], quarters[3], range(128))
-    return _shuffle(builder, low, high, range(256))
-
-
-def _iq2_magnitudes_signs(context, builder, grid_type, grid, base, vbmi: bool):
-    """An IQ2_XXS block at `base` -> (magnitudes <256 x i8> unsigned, negative <256 x i1>).
-
-    Without VBMI the 32 grid-row loads are scalar, indexed by bytes loaded straight from the block
-    (moving indices out of a vector register costs more); the signs are computed for all 256
-    weights at once: 7-bit code j of b_g, plus a parity bit that makes the count of negative
-    signs even."""
-    words = _load(builder, builder.gep(base, [ir.Constant(_I64, 2)]), _I32, 16)
-    if vbmi:
-        mags = _iq2_magnitudes_vbmi(builder, words)
-    else:
-        table = context.make_array(grid_type)(context, builder, grid).data
-        rows64 = ir.Constant(_vec(_I64, 32), None)
-        for k in range(32):
-            row = builder.zext(builder.load(builder.gep(base, [ir.Constant(_I64, 2 + 8 * (k // 4) + k % 4)])), _I64)
-            rows64 = builder.insert_element(rows64, builder.load(builder.gep(table, [row])), ir.Constant(_I32, k))
-        mags = builder.bitcast(rows64, _vec(_I8, 256))
-    b = _shuffle(builder, words, words, range(1, 16, 2))
-    b32 = _shuffle(builder, b, b, [k // 4 for k in range(32)])
-    codes = builder.and_(builder.lshr(b32, _const(_I32, [7 * (k % 4) for k in range(32)])), _const(_I32, [127] * 32))
-    codes = builder.trunc(codes, _vec(_I8, 32))
-    popcount = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(_I8, 32), [_vec(_I8, 32)]),
-                                              "llvm.ctpop.v32i8")
-    parity = builder.and_(builder.call(popcount, [codes]), _const(_I8, [1] * 32))
-    sign_bits = builder.or_(codes, builder.shl(parity, _const(_I8, [7] * 32)))
-    # Bit j of byte k // 8 is weight k's sign: the 32 bytes, read as 256 bits, are the lane mask
-    # itself (one mask register per 64 weights where the target has them).
-    negative = builder.bitcast(sign_bits, _vec(ir.IntType(1), 256))
-    return mags, negative
-
-
-_F32, _F16 = ir.FloatType(), ir.HalfType()
-
-
-# ---- Q8_0 rows interleaved for the 4-byte dot-product instruction -------------------------------
-# A group of 16 rows is stored block by block as 8 runs of 64 bytes: run q of block b holds, for
-# each of the 16 rows, its 4 codes 32b + 4q .. 32b + 4q + 3 (as code + 128, unsigned). One 64-byte
-# load then meets one 4-byte piece of the activations (broadcast) and one u8 x s8 4-way dot
-# instruction adds 16 rows' partial sums at once: no horizontal sums at all.
-
-_VNNI = bool(_FEATURES.get("avx512vnni")) and bool(_FEATURES.get("avx512bw"))
-
-
-def _dot4(builder, acc, w64, x4):
-    """acc <16 x i32> + per lane l: sum over i < 4 of u8 w64[4l+i] * s8 x4[4l+i] (<64 x i8> each)."""
-    if _VNNI:
-        fn = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_vec(_I32, 16), [_vec(_I32, 16)] * 3), "llvm.x86.avx512.vpdpbusd.512")
-        return builder.call(fn, [acc, builder.bitcast(w64, _vec(_I32, 16)), builder.bitcast(x4, _vec(_I32, 16))])
-    prod = builder.mul(builder.zext(w64, _vec(_I32, 64)), builder.sext(x4, _vec(_I32, 64)))
-    pairs = builder.add(_shuffle(builder, prod, prod, range(0, 64, 2)), _shuffle(builder, prod, prod, range(1, 64, 2)))
-    quads = builder.add(_shuffle(builder, pairs, pairs, range(0, 32, 2)), _shuffle(builder, pairs, pairs, range(1, 32, 2)))
-    return builder.add(acc, quads)
-
-
-def _splat(builder, value, t, n: int):
-    v = builder.insert_element(ir.Constant(_vec(t, n), None), value, ir.Constant(_I32, 0))
-    return _shuffle(builder, v, v, [0] * n)
-
-
-def _q8_0_group(tokens: int):
-    @intrinsic
-    def q8_0_group(typingctx, wi, wo, wd, wdo, xq, xo, xd, xs, so, nb, cols, res):
-        # rows of one group x `tokens` consecutive tokens: res[16j + l] = row l, token j:
-        # from +0, per block b: acc += (wd[l, b] * xd[j, b]) * float(dot - 128 * xs[j, b])
-        def codegen(context, builder, sig, args):
-            wi_, wo_, wd_, wdo_, xq_, xo_, xd_, xs_, so_, nb_, cols_, res_ = args
-            pw = _ptr(context, builder, sig.args[0], wi_, wo_)
-            pwd = _ptr(context, builder, sig.args[2], wd_, wdo_)
-            px = _ptr(context, builder, sig.args[4], xq_, xo_)
-            pxd = _ptr(context, builder, sig.args[6], xd_, so_)
-            pxs = _ptr(context, builder, sig.args[7], xs_, so_)
-            accs = [cgutils.alloca_once_value(builder, ir.Constant(_vec(_F32, 16), [0.0] * 16)) for _ in range(tokens)]
-            with cgutils.for_range(builder, nb_) as loop:
-                b = loop.index
-                sums = [ir.Constant(_vec(_I32, 16), [0] * 16)] * tokens
-                wblock = builder.gep(pw, [builder.mul(b, ir.Constant(_I64, 512))])
-                for q in range(8):
-                    w64 = _load(builder, builder.gep(wblock, [ir.Constant(_I64, 64 * q)]), _I8, 64)
-                    for j in range(tokens):
-                        at = builder.add(builder.mul(ir.Constant(_I64, j), cols_),
-                                         builder.add(builder.mul(b, ir.Constant(_I64, 32)), ir.Constant(_I64, 4 * q)))
-                        x4 = builder.load(builder.bitcast(builder.gep(px, [at]), _I32.as_pointer()), align=1)
-                        sums[j] = _dot4(builder, sums[j], w64, builder.bitcast(_splat(builder, x4, _I32, 16), _vec(_I8, 64)))
-                wdv = _load(builder, builder.gep(pwd, [builder.mul(b, ir.Constant(_I64, 16))]), _F32, 16)
-                for j in range(tokens):
-                    sb = builder.add(builder.mul(ir.Constant(_I64, j), nb_), b)
-                    corr = builder.mul(builder.load(builder.gep(pxs, [sb])), ir.Constant(_I32, 128))
-                    isum = builder.sub(sums[j], _splat(builder, corr, _I32, 16))
-                    scale = builder.fmul(wdv, _splat(builder, builder.load(builder.gep(pxd, [sb])), _F32, 16))
-                    term = builder.fmul(scale, builder.sitofp(isum, _vec(_F32, 16)))
-                    builder.store(builder.fadd(builder.load(accs[j]), term), accs[j])
-            pres = _ptr(context, builder, sig.args[11], res_, ir.Constant(_I64, 0))
-            for j in range(tokens):
-                _store(builder, builder.load(accs[j]), builder.gep(pres, [ir.Constant(_I64, 16 * j)]), _F32, 16)
-            return context.get_dummy_value()
-
-        return types.void(wi, wo, wd, wdo, xq, xo, xd, xs, so, nb, cols, res), codegen
-
-    return q8_0_group
-
-
-q8_0_group1, q8_0_group4 = _q8_0_group(1), _q8_0_group(4)
+# qir.py's SHA-256: the IR this file's kernels inline comes from there, and numba's cache of this
+# file is kept while this file is unchanged (see qir.py; a test checks the digest).
+QIR_DIGEST = "fc9486c2ed07a42890f3a8c0f6fb9584750fa76d46c5a71d183d25a1f98d3a91"
 
 
 # ---- rows straight from their blocks, several tokens per block decode ---------------------------
@@ -305,13 +97,7 @@ q8_0_group1, q8_0_group4 = _q8_0_group(1), _q8_0_group(4)
 #     bsums[bo + j * bstride + 16 b] (K-quants); res[j] = the row's result for token j
 #     (IQ2_XXS: before the final * 0.125). grid: the IQ2_XXS table (unused by the K-quants).
 
-_ZERO16 = ir.Constant(_vec(_I32, 16), [0] * 16)
-
-
-def _half_at(builder, base, off: int):
-    """The f16 at base + off (bytes), widened to f32 (exact)."""
-    p = builder.bitcast(builder.gep(base, [ir.Constant(_I64, off)]), _F16.as_pointer())
-    return builder.fpext(builder.load(p, align=1), _F32)
+_ZERO16 = ir.Constant(vec(I32, 16), [0] * 16)
 
 
 def _lane_scales(builder, sc16, first: int, second: int, vbmi: bool):
@@ -319,9 +105,9 @@ def _lane_scales(builder, sc16, first: int, second: int, vbmi: bool):
     sc16[second] (sc16 <8 x i16>), laid out for _scaled_dot: per 16-bit pair (vbmi) or per 4-way
     lane."""
     if vbmi:
-        return _shuffle(builder, sc16, sc16, [first if lane < 16 else second for lane in range(32)])
-    sc = builder.zext(sc16, _vec(_I32, 8))
-    return _shuffle(builder, sc, sc, [first if lane < 8 else second for lane in range(16)])
+        return shuffle(builder, sc16, sc16, [first if lane < 16 else second for lane in range(32)])
+    sc = builder.zext(sc16, vec(I32, 8))
+    return shuffle(builder, sc, sc, [first if lane < 8 else second for lane in range(16)])
 
 
 def _scaled_dot(builder, w64, x64, scales, vbmi: bool):
@@ -330,10 +116,10 @@ def _scaled_dot(builder, w64, x64, scales, vbmi: bool):
     so |pair| <= 2 * 43 * 127: no saturation) and the 16-bit pairs times their scales to 32
     bits: two single instructions, where the 4-way dot and a 32-bit multiply cost three."""
     if not vbmi:
-        return builder.mul(_dot4(builder, _ZERO16, w64, x64), scales)
-    madd_ub = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(_I16, 32), [_vec(_I8, 64)] * 2),
+        return builder.mul(dot4(builder, _ZERO16, w64, x64), scales)
+    madd_ub = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec(I16, 32), [vec(I8, 64)] * 2),
                                              "llvm.x86.avx512.pmaddubs.w.512")
-    madd_w = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(_I32, 16), [_vec(_I16, 32)] * 2),
+    madd_w = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec(I32, 16), [vec(I16, 32)] * 2),
                                             "llvm.x86.avx512.pmaddw.d.512")
     return builder.call(madd_w, [builder.call(madd_ub, [w64, x64]), scales])
 
@@ -341,23 +127,23 @@ def _scaled_dot(builder, w64, x64, scales, vbmi: bool):
 def _iq2_xxs_block(context, builder, grid_type, grid, base, vbmi: bool):
     # The signs go onto the activations, so the products are unsigned magnitudes (<= 43) times
     # signed codes. Groups 2h and 2h + 1 share one 64-weight run, each scaled by its 2 s_g + 1.
-    mags, negative = _iq2_magnitudes_signs(context, builder, grid_type, grid, base, vbmi and _IQ2_CODES is not None)
-    words = _load(builder, builder.gep(base, [ir.Constant(_I64, 2)]), _I32, 16)
-    b = _shuffle(builder, words, words, range(1, 16, 2))
-    ls = builder.add(builder.shl(builder.lshr(b, _const(_I32, [28] * 8)), _const(_I32, [1] * 8)), _const(_I32, [1] * 8))
-    ls = builder.trunc(ls, _vec(_I16, 8))
-    quarters = [_shuffle(builder, mags, mags, range(64 * h, 64 * h + 64)) for h in range(4)]
+    mags, negative = iq2_magnitudes_signs(context, builder, grid_type, grid, base, vbmi and IQ2_CODES is not None)
+    words = load(builder, builder.gep(base, [ir.Constant(I64, 2)]), I32, 16)
+    b = shuffle(builder, words, words, range(1, 16, 2))
+    ls = builder.add(builder.shl(builder.lshr(b, const(I32, [28] * 8)), const(I32, [1] * 8)), const(I32, [1] * 8))
+    ls = builder.trunc(ls, vec(I16, 8))
+    quarters = [shuffle(builder, mags, mags, range(64 * h, 64 * h + 64)) for h in range(4)]
     scales = [_lane_scales(builder, ls, 2 * h, 2 * h + 1, vbmi) for h in range(4)]
     return quarters, negative, scales
 
 
 def _iq2_xxs_token(builder, blk, px, vbmi: bool):
     quarters, negative, scales = blk
-    x = _load(builder, px, _I8, 256)
-    xs = builder.select(negative, builder.sub(_const(_I8, [0] * 256), x), x)
+    x = load(builder, px, I8, 256)
+    xs = builder.select(negative, builder.sub(const(I8, [0] * 256), x), x)
     acc = None
     for h in range(4):
-        part = _scaled_dot(builder, quarters[h], _shuffle(builder, xs, xs, range(64 * h, 64 * h + 64)), scales[h], vbmi)
+        part = _scaled_dot(builder, quarters[h], shuffle(builder, xs, xs, range(64 * h, 64 * h + 64)), scales[h], vbmi)
         acc = part if acc is None else builder.add(acc, part)
     return acc
 
@@ -370,24 +156,24 @@ _Q2_K_PRODUCTS = [(i & 3) * (i >> 2) for i in range(64)]
 def _q2_k_block(builder, base, vbmi: bool):
     # code * scale (<= 45) is an unsigned byte, so the 4-way u8 x s8 dot applies; the mins are
     # the scale bytes' high nibbles.
-    sbytes = _load(builder, base, _I8, 16)
-    scales = builder.and_(sbytes, _const(_I8, [15] * 16))
+    sbytes = load(builder, base, I8, 16)
+    scales = builder.and_(sbytes, const(I8, [15] * 16))
     if vbmi:  # each product looked up by one byte permute (x86 has no byte multiply: LLVM's
         # mul widens to 16 bits, multiplies and packs back; measured on one core, the lookup
         # takes a tenth off a block's time)
-        scales = builder.shl(scales, _const(_I8, [2] * 16))
-        table = _const(_I8, _Q2_K_PRODUCTS)
-        lookup = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(_I8, 64), [_vec(_I8, 64)] * 2),
+        scales = builder.shl(scales, const(I8, [2] * 16))
+        table = const(I8, _Q2_K_PRODUCTS)
+        lookup = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec(I8, 64), [vec(I8, 64)] * 2),
                                                 "llvm.x86.avx512.permvar.qi.512")
-    mins = builder.zext(builder.lshr(sbytes, _const(_I8, [4] * 16)), _vec(_I32, 16))
-    qs = _load(builder, builder.gep(base, [ir.Constant(_I64, 16)]), _I8, 64)
+    mins = builder.zext(builder.lshr(sbytes, const(I8, [4] * 16)), vec(I32, 16))
+    qs = load(builder, builder.gep(base, [ir.Constant(I64, 16)]), I8, 64)
     weights = []
     # Byte l of half h (qs[32h + l]) holds weights 128h + 32s + l at bit shift 2s, l < 32; the
     # weight's sub-block is 8h + 2s + (l >= 16). Per shift s, 64 weights: 32 at input 32s.. (h = 0),
     # 32 at 128 + 32s.. (h = 1).
     for s in range(4):
-        codes = builder.and_(builder.lshr(qs, _const(_I8, [2 * s] * 64)), _const(_I8, [3] * 64))
-        sc = _shuffle(builder, scales, scales, [(p // 32) * 8 + 2 * s + (p % 32 >= 16) for p in range(64)])
+        codes = builder.and_(builder.lshr(qs, const(I8, [2 * s] * 64)), const(I8, [3] * 64))
+        sc = shuffle(builder, scales, scales, [(p // 32) * 8 + 2 * s + (p % 32 >= 16) for p in range(64)])
         weights.append(builder.call(lookup, [table, builder.or_(codes, sc)]) if vbmi else builder.mul(codes, sc))
     return weights, mins
 
@@ -396,9 +182,9 @@ def _q2_k_token(builder, blk, px, bsums):
     weights, mins = blk
     acc = _ZERO16
     for s in range(4):
-        lo = _load(builder, builder.gep(px, [ir.Constant(_I64, 32 * s)]), _I8, 32)
-        hi = _load(builder, builder.gep(px, [ir.Constant(_I64, 128 + 32 * s)]), _I8, 32)
-        acc = _dot4(builder, acc, weights[s], _shuffle(builder, lo, hi, range(64)))
+        lo = load(builder, builder.gep(px, [ir.Constant(I64, 32 * s)]), I8, 32)
+        hi = load(builder, builder.gep(px, [ir.Constant(I64, 128 + 32 * s)]), I8, 32)
+        acc = dot4(builder, acc, weights[s], shuffle(builder, lo, hi, range(64)))
     return acc, builder.mul(mins, bsums)
 
 
@@ -406,12 +192,12 @@ def _q4_k_block(builder, base, vbmi: bool):
     # Chunk c's low and high nibbles (sub-blocks 2c and 2c + 1, inputs 64c..64c+63) meet 64
     # contiguous codes in one scaled dot, the low sub-block's 32 weights scaled by its scale and
     # the high one's by its own.
-    sc16, mn16 = _q4_k_scales_mins_vectors(builder, base)
-    mins = builder.zext(_shuffle(builder, mn16, mn16, [k // 2 for k in range(16)]), _vec(_I32, 16))
+    sc16, mn16 = q4_k_scales_mins_vectors(builder, base)
+    mins = builder.zext(shuffle(builder, mn16, mn16, [k // 2 for k in range(16)]), vec(I32, 16))
     codes, scales = [], []
     for c in range(4):
-        v = _load(builder, builder.gep(base, [ir.Constant(_I64, 16 + 32 * c)]), _I8, 32)
-        codes.append(_shuffle(builder, builder.and_(v, _const(_I8, [15] * 32)), builder.lshr(v, _const(_I8, [4] * 32)),
+        v = load(builder, builder.gep(base, [ir.Constant(I64, 16 + 32 * c)]), I8, 32)
+        codes.append(shuffle(builder, builder.and_(v, const(I8, [15] * 32)), builder.lshr(v, const(I8, [4] * 32)),
                               range(64)))
         scales.append(_lane_scales(builder, sc16, 2 * c, 2 * c + 1, vbmi))
     return codes, scales, mins
@@ -421,7 +207,7 @@ def _q4_k_token(builder, blk, px, bsums, vbmi: bool):
     codes, scales, mins = blk
     acc = None
     for c in range(4):
-        x = _load(builder, builder.gep(px, [ir.Constant(_I64, 64 * c)]), _I8, 64)
+        x = load(builder, builder.gep(px, [ir.Constant(I64, 64 * c)]), I8, 64)
         part = _scaled_dot(builder, codes[c], x, scales[c], vbmi)
         acc = part if acc is None else builder.add(acc, part)
     return acc, builder.mul(mins, bsums)
@@ -444,23 +230,23 @@ def _lane_sums(builder, vecs):
         P *= 2
     assert P <= 16
     if P <= 2:  # one or two vectors: LLVM's own reduction of each is faster than the tree
-        out = ir.Constant(_vec(_I32, P), None)
+        out = ir.Constant(vec(I32, P), None)
         for j, v in enumerate(vecs):
-            out = builder.insert_element(out, _reduce(builder, v, 16), ir.Constant(_I32, j))
+            out = builder.insert_element(out, reduce(builder, v, 16), ir.Constant(I32, j))
         return out
     vs = list(vecs) + [_ZERO16] * (P - len(vecs))
     m = 16  # lanes per token in each vector
     while len(vs) > 1:  # pairs of vectors -> one, each token's m lanes halved
         first = [k * m + i for k in range(32 // m) for i in range(m // 2)]
         second = [k * m + m // 2 + i for k in range(32 // m) for i in range(m // 2)]
-        vs = [builder.add(_shuffle(builder, a, b, first), _shuffle(builder, a, b, second))
+        vs = [builder.add(shuffle(builder, a, b, first), shuffle(builder, a, b, second))
               for a, b in zip(vs[0::2], vs[1::2], strict=True)]
         m //= 2
     v = vs[0]
     while m > 1:  # one vector of P tokens x m lanes -> P x m / 2
         first = [k * m + i for k in range(P) for i in range(m // 2)]
         second = [k * m + m // 2 + i for k in range(P) for i in range(m // 2)]
-        v = builder.add(_shuffle(builder, v, v, first), _shuffle(builder, v, v, second))
+        v = builder.add(shuffle(builder, v, v, first), shuffle(builder, v, v, second))
         m //= 2
     return v
 
@@ -471,41 +257,41 @@ def _row_dots_body(context, builder, sig, args, kind: int, tokens: int, vbmi: bo
     one vector lane per token: each lane's steps are the scalar formula's, in its order."""
     raw_, ro_, nb_, grid_, xq_, xo_, stride_, xd_, xdo_, bs_, bo_, bstride_, res_, _ = args
     n = tokens
-    row = _ptr(context, builder, sig.args[0], raw_, ro_)
-    acc = cgutils.alloca_once_value(builder, ir.Constant(_vec(_F32, n), [0.0] * n))
+    row = ptr(context, builder, sig.args[0], raw_, ro_)
+    acc = cgutils.alloca_once_value(builder, ir.Constant(vec(F32, n), [0.0] * n))
     size = _BLOCK_BYTES[kind]
     d_at, dmin_at = _SCALE_AT[kind]
 
     def splat(v):
-        return _shuffle(builder, builder.insert_element(ir.Constant(_vec(_F32, 1), None), v, ir.Constant(_I32, 0)),
-                        ir.Constant(_vec(_F32, 1), None), [0] * n)
+        return shuffle(builder, builder.insert_element(ir.Constant(vec(F32, 1), None), v, ir.Constant(I32, 0)),
+                        ir.Constant(vec(F32, 1), None), [0] * n)
 
     def first(v, k, count):  # lanes k .. k + count of an integer vector, as float
-        return builder.sitofp(_shuffle(builder, v, v, range(k, k + count)), _vec(_F32, count))
+        return builder.sitofp(shuffle(builder, v, v, range(k, k + count)), vec(F32, count))
 
     with cgutils.for_range(builder, nb_) as loop:
         b = loop.index
-        base = builder.gep(row, [builder.mul(b, ir.Constant(_I64, size))])
-        d = _half_at(builder, base, d_at)
+        base = builder.gep(row, [builder.mul(b, ir.Constant(I64, size))])
+        d = half_at(builder, base, d_at)
         if kind == 16:
             blk = _iq2_xxs_block(context, builder, sig.args[3], grid_, base, vbmi)
         else:
             blk = _q2_k_block(builder, base, vbmi) if kind == 10 else _q4_k_block(builder, base, vbmi)
-        xv = ir.Constant(_vec(_F32, n), None)
+        xv = ir.Constant(vec(F32, n), None)
         isums, summs = [], []
         for j in range(n):
-            xoff = builder.add(builder.add(xo_, builder.mul(ir.Constant(_I64, j), stride_)),
-                               builder.mul(b, ir.Constant(_I64, 256)))
-            px = _ptr(context, builder, sig.args[4], xq_, xoff)
-            xdoff = builder.add(builder.add(xdo_, builder.mul(ir.Constant(_I64, j), nb_)), b)
-            xv = builder.insert_element(xv, builder.load(_ptr(context, builder, sig.args[7], xd_, xdoff)),
-                                        ir.Constant(_I32, j))
+            xoff = builder.add(builder.add(xo_, builder.mul(ir.Constant(I64, j), stride_)),
+                               builder.mul(b, ir.Constant(I64, 256)))
+            px = ptr(context, builder, sig.args[4], xq_, xoff)
+            xdoff = builder.add(builder.add(xdo_, builder.mul(ir.Constant(I64, j), nb_)), b)
+            xv = builder.insert_element(xv, builder.load(ptr(context, builder, sig.args[7], xd_, xdoff)),
+                                        ir.Constant(I32, j))
             if kind == 16:
                 isums.append(_iq2_xxs_token(builder, blk, px, vbmi))
                 continue
-            boff = builder.add(builder.add(bo_, builder.mul(ir.Constant(_I64, j), bstride_)),
-                               builder.mul(b, ir.Constant(_I64, 16)))
-            bsv = _load(builder, _ptr(context, builder, sig.args[9], bs_, boff), _I32, 16)
+            boff = builder.add(builder.add(bo_, builder.mul(ir.Constant(I64, j), bstride_)),
+                               builder.mul(b, ir.Constant(I64, 16)))
+            bsv = load(builder, ptr(context, builder, sig.args[9], bs_, boff), I32, 16)
             isum, summ = (_q2_k_token(builder, blk, px, bsv) if kind == 10
                           else _q4_k_token(builder, blk, px, bsv, vbmi))
             isums.append(isum)
@@ -515,14 +301,14 @@ def _row_dots_body(context, builder, sig, args, kind: int, tokens: int, vbmi: bo
             term = builder.fmul(builder.fmul(splat(d), xv), first(sums, 0, n))
         else:  # acc += (xd * d) * float(isum) - (xd * dmin) * float(summs)
             assert dmin_at is not None  # every K-quant block has its dmin
-            dmin = _half_at(builder, base, dmin_at)
+            dmin = half_at(builder, base, dmin_at)
             term = builder.fsub(builder.fmul(builder.fmul(xv, splat(d)), first(sums, 0, n)),
                                 builder.fmul(builder.fmul(xv, splat(dmin)), first(sums, n, n)))
         builder.store(builder.fadd(builder.load(acc), term), acc)
     total = builder.load(acc)
     for j in range(n):
-        builder.store(builder.extract_element(total, ir.Constant(_I32, j)),
-                      _ptr(context, builder, sig.args[12], res_, ir.Constant(_I64, j)))
+        builder.store(builder.extract_element(total, ir.Constant(I32, j)),
+                      ptr(context, builder, sig.args[12], res_, ir.Constant(I64, j)))
 
 
 def row_dots_with(kind: int, vbmi: bool):
@@ -552,7 +338,7 @@ def row_dots_with(kind: int, vbmi: bool):
     return row_dots
 
 
-VBMI = bool(_FEATURES.get("avx512vbmi")) and bool(_FEATURES.get("avx512bw"))
+VBMI = bool(FEATURES.get("avx512vbmi")) and bool(FEATURES.get("avx512bw"))
 
 
 # ---- rows times 16 tokens per vector (IQ2_XXS, Q2_K, Q4_K) -------------------------------------
@@ -597,72 +383,61 @@ def _rows16_decode(context, builder, sig, grid_, base, pw, kind: int):
     9, 10: d and dmin (the f16 scales widened to f32, as bits), 16-23 the K-quants' mins as
     pairs of 16-bit integers (Q2_K: sub-blocks 2p and 2p + 1; Q4_K: sub-block p twice, for the
     two bsums of its 32 inputs)."""
-    ones = _const(_I8, [1] * 64)
+    ones = const(I8, [1] * 64)
 
     def i64(v):
-        return ir.Constant(_I64, v)
+        return ir.Constant(I64, v)
 
     def group_c(w, ls):  # C = sum_g ls_g * (sum of group g's weights), groups of 32
         c = _ZERO16
         for h in range(4):
-            part = _dot4(builder, _ZERO16, ones, _shuffle(builder, w, w, range(64 * h, 64 * h + 64)))
-            lane_ls = _shuffle(builder, ls, ls, [2 * h + (lane >= 8) for lane in range(16)])
+            part = dot4(builder, _ZERO16, ones, shuffle(builder, w, w, range(64 * h, 64 * h + 64)))
+            lane_ls = shuffle(builder, ls, ls, [2 * h + (lane >= 8) for lane in range(16)])
             c = builder.add(c, builder.mul(part, lane_ls))
         return c
 
-    zero8 = _const(_I32, [0] * 8)
+    zero8 = const(I32, [0] * 8)
     if kind == 16:
-        mags, negative = _iq2_magnitudes_signs(context, builder, sig.args[4], grid_, base, VBMI and _IQ2_CODES is not None)
-        w = builder.select(negative, builder.sub(_const(_I8, [0] * 256), mags), mags)
-        _store(builder, w, pw, _I8, 256)
-        words = _load(builder, builder.gep(base, [i64(2)]), _I32, 16)
-        odd = _shuffle(builder, words, words, range(1, 16, 2))
-        scales8 = builder.add(builder.shl(builder.lshr(odd, _const(_I32, [28] * 8)), _const(_I32, [1] * 8)),
-                              _const(_I32, [1] * 8))
+        mags, negative = iq2_magnitudes_signs(context, builder, sig.args[4], grid_, base, VBMI and IQ2_CODES is not None)
+        w = builder.select(negative, builder.sub(const(I8, [0] * 256), mags), mags)
+        store(builder, w, pw, I8, 256)
+        words = load(builder, builder.gep(base, [i64(2)]), I32, 16)
+        odd = shuffle(builder, words, words, range(1, 16, 2))
+        scales8 = builder.add(builder.shl(builder.lshr(odd, const(I32, [28] * 8)), const(I32, [1] * 8)),
+                              const(I32, [1] * 8))
         c = group_c(w, scales8)
-        pairs, halves = zero8, [_half_at(builder, base, 0)]
+        pairs, halves = zero8, [half_at(builder, base, 0)]
     elif kind == 10:
         weights, mins = _q2_k_block(builder, base, VBMI)
         c = _ZERO16
         for s in range(4):  # weights[s]: inputs 32s.. then 128 + 32s..
-            _store(builder, _shuffle(builder, weights[s], weights[s], range(32)), builder.gep(pw, [i64(32 * s)]), _I8, 32)
-            _store(builder, _shuffle(builder, weights[s], weights[s], range(32, 64)),
-                   builder.gep(pw, [i64(128 + 32 * s)]), _I8, 32)
-            c = _dot4(builder, c, ones, weights[s])
+            store(builder, shuffle(builder, weights[s], weights[s], range(32)), builder.gep(pw, [i64(32 * s)]), I8, 32)
+            store(builder, shuffle(builder, weights[s], weights[s], range(32, 64)),
+                   builder.gep(pw, [i64(128 + 32 * s)]), I8, 32)
+            c = dot4(builder, c, ones, weights[s])
         scales8 = zero8
-        pairs = builder.bitcast(builder.trunc(mins, _vec(_I16, 16)), _vec(_I32, 8))
-        halves = [_half_at(builder, base, 80), _half_at(builder, base, 82)]
+        pairs = builder.bitcast(builder.trunc(mins, vec(I16, 16)), vec(I32, 8))
+        halves = [half_at(builder, base, 80), half_at(builder, base, 82)]
     else:
-        sc16, mn16 = _q4_k_scales_mins_vectors(builder, base)
+        sc16, mn16 = q4_k_scales_mins_vectors(builder, base)
         codes = []
         for ch in range(4):  # low nibbles: inputs 64 ch.., high: 64 ch + 32..
-            v = _load(builder, builder.gep(base, [i64(16 + 32 * ch)]), _I8, 32)
-            codes.append(_shuffle(builder, builder.and_(v, _const(_I8, [15] * 32)), builder.lshr(v, _const(_I8, [4] * 32)),
+            v = load(builder, builder.gep(base, [i64(16 + 32 * ch)]), I8, 32)
+            codes.append(shuffle(builder, builder.and_(v, const(I8, [15] * 32)), builder.lshr(v, const(I8, [4] * 32)),
                                   range(64)))
-        w = _shuffle(builder, _shuffle(builder, codes[0], codes[1], range(128)),
-                     _shuffle(builder, codes[2], codes[3], range(128)), range(256))
-        _store(builder, w, pw, _I8, 256)
-        scales8 = builder.zext(sc16, _vec(_I32, 8))
+        w = shuffle(builder, shuffle(builder, codes[0], codes[1], range(128)),
+                     shuffle(builder, codes[2], codes[3], range(128)), range(256))
+        store(builder, w, pw, I8, 256)
+        scales8 = builder.zext(sc16, vec(I32, 8))
         c = group_c(w, scales8)
-        pairs = builder.bitcast(_shuffle(builder, mn16, mn16, [k // 2 for k in range(16)]), _vec(_I32, 8))
-        halves = [_half_at(builder, base, 0), _half_at(builder, base, 2)]
-    corr = builder.mul(_reduce(builder, c, 16), ir.Constant(_I32, 128))
-    info = _shuffle(builder, scales8, zero8, list(range(8)) + [8] * 8)
-    info = builder.insert_element(info, corr, ir.Constant(_I32, 8))
+        pairs = builder.bitcast(shuffle(builder, mn16, mn16, [k // 2 for k in range(16)]), vec(I32, 8))
+        halves = [half_at(builder, base, 0), half_at(builder, base, 2)]
+    corr = builder.mul(reduce(builder, c, 16), ir.Constant(I32, 128))
+    info = shuffle(builder, scales8, zero8, list(range(8)) + [8] * 8)
+    info = builder.insert_element(info, corr, ir.Constant(I32, 8))
     for k, f in enumerate(halves):
-        info = builder.insert_element(info, builder.bitcast(f, _I32), ir.Constant(_I32, 9 + k))
-    return _shuffle(builder, info, _shuffle(builder, pairs, zero8, range(16)), range(32))
-
-
-def _madd16(builder, a, b):
-    """<16 x i32>: lane l = a[2l] * b[2l] + a[2l + 1] * b[2l + 1] (<32 x i16> each): one
-    vpmaddwd with AVX-512 BW, generic IR elsewhere (the same integers)."""
-    if _VNNI:
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(_I32, 16), [_vec(_I16, 32)] * 2),
-                                            "llvm.x86.avx512.pmaddw.d.512")
-        return builder.call(fn, [a, b])
-    prod = builder.mul(builder.sext(a, _vec(_I32, 32)), builder.sext(b, _vec(_I32, 32)))
-    return builder.add(_shuffle(builder, prod, prod, range(0, 32, 2)), _shuffle(builder, prod, prod, range(1, 32, 2)))
+        info = builder.insert_element(info, builder.bitcast(f, I32), ir.Constant(I32, 9 + k))
+    return shuffle(builder, info, shuffle(builder, pairs, zero8, range(16)), range(32))
 
 
 def _rows16_body(context, builder, sig, args, kind: int, rows: int) -> None:
@@ -670,39 +445,39 @@ def _rows16_body(context, builder, sig, args, kind: int, rows: int) -> None:
     size = _BLOCK_BYTES[kind]
 
     def i64(v):
-        return ir.Constant(_I64, v)
+        return ir.Constant(I64, v)
 
     def lane(v, k):
-        return builder.extract_element(v, ir.Constant(_I32, k))
+        return builder.extract_element(v, ir.Constant(I32, k))
 
     def as_f32(v):
-        return builder.bitcast(v, _F32)
+        return builder.bitcast(v, F32)
 
-    pres = _ptr(context, builder, sig.args[9], res_, i64(0))
+    pres = ptr(context, builder, sig.args[9], res_, i64(0))
     with cgutils.for_range(builder, builder.mul(nv_, i64(16 * rows))) as loop:
-        builder.store(ir.Constant(_F32, 0.0), builder.gep(pres, [loop.index]))
-    pw = builder.bitcast(_ptr(context, builder, sig.args[10], wrow_, i64(0)), _I8.as_pointer())
-    pinfo = builder.bitcast(_ptr(context, builder, sig.args[11], info_, i64(0)), _I32.as_pointer())
+        builder.store(ir.Constant(F32, 0.0), builder.gep(pres, [loop.index]))
+    pw = builder.bitcast(ptr(context, builder, sig.args[10], wrow_, i64(0)), I8.as_pointer())
+    pinfo = builder.bitcast(ptr(context, builder, sig.args[11], info_, i64(0)), I32.as_pointer())
     # First the rows decoded to wrow (block b of row i at slot b * rows + i, 256 bytes) and info,
     # then the products, reading each quad back from memory: in one pass LLVM would forward the
     # stored vector to the quad loads and broadcast each quad with two shuffles instead of
     # folding a memory broadcast into its dot instruction.
     for i in range(rows):
-        row = _ptr(context, builder, sig.args[0], raw_, builder.add(ro_, builder.mul(i64(i), rstride_)))
+        row = ptr(context, builder, sig.args[0], raw_, builder.add(ro_, builder.mul(i64(i), rstride_)))
         with cgutils.for_range(builder, nb_) as loop:
             b = loop.index
             slot = builder.add(builder.mul(b, i64(rows)), i64(i))
             info = _rows16_decode(context, builder, sig, grid_, builder.gep(row, [builder.mul(b, i64(size))]),
                                   builder.gep(pw, [builder.mul(slot, i64(256))]), kind)
-            _store(builder, info, builder.gep(pinfo, [builder.mul(slot, i64(32))]), _I32, 32)
-    pxi = builder.bitcast(_ptr(context, builder, sig.args[5], xi_, i64(0)), _I8.as_pointer())
-    pbs = builder.bitcast(_ptr(context, builder, sig.args[7], bsi_, i64(0)), _I16.as_pointer())
+            store(builder, info, builder.gep(pinfo, [builder.mul(slot, i64(32))]), I32, 32)
+    pxi = builder.bitcast(ptr(context, builder, sig.args[5], xi_, i64(0)), I8.as_pointer())
+    pbs = builder.bitcast(ptr(context, builder, sig.args[7], bsi_, i64(0)), I16.as_pointer())
     with cgutils.for_range(builder, nb_) as loop:
         b = loop.index
         infos, wbs = [], []
         for i in range(rows):
             slot = builder.add(builder.mul(b, i64(rows)), i64(i))
-            infos.append(_load(builder, builder.gep(pinfo, [builder.mul(slot, i64(32))]), _I32, 32))
+            infos.append(load(builder, builder.gep(pinfo, [builder.mul(slot, i64(32))]), I32, 32))
             wbs.append(builder.gep(pw, [builder.mul(slot, i64(256))]))
         # One body per count of token vectors (1-4): each quad of activations meets every row's
         # broadcast quad in turn, with 8 partial sums per row and vector in registers.
@@ -714,22 +489,22 @@ def _rows16_body(context, builder, sig, args, kind: int, rows: int) -> None:
             builder.position_at_end(case)
             vbs = [builder.add(builder.mul(i64(v), nb_), b) for v in range(n)]
             pxs = [builder.gep(pxi, [builder.mul(vb, i64(4096))]) for vb in vbs]
-            isums = [[builder.sub(_ZERO16, _splat(builder, lane(infos[i], 8), _I32, 16))] * n for i in range(rows)]
+            isums = [[builder.sub(_ZERO16, splat(builder, lane(infos[i], 8), I32, 16))] * n for i in range(rows)]
             for g in range(8):
                 gsums = [[_ZERO16] * n for i in range(rows)]
                 for q in range(8):
                     k = 8 * g + q
                     ws = []
                     for i in range(rows):
-                        wq = builder.load(builder.bitcast(builder.gep(wbs[i], [i64(4 * k)]), _I32.as_pointer()), align=1)
-                        ws.append(builder.bitcast(_splat(builder, wq, _I32, 16), _vec(_I8, 64)))
+                        wq = builder.load(builder.bitcast(builder.gep(wbs[i], [i64(4 * k)]), I32.as_pointer()), align=1)
+                        ws.append(builder.bitcast(splat(builder, wq, I32, 16), vec(I8, 64)))
                     for v in range(n):
-                        xv = _load(builder, builder.gep(pxs[v], [i64(64 * k)]), _I8, 64)
+                        xv = load(builder, builder.gep(pxs[v], [i64(64 * k)]), I8, 64)
                         for i in range(rows):
-                            gsums[i][v] = _dot4(builder, gsums[i][v], xv, ws[i])
+                            gsums[i][v] = dot4(builder, gsums[i][v], xv, ws[i])
                 for i in range(rows):
                     if kind != 10:  # group g's sums times its scale
-                        lsg = _splat(builder, lane(infos[i], g), _I32, 16)
+                        lsg = splat(builder, lane(infos[i], g), I32, 16)
                         isums[i] = [builder.add(isums[i][v], builder.mul(gsums[i][v], lsg)) for v in range(n)]
                     else:  # the scales are in the weights
                         isums[i] = [builder.add(isums[i][v], gsums[i][v]) for v in range(n)]
@@ -737,24 +512,24 @@ def _rows16_body(context, builder, sig, args, kind: int, rows: int) -> None:
             if kind != 16:
                 for v in range(n):
                     for p in range(8):
-                        bsv = _load(builder, builder.gep(pbs, [builder.add(builder.mul(vbs[v], i64(256)), i64(32 * p))]),
-                                    _I16, 32)
+                        bsv = load(builder, builder.gep(pbs, [builder.add(builder.mul(vbs[v], i64(256)), i64(32 * p))]),
+                                    I16, 32)
                         for i in range(rows):
-                            mp = builder.bitcast(_splat(builder, lane(infos[i], 16 + p), _I32, 16), _vec(_I16, 32))
-                            part = _madd16(builder, bsv, mp)
+                            mp = builder.bitcast(splat(builder, lane(infos[i], 16 + p), I32, 16), vec(I16, 32))
+                            part = madd16(builder, bsv, mp)
                             summs[i][v] = part if summs[i][v] is None else builder.add(summs[i][v], part)
             for i in range(rows):
-                dv = _splat(builder, as_f32(lane(infos[i], 9)), _F32, 16)
+                dv = splat(builder, as_f32(lane(infos[i], 9)), F32, 16)
                 for v in range(n):
-                    xdv = _load(builder, _ptr(context, builder, sig.args[6], xdi_, builder.mul(vbs[v], i64(16))), _F32, 16)
+                    xdv = load(builder, ptr(context, builder, sig.args[6], xdi_, builder.mul(vbs[v], i64(16))), F32, 16)
                     if kind == 16:  # acc += (d * xd) * float(isum)
-                        term = builder.fmul(builder.fmul(dv, xdv), builder.sitofp(isums[i][v], _vec(_F32, 16)))
+                        term = builder.fmul(builder.fmul(dv, xdv), builder.sitofp(isums[i][v], vec(F32, 16)))
                     else:  # acc += (xd * d) * float(isum) - (xd * dmin) * float(summs)
-                        dminv = _splat(builder, as_f32(lane(infos[i], 10)), _F32, 16)
-                        term = builder.fsub(builder.fmul(builder.fmul(xdv, dv), builder.sitofp(isums[i][v], _vec(_F32, 16))),
-                                            builder.fmul(builder.fmul(xdv, dminv), builder.sitofp(summs[i][v], _vec(_F32, 16))))
+                        dminv = splat(builder, as_f32(lane(infos[i], 10)), F32, 16)
+                        term = builder.fsub(builder.fmul(builder.fmul(xdv, dv), builder.sitofp(isums[i][v], vec(F32, 16))),
+                                            builder.fmul(builder.fmul(xdv, dminv), builder.sitofp(summs[i][v], vec(F32, 16))))
                     pacc = builder.gep(pres, [builder.add(builder.mul(i64(i), builder.mul(nv_, i64(16))), i64(16 * v))])
-                    _store(builder, builder.fadd(_load(builder, pacc, _F32, 16), term), pacc, _F32, 16)
+                    store(builder, builder.fadd(load(builder, pacc, F32, 16), term), pacc, F32, 16)
             builder.branch(done)
         builder.position_at_end(done)
 
@@ -769,105 +544,14 @@ iq2_xxs_row_dots, q2_k_row_dots, q4_k_row_dots = (row_dots_with(kind, VBMI) for 
 _jit = njit(nogil=True, cache=True)
 
 
-# ---- activations ------------------------------------------------------------------------------
-
-
-@_jit
-def quantize_q8_0(x, xq, xd, xs):
-    """x [n, cols] f32 (cols % 32 == 0) -> xq [n, cols] int8, xd [n, cols // 32] f32,
-    xs [n, cols // 32] int32 (each block's code sum)."""
-    n, cols = x.shape
-    for t in range(n):
-        for b in range(cols // 32):
-            o = b * 32
-            amax = np.float32(0.0)
-            for i in range(32):
-                a = abs(x[t, o + i])
-                if a > amax:
-                    amax = a
-            d = amax / np.float32(127.0)
-            inv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
-            xd[t, b] = d
-            for i in range(32):
-                v = np.rint(x[t, o + i] * inv)
-                v = min(max(v, np.float32(-128.0)), np.float32(127.0))
-                xq[t, o + i] = np.int8(v)
-            s = 0
-            for i in range(32):
-                s += np.int32(xq[t, o + i])
-            xs[t, b] = s
-
-
-@_jit
-def quantize_q8_k(x, xq, xd, bsums):
-    """x [n, cols] f32 (cols % 256 == 0) -> xq [n, cols] int8, xd [n, cols // 256] f32,
-    bsums [n, cols // 16] int32."""
-    n, cols = x.shape
-    for t in range(n):
-        for b in range(cols // 256):
-            o = b * 256
-            amax = np.float32(0.0)
-            m = np.float32(0.0)
-            for i in range(256):
-                a = abs(x[t, o + i])
-                if a > amax:
-                    amax = a
-                    m = x[t, o + i]
-            if amax == 0:
-                xd[t, b] = 0.0
-                for i in range(256):
-                    xq[t, o + i] = 0
-                for j in range(16):
-                    bsums[t, b * 16 + j] = 0
-                continue
-            iscale = np.float32(-127.0) / m
-            for i in range(256):
-                v = np.rint(iscale * x[t, o + i])
-                v = min(max(v, np.float32(-128.0)), np.float32(127.0))
-                xq[t, o + i] = np.int8(v)
-            for j in range(16):
-                s = 0
-                for i in range(16):
-                    s += np.int32(xq[t, o + 16 * j + i])
-                bsums[t, b * 16 + j] = s
-            xd[t, b] = np.float32(1.0) / iscale
-
-
 # ---- products ---------------------------------------------------------------------------------
 # Each kernel walks its rows one at a time: the row's blocks are decoded in registers once per
 # group of tokens and meet the activations of tokens t0..t1, so a batch reads each weight once.
 # Offsets passed to the intrinsics above are flat element offsets into C-contiguous arrays.
 
-Q8_0, Q2_K, Q4_K, IQ2_XXS = 8, 10, 12, 16  # GGML type ids (quant.py)
-# Rows are multiplied straight from their blocks (the *_row_dots intrinsics: a block decoded in
-# registers once per group of up to eight tokens), whatever the number of tokens. A copy decoded
-# once to 16-bit weights and met by 16-bit products costs more per token at every count measured
-# (one core, a 2048 x 4096 IQ2_XXS expert: 7.7-8.9 ns per block and token decoded against
-# 5.4-6.8 fused, n = 8..64), so there is no such path.
-
-
-@_jit
-def _q8_0_rows(wi, wd, xq, xd, xs, out, r0, r1, t0, t1):
-    # wi [groups, nb * 512] uint8: 16 rows interleaved (the Q8_0 layout, codes + 128),
-    # wd [groups, nb * 16] f32; xs: the activation blocks' code sums (sum (q + 128) * x - 128 *
-    # sum x = sum q * x). Tokens four at a time (the weights read once per four), then one by one.
-    rows = out.shape[1]
-    cols = xq.shape[1]
-    nb = cols // 32
-    res = np.empty(64, np.float32)
-    for g in range(r0 // 16, (r1 + 15) // 16):
-        lo, hi = max(r0, 16 * g), min(r1, 16 * g + 16, rows)
-        t = t0
-        while t < t1:
-            count = 4 if t + 4 <= t1 else 1
-            if count == 4:
-                q8_0_group4(wi, g * nb * 512, wd, g * nb * 16, xq, t * cols, xd, xs, t * nb, nb, cols, res)
-            else:
-                q8_0_group1(wi, g * nb * 512, wd, g * nb * 16, xq, t * cols, xd, xs, t * nb, nb, cols, res)
-            for j in range(count):
-                for r in range(lo, hi):
-                    out[t + j, r] = res[16 * j + r - 16 * g]
-            t += count
+Q2_K, Q4_K, IQ2_XXS = 10, 12, 16  # GGML type ids (quant.py)
+# Rows are multiplied straight from their blocks (a copy decoded once to 16-bit weights cost more
+# per token at every count measured: 7.7-8.9 ns per IQ2_XXS block and token against 5.4-6.8).
 
 
 # From this many tokens of one matrix (and where the host has AVX-512 VNNI and BW) IQ2_XXS, Q2_K
@@ -876,7 +560,7 @@ def _q8_0_rows(wi, wd, xq, xd, xs, out, r0, r1, t0, t1):
 # IQ2_XXS 8 tokens 4.9 either way, 9: 6.0 -> 4.4, 16: 4.8 -> 2.5, 64: 4.9 -> 1.8; Q2_K and Q4_K
 # 16: 4.2-4.5 -> 2.2-2.5, 64: 4.2-4.5 -> 2.1.
 LANES_MIN = 9
-LANES = _VNNI
+LANES = VNNI
 
 
 @_jit
@@ -978,24 +662,15 @@ def _fused_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid):
 
 @_jit
 def expert_rows(kind, w, aux, used, starts, xq, xd, xs, out, r0, r1, grid):
-    """out[t, r] for rows r0..r1 of routed experts of GGML type `kind`: expert used[i] takes the
-    activation rows starts[i]..starts[i+1] (the call's (token, slot) pairs grouped by expert).
-
-    w / aux [n_experts, ...]: Q8_0 codes + 128 in the interleaved layout [row groups of 16, ...]
-    (then aux = the f32 block scales [groups, nb * 16]; row ranges must start at a multiple of
-    16), or the raw blocks [rows, ...] of the other types (aux unused). Activations
-    (quantize_q8_0 / quantize_q8_k's): xq int8, xd f32 scales, xs int32 sums (Q8_0: per block
-    of 32; Q8_K: bsums per 16). grid: the IQ2_XXS grid. The type's kernel is called here directly, not through a per-matrix
-    dispatcher: each level of numba function costs compile time again (LLVM re-optimises what it
-    inlines).
-    """
+    """out[t, r] for rows r0..r1 of routed experts of GGML type `kind` (Q2_K, Q4_K or IQ2_XXS):
+    expert used[i] takes the activation rows starts[i]..starts[i+1] (the call's (token, slot)
+    pairs grouped by expert). w [n_experts, rows, ...]: the raw blocks (aux unused: the same
+    signature as q8kernels'). Activations (q8kernels.quantize_q8_k's): xq int8, xd f32 scales,
+    xs int32 bsums per 16. grid: the IQ2_XXS grid."""
     for i in range(used.shape[0]):
         e = used[i]
         t0, t1 = starts[i], starts[i + 1]
-        if kind == Q8_0:
-            _q8_0_rows(w[e], aux[e], xq, xd, xs, out, r0, r1, t0, t1)
-        else:
-            _fused_rows(kind, w[e], xq, xd, xs, out, r0, r1, t0, t1, grid)
+        _fused_rows(kind, w[e], xq, xd, xs, out, r0, r1, t0, t1, grid)
 
 
 # ---- every core ---------------------------------------------------------------------------------

@@ -59,8 +59,14 @@ class QuantMatrixError(EngineError):
     """A matrix or an input that the fast kernels cannot take (type, shape, dtype)."""
 
 
-def _kernels():
-    """qkernels, imported on first use (numba loads its cached machine code then)."""
+def _kernels(ggml_type: int):
+    """The kernel module of a GGML type, imported on first use (numba loads its cached machine
+    code then): q8kernels (Q8_0, and the activations' rounding) or qkernels (the K-quants and
+    IQ2_XXS). Both have expert_rows_split with the same signature."""
+    if ggml_type == quant.Q8_0:
+        from ds4agent.engine import q8kernels
+
+        return q8kernels
     from ds4agent.engine import qkernels
 
     return qkernels
@@ -122,7 +128,7 @@ def _check_input(x: Any, cols: int) -> np.ndarray:
 
 
 class Activations:
-    """One call's inputs rounded once for every row of the product (see qkernels): xq int8 codes,
+    """One call's inputs rounded once for every row of the product (see q8kernels): xq int8 codes,
     xd f32 block scales, xs int32 sums (Q8_0: per block of 32; Q8_K: per 16); `x` the float
     inputs (dense matrices use them as they are)."""
 
@@ -135,11 +141,11 @@ class Activations:
         if kind == "q8_0":
             self.xd = np.empty((n, cols // 32), np.float32)
             self.xs = np.empty((n, cols // 32), np.int32)
-            _kernels().quantize_q8_0(x, self.xq, self.xd, self.xs)
+            _kernels(quant.Q8_0).quantize_q8_0(x, self.xq, self.xd, self.xs)
         elif kind == "q8_k":
             self.xd = np.empty((n, cols // 256), np.float32)
             self.xs = np.empty((n, cols // 16), np.int32)
-            _kernels().quantize_q8_k(x, self.xq, self.xd, self.xs)
+            _kernels(quant.Q8_0).quantize_q8_k(x, self.xq, self.xd, self.xs)
 
     def take(self, rows: np.ndarray) -> Activations:
         """The activations of input rows `rows` (a gather: rounding again would give the same)."""
@@ -250,7 +256,7 @@ class QuantMatrix:
                 if self.kind == "f32":
                     float_kernels().dense_rows_split(self.w, act.x, out, cuts)
                 else:  # one expert taking every token
-                    _kernels().expert_rows_split(self.ggml_type, (self.w[None],), (self.aux[None],), (out,),
+                    _kernels(self.ggml_type).expert_rows_split(self.ggml_type, (self.w[None],), (self.aux[None],), (out,),
                                                  _ONE_EXPERT, np.array([0, out.shape[0]], np.int64), act.xq, act.xd,
                                                  act.xs, cuts, _grid())
         return out
@@ -330,7 +336,7 @@ class ExpertMatrix:
         grouped = [np.empty((n * k, self.rows), np.float32) for _ in mats]
         cuts = row_cuts(self.rows, len(mats) * n * k * self.rows * self.cols, self.align)
         with SPLIT_LOCK:
-            _kernels().expert_rows_split(self.ggml_type, tuple(m.w for m in mats), tuple(m.aux for m in mats),
+            _kernels(self.ggml_type).expert_rows_split(self.ggml_type, tuple(m.w for m in mats), tuple(m.aux for m in mats),
                                          tuple(grouped), used, starts, act.xq, act.xd, act.xs, cuts, _grid())
         if order is None:
             return [out.reshape(n, k, self.rows) for out in grouped]

@@ -431,3 +431,16 @@ def test_row_dots_are_the_same_with_avx512_or_portable(qtype, n):
     for vbmi in [False] + ([True] if qkernels.VBMI else []):
         got = runner(qkernels.row_dots_with(qtype, vbmi))(per_row, act.xq, act.xd, act.xs, np.zeros(8, np.float32), n)
         assert np.array_equal(got, want), f"vbmi={vbmi}"
+
+
+def test_kernel_modules_carry_the_digest_of_the_ir_they_inline():
+    # numba's cache of a kernel module is kept while that file is unchanged; the IR its kernels
+    # inline comes from qir.py, so each carries qir.py's SHA-256: a change to qir.py fails here
+    # until the kernel modules' line changes too (and with it their caches).
+    import hashlib
+    from pathlib import Path
+
+    from ds4agent.engine import fkernels, q8kernels, qir, qkernels
+
+    digest = hashlib.sha256(Path(qir.__file__).read_bytes()).hexdigest()
+    assert [m.QIR_DIGEST for m in (qkernels, q8kernels, fkernels)] == [digest] * 3

@@ -86,8 +86,8 @@ class FastCpuExecutor(ReferenceExecutor):
         qr = host_ops.rms_norm_np(_host_product(aw.q_a)(a), w["q_a_norm"], eps)
         q = host_ops.rms_norm_np(_host_product(aw.q_b)(qr).reshape(n, c.n_heads, c.head_dim), None, eps)
         kv = host_ops.rms_norm_np(_host_product(aw.kv)(a), w["kv_norm"], eps)
-        q = host_ops.rope_tail_np(q, ch, sh)
-        kv = host_ops.rope_tail_np(kv, ch, sh)
+        host_ops.rope_tail_inplace(q, ch, sh)  # q and kv are this step's own arrays
+        host_ops.rope_tail_inplace(kv, ch, sh)
         if rounding:
             kv = host_ops.f16_round_np(host_ops.fp8sim_np(kv, c.nope_dim))
         return mx.array(a), mx.array(qr), mx.array(q), mx.array(kv)
