@@ -14,7 +14,7 @@ float steps below are in this order, from +0, one rounding each, no fused multip
   IQ2_XXS acc += (d*xd) * float(sum_g (2 s_g + 1) * dot32_g); result = 0.125 * acc
 These are ds4's CPU formulas (its portable C path) for the quantised types.
 
-Vector building blocks (the first half of this module) are LLVM IR, as numba intrinsics. Why IR
+The kernels are LLVM IR, as numba intrinsics (their building blocks in qir.py). Why IR
 and not plain numba loops: numba types every integer operation as int64, so a loop over int8
 codes never becomes the 8-bit SIMD products the speed needs (measured: 1-2 GB/s of Q8_0 codes per
 core as loops, ~20 as IR). The IR is generic LLVM (vectors, shuffles, `llvm.vector.reduce.add`):
@@ -28,11 +28,11 @@ operation is on integers, so results are exact whatever instructions are chosen.
 flat element offsets into C-contiguous arrays (no bounds checks: the kernels keep every access
 inside the arrays they pass).
 
-Why one module: numba's on-disk cache is keyed by the source file of each jitted function, not by
-the intrinsics it inlines, so the intrinsics live in the same file as the kernels (a change to
-either invalidates the cache).
+Why the intrinsics live here, beside the kernels: numba's on-disk cache is keyed by the source
+file of each jitted function, not by the intrinsics it inlines (a change to either invalidates
+this file's cache; a change to qir.py changes QIR_DIGEST here).
 
-One row straight from its blocks times n = 1, 2, 3, 4 or 8 tokens (every
+One row straight from its blocks times n = 1 to 8 tokens (every
 block decoded in registers once for the n tokens; the float steps in registers too):
     iq2_xxs_row_dots, q2_k_row_dots, q4_k_row_dots
         (raw, ro, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res, n)
