@@ -92,7 +92,9 @@ def parse_ds4_tokens(stdout: str) -> list[int]:
 
 def run_ds4(binary: str, model: Path, threads: int, text: str, n: int, *extra: str) -> subprocess.CompletedProcess:
     cmd = [binary, "--cpu", "-m", str(model), "-c", "4096", "-t", str(threads), "-n", str(n), "-p", text, *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, check=True)
+    # errors="replace": ds4 prints the tokens it generates, and a random-weight model's bytes need
+    # not be UTF-8 (its rate line and token dump, the parts read here, are ASCII).
+    return subprocess.run(cmd, capture_output=True, text=True, errors="replace", check=True)
 
 
 def ours(model: Path, prompt_ids: list[int], decode: int, steps: list[dict] | None, kernels: str | None) -> dict:
@@ -187,7 +189,7 @@ def main() -> int:
             if args.llama_bench:
                 done = subprocess.run([args.llama_bench, "-m", str(model), "-t", str(args.threads), "-p",
                                        str(len(tokens)), "-n", str(args.decode), "-r", "1", "-o", "json"],
-                                      capture_output=True, text=True, check=True)
+                                      capture_output=True, text=True, errors="replace", check=True)
                 ik_runs.append(parse_llama_bench(done.stdout))
                 print(f"ik_llama.cpp: prefill {ik_runs[-1][0]:.3g} t/s, decode {ik_runs[-1][1]:.3g} t/s  "
                       f"(round {r})", flush=True)
