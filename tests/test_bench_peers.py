@@ -37,3 +37,14 @@ def test_the_best_prefill_and_the_best_decode_of_the_rounds_are_compared():
     # another
     assert peers.best_rates([(8.2, 2.3), (9.1, 1.9), (8.7, 2.1)]) == (9.1, 2.3)
     assert peers.best_rates([(4.0, 1.0)]) == (4.0, 1.0)
+
+
+def test_ds4_output_that_is_not_utf8_is_still_read(tmp_path):
+    # ds4 prints the tokens it generates; a random-weight model's bytes need not be UTF-8
+    stub = tmp_path / "ds4"
+    stub.write_bytes(b"#!/bin/sh\nprintf 'gen \\303\\050 \\377\\n'\n"
+                     b"printf 'ds4: prefill: 0.37 t/s, generation: 0.31 t/s\\n' >&2\n")
+    stub.chmod(0o755)
+    done = peers.run_ds4(str(stub), tmp_path / "model.gguf", 2, "text", 16)
+    assert peers.parse_ds4_rates(done.stderr) == (0.37, 0.31)
+    assert done.stdout.startswith("gen ") and "\ufffd" in done.stdout
