@@ -4,7 +4,10 @@ server's tools join at the next /new)."""
 
 from __future__ import annotations
 
+import os
 import sys
+
+import pytest
 
 from ds4agent.agent import events as ev
 from ds4agent.agent import mcp_glue
@@ -16,7 +19,9 @@ from tests.support.scripted_engine import reply
 def test_a_message_sent_while_waiting_for_a_hanging_server_starts_without_it(tmp_path, monkeypatch):
     # Longer than the harness's guard: only the sent message can end this wait in time.
     monkeypatch.setattr(mcp_glue, "JOIN_TIMEOUT", 3600.0)
-    hang = ServerConfig("slow", sys.executable, ("-c", "import time; time.sleep(3600)"))
+    pid_file = tmp_path / "slow.pid"
+    hang = ServerConfig("slow", sys.executable, ("-c", f"import os, time; open({str(pid_file)!r}, 'w')"
+                                                       ".write(str(os.getpid())); time.sleep(3600)"))
     mcp = McpConfig(tmp_path / "config", user=(hang,), log_dir=tmp_path / "log")
     h = AgentHarness.build(tmp_path, [reply("Hello.", think="")], start=False, mcp=mcp)
     try:
@@ -32,6 +37,10 @@ def test_a_message_sent_while_waiting_for_a_hanging_server_starts_without_it(tmp
         assert "".join(e.text for e in of(evs, ev.TextDelta)) == "Hello."
     finally:
         h.stop()
+    # Stopping the agent stops the server that never finished starting: no process left behind.
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
 
 
 def test_the_status_line_shows_the_wait():

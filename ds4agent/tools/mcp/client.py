@@ -54,6 +54,12 @@ def _never() -> bool:
     return False
 
 
+def _cancel_task(conn: Connection) -> None:
+    """On the loop: cancel a server's task (its transport then stops the process tree)."""
+    if conn.task is not None:
+        conn.task.cancel()
+
+
 class McpServers:
     """The agent's MCP servers (see the module docstring). The public methods may be called from
     any thread but the loop's own."""
@@ -122,6 +128,12 @@ class McpServers:
         for conn in self._conns.values():
             conn.stopping = True
             self._loop.call_soon_threadsafe(conn.stop.set)
+            if conn.state is ServerState.STARTING:
+                # Still in its handshake, it never reaches the stop event: its task is cancelled on
+                # the loop, and the transport's shielded cleanup stops the process tree before the
+                # task ends. (Cancelling only the future below would end the wait at once and stop
+                # the loop mid-cleanup, leaving a hanging server running after the agent.)
+                self._loop.call_soon_threadsafe(_cancel_task, conn)
         _, pending = concurrent.futures.wait(self._tasks, timeout=STOP_TIMEOUT)
         for future in pending:
             future.cancel()
