@@ -561,6 +561,7 @@ Q2_K, Q4_K, IQ2_XXS = 10, 12, 16  # GGML type ids (quant.py)
 # 16: 4.2-4.5 -> 2.2-2.5, 64: 4.2-4.5 -> 2.1.
 LANES_MIN = 9
 LANES = VNNI
+TOKEN_TILE = 64  # tokens per pass over the rows of the rows16 kernels (4 vectors of 16)
 
 
 @_jit
@@ -623,19 +624,17 @@ def _lanes_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid):
                 q4_k_rows16_2(raw, r * rs, rs, nb, grid, xi, xdi, bsi, nv, res, wrow, info)
             else:
                 q4_k_rows16_1(raw, r * rs, rs, nb, grid, xi, xdi, bsi, nv, res, wrow, info)
-            for j in range(n):
-                out[ts + j, r] = scale * res[j] if kind == IQ2_XXS else res[j]
+            for j in range(n):  # (times 1.0 for the K-quants: exact)
+                out[ts + j, r] = scale * res[j]
                 if pair:
-                    out[ts + j, r + 1] = scale * res[16 * nv + j] if kind == IQ2_XXS else res[16 * nv + j]
-
-
-TOKEN_TILE = 64  # tokens per pass over the rows of the rows16 kernels (4 vectors of 16)
+                    out[ts + j, r + 1] = scale * res[16 * nv + j]
 
 
 @_jit
 def _fused_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid):
-    # Rows straight from their blocks (no decoded copy), tokens eight at a time, then up to four
-    # (the *_row_dots intrinsics: a block decoded in registers once per row and token group).
+    # Rows straight from their blocks (no decoded copy): from LANES_MIN tokens 16 to a vector
+    # (_lanes_rows), below that up to eight at a time (the *_row_dots intrinsics: a block decoded
+    # in registers once per row and token group).
     if LANES and t1 - t0 >= LANES_MIN:
         _lanes_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid)
         return
