@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 START_TIMEOUT = 30.0  # spawn + initialize + the whole tool listing (npx may download first)
 CALL_TIMEOUT = 300.0  # one tools/call; a tool that needs longer is better run as a bash job
 STOP_TIMEOUT = 8.0  # close(): the SDK's own shutdown waits up to ~4 s per server (all in parallel)
+# A cancelled server's cleanup (stdio.py): PROCESS_GRACE for it to exit on its own, then SIGTERM
+# and SIGKILL KILL_GRACE apart.
+CLEANUP_TIMEOUT = 7.0
 POLL = 0.1  # how often a waiting call looks at the interrupt flag
 
 T = TypeVar("T")
@@ -118,7 +121,7 @@ class McpServers:
             conn.started.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
-        """Stop every server and the loop. Idempotent; bounded by STOP_TIMEOUT."""
+        """Stop every server and the loop. Idempotent; bounded by STOP_TIMEOUT + CLEANUP_TIMEOUT."""
         if self._closed:
             return
         self._closed = True
@@ -135,9 +138,11 @@ class McpServers:
                 # the loop mid-cleanup, leaving a hanging server running after the agent.)
                 self._loop.call_soon_threadsafe(_cancel_task, conn)
         _, pending = concurrent.futures.wait(self._tasks, timeout=STOP_TIMEOUT)
-        for future in pending:
-            future.cancel()
-        concurrent.futures.wait(pending, timeout=2.0)
+        if pending:  # the same for a server stuck in its own shutdown: cancelled on the loop, and
+            # its process tree stopped by the transport before the loop stops
+            for conn in self._conns.values():
+                self._loop.call_soon_threadsafe(_cancel_task, conn)
+            concurrent.futures.wait(pending, timeout=CLEANUP_TIMEOUT)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(2.0)
         if not self._thread.is_alive():
