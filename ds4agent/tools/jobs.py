@@ -141,28 +141,74 @@ def _copy(read_fd: int, out: OutputFile) -> None:
             pass  # the last flush failed (disk full): the file keeps what it has
 
 
-def tagged_processes(tag: str) -> list[int]:
-    """Pids whose environment carries JOB_TAG=tag (readable ones: our own uid's)."""
-    needle = f"{JOB_TAG}={tag}\0".encode()
-    pids = []
+# A process in the middle of an exec reads as an empty environment for a moment (the kernel has
+# installed its new memory but not yet copied the environment into it: `setsid sleep` does this
+# twice). A scan that met such a pid reads it again after a pause, or a stop at that moment would
+# miss the process for good. Kernel threads and zombies, always empty, are not read again.
+EXEC_REREADS = 5
+EXEC_REREAD_PAUSE_SEC = 0.004
+_KERNEL_THREAD_FLAG = 0x00200000  # PF_KTHREAD in /proc/<pid>/stat's flags
+
+
+def _environ(pid: int) -> bytes | None:
+    """The environment block of `pid`, None when it is gone or not ours to read."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _never_has_environment(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b") ", 1)[1].split()
+    except (OSError, IndexError):
+        return True  # gone
+    return fields[0] == b"Z" or int(fields[6]) & _KERNEL_THREAD_FLAG != 0
+
+
+def tagged_processes(*tags: str) -> list[int]:
+    """Pids whose environment carries JOB_TAG=<one of tags> (readable ones: our own uid's)."""
+    needles = [f"\0{JOB_TAG}={tag}\0".encode() for tag in tags]
+    pids: list[int] = []
     try:
         names = os.listdir("/proc")
     except OSError:
         return []
+
+    def holds_tag(data: bytes) -> bool:
+        block = b"\0" + data + b"\0"
+        return any(needle in block for needle in needles)
+
+    execing = []
     for name in names:
         if not name.isdigit():
             continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                if needle in f.read() + b"\0":
-                    pids.append(int(name))
-        except OSError:
-            continue  # gone, or not ours
+        data = _environ(int(name))
+        if data == b"":
+            execing.append(int(name))
+        elif data is not None and holds_tag(data):
+            pids.append(int(name))
+    execing = [pid for pid in execing if not _never_has_environment(pid)]
+    for _ in range(EXEC_REREADS):
+        if not execing:
+            break
+        time.sleep(EXEC_REREAD_PAUSE_SEC)
+        still = []
+        for pid in execing:
+            data = _environ(pid)
+            if data == b"":
+                still.append(pid)
+            elif data is not None and holds_tag(data):
+                pids.append(pid)
+        execing = still
     return pids
 
 
-def signal_tagged(tag: str, sig: int) -> None:
-    for pid in tagged_processes(tag):
+def signal_tagged(tags: list[str], sig: int) -> None:
+    """`sig` to every process that carries one of `tags`, found in one scan."""
+    for pid in tagged_processes(*tags):
         if pid != os.getpid():
             try:
                 os.kill(pid, sig)
@@ -211,7 +257,7 @@ class Job:
                 target()
             except (ProcessLookupError, PermissionError):
                 pass
-        signal_tagged(self.tag, sig)  # the ones that left the group
+        signal_tagged([self.tag], sig)  # the ones that left the group
 
     def _on_timeout(self) -> None:
         if self.running:
@@ -328,8 +374,7 @@ class JobTable:
                 stop_job(job, refresh=2.0)
         with self._lock:
             tags = list(self._tags)
-        for tag in tags:
-            signal_tagged(tag, signal.SIGKILL)
+        signal_tagged(tags, signal.SIGKILL)
 
     def remove_output(self, path: str) -> None:
         with self._lock:

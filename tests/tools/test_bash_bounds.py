@@ -4,9 +4,10 @@ processes that leave the group still stopped, the shell scan linear and interrup
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 
-from ds4agent.tools import ToolContext, run_tool
+from ds4agent.tools import ToolContext, jobs, run_tool
 from ds4agent.tools.jobs import DROPPED_NOTE, KEEP_HEAD, KEEP_TAIL, OutputFile, tagged_processes
 from ds4agent.tools.permissions import MAX_SCANNED_COMMAND, PermissionPolicy
 from ds4agent.tools.shellscan import scan
@@ -103,6 +104,38 @@ def test_setsid_processes_are_stopped_by_bash_stop_and_at_exit(tmp_path):
     assert leftovers
     ctx.close()
     assert _wait_for(lambda: not any(_alive(p) for p in leftovers))
+
+
+def test_a_process_met_in_the_middle_of_an_exec_is_read_again(tmp_path, monkeypatch):
+    """An exec leaves a process's environment empty for a moment; a scan that met it then still
+    finds the process (a stop at that moment would otherwise miss it for good)."""
+    ctx = ToolContext(cwd=tmp_path, output_dir=tmp_path)
+    run_tool("bash", {"command": "setsid sleep 300 > /dev/null 2>&1 & echo ok"}, ctx)
+    (tag,) = ctx.jobs.tags()
+    assert _wait_for(lambda: len(tagged_processes(tag)) == 1)
+    (pid,) = tagged_processes(tag)
+    real = jobs._environ
+    reads = []
+
+    def mid_exec(p):
+        if p == pid:
+            reads.append(p)
+            if len(reads) <= 2:
+                return b""  # what /proc/<pid>/environ reads during an exec
+        return real(p)
+
+    monkeypatch.setattr(jobs, "_environ", mid_exec)
+    assert tagged_processes(tag) == [pid] and len(reads) == 3
+    monkeypatch.undo()
+    ctx.close()
+    assert _wait_for(lambda: not _alive(pid))
+
+
+def test_zombies_and_running_processes_are_told_apart(tmp_path):
+    child = subprocess.Popen(["true"])
+    assert _wait_for(lambda: jobs._never_has_environment(child.pid))  # exited, not yet reaped
+    assert not jobs._never_has_environment(os.getpid())
+    child.wait()
 
 
 def test_setsid_process_stopped_at_timeout(tmp_path):
