@@ -251,10 +251,20 @@ def _lane_sums(builder, vecs):
     return v
 
 
+def _blocks_per_pass(kind: int, tokens: int) -> int:
+    """Blocks whose integer sums share one _lane_sums tree: as many as 16 vectors hold (one per
+    token for IQ2_XXS, two for the K-quants), at most 8. Few tokens per row (a decoded token
+    meets each expert alone) otherwise spend a third of a block's instructions reducing vectors."""
+    per_block = tokens * (1 if kind == 16 else 2)
+    return max(1, min(8, 16 // per_block))
+
+
 def _row_dots_body(context, builder, sig, args, kind: int, tokens: int, vbmi: bool) -> None:
-    """The row (every block) times `tokens` tokens, results to res[0:tokens]. Per block, the
-    tokens' integer sums come out of one _lane_sums tree and their float steps run side by side,
-    one vector lane per token: each lane's steps are the scalar formula's, in its order."""
+    """The row (every block) times `tokens` tokens, results to res[0:tokens]. Blocks go in passes
+    of _blocks_per_pass (the rest one at a time): per pass, the integer sums of its blocks and
+    tokens come out of one _lane_sums tree and their float terms run side by side, one vector lane
+    per (block, token), each lane's steps the scalar formula's; the terms are then added to the
+    tokens' accumulators block after block, in the blocks' order, as one block a pass would."""
     raw_, ro_, nb_, grid_, xq_, xo_, stride_, xd_, xdo_, bs_, bo_, bstride_, res_, _ = args
     n = tokens
     row = ptr(context, builder, sig.args[0], raw_, ro_)
@@ -262,49 +272,66 @@ def _row_dots_body(context, builder, sig, args, kind: int, tokens: int, vbmi: bo
     size = _BLOCK_BYTES[kind]
     d_at, dmin_at = _SCALE_AT[kind]
 
-    def splat(v):
-        return shuffle(builder, builder.insert_element(ir.Constant(vec(F32, 1), None), v, ir.Constant(I32, 0)),
-                        ir.Constant(vec(F32, 1), None), [0] * n)
+    def spread(values):  # <len(values) * n x f32>: each value repeated over its n token lanes
+        out = ir.Constant(vec(F32, len(values) * n), None)
+        for g, v in enumerate(values):
+            for j in range(n):
+                out = builder.insert_element(out, v, ir.Constant(I32, g * n + j))
+        return out
 
     def first(v, k, count):  # lanes k .. k + count of an integer vector, as float
         return builder.sitofp(shuffle(builder, v, v, range(k, k + count)), vec(F32, count))
 
-    with cgutils.for_range(builder, nb_) as loop:
-        b = loop.index
-        base = builder.gep(row, [builder.mul(b, ir.Constant(I64, size))])
-        d = half_at(builder, base, d_at)
-        if kind == 16:
-            blk = _iq2_xxs_block(context, builder, sig.args[3], grid_, base, vbmi)
-        else:
-            blk = _q2_k_block(builder, base, vbmi) if kind == 10 else _q4_k_block(builder, base, vbmi)
-        xv = ir.Constant(vec(F32, n), None)
+    def blocks(indices) -> None:
+        m = len(indices) * n
+        ds, dmins, xv = [], [], ir.Constant(vec(F32, m), None)
         isums, summs = [], []
-        for j in range(n):
-            xoff = builder.add(builder.add(xo_, builder.mul(ir.Constant(I64, j), stride_)),
-                               builder.mul(b, ir.Constant(I64, 256)))
-            px = ptr(context, builder, sig.args[4], xq_, xoff)
-            xdoff = builder.add(builder.add(xdo_, builder.mul(ir.Constant(I64, j), nb_)), b)
-            xv = builder.insert_element(xv, builder.load(ptr(context, builder, sig.args[7], xd_, xdoff)),
-                                        ir.Constant(I32, j))
+        for g, b in enumerate(indices):
+            base = builder.gep(row, [builder.mul(b, ir.Constant(I64, size))])
+            ds.append(half_at(builder, base, d_at))
+            if dmin_at is not None:
+                dmins.append(half_at(builder, base, dmin_at))
             if kind == 16:
-                isums.append(_iq2_xxs_token(builder, blk, px, vbmi))
-                continue
-            boff = builder.add(builder.add(bo_, builder.mul(ir.Constant(I64, j), bstride_)),
-                               builder.mul(b, ir.Constant(I64, 16)))
-            bsv = load(builder, ptr(context, builder, sig.args[9], bs_, boff), I32, 16)
-            isum, summ = (_q2_k_token(builder, blk, px, bsv) if kind == 10
-                          else _q4_k_token(builder, blk, px, bsv, vbmi))
-            isums.append(isum)
-            summs.append(summ)
+                blk = _iq2_xxs_block(context, builder, sig.args[3], grid_, base, vbmi)
+            else:
+                blk = _q2_k_block(builder, base, vbmi) if kind == 10 else _q4_k_block(builder, base, vbmi)
+            for j in range(n):
+                xoff = builder.add(builder.add(xo_, builder.mul(ir.Constant(I64, j), stride_)),
+                                   builder.mul(b, ir.Constant(I64, 256)))
+                px = ptr(context, builder, sig.args[4], xq_, xoff)
+                xdoff = builder.add(builder.add(xdo_, builder.mul(ir.Constant(I64, j), nb_)), b)
+                xv = builder.insert_element(xv, builder.load(ptr(context, builder, sig.args[7], xd_, xdoff)),
+                                            ir.Constant(I32, g * n + j))
+                if kind == 16:
+                    isums.append(_iq2_xxs_token(builder, blk, px, vbmi))
+                    continue
+                boff = builder.add(builder.add(bo_, builder.mul(ir.Constant(I64, j), bstride_)),
+                                   builder.mul(b, ir.Constant(I64, 16)))
+                bsv = load(builder, ptr(context, builder, sig.args[9], bs_, boff), I32, 16)
+                isum, summ = (_q2_k_token(builder, blk, px, bsv) if kind == 10
+                              else _q4_k_token(builder, blk, px, bsv, vbmi))
+                isums.append(isum)
+                summs.append(summ)
         sums = _lane_sums(builder, isums + summs)
-        if kind == 16:  # acc += (d * xd) * float(isum)
-            term = builder.fmul(builder.fmul(splat(d), xv), first(sums, 0, n))
-        else:  # acc += (xd * d) * float(isum) - (xd * dmin) * float(summs)
-            assert dmin_at is not None  # every K-quant block has its dmin
-            dmin = half_at(builder, base, dmin_at)
-            term = builder.fsub(builder.fmul(builder.fmul(xv, splat(d)), first(sums, 0, n)),
-                                builder.fmul(builder.fmul(xv, splat(dmin)), first(sums, n, n)))
-        builder.store(builder.fadd(builder.load(acc), term), acc)
+        if kind == 16:  # term = (d * xd) * float(isum)
+            terms = builder.fmul(builder.fmul(spread(ds), xv), first(sums, 0, m))
+        else:  # term = (xd * d) * float(isum) - (xd * dmin) * float(summs)
+            terms = builder.fsub(builder.fmul(builder.fmul(xv, spread(ds)), first(sums, 0, m)),
+                                 builder.fmul(builder.fmul(xv, spread(dmins)), first(sums, m, m)))
+        total = builder.load(acc)
+        for g in range(len(indices)):
+            total = builder.fadd(total, shuffle(builder, terms, terms, range(g * n, g * n + n)))
+        builder.store(total, acc)
+
+    per_pass = _blocks_per_pass(kind, n)
+    passes = builder.sdiv(nb_, ir.Constant(I64, per_pass))
+    with cgutils.for_range(builder, passes) as loop:
+        first_block = builder.mul(loop.index, ir.Constant(I64, per_pass))
+        blocks([builder.add(first_block, ir.Constant(I64, g)) for g in range(per_pass)])
+    if per_pass > 1:
+        with cgutils.for_range_slice(builder, builder.mul(passes, ir.Constant(I64, per_pass)), nb_,
+                                     ir.Constant(I64, 1)) as (b, _):
+            blocks([b])
     total = builder.load(acc)
     for j in range(n):
         builder.store(builder.extract_element(total, ir.Constant(I32, j)),

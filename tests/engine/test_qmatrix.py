@@ -380,10 +380,12 @@ def _formula_row(qtype: int, row: np.ndarray, x: np.ndarray) -> np.float32:
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=quant.type_name)
-@pytest.mark.parametrize("n", [3, 13])  # 13: a group of 8 and one of 5, or IQ2_XXS's token-lane kernel
-def test_products_follow_the_stated_formulas_bit_for_bit(qtype, n):
+# 13 tokens: a group of 8 and one of 5, or the token-lane kernels. 11 blocks a row: one or two
+# tokens take the blocks in passes of 8 or 4 whose integer sums share a reduction, then the rest.
+@pytest.mark.parametrize(("n", "cols"), [(1, 2816), (2, 2816), (3, 512), (13, 512)])
+def test_products_follow_the_stated_formulas_bit_for_bit(qtype, n, cols):
     rng = np.random.default_rng(13)
-    rows, cols = 5, 512
+    rows = 5
     raw, _ = _matrix(rng, qtype, rows, cols)
     x = _inputs(rng, n, cols)
     y = QuantMatrix.from_blocks(raw, qtype, rows, cols).matmul(x)
