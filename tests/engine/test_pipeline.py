@@ -395,6 +395,7 @@ def test_the_headless_agent_samples_the_same_tokens_on_a_pipeline(tmp_path):
     import json
     import subprocess
     import sys
+    from datetime import datetime
 
     from ds4agent.engine import EngineLost
 
@@ -412,8 +413,18 @@ def test_the_headless_agent_samples_the_same_tokens_on_a_pipeline(tmp_path):
         ready = [e for e in events if e["type"] == "Ready"]
         return (text, generated), ready[0]["model"] if ready else res.stderr
 
-    alone, model_line = run()
-    piped, piped_line = run("--pipeline", "2")
+    # The session's prompt carries the local date and time to the minute: two runs on either
+    # side of a minute's turn see different prompts and sample different tokens. So the pair is
+    # run again until both runs began within one minute (a pair takes seconds: one retry at most,
+    # unless the machine is very loaded).
+    for _ in range(3):
+        minute = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M")
+        alone, model_line = run()
+        piped, piped_line = run("--pipeline", "2")
+        if datetime.now().astimezone().strftime("%Y-%m-%d %H:%M") == minute:
+            break
+    else:
+        pytest.fail("three pairs of runs each straddled a minute's turn")
     assert alone[1] == [12] and len(alone[0]) > 12
     assert piped == alone  # the same 12 sampled tokens
     assert piped_line.startswith(f"{model_line} on a pipeline of 2 (rank 0: layers 0-")
