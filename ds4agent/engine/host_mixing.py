@@ -55,11 +55,8 @@ def sinkhorn(c: np.ndarray, iters: int, eps: float) -> np.ndarray:
     """ops.sinkhorn_eager's steps on [n, hc, hc] float32: a row softmax + eps, then columns and
     rows normalised in turn (each sum over hc values, in index order)."""
     e = np.exp(c - c.max(axis=-1, keepdims=True))
-    c = e / e.sum(axis=-1, keepdims=True) + F32(eps)
-    c = c / (c.sum(axis=-2, keepdims=True) + F32(eps))
-    for _ in range(iters - 1):
-        c = c / (c.sum(axis=-1, keepdims=True) + F32(eps))
-        c = c / (c.sum(axis=-2, keepdims=True) + F32(eps))
+    c = np.ascontiguousarray(e / e.sum(axis=-1, keepdims=True) + F32(eps), dtype=F32)
+    float_kernels().sinkhorn_steps(c, iters, eps)
     return c
 
 

@@ -86,6 +86,23 @@ def test_hc_post_agrees_with_the_reference_and_is_row_local(rng):
         assert np.array_equal(host_mixing.hc_post(R[t:t + 1], y[t:t + 1], post[t:t + 1], C[t:t + 1]), got[t:t + 1])
 
 
+@pytest.mark.parametrize("hc", [4, 3])
+def test_sinkhorn_takes_the_array_formulations_steps_and_agrees_with_the_reference(rng, hc):
+    n, iters, eps = 6, 20, 1e-6
+    logits = (rng.standard_normal((n, hc, hc)) * 3).astype(np.float32)
+    got = host_mixing.sinkhorn(logits, iters, eps)
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))  # ops.sinkhorn_eager's steps as arrays
+    c = e / e.sum(axis=-1, keepdims=True) + np.float32(eps)
+    c = c / (c.sum(axis=-2, keepdims=True) + np.float32(eps))
+    for _ in range(iters - 1):
+        c = c / (c.sum(axis=-1, keepdims=True) + np.float32(eps))
+        c = c / (c.sum(axis=-2, keepdims=True) + np.float32(eps))
+    assert got.dtype == np.float32 and np.array_equal(got, c)
+    # exp is the C library's here and MLX's there: the last bits only
+    np.testing.assert_allclose(got, _mx(ops.sinkhorn_eager, logits, iters, eps), rtol=1e-5, atol=1e-7)
+    assert np.array_equal(host_mixing.sinkhorn(logits[2:3], iters, eps), got[2:3])  # row-local
+
+
 def test_every_host_op_is_row_local(rng):
     """A row's result does not depend on the other rows of the call (decode = one-token prefill)."""
     x = _rows(rng, (6, 512))
