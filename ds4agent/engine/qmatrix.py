@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -59,25 +60,41 @@ class QuantMatrixError(EngineError):
     """A matrix or an input that the fast kernels cannot take (type, shape, dtype)."""
 
 
-def _kernels(ggml_type: int):
+# The kernel modules once imported: a decode step asks for them ~1,800 times, and an import
+# statement run again still goes through the import machinery (about a microsecond each).
+_LOADED: dict[str, ModuleType] = {}
+
+
+def _kernels(ggml_type: int) -> ModuleType:
     """The kernel module of a GGML type, imported on first use (numba loads its cached machine
     code then): q8kernels (Q8_0, and the activations' rounding) or qkernels (the K-quants and
     IQ2_XXS). Both have expert_rows_split with the same signature."""
+    name = "q8kernels" if ggml_type == quant.Q8_0 else "qkernels"
+    try:
+        return _LOADED[name]
+    except KeyError:
+        pass
     if ggml_type == quant.Q8_0:
         from ds4agent.engine import q8kernels
 
-        return q8kernels
-    from ds4agent.engine import qkernels
+        _LOADED[name] = q8kernels
+    else:
+        from ds4agent.engine import qkernels
 
-    return qkernels
+        _LOADED[name] = qkernels
+    return _LOADED[name]
 
 
-def float_kernels():
+def float_kernels() -> ModuleType:
     """fkernels (the float products and host-step loops), imported on first use like qkernels:
     the one loader the engine's modules call."""
-    from ds4agent.engine import fkernels
+    try:
+        return _LOADED["fkernels"]
+    except KeyError:
+        from ds4agent.engine import fkernels
 
-    return fkernels
+        _LOADED["fkernels"] = fkernels
+        return fkernels
 
 
 @functools.lru_cache(maxsize=1)
@@ -175,6 +192,12 @@ def row_cuts(rows: int, work: int, align: int = 1) -> np.ndarray:
     return _cuts(rows, units, parts, align)
 
 
+@functools.lru_cache(maxsize=256)
+def _all_tokens(n: int) -> np.ndarray:
+    """expert_rows_split's `starts` for one expert taking all n tokens (shared; only read)."""
+    return np.array([0, n], np.int64)
+
+
 @functools.lru_cache(maxsize=1024)
 def _cuts(rows: int, units: int, parts: int, align: int) -> np.ndarray:
     # A decoded token asks for the same few hundred splits every time; the array is shared, and
@@ -219,6 +242,8 @@ class QuantMatrix:
     def __init__(self, ggml_type: int, rows: int, cols: int, w: np.ndarray, aux: np.ndarray, nbytes: int):
         self.ggml_type, self.rows, self.cols = int(ggml_type), int(rows), int(cols)
         self.w, self.aux = w, aux  # see qkernels.expert_rows
+        # the matrix as expert_rows_split's one expert, made once (a decode step has ~650 products)
+        self._as_expert, self._aux_as_expert = (w[None],), (aux[None],)
         self.nbytes = int(nbytes)
         self.kind = _activation_kind(self.ggml_type)
         self.align = 16 if self.ggml_type == quant.Q8_0 else 1  # Q8_0 rows come in groups of 16
@@ -256,8 +281,8 @@ class QuantMatrix:
                 if self.kind == "f32":
                     float_kernels().dense_rows_split(self.w, act.x, out, cuts)
                 else:  # one expert taking every token
-                    _kernels(self.ggml_type).expert_rows_split(self.ggml_type, (self.w[None],), (self.aux[None],), (out,),
-                                                 _ONE_EXPERT, np.array([0, out.shape[0]], np.int64), act.xq, act.xd,
+                    _kernels(self.ggml_type).expert_rows_split(self.ggml_type, self._as_expert, self._aux_as_expert,
+                                                 (out,), _ONE_EXPERT, _all_tokens(out.shape[0]), act.xq, act.xd,
                                                  act.xs, cuts, _grid())
         return out
 
