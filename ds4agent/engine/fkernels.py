@@ -346,6 +346,22 @@ def sinkhorn_steps(c, iters, eps):
                         c[t, i, j] = c[t, i, j] / total
 
 
+@_jit_split
+def rms_rows_split(x, eps, out, cuts):
+    """rms_rows of rows cuts[p]..cuts[p + 1] on thread p."""
+    for p in prange(cuts.shape[0] - 1):
+        a, b = cuts[p], cuts[p + 1]
+        rms_rows(x[a:b], eps, out[a:b])
+
+
+@_jit_split
+def hc_post_rows_split(R, y, post, C, out, cuts):
+    """hc_post_rows of tokens cuts[p]..cuts[p + 1] on thread p."""
+    for p in prange(cuts.shape[0] - 1):
+        a, b = cuts[p], cuts[p + 1]
+        hc_post_rows(R[a:b], y[a:b], post[a:b], C[a:b], out[a:b])
+
+
 @_jit
 def rope_tail_rows(x, cos, sin, inverse):
     """x [n, m, d] float32, rotated in place: the last 2 * half values of each row as adjacent

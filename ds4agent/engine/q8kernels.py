@@ -14,6 +14,8 @@ The Q8_0 product, per output (token t, row r), from +0, one rounding each, no fu
         16 interleaved rows x 1 (or 4) tokens, every block, to res (f32)
     expert_rows_split(kind, ws, auxs, outs, used, starts, xq, xd, xs, cuts, grid)
         qkernels.expert_rows_split's signature and split, for Q8_0 matrices
+    quantize_split(kind, x, xq, xd, xs, cuts)
+        the activations' rounding (quantize_q8_0 / quantize_q8_k) split over rows the same way
 
 Why one module: numba's on-disk cache is keyed by the source file of each jitted function, not by
 the intrinsics it inlines, so the Q8_0 intrinsics and every kernel that inlines them live in one
@@ -182,6 +184,18 @@ def _q8_0_rows(wi, wd, xq, xd, xs, out, r0, r1, t0, t1):
 
 # ---- every core (as qkernels.expert_rows_split) --------------------------------------------------
 _jit_split = njit(nogil=True, cache=True, parallel=True)
+
+
+@_jit_split
+def quantize_split(kind, x, xq, xd, xs, cuts):
+    """quantize_q8_0 (kind 0) or quantize_q8_k (kind 1) of rows cuts[p]..cuts[p + 1] on thread p
+    (a row's codes never depend on the split)."""
+    for p in prange(cuts.shape[0] - 1):
+        a, b = cuts[p], cuts[p + 1]
+        if kind == 0:
+            quantize_q8_0(x[a:b], xq[a:b], xd[a:b], xs[a:b])
+        else:
+            quantize_q8_k(x[a:b], xq[a:b], xd[a:b], xs[a:b])
 
 
 @_jit_split

@@ -155,14 +155,23 @@ class Activations:
         n, cols = x.shape
         self.kind, self.x = kind, x
         self.xq = np.empty((n, cols), np.int8)
+        if kind == "f32":
+            return
         if kind == "q8_0":
             self.xd = np.empty((n, cols // 32), np.float32)
             self.xs = np.empty((n, cols // 32), np.int32)
-            _kernels(quant.Q8_0).quantize_q8_0(x, self.xq, self.xd, self.xs)
-        elif kind == "q8_k":
+        else:
             self.xd = np.empty((n, cols // 256), np.float32)
             self.xs = np.empty((n, cols // 16), np.int32)
-            _kernels(quant.Q8_0).quantize_q8_k(x, self.xq, self.xd, self.xs)
+        q8 = _kernels(quant.Q8_0)
+        cuts = row_cuts(n, x.size)  # a prompt's rows on every core, a decoded token's as they are
+        if cuts.shape[0] > 2:
+            with SPLIT_LOCK:
+                q8.quantize_split(0 if kind == "q8_0" else 1, x, self.xq, self.xd, self.xs, cuts)
+        elif kind == "q8_0":
+            q8.quantize_q8_0(x, self.xq, self.xd, self.xs)
+        else:
+            q8.quantize_q8_k(x, self.xq, self.xd, self.xs)
 
     def take(self, rows: np.ndarray) -> Activations:
         """The activations of input rows `rows` (a gather: rounding again would give the same)."""

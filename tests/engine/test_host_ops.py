@@ -157,3 +157,25 @@ def test_the_fast_executor_s_host_attention_front_is_the_reference_plan_on_host_
             want = HostPlan().attn_front(aw, c, rounding, x, cos, sin)
             for g, w in zip(got, want, strict=True):
                 assert np.array_equal(np.array(g), np.array(w))
+
+
+def test_a_prompts_rows_split_over_the_cores_give_the_same_bits(rng, monkeypatch):
+    """rms_normalised and hc_post take a prompt's rows on every core (from 64 Ki elements): each
+    row's values are the one-row call's."""
+    from ds4agent.engine import device, fkernels
+
+    monkeypatch.setattr(device, "cpu_parts", lambda: 3)
+    x = _rows(rng, (37, 2048))
+    assert host_mixing.row_cuts(37, x.size).tolist() == [0, 12, 24, 37]
+    got = host_mixing.rms_normalised(x, 1e-6)
+    want = np.empty_like(x)
+    fkernels.rms_rows(x, 1e-6, want)
+    assert np.array_equal(got, want)
+    n, hc, E = 19, 4, 1024
+    R = rng.standard_normal((n, hc, E)).astype(np.float32)
+    y = rng.standard_normal((n, E)).astype(np.float32)
+    post = rng.uniform(0, 2, (n, hc)).astype(np.float32)
+    C = rng.uniform(0, 1, (n, hc, hc)).astype(np.float32)
+    whole = host_mixing.hc_post(R, y, post, C)
+    for t in (0, 9, 18):
+        assert np.array_equal(whole[t:t + 1], host_mixing.hc_post(R[t:t + 1], y[t:t + 1], post[t:t + 1], C[t:t + 1]))

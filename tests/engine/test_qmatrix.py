@@ -446,3 +446,22 @@ def test_kernel_modules_carry_the_digest_of_the_ir_they_inline():
 
     digest = hashlib.sha256(Path(qir.__file__).read_bytes()).hexdigest()
     assert [m.QIR_DIGEST for m in (qkernels, q8kernels, fkernels)] == [digest] * 3
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q8_k"])
+def test_a_prompts_activations_rounded_over_the_cores_are_the_one_row_codes(kind, monkeypatch):
+    from ds4agent.engine import device, q8kernels
+    from ds4agent.engine.qmatrix import Activations, row_cuts
+
+    monkeypatch.setattr(device, "cpu_parts", lambda: 3)
+    x = _inputs(np.random.default_rng(5), 41, 2048)
+    assert row_cuts(41, x.size).shape[0] == 4  # split three ways
+    act = Activations(x, kind)
+    for t in (0, 13, 40):
+        one = Activations(x[t:t + 1], kind)
+        assert np.array_equal(act.xq[t:t + 1], one.xq) and np.array_equal(act.xd[t:t + 1], one.xd)
+        assert np.array_equal(act.xs[t:t + 1], one.xs)
+    xq, xd, xs = np.empty_like(act.xq), np.empty_like(act.xd), np.empty_like(act.xs)
+    rounding = q8kernels.quantize_q8_0 if kind == "q8_0" else q8kernels.quantize_q8_k
+    rounding(x, xq, xd, xs)  # every row on one thread
+    assert np.array_equal(act.xq, xq) and np.array_equal(act.xd, xd) and np.array_equal(act.xs, xs)
