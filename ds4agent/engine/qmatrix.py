@@ -393,7 +393,8 @@ def routed_ffn(gate: ExpertMatrix, up: ExpertMatrix, down: ExpertMatrix, x: Any,
     g, u = gate.matmul_pair(up, x, ids)
     w = np.ascontiguousarray(weights, dtype=np.float32)
     mid = np.empty_like(g)
-    float_kernels().swiglu_weighted(g, u, w, float(clamp), mid)
+    with SPLIT_LOCK:  # a parallel kernel too: one launch at a time in the process
+        float_kernels().swiglu_weighted(g, u, w, float(clamp), mid)
     per_slot = down.matmul(mid, ids)
     total = per_slot[:, 0].copy()
     for j in range(1, per_slot.shape[1]):

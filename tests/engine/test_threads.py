@@ -75,3 +75,40 @@ def test_snapshot_and_import_cross_threads(model_path, reference):
     _in_thread(other.import_state, payload)  # imported on one thread, continued on another
     assert np.array_equal(other.step(5), reference[1])
     assert np.array_equal(_in_thread(other.step, 6), reference[2])
+
+
+def test_every_parallel_kernel_launch_holds_the_split_lock():
+    """numba's portable threading layer (workqueue: macOS without libomp) aborts the process on two
+    concurrent parallel launches, so every call of a parallel kernel (a `_jit_split` function of
+    the kernel modules) sits inside `with SPLIT_LOCK:`. Read from the source, for every caller."""
+    import ast
+    from pathlib import Path
+
+    engine = Path(__file__).resolve().parents[2] / "ds4agent" / "engine"
+    parallel = set()
+    for name in ("fkernels.py", "q8kernels.py", "qkernels.py"):
+        for node in ast.parse((engine / name).read_text()).body:
+            if isinstance(node, ast.FunctionDef) and any(
+                    isinstance(d, ast.Name) and d.id == "_jit_split" for d in node.decorator_list):
+                parallel.add(node.name)
+    assert {"expert_rows_split", "dense_rows_split", "swiglu_weighted", "quantize_split"} <= parallel
+    launches, unlocked = 0, []
+    for path in sorted(engine.rglob("*.py")):
+        if path.name in ("fkernels.py", "q8kernels.py", "qkernels.py"):
+            continue  # the kernels themselves (a parallel kernel calls serial ones)
+
+        def visit(node, locked, path=path):
+            nonlocal launches
+            if isinstance(node, ast.With) and any(
+                    isinstance(item.context_expr, ast.Name) and item.context_expr.id == "SPLIT_LOCK"
+                    for item in node.items):
+                locked = True
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in parallel:
+                launches += 1
+                if not locked:
+                    unlocked.append(f"{path.name}:{node.lineno} {node.func.attr}")
+            for child in ast.iter_child_nodes(node):
+                visit(child, locked)
+
+        visit(ast.parse(path.read_text()), False)
+    assert launches >= 6 and unlocked == []
