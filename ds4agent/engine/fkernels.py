@@ -196,6 +196,12 @@ def dense_rows(w, x, out, r0, r1):
 
 
 
+# Heads of one query taken together: they see the same rows, so each key row is read (from L2)
+# once for the block and meets every head's query from L1. One head at a time, the rows streamed
+# from L2 for every head (64 times per query at the Flash shape), and L2's bandwidth set the speed.
+HEAD_BLOCK = 8
+
+
 @_jit
 def attend_units(q, keys, slots, sinks, scale, out, u0, u1):
     """Attention of (query, head) units u0..u1 (u = t * H + h) over the key rows each query sees.
@@ -204,34 +210,52 @@ def attend_units(q, keys, slots, sinks, scale, out, u0, u1):
     rows of `keys` query t sees, -1 where a slot is empty; sinks [H]; out [n, H, D]. Per unit:
     scores s_j = dot_f32_lanes(key_j, q) * scale; m = max(sink, s_j); e_j = exp(s_j - m) in f32;
     out = (sum_j e_j * key_j, in slot order) / (exp(sink - m) + sum_j e_j, in slot order). A unit's
-    result depends on its query and rows alone, never on the other units of the call."""
+    result depends on its query and rows alone, never on the other units of the call (the heads
+    of a block share only the reading of the rows: each head's steps are its own, in this order)."""
     n, H, D = q.shape
     S = slots.shape[1]
-    sc = np.empty(S, np.float32)
-    acc = np.empty(D, np.float32)
-    for u in range(u0, u1):
-        t, h = u // H, u % H
-        m = sinks[h]
-        qo = (t * H + h) * D
+    sc = np.empty((HEAD_BLOCK, S), np.float32)
+    acc = np.zeros((HEAD_BLOCK, D), np.float32)
+    m = np.empty(HEAD_BLOCK, np.float32)
+    denom = np.empty(HEAD_BLOCK, np.float32)
+    res = np.empty(DOT_TOKENS, np.float32)
+    u = u0
+    while u < u1:
+        t, h0 = u // H, u % H
+        hb = min(HEAD_BLOCK, H - h0, u1 - u)
+        grouped = hb - hb % DOT_TOKENS
+        for i in range(hb):
+            m[i] = sinks[h0 + i]
         for j in range(S):
             r = slots[t, j]
             if r >= 0:
-                s = np.float32(dot_f32_lanes(keys, r * D, q, qo, D) * scale)
-                sc[j] = s
-                if s > m:
-                    m = s
-        denom = np.float32(np.exp(np.float32(sinks[h] - m)))
-        acc[:] = 0.0
+                for i0 in range(0, grouped, DOT_TOKENS):  # DOT_TOKENS heads per pass over the row
+                    dot_f32_lanes_group(keys, r * D, q, (t * H + h0 + i0) * D, D, D, res)
+                    for i in range(DOT_TOKENS):
+                        s = np.float32(res[i] * scale)
+                        sc[i0 + i, j] = s
+                        if s > m[i0 + i]:
+                            m[i0 + i] = s
+                for i in range(grouped, hb):
+                    s = np.float32(dot_f32_lanes(keys, r * D, q, (t * H + h0 + i) * D, D) * scale)
+                    sc[i, j] = s
+                    if s > m[i]:
+                        m[i] = s
+        for i in range(hb):
+            denom[i] = np.float32(np.exp(np.float32(sinks[h0 + i] - m[i])))
+            acc[i, :] = 0.0
         for j in range(S):
             r = slots[t, j]
             if r >= 0:
-                e = np.float32(np.exp(np.float32(sc[j] - m)))
-                denom = np.float32(denom + e)
-                for d in range(D):
-                    acc[d] = np.float32(acc[d] + np.float32(e * keys[r, d]))
-        for d in range(D):
-            out[t, h, d] = np.float32(acc[d] / denom)
-
+                for i in range(hb):
+                    e = np.float32(np.exp(np.float32(sc[i, j] - m[i])))
+                    denom[i] = np.float32(denom[i] + e)
+                    for d in range(D):
+                        acc[i, d] = np.float32(acc[i, d] + np.float32(e * keys[r, d]))
+        for i in range(hb):
+            for d in range(D):
+                out[t, h0 + i, d] = np.float32(acc[i, d] / denom[i])
+        u += hb
 
 
 @_jit_split

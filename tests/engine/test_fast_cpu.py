@@ -125,3 +125,37 @@ def test_the_fast_set_prefills_in_chunks_of_at_most_512(tiny_path):
         assert load_engine(tiny_path, ctx=8192, chunk=1024, device="cpu").chunk == 1024
     with forced_kernel_set("reference"):
         assert load_engine(tiny_path, ctx=8192, device="cpu").chunk == 4096
+
+
+def test_attention_takes_a_querys_heads_together_with_each_heads_own_bits():
+    """fkernels.attend_units reads each key row once for a block of a query's heads: every
+    (query, head) unit's output is the bits of that unit computed alone, whatever block or range
+    it falls in (10 heads: blocks of 8 and 2, groups of 4 and single dots; ranges split mid-query)."""
+    from ds4agent.engine import fkernels
+
+    rng = np.random.default_rng(17)
+    n, H, D, R, S = 5, 10, 64, 23, 12
+    q = rng.standard_normal((n, H, D)).astype(np.float32)
+    keys = rng.standard_normal((R, D)).astype(np.float32)
+    slots = rng.integers(-1, R, size=(n, S)).astype(np.int32)
+    slots[2] = -1  # a query that sees nothing but its sink
+    sinks = rng.standard_normal(H).astype(np.float32)
+    scale = np.float32(1.0 / np.sqrt(np.float32(D)))
+    whole = np.empty((n, H, D), np.float32)
+    fkernels.attend_units(q, keys, slots, sinks, scale, whole, 0, n * H)
+    alone = np.empty_like(whole)
+    for u in range(n * H):
+        fkernels.attend_units(q, keys, slots, sinks, scale, alone, u, u + 1)
+    assert np.array_equal(whole, alone)
+    split = np.empty_like(whole)
+    fkernels.attend_units_split(q, keys, slots, sinks, scale, split, np.array([0, 7, 23, 50], np.int64))
+    assert np.array_equal(split, whole)
+    # one unit by the formula, in float64 (the kernel's float32 steps agree to rounding)
+    t, h = 3, 6
+    seen = [r for r in slots[t] if r >= 0]
+    s = np.array([keys[r].astype(np.float64) @ q[t, h] for r in seen]) * float(scale)
+    m = max(float(sinks[h]), *s)
+    e = np.exp(s - m)
+    want = (e @ keys[seen].astype(np.float64)) / (np.exp(float(sinks[h]) - m) + e.sum())
+    np.testing.assert_allclose(whole[t, h], want, rtol=1e-5, atol=1e-6)
+    assert np.array_equal(whole[2], np.zeros((H, D), np.float32))  # sink only: nothing weighted
