@@ -10,10 +10,14 @@ import sys
 from dataclasses import replace
 
 from ds4agent.agent.settings import AgentRun
+from ds4agent.engine.hostmem import share_one_arena
 from ds4agent.models.locate import resolve_model_path
 
 
 def main(run: AgentRun) -> int:
+    # Before the front end starts any thread: the worker that loads and prefills then allocates
+    # from the heap whose freed blocks the engine keeps for reuse (engine/hostmem.py).
+    share_one_arena()
     if run.demo:
         # The tour runs in a scratch project of its own, with the scripted engine: no model.
         from ds4agent.agent import demo

@@ -31,6 +31,7 @@ from .convert import load_converted
 from .device import use_device
 from .errors import EngineError, PipelineError
 from .gguf import TensorInfo
+from .hostmem import keep_freed_memory, share_one_arena
 from .memory import check_fits, memory_plan, model_info
 from .pipeline.launch import launch
 from .session import Engine, check_sizes
@@ -72,6 +73,7 @@ def load_local(path: str | os.PathLike[str], *, ctx: int,
     whole model)."""
     path = Path(path)
     check_sizes(ctx, chunk)
+    share_one_arena()  # threads allocate from the heap whose freed blocks are kept (hostmem.py)
     chosen = use_device(device)
     if progress is not None:
         progress(0.0)
@@ -94,6 +96,9 @@ def load_local(path: str | os.PathLike[str], *, ctx: int,
             raise
         engine.gguf = gf  # keep the mapping alive: raw expert blocks may be views into it
     engine.device = chosen
+    # From here on freed host blocks stay mapped for the next step's arrays (after the load, whose
+    # large temporaries go back to the kernel at once: hostmem.py).
+    keep_freed_memory()
     if progress is not None:
         progress(1.0)
     return engine
