@@ -172,6 +172,8 @@ def tagged_processes(*tags: str) -> list[int]:
     """Pids whose environment carries JOB_TAG=<one of tags> (readable ones: our own uid's)."""
     needles = [f"\0{JOB_TAG}={tag}\0".encode() for tag in tags]
     pids: list[int] = []
+    if not needles:
+        return pids  # no job ran: nothing to look for
     try:
         names = os.listdir("/proc")
     except OSError:
