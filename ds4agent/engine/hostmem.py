@@ -19,8 +19,8 @@ Two settings, each applied once per process:
     going back to the kernel. The loader calls it once the weights are in place: during the load,
     the repacking's large temporaries are still handed back to the kernel at once (kept in the
     heap, the holes they leave raised the peak by 0.4 GiB on that file).
-Measured, same file and prompt, prefill from a worker thread: 67.0 s -> 42.4 s, system time
-22.8 s -> 0.02 s, page faults 3.06 M -> 2; peak RSS 11.02 -> 11.01 GiB (what is kept is what
+Measured, same file and prompt, prefill from a worker thread: 63.4 s -> 42.0 s, system time
+20.1 s -> 0.5 s, page faults 3.07 M -> 63 k; peak RSS 10.98 -> 11.01 GiB (what is kept is what
 the peak held anyway). On a 68-token prompt no difference either way (its arrays are under the
 threshold glibc adjusts itself). Elsewhere than glibc (macOS's allocator, musl) both do nothing
 and say so.
