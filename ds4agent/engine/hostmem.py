@@ -34,9 +34,10 @@ Diagnostic switch: DS4AGENT_ALLOCATOR=default leaves glibc's settings alone (to 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import os
 import threading
+from typing import Any
 
 # mallopt parameters (glibc's malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -65,20 +66,27 @@ def _once(name: str, settings: tuple[tuple[int, int], ...]) -> bool:
         return _applied[name]
 
 
+@functools.cache
+def _mallopt() -> Any:
+    """glibc's mallopt, or None elsewhere. The process's own symbols hold the C library it runs
+    on (no search for a file, which ctypes.util.find_library does with a subprocess)."""
+    try:
+        libc = ctypes.CDLL(None)
+    except OSError:
+        return None
+    if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
+        return None  # not glibc: its allocator has no such settings
+    mallopt = libc.mallopt
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return mallopt
+
+
 def _apply(settings: tuple[tuple[int, int], ...]) -> bool:
     if os.environ.get("DS4AGENT_ALLOCATOR") == "default":
         return False
-    name = ctypes.util.find_library("c")
-    if name is None:
+    mallopt = _mallopt()
+    if mallopt is None:
         return False
-    try:
-        libc = ctypes.CDLL(name)
-        if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
-            return False  # not glibc: its allocator has no such settings
-        mallopt = libc.mallopt
-    except OSError:
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
     # Each returns 1 when taken (glibc refuses an mmap threshold above its heap size limit).
     return all(mallopt(param, value) == 1 for param, value in settings)
