@@ -26,7 +26,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .config import ModelConfig
-from .qmatrix import SPLIT_LOCK, float_kernels, row_cuts
+from .qmatrix import by_rows, float_kernels
 
 F32 = np.float32
 HostProduct = Callable[[np.ndarray], np.ndarray]
@@ -39,12 +39,9 @@ def rms_normalised(x: np.ndarray, eps: float) -> np.ndarray:
     a float32 rounding boundary: no row of 6,400 random ones against numpy's)."""
     x2 = np.ascontiguousarray(x, dtype=F32).reshape(-1, x.shape[-1])
     out = np.empty_like(x2)
-    cuts = row_cuts(x2.shape[0], x2.size)  # a prompt's rows on every core
-    if cuts.shape[0] > 2:
-        with SPLIT_LOCK:
-            float_kernels().rms_rows_split(x2, float(eps), out, cuts)
-    else:
-        float_kernels().rms_rows(x2, float(eps), out)
+    fk = float_kernels()
+    by_rows(x2.shape[0], x2.size, lambda: fk.rms_rows(x2, float(eps), out),
+            lambda cuts: fk.rms_rows_split(x2, float(eps), out, cuts))
     return out.reshape(x.shape)
 
 
@@ -86,12 +83,9 @@ def hc_post(R: np.ndarray, y: np.ndarray, post: np.ndarray, C: np.ndarray) -> np
     added one at a time in stream order (fkernels.hc_post_rows)."""
     R, y, post, C = (np.ascontiguousarray(a, dtype=F32) for a in (R, y, post, C))
     out = np.empty_like(R)
-    cuts = row_cuts(R.shape[0], R.size)  # a prompt's tokens on every core
-    if cuts.shape[0] > 2:
-        with SPLIT_LOCK:
-            float_kernels().hc_post_rows_split(R, y, post, C, out, cuts)
-    else:
-        float_kernels().hc_post_rows(R, y, post, C, out)
+    fk = float_kernels()
+    by_rows(R.shape[0], R.size, lambda: fk.hc_post_rows(R, y, post, C, out),
+            lambda cuts: fk.hc_post_rows_split(R, y, post, C, out, cuts))
     return out
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -164,14 +165,9 @@ class Activations:
             self.xd = np.empty((n, cols // 256), np.float32)
             self.xs = np.empty((n, cols // 16), np.int32)
         q8 = _kernels(quant.Q8_0)
-        cuts = row_cuts(n, x.size)  # a prompt's rows on every core, a decoded token's as they are
-        if cuts.shape[0] > 2:
-            with SPLIT_LOCK:
-                q8.quantize_split(0 if kind == "q8_0" else 1, x, self.xq, self.xd, self.xs, cuts)
-        elif kind == "q8_0":
-            q8.quantize_q8_0(x, self.xq, self.xd, self.xs)
-        else:
-            q8.quantize_q8_k(x, self.xq, self.xd, self.xs)
+        one = q8.quantize_q8_0 if kind == "q8_0" else q8.quantize_q8_k
+        by_rows(n, x.size, lambda: one(x, self.xq, self.xd, self.xs),
+                lambda cuts: q8.quantize_split(0 if kind == "q8_0" else 1, x, self.xq, self.xd, self.xs, cuts))
 
     def take(self, rows: np.ndarray) -> Activations:
         """The activations of input rows `rows` (a gather: rounding again would give the same)."""
@@ -199,6 +195,18 @@ def row_cuts(rows: int, work: int, align: int = 1) -> np.ndarray:
     units = -(-rows // align)
     parts = 1 if work < _PARALLEL_MIN_MACS else max(1, min(device.cpu_parts(), units))
     return _cuts(rows, units, parts, align)
+
+
+def by_rows(rows: int, work: int, one: Callable[[], Any], split: Callable[[np.ndarray], Any]) -> None:
+    """A row-local host step: split(cuts) over the cores (under SPLIT_LOCK) when `work` is large
+    enough to pay for it (row_cuts), else one() on this thread (a decoded token's small calls:
+    no parallel launch). Each row's result is the same either way."""
+    cuts = row_cuts(rows, work)
+    if cuts.shape[0] > 2:
+        with SPLIT_LOCK:
+            split(cuts)
+    else:
+        one()
 
 
 @functools.lru_cache(maxsize=256)

@@ -163,10 +163,11 @@ def test_a_prompts_rows_split_over_the_cores_give_the_same_bits(rng, monkeypatch
     """rms_normalised and hc_post take a prompt's rows on every core (from 64 Ki elements): each
     row's values are the one-row call's."""
     from ds4agent.engine import device, fkernels
+    from ds4agent.engine.qmatrix import row_cuts
 
     monkeypatch.setattr(device, "cpu_parts", lambda: 3)
     x = _rows(rng, (37, 2048))
-    assert host_mixing.row_cuts(37, x.size).tolist() == [0, 12, 24, 37]
+    assert row_cuts(37, x.size).tolist() == [0, 12, 24, 37]
     got = host_mixing.rms_normalised(x, 1e-6)
     want = np.empty_like(x)
     fkernels.rms_rows(x, 1e-6, want)

@@ -80,7 +80,8 @@ def test_snapshot_and_import_cross_threads(model_path, reference):
 def test_every_parallel_kernel_launch_holds_the_split_lock():
     """numba's portable threading layer (workqueue: macOS without libomp) aborts the process on two
     concurrent parallel launches, so every call of a parallel kernel (a `_jit_split` function of
-    the kernel modules) sits inside `with SPLIT_LOCK:`. Read from the source, for every caller."""
+    the kernel modules) sits inside `with SPLIT_LOCK:`, or in the `split` argument of
+    qmatrix.by_rows, which calls it under the lock. Read from the source, for every caller."""
     import ast
     from pathlib import Path
 
@@ -107,8 +108,18 @@ def test_every_parallel_kernel_launch_holds_the_split_lock():
                 launches += 1
                 if not locked:
                     unlocked.append(f"{path.name}:{node.lineno} {node.func.attr}")
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "by_rows":
+                for k, arg in enumerate(node.args):  # by_rows(rows, work, one, split): split runs locked
+                    visit(arg, locked or k == 3)
+                return
             for child in ast.iter_child_nodes(node):
                 visit(child, locked)
 
         visit(ast.parse(path.read_text()), False)
     assert launches >= 6 and unlocked == []
+    # by_rows itself calls `split` inside the lock
+    (by_rows,) = [f for f in ast.parse((engine / "qmatrix.py").read_text()).body
+                  if isinstance(f, ast.FunctionDef) and f.name == "by_rows"]
+    assert any(isinstance(w, ast.With) and any(getattr(i.context_expr, "id", "") == "SPLIT_LOCK" for i in w.items)
+               and any(isinstance(c, ast.Call) and getattr(c.func, "id", "") == "split" for c in ast.walk(w))
+               for w in ast.walk(by_rows))
