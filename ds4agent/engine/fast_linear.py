@@ -6,7 +6,7 @@ set's contract, docs/numerics-fast-cpu.md). A call evaluates its input, as every
 reads ids or values back does; the fast set runs on the CPU device only.
 
 Built from what the loader or the in-memory test models give for a 2-D tensor:
-  * the file's Q8_0 blocks (`from_q8_0_blocks`, repacked once: 36 bytes per 32 weights),
+  * the file's Q8_0 blocks (`from_q8_0_blocks`, repacked once: 34 bytes per 32 weights),
   * MLX affine 8-bit arrays that are the exact image of Q8_0 blocks (`from_affine`: the blocks are
     rebuilt bit for bit, see quant.q8_0_to_affine),
   * F16 or F32 arrays (`from_dense`: kept as they are, F16 widened in the kernel).

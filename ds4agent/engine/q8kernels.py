@@ -31,7 +31,7 @@ from numba import njit, prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from ds4agent.engine.qir import F32, I8, I32, I64, dot4, load, ptr, splat, store, vec
+from ds4agent.engine.qir import F16, F32, I8, I16, I32, I64, dot4, load, ptr, splat, store, vec
 
 # qir.py's SHA-256: the IR this file's kernels inline comes from there, and numba's cache of this
 # file is kept while this file is unchanged (see qir.py; a test checks the digest).
@@ -69,7 +69,8 @@ def _q8_0_group(tokens: int):
                                          builder.add(builder.mul(b, ir.Constant(I64, 32)), ir.Constant(I64, 4 * q)))
                         x4 = builder.load(builder.bitcast(builder.gep(px, [at]), I32.as_pointer()), align=1)
                         sums[j] = dot4(builder, sums[j], w64, builder.bitcast(splat(builder, x4, I32, 16), vec(I8, 64)))
-                wdv = load(builder, builder.gep(pwd, [builder.mul(b, ir.Constant(I64, 16))]), F32, 16)
+                wd16 = load(builder, builder.gep(pwd, [builder.mul(b, ir.Constant(I64, 16))]), I16, 16)
+                wdv = builder.fpext(builder.bitcast(wd16, vec(F16, 16)), vec(F32, 16))  # exact
                 for j in range(tokens):
                     sb = builder.add(builder.mul(ir.Constant(I64, j), nb_), b)
                     corr = builder.mul(builder.load(builder.gep(pxs, [sb])), ir.Constant(I32, 128))
@@ -161,7 +162,7 @@ def quantize_q8_k(x, xq, xd, bsums):
 @_jit
 def _q8_0_rows(wi, wd, xq, xd, xs, out, r0, r1, t0, t1):
     # wi [groups, nb * 512] uint8: 16 rows interleaved (the Q8_0 layout, codes + 128),
-    # wd [groups, nb * 16] f32; xs: the activation blocks' code sums (sum (q + 128) * x - 128 *
+    # wd [groups, nb * 16] uint16 (the f16 scales' bits); xs: the activation blocks' code sums (sum (q + 128) * x - 128 *
     # sum x = sum q * x). Tokens four at a time (the weights read once per four), then one by one.
     rows = out.shape[1]
     cols = xq.shape[1]
@@ -202,8 +203,8 @@ def quantize_split(kind, x, xq, xd, xs, cuts):
 def expert_rows_split(kind, ws, auxs, outs, used, starts, xq, xd, xs, cuts, grid):
     """Rows cuts[p]..cuts[p + 1] of each Q8_0 matrix ws[m] (into outs[m]) on thread p: expert
     used[i] takes the activation rows starts[i]..starts[i+1]. ws / auxs [n_experts, ...]: codes
-    + 128 in the interleaved layout [row groups of 16, nb * 512] and the f32 block scales
-    [groups, nb * 16] (cuts at multiples of 16). Activations (quantize_q8_0's): xq int8, xd f32
+    + 128 in the interleaved layout [row groups of 16, nb * 512] and the f16 block scales' bits
+    (uint16) [groups, nb * 16] (cuts at multiples of 16). Activations (quantize_q8_0's): xq int8, xd f32
     scales, xs int32 code sums per block of 32. kind and grid: unused (qkernels' signature)."""
     for p in prange(cuts.shape[0] - 1):
         for m in range(len(ws)):

@@ -24,7 +24,7 @@ set. docs/numerics-fast-cpu.md is its contract; in short:
   * agreement with the dequantised float32 product: within `activation_error_bound` for every
     output (about 1 % of the largest output with gaussian activations), held by
     tests/engine/test_qmatrix.py on random blocks and on the test models' tensors.
-Memory: Q8_0 repacked (36 bytes per 32 weights, the file has 34); the other block types used in
+Memory: Q8_0 repacked (34 bytes per 32 weights, as in the file); the other block types used in
 place from the caller's bytes (the file's map); F16 kept as F16.
 
 Threads: a product's output rows are split into `device.cpu_parts()` contiguous ranges, one per
@@ -124,13 +124,15 @@ def _as_blocks(raw: Any, qtype: int, n_rows: int, cols: int) -> np.ndarray:
 def _repack_q8_0(blocks: np.ndarray, n_mats: int, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
     """Q8_0 rows [n_mats * rows, nb * 34] -> qkernels' interleaved Q8_0 layout per matrix: codes + 128
     as uint8 [n_mats, groups, nb * 512] (groups of 16 rows; a last partial group padded with
-    zero weights), f16 scales widened once (exact) to f32 [n_mats, groups, nb * 16]."""
+    zero weights), the f16 scales as their bits, uint16 [n_mats, groups, nb * 16] (widened to f32 in
+    the kernel, exactly: kept at 2 bytes, since a token's Q8_0 products read at the memory's speed
+    and f32 scales were a twentieth more to read, and to hold)."""
     nb, groups = cols // 32, -(-rows // 16)
     b = blocks.reshape(n_mats, rows, nb, 34)
     codes = np.full((n_mats, groups * 16, nb, 32), 0x80, np.uint8)
     codes[:, :rows] = b[..., 2:] ^ np.uint8(0x80)  # + 128: unsigned codes times signed activations
-    scales = np.zeros((n_mats, groups * 16, nb), np.float32)
-    scales[:, :rows] = np.ascontiguousarray(b[..., :2]).view(np.float16)[..., 0]
+    scales = np.zeros((n_mats, groups * 16, nb), np.uint16)  # +0.0 for the padding rows
+    scales[:, :rows] = np.ascontiguousarray(b[..., :2]).view(np.uint16)[..., 0]
     # [m, g, 16 rows, nb, 8 runs, 4] -> [m, g, nb, 8 runs, 16 rows, 4]
     runs = codes.reshape(n_mats, groups, 16, nb, 8, 4).transpose(0, 1, 3, 4, 2, 5)
     by_block = scales.reshape(n_mats, groups, 16, nb).transpose(0, 1, 3, 2)
@@ -251,8 +253,8 @@ class QuantMatrix:
     """A [rows, cols] weight matrix for the fast CPU products (see the module docstring).
 
     Storage: Q8_0 is repacked at load into groups of 16 interleaved rows (codes + 128, uint8) and
-    f32 scales (36 bytes per 32 weights, the file's 34 plus 2, and a last group padded to 16
-    rows; nbytes counts it); Q2_K, Q4_K and IQ2_XXS are
+    the f16 scales (34 bytes per 32 weights, as in the file, and a last group padded to 16 rows;
+    nbytes counts it); Q2_K, Q4_K and IQ2_XXS are
     used in place (a view of `raw`: the file's pages, nbytes 0); F16/F32 are held as they are.
     """
 
