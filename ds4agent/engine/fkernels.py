@@ -23,7 +23,7 @@ from numba import njit, prange
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from ds4agent.engine.qir import F16, F32, I32, I64, load, ptr, shuffle, vec
+from ds4agent.engine.qir import F16, F32, I32, I64, load, ptr, shuffle, store, vec
 
 _jit = njit(nogil=True, cache=True)
 _jit_split = njit(nogil=True, cache=True, parallel=True)
@@ -95,26 +95,37 @@ def dot_f32_lanes(typingctx, w, wo, x, xo, n):
     return types.float32(w, wo, x, xo, n), codegen
 
 
+def _dot_group(count: int):
+    @intrinsic
+    def dot_group(typingctx, w, wo, x, xo, stride, n, res):
+        half = w.dtype == types.uint16
+
+        def codegen(context, builder, sig, args):
+            pw = _weights_ptr(context, builder, sig.args[0], args[0], args[1], half)
+            xs = [ptr(context, builder, sig.args[2], args[2],
+                       builder.add(args[3], builder.mul(ir.Constant(I64, j), args[4]))) for j in range(count)]
+            sums = _lane_dots(builder, pw, half, xs, args[5])
+            for j, v in enumerate(sums):
+                builder.store(v, ptr(context, builder, sig.args[6], args[6], ir.Constant(I64, j)))
+            return context.get_dummy_value()
+
+        return types.void(w, wo, x, xo, stride, n, res), codegen
+
+    return dot_group
+
+
 DOT_TOKENS = 4  # the x rows dot_f32_lanes_group meets with one pass over the weights
-
-
-@intrinsic
-def dot_f32_lanes_group(typingctx, w, wo, x, xo, stride, n, res):
-    """res[j] = dot_f32_lanes(w, wo, x, xo + j * stride, n) for j < DOT_TOKENS, bit for bit, with
-    each 16 weights loaded (and widened) once for all of them: a prefill's dense products read
-    their f16 rows a quarter as often."""
-    half = w.dtype == types.uint16
-
-    def codegen(context, builder, sig, args):
-        pw = _weights_ptr(context, builder, sig.args[0], args[0], args[1], half)
-        xs = [ptr(context, builder, sig.args[2], args[2],
-                   builder.add(args[3], builder.mul(ir.Constant(I64, j), args[4]))) for j in range(DOT_TOKENS)]
-        sums = _lane_dots(builder, pw, half, xs, args[5])
-        for j, v in enumerate(sums):
-            builder.store(v, ptr(context, builder, sig.args[6], args[6], ir.Constant(I64, j)))
-        return context.get_dummy_value()
-
-    return types.void(w, wo, x, xo, stride, n, res), codegen
+# Heads of one query taken together by the attention: they see the same rows, so each key row is
+# read (from L2) once for the block and meets every head's query from L1. One head at a time, the
+# rows streamed from L2 for every head (64 times per query at the Flash shape), and L2's bandwidth
+# set the speed. A whole block's scores come from one pass over the row (dot_f32_lanes_heads:
+# eight independent sums to overlap, measured 6 % faster than two passes of four).
+HEAD_BLOCK = 8
+# res[j] = dot_f32_lanes(w, wo, x, xo + j * stride, n) for j < DOT_TOKENS (or HEAD_BLOCK), bit for
+# bit, with each 16 weights loaded (and widened) once for all of them: a prefill's dense products
+# read their f16 rows a quarter as often.
+dot_f32_lanes_group = _dot_group(DOT_TOKENS)
+dot_f32_lanes_heads = _dot_group(HEAD_BLOCK)
 
 
 @intrinsic
@@ -196,10 +207,88 @@ def dense_rows(w, x, out, r0, r1):
 
 
 
-# Heads of one query taken together: they see the same rows, so each key row is read (from L2)
-# once for the block and meets every head's query from L1. One head at a time, the rows streamed
-# from L2 for every head (64 times per query at the Flash shape), and L2's bandwidth set the speed.
-HEAD_BLOCK = 8
+def _weighted_rows(heads: int, vecs: int):
+    """pv(keys, slots, so, count, e, eo, estride, d0, out, oo, ostride), keys [R, D] f32: for heads
+    i < `heads` and the 16 * `vecs` columns from d0, out[oo + i * ostride + c] = the sum over
+    j < count with r = slots[so + j] >= 0, in j's order, of e[eo + i * estride + j] * keys[r, d0 + c],
+    from +0, each product and sum rounded once (no fused multiply-add). The accumulators stay in
+    registers over all the rows and each 16 columns of a row are loaded once for the heads: row by
+    row over every column, each head's accumulator row went through L1 for every key row (a
+    load and a store per 16 products), and that, not the arithmetic, set the speed."""
+
+    @intrinsic
+    def pv(typingctx, keys, slots, so, count, e, eo, estride, d0, out, oo, ostride):
+        if any(a.layout != "C" for a in (keys, slots, e, out)):
+            return None  # flat offsets: C-contiguous arrays only (numba refuses the call)
+
+        def codegen(context, builder, sig, args):
+            keys_, slots_, so_, count_, e_, eo_, estride_, d0_, out_, oo_, ostride_ = args
+            karr = context.make_array(sig.args[0])(context, builder, keys_)
+            row_len = builder.extract_value(karr.shape, 1)
+            first = builder.gep(karr.data, [d0_])
+            ps = ptr(context, builder, sig.args[1], slots_, so_)
+            zero = ir.Constant(vec(F32, 16), [0.0] * 16)
+            accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(vecs)] for _ in range(heads)]
+            pes = [ptr(context, builder, sig.args[4], e_, builder.add(eo_, builder.mul(ir.Constant(I64, i), estride_)))
+                   for i in range(heads)]
+            with cgutils.for_range(builder, count_) as loop:
+                j = loop.index
+                r = builder.sext(builder.load(builder.gep(ps, [j])), I64)
+                with cgutils.if_likely(builder, builder.icmp_signed(">=", r, ir.Constant(I64, 0))):
+                    row = builder.gep(first, [builder.mul(r, row_len)])
+                    kv = [load(builder, builder.gep(row, [ir.Constant(I64, 16 * k)]), F32, 16) for k in range(vecs)]
+                    for i in range(heads):
+                        w = builder.insert_element(ir.Constant(vec(F32, 16), None), builder.load(builder.gep(pes[i], [j])),
+                                                   ir.Constant(I32, 0))
+                        w = shuffle(builder, w, w, [0] * 16)
+                        for k in range(vecs):
+                            builder.store(builder.fadd(builder.load(accs[i][k]), builder.fmul(w, kv[k])), accs[i][k])
+            for i in range(heads):
+                po = ptr(context, builder, sig.args[8], out_, builder.add(oo_, builder.mul(ir.Constant(I64, i), ostride_)))
+                for k in range(vecs):
+                    store(builder, builder.load(accs[i][k]), builder.gep(po, [ir.Constant(I64, 16 * k)]), F32, 16)
+            return context.get_dummy_value()
+
+        return types.void(keys, slots, so, count, e, eo, estride, d0, out, oo, ostride), codegen
+
+    return pv
+
+
+# Heads x 16-column vectors per pass over the rows: 16 accumulators and 4 rows' vectors in
+# AVX-512's 32 registers. Fewer heads (a block's last) and 16-column tiles (D % 64) take the others.
+_pv_4x4, _pv_1x4, _pv_4x1, _pv_1x1 = (_weighted_rows(h, v) for h, v in ((4, 4), (1, 4), (4, 1), (1, 1)))
+
+
+@_jit
+def weighted_rows_sum(keys, slots, so, count, e, heads, out):
+    """out[i, :D] = sum over j < count with r = slots[so + j] >= 0, in j's order, of
+    e[i, j] * keys[r] for heads i < `heads` (keys [R, D] f32; e [>= heads, >= count],
+    out [>= heads, >= D] f32): per element from +0, each product and sum rounded once. Columns
+    64 at a time, then 16, then one by one; each column's sum is its own, so the tiling leaves
+    the bits as a plain loop over the rows gives them."""
+    D = keys.shape[1]
+    wide, vecs = D - D % 64, D - D % 16
+    est, ost = e.shape[1], out.shape[1]
+    grouped = heads - heads % 4
+    for d0 in range(0, wide, 64):
+        for i0 in range(0, grouped, 4):
+            _pv_4x4(keys, slots, so, count, e, i0 * est, est, d0, out, i0 * ost + d0, ost)
+        for i in range(grouped, heads):
+            _pv_1x4(keys, slots, so, count, e, i * est, est, d0, out, i * ost + d0, ost)
+    for d0 in range(wide, vecs, 16):
+        for i0 in range(0, grouped, 4):
+            _pv_4x1(keys, slots, so, count, e, i0 * est, est, d0, out, i0 * ost + d0, ost)
+        for i in range(grouped, heads):
+            _pv_1x1(keys, slots, so, count, e, i * est, est, d0, out, i * ost + d0, ost)
+    for d in range(vecs, D):
+        for i in range(heads):
+            out[i, d] = 0.0
+        for j in range(count):
+            r = slots[so + j]
+            if r >= 0:
+                for i in range(heads):
+                    out[i, d] = np.float32(out[i, d] + np.float32(e[i, j] * keys[r, d]))
+
 
 
 @_jit
@@ -219,6 +308,7 @@ def attend_units(q, keys, slots, sinks, scale, out, u0, u1):
     m = np.empty(HEAD_BLOCK, np.float32)
     denom = np.empty(HEAD_BLOCK, np.float32)
     res = np.empty(DOT_TOKENS, np.float32)
+    res_block = np.empty(HEAD_BLOCK, np.float32)
     u = u0
     while u < u1:
         t, h0 = u // H, u % H
@@ -229,6 +319,14 @@ def attend_units(q, keys, slots, sinks, scale, out, u0, u1):
         for j in range(S):
             r = slots[t, j]
             if r >= 0:
+                if hb == HEAD_BLOCK:  # the whole block in one pass over the row
+                    dot_f32_lanes_heads(keys, r * D, q, (t * H + h0) * D, D, D, res_block)
+                    for i in range(HEAD_BLOCK):
+                        s = np.float32(res_block[i] * scale)
+                        sc[i, j] = s
+                        if s > m[i]:
+                            m[i] = s
+                    continue
                 for i0 in range(0, grouped, DOT_TOKENS):  # DOT_TOKENS heads per pass over the row
                     dot_f32_lanes_group(keys, r * D, q, (t * H + h0 + i0) * D, D, D, res)
                     for i in range(DOT_TOKENS):
@@ -243,15 +341,13 @@ def attend_units(q, keys, slots, sinks, scale, out, u0, u1):
                         m[i] = s
         for i in range(hb):
             denom[i] = np.float32(np.exp(np.float32(sinks[h0 + i] - m[i])))
-            acc[i, :] = 0.0
         for j in range(S):
-            r = slots[t, j]
-            if r >= 0:
+            if slots[t, j] >= 0:
                 for i in range(hb):
                     e = np.float32(np.exp(np.float32(sc[i, j] - m[i])))
+                    sc[i, j] = e  # the score's weight, in its place
                     denom[i] = np.float32(denom[i] + e)
-                    for d in range(D):
-                        acc[i, d] = np.float32(acc[i, d] + np.float32(e * keys[r, d]))
+        weighted_rows_sum(keys, slots[t], 0, S, sc, hb, acc)
         for i in range(hb):
             for d in range(D):
                 out[t, h0 + i, d] = np.float32(acc[i, d] / denom[i])

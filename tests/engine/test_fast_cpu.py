@@ -127,10 +127,43 @@ def test_the_fast_set_prefills_in_chunks_of_at_most_512(tiny_path):
         assert load_engine(tiny_path, ctx=8192, device="cpu").chunk == 4096
 
 
+@pytest.mark.parametrize("D", [512, 96, 80, 40])  # 64-column tiles, 16-column, and single columns
+def test_weighted_rows_sum_is_the_plain_float32_sum_in_slot_order(D):
+    """The attention's value sum keeps its accumulators in registers over the rows, by column tiles
+    and heads four at a time; every element is still +0 then acc + e * key, row after row in slot
+    order, each step rounded once: numpy's float32 loop gives the same bits (1 to 8 heads, empty
+    slots skipped)."""
+    from ds4agent.engine import fkernels
+
+    rng = np.random.default_rng(21)
+    R, S = 37, 29
+    keys = rng.standard_normal((R, D)).astype(np.float32)
+    slots = rng.integers(-1, R, size=S).astype(np.int32)
+    e = rng.random((fkernels.HEAD_BLOCK, S)).astype(np.float32)
+    for heads in range(1, fkernels.HEAD_BLOCK + 1):
+        out = np.full((fkernels.HEAD_BLOCK, D), np.nan, np.float32)
+        fkernels.weighted_rows_sum(keys, slots, 0, S, e, heads, out)
+        want = np.zeros((heads, D), np.float32)
+        for j, r in enumerate(slots):
+            if r >= 0:
+                want = want + e[:heads, j:j + 1] * keys[r]  # float32: product, then sum, each rounded
+        assert np.array_equal(out[:heads], want)
+        assert np.isnan(out[heads:]).all()  # rows beyond `heads` untouched
+    # a reordered sum is not the same bits (the test can tell the order)
+    rev = np.zeros(D, np.float32)
+    for j in reversed(range(S)):
+        if slots[j] >= 0:
+            rev = rev + e[0, j] * keys[slots[j]]
+    out = np.empty((1, D), np.float32)
+    fkernels.weighted_rows_sum(keys, slots, 0, S, e, 1, out)
+    assert not np.array_equal(out[0], rev)
+
+
 def test_attention_takes_a_querys_heads_together_with_each_heads_own_bits():
     """fkernels.attend_units reads each key row once for a block of a query's heads: every
     (query, head) unit's output is the bits of that unit computed alone, whatever block or range
-    it falls in (10 heads: blocks of 8 and 2, groups of 4 and single dots; ranges split mid-query)."""
+    it falls in (10 heads: blocks of 8, one pass of eight dots, and of 2, single dots; ranges split
+    mid-query)."""
     from ds4agent.engine import fkernels
 
     rng = np.random.default_rng(17)
