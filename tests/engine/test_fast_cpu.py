@@ -159,19 +159,23 @@ def test_weighted_rows_sum_is_the_plain_float32_sum_in_slot_order(D):
     assert not np.array_equal(out[0], rev)
 
 
-def test_attention_takes_a_querys_heads_together_with_each_heads_own_bits():
+@pytest.mark.parametrize("D", [64, 72])  # 72: columns past the last 16 (the scalar tail)
+def test_attention_takes_a_querys_heads_together_with_each_heads_own_bits(D):
     """fkernels.attend_units reads each key row once for a block of a query's heads: every
     (query, head) unit's output is the bits of that unit computed alone, whatever block or range
-    it falls in (10 heads: blocks of 8, one pass of eight dots, and of 2, single dots; ranges split
-    mid-query)."""
+    it falls in (10 heads: blocks of 8, taken two rows a pass with an odd row left or not, and of
+    2, single dots; ranges split mid-query)."""
     from ds4agent.engine import fkernels
 
     rng = np.random.default_rng(17)
-    n, H, D, R, S = 5, 10, 64, 23, 12
+    n, H, R, S = 5, 10, 23, 12
     q = rng.standard_normal((n, H, D)).astype(np.float32)
     keys = rng.standard_normal((R, D)).astype(np.float32)
     slots = rng.integers(-1, R, size=(n, S)).astype(np.int32)
     slots[2] = -1  # a query that sees nothing but its sink
+    slots[0, :] = np.arange(S) % R  # an even number of rows seen
+    slots[1, :3] = [-1, 4, -1]
+    slots[1, 3:] = np.arange(S - 3) % R  # an odd number, one of them alone in its pass
     sinks = rng.standard_normal(H).astype(np.float32)
     scale = np.float32(1.0 / np.sqrt(np.float32(D)))
     whole = np.empty((n, H, D), np.float32)
