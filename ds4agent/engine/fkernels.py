@@ -35,13 +35,16 @@ QIR_DIGEST = "fc9486c2ed07a42890f3a8c0f6fb9584750fa76d46c5a71d183d25a1f98d3a91"
 def _lane_steps(builder, pw, half: bool, xs, lanes, full, pws=()):
     """Columns 0..full (a multiple of 16) of w against each x pointer of `xs`, 16 at a time, added
     into the lane accumulators `lanes` (allocas, one per x): one weight load and widening per 16
-    columns, whatever the number of x. `pws`: more weight rows (f32), each met by every x the
-    same way, into lanes[len(xs) * (k + 1):] (row k of pws), each x loaded once for the rows."""
+    columns, whatever the number of x. `pws`: more weight rows (of w's type), each met by every x
+    the same way, into lanes[len(xs) * (k + 1):] (row k of pws), each x loaded once for the rows."""
     with cgutils.for_range_slice(builder, ir.Constant(I64, 0), full, ir.Constant(I64, 16)) as (i, _):
         wv = load(builder, builder.gep(pw, [i]), F16 if half else F32, 16)
         if half:
             wv = builder.fpext(wv, vec(F32, 16))
-        wvs = [wv] + [load(builder, builder.gep(p, [i]), F32, 16) for p in pws]
+        wvs = [wv]
+        for p in pws:
+            v = load(builder, builder.gep(p, [i]), F16 if half else F32, 16)
+            wvs.append(builder.fpext(v, vec(F32, 16)) if half else v)
         for j, px in enumerate(xs):
             xv = load(builder, builder.gep(px, [i]), F32, 16)
             for k, w in enumerate(wvs):
@@ -53,7 +56,7 @@ def _lane_dots(builder, pw, half: bool, xs, count, pws=()):
     """The dot product's 16 lane sums of w against each x pointer of `xs` (one weight load and
     widening per 16 columns, whatever the number of x), each reduced in the fixed pairwise order.
     Per x the float steps are those of one product alone, so a row's result does not depend on how
-    many tokens share the call. `pws`: more f32 weight rows, their sums after w's (row-major)."""
+    many tokens share the call. `pws`: more weight rows, their sums after w's (row-major)."""
     full = builder.and_(count, ir.Constant(I64, -16))
     rows = [pw, *pws]
     lanes = [cgutils.alloca_once(builder, vec(F32, 16)) for _ in rows for _ in xs]
@@ -64,7 +67,7 @@ def _lane_dots(builder, pw, half: bool, xs, count, pws=()):
         lane = builder.trunc(builder.sub(i, full), I32)
         for k, row in enumerate(rows):
             wi = builder.load(builder.gep(row, [i]))
-            if half and k == 0:
+            if half:
                 wi = builder.fpext(wi, F32)
             for j, px in enumerate(xs):
                 acc = lanes[k * len(xs) + j]
@@ -181,6 +184,31 @@ def dot_f32_lanes_tile(typingctx, w, wo, x, xo, stride, n, acc, ao):
 
 
 @intrinsic
+def dot_f32_lanes_tile2(typingctx, w, wo, x, xo, stride, n, acc, ao):
+    """dot_f32_lanes_tile of two consecutive rows, wo and wo + stride (the rows as long as the x
+    rows), their lane sums at acc[ao:] and acc[ao + 16 DOT_TOKENS:], bit for bit: each 16 columns
+    of a token's activations loaded once for both rows."""
+    half = w.dtype == types.uint16
+
+    def codegen(context, builder, sig, args):
+        pw = _weights_ptr(context, builder, sig.args[0], args[0], args[1], half)
+        pw2 = _weights_ptr(context, builder, sig.args[0], args[0], builder.add(args[1], args[4]), half)
+        xs = [ptr(context, builder, sig.args[2], args[2],
+                   builder.add(args[3], builder.mul(ir.Constant(I64, j), args[4]))) for j in range(DOT_TOKENS)]
+        pacc = [ptr(context, builder, sig.args[6], args[6], builder.add(args[7], ir.Constant(I64, 16 * j)))
+                for j in range(2 * DOT_TOKENS)]
+        lanes = [cgutils.alloca_once(builder, vec(F32, 16)) for _ in pacc]
+        for acc, pa in zip(lanes, pacc, strict=True):
+            builder.store(load(builder, pa, F32, 16), acc)
+        _lane_steps(builder, pw, half, xs, lanes, args[5], (pw2,))
+        for acc, pa in zip(lanes, pacc, strict=True):
+            builder.store(builder.load(acc), builder.bitcast(pa, vec(F32, 16).as_pointer()), align=1)
+        return context.get_dummy_value()
+
+    return types.void(w, wo, x, xo, stride, n, acc, ao), codegen
+
+
+@intrinsic
 def lanes_sum(typingctx, acc, ao):
     """The 16 lane sums at acc[ao:] reduced in dot_f32_lanes' pairwise order."""
 
@@ -218,7 +246,10 @@ def dense_rows(w, x, out, r0, r1):
                 acc[:] = 0.0
                 for k0 in range(0, cols, COLUMN_TILE):
                     k = min(COLUMN_TILE, cols - k0)
-                    for r in range(b0, b1):
+                    for r in range(b0, b1 - 1, 2):  # two rows a pass: the activations loaded once for both
+                        dot_f32_lanes_tile2(w, r * cols + k0, x, t * cols + k0, cols, k, acc, (r - b0) * DOT_TOKENS * 16)
+                    if (b1 - b0) % 2:
+                        r = b1 - 1
                         dot_f32_lanes_tile(w, r * cols + k0, x, t * cols + k0, cols, k, acc, (r - b0) * DOT_TOKENS * 16)
                 for r in range(b0, b1):
                     for j in range(DOT_TOKENS):

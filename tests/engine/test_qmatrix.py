@@ -147,7 +147,8 @@ def test_dense_matrix_sums_in_the_stated_order(dtype):
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 def test_long_dense_rows_in_column_tiles_keep_the_stated_order(dtype):
     # 1200 columns: tiles of 512, 512 and 176 (the lane sums carried from one to the next); 30
-    # rows: more than one block of rows for f32 (13 rows of 4800 bytes in 64 KiB)
+    # rows: more than one block of rows (f32: 13 rows of 4800 bytes in 64 KiB, f16: 27), rows
+    # taken two a pass and each block's odd last row alone
     from ds4agent.engine import fkernels
 
     rng = np.random.default_rng(17)
