@@ -13,8 +13,9 @@ config.json and safetensors headers. Memory is estimated the way the engine hold
     routed experts (Q2_K/Q4_K/IQ2_XXS)  raw blocks, as in the file (memory-mapped; what decode
                                          touches is paged in; Metal and the GPU kernel set keep
                                          them resident, one copy per distinct file region)
-    Q8_0 matrices                        MLX affine 8-bit + f32 scale and bias per 32 weights:
-                                         40 bytes per 34-byte block
+    Q8_0 matrices                        the fast CPU kernel set: repacked at 34 bytes per 32
+                                         weights, as in the file; the others: MLX affine 8-bit +
+                                         f32 scale and bias per 32 weights, 40 bytes per block
     F16 matrices and the embedding       as in the file (weights.Linear widens per call); only
                                          the small APE tables are widened to f32 at load. The GPU
                                          kernel set (device.kernel_set) holds F16 matrices as f32
@@ -110,13 +111,14 @@ def memory_bytes(name: str, type_name: str, n_elements: int, nbytes: int) -> int
     """Bytes the engine holds for one tensor of the file (the table in the module docstring)."""
     if "_exps." in name:
         return nbytes if type_name != "F16" else n_elements * 4  # dense test experts widen to f32
+    from .device import kernel_set
+
     if type_name == "Q8_0":
-        return n_elements // 32 * 40
+        # Counted at 40 on the CPU too, the plan refused a Flash model 1.3 GiB too early there.
+        return nbytes if kernel_set() == "cpu" else n_elements // 32 * 40
     if type_name == "F16":
         # Matrices and the embedding stay F16 (weights.Linear widens per call); only the small
         # APE tables are widened to f32 at load, and the GPU kernel set's matrices (Linear).
-        from .device import kernel_set
-
         widened = "_ape." in name or (name != "token_embd.weight" and kernel_set() == "gpu")
         return n_elements * 4 if widened else nbytes
     return nbytes

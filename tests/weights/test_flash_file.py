@@ -128,6 +128,20 @@ def test_info_on_a_test_model(tmp_path, capsys):
     assert "ds4agent test model" in format_info(info)
 
 
+def test_the_memory_plan_counts_q8_0_as_each_kernel_set_holds_it():
+    """The fast CPU set repacks Q8_0 at the file's 34 bytes per 32 weights (qmatrix); the others
+    hold MLX's affine form, 40."""
+    from ds4agent.engine.device import forced_kernel_set
+    from ds4agent.engine.memory import memory_bytes
+
+    n = 1024 * 4096
+    with forced_kernel_set("cpu"):
+        assert memory_bytes("blk.0.attn_q_a.weight", "Q8_0", n, n // 32 * 34) == n // 32 * 34
+    for other in ("reference", "gpu"):
+        with forced_kernel_set(other):
+            assert memory_bytes("blk.0.attn_q_a.weight", "Q8_0", n, n // 32 * 34) == n // 32 * 40
+
+
 def test_the_memory_plan_counts_only_what_the_engine_reads(flash_file):
     """A real file may carry tensors the engine never loads (an MTP block): they must not make the
     start-up check refuse a model that fits."""
