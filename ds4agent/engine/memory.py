@@ -114,7 +114,7 @@ def memory_bytes(name: str, type_name: str, n_elements: int, nbytes: int) -> int
     from .device import kernel_set
 
     if type_name == "Q8_0":
-        # Counted at 40 on the CPU too, the plan refused a Flash model 1.3 GiB too early there.
+        # Counted at 40 on the CPU too, the plan refused a Flash model 1.1 GiB too early there.
         return nbytes if kernel_set() == "cpu" else n_elements // 32 * 40
     if type_name == "F16":
         # Matrices and the embedding stay F16 (weights.Linear widens per call); only the small
