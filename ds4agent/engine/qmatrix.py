@@ -348,6 +348,17 @@ class ExpertMatrix:
         """matmul of each of `mats` (same type and shape as self) over the same x and ids."""
         if any((m.ggml_type, m.rows, m.cols) != (self.ggml_type, self.rows, self.cols) for m in mats):
             raise QuantMatrixError("matrices multiplied together must share type and shape")
+        ida, xa = self.checked(x, ids)
+        n, k = ida.shape
+        if not ida.size:
+            return [np.empty((n, k, self.rows), np.float32) for _ in mats]
+        pairs = ExpertPairs(ida, per_slot_input=xa.ndim == 3)
+        act = pairs.gathered(Activations(np.ascontiguousarray(xa.reshape(-1, self.cols), dtype=np.float32), self.kind))
+        return [pairs.scattered(out).reshape(n, k, self.rows) for out in self.grouped_products(mats, act, pairs)]
+
+    def checked(self, x: Any, ids: Any) -> tuple[np.ndarray, np.ndarray]:
+        """(ids [n, k], integers naming experts of this matrix; x [n, cols] or [n, k, cols]) as
+        arrays, or a QuantMatrixError that says what is wrong."""
         ida = np.asarray(ids)
         if ida.ndim != 2 or not np.issubdtype(ida.dtype, np.integer):
             raise QuantMatrixError(f"expert ids must be integer [n, k], got {list(ida.shape)} ({ida.dtype})")
@@ -356,40 +367,65 @@ class ExpertMatrix:
         if xa.shape not in ((n, self.cols), (n, k, self.cols)):
             raise QuantMatrixError(f"expert input must be [{n}, {self.cols}] or [{n}, {k}, {self.cols}], "
                                    f"got {list(xa.shape)}")
-        flat = ida.reshape(-1).astype(np.int64)
-        if flat.size and (flat.min() < 0 or flat.max() >= self.n_experts):
+        if ida.size and (ida.min() < 0 or ida.max() >= self.n_experts):
             raise QuantMatrixError(f"expert id out of range 0..{self.n_experts - 1}")
-        if not flat.size:
-            return [np.empty((n, k, self.rows), np.float32) for _ in mats]
-        order: np.ndarray | None
+        return ida, xa
+
+    def grouped_products(self, mats: tuple[ExpertMatrix, ...], act: Activations,
+                         pairs: ExpertPairs) -> list[np.ndarray]:
+        """Each of `mats` (self's type and shape) times the pairs' activations, act's rows in
+        grouped order (pairs.gathered): [pairs, rows] each, in that order."""
+        grouped = [np.empty((pairs.count, self.rows), np.float32) for _ in mats]
+        cuts = row_cuts(self.rows, len(mats) * pairs.count * self.rows * self.cols, self.align)
+        with SPLIT_LOCK:
+            _kernels(self.ggml_type).expert_rows_split(self.ggml_type, tuple(m.w for m in mats), tuple(m.aux for m in mats),
+                                         tuple(grouped), pairs.used, pairs.starts, act.xq, act.xd, act.xs, cuts, _grid())
+        return grouped
+
+
+class ExpertPairs:
+    """The (token, slot) pairs of ids [n, k] (not empty) grouped by expert, as the kernels take
+    them: expert used[i] takes the grouped pairs starts[i]..starts[i + 1]; order[g] is the pair
+    (t * k + j) at grouped place g (None: the grouping is the pairs' own order); rows_of[g] the
+    input row of that pair (per_slot_input: one input per pair, else one per token)."""
+
+    def __init__(self, ida: np.ndarray, per_slot_input: bool):
+        k = ida.shape[1]
+        flat = ida.reshape(-1).astype(np.int64)
+        self.count = flat.size
+        self.order: np.ndarray | None
         if flat.size <= 64 and len(set(flat.tolist())) == flat.size:
             # Every pair its own expert (a decoded token's k experts): the pairs are the groups,
             # in pair order; the kernels take the experts in any order, each row's result the same.
-            used, order = flat, None
-            starts = np.arange(flat.size + 1, dtype=np.int64)
+            self.used, self.order = flat, None
+            self.starts = np.arange(flat.size + 1, dtype=np.int64)
             pairs = np.arange(flat.size)
-            rows_of = pairs if xa.ndim == 3 else pairs // k
+            self.rows_of = pairs if per_slot_input else pairs // k
         else:
-            used, inverse = np.unique(flat, return_inverse=True)
-            order = np.argsort(inverse, kind="stable")  # pairs grouped by expert, in pair order
-            starts = np.concatenate([[0], np.cumsum(np.bincount(inverse, minlength=len(used)))]).astype(np.int64)
-            rows_of = order if xa.ndim == 3 else order // k  # the input row of each grouped pair
-        act = Activations(np.ascontiguousarray(xa.reshape(-1, self.cols), dtype=np.float32), self.kind)
+            self.used, inverse = np.unique(flat, return_inverse=True)
+            self.order = np.argsort(inverse, kind="stable")  # pairs grouped by expert, in pair order
+            self.starts = np.concatenate([[0], np.cumsum(np.bincount(inverse, minlength=len(self.used)))]
+                                         ).astype(np.int64)
+            self.rows_of = self.order if per_slot_input else self.order // k
+
+    def gathered(self, act: Activations) -> Activations:
+        """The activations of the grouped pairs' input rows, in grouped order."""
+        rows_of = self.rows_of
         if len(rows_of) != act.x.shape[0] or np.any(rows_of != np.arange(len(rows_of))):
-            act = act.take(rows_of)
-        grouped = [np.empty((n * k, self.rows), np.float32) for _ in mats]
-        cuts = row_cuts(self.rows, len(mats) * n * k * self.rows * self.cols, self.align)
-        with SPLIT_LOCK:
-            _kernels(self.ggml_type).expert_rows_split(self.ggml_type, tuple(m.w for m in mats), tuple(m.aux for m in mats),
-                                         tuple(grouped), used, starts, act.xq, act.xd, act.xs, cuts, _grid())
-        if order is None:
-            return [out.reshape(n, k, self.rows) for out in grouped]
-        results = []
-        for out in grouped:
-            res = np.empty_like(out)
-            res[order] = out
-            results.append(res.reshape(n, k, self.rows))
-        return results
+            return act.take(rows_of)
+        return act
+
+    def grouped(self, per_pair: np.ndarray) -> np.ndarray:
+        """Values in pair order [pairs, ...] -> grouped order."""
+        return per_pair if self.order is None else per_pair[self.order]
+
+    def scattered(self, grouped: np.ndarray) -> np.ndarray:
+        """Results in grouped order [pairs, ...] -> pair order."""
+        if self.order is None:
+            return grouped
+        out = np.empty_like(grouped)
+        out[self.order] = grouped
+        return out
 
 
 def routed_ffn(gate: ExpertMatrix, up: ExpertMatrix, down: ExpertMatrix, x: Any, ids: Any, weights: Any,
@@ -400,12 +436,28 @@ def routed_ffn(gate: ExpertMatrix, up: ExpertMatrix, down: ExpertMatrix, x: Any,
     the SwiGLU and the weighting in float32 on the host (fkernels.swiglu_weighted: ops.swiglu's
     formula, ds4's sigmoid; as an MLX graph over a 64-token chunk's [64, 6, 2048] values it cost
     a tenth of the call). Gate and up share one rounding of x and one split over the threads."""
-    g, u = gate.matmul_pair(up, x, ids)
-    w = np.ascontiguousarray(weights, dtype=np.float32)
+    if (gate.ggml_type, gate.rows, gate.cols) != (up.ggml_type, up.rows, up.cols) or down.cols != gate.rows:
+        raise QuantMatrixError("routed experts: gate and up must share type and shape, and down take their rows")
+    ida, xa = gate.checked(x, ids)
+    n, k = ida.shape
+    if xa.ndim != 2:
+        raise QuantMatrixError(f"routed experts take one input per token [{n}, {gate.cols}], got {list(xa.shape)}")
+    if not ida.size:
+        return np.zeros((n, down.rows), np.float32)
+    # The pairs stay in grouped order from gate and up through the SwiGLU to down (one grouping,
+    # one scatter at the end, where each product regrouped its input and scattered its output):
+    # every pair's row is computed as a product of its own computes it.
+    pairs = ExpertPairs(ida, per_slot_input=False)
+    g, u = gate.grouped_products((gate, up), pairs.gathered(Activations(np.ascontiguousarray(xa, dtype=np.float32),
+                                                                         gate.kind)), pairs)
+    w = np.ascontiguousarray(pairs.grouped(np.asarray(weights, dtype=np.float32).reshape(-1)))
     mid = np.empty_like(g)
     with SPLIT_LOCK:  # a parallel kernel too: one launch at a time in the process
-        float_kernels().swiglu_weighted(g, u, w, float(clamp), mid)
-    per_slot = down.matmul(mid, ids)
+        P, F = g.shape  # each grouped pair a token of one slot
+        float_kernels().swiglu_weighted(g.reshape(P, 1, F), u.reshape(P, 1, F), w.reshape(P, 1), float(clamp),
+                                        mid.reshape(P, 1, F))
+    down_rows = down.grouped_products((down,), Activations(mid, down.kind), pairs)[0]
+    per_slot = pairs.scattered(down_rows).reshape(n, k, down.rows)
     total = per_slot[:, 0].copy()
     for j in range(1, per_slot.shape[1]):
         total += per_slot[:, j]

@@ -222,9 +222,12 @@ def test_fast_expert_backend_through_the_factory():
     assert cpu_parts() >= 1
 
 
-def test_gate_up_pair_equals_two_calls_and_routed_ffn_composes_them():
+# 1 token: every pair its own expert (no regrouping); 4: 12 pairs sharing experts; 40: 120 pairs
+# (routed_ffn keeps them grouped from gate to down, the separate calls regroup each time)
+@pytest.mark.parametrize("n", [1, 4, 40])
+def test_gate_up_pair_equals_two_calls_and_routed_ffn_composes_them(n):
     rng = np.random.default_rng(12)
-    n_experts, dim, ffn, n, k = 16, 512, 256, 4, 3
+    n_experts, dim, ffn, k = 16, 512, 256, 3
     gate = ExpertMatrix.from_blocks(_matrix(rng, quant.IQ2_XXS, n_experts * ffn, dim)[0], quant.IQ2_XXS,
                                     n_experts, ffn, dim)
     up = ExpertMatrix.from_blocks(_matrix(rng, quant.IQ2_XXS, n_experts * ffn, dim)[0], quant.IQ2_XXS,
