@@ -89,6 +89,12 @@ def _weights_ptr(context, builder, aty, arr, off, half: bool):
     return builder.bitcast(pw, F16.as_pointer()) if half else pw
 
 
+def _x_rows(context, builder, aty, arr, xo, stride, count: int):
+    """Pointers to `count` rows of the array value arr (numba type aty): xo, xo + stride, ..."""
+    return [ptr(context, builder, aty, arr, builder.add(xo, builder.mul(ir.Constant(I64, j), stride)))
+            for j in range(count)]
+
+
 @intrinsic
 def dot_f32_lanes(typingctx, w, wo, x, xo, n):
     """sum over i < n of w[wo+i] * x[xo+i] in float32: w f32, or f16 given as uint16 bits
@@ -112,8 +118,7 @@ def _dot_group(count: int):
 
         def codegen(context, builder, sig, args):
             pw = _weights_ptr(context, builder, sig.args[0], args[0], args[1], half)
-            xs = [ptr(context, builder, sig.args[2], args[2],
-                       builder.add(args[3], builder.mul(ir.Constant(I64, j), args[4]))) for j in range(count)]
+            xs = _x_rows(context, builder, sig.args[2], args[2], args[3], args[4], count)
             sums = _lane_dots(builder, pw, half, xs, args[5])
             for j, v in enumerate(sums):
                 builder.store(v, ptr(context, builder, sig.args[6], args[6], ir.Constant(I64, j)))
@@ -149,8 +154,7 @@ def dot_f32_lanes_heads2(typingctx, w, wo, wo2, x, xo, stride, n, res):
 
     def codegen(context, builder, sig, args):
         pw, pw2 = (ptr(context, builder, sig.args[0], args[0], args[k]) for k in (1, 2))
-        xs = [ptr(context, builder, sig.args[3], args[3],
-                   builder.add(args[4], builder.mul(ir.Constant(I64, j), args[5]))) for j in range(HEAD_BLOCK)]
+        xs = _x_rows(context, builder, sig.args[3], args[3], args[4], args[5], HEAD_BLOCK)
         for k, v in enumerate(_lane_dots(builder, pw, False, xs, args[6], (pw2,))):
             builder.store(v, ptr(context, builder, sig.args[7], args[7], ir.Constant(I64, k)))
         return context.get_dummy_value()
@@ -158,54 +162,41 @@ def dot_f32_lanes_heads2(typingctx, w, wo, wo2, x, xo, stride, n, res):
     return types.void(w, wo, wo2, x, xo, stride, n, res), codegen
 
 
-@intrinsic
-def dot_f32_lanes_tile(typingctx, w, wo, x, xo, stride, n, acc, ao):
-    """Columns wo.. wo + n (n a multiple of 16) of dot_f32_lanes_group's DOT_TOKENS products,
-    continuing their 16 lane sums in acc[ao + 16 j ..] (token j): the lanes' adds are the same,
-    in the same order, as one pass over every column, so a long row can be taken in column
-    tiles whose activations stay in L1. The lanes are reduced by lanes_sum."""
-    half = w.dtype == types.uint16
+def _lanes_tile(rows: int):
+    """The column-tile intrinsic of `rows` consecutive weight rows (see dot_f32_lanes_tile)."""
 
-    def codegen(context, builder, sig, args):
-        pw = _weights_ptr(context, builder, sig.args[0], args[0], args[1], half)
-        xs = [ptr(context, builder, sig.args[2], args[2],
-                   builder.add(args[3], builder.mul(ir.Constant(I64, j), args[4]))) for j in range(DOT_TOKENS)]
-        pacc = [ptr(context, builder, sig.args[6], args[6], builder.add(args[7], ir.Constant(I64, 16 * j)))
-                for j in range(DOT_TOKENS)]
-        lanes = [cgutils.alloca_once(builder, vec(F32, 16)) for _ in xs]
-        for acc, pa in zip(lanes, pacc, strict=True):
-            builder.store(load(builder, pa, F32, 16), acc)
-        _lane_steps(builder, pw, half, xs, lanes, args[5])
-        for acc, pa in zip(lanes, pacc, strict=True):
-            builder.store(builder.load(acc), builder.bitcast(pa, vec(F32, 16).as_pointer()), align=1)
-        return context.get_dummy_value()
+    @intrinsic
+    def tile(typingctx, w, wo, x, xo, stride, n, acc, ao):
+        half = w.dtype == types.uint16
 
-    return types.void(w, wo, x, xo, stride, n, acc, ao), codegen
+        def codegen(context, builder, sig, args):
+            pws = [_weights_ptr(context, builder, sig.args[0], args[0],
+                                builder.add(args[1], builder.mul(ir.Constant(I64, k), args[4])), half)
+                   for k in range(rows)]
+            xs = _x_rows(context, builder, sig.args[2], args[2], args[3], args[4], DOT_TOKENS)
+            pacc = [ptr(context, builder, sig.args[6], args[6], builder.add(args[7], ir.Constant(I64, 16 * j)))
+                    for j in range(rows * DOT_TOKENS)]
+            lanes = [cgutils.alloca_once(builder, vec(F32, 16)) for _ in pacc]
+            for a, pa in zip(lanes, pacc, strict=True):
+                builder.store(load(builder, pa, F32, 16), a)
+            _lane_steps(builder, pws[0], half, xs, lanes, args[5], pws[1:])
+            for a, pa in zip(lanes, pacc, strict=True):
+                store(builder, builder.load(a), pa, F32, 16)
+            return context.get_dummy_value()
+
+        return types.void(w, wo, x, xo, stride, n, acc, ao), codegen
+
+    return tile
 
 
-@intrinsic
-def dot_f32_lanes_tile2(typingctx, w, wo, x, xo, stride, n, acc, ao):
-    """dot_f32_lanes_tile of two consecutive rows, wo and wo + stride (the rows as long as the x
-    rows), their lane sums at acc[ao:] and acc[ao + 16 DOT_TOKENS:], bit for bit: each 16 columns
-    of a token's activations loaded once for both rows."""
-    half = w.dtype == types.uint16
-
-    def codegen(context, builder, sig, args):
-        pw = _weights_ptr(context, builder, sig.args[0], args[0], args[1], half)
-        pw2 = _weights_ptr(context, builder, sig.args[0], args[0], builder.add(args[1], args[4]), half)
-        xs = [ptr(context, builder, sig.args[2], args[2],
-                   builder.add(args[3], builder.mul(ir.Constant(I64, j), args[4]))) for j in range(DOT_TOKENS)]
-        pacc = [ptr(context, builder, sig.args[6], args[6], builder.add(args[7], ir.Constant(I64, 16 * j)))
-                for j in range(2 * DOT_TOKENS)]
-        lanes = [cgutils.alloca_once(builder, vec(F32, 16)) for _ in pacc]
-        for acc, pa in zip(lanes, pacc, strict=True):
-            builder.store(load(builder, pa, F32, 16), acc)
-        _lane_steps(builder, pw, half, xs, lanes, args[5], (pw2,))
-        for acc, pa in zip(lanes, pacc, strict=True):
-            builder.store(builder.load(acc), builder.bitcast(pa, vec(F32, 16).as_pointer()), align=1)
-        return context.get_dummy_value()
-
-    return types.void(w, wo, x, xo, stride, n, acc, ao), codegen
+# dot_f32_lanes_tile(w, wo, x, xo, stride, n, acc, ao): columns wo.. wo + n (n a multiple of 16) of
+# dot_f32_lanes_group's DOT_TOKENS products, continuing their 16 lane sums in acc[ao + 16 j ..]
+# (token j): the lanes' adds are the same, in the same order, as one pass over every column, so a
+# long row can be taken in column tiles whose activations stay in L1. The lanes are reduced by
+# lanes_sum. dot_f32_lanes_tile2: the same for the rows at wo and wo + stride (rows as long as the
+# x rows), their lane sums at acc[ao:] and acc[ao + 16 DOT_TOKENS:], bit for bit, each 16 columns
+# of a token's activations loaded once for both rows.
+dot_f32_lanes_tile, dot_f32_lanes_tile2 = _lanes_tile(1), _lanes_tile(2)
 
 
 @intrinsic

@@ -162,8 +162,9 @@ def quantize_q8_k(x, xq, xd, bsums):
 @_jit
 def _q8_0_rows(wi, wd, xq, xd, xs, out, r0, r1, t0, t1):
     # wi [groups, nb * 512] uint8: 16 rows interleaved (the Q8_0 layout, codes + 128),
-    # wd [groups, nb * 16] uint16 (the f16 scales' bits); xs: the activation blocks' code sums (sum (q + 128) * x - 128 *
-    # sum x = sum q * x). Tokens four at a time (the weights read once per four), then one by one.
+    # wd [groups, nb * 16] uint16 (the f16 scales' bits); xs: the activation blocks' code sums
+    # (sum (q + 128) * x - 128 * sum x = sum q * x). Tokens four at a time (the weights read once
+    # per four), then one by one.
     rows = out.shape[1]
     cols = xq.shape[1]
     nb = cols // 32
@@ -204,8 +205,8 @@ def expert_rows_split(kind, ws, auxs, outs, used, starts, xq, xd, xs, cuts, grid
     """Rows cuts[p]..cuts[p + 1] of each Q8_0 matrix ws[m] (into outs[m]) on thread p: expert
     used[i] takes the activation rows starts[i]..starts[i+1]. ws / auxs [n_experts, ...]: codes
     + 128 in the interleaved layout [row groups of 16, nb * 512] and the f16 block scales' bits
-    (uint16) [groups, nb * 16] (cuts at multiples of 16). Activations (quantize_q8_0's): xq int8, xd f32
-    scales, xs int32 code sums per block of 32. kind and grid: unused (qkernels' signature)."""
+    (uint16) [groups, nb * 16] (cuts at multiples of 16). Activations (quantize_q8_0's): xq int8,
+    xd f32 scales, xs int32 code sums per block of 32. kind and grid: unused (qkernels' signature)."""
     for p in prange(cuts.shape[0] - 1):
         for m in range(len(ws)):
             for i in range(used.shape[0]):
