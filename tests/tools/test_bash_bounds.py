@@ -131,6 +131,17 @@ def test_a_process_met_in_the_middle_of_an_exec_is_read_again(tmp_path, monkeypa
     assert _wait_for(lambda: not _alive(pid))
 
 
+def test_no_tags_find_no_processes_without_scanning(monkeypatch):
+    """The agent's exit asks for the processes of every job it ran; with none it must neither
+    scan /proc nor match anything (an empty needle list would match nothing, but the scan of
+    every process's environment would still cost a read per pid)."""
+    def no_scan(path):
+        raise AssertionError(f"scanned {path}")
+
+    monkeypatch.setattr(jobs.os, "listdir", no_scan)
+    assert tagged_processes() == []
+
+
 def test_zombies_and_running_processes_are_told_apart(tmp_path):
     child = subprocess.Popen(["true"])
     assert _wait_for(lambda: jobs._never_has_environment(child.pid))  # exited, not yet reaped
