@@ -22,7 +22,15 @@ import numpy as np
 from .config import ModelConfig
 from .hostread import to_host
 from .layers import INDEX_SCORE_BUDGET, QUERY_BLOCK, indexer_slots
-from .qmatrix import SPLIT_LOCK, float_kernels, row_cuts
+from .qmatrix import SPLIT_LOCK, QuantMatrix, float_kernels, row_cuts
+
+
+def _key_dots(rows: mx.array, keys: mx.array) -> mx.array:
+    """The indexer's query-head x index-row dots [m, C] on the fast kernels (the index rows as an
+    F32 matrix: fkernels.dense_rows, in its fixed lane order, so a (head, row) dot is the same in
+    every chunk). MLX's CPU matrix product took 43 ms for one decoded token's 64 x 8,192 x 128
+    (a 32K-token session): 21 such layers a token, and a long prompt's chunks 512 times that."""
+    return mx.array(QuantMatrix.from_dense(to_host(keys, np.float32)).matmul(to_host(rows, np.float32)))
 
 
 def _comp_slots(c: ModelConfig, ratio: int, p0: int, n: int, comp: mx.array, base: int,
@@ -44,11 +52,28 @@ def _comp_slots(c: ModelConfig, ratio: int, p0: int, n: int, comp: mx.array, bas
         i1 = min(n, i0 + qb)
         if index_inputs is not None:
             iq, iw, keys = index_inputs
-            idx, valid = indexer_slots(c, iq[i0:i1], iw[i0:i1], keys, n_vis[i0:i1], trace_masks)
+            idx, valid = indexer_slots(c, iq[i0:i1], iw[i0:i1], keys, n_vis[i0:i1], trace_masks, _key_dots)
         else:
             idx, valid = indexer_slots(c, None, None, comp, n_vis[i0:i1], trace_masks)
         parts.append(np.where(to_host(valid), to_host(idx) + base, -1))
     return np.concatenate(parts, axis=0)
+
+
+def _rows_seen(comp: np.ndarray, slots: np.ndarray, base: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the compressed rows some slot names, in row order; the slots renumbered into them from
+    `base`, -1 kept). A long session's compressed table is far larger than what a chunk's queries
+    see (a ratio-4 layer's query sees its indexer's top K rows: 512 of 8,192 at 32K tokens), and
+    copying the whole table into the key table for every layer and token cost more than the
+    attention itself. The renumbering keeps each query's rows in the same order, so the kernel
+    adds the same values in the same order: the same bits."""
+    seen = np.zeros(comp.shape[0] + 1, bool)
+    seen[slots] = True  # -1 marks the spare last entry
+    seen[-1] = False
+    rows = np.flatnonzero(seen)
+    if rows.shape[0] == comp.shape[0]:
+        return comp, np.where(slots >= 0, slots + base, -1)
+    number = np.cumsum(seen) - 1 + base
+    return comp[rows], np.where(slots >= 0, number[slots], -1)
 
 
 def attend(c: ModelConfig, q: mx.array, k_all: mx.array, r0: int, p0: int, sinks: mx.array,
@@ -58,12 +83,13 @@ def attend(c: ModelConfig, q: mx.array, k_all: mx.array, r0: int, p0: int, sinks
     W = c.window
     raw = np.arange(n)[:, None] + np.arange(W)[None, :] + (r0 - W + 1)  # k_all rows, oldest first
     slots = np.where(raw >= 0, raw, -1)
-    table = [to_host(k_all, np.float32)]
+    keys = to_host(k_all, np.float32)
     if comp is not None and comp.shape[0] and ratio:
-        table.append(to_host(comp, np.float32))
-        extra = _comp_slots(c, ratio, p0, n, comp, table[0].shape[0], index_inputs, trace_masks)
+        extra = _comp_slots(c, ratio, p0, n, comp, 0, index_inputs, trace_masks)
+        comp_rows, extra = _rows_seen(to_host(comp, np.float32, view=True), extra, keys.shape[0])
+        keys = np.concatenate([keys, comp_rows])
         slots = np.concatenate([slots, extra], axis=1)
-    keys = np.ascontiguousarray(np.concatenate(table) if len(table) > 1 else table[0])
+    keys = np.ascontiguousarray(keys)
     qh = np.ascontiguousarray(to_host(q, np.float32))
     sh = np.ascontiguousarray(to_host(sinks, np.float32))
     slots = np.ascontiguousarray(slots, dtype=np.int32)

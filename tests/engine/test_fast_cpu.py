@@ -196,3 +196,50 @@ def test_attention_takes_a_querys_heads_together_with_each_heads_own_bits(D):
     want = (e @ keys[seen].astype(np.float64)) / (np.exp(float(sinks[h]) - m) + e.sum())
     np.testing.assert_allclose(whole[t, h], want, rtol=1e-5, atol=1e-6)
     assert np.array_equal(whole[2], np.zeros((H, D), np.float32))  # sink only: nothing weighted
+
+
+def test_attention_copies_only_the_compressed_rows_its_queries_see(monkeypatch):
+    """fast_attention.attend hands the kernel the raw rows and only the compressed rows some query
+    sees (a ratio-4 layer whose indexer prunes: 8 of 15 rows per query), renumbered in row order:
+    the output is the bits of the kernel over the whole table with the rows' own numbers."""
+    import mlx.core as mx
+
+    from ds4agent.engine import fast_attention, fkernels
+    from ds4agent.engine.config import test_config
+    from ds4agent.engine.layers import indexer_slots
+
+    c = test_config("tiny")
+    rng = np.random.default_rng(23)
+    n, H, D, W, K = 1, c.n_heads, c.head_dim, c.window, c.indexer_top_k
+    r0, p0 = W, 60
+    C = (p0 + n) // 4
+    q = rng.standard_normal((n, H, D)).astype(np.float32)
+    k_all = rng.standard_normal((r0 + n, D)).astype(np.float32)
+    comp = rng.standard_normal((C, D)).astype(np.float32)
+    sinks = rng.standard_normal(H).astype(np.float32)
+    iq = mx.array(rng.standard_normal((n, c.indexer_heads, c.indexer_dim)).astype(np.float32))
+    iw = mx.array(rng.standard_normal((n, c.indexer_heads)).astype(np.float32))
+    ikeys = mx.array(rng.standard_normal((C, c.indexer_dim)).astype(np.float32))
+    tables = []
+
+    def recording(q_, keys, slots, *rest):
+        tables.append(keys.shape[0])
+        return real(q_, keys, slots, *rest)
+
+    real = fkernels.attend_units_split
+    monkeypatch.setattr(fkernels, "attend_units_split", recording)
+    got = np.array(fast_attention.attend(c, mx.array(q), mx.array(k_all), r0, p0, mx.array(sinks),
+                                         mx.array(comp), 4, (iq, iw, ikeys)))
+    monkeypatch.undo()
+
+    n_vis = np.arange(p0, p0 + n) // 4 + 1
+    idx, valid = indexer_slots(c, iq, iw, ikeys, (np.arange(p0, p0 + n) + 1) // 4, None)
+    assert C > K and n_vis.max() > K
+    raw = np.arange(n)[:, None] + np.arange(W)[None, :] + (r0 - W + 1)
+    slots = np.concatenate([np.where(raw >= 0, raw, -1),
+                            np.where(np.array(valid), np.array(idx) + r0 + n, -1)], axis=1).astype(np.int32)
+    want = np.empty((n, H, D), np.float32)
+    scale = np.float32(1.0 / np.sqrt(np.float32(D)))
+    fkernels.attend_units(q, np.concatenate([k_all, comp]), slots, sinks, scale, want, 0, n * H)
+    assert np.array_equal(got, want)
+    assert tables == [r0 + n + K]  # the raw rows and the K rows the query sees, not all C
