@@ -22,15 +22,22 @@ import numpy as np
 from .config import ModelConfig
 from .hostread import to_host
 from .layers import INDEX_SCORE_BUDGET, QUERY_BLOCK, indexer_slots
-from .qmatrix import SPLIT_LOCK, QuantMatrix, float_kernels, row_cuts
+from .qmatrix import SPLIT_LOCK, float_kernels, row_cuts
 
 
-def _key_dots(rows: mx.array, keys: mx.array) -> mx.array:
-    """The indexer's query-head x index-row dots [m, C] on the fast kernels (the index rows as an
-    F32 matrix: fkernels.dense_rows, in its fixed lane order, so a (head, row) dot is the same in
-    every chunk). MLX's CPU matrix product took 43 ms for one decoded token's 64 x 8,192 x 128
-    (a 32K-token session): 21 such layers a token, and a long prompt's chunks 512 times that."""
-    return mx.array(QuantMatrix.from_dense(to_host(keys, np.float32)).matmul(to_host(rows, np.float32)))
+def _index_scores(iq: mx.array, iw: mx.array, keys: mx.array) -> mx.array:
+    """layers.index_scores on the fast kernels (fkernels.index_scores: the dots in the dense lane
+    order, the heads summed in head order; a (query, row) score the same in every chunk), the
+    index rows spread over the threads. MLX's CPU matrix product took 43 ms a layer for one
+    decoded token at 32K tokens of context (64 heads x 8,192 rows x 128); 21 such layers a
+    token, and a prompt's chunk of 512 queries 512 times that."""
+    qh = np.ascontiguousarray(to_host(iq, np.float32))
+    wh = np.ascontiguousarray(to_host(iw, np.float32))
+    kh = np.ascontiguousarray(to_host(keys, np.float32))
+    out = np.empty((qh.shape[0], kh.shape[0]), np.float32)
+    with SPLIT_LOCK:
+        float_kernels().index_scores_split(qh, wh, kh, out, row_cuts(kh.shape[0], qh.size * kh.shape[0]))
+    return mx.array(out)
 
 
 def _comp_slots(c: ModelConfig, ratio: int, p0: int, n: int, comp: mx.array, base: int,
@@ -52,7 +59,7 @@ def _comp_slots(c: ModelConfig, ratio: int, p0: int, n: int, comp: mx.array, bas
         i1 = min(n, i0 + qb)
         if index_inputs is not None:
             iq, iw, keys = index_inputs
-            idx, valid = indexer_slots(c, iq[i0:i1], iw[i0:i1], keys, n_vis[i0:i1], trace_masks, _key_dots)
+            idx, valid = indexer_slots(c, iq[i0:i1], iw[i0:i1], keys, n_vis[i0:i1], trace_masks, _index_scores)
         else:
             idx, valid = indexer_slots(c, None, None, comp, n_vis[i0:i1], trace_masks)
         parts.append(np.where(to_host(valid), to_host(idx) + base, -1))

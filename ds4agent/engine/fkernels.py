@@ -438,6 +438,53 @@ def attend_units_split(q, keys, slots, sinks, scale, out, cuts):
 
 
 
+@_jit
+def _index_term(acc, d, w):
+    return np.float32(acc + np.float32((d if d > np.float32(0.0) else np.float32(0.0)) * w))
+
+
+@_jit
+def index_scores(q, w, keys, out, c0, c1):
+    """The indexer's scores of every query over index rows c0..c1: out[t, c] = the sum over heads h,
+    in head order from +0, of max(dot(q[t, h], keys[c]), 0) * w[t, h], each step rounded once to
+    float32 (the dots dot_f32_lanes's). q [n, Hi, Di], w [n, Hi], keys [C, Di], out [n, C] f32.
+    A (query, row) score depends on that query and row alone. Rows go in blocks of 64 (32 KiB of
+    keys at Di = 128, kept in L1 for every query), two rows a pass for a block of eight heads
+    (dot_f32_lanes_heads2, as the attention's scores)."""
+    n, Hi, Di = q.shape
+    res = np.empty(2 * HEAD_BLOCK, np.float32)
+    blocked = Hi - Hi % HEAD_BLOCK
+    for b0 in range(c0, c1, 64):
+        b1 = min(b0 + 64, c1)
+        for t in range(n):
+            for c in range(b0, b1, 2):
+                pair = c + 1 < b1
+                a = np.float32(0.0)
+                b = np.float32(0.0)
+                for h0 in range(0, blocked, HEAD_BLOCK):
+                    if pair:
+                        dot_f32_lanes_heads2(keys, c * Di, (c + 1) * Di, q, (t * Hi + h0) * Di, Di, Di, res)
+                    else:
+                        dot_f32_lanes_heads(keys, c * Di, q, (t * Hi + h0) * Di, Di, Di, res)
+                    for i in range(HEAD_BLOCK):
+                        a = _index_term(a, res[i], w[t, h0 + i])
+                        if pair:
+                            b = _index_term(b, res[HEAD_BLOCK + i], w[t, h0 + i])
+                for h in range(blocked, Hi):
+                    a = _index_term(a, dot_f32_lanes(keys, c * Di, q, (t * Hi + h) * Di, Di), w[t, h])
+                    if pair:
+                        b = _index_term(b, dot_f32_lanes(keys, (c + 1) * Di, q, (t * Hi + h) * Di, Di), w[t, h])
+                out[t, c] = a
+                if pair:
+                    out[t, c + 1] = b
+
+
+@_jit_split
+def index_scores_split(q, w, keys, out, cuts):
+    for p in prange(cuts.shape[0] - 1):
+        index_scores(q, w, keys, out, cuts[p], cuts[p + 1])
+
+
 @_jit_split
 def swiglu_weighted(g, u, w, clamp, out):
     """out[t, j] = silu(min(g, c)) * clip(u, -c, c) * w[t, j] over g, u [n, k, F] float32 (the

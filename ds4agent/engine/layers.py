@@ -195,18 +195,23 @@ def compressor_step(xo: OpSet, cw: CompressorWeights, a: mx.array, p0: int, r: i
 # ---- attention -------------------------------------------------------------------------------------
 
 
-def _key_dots(rows: mx.array, keys: mx.array) -> mx.array:
-    return rows @ keys.T
+def index_scores(iq: mx.array, iw: mx.array, keys: mx.array) -> mx.array:
+    """The indexer's scores [nb, C] of queries iq [nb, Hi, Di] (head weights iw [nb, Hi]) over the
+    index rows keys [C, Di]: the sum over heads of relu(q_h . key) * w_h."""
+    nb, Hi, _ = iq.shape
+    s = (iq.reshape(nb * Hi, -1) @ keys.T).reshape(nb, Hi, keys.shape[0])
+    return mx.sum(mx.maximum(s, 0.0) * iw[:, :, None], axis=1)
 
 
 def indexer_slots(c: ModelConfig, iq: mx.array | None, iw: mx.array | None, keys: mx.array,
                    n_vis: np.ndarray, trace_masks: list | None,
-                   key_dots: Callable[[mx.array, mx.array], mx.array] = _key_dots) -> tuple[mx.array, mx.array]:
+                   scores: Callable[[mx.array, mx.array, mx.array], mx.array] = index_scores
+                   ) -> tuple[mx.array, mx.array]:
     """Per-query compressed-row slots for a ratio-4 layer (§4.5): (idx [nb, K] int32 rows in
     ascending order, valid [nb, K] bool). Queries that see <= K rows get rows 0..K-1 (masked
     beyond what they see); the others get exactly the top K by indexer score, ties to the lower
-    row, as a set in row order. key_dots(rows [m, Di], keys [C, Di]) -> [m, C]: the dot products
-    of the query heads with the index rows (the executor's product; MLX's by default)."""
+    row, as a set in row order. `scores` computes the indexer's scores (index_scores's
+    arguments and result): MLX's by default, the fast set's kernel in fast_attention.py."""
     K = c.indexer_top_k
     C = keys.shape[0]
     nb = len(n_vis)
@@ -219,9 +224,7 @@ def indexer_slots(c: ModelConfig, iq: mx.array | None, iw: mx.array | None, keys
             trace_masks.append(np.arange(C)[None, :] < n_vis[:, None])
         return base_idx, base_valid
     assert iq is not None and iw is not None  # a query prunes only once index_inputs exist
-    Hi = c.indexer_heads
-    s = key_dots(iq.reshape(nb * Hi, -1), keys).reshape(nb, Hi, C)
-    score = mx.sum(mx.maximum(s, 0.0) * iw[:, :, None], axis=1)  # [nb, C]
+    score = scores(iq, iw, keys)  # [nb, C]
     ar_c = np.arange(C)
     visible = mx.array(ar_c[None, :] < n_vis[:, None])
     score = mx.where(visible, score, NEG_INF)

@@ -233,7 +233,8 @@ def test_attention_copies_only_the_compressed_rows_its_queries_see(monkeypatch):
     monkeypatch.undo()
 
     n_vis = np.arange(p0, p0 + n) // 4 + 1
-    idx, valid = indexer_slots(c, iq, iw, ikeys, (np.arange(p0, p0 + n) + 1) // 4, None)
+    idx, valid = indexer_slots(c, iq, iw, ikeys, (np.arange(p0, p0 + n) + 1) // 4, None,
+                               fast_attention._index_scores)
     assert C > K and n_vis.max() > K
     raw = np.arange(n)[:, None] + np.arange(W)[None, :] + (r0 - W + 1)
     slots = np.concatenate([np.where(raw >= 0, raw, -1),
@@ -243,3 +244,42 @@ def test_attention_copies_only_the_compressed_rows_its_queries_see(monkeypatch):
     fkernels.attend_units(q, np.concatenate([k_all, comp]), slots, sinks, scale, want, 0, n * H)
     assert np.array_equal(got, want)
     assert tables == [r0 + n + K]  # the raw rows and the K rows the query sees, not all C
+
+
+def test_index_scores_sum_the_heads_in_order_over_lane_order_dots():
+    """fkernels.index_scores: score[t, c] = sum over heads in head order, from +0, of
+    max(dot, 0) * w, each step rounded to float32, the dots in the dense lane order; the same bits
+    whatever rows a range holds (10 heads: a block of eight and two alone; 13 rows: pairs and an
+    odd one; 72 dims: a scalar tail). And against MLX's product (the reference's indexer): within
+    float32 rounding."""
+    import mlx.core as mx
+
+    from ds4agent.engine import fast_attention, fkernels
+    from ds4agent.engine.layers import index_scores
+
+    rng = np.random.default_rng(29)
+    n, Hi, Di, C = 3, 10, 72, 13
+    q = rng.standard_normal((n, Hi, Di)).astype(np.float32)
+    w = rng.standard_normal((n, Hi)).astype(np.float32)
+    keys = rng.standard_normal((C, Di)).astype(np.float32)
+    dots = np.empty((n * Hi, C), np.float32)
+    fkernels.dense_rows(keys, q.reshape(n * Hi, Di), dots, 0, C)
+    want = np.zeros((n, C), np.float32)
+    for t in range(n):
+        for c in range(C):
+            for h in range(Hi):
+                want[t, c] = np.float32(want[t, c] + np.float32(max(dots[t * Hi + h, c], np.float32(0)) * w[t, h]))
+    whole = np.empty((n, C), np.float32)
+    fkernels.index_scores(q, w, keys, whole, 0, C)
+    assert np.array_equal(whole, want)
+    split = np.empty((n, C), np.float32)
+    fkernels.index_scores_split(q, w, keys, split, np.array([0, 5, 6, 13], np.int64))
+    assert np.array_equal(split, want)
+    reversed_heads = np.zeros((n, C), np.float32)
+    for h in reversed(range(Hi)):
+        reversed_heads += np.maximum(dots[h::Hi], 0) * w[:, h:h + 1]
+    assert not np.array_equal(reversed_heads, want)  # the order is what the first check holds
+    fast = np.array(fast_attention._index_scores(mx.array(q), mx.array(w), mx.array(keys)))
+    assert np.array_equal(fast, want)
+    ref = np.array(index_scores(mx.array(q), mx.array(w), mx.array(keys)))
+    np.testing.assert_allclose(fast, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
