@@ -21,23 +21,35 @@ import numpy as np
 
 from .config import ModelConfig
 from .hostread import to_host
-from .layers import INDEX_SCORE_BUDGET, QUERY_BLOCK, indexer_slots
+from .layers import INDEX_SCORE_BUDGET, QUERY_BLOCK
 from .qmatrix import SPLIT_LOCK, float_kernels, row_cuts
 
 
-def _index_scores(iq: mx.array, iw: mx.array, keys: mx.array) -> mx.array:
-    """layers.index_scores on the fast kernels (fkernels.index_scores: the dots in the dense lane
-    order, the heads summed in head order; a (query, row) score the same in every chunk), the
-    index rows spread over the threads. MLX's CPU matrix product took 43 ms a layer for one
-    decoded token at 32K tokens of context (64 heads x 8,192 rows x 128); 21 such layers a
-    token, and a prompt's chunk of 512 queries 512 times that."""
-    qh = np.ascontiguousarray(to_host(iq, np.float32))
-    wh = np.ascontiguousarray(to_host(iw, np.float32))
-    kh = np.ascontiguousarray(to_host(keys, np.float32))
+def index_scores(iq: np.ndarray, iw: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """layers.index_scores on host arrays, by the fast kernels (fkernels.index_scores: the dots in
+    the dense lane order, the heads summed in head order; a (query, row) score the same in every
+    chunk), the index rows spread over the threads. MLX's CPU matrix product took 43 ms a layer
+    for one decoded token at 32K tokens of context (64 heads x 8,192 rows x 128); 21 such layers
+    a token, and a prompt's chunk of 512 queries 512 times that."""
+    qh, wh, kh = (np.ascontiguousarray(a, dtype=np.float32) for a in (iq, iw, keys))
     out = np.empty((qh.shape[0], kh.shape[0]), np.float32)
     with SPLIT_LOCK:
         float_kernels().index_scores_split(qh, wh, kh, out, row_cuts(kh.shape[0], qh.size * kh.shape[0]))
-    return mx.array(out)
+    return out
+
+
+def top_rows(score: np.ndarray, n_vis: np.ndarray, K: int) -> np.ndarray:
+    """layers.indexer_slots's selection for queries that see more than K rows, on host arrays:
+    score [nb, C] f32, n_vis [nb] (each > K) -> [nb, K] rows in ascending order, the K largest
+    scores among the rows a query sees, ties to the lower row. The same rule in O(C) per query (a
+    partition, not a sort)."""
+    C = score.shape[1]
+    s = np.where(np.arange(C)[None, :] < n_vis[:, None], score, np.float32(-np.inf))
+    kth = np.partition(s, C - K, axis=-1)[:, C - K, None]  # the K-th largest (finite: > K seen)
+    above = s > kth
+    tied = s == kth
+    take = above | (tied & (np.cumsum(tied, axis=-1) <= K - above.sum(axis=-1, keepdims=True)))
+    return np.nonzero(take)[1].reshape(-1, K)
 
 
 def _comp_slots(c: ModelConfig, ratio: int, p0: int, n: int, comp: mx.array, base: int,
@@ -49,21 +61,26 @@ def _comp_slots(c: ModelConfig, ratio: int, p0: int, n: int, comp: mx.array, bas
     if ratio != 4:
         cols = np.arange(int(n_vis.max()) if n else 0)
         return np.where(cols[None, :] < n_vis[:, None], cols[None, :] + base, -1)
-    # ratio 4: the indexer's selection (layers.indexer_slots: rows 0..K-1 masked beyond what a
-    # query sees until it prunes, then its top K), in query blocks bounded as the reference's.
-    qb = QUERY_BLOCK
-    if index_inputs is not None:
-        qb = max(1, min(qb, INDEX_SCORE_BUDGET // max(c.indexer_heads * C * 8, 1)))
-    parts = []
-    for i0 in range(0, n, qb):
-        i1 = min(n, i0 + qb)
-        if index_inputs is not None:
-            iq, iw, keys = index_inputs
-            idx, valid = indexer_slots(c, iq[i0:i1], iw[i0:i1], keys, n_vis[i0:i1], trace_masks, _index_scores)
-        else:
-            idx, valid = indexer_slots(c, None, None, comp, n_vis[i0:i1], trace_masks)
-        parts.append(np.where(to_host(valid), to_host(idx) + base, -1))
-    return np.concatenate(parts, axis=0)
+    # ratio 4: the indexer's selection (layers.indexer_slots's rule, on the host: its MLX sorts and
+    # masks, each read back at once, cost more than the scores), rows 0..K-1 masked beyond what a
+    # query sees until it prunes, then its top K (top_rows), in query blocks of bounded memory.
+    K = c.indexer_top_k
+    ar_k = np.arange(K)
+    rows = np.where(ar_k[None, :] < n_vis[:, None], ar_k[None, :], -1)
+    pruning = np.flatnonzero(n_vis > K)
+    if pruning.size:
+        assert index_inputs is not None  # a query prunes only once index_inputs exist
+        iq, iw, keys = (to_host(a, np.float32, view=True) for a in index_inputs)
+        qb = max(1, min(QUERY_BLOCK, INDEX_SCORE_BUDGET // (C * 16)))
+        for b0 in range(0, pruning.size, qb):
+            which = pruning[b0:b0 + qb]
+            rows[which] = top_rows(index_scores(iq[which], iw[which], keys), n_vis[which], K)
+    if trace_masks is not None:
+        mask = np.arange(C)[None, :] < n_vis[:, None]
+        mask[pruning] = False
+        mask[pruning[:, None], rows[pruning]] = True
+        trace_masks.append(mask)
+    return np.where(rows >= 0, rows + base, -1)
 
 
 def _rows_seen(comp: np.ndarray, slots: np.ndarray, base: int) -> tuple[np.ndarray, np.ndarray]:

@@ -9,7 +9,6 @@ docstring. Trace and Profile are the optional recorders a forward pass carries.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -204,14 +203,11 @@ def index_scores(iq: mx.array, iw: mx.array, keys: mx.array) -> mx.array:
 
 
 def indexer_slots(c: ModelConfig, iq: mx.array | None, iw: mx.array | None, keys: mx.array,
-                   n_vis: np.ndarray, trace_masks: list | None,
-                   scores: Callable[[mx.array, mx.array, mx.array], mx.array] = index_scores
-                   ) -> tuple[mx.array, mx.array]:
+                   n_vis: np.ndarray, trace_masks: list | None) -> tuple[mx.array, mx.array]:
     """Per-query compressed-row slots for a ratio-4 layer (§4.5): (idx [nb, K] int32 rows in
     ascending order, valid [nb, K] bool). Queries that see <= K rows get rows 0..K-1 (masked
     beyond what they see); the others get exactly the top K by indexer score, ties to the lower
-    row, as a set in row order. `scores` computes the indexer's scores (index_scores's
-    arguments and result): MLX's by default, the fast set's kernel in fast_attention.py."""
+    row, as a set in row order (fast_attention.top_rows is the fast set's form of the rule)."""
     K = c.indexer_top_k
     C = keys.shape[0]
     nb = len(n_vis)
@@ -224,7 +220,7 @@ def indexer_slots(c: ModelConfig, iq: mx.array | None, iw: mx.array | None, keys
             trace_masks.append(np.arange(C)[None, :] < n_vis[:, None])
         return base_idx, base_valid
     assert iq is not None and iw is not None  # a query prunes only once index_inputs exist
-    score = scores(iq, iw, keys)  # [nb, C]
+    score = index_scores(iq, iw, keys)  # [nb, C]
     ar_c = np.arange(C)
     visible = mx.array(ar_c[None, :] < n_vis[:, None])
     score = mx.where(visible, score, NEG_INF)

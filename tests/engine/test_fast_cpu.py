@@ -204,9 +204,8 @@ def test_attention_copies_only_the_compressed_rows_its_queries_see(monkeypatch):
     the output is the bits of the kernel over the whole table with the rows' own numbers."""
     import mlx.core as mx
 
-    from ds4agent.engine import fast_attention, fkernels
+    from ds4agent.engine import fast_attention, fkernels, layers
     from ds4agent.engine.config import test_config
-    from ds4agent.engine.layers import indexer_slots
 
     c = test_config("tiny")
     rng = np.random.default_rng(23)
@@ -232,9 +231,11 @@ def test_attention_copies_only_the_compressed_rows_its_queries_see(monkeypatch):
                                          mx.array(comp), 4, (iq, iw, ikeys)))
     monkeypatch.undo()
 
-    n_vis = np.arange(p0, p0 + n) // 4 + 1
-    idx, valid = indexer_slots(c, iq, iw, ikeys, (np.arange(p0, p0 + n) + 1) // 4, None,
-                               fast_attention._index_scores)
+    n_vis = (np.arange(p0, p0 + n) + 1) // 4
+    monkeypatch.setattr(layers, "index_scores", lambda a, b, k: mx.array(fast_attention.index_scores(
+        np.array(a), np.array(b), np.array(k))))  # the reference's selection over the fast set's scores
+    idx, valid = layers.indexer_slots(c, iq, iw, ikeys, n_vis, None)
+    monkeypatch.undo()
     assert C > K and n_vis.max() > K
     raw = np.arange(n)[:, None] + np.arange(W)[None, :] + (r0 - W + 1)
     slots = np.concatenate([np.where(raw >= 0, raw, -1),
@@ -279,7 +280,35 @@ def test_index_scores_sum_the_heads_in_order_over_lane_order_dots():
     for h in reversed(range(Hi)):
         reversed_heads += np.maximum(dots[h::Hi], 0) * w[:, h:h + 1]
     assert not np.array_equal(reversed_heads, want)  # the order is what the first check holds
-    fast = np.array(fast_attention._index_scores(mx.array(q), mx.array(w), mx.array(keys)))
+    fast = fast_attention.index_scores(q, w, keys)
     assert np.array_equal(fast, want)
     ref = np.array(index_scores(mx.array(q), mx.array(w), mx.array(keys)))
     np.testing.assert_allclose(fast, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_the_fast_sets_indexer_selection_is_the_references_rule(monkeypatch):
+    """fast_attention.top_rows (a partition on the host) picks what layers.indexer_slots (MLX's
+    sorts) picks from the same scores: the K largest among the rows a query sees, ties to the
+    lower row, in row order; here with many exact ties at the K-th value and rows past what a
+    query sees scoring highest."""
+    import mlx.core as mx
+
+    from ds4agent.engine import layers
+    from ds4agent.engine.config import test_config
+    from ds4agent.engine.fast_attention import top_rows
+
+    c = test_config("tiny")
+    K, C = c.indexer_top_k, 40
+    rng = np.random.default_rng(31)
+    score = rng.integers(0, 4, size=(6, C)).astype(np.float32)  # values 0-3: ties everywhere
+    score[:, 30:] = 9.0  # beyond what most queries see
+    n_vis = np.array([K + 1, 12, 20, 29, 33, C])
+    got = top_rows(score, n_vis, K)
+    monkeypatch.setattr(layers, "index_scores", lambda *_: mx.array(score))
+    idx, valid = layers.indexer_slots(c, mx.zeros((6, 1, 1)), mx.zeros((6, 1)), mx.zeros((C, 1)), n_vis, None)
+    assert np.array(valid).all()
+    assert np.array_equal(got, np.array(idx))
+    for q in range(6):  # and by the rule itself
+        seen = score[q, :n_vis[q]]
+        order = sorted(range(n_vis[q]), key=lambda r: (-seen[r], r))[:K]
+        assert got[q].tolist() == sorted(order)
