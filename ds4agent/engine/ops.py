@@ -224,10 +224,12 @@ _fp4sim_fused = fused(_fp4sim)
 
 @lru_cache(maxsize=8)
 def _hadamard_mx(d: int) -> mx.array:
-    return mx.array(_hadamard_np(d))
+    return mx.array(hadamard_matrix(d))
 
 
-def _hadamard_np(d: int) -> np.ndarray:
+def hadamard_matrix(d: int) -> np.ndarray:
+    """The d x d Sylvester Hadamard matrix of ±1 (float32, symmetric): entry (i, j) is
+    (-1)^popcount(i & j)."""
     i = np.arange(d, dtype=np.int64)
     and_ = i[:, None] & i[None, :]
     pop = np.zeros_like(and_)

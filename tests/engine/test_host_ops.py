@@ -59,6 +59,27 @@ def test_fp8sim_is_the_exact_ops_bit_for_bit(rng):
         assert np.array_equal(np.array(host_ops.fp8sim(x, dn)), _mx(ops.fp8sim, x, dn))
 
 
+def test_fp4sim_is_the_exact_ops_bit_for_bit(rng):
+    x = _rows(rng, (5, 4, 128))
+    x[0, 1, :32] = [0.25 * k for k in range(32)]  # amax 7.75: half-steps exactly at ties
+    x[0, 2, :32] = 3.0  # amax an exact power-of-two multiple of 6's step
+    x[2, 3, 5] = 1e30  # one huge value: the rest of its block rounds to zero
+    assert np.array_equal(host_ops.fp4sim_np(x), _mx(ops.fp4sim, x))
+
+
+def test_qat_agrees_with_the_reference(rng):
+    """host_ops.qat (the Hadamard product in the dense kernels' lane order) against ops.qat (MLX's
+    product): the products differ by float reassociation, so an fp4 code may move one step where
+    a value sits on a rounding boundary; without the fp4 rounding, within float32 rounding."""
+    x = _rows(rng, (3, 64, 128))
+    exact = np.array(host_ops.qat(x, rounding=False))
+    ref = _mx(ops.qat, x, rounding=False)
+    np.testing.assert_allclose(exact, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+    got, want = np.array(host_ops.qat(x)), _mx(ops.qat, x)
+    assert (got == want).mean() > 0.999
+    assert np.array_equal(got, host_ops.fp4sim_np(exact))
+
+
 def test_exp_based_steps_agree_to_the_last_bits(rng):
     g, u = (rng.standard_normal((4, 2048)) * 5).astype(np.float32), (rng.standard_normal((4, 2048)) * 5).astype(np.float32)
     want = _mx(ops.swiglu, g, u, 7.0)
@@ -115,6 +136,7 @@ def test_every_host_op_is_row_local(rng):
         lambda a, s: host_ops.rope_tail(a, cos[s], sin[s]),
         lambda a, s: host_ops.swiglu(a, a[:, ::-1], 3.0),
         lambda a, s: host_ops.softplus(a),
+        lambda a, s: host_ops.qat(a),
     ]
     for call in calls:
         whole = np.array(call(x, slice(0, 6)))
