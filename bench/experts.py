@@ -5,9 +5,10 @@ of 4096 inputs) and down ([4096, 2048]); a 64-token prefill chunk multiplies 64 
 each. Measured side by side in one run, on the same shapes:
   * fast:  the fast CPU kernel set (engine/qmatrix.py ExpertMatrix: 8-bit activations, integer
            dot products, every core) on IQ2_XXS gate/up and Q2_K down (the q2 file) and Q4_K
-           gate/up and down (the q4 file);
+           gate/up and down (the q4 file), MXFP4 gate/up and down (ds4's native FP4 experts);
   * exact: the exact float32 reference kernels (experts/cpu.py through quant_experts'
-           portable backend on the CPU kernel set), for the figure the fast set replaces;
+           portable backend on the CPU kernel set), for the figure the fast set replaces; for
+           MXFP4 the row is MLX's own mxfp4 gather_qmm (what runs outside the fast set);
   * mlx:   `mx.gather_qmm` in MLX's affine 4-bit and 8-bit formats, group 32 and 64, over the
            same shapes (what MLX's quantised kernels do here).
 Each row: ms per call (best of --iters calls, fresh random experts each, so the blocks come from
@@ -43,6 +44,8 @@ CASES = [  # (label, qtype, (d_out, d_in))
     ("Q2_K down", quant.Q2_K, DOWN),
     ("Q4_K gate/up", quant.Q4_K, GATE),
     ("Q4_K down", quant.Q4_K, DOWN),
+    ("MXFP4 gate/up", quant.MXFP4, GATE),
+    ("MXFP4 down", quant.MXFP4, DOWN),
 ]
 F16_FIELDS = {quant.Q2_K: (80, 82), quant.Q4_K: (0, 2), quant.IQ2_XXS: (0,)}
 
@@ -56,6 +59,9 @@ def random_experts(rng: np.random.Generator, n_experts: int, qtype: int, shape: 
     scales = (rng.uniform(0.5, 1.0, per_expert) * 1e-3).astype(np.float16).view(np.uint8).reshape(-1, 2)
     for e in range(n_experts):  # expert by expert: no second whole-tensor buffer
         raw[e] = np.frombuffer(rng.bytes(per_expert * size), dtype=np.uint8).reshape(per_expert, size)
+        if qtype == quant.MXFP4:  # the E8M0 scale byte: 2^(e - 128) near 1e-3
+            raw[e, :, 0] = 117 + (np.arange(per_expert) + e) % 4
+            continue
         for off in F16_FIELDS[qtype]:
             raw[e, :, off : off + 2] = np.roll(scales, e, axis=0)
     return raw.reshape(n_experts, d_out, d_in // block * size)
@@ -157,7 +163,8 @@ def main(argv=None) -> int:
                     exact = quant_experts(raw, qtype, (args.experts, d_out, d_in), backend="portable")
                 xm = mx.array(x)
                 wall, cpu, used = timer.time(lambda ids, xm=xm, ex=exact: ex.gather_matmul(xm, mx.array(ids)), rows)
-                _row(f"exact {label} {d_out}x{d_in}{tag}", used * expert_bytes, wall, cpu, ref)
+                name = "mlx" if qtype == quant.MXFP4 else "exact"  # Mxfp4Experts: MLX's mxfp4
+                _row(f"{name:<5} {label} {d_out}x{d_in}{tag}", used * expert_bytes, wall, cpu, ref)
         del raw, fast
     ok = worst >= args.target
     print(f"target: every fast decode row >= {args.target:.2f}x MLX 4-bit g64: "

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from ds4agent.commands.settings import InfoSettings
-from ds4agent.engine.device import Device, choose_device
+from ds4agent.engine.device import Device, choose_device, kernel_set
 from ds4agent.engine.errors import EngineError
 from ds4agent.engine.experts.base import planned_experts
 from ds4agent.engine.gguf import GGUFFile
@@ -90,7 +90,7 @@ def format_info(info: ModelInfo, device: Device | None = None) -> str:
         "",
         f"memory      weights as the engine holds them {binary_size(plan.weights)} (F16 kept, Q8_0 as MLX "
         "affine 8-bit)",
-        _experts_line(plan.experts, info, routed),
+        _experts_line(plan.experts, info, routed, kernel_set(device.kind) if device else kernel_set()),
         f"            session state at --ctx {info.ctx}: {binary_size(plan.state)} when full (it grows with "
         "the tokens used)",
         f"            working buffers for one prefill chunk: about {binary_size(plan.working)}",
@@ -99,11 +99,12 @@ def format_info(info: ModelInfo, device: Device | None = None) -> str:
     return "\n".join(lines)
 
 
-def _experts_line(mapped: int, info: ModelInfo, routed: str) -> str:
-    """Where the routed experts live: memory-mapped, MLX arrays (a converted directory; MXFP4
-    experts, re-laid at load by engine/experts/mxfp4.py), or (F16 experts of a test file, none
-    mapped) among the weights above, with the size the table gives them."""
-    if info.path.is_dir() or routed == "MXFP4":
+def _experts_line(mapped: int, info: ModelInfo, routed: str, kernels: str) -> str:
+    """Where the routed experts live under the kernel set `kernels`: memory-mapped, MLX arrays (a
+    converted directory; MXFP4 experts outside the fast CPU set, re-laid at load by
+    engine/experts/mxfp4.py), or (F16 experts of a test file, none mapped) among the weights
+    above, with the size the table gives them."""
+    if info.path.is_dir() or (routed == "MXFP4" and kernels != "cpu"):
         return f"            routed experts {binary_size(mapped)} (MLX arrays)"
     if mapped == 0:
         held = sum(g.memory_bytes for g in info.groups if g.name == "routed experts")

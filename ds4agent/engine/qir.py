@@ -190,6 +190,49 @@ def dot4(builder, acc, w64, x4):
     return builder.add(acc, quads)
 
 
+def unit_sums(builder, vecs, unit: int):
+    """<P x i32> whose lane u is the sum of the u-th run of `unit` lanes of vecs (<16 x i32>
+    each, 16 // unit runs apiece, in order; P: their count rounded up to a power of two, at most
+    16; lanes past them zero). Summed in a tree: each level adds the halves of two vectors' runs
+    into one vector, then the runs of the last vector are halved in place (about three
+    instructions per run of 16, where reducing each alone costs eight). Integer sums: exact."""
+    units = len(vecs) * (16 // unit)
+    P = 1
+    while P < units:
+        P *= 2
+    assert P <= 16
+    zero = ir.Constant(vec(I32, 16), [0] * 16)
+    vs = list(vecs) + [zero] * (-(-P * unit // 16) - len(vecs))
+    m = unit  # lanes per run in each vector
+    while len(vs) > 1:  # pairs of vectors -> one, each run's m lanes halved
+        first = [k * m + i for k in range(32 // m) for i in range(m // 2)]
+        second = [k * m + m // 2 + i for k in range(32 // m) for i in range(m // 2)]
+        vs = [builder.add(shuffle(builder, a, b, first), shuffle(builder, a, b, second))
+              for a, b in zip(vs[0::2], vs[1::2], strict=True)]
+        m //= 2
+    v = vs[0]
+    while m > 1:  # one vector of P runs x m lanes -> P x m / 2
+        first = [k * m + i for k in range(P) for i in range(m // 2)]
+        second = [k * m + m // 2 + i for k in range(P) for i in range(m // 2)]
+        v = builder.add(shuffle(builder, v, v, first), shuffle(builder, v, v, second))
+        m //= 2
+    return v
+
+
+def count_cases(builder, count, counts, emit, name: str) -> None:
+    """One IR body per value of `counts`, chosen by a switch on the integer value `count`
+    (another value does nothing): emit(n) writes the body for n, at the builder's position."""
+    done = builder.append_basic_block(f"{name}_done")
+    switch = builder.switch(count, done)
+    for n in counts:
+        case = builder.append_basic_block(f"{name}_{n}")
+        switch.add_case(ir.Constant(count.type, n), case)
+        builder.position_at_end(case)
+        emit(n)
+        builder.branch(done)
+    builder.position_at_end(done)
+
+
 def splat(builder, value, t, n: int):
     v = builder.insert_element(ir.Constant(vec(t, n), None), value, ir.Constant(I32, 0))
     return shuffle(builder, v, v, [0] * n)

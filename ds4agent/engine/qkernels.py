@@ -65,6 +65,7 @@ from ds4agent.engine.qir import (
     IQ2_CODES,
     VNNI,
     const,
+    count_cases,
     dot4,
     half_at,
     iq2_magnitudes_signs,
@@ -76,12 +77,13 @@ from ds4agent.engine.qir import (
     shuffle,
     splat,
     store,
+    unit_sums,
     vec,
 )
 
 # qir.py's SHA-256: the IR this file's kernels inline comes from there, and numba's cache of this
 # file is kept while this file is unchanged (see qir.py; a test checks the digest).
-QIR_DIGEST = "fc9486c2ed07a42890f3a8c0f6fb9584750fa76d46c5a71d183d25a1f98d3a91"
+QIR_DIGEST = "ccbb08e75beddb59a25a50b83809fd49942d9f2dbeb5111df1754da58f4d6ff2"
 
 
 # ---- rows straight from their blocks, several tokens per block decode ---------------------------
@@ -222,9 +224,8 @@ ROW_GROUPS = (1, 2, 3, 4, 5, 6, 7, 8)  # the token counts a row_dots call takes 
 
 def _lane_sums(builder, vecs):
     """<P x i32> whose lane j is the sum of the 16 lanes of vecs[j] (P: len(vecs) rounded up to a
-    power of two, at most 16). The vectors are summed together in a tree: each level adds the
-    halves of two vectors' token blocks into one vector (a token group's sums cost about three
-    instructions each, where reducing each vector alone costs eight). Integer sums: exact."""
+    power of two, at most 16): qir.unit_sums' tree, or LLVM's own reduction of each of one or two
+    vectors (faster than the tree there). Integer sums: exact."""
     P = 1
     while P < len(vecs):
         P *= 2
@@ -234,21 +235,7 @@ def _lane_sums(builder, vecs):
         for j, v in enumerate(vecs):
             out = builder.insert_element(out, reduce(builder, v, 16), ir.Constant(I32, j))
         return out
-    vs = list(vecs) + [_ZERO16] * (P - len(vecs))
-    m = 16  # lanes per token in each vector
-    while len(vs) > 1:  # pairs of vectors -> one, each token's m lanes halved
-        first = [k * m + i for k in range(32 // m) for i in range(m // 2)]
-        second = [k * m + m // 2 + i for k in range(32 // m) for i in range(m // 2)]
-        vs = [builder.add(shuffle(builder, a, b, first), shuffle(builder, a, b, second))
-              for a, b in zip(vs[0::2], vs[1::2], strict=True)]
-        m //= 2
-    v = vs[0]
-    while m > 1:  # one vector of P tokens x m lanes -> P x m / 2
-        first = [k * m + i for k in range(P) for i in range(m // 2)]
-        second = [k * m + m // 2 + i for k in range(P) for i in range(m // 2)]
-        v = builder.add(shuffle(builder, v, v, first), shuffle(builder, v, v, second))
-        m //= 2
-    return v
+    return unit_sums(builder, vecs, 16)
 
 
 def _blocks_per_pass(kind: int, tokens: int) -> int:
@@ -349,15 +336,8 @@ def row_dots_with(kind: int, vbmi: bool):
         # One IR body per token count of ROW_GROUPS, chosen by a switch on `count` (another
         # count does nothing: the caller passes only these).
         def codegen(context, builder, sig, args):
-            done = builder.append_basic_block("row_dots_done")
-            switch = builder.switch(args[13], done)
-            for n in ROW_GROUPS:
-                case = builder.append_basic_block(f"row_dots_{n}")
-                switch.add_case(ir.Constant(args[13].type, n), case)
-                builder.position_at_end(case)
-                _row_dots_body(context, builder, sig, args, kind, n, vbmi)
-                builder.branch(done)
-            builder.position_at_end(done)
+            count_cases(builder, args[13], ROW_GROUPS,
+                        lambda n: _row_dots_body(context, builder, sig, args, kind, n, vbmi), "row_dots")
             return context.get_dummy_value()
 
         return types.void(raw, ro, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res, count), codegen

@@ -14,8 +14,9 @@ ExpertMatrix with one "expert" per group: matmul(x [n, G, cols], ids = [[0, 1, .
 The exact float32 path (weights.Linear, experts/cpu.py) stays the reference; this is the fast
 set. docs/numerics-fast-cpu.md is its contract; in short:
   * activations are rounded per block to 8 bits as ds4's CPU path rounds them (Q8_0-style blocks
-    of 32 for Q8_0 weights, Q8_K-style blocks of 256 for Q2_K, Q4_K and IQ2_XXS), and each block
-    product is an exact integer sum scaled by one float multiply (qkernels.py has the formulas);
+    of 32 for Q8_0 and MXFP4 weights, Q8_K-style blocks of 256 for Q2_K, Q4_K and IQ2_XXS), and
+    each block product is an exact integer sum scaled by one float multiply (qkernels.py and
+    fp4kernels.py have the formulas);
   * deterministic, and independent of the thread count, the row split and the batch: row r of
     token t is computed by the same code in the same order whatever else shares the call, so
     decode equals a one-token prefill bit for bit and a chunked prefill equals an unchunked one
@@ -24,8 +25,8 @@ set. docs/numerics-fast-cpu.md is its contract; in short:
   * agreement with the dequantised float32 product: within `activation_error_bound` for every
     output (about 1 % of the largest output with gaussian activations), held by
     tests/engine/test_qmatrix.py on random blocks and on the test models' tensors.
-Memory: Q8_0 repacked (34 bytes per 32 weights, as in the file); the other block types used in
-place from the caller's bytes (the file's map); F16 kept as F16.
+Memory: Q8_0 repacked (34 bytes per 32 weights, as in the file); the other block types (MXFP4
+included) used in place from the caller's bytes (the file's map); F16 kept as F16.
 
 Threads: a product's output rows are split into `device.cpu_parts()` contiguous ranges, one per
 thread of numba's pool (qkernels' *_split kernels, prange). Small products run as one range
@@ -46,7 +47,7 @@ from ds4agent.engine import device, quant
 from ds4agent.engine.errors import EngineError
 
 F32, F16 = 0, 1
-BLOCK_TYPES = (quant.Q8_0, quant.Q2_K, quant.Q4_K, quant.IQ2_XXS)
+BLOCK_TYPES = (quant.Q8_0, quant.Q2_K, quant.Q4_K, quant.IQ2_XXS, quant.MXFP4)
 # Multiply-adds below which a product runs as one range: a split costs about a microsecond
 # (numba's pool), which a product this small would not win back.
 _PARALLEL_MIN_MACS = 1 << 16
@@ -68,9 +69,9 @@ _LOADED: dict[str, ModuleType] = {}
 
 def _kernels(ggml_type: int) -> ModuleType:
     """The kernel module of a GGML type, imported on first use (numba loads its cached machine
-    code then): q8kernels (Q8_0, and the activations' rounding) or qkernels (the K-quants and
-    IQ2_XXS). Both have expert_rows_split with the same signature."""
-    name = "q8kernels" if ggml_type == quant.Q8_0 else "qkernels"
+    code then): q8kernels (Q8_0, and the activations' rounding), fp4kernels (MXFP4) or qkernels
+    (the K-quants and IQ2_XXS). Each has expert_rows_split with the same signature."""
+    name = {quant.Q8_0: "q8kernels", quant.MXFP4: "fp4kernels"}.get(ggml_type, "qkernels")
     try:
         return _LOADED[name]
     except KeyError:
@@ -79,6 +80,10 @@ def _kernels(ggml_type: int) -> ModuleType:
         from ds4agent.engine import q8kernels
 
         _LOADED[name] = q8kernels
+    elif ggml_type == quant.MXFP4:
+        from ds4agent.engine import fp4kernels
+
+        _LOADED[name] = fp4kernels
     else:
         from ds4agent.engine import qkernels
 
@@ -184,7 +189,7 @@ class Activations:
 
 
 def _activation_kind(qtype: int) -> str:
-    if qtype == quant.Q8_0:
+    if qtype in (quant.Q8_0, quant.MXFP4):  # blocks of 32 weights: activations in blocks of 32
         return "q8_0"
     if qtype in (quant.Q2_K, quant.Q4_K, quant.IQ2_XXS):
         return "q8_k"
@@ -239,7 +244,7 @@ def activation_error_bound(ggml_type: int, w: np.ndarray, x: np.ndarray) -> np.n
     x64 = np.asarray(x, dtype=np.float64)
     n, cols = x64.shape
     if ggml_type in BLOCK_TYPES:
-        size = 32 if ggml_type == quant.Q8_0 else 256
+        size = 32 if ggml_type in (quant.Q8_0, quant.MXFP4) else 256
         amax = np.abs(x64).reshape(n, cols // size, size).max(axis=2)
         step = np.repeat(amax / 127.0, size, axis=1) * (0.5 * (1 + 2.0 ** -20))
         blocks = cols // size

@@ -513,8 +513,9 @@ def load_weights(gf, config: ModelConfig, progress: Callable[[float], None] | No
 
     2-D weights: F32/F16 as dense f32, Q8_0 as MLX affine 8-bit (exact); on the fast CPU set both
     as fast_linear.FastLinear (Q8_0 blocks repacked, F16 kept). Routed experts: F16/F32 dense
-    (test models) or raw quantised blocks behind `experts.quant_experts` (MXFP4 re-laid into MLX
-    arrays, whose file pages are then dropped like any converted tensor's).
+    (test models) or raw quantised blocks behind `experts.quant_experts` (on the fast CPU set
+    read in place from the map, MXFP4 included; elsewhere MXFP4 re-laid into MLX arrays, whose
+    file pages are then dropped like any converted tensor's).
     """
     kernels = kernels or device.kernel_set()
     resident: dict[tuple[int, int], Any] = {}  # expert blocks copied to the device (quant_experts)

@@ -20,6 +20,7 @@ import numpy as np
 
 from ds4agent.engine import quant
 from ds4agent.engine.config import ModelConfig
+from ds4agent.engine.device import kernel_set
 from ds4agent.engine.experts.base import quant_experts
 from ds4agent.engine.layout import tensor_table
 from ds4agent.engine.quant import q8_0_to_affine
@@ -62,7 +63,7 @@ def weights_from_tensors(config: ModelConfig, tensors: Mapping[str, Any], *,
     quantize_q8: store the tensors that are Q8_0 in a GGUF as MLX affine 8-bit (as a loaded file
     does; the values are Q8_0-exact so this is lossless) instead of dense f32.
     mxfp4_experts: the routed experts (MXFP4 values, random_tensors(..., experts="mxfp4")) on the
-    engine's MXFP4 backend, as a loaded MXFP4 file has them; else dense.
+    MXFP4 backend a loaded file gets under the kernel set in force; else dense.
     """
     q8_names: set[str] = set()
     if quantize_q8:
@@ -71,8 +72,10 @@ def weights_from_tensors(config: ModelConfig, tensors: Mapping[str, Any], *,
     def get(name: str) -> Any:
         v = tensors[name]
         if mxfp4_experts and "_exps." in name:
-            # MXFP4 values re-encode to the file's blocks bit for bit (values.mxfp4_blocks).
-            return quant_experts(mxfp4_blocks(np.asarray(v, dtype=np.float32)), quant.MXFP4, v.shape)
+            # MXFP4 values re-encode to the file's blocks bit for bit (values.mxfp4_blocks), on
+            # the backend a loaded file gets under the kernel set in force (weights.load_weights).
+            return quant_experts(mxfp4_blocks(np.asarray(v, dtype=np.float32)), quant.MXFP4, v.shape,
+                                 backend="fast" if kernel_set() == "cpu" else "auto")
         if name in q8_names:
             # The values are Q8_0-exact: re-encoding them gives the file's blocks bit for bit.
             return exact_q8_affine(np.asarray(v, dtype=np.float32))

@@ -33,18 +33,28 @@ def test_mxfp4_and_dense_experts_are_named_on_every_kernel_set(tmp_path):
     f16_path = make_test_model(tmp_path / "f16.gguf", "micro")
     for kernels in ("reference", "cpu", "gpu"):
         with forced_kernel_set(kernels):
-            assert load_engine(mx_path, ctx=32).expert_backend == "mxfp4 via MLX gather_qmm"
+            want = "MXFP4 fast CPU kernels" if kernels == "cpu" else "mxfp4 via MLX gather_qmm"
+            assert load_engine(mx_path, ctx=32).expert_backend == want
             assert load_engine(f16_path, ctx=32).expert_backend == "dense float32 via MLX gather_mm"
-    assert planned_experts(["MXFP4"], "gpu") == planned_experts(["MXFP4"], "cpu") == "mxfp4 via MLX gather_qmm"
+    with forced_kernel_set("reference"):
+        assert planned_experts(["MXFP4"], "gpu") == planned_experts(["MXFP4"], "cpu") == "mxfp4 via MLX gather_qmm"
+    with forced_kernel_set("cpu"):
+        assert planned_experts(["MXFP4"], "cpu") == "MXFP4 fast CPU kernels"
     assert describe_experts([]) == "none"
 
 
 def test_info_names_the_expert_types_and_backend(tmp_path, capsys, monkeypatch):
     path = make_test_model(tmp_path / "mx.gguf", "micro", experts="mxfp4")
-    assert cli.main(["info", str(path), "--device", "cpu"]) == 0
+    with forced_kernel_set("reference"):
+        assert cli.main(["info", str(path), "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "            routed types MXFP4; experts: mxfp4 via MLX gather_qmm\n" in out
     assert "routed experts 51.00 KiB (MLX arrays)" in out  # re-laid at load, not mapped
+    with forced_kernel_set("cpu"):
+        assert cli.main(["info", str(path), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "            routed types MXFP4; experts: MXFP4 fast CPU kernels\n" in out
+    assert "routed experts 51.00 KiB memory-mapped" in out  # read in place by the fast CPU kernels
     q4 = write_quant_model(tmp_path / "q4.gguf", quant_config("micro"), Q4_TYPES)
     monkeypatch.setattr(base.gpu, "available_backend", lambda: "metal")
     assert planned_experts(["Q4_K"], "gpu") == "Q4_K Metal kernels (self-checked at load, portable MLX if they fail)"

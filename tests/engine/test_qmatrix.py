@@ -27,7 +27,7 @@ from tests.weights.conftest import random_blocks
 from tests.weights.quantmodel import _MAGNITUDE as MAGNITUDE
 from tests.weights.quantmodel import Q2_TYPES, Q4_TYPES, quant_config
 
-TYPES = (quant.Q8_0, quant.Q2_K, quant.Q4_K, quant.IQ2_XXS)
+TYPES = (quant.Q8_0, quant.Q2_K, quant.Q4_K, quant.IQ2_XXS, quant.MXFP4)
 
 
 def _matrix(rng, qtype: int, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
@@ -346,6 +346,15 @@ def _f16(b: np.ndarray) -> np.float32:
 def _formula_row(qtype: int, row: np.ndarray, x: np.ndarray) -> np.float32:
     """One output of the fast product, step by step in float32 (docs/numerics-fast-cpu.md)."""
     acc = np.float32(0.0)
+    if qtype == quant.MXFP4:  # fp4kernels.py: acc += (2^(e - 128) * xd) * isum, kv the doubled E2M1 values
+        q, d = _ds4_q8_0_activations(x)
+        kv = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int64)
+        for b in range(len(d)):
+            blk = row[17 * b : 17 * b + 17]
+            s = int(np.dot(kv[np.concatenate([blk[1:] & 15, blk[1:] >> 4])], q[32 * b : 32 * b + 32]))
+            dw = np.float32(np.ldexp(1.0, int(blk[0]) - 128))
+            acc = np.float32(acc + np.float32(dw * d[b]) * np.float32(s))
+        return acc
     if qtype == quant.Q8_0:
         q, d = _ds4_q8_0_activations(x)
         for b in range(len(d)):
@@ -439,6 +448,49 @@ def test_row_dots_are_the_same_with_avx512_or_portable(qtype, n):
         assert np.array_equal(got, want), f"vbmi={vbmi}"
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("blocks", [1, 13, 16])
+def test_mxfp4_rows_of_any_block_count_follow_the_formula_with_avx512_or_portable(n, blocks):
+    """MXFP4 rows go in passes of block pairs sharing one reduction, then single pairs, then an
+    odd last block (13 blocks: a pass of 8, or 4 or 2 per pass with more tokens, then the
+    rest): every way gives the stated formula's bits, with the AVX-512 VBMI byte permute for
+    the magnitudes and with the portable compares and selects. Scale bytes 0 and 1 (subnormal
+    half scales) and 254 included."""
+    from numba import njit
+
+    from ds4agent.engine import fp4kernels
+    from ds4agent.engine.qmatrix import Activations
+
+    rng = np.random.default_rng(100 * n + blocks)
+    rows, cols = 6, 32 * blocks
+    raw, _ = _matrix(rng, quant.MXFP4, rows, cols)
+    per_row = np.ascontiguousarray(raw.reshape(rows, -1))
+    per_row[0, 0], per_row[1, 0], per_row[2, 0] = 0, 1, 254
+    x = _inputs(rng, n, cols)
+    with np.errstate(over="ignore"):  # scale 254 times a large input: inf, as in the kernels
+        want = np.array([[_formula_row(quant.MXFP4, per_row[r], x[t]) for r in range(rows)] for t in range(n)],
+                        np.float32)
+    assert np.array_equal(QuantMatrix.from_blocks(per_row.reshape(-1), quant.MXFP4, rows, cols).matmul(x), want)
+    act = Activations(x, "q8_0")
+
+    def runner(row_dots):
+        @njit
+        def run(per_row, xq, xd, res, n):
+            nb = xq.shape[1] // 32
+            out = np.empty((n, per_row.shape[0]), np.float32)
+            for r in range(per_row.shape[0]):
+                row_dots(per_row, r * per_row.shape[1], nb, xq, 0, xq.shape[1], xd, 0, res, n)
+                for t in range(n):
+                    out[t, r] = res[t]
+            return out
+
+        return run
+
+    for vbmi in [False] + ([True] if fp4kernels.VBMI else []):
+        got = runner(fp4kernels.row_dots_with(vbmi))(per_row, act.xq, act.xd, np.zeros(8, np.float32), n)
+        assert np.array_equal(got, want), f"vbmi={vbmi}"
+
+
 def test_kernel_modules_carry_the_digest_of_the_ir_they_inline():
     # numba's cache of a kernel module is kept while that file is unchanged; the IR its kernels
     # inline comes from qir.py, so each carries qir.py's SHA-256: a change to qir.py fails here
@@ -446,10 +498,10 @@ def test_kernel_modules_carry_the_digest_of_the_ir_they_inline():
     import hashlib
     from pathlib import Path
 
-    from ds4agent.engine import fkernels, q8kernels, qir, qkernels
+    from ds4agent.engine import fkernels, fp4kernels, q8kernels, qir, qkernels
 
     digest = hashlib.sha256(Path(qir.__file__).read_bytes()).hexdigest()
-    assert [m.QIR_DIGEST for m in (qkernels, q8kernels, fkernels)] == [digest] * 3
+    assert [m.QIR_DIGEST for m in (qkernels, q8kernels, fkernels, fp4kernels)] == [digest] * 4
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q8_k"])

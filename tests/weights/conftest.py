@@ -34,7 +34,9 @@ def random_blocks(rng: np.random.Generator, qtype: int, n_blocks: int, *, scale:
     """
     size = quant.block_info(qtype)[1]
     raw = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
-    if scale is not None:
+    if scale is not None and qtype == quant.MXFP4:  # the E8M0 byte: a power of two near `scale`
+        raw[:, 0] = np.round(128 + np.log2(scale) + rng.uniform(-1.0, 1.0, n_blocks)).astype(np.uint8)
+    elif scale is not None:
         for off in F16_FIELDS[qtype]:
             vals = (rng.uniform(0.25, 1.0, n_blocks) * scale * rng.choice([-1, 1], n_blocks)).astype(np.float16)
             raw[:, off : off + 2] = vals.view(np.uint8).reshape(n_blocks, 2)

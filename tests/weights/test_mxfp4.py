@@ -1,5 +1,6 @@
 """ds4's native MXFP4 experts (ggml type 39): the block table, the bit-exact dequantiser, the
-lossless re-lay into MLX's mxfp4 and the backend that multiplies them with MLX's gather_qmm."""
+lossless re-lay into MLX's mxfp4 and the backend that multiplies them with MLX's gather_qmm; the
+fast CPU set's in-place backend (its kernels' own tests: tests/engine/test_qmatrix.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import pytest
 from ds4agent.engine import quant
 from ds4agent.engine.errors import EngineError
 from ds4agent.engine.experts.base import dense_experts, describe_experts, quant_experts
+from ds4agent.engine.experts.fast import FAST_HOW, FastExperts
 from ds4agent.engine.experts.mxfp4 import Mxfp4Experts
 from ds4agent.engine.gguf import GGML_TYPES
+from ds4agent.engine.qmatrix import activation_error_bound
 from ds4agent.testmodels.values import mxfp4_blocks
 
 REF = gguf.GGMLQuantizationType.MXFP4
@@ -82,13 +85,31 @@ def test_test_model_encoder_writes_ggml_blocks_and_mxfp4_values_reencode_exactly
     assert np.array_equal(mxfp4_blocks(ref), blocks)
 
 
-@pytest.mark.parametrize("backend", ["auto", "portable", "gpu", "fast"])
-def test_mxfp4_runs_on_mlx_gather_qmm_whatever_backend_is_asked(backend):
+@pytest.mark.parametrize("backend", ["auto", "portable", "gpu"])
+def test_mxfp4_runs_on_mlx_gather_qmm_outside_the_fast_cpu_set(backend):
     raw = _blocks(np.random.default_rng(4), 2 * 3 * 2)
     ex = quant_experts(raw, quant.MXFP4, (2, 3, 64), backend=backend)
     assert type(ex) is Mxfp4Experts and ex.mode == "mxfp4" and not ex.maps_file()
     assert ex.describe() == ("mxfp4", "via MLX gather_qmm")
     assert describe_experts([ex, ex]) == "mxfp4 via MLX gather_qmm"
+
+
+def test_the_fast_cpu_set_reads_mxfp4_in_place_on_its_own_kernels():
+    """The fast CPU set's backend takes MXFP4 as it takes the K-quants: the blocks stay in the
+    file's map (no re-laid copy), multiplied by fp4kernels within the fast set's bound of the
+    exact product of the same weights."""
+    rng = np.random.default_rng(4)
+    raw = _blocks(rng, 4 * 8 * 4)
+    ex = quant_experts(raw, quant.MXFP4, (4, 8, 128), backend="fast")
+    assert type(ex) is FastExperts and ex.maps_file() and ex.describe() == ("MXFP4", FAST_HOW)
+    w = np.array(quant.dequantize(raw, quant.MXFP4, (4, 8, 128)))
+    x = rng.standard_normal((3, 128)).astype(np.float32)
+    ids = np.array([[0, 3], [2, 1], [3, 3]], np.int32)
+    got = np.array(ex.gather_matmul(mx.array(x), mx.array(ids)))
+    for t in range(3):
+        for j in range(2):
+            bound = activation_error_bound(quant.MXFP4, w[ids[t, j]], x[t : t + 1])[0]
+            assert np.all(np.abs(got[t, j] - w[ids[t, j]].astype(np.float64) @ x[t]) <= bound)
 
 
 def test_tensors_sharing_one_region_share_one_backend():

@@ -11,6 +11,7 @@ from ds4agent import cli
 from ds4agent.engine import load_engine
 from ds4agent.engine.config import test_config
 from ds4agent.engine.device import forced_kernel_set
+from ds4agent.engine.experts.fast import FastExperts
 from ds4agent.engine.experts.mxfp4 import Mxfp4Experts
 from ds4agent.engine.experts.portable import DenseExperts
 from ds4agent.engine.gguf import GGUFFile
@@ -52,9 +53,9 @@ def test_loads_onto_mlx_mxfp4_and_equals_the_model_built_from_the_same_values(pa
 def _loads_onto_mlx_mxfp4(paths, kernels):
     cfg = test_config("tiny")
     eng = load_engine(paths[0], ctx=64)
-    for layer in eng.weights.layers:
+    for layer in eng.weights.layers:  # the fast CPU set's own kernels read the blocks in place
         for ex in (layer.ffn.gate_exps, layer.ffn.up_exps, layer.ffn.down_exps):
-            assert type(ex) is Mxfp4Experts
+            assert type(ex) is (FastExperts if kernels == "cpu" else Mxfp4Experts)
     assert eng.quant_bits == 4  # a 4-bit expert type: what its session files record
     tensors = random_tensors(cfg, 0, experts="mxfp4")
     built = Engine(config=cfg, weights=weights_from_tensors(cfg, tensors, quantize_q8=True, mxfp4_experts=True), ctx=64)
@@ -66,16 +67,19 @@ def _loads_onto_mlx_mxfp4(paths, kernels):
         s.sync(TOKENS)
         logits.append(np.array(s.logits))
     got, same, twin = logits
-    assert np.array_equal(got, same)  # the file's blocks are the values' blocks, re-laid alike
-    # Against the dequantised twin: float32 rounding in the expert products only. With the
-    # engine's rounding simulations off that is all there is (measured 1.0e-7 of the largest
-    # logit, fast CPU set); with them on (f16 rows, fp8/fp4 steps) such a difference flips a
-    # simulated rounding now and then, and one flipped fp8 step of a cached row moves the logits
-    # by ~1e-3-1e-2 of the largest (measured 6.0e-5 reference set, 5.6e-3 fast CPU set).
+    assert np.array_equal(got, same)  # the file's blocks are the values' blocks, on the same backend
+    # Against the dequantised twin: the expert products only. The reference set's MLX mxfp4
+    # products differ by float32 rounding (rounding simulations off: measured 3.9e-7 of the
+    # largest logit); the fast CPU set's by its 8-bit activations too (measured 1.2e-2; 3e-2
+    # allowed, the fast set's model-level bound, docs/numerics-fast-cpu.md). With the simulations on (f16 rows, fp8/fp4
+    # steps) such a difference flips a simulated rounding now and then, and one flipped fp8 step
+    # of a cached row moves the logits by ~1e-3-1e-2 of the largest (measured 6.0e-5 reference
+    # set, 5.6e-3 fast CPU set).
     plain = [np.array(forward(e.weights, cfg, SessionState.empty(cfg), TOKENS, rounding=False)[0][-1])
              for e in (built, dense)]
-    assert np.abs(plain[0] - plain[1]).max() <= 1e-5 * max(1.0, np.abs(plain[1]).max())
-    assert np.abs(got - twin).max() <= 2e-2 * max(1.0, np.abs(twin).max())
+    bound = 3e-2 if kernels == "cpu" else 1e-5
+    assert np.abs(plain[0] - plain[1]).max() <= bound * max(1.0, np.abs(plain[1]).max())
+    assert np.abs(got - twin).max() <= max(bound, 2e-2) * max(1.0, np.abs(twin).max())  # cpu: 1.2e-2
     assert got.argmax() == twin.argmax()
     assert np.isfinite(got).all() and 0.1 < float(np.std(got)) < 100
 
@@ -114,7 +118,8 @@ def test_the_file_pages_of_mxfp4_experts_are_dropped_once_re_laid(paths, monkeyp
         return real(self, name)
 
     monkeypatch.setattr(GGUFFile, "release", release)
-    eng = load_engine(paths[0], ctx=64)
+    with forced_kernel_set("reference"):  # the re-laid backend (the fast CPU set reads the map)
+        eng = load_engine(paths[0], ctx=64)
     experts = {n for n in eng.gguf.tensors if "_exps." in n}
     assert experts and experts <= set(released)
     assert not any(ex.maps_file() for layer in eng.weights.layers

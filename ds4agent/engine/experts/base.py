@@ -2,11 +2,11 @@
 
     ExpertWeights                       what model.py multiplies: gather_matmul(x, expert_ids)
     dense_experts(w)                    float weights -> DenseExperts
-    quant_experts(raw, qtype, shape)    raw GGUF blocks -> MXFP4: MLX's own mxfp4 kernels on every
-                                        device (mxfp4.py); the other types: the GPU kernels
+    quant_experts(raw, qtype, shape)    raw GGUF blocks -> backend="fast": FastExperts (the fast
+                                        CPU set, every blocked type); else MXFP4: MLX's own mxfp4
+                                        kernels (mxfp4.py); the other types: the GPU kernels
                                         (gpu.py) where MLX has a Metal or CUDA GPU and they pass
-                                        their self-check, else QuantExperts; backend="fast":
-                                        FastExperts (the fast CPU set)
+                                        their self-check, else QuantExperts
     describe_experts(backends)          which backend runs, and why: "mxfp4 via MLX gather_qmm"
     planned_experts(type_names)         the same line before loading (info)
 
@@ -59,11 +59,12 @@ def dense_experts(w: Any) -> ExpertWeights:
 
 def quant_experts(raw: Any, qtype: int, shape: Any, *, backend: str = "auto",
                   shared: dict[tuple[int, int], Any] | None = None) -> ExpertWeights:
-    """The backend for raw expert blocks: MXFP4 always on MLX's own mxfp4 kernels (re-laid
-    losslessly, every device and kernel set: `backend` does not apply); the other types on the
-    GPU kernels where MLX has a Metal or CUDA GPU (IQ2_XXS, Q2_K, Q4_K), else the portable MLX
-    backend. backend: "auto" | "portable" | "gpu" | "fast" (the fast CPU kernel set's backend,
-    experts/fast.py: blocks read in place from the map).
+    """The backend for raw expert blocks. backend "fast" (the fast CPU kernel set's backend,
+    experts/fast.py): every type's blocks read in place from the map, MXFP4 included. Otherwise
+    MXFP4 on MLX's own mxfp4 kernels (re-laid losslessly, every device: "portable" and "gpu" do
+    not apply), and the other types on the GPU kernels where MLX has a Metal or CUDA GPU
+    (IQ2_XXS, Q2_K, Q4_K), else the portable MLX backend. backend: "auto" | "portable" | "gpu" |
+    "fast".
 
     shared: the loader's device copies of blocks already made, by (address, size) of the mapped
     bytes. A backend that keeps its blocks resident reuses the copy of the same bytes instead
@@ -76,6 +77,8 @@ def quant_experts(raw: Any, qtype: int, shape: Any, *, backend: str = "auto",
     key = None
     if shared is not None and isinstance(raw, np.ndarray):
         key = (int(raw.__array_interface__["data"][0]), int(raw.nbytes))
+    if backend == "fast":  # every blocked type, MXFP4 included, read in place from the map
+        return FastExperts(raw, qtype, shape)
     if qtype == quant.MXFP4:
         # The re-laid arrays are the resident copy: tensors sharing one region share one backend.
         if shared is None or key is None:
@@ -83,8 +86,6 @@ def quant_experts(raw: Any, qtype: int, shape: Any, *, backend: str = "auto",
         if key not in shared:
             shared[key] = Mxfp4Experts(raw, shape)
         return shared[key]
-    if backend == "fast":
-        return FastExperts(raw, qtype, shape)
     where = gpu.available_backend()
     want_gpu = backend == "gpu" or (backend == "auto" and qtype in gpu.GPU_TYPES and where is not None)
     cls: type[QuantExperts] = QuantExperts
@@ -124,6 +125,8 @@ def planned_experts(type_names: Iterable[str], device_kind: str) -> str:
         qtype = GGML_TYPE_IDS.get(t)
         if t in ("F16", "F32"):
             pairs.append(("dense float32", "via MLX gather_mm"))
+        elif qtype == quant.MXFP4 and kernels == "cpu":
+            pairs.append((t, FAST_HOW))
         elif qtype == quant.MXFP4:
             pairs.append(("mxfp4", "via MLX gather_qmm"))
         elif qtype in gpu.GPU_TYPES and device_kind == "gpu" and (where := gpu.available_backend()) is not None:

@@ -15,16 +15,16 @@ from ds4agent.engine import quant
 from ds4agent.engine.errors import EngineError
 from ds4agent.engine.experts.portable import check_call
 from ds4agent.engine.hostread import to_host
-from ds4agent.engine.qmatrix import ExpertMatrix, routed_ffn
+from ds4agent.engine.qmatrix import BLOCK_TYPES, ExpertMatrix, routed_ffn
 
 FAST_HOW = "fast CPU kernels"  # what describe() says of this backend
 
 
 class FastExperts:
-    """Raw expert blocks [n_experts, d_out, row_bytes] (IQ2_XXS, Q2_K, Q4_K, Q8_0)."""
+    """Raw expert blocks [n_experts, d_out, row_bytes] (IQ2_XXS, Q2_K, Q4_K, Q8_0, MXFP4)."""
 
     def __init__(self, raw, qtype: int, shape):
-        if qtype not in quant.EXPERT_TYPES:
+        if qtype not in BLOCK_TYPES:
             raise EngineError(f"routed experts of type {quant.type_name(qtype)} are not supported")
         self.qtype = int(qtype)
         self.n_experts, self.d_out, self.d_in = (int(s) for s in shape)

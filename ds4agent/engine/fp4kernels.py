@@ -1,0 +1,232 @@
+"""numba kernels of the fast CPU kernel set for MXFP4 (ggml type 39: per 32 weights one E8M0 scale
+byte e and 16 bytes of E2M1 codes), the native format of DeepSeek V4's routed experts.
+
+Against Q8_0-style activations (q8kernels.quantize_q8_0: int8 codes, one f32 scale xd per 32
+inputs; every |code| <= 127, so a code's negation is an int8 too). Per output (token t, row r),
+from +0, in block order, one rounding per step, no fused multiply-add:
+    acc += (dw * xd) * float(isum)                                         per block of 32
+    dw   = 2^(e - 128)                    (ggml's E8M0 "half" scale: the codes' values doubled)
+    isum = sum_i kv[q_i] * x_i            kv = 0 1 2 3 4 6 8 12 and their negatives (codes 8-15)
+The integer sum is exact (|isum| <= 32 * 12 * 127), so its order is free; dw * xd is a power of
+two times a float and rounds only where it leaves float32's normal range. The weights are the
+file's, bit for bit (dw * kv[q] is quant._dequant_mxfp4's value): only the activations' 8-bit
+rounding separates a product from the exact float32 one, as for the other fast kernels.
+
+The same shape as qkernels.py: an LLVM IR intrinsic (building blocks from qir.py) multiplies
+one row, every block, by 1 to 8 consecutive tokens, each block pair decoded in registers once for
+the tokens; the magnitudes meet the activations with the codes' signs put on the activations
+(u8 magnitudes times s8 codes: the 4-way dot, `vpdpbusd` on AVX-512 VNNI). The magnitudes come
+from a byte permute with AVX-512 VBMI, from compares and selects elsewhere (the same integers).
+A row's result never depends on the tokens it is grouped with, nor on the rows or threads around
+it: decode = one-token prefill, chunk invariance and resume hold as for the other types.
+
+Its own module, not qkernels.py: numba caches machine code per source file, so this kernel's
+compile does not invalidate theirs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from ds4agent.engine.qir import (
+    F32,
+    FEATURES,
+    I8,
+    I32,
+    I64,
+    const,
+    count_cases,
+    dot4,
+    load,
+    ptr,
+    shuffle,
+    unit_sums,
+    vec,
+)
+
+# qir.py's SHA-256 (see qkernels.QIR_DIGEST): numba's cache of this file is kept while this file
+# is unchanged, so a change to the IR it inlines must change this line.
+QIR_DIGEST = "ccbb08e75beddb59a25a50b83809fd49942d9f2dbeb5111df1754da58f4d6ff2"
+
+BLOCK_BYTES = 17  # the scale byte, then 16 bytes of codes: weight i < 16 the low nibble of byte
+#                   1 + i, weight 16 + i its high nibble
+TOKENS = (1, 2, 3, 4, 5, 6, 7, 8)  # the token counts a row_dots call takes (an IR body for each)
+MAGNITUDES = (0, 1, 2, 3, 4, 6, 8, 12)  # kv of codes 0-7 (codes 8-15: the same, negated)
+_ZERO16 = ir.Constant(vec(I32, 16), [0] * 16)
+
+
+def _pair_codes(builder, base0, base1):
+    """The codes of two blocks (base1 None: one block, then zeros) as <64 x i8> in weight order:
+    block 0's 32 weights, then block 1's."""
+    q0 = load(builder, builder.gep(base0, [ir.Constant(I64, 1)]), I8, 16)
+    q1 = const(I8, [0] * 16) if base1 is None else load(builder, builder.gep(base1, [ir.Constant(I64, 1)]), I8, 16)
+    v = shuffle(builder, q0, q1, range(32))
+    lo = builder.and_(v, const(I8, [15] * 32))
+    hi = builder.lshr(v, const(I8, [4] * 32))
+    return shuffle(builder, lo, hi, [*range(0, 16), *range(32, 48), *range(16, 32), *range(48, 64)])
+
+
+def _magnitudes(builder, codes, vbmi: bool):
+    """<64 x i8> |kv| of each code (unsigned, <= 12)."""
+    if vbmi:  # one byte permute through the 64-byte table (it reads the low six bits of each index)
+        lookup = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec(I8, 64), [vec(I8, 64)] * 2),
+                                                "llvm.x86.avx512.permvar.qi.512")
+        return builder.call(lookup, [const(I8, [MAGNITUDES[i & 7] for i in range(64)]), codes])
+    m = builder.and_(codes, const(I8, [7] * 64))
+    out = m  # codes 0-4 are their own magnitudes
+    for code in (5, 6, 7):
+        out = builder.select(builder.icmp_unsigned("==", m, const(I8, [code] * 64)),
+                             const(I8, [MAGNITUDES[code]] * 64), out)
+    return out
+
+
+def _half_scales(builder, e8, count: int):
+    """<count x f32> 2^(e - 128) of the scale bytes e8 <count x i8>: subnormal 0x00200000 << e
+    for e < 2, else the exponent field e - 1 (quant._dequant_mxfp4's bits)."""
+    e = builder.zext(e8, vec(I32, count))
+    small = builder.icmp_unsigned("<", e, const(I32, [2] * count))
+    bits = builder.select(small, builder.shl(const(I32, [0x00200000] * count), e),
+                          builder.shl(builder.sub(e, const(I32, [1] * count)), const(I32, [23] * count)))
+    return builder.bitcast(bits, vec(F32, count))
+
+
+def _pairs_per_pass(tokens: int) -> int:
+    """Block pairs whose integer sums share one qir.unit_sums tree (at most 16 vectors of lanes)."""
+    return max(1, min(4, 8 // tokens))
+
+
+def _row_dots_body(context, builder, sig, args, tokens: int, vbmi: bool) -> None:
+    """The row (nb blocks) times `tokens` tokens, results to res[0:tokens]. Blocks go in passes
+    of _pairs_per_pass pairs (then single pairs, then an odd last block): each pair decoded once,
+    its 4-way dots with every token's codes, the integer sums of the pass from one qir.unit_sums
+    tree, then each block's float terms (one vector lane per token) added to the tokens'
+    accumulators in block order."""
+    raw_, ro_, nb_, xq_, xo_, stride_, xd_, xdo_, res_, _ = args
+    n = tokens
+    row = ptr(context, builder, sig.args[0], raw_, ro_)
+    acc = cgutils.alloca_once_value(builder, ir.Constant(vec(F32, n), [0.0] * n))
+
+    def blocks(first, count: int) -> None:  # blocks first .. first + count - 1, in pairs
+        bases = [builder.gep(row, [builder.mul(builder.add(first, ir.Constant(I64, k)), ir.Constant(I64, BLOCK_BYTES))])
+                 for k in range(count)]
+        lanes = []  # per (pair, token): <16 x i32>, lanes 0-7 the pair's first block, 8-15 its second
+        for q in range(0, count, 2):
+            codes = _pair_codes(builder, bases[q], bases[q + 1] if q + 1 < count else None)
+            mags = _magnitudes(builder, codes, vbmi)
+            negative = builder.icmp_unsigned("!=", builder.and_(codes, const(I8, [8] * 64)), const(I8, [0] * 64))
+            for j in range(n):
+                xoff = builder.add(builder.add(xo_, builder.mul(ir.Constant(I64, j), stride_)),
+                                   builder.mul(builder.add(first, ir.Constant(I64, q)), ir.Constant(I64, 32)))
+                px = ptr(context, builder, sig.args[3], xq_, xoff)
+                if q + 1 < count:
+                    x = load(builder, px, I8, 64)
+                else:
+                    x = shuffle(builder, load(builder, px, I8, 32), const(I8, [0] * 32), range(64))
+                xs = builder.select(negative, builder.sub(const(I8, [0] * 64), x), x)
+                lanes.append(dot4(builder, _ZERO16, mags, xs))
+        isums = unit_sums(builder, lanes, 8)
+        sums = builder.sitofp(isums, vec(F32, isums.type.count))
+        xd_rows = []  # token j's scales of the count blocks
+        for j in range(n):
+            xdoff = builder.add(builder.add(xdo_, builder.mul(ir.Constant(I64, j), nb_)), first)
+            xd_rows.append(load(builder, ptr(context, builder, sig.args[6], xd_, xdoff), F32, count))
+        e8 = ir.Constant(vec(I8, count), None)
+        for k in range(count):
+            e8 = builder.insert_element(e8, builder.load(bases[k]), ir.Constant(I32, k))
+        dws = _half_scales(builder, e8, count)
+        total = builder.load(acc)
+        for b in range(count):  # in block order, one vector lane per token
+            xdv = ir.Constant(vec(F32, n), None)
+            for j in range(n):
+                xdv = builder.insert_element(xdv, builder.extract_element(xd_rows[j], ir.Constant(I32, b)),
+                                             ir.Constant(I32, j))
+            units = [(b // 2 * n + j) * 2 + b % 2 for j in range(n)]
+            term = builder.fmul(builder.fmul(shuffle(builder, dws, dws, [b] * n), xdv),
+                                shuffle(builder, sums, sums, units))
+            total = builder.fadd(total, term)
+        builder.store(total, acc)
+
+    per_pass = 2 * _pairs_per_pass(n)
+    passes = builder.sdiv(nb_, ir.Constant(I64, per_pass))
+    with cgutils.for_range(builder, passes) as loop:
+        blocks(builder.mul(loop.index, ir.Constant(I64, per_pass)), per_pass)
+    done = builder.mul(passes, ir.Constant(I64, per_pass))
+    pairs = builder.sdiv(builder.sub(nb_, done), ir.Constant(I64, 2))
+    with cgutils.for_range(builder, pairs) as loop:
+        blocks(builder.add(done, builder.mul(loop.index, ir.Constant(I64, 2))), 2)
+    odd = builder.icmp_signed("!=", builder.add(done, builder.mul(pairs, ir.Constant(I64, 2))), nb_)
+    with builder.if_then(odd):
+        blocks(builder.sub(nb_, ir.Constant(I64, 1)), 1)
+    total = builder.load(acc)
+    for j in range(n):
+        builder.store(builder.extract_element(total, ir.Constant(I32, j)),
+                      ptr(context, builder, sig.args[8], res_, ir.Constant(I64, j)))
+
+
+def row_dots_with(vbmi: bool):
+    """The MXFP4 row-dot intrinsic, with the AVX-512 VBMI byte permute (vbmi) or in portable IR:
+    the module's own uses the host's best; the tests build both and compare them.
+      row_dots(raw, ro, nb, xq, xo, stride, xd, xdo, res, n): the row's nb blocks at raw[ro:];
+      token j's codes at xq[xo + j * stride] (block b at + 32 b), its scales at
+      xd[xdo + j * nb + b]; res[j] = the row's result for token j (n of TOKENS; another n does
+      nothing)."""
+
+    @intrinsic
+    def row_dots(typingctx, raw, ro, nb, xq, xo, stride, xd, xdo, res, count):
+        def codegen(context, builder, sig, args):
+            count_cases(builder, args[9], TOKENS, lambda n: _row_dots_body(context, builder, sig, args, n, vbmi),
+                        "fp4_row_dots")
+            return context.get_dummy_value()
+
+        return types.void(raw, ro, nb, xq, xo, stride, xd, xdo, res, count), codegen
+
+    return row_dots
+
+
+VBMI = bool(FEATURES.get("avx512vbmi")) and bool(FEATURES.get("avx512bw"))
+mxfp4_row_dots = row_dots_with(VBMI)
+
+_jit = njit(nogil=True, cache=True)
+
+
+@_jit
+def mxfp4_rows(raw, xq, xd, out, r0, r1, t0, t1):
+    """out[t, r] for rows r0..r1 of raw ([rows, nb * 17] MXFP4 blocks) and tokens t0..t1, up to
+    eight tokens per pass over a row."""
+    cols = xq.shape[1]
+    nb = cols // 32
+    res = np.empty(8, np.float32)
+    for r in range(r0, r1):
+        ro = r * raw.shape[1]
+        t = t0
+        while t < t1:
+            cnt = min(8, t1 - t)
+            mxfp4_row_dots(raw, ro, nb, xq, t * cols, cols, xd, t * nb, res, cnt)
+            for j in range(cnt):
+                out[t + j, r] = res[j]
+            t += cnt
+
+
+@_jit
+def expert_rows(kind, w, aux, used, starts, xq, xd, xs, out, r0, r1, grid):
+    """qkernels.expert_rows' signature for MXFP4 experts: expert used[i] takes the activation rows
+    starts[i]..starts[i+1]; w [n_experts, rows, nb * 17] the raw blocks (kind, aux, xs, grid
+    unused)."""
+    for i in range(used.shape[0]):
+        mxfp4_rows(w[used[i]], xq, xd, out, r0, r1, starts[i], starts[i + 1])
+
+
+_jit_split = njit(nogil=True, cache=True, parallel=True)
+
+
+@_jit_split
+def expert_rows_split(kind, ws, auxs, outs, used, starts, xq, xd, xs, cuts, grid):
+    """expert_rows of each matrix ws[m] (into outs[m]), rows cuts[p]..cuts[p + 1] on thread p
+    (qkernels.expert_rows_split's contract)."""
+    for p in prange(cuts.shape[0] - 1):
+        for m in range(len(ws)):
+            expert_rows(kind, ws[m], auxs[m], used, starts, xq, xd, xs, outs[m], cuts[p], cuts[p + 1], grid)
