@@ -94,6 +94,17 @@ def _half_scales(builder, e8, count: int):
     return builder.bitcast(bits, vec(F32, count))
 
 
+def _joined(builder, parts):
+    """The vectors `parts` (one type) end to end, then undefined lanes up to a power of two of
+    parts: joined two by two, a shuffle each."""
+    vs = list(parts)
+    while len(vs) > 1:
+        if len(vs) % 2:
+            vs.append(ir.Constant(vs[0].type, None))
+        vs = [shuffle(builder, a, b, range(2 * a.type.count)) for a, b in zip(vs[0::2], vs[1::2], strict=True)]
+    return vs[0]
+
+
 def _pairs_per_pass(tokens: int) -> int:
     """Block pairs whose integer sums share one qir.unit_sums tree (at most 16 vectors of lanes)."""
     return max(1, min(4, 8 // tokens))
@@ -138,16 +149,16 @@ def _row_dots_body(context, builder, sig, args, tokens: int, vbmi: bool) -> None
         for k in range(count):
             e8 = builder.insert_element(e8, builder.load(bases[k]), ir.Constant(I32, k))
         dws = _half_scales(builder, e8, count)
+        # Every (token, block) term side by side, lane j * count + b: the tokens' scale rows
+        # joined, the scales and integer sums moved into that order by one shuffle each
+        xdv = _joined(builder, xd_rows)
+        lanes_tb = [(j, b) for j in range(n) for b in range(count)]
+        dwv = shuffle(builder, dws, dws, [b for _, b in lanes_tb])
+        sumv = shuffle(builder, sums, sums, [(b // 2 * n + j) * 2 + b % 2 for j, b in lanes_tb])
+        terms = builder.fmul(builder.fmul(dwv, shuffle(builder, xdv, xdv, range(n * count))), sumv)
         total = builder.load(acc)
         for b in range(count):  # in block order, one vector lane per token
-            xdv = ir.Constant(vec(F32, n), None)
-            for j in range(n):
-                xdv = builder.insert_element(xdv, builder.extract_element(xd_rows[j], ir.Constant(I32, b)),
-                                             ir.Constant(I32, j))
-            units = [(b // 2 * n + j) * 2 + b % 2 for j in range(n)]
-            term = builder.fmul(builder.fmul(shuffle(builder, dws, dws, [b] * n), xdv),
-                                shuffle(builder, sums, sums, units))
-            total = builder.fadd(total, term)
+            total = builder.fadd(total, shuffle(builder, terms, terms, [j * count + b for j in range(n)]))
         builder.store(total, acc)
 
     per_pass = 2 * _pairs_per_pass(n)
