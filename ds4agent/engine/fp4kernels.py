@@ -36,6 +36,7 @@ from ds4agent.engine.qir import (
     F32,
     FEATURES,
     I8,
+    I16,
     I32,
     I64,
     const,
@@ -68,6 +69,34 @@ def _pair_codes(builder, base0, base1):
     lo = builder.and_(v, const(I8, [15] * 32))
     hi = builder.lshr(v, const(I8, [4] * 32))
     return shuffle(builder, lo, hi, [*range(0, 16), *range(32, 48), *range(16, 32), *range(48, 64)])
+
+
+def _nibbles_shifted(builder, v):
+    """<64 x i8> v's bytes moved 4 bits down within their 16-bit words: byte k's low four bits are
+    then byte k's high nibble (the bits above are the next byte's: unused by the readers)."""
+    words = builder.bitcast(v, vec(I16, 32))
+    return builder.bitcast(builder.lshr(words, const(I16, [4] * 32)), vec(I8, 64))
+
+
+def _quad_codes(builder, base):
+    """Four consecutive blocks (68 bytes at base) from two overlapping 64-byte loads, [0, 64) and
+    [4, 68): nothing outside the four blocks is read. Returns the two pairs' codes as <64 x i8> in
+    weight order (each code in the low four bits of its byte; the bits above are another code's)
+    and the load [0, 64), which holds the four scale bytes (at 0, 17, 34, 51). A shift of the
+    loads' 16-bit words brings the high nibbles down, so a pair's codes are one two-source byte
+    shuffle of a load and its shifted twin (one instruction with VBMI), where taking the pairs
+    apart block by block costs about twice the instructions."""
+    head = load(builder, base, I8, 64)
+    tail = load(builder, builder.gep(base, [ir.Constant(I64, 4)]), I8, 64)
+    pairs = []
+    for src, at in ((head, 0), (tail, 2 * BLOCK_BYTES - 4)):  # the pair's first block at src[at]
+        order = []
+        for k in range(64):
+            b, i = divmod(k, 32)
+            code_byte = at + b * BLOCK_BYTES + 1 + i % 16
+            order.append(code_byte if i < 16 else 64 + code_byte)
+        pairs.append(shuffle(builder, src, _nibbles_shifted(builder, src), order))
+    return pairs, head
 
 
 def _magnitudes(builder, codes, vbmi: bool):
@@ -105,16 +134,23 @@ def _joined(builder, parts):
     return vs[0]
 
 
-def _pairs_per_pass(tokens: int) -> int:
-    """Block pairs whose integer sums share one qir.unit_sums tree (at most 16 vectors of lanes)."""
-    return max(1, min(4, 8 // tokens))
+def _widened(builder, v, lanes: int):
+    """v with undefined lanes appended up to `lanes` (a power of two)."""
+    while v.type.count < lanes:
+        v = shuffle(builder, v, ir.Constant(v.type, None), range(2 * v.type.count))
+    return v
+
+
+def _blocks_per_pass(tokens: int) -> int:
+    """Blocks whose float terms are made side by side in one pass (two or one groups of four)."""
+    return 8 if tokens <= 2 else 4
 
 
 def _row_dots_body(context, builder, sig, args, tokens: int, vbmi: bool) -> None:
     """The row (nb blocks) times `tokens` tokens, results to res[0:tokens]. Blocks go in passes
-    of _pairs_per_pass pairs (then single pairs, then an odd last block): each pair decoded once,
-    its 4-way dots with every token's codes, the integer sums of the pass from one qir.unit_sums
-    tree, then each block's float terms (one vector lane per token) added to the tokens'
+    of _blocks_per_pass (then single pairs, then an odd last block; a pass's blocks decoded four
+    at a time by _quad_codes): each pair decoded once, its 4-way dots with every token's codes,
+    the integer sums of the pass from qir.unit_sums trees, then each block's float terms (one vector lane per token) added to the tokens'
     accumulators in block order."""
     raw_, ro_, nb_, xq_, xo_, stride_, xd_, xdo_, res_, _ = args
     n = tokens
@@ -124,9 +160,17 @@ def _row_dots_body(context, builder, sig, args, tokens: int, vbmi: bool) -> None
     def blocks(first, count: int) -> None:  # blocks first .. first + count - 1, in pairs
         bases = [builder.gep(row, [builder.mul(builder.add(first, ir.Constant(I64, k)), ir.Constant(I64, BLOCK_BYTES))])
                  for k in range(count)]
+        quads = count % 4 == 0  # whole groups of four blocks: decoded four at a time
+        heads, pair_codes = [], []
+        if quads:
+            for k in range(0, count, 4):
+                pairs, head = _quad_codes(builder, bases[k])
+                pair_codes += pairs
+                heads.append(head)
         lanes = []  # per (pair, token): <16 x i32>, lanes 0-7 the pair's first block, 8-15 its second
         for q in range(0, count, 2):
-            codes = _pair_codes(builder, bases[q], bases[q + 1] if q + 1 < count else None)
+            codes = (pair_codes[q // 2] if quads
+                     else _pair_codes(builder, bases[q], bases[q + 1] if q + 1 < count else None))
             mags = _magnitudes(builder, codes, vbmi)
             negative = builder.icmp_unsigned("!=", builder.and_(codes, const(I8, [8] * 64)), const(I8, [0] * 64))
             for j in range(n):
@@ -139,15 +183,21 @@ def _row_dots_body(context, builder, sig, args, tokens: int, vbmi: bool) -> None
                     x = shuffle(builder, load(builder, px, I8, 32), const(I8, [0] * 32), range(64))
                 xs = builder.select(negative, builder.sub(const(I8, [0] * 64), x), x)
                 lanes.append(dot4(builder, _ZERO16, mags, xs))
-        isums = unit_sums(builder, lanes, 8)
+        # one tree per 8 vectors (16 blocks' sums: a tree's most), end to end in the same order
+        trees = [unit_sums(builder, lanes[k:k + 8], 8) for k in range(0, len(lanes), 8)]
+        isums = trees[0] if len(trees) == 1 else _joined(builder, [_widened(builder, t, 16) for t in trees])
         sums = builder.sitofp(isums, vec(F32, isums.type.count))
         xd_rows = []  # token j's scales of the count blocks
         for j in range(n):
             xdoff = builder.add(builder.add(xdo_, builder.mul(ir.Constant(I64, j), nb_)), first)
             xd_rows.append(load(builder, ptr(context, builder, sig.args[6], xd_, xdoff), F32, count))
-        e8 = ir.Constant(vec(I8, count), None)
-        for k in range(count):
-            e8 = builder.insert_element(e8, builder.load(bases[k]), ir.Constant(I32, k))
+        if quads:  # the scale bytes out of the quads' first loads
+            joined = _joined(builder, heads)
+            e8 = shuffle(builder, joined, joined, [64 * (k // 4) + (k % 4) * BLOCK_BYTES for k in range(count)])
+        else:
+            e8 = ir.Constant(vec(I8, count), None)
+            for k in range(count):
+                e8 = builder.insert_element(e8, builder.load(bases[k]), ir.Constant(I32, k))
         dws = _half_scales(builder, e8, count)
         # Every (token, block) term side by side, lane j * count + b: the tokens' scale rows
         # joined, the scales and integer sums moved into that order by one shuffle each
@@ -161,7 +211,7 @@ def _row_dots_body(context, builder, sig, args, tokens: int, vbmi: bool) -> None
             total = builder.fadd(total, shuffle(builder, terms, terms, [j * count + b for j in range(n)]))
         builder.store(total, acc)
 
-    per_pass = 2 * _pairs_per_pass(n)
+    per_pass = _blocks_per_pass(n)
     passes = builder.sdiv(nb_, ir.Constant(I64, per_pass))
     with cgutils.for_range(builder, passes) as loop:
         blocks(builder.mul(loop.index, ir.Constant(I64, per_pass)), per_pass)
