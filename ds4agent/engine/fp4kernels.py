@@ -146,43 +146,54 @@ def _blocks_per_pass(tokens: int) -> int:
     return 8 if tokens <= 2 else 4
 
 
-def _row_dots_body(context, builder, sig, args, tokens: int, vbmi: bool) -> None:
-    """The row (nb blocks) times `tokens` tokens, results to res[0:tokens]. Blocks go in passes
-    of _blocks_per_pass (then single pairs, then an odd last block; a pass's blocks decoded four
-    at a time by _quad_codes): each pair decoded once, its 4-way dots with every token's codes,
-    the integer sums of the pass from qir.unit_sums trees, then each block's float terms (one vector lane per token) added to the tokens'
-    accumulators in block order."""
-    raw_, ro_, nb_, xq_, xo_, stride_, xd_, xdo_, res_, _ = args
-    n = tokens
-    row = ptr(context, builder, sig.args[0], raw_, ro_)
-    acc = cgutils.alloca_once_value(builder, ir.Constant(vec(F32, n), [0.0] * n))
+def _row_dots_body(context, builder, sig, args, tokens: int, vbmi: bool, nrows: int) -> None:
+    """`nrows` rows (1 or 2; nb blocks each, the second rs bytes after the first) times `tokens`
+    tokens, results to res[8 r + j]. Blocks go in passes of _blocks_per_pass (then single pairs,
+    then an odd last block; a pass's blocks decoded four at a time by _quad_codes): each pair of
+    each row decoded once, its 4-way dots with every token's codes (a token's codes loaded once
+    for the rows), the integer sums of the pass from qir.unit_sums trees, then every (row, token,
+    block) float term side by side and each block's added to its (row, token) accumulator lane in
+    block order. Two rows share the token loads, the trees and the float steps, which cost a
+    lone row with one or two tokens about as much as its integer dots; a row's lanes take the
+    same steps either way, so its results are the same bits alone or paired."""
+    raw_, ro_, rs_, nb_, xq_, xo_, stride_, xd_, xdo_, res_, _ = args
+    n, R = tokens, nrows
+    rows = [ptr(context, builder, sig.args[0], raw_, builder.add(ro_, builder.mul(ir.Constant(I64, r), rs_)))
+            for r in range(R)]
+    acc = cgutils.alloca_once_value(builder, ir.Constant(vec(F32, R * n), [0.0] * (R * n)))
 
     def blocks(first, count: int) -> None:  # blocks first .. first + count - 1, in pairs
-        bases = [builder.gep(row, [builder.mul(builder.add(first, ir.Constant(I64, k)), ir.Constant(I64, BLOCK_BYTES))])
-                 for k in range(count)]
+        bases = [[builder.gep(row, [builder.mul(builder.add(first, ir.Constant(I64, k)), ir.Constant(I64, BLOCK_BYTES))])
+                  for k in range(count)] for row in rows]
         quads = count % 4 == 0  # whole groups of four blocks: decoded four at a time
-        heads, pair_codes = [], []
+        heads: list = []
+        pair_codes: list[list] = [[] for _ in rows]
         if quads:
-            for k in range(0, count, 4):
-                pairs, head = _quad_codes(builder, bases[k])
-                pair_codes += pairs
-                heads.append(head)
-        lanes = []  # per (pair, token): <16 x i32>, lanes 0-7 the pair's first block, 8-15 its second
+            for r in range(R):
+                for k in range(0, count, 4):
+                    pairs, head = _quad_codes(builder, bases[r][k])
+                    pair_codes[r] += pairs
+                    heads.append(head)
+        # per (row, pair, token): <16 x i32>, lanes 0-7 the pair's first block, 8-15 its second
+        lanes: list = []
+        at: dict[tuple[int, int, int], int] = {}
         for q in range(0, count, 2):
-            codes = (pair_codes[q // 2] if quads
-                     else _pair_codes(builder, bases[q], bases[q + 1] if q + 1 < count else None))
-            mags = _magnitudes(builder, codes, vbmi)
-            negative = builder.icmp_unsigned("!=", builder.and_(codes, const(I8, [8] * 64)), const(I8, [0] * 64))
-            for j in range(n):
-                xoff = builder.add(builder.add(xo_, builder.mul(ir.Constant(I64, j), stride_)),
-                                   builder.mul(builder.add(first, ir.Constant(I64, q)), ir.Constant(I64, 32)))
-                px = ptr(context, builder, sig.args[3], xq_, xoff)
-                if q + 1 < count:
-                    x = load(builder, px, I8, 64)
-                else:
-                    x = shuffle(builder, load(builder, px, I8, 32), const(I8, [0] * 32), range(64))
-                xs = builder.select(negative, builder.sub(const(I8, [0] * 64), x), x)
-                lanes.append(dot4(builder, _ZERO16, mags, xs))
+            xs_of: list = [None] * n  # token j's codes of this pair, loaded at the first row's use
+            for r in range(R):
+                codes = (pair_codes[r][q // 2] if quads
+                         else _pair_codes(builder, bases[r][q], bases[r][q + 1] if q + 1 < count else None))
+                mags = _magnitudes(builder, codes, vbmi)
+                negative = builder.icmp_unsigned("!=", builder.and_(codes, const(I8, [8] * 64)), const(I8, [0] * 64))
+                for j in range(n):
+                    if xs_of[j] is None:
+                        xoff = builder.add(builder.add(xo_, builder.mul(ir.Constant(I64, j), stride_)),
+                                           builder.mul(builder.add(first, ir.Constant(I64, q)), ir.Constant(I64, 32)))
+                        px = ptr(context, builder, sig.args[4], xq_, xoff)
+                        xs_of[j] = (load(builder, px, I8, 64) if q + 1 < count
+                                    else shuffle(builder, load(builder, px, I8, 32), const(I8, [0] * 32), range(64)))
+                    x = xs_of[j]
+                    at[r, q // 2, j] = len(lanes)
+                    lanes.append(dot4(builder, _ZERO16, mags, builder.select(negative, builder.sub(const(I8, [0] * 64), x), x)))
         # one tree per 8 vectors (16 blocks' sums: a tree's most), end to end in the same order
         trees = [unit_sums(builder, lanes[k:k + 8], 8) for k in range(0, len(lanes), 8)]
         isums = trees[0] if len(trees) == 1 else _joined(builder, [_widened(builder, t, 16) for t in trees])
@@ -190,25 +201,27 @@ def _row_dots_body(context, builder, sig, args, tokens: int, vbmi: bool) -> None
         xd_rows = []  # token j's scales of the count blocks
         for j in range(n):
             xdoff = builder.add(builder.add(xdo_, builder.mul(ir.Constant(I64, j), nb_)), first)
-            xd_rows.append(load(builder, ptr(context, builder, sig.args[6], xd_, xdoff), F32, count))
-        if quads:  # the scale bytes out of the quads' first loads
+            xd_rows.append(load(builder, ptr(context, builder, sig.args[7], xd_, xdoff), F32, count))
+        if quads:  # the scale bytes out of the quads' first loads (row by row)
             joined = _joined(builder, heads)
-            e8 = shuffle(builder, joined, joined, [64 * (k // 4) + (k % 4) * BLOCK_BYTES for k in range(count)])
+            e8 = shuffle(builder, joined, joined, [64 * (k // 4) + (k % 4) * BLOCK_BYTES for k in range(R * count)])
         else:
-            e8 = ir.Constant(vec(I8, count), None)
-            for k in range(count):
-                e8 = builder.insert_element(e8, builder.load(bases[k]), ir.Constant(I32, k))
-        dws = _half_scales(builder, e8, count)
-        # Every (token, block) term side by side, lane j * count + b: the tokens' scale rows
-        # joined, the scales and integer sums moved into that order by one shuffle each
+            e8 = ir.Constant(vec(I8, R * count), None)
+            for r in range(R):
+                for k in range(count):
+                    e8 = builder.insert_element(e8, builder.load(bases[r][k]), ir.Constant(I32, r * count + k))
+        dws = _half_scales(builder, e8, R * count)
+        # Every (row, token, block) term side by side, lane (r n + j) count + b: the tokens'
+        # scale rows joined, the scales and integer sums moved into that order by one shuffle each
         xdv = _joined(builder, xd_rows)
-        lanes_tb = [(j, b) for j in range(n) for b in range(count)]
-        dwv = shuffle(builder, dws, dws, [b for _, b in lanes_tb])
-        sumv = shuffle(builder, sums, sums, [(b // 2 * n + j) * 2 + b % 2 for j, b in lanes_tb])
-        terms = builder.fmul(builder.fmul(dwv, shuffle(builder, xdv, xdv, range(n * count))), sumv)
+        order = [(r, j, b) for r in range(R) for j in range(n) for b in range(count)]
+        dwv = shuffle(builder, dws, dws, [r * count + b for r, _, b in order])
+        xdv = shuffle(builder, xdv, xdv, [j * count + b for _, j, b in order])
+        sumv = shuffle(builder, sums, sums, [at[r, b // 2, j] * 2 + b % 2 for r, j, b in order])
+        terms = builder.fmul(builder.fmul(dwv, xdv), sumv)
         total = builder.load(acc)
-        for b in range(count):  # in block order, one vector lane per token
-            total = builder.fadd(total, shuffle(builder, terms, terms, [j * count + b for j in range(n)]))
+        for b in range(count):  # in block order, one vector lane per (row, token)
+            total = builder.fadd(total, shuffle(builder, terms, terms, [k * count + b for k in range(R * n)]))
         builder.store(total, acc)
 
     per_pass = _blocks_per_pass(n)
@@ -223,53 +236,90 @@ def _row_dots_body(context, builder, sig, args, tokens: int, vbmi: bool) -> None
     with builder.if_then(odd):
         blocks(builder.sub(nb_, ir.Constant(I64, 1)), 1)
     total = builder.load(acc)
-    for j in range(n):
-        builder.store(builder.extract_element(total, ir.Constant(I32, j)),
-                      ptr(context, builder, sig.args[8], res_, ir.Constant(I64, j)))
+    for r in range(R):
+        for j in range(n):
+            builder.store(builder.extract_element(total, ir.Constant(I32, r * n + j)),
+                          ptr(context, builder, sig.args[9], res_, ir.Constant(I64, 8 * r + j)))
 
 
-def row_dots_with(vbmi: bool):
-    """The MXFP4 row-dot intrinsic, with the AVX-512 VBMI byte permute (vbmi) or in portable IR:
-    the module's own uses the host's best; the tests build both and compare them.
-      row_dots(raw, ro, nb, xq, xo, stride, xd, xdo, res, n): the row's nb blocks at raw[ro:];
-      token j's codes at xq[xo + j * stride] (block b at + 32 b), its scales at
-      xd[xdo + j * nb + b]; res[j] = the row's result for token j (n of TOKENS; another n does
-      nothing)."""
+PAIRED_TOKENS = 4  # up to this many tokens, rows go two at a time (row_dots' nrows = 2)
+
+
+def row_dots_with(vbmi: bool, nrows: int = 1):
+    """The MXFP4 row-dot intrinsic for `nrows` rows (1, or 2 with up to PAIRED_TOKENS tokens),
+    with the AVX-512 VBMI byte permute (vbmi) or in portable IR: the module's own uses the host's
+    best; the tests build both and compare them.
+      row_dots(raw, ro, rs, nb, xq, xo, stride, xd, xdo, res, n): the first row's nb blocks at
+      raw[ro:], the second's at raw[ro + rs:]; token j's codes at xq[xo + j * stride] (block b at
+      + 32 b), its scales at xd[xdo + j * nb + b]; res[8 r + j] = row r's result for token j (n
+      of TOKENS, at most PAIRED_TOKENS for two rows; another n does nothing). Two rows are their
+      own intrinsic, not cases of one: sharing one function with the one-row bodies cost those
+      3-4 % (measured), whatever the reason in the generated code."""
+    counts = TOKENS if nrows == 1 else [n for n in TOKENS if n <= PAIRED_TOKENS]
 
     @intrinsic
-    def row_dots(typingctx, raw, ro, nb, xq, xo, stride, xd, xdo, res, count):
+    def row_dots(typingctx, raw, ro, rs, nb, xq, xo, stride, xd, xdo, res, count):
         def codegen(context, builder, sig, args):
-            count_cases(builder, args[9], TOKENS, lambda n: _row_dots_body(context, builder, sig, args, n, vbmi),
-                        "fp4_row_dots")
+            count_cases(builder, args[10], counts,
+                        lambda n: _row_dots_body(context, builder, sig, args, n, vbmi, nrows), "fp4_row_dots")
             return context.get_dummy_value()
 
-        return types.void(raw, ro, nb, xq, xo, stride, xd, xdo, res, count), codegen
+        return types.void(raw, ro, rs, nb, xq, xo, stride, xd, xdo, res, count), codegen
 
     return row_dots
 
 
 VBMI = bool(FEATURES.get("avx512vbmi")) and bool(FEATURES.get("avx512bw"))
 mxfp4_row_dots = row_dots_with(VBMI)
+mxfp4_row_pair_dots = row_dots_with(VBMI, 2)
 
 _jit = njit(nogil=True, cache=True)
 
 
 @_jit
-def mxfp4_rows(raw, xq, xd, out, r0, r1, t0, t1):
-    """out[t, r] for rows r0..r1 of raw ([rows, nb * 17] MXFP4 blocks) and tokens t0..t1, up to
-    eight tokens per pass over a row."""
+def _single_rows(raw, xq, xd, out, r0, r1, t0, t1):
     cols = xq.shape[1]
     nb = cols // 32
     res = np.empty(8, np.float32)
     for r in range(r0, r1):
-        ro = r * raw.shape[1]
         t = t0
         while t < t1:
             cnt = min(8, t1 - t)
-            mxfp4_row_dots(raw, ro, nb, xq, t * cols, cols, xd, t * nb, res, cnt)
+            mxfp4_row_dots(raw, r * raw.shape[1], 0, nb, xq, t * cols, cols, xd, t * nb, res, cnt)
             for j in range(cnt):
                 out[t + j, r] = res[j]
             t += cnt
+
+
+@_jit
+def _paired_rows(raw, xq, xd, out, r0, r1, t0, t1):
+    # Row i of the range's first half goes with row i of its second half: each half is then read
+    # front to back as one stream (two rows side by side, each pair's second row a row after the
+    # first, read each stream in pieces of a row, which the hardware prefetch follows poorly:
+    # the gate and up experts took half as long again, measured on the Flash-shape file).
+    cols = xq.shape[1]
+    nb = cols // 32
+    half = (r1 - r0) // 2
+    rs = half * raw.shape[1]
+    res = np.empty(16, np.float32)
+    cnt = t1 - t0
+    for r in range(r0, r0 + half):
+        mxfp4_row_pair_dots(raw, r * raw.shape[1], rs, nb, xq, t0 * cols, cols, xd, t0 * nb, res, cnt)
+        for j in range(cnt):
+            out[t0 + j, r] = res[j]
+            out[t0 + j, r + half] = res[8 + j]
+    if (r1 - r0) % 2:
+        _single_rows(raw, xq, xd, out, r1 - 1, r1, t0, t1)
+
+
+@_jit
+def mxfp4_rows(raw, xq, xd, out, r0, r1, t0, t1):
+    """out[t, r] for rows r0..r1 of raw ([rows, nb * 17] MXFP4 blocks) and tokens t0..t1: with
+    up to PAIRED_TOKENS tokens two rows per pass, else up to eight tokens per pass over a row."""
+    if t1 - t0 <= PAIRED_TOKENS:
+        _paired_rows(raw, xq, xd, out, r0, r1, t0, t1)
+    else:
+        _single_rows(raw, xq, xd, out, r0, r1, t0, t1)
 
 
 @_jit

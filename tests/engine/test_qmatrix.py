@@ -451,11 +451,11 @@ def test_row_dots_are_the_same_with_avx512_or_portable(qtype, n):
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
 @pytest.mark.parametrize("blocks", [1, 13, 16])
 def test_mxfp4_rows_of_any_block_count_follow_the_formula_with_avx512_or_portable(n, blocks):
-    """MXFP4 rows go in passes of block pairs sharing one reduction, then single pairs, then an
-    odd last block (13 blocks: a pass of 8, or 4 or 2 per pass with more tokens, then the
-    rest): every way gives the stated formula's bits, with the AVX-512 VBMI byte permute for
-    the magnitudes and with the portable compares and selects. Scale bytes 0 and 1 (subnormal
-    half scales) and 254 included."""
+    """MXFP4 rows go in passes of 8 or 4 blocks decoded four at a time, then single pairs, then
+    an odd last block (13 blocks: a pass, then the rest), one row at a time or, with up to four
+    tokens, two rows at a time: every way gives the stated formula's bits, with the AVX-512 VBMI
+    byte permute for the magnitudes and with the portable compares and selects. Scale bytes 0
+    and 1 (subnormal half scales) and 254 included."""
     from numba import njit
 
     from ds4agent.engine import fp4kernels
@@ -473,22 +473,25 @@ def test_mxfp4_rows_of_any_block_count_follow_the_formula_with_avx512_or_portabl
     assert np.array_equal(QuantMatrix.from_blocks(per_row.reshape(-1), quant.MXFP4, rows, cols).matmul(x), want)
     act = Activations(x, "q8_0")
 
-    def runner(row_dots):
+    def runner(row_dots, nrows):
         @njit
         def run(per_row, xq, xd, res, n):
             nb = xq.shape[1] // 32
             out = np.empty((n, per_row.shape[0]), np.float32)
-            for r in range(per_row.shape[0]):
-                row_dots(per_row, r * per_row.shape[1], nb, xq, 0, xq.shape[1], xd, 0, res, n)
-                for t in range(n):
-                    out[t, r] = res[t]
+            for r in range(0, per_row.shape[0], nrows):
+                row_dots(per_row, r * per_row.shape[1], per_row.shape[1], nb, xq, 0, xq.shape[1], xd, 0, res, n)
+                for k in range(nrows):
+                    for t in range(n):
+                        out[t, r + k] = res[8 * k + t]
             return out
 
         return run
 
     for vbmi in [False] + ([True] if fp4kernels.VBMI else []):
-        got = runner(fp4kernels.row_dots_with(vbmi))(per_row, act.xq, act.xd, np.zeros(8, np.float32), n)
-        assert np.array_equal(got, want), f"vbmi={vbmi}"
+        for nrows in [1] + ([2] if n <= fp4kernels.PAIRED_TOKENS else []):
+            got = runner(fp4kernels.row_dots_with(vbmi, nrows), nrows)(per_row, act.xq, act.xd,
+                                                                       np.zeros(16, np.float32), n)
+            assert np.array_equal(got, want), f"vbmi={vbmi} nrows={nrows}"
 
 
 def test_kernel_modules_carry_the_digest_of_the_ir_they_inline():
