@@ -220,6 +220,7 @@ _SCALE_AT = {16: (0, None), 10: (80, 82), 12: (0, 2)}  # the block's f16 d (and 
 
 
 ROW_GROUPS = (1, 2, 3, 4, 5, 6, 7, 8)  # the token counts a row_dots call takes (an IR body for each)
+PAIRED_TOKENS = 2  # up to this many tokens, rows go two at a time (row_dots_with's nrows = 2)
 
 
 def _lane_sums(builder, vecs):
@@ -238,24 +239,28 @@ def _lane_sums(builder, vecs):
     return unit_sums(builder, vecs, 16)
 
 
-def _blocks_per_pass(kind: int, tokens: int) -> int:
+def _blocks_per_pass(kind: int, tokens: int, nrows: int = 1) -> int:
     """Blocks whose integer sums share one _lane_sums tree: as many as 16 vectors hold (one per
-    token for IQ2_XXS, two for the K-quants), at most 8. Few tokens per row (a decoded token
-    meets each expert alone) otherwise spend a third of a block's instructions reducing vectors."""
-    per_block = tokens * (1 if kind == 16 else 2)
+    row and token for IQ2_XXS, two for the K-quants), at most 8. Few tokens per row (a decoded
+    token meets each expert alone) otherwise spend a third of a block's instructions reducing
+    vectors."""
+    per_block = nrows * tokens * (1 if kind == 16 else 2)
     return max(1, min(8, 16 // per_block))
 
 
-def _row_dots_body(context, builder, sig, args, kind: int, tokens: int, vbmi: bool) -> None:
-    """The row (every block) times `tokens` tokens, results to res[0:tokens]. Blocks go in passes
+def _row_dots_body(context, builder, sig, args, kind: int, tokens: int, vbmi: bool, nrows: int) -> None:
+    """`nrows` rows (1 or 2, the second rs bytes after the first; every block) times `tokens`
+    tokens, results to res[8 r + j]. Two rows share the tokens' loads, the trees and the float
+    steps; a row's lanes take the same steps either way (the same bits alone or paired). Blocks go in passes
     of _blocks_per_pass (the rest one at a time): per pass, the integer sums of its blocks and
     tokens come out of one _lane_sums tree and their float terms run side by side, one vector lane
     per (block, token), each lane's steps the scalar formula's; the terms are then added to the
     tokens' accumulators block after block, in the blocks' order, as one block a pass would."""
-    raw_, ro_, nb_, grid_, xq_, xo_, stride_, xd_, xdo_, bs_, bo_, bstride_, res_, _ = args
-    n = tokens
-    row = ptr(context, builder, sig.args[0], raw_, ro_)
-    acc = cgutils.alloca_once_value(builder, ir.Constant(vec(F32, n), [0.0] * n))
+    raw_, ro_, rs_, nb_, grid_, xq_, xo_, stride_, xd_, xdo_, bs_, bo_, bstride_, res_, _ = args
+    n, R = tokens, nrows
+    rows = [ptr(context, builder, sig.args[0], raw_, builder.add(ro_, builder.mul(ir.Constant(I64, r), rs_)))
+            for r in range(R)]
+    acc = cgutils.alloca_once_value(builder, ir.Constant(vec(F32, R * n), [0.0] * (R * n)))
     size = _BLOCK_BYTES[kind]
     d_at, dmin_at = _SCALE_AT[kind]
 
@@ -270,35 +275,40 @@ def _row_dots_body(context, builder, sig, args, kind: int, tokens: int, vbmi: bo
         return builder.sitofp(shuffle(builder, v, v, range(k, k + count)), vec(F32, count))
 
     def blocks(indices) -> None:
-        m = len(indices) * n
+        # lane (g R + r) n + j: block g of the pass, row r, token j
+        m = len(indices) * R * n
         ds, dmins, xv = [], [], ir.Constant(vec(F32, m), None)
         isums, summs = [], []
         for g, b in enumerate(indices):
-            base = builder.gep(row, [builder.mul(b, ir.Constant(I64, size))])
-            ds.append(half_at(builder, base, d_at))
-            if dmin_at is not None:
-                dmins.append(half_at(builder, base, dmin_at))
-            if kind == 16:
-                blk = _iq2_xxs_block(context, builder, sig.args[3], grid_, base, vbmi)
-            else:
-                blk = _q2_k_block(builder, base, vbmi) if kind == 10 else _q4_k_block(builder, base, vbmi)
+            xds, pxs, bsvs = [], [], []  # token j's: one load each, shared by the rows
             for j in range(n):
                 xoff = builder.add(builder.add(xo_, builder.mul(ir.Constant(I64, j), stride_)),
                                    builder.mul(b, ir.Constant(I64, 256)))
-                px = ptr(context, builder, sig.args[4], xq_, xoff)
+                pxs.append(ptr(context, builder, sig.args[5], xq_, xoff))
                 xdoff = builder.add(builder.add(xdo_, builder.mul(ir.Constant(I64, j), nb_)), b)
-                xv = builder.insert_element(xv, builder.load(ptr(context, builder, sig.args[7], xd_, xdoff)),
-                                            ir.Constant(I32, g * n + j))
+                xds.append(builder.load(ptr(context, builder, sig.args[8], xd_, xdoff)))
+                if kind != 16:
+                    boff = builder.add(builder.add(bo_, builder.mul(ir.Constant(I64, j), bstride_)),
+                                       builder.mul(b, ir.Constant(I64, 16)))
+                    bsvs.append(load(builder, ptr(context, builder, sig.args[10], bs_, boff), I32, 16))
+            for r in range(R):
+                base = builder.gep(rows[r], [builder.mul(b, ir.Constant(I64, size))])
+                ds.append(half_at(builder, base, d_at))
+                if dmin_at is not None:
+                    dmins.append(half_at(builder, base, dmin_at))
                 if kind == 16:
-                    isums.append(_iq2_xxs_token(builder, blk, px, vbmi))
-                    continue
-                boff = builder.add(builder.add(bo_, builder.mul(ir.Constant(I64, j), bstride_)),
-                                   builder.mul(b, ir.Constant(I64, 16)))
-                bsv = load(builder, ptr(context, builder, sig.args[9], bs_, boff), I32, 16)
-                isum, summ = (_q2_k_token(builder, blk, px, bsv) if kind == 10
-                              else _q4_k_token(builder, blk, px, bsv, vbmi))
-                isums.append(isum)
-                summs.append(summ)
+                    blk = _iq2_xxs_block(context, builder, sig.args[4], grid_, base, vbmi)
+                else:
+                    blk = _q2_k_block(builder, base, vbmi) if kind == 10 else _q4_k_block(builder, base, vbmi)
+                for j in range(n):
+                    xv = builder.insert_element(xv, xds[j], ir.Constant(I32, (g * R + r) * n + j))
+                    if kind == 16:
+                        isums.append(_iq2_xxs_token(builder, blk, pxs[j], vbmi))
+                        continue
+                    isum, summ = (_q2_k_token(builder, blk, pxs[j], bsvs[j]) if kind == 10
+                                  else _q4_k_token(builder, blk, pxs[j], bsvs[j], vbmi))
+                    isums.append(isum)
+                    summs.append(summ)
         sums = _lane_sums(builder, isums + summs)
         if kind == 16:  # term = (d * xd) * float(isum)
             terms = builder.fmul(builder.fmul(spread(ds), xv), first(sums, 0, m))
@@ -307,10 +317,10 @@ def _row_dots_body(context, builder, sig, args, kind: int, tokens: int, vbmi: bo
                                  builder.fmul(builder.fmul(xv, spread(dmins)), first(sums, m, m)))
         total = builder.load(acc)
         for g in range(len(indices)):
-            total = builder.fadd(total, shuffle(builder, terms, terms, range(g * n, g * n + n)))
+            total = builder.fadd(total, shuffle(builder, terms, terms, range(g * R * n, (g + 1) * R * n)))
         builder.store(total, acc)
 
-    per_pass = _blocks_per_pass(kind, n)
+    per_pass = _blocks_per_pass(kind, n, R)
     passes = builder.sdiv(nb_, ir.Constant(I64, per_pass))
     with cgutils.for_range(builder, passes) as loop:
         first_block = builder.mul(loop.index, ir.Constant(I64, per_pass))
@@ -320,27 +330,30 @@ def _row_dots_body(context, builder, sig, args, kind: int, tokens: int, vbmi: bo
                                      ir.Constant(I64, 1)) as (b, _):
             blocks([b])
     total = builder.load(acc)
-    for j in range(n):
-        builder.store(builder.extract_element(total, ir.Constant(I32, j)),
-                      ptr(context, builder, sig.args[12], res_, ir.Constant(I64, j)))
+    for r in range(R):
+        for j in range(n):
+            builder.store(builder.extract_element(total, ir.Constant(I32, r * n + j)),
+                          ptr(context, builder, sig.args[13], res_, ir.Constant(I64, 8 * r + j)))
 
 
-def row_dots_with(kind: int, vbmi: bool):
-    """The row-dot intrinsic of GGML type `kind` (IQ2_XXS 16, Q2_K 10, Q4_K 12), with AVX-512 BW
+def row_dots_with(kind: int, vbmi: bool, nrows: int = 1):
+    """The row-dot intrinsic of GGML type `kind` (IQ2_XXS 16, Q2_K 10, Q4_K 12) for `nrows` rows
+    (1, or 2 with up to PAIRED_TOKENS tokens; their own intrinsics, as in fp4kernels), with AVX-512 BW
     and VBMI instructions (vbmi: Q2_K's products looked up by a byte permute, IQ2_XXS's and
     Q4_K's scaled sums by 16-bit multiply-adds) or in portable IR: the module's own use the
     host's best; the tests build both and compare them."""
+    counts = ROW_GROUPS if nrows == 1 else [n for n in ROW_GROUPS if n <= PAIRED_TOKENS]
 
     @intrinsic
-    def row_dots(typingctx, raw, ro, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res, count):
-        # One IR body per token count of ROW_GROUPS, chosen by a switch on `count` (another
-        # count does nothing: the caller passes only these).
+    def row_dots(typingctx, raw, ro, rs, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res, count):
+        # One IR body per token count, chosen by a switch on `count` (another count does
+        # nothing: the caller passes only these).
         def codegen(context, builder, sig, args):
-            count_cases(builder, args[13], ROW_GROUPS,
-                        lambda n: _row_dots_body(context, builder, sig, args, kind, n, vbmi), "row_dots")
+            count_cases(builder, args[14], counts,
+                        lambda n: _row_dots_body(context, builder, sig, args, kind, n, vbmi, nrows), "row_dots")
             return context.get_dummy_value()
 
-        return types.void(raw, ro, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res, count), codegen
+        return types.void(raw, ro, rs, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res, count), codegen
 
     return row_dots
 
@@ -546,6 +559,7 @@ q2_k_rows16_1, q2_k_rows16_2 = _rows16(10, 1), _rows16(10, 2)
 q4_k_rows16_1, q4_k_rows16_2 = _rows16(12, 1), _rows16(12, 2)
 
 iq2_xxs_row_dots, q2_k_row_dots, q4_k_row_dots = (row_dots_with(kind, VBMI) for kind in (16, 10, 12))
+iq2_xxs_pair_dots, q2_k_pair_dots, q4_k_pair_dots = (row_dots_with(kind, VBMI, 2) for kind in (16, 10, 12))
 
 
 _jit = njit(nogil=True, cache=True)
@@ -640,11 +654,22 @@ def _lanes_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid):
 @_jit
 def _fused_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid):
     # Rows straight from their blocks (no decoded copy): from LANES_MIN tokens 16 to a vector
-    # (_lanes_rows), below that up to eight at a time (the *_row_dots intrinsics: a block decoded
-    # in registers once per row and token group).
+    # (_lanes_rows), up to PAIRED_TOKENS two rows at a time (_paired_rows), else one row and up
+    # to eight tokens at a time (the *_row_dots intrinsics: a block decoded in registers once
+    # per row and token group).
     if LANES and t1 - t0 >= LANES_MIN:
         _lanes_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid)
         return
+    # (IQ2_XXS alone with one token: its grid lookups are the row's own, and pairing measured
+    # 3 % slower there, 7-10 % faster with two tokens)
+    if t1 - t0 <= PAIRED_TOKENS and r1 - r0 >= 2 and not (kind == IQ2_XXS and t1 - t0 == 1):
+        _paired_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid)
+        return
+    _single_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid)
+
+
+@_jit
+def _single_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid):
     cols = xq.shape[1]
     nb = cols // 256
     nbs = bsums.shape[1]
@@ -656,14 +681,43 @@ def _fused_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid):
             cnt = min(8, t1 - t)
             xo, xdo, bo = t * cols, t * nb, t * nbs
             if kind == Q4_K:
-                q4_k_row_dots(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res, cnt)
+                q4_k_row_dots(raw, ro, 0, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res, cnt)
             elif kind == Q2_K:
-                q2_k_row_dots(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res, cnt)
+                q2_k_row_dots(raw, ro, 0, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res, cnt)
             else:
-                iq2_xxs_row_dots(raw, ro, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res, cnt)
+                iq2_xxs_row_dots(raw, ro, 0, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res, cnt)
             for j in range(cnt):
                 out[t + j, r] = np.float32(0.125) * res[j] if kind == IQ2_XXS else res[j]
             t += cnt
+
+
+@_jit
+def _paired_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid):
+    # Row i of the range's first half with row i of its second half: each half read front to
+    # back as one stream (fp4kernels._paired_rows: adjacent rows read side by side are a stream
+    # in pieces of a row, which the hardware prefetch follows poorly).
+    cols = xq.shape[1]
+    nb = cols // 256
+    nbs = bsums.shape[1]
+    half = (r1 - r0) // 2
+    rs = half * raw.shape[1]
+    res = np.empty(16, np.float32)
+    cnt = t1 - t0
+    xo, xdo, bo = t0 * cols, t0 * nb, t0 * nbs
+    scale = np.float32(0.125) if kind == IQ2_XXS else np.float32(1.0)
+    for r in range(r0, r0 + half):
+        ro = r * raw.shape[1]
+        if kind == Q4_K:
+            q4_k_pair_dots(raw, ro, rs, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res, cnt)
+        elif kind == Q2_K:
+            q2_k_pair_dots(raw, ro, rs, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res, cnt)
+        else:
+            iq2_xxs_pair_dots(raw, ro, rs, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res, cnt)
+        for j in range(cnt):
+            out[t0 + j, r] = scale * res[j] if kind == IQ2_XXS else res[j]
+            out[t0 + j, r + half] = scale * res[8 + j] if kind == IQ2_XXS else res[8 + j]
+    if (r1 - r0) % 2:
+        _single_rows(kind, raw, xq, xd, bsums, out, r1 - 1, r1, t0, t1, grid)
 
 
 @_jit

@@ -408,9 +408,10 @@ def test_products_follow_the_stated_formulas_bit_for_bit(qtype, n, cols):
 
 
 @pytest.mark.parametrize("qtype", [quant.Q2_K, quant.Q4_K, quant.IQ2_XXS], ids=quant.type_name)
-@pytest.mark.parametrize("n", [1, 3, 8])
+@pytest.mark.parametrize("n", [1, 2, 3, 8])
 def test_row_dots_are_the_same_with_avx512_or_portable(qtype, n):
-    """The K-quant and IQ2_XXS row dots with AVX-512 BW/VBMI instructions (IQ2_XXS's grid rows
+    """The K-quant and IQ2_XXS row dots, one row or (with up to PAIRED_TOKENS tokens) two at a
+    time, with AVX-512 BW/VBMI instructions (IQ2_XXS's grid rows
     through the 2-bit code table, Q2_K's products looked up by a byte permute, the scaled sums
     by 16-bit multiply-adds: what this host's kernels use when it has them) and in portable IR
     (scalar grid loads, multiplies, the 4-way dot: every other host): the same bits. 64 rows:
@@ -430,22 +431,26 @@ def test_row_dots_are_the_same_with_avx512_or_portable(qtype, n):
     grid = np.ascontiguousarray(quant.iq2xxs_tables()[0].astype(np.uint8)).view(np.uint64).reshape(-1)
     scale = np.float32(0.125) if qtype == quant.IQ2_XXS else np.float32(1.0)  # as the kernels' caller
 
-    def runner(row_dots):
+    def runner(row_dots, nrows):
         @njit
         def run(per_row, xq, xd, xs, res, n):
             nb, nbs = xq.shape[1] // 256, xs.shape[1]
             out = np.empty((n, per_row.shape[0]), np.float32)
-            for r in range(per_row.shape[0]):
-                row_dots(per_row, r * per_row.shape[1], nb, grid, xq, 0, xq.shape[1], xd, 0, xs, 0, nbs, res, n)
-                for t in range(n):
-                    out[t, r] = scale * res[t]
+            for r in range(0, per_row.shape[0], nrows):
+                row_dots(per_row, r * per_row.shape[1], per_row.shape[1], nb, grid, xq, 0, xq.shape[1], xd, 0, xs, 0,
+                         nbs, res, n)
+                for k in range(nrows):
+                    for t in range(n):
+                        out[t, r + k] = scale * res[8 * k + t]
             return out
 
         return run
 
     for vbmi in [False] + ([True] if qkernels.VBMI else []):
-        got = runner(qkernels.row_dots_with(qtype, vbmi))(per_row, act.xq, act.xd, act.xs, np.zeros(8, np.float32), n)
-        assert np.array_equal(got, want), f"vbmi={vbmi}"
+        for nrows in [1] + ([2] if n <= qkernels.PAIRED_TOKENS else []):
+            got = runner(qkernels.row_dots_with(qtype, vbmi, nrows), nrows)(per_row, act.xq, act.xd, act.xs,
+                                                                            np.zeros(16, np.float32), n)
+            assert np.array_equal(got, want), f"vbmi={vbmi} nrows={nrows}"
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
