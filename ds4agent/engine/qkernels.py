@@ -220,7 +220,7 @@ _SCALE_AT = {16: (0, None), 10: (80, 82), 12: (0, 2)}  # the block's f16 d (and 
 
 
 ROW_GROUPS = (1, 2, 3, 4, 5, 6, 7, 8)  # the token counts a row_dots call takes (an IR body for each)
-PAIRED_TOKENS = 2  # up to this many tokens, rows go two at a time (row_dots_with's nrows = 2)
+PAIRED_TOKENS = 4  # up to this many tokens, rows go two at a time (row_dots_with's nrows = 2)
 
 
 def _lane_sums(builder, vecs):
@@ -661,7 +661,7 @@ def _fused_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid):
         _lanes_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid)
         return
     # (IQ2_XXS alone with one token: its grid lookups are the row's own, and pairing measured
-    # 3 % slower there, 7-10 % faster with two tokens)
+    # 3 % slower there, 3-10 % faster with two to four tokens)
     if t1 - t0 <= PAIRED_TOKENS and r1 - r0 >= 2 and not (kind == IQ2_XXS and t1 - t0 == 1):
         _paired_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid)
         return
