@@ -13,12 +13,13 @@ file's, bit for bit (dw * kv[q] is quant._dequant_mxfp4's value): only the activ
 rounding separates a product from the exact float32 one, as for the other fast kernels.
 
 The same shape as qkernels.py: an LLVM IR intrinsic (building blocks from qir.py) multiplies
-one row, every block, by 1 to 8 consecutive tokens, each block pair decoded in registers once for
-the tokens; the magnitudes meet the activations with the codes' signs put on the activations
-(u8 magnitudes times s8 codes: the 4-way dot, `vpdpbusd` on AVX-512 VNNI). The magnitudes come
-from a byte permute with AVX-512 VBMI, from compares and selects elsewhere (the same integers).
-A row's result never depends on the tokens it is grouped with, nor on the rows or threads around
-it: decode = one-token prefill, chunk invariance and resume hold as for the other types.
+one row (or, with up to PAIRED_TOKENS tokens, two rows), every block, by 1 to 8 consecutive
+tokens, each block pair decoded in registers once for the tokens; the magnitudes meet the
+activations with the codes' signs put on the activations (u8 magnitudes times s8 codes: the
+4-way dot, `vpdpbusd` on AVX-512 VNNI). The magnitudes come from a byte permute with AVX-512
+VBMI, from compares and selects elsewhere (the same integers). A row's result never depends on
+the tokens it is grouped with, nor on the rows (paired or not) or threads around it: decode =
+one-token prefill, chunk invariance and resume hold as for the other types.
 
 Its own module, not qkernels.py: numba caches machine code per source file, so this kernel's
 compile does not invalidate theirs.

@@ -92,12 +92,14 @@ QIR_DIGEST = "ccbb08e75beddb59a25a50b83809fd49942d9f2dbeb5111df1754da58f4d6ff2"
 # meet the n tokens' int8 codes, and the per-block float steps run in registers, in the order of
 # the module docstring. Token j's integers and float steps are the same whatever the group size,
 # so a result is the same however the tokens are grouped (decode = one-token prefill, chunk
-# invariance).
-#   row_dots(raw, ro, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res, n):
-#     the row's blocks at raw[ro:], nb of them; token j's codes at xq[xo + j * stride] (block b
-#     at + 256 b), its block scales at xd[xdo + j * nb + b], its 16-element sums at
-#     bsums[bo + j * bstride + 16 b] (K-quants); res[j] = the row's result for token j
-#     (IQ2_XXS: before the final * 0.125). grid: the IQ2_XXS table (unused by the K-quants).
+# invariance). `*_pair_dots` does the same for two rows at once (up to PAIRED_TOKENS tokens),
+# each row's lanes taking the same steps as alone.
+#   row_dots(raw, ro, rs, nb, grid, xq, xo, stride, xd, xdo, bsums, bo, bstride, res, n):
+#     the row's blocks at raw[ro:], nb of them (a pair's second row at raw[ro + rs:]; rs unused
+#     by one row); token j's codes at xq[xo + j * stride] (block b at + 256 b), its block
+#     scales at xd[xdo + j * nb + b], its 16-element sums at bsums[bo + j * bstride + 16 b]
+#     (K-quants); res[8 r + j] = row r's result for token j (IQ2_XXS: before the final
+#     * 0.125). grid: the IQ2_XXS table (unused by the K-quants).
 
 _ZERO16 = ir.Constant(vec(I32, 16), [0] * 16)
 
