@@ -175,9 +175,9 @@ def _row_dots_body(context, builder, sig, args, tokens: int, vbmi: bool, nrows: 
                     pairs, head = _quad_codes(builder, bases[r][k])
                     pair_codes[r] += pairs
                     heads.append(head)
-        # per (row, pair, token): <16 x i32>, lanes 0-7 the pair's first block, 8-15 its second
+        # vector (p R + r) n + j: pair p of row r times token j (<16 x i32>, lanes 0-7 the pair's
+        # first block, 8-15 its second)
         lanes: list = []
-        at: dict[tuple[int, int, int], int] = {}
         for q in range(0, count, 2):
             xs_of: list = [None] * n  # token j's codes of this pair, loaded at the first row's use
             for r in range(R):
@@ -193,7 +193,6 @@ def _row_dots_body(context, builder, sig, args, tokens: int, vbmi: bool, nrows: 
                         xs_of[j] = (load(builder, px, I8, 64) if q + 1 < count
                                     else shuffle(builder, load(builder, px, I8, 32), const(I8, [0] * 32), range(64)))
                     x = xs_of[j]
-                    at[r, q // 2, j] = len(lanes)
                     lanes.append(dot4(builder, _ZERO16, mags, builder.select(negative, builder.sub(const(I8, [0] * 64), x), x)))
         # one tree per 8 vectors (16 blocks' sums: a tree's most), end to end in the same order
         trees = [unit_sums(builder, lanes[k:k + 8], 8) for k in range(0, len(lanes), 8)]
@@ -218,7 +217,7 @@ def _row_dots_body(context, builder, sig, args, tokens: int, vbmi: bool, nrows: 
         order = [(r, j, b) for r in range(R) for j in range(n) for b in range(count)]
         dwv = shuffle(builder, dws, dws, [r * count + b for r, _, b in order])
         xdv = shuffle(builder, xdv, xdv, [j * count + b for _, j, b in order])
-        sumv = shuffle(builder, sums, sums, [at[r, b // 2, j] * 2 + b % 2 for r, j, b in order])
+        sumv = shuffle(builder, sums, sums, [((b // 2 * R + r) * n + j) * 2 + b % 2 for r, j, b in order])
         terms = builder.fmul(builder.fmul(dwv, xdv), sumv)
         total = builder.load(acc)
         for b in range(count):  # in block order, one vector lane per (row, token)
@@ -294,10 +293,10 @@ def _single_rows(raw, xq, xd, out, r0, r1, t0, t1):
 
 @_jit
 def _paired_rows(raw, xq, xd, out, r0, r1, t0, t1):
-    # Row i of the range's first half goes with row i of its second half: each half is then read
-    # front to back as one stream (two rows side by side, each pair's second row a row after the
-    # first, read each stream in pieces of a row, which the hardware prefetch follows poorly:
-    # the gate and up experts took half as long again, measured on the Flash-shape file).
+    # Row i of the range's first half goes with row i of its second half, so each half is read
+    # front to back as one stream. Pairing adjacent rows instead breaks both streams at every
+    # row, which the hardware prefetch follows poorly: the gate and up experts then took half as
+    # long again, streamed from memory (measured on the Flash-shape file).
     cols = xq.shape[1]
     nb = cols // 32
     half = (r1 - r0) // 2

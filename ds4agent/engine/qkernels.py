@@ -252,12 +252,13 @@ def _blocks_per_pass(kind: int, tokens: int, nrows: int = 1) -> int:
 
 def _row_dots_body(context, builder, sig, args, kind: int, tokens: int, vbmi: bool, nrows: int) -> None:
     """`nrows` rows (1 or 2, the second rs bytes after the first; every block) times `tokens`
-    tokens, results to res[8 r + j]. Two rows share the tokens' loads, the trees and the float
-    steps; a row's lanes take the same steps either way (the same bits alone or paired). Blocks go in passes
-    of _blocks_per_pass (the rest one at a time): per pass, the integer sums of its blocks and
-    tokens come out of one _lane_sums tree and their float terms run side by side, one vector lane
-    per (block, token), each lane's steps the scalar formula's; the terms are then added to the
-    tokens' accumulators block after block, in the blocks' order, as one block a pass would."""
+    tokens, results to res[8 r + j]. Blocks go in passes of _blocks_per_pass (the rest one at a
+    time): per pass, the integer sums of its blocks, rows and tokens come out of one _lane_sums
+    tree and their float terms run side by side, one vector lane per (block, row, token), each
+    lane's steps the scalar formula's; the terms are then added to the (row, token)
+    accumulators block after block, in the blocks' order, as one block a pass would. Two rows
+    share the tokens' loads, the tree and the float steps; a row's lanes take the same steps
+    either way, so its bits are the same alone or paired."""
     raw_, ro_, rs_, nb_, grid_, xq_, xo_, stride_, xd_, xdo_, bs_, bo_, bstride_, res_, _ = args
     n, R = tokens, nrows
     rows = [ptr(context, builder, sig.args[0], raw_, builder.add(ro_, builder.mul(ir.Constant(I64, r), rs_)))
@@ -664,7 +665,7 @@ def _fused_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid):
         return
     # (IQ2_XXS alone with one token: its grid lookups are the row's own, and pairing measured
     # 3 % slower there, 3-10 % faster with two to four tokens)
-    if t1 - t0 <= PAIRED_TOKENS and r1 - r0 >= 2 and not (kind == IQ2_XXS and t1 - t0 == 1):
+    if t1 - t0 <= PAIRED_TOKENS and not (kind == IQ2_XXS and t1 - t0 == 1):
         _paired_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid)
         return
     _single_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid)
@@ -716,8 +717,8 @@ def _paired_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid):
         else:
             iq2_xxs_pair_dots(raw, ro, rs, nb, grid, xq, xo, cols, xd, xdo, bsums, bo, nbs, res, cnt)
         for j in range(cnt):
-            out[t0 + j, r] = scale * res[j] if kind == IQ2_XXS else res[j]
-            out[t0 + j, r + half] = scale * res[8 + j] if kind == IQ2_XXS else res[8 + j]
+            out[t0 + j, r] = scale * res[j]  # (times 1.0 for the K-quants: exact)
+            out[t0 + j, r + half] = scale * res[8 + j]
     if (r1 - r0) % 2:
         _single_rows(kind, raw, xq, xd, bsums, out, r1 - 1, r1, t0, t1, grid)
 
