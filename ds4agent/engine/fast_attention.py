@@ -16,11 +16,9 @@ bits; against the reference it differs only by float reassociation (sums in anot
 
 from __future__ import annotations
 
-import mlx.core as mx
 import numpy as np
 
 from .config import ModelConfig
-from .hostread import to_host
 from .layers import INDEX_SCORE_BUDGET, QUERY_BLOCK
 from .qmatrix import SPLIT_LOCK, float_kernels, row_cuts
 
@@ -52,7 +50,7 @@ def top_rows(score: np.ndarray, n_vis: np.ndarray, K: int) -> np.ndarray:
     return np.nonzero(take)[1].reshape(-1, K)
 
 
-def _comp_slots(c: ModelConfig, ratio: int, p0: int, n: int, comp: mx.array, base: int,
+def _comp_slots(c: ModelConfig, ratio: int, p0: int, n: int, comp: np.ndarray, base: int,
                 index_inputs, trace_masks: list | None) -> np.ndarray:
     """[n, S] rows of the key table (compressed rows start at `base`) each query sees, -1 empty."""
     C = comp.shape[0]
@@ -70,7 +68,7 @@ def _comp_slots(c: ModelConfig, ratio: int, p0: int, n: int, comp: mx.array, bas
     pruning = np.flatnonzero(n_vis > K)
     if pruning.size:
         assert index_inputs is not None  # a query prunes only once index_inputs exist
-        iq, iw, keys = (to_host(a, np.float32, view=True) for a in index_inputs)
+        iq, iw, keys = (np.asarray(a, np.float32) for a in index_inputs)
         qb = max(1, min(QUERY_BLOCK, INDEX_SCORE_BUDGET // (C * 16)))
         for b0 in range(0, pruning.size, qb):
             which = pruning[b0:b0 + qb]
@@ -100,25 +98,26 @@ def _rows_seen(comp: np.ndarray, slots: np.ndarray, base: int) -> tuple[np.ndarr
     return comp[rows], np.where(slots >= 0, number[slots], -1)
 
 
-def attend(c: ModelConfig, q: mx.array, k_all: mx.array, r0: int, p0: int, sinks: mx.array,
-           comp: mx.array | None, ratio: int, index_inputs=None, trace_masks: list | None = None) -> mx.array:
-    """layers.attention_core's arguments and result: o [n, H, Dh] of queries q [n, H, Dh]."""
+def attend(c: ModelConfig, q: np.ndarray, k_all: np.ndarray, r0: int, p0: int, sinks: np.ndarray,
+           comp: np.ndarray | None, ratio: int, index_inputs=None, trace_masks: list | None = None) -> np.ndarray:
+    """layers.attention_core's arguments and result, on host arrays: o [n, H, Dh] of queries
+    q [n, H, Dh]."""
     n, H, D = (int(s) for s in q.shape)
     W = c.window
     raw = np.arange(n)[:, None] + np.arange(W)[None, :] + (r0 - W + 1)  # k_all rows, oldest first
     slots = np.where(raw >= 0, raw, -1)
-    keys = to_host(k_all, np.float32)
+    keys = np.asarray(k_all, np.float32)
     if comp is not None and comp.shape[0] and ratio:
         extra = _comp_slots(c, ratio, p0, n, comp, 0, index_inputs, trace_masks)
-        comp_rows, extra = _rows_seen(to_host(comp, np.float32, view=True), extra, keys.shape[0])
+        comp_rows, extra = _rows_seen(np.asarray(comp, np.float32), extra, keys.shape[0])
         keys = np.concatenate([keys, comp_rows])
         slots = np.concatenate([slots, extra], axis=1)
     keys = np.ascontiguousarray(keys)
-    qh = np.ascontiguousarray(to_host(q, np.float32))
-    sh = np.ascontiguousarray(to_host(sinks, np.float32))
+    qh = np.ascontiguousarray(q, np.float32)
+    sh = np.ascontiguousarray(sinks, np.float32)
     slots = np.ascontiguousarray(slots, dtype=np.int32)
     out = np.empty((n, H, D), np.float32)
     scale = np.float32(1.0 / np.sqrt(np.float32(D)))
     with SPLIT_LOCK:
         float_kernels().attend_units_split(qh, keys, slots, sh, scale, out, row_cuts(n * H, n * H * slots.shape[1] * D * 2))
-    return mx.array(out)
+    return out

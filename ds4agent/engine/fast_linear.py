@@ -92,16 +92,18 @@ class FastLinear:
 
     def grouped(self, x: mx.array) -> mx.array:
         """x [n, G, in] -> [n, G·(out/G)]: group g's input times group g's rows (weights.Linear.grouped)."""
-        n, groups, _ = (int(s) for s in x.shape)
+        return mx.array(self.grouped_host(to_host(x.astype(F32), np.float32)))
+
+    def grouped_host(self, xh: np.ndarray) -> np.ndarray:
+        """grouped() on a host array x [n, G, in] float32."""
+        n, groups, _ = (int(s) for s in xh.shape)
         if groups != self.groups:
             raise ValueError(f"grouped() of a {self.groups}-group FastLinear got {groups} groups")
-        xh = to_host(x.astype(F32), np.float32)
         if isinstance(self.matrix, QuantMatrix):
             o = self.out_features // groups
             m = self.matrix
             parts = [QuantMatrix(m.ggml_type, o, m.cols, m.w[g * o:(g + 1) * o], m.aux, 0).matmul(xh[:, g])
                      for g in range(groups)]
-            return mx.array(np.concatenate(parts, axis=-1))
+            return np.concatenate(parts, axis=-1)
         ids = np.broadcast_to(np.arange(groups, dtype=np.int32), (n, groups))
-        y = self.matrix.matmul(xh, ids)  # [n, G, O]
-        return mx.array(y.reshape(n, self.out_features))
+        return self.matrix.matmul(xh, ids).reshape(n, self.out_features)  # [n, G, O] -> [n, G·O]

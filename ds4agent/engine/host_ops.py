@@ -57,10 +57,14 @@ def softplus(z: Any) -> mx.array:
 
 
 def swiglu(g: Any, u: Any, clamp: float) -> mx.array:
+    return mx.array(swiglu_np(host(g), host(u), clamp))
+
+
+def swiglu_np(g: np.ndarray, u: np.ndarray, clamp: float) -> np.ndarray:
     """ops.swiglu: silu(min(g, c)) · clip(u, -c, c), silu(z) = z · sigmoid(z)."""
     c = F32(clamp)
-    z = np.minimum(host(g), c)
-    return mx.array((z * host_mixing.sigmoid(z)) * np.clip(host(u), -c, c))
+    z = np.minimum(g, c)
+    return (z * host_mixing.sigmoid(z)) * np.clip(u, -c, c)
 
 
 def _pow2(e: np.ndarray) -> np.ndarray:
@@ -161,10 +165,14 @@ def qat(x: Any, rounding: bool = True) -> mx.array:
     same bits as ops.fp4sim). In MLX, once a session passes 2,048 tokens, the product alone took
     0.45 ms for each decoded token's 64 indexer heads and 1.8 s for a 512-token chunk's, in each
     of 21 layers, and the fp4 simulation 0.4 ms and 96 ms."""
-    xh = host(x)
+    return mx.array(qat_np(host(x), rounding))
+
+
+def qat_np(xh: np.ndarray, rounding: bool = True) -> np.ndarray:
+    """qat on a host array."""
     d = xh.shape[-1]
     y = _hadamard(d).matmul(xh.reshape(-1, d)).reshape(xh.shape) * F32(1.0 / math.sqrt(d))
-    return mx.array(fp4sim_np(y) if rounding else y)
+    return fp4sim_np(y) if rounding else y
 
 
 HOST = ops.OpSet(rms_norm=rms_norm, softplus=softplus, swiglu=swiglu, fp8sim=fp8sim, rope_tail=rope_tail,

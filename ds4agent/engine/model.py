@@ -37,7 +37,7 @@ from .config import ModelConfig
 from .errors import Interrupted
 from .executors import executor_for
 from .hostread import to_host
-from .layers import Profile, Trace, attention_block, ffn_block, timed
+from .layers import Profile, Trace, timed
 from .state import LayerState, SessionState, check_token_ids
 from .weights import LayerWeights, ModelWeights
 
@@ -77,24 +77,31 @@ def run_layers(layer_weights: Sequence[LayerWeights], c: ModelConfig, layer_stat
     new_layers = []
     for li, (lw, lay) in enumerate(zip(layer_weights, layer_states, strict=True), start=first_layer):
         x, post, C = timed(profile, "hyper-connections", ex.hc_pre, lw.hc_attn, R, c)
-        y, new_lay = timed(profile, "attention", attention_block, ex, lw.attn, c, li, x, lay, p0, rounding,
-                           trace, profile)
+        y, new_lay = timed(profile, "attention", ex.attention, lw.attn, c, li, x, lay, p0, rounding, trace,
+                           profile)
         R = timed(profile, "hyper-connections", ex.hc_post, R, y, post, C)
         if n > 1 and should_stop is not None:
-            mx.eval(R, *new_lay.arrays())  # what a stop between the sublayers needs evaluated
+            _evaluate(R, new_lay)  # what a stop between the sublayers needs evaluated
             if should_stop():
                 raise Interrupted("prefill interrupted inside a chunk")
         x, post, C = timed(profile, "hyper-connections", ex.hc_pre, lw.hc_ffn, R, c)
-        y = timed(profile, "ffn (norm, sum)", ffn_block, ex, lw.ffn, c, li, x, toks, trace, profile)
+        y = timed(profile, "ffn (norm, sum)", ex.ffn, lw.ffn, c, li, x, toks, trace, profile)
         R = timed(profile, "hyper-connections", ex.hc_post, R, y, post, C)
         new_layers.append(new_lay)
         if n > 1:
             # Prefill: materialise layer by layer (bounded graph and memory); decode builds the
             # whole token as one graph.
-            mx.eval(R, *new_lay.arrays())
+            _evaluate(R, new_lay)
             if should_stop is not None and should_stop():
                 raise Interrupted("prefill interrupted inside a chunk")
-    return R, tuple(new_layers)
+    # The fast CPU executor carries R on the host between sublayers (fast_layers.py); the head and
+    # a pipeline's next rank take it as an MLX array.
+    return (R if isinstance(R, mx.array) else mx.array(R)), tuple(new_layers)
+
+
+def _evaluate(R: mx.array | np.ndarray, lay: LayerState) -> None:
+    """Evaluate the MLX arrays among R (host arrays need nothing) and a layer's new state."""
+    mx.eval(*([R] if isinstance(R, mx.array) else []), *lay.arrays())
 
 
 def forward(weights: ModelWeights, config: ModelConfig, state: SessionState,

@@ -226,6 +226,7 @@ class CompressorWeights:
     gate: DenseLayer  # E -> coff·d
     ape: mx.array  # [r, coff·d] f32
     norm: mx.array  # [d]
+    compiled: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

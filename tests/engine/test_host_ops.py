@@ -153,12 +153,11 @@ def test_host_ops_return_evaluated_mlx_arrays_and_take_either_kind(rng):
 
 
 def test_the_fast_executor_s_host_attention_front_is_the_reference_plan_on_host_ops(tmp_path, rng):
-    """FastCpuExecutor.attn_front (host arrays end to end) gives the bits of the reference's
-    attention front run with the same weights and host_ops.HOST: the same steps, in one place
-    each, only without MLX nodes between them."""
-    from ds4agent.engine import load_engine
+    """fast_layers.attn_front (the fast executor's, host arrays end to end) gives the bits of the
+    reference's attention front run with the same weights and host_ops.HOST: the same steps, in
+    one place each, only without MLX nodes between them."""
+    from ds4agent.engine import fast_layers, load_engine
     from ds4agent.engine.device import forced_kernel_set
-    from ds4agent.engine.executors.fast_cpu import FastCpuExecutor
     from ds4agent.engine.layers import rope_for
     from ds4agent.testmodels import make_test_model
 
@@ -175,7 +174,7 @@ def test_the_fast_executor_s_host_attention_front_is_the_reference_plan_on_host_
         aw = engine.weights.layers[layer].attn
         cos, sin = rope_for(c).tables(c.ratios[layer] != 0, np.arange(5, 8))
         for rounding in (True, False):
-            got = FastCpuExecutor().attn_front(aw, c, rounding, x, cos, sin)
+            got = fast_layers.attn_front(aw, c, rounding, np.array(x), np.array(cos), np.array(sin))
             want = HostPlan().attn_front(aw, c, rounding, x, cos, sin)
             for g, w in zip(got, want, strict=True):
                 assert np.array_equal(np.array(g), np.array(w))

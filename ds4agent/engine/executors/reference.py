@@ -11,12 +11,15 @@ what their kernel sets do differently.
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
 
 from .. import ops
 from ..config import ModelConfig
-from ..layers import attention_core
+from ..layers import Profile, Trace, attention_block, attention_core, ffn_block
 from ..ops import OpSet
+from ..state import LayerState
 from ..weights import AttentionWeights, FFNWeights, HCWeights, ModelWeights
 
 NEG_INF = float("-inf")
@@ -64,6 +67,17 @@ class ReferenceExecutor:
                comp: mx.array | None, ratio: int, index_inputs=None, trace_masks: list | None = None) -> mx.array:
         """The attention core (layers.attention_core: fixed-length masked slot sets)."""
         return attention_core(c, q, k_all, r0, p0, sinks, comp, ratio, index_inputs, trace_masks)
+
+    def attention(self, aw: AttentionWeights, c: ModelConfig, layer: int, x: mx.array, lay: LayerState, p0: int,
+                  rounding: bool, trace: Trace | None, profile: Profile | None = None) -> tuple[Any, LayerState]:
+        """The attention sublayer on the HC-pre input x [n, E] -> (y [n, E], the layer's new state):
+        the shared plan (layers.attention_block) on this executor's steps."""
+        return attention_block(self, aw, c, layer, x, lay, p0, rounding, trace, profile)
+
+    def ffn(self, fw: FFNWeights, c: ModelConfig, layer: int, x: mx.array, tokens: mx.array, trace: Trace | None,
+            profile: Profile | None = None) -> Any:
+        """The MoE sublayer on the HC-pre input x [n, E] -> y [n, E] (layers.ffn_block)."""
+        return ffn_block(self, fw, c, layer, x, tokens, trace, profile)
 
     def out_a(self, aw: AttentionWeights, o: mx.array) -> mx.array:
         """Output projection A by groups: o [n, G, (H/G)·Dh] -> [n, G·O], group g's slice of
