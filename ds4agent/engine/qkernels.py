@@ -200,9 +200,15 @@ def _q4_k_block(builder, base, vbmi: bool):
     mins = builder.zext(shuffle(builder, mn16, mn16, [k // 2 for k in range(16)]), vec(I32, 16))
     codes, scales = [], []
     for c in range(4):
+        # The chunk's 32 bytes twice in one vector (a broadcast load), the second copy's 16-bit
+        # words shifted down 4 bits and every byte masked to its low nibble: the low nibbles,
+        # then the high ones (a word's shift brings its high byte's low bits into the low
+        # byte's top, which the mask drops). Three instructions where a byte shift (no such
+        # x86 instruction), a mask and a concatenation took five.
         v = load(builder, builder.gep(base, [ir.Constant(I64, 16 + 32 * c)]), I8, 32)
-        codes.append(shuffle(builder, builder.and_(v, const(I8, [15] * 32)), builder.lshr(v, const(I8, [4] * 32)),
-                              range(64)))
+        words = builder.bitcast(shuffle(builder, v, v, list(range(32)) * 2), vec(I16, 32))
+        shifted = builder.lshr(words, const(I16, [0] * 16 + [4] * 16))
+        codes.append(builder.and_(builder.bitcast(shifted, vec(I8, 64)), const(I8, [15] * 64)))
         scales.append(_lane_scales(builder, sc16, 2 * c, 2 * c + 1, vbmi))
     return codes, scales, mins
 
