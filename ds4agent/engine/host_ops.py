@@ -8,9 +8,11 @@ twenty times a layer, 100-130 ms of a 700-900 ms token at the Flash shape, mostl
 the norms, RoPE, the fp8 simulation and the SwiGLU here too, the inputs of the next product are
 host arrays already and the hand-offs disappear.
 
-Each function takes MLX or numpy arrays and returns an MLX array built from its numpy result (an
-evaluated array: reading it back costs a copy, not a wait), so the shared layer plan (layers.py)
-calls them through the executor's OpSet like the exact ones. The formulas and the order of every
+The `*_np` forms take and give numpy arrays: the fast executor's layer plan (fast_layers.py)
+calls them directly. The others take MLX or numpy arrays and return an MLX array built from the
+numpy result (an evaluated array: reading it back costs a copy, not a wait), so a plan written
+for MLX (the output head, layers.py in tests) calls them through the executor's OpSet like the
+exact ones. The formulas and the order of every
 sum are ops.py's: the norms' mean of squares in float64 (host_mixing.rms_normalised), RoPE's
 products and sums per pair, the fp8 simulation's bit arithmetic and round-half-even (exact, so the
 same bits as ops.fp8sim). They are row-local, so the fast set's guarantees hold (decode = one-token

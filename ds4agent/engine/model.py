@@ -2,8 +2,9 @@
 
     logits, new_state = forward(weights, config, state, tokens)
 
-The layer plan (layers.py) runs on the executor of the kernel set the weights were built for
-(executors/: reference, fast CPU, GPU; ModelWeights.kernels, chosen once at load).
+Each sublayer runs on the executor of the kernel set the weights were built for (executors/:
+reference, fast CPU, GPU; ModelWeights.kernels, chosen once at load): the shared layer plan
+(layers.py), or the fast CPU executor's on host arrays (fast_layers.py).
 
 `tokens` are appended after `state` (positions state.n_tokens ...); the whole chunk is processed
 layer by layer in batch, and every query sees exactly what the streaming definition gives it

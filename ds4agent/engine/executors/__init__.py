@@ -1,5 +1,6 @@
-"""Executors: how a kernel set builds a layer's graph (model.py runs the shared layer plan of
-layers.py through one of them).
+"""Executors: how a kernel set runs a layer (model.run_layers asks one for each sublayer: the
+reference and GPU executors run the shared plan of layers.py as MLX graphs, the fast CPU executor
+its own plan on host arrays, fast_layers.py).
 
     reference.py   ReferenceExecutor: the exact float32 path (the oracle)
     fast_cpu.py    FastCpuExecutor: the fast CPU kernel set (8-bit activations, integer dots)
