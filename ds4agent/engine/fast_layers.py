@@ -5,8 +5,9 @@ norms, RoPE, rounding simulations, hyper-connection mixing and router (host_ops.
 host_mixing.py). Run through the shared plan (layers.py), each of those steps took an MLX array,
 read it back and wrapped its numpy result in a new MLX array, and the plan's own MLX steps between
 them (the raw window's concatenation, the compressor's pooling, the sum of the routed and shared
-experts) were graph nodes whose every read waited for MLX's stream thread. At the Flash shape that
-was 80-100 ms of a 400 ms decoded token, a fifth of it in the reads alone. Here the residual
+experts) were graph nodes whose every read waited for MLX's stream thread. At the Flash shape (q4
+file) that overhead was 96 ms of a 390 ms decoded token, a third of it in the reads; with this
+plan it is 73 ms (docs/numerics-fast-cpu.md). Here the residual
 stream, the sublayer inputs and outputs and the attention's working rows stay numpy; MLX arrays
 are only the session state (LayerState: read as zero-copy views, the new arrays wrapped once) and
 the residual stream handed back to model.run_layers' caller.

@@ -311,3 +311,54 @@ def test_the_fast_sets_indexer_selection_is_the_references_rule(monkeypatch):
         seen = score[q, :n_vis[q]]
         order = sorted(range(n_vis[q]), key=lambda r: (-seen[r], r))[:K]
         assert got[q].tolist() == sorted(order)
+
+
+def test_the_host_plans_compressor_is_the_reference_steps_on_host_arrays(tiny_path):
+    """fast_layers.compressor_step (numpy) against layers.compressor_step (MLX, on the same fast
+    weights and host primitives), chunk after chunk, each carrying its own frontier: the frontiers
+    are the same bits (copies of the same products and the filler), the pooled rows the same up to
+    the last bits of exp, and the same number of rows at the same positions."""
+    import mlx.core as mx
+
+    from ds4agent.engine import fast_layers, host_ops, layers
+
+    with forced_kernel_set("cpu"):
+        engine = load_engine(tiny_path, ctx=256, device="cpu")
+    c = engine.config
+    rope = layers.rope_for(c)
+    rng = np.random.default_rng(11)
+    for layer, r in enumerate(c.ratios):
+        if not r:
+            continue
+        cw = engine.weights.layers[layer].attn.compressor
+        d = c.head_dim
+        width = 2 * d if r == 4 else d
+        fill = 8 if r == 4 else r
+        host_kv = np.zeros((fill, width), np.float32)
+        host_sc = np.full((fill, width), -1e30, np.float32)
+        mlx_kv, mlx_sc = mx.array(host_kv), mx.array(host_sc)
+        p0, rows_seen = 0, 0
+        for n in (3, 1, 5, 16, 2, 1, 7):
+            a = rng.standard_normal((n, c.dim)).astype(np.float32)
+
+            def rope_host(rows, pos):
+                cs, sn = rope.tables(True, pos)
+                host_ops.rope_tail_inplace(rows, np.array(cs), np.array(sn))
+                return rows
+
+            def rope_mlx(rows, pos):
+                cs, sn = rope.tables(True, pos)
+                return host_ops.rope_tail(rows, cs, sn)
+
+            got_rows, host_kv, host_sc = fast_layers.compressor_step(
+                cw, a, p0, r, d, host_kv, host_sc, norm_eps=c.rms_eps, rope_fn=rope_host, finish=lambda x: x)
+            want_rows, mlx_kv, mlx_sc = layers.compressor_step(
+                host_ops.HOST, cw, mx.array(a), p0, r, d, mlx_kv, mlx_sc, norm_eps=c.rms_eps, rope_fn=rope_mlx,
+                finish=lambda x: x)
+            want = np.array(want_rows)
+            assert got_rows.shape == want.shape == ((p0 + n) // r - p0 // r, d)
+            np.testing.assert_allclose(got_rows, want, rtol=2e-6, atol=2e-6)
+            assert np.array_equal(host_kv, np.array(mlx_kv)) and np.array_equal(host_sc, np.array(mlx_sc))
+            rows_seen += got_rows.shape[0]
+            p0 += n
+        assert rows_seen == p0 // r > 0
