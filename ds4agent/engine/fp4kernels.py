@@ -52,7 +52,7 @@ from ds4agent.engine.qir import (
 
 # qir.py's SHA-256 (see qkernels.QIR_DIGEST): numba's cache of this file is kept while this file
 # is unchanged, so a change to the IR it inlines must change this line.
-QIR_DIGEST = "ccbb08e75beddb59a25a50b83809fd49942d9f2dbeb5111df1754da58f4d6ff2"
+QIR_DIGEST = "c32c4f380bbe6bb40c305fb33ea337d72275c25aa173811c6b293eeedd359cdd"
 
 BLOCK_BYTES = 17  # the scale byte, then 16 bytes of codes: weight i < 16 the low nibble of byte
 #                   1 + i, weight 16 + i its high nibble

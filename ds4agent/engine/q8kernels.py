@@ -35,7 +35,7 @@ from ds4agent.engine.qir import F16, F32, I8, I16, I32, I64, dot4, load, ptr, sp
 
 # qir.py's SHA-256: the IR this file's kernels inline comes from there, and numba's cache of this
 # file is kept while this file is unchanged (see qir.py; a test checks the digest).
-QIR_DIGEST = "ccbb08e75beddb59a25a50b83809fd49942d9f2dbeb5111df1754da58f4d6ff2"
+QIR_DIGEST = "c32c4f380bbe6bb40c305fb33ea337d72275c25aa173811c6b293eeedd359cdd"
 
 
 # ---- Q8_0 rows interleaved for the 4-byte dot-product instruction -------------------------------

@@ -72,7 +72,7 @@ from ds4agent.engine.qir import (
     load,
     madd16,
     ptr,
-    q4_k_scales_mins_vectors,
+    q4_k_scales_mins,
     reduce,
     shuffle,
     splat,
@@ -83,7 +83,7 @@ from ds4agent.engine.qir import (
 
 # qir.py's SHA-256: the IR this file's kernels inline comes from there, and numba's cache of this
 # file is kept while this file is unchanged (see qir.py; a test checks the digest).
-QIR_DIGEST = "ccbb08e75beddb59a25a50b83809fd49942d9f2dbeb5111df1754da58f4d6ff2"
+QIR_DIGEST = "c32c4f380bbe6bb40c305fb33ea337d72275c25aa173811c6b293eeedd359cdd"
 
 
 # ---- rows straight from their blocks, several tokens per block decode ---------------------------
@@ -192,51 +192,10 @@ def _q2_k_token(builder, blk, px, bsums):
     return acc, builder.mul(mins, bsums)
 
 
-def _q4_k_scales_mins_rows(builder, bases):
-    """The 8 six-bit scales and 8 mins of one or two Q4_K blocks (at `bases`), unpacked together:
-    <8 k x i16> each, block i's at lanes 8 i .. 8 i + 7. The steps are
-    qir.q4_k_scales_mins_vectors', on one vector for both blocks: a block's unpacking alone took
-    a tenth of a decoded token's Q4_K time, and two blocks share it 9-12 % faster (four at once,
-    with wider two-source shuffles, measured no faster than one)."""
-    k = len(bases)
-    assert k in (1, 2)
-    # Each block's 12 scale bytes and the next 4 (its first codes, unused) as 16-bit lanes,
-    # block i's byte j at lane 16 i + j.
-    parts = [builder.zext(load(builder, builder.gep(base, [ir.Constant(I64, 4)]), I8, 16), vec(I16, 16))
-             for base in bases]
-    sb = parts[0] if k == 1 else shuffle(builder, parts[0], parts[1], range(32))
-
-    def pick(idx):
-        return shuffle(builder, sb, sb, [16 * i + j for i in range(k) for j in idx])
-
-    def mask(v, m):
-        return builder.and_(v, const(I16, [m] * 8 * k))
-
-    def shr(v, n):
-        return builder.lshr(v, const(I16, [n] * 8 * k))
-
-    def shl(v, n):
-        return builder.shl(v, const(I16, [n] * 8 * k))
-
-    lo = pick([0, 1, 2, 3, 4, 5, 6, 7])  # s[j] and s[j+4], j < 4
-    hi = pick([8, 9, 10, 11, 8, 9, 10, 11])  # s[j+4], j >= 4
-    top = pick([0, 1, 2, 3, 0, 1, 2, 3])  # s[j-4], j >= 4
-    top_m = pick([4, 5, 6, 7, 4, 5, 6, 7])  # s[j], j >= 4
-    sc_hi = builder.or_(mask(hi, 15), shl(shr(top, 6), 4))
-    mn_hi = builder.or_(shr(hi, 4), shl(shr(top_m, 6), 4))
-    lo6 = mask(lo, 63)
-    n = 8 * k
-    mns = shuffle(builder, lo6, mn_hi, [i for b in range(k) for i in (*range(8 * b + 4, 8 * b + 8),
-                                                                       *range(n + 8 * b + 4, n + 8 * b + 8))])
-    scs = shuffle(builder, lo6, sc_hi, [i for b in range(k) for i in (*range(8 * b, 8 * b + 4),
-                                                                       *range(n + 8 * b + 4, n + 8 * b + 8))])
-    return scs, mns
-
-
 def _q4_k_block(builder, base, vbmi: bool, scales_mins, place: int):
     # Chunk c's low and high nibbles (sub-blocks 2c and 2c + 1, inputs 64c..64c+63) meet 64
     # contiguous codes in one scaled dot, the low sub-block's 32 weights scaled by its scale and
-    # the high one's by its own. scales_mins: _q4_k_scales_mins_rows' pair, this block at `place`.
+    # the high one's by its own. scales_mins: qir.q4_k_scales_mins' pair, this block at `place`.
     sc, mn = scales_mins
     at = 8 * place
     mins = builder.zext(shuffle(builder, mn, mn, [at + k // 2 for k in range(16)]), vec(I32, 16))
@@ -335,7 +294,7 @@ def _row_dots_body(context, builder, sig, args, kind: int, tokens: int, vbmi: bo
         if kind == 12:
             flat = [base for row_bases in bases for base in row_bases]
             for i in range(0, len(flat), 2):
-                both = _q4_k_scales_mins_rows(builder, flat[i:i + 2])
+                both = q4_k_scales_mins(builder, flat[i:i + 2])
                 q4_scales += [(both, k) for k in range(len(flat[i:i + 2]))]
         for g, b in enumerate(indices):
             xds, pxs, bsvs = [], [], []  # token j's: one load each, shared by the rows
@@ -498,7 +457,7 @@ def _rows16_decode(context, builder, sig, grid_, base, pw, kind: int):
         pairs = builder.bitcast(builder.trunc(mins, vec(I16, 16)), vec(I32, 8))
         halves = [half_at(builder, base, 80), half_at(builder, base, 82)]
     else:
-        sc16, mn16 = q4_k_scales_mins_vectors(builder, base)
+        sc16, mn16 = q4_k_scales_mins(builder, [base])
         codes = []
         for ch in range(4):  # low nibbles: inputs 64 ch.., high: 64 ch + 32..
             v = load(builder, builder.gep(base, [i64(16 + 32 * ch)]), I8, 32)
