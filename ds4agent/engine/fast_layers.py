@@ -99,7 +99,7 @@ def _pool(kv: np.ndarray, sc: np.ndarray) -> np.ndarray:
     M = sc.max(axis=1, keepdims=True)
     e = np.exp(sc - M)
     pooled = (e * kv).sum(axis=1) / e.sum(axis=1)
-    return np.where(M[:, 0] <= F32(-5e29), F32(0.0), pooled).astype(F32)
+    return np.where(M[:, 0] <= F32(-5e29), F32(0.0), pooled)  # float32 already
 
 
 def _filled(width: int, rows: int, value: float) -> np.ndarray:
@@ -239,11 +239,13 @@ def out_a(aw: AttentionWeights, o: np.ndarray) -> np.ndarray:
 # ---- MoE --------------------------------------------------------------------------------------------
 
 
-def route(fw: FFNWeights, c: ModelConfig, layer: int, h: np.ndarray,
-          tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def route(fw: FFNWeights, c: ModelConfig, layer: int, h: np.ndarray, tokens: Any) -> tuple[np.ndarray, np.ndarray]:
+    """host_mixing.route on this layer's weights. The token ids (MLX: a decoded token's may be the
+    sampler's unread id) are read back only by the hash layers that route by them."""
     w = host_copies(fw.compiled, bias=fw.bias, tid2eid=fw.tid2eid)
-    return host_mixing.route(host_product(fw.gate_inp), w["bias"], w["tid2eid"], h, tokens, c,
-                             c.is_hash_layer(layer))
+    hashed = c.is_hash_layer(layer)
+    ids = to_host(tokens, np.int64, view=True) if hashed else None
+    return host_mixing.route(host_product(fw.gate_inp), w["bias"], w["tid2eid"], h, ids, c, hashed)
 
 
 def routed(fw: FFNWeights, clamp: float, h: np.ndarray, sel: np.ndarray, wts: np.ndarray) -> np.ndarray:
@@ -268,7 +270,7 @@ def shared(fw: FFNWeights, clamp: float, h: np.ndarray) -> np.ndarray:
     return host_product(fw.down_shexp)(mid)
 
 
-def ffn_block(fw: FFNWeights, c: ModelConfig, layer: int, x: np.ndarray, tokens: np.ndarray,
+def ffn_block(fw: FFNWeights, c: ModelConfig, layer: int, x: np.ndarray, tokens: Any,
               trace: Trace | None, profile: Profile | None = None) -> np.ndarray:
     """layers.ffn_block on host arrays: x [n, E] -> y [n, E]."""
     h = host_ops.rms_norm_np(x, host_copies(fw.compiled, norm=fw.norm)["norm"], c.rms_eps)

@@ -103,11 +103,11 @@ def top_u(score: np.ndarray, U: int) -> np.ndarray:
 
 
 def route(gate_inp: HostProduct, bias: np.ndarray | None, tid2eid: np.ndarray | None, h: np.ndarray,
-          tokens: np.ndarray, cfg: ModelConfig, hash_layer: bool) -> tuple[np.ndarray, np.ndarray]:
+          tokens: np.ndarray | None, cfg: ModelConfig, hash_layer: bool) -> tuple[np.ndarray, np.ndarray]:
     """Router (model.md §4.6): (selected experts [n, U] int32, their weights [n, U] float32)."""
     prob = np.sqrt(softplus(gate_inp(h)))
     if hash_layer:
-        assert tid2eid is not None  # every hash layer has its table
+        assert tid2eid is not None and tokens is not None  # every hash layer has its table and ids
         sel = tid2eid[tokens].astype(np.int32)
     else:
         sel = top_u(prob + bias if bias is not None else prob, cfg.n_experts_used)

@@ -13,7 +13,7 @@ from ds4agent.engine import ops, quant
 from ds4agent.engine.config import test_config
 from ds4agent.engine.device import cpu_parts
 from ds4agent.engine.experts.base import quant_experts
-from ds4agent.engine.experts.fast import FastExperts, fast_routed_ffn
+from ds4agent.engine.experts.fast import FastExperts
 from ds4agent.engine.layout import tensor_table
 from ds4agent.engine.qmatrix import (
     ExpertMatrix,
@@ -251,8 +251,8 @@ def test_gate_up_pair_equals_two_calls_and_routed_ffn_composes_them(n):
     want = per_slot[:, 0] + per_slot[:, 1] + per_slot[:, 2]
     assert np.array_equal(routed_ffn(gate, up, down, x, ids, wts, clamp), want)
     fast = [FastExperts(m.w, m.ggml_type, (m.n_experts, m.rows, m.cols)) for m in (gate, up, down)]
-    got = fast_routed_ffn(*fast, mx.array(x), mx.array(ids), mx.array(wts), clamp)
-    assert np.array_equal(np.array(got), want)
+    got = routed_ffn(*(f.matrix for f in fast), x, ids, wts, clamp)  # the fast executor's call (fast_layers.routed)
+    assert np.array_equal(got, want)
     pair = fast[0].gather_matmul_with(fast[1], mx.array(x), mx.array(ids))
     assert np.array_equal(np.array(pair[0]), g) and np.array_equal(np.array(pair[1]), u)
 

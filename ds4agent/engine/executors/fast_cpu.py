@@ -24,11 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from .. import fast_layers, host_ops
 from ..config import ModelConfig
-from ..hostread import to_host
 from ..layers import Profile, Trace
 from ..state import LayerState
 from ..weights import AttentionWeights, FFNWeights, HCWeights
@@ -53,4 +50,4 @@ class FastCpuExecutor(ReferenceExecutor):
 
     def ffn(self, fw: FFNWeights, c: ModelConfig, layer: int, x: Any, tokens: Any, trace: Trace | None,
             profile: Profile | None = None) -> Any:
-        return fast_layers.ffn_block(fw, c, layer, x, to_host(tokens, np.int64, view=True), trace, profile)
+        return fast_layers.ffn_block(fw, c, layer, x, tokens, trace, profile)

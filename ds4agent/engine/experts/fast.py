@@ -15,7 +15,7 @@ from ds4agent.engine import quant
 from ds4agent.engine.errors import EngineError
 from ds4agent.engine.experts.portable import check_call
 from ds4agent.engine.hostread import to_host
-from ds4agent.engine.qmatrix import BLOCK_TYPES, ExpertMatrix, routed_ffn
+from ds4agent.engine.qmatrix import BLOCK_TYPES, ExpertMatrix
 
 FAST_HOW = "fast CPU kernels"  # what describe() says of this backend
 
@@ -59,12 +59,3 @@ class FastExperts:
         a, b = self.matrix.matmul_pair(other.matrix, to_host(x.astype(mx.float32), np.float32), to_host(expert_ids))
         return mx.array(a), mx.array(b)
 
-
-def fast_routed_ffn(gate: FastExperts, up: FastExperts, down: FastExperts, h: mx.array, sel: mx.array,
-                    wts: mx.array, clamp: float) -> mx.array:
-    """A layer's routed experts in one call (qmatrix.routed_ffn): h [n, dim], sel [n, k] ids,
-    wts [n, k] weights -> [n, dim], the slots summed in selection order."""
-    check_call(gate, h, sel)
-    out = routed_ffn(gate.matrix, up.matrix, down.matrix, to_host(h.astype(mx.float32), np.float32),
-                     to_host(sel), to_host(wts.astype(mx.float32), np.float32), clamp)
-    return mx.array(out)
