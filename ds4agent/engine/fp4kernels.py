@@ -40,12 +40,16 @@ from ds4agent.engine.qir import (
     I16,
     I32,
     I64,
+    VNNI,
     const,
     count_cases,
     dot4,
     load,
     ptr,
+    reduce,
     shuffle,
+    splat,
+    store,
     unit_sums,
     vec,
 )
@@ -273,6 +277,111 @@ VBMI = bool(FEATURES.get("avx512vbmi")) and bool(FEATURES.get("avx512bw"))
 mxfp4_row_dots = row_dots_with(VBMI)
 mxfp4_row_pair_dots = row_dots_with(VBMI, 2)
 
+
+# ---- rows times 16 tokens per vector ------------------------------------------------------------
+# With many tokens per row (a prefill's busy experts), one vector lane per token, as qkernels'
+# rows16 kernels: the activations of 16 tokens interleaved once per product (lanes_interleave:
+# quad k of the row's inputs, 16 tokens x 4 codes + 128 as u8, 64 bytes), each row's blocks
+# decoded once to signed int8 weights kv[q] in memory, and each 4-weight quad, broadcast, meets
+# the 16 tokens' quad in one 4-way u8 x s8 dot (vpdpbusd): 8 dots per block and 16 tokens, where
+# the row dots need a dot and a sign select per block pair and token plus a reduction tree.
+#   isum = sum_i (x_i + 128) kv[q_i] - 128 C,  C = sum_i kv[q_i]
+# is the row dots' integer (exact either way), and the float steps are theirs in the same order
+# (acc += (dw * xd) * float(isum), block by block from +0), so the bits are the same.
+#   rows16(raw, ro, rstride, nb, xi, xdi, nv, res, wrow, info): `rows` rows at raw[ro + i *
+#   rstride:], nb blocks each; token vector v's quad k at byte ((v * nb * 8) + k) * 64 of xi, its
+#   block scales at xdi[(v * nb + b) * 16]; res[i * 16 nv + 16 v + j] = row i's result for
+#   token 16 v + j; wrow, info: scratch (rows * nb * 32 int8, rows * nb * 2 int32).
+
+LANES_MIN = 9  # from this many tokens of one matrix (and with AVX-512 VNNI) rows go 16 tokens a vector
+LANES = VNNI
+TOKEN_TILE = 64  # tokens per pass over the rows (4 vectors of 16)
+
+
+def _rows16(rows: int):
+    @intrinsic
+    def rows16(typingctx, raw, ro, rstride, nb, xi, xdi, nv, res, wrow, info):
+        def codegen(context, builder, sig, args):
+            _rows16_body(context, builder, sig, args, rows)
+            return context.get_dummy_value()
+
+        return types.void(raw, ro, rstride, nb, xi, xdi, nv, res, wrow, info), codegen
+
+    return rows16
+
+
+def _rows16_decode(builder, base, pw, pinfo) -> None:
+    """The block at `base` -> its 32 signed weights kv[q] at pw, and at pinfo 128 C (their sum
+    times 128) and dw = 2^(e - 128) (as bits)."""
+    codes = _pair_codes(builder, base, None)  # lanes 32-63: zeros, so weights 0
+    mags = _magnitudes(builder, codes, VBMI)
+    negative = builder.icmp_unsigned("!=", builder.and_(codes, const(I8, [8] * 64)), const(I8, [0] * 64))
+    w = builder.select(negative, builder.sub(const(I8, [0] * 64), mags), mags)
+    store(builder, shuffle(builder, w, w, range(32)), pw, I8, 32)
+    c = reduce(builder, dot4(builder, _ZERO16, const(I8, [1] * 64), w), 16)
+    builder.store(builder.mul(c, ir.Constant(I32, 128)), pinfo)
+    e8 = builder.insert_element(ir.Constant(vec(I8, 1), None), builder.load(base), ir.Constant(I32, 0))
+    dw = builder.extract_element(_half_scales(builder, e8, 1), ir.Constant(I32, 0))
+    builder.store(builder.bitcast(dw, I32), builder.gep(pinfo, [ir.Constant(I64, 1)]))
+
+
+def _rows16_body(context, builder, sig, args, rows: int) -> None:
+    raw_, ro_, rstride_, nb_, xi_, xdi_, nv_, res_, wrow_, info_ = args
+
+    def i64(v):
+        return ir.Constant(I64, v)
+
+    pw = builder.bitcast(ptr(context, builder, sig.args[8], wrow_, i64(0)), I8.as_pointer())
+    pinfo = builder.bitcast(ptr(context, builder, sig.args[9], info_, i64(0)), I32.as_pointer())
+    # First the rows decoded (block b of row i at slot b * rows + i), then the products, reading
+    # each quad back from memory, so that its broadcast folds into the dot instruction (as in
+    # qkernels' rows16).
+    for i in range(rows):
+        row = ptr(context, builder, sig.args[0], raw_, builder.add(ro_, builder.mul(i64(i), rstride_)))
+        with cgutils.for_range(builder, nb_) as loop:
+            slot = builder.add(builder.mul(loop.index, i64(rows)), i64(i))
+            _rows16_decode(builder, builder.gep(row, [builder.mul(loop.index, i64(BLOCK_BYTES))]),
+                           builder.gep(pw, [builder.mul(slot, i64(32))]), builder.gep(pinfo, [builder.mul(slot, i64(2))]))
+    pxi = builder.bitcast(ptr(context, builder, sig.args[4], xi_, i64(0)), I8.as_pointer())
+    pres = ptr(context, builder, sig.args[7], res_, i64(0))
+
+    def products(n: int) -> None:  # n token vectors: the accumulators stay in registers
+        accs = [[cgutils.alloca_once_value(builder, ir.Constant(vec(F32, 16), [0.0] * 16)) for _ in range(n)]
+                for _ in range(rows)]
+        with cgutils.for_range(builder, nb_) as loop:
+            b = loop.index
+            slots = [builder.add(builder.mul(b, i64(rows)), i64(i)) for i in range(rows)]
+            infos = [builder.gep(pinfo, [builder.mul(slot, i64(2))]) for slot in slots]
+            isums = [[splat(builder, builder.sub(ir.Constant(I32, 0), builder.load(p)), I32, 16)] * n for p in infos]
+            pxs = [builder.gep(pxi, [builder.mul(builder.add(builder.mul(i64(v), nb_), b), i64(512))]) for v in range(n)]
+            for q in range(8):
+                ws = []
+                for slot in slots:
+                    pq = builder.bitcast(builder.gep(pw, [builder.add(builder.mul(slot, i64(32)), i64(4 * q))]),
+                                         I32.as_pointer())
+                    ws.append(builder.bitcast(splat(builder, builder.load(pq, align=1), I32, 16), vec(I8, 64)))
+                for v in range(n):
+                    xv = load(builder, builder.gep(pxs[v], [i64(64 * q)]), I8, 64)
+                    for i in range(rows):
+                        isums[i][v] = dot4(builder, isums[i][v], xv, ws[i])
+            for v in range(n):
+                xdv = load(builder, ptr(context, builder, sig.args[5], xdi_,
+                                        builder.mul(builder.add(builder.mul(i64(v), nb_), b), i64(16))), F32, 16)
+                for i in range(rows):
+                    dw = builder.bitcast(builder.load(builder.gep(infos[i], [i64(1)])), F32)
+                    term = builder.fmul(builder.fmul(splat(builder, dw, F32, 16), xdv),
+                                        builder.sitofp(isums[i][v], vec(F32, 16)))
+                    builder.store(builder.fadd(builder.load(accs[i][v]), term), accs[i][v])
+        for i in range(rows):
+            for v in range(n):
+                store(builder, builder.load(accs[i][v]),
+                      builder.gep(pres, [builder.add(builder.mul(i64(i), builder.mul(nv_, i64(16))), i64(16 * v))]), F32, 16)
+
+    count_cases(builder, nv_, (1, 2, 3, 4), products, "fp4_rows16")
+
+
+mxfp4_rows16_1, mxfp4_rows16_2 = _rows16(1), _rows16(2)
+
 _jit = njit(nogil=True, cache=True)
 
 
@@ -313,10 +422,61 @@ def _paired_rows(raw, xq, xd, out, r0, r1, t0, t1):
 
 
 @_jit
+def lanes_interleave(xq32, xd, t0, t1, xi, xdi):
+    """Tokens t0..t1 (at most 64) of xq32 (the int8 codes viewed as uint32 quads, [n, cols // 4])
+    and xd [n, nb] -> xi uint32 [nv, cols // 4, 16] (quad k of token 16 v + j, each code + 128)
+    and xdi f32 [nv, nb, 16]; lanes past t1 are zeros (code + 128 = 128, scale 0)."""
+    nv, nq, nb = xi.shape[0], xi.shape[1], xdi.shape[1]
+    for v in range(nv):
+        for j in range(16):
+            t = t0 + 16 * v + j
+            if t < t1:
+                for b in range(nb):
+                    xdi[v, b, j] = xd[t, b]
+                for k in range(nq):
+                    xi[v, k, j] = xq32[t, k] ^ np.uint32(0x80808080)
+            else:
+                for b in range(nb):
+                    xdi[v, b, j] = 0.0
+                for k in range(nq):
+                    xi[v, k, j] = np.uint32(0x80808080)
+
+
+@_jit
+def _lanes_rows(raw, xq, xd, out, r0, r1, t0, t1):
+    nq = xq.shape[1] // 4
+    nb = nq // 8
+    xq32 = xq.view(np.uint32)
+    res = np.empty(2 * TOKEN_TILE, np.float32)
+    wrow = np.empty(2 * nb * 32, np.int8)
+    info = np.empty(2 * nb * 2, np.int32)
+    rs = raw.shape[1]
+    for ts in range(t0, t1, TOKEN_TILE):
+        n = min(TOKEN_TILE, t1 - ts)
+        nv = (n + 15) // 16
+        xi = np.empty((nv, nq, 16), np.uint32)
+        xdi = np.empty((nv, nb, 16), np.float32)
+        lanes_interleave(xq32, xd, ts, ts + n, xi, xdi)
+        for r in range(r0, r1, 2):  # two rows per pass: each activation load meets both
+            if r + 1 < r1:
+                mxfp4_rows16_2(raw, r * rs, rs, nb, xi, xdi, nv, res, wrow, info)
+                for j in range(n):
+                    out[ts + j, r] = res[j]
+                    out[ts + j, r + 1] = res[16 * nv + j]
+            else:
+                mxfp4_rows16_1(raw, r * rs, rs, nb, xi, xdi, nv, res, wrow, info)
+                for j in range(n):
+                    out[ts + j, r] = res[j]
+
+
+@_jit
 def mxfp4_rows(raw, xq, xd, out, r0, r1, t0, t1):
-    """out[t, r] for rows r0..r1 of raw ([rows, nb * 17] MXFP4 blocks) and tokens t0..t1: with
-    up to PAIRED_TOKENS tokens two rows per pass, else up to eight tokens per pass over a row."""
-    if t1 - t0 <= PAIRED_TOKENS:
+    """out[t, r] for rows r0..r1 of raw ([rows, nb * 17] MXFP4 blocks) and tokens t0..t1: from
+    LANES_MIN tokens (with AVX-512 VNNI) 16 tokens to a vector, up to PAIRED_TOKENS tokens two
+    rows per pass, else up to eight tokens per pass over a row."""
+    if LANES and t1 - t0 >= LANES_MIN:
+        _lanes_rows(raw, xq, xd, out, r0, r1, t0, t1)
+    elif t1 - t0 <= PAIRED_TOKENS:
         _paired_rows(raw, xq, xd, out, r0, r1, t0, t1)
     else:
         _single_rows(raw, xq, xd, out, r0, r1, t0, t1)

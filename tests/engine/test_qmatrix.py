@@ -82,13 +82,15 @@ def test_batch_rows_equal_single_token_products_bit_for_bit(qtype):
         assert np.array_equal(m.matmul(x[3 : 3 + n]), batch[3 : 3 + n])  # a chunk of the batch
 
 
-@pytest.mark.parametrize("qtype", [quant.IQ2_XXS, quant.Q2_K, quant.Q4_K], ids=quant.type_name)
-@pytest.mark.parametrize("n", [20, 40, 70])
+@pytest.mark.parametrize("qtype", [quant.IQ2_XXS, quant.Q2_K, quant.Q4_K, quant.MXFP4], ids=quant.type_name)
+@pytest.mark.parametrize("n", [9, 20, 40, 70])
 def test_token_lanes_equal_single_token_products_bit_for_bit(qtype, n):
-    # From 9 tokens IQ2_XXS, Q2_K and Q4_K rows meet 16 tokens per vector, two rows per pass: 20, 40
-    # and 70 tokens take 2, 3 and 4 + 1 token vectors (70: a second tile of 6), and 33 rows end
-    # on a single row.
-    from ds4agent.engine import qkernels
+    # From 9 tokens IQ2_XXS, Q2_K, Q4_K and MXFP4 rows meet 16 tokens per vector, two rows per
+    # pass: 9, 20, 40 and 70 tokens take 1, 2, 3 and 4 + 1 token vectors (70: a second tile of
+    # 6), and 33 rows end on a single row.
+    from ds4agent.engine import fp4kernels, qkernels
+
+    assert qkernels.LANES_MIN == fp4kernels.LANES_MIN
 
     rng = np.random.default_rng(n)
     raw, _ = _matrix(rng, qtype, 33, 768)
