@@ -17,7 +17,10 @@ one row (or, with up to PAIRED_TOKENS tokens, two rows), every block, by 1 to 8 
 tokens, each block pair decoded in registers once for the tokens; the magnitudes meet the
 activations with the codes' signs put on the activations (u8 magnitudes times s8 codes: the
 4-way dot, `vpdpbusd` on AVX-512 VNNI). The magnitudes come from a byte permute with AVX-512
-VBMI, from compares and selects elsewhere (the same integers). A row's result never depends on
+VBMI, from compares and selects elsewhere (the same integers). From LANES_MIN tokens of one
+matrix, where the host has AVX-512 VNNI, one or two rows meet up to 64 tokens 16 to a vector
+instead (mxfp4_rows16_1/_2, as qkernels' rows16): the same integers and float steps, the same
+bits. A row's result never depends on
 the tokens it is grouped with, nor on the rows (paired or not) or threads around it: decode =
 one-token prefill, chunk invariance and resume hold as for the other types.
 
