@@ -59,7 +59,7 @@ from ds4agent.engine.qir import (
 
 # qir.py's SHA-256 (see qkernels.QIR_DIGEST): numba's cache of this file is kept while this file
 # is unchanged, so a change to the IR it inlines must change this line.
-QIR_DIGEST = "c32c4f380bbe6bb40c305fb33ea337d72275c25aa173811c6b293eeedd359cdd"
+QIR_DIGEST = "48014396fbf5f65ea39e5b8b1d5bb4f72f914292b81b2d11882ddecb16dc09f7"
 
 BLOCK_BYTES = 17  # the scale byte, then 16 bytes of codes: weight i < 16 the low nibble of byte
 #                   1 + i, weight 16 + i its high nibble

@@ -35,7 +35,7 @@ from ds4agent.engine.qir import F16, F32, I8, I16, I32, I64, dot4, load, ptr, sp
 
 # qir.py's SHA-256: the IR this file's kernels inline comes from there, and numba's cache of this
 # file is kept while this file is unchanged (see qir.py; a test checks the digest).
-QIR_DIGEST = "c32c4f380bbe6bb40c305fb33ea337d72275c25aa173811c6b293eeedd359cdd"
+QIR_DIGEST = "48014396fbf5f65ea39e5b8b1d5bb4f72f914292b81b2d11882ddecb16dc09f7"
 
 
 # ---- Q8_0 rows interleaved for the 4-byte dot-product instruction -------------------------------

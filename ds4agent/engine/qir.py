@@ -153,23 +153,48 @@ def _iq2_magnitudes_vbmi(builder, words):
     return shuffle(builder, low, high, range(256))
 
 
+# Byte c of the sign table: the signs of a group's 8 weights for 7-bit sign code c (bit j set:
+# weight j negative), the eighth bit making the count of negative signs even.
+_IQ2_SIGNS = [c | ((bin(c).count("1") & 1) << 7) for c in range(128)]
+
+
+def _iq2_signs_vbmi(builder, words):
+    """<256 x i1>, weight k negative, from the block's words (<16 x i32>): the 32 7-bit sign codes
+    (bits 7i .. 7i + 6 of odd word 2g + 1) brought to bytes by one multishift of the block's
+    qwords and looked up in the 128-byte sign table by one two-table byte permute (it reads its
+    index's low seven bits), where shifting, counting and combining them took about ten
+    instructions (IQ2_XXS rows 6-8 % faster with one to four tokens)."""
+    v8 = vec(I8, 64)
+    shift = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v8] * 2),
+                                           "llvm.x86.avx512.pmultishift.qb.512")
+    # byte 8g + i (i < 4) of the result: bits 32 + 7i .. 39 + 7i of qword g, sign code i of group g
+    control = const(I8, [32 + 7 * (k % 8) if k % 8 < 4 else 0 for k in range(64)])
+    codes = builder.call(shift, [control, builder.bitcast(words, v8)])
+    lookup = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v8] * 3),
+                                            "llvm.x86.avx512.vpermi2var.qi.512")
+    signs = builder.call(lookup, [const(I8, _IQ2_SIGNS[:64]), codes, const(I8, _IQ2_SIGNS[64:])])
+    # weight k = 32 g + 8 i + j is bit j of byte 4 g + i once the 32 sign bytes are packed: the
+    # packed bytes, read as 256 bits, are the lane mask itself
+    packed = shuffle(builder, signs, signs, [8 * (k // 4) + k % 4 for k in range(32)])
+    return builder.bitcast(packed, vec(ir.IntType(1), 256))
+
+
 def iq2_magnitudes_signs(context, builder, grid_type, grid, base, vbmi: bool):
     """An IQ2_XXS block at `base` -> (magnitudes <256 x i8> unsigned, negative <256 x i1>).
 
-    Without VBMI the 32 grid-row loads are scalar, indexed by bytes loaded straight from the block
-    (moving indices out of a vector register costs more); the signs are computed for all 256
-    weights at once: 7-bit code j of b_g, plus a parity bit that makes the count of negative
-    signs even."""
+    With VBMI both come from tables in registers (_iq2_magnitudes_vbmi, _iq2_signs_vbmi). Without,
+    the 32 grid-row loads are scalar, indexed by bytes loaded straight from the block (moving
+    indices out of a vector register costs more); the signs are computed for all 256 weights at
+    once: 7-bit code j of b_g, plus a parity bit that makes the count of negative signs even."""
     words = load(builder, builder.gep(base, [ir.Constant(I64, 2)]), I32, 16)
     if vbmi:
-        mags = _iq2_magnitudes_vbmi(builder, words)
-    else:
-        table = context.make_array(grid_type)(context, builder, grid).data
-        rows64 = ir.Constant(vec(I64, 32), None)
-        for k in range(32):
-            row = builder.zext(builder.load(builder.gep(base, [ir.Constant(I64, 2 + 8 * (k // 4) + k % 4)])), I64)
-            rows64 = builder.insert_element(rows64, builder.load(builder.gep(table, [row])), ir.Constant(I32, k))
-        mags = builder.bitcast(rows64, vec(I8, 256))
+        return _iq2_magnitudes_vbmi(builder, words), _iq2_signs_vbmi(builder, words)
+    table = context.make_array(grid_type)(context, builder, grid).data
+    rows64 = ir.Constant(vec(I64, 32), None)
+    for k in range(32):
+        row = builder.zext(builder.load(builder.gep(base, [ir.Constant(I64, 2 + 8 * (k // 4) + k % 4)])), I64)
+        rows64 = builder.insert_element(rows64, builder.load(builder.gep(table, [row])), ir.Constant(I32, k))
+    mags = builder.bitcast(rows64, vec(I8, 256))
     b = shuffle(builder, words, words, range(1, 16, 2))
     b32 = shuffle(builder, b, b, [k // 4 for k in range(32)])
     codes = builder.and_(builder.lshr(b32, const(I32, [7 * (k % 4) for k in range(32)])), const(I32, [127] * 32))
