@@ -19,8 +19,9 @@ about 4 GiB) into a temporary directory and removes it afterwards. One run print
   at the same shapes in this run. Target <= 1.5x.
 
 Exits 1 when the peak exceeds the budget or the ratio exceeds 1.5. On this project's 2-core
-Linux CPU a 2k-token prefill takes well over an hour (MLX's CPU BLAS); pass a smaller --prefill
-there and read the figure as tokens/s at that chunk size.
+Linux CPU a 2k-token prefill takes about three minutes with the fast CPU kernels (the default;
+with DS4AGENT_KERNELS=reference, the exact path, well over an hour); a smaller --prefill gives a
+quicker run, its figure read as tokens/s at that chunk size.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """A stand-in system-prompt KV for agent runs at the Flash shape.
 
-The agent's system prefix is ~2,160 tokens; prefilling it at the real shape takes over an hour on
-this project's 2-core CPU (MLX's reference BLAS), so agent tests at that shape start from the
-system-prompt cache (`sysprompt-<hex>.kv`), exactly as a user's second start does. The cache is
-written here for the exact text the agent will render (the agent's own renderer, settings and
-tools), holding a deterministic stand-in state of the right Flash layout: everything after it
+The agent's system prefix is ~2,160 tokens; prefilling it at the real shape takes minutes on this
+project's 2-core CPU with the fast kernels (over an hour on the exact reference path), so agent
+tests at that shape start from the system-prompt cache (`sysprompt-<hex>.kv`), exactly as a
+user's second start does. The cache is written here for the exact text the agent will render
+(the agent's own renderer, settings and tools), holding a deterministic stand-in state of the
+right Flash layout: everything after it
 (user turns, decoding, /save, /load, crash resume) is computed by the real engine at full shape.
 """
 
