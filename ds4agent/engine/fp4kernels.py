@@ -285,7 +285,9 @@ mxfp4_row_pair_dots = row_dots_with(VBMI, 2)
 # With many tokens per row (a prefill's busy experts), one vector lane per token, as qkernels'
 # rows16 kernels: the activations of 16 tokens interleaved once per product (lanes_interleave:
 # quad k of the row's inputs, 16 tokens x 4 codes + 128 as u8, 64 bytes), each row's blocks
-# decoded once to signed int8 weights kv[q] in memory, and each 4-weight quad, broadcast, meets
+# decoded once to signed int8 weights kv[q] in memory (four blocks at a time: two loads, two
+# byte permutes, one sum tree for their C and one vector of scales; one block at a time, the
+# decoding cost as much as a vector of 16 tokens' products), and each 4-weight quad, broadcast, meets
 # the 16 tokens' quad in one 4-way u8 x s8 dot (vpdpbusd): 8 dots per block and 16 tokens, where
 # the row dots need a dot and a sign select per block pair and token plus a reduction tree.
 #   isum = sum_i (x_i + 128) kv[q_i] - 128 C,  C = sum_i kv[q_i]
@@ -296,7 +298,10 @@ mxfp4_row_pair_dots = row_dots_with(VBMI, 2)
 #   block scales at xdi[(v * nb + b) * 16]; res[i * 16 nv + 16 v + j] = row i's result for
 #   token 16 v + j; wrow, info: scratch (rows * nb * 32 int8, rows * nb * 2 int32).
 
-LANES_MIN = 9  # from this many tokens of one matrix (and with AVX-512 VNNI) rows go 16 tokens a vector
+# From this many tokens of one matrix (and with AVX-512 VNNI) rows go 16 tokens a vector, a
+# vector part empty below 16: its cost is about a fixed 36 ns per 256 weights (one core), where
+# the row dots cost 6.4-6.6 ns per token at 6 to 8 tokens and 7 at 5 (measured).
+LANES_MIN = 6
 LANES = VNNI
 TOKEN_TILE = 64  # tokens per pass over the rows (4 vectors of 16)
 
@@ -313,19 +318,45 @@ def _rows16(rows: int):
     return rows16
 
 
-def _rows16_decode(builder, base, pw, pinfo) -> None:
-    """The block at `base` -> its 32 signed weights kv[q] at pw, and at pinfo 128 C (their sum
-    times 128) and dw = 2^(e - 128) (as bits)."""
-    codes = _pair_codes(builder, base, None)  # lanes 32-63: zeros, so weights 0
-    mags = _magnitudes(builder, codes, VBMI)
+_SIGNED = [m for m in MAGNITUDES] + [-m for m in MAGNITUDES]  # kv of codes 0-15
+
+
+def _signed_weights(builder, codes):
+    """<64 x i8> kv[q] of codes whose low four bits are the code (the bits above: ignored)."""
+    if VBMI:  # one byte permute through the 64-byte table (it reads the low six bits of each index)
+        lookup = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec(I8, 64), [vec(I8, 64)] * 2),
+                                                "llvm.x86.avx512.permvar.qi.512")
+        return builder.call(lookup, [const(I8, [_SIGNED[i & 15] for i in range(64)]), codes])
+    mags = _magnitudes(builder, codes, False)
     negative = builder.icmp_unsigned("!=", builder.and_(codes, const(I8, [8] * 64)), const(I8, [0] * 64))
-    w = builder.select(negative, builder.sub(const(I8, [0] * 64), mags), mags)
-    store(builder, shuffle(builder, w, w, range(32)), pw, I8, 32)
-    c = reduce(builder, dot4(builder, _ZERO16, const(I8, [1] * 64), w), 16)
-    builder.store(builder.mul(c, ir.Constant(I32, 128)), pinfo)
-    e8 = builder.insert_element(ir.Constant(vec(I8, 1), None), builder.load(base), ir.Constant(I32, 0))
-    dw = builder.extract_element(_half_scales(builder, e8, 1), ir.Constant(I32, 0))
-    builder.store(builder.bitcast(dw, I32), builder.gep(pinfo, [ir.Constant(I64, 1)]))
+    return builder.select(negative, builder.sub(const(I8, [0] * 64), mags), mags)
+
+
+def _rows16_decode(builder, base, pw, pcorr, pdw, count: int) -> None:
+    """`count` blocks (4, from two overlapping loads (_quad_codes), or 1) at `base` -> their 32
+    signed weights kv[q] each at pw, -128 C (128 times their sum, negated) at pcorr and
+    dw = 2^(e - 128) (as bits) at pdw, block after block."""
+    ones = const(I8, [1] * 64)
+    if count == 4:
+        pairs, head = _quad_codes(builder, base)
+        e8 = shuffle(builder, head, head, [k * BLOCK_BYTES for k in range(4)])
+    else:
+        pairs = [_pair_codes(builder, base, None)]  # lanes 32-63: zeros, so weights 0
+        e8 = builder.insert_element(ir.Constant(vec(I8, 1), None), builder.load(base), ir.Constant(I32, 0))
+    sums = []
+    for k, codes in enumerate(pairs):
+        w = _signed_weights(builder, codes)
+        if count == 4:
+            store(builder, w, builder.gep(pw, [ir.Constant(I64, 64 * k)]), I8, 64)
+        else:
+            store(builder, shuffle(builder, w, w, range(32)), pw, I8, 32)
+        sums.append(dot4(builder, _ZERO16, ones, w))
+    if count == 4:  # block k's sum in lane k
+        c = unit_sums(builder, sums, 8)
+    else:
+        c = builder.insert_element(ir.Constant(vec(I32, 1), None), reduce(builder, sums[0], 16), ir.Constant(I32, 0))
+    store(builder, builder.mul(c, const(I32, [-128] * count)), pcorr, I32, count)
+    store(builder, builder.bitcast(_half_scales(builder, e8, count), vec(I32, count)), pdw, I32, count)
 
 
 def _rows16_body(context, builder, sig, args, rows: int) -> None:
@@ -335,16 +366,25 @@ def _rows16_body(context, builder, sig, args, rows: int) -> None:
         return ir.Constant(I64, v)
 
     pw = builder.bitcast(ptr(context, builder, sig.args[8], wrow_, i64(0)), I8.as_pointer())
-    pinfo = builder.bitcast(ptr(context, builder, sig.args[9], info_, i64(0)), I32.as_pointer())
-    # First the rows decoded (block b of row i at slot b * rows + i), then the products, reading
-    # each quad back from memory, so that its broadcast folds into the dot instruction (as in
-    # qkernels' rows16).
+    pcorr = builder.bitcast(ptr(context, builder, sig.args[9], info_, i64(0)), I32.as_pointer())
+    pdw = builder.gep(pcorr, [builder.mul(nb_, i64(rows))])
+    # First the rows decoded (block b of row i at place i * nb + b), four blocks at a time, then
+    # the products, reading each quad back from memory, so that its broadcast folds into the dot
+    # instruction (as in qkernels' rows16).
+    quads = builder.sdiv(nb_, i64(4))
     for i in range(rows):
         row = ptr(context, builder, sig.args[0], raw_, builder.add(ro_, builder.mul(i64(i), rstride_)))
-        with cgutils.for_range(builder, nb_) as loop:
-            slot = builder.add(builder.mul(loop.index, i64(rows)), i64(i))
-            _rows16_decode(builder, builder.gep(row, [builder.mul(loop.index, i64(BLOCK_BYTES))]),
-                           builder.gep(pw, [builder.mul(slot, i64(32))]), builder.gep(pinfo, [builder.mul(slot, i64(2))]))
+
+        def decode(b, count: int, row=row, i=i) -> None:
+            at = builder.add(builder.mul(i64(i), nb_), b)
+            _rows16_decode(builder, builder.gep(row, [builder.mul(b, i64(BLOCK_BYTES))]),
+                           builder.gep(pw, [builder.mul(at, i64(32))]), builder.gep(pcorr, [at]),
+                           builder.gep(pdw, [at]), count)
+
+        with cgutils.for_range(builder, quads) as loop:
+            decode(builder.mul(loop.index, i64(4)), 4)
+        with cgutils.for_range_slice(builder, builder.mul(quads, i64(4)), nb_, i64(1)) as (b, _):
+            decode(b, 1)
     pxi = builder.bitcast(ptr(context, builder, sig.args[4], xi_, i64(0)), I8.as_pointer())
     pres = ptr(context, builder, sig.args[7], res_, i64(0))
 
@@ -353,14 +393,13 @@ def _rows16_body(context, builder, sig, args, rows: int) -> None:
                 for _ in range(rows)]
         with cgutils.for_range(builder, nb_) as loop:
             b = loop.index
-            slots = [builder.add(builder.mul(b, i64(rows)), i64(i)) for i in range(rows)]
-            infos = [builder.gep(pinfo, [builder.mul(slot, i64(2))]) for slot in slots]
-            isums = [[splat(builder, builder.sub(ir.Constant(I32, 0), builder.load(p)), I32, 16)] * n for p in infos]
+            ats = [builder.add(builder.mul(i64(i), nb_), b) for i in range(rows)]
+            isums = [[splat(builder, builder.load(builder.gep(pcorr, [at])), I32, 16)] * n for at in ats]
             pxs = [builder.gep(pxi, [builder.mul(builder.add(builder.mul(i64(v), nb_), b), i64(512))]) for v in range(n)]
             for q in range(8):
                 ws = []
-                for slot in slots:
-                    pq = builder.bitcast(builder.gep(pw, [builder.add(builder.mul(slot, i64(32)), i64(4 * q))]),
+                for at in ats:
+                    pq = builder.bitcast(builder.gep(pw, [builder.add(builder.mul(at, i64(32)), i64(4 * q))]),
                                          I32.as_pointer())
                     ws.append(builder.bitcast(splat(builder, builder.load(pq, align=1), I32, 16), vec(I8, 64)))
                 for v in range(n):
@@ -371,7 +410,7 @@ def _rows16_body(context, builder, sig, args, rows: int) -> None:
                 xdv = load(builder, ptr(context, builder, sig.args[5], xdi_,
                                         builder.mul(builder.add(builder.mul(i64(v), nb_), b), i64(16))), F32, 16)
                 for i in range(rows):
-                    dw = builder.bitcast(builder.load(builder.gep(infos[i], [i64(1)])), F32)
+                    dw = builder.bitcast(builder.load(builder.gep(pdw, [ats[i]])), F32)
                     term = builder.fmul(builder.fmul(splat(builder, dw, F32, 16), xdv),
                                         builder.sitofp(isums[i][v], vec(F32, 16)))
                     builder.store(builder.fadd(builder.load(accs[i][v]), term), accs[i][v])

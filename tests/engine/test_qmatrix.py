@@ -90,14 +90,12 @@ def test_token_lanes_equal_single_token_products_bit_for_bit(qtype, n):
     # 6), and 33 rows end on a single row.
     from ds4agent.engine import fp4kernels, qkernels
 
-    assert qkernels.LANES_MIN == fp4kernels.LANES_MIN
-
     rng = np.random.default_rng(n)
     raw, _ = _matrix(rng, qtype, 33, 768)
     m = QuantMatrix.from_blocks(raw, qtype, 33, 768)
     x = _inputs(rng, n, 768)
     batch = m.matmul(x)
-    assert qkernels.LANES_MIN <= n
+    assert (fp4kernels if qtype == quant.MXFP4 else qkernels).LANES_MIN <= n
     for t in range(n):
         assert np.array_equal(m.matmul(x[t : t + 1])[0], batch[t])
 
@@ -499,6 +497,29 @@ def test_mxfp4_rows_of_any_block_count_follow_the_formula_with_avx512_or_portabl
             got = runner(fp4kernels.row_dots_with(vbmi, nrows), nrows)(per_row, act.xq, act.xd,
                                                                        np.zeros(16, np.float32), n)
             assert np.array_equal(got, want), f"vbmi={vbmi} nrows={nrows}"
+
+
+@pytest.mark.parametrize("n", [6, 20])
+@pytest.mark.parametrize("blocks", [1, 13, 16])
+def test_mxfp4_token_lanes_of_any_block_count_follow_the_formula(n, blocks):
+    """MXFP4 rows meeting their tokens 16 to a vector (from fp4kernels.LANES_MIN tokens: 6 fill
+    part of one vector, 20 two) decode their blocks four at a time, then one by one (13 blocks:
+    three fours and one; 1: only the one): every way gives the stated formula's bits, scale
+    bytes 0 and 1 (subnormal half scales) and 254 included; 7 rows end on a single row."""
+    from ds4agent.engine import fp4kernels
+
+    assert fp4kernels.LANES_MIN <= n
+    rng = np.random.default_rng(10 * n + blocks)
+    rows, cols = 7, 32 * blocks
+    raw, _ = _matrix(rng, quant.MXFP4, rows, cols)
+    per_row = np.ascontiguousarray(raw.reshape(rows, -1))
+    per_row[0, 0], per_row[1, 0], per_row[2, 17 * (blocks - 1)] = 0, 1, 254
+    x = _inputs(rng, n, cols)
+    with np.errstate(over="ignore"):  # scale 254 times a large input: inf, as in the kernels
+        want = np.array([[_formula_row(quant.MXFP4, per_row[r], x[t]) for r in range(rows)] for t in range(n)],
+                        np.float32)
+    got = QuantMatrix.from_blocks(per_row.reshape(-1), quant.MXFP4, rows, cols).matmul(x)
+    assert np.array_equal(got, want)
 
 
 def test_kernel_modules_carry_the_digest_of_the_ir_they_inline():
