@@ -296,7 +296,8 @@ mxfp4_row_pair_dots = row_dots_with(VBMI, 2)
 #   rows16(raw, ro, rstride, nb, xi, xdi, nv, res, wrow, info): `rows` rows at raw[ro + i *
 #   rstride:], nb blocks each; token vector v's quad k at byte ((v * nb * 8) + k) * 64 of xi, its
 #   block scales at xdi[(v * nb + b) * 16]; res[i * 16 nv + 16 v + j] = row i's result for
-#   token 16 v + j; wrow, info: scratch (rows * nb * 32 int8, rows * nb * 2 int32).
+#   token 16 v + j; wrow, info: scratch (rows * nb * 32 int8: row i's block b at 32 (i nb + b);
+#   rows * nb * 2 int32: its -128 C at i nb + b, its dw's bits at rows nb + i nb + b).
 
 # From this many tokens of one matrix (and with AVX-512 VNNI) rows go 16 tokens a vector, a
 # vector part empty below 16: its cost is about a fixed 36 ns per 256 weights (one core), where
@@ -318,7 +319,7 @@ def _rows16(rows: int):
     return rows16
 
 
-_SIGNED = [m for m in MAGNITUDES] + [-m for m in MAGNITUDES]  # kv of codes 0-15
+_SIGNED = [*MAGNITUDES, *(-m for m in MAGNITUDES)]  # kv of codes 0-15
 
 
 def _signed_weights(builder, codes):
