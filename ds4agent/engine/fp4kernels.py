@@ -307,11 +307,14 @@ LANES = VNNI
 TOKEN_TILE = 64  # tokens per pass over the rows (4 vectors of 16)
 
 
-def _rows16(rows: int):
+def rows16_with(vbmi: bool, rows: int):
+    """The rows16 intrinsic for `rows` rows (1 or 2), its weights decoded with the AVX-512 VBMI
+    byte permute (vbmi) or in portable IR (the same integers): the module's own use the host's
+    best; the tests build both and compare them."""
     @intrinsic
     def rows16(typingctx, raw, ro, rstride, nb, xi, xdi, nv, res, wrow, info):
         def codegen(context, builder, sig, args):
-            _rows16_body(context, builder, sig, args, rows)
+            _rows16_body(context, builder, sig, args, rows, vbmi)
             return context.get_dummy_value()
 
         return types.void(raw, ro, rstride, nb, xi, xdi, nv, res, wrow, info), codegen
@@ -322,9 +325,9 @@ def _rows16(rows: int):
 _SIGNED = [*MAGNITUDES, *(-m for m in MAGNITUDES)]  # kv of codes 0-15
 
 
-def _signed_weights(builder, codes):
+def _signed_weights(builder, codes, vbmi: bool):
     """<64 x i8> kv[q] of codes whose low four bits are the code (the bits above: ignored)."""
-    if VBMI:  # one byte permute through the 64-byte table (it reads the low six bits of each index)
+    if vbmi:  # one byte permute through the 64-byte table (it reads the low six bits of each index)
         lookup = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec(I8, 64), [vec(I8, 64)] * 2),
                                                 "llvm.x86.avx512.permvar.qi.512")
         return builder.call(lookup, [const(I8, [_SIGNED[i & 15] for i in range(64)]), codes])
@@ -333,7 +336,7 @@ def _signed_weights(builder, codes):
     return builder.select(negative, builder.sub(const(I8, [0] * 64), mags), mags)
 
 
-def _rows16_decode(builder, base, pw, pcorr, pdw, count: int) -> None:
+def _rows16_decode(builder, base, pw, pcorr, pdw, count: int, vbmi: bool) -> None:
     """`count` blocks (4, from two overlapping loads (_quad_codes), or 1) at `base` -> their 32
     signed weights kv[q] each at pw, -128 C (128 times their sum, negated) at pcorr and
     dw = 2^(e - 128) (as bits) at pdw, block after block."""
@@ -346,7 +349,7 @@ def _rows16_decode(builder, base, pw, pcorr, pdw, count: int) -> None:
         e8 = builder.insert_element(ir.Constant(vec(I8, 1), None), builder.load(base), ir.Constant(I32, 0))
     sums = []
     for k, codes in enumerate(pairs):
-        w = _signed_weights(builder, codes)
+        w = _signed_weights(builder, codes, vbmi)
         if count == 4:
             store(builder, w, builder.gep(pw, [ir.Constant(I64, 64 * k)]), I8, 64)
         else:
@@ -360,7 +363,7 @@ def _rows16_decode(builder, base, pw, pcorr, pdw, count: int) -> None:
     store(builder, builder.bitcast(_half_scales(builder, e8, count), vec(I32, count)), pdw, I32, count)
 
 
-def _rows16_body(context, builder, sig, args, rows: int) -> None:
+def _rows16_body(context, builder, sig, args, rows: int, vbmi: bool) -> None:
     raw_, ro_, rstride_, nb_, xi_, xdi_, nv_, res_, wrow_, info_ = args
 
     def i64(v):
@@ -380,7 +383,7 @@ def _rows16_body(context, builder, sig, args, rows: int) -> None:
             at = builder.add(builder.mul(i64(i), nb_), b)
             _rows16_decode(builder, builder.gep(row, [builder.mul(b, i64(BLOCK_BYTES))]),
                            builder.gep(pw, [builder.mul(at, i64(32))]), builder.gep(pcorr, [at]),
-                           builder.gep(pdw, [at]), count)
+                           builder.gep(pdw, [at]), count, vbmi)
 
         with cgutils.for_range(builder, quads) as loop:
             decode(builder.mul(loop.index, i64(4)), 4)
@@ -423,7 +426,7 @@ def _rows16_body(context, builder, sig, args, rows: int) -> None:
     count_cases(builder, nv_, (1, 2, 3, 4), products, "fp4_rows16")
 
 
-mxfp4_rows16_1, mxfp4_rows16_2 = _rows16(1), _rows16(2)
+mxfp4_rows16_1, mxfp4_rows16_2 = rows16_with(VBMI, 1), rows16_with(VBMI, 2)
 
 _jit = njit(nogil=True, cache=True)
 

@@ -522,6 +522,52 @@ def test_mxfp4_token_lanes_of_any_block_count_follow_the_formula(n, blocks):
     assert np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("blocks", [1, 13, 16])
+def test_mxfp4_token_lanes_are_the_same_with_avx512_or_portable(blocks):
+    """The MXFP4 rows16 intrinsics, one row or two at a time, their weights decoded with the
+    AVX-512 VBMI byte permute (this host's, where it has it) and in portable IR (a host with
+    VNNI but not VBMI): the same bits as the product (the row dots' formula)."""
+    from numba import njit
+
+    from ds4agent.engine import fp4kernels
+    from ds4agent.engine.qmatrix import Activations
+
+    rng = np.random.default_rng(blocks)
+    rows, cols, n = 6, 32 * blocks, 20
+    raw, _ = _matrix(rng, quant.MXFP4, rows, cols)
+    per_row = np.ascontiguousarray(raw.reshape(rows, -1))
+    x = _inputs(rng, n, cols)
+    want = QuantMatrix.from_blocks(per_row.reshape(-1), quant.MXFP4, rows, cols).matmul(x)
+    act = Activations(x, "q8_0")
+    interleave = fp4kernels.lanes_interleave
+
+    def runner(rows16, nrows):
+        @njit
+        def run(per_row, xq, xd):
+            n, cols = xq.shape
+            nq = cols // 4
+            nb, nv = nq // 8, (n + 15) // 16
+            xi = np.empty((nv, nq, 16), np.uint32)
+            xdi = np.empty((nv, nb, 16), np.float32)
+            interleave(xq.view(np.uint32), xd, 0, n, xi, xdi)
+            res = np.empty(32 * nv, np.float32)
+            wrow, info = np.empty(2 * nb * 32, np.int8), np.empty(2 * nb * 2, np.int32)
+            out = np.empty((n, per_row.shape[0]), np.float32)
+            for r in range(0, per_row.shape[0], nrows):
+                rows16(per_row, r * per_row.shape[1], per_row.shape[1], nb, xi, xdi, nv, res, wrow, info)
+                for k in range(nrows):
+                    for t in range(n):
+                        out[t, r + k] = res[16 * nv * k + t]
+            return out
+
+        return run
+
+    for vbmi in [False] + ([True] if fp4kernels.VBMI else []):
+        for nrows in (1, 2):
+            got = runner(fp4kernels.rows16_with(vbmi, nrows), nrows)(per_row, act.xq, act.xd)
+            assert np.array_equal(got, want), f"vbmi={vbmi} nrows={nrows}"
+
+
 def test_kernel_modules_carry_the_digest_of_the_ir_they_inline():
     # numba's cache of a kernel module is kept while that file is unchanged; the IR its kernels
     # inline comes from qir.py, so each carries qir.py's SHA-256: a change to qir.py fails here
