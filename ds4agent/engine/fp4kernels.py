@@ -49,7 +49,6 @@ from ds4agent.engine.qir import (
     dot4,
     load,
     ptr,
-    reduce,
     shuffle,
     splat,
     store,
@@ -348,17 +347,12 @@ def _rows16_decode(builder, base, pw, pcorr, pdw, count: int, vbmi: bool) -> Non
         pairs = [_pair_codes(builder, base, None)]  # lanes 32-63: zeros, so weights 0
         e8 = builder.insert_element(ir.Constant(vec(I8, 1), None), builder.load(base), ir.Constant(I32, 0))
     sums = []
+    width = 32 * min(count, 2)  # a pair's bytes (one block: its 32)
     for k, codes in enumerate(pairs):
         w = _signed_weights(builder, codes, vbmi)
-        if count == 4:
-            store(builder, w, builder.gep(pw, [ir.Constant(I64, 64 * k)]), I8, 64)
-        else:
-            store(builder, shuffle(builder, w, w, range(32)), pw, I8, 32)
+        store(builder, shuffle(builder, w, w, range(width)), builder.gep(pw, [ir.Constant(I64, 64 * k)]), I8, width)
         sums.append(dot4(builder, _ZERO16, ones, w))
-    if count == 4:  # block k's sum in lane k
-        c = unit_sums(builder, sums, 8)
-    else:
-        c = builder.insert_element(ir.Constant(vec(I32, 1), None), reduce(builder, sums[0], 16), ir.Constant(I32, 0))
+    c = unit_sums(builder, sums, 8 if count == 4 else 16)  # block k's sum (its 8 lanes; one block: 16) in lane k
     store(builder, builder.mul(c, const(I32, [-128] * count)), pcorr, I32, count)
     store(builder, builder.bitcast(_half_scales(builder, e8, count), vec(I32, count)), pdw, I32, count)
 
@@ -471,7 +465,9 @@ def _paired_rows(raw, xq, xd, out, r0, r1, t0, t1):
 def lanes_interleave(xq32, xd, t0, t1, xi, xdi):
     """Tokens t0..t1 (at most 64) of xq32 (the int8 codes viewed as uint32 quads, [n, cols // 4])
     and xd [n, nb] -> xi uint32 [nv, cols // 4, 16] (quad k of token 16 v + j, each code + 128)
-    and xdi f32 [nv, nb, 16]; lanes past t1 are zeros (code + 128 = 128, scale 0)."""
+    and xdi f32 [nv, nb, 16]; lanes past t1 are zeros (code + 128 = 128, scale 0). qkernels'
+    lanes_interleave is the Q8_K form (scales per 256, and the bsums); each module keeps its own,
+    as numba caches the machine code of a file by that file alone."""
     nv, nq, nb = xi.shape[0], xi.shape[1], xdi.shape[1]
     for v in range(nv):
         for j in range(16):
