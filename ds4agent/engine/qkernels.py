@@ -393,14 +393,16 @@ VBMI = bool(FEATURES.get("avx512vbmi")) and bool(FEATURES.get("avx512bw"))
 #            summs = sum_j m_j bsums_j by 16-bit multiply-adds of the interleaved bsums (16
 #            tokens x a pair of sub-blocks per vector) with the row's pair of mins.
 #   Q4_K:    w = code (< 16); isum as IQ2_XXS's with the 6-bit scales of its 8 groups, and
-#            summs = sum_j m_j (bsums_2j + bsums_2j+1) by the same multiply-adds (m_j twice).
+#            summs = sum_j m_j S_j by the same multiply-adds, S_j = bsums_2j + bsums_2j+1 (the
+#            sum of group j's 32 inputs, interleaved as such: half the multiply-adds and loads
+#            of Q2_K's form with m_j twice, which cost 9 % of the kernel at 64 tokens).
 # The partial sums fit 32 bits: at most 8 groups x 63 x 32 x 255 x 15 (Q4_K).
 #   rows16(raw, ro, rstride, nb, grid, xi, xdi, bsi, nv, res, wrow, info):
 #     `rows` rows at raw[ro + i * rstride:]; token vector v's quads at byte ((v * nb + b) * 64
-#     + k) * 64 of xi, its block scales at xdi[(v * nb + b) * 16], its bsums pairs (K-quants) at
-#     bsi[((v * nb + b) * 8 + p) * 32]; res[i * 16 nv + 16 v + j] = row i's result for token
-#     16 v + j (IQ2_XXS: before the final * 0.125); wrow, info: scratch (rows * nb * 256 int8,
-#     rows * nb * 32 int32).
+#     + k) * 64 of xi, its block scales at xdi[(v * nb + b) * 16], its input sums (K-quants)
+#     at bsi[((v * nb + b) * P + p) * 32] (P pairs: 8 of 16 inputs' sums for Q2_K, 4 of 32 for
+#     Q4_K); res[i * 16 nv + 16 v + j] = row i's result for token 16 v + j (IQ2_XXS: before
+#     the final * 0.125); wrow, info: scratch (rows * nb * 256 int8, rows * nb * 32 int32).
 
 
 def _rows16(kind: int, rows: int):
@@ -418,9 +420,9 @@ def _rows16(kind: int, rows: int):
 def _rows16_decode(context, builder, sig, grid_, base, pw, kind: int):
     """Block at `base` -> its int8 weights stored at pw (inputs in order) and its info vector
     <32 x i32>: lanes 0-7 the group scales (IQ2_XXS: 2 s_g + 1; Q4_K: the 6-bit scales), 8: 128 C,
-    9, 10: d and dmin (the f16 scales widened to f32, as bits), 16-23 the K-quants' mins as
-    pairs of 16-bit integers (Q2_K: sub-blocks 2p and 2p + 1; Q4_K: sub-block p twice, for the
-    two bsums of its 32 inputs)."""
+    9, 10: d and dmin (the f16 scales widened to f32, as bits), from 16 the K-quants' mins as
+    pairs of 16-bit integers, sub-blocks 2p and 2p + 1 (Q2_K: 16-23, sub-blocks of 16 inputs;
+    Q4_K: 16-19, of 32)."""
     ones = const(I8, [1] * 64)
 
     def i64(v):
@@ -468,7 +470,7 @@ def _rows16_decode(context, builder, sig, grid_, base, pw, kind: int):
         store(builder, w, pw, I8, 256)
         scales8 = builder.zext(sc16, vec(I32, 8))
         c = group_c(w, scales8)
-        pairs = builder.bitcast(shuffle(builder, mn16, mn16, [k // 2 for k in range(16)]), vec(I32, 8))
+        pairs = builder.bitcast(shuffle(builder, mn16, const(I16, [0] * 8), range(16)), vec(I32, 8))
         halves = [half_at(builder, base, 0), half_at(builder, base, 2)]
     corr = builder.mul(reduce(builder, c, 16), ir.Constant(I32, 128))
     info = shuffle(builder, scales8, zero8, list(range(8)) + [8] * 8)
@@ -476,6 +478,10 @@ def _rows16_decode(context, builder, sig, grid_, base, pw, kind: int):
     for k, f in enumerate(halves):
         info = builder.insert_element(info, builder.bitcast(f, I32), ir.Constant(I32, 9 + k))
     return shuffle(builder, info, shuffle(builder, pairs, zero8, range(16)), range(32))
+
+
+_Q4_K_SUM_PAIRS = 4
+_SUM_PAIRS = {16: 8, 10: 8, 12: _Q4_K_SUM_PAIRS}  # bsi's pairs of input sums per block (IQ2_XXS: unused)
 
 
 def _rows16_body(context, builder, sig, args, kind: int, rows: int) -> None:
@@ -548,9 +554,10 @@ def _rows16_body(context, builder, sig, args, kind: int, rows: int) -> None:
                         isums[i] = [builder.add(isums[i][v], gsums[i][v]) for v in range(n)]
             summs = [[None] * n for i in range(rows)]
             if kind != 16:
+                P = _SUM_PAIRS[kind]
                 for v in range(n):
-                    for p in range(8):
-                        bsv = load(builder, builder.gep(pbs, [builder.add(builder.mul(vbs[v], i64(256)), i64(32 * p))]),
+                    for p in range(P):
+                        bsv = load(builder, builder.gep(pbs, [builder.add(builder.mul(vbs[v], i64(32 * P)), i64(32 * p))]),
                                     I16, 32)
                         for i in range(rows):
                             mp = builder.bitcast(splat(builder, lane(infos[i], 16 + p), I32, 16), vec(I16, 32))
@@ -607,10 +614,12 @@ TOKEN_TILE = 64  # tokens per pass over the rows of the rows16 kernels (4 vector
 def lanes_interleave(xq32, xd, bsums, t0, t1, xi, xdi, bsi):
     """Tokens t0..t1 (at most 64) of xq32 (the int8 codes viewed as uint32 quads, [n, cols // 4]),
     xd [n, nb] and bsums [n, cols // 16] -> xi uint32 [nv, nb, 64, 16] (quad k of block b of
-    token 16 v + j, each code + 128), xdi f32 [nv, nb, 16] and bsi int16 [nv, nb, 8, 16, 2]
-    (the block's bsums 2p, 2p + 1 of token 16 v + j); lanes past t1 are zeros (code + 128 = 128,
+    token 16 v + j, each code + 128), xdi f32 [nv, nb, 16] and bsi int16 [nv, nb, P, 16, 2]
+    (the block's input sums 2p, 2p + 1 of token 16 v + j: of 16 inputs, its bsums, for P = 8;
+    of 32, bsums summed in pairs, for P = 4); lanes past t1 are zeros (code + 128 = 128,
     scale 0, sums 0)."""
-    nv, nb = xi.shape[0], xi.shape[1]
+    nv, nb, P = xi.shape[0], xi.shape[1], bsi.shape[2]
+    per = 8 // P  # bsums in one sum
     for v in range(nv):
         for b in range(nb):
             for j in range(16):
@@ -619,14 +628,17 @@ def lanes_interleave(xq32, xd, bsums, t0, t1, xi, xdi, bsi):
                     xdi[v, b, j] = xd[t, b]
                     for k in range(64):
                         xi[v, b, k, j] = xq32[t, 64 * b + k] ^ np.uint32(0x80808080)
-                    for p in range(8):
+                    for p in range(P):
                         for e in range(2):
-                            bsi[v, b, p, j, e] = np.int16(bsums[t, 16 * b + 2 * p + e])
+                            total = 0
+                            for u in range(per * (2 * p + e), per * (2 * p + e + 1)):
+                                total += bsums[t, 16 * b + u]
+                            bsi[v, b, p, j, e] = np.int16(total)
                 else:
                     xdi[v, b, j] = 0.0
                     for k in range(64):
                         xi[v, b, k, j] = np.uint32(0x80808080)
-                    for p in range(8):
+                    for p in range(P):
                         for e in range(2):
                             bsi[v, b, p, j, e] = 0
 
@@ -645,7 +657,7 @@ def _lanes_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid):
         nv = (n + 15) // 16
         xi = np.empty((nv, nb, 64, 16), np.uint32)
         xdi = np.empty((nv, nb, 16), np.float32)
-        bsi = np.empty((nv, nb, 8, 16, 2), np.int16)
+        bsi = np.empty((nv, nb, _Q4_K_SUM_PAIRS if kind == Q4_K else 8, 16, 2), np.int16)
         lanes_interleave(xq32, xd, bsums, ts, ts + n, xi, xdi, bsi)
         for r in range(r0, r1, 2):  # two rows per pass: each activation load meets both
             pair = r + 1 < r1
