@@ -395,7 +395,7 @@ VBMI = bool(FEATURES.get("avx512vbmi")) and bool(FEATURES.get("avx512bw"))
 #   Q4_K:    w = code (< 16); isum as IQ2_XXS's with the 6-bit scales of its 8 groups, and
 #            summs = sum_j m_j S_j by the same multiply-adds, S_j = bsums_2j + bsums_2j+1 (the
 #            sum of group j's 32 inputs, interleaved as such: half the multiply-adds and loads
-#            of Q2_K's form with m_j twice, which cost 9 % of the kernel at 64 tokens).
+#            of Q2_K's form with m_j twice: 9 % off the kernel's time at 64 tokens).
 # The partial sums fit 32 bits: at most 8 groups x 63 x 32 x 255 x 15 (Q4_K).
 #   rows16(raw, ro, rstride, nb, grid, xi, xdi, bsi, nv, res, wrow, info):
 #     `rows` rows at raw[ro + i * rstride:]; token vector v's quads at byte ((v * nb + b) * 64
