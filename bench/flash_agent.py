@@ -11,9 +11,9 @@ this script runs, one process at a time and at ctx 32768:
 3. the TUI in tmux: the model's load progress, then idle, then /quit.
 
 The system prompt's KV comes from the cache, as on a user's second start (tests/flash/stage.py:
-prefilling its ~2,160 tokens at this shape takes minutes here, over an hour on the exact path). Without --model it writes
-the Flash-shape test file to a temporary directory and removes it afterwards. Prints each step
-with its time; exits 1 on the first failure.
+prefilling its ~2,160 tokens at this shape takes minutes here, over an hour on the exact path).
+Without --model it writes the Flash-shape test file to a temporary directory and removes it
+afterwards. Prints each step with its time; exits 1 on the first failure.
 """
 
 from __future__ import annotations

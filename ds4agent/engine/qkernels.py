@@ -480,8 +480,7 @@ def _rows16_decode(context, builder, sig, grid_, base, pw, kind: int):
     return shuffle(builder, info, shuffle(builder, pairs, zero8, range(16)), range(32))
 
 
-_Q4_K_SUM_PAIRS = 4
-_SUM_PAIRS = {16: 8, 10: 8, 12: _Q4_K_SUM_PAIRS}  # bsi's pairs of input sums per block (IQ2_XXS: unused)
+_Q4_K_SUM_PAIRS = 4  # bsi's pairs of input sums per block for Q4_K (of 32 inputs); Q2_K's: 8 (of 16)
 
 
 def _rows16_body(context, builder, sig, args, kind: int, rows: int) -> None:
@@ -554,7 +553,7 @@ def _rows16_body(context, builder, sig, args, kind: int, rows: int) -> None:
                         isums[i] = [builder.add(isums[i][v], gsums[i][v]) for v in range(n)]
             summs = [[None] * n for i in range(rows)]
             if kind != 16:
-                P = _SUM_PAIRS[kind]
+                P = _Q4_K_SUM_PAIRS if kind == Q4_K else 8
                 for v in range(n):
                     for p in range(P):
                         bsv = load(builder, builder.gep(pbs, [builder.add(builder.mul(vbs[v], i64(32 * P)), i64(32 * p))]),

@@ -5,8 +5,8 @@ project's 2-core CPU with the fast kernels (over an hour on the exact reference 
 tests at that shape start from the system-prompt cache (`sysprompt-<hex>.kv`), exactly as a
 user's second start does. The cache is written here for the exact text the agent will render
 (the agent's own renderer, settings and tools), holding a deterministic stand-in state of the
-right Flash layout: everything after it
-(user turns, decoding, /save, /load, crash resume) is computed by the real engine at full shape.
+right Flash layout: everything after it (user turns, decoding, /save, /load, crash resume) is
+computed by the real engine at full shape.
 """
 
 from __future__ import annotations
