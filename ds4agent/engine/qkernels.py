@@ -602,9 +602,9 @@ Q2_K, Q4_K, IQ2_XXS = 10, 12, 16  # GGML type ids (quant.py)
 # From this many tokens of one matrix (and where the host has AVX-512 VNNI and BW) IQ2_XXS, Q2_K
 # and Q4_K rows meet their tokens 16 to a vector (the rows16 kernels); fewer take the
 # lane-per-weight row_dots. Measured on one core, ns per block and token, row_dots -> rows16:
-# IQ2_XXS 8 tokens 4.9 either way, 9: 6.0 -> 4.4, 16: 4.8 -> 2.5, 64: 4.9 -> 1.8; Q2_K and Q4_K
-# 16: 4.2-4.5 -> 2.2-2.5, 64: 4.2-4.5 -> 2.1.
-LANES_MIN = 9
+# IQ2_XXS 8 tokens 4.7-4.8 either way, 9: 6.0 -> 4.4, 16: 4.8 -> 2.5, 64: 4.9 -> 1.8; Q2_K and
+# Q4_K 7: 4.1-4.4 -> 5.0-5.1, 8: 4.7-4.8 -> 4.2-4.5, 16: 4.2-4.5 -> 2.2-2.5, 64: 4.2-4.5 -> 1.8-2.1.
+LANES_MIN = 8
 LANES = VNNI
 TOKEN_TILE = 64  # tokens per pass over the rows of the rows16 kernels (4 vectors of 16)
 
