@@ -48,3 +48,30 @@ def test_ds4_output_that_is_not_utf8_is_still_read(tmp_path):
     done = peers.run_ds4(str(stub), tmp_path / "model.gguf", 2, "text", 16)
     assert peers.parse_ds4_rates(done.stderr) == (0.37, 0.31)
     assert done.stdout.startswith("gen ") and "\ufffd" in done.stdout
+
+
+def _dump_step(ids_logits):
+    return {"selected": {"id": ids_logits[0][0]},
+            "top_logprobs": [{"token": {"id": i}, "logit": v} for i, v in ids_logits]}
+
+
+def test_agreement_counts_equal_choices_and_gives_each_sides_margin_where_they_differ():
+    steps = [_dump_step([(7, 4.0), (3, 3.9), (9, 1.0)]), _dump_step([(5, 2.0), (7, 1.5), (3, 1.0)]),
+             _dump_step([(1, 3.0), (2, 2.0), (4, 1.0)])]
+    theirs = peers.step_logits(steps)
+    assert theirs[0] == (7, {7: 4.0, 3: 3.9, 9: 1.0})
+    # ours, teacher-forced on the same steps: per step our argmax (id, logit) and our logits at
+    # ds4's ids; step 1 picks another of ds4's ids, step 2 an id outside ds4's top list
+    run = {"argmax": [[7, 4.05], [7, 1.8], [8, 3.5]],
+           "top": [[4.05, 3.8, 1.1], [1.7, 1.8, 0.9], [3.25, 2.0, 1.0]]}
+    ours = peers.step_logits(steps, run)
+    assert ours[2] == (8, {1: 3.25, 2: 2.0, 4: 1.0, 8: 3.5})
+    agree, median, misses = peers.agreement(theirs, ours)
+    assert agree == 1
+    # max |dlogit| per step over the ids both hold: 0.1, 0.3 (ids 5, 7), 0.25 (id 1)
+    assert median == pytest.approx(0.25)
+    assert misses[0][0] == 1 and misses[0][1:] == pytest.approx((0.5, 0.1))
+    # ds4 holds no logit for our choice 8: its margin over it is unknown
+    assert misses[1][0] == 2 and misses[1][1] is None and misses[1][2] == pytest.approx(0.25)
+    # a run against itself agrees everywhere, to the bit
+    assert peers.agreement(ours, ours) == (3, 0.0, [])
