@@ -144,7 +144,7 @@ def ours(model: Path, prompt_ids: list[int], decode: int, steps: list[dict] | No
         "job = json.loads(sys.stdin.read())\n"
         "engine = load_engine(job['model'], ctx=4096)\n"
         # The sensitivity probe: every value of the input embedding moved by one float32 ulp
-        # (times 1 +- 2^-23, a fixed sign pattern), the smallest change any other arithmetic makes.
+        # (times 1 +- 2^-23, a fixed sign pattern): as small as a difference in any one rounding.
         "if job['nudge']:\n"
         "    import mlx.core as mx; from ds4agent.engine import model as graph; plain = graph.embed\n"
         "    sign = np.where(np.random.default_rng(0).random(engine.config.dim) < 0.5, -1.0, 1.0)\n"
@@ -273,9 +273,10 @@ def main() -> int:
             # Where the argmax differs: how close a call it was, in ds4's logits (its choice minus
             # ours) and in ours (ours minus its choice). A near-tie is a gap far below the median
             # |dlogit|; a wrong kernel gives large gaps on both sides.
-            for step, their_gap, our_gap in misses:  # ours holds ds4's ids: our_gap is never None
+            for step, their_gap, our_gap in misses:
+                assert our_gap is not None  # our logits include every one of ds4's ids
                 said = "not in ds4's top-20" if their_gap is None else f"{their_gap:.3f}"
-                print(f"  step {step}: ds4's margin for its choice {said}, ours for ours {our_gap or 0.0:.3f}")
+                print(f"  step {step}: ds4's margin for its choice {said}, ours for ours {our_gap:.3f}")
             # The floor of any agreement: the same teacher-forced steps on our engine with its input
             # moved by one ulp. What that moves is how far any arithmetic not bit-identical to
             # ds4's compiled one can be expected to land (a diagnostic line; no target).
