@@ -480,9 +480,6 @@ def _rows16_decode(context, builder, sig, grid_, base, pw, kind: int):
     return shuffle(builder, info, shuffle(builder, pairs, zero8, range(16)), range(32))
 
 
-_Q4_K_SUM_PAIRS = 4  # bsi's pairs of input sums per block for Q4_K (of 32 inputs); Q2_K's: 8 (of 16)
-
-
 def _rows16_body(context, builder, sig, args, kind: int, rows: int) -> None:
     raw_, ro_, rstride_, nb_, grid_, xi_, xdi_, bsi_, nv_, res_, wrow_, info_ = args
     size = _BLOCK_BYTES[kind]
@@ -553,7 +550,7 @@ def _rows16_body(context, builder, sig, args, kind: int, rows: int) -> None:
                         isums[i] = [builder.add(isums[i][v], gsums[i][v]) for v in range(n)]
             summs = [[None] * n for i in range(rows)]
             if kind != 16:
-                P = _Q4_K_SUM_PAIRS if kind == Q4_K else 8
+                P = _sum_pairs(kind)
                 for v in range(n):
                     for p in range(P):
                         bsv = load(builder, builder.gep(pbs, [builder.add(builder.mul(vbs[v], i64(32 * P)), i64(32 * p))]),
@@ -597,6 +594,13 @@ _jit = njit(nogil=True, cache=True)
 Q2_K, Q4_K, IQ2_XXS = 10, 12, 16  # GGML type ids (quant.py)
 # Rows are multiplied straight from their blocks (a copy decoded once to 16-bit weights cost more
 # per token at every count measured: 7.7-8.9 ns per IQ2_XXS block and token against 5.4-6.8).
+
+
+@_jit
+def _sum_pairs(kind):
+    """Pairs of input sums per block in the rows16 kernels' bsi: Q4_K 4, of its 32-input
+    sub-blocks; Q2_K 8, of its bsums (16 inputs each)."""
+    return 4 if kind == Q4_K else 8
 
 
 # From this many tokens of one matrix (and where the host has AVX-512 VNNI and BW) IQ2_XXS, Q2_K
@@ -656,7 +660,7 @@ def _lanes_rows(kind, raw, xq, xd, bsums, out, r0, r1, t0, t1, grid):
         nv = (n + 15) // 16
         xi = np.empty((nv, nb, 64, 16), np.uint32)
         xdi = np.empty((nv, nb, 16), np.float32)
-        bsi = np.empty((nv, nb, _Q4_K_SUM_PAIRS if kind == Q4_K else 8, 16, 2), np.int16)
+        bsi = np.empty((nv, nb, _sum_pairs(kind), 16, 2), np.int16)
         lanes_interleave(xq32, xd, bsums, ts, ts + n, xi, xdi, bsi)
         for r in range(r0, r1, 2):  # two rows per pass: each activation load meets both
             pair = r + 1 < r1
