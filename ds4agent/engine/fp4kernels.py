@@ -48,6 +48,7 @@ from ds4agent.engine.qir import (
     count_cases,
     dot4,
     load,
+    prefetch,
     ptr,
     shuffle,
     splat,
@@ -58,7 +59,7 @@ from ds4agent.engine.qir import (
 
 # qir.py's SHA-256 (see qkernels.QIR_DIGEST): numba's cache of this file is kept while this file
 # is unchanged, so a change to the IR it inlines must change this line.
-QIR_DIGEST = "48014396fbf5f65ea39e5b8b1d5bb4f72f914292b81b2d11882ddecb16dc09f7"
+QIR_DIGEST = "d91c517c9738474f2fe2a73a8454ce199ca30f723df44b58787c3782fcc14303"
 
 BLOCK_BYTES = 17  # the scale byte, then 16 bytes of codes: weight i < 16 the low nibble of byte
 #                   1 + i, weight 16 + i its high nibble
@@ -391,6 +392,9 @@ def _rows16_body(context, builder, sig, args, rows: int, vbmi: bool) -> None:
                 for _ in range(rows)]
         with cgutils.for_range(builder, nb_) as loop:
             b = loop.index
+            for i in range(rows):  # the next pass's rows, block b, asked for now (qkernels' rows16: why)
+                ahead = builder.add(ro_, builder.add(builder.mul(i64(rows + i), rstride_), builder.mul(b, i64(BLOCK_BYTES))))
+                prefetch(builder, ptr(context, builder, sig.args[0], raw_, ahead))  # 17-byte steps: every line
             ats = [builder.add(builder.mul(i64(i), nb_), b) for i in range(rows)]
             isums = [[splat(builder, builder.load(builder.gep(pcorr, [at])), I32, 16)] * n for at in ats]
             pxs = [builder.gep(pxi, [builder.mul(builder.add(builder.mul(i64(v), nb_), b), i64(512))]) for v in range(n)]

@@ -48,6 +48,14 @@ def reduce(builder, v, n: int):
     return builder.call(fn, [v])
 
 
+def prefetch(builder, p) -> None:
+    """Ask for the cache line holding p (prefetcht0 on x86, prfm on ARM): a hint that changes
+    no result, and harmless at any address (a prefetch never faults)."""
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), I32, I32, I32]),
+                                        "llvm.prefetch.p0")
+    builder.call(fn, [builder.bitcast(p, I8.as_pointer()), ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+
+
 def const(t: ir.Type, values) -> ir.Constant:
     values = list(values)
     return ir.Constant(vec(t, len(values)), values)
