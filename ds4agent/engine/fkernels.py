@@ -29,7 +29,7 @@ _jit = njit(nogil=True, cache=True)
 _jit_split = njit(nogil=True, cache=True, parallel=True)
 # qir.py's SHA-256: the IR this file's kernels inline comes from there, and numba's cache of this
 # file is kept while this file is unchanged (see qir.py; a test checks the digest).
-QIR_DIGEST = "d91c517c9738474f2fe2a73a8454ce199ca30f723df44b58787c3782fcc14303"
+QIR_DIGEST = "4d53f368174020334758d25edb4c1ddebf09185adacf1f497c8eb298ef648234"
 
 
 def _lane_steps(builder, pw, half: bool, xs, lanes, full, pws=()):

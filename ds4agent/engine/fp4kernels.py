@@ -59,7 +59,7 @@ from ds4agent.engine.qir import (
 
 # qir.py's SHA-256 (see qkernels.QIR_DIGEST): numba's cache of this file is kept while this file
 # is unchanged, so a change to the IR it inlines must change this line.
-QIR_DIGEST = "d91c517c9738474f2fe2a73a8454ce199ca30f723df44b58787c3782fcc14303"
+QIR_DIGEST = "4d53f368174020334758d25edb4c1ddebf09185adacf1f497c8eb298ef648234"
 
 BLOCK_BYTES = 17  # the scale byte, then 16 bytes of codes: weight i < 16 the low nibble of byte
 #                   1 + i, weight 16 + i its high nibble

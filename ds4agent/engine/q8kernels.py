@@ -35,7 +35,7 @@ from ds4agent.engine.qir import F16, F32, I8, I16, I32, I64, dot4, load, prefetc
 
 # qir.py's SHA-256: the IR this file's kernels inline comes from there, and numba's cache of this
 # file is kept while this file is unchanged (see qir.py; a test checks the digest).
-QIR_DIGEST = "d91c517c9738474f2fe2a73a8454ce199ca30f723df44b58787c3782fcc14303"
+QIR_DIGEST = "4d53f368174020334758d25edb4c1ddebf09185adacf1f497c8eb298ef648234"
 
 
 # ---- Q8_0 rows interleaved for the 4-byte dot-product instruction -------------------------------

@@ -56,6 +56,13 @@ def prefetch(builder, p) -> None:
     builder.call(fn, [builder.bitcast(p, I8.as_pointer()), ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
 
 
+def prefetch_span(builder, base, start, nbytes: int) -> None:
+    """prefetch of bytes start, start + 64, ... below start + nbytes from `base` (a byte pointer):
+    every line of spans laid end to end."""
+    for off in range(0, nbytes, 64):
+        prefetch(builder, builder.gep(base, [builder.add(start, ir.Constant(I64, off))]))
+
+
 def const(t: ir.Type, values) -> ir.Constant:
     values = list(values)
     return ir.Constant(vec(t, len(values)), values)

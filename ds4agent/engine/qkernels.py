@@ -71,7 +71,7 @@ from ds4agent.engine.qir import (
     iq2_magnitudes_signs,
     load,
     madd16,
-    prefetch,
+    prefetch_span,
     ptr,
     q4_k_scales_mins,
     reduce,
@@ -84,7 +84,7 @@ from ds4agent.engine.qir import (
 
 # qir.py's SHA-256: the IR this file's kernels inline comes from there, and numba's cache of this
 # file is kept while this file is unchanged (see qir.py; a test checks the digest).
-QIR_DIGEST = "d91c517c9738474f2fe2a73a8454ce199ca30f723df44b58787c3782fcc14303"
+QIR_DIGEST = "4d53f368174020334758d25edb4c1ddebf09185adacf1f497c8eb298ef648234"
 
 
 # ---- rows straight from their blocks, several tokens per block decode ---------------------------
@@ -231,6 +231,7 @@ _SCALE_AT = {16: (0, None), 10: (80, 82), 12: (0, 2)}  # the block's f16 d (and 
 
 ROW_GROUPS = (1, 2, 3, 4, 5, 6, 7, 8)  # the token counts a row_dots call takes (an IR body for each)
 PAIRED_TOKENS = 4  # up to this many tokens, rows go two at a time (row_dots_with's nrows = 2)
+PREFETCH_AHEAD = 1024  # bytes: a row dots pass with tokens asks for its rows' bytes this far on
 
 
 def _lane_sums(builder, vecs):
@@ -343,6 +344,9 @@ def _row_dots_body(context, builder, sig, args, kind: int, tokens: int, vbmi: bo
     passes = builder.sdiv(nb_, ir.Constant(I64, per_pass))
     with cgutils.for_range(builder, passes) as loop:
         first_block = builder.mul(loop.index, ir.Constant(I64, per_pass))
+        for r in range(R if n >= 2 else 0):  # (one token streams at the memory's rate as it is)
+            at = builder.add(builder.mul(first_block, ir.Constant(I64, size)), ir.Constant(I64, PREFETCH_AHEAD))
+            prefetch_span(builder, rows[r], at, per_pass * size)
         blocks([builder.add(first_block, ir.Constant(I64, g)) for g in range(per_pass)])
     if per_pass > 1:
         with cgutils.for_range_slice(builder, builder.mul(passes, ir.Constant(I64, per_pass)), nb_,
@@ -515,14 +519,12 @@ def _rows16_body(context, builder, sig, args, kind: int, rows: int) -> None:
     pbs = builder.bitcast(ptr(context, builder, sig.args[7], bsi_, i64(0)), I16.as_pointer())
     with cgutils.for_range(builder, nb_) as loop:
         b = loop.index
-        # The next call's rows (ro + rows * rstride on: _lanes_rows' next pass), block b, asked
-        # for while this block's products run. A pass reads its rows in a burst, then computes
-        # for far longer: the hardware's prefetch, led by that burst, left Q4_K's passes 10-20 %
-        # slower with the rows in DRAM than in L3 at 8-48 tokens.
+        # The next pass's rows (ro + rows * rstride on), block b, asked for now: a pass reads its
+        # rows in a burst, then computes, and the hardware's prefetch alone left Q4_K's 10-20 %
+        # slower with the rows in DRAM than in L3 at 8-48 tokens (the row dots': 17-35 % at 2-8).
         for i in range(rows):
             at = builder.add(builder.add(ro_, builder.mul(i64(rows + i), rstride_)), builder.mul(b, i64(size)))
-            for off in range(0, size, 64):  # every line: the addresses step by at most 64 bytes
-                prefetch(builder, ptr(context, builder, sig.args[0], raw_, builder.add(at, i64(off))))
+            prefetch_span(builder, ptr(context, builder, sig.args[0], raw_, i64(0)), at, size)
         infos, wbs = [], []
         for i in range(rows):
             slot = builder.add(builder.mul(b, i64(rows)), i64(i))
