@@ -1,6 +1,6 @@
 """ds4agent against its peers on the same file, in one run: prefill and decode tokens/s, agreement.
 
-    .venv/bin/python bench/peers.py --ds4 BIN [--llama-bench BIN] [--model FILE] [--threads 2]
+    .venv/bin/python bench/peers.py --ds4 BIN [--llama-bench BIN] [--model FILE ...] [--threads 2]
                                     [--prompt 64] [--decode 16] [--agree 40] [--rounds 2]
                                     [--kernels cpu]
 
@@ -24,9 +24,12 @@ at ds4's near-ties is decided by arithmetic no other engine shares (docs/numeric
 printed, with no target of its own.
 
 Without --model it writes the Flash-shape q2 test file (`ds4agent make-test-model --config flash`,
-4.4 GB) into a temporary directory. Exits 1 when a ratio is below its target: decode and prefill
-each >= 0.5x llama-bench's (when given), our prefill rate >= 4x our decode rate, argmax agreement
-100%, median max |dlogit| <= 0.137.
+4.4 GB) into a temporary directory. `--model` given several times (q2, then q4 and MXFP4) measures
+each file in turn within every round, so all of them see the same stretch of the machine, and sets
+each later file's ratios to llama-bench against the first's. Exits 1 when a ratio is below its
+target: decode and prefill each >= 0.5x llama-bench's (when given), our prefill rate >= 4x our
+decode rate, each later file's ratios to llama-bench at least the first's, argmax agreement 100%,
+median max |dlogit| <= 0.137.
 """
 
 from __future__ import annotations
@@ -182,11 +185,23 @@ def ours(model: Path, prompt_ids: list[int], decode: int, steps: list[dict] | No
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def relative_to_first(ratios: list[tuple[str, tuple[float, float]]]) -> list[tuple[str, float, float]]:
+    """Files' (name, (ours/ik prefill, ours/ik decode)) in order -> each later file's (name,
+    prefill, decode) ratios over the first file's: at least 1 where that file is at least as fast
+    relative to the peer as the first (the issue's "q4 at least as fast relative to the peers as
+    q2")."""
+    (_, (pp0, tg0)), *rest = ratios
+    return [(name, pp / pp0, tg / tg0) for name, (pp, tg) in rest]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ds4", required=True, help="ds4's CPU binary (build-ds4-cpu.sh)")
     ap.add_argument("--llama-bench", help="ik_llama.cpp's llama-bench (build-ik-llama-cpu.sh)")
-    ap.add_argument("--model", type=Path, help="a DS4 Flash GGUF (default: write the Flash-shape q2 test file)")
+    ap.add_argument("--model", type=Path, action="append",
+                    help="a DS4 Flash GGUF; given again, each file in turn within every round, and each later "
+                         "file's ratios to ik_llama.cpp set against the first's (default: write the "
+                         "Flash-shape q2 test file)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=64, help="prompt length in words (about one token each)")
     # 16, not 4: llama-bench's 4-token decode on the q4 file measured 2.55, 2.88 and 3.50 tok/s in
@@ -194,98 +209,126 @@ def main() -> int:
     ap.add_argument("--decode", type=int, default=16, help="decoded tokens per speed measurement")
     ap.add_argument("--agree", type=int, default=40, help="greedy steps compared with ds4 (0: skip)")
     # This machine's speed drifts by 15-30 % within minutes: one run per engine can land on a slow
-    # patch for one and a fast one for the other. Rounds alternate ik_llama.cpp and ours, and
-    # each engine's best prefill and best decode are compared.
+    # patch for one and a fast one for the other. Rounds alternate ik_llama.cpp and ours (and the
+    # files, when several), and each engine's best prefill and best decode are compared.
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds of ik_llama.cpp and ours")
     ap.add_argument("--kernels", help="our kernel set (DS4AGENT_KERNELS: reference, cpu or gpu)")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="ds4agent-peers-") as tmp:
-        model = args.model
-        if model is None:
-            model = Path(tmp) / "flash_q2.gguf"
+        models = args.model
+        if not models:
+            models = [Path(tmp) / "flash_q2.gguf"]
             subprocess.run([sys.executable, "-m", "ds4agent.cli", "make-test-model", "--config", "flash",
-                            str(model)], check=True, cwd=ROOT)
+                            str(models[0])], check=True, cwd=ROOT)
+        several = len(models) > 1
         text = prompt_text(args.prompt)
-        rows: dict[str, tuple[float, float]] = {}
-        tokens = parse_ds4_tokens(run_ds4(args.ds4, model, args.threads, text, 1, "--dump-tokens").stdout)
-        print(f"prompt: {len(tokens)} tokens (ds4's tokenisation, used by every engine)", flush=True)
-        ds4_runs = True
-        try:
-            rows["ds4 (CPU)"] = parse_ds4_rates(run_ds4(args.ds4, model, args.threads, text, args.decode).stderr)
-            print(f"ds4:          prefill {rows['ds4 (CPU)'][0]:.3g} t/s, decode {rows['ds4 (CPU)'][1]:.3g} t/s",
-                  flush=True)
-        except subprocess.CalledProcessError as err:
-            # ds4's CPU path runs IQ2_XXS experts only (the q2 file): on another file it stops
-            # with a message; the other engines are measured all the same.
-            ds4_runs = False
-            said = (err.stderr or "").strip().replace("ds4: ", "\n").splitlines()
-            print(f"ds4:          cannot run this file ({said[-1] if said else f'exit status {err.returncode}'})",
-                  flush=True)
-        ik_runs: list[tuple[float, float]] = []
-        our_runs: list[dict] = []
+        tokens: dict[Path, list[int]] = {}
+        ds4_rates: dict[Path, tuple[float, float] | None] = {}
+        for model in models:
+            label = f"{model.name}: " if several else ""
+            tokens[model] = parse_ds4_tokens(run_ds4(args.ds4, model, args.threads, text, 1, "--dump-tokens").stdout)
+            print(f"{label}prompt: {len(tokens[model])} tokens (ds4's tokenisation, used by every engine)", flush=True)
+            try:
+                rates = parse_ds4_rates(run_ds4(args.ds4, model, args.threads, text, args.decode).stderr)
+                ds4_rates[model] = rates
+                print(f"{label}ds4:          prefill {rates[0]:.3g} t/s, decode {rates[1]:.3g} t/s", flush=True)
+            except subprocess.CalledProcessError as err:
+                # ds4's CPU path runs IQ2_XXS experts only (the q2 file): on another file it stops
+                # with a message; the other engines are measured all the same.
+                ds4_rates[model] = None
+                said = (err.stderr or "").strip().replace("ds4: ", "\n").splitlines()
+                print(f"{label}ds4:          cannot run this file "
+                      f"({said[-1] if said else f'exit status {err.returncode}'})", flush=True)
+        ik_runs: dict[Path, list[tuple[float, float]]] = {m: [] for m in models}
+        our_runs: dict[Path, list[dict]] = {m: [] for m in models}
         for r in range(1, max(1, args.rounds) + 1):
-            if args.llama_bench:
-                done = subprocess.run([args.llama_bench, "-m", str(model), "-t", str(args.threads), "-p",
-                                       str(len(tokens)), "-n", str(args.decode), "-r", "1", "-o", "json"],
-                                      capture_output=True, text=True, errors="replace", check=True)
-                ik_runs.append(parse_llama_bench(done.stdout))
-                print(f"ik_llama.cpp: prefill {ik_runs[-1][0]:.3g} t/s, decode {ik_runs[-1][1]:.3g} t/s  "
-                      f"(round {r})", flush=True)
-            our_runs.append(ours(model, tokens, args.decode, None, args.kernels))
-            mine = our_runs[-1]
-            print(f"ds4agent:     prefill {mine['prefill']:.3g} t/s, decode {mine['decode']:.3g} t/s, "
-                  f"peak RSS {mine['rss'] / (1 << 30):.2f} GiB  (round {r})", flush=True)
-        if ik_runs:
-            rows["ik_llama.cpp"] = best_rates(ik_runs)
-        ours_row = best_rates([(m["prefill"], m["decode"]) for m in our_runs])
-        rows[f"ds4agent ({our_runs[0]['kernels']})"] = ours_row
+            for model in models:
+                label = f"{model.name}: " if several else ""
+                if args.llama_bench:
+                    done = subprocess.run([args.llama_bench, "-m", str(model), "-t", str(args.threads), "-p",
+                                           str(len(tokens[model])), "-n", str(args.decode), "-r", "1", "-o", "json"],
+                                          capture_output=True, text=True, errors="replace", check=True)
+                    ik_runs[model].append(parse_llama_bench(done.stdout))
+                    print(f"{label}ik_llama.cpp: prefill {ik_runs[model][-1][0]:.3g} t/s, decode "
+                          f"{ik_runs[model][-1][1]:.3g} t/s  (round {r})", flush=True)
+                our_runs[model].append(ours(model, tokens[model], args.decode, None, args.kernels))
+                mine = our_runs[model][-1]
+                print(f"{label}ds4agent:     prefill {mine['prefill']:.3g} t/s, decode {mine['decode']:.3g} t/s, "
+                      f"peak RSS {mine['rss'] / (1 << 30):.2f} GiB  (round {r})", flush=True)
         failed = False
-        print(f"\nbest of {len(our_runs)} round(s) each" if len(our_runs) > 1 else "")
-        print(f"{'engine':24s}{'prefill t/s':>14s}{'decode t/s':>14s}{'ours/it prefill':>18s}{'ours/it decode':>16s}")
-        for name, (pp, tg) in rows.items():
-            print(f"{name:24s}{pp:14.3g}{tg:14.3g}{ours_row[0] / pp:18.2f}{ours_row[1] / tg:16.2f}")
-        # Prefill batched: many tokens per weight read, so a prompt's tokens cost far less than
-        # decoded ones (both rates the best of the rounds).
-        speedup = ours_row[0] / ours_row[1]
-        print(f"ds4agent prefill / decode rate: {speedup:.2f}x (target >= {PREFILL_OVER_DECODE_TARGET}x)"
-              f"  [{'ok' if speedup >= PREFILL_OVER_DECODE_TARGET else 'SLOW'}]")
-        failed |= speedup < PREFILL_OVER_DECODE_TARGET
-        if "ik_llama.cpp" in rows:
-            pp, tg = rows["ik_llama.cpp"]
-            for what, ratio in (("prefill", ours_row[0] / pp), ("decode", ours_row[1] / tg)):
-                if ratio < PEER_RATIO_TARGET:
-                    print(f"{what} {ratio:.2f}x ik_llama.cpp's, target >= {PEER_RATIO_TARGET}x  [SLOW]")
-                    failed = True
-        if args.agree and ds4_runs:
-            with tempfile.NamedTemporaryFile(suffix=".json", dir=tmp, delete=False) as fh:
-                dump = fh.name
-            run_ds4(args.ds4, model, args.threads, text, args.agree, "--dump-logprobs", dump)
-            steps = json.loads(Path(dump).read_text())["steps"]
-            theirs = step_logits(steps)
-            plain = step_logits(steps, ours(model, tokens, 0, steps, args.kernels))
-            agree, median, misses = agreement(theirs, plain)
-            ok = agree == len(steps) and median <= DLOGIT_TARGET
-            failed |= not ok
-            print(f"\nagreement with ds4 over {len(steps)} teacher-forced steps: argmax {agree}/{len(steps)}, "
-                  f"median max |dlogit| over ds4's top-20 {median:.3f} (target {DLOGIT_TARGET})"
-                  f"  [{'ok' if ok else 'FAIL'}]")
-            # Where the argmax differs: how close a call it was, in ds4's logits (its choice minus
-            # ours) and in ours (ours minus its choice). A near-tie is a gap far below the median
-            # |dlogit|; a wrong kernel gives large gaps on both sides.
-            for step, their_gap, our_gap in misses:
-                assert our_gap is not None  # our logits include every one of ds4's ids
-                said = "not in ds4's top-20" if their_gap is None else f"{their_gap:.3f}"
-                print(f"  step {step}: ds4's margin for its choice {said}, ours for ours {our_gap:.3f}")
-            # The floor of any agreement: the same teacher-forced steps on our engine with its input
-            # moved by one ulp. What that moves is how far any arithmetic not bit-identical to
-            # ds4's compiled one can be expected to land (a diagnostic line; no target).
-            nudged = step_logits(steps, ours(model, tokens, 0, steps, args.kernels, nudge=True))
-            self_agree, self_median, _ = agreement(plain, nudged)
-            print(f"our own sensitivity, the input embedding moved by one ulp: argmax {self_agree}/{len(steps)} "
-                  f"of the unmoved run's, median max |dlogit| {self_median:.3f}; against ds4 "
-                  f"argmax {agreement(theirs, nudged)[0]}/{len(steps)}")
+        peer_ratios: list[tuple[str, tuple[float, float]]] = []
+        for model in models:
+            rows: dict[str, tuple[float, float]] = {}
+            ds4_row = ds4_rates[model]
+            if ds4_row is not None:
+                rows["ds4 (CPU)"] = ds4_row
+            if ik_runs[model]:
+                rows["ik_llama.cpp"] = best_rates(ik_runs[model])
+            ours_row = best_rates([(m["prefill"], m["decode"]) for m in our_runs[model]])
+            rows[f"ds4agent ({our_runs[model][0]['kernels']})"] = ours_row
+            print(f"\n{model.name}: " if several else "\n", end="")
+            print(f"best of {len(our_runs[model])} round(s) each" if len(our_runs[model]) > 1 else "")
+            print(f"{'engine':24s}{'prefill t/s':>14s}{'decode t/s':>14s}{'ours/it prefill':>18s}{'ours/it decode':>16s}")
+            for name, (pp, tg) in rows.items():
+                print(f"{name:24s}{pp:14.3g}{tg:14.3g}{ours_row[0] / pp:18.2f}{ours_row[1] / tg:16.2f}")
+            # Prefill batched: many tokens per weight read, so a prompt's tokens cost far less than
+            # decoded ones (both rates the best of the rounds).
+            speedup = ours_row[0] / ours_row[1]
+            print(f"ds4agent prefill / decode rate: {speedup:.2f}x (target >= {PREFILL_OVER_DECODE_TARGET}x)"
+                  f"  [{'ok' if speedup >= PREFILL_OVER_DECODE_TARGET else 'SLOW'}]")
+            failed |= speedup < PREFILL_OVER_DECODE_TARGET
+            if "ik_llama.cpp" in rows:
+                pp, tg = rows["ik_llama.cpp"]
+                peer_ratios.append((model.name, (ours_row[0] / pp, ours_row[1] / tg)))
+                for what, ratio in (("prefill", ours_row[0] / pp), ("decode", ours_row[1] / tg)):
+                    if ratio < PEER_RATIO_TARGET:
+                        print(f"{what} {ratio:.2f}x ik_llama.cpp's, target >= {PEER_RATIO_TARGET}x  [SLOW]")
+                        failed = True
+        if len(peer_ratios) > 1:
+            first = peer_ratios[0][0]
+            print(f"\nrelative to ik_llama.cpp, each file against {first} (ours/ik there over ours/ik on {first}; "
+                  f"target >= 1: at least as fast relative to the peer)")
+            for name, pp_rel, tg_rel in relative_to_first(peer_ratios):
+                ok = pp_rel >= 1.0 and tg_rel >= 1.0
+                failed |= not ok
+                print(f"  {name}: prefill {pp_rel:.2f}, decode {tg_rel:.2f}  [{'ok' if ok else 'SLOW'}]")
+        for model in models:
+            if args.agree and ds4_rates[model] is not None:
+                failed |= not compare_with_ds4(args, model, tokens[model], text, tmp, several)
         return 1 if failed else 0
+
+
+def compare_with_ds4(args: argparse.Namespace, model: Path, tokens: list[int], text: str, tmp: str,
+                     several: bool) -> bool:
+    """The agreement with ds4 on `model` (printed, with its floor); True where it meets its targets."""
+    with tempfile.NamedTemporaryFile(suffix=".json", dir=tmp, delete=False) as fh:
+        dump = fh.name
+    run_ds4(args.ds4, model, args.threads, text, args.agree, "--dump-logprobs", dump)
+    steps = json.loads(Path(dump).read_text())["steps"]
+    theirs = step_logits(steps)
+    plain = step_logits(steps, ours(model, tokens, 0, steps, args.kernels))
+    agree, median, misses = agreement(theirs, plain)
+    ok = agree == len(steps) and median <= DLOGIT_TARGET
+    print(f"\n{model.name + ': ' if several else ''}agreement with ds4 over {len(steps)} teacher-forced steps: "
+          f"argmax {agree}/{len(steps)}, median max |dlogit| over ds4's top-20 {median:.3f} "
+          f"(target {DLOGIT_TARGET})  [{'ok' if ok else 'FAIL'}]")
+    # Where the argmax differs: how close a call it was, in ds4's logits (its choice minus
+    # ours) and in ours (ours minus its choice). A near-tie is a gap far below the median
+    # |dlogit|; a wrong kernel gives large gaps on both sides.
+    for step, their_gap, our_gap in misses:
+        assert our_gap is not None  # our logits include every one of ds4's ids
+        said = "not in ds4's top-20" if their_gap is None else f"{their_gap:.3f}"
+        print(f"  step {step}: ds4's margin for its choice {said}, ours for ours {our_gap:.3f}")
+    # The floor of any agreement: the same teacher-forced steps on our engine with its input
+    # moved by one ulp. What that moves is how far any arithmetic not bit-identical to
+    # ds4's compiled one can be expected to land (a diagnostic line; no target).
+    nudged = step_logits(steps, ours(model, tokens, 0, steps, args.kernels, nudge=True))
+    self_agree, self_median, _ = agreement(plain, nudged)
+    print(f"our own sensitivity, the input embedding moved by one ulp: argmax {self_agree}/{len(steps)} "
+          f"of the unmoved run's, median max |dlogit| {self_median:.3f}; against ds4 "
+          f"argmax {agreement(theirs, nudged)[0]}/{len(steps)}")
+    return ok
 
 
 if __name__ == "__main__":

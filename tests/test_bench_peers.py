@@ -75,3 +75,12 @@ def test_agreement_counts_equal_choices_and_gives_each_sides_margin_where_they_d
     assert misses[1][0] == 2 and misses[1][1] is None and misses[1][2] == pytest.approx(0.25)
     # a run against itself agrees everywhere, to the bit
     assert peers.agreement(ours, ours) == (3, 0.0, [])
+
+
+def test_later_files_are_set_against_the_first_files_ratios_to_the_peer():
+    ratios = [("flash_q2.gguf", (1.25, 1.00)), ("flash_q4.gguf", (1.30, 0.90)), ("flash_mxfp4.gguf", (1.50, 1.20))]
+    rel = peers.relative_to_first(ratios)
+    assert [name for name, _, _ in rel] == ["flash_q4.gguf", "flash_mxfp4.gguf"]
+    assert rel[0][1] == pytest.approx(1.04) and rel[0][2] == pytest.approx(0.90)
+    assert rel[1][1] == pytest.approx(1.20) and rel[1][2] == pytest.approx(1.20)
+    assert peers.relative_to_first(ratios[:1]) == []
