@@ -214,6 +214,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds of ik_llama.cpp and ours")
     ap.add_argument("--kernels", help="our kernel set (DS4AGENT_KERNELS: reference, cpu or gpu)")
     args = ap.parse_args()
+    if args.model and len(set(args.model)) != len(args.model):
+        ap.error("give each --model file once (its runs are kept by file)")
 
     with tempfile.TemporaryDirectory(prefix="ds4agent-peers-") as tmp:
         models = args.model
