@@ -520,7 +520,7 @@ def _rows16_body(context, builder, sig, args, kind: int, rows: int) -> None:
     with cgutils.for_range(builder, nb_) as loop:
         b = loop.index
         # The next pass's rows (ro + rows * rstride on), block b, asked for now: a pass reads its
-        # rows in a burst, then computes, and the hardware's prefetch alone left Q4_K's 10-20 %
+        # rows in a burst, then computes, and the hardware's prefetch alone left Q4_K's 9-23 %
         # slower with the rows in DRAM than in L3 at 8-48 tokens (the row dots': 17-35 % at 2-8).
         for i in range(rows):
             at = builder.add(builder.add(ro_, builder.mul(i64(rows + i), rstride_)), builder.mul(b, i64(size)))
