@@ -48,7 +48,7 @@ from ds4agent.engine.qir import (
     count_cases,
     dot4,
     load,
-    prefetch,
+    prefetch_span,
     ptr,
     shuffle,
     splat,
@@ -386,6 +386,7 @@ def _rows16_body(context, builder, sig, args, rows: int, vbmi: bool) -> None:
             decode(b, 1)
     pxi = builder.bitcast(ptr(context, builder, sig.args[4], xi_, i64(0)), I8.as_pointer())
     pres = ptr(context, builder, sig.args[7], res_, i64(0))
+    praw = ptr(context, builder, sig.args[0], raw_, i64(0))
 
     def products(n: int) -> None:  # n token vectors: the accumulators stay in registers
         accs = [[cgutils.alloca_once_value(builder, ir.Constant(vec(F32, 16), [0.0] * 16)) for _ in range(n)]
@@ -394,7 +395,7 @@ def _rows16_body(context, builder, sig, args, rows: int, vbmi: bool) -> None:
             b = loop.index
             for i in range(rows):  # the next pass's rows, block b, asked for now (qkernels' rows16: why)
                 ahead = builder.add(ro_, builder.add(builder.mul(i64(rows + i), rstride_), builder.mul(b, i64(BLOCK_BYTES))))
-                prefetch(builder, ptr(context, builder, sig.args[0], raw_, ahead))  # 17-byte steps: every line
+                prefetch_span(builder, praw, ahead, BLOCK_BYTES)  # 17-byte steps: every line
             ats = [builder.add(builder.mul(i64(i), nb_), b) for i in range(rows)]
             isums = [[splat(builder, builder.load(builder.gep(pcorr, [at])), I32, 16)] * n for at in ats]
             pxs = [builder.gep(pxi, [builder.mul(builder.add(builder.mul(i64(v), nb_), b), i64(512))]) for v in range(n)]

@@ -517,6 +517,7 @@ def _rows16_body(context, builder, sig, args, kind: int, rows: int) -> None:
             store(builder, info, builder.gep(pinfo, [builder.mul(slot, i64(32))]), I32, 32)
     pxi = builder.bitcast(ptr(context, builder, sig.args[5], xi_, i64(0)), I8.as_pointer())
     pbs = builder.bitcast(ptr(context, builder, sig.args[7], bsi_, i64(0)), I16.as_pointer())
+    praw = ptr(context, builder, sig.args[0], raw_, i64(0))
     with cgutils.for_range(builder, nb_) as loop:
         b = loop.index
         # The next pass's rows (ro + rows * rstride on), block b, asked for now: a pass reads its
@@ -524,7 +525,7 @@ def _rows16_body(context, builder, sig, args, kind: int, rows: int) -> None:
         # slower with the rows in DRAM than in L3 at 8-48 tokens (the row dots': 17-35 % at 2-8).
         for i in range(rows):
             at = builder.add(builder.add(ro_, builder.mul(i64(rows + i), rstride_)), builder.mul(b, i64(size)))
-            prefetch_span(builder, ptr(context, builder, sig.args[0], raw_, i64(0)), at, size)
+            prefetch_span(builder, praw, at, size)
         infos, wbs = [], []
         for i in range(rows):
             slot = builder.add(builder.mul(b, i64(rows)), i64(i))
