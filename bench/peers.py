@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/peers.py --ds4 BIN [--llama-bench BIN] [--model FILE ...] [--threads 2]
                                     [--prompt 64] [--decode 16] [--agree 40] [--rounds 2]
-                                    [--kernels cpu]
+                                    [--kernels cpu] [--ds4-other BIN]
 
 Peers (built with the scripts in ../shared/peers/; this script never builds them):
 * ds4's CPU build (`ds4 --cpu`), the reference implementation: its `prefill: X t/s, generation:
@@ -21,7 +21,10 @@ floor of that agreement: ours once more on the same steps with every value of it
 moved by one float32 ulp, against ours unmoved. On a random-weight model at the Flash shape a
 change that small moves the logits about as far as ds4's arithmetic and ours differ, so the argmax
 at ds4's near-ties is decided by arithmetic no other engine shares (docs/numerics-fast-cpu.md):
-printed, with no target of its own.
+printed, with no target of its own. With `--ds4-other BIN` (ds4's same source built another way,
+e.g. for AVX2 instead of this CPU), ds4 against itself too: its two builds' greedy runs over the
+steps they share a context (ds4's dump is free-running: up to their first differing choice), and
+ours over the same steps beside them; printed, no target.
 
 Without --model it writes the Flash-shape q2 test file (`ds4agent make-test-model --config flash`,
 4.4 GB) into a temporary directory. `--model` given several times (q2, then q4 and MXFP4) measures
@@ -128,6 +131,16 @@ def agreement(a: list[tuple[int, dict[int, float]]], b: list[tuple[int, dict[int
     return agree, statistics.median(dmax), misses
 
 
+def shared_context(a: list[tuple[int, dict[int, float]]], b: list[tuple[int, dict[int, float]]]) -> int:
+    """How many leading steps two free-running greedy dumps share a context for: every step up to
+    and including the first whose choices differ (after it each continues its own text, and their
+    steps compare different prompts)."""
+    for step, ((ca, _), (cb, _)) in enumerate(zip(a, b, strict=True)):
+        if ca != cb:
+            return step + 1
+    return len(a)
+
+
 def run_ds4(binary: str, model: Path, threads: int, text: str, n: int, *extra: str) -> subprocess.CompletedProcess:
     cmd = [binary, "--cpu", "-m", str(model), "-c", "4096", "-t", str(threads), "-n", str(n), "-p", text, *extra]
     # errors="replace": ds4 prints the tokens it generates, and a random-weight model's bytes need
@@ -213,6 +226,9 @@ def main() -> int:
     # files, when several), and each engine's best prefill and best decode are compared.
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds of ik_llama.cpp and ours")
     ap.add_argument("--kernels", help="our kernel set (DS4AGENT_KERNELS: reference, cpu or gpu)")
+    ap.add_argument("--ds4-other", help="a second build of ds4 (same source, built another way, e.g. "
+                                        "`make cpu NATIVE_CPU_FLAG=-march=x86-64-v3`): its agreement with --ds4, "
+                                        "printed beside ours (no target)")
     args = ap.parse_args()
     if args.model and len(set(args.model)) != len(args.model):
         ap.error("give each --model file once (its runs are kept by file)")
@@ -330,6 +346,21 @@ def compare_with_ds4(args: argparse.Namespace, model: Path, tokens: list[int], t
     print(f"our own sensitivity, the input embedding moved by one ulp: argmax {self_agree}/{len(steps)} "
           f"of the unmoved run's, median max |dlogit| {self_median:.3f}; against ds4 "
           f"argmax {agreement(theirs, nudged)[0]}/{len(steps)}")
+    if args.ds4_other:
+        # ds4 against itself: the same source built another way. Its dump is free-running, so the
+        # two builds compare only while they share a context (shared_context); ours, teacher-forced
+        # on the first build's choices, is shown over the same steps beside it.
+        other_dump = dump + ".other.json"
+        run_ds4(args.ds4_other, model, args.threads, text, args.agree, "--dump-logprobs", other_dump)
+        other = step_logits(json.loads(Path(other_dump).read_text())["steps"])
+        n = shared_context(theirs, other)
+        b_agree, b_median, b_misses = agreement(theirs[:n], other[:n])
+        o_agree, o_median, _ = agreement(theirs[:n], plain[:n])
+        parted = "" if not b_misses else (f"; they part at step {b_misses[0][0]} (margins "
+                                          + "/".join("-" if m is None else f"{m:.3f}" for m in b_misses[0][1:]) + ")")
+        print(f"ds4 against its other build ({args.ds4_other}) over the {n} steps they share a context: argmax "
+              f"{b_agree}/{n}, median max |dlogit| {b_median:.3f}{parted}; ours over the same steps: argmax "
+              f"{o_agree}/{n}, median {o_median:.3f}")
     return ok
 
 

@@ -84,3 +84,14 @@ def test_later_files_are_set_against_the_first_files_ratios_to_the_peer():
     assert rel[0][1] == pytest.approx(1.04) and rel[0][2] == pytest.approx(0.90)
     assert rel[1][1] == pytest.approx(1.20) and rel[1][2] == pytest.approx(1.20)
     assert peers.relative_to_first(ratios[:1]) == []
+
+
+def test_two_free_running_dumps_share_a_context_through_their_first_differing_choice():
+    same = [_dump_step([(7, 4.0), (3, 3.9)]), _dump_step([(5, 2.0), (7, 1.5)])]
+    a = peers.step_logits(same + [_dump_step([(1, 3.0), (2, 2.99)]), _dump_step([(4, 1.0), (6, 0.5)])])
+    b = peers.step_logits(same + [_dump_step([(2, 3.0), (1, 2.98)]), _dump_step([(6, 1.0), (4, 0.5)])])
+    # steps 0-1 alike, step 2 the first different choice (same context, compared), step 3 a new context
+    assert peers.shared_context(a, b) == 3
+    assert peers.shared_context(a, a) == 4
+    agree, _, misses = peers.agreement(a[:3], b[:3])
+    assert agree == 2 and misses[0][0] == 2 and misses[0][1:] == pytest.approx((0.01, 0.02))
