@@ -47,11 +47,18 @@ class Tmux:
         return self.run("capture-pane", "-p", "-t", "app")
 
     def wait_for(self, cond, what: str, timeout: float = 90.0) -> str:
+        """The screen once `cond` holds on two captures in a row, the later one returned: tmux
+        takes a frame from the app's terminal in pieces, and under load a capture can fall between
+        them (a frame's first rows new, its last ones old), which the next capture completes."""
         deadline = time.monotonic() + timeout
         while True:
             text = self.screen()
             if cond(text):
-                return text
+                time.sleep(0.05)
+                again = self.screen()
+                if cond(again):
+                    return again
+                continue
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out waiting for {what}; screen:\n{text}")
             time.sleep(0.2)
