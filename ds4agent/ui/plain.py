@@ -475,6 +475,22 @@ def _completer_class():
     return Completions
 
 
+def terminal_input(stdin: Any = None) -> Any:
+    """prompt_toolkit's input for the plain front end, raw even while a line is printed above the
+    prompt. prompt_toolkit prints there (patch_stdout, run_in_terminal) in cooked mode, for code
+    that reads a line meanwhile; none of ours does, and keys typed during a print (the model
+    streams a line at a time) were echoed by the terminal into the transcript and their Enter
+    turned into Ctrl+J: a new line in the editor instead of a send. Raw, they wait in the
+    terminal's queue, unechoed, for the prompt to read them as typed. The output side is the same
+    either way (raw mode leaves the terminal's newline translation on)."""
+    from prompt_toolkit.input import create_input
+
+    inp = create_input(stdin)
+    # the instance's cooked_mode is what run_in_terminal asks for
+    setattr(inp, "cooked_mode", inp.raw_mode)  # noqa: B010 - an instance attribute over the method
+    return inp
+
+
 async def run_interactive(agent: Any, notifier: Notifier | None = None) -> int:  # pragma: no cover - exercised by the tmux test
     """The interactive plain front end. One long function on purpose: prompt_toolkit's key
     bindings, the toolbar and the pump loop are closures over the same session, renderer and
@@ -579,7 +595,7 @@ async def run_interactive(agent: Any, notifier: Notifier | None = None) -> int: 
     # erase_when_done: the line typed at the prompt is wiped when it is sent; what stays in the
     # scrollback is the renderer's one echo of it ("› text" when it reaches the model).
     session: PromptSession = PromptSession(
-        history=pt_history, key_bindings=kb, bottom_toolbar=toolbar, refresh_interval=0.2,
+        input=terminal_input(), history=pt_history, key_bindings=kb, bottom_toolbar=toolbar, refresh_interval=0.2,
         completer=PlainCompleter(os.getcwd()), complete_while_typing=False,
         multiline=False, enable_open_in_editor=False, erase_when_done=True,
     )
