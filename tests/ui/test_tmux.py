@@ -55,10 +55,9 @@ class Tmux:
             text = self.screen()
             if cond(text):
                 time.sleep(0.05)
-                again = self.screen()
-                if cond(again):
-                    return again
-                continue
+                text = self.screen()
+                if cond(text):
+                    return text
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out waiting for {what}; screen:\n{text}")
             time.sleep(0.2)
